@@ -1,0 +1,1 @@
+/* placeholder so an empty module still builds */ typedef int df_empty_translation_unit;

@@ -1,0 +1,217 @@
+/*
+ * deltafin.h — the public C API of deltafin, an exact inference engine for
+ * Mixture-of-Experts language models whose routed experts are streamed from disk.
+ *
+ * Everything the CLI and the server do goes through this header; neither sees
+ * tensors. Conventions:
+ *   - fallible calls return 0 (DF_OK) or a negative DF_E* code and, when `err`
+ *     is non-NULL, write a one-line message (naming file / field / value and what
+ *     to do) into err[0..errlen-1];
+ *   - objects are opaque; each *_new / *_open has a matching *_free / *_close;
+ *   - token ids are int32_t; logits are float32 over the model's vocabulary.
+ */
+#ifndef DELTAFIN_H
+#define DELTAFIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DELTAFIN_VERSION "0.1.0"
+
+enum {
+    DF_OK = 0,
+    DF_EINVAL = -1,       /* bad argument or option value */
+    DF_EIO = -2,          /* cannot open / read / write a file */
+    DF_EFORMAT = -3,      /* malformed, truncated or corrupt file (checksum mismatch included) */
+    DF_EUNSUPPORTED = -4, /* valid input we cannot run (model type, tensor encoding, ...) */
+    DF_ENOMEM = -5,       /* allocation failed */
+    DF_EBUDGET = -6,      /* --ram-budget too small; the message says the minimum */
+    DF_ECANCELLED = -7,   /* a progress callback asked to stop */
+    DF_ECONTEXT = -8      /* context (KV cache) full */
+};
+
+/* Progress callback for long work (convert, prefill, verify). `done` of `total`
+ * units (bytes or tokens; `what` names them). Return non-zero to cancel. */
+typedef int (*df_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
+
+/* ------------------------------------------------------------------ convert */
+
+typedef enum {
+    DF_SPINE_SOURCE = 0, /* keep every spine tensor in its checkpoint encoding (exact) */
+    DF_SPINE_BF16 = 1,   /* re-encode f32/f16/fp8 spine tensors as bf16 (exact only if lossless; reported) */
+    DF_SPINE_INT8 = 2    /* per-row absmax int8 (NOT exact; labeled wherever results are printed) */
+} df_spine_mode;
+
+typedef struct {
+    df_spine_mode spine;        /* default DF_SPINE_SOURCE */
+    const char *expert_dirs;    /* comma-separated directories to stripe expert packs over; NULL = out_dir */
+    int threads;                /* 0 = all cores */
+    df_progress_fn progress;    /* may be NULL */
+    void *progress_user;
+} df_convert_opts;
+
+void df_convert_opts_default(df_convert_opts *o);
+
+/* Convert a Hugging Face checkpoint directory (config.json + *.safetensors)
+ * into deltafin's native layout in out_dir (docs/native-format.md). Writes to a
+ * temporary name and renames at the end: an interrupted conversion leaves no
+ * manifest that looks complete. */
+int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *opts,
+               char *err, size_t errlen);
+
+/* -------------------------------------------------------------------- model */
+
+typedef struct df_model df_model;
+typedef struct df_tokenizer df_tokenizer;
+
+typedef struct {
+    int threads;                /* compute threads; 0 = all cores */
+    uint64_t ram_budget;        /* bytes for all weights + KV cache; 0 = unlimited */
+    const char *expert_dirs;    /* override where expert packs live (comma-separated); NULL = manifest's */
+    const char *cache_dir;      /* where an HF directory is converted on first open; NULL = $XDG_CACHE_HOME/deltafin */
+    df_spine_mode spine;        /* used when `path` is an HF directory that must be converted */
+    const char *events_path;    /* JSONL per-token I/O events; NULL = off */
+    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels) */
+    df_progress_fn progress;    /* conversion / load progress; may be NULL */
+    void *progress_user;
+} df_model_opts;
+
+void df_model_opts_default(df_model_opts *o);
+
+/* Open a model: `path` is a native model directory (has manifest.json) or a
+ * Hugging Face checkpoint directory (has config.json), which is converted once
+ * into opts->cache_dir and reused. */
+int df_model_open(df_model **out, const char *path, const df_model_opts *opts,
+                  char *err, size_t errlen);
+void df_model_close(df_model *m);
+
+/* One line describing the resolved configuration (model, layers, experts,
+ * encodings, threads, backend, budget, I/O engine). Owned by the model. */
+const char *df_model_describe(const df_model *m);
+/* Model name for APIs (the directory's basename unless the manifest names it). */
+const char *df_model_name(const df_model *m);
+int df_model_n_vocab(const df_model *m);
+int df_model_n_ctx_max(const df_model *m);
+/* 1 when every weight is used exactly as the checkpoint defines it; 0 for lossy modes (int8 spine). */
+int df_model_is_exact(const df_model *m);
+/* The model's tokenizer, or NULL when its directory has none. Owned by the model. */
+const df_tokenizer *df_model_tokenizer(const df_model *m);
+/* Verify every checksum of the native layout (deltafin doctor). */
+int df_model_verify(df_model *m, df_progress_fn progress, void *user, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- tokenizer */
+
+/* Open a tokenizer: a model directory, a tokenizer.json, or a tiktoken rank
+ * file. config_path (tokenizer_config.json) may be NULL: it is then looked up
+ * beside `path`; a tiktoken file without a config is taken as Kimi's. */
+int df_tokenizer_open(df_tokenizer **out, const char *path, const char *config_path,
+                      char *err, size_t errlen);
+void df_tokenizer_free(df_tokenizer *t);
+
+enum {
+    DF_TOK_ADD_BOS = 1,        /* prepend the BOS token if the tokenizer defines one */
+    DF_TOK_PARSE_SPECIAL = 2   /* recognise special-token strings in the text as specials */
+};
+
+/* Encode UTF-8 text. *ids_out is malloc'd (caller frees), *n_out its length. */
+int df_tokenize(const df_tokenizer *t, const char *text, size_t len, int flags,
+                int32_t **ids_out, size_t *n_out, char *err, size_t errlen);
+/* Decode ids to bytes (malloc'd, NUL-terminated; *len_out excludes the NUL). */
+int df_detokenize(const df_tokenizer *t, const int32_t *ids, size_t n,
+                  char **text_out, size_t *len_out, char *err, size_t errlen);
+int df_tokenizer_n_vocab(const df_tokenizer *t);
+/* Id of a token string (special or not), or -1. */
+int32_t df_tokenizer_token_id(const df_tokenizer *t, const char *token);
+/* Token ids that end a chat turn (eos, <|im_end|>, ...). Returns the count written (<= cap). */
+int df_tokenizer_stop_ids(const df_tokenizer *t, int32_t *ids, int cap);
+
+/* Streaming decoder: push ids, get only complete UTF-8 characters out. */
+typedef struct df_detok df_detok;
+df_detok *df_detok_new(const df_tokenizer *t);
+/* Appends the text of `id` that is now complete to out (cap bytes); returns bytes written, or <0. */
+int df_detok_push(df_detok *d, int32_t id, char *out, size_t cap);
+/* Emits whatever is held (invalid trailing bytes become U+FFFD); returns bytes written. */
+int df_detok_flush(df_detok *d, char *out, size_t cap);
+void df_detok_free(df_detok *d);
+
+enum {
+    DF_CHAT_ADD_GENERATION_PROMPT = 1,
+    DF_CHAT_THINKING = 2  /* Qwen3 enable_thinking; ignored by formats without it */
+};
+/* Render an OpenAI-style message list (JSON array of {role, content, ...}) and
+ * optional tool declarations (JSON array or NULL) in the model's chat format.
+ * *text_out is malloc'd. */
+int df_chat_render(const df_tokenizer *t, const char *messages_json, const char *tools_json,
+                   int flags, char **text_out, char *err, size_t errlen);
+
+/* ------------------------------------------------------------------ session */
+
+typedef struct df_session df_session;
+
+/* A session owns one KV cache of n_ctx positions (0 = model's default). */
+int df_session_new(df_session **out, df_model *m, int n_ctx, char *err, size_t errlen);
+void df_session_free(df_session *s);
+int df_session_n_past(const df_session *s);
+/* The tokens currently in the KV cache (n_past of them). */
+const int32_t *df_session_tokens(const df_session *s);
+/* Forget positions >= n_keep (prefix reuse). */
+int df_session_truncate(df_session *s, int n_keep);
+
+enum {
+    DF_EVAL_ALL_LOGITS = 1  /* logits for every evaluated position, not only the last */
+};
+
+/* Append n tokens to the session and run the forward pass over them as one
+ * batch (rows grouped by expert: each expert is read once per layer per call).
+ * logits (may be NULL): n_vocab floats for the last position, or n*n_vocab
+ * with DF_EVAL_ALL_LOGITS. progress (may be NULL) is called per layer. */
+int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags,
+            df_progress_fn progress, void *user, char *err, size_t errlen);
+
+/* ----------------------------------------------------------------- sampling */
+
+typedef struct {
+    float temperature;   /* 0 = greedy (argmax; ties -> lowest id) */
+    float top_p;         /* 1 = off */
+    int top_k;           /* 0 = off */
+    uint64_t seed;
+} df_sampler_opts;
+
+typedef struct df_sampler df_sampler;
+void df_sampler_opts_default(df_sampler_opts *o);
+df_sampler *df_sampler_new(const df_sampler_opts *o);
+void df_sampler_free(df_sampler *s);
+int32_t df_sample(df_sampler *s, const float *logits, int n_vocab);
+/* log-softmax of logits at `id`; also the top_n (id, logprob) pairs, best first. */
+float df_logprob(const float *logits, int n_vocab, int32_t id, int top_n,
+                 int32_t *top_ids, float *top_logprobs);
+
+/* -------------------------------------------------------------------- stats */
+
+typedef struct {
+    double ttft_s;                 /* first df_eval call's wall time since stats reset */
+    double prefill_s, decode_s;    /* wall time in multi-token / single-token evals */
+    uint64_t prefill_tokens, decode_tokens;
+    uint64_t weight_bytes_read;    /* all weight bytes touched by compute (spine + experts) */
+    uint64_t expert_bytes_demand;  /* bytes read from disk on demand */
+    uint64_t expert_bytes_prefetch;/* bytes read from disk by prefetch */
+    uint64_t expert_hits, expert_misses;
+    uint64_t prefetch_useful, prefetch_issued;
+    double io_stall_s;             /* compute time spent waiting for expert reads */
+    uint64_t resident_bytes;       /* spine + cache + staging + KV */
+} df_stats;
+
+void df_model_stats(const df_model *m, df_stats *out);
+void df_model_stats_reset(df_model *m);
+
+/* Human-readable message for an error code. */
+const char *df_strerror(int code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DELTAFIN_H */

@@ -1,0 +1,37 @@
+/* main.c — the `deltafin` program: dispatches to a subcommand. */
+#include "cli.h"
+#include "deltafin.h"
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} cmds[] = {
+    {"run", cmd_run, "generate text from a prompt"},
+    {"convert", cmd_convert, "convert a Hugging Face checkpoint to the native layout"},
+    {"tokenize", cmd_tokenize, "encode text to token ids (or --decode ids to text)"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
+    {"bench", cmd_bench, "benchmarks: io, decode"},
+    {"doctor", cmd_doctor, "verify a model's files and checksums; report the machine"},
+    {"synth", cmd_synth, "write a large synthetic checkpoint with real expert shapes"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "deltafin %s — exact MoE inference with streamed experts\n\nusage: deltafin COMMAND [options]\n\n",
+            DELTAFIN_VERSION);
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-9s %s\n", cmds[i].name, cmds[i].help);
+    fprintf(f, "\nRun `deltafin COMMAND --help` for a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
+    if (!strcmp(argv[1], "--version")) { printf("deltafin %s\n", DELTAFIN_VERSION); return 0; }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "deltafin: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,113 @@
+/*
+ * weights.h — the in-memory contract between model loading (src/model), the
+ * expert store (src/store) and the engine/kernels (src/engine, src/kernels).
+ *
+ * A df_weight is a 2-D linear weight W [rows = out_features, cols = in_features]
+ * in one of the checkpoint encodings; kernels compute y = W x with fp32
+ * accumulation directly on that encoding (nothing is re-quantized).
+ * Math of each encoding: ../shared/notes/formats.md, docs/native-format.md.
+ */
+#ifndef DF_MODEL_WEIGHTS_H
+#define DF_MODEL_WEIGHTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    DF_W_F32 = 0,     /* data: float  [rows, cols]                                         */
+    DF_W_BF16 = 1,    /* data: uint16 [rows, cols] bfloat16                                 */
+    DF_W_F16 = 2,     /* data: uint16 [rows, cols] IEEE half                                */
+    DF_W_FP8_B128 = 3,/* data: uint8  [rows, cols] float8 e4m3fn;
+                         scale: float [ceil(rows/128), ceil(cols/128)] (weight_scale_inv: w = q * s) */
+    DF_W_INT4_G32 = 4,/* data: int32  [rows, cols/8], nibble j of a word = element 8k+j (LSB first), value = nibble-8;
+                         scale: uint16 bf16 [rows, cols/32]  (compressed-tensors pack-quantized, symmetric)   */
+    DF_W_MXFP4 = 5,   /* data: uint8  [rows, cols/2] E2M1, low nibble = even element;
+                         scale: uint8 E8M0 [rows, cols/32], 2^(e-127)                         */
+    DF_W_INT8_ROW = 6,/* data: int8   [rows, cols]; scale: float [rows] (absmax/127). LOSSY mode only */
+    DF_W__COUNT
+} df_wtype;
+
+typedef struct {
+    df_wtype type;
+    int64_t rows, cols;
+    const void *data;
+    const void *scale;   /* NULL for F32/BF16/F16 */
+} df_weight;
+
+/* Bytes of data / scale arrays of a weight of this type and shape. */
+size_t df_weight_data_bytes(df_wtype t, int64_t rows, int64_t cols);
+size_t df_weight_scale_bytes(df_wtype t, int64_t rows, int64_t cols);
+const char *df_wtype_name(df_wtype t);          /* "f32","bf16","f16","fp8_b128","int4_g32","mxfp4","int8_row" */
+int df_wtype_from_name(const char *name);       /* -1 if unknown */
+
+/* Hyperparameters of the DeepSeek-V3 family (config.json). */
+typedef struct {
+    char model_type[32];          /* deepseek_v3 | kimi_k2 | kimi_k25 (text) */
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;        /* dense MLP width */
+    int moe_intermediate_size;    /* routed / shared expert width */
+    int num_hidden_layers;
+    int num_attention_heads;
+    int n_routed_experts;
+    int n_shared_experts;
+    int num_experts_per_tok;      /* top-k */
+    int n_group, topk_group;
+    int first_k_dense_replace;
+    int moe_layer_freq;           /* 1 */
+    int norm_topk_prob;
+    float routed_scaling_factor;
+    int q_lora_rank;              /* 0 = plain q_proj */
+    int kv_lora_rank;
+    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    double rope_theta;
+    int rope_yarn;                /* 1 if rope_scaling/rope_parameters type is yarn */
+    double rope_factor;
+    int rope_original_max_pos;
+    double rope_beta_fast, rope_beta_slow;
+    double rope_mscale, rope_mscale_all_dim;
+    float rms_norm_eps;
+    int max_position_embeddings;
+    int bos_token_id, eos_token_id;   /* -1 if absent */
+    int tie_word_embeddings;
+    char scoring_func[16];        /* "sigmoid" */
+    char topk_method[16];         /* "noaux_tc" */
+} df_config;
+
+/* One transformer block's resident (spine) weights. Small vectors are f32. */
+typedef struct {
+    float *attn_norm;             /* [hidden]  input_layernorm */
+    float *ffn_norm;              /* [hidden]  post_attention_layernorm */
+    /* MLA */
+    df_weight q_a;                /* [q_lora, hidden]              (q_lora_rank > 0) */
+    float *q_a_norm;              /* [q_lora]                      (q_lora_rank > 0) */
+    df_weight q_b;                /* [heads*(nope+rope), q_lora]   (q_lora_rank > 0) */
+    df_weight q;                  /* [heads*(nope+rope), hidden]   (q_lora_rank == 0) */
+    df_weight kv_a;               /* [kv_lora + rope, hidden]      kv_a_proj_with_mqa */
+    float *kv_a_norm;             /* [kv_lora] */
+    df_weight kv_b;               /* [heads*(nope+v), kv_lora] */
+    df_weight o;                  /* [hidden, heads*v] */
+    /* FFN */
+    int is_moe;
+    df_weight gate, up, down;     /* dense MLP (is_moe == 0) or shared experts (is_moe, n_shared > 0) */
+    int has_shared;
+    df_weight router;             /* [n_routed, hidden]            mlp.gate.weight */
+    float *router_bias;           /* [n_routed] e_score_correction_bias, or NULL */
+} df_layer_weights;
+
+/* The resident spine. */
+typedef struct {
+    df_weight embed;              /* [vocab, hidden] (row lookup) */
+    float *final_norm;            /* [hidden] */
+    df_weight lm_head;            /* [vocab, hidden] */
+    df_layer_weights *layers;     /* [num_hidden_layers] */
+} df_spine;
+
+/* One routed expert as handed out by the store (views into a store buffer). */
+typedef struct {
+    df_weight gate;               /* [moe_inter, hidden] */
+    df_weight up;                 /* [moe_inter, hidden] */
+    df_weight down;               /* [hidden, moe_inter] */
+} df_expert;
+
+#endif

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Ensures the Debian packages deltafin builds against are installed.
+# As root: installs the missing ones with apt-get. Otherwise: prints the exact
+# apt-get line and exits 1.
+set -u
+PKGS="build-essential cmake pkg-config libcjson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev liburing-dev libssl-dev libcurl4-openssl-dev"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "deltafin: missing Debian packages:$missing" >&2
+if [ "$(id -u)" = 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 || { echo "deltafin: apt-get update failed" >&2; exit 1; }
+  apt-get install -y -qq --no-install-recommends $missing >&2 || { echo "deltafin: apt-get install failed" >&2; exit 1; }
+else
+  echo "deltafin: run this, then build again:" >&2
+  echo "  sudo apt-get install -y$missing" >&2
+  exit 1
+fi
