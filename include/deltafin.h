@@ -78,6 +78,9 @@ typedef struct {
     const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels) */
     df_progress_fn progress;    /* conversion / load progress; may be NULL */
     void *progress_user;
+    /* added by the engine (append-only): */
+    int kv_positions;           /* with ram_budget: KV-cache positions reserved inside the budget, and the
+                                   most a session may hold; 0 = min(4096, max_position_embeddings) */
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);

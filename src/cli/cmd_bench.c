@@ -1,9 +1,499 @@
-/* cmd_bench.c — `deltafin bench` (placeholder until its issue lands). */
+/*
+ * cmd_bench.c — `deltafin bench io` and `deltafin bench decode`.
+ *
+ * bench io: O_DIRECT random-read bandwidth of one or more directories at the
+ *   engine's read size and queue depth (src/store/store_bench.c).
+ * bench decode: cold-cache greedy decode of a model under --ram-budget through
+ *   the public API, printing tok/s, expert bytes per token, hit rate, and the
+ *   ratio of achieved speed to the storage bound B / ((1-h) * bytes_per_token),
+ *   with B measured by bench io on the model's pack directories in the same run.
+ *   The page cache is dropped first when running as root.
+ */
+#define _GNU_SOURCE
 #include "cli.h"
+#include "deltafin.h"
+#include "model/native.h"
+#include "store/store.h"
+#include "store/store_bench.h"
+#include <libgen.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return 0;
+    switch (*end) {
+    case 'k': case 'K': v *= 1024; break;
+    case 'm': case 'M': v *= 1048576; break;
+    case 'g': case 'G': v *= 1073741824.0; break;
+    case 't': case 'T': v *= 1099511627776.0; break;
+    case 0: break;
+    default: return 0;
+    }
+    return (uint64_t)v;
+}
+
+static int drop_caches(void) {
+    if (geteuid() != 0) return 0;
+    sync();
+    FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+    if (!f) return 0;
+    int ok = fputs("3\n", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+static long vm_hwm_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atol(line + 6);
+    fclose(f);
+    return kb;
+}
+
+static void print_io(const store_bench_opts *o, const store_bench_result *r) {
+    printf("bench io: %s, %s, read %llu KiB, run %llu KiB, qd %d per dir, %.1f s: %.3f GB/s",
+           r->io_engine, r->direct ? "O_DIRECT" : "buffered (O_DIRECT unavailable)",
+           (unsigned long long)(o->io_bytes >> 10), (unsigned long long)((o->run_bytes ? o->run_bytes : o->io_bytes) >> 10),
+           o->qd, r->seconds, r->gbps);
+    if (r->n_dirs > 1) {
+        printf(" (");
+        for (int i = 0; i < r->n_dirs; i++) printf("%s%.3f", i ? ", " : "", r->dir_gbps[i]);
+        printf(" per dir)");
+    }
+    printf("\n");
+}
+
+static int bench_io(int argc, char **argv) {
+    store_bench_opts o;
+    store_bench_opts_default(&o);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--run SIZE] [--qd 16] [--seconds 10] "
+                   "[--pread] [--no-drop]\n"
+                   "  O_DIRECT random reads over the files in each DIR (one queue per DIR).\n"
+                   "  --run SIZE: bytes read back to back per random offset (the expert extent), default --size.\n");
+            return 0;
+        }
+        if (!strcmp(a, "--pread")) { o.use_uring = 0; continue; }
+        if (!strcmp(a, "--no-drop")) continue;
+        if (!v) { fprintf(stderr, "deltafin bench io: %s needs a value\n", a); return 2; }
+        if (!strcmp(a, "--dir")) o.dirs = v;
+        else if (!strcmp(a, "--size")) o.io_bytes = parse_size(v);
+        else if (!strcmp(a, "--run")) o.run_bytes = parse_size(v);
+        else if (!strcmp(a, "--qd")) o.qd = atoi(v);
+        else if (!strcmp(a, "--seconds")) o.seconds = atof(v);
+        else { fprintf(stderr, "deltafin bench io: unknown option %s\n", a); return 2; }
+        i++;
+    }
+    int nodrop = 0;
+    for (int i = 0; i < argc; i++) nodrop |= !strcmp(argv[i], "--no-drop");
+    if (!nodrop) drop_caches();
+    store_bench_result r;
+    char err[1024];
+    int rc = store_bench_io(&o, &r, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "deltafin bench io: %s\n", err);
+        return rc == DF_EINVAL ? 2 : 1;
+    }
+    print_io(&o, &r);
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int bench_decode(int argc, char **argv) {
+    const char *model = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
+    uint64_t budget = 0;
+    int tokens = 16, threads = 0, qd = 16, nodrop = 0;
+    double io_seconds = 5;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("usage: deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N (16)] [--threads N]\n"
+                   "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--events FILE] [--expert-dirs D1,D2] "
+                   "[--no-drop]\n"
+                   "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n");
+            return 0;
+        }
+        if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
+        if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--ram-budget")) {
+            if (!(budget = parse_size(v))) { fprintf(stderr, "deltafin bench decode: bad --ram-budget %s\n", v); return 2; }
+        } else if (!strcmp(a, "--tokens")) tokens = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--prompt-ids")) prompt_ids = v;
+        else if (!strcmp(a, "--io-seconds")) io_seconds = atof(v);
+        else if (!strcmp(a, "--qd")) qd = atoi(v);
+        else if (!strcmp(a, "--events")) events = v;
+        else if (!strcmp(a, "--expert-dirs")) expert_dirs = v;
+        else { fprintf(stderr, "deltafin bench decode: unknown option %s\n", a); return 2; }
+        i++;
+    }
+    if (!model || tokens < 1) { fprintf(stderr, "deltafin bench decode: --model DIR is required (--tokens >= 1)\n"); return 2; }
+    char err[2048] = "";
+    /* the model's expert geometry and pack directories */
+    df_native *nat = NULL;
+    int rc = native_open(&nat, model, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
+    if (nat->n_moe_layers == 0) { fprintf(stderr, "deltafin bench decode: %s has no routed experts\n", model); native_close(nat); return 1; }
+    uint64_t stride = nat->stride;
+    int top_k = nat->cfg.num_experts_per_tok, n_moe = nat->n_moe_layers;
+    char dirs[4096] = "";
+    if (expert_dirs) snprintf(dirs, sizeof dirs, "%s", expert_dirs);
+    else {
+        const native_expert_layer *L = &nat->moe_layers[0];
+        size_t off = 0;
+        for (int k = 0; k < L->n_files; k++) {
+            char tmp[2048];
+            snprintf(tmp, sizeof tmp, "%s", L->files[k]);
+            off += snprintf(dirs + off, sizeof dirs - off, "%s%s", k ? "," : "", dirname(tmp));
+        }
+    }
+    native_close(nat);
+    int dropped = nodrop ? 0 : drop_caches();
+    char bstr[32] = "unlimited";
+    if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
+    printf("bench decode: %s, ram budget %s, %d tokens, page cache %s\n", model, bstr, tokens,
+           dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
+    /* B: drive bandwidth at the engine's read size, queue depth and extent */
+    store_bench_opts bo;
+    store_bench_opts_default(&bo);
+    bo.dirs = dirs;
+    bo.qd = qd;
+    bo.run_bytes = stride;
+    bo.seconds = io_seconds;
+    store_bench_result br;
+    rc = store_bench_io(&bo, &br, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
+    printf("  ");
+    print_io(&bo, &br);
+    if (!nodrop) drop_caches();
+
+    df_model_opts mo;
+    df_model_opts_default(&mo);
+    mo.ram_budget = budget;
+    mo.threads = threads;
+    mo.events_path = events;
+    mo.expert_dirs = expert_dirs;
+    df_model *m = NULL;
+    double t_open = now_s();
+    rc = df_model_open(&m, model, &mo, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
+    printf("  %s\n  open %.1f s\n", df_model_describe(m), now_s() - t_open);
+    int n_vocab = df_model_n_vocab(m);
+    df_session *s = NULL;
+    rc = df_session_new(&s, m, 0, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); df_model_close(m); return 1; }
+    int32_t ids[256];
+    int n_ids = 0;
+    for (const char *p = prompt_ids; *p && n_ids < 256;) {
+        ids[n_ids++] = (int32_t)strtol(p, (char **)&p, 10);
+        while (*p == ',' || *p == ' ') p++;
+    }
+    float *logits = malloc(sizeof(float) * (size_t)n_vocab);
+    df_sampler_opts so;
+    df_sampler_opts_default(&so);
+    so.temperature = 0;
+    df_sampler *smp = df_sampler_new(&so);
+    rc = df_eval(s, ids, n_ids, logits, 0, NULL, NULL, err, sizeof err);
+    int32_t tok = rc ? 0 : df_sample(smp, logits, n_vocab);
+    df_model_stats_reset(m);
+    printf("  decode:");
+    fflush(stdout);
+    for (int t = 0; t < tokens && !rc; t++) {
+        rc = df_eval(s, &tok, 1, logits, 0, NULL, NULL, err, sizeof err);
+        if (rc) break;
+        tok = df_sample(smp, logits, n_vocab);
+        printf(" %d", tok);
+        fflush(stdout);
+    }
+    printf("\n");
+    if (rc) fprintf(stderr, "deltafin bench decode: %s\n", err);
+    df_stats st;
+    df_model_stats(m, &st);
+    double tps = st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0;
+    uint64_t acq = st.expert_hits + st.expert_misses;
+    double h = acq ? (double)st.expert_hits / acq : 0;
+    double need_tok = st.decode_tokens ? (double)acq * stride / st.decode_tokens : (double)top_k * n_moe * stride;
+    double read_tok = st.decode_tokens ? (double)(st.expert_bytes_demand + st.expert_bytes_prefetch) / st.decode_tokens : 0;
+    double bound = (1 - h) * need_tok > 0 ? br.gbps * 1e9 / ((1 - h) * need_tok) : 0;
+    double read_gbps = st.decode_s > 0 ? (st.expert_bytes_demand + st.expert_bytes_prefetch) / 1e9 / st.decode_s : 0;
+    printf("  decode: %.3f tok/s over %llu tokens (%.2f s), io stall %.2f s\n", tps, (unsigned long long)st.decode_tokens,
+           st.decode_s, st.io_stall_s);
+    printf("  experts: %.1f MB needed/token, %.1f MB read/token (demand %.1f, prefetch %.1f MB total), hit rate %.3f, "
+           "prefetch useful %llu/%llu\n",
+           need_tok / 1e6, read_tok / 1e6, st.expert_bytes_demand / 1e6, st.expert_bytes_prefetch / 1e6, h,
+           (unsigned long long)st.prefetch_useful, (unsigned long long)st.prefetch_issued);
+    printf("  storage bound B/((1-h)*bytes_per_token) = %.3f tok/s (B = %.3f GB/s): achieved %.1f%% of the bound; "
+           "expert reads %.3f GB/s = %.1f%% of B\n",
+           bound, br.gbps, bound > 0 ? 100 * tps / bound : 0, read_gbps, br.gbps > 0 ? 100 * read_gbps / br.gbps : 0);
+    printf("  resident %.2f GiB, peak RSS %.2f GiB%s\n", st.resident_bytes / 1073741824.0, vm_hwm_kb() / 1048576.0,
+           df_model_is_exact(m) ? "" : "  (NOT EXACT: int8 spine)");
+    free(logits);
+    df_sampler_free(smp);
+    df_session_free(s);
+    df_model_close(m);
+    return rc ? 1 : 0;
+}
+
+/* ------------------------------------------------------------ bench cache */
+
+typedef struct {
+    int *layer, *off, *n; /* per acquire: layer, offset into ids, count */
+    int *ids;
+    int n_acq, cap, n_ids, cap_ids;
+} trace;
+
+/* Acquire events ({"ev":"acquire","layer":L,...,"ids":[...]}) of a JSONL events file. */
+static int trace_load(const char *path, trace *t) {
+    memset(t, 0, sizeof *t);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        if (!strstr(line, "\"ev\":\"acquire\"")) continue;
+        char *pl = strstr(line, "\"layer\":"), *pi = strstr(line, "\"ids\":[");
+        if (!pl || !pi) continue;
+        if (t->n_acq == t->cap) {
+            t->cap = t->cap ? 2 * t->cap : 1024;
+            t->layer = realloc(t->layer, t->cap * sizeof(int));
+            t->off = realloc(t->off, t->cap * sizeof(int));
+            t->n = realloc(t->n, t->cap * sizeof(int));
+        }
+        t->layer[t->n_acq] = atoi(pl + 8);
+        t->off[t->n_acq] = t->n_ids;
+        int k = 0;
+        for (char *p = pi + 7; *p && *p != ']';) {
+            if (t->n_ids == t->cap_ids) {
+                t->cap_ids = t->cap_ids ? 2 * t->cap_ids : 4096;
+                t->ids = realloc(t->ids, t->cap_ids * sizeof(int));
+            }
+            t->ids[t->n_ids++] = (int)strtol(p, &p, 10);
+            k++;
+            while (*p == ',' || *p == ' ') p++;
+        }
+        t->n[t->n_acq++] = k;
+    }
+    free(line);
+    fclose(f);
+    return t->n_acq > 0 ? 0 : -1;
+}
+
+static void trace_free(trace *t) { free(t->layer); free(t->off); free(t->n); free(t->ids); }
+
+/* Replay a trace through the store; returns the hit rate or -1. */
+static double replay(const df_native *nat, const trace *t, int slots, int policy, const char *heat, double hot_fraction,
+                     char *err, size_t errlen) {
+    store_opts o;
+    store_opts_default(&o);
+    o.cache_bytes = (uint64_t)slots * store_slot_bytes(nat);
+    o.policy = policy;
+    o.heat_path = heat;
+    if (hot_fraction >= 0) o.hot_fraction = hot_fraction;
+    o.verify = 0;
+    df_store *st = NULL;
+    if (store_open(&st, nat, &o, err, errlen)) return -1;
+    df_expert v[64];
+    for (int i = 0; i < t->n_acq; i++) {
+        const int *ids = t->ids + t->off[i];
+        for (int c = 0, n; c < t->n[i]; c += n) {
+            n = t->n[i] - c < 64 ? t->n[i] - c : 64;
+            if (n > store_max_acquire(st)) n = store_max_acquire(st);
+            if (store_acquire(st, t->layer[i], ids + c, n, v, err, errlen)) { store_close(st); return -1; }
+            store_release(st, t->layer[i], ids + c, n);
+        }
+    }
+    store_stats s;
+    store_get_stats(st, &s);
+    store_close(st);
+    return s.hits + s.misses ? (double)s.hits / (s.hits + s.misses) : 0;
+}
+
+static int bench_cache(int argc, char **argv) {
+    const char *model = NULL, *test = NULL, *train = NULL, *slots_s = "64";
+    double hot = -1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("usage: deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,N2,...]\n"
+                   "       [--hot-fraction F]\n"
+                   "  Replays the expert acquisitions of an events file (deltafin run --events) through the store with\n"
+                   "  LRU, frequency-aware eviction, and frequency + the heat tier learned from --train (default: the\n"
+                   "  trace itself = in-sample; another run's events = held-out). Prints hit rates.\n");
+            return 0;
+        }
+        if (!v) { fprintf(stderr, "deltafin bench cache: %s needs a value\n", a); return 2; }
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--trace")) test = v;
+        else if (!strcmp(a, "--train")) train = v;
+        else if (!strcmp(a, "--slots")) slots_s = v;
+        else if (!strcmp(a, "--hot-fraction")) hot = atof(v);
+        else { fprintf(stderr, "deltafin bench cache: unknown option %s\n", a); return 2; }
+        i++;
+    }
+    if (!model || !test) { fprintf(stderr, "deltafin bench cache: --model and --trace are required\n"); return 2; }
+    char err[2048];
+    df_native *nat = NULL;
+    if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench cache: %s\n", err); return 1; }
+    trace tt, tr;
+    if (trace_load(test, &tt)) { fprintf(stderr, "deltafin bench cache: no acquire events in %s\n", test); native_close(nat); return 1; }
+    if (trace_load(train ? train : test, &tr)) {
+        fprintf(stderr, "deltafin bench cache: no acquire events in %s\n", train);
+        trace_free(&tt); native_close(nat); return 1;
+    }
+    char heat[64];
+    snprintf(heat, sizeof heat, "/tmp/df_bench_heat_%d.bin", (int)getpid());
+    int rc = 0;
+    printf("bench cache: %s, trace %s (%d acquisitions), heat from %s (%s)\n", model, test, tt.n_acq,
+           train ? train : test, train ? "held-out" : "in-sample");
+    printf("  %8s %8s %10s %10s %12s\n", "slots", "of all", "LRU", "frequency", "freq+heat");
+    int total = nat->n_moe_layers * nat->n_experts;
+    for (const char *p = slots_s; *p && !rc;) {
+        int slots = (int)strtol(p, (char **)&p, 10);
+        while (*p == ',') p++;
+        if (slots < nat->cfg.num_experts_per_tok) continue;
+        unlink(heat);
+        /* learn the heat: replay the training trace once with the heat file set (saved on close) */
+        double r0 = replay(nat, &tr, slots, 0, heat, 0, err, sizeof err);
+        double lru = replay(nat, &tt, slots, 1, NULL, -1, err, sizeof err);
+        double fr = replay(nat, &tt, slots, 0, NULL, -1, err, sizeof err);
+        /* a fresh copy of the learned heat for the measured run (its close updates the file) */
+        double fh = replay(nat, &tt, slots, 0, heat, hot, err, sizeof err);
+        if (r0 < 0 || lru < 0 || fr < 0 || fh < 0) { fprintf(stderr, "deltafin bench cache: %s\n", err); rc = 1; break; }
+        printf("  %8d %7.1f%% %9.1f%% %9.1f%% %11.1f%%\n", slots, 100.0 * slots / total, 100 * lru, 100 * fr, 100 * fh);
+    }
+    unlink(heat);
+    trace_free(&tt);
+    trace_free(&tr);
+    native_close(nat);
+    return rc;
+}
+
+/* ------------------------------------------------------------ bench store */
+
+/* The store's I/O path without compute: a decode trace replayed cold, layer by
+ * layer as the engine does it (request all of the layer's experts on demand,
+ * then acquire / release each), against bench io measured in the same run. */
+static int bench_store(int argc, char **argv) {
+    const char *model = NULL, *test = NULL;
+    uint64_t cache = 0;
+    int qd = 16, uring = 1, nodrop = 0, have_cache = 0;
+    double io_seconds = 5;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("usage: deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE (1/4 of the experts)]\n"
+                   "       [--qd N] [--pread] [--io-seconds S] [--no-drop]\n"
+                   "  Replays a decode trace through the expert store with real cold reads and no compute; prints\n"
+                   "  expert read GB/s as a share of bench io on the same directories in the same run.\n");
+            return 0;
+        }
+        if (!strcmp(a, "--pread")) { uring = 0; continue; }
+        if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
+        if (!v) { fprintf(stderr, "deltafin bench store: %s needs a value\n", a); return 2; }
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--trace")) test = v;
+        else if (!strcmp(a, "--cache")) { cache = parse_size(v); have_cache = 1; }
+        else if (!strcmp(a, "--qd")) qd = atoi(v);
+        else if (!strcmp(a, "--io-seconds")) io_seconds = atof(v);
+        else { fprintf(stderr, "deltafin bench store: unknown option %s\n", a); return 2; }
+        i++;
+    }
+    if (!model || !test) { fprintf(stderr, "deltafin bench store: --model and --trace are required\n"); return 2; }
+    char err[2048];
+    df_native *nat = NULL;
+    if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench store: %s\n", err); return 1; }
+    trace tt;
+    if (trace_load(test, &tt)) { fprintf(stderr, "deltafin bench store: no acquire events in %s\n", test); native_close(nat); return 1; }
+    uint64_t experts = (uint64_t)nat->n_moe_layers * nat->n_experts * store_slot_bytes(nat);
+    if (!have_cache) cache = experts / 4;
+    char dirs[4096] = "";
+    size_t off = 0;
+    for (int k = 0; k < nat->moe_layers[0].n_files; k++) {
+        char tmp[2048];
+        snprintf(tmp, sizeof tmp, "%s", nat->moe_layers[0].files[k]);
+        off += snprintf(dirs + off, sizeof dirs - off, "%s%s", k ? "," : "", dirname(tmp));
+    }
+    int dropped = nodrop ? 0 : drop_caches();
+    store_bench_opts bo;
+    store_bench_opts_default(&bo);
+    bo.dirs = dirs;
+    bo.qd = qd;
+    bo.use_uring = uring;
+    bo.run_bytes = nat->stride;
+    bo.seconds = io_seconds;
+    store_bench_result br;
+    int rc = store_bench_io(&bo, &br, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench store: %s\n", err); trace_free(&tt); native_close(nat); return 1; }
+    printf("bench store: %s, trace %s (%d acquisitions), cache %.2f GiB of %.2f GiB experts, page cache %s\n  ", model,
+           test, tt.n_acq, cache / 1073741824.0, experts / 1073741824.0, dropped ? "dropped" : "not dropped");
+    print_io(&bo, &br);
+    if (!nodrop) drop_caches();
+    store_opts o;
+    store_opts_default(&o);
+    o.cache_bytes = cache;
+    o.io_depth = qd;
+    o.use_uring = uring;
+    df_store *st = NULL;
+    if ((rc = store_open(&st, nat, &o, err, sizeof err))) {
+        fprintf(stderr, "deltafin bench store: %s\n", err);
+        trace_free(&tt); native_close(nat); return 1;
+    }
+    double t0 = now_s();
+    df_expert v;
+    for (int i = 0; i < tt.n_acq && !rc;) {
+        int j = i, L = tt.layer[i];
+        while (j < tt.n_acq && tt.layer[j] == L) j++;
+        for (int q = i; q < j; q++) store_request(st, L, tt.ids + tt.off[q], tt.n[q], STORE_DEMAND);
+        for (int q = i; q < j && !rc; q++)
+            for (int c = 0; c < tt.n[q] && !rc; c++) {
+                int x = tt.ids[tt.off[q] + c];
+                rc = store_acquire(st, L, &x, 1, &v, err, sizeof err);
+                if (!rc) store_release(st, L, &x, 1);
+            }
+        i = j;
+    }
+    double dt = now_s() - t0;
+    store_stats s;
+    store_get_stats(st, &s);
+    store_close(st);
+    if (rc) fprintf(stderr, "deltafin bench store: %s\n", err);
+    double gbps = (s.bytes_demand + s.bytes_prefetch) / 1e9 / dt;
+    printf("  replay: %.2f s, %.2f GB read, %.3f GB/s = %.1f%% of bench io, hit rate %.3f, stall %.2f s, %s\n", dt,
+           (s.bytes_demand + s.bytes_prefetch) / 1e9, gbps, br.gbps > 0 ? 100 * gbps / br.gbps : 0,
+           s.hits + s.misses ? (double)s.hits / (s.hits + s.misses) : 0, s.stall_s, s.io_engine);
+    trace_free(&tt);
+    native_close(nat);
+    return rc ? 1 : 0;
+}
 
 int cmd_bench(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "deltafin bench: not implemented yet\n");
-    return 1;
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fprintf(argc < 2 ? stderr : stdout,
+                "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
+                "       deltafin bench decode --model DIR --ram-budget SIZE --tokens N\n"
+                "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
+                "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n");
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "decode")) return bench_decode(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "cache")) return bench_cache(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "store")) return bench_store(argc - 2, argv + 2);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode)\n", argv[1]);
+    return 2;
 }

@@ -1,9 +1,107 @@
-/* cmd_convert.c — `deltafin convert` (placeholder until its issue lands). */
+/* cmd_convert.c — `deltafin convert HF_DIR MODEL_DIR [--spine source|bf16|int8]
+ * [--expert-dirs D1,D2] [--threads N] [--quiet]`: a Hugging Face checkpoint
+ * to the native layout (docs/native-format.md) through df_convert, with a
+ * progress line on stderr (MB, %, MB/s). */
 #include "cli.h"
+#include "deltafin.h"
+
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: deltafin convert HF_DIR MODEL_DIR [options]\n\n"
+            "Convert a Hugging Face checkpoint (config.json + *.safetensors) into deltafin's native layout:\n"
+            "a resident spine (spine.bin), one pack of routed experts per MoE layer (experts-LNNN.pack, each\n"
+            "expert one 4 KiB-aligned extent, bytes unchanged) and manifest.json (written last).\n\n"
+            "options:\n"
+            "  --spine MODE         source (default: keep each spine tensor's encoding, exact),\n"
+            "                       bf16 (re-encode f32/f16/fp8 linears as bf16; exact only if lossless, reported),\n"
+            "                       int8 (per-row absmax int8 linears; NOT exact)\n"
+            "  --expert-dirs D1,D2  stripe every expert over these directories (one per drive)\n"
+            "  --threads N          writer threads (default: all cores)\n"
+            "  --quiet              no progress line\n"
+            "  -h, --help           this help\n");
+}
+
+typedef struct {
+    struct timespec t0;
+    double last;
+    int done;
+} prog;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int on_progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    prog *p = user;
+    double t = now_s(), el = t - ((double)p->t0.tv_sec + 1e-9 * (double)p->t0.tv_nsec);
+    int last = total && done >= total;
+    if (p->done || (!last && t - p->last < 0.2)) return 0;
+    p->last = t;
+    double mb = (double)done / 1e6;
+    fprintf(stderr, "\rconvert: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", mb, (double)total / 1e6,
+            total ? 100.0 * (double)done / (double)total : 0.0, el > 0 ? mb / el : 0.0);
+    if (last) {
+        fprintf(stderr, "(%.1f s)\n", el);
+        p->done = 1;
+    }
+    fflush(stderr);
+    (void)what;
+    return 0;
+}
 
 int cmd_convert(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "deltafin convert: not implemented yet\n");
-    return 1;
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0, quiet = 0;
+    df_convert_opts o;
+    df_convert_opts_default(&o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) { quiet = 1; continue; }
+        if (!strcmp(a, "--spine") || !strcmp(a, "--expert-dirs") || !strcmp(a, "--threads")) {
+            if (i + 1 >= argc) { fprintf(stderr, "deltafin convert: %s needs a value\n", a); return 2; }
+            const char *v = argv[++i];
+            if (!strcmp(a, "--spine")) {
+                if (!strcmp(v, "source")) o.spine = DF_SPINE_SOURCE;
+                else if (!strcmp(v, "bf16")) o.spine = DF_SPINE_BF16;
+                else if (!strcmp(v, "int8")) o.spine = DF_SPINE_INT8;
+                else { fprintf(stderr, "deltafin convert: --spine '%s': expected source, bf16 or int8\n", v); return 2; }
+            } else if (!strcmp(a, "--expert-dirs")) {
+                o.expert_dirs = v;
+            } else {
+                char *end;
+                long n = strtol(v, &end, 10);
+                if (*end || n < 0 || n > 1024) { fprintf(stderr, "deltafin convert: --threads '%s': expected 0..1024\n", v); return 2; }
+                o.threads = (int)n;
+            }
+            continue;
+        }
+        if (a[0] == '-' && a[1]) { fprintf(stderr, "deltafin convert: unknown option '%s'\n\n", a); usage(stderr); return 2; }
+        if (npos == 2) { fprintf(stderr, "deltafin convert: unexpected argument '%s'\n\n", a); usage(stderr); return 2; }
+        pos[npos++] = a;
+    }
+    if (npos != 2) { usage(stderr); return 2; }
+    prog p = {0};
+    clock_gettime(CLOCK_MONOTONIC, &p.t0);
+    if (!quiet) { o.progress = on_progress; o.progress_user = &p; }
+    char err[1024] = "";
+    int rc = df_convert(pos[0], pos[1], &o, err, sizeof err);
+    if (rc) {
+        if (!quiet && !p.done) fputc('\n', stderr);
+        fprintf(stderr, "deltafin convert: %s (%s)\n", err[0] ? err : "failed", df_strerror(rc));
+        return 1;
+    }
+    if (!quiet)
+        fprintf(stderr, "deltafin convert: wrote %s (spine %s%s)\n", pos[1],
+                o.spine == DF_SPINE_SOURCE ? "source" : o.spine == DF_SPINE_BF16 ? "bf16" : "int8",
+                o.spine == DF_SPINE_INT8 ? ", NOT EXACT" : "");
+    return 0;
 }

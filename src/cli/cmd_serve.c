@@ -1,9 +1,108 @@
-/* cmd_serve.c — `deltafin serve` (placeholder until its issue lands). */
+/* cmd_serve.c — `deltafin serve`: parse flags, then run the OpenAI-compatible
+ * server (src/server, docs/server.md). */
 #include "cli.h"
+#include "server/srv.h"
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: deltafin serve --model DIR [options]\n"
+            "  --model DIR              native model directory or Hugging Face checkpoint\n"
+            "  --host ADDR              numeric address to bind (default 127.0.0.1)\n"
+            "  --port N                 TCP port (default 8000; 0 = any free port)\n"
+            "  --port-file PATH         write the bound port to PATH once listening\n"
+            "  --ram-budget SIZE        bytes for weights + KV cache, e.g. 8G (default unlimited)\n"
+            "  --threads N              compute threads (default all cores)\n"
+            "  --ctx N                  KV cache positions (default min(4096, model maximum))\n"
+            "  --max-tokens N           cap on generated tokens per request (default: context room)\n"
+            "  --max-request-bytes N    largest accepted request body (default 134217728)\n"
+            "  --queue N                requests that may wait while one runs; more get 429 (default 0)\n"
+            "  --api-key KEY            require 'Authorization: Bearer KEY' (default: none)\n"
+            "  --no-kv-reuse            always prefill the whole prompt (no prefix reuse)\n"
+            "  --keepalive SECONDS      SSE comment period during long prefills (default 5)\n"
+            "  --timeout SECONDS        close idle or stalled connections after this (default 60)\n"
+            "  --max-connections N      concurrent connections (default 256)\n"
+            "  --mock [--mock-delay-ms N]  serve a built-in byte-level test model instead of --model\n"
+            "  --verbose                log every rejected request\n");
+}
+
+static int parse_size(const char *s, uint64_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return -1;
+    double m = 1;
+    if (*end == 'k' || *end == 'K') m = 1024.0, end++;
+    else if (*end == 'm' || *end == 'M') m = 1024.0 * 1024, end++;
+    else if (*end == 'g' || *end == 'G') m = 1024.0 * 1024 * 1024, end++;
+    else if (*end == 't' || *end == 'T') m = 1024.0 * 1024 * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (*end) return -1;
+    *out = (uint64_t)(v * m);
+    return 0;
+}
+
+static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "deltafin serve: %s %s: expected an integer in [%d, %d]\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
 
 int cmd_serve(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "deltafin serve: not implemented yet\n");
-    return 1;
+    srv_config c;
+    memset(&c, 0, sizeof c);
+    c.host = "127.0.0.1";
+    c.port = 8000;
+    c.max_request_bytes = 128u << 20;
+    c.kv_reuse = 1;
+    c.keepalive_s = 5;
+    c.timeout_s = 60;
+    c.max_connections = 256;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int tmp;
+        uint64_t sz;
+#define NEED() do { if (!v) { fprintf(stderr, "deltafin serve: %s needs a value\n", a); return 2; } i++; } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { serve_usage(stdout); return 0; }
+        else if (!strcmp(a, "--model")) { NEED(); c.model_path = v; }
+        else if (!strcmp(a, "--host")) { NEED(); c.host = v; }
+        else if (!strcmp(a, "--port")) { NEED(); if (parse_int(a, v, 0, 65535, &c.port)) return 2; }
+        else if (!strcmp(a, "--port-file")) { NEED(); c.port_file = v; }
+        else if (!strcmp(a, "--ram-budget")) {
+            NEED();
+            if (parse_size(v, &c.ram_budget)) { fprintf(stderr, "deltafin serve: --ram-budget %s: expected a size like 8G or 512M\n", v); return 2; }
+        } else if (!strcmp(a, "--threads")) { NEED(); if (parse_int(a, v, 0, 4096, &c.threads)) return 2; }
+        else if (!strcmp(a, "--ctx")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.n_ctx)) return 2; }
+        else if (!strcmp(a, "--max-tokens")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.max_tokens)) return 2; }
+        else if (!strcmp(a, "--max-request-bytes")) {
+            NEED();
+            if (parse_size(v, &sz) || sz < 64) { fprintf(stderr, "deltafin serve: --max-request-bytes %s: expected a size >= 64\n", v); return 2; }
+            c.max_request_bytes = (size_t)sz;
+        } else if (!strcmp(a, "--queue")) { NEED(); if (parse_int(a, v, 0, 100000, &c.queue)) return 2; }
+        else if (!strcmp(a, "--api-key")) { NEED(); c.api_key = v; }
+        else if (!strcmp(a, "--no-kv-reuse")) c.kv_reuse = 0;
+        else if (!strcmp(a, "--keepalive")) { NEED(); c.keepalive_s = atof(v); }
+        else if (!strcmp(a, "--timeout")) { NEED(); if (parse_int(a, v, 1, 86400, &c.timeout_s)) return 2; }
+        else if (!strcmp(a, "--max-connections")) { NEED(); if (parse_int(a, v, 1, 100000, &c.max_connections)) return 2; }
+        else if (!strcmp(a, "--mock")) c.mock = 1;
+        else if (!strcmp(a, "--mock-delay-ms")) { NEED(); if (parse_int(a, v, 0, 60000, &c.mock_delay_ms)) return 2; }
+        else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) c.verbose = 1;
+        else { fprintf(stderr, "deltafin serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
+        (void)tmp;
+    }
+    if (!c.model_path && !c.mock) {
+        fprintf(stderr, "deltafin serve: --model DIR is required\n");
+        serve_usage(stderr);
+        return 2;
+    }
+    if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
+    return srv_serve(&c);
 }

@@ -1,9 +1,694 @@
-/* cmd_synth.c — `deltafin synth` (placeholder until its issue lands). */
+/*
+ * cmd_synth.c — `deltafin synth OUT_DIR ...`: writes a large synthetic model
+ * in the native layout (docs/native-format.md) with real expert shapes (Kimi
+ * K2: hidden 7168, moe_intermediate 2048, MXFP4 by default), for I/O and
+ * streaming work. Weights are random but valid (no NaN/Inf codes, magnitudes
+ * ~ 1/sqrt(fan_in) so activations stay finite); the router is a real
+ * sigmoid/noaux_tc router whose e_score_correction_bias is skewed so that
+ * some experts are popular, as in trained models. Deterministic given --seed.
+ * Every file is written as *.tmp, fsynced and renamed; manifest.json last.
+ */
+#define _GNU_SOURCE
 #include "cli.h"
+#include "deltafin.h"
+#include "model/weights.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+typedef struct {
+    const char *out, *expert_dirs, *name;
+    int hidden, moe_inter, inter, experts, layers, dense, top_k, vocab, heads, q_lora, kv_lora, shared;
+    int nope, rope, vdim, n_group, topk_group;
+    df_wtype enc, spine_enc;
+    uint64_t seed, size;
+    double skew;
+    int quiet;
+} synth_opts;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return 0;
+    switch (*end) {
+    case 'k': case 'K': v *= 1024; break;
+    case 'm': case 'M': v *= 1048576; break;
+    case 'g': case 'G': v *= 1073741824.0; break;
+    case 't': case 'T': v *= 1099511627776.0; break;
+    case 0: break;
+    default: return 0;
+    }
+    return (uint64_t)v;
+}
+
+/* ------------------------------------------------------------ random data */
+
+static inline uint64_t rng_next(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static uint64_t seed_of(uint64_t seed, const char *name, uint64_t salt) {
+    uint64_t s = XXH64(name, strlen(name), seed) ^ (salt * 0x9E3779B97F4A7C15ull);
+    return s ? s : 1;
+}
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+/* Fill n bytes of element data of a weight of type t, values ~ U(-a, a) scale-wise. */
+static void fill_data(uint8_t *p, size_t n, df_wtype t, float a, uint64_t *s) {
+    size_t i = 0;
+    switch (t) {
+    case DF_W_BF16: { /* 4 values per random word: 16-bit uniforms */
+        uint16_t *q = (uint16_t *)p;
+        size_t m = n / 2, k = 0;
+        for (; k + 3 < m; k += 4) {
+            uint64_t r = rng_next(s);
+            for (int j = 0; j < 4; j++) q[k + j] = f32_to_bf16(((float)((r >> (16 * j)) & 0xFFFF) * (1.0f / 32768.0f) - 1.0f) * a);
+        }
+        for (; k < m; k++) q[k] = f32_to_bf16(((float)(rng_next(s) & 0xFFFF) * (1.0f / 32768.0f) - 1.0f) * a);
+        break;
+    }
+    case DF_W_F32: {
+        float *q = (float *)p;
+        for (; i + 3 < n; i += 4) {
+            uint64_t r = rng_next(s);
+            q[i / 4] = ((float)((r >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f) * a;
+        }
+        break;
+    }
+    case DF_W_FP8_B128:
+        /* e4m3fn with exponent field 4..11 (|v| in [2^-3, 2^5)): never NaN */
+        for (; i < n; i += 8) {
+            uint64_t r = rng_next(s);
+            for (int j = 0; j < 8 && i + j < n; j++) {
+                uint8_t b = (uint8_t)(r >> (8 * j));
+                p[i + j] = (uint8_t)((b & 0x80) | ((4 + ((b >> 3) & 7)) << 3) | (b & 7));
+            }
+        }
+        break;
+    default: /* mxfp4 nibbles, int4 nibbles, int8: every bit pattern is a valid value */
+        for (; i + 7 < n; i += 8) {
+            uint64_t r = rng_next(s);
+            memcpy(p + i, &r, 8);
+        }
+        for (; i < n; i++) p[i] = (uint8_t)rng_next(s);
+    }
+}
+
+/* Scales so that |w| ~ a. */
+static void fill_scale(uint8_t *p, size_t n, df_wtype t, float a, uint64_t *s) {
+    switch (t) {
+    case DF_W_MXFP4: { /* E8M0: mean |e2m1| ~ 2.6 -> 2^(e-127) ~ a / 2.6 */
+        int e0 = 127 + (int)floor(log2(a / 2.6));
+        for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(e0 - 1 + (int)(rng_next(s) % 3));
+        break;
+    }
+    case DF_W_INT4_G32: { /* bf16 scale, |nibble-8| ~ 4 */
+        uint16_t *q = (uint16_t *)p;
+        for (size_t i = 0; i < n / 2; i++) q[i] = f32_to_bf16(a / 4 * (0.75f + 0.5f * (float)(rng_next(s) % 1024) / 1024));
+        break;
+    }
+    case DF_W_FP8_B128: { /* f32 weight_scale_inv, |fp8| ~ 2 */
+        float *q = (float *)p;
+        for (size_t i = 0; i < n / 4; i++) q[i] = a / 2 * (0.75f + 0.5f * (float)(rng_next(s) % 1024) / 1024);
+        break;
+    }
+    default:
+        memset(p, 0, n);
+    }
+}
+
+/* ---------------------------------------------------------------- writing */
+
+typedef struct {
+    int fd;
+    char path[2048], tmp[2100];
+    uint64_t off;
+    XXH64_state_t *h;
+} out_file;
+
+static int of_open(out_file *f, const char *path, char *err, size_t errlen) {
+    snprintf(f->path, sizeof f->path, "%s", path);
+    snprintf(f->tmp, sizeof f->tmp, "%s.tmp", path);
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    f->off = 0;
+    f->h = XXH64_createState();
+    XXH64_reset(f->h, 0);
+    if (f->fd < 0) {
+        snprintf(err, errlen, "cannot create %s: %s", f->tmp, strerror(errno));
+        return DF_EIO;
+    }
+    return 0;
+}
+
+static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t w = pwrite(fd, p, len, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        p += w; len -= (size_t)w; off += (uint64_t)w;
+    }
+    return 0;
+}
+
+static int of_write(out_file *f, const void *buf, size_t len, char *err, size_t errlen) {
+    int r = pwrite_all(f->fd, buf, len, f->off);
+    if (r) {
+        snprintf(err, errlen, "write %s: %s (disk full? check df -h)", f->tmp, strerror(-r));
+        return DF_EIO;
+    }
+    XXH64_update(f->h, buf, len);
+    f->off += len;
+    return 0;
+}
+
+static int of_pad(out_file *f, uint64_t align, char *err, size_t errlen) {
+    static const uint8_t zeros[4096];
+    uint64_t pad = (align - f->off % align) % align;
+    return pad ? of_write(f, zeros, pad, err, errlen) : 0;
+}
+
+static int of_commit(out_file *f, char *err, size_t errlen) {
+    int rc = 0;
+    if (fsync(f->fd) || close(f->fd)) {
+        snprintf(err, errlen, "fsync %s: %s", f->tmp, strerror(errno));
+        rc = DF_EIO;
+    } else if (rename(f->tmp, f->path)) {
+        snprintf(err, errlen, "rename %s: %s", f->tmp, strerror(errno));
+        rc = DF_EIO;
+    }
+    f->fd = -1;
+    XXH64_freeState(f->h);
+    return rc;
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+/* mkdir -p; 0 or -1 with errno */
+static int mkdir_p(const char *path) {
+    char tmp[2048];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+static void hex16(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
+
+typedef struct {
+    double t0, t_last;
+    uint64_t done, total;
+    int quiet;
+} progress;
+
+static void prog(progress *p, uint64_t add) {
+    p->done += add;
+    double t = now_s();
+    if (p->quiet || (t - p->t_last < 1.0 && p->done < p->total)) return;
+    p->t_last = t;
+    fprintf(stderr, "\rsynth: %.2f / %.2f GB (%.0f%%), %.2f GB/s   ", p->done / 1e9, p->total / 1e9,
+            100.0 * p->done / (p->total ? p->total : 1), p->done / 1e9 / (t - p->t0 + 1e-9));
+    if (p->done >= p->total) fputc('\n', stderr);
+}
+
+/* One spine tensor: writes data (+scale) 64-aligned; adds it to the manifest. */
+static int spine_tensor(out_file *f, cJSON *arr, const synth_opts *o, const char *name, df_wtype t, int64_t rows,
+                        int64_t cols, int is_vec, float fill_const, progress *pg, uint8_t *buf, size_t bufcap, char *err,
+                        size_t errlen) {
+    int rc = of_pad(f, 64, err, errlen);
+    if (rc) return rc;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", name);
+    cJSON_AddStringToObject(j, "type", df_wtype_name(t));
+    cJSON *shape = cJSON_AddArrayToObject(j, "shape");
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)rows));
+    if (!is_vec) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)cols));
+    uint64_t dbytes = df_weight_data_bytes(t, rows, cols), sbytes = df_weight_scale_bytes(t, rows, cols);
+    cJSON_AddNumberToObject(j, "offset", (double)f->off);
+    cJSON_AddNumberToObject(j, "bytes", (double)dbytes);
+    uint64_t s = seed_of(o->seed, name, 0);
+    float a = 1.0f / sqrtf((float)cols);
+    for (uint64_t done = 0; done < dbytes;) {
+        size_t n = dbytes - done < bufcap ? (size_t)(dbytes - done) : bufcap;
+        if (is_vec) {
+            float *q = (float *)buf; /* f32 vectors */
+            for (size_t i = 0; i < n / 4; i++) q[i] = fill_const;
+        } else {
+            fill_data(buf, n, t, t == DF_W_BF16 || t == DF_W_F32 ? a * 1.7f : a, &s);
+        }
+        if ((rc = of_write(f, buf, n, err, errlen))) { cJSON_Delete(j); return rc; }
+        done += n;
+        prog(pg, n);
+    }
+    if (sbytes) {
+        if ((rc = of_pad(f, 64, err, errlen))) { cJSON_Delete(j); return rc; }
+        cJSON_AddNumberToObject(j, "scale_offset", (double)f->off);
+        cJSON_AddNumberToObject(j, "scale_bytes", (double)sbytes);
+        uint8_t *sb = malloc(sbytes);
+        if (!sb) { cJSON_Delete(j); snprintf(err, errlen, "out of memory"); return DF_ENOMEM; }
+        fill_scale(sb, sbytes, t, a * 1.7f, &s);
+        rc = of_write(f, sb, sbytes, err, errlen);
+        free(sb);
+        if (rc) { cJSON_Delete(j); return rc; }
+    }
+    cJSON_AddItemToArray(arr, j);
+    return 0;
+}
+
+/* Router bias: skewed popularity (a few experts are chosen much more often). */
+static int spine_router_bias(out_file *f, cJSON *arr, const synth_opts *o, int layer, char *err, size_t errlen) {
+    int rc = of_pad(f, 64, err, errlen);
+    if (rc) return rc;
+    char name[160];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", layer);
+    float *b = malloc(sizeof(float) * o->experts);
+    uint64_t s = seed_of(o->seed, name, 1);
+    for (int e = 0; e < o->experts; e++) {
+        /* Box-Muller normal */
+        double u1 = ((rng_next(&s) >> 11) + 1.0) / 9007199254740993.0, u2 = (rng_next(&s) >> 11) / 9007199254740992.0;
+        double z = sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
+        b[e] = (float)(o->skew * 0.05 * z);
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", name);
+    cJSON_AddStringToObject(j, "type", "f32");
+    cJSON *shape = cJSON_AddArrayToObject(j, "shape");
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber(o->experts));
+    cJSON_AddNumberToObject(j, "offset", (double)f->off);
+    cJSON_AddNumberToObject(j, "bytes", 4.0 * o->experts);
+    rc = of_write(f, b, sizeof(float) * o->experts, err, errlen);
+    free(b);
+    cJSON_AddItemToArray(arr, j);
+    return rc;
+}
+
+static cJSON *make_config(const synth_opts *o) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("DeepseekV3ForCausalLM"));
+    cJSON_AddStringToObject(c, "model_type", "kimi_k2");
+    cJSON_AddNumberToObject(c, "vocab_size", o->vocab);
+    cJSON_AddNumberToObject(c, "hidden_size", o->hidden);
+    cJSON_AddNumberToObject(c, "intermediate_size", o->inter);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", o->moe_inter);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", o->layers);
+    cJSON_AddNumberToObject(c, "num_attention_heads", o->heads);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", o->heads);
+    cJSON_AddNumberToObject(c, "n_routed_experts", o->experts);
+    cJSON_AddNumberToObject(c, "n_shared_experts", o->shared);
+    cJSON_AddNumberToObject(c, "num_experts_per_tok", o->top_k);
+    cJSON_AddNumberToObject(c, "n_group", o->n_group);
+    cJSON_AddNumberToObject(c, "topk_group", o->topk_group);
+    cJSON_AddNumberToObject(c, "first_k_dense_replace", o->dense);
+    cJSON_AddNumberToObject(c, "moe_layer_freq", 1);
+    cJSON_AddTrueToObject(c, "norm_topk_prob");
+    cJSON_AddNumberToObject(c, "routed_scaling_factor", 2.827);
+    if (o->q_lora > 0) cJSON_AddNumberToObject(c, "q_lora_rank", o->q_lora);
+    else cJSON_AddNullToObject(c, "q_lora_rank");
+    cJSON_AddNumberToObject(c, "kv_lora_rank", o->kv_lora);
+    cJSON_AddNumberToObject(c, "qk_nope_head_dim", o->nope);
+    cJSON_AddNumberToObject(c, "qk_rope_head_dim", o->rope);
+    cJSON_AddNumberToObject(c, "v_head_dim", o->vdim);
+    cJSON_AddStringToObject(c, "hidden_act", "silu");
+    cJSON_AddNumberToObject(c, "max_position_embeddings", 131072);
+    cJSON_AddNumberToObject(c, "rope_theta", 50000.0);
+    cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
+    cJSON_AddStringToObject(rs, "type", "yarn");
+    cJSON_AddNumberToObject(rs, "factor", 32.0);
+    cJSON_AddNumberToObject(rs, "original_max_position_embeddings", 4096);
+    cJSON_AddNumberToObject(rs, "beta_fast", 1.0);
+    cJSON_AddNumberToObject(rs, "beta_slow", 1.0);
+    cJSON_AddNumberToObject(rs, "mscale", 1.0);
+    cJSON_AddNumberToObject(rs, "mscale_all_dim", 1.0);
+    cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
+    cJSON_AddNumberToObject(c, "bos_token_id", 1);
+    cJSON_AddNumberToObject(c, "eos_token_id", 2);
+    cJSON_AddFalseToObject(c, "tie_word_embeddings");
+    cJSON_AddStringToObject(c, "scoring_func", "sigmoid");
+    cJSON_AddStringToObject(c, "topk_method", "noaux_tc");
+    cJSON_AddFalseToObject(c, "attention_bias");
+    return c;
+}
+
+static int write_spine(const synth_opts *o, cJSON *manifest, progress *pg, uint8_t *buf, size_t bufcap, char *err,
+                       size_t errlen) {
+    char path[2048], nm[200];
+    snprintf(path, sizeof path, "%s/spine.bin", o->out);
+    out_file f;
+    int rc = of_open(&f, path, err, errlen);
+    if (rc) return rc;
+    cJSON *sp = cJSON_AddObjectToObject(manifest, "spine");
+    cJSON *arr = cJSON_CreateArray();
+    const int64_t H = o->hidden, V = o->vocab, NH = o->heads, qk = o->nope + o->rope;
+    const df_wtype T = o->spine_enc;
+#define TW(name, r, c) if ((rc = spine_tensor(&f, arr, o, name, T, r, c, 0, 0, pg, buf, bufcap, err, errlen))) goto fail
+#define TV(name, n) if ((rc = spine_tensor(&f, arr, o, name, DF_W_F32, n, 1, 1, 1.0f, pg, buf, bufcap, err, errlen))) goto fail
+    if ((rc = spine_tensor(&f, arr, o, "model.embed_tokens.weight", DF_W_BF16, V, H, 0, 0, pg, buf, bufcap, err, errlen)))
+        goto fail;
+    for (int l = 0; l < o->layers; l++) {
+#define N(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
+        TV(N("input_layernorm.weight"), H);
+        TV(N("post_attention_layernorm.weight"), H);
+        if (o->q_lora > 0) {
+            TW(N("self_attn.q_a_proj.weight"), o->q_lora, H);
+            TV(N("self_attn.q_a_layernorm.weight"), o->q_lora);
+            TW(N("self_attn.q_b_proj.weight"), NH * qk, o->q_lora);
+        } else {
+            TW(N("self_attn.q_proj.weight"), NH * qk, H);
+        }
+        TW(N("self_attn.kv_a_proj_with_mqa.weight"), o->kv_lora + o->rope, H);
+        TV(N("self_attn.kv_a_layernorm.weight"), o->kv_lora);
+        TW(N("self_attn.kv_b_proj.weight"), NH * (o->nope + o->vdim), o->kv_lora);
+        TW(N("self_attn.o_proj.weight"), H, NH * o->vdim);
+        if (l < o->dense) {
+            TW(N("mlp.gate_proj.weight"), o->inter, H);
+            TW(N("mlp.up_proj.weight"), o->inter, H);
+            TW(N("mlp.down_proj.weight"), H, o->inter);
+        } else {
+            if ((rc = spine_tensor(&f, arr, o, N("mlp.gate.weight"), DF_W_BF16, o->experts, H, 0, 0, pg, buf, bufcap,
+                                   err, errlen)))
+                goto fail;
+            if ((rc = spine_router_bias(&f, arr, o, l, err, errlen))) goto fail;
+            if (o->shared > 0) {
+                int64_t I = (int64_t)o->moe_inter * o->shared;
+                TW(N("mlp.shared_experts.gate_proj.weight"), I, H);
+                TW(N("mlp.shared_experts.up_proj.weight"), I, H);
+                TW(N("mlp.shared_experts.down_proj.weight"), H, I);
+            }
+        }
+#undef N
+    }
+    TV("model.norm.weight", H);
+    if ((rc = spine_tensor(&f, arr, o, "lm_head.weight", DF_W_BF16, V, H, 0, 0, pg, buf, bufcap, err, errlen))) goto fail;
+#undef TW
+#undef TV
+    if ((rc = of_pad(&f, 64, err, errlen))) goto fail;
+    uint64_t h = XXH64_digest(f.h), bytes = f.off;
+    if ((rc = of_commit(&f, err, errlen))) { cJSON_Delete(arr); return rc; }
+    char hx[17];
+    hex16(h, hx);
+    cJSON_AddStringToObject(sp, "file", "spine.bin");
+    cJSON_AddNumberToObject(sp, "bytes", (double)bytes);
+    cJSON_AddStringToObject(sp, "xxh64", hx);
+    cJSON_AddItemToObject(sp, "tensors", arr);
+    return 0;
+fail:
+    cJSON_Delete(arr);
+    close(f.fd);
+    unlink(f.tmp);
+    XXH64_freeState(f.h);
+    return rc;
+}
+
+/* Bytes of the spine the options produce (for progress and the size estimate). */
+static uint64_t spine_estimate(const synth_opts *o) {
+    const uint64_t H = o->hidden, NH = o->heads, qk = o->nope + o->rope;
+    uint64_t e = (uint64_t)df_weight_data_bytes(o->spine_enc, 1, 1);
+    uint64_t attn = (o->q_lora > 0 ? o->q_lora * H + NH * qk * o->q_lora : NH * qk * H) +
+                    (o->kv_lora + o->rope) * H + NH * (o->nope + o->vdim) * o->kv_lora + H * NH * o->vdim;
+    uint64_t dense = 3ull * o->inter * H, moe = 3ull * o->moe_inter * o->shared * H;
+    uint64_t per = attn * e;
+    return 2ull * 2 * o->vocab * H + o->dense * (per + dense * e) + (o->layers - o->dense) * (per + moe * e + o->experts * H * 2);
+}
+
+static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, char *err, size_t errlen) {
+    const int64_t H = o->hidden, I = o->moe_inter;
+    const df_wtype T = o->enc;
+    cJSON *ex = cJSON_AddObjectToObject(manifest, "experts");
+    cJSON_AddStringToObject(ex, "type", df_wtype_name(T));
+    cJSON_AddNumberToObject(ex, "n_experts", o->experts);
+    cJSON_AddNumberToObject(ex, "moe_intermediate_size", o->moe_inter);
+    cJSON_AddNumberToObject(ex, "hidden_size", o->hidden);
+    const char *pn[3] = {"gate", "up", "down"};
+    int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+    uint64_t off[3], soff[3], db[3], sb[3], pos = 0;
+    for (int p = 0; p < 3; p++) {
+        db[p] = df_weight_data_bytes(T, rows[p], cols[p]);
+        sb[p] = df_weight_scale_bytes(T, rows[p], cols[p]);
+        off[p] = pos;
+        pos = (pos + db[p] + 63) / 64 * 64;
+        soff[p] = pos;
+        pos = (pos + sb[p] + 63) / 64 * 64;
+    }
+    uint64_t extent = soff[2] + sb[2];
+    if (!sb[2]) extent = off[2] + db[2];
+    uint64_t stride = (extent + 4095) / 4096 * 4096;
+    cJSON_AddNumberToObject(ex, "extent_bytes", (double)extent);
+    cJSON_AddNumberToObject(ex, "stride", (double)stride);
+    cJSON *parts = cJSON_AddArrayToObject(ex, "parts");
+    for (int p = 0; p < 3; p++) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "name", pn[p]);
+        cJSON *sh = cJSON_AddArrayToObject(j, "shape");
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)rows[p]));
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)cols[p]));
+        cJSON_AddNumberToObject(j, "offset", (double)off[p]);
+        cJSON_AddNumberToObject(j, "bytes", (double)db[p]);
+        if (sb[p]) {
+            cJSON_AddNumberToObject(j, "scale_offset", (double)soff[p]);
+            cJSON_AddNumberToObject(j, "scale_bytes", (double)sb[p]);
+        }
+        cJSON_AddItemToArray(parts, j);
+    }
+    /* pack directories */
+    char *dirs[16];
+    int nd = 0;
+    if (o->expert_dirs && *o->expert_dirs) {
+        char *cp = strdup(o->expert_dirs), *save = NULL;
+        for (char *t = strtok_r(cp, ",", &save); t && nd < 16; t = strtok_r(NULL, ",", &save)) dirs[nd++] = strdup(t);
+        free(cp);
+    } else {
+        dirs[nd++] = strdup(o->out);
+    }
+    for (int k = 0; k < nd; k++) {
+        char cmd[2200];
+        snprintf(cmd, sizeof cmd, "%s", dirs[k]);
+        if (mkdir_p(cmd)) {
+            snprintf(err, errlen, "cannot create expert directory %s: %s", dirs[k], strerror(errno));
+            return DF_EIO;
+        }
+        char *rp = realpath(dirs[k], NULL);
+        if (rp) { free(dirs[k]); dirs[k] = rp; }
+    }
+    uint64_t stripe = nd == 1 ? stride : ((stride / nd + 4095) / 4096 * 4096);
+    if (nd > 1 && stride % nd == 0 && (stride / nd) % 4096 == 0) stripe = stride / nd;
+    uint8_t *ext = NULL;
+    if (posix_memalign((void **)&ext, 4096, stripe * nd)) {
+        snprintf(err, errlen, "out of memory for one expert (%llu bytes)", (unsigned long long)(stripe * nd));
+        return DF_ENOMEM;
+    }
+    memset(ext, 0, stripe * nd);
+    cJSON *layers = cJSON_AddArrayToObject(ex, "layers");
+    int rc = 0;
+    for (int l = o->dense; l < o->layers && !rc; l++) {
+        out_file f[16];
+        int opened = 0;
+        for (int k = 0; k < nd; k++) {
+            char p[2100];
+            snprintf(p, sizeof p, "%s/experts-L%03d.pack", dirs[k], l);
+            if ((rc = of_open(&f[k], p, err, errlen))) break;
+            opened++;
+        }
+        cJSON *lj = cJSON_CreateObject();
+        cJSON_AddNumberToObject(lj, "layer", l);
+        cJSON *files = cJSON_AddArrayToObject(lj, "files");
+        cJSON *xx = cJSON_AddArrayToObject(lj, "xxh64");
+        for (int e = 0; e < o->experts && !rc; e++) {
+            char name[64];
+            snprintf(name, sizeof name, "L%d.E%d", l, e);
+            uint64_t s = seed_of(o->seed, name, 2);
+            for (int p = 0; p < 3; p++) {
+                float a = 1.0f / sqrtf((float)cols[p]);
+                fill_data(ext + off[p], db[p], T, T == DF_W_BF16 ? a * 1.7f : a, &s);
+                if (sb[p]) fill_scale(ext + soff[p], sb[p], T, a * 1.7f, &s);
+            }
+            char hx[17];
+            hex16(XXH64(ext, stride, 0), hx);
+            cJSON_AddItemToArray(xx, cJSON_CreateString(hx));
+            for (int k = 0; k < nd && !rc; k++) rc = of_write(&f[k], ext + (uint64_t)k * stripe, stripe, err, errlen);
+            prog(pg, stride);
+        }
+        for (int k = 0; k < opened; k++) {
+            if (rc) { close(f[k].fd); unlink(f[k].tmp); XXH64_freeState(f[k].h); continue; }
+            rc = of_commit(&f[k], err, errlen);
+            char rel[2100];
+            if (!strcmp(dirs[k], o->out)) snprintf(rel, sizeof rel, "experts-L%03d.pack", l);
+            else snprintf(rel, sizeof rel, "%s", f[k].path);
+            cJSON_AddItemToArray(files, cJSON_CreateString(rel));
+        }
+        cJSON_AddNumberToObject(lj, "stripe_bytes", (double)stripe);
+        cJSON_AddItemToArray(layers, lj);
+    }
+    for (int k = 0; k < nd; k++) { fsync_dir(dirs[k]); free(dirs[k]); }
+    free(ext);
+    return rc;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: deltafin synth OUT_DIR [options]\n"
+            "Writes a synthetic model in the native layout (random but valid weights, real router) for I/O work.\n"
+            "  --hidden N        hidden size (7168)            --moe-inter N   expert width (2048)\n"
+            "  --experts N       routed experts per layer (64) --top-k N       experts per token (8)\n"
+            "  --layers N        total layers (8)              --dense N       leading dense layers (1)\n"
+            "  --size SIZE       choose --layers so the experts take about SIZE (e.g. 40G)\n"
+            "  --encoding E      expert encoding: mxfp4 (default), bf16, int4_g32, fp8_b128\n"
+            "  --spine-encoding E  bf16 (default) or fp8_b128 for spine matrices\n"
+            "  --vocab N (32000) --heads N (64) --q-lora N (1536, 0 = plain q_proj) --kv-lora N (512)\n"
+            "  --inter N         dense MLP width (18432)       --shared N      shared experts (1)\n"
+            "  --n-group N --topk-group N (1, 1)               --skew X        router popularity skew (1.0)\n"
+            "  --expert-dirs D1,D2  stripe the packs over these directories\n"
+            "  --seed N (1) --name NAME --quiet\n");
+}
 
 int cmd_synth(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "deltafin synth: not implemented yet\n");
-    return 1;
+    synth_opts o = {0};
+    o.hidden = 7168; o.moe_inter = 2048; o.inter = 18432; o.experts = 64; o.layers = 8; o.dense = 1; o.top_k = 8;
+    o.vocab = 32000; o.heads = 64; o.q_lora = 1536; o.kv_lora = 512; o.shared = 1; o.nope = 128; o.rope = 64;
+    o.vdim = 128; o.n_group = 1; o.topk_group = 1; o.enc = DF_W_MXFP4; o.spine_enc = DF_W_BF16; o.seed = 1;
+    o.skew = 1.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define INTOPT(flag, field) if (!strcmp(a, flag)) { if (!v) goto missing; o.field = atoi(v); i++; continue; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        INTOPT("--hidden", hidden) INTOPT("--moe-inter", moe_inter) INTOPT("--inter", inter)
+        INTOPT("--experts", experts) INTOPT("--layers", layers) INTOPT("--dense", dense) INTOPT("--top-k", top_k)
+        INTOPT("--vocab", vocab) INTOPT("--heads", heads) INTOPT("--q-lora", q_lora) INTOPT("--kv-lora", kv_lora)
+        INTOPT("--shared", shared) INTOPT("--n-group", n_group) INTOPT("--topk-group", topk_group)
+        INTOPT("--nope", nope) INTOPT("--rope", rope) INTOPT("--v-dim", vdim)
+#undef INTOPT
+        if (!strcmp(a, "--quiet")) { o.quiet = 1; continue; }
+        if (!v) goto missing;
+        if (!strcmp(a, "--encoding") || !strcmp(a, "--spine-encoding")) {
+            int t = df_wtype_from_name(v);
+            int spine = a[2] == 's';
+            if (t < 0 || t == DF_W_INT8_ROW || t == DF_W_F16 || (spine && t != DF_W_BF16 && t != DF_W_FP8_B128)) {
+                fprintf(stderr, "deltafin synth: %s %s is not supported (%s)\n", a, v,
+                        spine ? "bf16 or fp8_b128" : "mxfp4, bf16, int4_g32, fp8_b128, f32");
+                return 2;
+            }
+            if (spine) o.spine_enc = (df_wtype)t; else o.enc = (df_wtype)t;
+        } else if (!strcmp(a, "--size")) {
+            if (!(o.size = parse_size(v))) { fprintf(stderr, "deltafin synth: bad --size %s\n", v); return 2; }
+        } else if (!strcmp(a, "--expert-dirs")) o.expert_dirs = v;
+        else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--skew")) o.skew = atof(v);
+        else if (!strcmp(a, "--name")) o.name = v;
+        else if (a[0] == '-') { fprintf(stderr, "deltafin synth: unknown option %s\n", a); usage(stderr); return 2; }
+        else if (!o.out) { o.out = a; continue; }
+        else { fprintf(stderr, "deltafin synth: unexpected argument %s\n", a); return 2; }
+        i++;
+    }
+    if (!o.out) { usage(stderr); return 2; }
+    if (o.hidden <= 0 || o.moe_inter <= 0 || o.experts <= 0 || o.layers <= 0 || o.dense < 0 || o.top_k <= 0 ||
+        o.top_k > o.experts || o.vocab <= 0 || o.heads <= 0 || o.kv_lora <= 0 || o.rope <= 0 || o.rope % 2 ||
+        o.experts % o.n_group || o.topk_group > o.n_group ||
+        ((o.enc == DF_W_MXFP4 || o.enc == DF_W_INT4_G32) && (o.hidden % 32 || o.moe_inter % 32))) {
+        fprintf(stderr, "deltafin synth: inconsistent sizes (need positive sizes, top-k <= experts, even --rope, "
+                        "n_group dividing experts, hidden and moe-inter multiples of 32 for mxfp4/int4)\n");
+        return 2;
+    }
+    uint64_t per_layer;
+    {
+        int64_t H = o.hidden, I = o.moe_inter;
+        uint64_t x = 0;
+        int64_t r[3] = {I, I, H}, c[3] = {H, H, I};
+        for (int p = 0; p < 3; p++)
+            x += (df_weight_data_bytes(o.enc, r[p], c[p]) + 63) / 64 * 64 + (df_weight_scale_bytes(o.enc, r[p], c[p]) + 63) / 64 * 64;
+        per_layer = (x + 4095) / 4096 * 4096 * (uint64_t)o.experts;
+    }
+    if (o.size) {
+        uint64_t moe = (o.size + per_layer / 2) / per_layer;
+        if (moe < 1) moe = 1;
+        o.layers = o.dense + (int)moe;
+    }
+    if (o.dense >= o.layers) { fprintf(stderr, "deltafin synth: --dense %d leaves no MoE layer\n", o.dense); return 2; }
+    if (mkdir_p(o.out)) {
+        fprintf(stderr, "deltafin synth: cannot create %s: %s\n", o.out, strerror(errno));
+        return 1;
+    }
+    char *rp = realpath(o.out, NULL);
+    if (rp) o.out = rp;
+    char mpath[2048];
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", o.out);
+    unlink(mpath); /* an old manifest must not describe half-written files */
+    uint64_t total = spine_estimate(&o) + per_layer * (uint64_t)(o.layers - o.dense);
+    if (!o.quiet)
+        fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB)\n",
+                o.out, o.layers, o.dense, o.experts, df_wtype_name(o.enc), o.moe_inter, o.hidden, o.top_k, total / 1e9,
+                per_layer * (double)(o.layers - o.dense) / 1e9);
+    double t_start = now_s();
+    progress pg = {t_start, t_start, 0, total, o.quiet};
+    char err[4608] = "";
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "format", "deltafin-native");
+    cJSON_AddNumberToObject(m, "version", 1);
+    char defname[200];
+    snprintf(defname, sizeof defname, "synth-%s-%dx%d", df_wtype_name(o.enc), o.layers, o.experts);
+    cJSON_AddStringToObject(m, "name", o.name ? o.name : defname);
+    cJSON *src = cJSON_AddObjectToObject(m, "source");
+    cJSON_AddStringToObject(src, "dir", "synthetic");
+    cJSON *encs = cJSON_AddArrayToObject(src, "encodings");
+    cJSON_AddItemToArray(encs, cJSON_CreateString(df_wtype_name(o.spine_enc)));
+    cJSON_AddItemToArray(encs, cJSON_CreateString(df_wtype_name(o.enc)));
+    cJSON_AddStringToObject(m, "spine_mode", "source");
+    cJSON_AddTrueToObject(m, "exact");
+    cJSON_AddItemToObject(m, "config", make_config(&o));
+    size_t bufcap = 8u << 20;
+    uint8_t *buf = malloc(bufcap);
+    int rc = buf ? write_spine(&o, m, &pg, buf, bufcap, err, sizeof err) : DF_ENOMEM;
+    free(buf);
+    if (!rc) rc = write_experts(&o, m, &pg, err, sizeof err);
+    if (!rc) {
+        char *txt = cJSON_Print(m);
+        out_file f;
+        rc = of_open(&f, mpath, err, sizeof err);
+        if (!rc) rc = of_write(&f, txt, strlen(txt), err, sizeof err);
+        if (!rc) rc = of_commit(&f, err, sizeof err);
+        free(txt);
+        fsync_dir(o.out);
+    }
+    cJSON_Delete(m);
+    if (rc) {
+        fprintf(stderr, "\ndeltafin synth: %s\n", err[0] ? err : df_strerror(rc));
+        return 1;
+    }
+    if (!o.quiet) fprintf(stderr, "synth: wrote %s in %.1f s\n", mpath, now_s() - pg.t0);
+    return 0;
+missing:
+    fprintf(stderr, "deltafin synth: option %s needs a value\n", argv[argc - 1]);
+    return 2;
 }

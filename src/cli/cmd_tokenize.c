@@ -1,9 +1,123 @@
-/* cmd_tokenize.c — `deltafin tokenize` (placeholder until its issue lands). */
+/* cmd_tokenize.c — `deltafin tokenize`: text on stdin -> ids (comma-separated,
+ * one line), or ids -> text with --decode, or a chat (JSON list of messages,
+ * or {"messages": [...], "tools": [...]}) rendered in the model's chat format
+ * with --chat (--render prints the prompt text instead of its ids). */
 #include "cli.h"
+#include "deltafin.h"
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: deltafin tokenize (--model DIR | --tokenizer FILE [--config tokenizer_config.json])\n"
+            "                         [--decode] [--chat [--render] [--tools FILE] [--thinking] [--no-gen-prompt]]\n"
+            "                         [--parse-special] [--add-bos]\n"
+            "  reads text (or ids with --decode, or a JSON list of messages with --chat) on stdin;\n"
+            "  prints ids comma-separated on one line (or the text).\n"
+            "  --parse-special: special-token strings in the text become specials (default: plain text).\n");
+}
+
+static char *read_all(FILE *f, size_t *n) {
+    size_t cap = 1 << 16, len = 0;
+    char *b = malloc(cap + 1);
+    if (!b) return NULL;
+    size_t r;
+    while ((r = fread(b + len, 1, cap - len, f)) > 0) {
+        len += r;
+        if (len == cap) {
+            char *nb = realloc(b, cap * 2 + 1);
+            if (!nb) { free(b); return NULL; }
+            b = nb; cap *= 2;
+        }
+    }
+    b[len] = 0;
+    *n = len;
+    return b;
+}
+
+static int print_ids(const int32_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+    printf("\n");
+    return 0;
+}
 
 int cmd_tokenize(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "deltafin tokenize: not implemented yet\n");
-    return 1;
+    const char *model = NULL, *tokfile = NULL, *config = NULL, *tools_path = NULL;
+    int decode = 0, chat = 0, render = 0, flags = 0, cflags = DF_CHAT_ADD_GENERATION_PROMPT;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && i + 1 < argc) tokfile = argv[++i];
+        else if (!strcmp(a, "--config") && i + 1 < argc) config = argv[++i];
+        else if (!strcmp(a, "--tools") && i + 1 < argc) tools_path = argv[++i];
+        else if (!strcmp(a, "--decode")) decode = 1;
+        else if (!strcmp(a, "--chat")) chat = 1;
+        else if (!strcmp(a, "--render")) render = 1;
+        else if (!strcmp(a, "--thinking")) cflags |= DF_CHAT_THINKING;
+        else if (!strcmp(a, "--no-gen-prompt")) cflags &= ~DF_CHAT_ADD_GENERATION_PROMPT;
+        else if (!strcmp(a, "--parse-special")) flags |= DF_TOK_PARSE_SPECIAL;
+        else if (!strcmp(a, "--add-bos")) flags |= DF_TOK_ADD_BOS;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
+        else { fprintf(stderr, "deltafin tokenize: unknown or incomplete option '%s'\n", a); usage(); return 2; }
+    }
+    if (!!model + !!tokfile != 1) { fprintf(stderr, "deltafin tokenize: give exactly one of --model or --tokenizer\n"); usage(); return 2; }
+    if (decode && chat) { fprintf(stderr, "deltafin tokenize: --decode and --chat do not combine\n"); return 2; }
+    char err[1024] = "";
+    df_tokenizer *t = NULL;
+    int rc = df_tokenizer_open(&t, model ? model : tokfile, config, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin tokenize: %s\n", err); return 1; }
+    size_t n;
+    char *in = read_all(stdin, &n);
+    if (!in) { fprintf(stderr, "deltafin tokenize: cannot read stdin\n"); df_tokenizer_free(t); return 1; }
+    int status = 0;
+    if (decode) {
+        size_t cap = 16, k = 0;
+        int32_t *ids = malloc(cap * sizeof *ids);
+        char *p = in;
+        while (*p) {
+            while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+            if (!*p) break;
+            char *e;
+            long v = strtol(p, &e, 10);
+            if (e == p) { fprintf(stderr, "deltafin tokenize --decode: not an id near '%.20s'\n", p); status = 1; break; }
+            if (k == cap) { cap *= 2; ids = realloc(ids, cap * sizeof *ids); }
+            ids[k++] = (int32_t)v;
+            p = e;
+        }
+        if (!status) {
+            char *txt; size_t tl;
+            rc = df_detokenize(t, ids, k, &txt, &tl, err, sizeof err);
+            if (rc) { fprintf(stderr, "deltafin tokenize: %s\n", err); status = 1; }
+            else { fwrite(txt, 1, tl, stdout); free(txt); }
+        }
+        free(ids);
+    } else {
+        char *text = in, *rendered = NULL, *tools = NULL;
+        size_t tl = n;
+        if (chat) {
+            if (tools_path) {
+                FILE *f = fopen(tools_path, "rb");
+                size_t tn;
+                if (!f || !(tools = read_all(f, &tn))) { fprintf(stderr, "deltafin tokenize: cannot read --tools %s\n", tools_path); status = 1; }
+                if (f) fclose(f);
+            }
+            if (!status) {
+                rc = df_chat_render(t, in, tools, cflags, &rendered, err, sizeof err);
+                if (rc) { fprintf(stderr, "deltafin tokenize: %s\n", err); status = 1; }
+                else { text = rendered; tl = strlen(rendered); flags |= DF_TOK_PARSE_SPECIAL; }
+            }
+        }
+        if (!status && chat && render) fwrite(text, 1, tl, stdout);
+        else if (!status) {
+            int32_t *ids; size_t ni;
+            rc = df_tokenize(t, text, tl, flags, &ids, &ni, err, sizeof err);
+            if (rc) { fprintf(stderr, "deltafin tokenize: %s\n", err); status = 1; }
+            else { print_ids(ids, ni); free(ids); }
+        }
+        free(rendered); free(tools);
+    }
+    free(in);
+    df_tokenizer_free(t);
+    return status;
 }

@@ -1,34 +1,387 @@
-/* api.c — public API: model, session, eval, sampling, stats (stubs until the engine lands). */
+/*
+ * api.c — the public model / session / eval / stats API (include/deltafin.h):
+ * opens a native model (or converts an HF directory into the cache first),
+ * loads spine.bin into aligned RAM, opens the expert store, and runs
+ * df_eval through the forward pass (forward.c). Sampling is in sample.c.
+ */
+#define _GNU_SOURCE
 #include "deltafin.h"
-#include <stdio.h>
-#include <string.h>
+#include "engine.h"
+#include "model/convert.h"
+#include "model/native.h"
+#include "model/spine.h"
+#include "store/store.h"
 
-static int stub(char *err, size_t errlen, const char *fn) {
-    if (err && errlen) snprintf(err, errlen, "%s: not implemented yet", fn);
-    return DF_EUNSUPPORTED;
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+struct df_model {
+    df_native *nat;
+    void *spine_buf;
+    df_spine spine;
+    int spine_built;
+    df_store *store;
+    df_pool *pool;
+    df_engine eng;
+    df_tokenizer *tok;
+    int exact;
+    uint64_t ram_budget;
+    int kv_positions;            /* most positions a session may hold (the budget's KV reserve) */
+    char name[128];
+    char describe[1536];
+    pthread_mutex_t mu;          /* one df_eval at a time per model */
+    /* stats */
+    int stats_first_done;
+    double ttft_s, prefill_s, decode_s;
+    uint64_t prefill_tokens, decode_tokens;
+    uint64_t weight_bytes_base;
+    double io_wait_base;
+    uint64_t kv_bytes;           /* sum over live sessions (approx., updated on eval) */
+};
+
+struct df_session {
+    df_model *m;
+    df_kvcache kv;
+    int32_t *tokens;
+    int n_past, tok_cap;
+};
+
+static int set_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int set_err(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }
-void df_model_opts_default(df_model_opts *o) { memset(o, 0, sizeof *o); }
-int df_model_open(df_model **out, const char *path, const df_model_opts *opts, char *err, size_t errlen) {
-    *out = NULL; return stub(err, errlen, "df_model_open");
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
-void df_model_close(df_model *m) {}
-const char *df_model_describe(const df_model *m) { return ""; }
-const char *df_model_name(const df_model *m) { return ""; }
-int df_model_n_vocab(const df_model *m) { return 0; }
-int df_model_n_ctx_max(const df_model *m) { return 0; }
-int df_model_is_exact(const df_model *m) { return 1; }
-const df_tokenizer *df_model_tokenizer(const df_model *m) { return NULL; }
-int df_model_verify(df_model *m, df_progress_fn p, void *u, char *err, size_t errlen) { return stub(err, errlen, "df_model_verify"); }
-int df_session_new(df_session **out, df_model *m, int n_ctx, char *err, size_t errlen) { *out = NULL; return stub(err, errlen, "df_session_new"); }
-void df_session_free(df_session *s) {}
-int df_session_n_past(const df_session *s) { return 0; }
-const int32_t *df_session_tokens(const df_session *s) { return NULL; }
-int df_session_truncate(df_session *s, int n_keep) { return DF_EUNSUPPORTED; }
-int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, df_progress_fn p, void *u, char *err, size_t errlen) { return stub(err, errlen, "df_eval"); }
-void df_sampler_opts_default(df_sampler_opts *o) { memset(o, 0, sizeof *o); o->top_p = 1.0f; }
-df_sampler *df_sampler_new(const df_sampler_opts *o) { return NULL; }
-void df_sampler_free(df_sampler *s) {}
-int32_t df_sample(df_sampler *s, const float *logits, int n_vocab) { return 0; }
-float df_logprob(const float *logits, int n_vocab, int32_t id, int top_n, int32_t *ti, float *tl) { return 0; }
-void df_model_stats(const df_model *m, df_stats *out) { memset(out, 0, sizeof *out); }
-void df_model_stats_reset(df_model *m) {}
+
+void df_model_opts_default(df_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->spine = DF_SPINE_SOURCE;
+}
+
+/* expert source = the store */
+static int src_request(void *ctx, int layer, const int *ids, int n, store_prio prio) {
+    return store_request(ctx, layer, ids, n, prio);
+}
+static int src_acquire(void *ctx, int layer, const int *ids, int n, df_expert *v, char *err, size_t errlen) {
+    return store_acquire(ctx, layer, ids, n, v, err, errlen);
+}
+static void src_release(void *ctx, int layer, const int *ids, int n) { store_release(ctx, layer, ids, n); }
+
+static int file_exists(const char *dir, const char *name) {
+    char p[8192];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Read spine.bin into 4 KiB-aligned memory and check its size and XXH64. */
+static int load_spine(df_model *m, char *err, size_t errlen) {
+    const df_native *n = m->nat;
+    int fd = open(n->spine_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return set_err(err, errlen, DF_EIO, "%s: cannot open (%s); re-run `deltafin convert`", n->spine_path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != n->spine_bytes) {
+        close(fd);
+        return set_err(err, errlen, DF_EFORMAT, "%s: size %lld bytes, manifest says %llu (truncated or replaced); re-run `deltafin convert`",
+                       n->spine_path, (long long)st.st_size, (unsigned long long)n->spine_bytes);
+    }
+    size_t len = n->spine_bytes ? n->spine_bytes : 1;
+    if (posix_memalign(&m->spine_buf, 4096, (len + 4095) / 4096 * 4096)) {
+        close(fd);
+        m->spine_buf = NULL;
+        return set_err(err, errlen, DF_ENOMEM, "cannot allocate %llu bytes for the spine (%s)", (unsigned long long)len, n->spine_path);
+    }
+    uint64_t off = 0;
+    while (off < n->spine_bytes) {
+        ssize_t r = pread(fd, (char *)m->spine_buf + off, n->spine_bytes - off > (1u << 30) ? (1u << 30) : n->spine_bytes - off, (off_t)off);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR) continue;
+            close(fd);
+            return set_err(err, errlen, DF_EIO, "%s: read failed at offset %llu (%s)", n->spine_path, (unsigned long long)off,
+                           r < 0 ? strerror(errno) : "unexpected end of file");
+        }
+        off += (uint64_t)r;
+    }
+    close(fd);
+    uint64_t h = XXH64(m->spine_buf, n->spine_bytes, 0);
+    if (h != n->spine_xxh64)
+        return set_err(err, errlen, DF_EFORMAT, "%s: checksum mismatch (xxh64 %016llx, manifest %016llx): the file is corrupt; re-run `deltafin convert`",
+                       n->spine_path, (unsigned long long)h, (unsigned long long)n->spine_xxh64);
+    return DF_OK;
+}
+
+static const char *fmt_bytes(char *out, size_t cap, uint64_t b) {
+    if (b >= (1ull << 30)) snprintf(out, cap, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20)) snprintf(out, cap, "%.1f MiB", b / 1048576.0);
+    else snprintf(out, cap, "%.1f KiB", b / 1024.0);
+    return out;
+}
+
+static const char *spine_encodings(const df_native *n, char *out, size_t cap) {
+    int seen[DF_W__COUNT] = {0};
+    for (int i = 0; i < n->n_tensors; i++)
+        if (n->tensors[i].ndim == 2 && n->tensors[i].type >= 0 && n->tensors[i].type < DF_W__COUNT) seen[n->tensors[i].type] = 1;
+    out[0] = 0;
+    for (int t = 0; t < DF_W__COUNT; t++)
+        if (seen[t]) {
+            size_t l = strlen(out);
+            snprintf(out + l, cap - l, "%s%s", l ? "+" : "", df_wtype_name((df_wtype)t));
+        }
+    return out;
+}
+
+int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in, char *err, size_t errlen) {
+    *out = NULL;
+    df_model_opts opts;
+    if (opts_in) opts = *opts_in; else df_model_opts_default(&opts);
+    if (!path || !*path) return set_err(err, errlen, DF_EINVAL, "no model directory given");
+    struct stat st;
+    if (stat(path, &st) != 0) return set_err(err, errlen, DF_EIO, "%s: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return set_err(err, errlen, DF_EINVAL, "%s: not a directory (expected a model directory with manifest.json or config.json)", path);
+    const df_backend *be = df_backend_get(opts.backend);
+    if (!be) return set_err(err, errlen, DF_EINVAL, "backend \"%s\" is unknown or not supported by this CPU (use cpu or cpu-scalar)", opts.backend);
+
+    char dir[4096];
+    int converted = 0;
+    if (file_exists(path, "manifest.json")) {
+        snprintf(dir, sizeof dir, "%s", path);
+    } else if (file_exists(path, "config.json")) {
+        int rc = convert_cached(path, opts.cache_dir, opts.spine, opts.progress, opts.progress_user, dir, sizeof dir, err, errlen);
+        if (rc) return rc;
+        converted = 1;
+    } else {
+        return set_err(err, errlen, DF_EINVAL, "%s: neither manifest.json (native model) nor config.json (Hugging Face checkpoint) found", path);
+    }
+
+    df_model *m = calloc(1, sizeof *m);
+    if (!m) return set_err(err, errlen, DF_ENOMEM, "out of memory");
+    pthread_mutex_init(&m->mu, NULL);
+    int rc = native_open(&m->nat, dir, err, errlen);
+    if (rc) goto fail;
+    const df_config *cfg = &m->nat->cfg;
+    m->exact = m->nat->exact;
+    /* the name: the HF directory's basename when converted, else the manifest's */
+    if (converted || !m->nat->name[0]) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s", path);
+        size_t l = strlen(tmp);
+        while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
+        snprintf(m->name, sizeof m->name, "%s", basename(tmp));
+    } else {
+        snprintf(m->name, sizeof m->name, "%s", m->nat->name);
+    }
+    rc = load_spine(m, err, errlen);
+    if (rc) goto fail;
+    rc = spine_build(m->nat, m->spine_buf, &m->spine, err, errlen);
+    if (rc) goto fail;
+    m->spine_built = 1;
+
+    /* expert store under the RAM budget */
+    store_opts so;
+    store_opts_default(&so);
+    so.expert_dirs = opts.expert_dirs;
+    so.events_path = opts.events_path;
+    m->ram_budget = opts.ram_budget;
+    m->kv_positions = cfg->max_position_embeddings;
+    if (opts.ram_budget) {
+        int ctx = cfg->max_position_embeddings < 4096 ? cfg->max_position_embeddings : 4096;
+        if (opts.kv_positions > 0 && opts.kv_positions < cfg->max_position_embeddings) ctx = opts.kv_positions;
+        m->kv_positions = ctx;
+        uint64_t kvb = (uint64_t)ctx * cfg->num_hidden_layers * (uint64_t)(cfg->kv_lora_rank + cfg->qk_rope_head_dim) * 4;
+        uint64_t other = (uint64_t)cfg->vocab_size * 8 + (uint64_t)cfg->hidden_size * 256;
+        rc = store_budget(m->nat, opts.ram_budget, m->nat->spine_bytes, kvb, other, &so.cache_bytes, err, errlen);
+        if (rc) goto fail;
+    }
+    if (m->nat->n_moe_layers > 0) {
+        rc = store_open(&m->store, m->nat, &so, err, errlen);
+        if (rc) goto fail;
+    }
+    m->pool = df_pool_new(opts.threads);
+    if (!m->pool) { rc = set_err(err, errlen, DF_ENOMEM, "cannot start the thread pool"); goto fail; }
+    m->eng.cfg = cfg;
+    m->eng.spine = &m->spine;
+    m->eng.be = be;
+    m->eng.pool = m->pool;
+    m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release};
+    /* router prefetch of layer L+1 (issue 4): on when experts can be evicted (a RAM budget);
+     * DF_PREFETCH=1/0 forces it on/off (measurements). Never changes numerics. */
+    {
+        const char *pf = getenv("DF_PREFETCH");
+        m->eng.prefetch = m->store && (pf && *pf ? atoi(pf) != 0 : opts.ram_budget > 0);
+    }
+    rc = rope_init(&m->eng.rope, cfg, err, errlen);
+    if (rc) goto fail;
+    if (file_exists(dir, "tokenizer.json") || file_exists(dir, "tiktoken.model")) {
+        char terr[256];
+        if (df_tokenizer_open(&m->tok, dir, NULL, terr, sizeof terr) != DF_OK) m->tok = NULL;
+    }
+    /* the resolved-configuration line */
+    char b1[32], encs[64];
+    store_stats ss;
+    memset(&ss, 0, sizeof ss);
+    if (m->store) store_get_stats(m->store, &ss);
+    snprintf(m->describe, sizeof m->describe,
+             "model %s (%s): %d layers (%d dense), hidden %d, %d heads, %s%d routed experts top-%d (%d shared, groups %d/%d), "
+             "experts %s, spine %s [%s]%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, tokenizer %s",
+             m->name, cfg->model_type, cfg->num_hidden_layers, cfg->first_k_dense_replace < cfg->num_hidden_layers ? cfg->first_k_dense_replace : cfg->num_hidden_layers,
+             cfg->hidden_size, cfg->num_attention_heads, cfg->rope_yarn ? "yarn, " : "", cfg->n_routed_experts, cfg->num_experts_per_tok,
+             cfg->n_shared_experts, cfg->n_group, cfg->topk_group,
+             m->nat->n_moe_layers ? df_wtype_name(m->nat->expert_type) : "none", m->nat->spine_mode, spine_encodings(m->nat, encs, sizeof encs),
+             m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"),
+             df_pool_threads(m->pool), be->name,
+             opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
+             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->tok ? "yes" : "none");
+    *out = m;
+    return DF_OK;
+fail:
+    df_model_close(m);
+    return rc;
+}
+
+void df_model_close(df_model *m) {
+    if (!m) return;
+    rope_free(&m->eng.rope);
+    if (m->pool) df_pool_free(m->pool);
+    if (m->store) store_close(m->store);
+    if (m->spine_built) spine_free(&m->spine);
+    free(m->spine_buf);
+    if (m->tok) df_tokenizer_free(m->tok);
+    if (m->nat) native_close(m->nat);
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+const char *df_model_describe(const df_model *m) { return m ? m->describe : ""; }
+const char *df_model_name(const df_model *m) { return m ? m->name : ""; }
+int df_model_n_vocab(const df_model *m) { return m ? m->nat->cfg.vocab_size : 0; }
+/* the most positions one session may hold: max_position_embeddings, or the KV reserve of a RAM budget */
+int df_model_n_ctx_max(const df_model *m) { return m ? m->kv_positions : 0; }
+int df_model_is_exact(const df_model *m) { return m ? m->exact : 1; }
+const df_tokenizer *df_model_tokenizer(const df_model *m) { return m ? m->tok : NULL; }
+
+int df_model_verify(df_model *m, df_progress_fn p, void *u, char *err, size_t errlen) {
+    if (!m) return set_err(err, errlen, DF_EINVAL, "no model");
+    return native_verify(m->nat, p, u, err, errlen);
+}
+
+/* ------------------------------------------------------------------ session */
+
+int df_session_new(df_session **out, df_model *m, int n_ctx, char *err, size_t errlen) {
+    *out = NULL;
+    if (!m) return set_err(err, errlen, DF_EINVAL, "no model");
+    int max = m->kv_positions; /* max_position_embeddings, or the KV reserve of a RAM budget */
+    if (n_ctx <= 0 || n_ctx > max) n_ctx = max;
+    df_session *s = calloc(1, sizeof *s);
+    if (!s) return set_err(err, errlen, DF_ENOMEM, "out of memory");
+    s->m = m;
+    if (kv_init(&s->kv, &m->nat->cfg, n_ctx)) { free(s); return set_err(err, errlen, DF_ENOMEM, "out of memory"); }
+    *out = s;
+    return DF_OK;
+}
+
+void df_session_free(df_session *s) {
+    if (!s) return;
+    kv_free(&s->kv);
+    free(s->tokens);
+    free(s);
+}
+
+int df_session_n_past(const df_session *s) { return s ? s->n_past : 0; }
+const int32_t *df_session_tokens(const df_session *s) { return s ? s->tokens : NULL; }
+
+int df_session_truncate(df_session *s, int n_keep) {
+    if (!s || n_keep < 0) return DF_EINVAL;
+    if (n_keep < s->n_past) s->n_past = n_keep;
+    return DF_OK;
+}
+
+int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, df_progress_fn p, void *u, char *err,
+            size_t errlen) {
+    if (!s || (!ids && n > 0) || n < 0) return set_err(err, errlen, DF_EINVAL, "df_eval: bad arguments");
+    if (n == 0) return DF_OK;
+    df_model *m = s->m;
+    if (s->n_past + n > s->kv.n_ctx)
+        return set_err(err, errlen, DF_ECONTEXT, "context full: %d tokens in the session + %d new exceed its %d positions",
+                       s->n_past, n, s->kv.n_ctx);
+    if (s->n_past + n > s->tok_cap) {
+        int cap = s->tok_cap ? s->tok_cap : 256;
+        while (cap < s->n_past + n) cap *= 2;
+        int32_t *t = realloc(s->tokens, sizeof(int32_t) * (size_t)cap);
+        if (!t) return set_err(err, errlen, DF_ENOMEM, "out of memory");
+        s->tokens = t;
+        s->tok_cap = cap;
+    }
+    pthread_mutex_lock(&m->mu);
+    double t0 = now_s();
+    int rc = forward(&m->eng, &s->kv, s->n_past, ids, n, logits, (flags & DF_EVAL_ALL_LOGITS) != 0, p, u, err, errlen);
+    double dt = now_s() - t0;
+    if (rc == DF_OK) {
+        memcpy(s->tokens + s->n_past, ids, sizeof(int32_t) * (size_t)n);
+        s->n_past += n;
+        if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
+        if (n > 1) { m->prefill_s += dt; m->prefill_tokens += (uint64_t)n; }
+        else { m->decode_s += dt; m->decode_tokens += 1; }
+        m->kv_bytes = kv_bytes(&s->kv);
+        if (m->store) store_token_event(m->store, s->n_past - 1);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
+/* -------------------------------------------------------------------- stats */
+
+void df_model_stats(const df_model *m, df_stats *o) {
+    memset(o, 0, sizeof *o);
+    if (!m) return;
+    o->ttft_s = m->ttft_s;
+    o->prefill_s = m->prefill_s;
+    o->decode_s = m->decode_s;
+    o->prefill_tokens = m->prefill_tokens;
+    o->decode_tokens = m->decode_tokens;
+    o->weight_bytes_read = m->eng.weight_bytes - m->weight_bytes_base;
+    o->io_stall_s = m->eng.io_wait_s - m->io_wait_base;
+    o->resident_bytes = m->nat->spine_bytes + m->kv_bytes;
+    if (m->store) {
+        store_stats ss;
+        store_get_stats(m->store, &ss);
+        o->expert_bytes_demand = ss.bytes_demand;
+        o->expert_bytes_prefetch = ss.bytes_prefetch;
+        o->expert_hits = ss.hits;
+        o->expert_misses = ss.misses;
+        o->prefetch_useful = ss.prefetch_useful;
+        o->prefetch_issued = ss.prefetch_issued;
+        o->resident_bytes += ss.resident_bytes;
+    }
+}
+
+void df_model_stats_reset(df_model *m) {
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->stats_first_done = 0;
+    m->ttft_s = m->prefill_s = m->decode_s = 0;
+    m->prefill_tokens = m->decode_tokens = 0;
+    m->weight_bytes_base = m->eng.weight_bytes;
+    m->io_wait_base = m->eng.io_wait_s;
+    if (m->store) store_reset_stats(m->store);
+    pthread_mutex_unlock(&m->mu);
+}

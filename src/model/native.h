@@ -61,4 +61,25 @@ void native_expert_views(const df_native *n, const void *extent, df_expert *out)
 /* Parse a config.json text (HF) into cfg; accepts rope_scaling and rope_parameters. */
 int config_parse(const char *json_text, df_config *cfg, const char *path_for_errors, char *err, size_t errlen);
 
+/* ---- added by the model owner (append-only) ---- */
+#include "deltafin.h"   /* df_progress_fn */
+
+/* Bytes of the buffer one expert of `layer` is read into: n_files * stripe_bytes
+ * (>= stride; stripes are placed back to back). 0 for a dense layer. */
+uint64_t native_extent_buf_bytes(const df_native *n, int layer);
+/* Read expert `expert` of MoE layer `layer` (all stripes, pread) into buf
+ * (native_extent_buf_bytes bytes, any alignment). DF_EIO/DF_EFORMAT naming layer, expert, file. */
+int native_read_expert(const df_native *n, int layer, int expert, void *buf, char *err, size_t errlen);
+/* Check an extent (stride bytes) against the manifest's XXH64; DF_EFORMAT naming
+ * layer, expert and file on mismatch. */
+int native_verify_expert(const df_native *n, int layer, int expert, const void *extent, char *err, size_t errlen);
+/* Verify spine.bin and every expert extent (reads everything once). progress
+ * gets "bytes". DF_EFORMAT on the first mismatch. */
+int native_verify(const df_native *n, df_progress_fn progress, void *user, char *err, size_t errlen);
+/* Point every layer's pack files at other directories (df_model_opts.expert_dirs):
+ * `dirs` is comma-separated with as many entries as each layer has stripes;
+ * file k becomes dirs[k]/basename(file k). Sizes are re-checked (DF_EIO /
+ * DF_EFORMAT naming the file); on error nothing is changed. */
+int native_set_expert_dirs(df_native *n, const char *dirs, char *err, size_t errlen);
+
 #endif

@@ -72,6 +72,11 @@ typedef struct {
     int tie_word_embeddings;
     char scoring_func[16];        /* "sigmoid" */
     char topk_method[16];         /* "noaux_tc" */
+    /* added by the model owner (append-only): */
+    double rope_attention_factor; /* yarn "attention_factor" if given, else 0 (absent) */
+    int rope_truncate;            /* yarn "truncate" (transformers v5; default 1 = floor/ceil low/high) */
+    int rope_has_original_max;    /* 1 if rope params carry original_max_position_embeddings
+                                     (transformers then uses factor = max_pos / original_max for mscale) */
 } df_config;
 
 /* One transformer block's resident (spine) weights. Small vectors are f32. */

@@ -31,6 +31,11 @@ typedef struct {
     int verify;                /* verify XXH64 of an extent on its first read (default 1) */
     const char *heat_path;     /* persistent heat histogram file; NULL = none */
     const char *events_path;   /* JSONL events; NULL = none */
+    /* --- added by the store owner (issue 4) --- */
+    uint64_t io_bytes;         /* size of one read request (bytes, multiple of 4096); 0 = default 1 MiB */
+    double hot_fraction;       /* share of the slots that may be pinned for the learned hot tier; <0 = default 0.25 */
+    double heat_half_life;     /* half-life of the persistent heat, in expert acquisitions; 0 = default 2^20 */
+    int policy;                /* eviction: 0 = frequency + heat aware (default), 1 = plain LRU (for comparison) */
 } store_opts;
 
 typedef struct {
@@ -40,6 +45,12 @@ typedef struct {
     double stall_s;
     uint64_t resident_bytes;
     char io_engine[16];        /* "io_uring" | "pread" */
+    /* --- added by the store owner (issue 4) --- */
+    int n_slots;               /* expert slots in the cache */
+    int n_drives;              /* I/O queues (one per expert directory) */
+    uint64_t drive_bytes[16];  /* bytes read per drive */
+    double drive_busy_s[16];   /* seconds with >= 1 read in flight per drive; GB/s = bytes / busy */
+    uint64_t bytes_verified;   /* bytes checksummed on first read */
 } store_stats;
 
 void store_opts_default(store_opts *o);
@@ -55,5 +66,31 @@ void store_release(df_store *st, int layer, const int *experts, int n);
 void store_cancel_prefetch(df_store *st);
 void store_get_stats(const df_store *st, store_stats *out);
 void store_reset_stats(df_store *st);
+
+/* --- added by the store owner (issue 4) --- */
+
+/* How many experts one store_acquire may pin at once (the engine chunks bigger
+ * sets: acquire, compute, release, next chunk). Asking for more is DF_EBUDGET. */
+int store_max_acquire(const df_store *st);
+
+/* Bytes one expert slot takes in RAM for this model (stride, or n_files * stripe when striped). */
+uint64_t store_slot_bytes(const struct df_native *nat);
+
+/* --ram-budget: given the whole budget, the resident spine bytes, the KV cache
+ * bytes and other engine overhead (activations, staging), returns in *cache_bytes
+ * what store_opts.cache_bytes should be. budget 0 = unlimited -> *cache_bytes 0.
+ * Minimum: spine + kv + other + 2 * top_k slots (one layer computing, one
+ * loading). Below it: DF_EBUDGET with a message that states the minimum. */
+int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_bytes, uint64_t kv_bytes,
+                 uint64_t other_bytes, uint64_t *cache_bytes, char *err, size_t errlen);
+
+/* Measured prefetch recall of one layer: guesses for `layer` later acquired /
+ * guesses issued for it (since open), or -1 when fewer than min_issued guesses
+ * were made. The engine can stop predicting layers whose recall is low. */
+double store_layer_recall(const df_store *st, int layer, int min_issued);
+
+/* Writes one JSONL line {"ev":"token","pos":pos,...} with the counters since the
+ * previous call (bytes demand/prefetch, hits, misses, stall) to events_path. */
+void store_token_event(df_store *st, int64_t pos);
 
 #endif

@@ -1,0 +1,166 @@
+/*
+ * attention.c — multi-head latent attention (MLA) in absorbed form.
+ * Query: q_b(RMSNorm(q_a(x))) or q_proj(x); per head [nope | rope].
+ * KV: kv_a(x) = [c_kv | k_pe]; the cache holds RMSNorm(c_kv) and roped k_pe.
+ * Absorption (same math as transformers' kv_b expansion): with kv_b rows per
+ * head h = [K_h (nope rows) ; V_h (v rows)] over kv_lora columns,
+ *   q_nope . (K_h c_j) = (K_h^T q_nope) . c_j          (q_lat = K_h^T q_nope)
+ *   sum_j p_j V_h c_j  = V_h (sum_j p_j c_j)           (o_lat = sum_j p_j c_j)
+ * scores = (q_lat.c_j + q_pe.k_pe_j) * softmax_scale, causal, softmax fp32.
+ * kv_b rows are decoded on the fly from their encoding (never re-quantized).
+ */
+#include "engine.h"
+#include "deltafin.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QA_NORM_EPS 1e-6f /* transformers builds q_a_layernorm / kv_a_layernorm with the default eps */
+
+typedef struct {
+    df_engine *e;
+    const df_weight *kvb;
+    int T, H, dn, dr, dv, kvl;
+    const float *q;      /* [T, H*(dn+dr)] */
+    float *q_lat;        /* [T, H, kvl] */
+    float *o_lat;        /* [T, H, kvl] */
+    float *o_v;          /* [T, H*dv] */
+    const float *c, *kpe;/* cache of this layer */
+    int n_past;
+} attn_job;
+
+/* q_lat[t,h,:] = sum_d q_nope[t,h,d] * kv_b[h*(dn+dv)+d, :] */
+static void absorb_q_task(void *ctx, int64_t h0, int64_t h1, int tid) {
+    attn_job *j = ctx;
+    const df_backend *be = j->e->be;
+    float *row = malloc(sizeof(float) * (size_t)j->kvl);
+    if (!row) abort();
+    const int qd = j->dn + j->dr;
+    for (int64_t h = h0; h < h1; h++) {
+        for (int t = 0; t < j->T; t++) memset(j->q_lat + ((int64_t)t * j->H + h) * j->kvl, 0, sizeof(float) * j->kvl);
+        for (int d = 0; d < j->dn; d++) {
+            be->decode_row(j->kvb, h * (j->dn + j->dv) + d, row);
+            for (int t = 0; t < j->T; t++) {
+                float a = j->q[(int64_t)t * j->H * qd + h * qd + d];
+                be->axpy(j->q_lat + ((int64_t)t * j->H + h) * j->kvl, a, row, j->kvl);
+            }
+        }
+    }
+    free(row);
+}
+
+/* scores, softmax and o_lat for (t, h) pairs */
+static void scores_task(void *ctx, int64_t i0, int64_t i1, int tid) {
+    attn_job *j = ctx;
+    const df_backend *be = j->e->be;
+    const int qd = j->dn + j->dr;
+    float *p = malloc(sizeof(float) * (size_t)(j->n_past + j->T));
+    if (!p) abort();
+    const float scale = (float)j->e->rope.softmax_scale;
+    for (int64_t i = i0; i < i1; i++) {
+        int t = (int)(i / j->H), h = (int)(i % j->H);
+        int npos = j->n_past + t + 1; /* causal: positions 0..n_past+t */
+        const float *ql = j->q_lat + ((int64_t)t * j->H + h) * j->kvl;
+        const float *qp = j->q + (int64_t)t * j->H * qd + h * qd + j->dn;
+        for (int s = 0; s < npos; s++)
+            p[s] = (be->dot(ql, j->c + (int64_t)s * j->kvl, j->kvl) + be->dot(qp, j->kpe + (int64_t)s * j->dr, j->dr)) * scale;
+        be->softmax(p, npos);
+        float *ol = j->o_lat + ((int64_t)t * j->H + h) * j->kvl;
+        memset(ol, 0, sizeof(float) * j->kvl);
+        for (int s = 0; s < npos; s++) be->axpy(ol, p[s], j->c + (int64_t)s * j->kvl, j->kvl);
+    }
+    free(p);
+}
+
+/* o_v[t, h*dv+e] = kv_b[h*(dn+dv)+dn+e, :] . o_lat[t,h,:] */
+static void value_task(void *ctx, int64_t h0, int64_t h1, int tid) {
+    attn_job *j = ctx;
+    const df_backend *be = j->e->be;
+    float *row = malloc(sizeof(float) * (size_t)j->kvl);
+    if (!row) abort();
+    for (int64_t h = h0; h < h1; h++)
+        for (int v = 0; v < j->dv; v++) {
+            be->decode_row(j->kvb, h * (j->dn + j->dv) + j->dn + v, row);
+            for (int t = 0; t < j->T; t++)
+                j->o_v[(int64_t)t * j->H * j->dv + h * j->dv + v] =
+                    be->dot(row, j->o_lat + ((int64_t)t * j->H + h) * j->kvl, j->kvl);
+        }
+    free(row);
+}
+
+/* One chunk of at most ATTN_CHUNK tokens (bounds the per-head scratch for long prompts). */
+static int attn_chunk(df_engine *e, int layer, df_kvcache *kv, int n_past, const float *h, int T, float *out,
+                      char *err, size_t errlen) {
+    const df_config *cfg = e->cfg;
+    const df_layer_weights *lw = &e->spine->layers[layer];
+    const int H = cfg->num_attention_heads, dn = cfg->qk_nope_head_dim, dr = cfg->qk_rope_head_dim,
+              dv = cfg->v_head_dim, kvl = cfg->kv_lora_rank, qd = dn + dr;
+    int rc = kv_reserve(kv, n_past + T);
+    if (rc) {
+        if (err) snprintf(err, errlen, "KV cache: cannot hold %d positions (limit %d)%s", n_past + T, kv->n_ctx,
+                          rc == DF_ENOMEM ? ": out of memory" : "");
+        return rc;
+    }
+    const size_t qn = (size_t)T * H * qd;
+    float *q = malloc(sizeof(float) * qn);
+    float *kva = malloc(sizeof(float) * (size_t)T * (kvl + dr));
+    float *qa = cfg->q_lora_rank > 0 ? malloc(sizeof(float) * (size_t)T * cfg->q_lora_rank) : NULL;
+    float *q_lat = malloc(sizeof(float) * (size_t)T * H * kvl);
+    float *o_lat = malloc(sizeof(float) * (size_t)T * H * kvl);
+    float *o_v = malloc(sizeof(float) * (size_t)T * H * dv);
+    if (!q || !kva || (cfg->q_lora_rank > 0 && !qa) || !q_lat || !o_lat || !o_v) {
+        rc = DF_ENOMEM;
+        if (err) snprintf(err, errlen, "attention layer %d: out of memory for %d tokens", layer, T);
+        goto done;
+    }
+    /* queries */
+    if (cfg->q_lora_rank > 0) {
+        eng_matmul(e, &lw->q_a, h, T, qa);
+        for (int t = 0; t < T; t++)
+            e->be->rmsnorm(qa + (int64_t)t * cfg->q_lora_rank, qa + (int64_t)t * cfg->q_lora_rank, lw->q_a_norm,
+                           cfg->q_lora_rank, QA_NORM_EPS);
+        eng_matmul(e, &lw->q_b, qa, T, q);
+    } else {
+        eng_matmul(e, &lw->q, h, T, q);
+    }
+    /* latent KV into the cache */
+    eng_matmul(e, &lw->kv_a, h, T, kva);
+    for (int t = 0; t < T; t++) {
+        int64_t pos = n_past + t;
+        const float *row = kva + (int64_t)t * (kvl + dr);
+        e->be->rmsnorm(kv->c[layer] + pos * kvl, row, lw->kv_a_norm, kvl, QA_NORM_EPS);
+        float *kp = kv->kpe[layer] + pos * dr;
+        memcpy(kp, row + kvl, sizeof(float) * dr);
+        rope_apply(&e->rope, kp, pos);
+        for (int hh = 0; hh < H; hh++) rope_apply(&e->rope, q + (int64_t)t * H * qd + hh * qd + dn, pos);
+    }
+    attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, kv->c[layer], kv->kpe[layer], n_past};
+    /* small problems run on the calling thread (waking the pool costs more than the work) */
+    const int64_t head_work = (int64_t)(dn + dv) * kvl * T;
+    const int64_t hgrain = head_work * H < 131072 ? H : 1;
+    const int64_t sgrain = (int64_t)(n_past + T) * (kvl + dr) * T * H < 131072 ? (int64_t)T * H : 1;
+    df_pool_run(e->pool, H, hgrain, absorb_q_task, &j);
+    df_pool_run(e->pool, (int64_t)T * H, sgrain, scores_task, &j);
+    df_pool_run(e->pool, H, hgrain, value_task, &j);
+    e->weight_bytes += df_weight_bytes(&lw->kv_b);
+    eng_matmul(e, &lw->o, o_v, T, out);
+done:
+    free(q); free(kva); free(qa); free(q_lat); free(o_lat); free(o_v);
+    return rc;
+}
+
+int attn_forward(df_engine *e, int layer, df_kvcache *kv, int n_past, const float *h, int T, float *out,
+                 char *err, size_t errlen) {
+    /* Long prompts go through in chunks: the cache rows of a chunk are written before the next
+     * chunk attends to them, so the result equals one pass (each token's arithmetic is the same). */
+    enum { ATTN_CHUNK = 256 };
+    const int D = e->cfg->hidden_size;
+    for (int t0 = 0; t0 < T; t0 += ATTN_CHUNK) {
+        int n = T - t0 < ATTN_CHUNK ? T - t0 : ATTN_CHUNK;
+        int rc = attn_chunk(e, layer, kv, n_past + t0, h + (int64_t)t0 * D, n, out + (int64_t)t0 * D, err, errlen);
+        if (rc) return rc;
+    }
+    return DF_OK;
+}

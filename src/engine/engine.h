@@ -1,0 +1,93 @@
+/*
+ * engine.h — internal interface of the forward pass (DeepSeek-V3 / Kimi K2
+ * family): RoPE/YaRN tables, MLA attention with the absorbed latent KV cache,
+ * noaux_tc MoE routing with rows grouped by expert, the per-layer forward.
+ * Math: shared/notes/model-math.md (transformers DeepseekV3ForCausalLM, v5).
+ * The public API (api.c) wraps this; tests may drive it directly with weights
+ * built by hand and an expert source that is not the store.
+ */
+#ifndef DF_ENGINE_ENGINE_H
+#define DF_ENGINE_ENGINE_H
+
+#include "kernels/backend.h"
+#include "model/weights.h"
+#include "store/store.h"
+
+#include <stdint.h>
+
+/* Where routed experts come from (the store in production; arrays in tests). */
+typedef struct {
+    void *ctx;
+    int (*request)(void *ctx, int layer, const int *experts, int n, store_prio prio);
+    int (*acquire)(void *ctx, int layer, const int *experts, int n, df_expert *views, char *err, size_t errlen);
+    void (*release)(void *ctx, int layer, const int *experts, int n);
+} df_expert_src;
+
+/* RoPE / YaRN constants resolved from the config (rope.c). */
+typedef struct {
+    int dim;                 /* qk_rope_head_dim */
+    float *inv_freq;         /* [dim/2], fp32 as transformers computes it */
+    float attention_factor;  /* multiplies cos and sin (YaRN mscale ratio; 1 without YaRN) */
+    double softmax_scale;    /* qk_head_dim^-0.5 * mscale(factor, mscale_all_dim)^2 */
+} df_rope;
+
+int rope_init(df_rope *r, const df_config *cfg, char *err, size_t errlen);
+void rope_free(df_rope *r);
+/* Rotate one head's rope part in place at position pos. Input pairs (x[2i], x[2i+1]) (checkpoint
+ * order); output in transformers' de-interleaved order: out[i], out[i + dim/2]. Both q and k
+ * use it, so dot products equal the reference's. */
+void rope_apply(const df_rope *r, float *x, int64_t pos);
+
+/* Per-session KV cache: normalized latent c_kv [kv_lora] and roped k_pe [rope] per token per layer (fp32). */
+typedef struct {
+    int n_layers, kv_lora, rope;
+    int n_ctx;               /* hard limit */
+    int cap;                 /* allocated positions (grows by doubling up to n_ctx) */
+    float **c;               /* [n_layers][cap * kv_lora] */
+    float **kpe;             /* [n_layers][cap * rope] */
+} df_kvcache;
+
+int kv_init(df_kvcache *kv, const df_config *cfg, int n_ctx);
+/* Make room for positions [0, n); DF_ECONTEXT past n_ctx, DF_ENOMEM. */
+int kv_reserve(df_kvcache *kv, int n);
+void kv_free(df_kvcache *kv);
+uint64_t kv_bytes(const df_kvcache *kv);
+
+/* Everything a forward pass needs. */
+typedef struct {
+    const df_config *cfg;
+    const df_spine *spine;
+    const df_backend *be;
+    df_pool *pool;
+    df_expert_src experts;
+    df_rope rope;
+    int prefetch;                    /* router-based prefetch of layer L+1 (issue 4) */
+    /* counters (added to by forward) */
+    uint64_t weight_bytes;           /* weight bytes touched by compute */
+    double io_wait_s;                /* time in experts.acquire */
+    uint64_t prefetch_issued;
+} df_engine;
+
+/* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
+void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y);
+
+/* MLA attention for T tokens at positions n_past.. (cache rows written here).
+ * h: [T, hidden] (already input-normalized); out: [T, hidden]. */
+int attn_forward(df_engine *e, int layer, df_kvcache *kv, int n_past, const float *h, int T, float *out,
+                 char *err, size_t errlen);
+
+/* noaux_tc routing of T rows of router logits [T, E] -> ids/weights [T, top_k] (moe.c). */
+void moe_route(const df_config *cfg, const float *logits, const float *bias, int T, int *ids, float *weights);
+/* FFN of a layer (dense MLP, or shared + routed experts grouped by expert). h: [T, hidden]
+ * (post-attention-normalized); out: [T, hidden]. */
+int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char *err, size_t errlen);
+/* Prefetch hook: route h (layer's ffn-normalized residual) with layer's router and request the
+ * predicted experts with STORE_PREFETCH. No effect on numerics. */
+void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T);
+
+/* T tokens through every layer. logits: NULL, [vocab] (last position) or [T, vocab] when all_logits.
+ * progress called per layer (what = "layers"). */
+int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,
+            int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,67 @@
+/*
+ * backend.c — runtime selection of the compute backend by name and CPU
+ * features (cpuid via __builtin_cpu_supports), and weight byte accounting.
+ */
+#include "backend.h"
+#include "cpu/cpu_internal.h"
+
+#include <string.h>
+
+static int have_avx2(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+static int have_avx512(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return have_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+
+const df_backend *df_backend_get(const char *name) {
+    if (!name || !*name || !strcmp(name, "cpu")) {
+        if (have_avx512()) return &df_backend_cpu_avx512;
+        if (have_avx2()) return &df_backend_cpu_avx2;
+        return &df_backend_cpu_scalar;
+    }
+    if (!strcmp(name, "cpu-scalar")) return &df_backend_cpu_scalar;
+    if (!strcmp(name, "cpu-avx2")) return have_avx2() ? &df_backend_cpu_avx2 : NULL;
+    if (!strcmp(name, "cpu-avx512")) return have_avx512() ? &df_backend_cpu_avx512 : NULL;
+    return NULL;
+}
+
+int df_backend_list(const df_backend **out, int cap) {
+    int n = 0;
+    if (n < cap) out[n++] = &df_backend_cpu_scalar;
+    if (have_avx2() && n < cap) out[n++] = &df_backend_cpu_avx2;
+    if (have_avx512() && n < cap) out[n++] = &df_backend_cpu_avx512;
+    return n;
+}
+
+const char *df_cpu_features(void) {
+    if (have_avx512()) return "avx512f avx512bw avx512vl avx2 fma f16c";
+    if (have_avx2()) return "avx2 fma f16c";
+    return "none (scalar)";
+}
+
+uint64_t df_weight_bytes(const df_weight *w) {
+    int64_t r = w->rows, c = w->cols;
+    switch (w->type) {
+    case DF_W_F32: return (uint64_t)(r * c * 4);
+    case DF_W_BF16:
+    case DF_W_F16: return (uint64_t)(r * c * 2);
+    case DF_W_FP8_B128: return (uint64_t)(r * c + ((r + 127) / 128) * ((c + 127) / 128) * 4);
+    case DF_W_INT4_G32: return (uint64_t)(r * c / 2 + r * (c / 32) * 2);
+    case DF_W_MXFP4: return (uint64_t)(r * c / 2 + r * (c / 32));
+    case DF_W_INT8_ROW: return (uint64_t)(r * c + r * 4);
+    default: return 0;
+    }
+}

@@ -1,0 +1,61 @@
+/*
+ * backend.h — the compute backend interface used by the engine: a table of
+ * function pointers chosen at runtime ("cpu" = best SIMD this machine has,
+ * "cpu-scalar" = the plain-C reference kept for tests; a CUDA backend can slot
+ * in beside them), plus the pthread pool the kernels share.
+ *
+ * Every op works on fp32 activations; linear weights stay in their checkpoint
+ * encoding (src/model/weights.h) and are decoded block by block on the fly with
+ * fp32 accumulation (nothing is re-quantized). Encodings: shared/notes/formats.md.
+ */
+#ifndef DF_KERNELS_BACKEND_H
+#define DF_KERNELS_BACKEND_H
+
+#include "model/weights.h"
+#include <stdint.h>
+
+/* ------------------------------------------------------------ thread pool */
+
+typedef struct df_pool df_pool;
+/* Work item: process indices [begin, end); tid in [0, n_threads). */
+typedef void (*df_task_fn)(void *ctx, int64_t begin, int64_t end, int tid);
+
+/* n_threads <= 0: all online cores. Returns NULL on allocation failure. */
+df_pool *df_pool_new(int n_threads);
+void df_pool_free(df_pool *p);
+int df_pool_threads(const df_pool *p);
+/* Run fn over [0, n) in chunks of about `grain` indices on all threads (the
+ * caller works too); returns when every chunk is done. p may be NULL (serial). */
+void df_pool_run(df_pool *p, int64_t n, int64_t grain, df_task_fn fn, void *ctx);
+
+/* --------------------------------------------------------------- backend */
+
+typedef struct df_backend {
+    const char *name;   /* "cpu-avx512", "cpu-avx2", "cpu-scalar" */
+    /* y[t*rows + r] = sum_c W[r,c] * x[t*cols + c] for t < T (x: [T, cols], y: [T, rows]).
+     * fp32 accumulation on the encoding; parallel over rows on `pool`. */
+    void (*matmul)(df_pool *pool, const df_weight *w, const float *x, int T, float *y);
+    /* Decode row `row` of W into out[cols] (fp32). Also the embedding lookup. */
+    void (*decode_row)(const df_weight *w, int64_t row, float *out);
+    float (*dot)(const float *a, const float *b, int64_t n);
+    void (*axpy)(float *y, float a, const float *x, int64_t n);   /* y += a*x */
+    /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]  (HF DeepseekV3RMSNorm, fp32) */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
+    /* out[i] = silu(g[i]) * u[i], silu(z) = z / (1 + exp(-z)) */
+    void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
+    /* in-place softmax over n values (max-subtracted, fp32) */
+    void (*softmax)(float *x, int64_t n);
+} df_backend;
+
+/* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512".
+ * NULL if the name is unknown or the CPU lacks the instructions. */
+const df_backend *df_backend_get(const char *name);
+/* Every backend this machine can run (scalar first); returns the count. */
+int df_backend_list(const df_backend **out, int cap);
+/* SIMD features found at runtime, e.g. "avx2 fma f16c" or "avx512f avx2 fma f16c". */
+const char *df_cpu_features(void);
+
+/* Bytes of the data + scale arrays of a weight (kernels' own accounting, for stats). */
+uint64_t df_weight_bytes(const df_weight *w);
+
+#endif

@@ -1,0 +1,265 @@
+/*
+ * cpu_avx2.c — the AVX2+FMA(+F16C) backend: SIMD row decoders for every
+ * df_wtype, fused decode+dot kernels for one token (bf16, f32, mxfp4), and
+ * 8-wide dot/axpy. Compiled with function-level target attributes so the
+ * binary still runs on CPUs without AVX2 (df_backend_get checks at runtime).
+ * Numerics: same encodings as cpu_scalar.c; only fp32 summation order differs.
+ */
+#include "cpu_internal.h"
+#include "kernels/dtype.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+static float fp8_table[256];
+__attribute__((constructor)) static void fp8_table_init(void) {
+    for (int i = 0; i < 256; i++) fp8_table[i] = df_fp8e4m3_to_f32((uint8_t)i);
+}
+
+AVX2 static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+AVX2 static float avx2_dot(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* The canonical per-(row, token) summation order of every matmul path of this backend:
+ * one 8-lane accumulator over 8-column chunks, hsum256, then the tail with fmaf in column
+ * order. The fused one-token kernels and dot4 follow it exactly, so a token's result does
+ * not depend on how many tokens share the call (T=1 decode == batched prefill, bit for bit). */
+AVX2 static float avx2_dot_canon(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(s0);
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+AVX2 static void avx2_dot4(const float *row, const float *x, int64_t stride, int64_t n, float *out) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 r = _mm256_loadu_ps(row + i);
+        s0 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x0 + i), s0);
+        s1 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x1 + i), s1);
+        s2 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x2 + i), s2);
+        s3 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x3 + i), s3);
+    }
+    float o0 = hsum256(s0), o1 = hsum256(s1), o2 = hsum256(s2), o3 = hsum256(s3);
+    for (; i < n; i++) { o0 = fmaf(row[i], x0[i], o0); o1 = fmaf(row[i], x1[i], o1); o2 = fmaf(row[i], x2[i], o2); o3 = fmaf(row[i], x3[i], o3); }
+    out[0] = o0; out[1] = o1; out[2] = o2; out[3] = o3;
+}
+
+AVX2 static void avx2_dot4x2(const float *r0, const float *r1, const float *x, int64_t stride, int64_t n, float *out) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 u = _mm256_loadu_ps(r0 + i), v = _mm256_loadu_ps(r1 + i), xv;
+        xv = _mm256_loadu_ps(x0 + i); a0 = _mm256_fmadd_ps(u, xv, a0); b0 = _mm256_fmadd_ps(v, xv, b0);
+        xv = _mm256_loadu_ps(x1 + i); a1 = _mm256_fmadd_ps(u, xv, a1); b1 = _mm256_fmadd_ps(v, xv, b1);
+        xv = _mm256_loadu_ps(x2 + i); a2 = _mm256_fmadd_ps(u, xv, a2); b2 = _mm256_fmadd_ps(v, xv, b2);
+        xv = _mm256_loadu_ps(x3 + i); a3 = _mm256_fmadd_ps(u, xv, a3); b3 = _mm256_fmadd_ps(v, xv, b3);
+    }
+    float o[8] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3), hsum256(b0), hsum256(b1), hsum256(b2), hsum256(b3)};
+    const float *xs[4] = {x0, x1, x2, x3};
+    for (; i < n; i++)
+        for (int k = 0; k < 4; k++) { o[k] = fmaf(r0[i], xs[k][i], o[k]); o[4 + k] = fmaf(r1[i], xs[k][i], o[4 + k]); }
+    for (int k = 0; k < 8; k++) out[k] = o[k];
+}
+
+AVX2 static void avx2_axpy(float *y, float a, const float *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* 16 bytes of packed E2M1 (32 values, low nibble first) -> 32 int8 of 2*value. */
+AVX2 static inline void mxfp4_block_i8(const uint8_t *p, __m128i *lo16, __m128i *hi16) {
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(15);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    *lo16 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi)); /* elements 0..15 */
+    *hi16 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi)); /* elements 16..31 */
+}
+
+AVX2 static inline __m256 i8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+AVX2 static void avx2_decode_row(const df_weight *w, int64_t r, float *out) {
+    const int64_t cols = w->cols;
+    int64_t c = 0;
+    switch (w->type) {
+    case DF_W_F32: {
+        const float *d = (const float *)w->data + r * cols;
+        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(out + c, _mm256_loadu_ps(d + c));
+        break;
+    }
+    case DF_W_BF16: {
+        const uint16_t *d = (const uint16_t *)w->data + r * cols;
+        for (; c + 8 <= cols; c += 8) {
+            __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(d + c)));
+            _mm256_storeu_ps(out + c, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+        }
+        break;
+    }
+    case DF_W_F16: {
+        const uint16_t *d = (const uint16_t *)w->data + r * cols;
+        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + c))));
+        break;
+    }
+    case DF_W_FP8_B128: {
+        const uint8_t *d = (const uint8_t *)w->data + r * cols;
+        const float *s = (const float *)w->scale + (r / 128) * ((cols + 127) / 128);
+        for (; c < cols; c++) out[c] = fp8_table[d[c]] * s[c >> 7];
+        break;
+    }
+    case DF_W_INT4_G32: {
+        const uint32_t *d = (const uint32_t *)w->data + r * (cols / 8);
+        const uint16_t *s = (const uint16_t *)w->scale + r * (cols / 32);
+        const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m = _mm256_set1_epi32(15),
+                      eight = _mm256_set1_epi32(8);
+        for (; c + 8 <= cols; c += 8) {
+            __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)d[c / 8]), sh), m);
+            __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, eight));
+            _mm256_storeu_ps(out + c, _mm256_mul_ps(v, _mm256_set1_ps(df_bf16_to_f32(s[c / 32]))));
+        }
+        break;
+    }
+    case DF_W_MXFP4: {
+        const uint8_t *d = (const uint8_t *)w->data + r * (cols / 2);
+        const uint8_t *s = (const uint8_t *)w->scale + r * (cols / 32);
+        for (; c + 32 <= cols; c += 32) {
+            __m128i a, b;
+            mxfp4_block_i8(d + c / 2, &a, &b);
+            __m256 sc = _mm256_set1_ps(0.5f * df_e8m0_to_f32(s[c / 32]));
+            _mm256_storeu_ps(out + c, _mm256_mul_ps(i8x8_to_ps(a), sc));
+            _mm256_storeu_ps(out + c + 8, _mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(a, 8)), sc));
+            _mm256_storeu_ps(out + c + 16, _mm256_mul_ps(i8x8_to_ps(b), sc));
+            _mm256_storeu_ps(out + c + 24, _mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(b, 8)), sc));
+        }
+        break;
+    }
+    case DF_W_INT8_ROW: {
+        const int8_t *d = (const int8_t *)w->data + r * cols;
+        __m256 sc = _mm256_set1_ps(((const float *)w->scale)[r]);
+        for (; c + 8 <= cols; c += 8)
+            _mm256_storeu_ps(out + c, _mm256_mul_ps(i8x8_to_ps(_mm_loadl_epi64((const __m128i *)(d + c))), sc));
+        break;
+    }
+    default:
+        break;
+    }
+    if (c < cols) cpu_scalar_decode_range(w, r, c, cols, out);
+}
+
+AVX2 static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* Fused one-token kernels: y[r] = W[r,:] . x without a row buffer, four rows at a time
+ * (independent FMA chains), in exactly the canonical order of avx2_dot_canon on the
+ * decoded row. */
+AVX2 static int avx2_matvec(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols;
+    if (w->type == DF_W_F32) {
+        for (int64_t r = r0; r < r1; r++) y[r] = avx2_dot_canon((const float *)w->data + r * cols, x, cols);
+        return 1;
+    }
+    if (w->type == DF_W_BF16) {
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) {
+            const uint16_t *d0 = (const uint16_t *)w->data + r * cols, *d1 = d0 + cols, *d2 = d1 + cols, *d3 = d2 + cols;
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            int64_t c = 0;
+            for (; c + 8 <= cols; c += 8) {
+                __m256 xv = _mm256_loadu_ps(x + c);
+                s0 = _mm256_fmadd_ps(bf16x8(d0 + c), xv, s0);
+                s1 = _mm256_fmadd_ps(bf16x8(d1 + c), xv, s1);
+                s2 = _mm256_fmadd_ps(bf16x8(d2 + c), xv, s2);
+                s3 = _mm256_fmadd_ps(bf16x8(d3 + c), xv, s3);
+            }
+            float o0 = hsum256(s0), o1 = hsum256(s1), o2 = hsum256(s2), o3 = hsum256(s3);
+            for (; c < cols; c++) {
+                o0 = fmaf(df_bf16_to_f32(d0[c]), x[c], o0); o1 = fmaf(df_bf16_to_f32(d1[c]), x[c], o1);
+                o2 = fmaf(df_bf16_to_f32(d2[c]), x[c], o2); o3 = fmaf(df_bf16_to_f32(d3[c]), x[c], o3);
+            }
+            y[r] = o0; y[r + 1] = o1; y[r + 2] = o2; y[r + 3] = o3;
+        }
+        for (; r < r1; r++) {
+            const uint16_t *d = (const uint16_t *)w->data + r * cols;
+            __m256 s0 = _mm256_setzero_ps();
+            int64_t c = 0;
+            for (; c + 8 <= cols; c += 8) s0 = _mm256_fmadd_ps(bf16x8(d + c), _mm256_loadu_ps(x + c), s0);
+            float o = hsum256(s0);
+            for (; c < cols; c++) o = fmaf(df_bf16_to_f32(d[c]), x[c], o);
+            y[r] = o;
+        }
+        return 1;
+    }
+    if (w->type == DF_W_MXFP4 && cols % 32 == 0) {
+        for (int64_t r = r0; r < r1; r += 4) {
+            int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+            __m256 acc[4];
+            for (int k = 0; k < 4; k++) acc[k] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < cols; c += 32) {
+                __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8), x2 = _mm256_loadu_ps(x + c + 16),
+                       x3 = _mm256_loadu_ps(x + c + 24);
+                for (int k = 0; k < nr; k++) {
+                    const uint8_t *d = (const uint8_t *)w->data + (r + k) * (cols / 2);
+                    const uint8_t *s = (const uint8_t *)w->scale + (r + k) * (cols / 32);
+                    __m128i a, b;
+                    mxfp4_block_i8(d + c / 2, &a, &b);
+                    __m256 sc = _mm256_set1_ps(0.5f * df_e8m0_to_f32(s[c / 32]));
+                    acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(i8x8_to_ps(a), sc), x0, acc[k]);
+                    acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(a, 8)), sc), x1, acc[k]);
+                    acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(i8x8_to_ps(b), sc), x2, acc[k]);
+                    acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(b, 8)), sc), x3, acc[k]);
+                }
+            }
+            for (int k = 0; k < nr; k++) y[r + k] = hsum256(acc[k]);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
+    cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec, avx2_dot4, avx2_dot4x2);
+}
+
+const df_backend df_backend_cpu_avx2 = {
+    .name = "cpu-avx2",
+    .matmul = avx2_matmul,
+    .decode_row = avx2_decode_row,
+    .dot = avx2_dot,
+    .axpy = avx2_axpy,
+    .rmsnorm = cpu_scalar_rmsnorm,
+    .silu_mul = cpu_scalar_silu_mul,
+    .softmax = cpu_scalar_softmax,
+};
+
+#else
+const df_backend df_backend_cpu_avx2 = {0};
+#endif

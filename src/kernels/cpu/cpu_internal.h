@@ -1,0 +1,46 @@
+/*
+ * cpu_internal.h — pieces shared by the CPU backends: the scalar reference
+ * ops (cpu_scalar.c), the row-parallel matmul driver (cpu_matmul.c), and the
+ * SIMD variants' entry points (cpu_avx2.c, cpu_avx512.c).
+ */
+#ifndef DF_KERNELS_CPU_INTERNAL_H
+#define DF_KERNELS_CPU_INTERNAL_H
+
+#include "kernels/backend.h"
+
+typedef void (*cpu_decode_fn)(const df_weight *w, int64_t row, float *out);
+typedef float (*cpu_dot_fn)(const float *a, const float *b, int64_t n);
+/* Optional fused kernel: y[r] for rows [r0, r1) of W times one vector x (T == 1).
+ * Returns 0 if it does not handle this weight type (the driver then decodes rows). */
+typedef int (*cpu_matvec_fn)(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1);
+
+/* Optional: four dot products of one row with x[0..3] (x rows `stride` floats apart) into out[4]. */
+typedef void (*cpu_dot4_fn)(const float *row, const float *x, int64_t stride, int64_t n, float *out);
+
+/* Optional: dot4 for two rows at once: out[0..3] = row0 . x[0..3], out[4..7] = row1 . x[0..3]. */
+typedef void (*cpu_dot4x2_fn)(const float *row0, const float *row1, const float *x, int64_t stride, int64_t n, float *out);
+
+/* Row-parallel y = x W^T: decode each row once (thread-local buffer), dot with all T tokens
+ * (four at a time with dot4 when given). */
+void cpu_matmul_driver(df_pool *pool, const df_weight *w, const float *x, int T, float *y,
+                       cpu_decode_fn decode, cpu_dot_fn dot, cpu_matvec_fn matvec, cpu_dot4_fn dot4,
+                       cpu_dot4x2_fn dot4x2);
+
+/* Frees the calling thread's matmul row buffer (pool workers call it when they exit). */
+void cpu_matmul_thread_exit(void);
+
+/* scalar reference */
+void cpu_scalar_decode_row(const df_weight *w, int64_t row, float *out);
+float cpu_scalar_dot(const float *a, const float *b, int64_t n);
+void cpu_scalar_axpy(float *y, float a, const float *x, int64_t n);
+void cpu_scalar_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+void cpu_scalar_silu_mul(float *out, const float *g, const float *u, int64_t n);
+void cpu_scalar_softmax(float *x, int64_t n);
+/* decode elements [c0, c1) of a row (used for SIMD tails; c0, c1 multiples of the block where one applies) */
+void cpu_scalar_decode_range(const df_weight *w, int64_t row, int64_t c0, int64_t c1, float *out);
+
+extern const df_backend df_backend_cpu_scalar;
+extern const df_backend df_backend_cpu_avx2;
+extern const df_backend df_backend_cpu_avx512;
+
+#endif

@@ -1,0 +1,27 @@
+/*
+ * convert.h — model-side helpers around df_convert (include/deltafin.h),
+ * implemented in src/model/convert.c and convert_cache.c.
+ */
+#ifndef DF_MODEL_CONVERT_H
+#define DF_MODEL_CONVERT_H
+
+#include "deltafin.h"
+#include <stddef.h>
+
+/* Convert the HF checkpoint hf_dir once into a directory under cache_root and
+ * reuse it afterwards. The directory name is <basename>-<key>-<mode>, key =
+ * XXH64 of the absolute source path and the name, size and mtime of every
+ * source file (config.json, *.safetensors, the index, tokenizer files) and the
+ * spine mode; a directory whose manifest.json exists is reused as is. A lock
+ * file serialises concurrent conversions of the same key. On success out_dir
+ * holds the native model directory. cache_root NULL -> $XDG_CACHE_HOME/deltafin
+ * or $HOME/.cache/deltafin. */
+int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
+                   char *out_dir, size_t out_len, char *err, size_t errlen);
+
+/* Name of a spine mode as written in manifest.json: "source" | "bf16" | "int8". */
+const char *convert_spine_mode_name(df_spine_mode m);
+/* Parse "source" | "bf16" | "int8"; -1 if unknown. */
+int convert_spine_mode_from_name(const char *s);
+
+#endif

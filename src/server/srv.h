@@ -1,0 +1,248 @@
+/* srv.h — internal interfaces of the OpenAI-compatible server (`deltafin serve`).
+ *
+ * Data path of one request:
+ *   HTTP body (srv_http.c) -> UTF-8 check + JSON -> srv_request (srv_request.c)
+ *   -> admission (one running + --queue waiting, else 429) -> worker thread (srv_gen.c):
+ *      prompt tokens -> KV prefix reuse -> df_eval -> sample -> streaming detok
+ *      -> stop matcher (srv_stop.c) -> Kimi reasoning / tool-call parser (srv_kimi.c)
+ *      -> SSE chunks or one JSON body -> back to the connection thread.
+ * The engine is reached through srv_backend (srv_backend.c: include/deltafin.h only;
+ * srv_mock.c: a tiny deterministic byte-level model used by tests without a model).
+ */
+#ifndef DF_SRV_H
+#define DF_SRV_H
+
+#include "deltafin.h"
+#include <stddef.h>
+#include <stdint.h>
+#include <cjson/cJSON.h>
+
+/* ------------------------------------------------------------ byte buffer */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} srv_buf;
+void srv_buf_init(srv_buf *b);
+void srv_buf_free(srv_buf *b);
+/* Append n bytes (keeps a NUL after them). Aborts on out-of-memory. */
+void srv_buf_add(srv_buf *b, const void *s, size_t n);
+void srv_buf_adds(srv_buf *b, const char *s);
+void srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Drop the first n bytes. */
+void srv_buf_consume(srv_buf *b, size_t n);
+
+/* ----------------------------------------------------------------- UTF-8 */
+/* 1 when s[0..n) is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF). */
+int srv_utf8_valid(const char *s, size_t n);
+/* Length of the longest prefix of s[0..n) that does not end inside a UTF-8
+ * character (a trailing incomplete sequence is excluded). */
+size_t srv_utf8_complete_prefix(const char *s, size_t n);
+/* Copy s[0..n) into b, replacing each ill-formed sequence with U+FFFD. */
+void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n);
+
+/* ---------------------------------------------------------------- errors */
+/* OpenAI error body: {"error":{"message","type","param","code"}} (malloc'd). */
+char *srv_error_json(const char *message, const char *type, const char *param, const char *code);
+/* "invalid_request_error" etc. for an HTTP status. */
+const char *srv_error_type(int http_status);
+
+/* ----------------------------------------------------------- stop matcher */
+/* Finds stop sequences in a text stream that arrives in pieces; text that could
+ * still be the beginning of a stop sequence is held back until decided. */
+typedef struct {
+    char **stops;
+    int n_stops;
+    srv_buf held;
+    int stopped;
+} srv_stop;
+void srv_stop_init(srv_stop *m, const char *const *stops, int n);
+void srv_stop_free(srv_stop *m);
+/* Feed a piece; appends the text now safe to emit to out. Returns 1 when a stop
+ * sequence was found (everything before it was emitted; the rest is dropped). */
+int srv_stop_push(srv_stop *m, const char *s, size_t n, srv_buf *out);
+/* End of stream: emit whatever is held. */
+void srv_stop_flush(srv_stop *m, srv_buf *out);
+/* Length of the longest suffix of s[0..n) that is a proper prefix of any of
+ * pats (shared by the stop matcher and the Kimi parser). */
+size_t srv_partial_suffix(const char *s, size_t n, char *const *pats, int npats);
+
+/* ------------------------------------------------------------ Kimi parser */
+/* Splits assistant output into reasoning (<think>...</think>), content and Kimi
+ * tool calls (<|tool_calls_section_begin|> <|tool_call_begin|> functions.NAME:IDX
+ * <|tool_call_argument_begin|> {json} <|tool_call_end|> ... <|tool_calls_section_end|>). */
+typedef struct {
+    char *id;        /* "functions.NAME:IDX" as the model wrote it */
+    char *name;      /* NAME */
+    char *arguments; /* the JSON text as the model wrote it */
+} srv_tool_call;
+
+typedef struct {
+    int think;       /* parse <think> */
+    int tools;       /* parse tool-call sections (only when the request sent tools) */
+    int state;       /* internal */
+    srv_buf held;    /* undecided text */
+    srv_buf call;    /* text of the tool call being read */
+    srv_tool_call *calls;
+    int n_calls, n_calls_emitted;
+} srv_kimi;
+
+void srv_kimi_init(srv_kimi *k, int think, int tools, int starts_in_think);
+void srv_kimi_free(srv_kimi *k);
+/* Feed text; appends decided reasoning to reasoning and content to content; new
+ * complete tool calls are appended to k->calls. */
+void srv_kimi_push(srv_kimi *k, const char *s, size_t n, srv_buf *reasoning, srv_buf *content);
+/* End of stream: what is held becomes reasoning or content; an unterminated
+ * tool call becomes content text. */
+void srv_kimi_flush(srv_kimi *k, srv_buf *reasoning, srv_buf *content);
+
+/* --------------------------------------------------------------- request */
+enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };
+#define SRV_MAX_STOPS 16
+#define SRV_MAX_TOP_LOGPROBS 20
+
+typedef struct {
+    int kind;                 /* SRV_CHAT / SRV_COMPLETION */
+    char *model;              /* as sent, or NULL */
+    /* chat */
+    char *messages_json;      /* normalised messages array (content parts joined) */
+    char *tools_json;         /* tools array or NULL */
+    int n_tools;
+    /* completion */
+    char *prompt;             /* text prompt, or NULL */
+    size_t prompt_len;
+    int32_t *prompt_ids;      /* token-id prompt, or NULL */
+    int n_prompt_ids;
+    int echo;
+    /* common */
+    int stream, include_usage;
+    int max_tokens;           /* 0 = not given */
+    double temperature, top_p;
+    int top_k;
+    int has_seed;
+    uint64_t seed;
+    char *stops[SRV_MAX_STOPS];
+    int n_stops;
+    int logprobs;             /* 1 when logprobs were asked for */
+    int top_logprobs;         /* 0..20 */
+    int return_token_ids;     /* non-standard: choices[].token_ids */
+} srv_request;
+
+/* Parse and validate a request body (already checked to be UTF-8). On error
+ * returns an HTTP status (400) and writes a malloc'd OpenAI error body into
+ * *err_json; on success returns 0. */
+int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, char **err_json);
+void srv_request_free(srv_request *r);
+
+/* --------------------------------------------------------------- backend */
+/* What the generator needs from a model. srv_backend_open_model uses only
+ * include/deltafin.h; srv_backend_open_mock is the test model. */
+typedef struct srv_backend srv_backend;
+struct srv_backend {
+    const char *name;
+    int n_vocab, n_ctx;
+    int has_tokenizer;
+    int is_kimi;              /* Kimi chat format: <think> and tool-call parsing */
+    int exact;
+    void *impl;
+    /* tokenizer (only when has_tokenizer) */
+    /* add_bos=1: completion text (BOS, no special parsing); 0: rendered chat (specials parsed) */
+    int (*tokenize)(srv_backend *b, const char *s, size_t n, int add_bos, int32_t **ids, size_t *n_ids,
+                    char *err, size_t errlen);
+    int (*chat_render)(srv_backend *b, const char *messages, const char *tools, char **text,
+                       char *err, size_t errlen);
+    /* Bytes of one token (may be partial UTF-8), malloc'd. */
+    int (*token_bytes)(srv_backend *b, int32_t id, char **out, size_t *len);
+    void *(*detok_new)(srv_backend *b);
+    int (*detok_push)(void *d, int32_t id, char *out, size_t cap);
+    int (*detok_flush)(void *d, char *out, size_t cap);
+    void (*detok_free)(void *d);
+    int32_t (*token_id)(srv_backend *b, const char *tok);
+    int (*stop_ids)(srv_backend *b, int32_t *ids, int cap);
+    /* the one session */
+    int (*n_past)(srv_backend *b);
+    const int32_t *(*tokens)(srv_backend *b);
+    int (*truncate)(srv_backend *b, int n_keep);
+    int (*eval)(srv_backend *b, const int32_t *ids, int n, float *logits, df_progress_fn progress,
+                void *user, char *err, size_t errlen);
+    /* sampling */
+    void *(*sampler_new)(srv_backend *b, const df_sampler_opts *o);
+    int32_t (*sample)(void *s, const float *logits, int n_vocab);
+    void (*sampler_free)(void *s);
+    float (*logprob)(const float *logits, int n_vocab, int32_t id, int top_n, int32_t *top_ids, float *top_lp);
+    void (*close)(srv_backend *b);
+};
+
+int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx,
+                           char *err, size_t errlen);
+/* Mock model: vocabulary = 256 bytes + EOS (256); the greedy continuation of
+ * any prompt cycles through a fixed UTF-8 text; delay_ms per evaluated token. */
+int srv_backend_open_mock(srv_backend **out, int delay_ms, char *err, size_t errlen);
+
+/* ------------------------------------------------------------- generator */
+/* Longest common prefix of two token arrays. */
+int srv_common_prefix(const int32_t *a, int na, const int32_t *b, int nb);
+
+typedef struct srv_job srv_job;
+typedef struct {
+    srv_backend *be;
+    int max_tokens;           /* --max-tokens cap (0 = context limit) */
+    int kv_reuse;             /* reuse the KV cache for a common prefix */
+    double keepalive_s;       /* SSE comment keep-alive period during prefill */
+    int verbose;
+} srv_gen_opts;
+
+/* Run one job on the worker thread (fills the job's output). */
+void srv_gen_run(const srv_gen_opts *o, srv_job *j);
+
+/* Job shared by a connection thread (consumer) and the worker (producer). */
+#include <pthread.h>
+struct srv_job {
+    srv_request req;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                 /* freed when it drops to 0 */
+    int prepared;             /* http_status and (stream) headers decided */
+    int http_status;
+    int done;                 /* no more output will come */
+    volatile int cancel;      /* client gone / shutdown: stop at the next token */
+    int shutdown;             /* cancelled because the server is stopping */
+    srv_buf out;              /* produced bytes not yet sent */
+    double last_out;          /* monotonic time of the last produced byte */
+    int fd;                   /* client socket, for disconnect polling */
+    srv_job *next;            /* queue link */
+    /* results (for the log) */
+    int prompt_tokens, cached_tokens, completion_tokens;
+    double ttft_s;
+};
+double srv_now(void);
+srv_job *srv_job_new(void);
+void srv_job_unref(srv_job *j);
+/* Append produced bytes and wake the consumer (takes the job lock). */
+void srv_job_emit(srv_job *j, const char *s, size_t n);
+
+/* ---------------------------------------------------------------- server */
+typedef struct {
+    const char *model_path;   /* NULL with mock */
+    int mock;                 /* serve the mock model (tests) */
+    int mock_delay_ms;
+    const char *host;
+    int port;
+    uint64_t ram_budget;
+    int threads;
+    int n_ctx;
+    int max_tokens;
+    size_t max_request_bytes;
+    int queue;
+    const char *api_key;
+    int kv_reuse;
+    double keepalive_s;
+    int timeout_s;            /* idle connection timeout */
+    int max_connections;
+    int verbose;
+    const char *port_file;    /* write the bound port here once listening */
+} srv_config;
+
+/* Run the server until SIGTERM/SIGINT. Returns a process exit status. */
+int srv_serve(const srv_config *c);
+
+#endif

@@ -1,0 +1,127 @@
+/* srv_backend.c — the server's view of a real model, through include/deltafin.h
+ * only: one df_model, one df_session (the KV cache kept across requests for
+ * prefix reuse), its tokenizer and the engine's sampler. */
+#include "srv.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    df_model *m;
+    df_session *s;
+    const df_tokenizer *t;
+} be_model;
+
+#define BM(b) ((be_model *)(b)->impl)
+
+static int m_tokenize(srv_backend *b, const char *s, size_t n, int add_bos, int32_t **ids, size_t *n_ids,
+                      char *err, size_t errlen) {
+    /* the same flags as `deltafin run`: plain text gets BOS and no special-token
+     * parsing; rendered chat text has its specials parsed and no extra BOS */
+    return df_tokenize(BM(b)->t, s, n, add_bos ? DF_TOK_ADD_BOS : DF_TOK_PARSE_SPECIAL, ids, n_ids, err, errlen);
+}
+static int m_chat_render(srv_backend *b, const char *msgs, const char *tools, char **text, char *err, size_t errlen) {
+    return df_chat_render(BM(b)->t, msgs, tools, DF_CHAT_ADD_GENERATION_PROMPT, text, err, errlen);
+}
+static int m_token_bytes(srv_backend *b, int32_t id, char **out, size_t *len) {
+    if (!BM(b)->t) {
+        char tmp[24];
+        int n = snprintf(tmp, sizeof tmp, " %d", (int)id);
+        *out = strdup(tmp);
+        *len = (size_t)n;
+        return 0;
+    }
+    char err[16];
+    return df_detokenize(BM(b)->t, &id, 1, out, len, err, sizeof err);
+}
+/* Without a tokenizer each token's text is " ID" (documented in docs/server.md). */
+typedef struct { df_detok *d; } m_detok;
+static void *m_detok_new(srv_backend *b) {
+    m_detok *d = calloc(1, sizeof *d);
+    if (BM(b)->t) d->d = df_detok_new(BM(b)->t);
+    return d;
+}
+static int m_detok_push(void *p, int32_t id, char *out, size_t cap) {
+    m_detok *d = p;
+    if (!d->d) return snprintf(out, cap, " %d", (int)id);
+    return df_detok_push(d->d, id, out, cap);
+}
+static int m_detok_flush(void *p, char *out, size_t cap) {
+    m_detok *d = p;
+    return d->d ? df_detok_flush(d->d, out, cap) : 0;
+}
+static void m_detok_free(void *p) {
+    m_detok *d = p;
+    if (d && d->d) df_detok_free(d->d);
+    free(d);
+}
+static int32_t m_token_id(srv_backend *b, const char *tok) { return BM(b)->t ? df_tokenizer_token_id(BM(b)->t, tok) : -1; }
+static int m_stop_ids(srv_backend *b, int32_t *ids, int cap) { return BM(b)->t ? df_tokenizer_stop_ids(BM(b)->t, ids, cap) : 0; }
+static int m_n_past(srv_backend *b) { return df_session_n_past(BM(b)->s); }
+static const int32_t *m_tokens(srv_backend *b) { return df_session_tokens(BM(b)->s); }
+static int m_truncate(srv_backend *b, int n) { return df_session_truncate(BM(b)->s, n); }
+static int m_eval(srv_backend *b, const int32_t *ids, int n, float *logits, df_progress_fn p, void *u, char *err, size_t errlen) {
+    return df_eval(BM(b)->s, ids, n, logits, 0, p, u, err, errlen);
+}
+static void *m_sampler_new(srv_backend *b, const df_sampler_opts *o) { return df_sampler_new(o); }
+static int32_t m_sample(void *s, const float *l, int n) { return df_sample(s, l, n); }
+static void m_sampler_free(void *s) { df_sampler_free(s); }
+static void m_close(srv_backend *b) {
+    if (!b) return;
+    if (BM(b)) {
+        if (BM(b)->s) df_session_free(BM(b)->s);
+        if (BM(b)->m) df_model_close(BM(b)->m);
+        free(BM(b));
+    }
+    free(b);
+}
+
+int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx,
+                           char *err, size_t errlen) {
+    *out = NULL;
+    srv_backend *b = calloc(1, sizeof *b);
+    be_model *bm = calloc(1, sizeof *bm);
+    if (!b || !bm) { free(b); free(bm); return DF_ENOMEM; }
+    b->impl = bm;
+    b->close = m_close;
+    df_model_opts o = *mo;
+    o.kv_positions = n_ctx; /* 0: the engine's default (min(4096, max_position_embeddings)) */
+    int rc = df_model_open(&bm->m, path, &o, err, errlen);
+    if (rc) { m_close(b); return rc; }
+    int ctx_max = df_model_n_ctx_max(bm->m);
+    if (n_ctx <= 0) n_ctx = ctx_max > 0 && ctx_max < 4096 ? ctx_max : 4096;
+    if (ctx_max > 0 && n_ctx > ctx_max) n_ctx = ctx_max;
+    rc = df_session_new(&bm->s, bm->m, n_ctx, err, errlen);
+    if (rc) { m_close(b); return rc; }
+    bm->t = df_model_tokenizer(bm->m);
+    b->name = df_model_name(bm->m);
+    b->n_vocab = df_model_n_vocab(bm->m);
+    b->n_ctx = n_ctx;
+    b->exact = df_model_is_exact(bm->m);
+    b->has_tokenizer = bm->t != NULL;
+    b->is_kimi = bm->t && df_tokenizer_token_id(bm->t, "<|im_middle|>") >= 0;
+    b->tokenize = m_tokenize;
+    b->chat_render = m_chat_render;
+    b->token_bytes = m_token_bytes;
+    b->detok_new = m_detok_new;
+    b->detok_push = m_detok_push;
+    b->detok_flush = m_detok_flush;
+    b->detok_free = m_detok_free;
+    b->token_id = m_token_id;
+    b->stop_ids = m_stop_ids;
+    b->n_past = m_n_past;
+    b->tokens = m_tokens;
+    b->truncate = m_truncate;
+    b->eval = m_eval;
+    b->sampler_new = m_sampler_new;
+    b->sample = m_sample;
+    b->sampler_free = m_sampler_free;
+    b->logprob = df_logprob;
+    if (b->n_vocab <= 0) {
+        snprintf(err, errlen, "model %s reports %d vocabulary entries", path, b->n_vocab);
+        m_close(b);
+        return DF_EFORMAT;
+    }
+    *out = b;
+    return 0;
+}

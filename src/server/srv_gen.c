@@ -1,0 +1,618 @@
+/* srv_gen.c — one generation on the worker thread: prompt -> tokens, KV prefix
+ * reuse, prefill with keep-alives, the sample/eval loop, and the OpenAI output
+ * (SSE chunks while streaming, one JSON body otherwise).
+ *
+ * Per sampled token: id -> streaming detokenizer (only complete UTF-8) -> stop
+ * matcher (holds back possible stop prefixes) -> Kimi parser (reasoning /
+ * content / tool calls, chat only) -> deltas. The client-gone flag is checked
+ * before every token and in df_eval's progress callback, so a disconnect stops
+ * the work within one token (or one layer of a prefill). */
+#include "srv.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_CANCEL, FIN_ERROR };
+
+typedef struct {
+    const srv_gen_opts *o;
+    srv_job *j;
+    srv_backend *be;
+    srv_request *r;
+    char id[48];
+    long created;
+    void *detok;
+    srv_stop stop;
+    srv_kimi kimi;
+    int use_kimi;
+    int32_t markers[8];
+    const char *marker_text[8];
+    int n_markers;
+    srv_buf content, reasoning;       /* whole response (non-streamed) */
+    int n_calls_sent;
+    /* logprobs not yet attached to emitted text */
+    cJSON *lp_pending;                /* chat: array of entries; completions: object of 4 arrays */
+    cJSON *lp_all;                    /* non-streamed: everything */
+    size_t text_offset;
+    int32_t *gen_ids;
+    int n_gen;
+    int n_prompt, n_cached;
+} gen_ctx;
+
+int srv_common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = na < nb ? na : nb, i = 0;
+    if (!a || !b) return 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static void make_id(char *dst, size_t cap, const char *prefix) {
+    static unsigned long long ctr;
+    static const char hex[] = "0123456789abcdef";
+    unsigned long long x = __atomic_add_fetch(&ctr, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull ^ (unsigned long long)time(NULL) * 0xBF58476D1CE4E5B9ull;
+    char tmp[25];
+    for (int i = 0; i < 24; i++) { x ^= x >> 29; x *= 0x94D049BB133111EBull; tmp[i] = hex[x >> 60]; }
+    tmp[24] = 0;
+    snprintf(dst, cap, "%s-%s", prefix, tmp);
+}
+
+static cJSON *new_lp_container(int chat) {
+    if (chat) return cJSON_CreateArray();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddArrayToObject(o, "tokens");
+    cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON_AddArrayToObject(o, "text_offset");
+    return o;
+}
+
+static cJSON *str_of_bytes(const char *s, size_t n) {
+    srv_buf b;
+    srv_buf_init(&b);
+    srv_utf8_sanitize(&b, s, n);
+    cJSON *v = cJSON_CreateString(b.p ? b.p : "");
+    srv_buf_free(&b);
+    return v;
+}
+
+static cJSON *bytes_array(const char *s, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)s[i]));
+    return a;
+}
+
+/* Record the logprob entry of token `id` drawn from `logits`. */
+static void record_logprob(gen_ctx *g, const float *logits, int32_t id) {
+    int top = g->r->top_logprobs;
+    int32_t tids[SRV_MAX_TOP_LOGPROBS];
+    float tlp[SRV_MAX_TOP_LOGPROBS];
+    float lp = g->be->logprob(logits, g->be->n_vocab, id, top, tids, tlp);
+    char *tb = NULL;
+    size_t tl = 0;
+    g->be->token_bytes(g->be, id, &tb, &tl);
+    if (g->r->kind == SRV_CHAT) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToObject(e, "token", str_of_bytes(tb, tl));
+        cJSON_AddNumberToObject(e, "logprob", lp);
+        cJSON_AddItemToObject(e, "bytes", bytes_array(tb, tl));
+        cJSON *ta = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int i = 0; i < top; i++) {
+            char *s = NULL;
+            size_t sl = 0;
+            g->be->token_bytes(g->be, tids[i], &s, &sl);
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddItemToObject(t, "token", str_of_bytes(s, sl));
+            cJSON_AddNumberToObject(t, "logprob", tlp[i]);
+            cJSON_AddItemToObject(t, "bytes", bytes_array(s, sl));
+            cJSON_AddItemToArray(ta, t);
+            free(s);
+        }
+        cJSON_AddItemToArray(g->lp_pending, e);
+    } else {
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "tokens"), str_of_bytes(tb, tl));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "token_logprobs"), cJSON_CreateNumber(lp));
+        cJSON *t = cJSON_CreateObject();
+        for (int i = 0; i < top; i++) {
+            char *s = NULL;
+            size_t sl = 0;
+            g->be->token_bytes(g->be, tids[i], &s, &sl);
+            cJSON *k = str_of_bytes(s, sl);
+            if (!cJSON_GetObjectItemCaseSensitive(t, k->valuestring)) cJSON_AddNumberToObject(t, k->valuestring, tlp[i]);
+            cJSON_Delete(k);
+            free(s);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), t);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "text_offset"), cJSON_CreateNumber((double)g->text_offset));
+        g->text_offset += tl;
+    }
+    free(tb);
+}
+
+/* Move pending logprob entries into dst (chat: {"content":[...]}; completions: the 4 arrays). */
+static void take_pending(gen_ctx *g, cJSON *dst) {
+    int chat = g->r->kind == SRV_CHAT;
+    if (chat) {
+        cJSON *arr = cJSON_GetObjectItem(dst, "content"), *e;
+        while ((e = cJSON_DetachItemFromArray(g->lp_pending, 0))) cJSON_AddItemToArray(arr, e);
+    } else {
+        static const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+        for (int k = 0; k < 4; k++) {
+            cJSON *src = cJSON_GetObjectItem(g->lp_pending, keys[k]), *d = cJSON_GetObjectItem(dst, keys[k]), *e;
+            while ((e = cJSON_DetachItemFromArray(src, 0))) cJSON_AddItemToArray(d, e);
+        }
+    }
+}
+
+static cJSON *new_lp_out(gen_ctx *g) {
+    if (g->r->kind != SRV_CHAT) return new_lp_container(0);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddArrayToObject(o, "content");
+    return o;
+}
+
+static cJSON *usage_json(gen_ctx *g) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", g->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", g->n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", g->n_prompt + g->n_gen);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", g->n_cached);
+    return u;
+}
+
+static cJSON *envelope(gen_ctx *g, int chunk) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", g->id);
+    cJSON_AddStringToObject(o, "object", g->r->kind == SRV_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                                 : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)g->created);
+    cJSON_AddStringToObject(o, "model", g->be->name);
+    cJSON_AddStringToObject(o, "system_fingerprint", "deltafin-" DELTAFIN_VERSION);
+    return o;
+}
+
+static void send_json_event(gen_ctx *g, cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    srv_buf b;
+    srv_buf_init(&b);
+    srv_buf_adds(&b, "data: ");
+    srv_buf_adds(&b, s);
+    srv_buf_adds(&b, "\n\n");
+    srv_job_emit(g->j, b.p, b.len);
+    srv_buf_free(&b);
+    free(s);
+}
+
+static cJSON *tool_call_json(const srv_tool_call *c, int index, int with_index) {
+    cJSON *t = cJSON_CreateObject();
+    if (with_index) cJSON_AddNumberToObject(t, "index", index);
+    cJSON_AddStringToObject(t, "id", c->id);
+    cJSON_AddStringToObject(t, "type", "function");
+    cJSON *f = cJSON_AddObjectToObject(t, "function");
+    cJSON_AddStringToObject(f, "name", c->name);
+    cJSON_AddStringToObject(f, "arguments", c->arguments);
+    return t;
+}
+
+/* Streamed chunk: text deltas (or the role / finish chunk). */
+static void stream_chunk(gen_ctx *g, const srv_buf *reason, const srv_buf *content, int role, const char *finish) {
+    cJSON *o = envelope(g, 1), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    int has_text = (reason && reason->len) || (content && content->len);
+    if (g->r->kind == SRV_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role) { cJSON_AddStringToObject(d, "role", "assistant"); cJSON_AddStringToObject(d, "content", ""); }
+        if (reason && reason->len) cJSON_AddStringToObject(d, "reasoning_content", reason->p);
+        if (content && content->len) cJSON_AddStringToObject(d, "content", content->p);
+        if (g->kimi.n_calls > g->n_calls_sent) {
+            cJSON *tc = cJSON_AddArrayToObject(d, "tool_calls");
+            for (; g->n_calls_sent < g->kimi.n_calls; g->n_calls_sent++)
+                cJSON_AddItemToArray(tc, tool_call_json(&g->kimi.calls[g->n_calls_sent], g->n_calls_sent, 1));
+        }
+    } else cJSON_AddStringToObject(c, "text", content && content->len ? content->p : "");
+    if (has_text && g->r->logprobs) {
+        cJSON *lp = new_lp_out(g);
+        take_pending(g, lp);
+        cJSON_AddItemToObject(c, "logprobs", lp);
+    } else cJSON_AddNullToObject(c, "logprobs");
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish); else cJSON_AddNullToObject(c, "finish_reason");
+    if (g->r->include_usage) cJSON_AddNullToObject(o, "usage");
+    send_json_event(g, o);
+    cJSON_Delete(o);
+}
+
+/* Route decided text (after the stop matcher) to the response. */
+static void deliver(gen_ctx *g, const char *s, size_t n) {
+    srv_buf reason, content;
+    srv_buf_init(&reason);
+    srv_buf_init(&content);
+    int calls_before = g->kimi.n_calls;
+    if (g->use_kimi) srv_kimi_push(&g->kimi, s, n, &reason, &content);
+    else srv_buf_add(&content, s, n);
+    if (g->r->stream) {
+        if (reason.len || content.len || g->kimi.n_calls > calls_before) stream_chunk(g, &reason, &content, 0, NULL);
+    } else {
+        srv_buf_add(&g->reasoning, reason.p, reason.len);
+        srv_buf_add(&g->content, content.p, content.len);
+        if ((reason.len || content.len) && g->r->logprobs) take_pending(g, g->lp_all);
+    }
+    srv_buf_free(&reason);
+    srv_buf_free(&content);
+}
+
+/* Text of one token into the pipeline; returns 1 when a stop sequence matched. */
+static int push_text(gen_ctx *g, const char *s, size_t n) {
+    srv_buf safe;
+    srv_buf_init(&safe);
+    int hit = srv_stop_push(&g->stop, s, n, &safe);
+    if (safe.len) deliver(g, safe.p, safe.len);
+    srv_buf_free(&safe);
+    return hit;
+}
+
+static int gen_progress(void *u, const char *what, uint64_t done, uint64_t total) {
+    gen_ctx *g = u;
+    if (g->j->cancel) return 1;
+    if (g->r->stream && g->o->keepalive_s > 0) {
+        pthread_mutex_lock(&g->j->mu);
+        int due = srv_now() - g->j->last_out >= g->o->keepalive_s;
+        pthread_mutex_unlock(&g->j->mu);
+        if (due) srv_job_emit(g->j, ": keep-alive\n\n", 14);
+    }
+    return 0;
+}
+
+static void fail_job(gen_ctx *g, int status, const char *msg, const char *param) {
+    char *e = srv_error_json(msg, srv_error_type(status), param, NULL);
+    pthread_mutex_lock(&g->j->mu);
+    if (!g->j->prepared) {
+        g->j->http_status = status;
+        g->j->prepared = 1;
+        srv_buf_adds(&g->j->out, e);
+    } else {
+        srv_buf_adds(&g->j->out, "data: ");
+        srv_buf_adds(&g->j->out, e);
+        srv_buf_adds(&g->j->out, "\n\ndata: [DONE]\n\n");
+    }
+    pthread_cond_broadcast(&g->j->cv);
+    pthread_mutex_unlock(&g->j->mu);
+    free(e);
+}
+
+/* Tokens of the prompt (malloc'd); on error fails the job and returns NULL. */
+static int32_t *prompt_tokens(gen_ctx *g, int *n_out, int *think_open, srv_buf *echo) {
+    srv_backend *be = g->be;
+    srv_request *r = g->r;
+    char err[512] = "";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    *think_open = 0;
+    if (r->kind == SRV_CHAT) {
+        if (!be->has_tokenizer) {
+            fail_job(g, 400, "This model has no tokenizer: use /v1/completions with a token-id array as 'prompt'.", "messages");
+            return NULL;
+        }
+        char *text = NULL;
+        if (be->chat_render(be, r->messages_json, r->tools_json, &text, err, sizeof err)) {
+            char m[700];
+            snprintf(m, sizeof m, "Cannot render 'messages' in the model's chat format: %s", err);
+            fail_job(g, 400, m, "messages");
+            return NULL;
+        }
+        size_t tl = strlen(text);
+        while (tl && (text[tl - 1] == '\n' || text[tl - 1] == ' ')) tl--;
+        *think_open = tl >= 7 && !memcmp(text + tl - 7, "<think>", 7);
+        int rc = be->tokenize(be, text, strlen(text), 0, &ids, &n, err, sizeof err);
+        free(text);
+        if (rc) {
+            char m[700];
+            snprintf(m, sizeof m, "Cannot tokenize the rendered chat: %s", err);
+            fail_job(g, 400, m, "messages");
+            return NULL;
+        }
+    } else if (r->prompt) {
+        if (!be->has_tokenizer) {
+            fail_job(g, 400, "This model has no tokenizer: send 'prompt' as an array of token ids.", "prompt");
+            return NULL;
+        }
+        if (be->tokenize(be, r->prompt, r->prompt_len, 1, &ids, &n, err, sizeof err)) {
+            char m[700];
+            snprintf(m, sizeof m, "Cannot tokenize 'prompt': %s", err);
+            fail_job(g, 400, m, "prompt");
+            return NULL;
+        }
+        if (r->echo) srv_buf_add(echo, r->prompt, r->prompt_len);
+    } else {
+        n = (size_t)r->n_prompt_ids;
+        ids = malloc(n * sizeof *ids);
+        memcpy(ids, r->prompt_ids, n * sizeof *ids);
+        for (size_t i = 0; i < n; i++) {
+            if (ids[i] >= be->n_vocab) {
+                char m[200];
+                snprintf(m, sizeof m, "Invalid 'prompt[%zu]': token id %d is outside the vocabulary [0, %d).", i, (int)ids[i], be->n_vocab);
+                fail_job(g, 400, m, "prompt");
+                free(ids);
+                return NULL;
+            }
+        }
+        if (r->echo) {
+            void *d = be->detok_new(be);
+            char tmp[512];
+            for (size_t i = 0; i < n; i++) {
+                int k = be->detok_push(d, ids[i], tmp, sizeof tmp);
+                if (k > 0) srv_buf_add(echo, tmp, (size_t)k);
+            }
+            int k = be->detok_flush(d, tmp, sizeof tmp);
+            if (k > 0) srv_buf_add(echo, tmp, (size_t)k);
+            be->detok_free(d);
+        }
+    }
+    if (n == 0) {
+        fail_job(g, 400, "The prompt is empty after tokenization.", r->kind == SRV_CHAT ? "messages" : "prompt");
+        free(ids);
+        return NULL;
+    }
+    if ((int)n >= be->n_ctx) {
+        char m[200];
+        snprintf(m, sizeof m, "This model's context is %d tokens; the prompt has %zu tokens.", be->n_ctx, n);
+        fail_job(g, 400, m, r->kind == SRV_CHAT ? "messages" : "prompt");
+        free(ids);
+        return NULL;
+    }
+    *n_out = (int)n;
+    return ids;
+}
+
+static const char *fin_name(gen_ctx *g, int fin) {
+    if (fin == FIN_LENGTH) return "length";
+    if (g->kimi.n_calls > 0) return "tool_calls";
+    return "stop";
+}
+
+static void finish_nonstream(gen_ctx *g, int fin, const srv_buf *echo) {
+    cJSON *o = envelope(g, 0), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (g->r->kind == SRV_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        if (g->kimi.n_calls && !g->content.len) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", g->content.p ? g->content.p : "");
+        if (g->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", g->reasoning.p);
+        if (g->kimi.n_calls) {
+            cJSON *tc = cJSON_AddArrayToObject(m, "tool_calls");
+            for (int i = 0; i < g->kimi.n_calls; i++) cJSON_AddItemToArray(tc, tool_call_json(&g->kimi.calls[i], i, 0));
+        }
+    } else {
+        srv_buf t;
+        srv_buf_init(&t);
+        srv_buf_add(&t, echo->p, echo->len);
+        srv_buf_add(&t, g->content.p, g->content.len);
+        cJSON_AddStringToObject(c, "text", t.p ? t.p : "");
+        srv_buf_free(&t);
+    }
+    if (g->r->logprobs) { cJSON_AddItemToObject(c, "logprobs", g->lp_all); g->lp_all = NULL; }
+    else cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", fin_name(g, fin));
+    if (g->r->return_token_ids || !g->be->has_tokenizer) {
+        cJSON *a = cJSON_AddArrayToObject(c, "token_ids");
+        for (int i = 0; i < g->n_gen; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(g->gen_ids[i]));
+    }
+    cJSON_AddItemToObject(o, "usage", usage_json(g));
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    pthread_mutex_lock(&g->j->mu);
+    g->j->http_status = 200;
+    g->j->prepared = 1;
+    srv_buf_adds(&g->j->out, s);
+    pthread_mutex_unlock(&g->j->mu);
+    free(s);
+}
+
+static void finish_stream(gen_ctx *g, int fin) {
+    stream_chunk(g, NULL, NULL, 0, fin_name(g, fin));
+    if (g->r->return_token_ids || !g->be->has_tokenizer) {
+        /* non-standard: the generated ids, as one extra chunk before usage */
+        cJSON *o = envelope(g, 1), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+        cJSON_AddItemToArray(ch, c);
+        cJSON_AddNumberToObject(c, "index", 0);
+        if (g->r->kind == SRV_CHAT) cJSON_AddObjectToObject(c, "delta");
+        else cJSON_AddStringToObject(c, "text", "");
+        cJSON *a = cJSON_AddArrayToObject(c, "token_ids");
+        for (int i = 0; i < g->n_gen; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(g->gen_ids[i]));
+        cJSON_AddStringToObject(c, "finish_reason", fin_name(g, fin));
+        send_json_event(g, o);
+        cJSON_Delete(o);
+    }
+    if (g->r->include_usage) {
+        cJSON *o = envelope(g, 1);
+        cJSON_AddArrayToObject(o, "choices");
+        cJSON_AddItemToObject(o, "usage", usage_json(g));
+        send_json_event(g, o);
+        cJSON_Delete(o);
+    }
+    srv_job_emit(g->j, "data: [DONE]\n\n", 14);
+}
+
+void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
+    gen_ctx G, *g = &G;
+    memset(g, 0, sizeof G);
+    g->o = o;
+    g->j = j;
+    g->be = o->be;
+    g->r = &j->req;
+    g->created = (long)time(NULL);
+    make_id(g->id, sizeof g->id, g->r->kind == SRV_CHAT ? "chatcmpl" : "cmpl");
+    srv_backend *be = g->be;
+    srv_request *r = g->r;
+    double t0 = srv_now();
+    srv_buf echo;
+    srv_buf_init(&echo);
+    srv_buf_init(&g->content);
+    srv_buf_init(&g->reasoning);
+    float *logits = NULL;
+    void *sampler = NULL;
+    int32_t *P = NULL;
+    int n = 0, think_open = 0, fin = FIN_NONE;
+    char err[512] = "";
+
+    if (r->echo && r->logprobs) {
+        fail_job(g, 400, "'echo' together with 'logprobs' is not supported (prompt logprobs are not computed).", "echo");
+        goto out;
+    }
+    if (!(P = prompt_tokens(g, &n, &think_open, &echo))) goto out;
+    g->n_prompt = n;
+    int room = be->n_ctx - n;
+    int max_new = r->max_tokens > 0 ? r->max_tokens : (o->max_tokens > 0 ? o->max_tokens : room);
+    if (o->max_tokens > 0 && max_new > o->max_tokens) max_new = o->max_tokens;
+    if (max_new > room) max_new = room;
+
+    g->use_kimi = r->kind == SRV_CHAT && be->is_kimi;
+    srv_kimi_init(&g->kimi, g->use_kimi, g->use_kimi && r->n_tools > 0, think_open);
+    srv_stop_init(&g->stop, (const char *const *)r->stops, r->n_stops);
+    if (g->use_kimi) {
+        static const char *mk[] = {"<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                   "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
+        for (int i = 0; i < 7; i++) {
+            int32_t id = be->token_id(be, mk[i]);
+            if (id >= 0) { g->markers[g->n_markers] = id; g->marker_text[g->n_markers++] = mk[i]; }
+        }
+    }
+    int32_t stop_ids[16];
+    int n_stop_ids = be->stop_ids(be, stop_ids, 16);
+    g->detok = be->detok_new(be);
+    if (r->logprobs) {
+        g->lp_pending = new_lp_container(r->kind == SRV_CHAT);
+        g->lp_all = new_lp_out(g);
+    }
+    g->gen_ids = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
+    logits = malloc((size_t)be->n_vocab * sizeof(float));
+    df_sampler_opts so;
+    df_sampler_opts_default(&so);
+    so.temperature = (float)r->temperature;
+    so.top_p = (float)r->top_p;
+    so.top_k = r->top_k;
+    so.seed = r->has_seed ? r->seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 16);
+    sampler = be->sampler_new(be, &so);
+    if (!logits || !g->gen_ids || !sampler) { fail_job(g, 500, "Out of memory (or no sampler) while starting generation.", NULL); goto out; }
+
+    /* KV reuse: keep the longest common prefix of the cached tokens and the prompt
+     * (at least one prompt token is always evaluated, for its logits). */
+    int np = be->n_past(be);
+    int keep = o->kv_reuse ? srv_common_prefix(be->tokens(be), np, P, n) : 0;
+    if (keep >= n) keep = n - 1;
+    if (keep < np && be->truncate(be, keep)) {
+        keep = 0;
+        if (be->truncate(be, 0)) { fail_job(g, 500, "Cannot reset the KV cache.", NULL); goto out; }
+    }
+    g->n_cached = keep;
+
+    if (r->stream) { /* headers + the role chunk go out before the prefill */
+        pthread_mutex_lock(&j->mu);
+        j->http_status = 200;
+        j->prepared = 1;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        if (r->kind == SRV_CHAT) stream_chunk(g, NULL, NULL, 1, NULL);
+        if (echo.len) stream_chunk(g, NULL, &echo, 0, NULL);
+    }
+    int rc = be->eval(be, P + keep, n - keep, logits, gen_progress, g, err, sizeof err);
+    if (rc == DF_ECANCELLED || j->cancel) { be->truncate(be, keep); fin = FIN_CANCEL; goto finish; }
+    if (rc) {
+        be->truncate(be, keep);
+        char m[700];
+        snprintf(m, sizeof m, "Prompt evaluation failed: %s (%s)", err, df_strerror(rc));
+        fail_job(g, 500, m, NULL);
+        goto out;
+    }
+    char piece[1024];
+    for (int step = 0; step < max_new; step++) {
+        if (j->cancel) { fin = FIN_CANCEL; break; }
+        int32_t id = be->sample(sampler, logits, be->n_vocab);
+        if (step == 0) j->ttft_s = srv_now() - t0;
+        int is_stop = 0;
+        for (int i = 0; i < n_stop_ids; i++) is_stop |= id == stop_ids[i];
+        if (is_stop) { fin = FIN_STOP; break; }
+        if (r->logprobs) record_logprob(g, logits, id);
+        g->gen_ids[g->n_gen++] = id;
+        const char *mtext = NULL;
+        for (int i = 0; i < g->n_markers; i++) if (id == g->markers[i]) mtext = g->marker_text[i];
+        int k, hit = 0;
+        if (mtext) {
+            k = be->detok_flush(g->detok, piece, sizeof piece);
+            if (k > 0) hit = push_text(g, piece, (size_t)k);
+            if (!hit) hit = push_text(g, mtext, strlen(mtext));
+        } else {
+            k = be->detok_push(g->detok, id, piece, sizeof piece);
+            if (k > 0) hit = push_text(g, piece, (size_t)k);
+        }
+        if (hit) { fin = FIN_STOP; break; }
+        if (step + 1 == max_new) { fin = FIN_LENGTH; break; }
+        if (be->n_past(be) + 1 >= be->n_ctx) { fin = FIN_LENGTH; break; }
+        rc = be->eval(be, &id, 1, logits, NULL, NULL, err, sizeof err);
+        if (rc) {
+            char m[700];
+            snprintf(m, sizeof m, "Evaluation failed after %d tokens: %s (%s)", g->n_gen, err, df_strerror(rc));
+            fail_job(g, 500, m, NULL);
+            goto out;
+        }
+    }
+    if (fin == FIN_NONE) fin = FIN_LENGTH; /* max_new == 0: no room */
+finish:
+    if (fin == FIN_CANCEL) {
+        if (j->shutdown) fail_job(g, 503, "The server is shutting down; the generation was cancelled.", NULL);
+        goto out;
+    }
+    if (!g->stop.stopped) {
+        int k = be->detok_flush(g->detok, piece, sizeof piece);
+        int hit = k > 0 ? push_text(g, piece, (size_t)k) : 0;
+        if (!hit) {
+            srv_buf rest;
+            srv_buf_init(&rest);
+            srv_stop_flush(&g->stop, &rest);
+            if (rest.len) deliver(g, rest.p, rest.len);
+            srv_buf_free(&rest);
+        }
+    }
+    if (g->use_kimi) {
+        srv_buf reason, content;
+        srv_buf_init(&reason);
+        srv_buf_init(&content);
+        srv_kimi_flush(&g->kimi, &reason, &content);
+        if (r->stream) {
+            if (reason.len || content.len) stream_chunk(g, &reason, &content, 0, NULL);
+        } else {
+            srv_buf_add(&g->reasoning, reason.p, reason.len);
+            srv_buf_add(&g->content, content.p, content.len);
+        }
+        srv_buf_free(&reason);
+        srv_buf_free(&content);
+    }
+    if (r->logprobs && !r->stream && !g->stop.stopped) take_pending(g, g->lp_all);
+    if (r->stream) finish_stream(g, fin);
+    else finish_nonstream(g, fin, &echo);
+out:
+    j->prompt_tokens = g->n_prompt;
+    j->cached_tokens = g->n_cached;
+    j->completion_tokens = g->n_gen;
+    if (sampler) be->sampler_free(sampler);
+    if (g->detok) be->detok_free(g->detok);
+    srv_stop_free(&g->stop);
+    srv_kimi_free(&g->kimi);
+    cJSON_Delete(g->lp_pending);
+    cJSON_Delete(g->lp_all);
+    srv_buf_free(&g->content);
+    srv_buf_free(&g->reasoning);
+    srv_buf_free(&echo);
+    free(g->gen_ids);
+    free(logits);
+    free(P);
+    pthread_mutex_lock(&j->mu);
+    if (!j->prepared) { j->prepared = 1; j->http_status = 499; }
+    j->done = 1;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}

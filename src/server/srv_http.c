@@ -1,0 +1,484 @@
+/* srv_http.c — HTTP side of `deltafin serve` on libmicrohttpd: routing, API
+ * key, body size limit (413), admission (one generation running plus --queue
+ * waiting; more -> 429 with Retry-After), the worker thread that owns the model,
+ * SSE responses, client-disconnect detection, and SIGTERM/SIGINT shutdown.
+ *
+ * Threads: MHD runs one thread per connection; a handler blocks while its job
+ * waits and runs (polling the socket for a hang-up every 100 ms). Exactly one
+ * worker thread touches the model, so the engine needs no locking. */
+#define _GNU_SOURCE /* memmem, POLLRDHUP */
+#include "srv.h"
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    srv_config cfg;
+    srv_backend *be;
+    srv_gen_opts gen;
+    struct MHD_Daemon *d;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_job *qhead, *qtail, *running;
+    int n_inflight;           /* queued + running */
+    int stopping;
+    long created;
+    unsigned long n_served, n_rejected;
+} server;
+
+static server S;
+
+enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL_ONE, R_CHAT, R_COMPL };
+
+typedef struct {
+    int route;
+    srv_buf body;
+    int too_big;
+    size_t discarded;
+    int fd;
+} conn_ctx;
+
+/* --------------------------------------------------------------- helpers */
+
+static int client_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *type, const char *body,
+                                 const char *retry_after) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, int status, const char *msg, const char *param,
+                                  const char *code) {
+    char *e = srv_error_json(msg, srv_error_type(status), param, code);
+    enum MHD_Result ok = send_body(c, status, "application/json", e, status == 429 ? "1" : NULL);
+    free(e);
+    if (S.cfg.verbose) fprintf(stderr, "serve: %d %s\n", status, msg);
+    return ok;
+}
+
+static int key_ok(struct MHD_Connection *c) {
+    if (!S.cfg.api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *k = NULL;
+    if (h && !strncasecmp(h, "Bearer ", 7)) k = h + 7;
+    if (!k) k = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (!k) return 0;
+    size_t a = strlen(k), b = strlen(S.cfg.api_key);
+    unsigned diff = (unsigned)(a ^ b);
+    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(k[i] ^ S.cfg.api_key[i]);
+    return diff == 0;
+}
+
+/* ---------------------------------------------------------------- worker */
+
+static void *worker_main(void *arg) {
+    for (;;) {
+        pthread_mutex_lock(&S.mu);
+        while (!S.qhead && !S.stopping) pthread_cond_wait(&S.cv, &S.mu);
+        srv_job *j = S.qhead;
+        if (!j) { pthread_mutex_unlock(&S.mu); break; }
+        S.qhead = j->next;
+        if (!S.qhead) S.qtail = NULL;
+        S.running = j;
+        pthread_mutex_unlock(&S.mu);
+
+        double t0 = srv_now();
+        if (j->cancel) {
+            if (j->shutdown) {
+                char *e = srv_error_json("The server is shutting down.", "server_error", NULL, NULL);
+                pthread_mutex_lock(&j->mu);
+                srv_buf_adds(&j->out, e);
+                j->http_status = 503;
+                pthread_mutex_unlock(&j->mu);
+                free(e);
+            }
+            pthread_mutex_lock(&j->mu);
+            if (!j->prepared) { j->prepared = 1; if (!j->http_status) j->http_status = 499; }
+            j->done = 1;
+            pthread_cond_broadcast(&j->cv);
+            pthread_mutex_unlock(&j->mu);
+        } else {
+            srv_gen_run(&S.gen, j);
+        }
+        double dt = srv_now() - t0;
+        fprintf(stderr, "serve: %s %s status %d: prompt %d tokens (%d reused), %d generated, ttft %.3f s, %.3f s%s\n",
+                j->req.kind == SRV_CHAT ? "chat" : "completion", j->req.stream ? "stream" : "json", j->http_status,
+                j->prompt_tokens, j->cached_tokens, j->completion_tokens, j->ttft_s, dt,
+                j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "");
+        pthread_mutex_lock(&S.mu);
+        S.running = NULL;
+        S.n_inflight--;
+        S.n_served++;
+        pthread_mutex_unlock(&S.mu);
+        srv_job_unref(j);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------- SSE */
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        if (j->out.len) {
+            size_t n = j->out.len < max ? j->out.len : max;
+            memcpy(buf, j->out.p, n);
+            srv_buf_consume(&j->out, n);
+            pthread_mutex_unlock(&j->mu);
+            return (ssize_t)n;
+        }
+        if (j->done) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (!j->out.len && !j->done && client_gone(j->fd)) {
+            j->cancel = 1;
+            pthread_mutex_unlock(&j->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void sse_free(void *cls) {
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    if (!j->done) j->cancel = 1; /* the connection went away mid-stream */
+    pthread_mutex_unlock(&j->mu);
+    srv_job_unref(j);
+}
+
+/* ------------------------------------------------------------ generation */
+
+static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
+    if (!srv_utf8_valid(x->body.p ? x->body.p : "", x->body.len))
+        return send_error(c, 400, "The request body is not valid UTF-8.", NULL, NULL);
+    char *ej = NULL;
+    srv_job *j = srv_job_new();
+    int st = srv_request_parse(&j->req, x->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION,
+                               x->body.p ? x->body.p : "", x->body.len, &ej);
+    if (st) {
+        enum MHD_Result ok = send_body(c, st, "application/json", ej, NULL);
+        if (S.cfg.verbose) fprintf(stderr, "serve: %d %s\n", st, ej);
+        free(ej);
+        srv_job_unref(j);
+        return ok;
+    }
+    if (j->req.model && strcmp(j->req.model, S.be->name)) {
+        char m[600];
+        snprintf(m, sizeof m, "The model '%.300s' does not exist. This server serves '%.200s' (GET /v1/models).",
+                 j->req.model, S.be->name);
+        srv_job_unref(j);
+        return send_error(c, 400, m, "model", "model_not_found");
+    }
+    j->fd = x->fd;
+    /* admission */
+    pthread_mutex_lock(&S.mu);
+    if (S.stopping) {
+        pthread_mutex_unlock(&S.mu);
+        srv_job_unref(j);
+        return send_error(c, 503, "The server is shutting down.", NULL, NULL);
+    }
+    if (S.n_inflight >= 1 + S.cfg.queue) {
+        S.n_rejected++;
+        pthread_mutex_unlock(&S.mu);
+        srv_job_unref(j);
+        char m[200];
+        snprintf(m, sizeof m, "The server is busy: one generation is running and %d are waiting (--queue %d). Retry later.",
+                 S.cfg.queue, S.cfg.queue);
+        return send_error(c, 429, m, NULL, "server_busy");
+    }
+    S.n_inflight++;
+    j->refs = 2; /* this handler (then the SSE response) + the worker */
+    if (S.qtail) S.qtail->next = j; else S.qhead = j;
+    S.qtail = j;
+    pthread_cond_signal(&S.cv);
+    pthread_mutex_unlock(&S.mu);
+
+    /* wait: streams until headers are decided, others until the body is complete */
+    pthread_mutex_lock(&j->mu);
+    while (!(j->req.stream ? j->prepared : j->done)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (!(j->req.stream ? j->prepared : j->done) && client_gone(x->fd)) {
+            j->cancel = 1;
+            pthread_mutex_unlock(&j->mu);
+            srv_job_unref(j);
+            return MHD_NO; /* close the connection */
+        }
+    }
+    int status = j->http_status;
+    if (status != 200 || !j->req.stream) {
+        while (!j->done) pthread_cond_wait(&j->cv, &j->mu);
+        char *body = strdup(j->out.p ? j->out.p : "");
+        pthread_mutex_unlock(&j->mu);
+        srv_job_unref(j);
+        enum MHD_Result ok = status == 499 ? MHD_NO : send_body(c, status, "application/json", body, NULL);
+        free(body);
+        return ok;
+    }
+    pthread_mutex_unlock(&j->mu);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, j, sse_free);
+    if (!r) { sse_free(j); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result handle_models(struct MHD_Connection *c, const char *one) {
+    if (one && strcmp(one, S.be->name)) {
+        char m[400];
+        snprintf(m, sizeof m, "The model '%.300s' does not exist.", one);
+        return send_error(c, 404, m, "model", "model_not_found");
+    }
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", S.be->name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)S.created);
+    cJSON_AddStringToObject(m, "owned_by", "deltafin");
+    cJSON_AddNumberToObject(m, "context_length", S.be->n_ctx);
+    cJSON *root = m;
+    if (!one) {
+        root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "object", "list");
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    }
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    enum MHD_Result ok = send_body(c, 200, "application/json", s, NULL);
+    free(s);
+    return ok;
+}
+
+static enum MHD_Result handle_health(struct MHD_Connection *c) {
+    pthread_mutex_lock(&S.mu);
+    int busy = S.n_inflight;
+    unsigned long served = S.n_served, rejected = S.n_rejected;
+    pthread_mutex_unlock(&S.mu);
+    char b[512];
+    snprintf(b, sizeof b, "{\"status\":\"ok\",\"model\":\"%s\",\"in_flight\":%d,\"queue\":%d,\"served\":%lu,\"rejected\":%lu}",
+             S.be->name, busy, S.cfg.queue, served, rejected);
+    return send_body(c, 200, "application/json", b, NULL);
+}
+
+/* --------------------------------------------------------------- routing */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    conn_ctx *x = *con_cls;
+    if (!x) {
+        x = calloc(1, sizeof *x);
+        if (!x) return MHD_NO;
+        *con_cls = x;
+        srv_buf_init(&x->body);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        x->fd = ci ? ci->connect_fd : -1;
+        const char *p = url;
+        if (!strncmp(p, "/v1/", 4)) p += 3;
+        int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+        const char *one = NULL;
+        if (!strcmp(p, "/health")) x->route = R_HEALTH;
+        else if (!strcmp(p, "/models")) x->route = R_MODELS;
+        else if (!strncmp(p, "/models/", 8) && p[8]) { x->route = R_MODEL_ONE; one = p + 8; }
+        else if (!strcmp(p, "/chat/completions")) x->route = R_CHAT;
+        else if (!strcmp(p, "/completions")) x->route = R_COMPL;
+        else {
+            char m[300];
+            snprintf(m, sizeof m, "Unknown request URL: %s %.200s.", method, url);
+            return send_error(c, 404, m, NULL, "unknown_url");
+        }
+        int want_post = x->route == R_CHAT || x->route == R_COMPL;
+        if (want_post ? !post : !(get || !strcmp(method, "HEAD"))) {
+            char m[300];
+            snprintf(m, sizeof m, "Method %s is not allowed on %.200s (use %s).", method, url, want_post ? "POST" : "GET");
+            return send_error(c, 405, m, NULL, "method_not_allowed");
+        }
+        if (x->route == R_HEALTH) return handle_health(c);
+        if (!key_ok(c))
+            return send_error(c, 401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.", NULL, "invalid_api_key");
+        if (x->route == R_MODELS) return handle_models(c, NULL);
+        if (x->route == R_MODEL_ONE) return handle_models(c, one);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > S.cfg.max_request_bytes) {
+            char m[200];
+            snprintf(m, sizeof m, "The request body (%s bytes) exceeds --max-request-bytes %zu.", cl, S.cfg.max_request_bytes);
+            return send_error(c, 413, m, NULL, "request_too_large");
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        /* MHD cannot answer in the middle of an upload: an oversized (chunked)
+         * body is discarded up to a bound, then answered 413; past the bound
+         * the connection is closed. */
+        if (!x->too_big && x->body.len + *upload_size > S.cfg.max_request_bytes) {
+            x->too_big = 1;
+            x->discarded = x->body.len;
+            srv_buf_free(&x->body);
+        }
+        if (x->too_big) {
+            x->discarded += *upload_size;
+            if (x->discarded > S.cfg.max_request_bytes + (64u << 20)) return MHD_NO;
+        } else srv_buf_add(&x->body, upload_data, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (x->too_big) {
+        char m[200];
+        snprintf(m, sizeof m, "The request body exceeds --max-request-bytes %zu.", S.cfg.max_request_bytes);
+        return send_error(c, 413, m, NULL, "request_too_large");
+    }
+    return handle_generate(c, x);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    conn_ctx *x = *con_cls;
+    if (!x) return;
+    srv_buf_free(&x->body);
+    free(x);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    if (!S.cfg.verbose) return;
+    fprintf(stderr, "serve (http): ");
+    vfprintf(stderr, fmt, ap);
+}
+
+/* ------------------------------------------------------------------ main */
+
+int srv_serve(const srv_config *cfg) {
+    memset(&S, 0, sizeof S);
+    S.cfg = *cfg;
+    S.created = (long)time(NULL);
+    char err[1024] = "";
+    int rc;
+    /* signals: handled by sigwait in this thread only */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (cfg->mock) rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, err, sizeof err);
+    else {
+        df_model_opts mo;
+        df_model_opts_default(&mo);
+        mo.threads = cfg->threads;
+        mo.ram_budget = cfg->ram_budget;
+        rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, err, sizeof err);
+    }
+    if (rc) {
+        fprintf(stderr, "deltafin serve: cannot open model %s: %s (%s)\n", cfg->mock ? "mock" : cfg->model_path, err,
+                df_strerror(rc));
+        return 1;
+    }
+    S.gen.be = S.be;
+    S.gen.max_tokens = cfg->max_tokens;
+    S.gen.kv_reuse = cfg->kv_reuse;
+    S.gen.keepalive_s = cfg->keepalive_s;
+    S.gen.verbose = cfg->verbose;
+    pthread_mutex_init(&S.mu, NULL);
+    pthread_cond_init(&S.cv, NULL);
+
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, cfg->host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)cfg->port);
+    } else if (inet_pton(AF_INET6, cfg->host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)cfg->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        fprintf(stderr, "deltafin serve: --host %s is not a numeric IPv4 or IPv6 address (e.g. 127.0.0.1, ::1, 0.0.0.0)\n", cfg->host);
+        S.be->close(S.be);
+        return 2;
+    }
+    pthread_t worker;
+    pthread_create(&worker, NULL, worker_main, NULL);
+    S.d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, NULL,
+                           MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                           MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
+                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                           MHD_OPTION_END);
+    if (!S.d) {
+        fprintf(stderr, "deltafin serve: cannot listen on %s:%d: %s (is the port in use? try --port)\n", cfg->host,
+                cfg->port, strerror(errno));
+        pthread_mutex_lock(&S.mu);
+        S.stopping = 1;
+        pthread_cond_broadcast(&S.cv);
+        pthread_mutex_unlock(&S.mu);
+        pthread_join(worker, NULL);
+        S.be->close(S.be);
+        return 1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(S.d, MHD_DAEMON_INFO_BIND_PORT);
+    int port = di ? di->port : cfg->port;
+    fprintf(stderr, "deltafin serve: model %s (%s%s), context %d, listening on http://%s%s%s:%d/v1 (queue %d, max request %zu bytes%s)\n",
+            S.be->name, cfg->mock ? "mock" : "engine", S.be->exact ? "" : ", NOT exact: lossy spine", S.be->n_ctx,
+            strchr(cfg->host, ':') ? "[" : "", cfg->host, strchr(cfg->host, ':') ? "]" : "", port, cfg->queue,
+            cfg->max_request_bytes, cfg->api_key ? ", API key required" : "");
+    if (cfg->port_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", cfg->port_file);
+        FILE *f = fopen(tmp, "w");
+        if (f) {
+            fprintf(f, "%d\n", port);
+            fflush(f);
+            fsync(fileno(f));
+            fclose(f);
+            rename(tmp, cfg->port_file);
+        } else fprintf(stderr, "deltafin serve: cannot write --port-file %s: %s\n", cfg->port_file, strerror(errno));
+    }
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "deltafin serve: %s received, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    pthread_mutex_lock(&S.mu);
+    S.stopping = 1;
+    for (srv_job *j = S.qhead; j; j = j->next) { j->shutdown = 1; j->cancel = 1; }
+    if (S.running) { S.running->shutdown = 1; S.running->cancel = 1; }
+    pthread_cond_broadcast(&S.cv);
+    pthread_mutex_unlock(&S.mu);
+    pthread_join(worker, NULL);
+    MHD_stop_daemon(S.d);
+    fprintf(stderr, "deltafin serve: stopped after %lu requests (%lu rejected as busy)\n", S.n_served, S.n_rejected);
+    S.be->close(S.be);
+    pthread_mutex_destroy(&S.mu);
+    pthread_cond_destroy(&S.cv);
+    return 0;
+}

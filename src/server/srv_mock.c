@@ -1,0 +1,226 @@
+/* srv_mock.c — a tiny deterministic "model" for testing the server without
+ * weights (`deltafin serve --mock`). Vocabulary: ids 0..255 are bytes, 256 is
+ * EOS. After n_past tokens the logits peak at byte MOCK_TEXT[n_past % (L+1)]
+ * (index L = EOS), so the greedy continuation of a P-token prompt is the text
+ * from offset P % (L+1). The text has multi-byte UTF-8 characters, which byte
+ * tokens split: exactly what the server's UTF-8-safe chunking must handle.
+ * The sampler here is the mock's own (softmax with temperature, top-k, top-p,
+ * xorshift64* seeded RNG); real models use the engine's df_sampler. */
+#include "srv.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char MOCK_TEXT[] =
+    "Hello, world! The quick brown fox jumps over the lazy dog. "
+    "Caf\xC3\xA9 na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x99\x82 done.";
+#define MOCK_L ((int)sizeof MOCK_TEXT - 1)
+#define MOCK_EOS 256
+#define MOCK_VOCAB 257
+#define MOCK_CTX 4096
+
+typedef struct {
+    int32_t toks[MOCK_CTX];
+    int n_past;
+    int delay_ms;
+} mock;
+#define MK(b) ((mock *)(b)->impl)
+
+static int k_tokenize(srv_backend *b, const char *s, size_t n, int add_bos, int32_t **ids, size_t *n_ids,
+                      char *err, size_t errlen) {
+    *ids = malloc((n ? n : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) (*ids)[i] = (unsigned char)s[i];
+    *n_ids = n;
+    return 0;
+}
+static int k_chat_render(srv_backend *b, const char *msgs, const char *tools, char **text, char *err, size_t errlen) {
+    cJSON *a = cJSON_Parse(msgs), *m;
+    srv_buf o;
+    srv_buf_init(&o);
+    cJSON_ArrayForEach(m, a) {
+        cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role"), *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        srv_buf_printf(&o, "%s: %s\n", cJSON_IsString(r) ? r->valuestring : "?", cJSON_IsString(c) ? c->valuestring : "");
+    }
+    srv_buf_adds(&o, "assistant:");
+    cJSON_Delete(a);
+    *text = o.p;
+    return 0;
+}
+static int k_token_bytes(srv_backend *b, int32_t id, char **out, size_t *len) {
+    *out = malloc(2);
+    *len = id < 256 ? 1 : 0;
+    (*out)[0] = (char)id;
+    (*out)[*len] = 0;
+    return 0;
+}
+typedef struct { char buf[8]; int n; } k_detok;
+static void *k_detok_new(srv_backend *b) { return calloc(1, sizeof(k_detok)); }
+static int k_detok_push(void *p, int32_t id, char *out, size_t cap) {
+    k_detok *d = p;
+    if (id >= 256) return 0;
+    d->buf[d->n++] = (char)id;
+    size_t ok = srv_utf8_complete_prefix(d->buf, (size_t)d->n);
+    if (ok == 0 && d->n < 4) return 0;
+    if (ok == 0) ok = (size_t)d->n; /* give up on an impossible sequence */
+    if (ok > cap) return -1;
+    memcpy(out, d->buf, ok);
+    memmove(d->buf, d->buf + ok, (size_t)d->n - ok);
+    d->n -= (int)ok;
+    return (int)ok;
+}
+static int k_detok_flush(void *p, char *out, size_t cap) {
+    k_detok *d = p;
+    srv_buf b;
+    srv_buf_init(&b);
+    srv_utf8_sanitize(&b, d->buf, (size_t)d->n);
+    int n = (int)(b.len < cap ? b.len : cap);
+    if (n) memcpy(out, b.p, (size_t)n);
+    srv_buf_free(&b);
+    d->n = 0;
+    return n;
+}
+static void k_detok_free(void *p) { free(p); }
+static int32_t k_token_id(srv_backend *b, const char *tok) { return !strcmp(tok, "</s>") ? MOCK_EOS : -1; }
+static int k_stop_ids(srv_backend *b, int32_t *ids, int cap) {
+    if (cap < 1) return 0;
+    ids[0] = MOCK_EOS;
+    return 1;
+}
+static int k_n_past(srv_backend *b) { return MK(b)->n_past; }
+static const int32_t *k_tokens(srv_backend *b) { return MK(b)->toks; }
+static int k_truncate(srv_backend *b, int n) {
+    if (n < 0 || n > MK(b)->n_past) return DF_EINVAL;
+    MK(b)->n_past = n;
+    return 0;
+}
+static int k_eval(srv_backend *b, const int32_t *ids, int n, float *logits, df_progress_fn progress, void *u,
+                  char *err, size_t errlen) {
+    mock *k = MK(b);
+    if (k->n_past + n > MOCK_CTX) {
+        snprintf(err, errlen, "mock context full (%d + %d > %d)", k->n_past, n, MOCK_CTX);
+        return DF_ECONTEXT;
+    }
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= MOCK_VOCAB) {
+            snprintf(err, errlen, "token id %d out of range [0, %d)", (int)ids[i], MOCK_VOCAB);
+            return DF_EINVAL;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (k->delay_ms) {
+            struct timespec ts = {k->delay_ms / 1000, (k->delay_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (progress && progress(u, "tokens", (uint64_t)i + 1, (uint64_t)n)) return DF_ECANCELLED;
+    }
+    memcpy(k->toks + k->n_past, ids, (size_t)n * sizeof *ids);
+    k->n_past += n;
+    if (logits) {
+        int pos = k->n_past % (MOCK_L + 1);
+        int target = pos == MOCK_L ? MOCK_EOS : (unsigned char)MOCK_TEXT[pos];
+        for (int v = 0; v < MOCK_VOCAB; v++) logits[v] = (float)((v * 7 + k->n_past) % 13) / 13.0f;
+        logits[target] = 9.0f;
+    }
+    return 0;
+}
+
+typedef struct { df_sampler_opts o; uint64_t rng; } k_sampler;
+static void *k_sampler_new(srv_backend *b, const df_sampler_opts *o) {
+    k_sampler *s = calloc(1, sizeof *s);
+    s->o = *o;
+    s->rng = o->seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+    if (!s->rng) s->rng = 1;
+    return s;
+}
+static double k_rand(k_sampler *s) {
+    s->rng ^= s->rng >> 12;
+    s->rng ^= s->rng << 25;
+    s->rng ^= s->rng >> 27;
+    return (double)((s->rng * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
+}
+static int32_t k_sample(void *p, const float *l, int n) {
+    k_sampler *s = p;
+    int best = 0;
+    for (int i = 1; i < n; i++) if (l[i] > l[best]) best = i;
+    if (s->o.temperature <= 0) return best;
+    int idx[MOCK_VOCAB];
+    double pr[MOCK_VOCAB];
+    for (int i = 0; i < n; i++) idx[i] = i;
+    for (int i = 1; i < n; i++) { /* sort ids by logit, descending (insertion sort; n is tiny) */
+        int x = idx[i], j = i;
+        while (j > 0 && (l[idx[j - 1]] < l[x] || (l[idx[j - 1]] == l[x] && idx[j - 1] > x))) { idx[j] = idx[j - 1]; j--; }
+        idx[j] = x;
+    }
+    int k = s->o.top_k > 0 && s->o.top_k < n ? s->o.top_k : n;
+    double sum = 0;
+    for (int i = 0; i < k; i++) sum += pr[i] = exp((l[idx[i]] - l[idx[0]]) / s->o.temperature);
+    double acc = 0;
+    int keep = k;
+    for (int i = 0; i < k; i++) {
+        acc += pr[i] / sum;
+        if (acc >= s->o.top_p) { keep = i + 1; break; }
+    }
+    sum = 0;
+    for (int i = 0; i < keep; i++) sum += pr[i];
+    double r = k_rand(s) * sum;
+    for (int i = 0; i < keep; i++) { r -= pr[i]; if (r <= 0) return idx[i]; }
+    return idx[keep - 1];
+}
+static void k_sampler_free(void *s) { free(s); }
+static float k_logprob(const float *l, int n, int32_t id, int top_n, int32_t *ti, float *tl) {
+    double mx = l[0], sum = 0;
+    for (int i = 1; i < n; i++) if (l[i] > mx) mx = l[i];
+    for (int i = 0; i < n; i++) sum += exp(l[i] - mx);
+    double lse = mx + log(sum);
+    for (int t = 0; t < top_n; t++) { /* selection of the t-th best (ties -> lower id) */
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            int used = 0;
+            for (int u = 0; u < t; u++) used |= ti[u] == i;
+            if (!used && (best < 0 || l[i] > l[best])) best = i;
+        }
+        ti[t] = best;
+        tl[t] = (float)(l[best] - lse);
+    }
+    return (float)(l[id] - lse);
+}
+static void k_close(srv_backend *b) {
+    if (!b) return;
+    free(b->impl);
+    free(b);
+}
+
+int srv_backend_open_mock(srv_backend **out, int delay_ms, char *err, size_t errlen) {
+    srv_backend *b = calloc(1, sizeof *b);
+    mock *k = calloc(1, sizeof *k);
+    if (!b || !k) { free(b); free(k); return DF_ENOMEM; }
+    k->delay_ms = delay_ms;
+    b->impl = k;
+    b->name = "mock";
+    b->n_vocab = MOCK_VOCAB;
+    b->n_ctx = MOCK_CTX;
+    b->has_tokenizer = 1;
+    b->exact = 1;
+    b->tokenize = k_tokenize;
+    b->chat_render = k_chat_render;
+    b->token_bytes = k_token_bytes;
+    b->detok_new = k_detok_new;
+    b->detok_push = k_detok_push;
+    b->detok_flush = k_detok_flush;
+    b->detok_free = k_detok_free;
+    b->token_id = k_token_id;
+    b->stop_ids = k_stop_ids;
+    b->n_past = k_n_past;
+    b->tokens = k_tokens;
+    b->truncate = k_truncate;
+    b->eval = k_eval;
+    b->sampler_new = k_sampler_new;
+    b->sample = k_sample;
+    b->sampler_free = k_sampler_free;
+    b->logprob = k_logprob;
+    b->close = k_close;
+    *out = b;
+    return 0;
+}

@@ -1,0 +1,279 @@
+/* srv_request.c — parse and validate OpenAI request bodies for
+ * /v1/chat/completions and /v1/completions. Every rejection is a 400 in the
+ * OpenAI error shape naming the offending parameter. Options that would change
+ * the numerics in a way we cannot honour (penalties, logit_bias, n > 1) are
+ * rejected rather than silently ignored. */
+#include "srv.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FAIL(param, ...) do { char m_[512]; snprintf(m_, sizeof m_, __VA_ARGS__); \
+    *err_json = srv_error_json(m_, "invalid_request_error", param, NULL); goto fail; } while (0)
+
+static int is_int(const cJSON *v) {
+    return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble) &&
+           fabs(v->valuedouble) < 9.007199254740992e15;
+}
+
+void srv_request_free(srv_request *r) {
+    free(r->model);
+    free(r->messages_json);
+    free(r->tools_json);
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* content: string, null, or an array of {type:"text", text} parts -> string. */
+static int normalise_content(cJSON *msg, int idx, char **err_json) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].content", idx);
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    if (!c || cJSON_IsNull(c) || cJSON_IsString(c)) return 0;
+    if (!cJSON_IsArray(c)) FAIL(param, "Invalid type for '%s': expected a string, an array of content parts or null.", param);
+    srv_buf b;
+    srv_buf_init(&b);
+    cJSON *part;
+    int k = 0;
+    cJSON_ArrayForEach(part, c) {
+        cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
+        cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (cJSON_IsString(part)) { srv_buf_adds(&b, part->valuestring); k++; continue; }
+        if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
+            srv_buf_free(&b);
+            FAIL(param, "Unsupported content part %d in '%s': only {\"type\":\"text\",\"text\":...} parts are supported.", k, param);
+        }
+        srv_buf_adds(&b, tx->valuestring);
+        k++;
+    }
+    cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", cJSON_CreateString(b.p ? b.p : ""));
+    srv_buf_free(&b);
+    return 0;
+fail:
+    return 400;
+}
+
+static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!msgs) FAIL("messages", "Missing required parameter: 'messages'.");
+    if (!cJSON_IsArray(msgs)) FAIL("messages", "Invalid type for 'messages': expected an array of message objects.");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0) FAIL("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.");
+    int i = 0;
+    cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) FAIL(param, "Invalid type for '%s': expected an object.", param);
+        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        if (!cJSON_IsString(role)) FAIL(param, "Missing or invalid '%s': expected a string.", param);
+        static const char *roles[] = {"system", "developer", "user", "assistant", "tool", "function"};
+        int ok = 0;
+        for (size_t k = 0; k < sizeof roles / sizeof *roles; k++) ok |= !strcmp(role->valuestring, roles[k]);
+        if (!ok) FAIL(param, "Invalid value for '%s': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool'.",
+                      param, role->valuestring);
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!c && strcmp(role->valuestring, "assistant")) {
+            snprintf(param, sizeof param, "messages[%d].content", i);
+            FAIL(param, "Missing required parameter: '%s'.", param);
+        }
+        if (normalise_content(m, i, err_json)) return 400;
+        i++;
+    }
+    r->messages_json = cJSON_PrintUnformatted(msgs);
+    cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (tools && !cJSON_IsNull(tools)) {
+        if (!cJSON_IsArray(tools)) FAIL("tools", "Invalid type for 'tools': expected an array.");
+        cJSON *t;
+        int k = 0;
+        cJSON_ArrayForEach(t, tools) {
+            cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+            cJSON *nm = fn ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+            if (!cJSON_IsObject(t) || !cJSON_IsString(nm)) {
+                char param[48];
+                snprintf(param, sizeof param, "tools[%d].function.name", k);
+                FAIL(param, "Missing or invalid '%s': each tool must be {\"type\":\"function\",\"function\":{\"name\":...}}.", param);
+            }
+            k++;
+        }
+        r->n_tools = k;
+        if (k) r->tools_json = cJSON_PrintUnformatted(tools);
+    }
+    cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (tc && !cJSON_IsNull(tc)) {
+        if (cJSON_IsString(tc)) {
+            if (strcmp(tc->valuestring, "auto") && strcmp(tc->valuestring, "none"))
+                FAIL("tool_choice", "Unsupported value for 'tool_choice': '%s'. Supported: 'auto', 'none'.", tc->valuestring);
+            if (!strcmp(tc->valuestring, "none")) r->n_tools = 0;
+        } else FAIL("tool_choice", "Unsupported 'tool_choice': only 'auto' and 'none' are supported (no forced calls).");
+    }
+    return 0;
+fail:
+    return 400;
+}
+
+static int parse_prompt(srv_request *r, cJSON *root, char **err_json) {
+    cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!p) FAIL("prompt", "Missing required parameter: 'prompt'.");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child; /* a batch of one */
+    if (cJSON_IsString(p)) {
+        if (!p->valuestring[0]) FAIL("prompt", "Invalid 'prompt': empty string.");
+        r->prompt = strdup(p->valuestring);
+        r->prompt_len = strlen(p->valuestring);
+        return 0;
+    }
+    if (cJSON_IsArray(p)) {
+        int n = cJSON_GetArraySize(p);
+        if (n == 0) FAIL("prompt", "Invalid 'prompt': empty array.");
+        r->prompt_ids = malloc((size_t)n * sizeof(int32_t));
+        int i = 0;
+        cJSON *e;
+        cJSON_ArrayForEach(e, p) {
+            if (cJSON_IsString(e) || cJSON_IsArray(e))
+                FAIL("prompt", "Invalid 'prompt': only one prompt per request is supported (n = 1).");
+            if (!is_int(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0)
+                FAIL("prompt", "Invalid 'prompt[%d]': expected a token id (a non-negative integer).", i);
+            r->prompt_ids[i++] = (int32_t)e->valuedouble;
+        }
+        r->n_prompt_ids = n;
+        return 0;
+    }
+    FAIL("prompt", "Invalid type for 'prompt': expected a string, an array of token ids, or a one-element array of either.");
+fail:
+    return 400;
+}
+
+int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, char **err_json) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->temperature = 1.0;
+    r->top_p = 1.0;
+    *err_json = NULL;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    cJSON *v;
+    if (!root) {
+        size_t off = end && end >= body ? (size_t)(end - body) : 0;
+        FAIL(NULL, "We could not parse the JSON body of your request (error near byte %zu). "
+                   "The OpenAI API expects a JSON payload.", off);
+    }
+    if (!cJSON_IsObject(root)) FAIL(NULL, "The request body must be a JSON object.");
+
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "model")) && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v)) FAIL("model", "Invalid type for 'model': expected a string.");
+        r->model = strdup(v->valuestring);
+    }
+    if (kind == SRV_CHAT) { if (parse_messages(r, root, err_json)) goto fail; }
+    else if (parse_prompt(r, root, err_json)) goto fail;
+
+#define OPT_BOOL(name, dst) if ((v = cJSON_GetObjectItemCaseSensitive(root, name)) && !cJSON_IsNull(v)) { \
+        if (!cJSON_IsBool(v)) { FAIL(name, "Invalid type for '%s': expected a boolean.", name); } \
+        dst = cJSON_IsTrue(v); }
+    OPT_BOOL("stream", r->stream);
+    OPT_BOOL("return_token_ids", r->return_token_ids);
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "stream_options")) && !cJSON_IsNull(v)) {
+        if (!cJSON_IsObject(v)) FAIL("stream_options", "Invalid type for 'stream_options': expected an object.");
+        if (!r->stream) FAIL("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+        cJSON *iu = cJSON_GetObjectItemCaseSensitive(v, "include_usage");
+        if (iu && !cJSON_IsNull(iu)) {
+            if (!cJSON_IsBool(iu)) FAIL("stream_options.include_usage", "Invalid type for 'stream_options.include_usage': expected a boolean.");
+            r->include_usage = cJSON_IsTrue(iu);
+        }
+    }
+    static const char *maxn[] = {"max_tokens", "max_completion_tokens"};
+    for (int i = 0; i < 2; i++) {
+        if (!(v = cJSON_GetObjectItemCaseSensitive(root, maxn[i])) || cJSON_IsNull(v)) continue;
+        if (!is_int(v)) FAIL(maxn[i], "Invalid type for '%s': expected an integer.", maxn[i]);
+        if (v->valuedouble < 1 || v->valuedouble > 1e9) FAIL(maxn[i], "Invalid '%s': %.0f. Expected a value >= 1.", maxn[i], v->valuedouble);
+        r->max_tokens = (int)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "temperature")) && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v)) FAIL("temperature", "Invalid type for 'temperature': expected a number.");
+        if (!(v->valuedouble >= 0 && v->valuedouble <= 2)) FAIL("temperature", "Invalid 'temperature': %g. Expected a value between 0 and 2.", v->valuedouble);
+        r->temperature = v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "top_p")) && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v)) FAIL("top_p", "Invalid type for 'top_p': expected a number.");
+        if (!(v->valuedouble > 0 && v->valuedouble <= 1)) FAIL("top_p", "Invalid 'top_p': %g. Expected a value in (0, 1].", v->valuedouble);
+        r->top_p = v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "top_k")) && !cJSON_IsNull(v)) {
+        if (!is_int(v)) FAIL("top_k", "Invalid type for 'top_k': expected an integer.");
+        if (v->valuedouble < -1 || v->valuedouble > 1e9) FAIL("top_k", "Invalid 'top_k': %.0f. Expected -1 or 0 (off) or a positive integer.", v->valuedouble);
+        r->top_k = v->valuedouble < 0 ? 0 : (int)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "seed")) && !cJSON_IsNull(v)) {
+        if (!is_int(v)) FAIL("seed", "Invalid type for 'seed': expected an integer.");
+        r->has_seed = 1;
+        r->seed = (uint64_t)(int64_t)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "n")) && !cJSON_IsNull(v)) {
+        if (!is_int(v)) FAIL("n", "Invalid type for 'n': expected an integer.");
+        if (v->valuedouble != 1) FAIL("n", "Invalid 'n': %.0f. Only n = 1 is supported.", v->valuedouble);
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "stop")) && !cJSON_IsNull(v)) {
+        if (cJSON_IsString(v)) {
+            if (v->valuestring[0]) r->stops[r->n_stops++] = strdup(v->valuestring);
+        } else if (cJSON_IsArray(v)) {
+            if (cJSON_GetArraySize(v) > SRV_MAX_STOPS) FAIL("stop", "Invalid 'stop': at most %d sequences.", SRV_MAX_STOPS);
+            cJSON *s;
+            cJSON_ArrayForEach(s, v) {
+                if (!cJSON_IsString(s)) FAIL("stop", "Invalid type for 'stop': expected a string or an array of strings.");
+                if (!s->valuestring[0]) FAIL("stop", "Invalid 'stop': empty stop sequence.");
+                r->stops[r->n_stops++] = strdup(s->valuestring);
+            }
+        } else FAIL("stop", "Invalid type for 'stop': expected a string or an array of strings.");
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "logprobs")) && !cJSON_IsNull(v)) {
+        if (kind == SRV_CHAT) {
+            if (!cJSON_IsBool(v)) FAIL("logprobs", "Invalid type for 'logprobs': expected a boolean.");
+            r->logprobs = cJSON_IsTrue(v);
+        } else {
+            if (!is_int(v)) FAIL("logprobs", "Invalid type for 'logprobs': expected an integer.");
+            if (v->valuedouble < 0 || v->valuedouble > SRV_MAX_TOP_LOGPROBS)
+                FAIL("logprobs", "Invalid 'logprobs': %.0f. Expected a value between 0 and %d.", v->valuedouble, SRV_MAX_TOP_LOGPROBS);
+            r->logprobs = 1;
+            r->top_logprobs = (int)v->valuedouble;
+        }
+    }
+    if (kind == SRV_CHAT && (v = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs")) && !cJSON_IsNull(v)) {
+        if (!is_int(v)) FAIL("top_logprobs", "Invalid type for 'top_logprobs': expected an integer.");
+        if (v->valuedouble < 0 || v->valuedouble > SRV_MAX_TOP_LOGPROBS)
+            FAIL("top_logprobs", "Invalid 'top_logprobs': %.0f. Expected a value between 0 and %d.", v->valuedouble, SRV_MAX_TOP_LOGPROBS);
+        if (!r->logprobs) FAIL("top_logprobs", "Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.");
+        r->top_logprobs = (int)v->valuedouble;
+    }
+    if (kind == SRV_COMPLETION) OPT_BOOL("echo", r->echo);
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "user")) && !cJSON_IsNull(v) && !cJSON_IsString(v))
+        FAIL("user", "Invalid type for 'user': expected a string.");
+    static const char *pens[] = {"presence_penalty", "frequency_penalty", "repetition_penalty"};
+    for (int i = 0; i < 3; i++) {
+        if (!(v = cJSON_GetObjectItemCaseSensitive(root, pens[i])) || cJSON_IsNull(v)) continue;
+        if (!cJSON_IsNumber(v)) FAIL(pens[i], "Invalid type for '%s': expected a number.", pens[i]);
+        double neutral = i == 2 ? 1.0 : 0.0;
+        if (v->valuedouble != neutral) FAIL(pens[i], "Unsupported '%s': %g. Only %g (off) is supported.", pens[i], v->valuedouble, neutral);
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias")) && !cJSON_IsNull(v)) {
+        if (!cJSON_IsObject(v)) FAIL("logit_bias", "Invalid type for 'logit_bias': expected an object.");
+        if (v->child) FAIL("logit_bias", "Unsupported 'logit_bias': not supported by this server.");
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "response_format")) && !cJSON_IsNull(v)) {
+        cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text"))
+            FAIL("response_format", "Unsupported 'response_format': only {\"type\":\"text\"} is supported.");
+    }
+    cJSON_Delete(root);
+    return 0;
+fail:
+    cJSON_Delete(root);
+    srv_request_free(r);
+    r->kind = kind;
+    if (!*err_json) *err_json = srv_error_json("invalid request", "invalid_request_error", NULL, NULL);
+    return 400;
+}

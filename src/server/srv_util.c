@@ -1,0 +1,178 @@
+/* srv_util.c — server helpers: growable byte buffer, UTF-8 validation and
+ * sanitising (RFC 3629 well-formedness), OpenAI error bodies, jobs, clock. */
+#include "srv.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void oom(void) {
+    fprintf(stderr, "deltafin serve: out of memory\n");
+    abort();
+}
+
+void srv_buf_init(srv_buf *b) { memset(b, 0, sizeof *b); }
+void srv_buf_free(srv_buf *b) { free(b->p); memset(b, 0, sizeof *b); }
+
+static void buf_reserve(srv_buf *b, size_t extra) {
+    if (b->len + extra + 1 <= b->cap) return;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) oom();
+    b->p = p;
+    b->cap = cap;
+}
+
+void srv_buf_add(srv_buf *b, const void *s, size_t n) {
+    buf_reserve(b, n);
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void srv_buf_adds(srv_buf *b, const char *s) { srv_buf_add(b, s, strlen(s)); }
+
+void srv_buf_printf(srv_buf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    buf_reserve(b, (size_t)n);
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void srv_buf_consume(srv_buf *b, size_t n) {
+    if (n >= b->len) { b->len = 0; if (b->p) b->p[0] = 0; return; }
+    memmove(b->p, b->p + n, b->len - n);
+    b->len -= n;
+    b->p[b->len] = 0;
+}
+
+/* Length of the well-formed UTF-8 sequence at s[0..n), 0 if ill-formed,
+ * -1 if it is a valid but incomplete prefix (needs more bytes). */
+static int utf8_seq(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    int len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) { len = 3; lo = 0xA0; }
+    else if (c >= 0xE1 && c <= 0xEC) len = 3;
+    else if (c == 0xED) { len = 3; hi = 0x9F; }
+    else if (c >= 0xEE && c <= 0xEF) len = 3;
+    else if (c == 0xF0) { len = 4; lo = 0x90; }
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) { len = 4; hi = 0x8F; }
+    else return 0;
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n) return -1;
+        unsigned d = s[i];
+        if (i == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) return 0;
+    }
+    return len;
+}
+
+int srv_utf8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        if (u[i] < 0x80) { i++; continue; }
+        int l = utf8_seq(u + i, n - i);
+        if (l <= 0) return 0;
+        i += (size_t)l;
+    }
+    return 1;
+}
+
+size_t srv_utf8_complete_prefix(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        int l = utf8_seq(u + i, n - i);
+        if (l < 0) return i;      /* incomplete tail */
+        i += l ? (size_t)l : 1;   /* ill-formed bytes count as complete (they will be replaced) */
+    }
+    return n;
+}
+
+void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        int l = utf8_seq(u + i, n - i);
+        if (l > 0) { srv_buf_add(b, s + i, (size_t)l); i += (size_t)l; }
+        else { srv_buf_add(b, "\xEF\xBF\xBD", 3); i++; }
+    }
+}
+
+char *srv_error_json(const char *message, const char *type, const char *param, const char *code) {
+    cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(e, "message", message);
+    cJSON_AddStringToObject(e, "type", type ? type : "invalid_request_error");
+    if (param) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code); else cJSON_AddNullToObject(e, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!s) oom();
+    return s;
+}
+
+const char *srv_error_type(int st) {
+    switch (st) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 413: return "invalid_request_error";
+    case 429: return "rate_limit_error";
+    case 503: return "server_error";
+    default: return st >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+double srv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+srv_job *srv_job_new(void) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) oom();
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &a);
+    pthread_condattr_destroy(&a);
+    j->refs = 1;
+    j->fd = -1;
+    srv_buf_init(&j->out);
+    j->last_out = srv_now();
+    return j;
+}
+
+void srv_job_unref(srv_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    srv_request_free(&j->req);
+    srv_buf_free(&j->out);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void srv_job_emit(srv_job *j, const char *s, size_t n) {
+    pthread_mutex_lock(&j->mu);
+    srv_buf_add(&j->out, s, n);
+    j->last_out = srv_now();
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}

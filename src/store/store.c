@@ -1,0 +1,781 @@
+/*
+ * store.c — the expert store: slots, lookups, demand/prefetch requests,
+ * acquire/release, eviction, checksums on first read, stats and events.
+ * The reads themselves are done by the drive queues of store_io.c; the
+ * persistent heat histogram lives in store_heat.c.
+ *
+ * Eviction (policy 0): the victim is the unpinned resident expert with the
+ * lowest score = live decayed access count + persistent heat prior, ties going
+ * to the least recently used. Plain LRU is a bad fit for MoE decode: layers
+ * are visited cyclically, so the least recently used expert belongs to the
+ * layer that runs next. policy 1 keeps LRU for comparisons.
+ */
+#define _GNU_SOURCE
+#include "store_internal.h"
+#include "deltafin.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define KEY(st, l, e) ((l) * (st)->n_experts + (e))
+
+static int seterr(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int seterr(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+double store_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void store_opts_default(store_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->use_uring = 1;
+    o->verify = 1;
+    o->io_depth = 0;
+    o->hot_fraction = -1;
+}
+
+uint64_t store_slot_bytes(const struct df_native *nat) {
+    uint64_t b = nat->stride;
+    for (int i = 0; i < nat->n_moe_layers; i++) {
+        const native_expert_layer *L = &nat->moe_layers[i];
+        uint64_t s = (uint64_t)L->n_files * L->stripe_bytes;
+        if (s > b) b = s;
+    }
+    return b;
+}
+
+static const char *fmt_size(char out[32], uint64_t b) {
+    if (b >= (1ull << 30)) snprintf(out, 32, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20)) snprintf(out, 32, "%.2f MiB", b / 1048576.0);
+    else if (b >= 1024) snprintf(out, 32, "%.1f KiB", b / 1024.0);
+    else snprintf(out, 32, "%llu B", (unsigned long long)b);
+    return out;
+}
+
+int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_bytes, uint64_t kv_bytes,
+                 uint64_t other_bytes, uint64_t *cache_bytes, char *err, size_t errlen) {
+    *cache_bytes = 0;
+    if (budget == 0) return DF_OK;
+    uint64_t slot = store_slot_bytes(nat);
+    int k = nat->cfg.num_experts_per_tok > 0 ? nat->cfg.num_experts_per_tok : 1;
+    uint64_t min_cache = nat->n_moe_layers > 0 ? 2ull * k * slot : 0;
+    uint64_t fixed = spine_bytes + kv_bytes + other_bytes;
+    uint64_t minimum = fixed + min_cache;
+    if (budget < minimum) {
+        char b[6][32];
+        return seterr(err, errlen, DF_EBUDGET,
+                      "--ram-budget %s is too small for %s: spine %s + KV cache %s + other %s + minimum expert cache %s "
+                      "(2 x top-%d slots of %llu bytes) = %llu bytes (%s); raise --ram-budget to at least that",
+                      fmt_size(b[0], budget), nat->name, fmt_size(b[1], spine_bytes), fmt_size(b[2], kv_bytes),
+                      fmt_size(b[3], other_bytes), fmt_size(b[4], min_cache), k, (unsigned long long)slot,
+                      (unsigned long long)minimum, fmt_size(b[5], minimum));
+    }
+    uint64_t c = budget - fixed;
+    if (c < slot) c = slot; /* only when the model has no MoE layers */
+    *cache_bytes = c;
+    return DF_OK;
+}
+
+void store_event(df_store *st, const char *fmt, ...) {
+    if (!st->events) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(st->events, "{\"t\":%.6f,", store_now() - st->t0);
+    vfprintf(st->events, fmt, ap);
+    fputs("}\n", st->events);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------ open */
+
+static int open_pack(df_store *st, const char *path, int *fd, int *fd_buf, char *err, size_t errlen) {
+    *fd_buf = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd_buf < 0)
+        return seterr(err, errlen, DF_EIO, "cannot open expert pack %s: %s (check --expert-dirs / the model directory)",
+                      path, strerror(errno));
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (*fd < 0) *fd = *fd_buf; /* filesystem without O_DIRECT (tmpfs): buffered reads */
+    return 0;
+}
+
+static int drive_for_dir(df_store *st, const char *dir, char *err, size_t errlen) {
+    for (int d = 0; d < st->n_drives; d++)
+        if (!strcmp(st->drives[d].dir, dir)) return d;
+    if (st->n_drives >= STORE_MAX_DRIVES)
+        return seterr(err, errlen, DF_EUNSUPPORTED, "more than %d expert directories (%s)", STORE_MAX_DRIVES, dir);
+    store_drive *dr = &st->drives[st->n_drives];
+    memset(dr, 0, sizeof *dr);
+    dr->st = st;
+    dr->id = st->n_drives;
+    snprintf(dr->dir, sizeof dr->dir, "%s", dir);
+    pthread_cond_init(&dr->cv, NULL);
+    return st->n_drives++;
+}
+
+/* Split "a,b,c" into dirs (malloc'd copies); returns count or <0. */
+static int split_dirs(const char *s, char ***out) {
+    int n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    char **v = calloc(n, sizeof *v);
+    if (!v) return DF_ENOMEM;
+    int k = 0;
+    const char *p = s;
+    while (1) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        v[k] = strndup(p, len);
+        k++;
+        if (!c) break;
+        p = c + 1;
+    }
+    *out = v;
+    return k;
+}
+
+int store_open(df_store **out, const struct df_native *nat, const store_opts *o, char *err, size_t errlen) {
+    *out = NULL;
+    df_store *st = calloc(1, sizeof *st);
+    if (!st) return seterr(err, errlen, DF_ENOMEM, "out of memory opening the expert store");
+    if (o) st->o = *o; else store_opts_default(&st->o);
+    st->nat = nat;
+    st->t0 = store_now();
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->done_cv, NULL);
+    st->n_layers = nat->cfg.num_hidden_layers;
+    st->n_experts = nat->n_experts;
+    st->top_k = nat->cfg.num_experts_per_tok > 0 ? nat->cfg.num_experts_per_tok : 1;
+    st->stride = nat->stride;
+    st->slot_bytes = store_slot_bytes(nat);
+    st->io_bytes = st->o.io_bytes ? df_round_up_4k(st->o.io_bytes) : (1u << 20);
+    if (st->o.io_depth <= 0) st->o.io_depth = 16;
+    if (st->o.hot_fraction < 0) st->o.hot_fraction = 0.25;
+    if (st->o.heat_half_life <= 0) st->o.heat_half_life = 1048576.0;
+    int rc = 0;
+    char **dirs = NULL;
+    int n_dirs = 0;
+    if (st->o.expert_dirs && *st->o.expert_dirs) {
+        n_dirs = split_dirs(st->o.expert_dirs, &dirs);
+        if (n_dirs < 0) { rc = seterr(err, errlen, DF_ENOMEM, "out of memory"); goto fail; }
+    }
+    if (st->n_layers <= 0 || (nat->n_moe_layers > 0 && (st->n_experts <= 0 || st->stride == 0 || st->stride % 4096))) {
+        rc = seterr(err, errlen, DF_EFORMAT,
+                    "%s: bad expert table (layers %d, n_experts %d, stride %llu: stride must be a positive multiple of 4096)",
+                    nat->dir, st->n_layers, st->n_experts, (unsigned long long)st->stride);
+        goto fail;
+    }
+    st->layers = calloc(st->n_layers, sizeof *st->layers);
+    if (!st->layers) { rc = seterr(err, errlen, DF_ENOMEM, "out of memory"); goto fail; }
+    uint64_t total_experts = 0;
+    for (int i = 0; i < nat->n_moe_layers; i++) {
+        const native_expert_layer *NL = &nat->moe_layers[i];
+        if (NL->layer < 0 || NL->layer >= st->n_layers) {
+            rc = seterr(err, errlen, DF_EFORMAT, "%s: expert layer %d out of range [0,%d)", nat->dir, NL->layer,
+                        st->n_layers);
+            goto fail;
+        }
+        store_layer *L = &st->layers[NL->layer];
+        if (NL->n_files < 1 || NL->n_files > STORE_MAX_DRIVES) {
+            rc = seterr(err, errlen, DF_EUNSUPPORTED, "%s: layer %d has %d pack files (1..%d supported)", nat->dir,
+                        NL->layer, NL->n_files, STORE_MAX_DRIVES);
+            goto fail;
+        }
+        if (NL->stripe_bytes % 4096 || (uint64_t)NL->n_files * NL->stripe_bytes < st->stride) {
+            rc = seterr(err, errlen, DF_EFORMAT,
+                        "%s: layer %d stripe_bytes %llu must be a multiple of 4096 and n_files * stripe >= stride %llu",
+                        nat->dir, NL->layer, (unsigned long long)NL->stripe_bytes, (unsigned long long)st->stride);
+            goto fail;
+        }
+        if (n_dirs && n_dirs != NL->n_files) {
+            rc = seterr(err, errlen, DF_EINVAL,
+                        "--expert-dirs names %d directories but layer %d of %s is striped over %d files; give one "
+                        "directory per stripe, in the manifest's order",
+                        n_dirs, NL->layer, nat->dir, NL->n_files);
+            goto fail;
+        }
+        L->n_files = NL->n_files;
+        L->stripe_bytes = NL->stripe_bytes;
+        L->xxh64 = NL->xxh64;
+        L->fd = calloc(L->n_files, sizeof(int));
+        L->fd_buf = calloc(L->n_files, sizeof(int));
+        L->drive = calloc(L->n_files, sizeof(int));
+        L->files = calloc(L->n_files, sizeof(char *));
+        if (!L->fd || !L->fd_buf || !L->drive || !L->files) { rc = seterr(err, errlen, DF_ENOMEM, "out of memory"); goto fail; }
+        for (int k = 0; k < L->n_files; k++) L->fd[k] = L->fd_buf[k] = -1;
+        for (int k = 0; k < L->n_files; k++) {
+            char path[2048], dirbuf[2048];
+            if (n_dirs) {
+                char tmp[2048];
+                snprintf(tmp, sizeof tmp, "%s", NL->files[k]);
+                snprintf(path, sizeof path, "%s/%s", dirs[k], basename(tmp));
+            } else {
+                snprintf(path, sizeof path, "%s", NL->files[k]);
+            }
+            L->files[k] = strdup(path);
+            snprintf(dirbuf, sizeof dirbuf, "%s", path);
+            int d = drive_for_dir(st, dirname(dirbuf), err, errlen);
+            if (d < 0) { rc = d; goto fail; }
+            L->drive[k] = d;
+            rc = open_pack(st, path, &L->fd[k], &L->fd_buf[k], err, errlen);
+            if (rc) goto fail;
+            struct stat sb;
+            uint64_t need = (uint64_t)(st->n_experts - 1) * L->stripe_bytes;
+            uint64_t last = st->stride > (uint64_t)k * L->stripe_bytes ? st->stride - (uint64_t)k * L->stripe_bytes : 0;
+            if (last > L->stripe_bytes) last = L->stripe_bytes;
+            need += last;
+            if (fstat(L->fd_buf[k], &sb) == 0 && (uint64_t)sb.st_size < need) {
+                rc = seterr(err, errlen, DF_EFORMAT,
+                            "expert pack %s (layer %d) is truncated: %llu bytes, need %llu for %d experts; re-run "
+                            "`deltafin convert`",
+                            path, NL->layer, (unsigned long long)sb.st_size, (unsigned long long)need, st->n_experts);
+                goto fail;
+            }
+        }
+        total_experts += st->n_experts;
+    }
+    size_t nkeys = (size_t)st->n_layers * (st->n_experts > 0 ? st->n_experts : 1);
+    st->slot_of = malloc(nkeys * sizeof(int));
+    st->verified = calloc(nkeys, 1);
+    st->hot = calloc(nkeys, 1);
+    st->freq = calloc(nkeys, sizeof(float));
+    st->count_run = calloc(nkeys, sizeof(double));
+    st->pf_issued = calloc(st->n_layers, sizeof(uint32_t));
+    st->pf_useful = calloc(st->n_layers, sizeof(uint32_t));
+    if (!st->pf_issued || !st->pf_useful || !st->slot_of || !st->verified || !st->hot || !st->freq || !st->count_run) {
+        rc = seterr(err, errlen, DF_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < nkeys; i++) st->slot_of[i] = -1;
+    uint64_t n_slots = st->o.cache_bytes == 0 ? total_experts : st->o.cache_bytes / st->slot_bytes;
+    if (n_slots > total_experts) n_slots = total_experts;
+    if (nat->n_moe_layers > 0 && n_slots < (uint64_t)st->top_k) {
+        rc = seterr(err, errlen, DF_EBUDGET,
+                    "expert cache of %llu bytes holds %llu slots of %llu bytes but one token needs top-k = %d; "
+                    "give at least %llu bytes (raise --ram-budget)",
+                    (unsigned long long)st->o.cache_bytes, (unsigned long long)n_slots,
+                    (unsigned long long)st->slot_bytes, st->top_k, (unsigned long long)(st->top_k * st->slot_bytes));
+        goto fail;
+    }
+    st->n_slots = (int)n_slots;
+    st->slots = calloc(st->n_slots ? st->n_slots : 1, sizeof *st->slots);
+    st->free_stack = malloc((st->n_slots ? st->n_slots : 1) * sizeof(int));
+    if (!st->slots || !st->free_stack) { rc = seterr(err, errlen, DF_ENOMEM, "out of memory"); goto fail; }
+    for (int s = 0; s < st->n_slots; s++) {
+        st->slots[s].key = -1;
+        st->free_stack[st->n_free++] = st->n_slots - 1 - s;
+    }
+    st->freq_decay_every = (uint64_t)st->n_slots * 4 > 4096 ? (uint64_t)st->n_slots * 4 : 4096;
+    if (st->o.events_path) {
+        st->events = fopen(st->o.events_path, "a");
+        if (!st->events) {
+            rc = seterr(err, errlen, DF_EIO, "cannot open events file %s: %s", st->o.events_path, strerror(errno));
+            goto fail;
+        }
+        setvbuf(st->events, NULL, _IOFBF, 1 << 16);
+    }
+    if (st->o.heat_path) store_heat_load(st);
+    rc = store_io_start(st, err, errlen);
+    if (rc) goto fail;
+    snprintf(st->stats.io_engine, sizeof st->stats.io_engine, "%s", st->uring_ok ? "io_uring" : "pread");
+    st->stats.n_slots = st->n_slots;
+    st->stats.n_drives = st->n_drives;
+    store_event(st, "\"ev\":\"open\",\"model\":\"%s\",\"slots\":%d,\"slot_bytes\":%llu,\"drives\":%d,\"io\":\"%s\","
+                    "\"qd\":%d,\"io_bytes\":%llu,\"hot_limit\":%d",
+                nat->name, st->n_slots, (unsigned long long)st->slot_bytes, st->n_drives, st->stats.io_engine,
+                st->o.io_depth, (unsigned long long)st->io_bytes, st->hot_limit);
+    if (dirs) {
+        for (int i = 0; i < n_dirs; i++) free(dirs[i]);
+        free(dirs);
+    }
+    *out = st;
+    return 0;
+fail:
+    if (dirs) {
+        for (int i = 0; i < n_dirs; i++) free(dirs[i]);
+        free(dirs);
+    }
+    store_close(st);
+    return rc;
+}
+
+static void job_unlink(df_store *st, store_job *j) {
+    if (!j->in_list) return;
+    store_job **head = j->in_list == 1 ? &st->dem_head : &st->pre_head;
+    store_job **tail = j->in_list == 1 ? &st->dem_tail : &st->pre_tail;
+    if (j->prev) j->prev->next = j->next; else *head = j->next;
+    if (j->next) j->next->prev = j->prev; else *tail = j->prev;
+    j->next = j->prev = NULL;
+    j->in_list = 0;
+}
+
+static void job_append(df_store *st, store_job *j, int list) {
+    store_job **head = list == 1 ? &st->dem_head : &st->pre_head;
+    store_job **tail = list == 1 ? &st->dem_tail : &st->pre_tail;
+    j->prev = *tail;
+    j->next = NULL;
+    if (*tail) (*tail)->next = j; else *head = j;
+    *tail = j;
+    j->in_list = list;
+}
+
+void store_close(df_store *st) {
+    if (!st) return;
+    store_io_stop(st);
+    if (st->o.heat_path && st->count_run) store_heat_save(st);
+    /* jobs that never ran */
+    while (st->dem_head) { store_job *j = st->dem_head; job_unlink(st, j); }
+    while (st->pre_head) { store_job *j = st->pre_head; job_unlink(st, j); }
+    for (int s = 0; s < st->n_slots && st->slots; s++) {
+        free(st->slots[s].job);
+        free(st->slots[s].errmsg);
+        free(st->slots[s].buf);
+    }
+    if (st->layers) {
+        for (int l = 0; l < st->n_layers; l++) {
+            store_layer *L = &st->layers[l];
+            for (int k = 0; k < L->n_files; k++) {
+                if (L->fd && L->fd[k] >= 0 && L->fd[k] != L->fd_buf[k]) close(L->fd[k]);
+                if (L->fd_buf && L->fd_buf[k] >= 0) close(L->fd_buf[k]);
+                if (L->files) free(L->files[k]);
+            }
+            free(L->fd); free(L->fd_buf); free(L->drive); free(L->files);
+        }
+    }
+    if (st->events) {
+        store_event(st, "\"ev\":\"close\",\"hits\":%llu,\"misses\":%llu", (unsigned long long)st->stats.hits,
+                    (unsigned long long)st->stats.misses);
+        fclose(st->events);
+    }
+    for (int d = 0; d < st->n_drives; d++) pthread_cond_destroy(&st->drives[d].cv);
+    free(st->layers); free(st->slots); free(st->free_stack); free(st->slot_of); free(st->verified);
+    free(st->hot); free(st->freq); free(st->heat); free(st->count_run);
+    free(st->pf_issued); free(st->pf_useful);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->done_cv);
+    free(st);
+}
+
+/* ------------------------------------------------------------- eviction */
+
+static double slot_score(const df_store *st, const store_slot *s) {
+    if (st->o.policy == 1) return 0; /* LRU: tie-break on last_use only */
+    double sc = st->freq[s->key];
+    if (st->heat) sc += st->heat[s->key];
+    return sc;
+}
+
+static void slot_reset(df_store *st, int s) {
+    store_slot *sl = &st->slots[s];
+    if (sl->key >= 0 && st->slot_of[sl->key] == s) st->slot_of[sl->key] = -1;
+    if (sl->key >= 0 && st->hot[sl->key] && sl->state == SLOT_READY) st->hot_loaded--;
+    sl->key = -1;
+    sl->state = SLOT_FREE;
+    sl->pins = sl->demand_hold = sl->fresh = sl->prefetched = 0;
+    free(sl->errmsg);
+    sl->errmsg = NULL;
+    sl->err = 0;
+}
+
+/* A slot for a new load, or -1. level 0: only cold victims; 1: may take the hot
+ * tier; 2: may also take slots held by a pending demand request. mu held. */
+static int find_slot(df_store *st, int level, int for_prefetch) {
+    if (st->n_free > 0) return st->free_stack[--st->n_free];
+    int best = -1;
+    double best_sc = 0;
+    uint64_t best_use = 0;
+    for (int s = 0; s < st->n_slots; s++) {
+        store_slot *sl = &st->slots[s];
+        if (sl->pins || sl->state == SLOT_LOADING) continue;
+        if (sl->state == SLOT_ERROR && !sl->demand_hold) return s;
+        if (sl->state != SLOT_READY) continue;
+        if (sl->demand_hold && level < 2) continue;
+        if (st->hot[sl->key] && level < 1) continue;
+        if (for_prefetch && sl->prefetched) continue; /* do not thrash guesses not yet used */
+        double sc = slot_score(st, sl);
+        if (best < 0 || sc < best_sc || (sc == best_sc && sl->last_use < best_use)) {
+            best = s;
+            best_sc = sc;
+            best_use = sl->last_use;
+        }
+    }
+    return best;
+}
+
+static int take_slot(df_store *st, int for_prefetch) {
+    int s = find_slot(st, 0, for_prefetch);
+    if (s < 0 && !for_prefetch) s = find_slot(st, 1, 0);
+    if (s < 0 && !for_prefetch) s = find_slot(st, 2, 0);
+    if (s < 0) return -1;
+    store_slot *sl = &st->slots[s];
+    if (sl->key >= 0) {
+        if (sl->prefetched) store_event(st, "\"ev\":\"evict_unused_prefetch\",\"layer\":%d,\"expert\":%d",
+                                        sl->key / st->n_experts, sl->key % st->n_experts);
+        slot_reset(st, s);
+    }
+    if (!sl->buf) {
+        if (posix_memalign((void **)&sl->buf, 4096, st->slot_bytes)) {
+            sl->buf = NULL;
+            st->free_stack[st->n_free++] = s;
+            return -2;
+        }
+        st->n_slots_alloc++;
+    }
+    return s;
+}
+
+/* Start loading key into a fresh slot; mu held. Returns slot, -1 when no slot
+ * can be taken now, or DF_ENOMEM (-5 - 100) on allocation failure. */
+static int start_load(df_store *st, int layer, int expert, store_prio prio) {
+    int key = KEY(st, layer, expert);
+    int s = take_slot(st, prio == STORE_PREFETCH);
+    if (s == -2) return -2;
+    if (s < 0) return -1;
+    store_job *j = calloc(1, sizeof *j);
+    if (!j) { st->free_stack[st->n_free++] = s; return -2; }
+    store_layer *L = &st->layers[layer];
+    j->slot = s; j->layer = layer; j->expert = expert; j->prio = prio;
+    j->n_pieces = L->n_files;
+    for (int k = 0; k < L->n_files; k++) {
+        uint64_t begin = (uint64_t)k * L->stripe_bytes;
+        uint64_t len = begin < st->stride ? st->stride - begin : 0;
+        if (len > L->stripe_bytes) len = L->stripe_bytes;
+        j->piece_drive[k] = L->drive[k];
+        j->piece_fd[k] = L->fd[k];
+        j->piece_fd_buf[k] = L->fd_buf[k];
+        j->piece_file[k] = k;
+        j->piece_off[k] = (uint64_t)expert * L->stripe_bytes;
+        j->piece_len[k] = len;
+        j->piece_next[k] = 0;
+    }
+    j->t_start = store_now();
+    store_slot *sl = &st->slots[s];
+    sl->key = key;
+    sl->state = SLOT_LOADING;
+    sl->job = j;
+    st->slot_of[key] = s;
+    job_append(st, j, prio == STORE_DEMAND ? 1 : 2);
+    for (int k = 0; k < L->n_files; k++) pthread_cond_broadcast(&st->drives[L->drive[k]].cv);
+    return s;
+}
+
+static int check_key(const df_store *st, int layer, int expert) {
+    return layer >= 0 && layer < st->n_layers && st->layers[layer].n_files > 0 && expert >= 0 &&
+           expert < st->n_experts;
+}
+
+int store_request(df_store *st, int layer, const int *experts, int n, store_prio prio) {
+    pthread_mutex_lock(&st->mu);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (!check_key(st, layer, experts[i])) { rc = DF_EINVAL; continue; }
+        int key = KEY(st, layer, experts[i]);
+        int s = st->slot_of[key];
+        if (s >= 0) {
+            store_slot *sl = &st->slots[s];
+            if (prio == STORE_DEMAND) {
+                if (sl->state == SLOT_LOADING || sl->state == SLOT_READY) sl->demand_hold = 1;
+                if (sl->state == SLOT_LOADING && sl->job->prio == STORE_PREFETCH) {
+                    /* a guess that is now needed: move it ahead of the other guesses */
+                    sl->job->prio = STORE_DEMAND;
+                    sl->fresh = 1;
+                    if (sl->job->in_list == 2) { job_unlink(st, sl->job); job_append(st, sl->job, 1); }
+                }
+            }
+            continue;
+        }
+        s = start_load(st, layer, experts[i], prio);
+        if (s == -2) { rc = DF_ENOMEM; continue; }
+        if (s < 0) continue; /* no slot free now: acquire will load it */
+        if (prio == STORE_DEMAND) {
+            st->slots[s].demand_hold = 1;
+            st->slots[s].fresh = 1;
+        } else {
+            st->slots[s].prefetched = 1;
+            st->stats.prefetch_issued++;
+            st->pf_issued[layer]++;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int store_max_acquire(const df_store *st) {
+    int m = st->n_slots - st->hot_limit;
+    return m < st->top_k ? st->top_k : m;
+}
+
+static void touch(df_store *st, int key) {
+    st->freq[key] += 1.0f;
+    st->count_run[key] += 1.0;
+    if (++st->acq_total % st->freq_decay_every == 0) {
+        size_t nkeys = (size_t)st->n_layers * st->n_experts;
+        for (size_t i = 0; i < nkeys; i++) st->freq[i] *= 0.5f;
+    }
+}
+
+int store_acquire(df_store *st, int layer, const int *experts, int n, df_expert *views, char *err, size_t errlen) {
+    if (n <= 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (!check_key(st, layer, experts[i]))
+            return seterr(err, errlen, DF_EINVAL, "store_acquire: layer %d expert %d is not a routed expert of %s",
+                          layer, experts[i], st->nat->name);
+    if (n > st->n_slots)
+        return seterr(err, errlen, DF_EBUDGET,
+                      "store_acquire: %d experts at once but the expert cache has %d slots (acquire in chunks of "
+                      "store_max_acquire() = %d, or raise --ram-budget)",
+                      n, st->n_slots, store_max_acquire(st));
+    int *slot = malloc(n * sizeof(int));
+    if (!slot) return seterr(err, errlen, DF_ENOMEM, "out of memory");
+    double t_enter = store_now();
+    int hits = 0, misses = 0, rc = 0, waited = 0;
+    pthread_mutex_lock(&st->mu);
+    st->clock++;
+    /* pass 1: pin what is there, classify hit / miss */
+    for (int i = 0; i < n; i++) {
+        int key = KEY(st, layer, experts[i]);
+        int s = st->slot_of[key];
+        slot[i] = -1;
+        if (s >= 0 && st->slots[s].state == SLOT_ERROR) continue; /* reported below */
+        if (s >= 0) {
+            store_slot *sl = &st->slots[s];
+            sl->pins++;
+            slot[i] = s;
+            if (sl->state == SLOT_READY && !sl->fresh) hits++; else misses++;
+            if (sl->prefetched) { st->stats.prefetch_useful++; st->pf_useful[layer]++; sl->prefetched = 0; }
+            if (sl->state == SLOT_LOADING && sl->job->prio == STORE_PREFETCH) {
+                sl->job->prio = STORE_DEMAND;
+                if (sl->job->in_list == 2) { job_unlink(st, sl->job); job_append(st, sl->job, 1); }
+            }
+        } else {
+            misses++;
+        }
+        touch(st, key);
+    }
+    /* pass 2: load what is missing, wait for everything */
+    while (1) {
+        int pending = 0;
+        for (int i = 0; i < n && !rc; i++) {
+            int key = KEY(st, layer, experts[i]);
+            if (slot[i] < 0) {
+                int s = st->slot_of[key];
+                if (s >= 0 && st->slots[s].state == SLOT_ERROR) {
+                    store_slot *sl = &st->slots[s];
+                    rc = seterr(err, errlen, sl->err, "%s", sl->errmsg ? sl->errmsg : "expert read failed");
+                    if (!sl->pins) slot_reset(st, s), st->free_stack[st->n_free++] = s;
+                    break;
+                }
+                if (s >= 0) { st->slots[s].pins++; slot[i] = s; }
+                else {
+                    s = start_load(st, layer, experts[i], STORE_DEMAND);
+                    if (s == -2) { rc = seterr(err, errlen, DF_ENOMEM, "out of memory for an expert slot"); break; }
+                    if (s >= 0) { st->slots[s].pins++; st->slots[s].fresh = 1; slot[i] = s; }
+                }
+            }
+            if (slot[i] < 0) { pending++; continue; }
+            store_slot *sl = &st->slots[slot[i]];
+            if (sl->state == SLOT_ERROR) {
+                rc = seterr(err, errlen, sl->err, "%s", sl->errmsg ? sl->errmsg : "expert read failed");
+                break;
+            }
+            if (sl->state != SLOT_READY) pending++;
+        }
+        if (rc || !pending) break;
+        /* nothing can make progress when no load is running and no slot is free */
+        int loading = st->dem_head || st->pre_head;
+        for (int s = 0; s < st->n_slots && !loading; s++) loading = st->slots[s].state == SLOT_LOADING;
+        if (!loading) {
+            rc = seterr(err, errlen, DF_EBUDGET,
+                        "store_acquire: no free expert slot for layer %d (all %d slots pinned); release experts "
+                        "before acquiring more or raise --ram-budget",
+                        layer, st->n_slots);
+            break;
+        }
+        waited = 1;
+        pthread_cond_wait(&st->done_cv, &st->mu);
+    }
+    if (rc) {
+        for (int i = 0; i < n; i++) {
+            if (slot[i] < 0) continue;
+            store_slot *sl = &st->slots[slot[i]];
+            sl->pins--;
+            if (sl->state == SLOT_ERROR && !sl->pins) {
+                slot_reset(st, slot[i]);
+                st->free_stack[st->n_free++] = slot[i];
+            }
+        }
+    } else {
+        for (int i = 0; i < n; i++) {
+            store_slot *sl = &st->slots[slot[i]];
+            sl->demand_hold = 0;
+            sl->fresh = 0;
+            sl->last_use = st->clock;
+        }
+        st->stats.hits += hits;
+        st->stats.misses += misses;
+    }
+    double stall = waited ? store_now() - t_enter : 0;
+    st->stats.stall_s += stall;
+    if (st->events && !rc) {
+        char ids[512];
+        size_t o = 0;
+        for (int i = 0; i < n && o < sizeof ids - 16; i++) o += snprintf(ids + o, sizeof ids - o, "%s%d", i ? "," : "", experts[i]);
+        store_event(st, "\"ev\":\"acquire\",\"layer\":%d,\"n\":%d,\"ids\":[%s],\"hits\":%d,\"misses\":%d,\"stall_ms\":%.3f",
+                    layer, n, ids, hits, misses, stall * 1e3);
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (!rc)
+        for (int i = 0; i < n; i++) native_expert_views(st->nat, st->slots[slot[i]].buf, &views[i]);
+    free(slot);
+    return rc;
+}
+
+void store_release(df_store *st, int layer, const int *experts, int n) {
+    pthread_mutex_lock(&st->mu);
+    for (int i = 0; i < n; i++) {
+        if (!check_key(st, layer, experts[i])) continue;
+        int s = st->slot_of[KEY(st, layer, experts[i])];
+        if (s >= 0 && st->slots[s].pins > 0) st->slots[s].pins--;
+    }
+    pthread_cond_broadcast(&st->done_cv); /* a waiting acquire may now evict */
+    pthread_mutex_unlock(&st->mu);
+}
+
+void store_cancel_prefetch(df_store *st) {
+    pthread_mutex_lock(&st->mu);
+    store_job *j = st->pre_head;
+    while (j) {
+        store_job *nx = j->next;
+        if (!j->started) {
+            job_unlink(st, j);
+            int s = j->slot;
+            st->slots[s].job = NULL;
+            st->stats.prefetch_cancelled++;
+            slot_reset(st, s);
+            st->free_stack[st->n_free++] = s;
+            free(j);
+        }
+        j = nx;
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* Verify and publish a finished job (mu not held on entry). */
+void store_job_finish(df_store *st, store_job *j) {
+    store_slot *sl = &st->slots[j->slot];
+    int key = KEY(st, j->layer, j->expert);
+    store_layer *L = &st->layers[j->layer];
+    uint64_t nverified = 0;
+    if (!j->err && st->o.verify && !st->verified[key]) {
+        uint64_t h = XXH64(sl->buf, st->stride, 0);
+        nverified = st->stride;
+        if (h != L->xxh64[j->expert]) {
+            char files[1200] = "";
+            size_t off = 0;
+            for (int k = 0; k < L->n_files && off < sizeof files - 2; k++)
+                off += snprintf(files + off, sizeof files - off, "%s%s", k ? ", " : "", L->files[k]);
+            j->err = DF_EFORMAT;
+            snprintf(j->errmsg, sizeof j->errmsg,
+                     "checksum mismatch in layer %d expert %d (%s at offset %llu, %llu bytes): XXH64 %016llx, manifest "
+                     "says %016llx; the pack is corrupt: re-run `deltafin convert` (or `deltafin doctor`)",
+                     j->layer, j->expert, files, (unsigned long long)((uint64_t)j->expert * L->stripe_bytes),
+                     (unsigned long long)st->stride, (unsigned long long)h, (unsigned long long)L->xxh64[j->expert]);
+        }
+    }
+    double ms = (store_now() - j->t_start) * 1e3;
+    pthread_mutex_lock(&st->mu);
+    st->stats.bytes_verified += nverified;
+    if (j->err) {
+        sl->state = SLOT_ERROR;
+        sl->err = j->err;
+        sl->errmsg = strdup(j->errmsg);
+        store_event(st, "\"ev\":\"read_error\",\"layer\":%d,\"expert\":%d,\"code\":%d", j->layer, j->expert, j->err);
+    } else {
+        sl->state = SLOT_READY;
+        if (nverified) st->verified[key] = 1;
+        if (j->prio == STORE_DEMAND) st->stats.bytes_demand += st->stride;
+        else st->stats.bytes_prefetch += st->stride;
+        if (st->hot[key]) st->hot_loaded++;
+        store_event(st, "\"ev\":\"read\",\"layer\":%d,\"expert\":%d,\"prio\":\"%s\",\"bytes\":%llu,\"ms\":%.3f", j->layer,
+                    j->expert, j->prio == STORE_DEMAND ? "demand" : "prefetch", (unsigned long long)st->stride, ms);
+    }
+    sl->job = NULL;
+    st->stats.resident_bytes = (uint64_t)st->n_slots_alloc * st->slot_bytes;
+    pthread_cond_broadcast(&st->done_cv);
+    pthread_mutex_unlock(&st->mu);
+    free(j);
+}
+
+void store_get_stats(const df_store *st, store_stats *out) {
+    df_store *m = (df_store *)st;
+    pthread_mutex_lock(&m->mu);
+    *out = st->stats;
+    out->resident_bytes = (uint64_t)st->n_slots_alloc * st->slot_bytes;
+    out->n_drives = st->n_drives;
+    for (int d = 0; d < st->n_drives && d < 16; d++) {
+        out->drive_bytes[d] = st->drives[d].bytes;
+        double busy = st->drives[d].busy_s;
+        if (st->drives[d].inflight) busy += store_now() - st->drives[d].busy_since;
+        out->drive_busy_s[d] = busy;
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void store_reset_stats(df_store *st) {
+    pthread_mutex_lock(&st->mu);
+    char eng[16];
+    memcpy(eng, st->stats.io_engine, sizeof eng);
+    memset(&st->stats, 0, sizeof st->stats);
+    memcpy(st->stats.io_engine, eng, sizeof eng);
+    st->stats.n_slots = st->n_slots;
+    st->stats.n_drives = st->n_drives;
+    for (int d = 0; d < st->n_drives; d++) {
+        st->drives[d].bytes = 0;
+        st->drives[d].busy_s = 0;
+        if (st->drives[d].inflight) st->drives[d].busy_since = store_now();
+    }
+    st->last_tok = st->stats;
+    pthread_mutex_unlock(&st->mu);
+}
+
+double store_layer_recall(const df_store *st, int layer, int min_issued) {
+    if (layer < 0 || layer >= st->n_layers) return -1;
+    df_store *m = (df_store *)st;
+    pthread_mutex_lock(&m->mu);
+    uint32_t is = st->pf_issued[layer], us = st->pf_useful[layer];
+    pthread_mutex_unlock(&m->mu);
+    return is < (uint32_t)(min_issued > 0 ? min_issued : 1) ? -1 : (double)us / is;
+}
+
+void store_token_event(df_store *st, int64_t pos) {
+    if (!st->events) return;
+    pthread_mutex_lock(&st->mu);
+    store_stats *a = &st->last_tok, *b = &st->stats;
+    uint64_t h = b->hits - a->hits, m = b->misses - a->misses;
+    store_event(st,
+                "\"ev\":\"token\",\"pos\":%lld,\"bytes_demand\":%llu,\"bytes_prefetch\":%llu,\"hits\":%llu,"
+                "\"misses\":%llu,\"hit_rate\":%.4f,\"prefetch_issued\":%llu,\"prefetch_useful\":%llu,\"stall_ms\":%.3f",
+                (long long)pos, (unsigned long long)(b->bytes_demand - a->bytes_demand),
+                (unsigned long long)(b->bytes_prefetch - a->bytes_prefetch), (unsigned long long)h,
+                (unsigned long long)m, h + m ? (double)h / (h + m) : 0.0,
+                (unsigned long long)(b->prefetch_issued - a->prefetch_issued),
+                (unsigned long long)(b->prefetch_useful - a->prefetch_useful), (b->stall_s - a->stall_s) * 1e3);
+    fflush(st->events);
+    st->last_tok = st->stats;
+    pthread_mutex_unlock(&st->mu);
+}

@@ -1,0 +1,296 @@
+/*
+ * store_bench.c — `bench io`: O_DIRECT random-offset read bandwidth per
+ * directory at a given read size and queue depth, through io_uring (one ring
+ * per directory) or a pool of pread threads, like the store's drive queues.
+ * Offsets are aligned to io_bytes; each "run" reads run_bytes back to back
+ * (one expert extent in chunks of io_bytes); chunks are handed out in order
+ * from the current run, so up to qd consecutive chunks are in flight — the
+ * store's read pattern. With run = io_bytes it is plain random reads.
+ */
+#define _GNU_SOURCE
+#include "store_bench.h"
+#include "deltafin.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef DF_HAVE_URING
+#include <liburing.h>
+#endif
+
+void store_bench_opts_default(store_bench_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->io_bytes = 1 << 20;
+    o->qd = 16;
+    o->seconds = 10;
+    o->use_uring = 1;
+    o->seed = 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    int fd;
+    uint64_t size;
+} bfile;
+
+typedef struct {
+    const store_bench_opts *o;
+    char dir[1024];
+    bfile *files;
+    int n_files;
+    uint64_t total;          /* sum of usable sizes */
+    int direct;
+    pthread_mutex_t mu;      /* pread threads: run state */
+    uint64_t rng;
+    uint64_t bytes;
+    double t_end;
+    int cur_f;               /* pread pool: the run being handed out */
+    uint64_t cur_off, cur_left;
+    int err;
+    char errmsg[1200];
+} bdir;
+
+static uint64_t rnd(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+/* A random run: file and io-aligned start such that run bytes fit. */
+static void pick_run(bdir *d, uint64_t run, int *f, uint64_t *off) {
+    uint64_t x = rnd(&d->rng) % d->total;
+    int i = 0;
+    while (i < d->n_files - 1 && x >= d->files[i].size - run + 1) { x -= d->files[i].size - run + 1; i++; }
+    uint64_t io = d->o->io_bytes;
+    *f = i;
+    *off = x / io * io;
+    if (*off + run > d->files[i].size) *off = (d->files[i].size - run) / 4096 * 4096;
+}
+
+static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
+    DIR *dp = opendir(d->dir);
+    if (!dp) {
+        snprintf(err, errlen, "bench io: cannot open directory %s: %s", d->dir, strerror(errno));
+        return DF_EIO;
+    }
+    struct dirent *de;
+    int cap = 0;
+    d->direct = 1;
+    while ((de = readdir(dp))) {
+        char p[2048];
+        snprintf(p, sizeof p, "%s/%s", d->dir, de->d_name);
+        struct stat sb;
+        if (stat(p, &sb) || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < run + 4096) continue;
+        if (strstr(de->d_name, ".tmp")) continue;
+        int fd = open(p, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (fd < 0) { fd = open(p, O_RDONLY | O_CLOEXEC); d->direct = 0; }
+        if (fd < 0) continue;
+        if (d->n_files == cap) {
+            cap = cap ? cap * 2 : 16;
+            d->files = realloc(d->files, cap * sizeof *d->files);
+        }
+        d->files[d->n_files].fd = fd;
+        d->files[d->n_files].size = (uint64_t)sb.st_size / 4096 * 4096;
+        d->total += d->files[d->n_files].size - run + 1;
+        d->n_files++;
+    }
+    closedir(dp);
+    if (!d->n_files) {
+        snprintf(err, errlen,
+                 "bench io: %s has no file of at least %llu bytes to read (write one with `deltafin synth %s ...`)",
+                 d->dir, (unsigned long long)(run + 4096), d->dir);
+        return DF_EINVAL;
+    }
+    return 0;
+}
+
+typedef struct {
+    bdir *d;
+    uint8_t *buf;
+} pthr;
+
+static void *pread_main(void *arg) {
+    pthr *t = arg;
+    bdir *d = t->d;
+    const store_bench_opts *o = d->o;
+    uint64_t run = o->run_bytes ? o->run_bytes : o->io_bytes;
+    while (now_s() < d->t_end) {
+        int f;
+        uint64_t off, len;
+        pthread_mutex_lock(&d->mu); /* next chunk of the shared current run, as the store's pread pool */
+        if (!d->cur_left) { pick_run(d, run, &d->cur_f, &d->cur_off); d->cur_left = run; }
+        f = d->cur_f;
+        off = d->cur_off;
+        len = d->cur_left < o->io_bytes ? d->cur_left : o->io_bytes;
+        d->cur_off += len;
+        d->cur_left -= len;
+        pthread_mutex_unlock(&d->mu);
+        for (uint64_t done = 0; done < len;) {
+            ssize_t r = pread(d->files[f].fd, t->buf + done, len - done, (off_t)(off + done));
+            if (r <= 0) {
+                if (r < 0 && errno == EINTR) continue;
+                pthread_mutex_lock(&d->mu);
+                d->err = DF_EIO;
+                snprintf(d->errmsg, sizeof d->errmsg, "bench io: read in %s failed: %s", d->dir,
+                         r < 0 ? strerror(errno) : "end of file");
+                pthread_mutex_unlock(&d->mu);
+                return NULL;
+            }
+            done += (uint64_t)r;
+        }
+        pthread_mutex_lock(&d->mu);
+        d->bytes += len;
+        pthread_mutex_unlock(&d->mu);
+    }
+    return NULL;
+}
+
+#ifdef DF_HAVE_URING
+/* Like the store's drive queue: chunks are handed out in order from the current
+ * run (one expert extent), so up to qd consecutive chunks of one or two extents
+ * are in flight; a new random run starts when the current one is fully issued. */
+static void *uring_main(void *arg) {
+    bdir *d = arg;
+    const store_bench_opts *o = d->o;
+    uint64_t run = o->run_bytes ? o->run_bytes : o->io_bytes;
+    struct io_uring ring;
+    if (io_uring_queue_init(o->qd, &ring, 0) < 0) {
+        d->err = DF_EIO;
+        snprintf(d->errmsg, sizeof d->errmsg, "bench io: io_uring_queue_init failed");
+        return NULL;
+    }
+    uint8_t **bufs = calloc(o->qd, sizeof *bufs);
+    for (int i = 0; i < o->qd; i++)
+        if (posix_memalign((void **)&bufs[i], 4096, o->io_bytes)) bufs[i] = NULL;
+    int cur_f = 0, inflight = 0, stop = 0;
+    uint64_t cur_off = 0, cur_left = 0;
+    /* issue the next chunk into buffer i */
+#define ISSUE(i) do { \
+        if (!cur_left) { pick_run(d, run, &cur_f, &cur_off); cur_left = run; } \
+        uint64_t len_ = cur_left < o->io_bytes ? cur_left : o->io_bytes; \
+        struct io_uring_sqe *sqe_ = io_uring_get_sqe(&ring); \
+        io_uring_prep_read(sqe_, d->files[cur_f].fd, bufs[i], (unsigned)len_, cur_off); \
+        io_uring_sqe_set_data64(sqe_, (uint64_t)(i)); \
+        cur_off += len_; cur_left -= len_; inflight++; } while (0)
+    for (int i = 0; i < o->qd; i++) ISSUE(i);
+    io_uring_submit(&ring);
+    while (inflight > 0) {
+        struct io_uring_cqe *cqe;
+        int w = io_uring_wait_cqe(&ring, &cqe);
+        if (w == -EINTR) continue;
+        if (w < 0) break;
+        unsigned head, seen = 0;
+        int sub = 0;
+        if (!stop && now_s() >= d->t_end) stop = 1;
+        io_uring_for_each_cqe(&ring, head, cqe) {
+            seen++;
+            int i = (int)io_uring_cqe_get_data64(cqe);
+            int res = cqe->res;
+            inflight--;
+            if (res <= 0) {
+                d->err = DF_EIO;
+                snprintf(d->errmsg, sizeof d->errmsg, "bench io: read in %s failed: %s", d->dir,
+                         res < 0 ? strerror(-res) : "end of file");
+                stop = 1;
+                continue;
+            }
+            d->bytes += (uint64_t)res;
+            if (stop) continue;
+            ISSUE(i);
+            sub++;
+        }
+        io_uring_cq_advance(&ring, seen);
+        if (sub) io_uring_submit(&ring);
+    }
+#undef ISSUE
+    for (int i = 0; i < o->qd; i++) free(bufs[i]);
+    free(bufs);
+    io_uring_queue_exit(&ring);
+    return NULL;
+}
+#endif
+
+int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    if (!o->dirs || !*o->dirs || o->io_bytes < 4096 || o->io_bytes % 4096 || o->qd < 1 || o->seconds <= 0) {
+        snprintf(err, errlen, "bench io: need --dir, a read size that is a multiple of 4096, --qd >= 1, --seconds > 0");
+        return DF_EINVAL;
+    }
+    uint64_t run = o->run_bytes ? (o->run_bytes + 4095) / 4096 * 4096 : o->io_bytes;
+    store_bench_opts oo = *o;
+    oo.run_bytes = run;
+    bdir *dirs = calloc(16, sizeof *dirs);
+    int nd = 0, rc = 0;
+    char *cp = strdup(o->dirs), *save = NULL;
+    for (char *t = strtok_r(cp, ",", &save); t && nd < 16; t = strtok_r(NULL, ",", &save)) {
+        bdir *d = &dirs[nd++];
+        d->o = &oo;
+        snprintf(d->dir, sizeof d->dir, "%s", t);
+        d->rng = (o->seed ? o->seed : 1) * 0x9E3779B97F4A7C15ull + nd;
+        pthread_mutex_init(&d->mu, NULL);
+        if ((rc = open_dir(d, run, err, errlen))) break;
+    }
+    free(cp);
+    int uring = 0;
+#ifdef DF_HAVE_URING
+    if (o->use_uring) {
+        struct io_uring ring;
+        if (io_uring_queue_init(o->qd, &ring, 0) == 0) { uring = 1; io_uring_queue_exit(&ring); }
+    }
+#endif
+    snprintf(r->io_engine, sizeof r->io_engine, "%s", uring ? "io_uring" : "pread");
+    if (!rc) {
+        int per = uring ? 1 : o->qd;
+        pthread_t *th = calloc((size_t)nd * per, sizeof(pthread_t));
+        pthr *pt = calloc((size_t)nd * per, sizeof(pthr));
+        double t0 = now_s();
+        for (int i = 0; i < nd; i++) dirs[i].t_end = t0 + o->seconds;
+        for (int i = 0; i < nd; i++)
+            for (int k = 0; k < per; k++) {
+                pthr *p = &pt[i * per + k];
+                p->d = &dirs[i];
+#ifdef DF_HAVE_URING
+                if (uring) { pthread_create(&th[i * per + k], NULL, uring_main, &dirs[i]); continue; }
+#endif
+                if (posix_memalign((void **)&p->buf, 4096, o->io_bytes)) p->buf = NULL;
+                pthread_create(&th[i * per + k], NULL, pread_main, p);
+            }
+        for (int i = 0; i < nd * per; i++) pthread_join(th[i], NULL);
+        double dt = now_s() - t0;
+        r->seconds = dt;
+        r->n_dirs = nd;
+        r->direct = 1;
+        for (int i = 0; i < nd; i++) {
+            r->bytes += dirs[i].bytes;
+            r->dir_gbps[i] = dirs[i].bytes / 1e9 / dt;
+            r->direct &= dirs[i].direct;
+            if (dirs[i].err && !rc) {
+                rc = dirs[i].err;
+                snprintf(err, errlen, "%s", dirs[i].errmsg);
+            }
+        }
+        r->gbps = r->bytes / 1e9 / dt;
+        for (int i = 0; i < nd * per; i++) free(pt[i].buf);
+        free(th);
+        free(pt);
+    }
+    for (int i = 0; i < nd; i++) {
+        for (int f = 0; f < dirs[i].n_files; f++) close(dirs[i].files[f].fd);
+        free(dirs[i].files);
+        pthread_mutex_destroy(&dirs[i].mu);
+    }
+    free(dirs);
+    return rc;
+}

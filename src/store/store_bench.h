@@ -1,0 +1,38 @@
+/*
+ * store_bench.h — raw read-bandwidth measurement of expert drives, with the
+ * same I/O path as the store (O_DIRECT, io_uring or a pread pool, one queue per
+ * directory). Used by `deltafin bench io` and `deltafin bench decode`.
+ */
+#ifndef DF_STORE_BENCH_H
+#define DF_STORE_BENCH_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+typedef struct {
+    const char *dirs;        /* comma-separated directories; every regular file >= run_bytes in each is read */
+    uint64_t io_bytes;       /* one read (default 1 MiB) */
+    uint64_t run_bytes;      /* bytes read back to back from one random io_bytes-aligned offset (one expert
+                                extent in the engine; 0 = io_bytes) */
+    int qd;                  /* reads in flight per directory (default 16) */
+    double seconds;          /* duration (default 10) */
+    int use_uring;           /* 1 = io_uring (default), 0 = pread threads */
+    uint64_t seed;
+} store_bench_opts;
+
+typedef struct {
+    int n_dirs;
+    double gbps;             /* total, 1e9 bytes / s */
+    double dir_gbps[16];
+    uint64_t bytes;
+    double seconds;
+    int direct;              /* 1 if every file was read with O_DIRECT */
+    char io_engine[16];
+} store_bench_result;
+
+void store_bench_opts_default(store_bench_opts *o);
+/* Random-offset reads over the files of each directory for o->seconds.
+ * DF_EINVAL (no file large enough: the message names the directory), DF_EIO. */
+int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,104 @@
+/*
+ * util.h — small helpers shared by every module: error messages, aligned
+ * allocation, whole-file reads, atomic file writes, exact number-format
+ * conversions (bf16 / f16 / fp8 e4m3fn / fp4 e2m1 / e8m0 -> f32), XXH64 helpers
+ * and a one-line progress printer.
+ *
+ * Error convention (as include/deltafin.h): fallible functions return 0 or a
+ * negative DF_E* code and, when err != NULL, a one-line message in err.
+ */
+#ifndef DF_UTIL_H
+#define DF_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ------------------------------------------------------------------ errors */
+
+/* printf-style message into err[0..errlen-1] (no-op when err is NULL or
+ * errlen is 0). Always returns `code`, so callers can write
+ * `return df_set_errc(err, errlen, DF_EIO, "...")`. */
+void df_set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int df_set_errc(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* ------------------------------------------------------------------ memory */
+
+/* Aligned allocation (align: power of two >= sizeof(void*)); size 0 gives a
+ * valid minimal block. Free with df_aligned_free. NULL on failure. */
+void *df_aligned_alloc(size_t align, size_t size);
+void df_aligned_free(void *p);
+/* round x up to a multiple of a (a > 0) */
+static inline uint64_t df_round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* ------------------------------------------------------------------- files */
+
+/* Read a whole file into a malloc'd buffer with a trailing NUL (not counted in
+ * *len; len may be NULL). DF_EIO with the path and errno text on failure. */
+int df_read_file(const char *path, char **buf, size_t *len, char *err, size_t errlen);
+/* Write data to `path` atomically: path.tmp, write, fsync, rename, fsync the
+ * directory. On any error the .tmp file is removed and nothing at `path` changes. */
+int df_write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
+/* fsync the directory containing `path` (or `path` itself when it is a directory). */
+int df_fsync_dir_of(const char *path, char *err, size_t errlen);
+/* Copy a file atomically (df_write_file_atomic of its contents). */
+int df_copy_file_atomic(const char *src, const char *dst, char *err, size_t errlen);
+/* 1 if path exists (any type), else 0. */
+int df_path_exists(const char *path);
+int df_is_dir(const char *path);
+/* mkdir -p (mode 0755). */
+int df_mkdir_p(const char *path, char *err, size_t errlen);
+/* Join dir + "/" + name into out (cap bytes); DF_EINVAL when it does not fit. */
+int df_path_join(char *out, size_t cap, const char *dir, const char *name);
+/* pwrite / pread everything (retries short transfers and EINTR); 0 or -errno. */
+int df_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+int df_pread_all(int fd, void *buf, size_t len, uint64_t off);
+
+/* ----------------------------------------------------- number conversions */
+/* All exact: every value of the source format is representable in f32.
+ * Sources: IEEE 754 (f16), bfloat16 = top half of f32, OCP MX spec v1.0
+ * (e4m3fn: bias 7, no inf, S.1111.111 = NaN; e2m1: 0,.5,1,1.5,2,3,4,6 with
+ * sign in bit 3; e8m0: 2^(e-127), 0xFF = NaN). */
+extern const float df_fp8_e4m3_table[256];
+extern const float df_e2m1_table[16];
+static inline float df_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v; v.u = (uint32_t)h << 16; return v.f;
+}
+float df_f16_to_f32(uint16_t h);
+static inline float df_fp8_e4m3_to_f32(uint8_t b) { return df_fp8_e4m3_table[b]; }
+static inline float df_e2m1_to_f32(uint8_t nib) { return df_e2m1_table[nib & 15]; }
+float df_e8m0_to_f32(uint8_t e);
+/* f32 -> bf16 with round-to-nearest-even (NaN stays a quiet NaN). */
+uint16_t df_f32_to_bf16(float f);
+/* 1 if f is exactly representable as bf16 (NaN counts as representable). */
+int df_f32_is_bf16_exact(float f);
+
+/* -------------------------------------------------------------------- hash */
+
+/* XXH64 with seed 0 (the checksum of docs/native-format.md). */
+uint64_t df_xxh64(const void *data, size_t len);
+/* 16 lowercase hex digits + NUL into out[17]. */
+void df_xxh64_hex(uint64_t h, char out[17]);
+/* Parse 16 hex digits; 0 ok, DF_EFORMAT otherwise. */
+int df_xxh64_parse(const char *s, uint64_t *h);
+
+/* ---------------------------------------------------------------- progress */
+
+/* A df_progress_fn-compatible printer: one self-overwriting line on `out`
+ * (stderr by default) with done/total (MB when `what` is "bytes"), percent and
+ * rate, at most ~10 updates per second, a newline when done == total. */
+typedef struct {
+    FILE *out;          /* NULL = stderr */
+    const char *label;  /* e.g. "convert" */
+    double t_start, t_last;
+    int finished;
+} df_progress_printer;
+void df_progress_printer_init(df_progress_printer *p, FILE *out, const char *label);
+int df_progress_print(void *user, const char *what, uint64_t done, uint64_t total);
+
+/* Monotonic seconds. */
+double df_now(void);
+/* Number of online CPUs (>= 1). */
+int df_n_cpus(void);
+
+#endif

@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# e2e_server.sh — end-to-end tests of `deltafin serve` on loopback.
+#  1. The built-in mock model (--mock): the official openai npm client (pinned in
+#     tests/server/package.json) for chat + completions, streamed and not, stop,
+#     logprobs, seed, KV reuse; curl for raw SSE framing, keep-alives, auth,
+#     bad input (malformed / truncated JSON, wrong types, invalid UTF-8, huge
+#     bodies, slow clients), 429 + Retry-After, client disconnects, SIGTERM.
+#  2. A real model when one is present (models/* with a tokenizer, else a golden
+#     checkpoint in tests/golden/* through token-id prompts): the same client
+#     checks, greedy ids equal to `deltafin run`, the TTFT drop from KV reuse. If
+#     the engine cannot open it yet, that is reported and the model part skipped.
+# Env: DF_BIN (deltafin binary), DF_SRC (repo root), DF_E2E_MODEL (force a model dir).
+set -u
+SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+BIN=${DF_BIN:-$SRC/build/deltafin}
+TMP=$(mktemp -d /tmp/df-e2e-server.XXXXXX)
+PASS=0
+FAIL=0
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+ok() { PASS=$((PASS + 1)); echo "ok   $*"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL $*"; }
+expect() { # expect WHAT GOT WANT
+    if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got '$2', want '$3'"; fi
+}
+
+# start_server NAME ARGS... : sets PORT and SPID; returns 1 if it exited instead
+start_server() {
+    local name=$1; shift
+    rm -f "$TMP/$name.port"
+    "$BIN" serve --port 0 --port-file "$TMP/$name.port" "$@" 2>"$TMP/$name.log" &
+    SPID=$!
+    PIDS+=("$SPID")
+    for _ in $(seq 1 600); do
+        [ -s "$TMP/$name.port" ] && { PORT=$(cat "$TMP/$name.port"); return 0; }
+        kill -0 "$SPID" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+stop_server() { # stop_server NAME: SIGTERM, must exit 0 within 10 s
+    local name=$1 rc
+    kill -TERM "$SPID"
+    for _ in $(seq 1 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$SPID" 2>/dev/null; then bad "$name: still running 10 s after SIGTERM"; kill -9 "$SPID"; fi
+    wait "$SPID"; rc=$?
+    expect "$name: clean exit on SIGTERM" "$rc" 0
+}
+
+[ -x "$BIN" ] || { echo "e2e_server: no deltafin binary at $BIN (set DF_BIN)"; exit 1; }
+command -v curl >/dev/null || { echo "e2e_server: curl is required"; exit 1; }
+command -v node >/dev/null || { echo "e2e_server: node is required (Debian: apt-get install nodejs npm)"; exit 1; }
+if [ ! -f "$SRC/tests/server/node_modules/openai/package.json" ]; then
+    echo "e2e_server: installing the pinned openai client (npm ci in tests/server)"
+    (cd "$SRC/tests/server" && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) ||
+        { cat "$TMP/npm.log"; echo "e2e_server: npm ci failed"; exit 1; }
+fi
+
+# ======================================================== 1. mock model
+KEY=sk-test
+start_server mock --mock --mock-delay-ms 5 --queue 2 --timeout 3 --max-request-bytes 1M --api-key $KEY --keepalive 0.1 ||
+    { cat "$TMP/mock.log"; echo "e2e_server: the mock server did not start"; exit 1; }
+B="http://127.0.0.1:$PORT"
+AUTH="Authorization: Bearer $KEY"
+echo "--- mock server on port $PORT"
+
+if node "$SRC/tests/server/client.mjs" "$B/v1" mock mock $KEY >"$TMP/client.out" 2>&1; then
+    ok "openai client against the mock model ($(tail -1 "$TMP/client.out"))"
+else cat "$TMP/client.out"; bad "openai client against the mock model"; fi
+
+code() { curl -s -o "$TMP/body" -w '%{http_code}' "$@"; }
+etype() { node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));
+  if(!j.error||typeof j.error.message!=="string"||!("param" in j.error)||!("code" in j.error))process.exit(1);
+  console.log(j.error.type)' "$TMP/body" 2>/dev/null || echo "not-an-openai-error"; }
+
+expect "GET /health without key" "$(code "$B/health")" 200
+expect "GET /v1/models without key -> 401" "$(code "$B/v1/models")" 401
+expect "401 error shape" "$(etype)" authentication_error
+expect "wrong key -> 401" "$(code -H "Authorization: Bearer nope" "$B/v1/models")" 401
+expect "GET /models (no /v1)" "$(code -H "$AUTH" "$B/models")" 200
+expect "unknown URL -> 404" "$(code -H "$AUTH" "$B/v1/nothing")" 404
+expect "GET on a POST endpoint -> 405" "$(code -H "$AUTH" "$B/v1/chat/completions")" 405
+P=(-H "$AUTH" -H "Content-Type: application/json")
+expect "malformed JSON -> 400" "$(code "${P[@]}" -d '{"messages": [nope]}' "$B/v1/chat/completions")" 400
+expect "400 error shape" "$(etype)" invalid_request_error
+expect "truncated JSON -> 400" "$(code "${P[@]}" -d '{"messages":[{"role":"user","content":"hi"}' "$B/v1/chat/completions")" 400
+expect "empty body -> 400" "$(code "${P[@]}" -X POST "$B/v1/completions")" 400
+expect "wrong type (max_tokens string) -> 400" "$(code "${P[@]}" -d '{"prompt":"a","max_tokens":"5"}' "$B/v1/completions")" 400
+expect "wrong type (messages object) -> 400" "$(code "${P[@]}" -d '{"messages":{"role":"user"}}' "$B/chat/completions")" 400
+printf '{"prompt":"\xff\xfe"}' >"$TMP/badutf8.json"
+expect "invalid UTF-8 -> 400" "$(code "${P[@]}" --data-binary @"$TMP/badutf8.json" "$B/v1/completions")" 400
+head -c 2000000 /dev/zero | tr '\0' 'a' | sed 's/^/{"prompt":"/; s/$/"}/' >"$TMP/big.json"
+expect "2 MB body over --max-request-bytes 1M -> 413" "$(code "${P[@]}" --data-binary @"$TMP/big.json" "$B/v1/completions")" 413
+expect "chunked 2 MB body -> 413" "$(code "${P[@]}" -H "Transfer-Encoding: chunked" --data-binary @"$TMP/big.json" "$B/v1/completions")" 413
+expect "unknown model -> 400" "$(code "${P[@]}" -d '{"model":"gpt-9","prompt":"a"}' "$B/v1/completions")" 400
+expect "still serving after bad input" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0}' "$B/v1/completions")" 200
+expect "greedy completion text" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0].text)' "$TMP/body")" "lo,"
+
+# raw SSE framing (curl): headers, events, usage chunk, [DONE]
+curl -sN -D "$TMP/h" "${P[@]}" -d '{"prompt":"abc","max_tokens":30,"temperature":0,"stream":true,"stream_options":{"include_usage":true},"stop":"quick"}' \
+    "$B/v1/completions" >"$TMP/sse"
+expect "SSE content type" "$(grep -i '^content-type:' "$TMP/h" | tr -d '\r' | cut -d' ' -f2)" text/event-stream
+if node -e '
+const t = require("fs").readFileSync(process.argv[1], "utf8");
+if (!t.endsWith("data: [DONE]\n\n")) throw "no [DONE] at the end";
+const ev = t.split("\n\n").slice(0, -1); let text = "", usage = 0, fin = null;
+for (const e of ev) {
+  if (e.startsWith(":")) continue;
+  if (!e.startsWith("data: ") || e.includes("\n")) throw "bad event: " + e;
+  if (e === "data: [DONE]") continue;
+  const j = JSON.parse(e.slice(6));
+  if (j.object !== "text_completion") throw "object";
+  if (j.choices.length === 0) { usage++; if (!j.usage || j.usage.completion_tokens < 1) throw "usage"; continue; }
+  if (!("usage" in j) || j.usage !== null) throw "usage:null on content chunks";
+  text += j.choices[0].text; if (j.choices[0].finish_reason) fin = j.choices[0].finish_reason;
+}
+if (text !== "lo, world! The " || fin !== "stop" || usage !== 1) throw new Error(JSON.stringify({text, fin, usage}));
+' "$TMP/sse" 2>"$TMP/err"; then ok "raw SSE framing, stop across tokens, usage chunk"; else bad "raw SSE: $(grep -m1 Error "$TMP/err")"; fi
+
+# keep-alive comments during a long prefill (400 tokens x 5 ms, keepalive 0.1 s)
+IDS=$(seq 1 400 | awk '{print $1 % 200}' | paste -sd, -)
+curl -sN "${P[@]}" -d "{\"prompt\":[$IDS],\"max_tokens\":2,\"stream\":true}" "$B/v1/completions" >"$TMP/ka"
+n_ka=$(grep -c '^: keep-alive$' "$TMP/ka")
+if [ "$n_ka" -ge 3 ] && tail -c 14 "$TMP/ka" | grep -q 'data: \[DONE\]'; then ok "keep-alives during prefill ($n_ka)"; else bad "keep-alives: $n_ka: $(head -c 300 "$TMP/ka")"; fi
+
+# UTF-8: byte tokens split characters; every streamed delta must be whole characters
+X=$(printf 'x%.0s' $(seq 1 59))
+curl -sN "${P[@]}" -d "{\"prompt\":\"$X\",\"max_tokens\":40,\"temperature\":0,\"stream\":true}" "$B/v1/completions" >"$TMP/u8"
+if node -e '
+const t = require("fs").readFileSync(process.argv[1]);
+const s = t.toString("utf8"); if (s.includes("\ufffd")) throw "U+FFFD in stream";
+let text = "";
+for (const e of s.split("\n\n")) if (e.startsWith("data: {")) text += JSON.parse(e.slice(6)).choices[0].text;
+if (text !== "Café naïve 日本語 🙂 done.") throw text;' "$TMP/u8" 2>"$TMP/err"; then ok "UTF-8 never split across chunks"
+else bad "UTF-8 chunks: $(tail -1 "$TMP/err")"; fi
+
+# one running + --queue 2 waiting; the 4th concurrent request gets 429 + Retry-After
+QP=()
+for i in 1 2 3; do
+    curl -s -o "$TMP/q$i" -w '%{http_code}' "${P[@]}" -d '{"prompt":"abc","max_tokens":150}' "$B/v1/completions" >"$TMP/q$i.code" &
+    QP+=($!)
+    sleep 0.1
+done
+sleep 0.2
+expect "4th concurrent request -> 429" "$(curl -s -D "$TMP/h429" -o "$TMP/body" -w '%{http_code}' "${P[@]}" -d '{"prompt":"abc"}' "$B/v1/completions")" 429
+expect "429 Retry-After" "$(grep -i '^retry-after:' "$TMP/h429" | tr -d '\r' | cut -d' ' -f2)" 1
+expect "429 error shape" "$(etype)" rate_limit_error
+wait "${QP[@]}"
+expect "queued requests complete" "$(cat "$TMP/q1.code" "$TMP/q2.code" "$TMP/q3.code" | tr -d '\n')" 200200200
+
+# a client that disconnects mid-stream stops its generation
+curl -sN --max-time 0.5 "${P[@]}" -d '{"prompt":"abc","max_tokens":3000,"stream":true}' "$B/v1/completions" >/dev/null
+t0=$(date +%s%N)
+busy=1
+for _ in $(seq 1 50); do
+    busy=$(curl -s "$B/health" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).in_flight))')
+    [ "$busy" = 0 ] && break
+    sleep 0.02
+done
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+expect "disconnect stops generation (idle after ${ms} ms)" "$busy" 0
+gen=$(grep 'client gone' "$TMP/mock.log" | tail -1 | sed -n 's/.*, \([0-9]*\) generated.*/\1/p')
+if [ -n "$gen" ] && [ "$gen" -lt 300 ]; then ok "cancelled after $gen of 3000 tokens"; else bad "cancel: '$gen' tokens"; fi
+
+# slow clients: headers dribbled / body never finished; others are served meanwhile, the slow ones time out
+exec 7<>/dev/tcp/127.0.0.1/"$PORT"
+printf 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{"prompt":' $KEY >&7
+exec 8<>/dev/tcp/127.0.0.1/"$PORT"
+printf 'GET /health HTTP/1.1\r\nHo' >&8
+expect "served while slow clients hang" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":2}' "$B/v1/completions")" 200
+if timeout 10 cat <&7 >"$TMP/slow7" && timeout 10 cat <&8 >/dev/null; then ok "slow clients closed by --timeout"; else bad "slow clients not closed"; fi
+exec 7>&- 8>&-
+expect "still serving after slow clients" "$(code "$B/health")" 200
+
+# SIGTERM during a stream: the stream ends cleanly, the server exits 0
+curl -sN "${P[@]}" -d '{"prompt":"abc","max_tokens":3000,"stream":true}' "$B/v1/completions" >"$TMP/term" &
+CPID=$!
+sleep 0.4
+stop_server mock
+wait $CPID
+if tail -c 14 "$TMP/term" | grep -q 'data: \[DONE\]' && grep -q 'shutting down' "$TMP/term"; then ok "SIGTERM: stream ended with an error event and [DONE]"
+else bad "SIGTERM stream end: $(tail -c 200 "$TMP/term")"; fi
+
+# ========================================================= 2. real model
+MODEL=${DF_E2E_MODEL:-}
+if [ -z "$MODEL" ]; then
+    for d in "$SRC"/models/*/ "$SRC"/tests/golden/*/; do
+        [ -f "$d/manifest.json" ] || [ -f "$d/config.json" ] || continue
+        MODEL=${d%/}
+        break
+    done
+fi
+if [ -z "$MODEL" ]; then
+    echo "--- no model in models/ or tests/golden/: model checks skipped"
+elif ! start_server model --model "$MODEL" --ctx 1024; then
+    echo "--- the engine could not open $MODEL: model checks skipped. Server said:"
+    tail -3 "$TMP/model.log"
+else
+    B="http://127.0.0.1:$PORT"
+    NAME=$(curl -s "$B/v1/models" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).data[0].id))')
+    echo "--- model $MODEL ($NAME) on port $PORT"
+    st=$(curl -s -o "$TMP/body" -w '%{http_code}' -d '{"prompt":"Hello","max_tokens":1}' "$B/v1/completions")
+    MODE=model
+    if [ "$st" = 400 ] && grep -q 'no tokenizer' "$TMP/body"; then MODE=ids; fi
+    export DF_PROMPT_IDS=${DF_PROMPT_IDS:-1,2,3,4}
+    if [ $MODE = ids ] && [ -f "$MODEL/golden.json" ]; then
+        # the transformers reference's prompt and greedy continuation (first 8 tokens)
+        DF_PROMPT_IDS=$(node -e 'console.log(require(process.argv[1]).prompt_ids.join(","))' "$MODEL/golden.json")
+        DF_GREEDY_IDS=$(node -e 'console.log(require(process.argv[1]).greedy_ids.slice(0, 8).join(","))' "$MODEL/golden.json")
+        export DF_GREEDY_IDS
+        echo "--- expecting the transformers greedy ids $DF_GREEDY_IDS"
+    elif [ $MODE = ids ]; then
+        G=$("$BIN" run --model "$MODEL" --prompt-ids "$DF_PROMPT_IDS" --max-new 8 --print-ids 2>/dev/null | tail -1 | tr -d ' ')
+        case "$G" in *[0-9]*) export DF_GREEDY_IDS=$G ;; esac
+    fi
+    if timeout 180 node "$SRC/tests/server/client.mjs" "$B/v1" "$NAME" $MODE >"$TMP/client2.out" 2>&1; then
+        ok "openai client against $NAME ($MODE mode: $(tail -1 "$TMP/client2.out"))"
+    else cat "$TMP/client2.out"; bad "openai client against $NAME ($MODE mode)"; fi
+    # TTFT with and without KV reuse (server log: "prompt N tokens (K reused) ... ttft T s")
+    if [ $MODE = model ]; then
+        LONG=$(printf 'The history of the city is long and varied. %.0s' $(seq 1 12))
+        curl -s -o /dev/null -d "{\"prompt\":\"$LONG\",\"max_tokens\":1,\"temperature\":0}" "$B/v1/completions"
+        curl -s -o /dev/null -d "{\"prompt\":\"$LONG Today\",\"max_tokens\":1,\"temperature\":0}" "$B/v1/completions"
+        echo "--- KV reuse (server log):"
+        grep 'completion json' "$TMP/model.log" | tail -2 | sed 's/^/    /'
+    fi
+    stop_server model
+fi
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" = 0 ]

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# e2e_store.sh — streaming experts end to end on a small synthetic model
+# (deltafin synth, 2 pack directories): greedy ids are identical with no
+# budget, with a budget of about 1/4 of the expert bytes, with the pread
+# engine's store and with --expert-dirs; a corrupted pack is a clear error
+# naming layer, expert and file; bench io and bench decode run.
+set -u
+BIN=${DF_BIN:?DF_BIN not set}
+T=$(mktemp -d /tmp/df_e2e_store.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+
+"$BIN" synth "$T/m" --quiet --hidden 256 --moe-inter 128 --experts 32 --layers 4 --vocab 512 --heads 4 \
+  --q-lora 64 --kv-lora 32 --inter 512 --nope 16 --rope 8 --v-dim 16 --top-k 4 \
+  --expert-dirs "$T/m/d0,$T/m/d1" && ok || bad "synth"
+[ -f "$T/m/manifest.json" ] && [ ! -e "$T/m/manifest.json.tmp" ] && ok || bad "manifest written atomically"
+
+run() { "$BIN" run --model "$T/m" --prompt-ids 5,17,42,99 --max-new 12 --print-ids --quiet "$@" 2>"$T/err" | tail -1; }
+ref=$(run)
+[ -n "$ref" ] && ok || bad "run without budget: $(cat "$T/err")"
+# experts: 3 layers x 32 x 57344 B = 5.25 MiB; spine 2.3 MiB; KV/other ~2.6 MiB -> 1/4 of experts ~ 6.2 MiB budget
+b=$(run --ram-budget 6.2M)
+[ "$b" = "$ref" ] && ok || bad "budget 6.2M ids '$b' vs '$ref' ($(cat "$T/err"))"
+ev=$(run --ram-budget 5.6M --events "$T/ev.jsonl")
+[ "$ev" = "$ref" ] && ok || bad "budget 5.6M ids '$ev' vs '$ref' ($(cat "$T/err"))"
+grep -q '"ev":"token"' "$T/ev.jsonl" && grep -q '"ev":"read"' "$T/ev.jsonl" && ok || bad "events file"
+"$BIN" run --model "$T/m" --prompt-ids 1,2 --max-new 1 --ram-budget 1M --quiet >/dev/null 2>"$T/err"
+[ $? -ne 0 ] && grep -q "too small" "$T/err" && grep -q "at least" "$T/err" && ok || bad "tiny budget error: $(cat "$T/err")"
+
+cp -r "$T/m/d0" "$T/d0x"; cp -r "$T/m/d1" "$T/d1x"
+
+"$BIN" bench io --dir "$T/m/d0,$T/m/d1" --size 64K --seconds 0.3 --no-drop >"$T/io" 2>&1 && grep -q "GB/s" "$T/io" && ok || bad "bench io: $(cat "$T/io")"
+"$BIN" bench decode --model "$T/m" --ram-budget 6.2M --tokens 4 --io-seconds 0.3 --no-drop >"$T/bd" 2>&1 \
+  && grep -q "tok/s" "$T/bd" && grep -q "hit rate" "$T/bd" && grep -q "storage bound" "$T/bd" && ok || bad "bench decode: $(cat "$T/bd")"
+
+# trace replays: eviction policies (LRU / frequency / heat tier) and the store's I/O path without compute
+run --max-new 24 --events "$T/tr.jsonl" >/dev/null
+"$BIN" bench cache --model "$T/m" --trace "$T/tr.jsonl" --slots 8,16,32 >"$T/bc" 2>&1 && grep -q "freq+heat" "$T/bc" \
+  && [ "$(grep -cE '^ +[0-9]+ +[0-9.]+%' "$T/bc")" = 3 ] && ok || bad "bench cache: $(cat "$T/bc")"
+"$BIN" bench store --model "$T/m" --trace "$T/tr.jsonl" --io-seconds 0.3 --no-drop >"$T/bs" 2>&1 \
+  && grep -q "of bench io" "$T/bs" && ok || bad "bench store: $(cat "$T/bs")"
+
+# corrupt every expert of layer 2 in stripe 1 (byte 100 of each stripe): checksum error, never a wrong token
+python3 - "$T/m/d1/experts-L002.pack" <<'PY'
+import sys, os
+p = sys.argv[1]; n = os.path.getsize(p); stripe = n // 32
+with open(p, "r+b") as f:
+    for e in range(32):
+        f.seek(e * stripe + 100); b = f.read(1); f.seek(e * stripe + 100); f.write(bytes([b[0] ^ 0x55]))
+PY
+out=$(run)
+rc=$?
+grep -q "checksum mismatch in layer 2 expert" "$T/err" && grep -q "experts-L002.pack" "$T/err" && ok \
+  || bad "corrupt pack: rc $rc out '$out' err: $(cat "$T/err")"
+# clean copies through --expert-dirs (the manifest's packs are the corrupt ones now)
+mv2=$(run --expert-dirs "$T/d0x,$T/d1x" --ram-budget 6.2M)
+[ "$mv2" = "$ref" ] && ok || bad "--expert-dirs ids '$mv2' vs '$ref' ($(cat "$T/err"))"
+# truncated pack
+truncate -s 100000 "$T/m/d0/experts-L003.pack"
+out=$(run)
+grep -q "experts-L003.pack" "$T/err" && grep -qi "truncated" "$T/err" && ok || bad "truncated pack: $(cat "$T/err")"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,228 @@
+/* test_server.c — unit tests of the server's model-independent pieces: UTF-8
+ * checks, stop-sequence hold-back across tokens, Kimi reasoning / tool-call
+ * parsing, request validation (OpenAI error shape), common-prefix reuse. */
+#include "server/srv.h"
+#include "test_util.h"
+#include <string.h>
+
+/* Feed pieces through a stop matcher; returns everything emitted, '|' between pushes. */
+static char *run_stop(const char *const *stops, int ns, const char *const *pieces, int np, int *hit) {
+    srv_stop m;
+    srv_stop_init(&m, stops, ns);
+    srv_buf out;
+    srv_buf_init(&out);
+    *hit = 0;
+    for (int i = 0; i < np && !*hit; i++) {
+        srv_buf o;
+        srv_buf_init(&o);
+        *hit = srv_stop_push(&m, pieces[i], strlen(pieces[i]), &o);
+        srv_buf_add(&out, o.p, o.len);
+        srv_buf_adds(&out, "|");
+        srv_buf_free(&o);
+    }
+    if (!*hit) srv_stop_flush(&m, &out);
+    srv_stop_free(&m);
+    char *r = strdup(out.p ? out.p : "");
+    srv_buf_free(&out);
+    return r;
+}
+
+static void test_utf8(void) {
+    CHECK(srv_utf8_valid("abc", 3), "ascii");
+    CHECK(srv_utf8_valid("caf\xC3\xA9 \xF0\x9F\x99\x82", 10), "2- and 4-byte");
+    CHECK(!srv_utf8_valid("\xC3", 1), "truncated 2-byte");
+    CHECK(!srv_utf8_valid("\xC0\xAF", 2), "overlong");
+    CHECK(!srv_utf8_valid("\xED\xA0\x80", 3), "surrogate");
+    CHECK(!srv_utf8_valid("\xF4\x90\x80\x80", 4), "above U+10FFFF");
+    CHECK(!srv_utf8_valid("\xFF", 1), "0xFF");
+    CHECK(srv_utf8_complete_prefix("ab\xF0\x9F\x99", 5) == 2, "incomplete 4-byte tail held: %zu",
+          srv_utf8_complete_prefix("ab\xF0\x9F\x99", 5));
+    CHECK(srv_utf8_complete_prefix("ab\xE6\x97\xA5", 5) == 5, "complete 3-byte");
+    CHECK(srv_utf8_complete_prefix("a\xFF", 2) == 2, "ill-formed byte is not held");
+    srv_buf b;
+    srv_buf_init(&b);
+    srv_utf8_sanitize(&b, "a\xFF" "b\xC3", 4);
+    CHECK(b.len == 8 && !memcmp(b.p, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD", 8), "sanitize -> U+FFFD: %s", b.p);
+    srv_buf_free(&b);
+}
+
+static void test_stop(void) {
+    int hit;
+    const char *s1[] = {"STOP"};
+    const char *p1[] = {"Hello S", "T", "O", "P world"};
+    char *r = run_stop(s1, 1, p1, 4, &hit);
+    CHECK(hit == 1 && !strcmp(r, "Hello ||||"), "stop across 4 pieces: '%s'", r);
+    free(r);
+    const char *p2[] = {"Hello S", "T", "x", "y"};
+    r = run_stop(s1, 1, p2, 4, &hit);
+    CHECK(hit == 0 && !strcmp(r, "Hello ||STx|y|"), "false start released when decided: '%s'", r);
+    free(r);
+    const char *s3[] = {"\n\n", "END"};
+    const char *p3[] = {"a\n", "b\n", "\nc"};
+    r = run_stop(s3, 2, p3, 3, &hit);
+    CHECK(hit == 1 && !strcmp(r, "a|\nb||"), "two stops, earliest wins: '%s'", r);
+    free(r);
+    const char *p4[] = {"abc"};
+    r = run_stop(NULL, 0, p4, 1, &hit);
+    CHECK(hit == 0 && !strcmp(r, "abc|"), "no stops: pass through: '%s'", r);
+    free(r);
+    /* a multi-byte stop sequence split inside a character */
+    const char *s5[] = {"\xE6\x97\xA5\xE6\x9C\xAC"};
+    const char *p5[] = {"x\xE6\x97\xA5", "\xE6\x9C\xAC" "y"};
+    r = run_stop(s5, 1, p5, 2, &hit);
+    CHECK(hit == 1 && !strcmp(r, "x||"), "UTF-8 stop: '%s'", r);
+    free(r);
+    char *pats[] = {"abcd", "cx"};
+    CHECK(srv_partial_suffix("zzabc", 5, pats, 2) == 3, "partial suffix abc");
+    CHECK(srv_partial_suffix("zzc", 3, pats, 2) == 1, "partial suffix c");
+    CHECK(srv_partial_suffix("abcd", 4, pats, 2) == 0, "a whole match is not a proper prefix");
+}
+
+static void test_kimi(void) {
+    srv_kimi k;
+    srv_buf r, c;
+    srv_buf_init(&r);
+    srv_buf_init(&c);
+    srv_kimi_init(&k, 1, 1, 0);
+    const char *pieces[] = {"<thi", "nk>Let me ", "think.</th", "ink>Sure. <|tool_calls_sec",
+                            "tion_begin|><|tool_call_begin|>functions.get_weather:0",
+                            "<|tool_call_argument_begin|>{\"city\": \"Bei", "jing\"}<|tool_call_end|>",
+                            "<|tool_call_begin|> functions.add:1 <|tool_call_argument_begin|>{\"a\":1}<|tool_call_end|>",
+                            "<|tool_calls_section_end|>"};
+    for (int i = 0; i < 9; i++) srv_kimi_push(&k, pieces[i], strlen(pieces[i]), &r, &c);
+    srv_kimi_flush(&k, &r, &c);
+    CHECK(r.p && !strcmp(r.p, "Let me think."), "reasoning: '%s'", r.p);
+    CHECK(c.p && !strcmp(c.p, "Sure. "), "content: '%s'", c.p);
+    CHECK(k.n_calls == 2, "2 tool calls: %d", k.n_calls);
+    if (k.n_calls == 2) {
+        CHECK(!strcmp(k.calls[0].id, "functions.get_weather:0"), "id: %s", k.calls[0].id);
+        CHECK(!strcmp(k.calls[0].name, "get_weather"), "name: %s", k.calls[0].name);
+        CHECK(!strcmp(k.calls[0].arguments, "{\"city\": \"Beijing\"}"), "args: %s", k.calls[0].arguments);
+        CHECK(!strcmp(k.calls[1].name, "add") && !strcmp(k.calls[1].arguments, "{\"a\":1}"), "2nd call: %s %s",
+              k.calls[1].name, k.calls[1].arguments);
+    }
+    srv_kimi_free(&k);
+    srv_buf_free(&r);
+    srv_buf_free(&c);
+
+    /* no <think>: everything is content; tools off: markers are plain text */
+    srv_buf_init(&r);
+    srv_buf_init(&c);
+    srv_kimi_init(&k, 1, 0, 0);
+    srv_kimi_push(&k, "<t", 2, &r, &c);
+    CHECK(c.len == 0, "'<t' held (could be <think>)");
+    srv_kimi_push(&k, "able> ok <|tool_calls_section_begin|>", 37, &r, &c);
+    srv_kimi_flush(&k, &r, &c);
+    CHECK(r.len == 0 && c.p && !strcmp(c.p, "<table> ok <|tool_calls_section_begin|>"), "content only: '%s'", c.p);
+    srv_kimi_free(&k);
+    srv_buf_free(&r);
+    srv_buf_free(&c);
+
+    /* prompt already opened <think>; output cut before </think> */
+    srv_buf_init(&r);
+    srv_buf_init(&c);
+    srv_kimi_init(&k, 1, 0, 1);
+    srv_kimi_push(&k, "step 1</", 8, &r, &c);
+    srv_kimi_flush(&k, &r, &c);
+    CHECK(r.p && !strcmp(r.p, "step 1</") && c.len == 0, "unterminated reasoning: '%s'", r.p);
+    srv_kimi_free(&k);
+    srv_buf_free(&r);
+    srv_buf_free(&c);
+}
+
+static int parse(int kind, const char *body, srv_request *r, char **ej) {
+    return srv_request_parse(r, kind, body, strlen(body), ej);
+}
+
+/* Expect a 400 whose error.param is `param` (NULL = none). */
+static void expect_400(int kind, const char *body, const char *param) {
+    srv_request r;
+    char *ej = NULL;
+    int st = parse(kind, body, &r, &ej);
+    CHECK(st == 400, "status 400 for %s: %d", body, st);
+    cJSON *e = ej ? cJSON_Parse(ej) : NULL, *er = e ? cJSON_GetObjectItem(e, "error") : NULL;
+    cJSON *p = er ? cJSON_GetObjectItem(er, "param") : NULL, *t = er ? cJSON_GetObjectItem(er, "type") : NULL;
+    CHECK(er && cJSON_IsString(cJSON_GetObjectItem(er, "message")), "error.message for %s", body);
+    CHECK(t && cJSON_IsString(t) && !strcmp(t->valuestring, "invalid_request_error"), "error.type for %s", body);
+    if (param) CHECK(p && cJSON_IsString(p) && !strcmp(p->valuestring, param), "param %s for %s: %s", param, body, ej);
+    else CHECK(p && cJSON_IsNull(p), "param null for %s: %s", body, ej);
+    cJSON_Delete(e);
+    free(ej);
+    if (st == 0) srv_request_free(&r);
+}
+
+static void test_request(void) {
+    srv_request r;
+    char *ej = NULL;
+    int st = parse(SRV_CHAT,
+                   "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":"
+                   "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}],\"stream\":true,"
+                   "\"stream_options\":{\"include_usage\":true},\"stop\":[\"x\",\"yz\"],\"max_completion_tokens\":7,"
+                   "\"temperature\":0,\"seed\":42,\"logprobs\":true,\"top_logprobs\":3,\"user\":\"u\",\"n\":1}",
+                   &r, &ej);
+    CHECK(st == 0, "valid chat: %s", ej ? ej : "");
+    if (!st) {
+        CHECK(r.stream && r.include_usage && r.max_tokens == 7 && r.temperature == 0 && r.has_seed && r.seed == 42,
+              "chat fields");
+        CHECK(r.n_stops == 2 && !strcmp(r.stops[1], "yz"), "stops");
+        CHECK(r.logprobs && r.top_logprobs == 3, "logprobs");
+        CHECK(!strcmp(r.messages_json, "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"ab\"}]"),
+              "content parts joined: %s", r.messages_json);
+        srv_request_free(&r);
+    }
+    st = parse(SRV_COMPLETION, "{\"prompt\":[1,2,3],\"logprobs\":2,\"echo\":true,\"stop\":\"\\n\"}", &r, &ej);
+    CHECK(st == 0 && r.n_prompt_ids == 3 && r.prompt_ids[2] == 3 && r.top_logprobs == 2 && r.echo && r.n_stops == 1,
+          "token-id completion");
+    if (!st) srv_request_free(&r);
+    st = parse(SRV_COMPLETION, "{\"prompt\":[\"once\"],\"max_tokens\":null}", &r, &ej);
+    CHECK(st == 0 && r.prompt && !strcmp(r.prompt, "once") && r.max_tokens == 0, "batch of one string");
+    if (!st) srv_request_free(&r);
+
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}", NULL);  /* truncated */
+    expect_400(SRV_CHAT, "[1,2]", NULL);
+    expect_400(SRV_CHAT, "", NULL);
+    expect_400(SRV_CHAT, "{\"messages\":[]}", "messages");
+    expect_400(SRV_CHAT, "{\"messages\":\"hi\"}", "messages");
+    expect_400(SRV_CHAT, "{}", "messages");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages[0].role");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", "temperature");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", "temperature");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", "max_tokens");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", "max_tokens");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", "n");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[1]}", "stop");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"yes\"}", "stream");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "top_logprobs");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", "logprobs");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":0.5}", "presence_penalty");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_usage\":true}}", "stream_options");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":7}", "model");
+    expect_400(SRV_COMPLETION, "{\"prompt\":\"\"}", "prompt");
+    expect_400(SRV_COMPLETION, "{\"prompt\":[]}", "prompt");
+    expect_400(SRV_COMPLETION, "{\"prompt\":[1,-2]}", "prompt");
+    expect_400(SRV_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt");
+    expect_400(SRV_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs");
+    expect_400(SRV_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs");
+}
+
+static void test_misc(void) {
+    int32_t a[] = {1, 2, 3, 4}, b[] = {1, 2, 9}, c[] = {1, 2, 3, 4, 5};
+    CHECK(srv_common_prefix(a, 4, b, 3) == 2, "lcp 2");
+    CHECK(srv_common_prefix(a, 4, c, 5) == 4, "lcp extension");
+    CHECK(srv_common_prefix(NULL, 0, c, 5) == 0, "lcp empty");
+    char *e = srv_error_json("m \"q\"", "rate_limit_error", NULL, "server_busy");
+    CHECK(!strcmp(e, "{\"error\":{\"message\":\"m \\\"q\\\"\",\"type\":\"rate_limit_error\",\"param\":null,\"code\":\"server_busy\"}}"),
+          "error json: %s", e);
+    free(e);
+    CHECK(!strcmp(srv_error_type(401), "authentication_error") && !strcmp(srv_error_type(429), "rate_limit_error"), "types");
+}
+
+int main(void) {
+    test_utf8();
+    test_stop();
+    test_kimi();
+    test_request();
+    test_misc();
+    return t_done();
+}

@@ -1,0 +1,224 @@
+/* test_server_gen.c — the server's generator end to end in-process, on the
+ * built-in mock model (src/server/srv_mock.c, whose greedy continuation of a
+ * P-token prompt is MOCK_TEXT from offset P): exact texts, SSE framing, stop
+ * sequences across tokens, UTF-8-safe chunks, logprobs, seeds, KV prefix reuse,
+ * cancellation and prompt errors. */
+#include "server/srv.h"
+#include "test_util.h"
+#include <string.h>
+
+static srv_backend *be;
+static srv_gen_opts go;
+
+/* Run one request body; returns the job (caller unrefs). */
+static srv_job *run(int kind, const char *body) {
+    srv_job *j = srv_job_new();
+    char *ej = NULL;
+    int st = srv_request_parse(&j->req, kind, body, strlen(body), &ej);
+    CHECK(st == 0, "parse %s: %s", body, ej ? ej : "");
+    free(ej);
+    if (st) { j->done = 1; return j; }
+    srv_gen_run(&go, j);
+    CHECK(j->done && j->prepared, "job finished");
+    return j;
+}
+
+/* Parse SSE output: checks framing; returns the concatenated text deltas and
+ * the last finish_reason; counts events; checks every delta is valid UTF-8. */
+typedef struct { char text[4096]; char finish[32]; int events, done, usage_chunk, bad_utf8, lp_tokens; cJSON *usage; } sse_t;
+static void parse_sse(const char *s, sse_t *o, int chat) {
+    memset(o, 0, sizeof *o);
+    const char *p = s;
+    while (*p) {
+        const char *e = strstr(p, "\n\n");
+        CHECK(e != NULL, "event terminated by a blank line");
+        if (!e) break;
+        if (*p == ':') { p = e + 2; continue; } /* comment (keep-alive) */
+        CHECK(!strncmp(p, "data: ", 6), "event starts with 'data: ': %.20s", p);
+        size_t n = (size_t)(e - p - 6);
+        char *payload = strndup(p + 6, n);
+        CHECK(!o->done, "nothing after [DONE]");
+        if (!strcmp(payload, "[DONE]")) o->done = 1;
+        else {
+            cJSON *j = cJSON_Parse(payload);
+            CHECK(j != NULL, "event is JSON: %s", payload);
+            cJSON *ch = cJSON_GetObjectItem(j, "choices");
+            if (cJSON_GetArraySize(ch) == 0) {
+                o->usage_chunk++;
+                o->usage = cJSON_Duplicate(cJSON_GetObjectItem(j, "usage"), 1);
+            } else {
+                cJSON *c = cJSON_GetArrayItem(ch, 0);
+                cJSON *t = chat ? cJSON_GetObjectItem(cJSON_GetObjectItem(c, "delta"), "content") : cJSON_GetObjectItem(c, "text");
+                if (cJSON_IsString(t)) {
+                    if (!srv_utf8_valid(t->valuestring, strlen(t->valuestring))) o->bad_utf8++;
+                    strncat(o->text, t->valuestring, sizeof o->text - strlen(o->text) - 1);
+                }
+                cJSON *f = cJSON_GetObjectItem(c, "finish_reason");
+                if (cJSON_IsString(f)) snprintf(o->finish, sizeof o->finish, "%s", f->valuestring);
+                cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
+                if (cJSON_IsObject(lp)) o->lp_tokens += cJSON_GetArraySize(chat ? cJSON_GetObjectItem(lp, "content") : cJSON_GetObjectItem(lp, "tokens"));
+            }
+            cJSON_Delete(j);
+        }
+        free(payload);
+        o->events++;
+        p = e + 2;
+    }
+}
+
+static cJSON *body_json(srv_job *j) {
+    cJSON *r = cJSON_Parse(j->out.p ? j->out.p : "");
+    CHECK(r != NULL, "response is JSON: %s", j->out.p ? j->out.p : "(empty)");
+    return r;
+}
+static const char *choice_str(cJSON *r, const char *k) {
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
+    cJSON *v = cJSON_GetObjectItem(c, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+static int usage_int(cJSON *u, const char *k) {
+    cJSON *v = cJSON_GetObjectItem(u, k);
+    return cJSON_IsNumber(v) ? v->valueint : -1;
+}
+static int cached(cJSON *u) { return usage_int(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"); }
+
+int main(void) {
+    char err[256];
+    CHECK(srv_backend_open_mock(&be, 0, err, sizeof err) == 0, "mock opens");
+    go.be = be;
+    go.kv_reuse = 1;
+    go.keepalive_s = 5;
+
+    /* 1. greedy completion: text, finish, usage */
+    srv_job *j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"max_tokens\":20,\"temperature\":0}");
+    cJSON *r = body_json(j);
+    CHECK(j->http_status == 200, "200: %d", j->http_status);
+    CHECK(!strcmp(choice_str(r, "text"), "lo, world! The quick"), "greedy text: '%s'", choice_str(r, "text"));
+    CHECK(!strcmp(choice_str(r, "finish_reason"), "length"), "finish length");
+    cJSON *u = cJSON_GetObjectItem(r, "usage");
+    CHECK(usage_int(u, "prompt_tokens") == 3 && usage_int(u, "completion_tokens") == 20 && usage_int(u, "total_tokens") == 23, "usage");
+    CHECK(!strcmp(cJSON_GetObjectItem(r, "object")->valuestring, "text_completion"), "object");
+    cJSON_Delete(r);
+    srv_job_unref(j);
+
+    /* 2. KV reuse: an extension of the cached tokens evaluates only the rest */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abclo, world!\",\"max_tokens\":6,\"temperature\":0}");
+    r = body_json(j);
+    CHECK(cached(cJSON_GetObjectItem(r, "usage")) == 12, "12 of 13 prompt tokens reused: %d", cached(cJSON_GetObjectItem(r, "usage")));
+    CHECK(!strcmp(choice_str(r, "text"), " The q"), "same text as without reuse: '%s'", choice_str(r, "text"));
+    cJSON_Delete(r);
+    srv_job_unref(j);
+    j = run(SRV_COMPLETION, "{\"prompt\":\"xyz\",\"max_tokens\":2,\"temperature\":0}");
+    r = body_json(j);
+    CHECK(cached(cJSON_GetObjectItem(r, "usage")) == 0, "different prefix: nothing reused");
+    CHECK(be->n_past(be) == 4, "session holds prompt + evaluated tokens: %d", be->n_past(be));
+    cJSON_Delete(r);
+    srv_job_unref(j);
+
+    /* 3. streamed completion with a stop sequence spanning tokens */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"max_tokens\":40,\"temperature\":0,\"stream\":true,\"stop\":[\" brown\",\"zzz\"],"
+                            "\"stream_options\":{\"include_usage\":true}}");
+    sse_t s;
+    parse_sse(j->out.p, &s, 0);
+    CHECK(!strcmp(s.text, "lo, world! The quick"), "streamed text stops before ' brown': '%s'", s.text);
+    CHECK(!strcmp(s.finish, "stop"), "finish stop: %s", s.finish);
+    CHECK(s.done == 1 && s.usage_chunk == 1, "[DONE] and one usage chunk");
+    CHECK(usage_int(s.usage, "completion_tokens") == 26, "tokens up to and including the stop's last byte: %d",
+          usage_int(s.usage, "completion_tokens"));
+    cJSON_Delete(s.usage);
+    CHECK(j->out.len >= 14 && !strcmp(j->out.p + j->out.len - 14, "data: [DONE]\n\n"), "ends with [DONE]");
+    srv_job_unref(j);
+
+    /* 4. UTF-8: byte tokens split characters; no chunk may split one; EOS -> stop */
+    char body[512];
+    char pr[60];
+    memset(pr, 'x', 59);
+    pr[59] = 0;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":100,\"temperature\":0,\"stream\":true}", pr);
+    j = run(SRV_COMPLETION, body);
+    parse_sse(j->out.p, &s, 0);
+    CHECK(!strcmp(s.text, "Caf\xC3\xA9 na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x99\x82 done."), "UTF-8 text: '%s'", s.text);
+    CHECK(s.bad_utf8 == 0, "every chunk is valid UTF-8");
+    CHECK(!strcmp(s.finish, "stop"), "EOS -> stop: %s", s.finish);
+    CHECK(s.events == 22 + 2, "one event per complete character + finish + [DONE]: %d", s.events);
+    srv_job_unref(j);
+
+    /* 5. logprobs (completions): one entry per token, top-2, consistent */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"max_tokens\":5,\"temperature\":0,\"logprobs\":2}");
+    r = body_json(j);
+    cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "tokens")) == 5, "5 logprob tokens");
+    cJSON *tl = cJSON_GetObjectItem(lp, "token_logprobs"), *tops = cJSON_GetObjectItem(lp, "top_logprobs");
+    cJSON *t0 = cJSON_GetArrayItem(tops, 0);
+    CHECK(cJSON_GetArraySize(t0) == 2, "top-2");
+    CHECK(!strcmp(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "tokens"), 0)->valuestring, "l"), "first token 'l'");
+    CHECK_NEAR(cJSON_GetArrayItem(tl, 0)->valuedouble, cJSON_GetObjectItem(t0, "l")->valuedouble, 1e-6, "greedy token is top-1");
+    CHECK(cJSON_GetArrayItem(tl, 0)->valuedouble < 0 && cJSON_GetArrayItem(tl, 0)->valuedouble > -0.2, "logprob near 0: %g",
+          cJSON_GetArrayItem(tl, 0)->valuedouble);
+    CHECK(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 4)->valueint == 4, "text_offset");
+    cJSON_Delete(r);
+    srv_job_unref(j);
+
+    /* 6. chat: streamed with logprobs; non-streamed */
+    j = run(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8,\"temperature\":0,"
+                      "\"stream\":true,\"logprobs\":true,\"top_logprobs\":1}");
+    parse_sse(j->out.p, &s, 1);
+    /* prompt "user: hi\nassistant:" is 19 tokens */
+    CHECK(!strcmp(s.text, "uick bro"), "chat stream text: '%s'", s.text);
+    CHECK(s.lp_tokens == 8, "8 logprob entries streamed: %d", s.lp_tokens);
+    CHECK(!strcmp(s.finish, "length"), "length");
+    srv_job_unref(j);
+    j = run(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8,\"temperature\":0}");
+    r = body_json(j);
+    cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "message");
+    CHECK(!strcmp(cJSON_GetObjectItem(msg, "content")->valuestring, "uick bro") &&
+          !strcmp(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant"), "chat message");
+    CHECK(cached(cJSON_GetObjectItem(r, "usage")) == 18, "same chat again reuses 18 tokens: %d", cached(cJSON_GetObjectItem(r, "usage")));
+    cJSON_Delete(r);
+    srv_job_unref(j);
+
+    /* 7. seeds: same seed same text; temperature sampling differs from greedy somewhere */
+    char t1[256] = "", t2[256] = "", t3[256] = "";
+    const char *sb = "{\"prompt\":\"abc\",\"max_tokens\":60,\"temperature\":1.5,\"seed\":%d}";
+    char *outs[3] = {t1, t2, t3};
+    int seeds[3] = {7, 7, 8};
+    for (int i = 0; i < 3; i++) {
+        snprintf(body, sizeof body, sb, seeds[i]);
+        j = run(SRV_COMPLETION, body);
+        r = body_json(j);
+        snprintf(outs[i], 256, "%s", choice_str(r, "text"));
+        cJSON_Delete(r);
+        srv_job_unref(j);
+    }
+    CHECK(!strcmp(t1, t2), "same seed, same text");
+    CHECK(strcmp(t1, t3), "different seed, different text");
+
+    /* 8. cancelled before start: no output; prompt errors -> 400 */
+    j = srv_job_new();
+    char *ej = NULL;
+    srv_request_parse(&j->req, SRV_COMPLETION, "{\"prompt\":\"abc\"}", 16, &ej);
+    j->cancel = 1;
+    srv_gen_run(&go, j);
+    CHECK(j->done && j->out.len == 0 && j->completion_tokens == 0, "cancelled: nothing generated");
+    srv_job_unref(j);
+    j = run(SRV_COMPLETION, "{\"prompt\":[1,2,999]}");
+    CHECK(j->http_status == 400 && strstr(j->out.p, "outside the vocabulary"), "id out of range: %s", j->out.p);
+    srv_job_unref(j);
+    srv_buf big;
+    srv_buf_init(&big);
+    srv_buf_adds(&big, "{\"prompt\":[1");
+    for (int i = 0; i < 5000; i++) srv_buf_adds(&big, ",1");
+    srv_buf_adds(&big, "],\"stream\":true}");
+    j = run(SRV_COMPLETION, big.p);
+    CHECK(j->http_status == 400 && strstr(j->out.p, "context"), "prompt longer than the context: %s", j->out.p);
+    srv_buf_free(&big);
+    srv_job_unref(j);
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"echo\":true,\"max_tokens\":3,\"temperature\":0}");
+    r = body_json(j);
+    CHECK(!strcmp(choice_str(r, "text"), "abclo,"), "echo: '%s'", choice_str(r, "text"));
+    cJSON_Delete(r);
+    srv_job_unref(j);
+
+    be->close(be);
+    return t_done();
+}
