@@ -4,7 +4,7 @@
 #   make test     build, then run every test (CTest)
 BUILD ?= build
 JOBS  ?= $(shell nproc)
-PROMPT ?= The meaning of life is
+PROMPT ?= In the beginning God created the heaven and the earth. And the earth was
 MAXNEW ?= 32
 
 .PHONY: all deps configure run test clean asan

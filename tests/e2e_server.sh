@@ -210,7 +210,7 @@ else
     if [ $MODE = ids ] && [ -f "$MODEL/golden.json" ]; then
         # the transformers reference's prompt and greedy continuation (first 8 tokens)
         DF_PROMPT_IDS=$(node -e 'console.log(require(process.argv[1]).prompt_ids.join(","))' "$MODEL/golden.json")
-        DF_GREEDY_IDS=$(node -e 'console.log(require(process.argv[1]).greedy_ids.slice(0, 8).join(","))' "$MODEL/golden.json")
+        DF_GREEDY_IDS=$(node -e 'console.log(require(process.argv[1]).greedy_ids.join(","))' "$MODEL/golden.json")
         export DF_GREEDY_IDS
         echo "--- expecting the transformers greedy ids $DF_GREEDY_IDS"
     elif [ $MODE = ids ]; then

@@ -3,12 +3,12 @@
 # project's default model (models/<name>/, the trained model of issue 5) if it is
 # there, else on a golden checkpoint (tests/golden/<case>/) with --prompt-ids.
 set -eu
-PROMPT=${1:-"The meaning of life is"}
+PROMPT=${1:-"In the beginning God created the heaven and the earth. And the earth was"}
 MAXNEW=${2:-32}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${DF_BIN:-$ROOT/${BUILD:-build}/deltafin}
 [ -x "$BIN" ] || { echo "run-default.sh: $BIN not built (run make)" >&2; exit 1; }
-for d in "$ROOT"/models/*/; do
+for d in "$ROOT"/models/kimi-mini/ "$ROOT"/models/*/; do
     if [ -f "$d/config.json" ] || [ -f "$d/manifest.json" ]; then
         echo "+ deltafin run --model ${d%/} --prompt \"$PROMPT\" --max-new $MAXNEW --stats" >&2
         exec "$BIN" run --model "${d%/}" --prompt "$PROMPT" --max-new "$MAXNEW" --stats

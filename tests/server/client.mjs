@@ -61,8 +61,15 @@ async function main() {
     const ids = a.choices[0].token_ids;
     check(Array.isArray(ids) && ids.length === a.usage.completion_tokens, "token_ids returned", a.choices[0]);
     check(a.choices[0].text === ids.map((i) => " " + i).join(""), "text is ' ID' per token", a.choices[0].text);
-    if (process.env.DF_GREEDY_IDS) check(ids.join(",") === process.env.DF_GREEDY_IDS, "greedy ids == deltafin run --print-ids",
-                                          { server: ids.join(","), run: process.env.DF_GREEDY_IDS });
+    const want = process.env.DF_GREEDY_IDS ? process.env.DF_GREEDY_IDS.split(",").map(Number) : null;
+    if (want) check(ids.join(",") === want.slice(0, 8).join(","), "greedy ids == reference",
+                    { server: ids.join(","), reference: want.slice(0, 8).join(",") });
+    // KV reuse: the prompt extended by the generated ids continues the same greedy sequence
+    const ext = await compl({ prompt: [...prompt, ...ids], max_tokens: 4, temperature: 0 });
+    check(ext.usage.prompt_tokens_details.cached_tokens >= prompt.length, "extension reuses the KV cache", ext.usage);
+    if (want && want.length >= 12)
+      check(ext.choices[0].token_ids.join(",") === want.slice(8, 12).join(","), "continuation after reuse == reference",
+            { server: ext.choices[0].token_ids.join(","), reference: want.slice(8, 12).join(",") });
     const s = await complStream({ prompt, max_tokens: 8, temperature: 0 });
     check(s.text === a.choices[0].text, "streamed == non-streamed", [s.text, a.choices[0].text]);
     const st = a.choices[0].text.split(" ")[3];
