@@ -22,6 +22,7 @@ run: all
 	./tools/run-default.sh "$(PROMPT)" $(MAXNEW)
 
 test: all
+	@./tools/deps.sh --test
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 asan: deps

@@ -117,7 +117,9 @@ void df_tokenizer_free(df_tokenizer *t);
 
 enum {
     DF_TOK_ADD_BOS = 1,        /* prepend the BOS token if the tokenizer defines one */
-    DF_TOK_PARSE_SPECIAL = 2   /* recognise special-token strings in the text as specials */
+    DF_TOK_PARSE_SPECIAL = 2,  /* recognise special-token strings in the text as specials */
+    DF_TOK_ADD_SPECIAL = 4     /* add what tokenizer_config.json asks for (add_bos_token; absent = no BOS),
+                                  as transformers' add_special_tokens=True does */
 };
 
 /* Encode UTF-8 text. *ids_out is malloc'd (caller frees), *n_out its length. */

@@ -139,32 +139,39 @@ if (text !== "Café naïve 日本語 🙂 done.") throw text;' "$TMP/u8" 2>"$TMP
 else bad "UTF-8 chunks: $(tail -1 "$TMP/err")"; fi
 
 # one running + --queue 2 waiting; the 4th concurrent request gets 429 + Retry-After
+LONGP=$(printf 'y%.0s' $(seq 1 100)) # a prompt longer than the mock's text: endless greedy output
+inflight() { curl -s "$B/health" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).in_flight))'; }
 QP=()
 for i in 1 2 3; do
-    curl -s -o "$TMP/q$i" -w '%{http_code}' "${P[@]}" -d '{"prompt":"abc","max_tokens":150}' "$B/v1/completions" >"$TMP/q$i.code" &
+    curl -s -o "$TMP/q$i" -w '%{http_code}' "${P[@]}" -d "{\"prompt\":\"$LONGP\",\"max_tokens\":200}" "$B/v1/completions" >"$TMP/q$i.code" &
     QP+=($!)
-    sleep 0.1
 done
-sleep 0.2
+for _ in $(seq 1 100); do [ "$(inflight)" = 3 ] && break; sleep 0.02; done
 expect "4th concurrent request -> 429" "$(curl -s -D "$TMP/h429" -o "$TMP/body" -w '%{http_code}' "${P[@]}" -d '{"prompt":"abc"}' "$B/v1/completions")" 429
 expect "429 Retry-After" "$(grep -i '^retry-after:' "$TMP/h429" | tr -d '\r' | cut -d' ' -f2)" 1
 expect "429 error shape" "$(etype)" rate_limit_error
 wait "${QP[@]}"
 expect "queued requests complete" "$(cat "$TMP/q1.code" "$TMP/q2.code" "$TMP/q3.code" | tr -d '\n')" 200200200
 
-# a client that disconnects mid-stream stops its generation
-curl -sN --max-time 0.5 "${P[@]}" -d '{"prompt":"abc","max_tokens":3000,"stream":true}' "$B/v1/completions" >/dev/null
-t0=$(date +%s%N)
-busy=1
-for _ in $(seq 1 50); do
-    busy=$(curl -s "$B/health" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).in_flight))')
-    [ "$busy" = 0 ] && break
-    sleep 0.02
-done
-ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-expect "disconnect stops generation (idle after ${ms} ms)" "$busy" 0
-gen=$(grep 'client gone' "$TMP/mock.log" | tail -1 | sed -n 's/.*, \([0-9]*\) generated.*/\1/p')
-if [ -n "$gen" ] && [ "$gen" -lt 300 ]; then ok "cancelled after $gen of 3000 tokens"; else bad "cancel: '$gen' tokens"; fi
+# a client that disconnects stops its generation: during decode (5 ms per token:
+# ~50 tokens in 0.25 s, of 1000 asked) and during a long prefill (2000 tokens)
+disconnect_check() { # WHAT MAX_TIME BODY PATTERN
+    curl -sN --max-time "$2" "${P[@]}" -d "$3" "$B/v1/completions" >/dev/null
+    local t0 busy=1 ms line
+    t0=$(date +%s%N)
+    for _ in $(seq 1 100); do busy=$(inflight); [ "$busy" = 0 ] && break; sleep 0.02; done
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    line=$(tail -n +$((LOGSEEN + 1)) "$TMP/mock.log" | grep 'client gone' | tail -1)
+    if [ "$busy" = 0 ] && [ -n "$line" ] && echo "$line" | grep -q "$4"; then ok "$1 (idle ${ms} ms after the disconnect): ${line#serve: }"
+    else bad "$1: in_flight $busy after ${ms} ms; log: $(tail -2 "$TMP/mock.log")"; fi
+    LOGSEEN=$(wc -l <"$TMP/mock.log")
+}
+LOGSEEN=0
+disconnect_check "disconnect during decode stops generation" 0.25 "{\"prompt\":\"$LONGP\",\"max_tokens\":1000,\"stream\":true}" \
+    ', [1-9]\?[0-9] generated'
+IDS=$(seq 1 2000 | awk '{print $1 % 250}' | paste -sd, -)
+disconnect_check "disconnect during prefill cancels df_eval" 0.5 "{\"prompt\":[$IDS],\"max_tokens\":5,\"stream\":true}" \
+    ' 0 generated'
 
 # slow clients: headers dribbled / body never finished; others are served meanwhile, the slow ones time out
 exec 7<>/dev/tcp/127.0.0.1/"$PORT"
@@ -177,7 +184,7 @@ exec 7>&- 8>&-
 expect "still serving after slow clients" "$(code "$B/health")" 200
 
 # SIGTERM during a stream: the stream ends cleanly, the server exits 0
-curl -sN "${P[@]}" -d '{"prompt":"abc","max_tokens":3000,"stream":true}' "$B/v1/completions" >"$TMP/term" &
+curl -sN "${P[@]}" -d "{\"prompt\":\"$LONGP\",\"max_tokens\":3000,\"stream\":true}" "$B/v1/completions" >"$TMP/term" &
 CPID=$!
 sleep 0.4
 stop_server mock
@@ -185,10 +192,18 @@ wait $CPID
 if tail -c 14 "$TMP/term" | grep -q 'data: \[DONE\]' && grep -q 'shutting down' "$TMP/term"; then ok "SIGTERM: stream ended with an error event and [DONE]"
 else bad "SIGTERM stream end: $(tail -c 200 "$TMP/term")"; fi
 
+# Kimi reasoning_content + tool_calls through the openai client (mock speaking Kimi)
+if start_server kimi --mock-kimi; then
+    if node "$SRC/tests/server/tools.mjs" "http://127.0.0.1:$PORT/v1" mock-kimi >"$TMP/tools.out" 2>&1; then
+        ok "Kimi reasoning + tool calls via the openai client ($(tail -1 "$TMP/tools.out"))"
+    else cat "$TMP/tools.out"; bad "Kimi reasoning + tool calls"; fi
+    stop_server kimi
+else bad "the --mock-kimi server did not start"; fi
+
 # ========================================================= 2. real model
 MODEL=${DF_E2E_MODEL:-}
 if [ -z "$MODEL" ]; then
-    for d in "$SRC"/models/*/ "$SRC"/tests/golden/*/; do
+    for d in $(ls -d "$SRC"/models/*/ 2>/dev/null | grep -v draft) "$SRC"/models/*/ "$SRC"/tests/golden/*/; do
         [ -f "$d/manifest.json" ] || [ -f "$d/config.json" ] || continue
         MODEL=${d%/}
         break
@@ -213,6 +228,10 @@ else
         DF_GREEDY_IDS=$(node -e 'console.log(require(process.argv[1]).greedy_ids.join(","))' "$MODEL/golden.json")
         export DF_GREEDY_IDS
         echo "--- expecting the transformers greedy ids $DF_GREEDY_IDS"
+    elif [ $MODE = model ]; then
+        # greedy ids of the CLI for the client's completion prompt (10 tokens)
+        G=$("$BIN" run --model "$MODEL" --prompt "The capital of France is" --max-new 10 --print-ids 2>/dev/null | tail -1 | tr -d ' ')
+        case "$G" in *[0-9]*) export DF_RUN_IDS=$G; echo "--- deltafin run greedy ids: $G" ;; esac
     elif [ $MODE = ids ]; then
         G=$("$BIN" run --model "$MODEL" --prompt-ids "$DF_PROMPT_IDS" --max-new 8 --print-ids 2>/dev/null | tail -1 | tr -d ' ')
         case "$G" in *[0-9]*) export DF_GREEDY_IDS=$G ;; esac

@@ -6,8 +6,8 @@
 # disconnects. Passes when every response is well-formed (200 bodies complete,
 # SSE ending in [DONE], 429 with Retry-After, 400 for bad JSON), the server
 # exits 0 on SIGTERM, and ASan/LeakSanitizer report nothing.
-# The ASan binary is build-asan/deltafin (`make asan`); it is built (deltafin
-# target only) when missing. Env: DF_SRC, DF_ASAN_BIN, DF_LOAD_SECONDS.
+# The ASan binary is build-asan/deltafin (`make asan`); the deltafin target there
+# is (re)built first unless DF_ASAN_BIN names a binary. Env: DF_SRC, DF_ASAN_BIN, DF_LOAD_SECONDS.
 set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 ABIN=${DF_ASAN_BIN:-$SRC/build-asan/deltafin}
@@ -16,12 +16,14 @@ TMP=$(mktemp -d /tmp/df-e2e-load.XXXXXX)
 SPID=
 trap '[ -n "$SPID" ] && kill -9 $SPID 2>/dev/null; rm -rf "$TMP"' EXIT
 
-if [ ! -x "$ABIN" ]; then
+if [ -z "${DF_ASAN_BIN:-}" ]; then # (re)build it: incremental, so cheap when up to date
     echo "e2e_server_load: building the AddressSanitizer binary in $SRC/build-asan (deltafin target)"
-    cmake -S "$SRC" -B "$SRC/build-asan" -DDF_ASAN=ON -DCMAKE_BUILD_TYPE=Debug >"$TMP/build.log" 2>&1 &&
+    { [ -f "$SRC/build-asan/CMakeCache.txt" ] || cmake -S "$SRC" -B "$SRC/build-asan" -DDF_ASAN=ON -DCMAKE_BUILD_TYPE=Debug; } \
+        >"$TMP/build.log" 2>&1 &&
         cmake --build "$SRC/build-asan" -j "$(nproc)" --target deltafin >>"$TMP/build.log" 2>&1 ||
         { tail -20 "$TMP/build.log"; echo "e2e_server_load: ASan build failed"; exit 1; }
 fi
+[ -x "$ABIN" ] || { echo "e2e_server_load: no ASan binary at $ABIN"; exit 1; }
 command -v node >/dev/null || { echo "e2e_server_load: node is required"; exit 1; }
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=23

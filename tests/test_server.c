@@ -180,6 +180,10 @@ static void test_request(void) {
 
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}", NULL);  /* truncated */
     expect_400(SRV_CHAT, "[1,2]", NULL);
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]} trailing", NULL);
+    st = parse(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]} \r\n", &r, &ej);
+    CHECK(st == 0, "trailing whitespace is fine");
+    if (!st) srv_request_free(&r);
     expect_400(SRV_CHAT, "", NULL);
     expect_400(SRV_CHAT, "{\"messages\":[]}", "messages");
     expect_400(SRV_CHAT, "{\"messages\":\"hi\"}", "messages");
@@ -199,6 +203,13 @@ static void test_request(void) {
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_usage\":true}}", "stream_options");
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":7}", "model");
     expect_400(SRV_COMPLETION, "{\"prompt\":\"\"}", "prompt");
+    {
+        char longstop[1200 + 64];
+        int k = snprintf(longstop, sizeof longstop, "{\"prompt\":\"a\",\"stop\":\"");
+        memset(longstop + k, 'x', 1100);
+        strcpy(longstop + k + 1100, "\"}");
+        expect_400(SRV_COMPLETION, longstop, "stop");
+    }
     expect_400(SRV_COMPLETION, "{\"prompt\":[]}", "prompt");
     expect_400(SRV_COMPLETION, "{\"prompt\":[1,-2]}", "prompt");
     expect_400(SRV_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt");

@@ -25,7 +25,7 @@ static srv_job *run(int kind, const char *body) {
 
 /* Parse SSE output: checks framing; returns the concatenated text deltas and
  * the last finish_reason; counts events; checks every delta is valid UTF-8. */
-typedef struct { char text[4096]; char finish[32]; int events, done, usage_chunk, bad_utf8, lp_tokens; cJSON *usage; } sse_t;
+typedef struct { char text[4096], reasoning[1024]; char finish[32]; int events, done, usage_chunk, bad_utf8, lp_tokens; cJSON *usage; } sse_t;
 static void parse_sse(const char *s, sse_t *o, int chat) {
     memset(o, 0, sizeof *o);
     const char *p = s;
@@ -53,6 +53,8 @@ static void parse_sse(const char *s, sse_t *o, int chat) {
                     if (!srv_utf8_valid(t->valuestring, strlen(t->valuestring))) o->bad_utf8++;
                     strncat(o->text, t->valuestring, sizeof o->text - strlen(o->text) - 1);
                 }
+                cJSON *rs = chat ? cJSON_GetObjectItem(cJSON_GetObjectItem(c, "delta"), "reasoning_content") : NULL;
+                if (cJSON_IsString(rs)) strncat(o->reasoning, rs->valuestring, sizeof o->reasoning - strlen(o->reasoning) - 1);
                 cJSON *f = cJSON_GetObjectItem(c, "finish_reason");
                 if (cJSON_IsString(f)) snprintf(o->finish, sizeof o->finish, "%s", f->valuestring);
                 cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
@@ -84,7 +86,7 @@ static int cached(cJSON *u) { return usage_int(cJSON_GetObjectItem(u, "prompt_to
 
 int main(void) {
     char err[256];
-    CHECK(srv_backend_open_mock(&be, 0, err, sizeof err) == 0, "mock opens");
+    CHECK(srv_backend_open_mock(&be, 0, 0, err, sizeof err) == 0, "mock opens");
     go.be = be;
     go.kv_reuse = 1;
     go.keepalive_s = 5;
@@ -219,6 +221,47 @@ int main(void) {
     cJSON_Delete(r);
     srv_job_unref(j);
 
+    be->close(be);
+
+    /* 9. Kimi: <think> -> reasoning_content, tool-call section -> tool_calls */
+    CHECK(srv_backend_open_mock(&be, 0, 1, err, sizeof err) == 0, "kimi mock opens");
+    go.be = be;
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{}}}]";
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"temperature\":0,%s}", tools);
+    j = run(SRV_CHAT, body);
+    r = body_json(j);
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
+    msg = cJSON_GetObjectItem(c0, "message");
+    cJSON *rc = cJSON_GetObjectItem(msg, "reasoning_content"), *ct = cJSON_GetObjectItem(msg, "content");
+    CHECK(cJSON_IsString(rc) && !strcmp(rc->valuestring, "The user asks for the weather."), "reasoning_content");
+    CHECK(cJSON_IsString(ct) && !strcmp(ct->valuestring, "Checking."), "content without markers: %s", cJSON_IsString(ct) ? ct->valuestring : "?");
+    cJSON *tc = cJSON_GetArrayItem(cJSON_GetObjectItem(msg, "tool_calls"), 0), *fn = cJSON_GetObjectItem(tc, "function");
+    CHECK(tc && !strcmp(cJSON_GetObjectItem(tc, "id")->valuestring, "functions.get_weather:0") &&
+          !strcmp(cJSON_GetObjectItem(tc, "type")->valuestring, "function"), "tool call id/type");
+    CHECK(fn && !strcmp(cJSON_GetObjectItem(fn, "name")->valuestring, "get_weather") &&
+          !strcmp(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"city\": \"Paris\"}"), "tool call function");
+    CHECK(!strcmp(choice_str(r, "finish_reason"), "tool_calls"), "finish tool_calls: %s", choice_str(r, "finish_reason"));
+    cJSON_Delete(r);
+    srv_job_unref(j);
+    /* streamed: reasoning deltas, content, one tool_calls delta with index 0 */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"temperature\":0,\"stream\":true,%s}", tools);
+    j = run(SRV_CHAT, body);
+    parse_sse(j->out.p, &s, 1);
+    CHECK(!strcmp(s.text, "Checking.") && !strcmp(s.finish, "tool_calls"), "streamed content / finish: '%s' %s", s.text, s.finish);
+    CHECK(!strcmp(s.reasoning, "The user asks for the weather."), "reasoning_content deltas: '%s'", s.reasoning);
+    CHECK(strstr(j->out.p, "\"tool_calls\":[{\"index\":0,\"id\":\"functions.get_weather:0\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]") != NULL,
+          "tool_calls delta");
+    CHECK(strstr(j->out.p, "<|tool_call") == NULL && strstr(j->out.p, "<think>") == NULL, "no markers leak into the stream");
+    srv_job_unref(j);
+    /* without tools: the section stays text; reasoning is still split */
+    j = run(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"temperature\":0}");
+    r = body_json(j);
+    msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "message");
+    ct = cJSON_GetObjectItem(msg, "content");
+    CHECK(cJSON_IsString(ct) && !strncmp(ct->valuestring, "Checking.<|tool_calls_section_begin|>", 37), "no tools: raw text");
+    CHECK(!cJSON_GetObjectItem(msg, "tool_calls") && !strcmp(choice_str(r, "finish_reason"), "stop"), "no tool_calls, stop");
+    cJSON_Delete(r);
+    srv_job_unref(j);
     be->close(be);
     return t_done();
 }

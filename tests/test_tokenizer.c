@@ -43,11 +43,11 @@ static char *slurp(const char *p, size_t *n) {
 }
 
 static int b64(const char *s, char *out) {
-    int acc = 0, bits = 0, k = 0;
+    unsigned acc = 0; int bits = 0, k = 0;
     for (; *s && *s != '='; s++) {
         const char *tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
         const char *q = strchr(tbl, *s);
-        acc = (acc << 6) | (int)(q - tbl);
+        acc = (acc << 6) | (unsigned)(q - tbl);
         bits += 6;
         if (bits >= 8) { bits -= 8; out[k++] = (char)((acc >> bits) & 0xFF); }
     }
@@ -428,6 +428,18 @@ static void test_misc(void) {
         CHECK(w == 0 && f == 3 && !memcmp(out, "\xef\xbf\xbd", 3), "flush of a partial char: push %d flush %d", w, f);
         df_detok_free(d); df_detok_free(d2);
         free(ids);
+        /* a byte that can never start a character is replaced at once; a lead byte followed by a
+         * non-continuation gives U+FFFD then the next character */
+        int32_t ff = df_tokenizer_token_id(t, "\xff"), e4 = df_tokenizer_token_id(t, "\xe4"), a = df_tokenizer_token_id(t, "a");
+        CHECK(ff >= 0 && e4 >= 0 && a >= 0, "o200k single-byte tokens");
+        df_detok *d3 = df_detok_new(t);
+        int w1 = df_detok_push(d3, ff, out, sizeof out);
+        CHECK(w1 == 3 && !memcmp(out, "\xef\xbf\xbd", 3), "0xff -> U+FFFD at once (%d)", w1);
+        int w2 = df_detok_push(d3, e4, out, sizeof out);
+        int w3 = df_detok_push(d3, a, out, sizeof out);
+        CHECK(w2 == 0 && w3 == 4 && !memcmp(out, "\xef\xbf\xbd" "a", 4), "0xe4 then 'a': held, then U+FFFD a (%d %d)", w2, w3);
+        CHECK(df_detok_push(d3, 999999999, out, sizeof out) < 0, "unknown id is an error");
+        df_detok_free(d3);
     }
     /* Kimi-mode tiktoken (no config): specials and reserved names */
     t = toks[4];

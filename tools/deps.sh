@@ -8,6 +8,14 @@ missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+# --test: what the tests need besides the build (python3 for golden checks, node + npm for the pinned
+# tokenizer packages and the openai client). Commands found on PATH count, wherever they came from.
+if [ "${1:-}" = "--test" ]; then
+  command -v python3 >/dev/null || missing="$missing python3"
+  command -v node >/dev/null || missing="$missing nodejs"
+  command -v npm >/dev/null || missing="$missing npm"
+  command -v curl >/dev/null || missing="$missing curl"
+fi
 [ -z "$missing" ] && exit 0
 echo "deltafin: missing Debian packages:$missing" >&2
 if [ "$(id -u)" = 0 ]; then

@@ -198,7 +198,7 @@ int cmd_run(int argc, char **argv) {
             rc = df_tokenize(tok, text, strlen(text), DF_TOK_PARSE_SPECIAL, &ids, &n, err, sizeof err);
             free(text);
         } else {
-            rc = df_tokenize(tok, prompt, strlen(prompt), DF_TOK_ADD_BOS, &ids, &n, err, sizeof err);
+            rc = df_tokenize(tok, prompt, strlen(prompt), DF_TOK_ADD_SPECIAL, &ids, &n, err, sizeof err);
         }
         if (rc) { fprintf(stderr, "deltafin run: tokenize: %s\n", err); goto done; }
         n_ids = (int)n;

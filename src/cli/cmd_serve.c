@@ -1,7 +1,7 @@
 /* cmd_serve.c — `deltafin serve`: parse flags, then run the OpenAI-compatible
  * server (src/server, docs/server.md). */
 #include "cli.h"
-#include "server/srv.h"
+#include "server/server.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +25,7 @@ static void serve_usage(FILE *f) {
             "  --timeout SECONDS        close idle or stalled connections after this (default 60)\n"
             "  --max-connections N      concurrent connections (default 256)\n"
             "  --mock [--mock-delay-ms N]  serve a built-in byte-level test model instead of --model\n"
+            "  --mock-kimi              the test model as a Kimi model (<think> + a tool call)\n"
             "  --verbose                log every rejected request\n");
 }
 
@@ -93,6 +94,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) { NEED(); if (parse_int(a, v, 1, 86400, &c.timeout_s)) return 2; }
         else if (!strcmp(a, "--max-connections")) { NEED(); if (parse_int(a, v, 1, 100000, &c.max_connections)) return 2; }
         else if (!strcmp(a, "--mock")) c.mock = 1;
+        else if (!strcmp(a, "--mock-kimi")) c.mock = c.mock_kimi = 1;
         else if (!strcmp(a, "--mock-delay-ms")) { NEED(); if (parse_int(a, v, 0, 60000, &c.mock_delay_ms)) return 2; }
         else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) c.verbose = 1;
         else { fprintf(stderr, "deltafin serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }

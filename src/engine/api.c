@@ -223,6 +223,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     m->eng.be = be;
     m->eng.pool = m->pool;
     m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release};
+    m->eng.max_acquire = m->store ? store_max_acquire(m->store) : 0;
     /* router prefetch of layer L+1 (issue 4): on when experts can be evicted (a RAM budget);
      * DF_PREFETCH=1/0 forces it on/off (measurements). Never changes numerics. */
     {

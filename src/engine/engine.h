@@ -62,6 +62,7 @@ typedef struct {
     df_expert_src experts;
     df_rope rope;
     int prefetch;                    /* router-based prefetch of layer L+1 (issue 4) */
+    int max_acquire;                 /* most experts experts.acquire may pin at once; 0 = top-k */
     /* counters (added to by forward) */
     uint64_t weight_bytes;           /* weight bytes touched by compute */
     double io_wait_s;                /* time in experts.acquire */

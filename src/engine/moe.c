@@ -79,19 +79,56 @@ void moe_route(const df_config *cfg, const float *logits, const float *bias, int
     free(s);
 }
 
-/* out = down(silu(gate x) * up x) for T rows */
-static int mlp(df_engine *e, const df_weight *gate, const df_weight *up, const df_weight *down, const float *x, int T,
-               float *out) {
+/* out = down(silu(gate x) * up x) for T rows. pool NULL = on the calling thread (inside a pool task);
+ * the weight bytes touched are added to *bytes. */
+static int mlp(df_engine *e, df_pool *pool, const df_weight *gate, const df_weight *up, const df_weight *down,
+               const float *x, int T, float *out, uint64_t *bytes) {
     const int64_t I = gate->rows;
     float *g = malloc(sizeof(float) * (size_t)(T * I)), *u = malloc(sizeof(float) * (size_t)(T * I));
     if (!g || !u) { free(g); free(u); return DF_ENOMEM; }
-    eng_matmul(e, gate, x, T, g);
-    eng_matmul(e, up, x, T, u);
+    e->be->matmul(pool, gate, x, T, g);
+    e->be->matmul(pool, up, x, T, u);
     e->be->silu_mul(g, g, u, T * I);
-    eng_matmul(e, down, g, T, out);
+    e->be->matmul(pool, down, g, T, out);
+    *bytes += df_weight_bytes(gate) + df_weight_bytes(up) + df_weight_bytes(down);
     free(g);
     free(u);
     return DF_OK;
+}
+
+/* One chunk of acquired experts (+ the shared expert when `shared` is set), computed as
+ * independent items: item i < n is expert xs[i] on its grouped rows, item n is the shared
+ * expert on all T rows. Each item's arithmetic is the same whichever thread runs it; the
+ * caller accumulates the outputs in ascending expert order afterwards. */
+typedef struct {
+    df_engine *e;
+    df_pool *pool;               /* for the matmuls: NULL when the items themselves run in parallel */
+    const df_layer_weights *lw;
+    const float *h;
+    int T, D, n, shared;
+    const int *xs, *count, *start, *rows;
+    const df_expert *views;
+    float **ye;                  /* [n] outputs [count[xs[i]], D] */
+    float *sh;                   /* shared expert output [T, D] */
+    uint64_t *bytes;             /* [n + 1] weight bytes per item */
+    int *rc;                     /* [n + 1] */
+} ex_job;
+
+static void ex_task(void *ctx, int64_t i0, int64_t i1, int tid) {
+    ex_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        if (i == j->n) { /* the shared expert */
+            j->rc[i] = mlp(j->e, j->pool, &j->lw->gate, &j->lw->up, &j->lw->down, j->h, j->T, j->sh, &j->bytes[i]);
+            continue;
+        }
+        const int x = j->xs[i], n = j->count[x];
+        float *xe = malloc(sizeof(float) * (size_t)n * j->D);
+        if (!xe) { j->rc[i] = DF_ENOMEM; continue; }
+        for (int r = 0; r < n; r++)
+            memcpy(xe + (int64_t)r * j->D, j->h + (int64_t)j->rows[j->start[x] + r] * j->D, sizeof(float) * j->D);
+        j->rc[i] = mlp(j->e, j->pool, &j->views[i].gate, &j->views[i].up, &j->views[i].down, xe, n, j->ye[i], &j->bytes[i]);
+        free(xe);
+    }
 }
 
 int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char *err, size_t errlen) {
@@ -99,11 +136,16 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int D = cfg->hidden_size;
     if (!lw->is_moe) {
-        int rc = mlp(e, &lw->gate, &lw->up, &lw->down, h, T, out);
+        uint64_t b = 0;
+        int rc = mlp(e, e->pool, &lw->gate, &lw->up, &lw->down, h, T, out, &b);
+        e->weight_bytes += b;
         if (rc && err) snprintf(err, errlen, "dense MLP layer %d: out of memory", layer);
         return rc;
     }
     const int E = cfg->n_routed_experts, K = cfg->num_experts_per_tok;
+    /* experts pinned at once: what the source allows (the store's budget), at least top-k */
+    const int maxc = e->max_acquire > 0 ? e->max_acquire : (K > 0 ? K : 1);
+    const int nthreads = df_pool_threads(e->pool);
     int rc = DF_OK;
     float *logits = malloc(sizeof(float) * (size_t)T * E);
     int *ids = malloc(sizeof(int) * (size_t)T * K);
@@ -113,9 +155,14 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     int *rows = malloc(sizeof(int) * (size_t)T * K);      /* token of each (expert, slot), grouped */
     float *rw = malloc(sizeof(float) * (size_t)T * K);    /* its weight */
     int *start = malloc(sizeof(int) * (size_t)(E + 1));
-    float *xe = malloc(sizeof(float) * (size_t)T * D), *ye = malloc(sizeof(float) * (size_t)T * D);
+    float *yall = malloc(sizeof(float) * (size_t)T * K * D); /* expert outputs, grouped like rows */
+    float **ye = malloc(sizeof(float *) * (size_t)(E + 1));
+    df_expert *views = malloc(sizeof(df_expert) * (size_t)(E + 1));
+    uint64_t *bytes = calloc((size_t)E + 2, sizeof(uint64_t));
+    int *rcs = calloc((size_t)E + 2, sizeof(int));
     float *sh = lw->has_shared ? malloc(sizeof(float) * (size_t)T * D) : NULL;
-    if (!logits || !ids || !wts || !count || !used || !rows || !rw || !start || !xe || !ye || (lw->has_shared && !sh)) {
+    if (!logits || !ids || !wts || !count || !used || !rows || !rw || !start || !yall || !ye || !views || !bytes ||
+        !rcs || (lw->has_shared && !sh)) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "MoE layer %d: out of memory for %d tokens", layer, T);
         goto done;
@@ -143,31 +190,56 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     }
     if (e->experts.request) e->experts.request(e->experts.ctx, layer, used, n_used, STORE_DEMAND);
     memset(out, 0, sizeof(float) * (size_t)T * D);
-    for (int u = 0; u < n_used; u++) {
-        int x = used[u], n = count[x];
-        df_expert ex;
-        double t0 = now_s();
-        rc = e->experts.acquire(e->experts.ctx, layer, &x, 1, &ex, err, errlen);
-        e->io_wait_s += now_s() - t0;
-        if (rc) goto done;
-        for (int i = 0; i < n; i++) memcpy(xe + (int64_t)i * D, h + (int64_t)rows[start[x] + i] * D, sizeof(float) * D);
-        rc = mlp(e, &ex.gate, &ex.up, &ex.down, xe, n, ye);
-        e->experts.release(e->experts.ctx, layer, &x, 1);
+    /* chunks of experts: acquire, compute (items in parallel across the pool when there are enough of
+     * them and each is small; else one at a time with row-parallel matmuls), release, accumulate in
+     * ascending expert order (the same additions in the same order whatever the chunking) */
+    for (int u0 = 0; u0 < n_used || (u0 == 0 && lw->has_shared); u0 += maxc) {
+        const int nc = n_used - u0 < maxc ? n_used - u0 : maxc;
+        const int with_shared = lw->has_shared && u0 + nc >= n_used; /* the last chunk carries the shared expert */
+        if (nc > 0) {
+            double t0 = now_s();
+            rc = e->experts.acquire(e->experts.ctx, layer, used + u0, nc, views, err, errlen);
+            e->io_wait_s += now_s() - t0;
+            if (rc) goto done;
+        }
+        int64_t biggest = 0;
+        for (int i = 0; i < nc; i++) {
+            ye[i] = yall + (int64_t)start[used[u0 + i]] * D;
+            int64_t w = (int64_t)count[used[u0 + i]] * views[i].gate.rows * views[i].gate.cols;
+            if (w > biggest) biggest = w;
+        }
+        if (with_shared && (int64_t)T * lw->gate.rows * lw->gate.cols > biggest) biggest = (int64_t)T * lw->gate.rows * lw->gate.cols;
+        const int items = nc + with_shared;
+        /* item-parallel when the matmuls would run on one thread anyway (the driver's threshold) or
+         * there are enough items to keep every thread busy */
+        const int par = nthreads > 1 && items > 1 && (biggest < 131072 || items >= 2 * nthreads);
+        ex_job j = {e, par ? NULL : e->pool, lw, h, T, D, nc, with_shared, used + u0, count, start, rows, views, ye, sh,
+                    bytes, rcs};
+        memset(rcs, 0, sizeof(int) * (size_t)(items + 1));
+        memset(bytes, 0, sizeof(uint64_t) * (size_t)(items + 1));
+        if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
+        else ex_task(&j, 0, items, 0);
+        if (nc > 0) e->experts.release(e->experts.ctx, layer, used + u0, nc);
+        for (int i = 0; i < items; i++) {
+            e->weight_bytes += bytes[i];
+            if (rcs[i] && !rc) rc = rcs[i];
+        }
         if (rc) {
-            if (err) snprintf(err, errlen, "MoE layer %d expert %d: out of memory", layer, x);
+            if (err) snprintf(err, errlen, "MoE layer %d: out of memory for %d tokens", layer, T);
             goto done;
         }
-        for (int i = 0; i < n; i++)
-            e->be->axpy(out + (int64_t)rows[start[x] + i] * D, rw[start[x] + i], ye + (int64_t)i * D, D);
+        for (int i = 0; i < nc; i++) {
+            const int x = used[u0 + i];
+            for (int r = 0; r < count[x]; r++)
+                e->be->axpy(out + (int64_t)rows[start[x] + r] * D, rw[start[x] + r], ye[i] + (int64_t)r * D, D);
+        }
+        if (nc == 0) break;
     }
-    if (lw->has_shared) {
-        rc = mlp(e, &lw->gate, &lw->up, &lw->down, h, T, sh);
-        if (rc) goto done;
+    if (lw->has_shared)
         for (int64_t i = 0; i < (int64_t)T * D; i++) out[i] += sh[i];
-    }
 done:
     free(logits); free(ids); free(wts); free(count); free(used); free(rows); free(rw); free(start);
-    free(xe); free(ye); free(sh);
+    free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh);
     return rc;
 }
 

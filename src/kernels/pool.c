@@ -8,16 +8,24 @@
  * futex wake-up costs tens of microseconds), then sleep on a condition
  * variable; the publisher always broadcasts under the mutex, so no wake-up
  * is lost. Completion is counted down in `busy`; the last worker signals.
+ * Spinning yields the CPU every SPIN_YIELD polls, so on an oversubscribed machine
+ * (other processes, or more threads than the CPUs this process may use) a spinning
+ * thread does not steal the time slice of the thread that has the work.
+ * The default thread count is the CPUs in this process's affinity mask (taskset,
+ * cpusets), not every online CPU.
  */
+#define _GNU_SOURCE
 #include "backend.h"
 #include "cpu/cpu_internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #define POOL_SPIN 4000 /* polls (~10-40 us) before a worker sleeps */
+#define SPIN_YIELD 64  /* sched_yield() every this many polls */
 
 struct df_pool {
     int n_threads;                  /* including the caller */
@@ -60,7 +68,8 @@ static void *pool_main(void *arg) {
     for (;;) {
         unsigned long long g = atomic_load(&p->generation);
         for (int s = 0; g == seen && !atomic_load(&p->stop) && s < POOL_SPIN; s++) {
-            cpu_relax();
+            if (s % SPIN_YIELD == SPIN_YIELD - 1) sched_yield();
+            else cpu_relax();
             g = atomic_load(&p->generation);
         }
         if (g == seen && !atomic_load(&p->stop)) {
@@ -81,11 +90,20 @@ static void *pool_main(void *arg) {
     return NULL;
 }
 
-df_pool *df_pool_new(int n_threads) {
-    if (n_threads <= 0) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = c > 0 ? (int)c : 1;
+/* CPUs this process may run on (affinity mask), else the online CPUs. */
+static int usable_cpus(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int c = CPU_COUNT(&set);
+        if (c > 0) return c;
     }
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
+}
+
+df_pool *df_pool_new(int n_threads) {
+    if (n_threads <= 0) n_threads = usable_cpus();
     df_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n_threads = n_threads;
@@ -145,7 +163,10 @@ void df_pool_run(df_pool *p, int64_t n, int64_t grain, df_task_fn fn, void *ctx)
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     pool_work(p, 0);
-    for (int s = 0; atomic_load(&p->busy) > 0 && s < POOL_SPIN; s++) cpu_relax();
+    for (int s = 0; atomic_load(&p->busy) > 0 && s < POOL_SPIN; s++) {
+        if (s % SPIN_YIELD == SPIN_YIELD - 1) sched_yield();
+        else cpu_relax();
+    }
     if (atomic_load(&p->busy) > 0) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->cv_done, &p->mu);

@@ -13,6 +13,7 @@
 #define DF_SRV_H
 
 #include "deltafin.h"
+#include "server/server.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <cjson/cJSON.h>
@@ -98,6 +99,7 @@ void srv_kimi_flush(srv_kimi *k, srv_buf *reasoning, srv_buf *content);
 /* --------------------------------------------------------------- request */
 enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };
 #define SRV_MAX_STOPS 16
+#define SRV_MAX_STOP_LEN 1024    /* bytes per stop sequence (bounds the hold-back work per token) */
 #define SRV_MAX_TOP_LOGPROBS 20
 
 typedef struct {
@@ -175,8 +177,10 @@ struct srv_backend {
 int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx,
                            char *err, size_t errlen);
 /* Mock model: vocabulary = 256 bytes + EOS (256); the greedy continuation of
- * any prompt cycles through a fixed UTF-8 text; delay_ms per evaluated token. */
-int srv_backend_open_mock(srv_backend **out, int delay_ms, char *err, size_t errlen);
+ * a prompt follows a fixed UTF-8 text (EOS at its end for prompts shorter than
+ * it, endless cycling for longer ones); delay_ms per evaluated token. kimi=1:
+ * a Kimi-family model whose output is a fixed <think> + tool-call script. */
+int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- generator */
 /* Longest common prefix of two token arrays. */
@@ -206,6 +210,8 @@ struct srv_job {
     int done;                 /* no more output will come */
     volatile int cancel;      /* client gone / shutdown: stop at the next token */
     int shutdown;             /* cancelled because the server is stopping */
+    int final;                /* the response is complete (set before the last bytes are
+                                 released), so admission no longer counts this job */
     srv_buf out;              /* produced bytes not yet sent */
     double last_out;          /* monotonic time of the last produced byte */
     int fd;                   /* client socket, for disconnect polling */
@@ -219,30 +225,5 @@ srv_job *srv_job_new(void);
 void srv_job_unref(srv_job *j);
 /* Append produced bytes and wake the consumer (takes the job lock). */
 void srv_job_emit(srv_job *j, const char *s, size_t n);
-
-/* ---------------------------------------------------------------- server */
-typedef struct {
-    const char *model_path;   /* NULL with mock */
-    int mock;                 /* serve the mock model (tests) */
-    int mock_delay_ms;
-    const char *host;
-    int port;
-    uint64_t ram_budget;
-    int threads;
-    int n_ctx;
-    int max_tokens;
-    size_t max_request_bytes;
-    int queue;
-    const char *api_key;
-    int kv_reuse;
-    double keepalive_s;
-    int timeout_s;            /* idle connection timeout */
-    int max_connections;
-    int verbose;
-    const char *port_file;    /* write the bound port here once listening */
-} srv_config;
-
-/* Run the server until SIGTERM/SIGINT. Returns a process exit status. */
-int srv_serve(const srv_config *c);
 
 #endif

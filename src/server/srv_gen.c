@@ -213,7 +213,11 @@ static void stream_chunk(gen_ctx *g, const srv_buf *reason, const srv_buf *conte
                 cJSON_AddItemToArray(tc, tool_call_json(&g->kimi.calls[g->n_calls_sent], g->n_calls_sent, 1));
         }
     } else cJSON_AddStringToObject(c, "text", content && content->len ? content->p : "");
-    if (has_text && g->r->logprobs) {
+    /* logprobs ride with the text they produced; tokens that produced none yet
+     * (incomplete UTF-8) go with the final chunk */
+    int lp_now = g->r->logprobs && (has_text || (finish && !g->stop.stopped && cJSON_GetArraySize(
+                     g->r->kind == SRV_CHAT ? g->lp_pending : cJSON_GetObjectItem(g->lp_pending, "tokens")) > 0));
+    if (lp_now) {
         cJSON *lp = new_lp_out(g);
         take_pending(g, lp);
         cJSON_AddItemToObject(c, "logprobs", lp);
@@ -267,6 +271,7 @@ static int gen_progress(void *u, const char *what, uint64_t done, uint64_t total
 
 static void fail_job(gen_ctx *g, int status, const char *msg, const char *param) {
     char *e = srv_error_json(msg, srv_error_type(status), param, NULL);
+    __atomic_store_n(&g->j->final, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_lock(&g->j->mu);
     if (!g->j->prepared) {
         g->j->http_status = status;
@@ -434,6 +439,7 @@ static void finish_stream(gen_ctx *g, int fin) {
         send_json_event(g, o);
         cJSON_Delete(o);
     }
+    __atomic_store_n(&g->j->final, 1, __ATOMIC_SEQ_CST);
     srv_job_emit(g->j, "data: [DONE]\n\n", 14);
 }
 
@@ -610,6 +616,7 @@ out:
     free(g->gen_ids);
     free(logits);
     free(P);
+    __atomic_store_n(&j->final, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_lock(&j->mu);
     if (!j->prepared) { j->prepared = 1; j->http_status = 499; }
     j->done = 1;

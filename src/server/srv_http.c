@@ -30,6 +30,7 @@ typedef struct {
     pthread_cond_t cv;
     srv_job *qhead, *qtail, *running;
     int n_inflight;           /* queued + running */
+    int n_responding;         /* generation requests not yet fully answered (drained at shutdown) */
     int stopping;
     long created;
     unsigned long n_served, n_rejected;
@@ -43,6 +44,7 @@ typedef struct {
     int route;
     srv_buf body;
     int too_big;
+    int responding;           /* counted in S.n_responding */
     size_t discarded;
     int fd;
 } conn_ctx;
@@ -112,6 +114,7 @@ static void *worker_main(void *arg) {
                 pthread_mutex_unlock(&j->mu);
                 free(e);
             }
+            __atomic_store_n(&j->final, 1, __ATOMIC_SEQ_CST);
             pthread_mutex_lock(&j->mu);
             if (!j->prepared) { j->prepared = 1; if (!j->http_status) j->http_status = 499; }
             j->done = 1;
@@ -201,7 +204,10 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
         srv_job_unref(j);
         return send_error(c, 503, "The server is shutting down.", NULL, NULL);
     }
-    if (S.n_inflight >= 1 + S.cfg.queue) {
+    /* a running job whose response is complete (its client may already be
+     * sending the next request) no longer counts */
+    int busy = S.n_inflight - (S.running && __atomic_load_n(&S.running->final, __ATOMIC_SEQ_CST) ? 1 : 0);
+    if (busy >= 1 + S.cfg.queue) {
         S.n_rejected++;
         pthread_mutex_unlock(&S.mu);
         srv_job_unref(j);
@@ -211,6 +217,8 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
         return send_error(c, 429, m, NULL, "server_busy");
     }
     S.n_inflight++;
+    S.n_responding++;
+    x->responding = 1;
     j->refs = 2; /* this handler (then the SSE response) + the worker */
     if (S.qtail) S.qtail->next = j; else S.qhead = j;
     S.qtail = j;
@@ -361,6 +369,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     conn_ctx *x = *con_cls;
     if (!x) return;
+    if (x->responding) {
+        pthread_mutex_lock(&S.mu);
+        S.n_responding--;
+        pthread_cond_broadcast(&S.cv);
+        pthread_mutex_unlock(&S.mu);
+    }
     srv_buf_free(&x->body);
     free(x);
     *con_cls = NULL;
@@ -388,7 +402,7 @@ int srv_serve(const srv_config *cfg) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (cfg->mock) rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, err, sizeof err);
+    if (cfg->mock) rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, cfg->mock_kimi, err, sizeof err);
     else {
         df_model_opts mo;
         df_model_opts_default(&mo);
@@ -475,6 +489,21 @@ int srv_serve(const srv_config *cfg) {
     pthread_cond_broadcast(&S.cv);
     pthread_mutex_unlock(&S.mu);
     pthread_join(worker, NULL);
+    /* let cancelled streams and final bodies reach their clients (at most 10 s) */
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += 10;
+    pthread_mutex_lock(&S.mu);
+    while (S.n_responding > 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > until.tv_sec || (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) break;
+        pthread_mutex_unlock(&S.mu);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&S.mu);
+    }
+    pthread_mutex_unlock(&S.mu);
     MHD_stop_daemon(S.d);
     fprintf(stderr, "deltafin serve: stopped after %lu requests (%lu rejected as busy)\n", S.n_served, S.n_rejected);
     S.be->close(S.be);

@@ -1,8 +1,9 @@
 /* srv_mock.c — a tiny deterministic "model" for testing the server without
  * weights (`deltafin serve --mock`). Vocabulary: ids 0..255 are bytes, 256 is
  * EOS. After n_past tokens the logits peak at byte MOCK_TEXT[n_past % (L+1)]
- * (index L = EOS), so the greedy continuation of a P-token prompt is the text
- * from offset P % (L+1). The text has multi-byte UTF-8 characters, which byte
+ * where index L is EOS at n_past == L and '\n' in later cycles: the greedy
+ * continuation of a P-token prompt is the text from offset P % (L+1), ending
+ * with EOS when P < L, and endless (cycling) when P > L. The text has multi-byte UTF-8 characters, which byte
  * tokens split: exactly what the server's UTF-8-safe chunking must handle.
  * The sampler here is the mock's own (softmax with temperature, top-k, top-p,
  * xorshift64* seeded RNG); real models use the engine's df_sampler. */
@@ -17,6 +18,13 @@ static const char MOCK_TEXT[] =
     "Hello, world! The quick brown fox jumps over the lazy dog. "
     "Caf\xC3\xA9 na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x99\x82 done.";
 #define MOCK_L ((int)sizeof MOCK_TEXT - 1)
+/* Kimi mode (--mock-kimi): the model continues this script wherever the context
+ * ends with a prefix of it (from its start otherwise), then says EOS. */
+static const char MOCK_KIMI[] =
+    "<think>The user asks for the weather.</think>Checking."
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+    "{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>";
+#define MOCK_KL ((int)sizeof MOCK_KIMI - 1)
 #define MOCK_EOS 256
 #define MOCK_VOCAB 257
 #define MOCK_CTX 4096
@@ -25,6 +33,7 @@ typedef struct {
     int32_t toks[MOCK_CTX];
     int n_past;
     int delay_ms;
+    int kimi;
 } mock;
 #define MK(b) ((mock *)(b)->impl)
 
@@ -119,7 +128,16 @@ static int k_eval(srv_backend *b, const int32_t *ids, int n, float *logits, df_p
     k->n_past += n;
     if (logits) {
         int pos = k->n_past % (MOCK_L + 1);
-        int target = pos == MOCK_L ? MOCK_EOS : (unsigned char)MOCK_TEXT[pos];
+        int target = pos < MOCK_L ? (unsigned char)MOCK_TEXT[pos] : k->n_past == MOCK_L ? MOCK_EOS : '\n';
+        if (k->kimi) {
+            int m = k->n_past < MOCK_KL ? k->n_past : MOCK_KL;
+            for (; m > 0; m--) {
+                int eq = 1;
+                for (int i = 0; i < m && eq; i++) eq = k->toks[k->n_past - m + i] == (unsigned char)MOCK_KIMI[i];
+                if (eq) break;
+            }
+            target = m == MOCK_KL ? MOCK_EOS : (unsigned char)MOCK_KIMI[m];
+        }
         for (int v = 0; v < MOCK_VOCAB; v++) logits[v] = (float)((v * 7 + k->n_past) % 13) / 13.0f;
         logits[target] = 9.0f;
     }
@@ -192,13 +210,15 @@ static void k_close(srv_backend *b) {
     free(b);
 }
 
-int srv_backend_open_mock(srv_backend **out, int delay_ms, char *err, size_t errlen) {
+int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, char *err, size_t errlen) {
     srv_backend *b = calloc(1, sizeof *b);
     mock *k = calloc(1, sizeof *k);
     if (!b || !k) { free(b); free(k); return DF_ENOMEM; }
     k->delay_ms = delay_ms;
+    k->kimi = kimi;
     b->impl = k;
-    b->name = "mock";
+    b->name = kimi ? "mock-kimi" : "mock";
+    b->is_kimi = kimi;
     b->n_vocab = MOCK_VOCAB;
     b->n_ctx = MOCK_CTX;
     b->has_tokenizer = 1;

@@ -163,6 +163,12 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         FAIL(NULL, "We could not parse the JSON body of your request (error near byte %zu). "
                    "The OpenAI API expects a JSON payload.", off);
     }
+    if (end) { /* only whitespace may follow the JSON value */
+        const char *e = end, *lim = body + len;
+        while (e < lim && (*e == ' ' || *e == '\t' || *e == '\r' || *e == '\n')) e++;
+        if (e < lim) FAIL(NULL, "We could not parse the JSON body of your request: unexpected data after the JSON value at byte %zu.",
+                          (size_t)(e - body));
+    }
     if (!cJSON_IsObject(root)) FAIL(NULL, "The request body must be a JSON object.");
 
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "model")) && !cJSON_IsNull(v)) {
@@ -219,6 +225,7 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "stop")) && !cJSON_IsNull(v)) {
         if (cJSON_IsString(v)) {
+            if (strlen(v->valuestring) > SRV_MAX_STOP_LEN) FAIL("stop", "Invalid 'stop': longer than %d bytes.", SRV_MAX_STOP_LEN);
             if (v->valuestring[0]) r->stops[r->n_stops++] = strdup(v->valuestring);
         } else if (cJSON_IsArray(v)) {
             if (cJSON_GetArraySize(v) > SRV_MAX_STOPS) FAIL("stop", "Invalid 'stop': at most %d sequences.", SRV_MAX_STOPS);
@@ -226,6 +233,7 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
             cJSON_ArrayForEach(s, v) {
                 if (!cJSON_IsString(s)) FAIL("stop", "Invalid type for 'stop': expected a string or an array of strings.");
                 if (!s->valuestring[0]) FAIL("stop", "Invalid 'stop': empty stop sequence.");
+                if (strlen(s->valuestring) > SRV_MAX_STOP_LEN) FAIL("stop", "Invalid 'stop': longer than %d bytes.", SRV_MAX_STOP_LEN);
                 r->stops[r->n_stops++] = strdup(s->valuestring);
             }
         } else FAIL("stop", "Invalid type for 'stop': expected a string or an array of strings.");

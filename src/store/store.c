@@ -76,15 +76,21 @@ int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_by
     uint64_t slot = store_slot_bytes(nat);
     int k = nat->cfg.num_experts_per_tok > 0 ? nat->cfg.num_experts_per_tok : 1;
     uint64_t min_cache = nat->n_moe_layers > 0 ? 2ull * k * slot : 0;
-    uint64_t fixed = spine_bytes + kv_bytes + other_bytes;
+    /* the store's own tables + the process baseline (code, libraries, thread stacks, allocator): measured 9 MiB
+     * for deltafin on a tiny model (/usr/bin/time maxrss); 12 MiB keeps peak RSS within the budget */
+    uint64_t keys = (uint64_t)nat->cfg.num_hidden_layers * (nat->n_experts > 0 ? nat->n_experts : 1);
+    uint64_t store_meta = keys * (sizeof(int) + 2 + sizeof(float) * 2 + sizeof(double)) + (12ull << 20);
+    uint64_t fixed = spine_bytes + kv_bytes + other_bytes + store_meta;
     uint64_t minimum = fixed + min_cache;
     if (budget < minimum) {
-        char b[6][32];
+        char b[7][32];
         return seterr(err, errlen, DF_EBUDGET,
-                      "--ram-budget %s is too small for %s: spine %s + KV cache %s + other %s + minimum expert cache %s "
-                      "(2 x top-%d slots of %llu bytes) = %llu bytes (%s); raise --ram-budget to at least that",
+                      "--ram-budget %s is too small for %s: spine %s + KV cache %s + other %s + process and store "
+                      "tables %s + minimum expert cache %s (2 x top-%d slots of %llu bytes) = %llu bytes (%s); raise "
+                      "--ram-budget to at least that",
                       fmt_size(b[0], budget), nat->name, fmt_size(b[1], spine_bytes), fmt_size(b[2], kv_bytes),
-                      fmt_size(b[3], other_bytes), fmt_size(b[4], min_cache), k, (unsigned long long)slot,
+                      fmt_size(b[3], other_bytes), fmt_size(b[6], store_meta), fmt_size(b[4], min_cache), k,
+                      (unsigned long long)slot,
                       (unsigned long long)minimum, fmt_size(b[5], minimum));
     }
     uint64_t c = budget - fixed;
@@ -479,6 +485,37 @@ static int check_key(const df_store *st, int layer, int expert) {
            expert < st->n_experts;
 }
 
+/* Guesses for layers <= `layer` still queued when layer's demand set arrives
+ * are wrong (the demand request moved the right ones to the demand list): drop
+ * the unstarted ones, stop the started ones after their in-flight chunks. mu held. */
+static void drop_stale_guesses(df_store *st, int layer) {
+    store_job *j = st->pre_head;
+    while (j) {
+        store_job *nx = j->next;
+        store_slot *sl = &st->slots[j->slot];
+        if (j->layer <= layer && !sl->demand_hold && !sl->pins) {
+            int key = KEY(st, j->layer, j->expert);
+            store_event(st, "\"ev\":\"drop_guess\",\"layer\":%d,\"expert\":%d,\"started\":%d", j->layer,
+                        j->expert, j->started);
+            job_unlink(st, j);
+            st->stats.prefetch_cancelled++;
+            if (!j->started || j->chunks_out == 0) {
+                int s = j->slot;
+                sl->job = NULL;
+                slot_reset(st, s);
+                st->free_stack[st->n_free++] = s;
+                free(j);
+            } else {
+                j->abandoned = 1;
+                for (int k = 0; k < j->n_pieces; k++) j->piece_next[k] = j->piece_len[k];
+                if (st->slot_of[key] == j->slot) st->slot_of[key] = -1;
+                sl->prefetched = 0;
+            }
+        }
+        j = nx;
+    }
+}
+
 int store_request(df_store *st, int layer, const int *experts, int n, store_prio prio) {
     pthread_mutex_lock(&st->mu);
     int rc = 0;
@@ -511,6 +548,7 @@ int store_request(df_store *st, int layer, const int *experts, int n, store_prio
             st->pf_issued[layer]++;
         }
     }
+    if (prio == STORE_DEMAND) drop_stale_guesses(st, layer);
     pthread_mutex_unlock(&st->mu);
     return rc;
 }
@@ -678,6 +716,16 @@ void store_cancel_prefetch(df_store *st) {
 /* Verify and publish a finished job (mu not held on entry). */
 void store_job_finish(df_store *st, store_job *j) {
     store_slot *sl = &st->slots[j->slot];
+    if (j->abandoned) { /* a dropped guess: nothing to publish, the slot is free again */
+        pthread_mutex_lock(&st->mu);
+        sl->job = NULL;
+        slot_reset(st, j->slot);
+        st->free_stack[st->n_free++] = j->slot;
+        pthread_cond_broadcast(&st->done_cv);
+        pthread_mutex_unlock(&st->mu);
+        free(j);
+        return;
+    }
     int key = KEY(st, j->layer, j->expert);
     store_layer *L = &st->layers[j->layer];
     uint64_t nverified = 0;

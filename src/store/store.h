@@ -79,8 +79,10 @@ uint64_t store_slot_bytes(const struct df_native *nat);
 /* --ram-budget: given the whole budget, the resident spine bytes, the KV cache
  * bytes and other engine overhead (activations, staging), returns in *cache_bytes
  * what store_opts.cache_bytes should be. budget 0 = unlimited -> *cache_bytes 0.
- * Minimum: spine + kv + other + 2 * top_k slots (one layer computing, one
- * loading). Below it: DF_EBUDGET with a message that states the minimum. */
+ * Also reserved: the store's tables and a 12 MiB process baseline (code,
+ * libraries, stacks), so that peak RSS stays within the budget.
+ * Minimum: spine + kv + other + that + 2 * top_k slots (one layer computing,
+ * one loading). Below it: DF_EBUDGET with a message that states the minimum. */
 int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_bytes, uint64_t kv_bytes,
                  uint64_t other_bytes, uint64_t *cache_bytes, char *err, size_t errlen);
 

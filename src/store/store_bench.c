@@ -42,7 +42,10 @@ static double now_s(void) {
 typedef struct {
     int fd;
     uint64_t size;
+    char name[256];
 } bfile;
+
+static int cmp_bfile(const void *a, const void *b) { return strcmp(((const bfile *)a)->name, ((const bfile *)b)->name); }
 
 typedef struct {
     const store_bench_opts *o;
@@ -55,6 +58,8 @@ typedef struct {
     uint64_t rng;
     uint64_t bytes;
     double t_end;
+    int grp_f, grp_n, grp_i, grp_next; /* group mode: file, extents, next extent, next file */
+    uint64_t grp_off[64];
     int cur_f;               /* pread pool: the run being handed out */
     uint64_t cur_off, cur_left;
     int err;
@@ -68,8 +73,38 @@ static uint64_t rnd(uint64_t *s) {
     return x * 0x2545F4914F6CDD1Dull;
 }
 
-/* A random run: file and io-aligned start such that run bytes fit. */
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The next run: with group > 1, the next of `group` distinct run-aligned
+ * extents of one file, ascending (a MoE layer's experts), files taken in name
+ * order (experts-L001.pack, L002, ...: layer after layer, as decode does); else a random
+ * io-aligned start in a random file (weighted by size) such that run bytes fit. */
 static void pick_run(bdir *d, uint64_t run, int *f, uint64_t *off) {
+    int g = d->o->group;
+    if (g > 1) {
+        if (d->grp_i >= d->grp_n) {
+            int i = d->grp_next++ % d->n_files; /* files in name order: layer after layer, as decode */
+            uint64_t n_ext = d->files[i].size / run;
+            int n = g < 64 ? g : 64;
+            if ((uint64_t)n > n_ext) n = (int)n_ext;
+            d->grp_f = i;
+            d->grp_n = 0;
+            while (d->grp_n < n) {
+                uint64_t e = rnd(&d->rng) % n_ext, o = e * run;
+                int dup = 0;
+                for (int k = 0; k < d->grp_n; k++) dup |= d->grp_off[k] == o;
+                if (!dup) d->grp_off[d->grp_n++] = o;
+            }
+            qsort(d->grp_off, d->grp_n, sizeof(uint64_t), cmp_u64);
+            d->grp_i = 0;
+        }
+        *f = d->grp_f;
+        *off = d->grp_off[d->grp_i++];
+        return;
+    }
     uint64_t x = rnd(&d->rng) % d->total;
     int i = 0;
     while (i < d->n_files - 1 && x >= d->files[i].size - run + 1) { x -= d->files[i].size - run + 1; i++; }
@@ -102,11 +137,13 @@ static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
             d->files = realloc(d->files, cap * sizeof *d->files);
         }
         d->files[d->n_files].fd = fd;
+        snprintf(d->files[d->n_files].name, sizeof d->files[d->n_files].name, "%s", de->d_name);
         d->files[d->n_files].size = (uint64_t)sb.st_size / 4096 * 4096;
         d->total += d->files[d->n_files].size - run + 1;
         d->n_files++;
     }
     closedir(dp);
+    if (d->n_files) qsort(d->files, d->n_files, sizeof *d->files, cmp_bfile);
     if (!d->n_files) {
         snprintf(err, errlen,
                  "bench io: %s has no file of at least %llu bytes to read (write one with `deltafin synth %s ...`)",

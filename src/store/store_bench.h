@@ -18,6 +18,9 @@ typedef struct {
     double seconds;          /* duration (default 10) */
     int use_uring;           /* 1 = io_uring (default), 0 = pread threads */
     uint64_t seed;
+    int group;               /* >1: runs come in groups of `group` distinct run-aligned extents of one file, in
+                                ascending offset order (one MoE layer's top-k experts, as the engine reads them);
+                                0/1 = independent random runs */
 } store_bench_opts;
 
 typedef struct {

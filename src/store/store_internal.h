@@ -41,6 +41,7 @@ typedef struct store_job {
     int slot, layer, expert;
     store_prio prio;
     int started;                    /* some chunk was handed to a drive */
+    int abandoned;                  /* a wrong guess stopped mid-read: its slot is freed when in-flight chunks end */
     int n_pieces;
     int piece_drive[STORE_MAX_DRIVES];
     int piece_fd[STORE_MAX_DRIVES];      /* O_DIRECT fd (or buffered if O_DIRECT unavailable) */

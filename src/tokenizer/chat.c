@@ -478,6 +478,12 @@ static int render_harmony(const cJSON *msgs, const char *tools_json, int flags, 
 int tok_chat_render(const df_tokenizer *t, const char *messages_json, const char *tools_json, int flags,
                     char **text_out, char *err, size_t errlen) {
     cJSON *msgs = cJSON_Parse(messages_json);
+    if (!msgs) {
+        const char *at = cJSON_GetErrorPtr();
+        tok_err(err, errlen, "chat: messages are not valid JSON (near \"%.30s\"; lone \\ud800-\\udfff escapes "
+                "are rejected)", at ? at : "");
+        return DF_EINVAL;
+    }
     if (!cJSON_IsArray(msgs)) {
         /* also accept {"messages": [...], "tools": [...]} */
         cJSON *obj = msgs;

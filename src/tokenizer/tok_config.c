@@ -48,6 +48,7 @@ int tok_apply_config(df_tokenizer *t, const char *config_path, char *err, size_t
         const char *b = tok_str_of(cJSON_GetObjectItemCaseSensitive(cfg, "bos_token"));
         const char *e = tok_str_of(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token"));
         if (b) t->bos_str = strdup(b);
+        t->add_bos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token"));
         if (e) t->eos_str = strdup(e);
         const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
         if (cJSON_IsString(ct)) tmpl = ct->valuestring;

@@ -274,7 +274,7 @@ int tok_encode(const df_tokenizer *t, const char *text0, size_t len0, int flags,
     pcre2_jit_stack_assign(c.mc, NULL, c.js);
 
     int parse_special = (flags & DF_TOK_PARSE_SPECIAL) != 0;
-    if ((flags & DF_TOK_ADD_BOS) && t->bos_id >= 0 && (rc = tok_ids_push(out, t->bos_id))) goto out;
+    if (((flags & DF_TOK_ADD_BOS) || ((flags & DF_TOK_ADD_SPECIAL) && t->add_bos)) && t->bos_id >= 0 && (rc = tok_ids_push(out, t->bos_id))) goto out;
     size_t seg = 0, i = 0;
     while (i <= len) {
         int found = -1;

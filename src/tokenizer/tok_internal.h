@@ -138,6 +138,7 @@ struct df_tokenizer {
     char *pool; size_t pool_len, pool_cap;
     uint32_t *tok_off, *tok_len;
     uint8_t *tok_flags;        /* TOK_F_* */
+    int32_t ids_cap;           /* allocated entries of tok_off/tok_len/tok_flags */
     /* model vocabulary in model space (raw bytes when byte_level) -> id */
     tok_map vocab;
     tok_pairs pairs;
@@ -159,6 +160,7 @@ struct df_tokenizer {
     int tt_kimi_slicing;       /* Kimi's 400k-char slices and 25k-char run cap */
     /* specials */
     int32_t bos_id, eos_id;
+    int add_bos;               /* tokenizer_config.json add_bos_token (0 when absent) */
     char *bos_str, *eos_str;   /* as written in the chat format */
     int chat;
     char *path;

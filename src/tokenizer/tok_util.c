@@ -270,15 +270,20 @@ char *tok_utf8_sanitize(const char *s, size_t n, size_t *out_len) {
 
 int tok_ensure_ids(df_tokenizer *t, int32_t n) {
     if (n <= t->n_vocab) return 0;
-    uint32_t *o = realloc(t->tok_off, (size_t)n * sizeof *o);
-    if (!o) return DF_ENOMEM;
-    t->tok_off = o;
-    uint32_t *l = realloc(t->tok_len, (size_t)n * sizeof *l);
-    if (!l) return DF_ENOMEM;
-    t->tok_len = l;
-    uint8_t *f = realloc(t->tok_flags, (size_t)n);
-    if (!f) return DF_ENOMEM;
-    t->tok_flags = f;
+    if (n > t->ids_cap) {
+        int32_t cap = t->ids_cap ? t->ids_cap : 1024;
+        while (cap < n) cap *= 2;
+        uint32_t *o = realloc(t->tok_off, (size_t)cap * sizeof *o);
+        if (!o) return DF_ENOMEM;
+        t->tok_off = o;
+        uint32_t *l = realloc(t->tok_len, (size_t)cap * sizeof *l);
+        if (!l) return DF_ENOMEM;
+        t->tok_len = l;
+        uint8_t *f = realloc(t->tok_flags, (size_t)cap);
+        if (!f) return DF_ENOMEM;
+        t->tok_flags = f;
+        t->ids_cap = cap;
+    }
     for (int32_t i = t->n_vocab; i < n; i++) { t->tok_off[i] = 0; t->tok_len[i] = 0; t->tok_flags[i] = 0; }
     t->n_vocab = n;
     return 0;

@@ -137,6 +137,11 @@ async function main() {
   const c = await compl({ prompt, max_tokens: 10, temperature: 0 });
   check(c.object === "text_completion" && typeof c.choices[0].text === "string", "completion shape", c);
   if (mode === "mock") check(c.choices[0].text === "brown fox ", "mock completion text", c.choices[0].text);
+  if (process.env.DF_RUN_IDS) {
+    const ci = await compl({ prompt, max_tokens: 10, temperature: 0, return_token_ids: true });
+    check(ci.choices[0].token_ids.join(",") === process.env.DF_RUN_IDS, "temperature 0 == deltafin run --print-ids",
+          { server: ci.choices[0].token_ids.join(","), run: process.env.DF_RUN_IDS });
+  }
   const cs = await complStream({ prompt, max_tokens: 10, temperature: 0 });
   check(cs.text === c.choices[0].text, "completion: streamed == non-streamed", [cs.text, c.choices[0].text]);
   check(cs.usage && cs.usage.completion_tokens === c.usage.completion_tokens, "completion include_usage", cs.usage);

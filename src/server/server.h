@@ -1,0 +1,37 @@
+/* server.h — entry point of the OpenAI-compatible server (`deltafin serve`),
+ * for the CLI: a configuration struct and srv_serve(). Internals: srv.h;
+ * reference: docs/server.md. */
+#ifndef DF_SERVER_H
+#define DF_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *model_path;   /* NULL with mock */
+    int mock;                 /* serve the mock model (tests) */
+    int mock_delay_ms;
+    int mock_kimi;            /* the mock speaks Kimi: reasoning + a tool call */
+    const char *host;         /* numeric IPv4 / IPv6 address */
+    int port;                 /* 0 = any free port */
+    uint64_t ram_budget;      /* bytes; 0 = unlimited */
+    int threads;              /* 0 = all cores */
+    int n_ctx;                /* KV positions; 0 = min(4096, model maximum) */
+    int max_tokens;           /* cap per request; 0 = context room */
+    size_t max_request_bytes; /* larger bodies -> 413 */
+    int queue;                /* waiting requests allowed while one runs; more -> 429 */
+    const char *api_key;      /* NULL = no key */
+    int kv_reuse;             /* reuse the KV cache for a common prompt prefix */
+    double keepalive_s;       /* SSE comment period during long prefills */
+    int timeout_s;            /* idle / stalled connection timeout */
+    int max_connections;
+    int verbose;
+    const char *port_file;    /* write the bound port here once listening */
+} srv_config;
+
+/* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.
+ * Returns a process exit status (0 after a clean shutdown, 1 when the model
+ * cannot be opened or the address cannot be bound, 2 for a bad --host). */
+int srv_serve(const srv_config *c);
+
+#endif
