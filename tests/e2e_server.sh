@@ -232,6 +232,8 @@ else
         # greedy ids of the CLI for the client's completion prompt (10 tokens)
         G=$("$BIN" run --model "$MODEL" --prompt "The capital of France is" --max-new 10 --print-ids 2>/dev/null | tail -1 | tr -d ' ')
         case "$G" in *[0-9]*) export DF_RUN_IDS=$G; echo "--- deltafin run greedy ids: $G" ;; esac
+        G=$("$BIN" run --model "$MODEL" --chat --prompt "Say hello." --max-new 10 --print-ids 2>/dev/null | tail -1 | tr -d ' ')
+        case "$G" in *[0-9]*) export DF_RUN_CHAT_IDS=$G; echo "--- deltafin run --chat greedy ids: $G" ;; esac
     elif [ $MODE = ids ]; then
         G=$("$BIN" run --model "$MODEL" --prompt-ids "$DF_PROMPT_IDS" --max-new 8 --print-ids 2>/dev/null | tail -1 | tr -d ' ')
         case "$G" in *[0-9]*) export DF_GREEDY_IDS=$G ;; esac

@@ -35,7 +35,11 @@ PORT=$(cat "$TMP/port")
 echo "--- ASan server on port $PORT: 32 clients for $SECS s"
 node "$SRC/tests/server/load.mjs" "http://127.0.0.1:$PORT/v1" mock 32 "$SECS"
 lrc=$?
-health=$(curl -s "http://127.0.0.1:$PORT/health")
+for _ in $(seq 1 40); do # idle within 2 s (an aborted stream is noticed within 100 ms)
+    health=$(curl -s "http://127.0.0.1:$PORT/health")
+    case "$health" in *'"in_flight":0'*) break ;; esac
+    sleep 0.05
+done
 echo "--- health after load: $health"
 kill -TERM $SPID
 for _ in $(seq 1 150); do kill -0 $SPID 2>/dev/null || break; sleep 0.1; done

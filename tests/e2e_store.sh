@@ -20,12 +20,12 @@ bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 run() { "$BIN" run --model "$T/m" --prompt-ids 5,17,42,99 --max-new 12 --print-ids --quiet "$@" 2>"$T/err" | tail -1; }
 ref=$(run)
 [ -n "$ref" ] && ok || bad "run without budget: $(cat "$T/err")"
-# experts: 3 layers x 32 x 57344 B = 5.25 MiB; fixed part (spine 2.3 MiB, KV, 12 MiB process baseline) ~14.4 MiB;
-# + 1/4 of the experts -> 15.7 MiB budget
-b=$(run --ram-budget 15.7M)
-[ "$b" = "$ref" ] && ok || bad "budget 15.7M ids '$b' vs '$ref' ($(cat "$T/err"))"
-ev=$(run --ram-budget 15.0M --events "$T/ev.jsonl")
-[ "$ev" = "$ref" ] && ok || bad "budget 15.0M ids '$ev' vs '$ref' ($(cat "$T/err"))"
+# experts: 3 layers x 32 x 57344 B = 5.25 MiB; fixed part (spine 2.28 MiB, KV, other, store tables) 2.42 MiB;
+# + 1/4 of the experts (1.31 MiB, 23 slots) -> 3.75 MiB budget; 3.2 MiB -> 13 slots
+b=$(run --ram-budget 3.75M)
+[ "$b" = "$ref" ] && ok || bad "budget 3.75M ids '$b' vs '$ref' ($(cat "$T/err"))"
+ev=$(run --ram-budget 3.2M --events "$T/ev.jsonl")
+[ "$ev" = "$ref" ] && ok || bad "budget 3.2M ids '$ev' vs '$ref' ($(cat "$T/err"))"
 grep -q '"ev":"token"' "$T/ev.jsonl" && grep -q '"ev":"read"' "$T/ev.jsonl" && ok || bad "events file"
 "$BIN" run --model "$T/m" --prompt-ids 1,2 --max-new 1 --ram-budget 1M --quiet >/dev/null 2>"$T/err"
 [ $? -ne 0 ] && grep -q "too small" "$T/err" && grep -q "at least" "$T/err" && ok || bad "tiny budget error: $(cat "$T/err")"
@@ -33,7 +33,7 @@ grep -q '"ev":"token"' "$T/ev.jsonl" && grep -q '"ev":"read"' "$T/ev.jsonl" && o
 cp -r "$T/m/d0" "$T/d0x"; cp -r "$T/m/d1" "$T/d1x"
 
 "$BIN" bench io --dir "$T/m/d0,$T/m/d1" --size 64K --seconds 0.3 --no-drop >"$T/io" 2>&1 && grep -q "GB/s" "$T/io" && ok || bad "bench io: $(cat "$T/io")"
-"$BIN" bench decode --model "$T/m" --ram-budget 18.5M --tokens 4 --io-seconds 0.3 --no-drop >"$T/bd" 2>&1 \
+"$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 4 --io-seconds 0.3 --no-drop >"$T/bd" 2>&1 \
   && grep -q "tok/s" "$T/bd" && grep -q "hit rate" "$T/bd" && grep -q "storage bound" "$T/bd" && ok || bad "bench decode: $(cat "$T/bd")"
 
 # trace replays: eviction policies (LRU / frequency / heat tier) and the store's I/O path without compute
@@ -56,7 +56,7 @@ rc=$?
 grep -q "checksum mismatch in layer 2 expert" "$T/err" && grep -q "experts-L002.pack" "$T/err" && ok \
   || bad "corrupt pack: rc $rc out '$out' err: $(cat "$T/err")"
 # clean copies through --expert-dirs (the manifest's packs are the corrupt ones now)
-mv2=$(run --expert-dirs "$T/d0x,$T/d1x" --ram-budget 15.7M)
+mv2=$(run --expert-dirs "$T/d0x,$T/d1x" --ram-budget 3.75M)
 [ "$mv2" = "$ref" ] && ok || bad "--expert-dirs ids '$mv2' vs '$ref' ($(cat "$T/err"))"
 # truncated pack
 truncate -s 100000 "$T/m/d0/experts-L003.pack"

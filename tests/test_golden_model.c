@@ -6,7 +6,8 @@
  * max |logit - golden| <= 2e-3 over every stored logit (all positions x vocab, or the
  * last row + the top-20 of every position for draft files), then 32 greedy tokens ==
  * greedy_ids. When the model has a tokenizer, tokenizing `prompt` with the special
- * tokens its tokenizer_config.json asks for (add_bos_token) must give prompt_ids.
+ * tokens its tokenizer_config.json asks for (DF_TOK_ADD_SPECIAL: add_bos_token, false for
+ * kimi-mini; the goldens have no [BOS]) must give exactly prompt_ids.
  * MoE models are run again under a RAM budget whose expert cache is 1/4 of the
  * model's expert bytes (issue 4: exact on real routing): greedy ids must be equal
  * and the prompt logits bitwise equal, with evictions (more misses).
@@ -27,7 +28,12 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Logit tolerance (issue 2's acceptance bound). The goldens were regenerated with TF32 off
+ * (tools/train/regold.py): transformers runs the router matmul in fp32 even in a float64 model, and
+ * with TF32 on that reference moved by ~2e-3. Against the TF32-off reference this engine is within
+ * ~1e-5 (stored logits are rounded to 1e-5). */
 #define TOL 2e-3
+#define TOL_MOE_TF32 TOL
 
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -220,13 +226,16 @@ static void check_tokenizer(df_model *m, const char *model_dir, const golden *g,
     char err[512] = "";
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = df_tokenize(tok, g->prompt, strlen(g->prompt), add_bos > 0 ? DF_TOK_ADD_BOS : 0, &ids, &n, err, sizeof err);
+    /* DF_TOK_ADD_SPECIAL: what tokenizer_config.json asks for (as transformers' add_special_tokens=True);
+     * the goldens were tokenized with add_special_tokens=False, equal exactly when add_bos_token is false */
+    int rc = df_tokenize(tok, g->prompt, strlen(g->prompt), DF_TOK_ADD_SPECIAL, &ids, &n, err, sizeof err);
     if (rc) {
         printf("%-10s tokenizer: df_tokenize failed (%s), ids check skipped\n", "", err);
         return;
     }
     int same = n == (size_t)g->n_prompt && !memcmp(ids, g->prompt_ids, sizeof(int32_t) * n);
-    printf("%-10s tokenizer (add_bos_token %s): %zu ids, %s prompt_ids\n", "", add_bos > 0 ? "true" : "false", n,
+    printf("%-10s tokenizer (DF_TOK_ADD_SPECIAL, add_bos_token %s): %zu ids, %s prompt_ids\n", "",
+           add_bos > 0 ? "true" : "false", n,
            same ? "equal to" : "DIFFERENT from");
     CHECK(same, "%s: tokenizing the prompt gives %zu ids, golden prompt_ids has %d (first difference at %d)", name, n,
           g->n_prompt, n_match(ids, g->prompt_ids, (int)(n < (size_t)g->n_prompt ? n : (size_t)g->n_prompt)));
@@ -354,7 +363,8 @@ static void run_case(const char *root, const char *cache, const char *file, cons
         if (match < g.n_greedy)
             printf("%-10s first mismatch at step %d: %d vs golden %d (golden margin %.3g)\n", "", match, r.gen[match],
                    g.greedy[match], g.margins[match]);
-        CHECK(md <= TOL, "%s: max logit diff %g > %g", name, md, TOL);
+        const double tol = strstr(g.model, "draft") ? TOL : TOL_MOE_TF32;
+        CHECK(md <= tol, "%s: max logit diff %g > %g", name, md, tol);
         CHECK(match == g.n_greedy, "%s: greedy tokens differ from step %d", name, match);
         check_tokenizer(m, model_dir, &g, name);
     }

@@ -220,6 +220,32 @@ int main(void) {
     CHECK(!strcmp(choice_str(r, "text"), "abclo,"), "echo: '%s'", choice_str(r, "text"));
     cJSON_Delete(r);
     srv_job_unref(j);
+    /* echo + logprobs: prompt tokens get logprobs too (the first null) */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"echo\":true,\"max_tokens\":2,\"temperature\":0,\"logprobs\":1}");
+    r = body_json(j);
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    cJSON *toks = cJSON_GetObjectItem(lp, "tokens"), *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
+    CHECK(!strcmp(choice_str(r, "text"), "abclo"), "echo text: '%s'", choice_str(r, "text"));
+    CHECK(cJSON_GetArraySize(toks) == 5 && !strcmp(cJSON_GetArrayItem(toks, 1)->valuestring, "b") &&
+          !strcmp(cJSON_GetArrayItem(toks, 3)->valuestring, "l"), "prompt + completion tokens");
+    CHECK(cJSON_IsNull(cJSON_GetArrayItem(tlp, 0)) && cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0)),
+          "first prompt token: null");
+    /* mock after 1 token predicts 'e' (logit 9): 'b' has logit ((98*7+1)%13)/13 */
+    double lse = 0;
+    {
+        float lg[262];
+        for (int v = 0; v < 262; v++) lg[v] = (float)((v * 7 + 1) % 13) / 13.0f;
+        lg['e'] = 9.0f;
+        double mx = 9.0, sum = 0;
+        for (int v = 0; v < 262; v++) sum += exp(lg[v] - mx);
+        lse = mx + log(sum);
+        CHECK_NEAR(cJSON_GetArrayItem(tlp, 1)->valuedouble, lg['b'] - lse, 1e-5, "prompt logprob of 'b' after 'a'");
+    }
+    CHECK(cJSON_GetArrayItem(tlp, 3)->valuedouble > -0.2, "completion token logprob near 0");
+    CHECK(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 4)->valueint == 4, "text_offset counts the echo");
+    CHECK(cached(cJSON_GetObjectItem(r, "usage")) == 0, "echo + logprobs evaluates the whole prompt");
+    cJSON_Delete(r);
+    srv_job_unref(j);
 
     be->close(be);
 

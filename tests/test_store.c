@@ -443,10 +443,10 @@ static void test_budget(void) {
     char err[512] = "";
     CHECK(store_budget(&fx.nat, 0, 1000, 1000, 0, &cache, err, sizeof err) == 0 && cache == 0, "unlimited");
     CHECK(store_slot_bytes(&fx.nat) == STRIDE, "slot bytes");
-    /* minimum = spine 1 MiB + kv 64 KiB + tables (3 x 8 keys x 22 B) + 12 MiB baseline + 2*top_k(2) * 16 KiB */
-    uint64_t min = 1048576 + 65536 + 528 + (12u << 20) + 4ull * STRIDE;
+    /* minimum = spine 1 MiB + kv 64 KiB + tables (3 x 8 keys x 22 B + 64 KiB) + 2*top_k(2) * 16 KiB */
+    uint64_t min = 1048576 + 65536 + 528 + 65536 + 4ull * STRIDE;
     int rc = store_budget(&fx.nat, min - 1, 1048576, 65536, 0, &cache, err, sizeof err);
-    CHECK(rc == DF_EBUDGET && strstr(err, "13763088"), "too small: %d %s", rc, err);
+    CHECK(rc == DF_EBUDGET && strstr(err, "1245712"), "too small: %d %s", rc, err);
     rc = store_budget(&fx.nat, min + 10 * STRIDE, 1048576, 65536, 0, &cache, err, sizeof err);
     CHECK(rc == 0 && cache == 14ull * STRIDE, "cache %llu", (unsigned long long)cache);
     /* a cache below top-k is refused by store_open with the minimum */

@@ -306,10 +306,13 @@ static int trace_load(const char *path, trace *t) {
 static void trace_free(trace *t) { free(t->layer); free(t->off); free(t->n); free(t->ids); }
 
 /* Replay a trace through the store; returns the hit rate or -1. */
+static double g_decay; /* bench cache --decay */
+
 static double replay(const df_native *nat, const trace *t, int slots, int policy, const char *heat, double hot_fraction,
                      char *err, size_t errlen) {
     store_opts o;
     store_opts_default(&o);
+    o.decay = g_decay;
     o.cache_bytes = (uint64_t)slots * store_slot_bytes(nat);
     o.policy = policy;
     o.heat_path = heat;
@@ -340,7 +343,7 @@ static int bench_cache(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,N2,...]\n"
-                   "       [--hot-fraction F]\n"
+                   "       [--hot-fraction F] [--decay D]\n"
                    "  Replays the expert acquisitions of an events file (deltafin run --events) through the store with\n"
                    "  LRU, frequency-aware eviction, and frequency + the heat tier learned from --train (default: the\n"
                    "  trace itself = in-sample; another run's events = held-out). Prints hit rates.\n");
@@ -352,6 +355,7 @@ static int bench_cache(int argc, char **argv) {
         else if (!strcmp(a, "--train")) train = v;
         else if (!strcmp(a, "--slots")) slots_s = v;
         else if (!strcmp(a, "--hot-fraction")) hot = atof(v);
+        else if (!strcmp(a, "--decay")) g_decay = atof(v);
         else { fprintf(stderr, "deltafin bench cache: unknown option %s\n", a); return 2; }
         i++;
     }
@@ -370,7 +374,7 @@ static int bench_cache(int argc, char **argv) {
     int rc = 0;
     printf("bench cache: %s, trace %s (%d acquisitions), heat from %s (%s)\n", model, test, tt.n_acq,
            train ? train : test, train ? "held-out" : "in-sample");
-    printf("  %8s %8s %10s %10s %12s\n", "slots", "of all", "LRU", "frequency", "freq+heat");
+    printf("  %8s %8s %10s %10s %12s\n", "slots", "of all", "LRU", "LRFU", "LRFU+heat");
     int total = nat->n_moe_layers * nat->n_experts;
     for (const char *p = slots_s; *p && !rc;) {
         int slots = (int)strtol(p, (char **)&p, 10);

@@ -99,6 +99,7 @@ void srv_kimi_flush(srv_kimi *k, srv_buf *reasoning, srv_buf *content);
 /* --------------------------------------------------------------- request */
 enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };
 #define SRV_MAX_STOPS 16
+#define SRV_MAX_ALL_LOGITS 67108864.0 /* floats (256 MiB): prompt tokens x vocabulary for echo + logprobs */
 #define SRV_MAX_STOP_LEN 1024    /* bytes per stop sequence (bounds the hold-back work per token) */
 #define SRV_MAX_TOP_LOGPROBS 20
 
@@ -147,7 +148,8 @@ struct srv_backend {
     int exact;
     void *impl;
     /* tokenizer (only when has_tokenizer) */
-    /* add_bos=1: completion text (BOS, no special parsing); 0: rendered chat (specials parsed) */
+    /* add_bos=1: completion text (the tokenizer config's specials, e.g. BOS; no special
+     * parsing); 0: rendered chat (specials parsed) */
     int (*tokenize)(srv_backend *b, const char *s, size_t n, int add_bos, int32_t **ids, size_t *n_ids,
                     char *err, size_t errlen);
     int (*chat_render)(srv_backend *b, const char *messages, const char *tools, char **text,
@@ -164,7 +166,8 @@ struct srv_backend {
     int (*n_past)(srv_backend *b);
     const int32_t *(*tokens)(srv_backend *b);
     int (*truncate)(srv_backend *b, int n_keep);
-    int (*eval)(srv_backend *b, const int32_t *ids, int n, float *logits, df_progress_fn progress,
+    /* flags: DF_EVAL_ALL_LOGITS -> logits holds n rows of n_vocab */
+    int (*eval)(srv_backend *b, const int32_t *ids, int n, float *logits, int flags, df_progress_fn progress,
                 void *user, char *err, size_t errlen);
     /* sampling */
     void *(*sampler_new)(srv_backend *b, const df_sampler_opts *o);

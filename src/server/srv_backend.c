@@ -16,9 +16,10 @@ typedef struct {
 
 static int m_tokenize(srv_backend *b, const char *s, size_t n, int add_bos, int32_t **ids, size_t *n_ids,
                       char *err, size_t errlen) {
-    /* the same flags as `deltafin run`: plain text gets BOS and no special-token
-     * parsing; rendered chat text has its specials parsed and no extra BOS */
-    return df_tokenize(BM(b)->t, s, n, add_bos ? DF_TOK_ADD_BOS : DF_TOK_PARSE_SPECIAL, ids, n_ids, err, errlen);
+    /* the same flags as `deltafin run`: plain text gets what tokenizer_config asks
+     * for (add_bos_token, as transformers' add_special_tokens=True) and no
+     * special-token parsing; rendered chat text has its specials parsed, no extras */
+    return df_tokenize(BM(b)->t, s, n, add_bos ? DF_TOK_ADD_SPECIAL : DF_TOK_PARSE_SPECIAL, ids, n_ids, err, errlen);
 }
 static int m_chat_render(srv_backend *b, const char *msgs, const char *tools, char **text, char *err, size_t errlen) {
     return df_chat_render(BM(b)->t, msgs, tools, DF_CHAT_ADD_GENERATION_PROMPT, text, err, errlen);
@@ -60,8 +61,9 @@ static int m_stop_ids(srv_backend *b, int32_t *ids, int cap) { return BM(b)->t ?
 static int m_n_past(srv_backend *b) { return df_session_n_past(BM(b)->s); }
 static const int32_t *m_tokens(srv_backend *b) { return df_session_tokens(BM(b)->s); }
 static int m_truncate(srv_backend *b, int n) { return df_session_truncate(BM(b)->s, n); }
-static int m_eval(srv_backend *b, const int32_t *ids, int n, float *logits, df_progress_fn p, void *u, char *err, size_t errlen) {
-    return df_eval(BM(b)->s, ids, n, logits, 0, p, u, err, errlen);
+static int m_eval(srv_backend *b, const int32_t *ids, int n, float *logits, int flags, df_progress_fn p, void *u,
+                  char *err, size_t errlen) {
+    return df_eval(BM(b)->s, ids, n, logits, flags, p, u, err, errlen);
 }
 static void *m_sampler_new(srv_backend *b, const df_sampler_opts *o) { return df_sampler_new(o); }
 static int32_t m_sample(void *s, const float *l, int n) { return df_sample(s, l, n); }

@@ -130,6 +130,43 @@ static void record_logprob(gen_ctx *g, const float *logits, int32_t id) {
     free(tb);
 }
 
+/* Completions echo + logprobs: entries for the prompt tokens (the first has no
+ * logprob: null, as in the OpenAI API); row i-1 of `all` predicts token i. */
+static void prompt_logprobs(gen_ctx *g, const int32_t *P, int n, const float *all) {
+    int top = g->r->top_logprobs;
+    int32_t tids[SRV_MAX_TOP_LOGPROBS];
+    float tlp[SRV_MAX_TOP_LOGPROBS];
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        char *tb = NULL;
+        size_t tl = 0;
+        g->be->token_bytes(g->be, P[i], &tb, &tl);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "tokens"), str_of_bytes(tb, tl));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "text_offset"), cJSON_CreateNumber((double)off));
+        off += tl;
+        free(tb);
+        if (i == 0) {
+            cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "token_logprobs"), cJSON_CreateNull());
+            cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), cJSON_CreateNull());
+            continue;
+        }
+        const float *row = all + (size_t)(i - 1) * g->be->n_vocab;
+        float lp = g->be->logprob(row, g->be->n_vocab, P[i], top, tids, tlp);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "token_logprobs"), cJSON_CreateNumber(lp));
+        cJSON *t = cJSON_CreateObject();
+        for (int q = 0; q < top; q++) {
+            char *s = NULL;
+            size_t sl = 0;
+            g->be->token_bytes(g->be, tids[q], &s, &sl);
+            cJSON *k = str_of_bytes(s, sl);
+            if (!cJSON_GetObjectItemCaseSensitive(t, k->valuestring)) cJSON_AddNumberToObject(t, k->valuestring, tlp[q]);
+            cJSON_Delete(k);
+            free(s);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), t);
+    }
+}
+
 /* Move pending logprob entries into dst (chat: {"content":[...]}; completions: the 4 arrays). */
 static void take_pending(gen_ctx *g, cJSON *dst) {
     int chat = g->r->kind == SRV_CHAT;
@@ -465,11 +502,18 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     int n = 0, think_open = 0, fin = FIN_NONE;
     char err[512] = "";
 
-    if (r->echo && r->logprobs) {
-        fail_job(g, 400, "'echo' together with 'logprobs' is not supported (prompt logprobs are not computed).", "echo");
+    if (!(P = prompt_tokens(g, &n, &think_open, &echo))) goto out;
+    /* echo + logprobs: the prompt's own logprobs need logits at every prompt
+     * position, so the whole prompt is evaluated with DF_EVAL_ALL_LOGITS */
+    int prompt_lp = r->echo && r->logprobs;
+    if (prompt_lp && (double)n * be->n_vocab > SRV_MAX_ALL_LOGITS) {
+        char m[300];
+        snprintf(m, sizeof m, "'echo' with 'logprobs' needs logits for all %d prompt tokens (%d x %d floats); "
+                 "the limit is %.0f: shorten the prompt or drop 'logprobs'.", n, n, be->n_vocab, (double)SRV_MAX_ALL_LOGITS);
+        fail_job(g, 400, m, "logprobs");
         goto out;
     }
-    if (!(P = prompt_tokens(g, &n, &think_open, &echo))) goto out;
+    g->text_offset = echo.len;
     g->n_prompt = n;
     int room = be->n_ctx - n;
     int max_new = r->max_tokens > 0 ? r->max_tokens : (o->max_tokens > 0 ? o->max_tokens : room);
@@ -508,7 +552,7 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     /* KV reuse: keep the longest common prefix of the cached tokens and the prompt
      * (at least one prompt token is always evaluated, for its logits). */
     int np = be->n_past(be);
-    int keep = o->kv_reuse ? srv_common_prefix(be->tokens(be), np, P, n) : 0;
+    int keep = o->kv_reuse && !prompt_lp ? srv_common_prefix(be->tokens(be), np, P, n) : 0;
     if (keep >= n) keep = n - 1;
     if (keep < np && be->truncate(be, keep)) {
         keep = 0;
@@ -523,9 +567,20 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
         if (r->kind == SRV_CHAT) stream_chunk(g, NULL, NULL, 1, NULL);
-        if (echo.len) stream_chunk(g, NULL, &echo, 0, NULL);
     }
-    int rc = be->eval(be, P + keep, n - keep, logits, gen_progress, g, err, sizeof err);
+    int rc;
+    if (prompt_lp) {
+        float *all = malloc((size_t)n * (size_t)be->n_vocab * sizeof(float));
+        if (!all) { fail_job(g, 500, "Out of memory for the prompt's logits.", NULL); goto out; }
+        rc = be->eval(be, P, n, all, DF_EVAL_ALL_LOGITS, gen_progress, g, err, sizeof err);
+        if (!rc) {
+            memcpy(logits, all + (size_t)(n - 1) * be->n_vocab, (size_t)be->n_vocab * sizeof(float));
+            prompt_logprobs(g, P, n, all);
+        }
+        free(all);
+    } else rc = be->eval(be, P + keep, n - keep, logits, 0, gen_progress, g, err, sizeof err);
+    if (!rc && r->stream && echo.len) stream_chunk(g, NULL, &echo, 0, NULL);
+    else if (!rc && prompt_lp) take_pending(g, g->lp_all);
     if (rc == DF_ECANCELLED || j->cancel) { be->truncate(be, keep); fin = FIN_CANCEL; goto finish; }
     if (rc) {
         be->truncate(be, keep);
@@ -558,7 +613,7 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         if (hit) { fin = FIN_STOP; break; }
         if (step + 1 == max_new) { fin = FIN_LENGTH; break; }
         if (be->n_past(be) + 1 >= be->n_ctx) { fin = FIN_LENGTH; break; }
-        rc = be->eval(be, &id, 1, logits, NULL, NULL, err, sizeof err);
+        rc = be->eval(be, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) {
             char m[700];
             snprintf(m, sizeof m, "Evaluation failed after %d tokens: %s (%s)", g->n_gen, err, df_strerror(rc));

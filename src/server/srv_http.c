@@ -428,15 +428,16 @@ int srv_serve(const srv_config *cfg) {
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
     struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-    if (inet_pton(AF_INET, cfg->host, &a4->sin_addr) == 1) {
+    const char *host = !strcmp(cfg->host, "localhost") ? "127.0.0.1" : cfg->host;
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
         a4->sin_family = AF_INET;
         a4->sin_port = htons((uint16_t)cfg->port);
-    } else if (inet_pton(AF_INET6, cfg->host, &a6->sin6_addr) == 1) {
+    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
         a6->sin6_family = AF_INET6;
         a6->sin6_port = htons((uint16_t)cfg->port);
         flags |= MHD_USE_IPv6;
     } else {
-        fprintf(stderr, "deltafin serve: --host %s is not a numeric IPv4 or IPv6 address (e.g. 127.0.0.1, ::1, 0.0.0.0)\n", cfg->host);
+        fprintf(stderr, "deltafin serve: --host %s is not a numeric IPv4 or IPv6 address or localhost (e.g. 127.0.0.1, ::1, 0.0.0.0)\n", cfg->host);
         S.be->close(S.be);
         return 2;
     }

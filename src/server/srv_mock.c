@@ -1,6 +1,6 @@
 /* srv_mock.c — a tiny deterministic "model" for testing the server without
  * weights (`deltafin serve --mock`). Vocabulary: ids 0..255 are bytes, 256 is
- * EOS. After n_past tokens the logits peak at byte MOCK_TEXT[n_past % (L+1)]
+ * EOS, 257..261 are Kimi's tool-call markers. After n_past tokens the logits peak at byte MOCK_TEXT[n_past % (L+1)]
  * where index L is EOS at n_past == L and '\n' in later cycles: the greedy
  * continuation of a P-token prompt is the text from offset P % (L+1), ending
  * with EOS when P < L, and endless (cycling) when P > L. The text has multi-byte UTF-8 characters, which byte
@@ -26,7 +26,13 @@ static const char MOCK_KIMI[] =
     "{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>";
 #define MOCK_KL ((int)sizeof MOCK_KIMI - 1)
 #define MOCK_EOS 256
-#define MOCK_VOCAB 257
+/* Kimi's tool-call markers are special tokens (ids 257..261 here): the streaming
+ * detokenizer renders nothing for them, as for any special, so the generator must
+ * recognise them by id. <think> stays plain text (it is in Kimi K2). */
+static const char *const MOCK_MARKERS[] = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                           "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
+#define MOCK_N_MARKERS 5
+#define MOCK_VOCAB (257 + MOCK_N_MARKERS)
 #define MOCK_CTX 4096
 
 typedef struct {
@@ -34,6 +40,8 @@ typedef struct {
     int n_past;
     int delay_ms;
     int kimi;
+    int32_t script[sizeof MOCK_KIMI]; /* MOCK_KIMI as tokens (markers as one id each) */
+    int n_script;
 } mock;
 #define MK(b) ((mock *)(b)->impl)
 
@@ -58,6 +66,11 @@ static int k_chat_render(srv_backend *b, const char *msgs, const char *tools, ch
     return 0;
 }
 static int k_token_bytes(srv_backend *b, int32_t id, char **out, size_t *len) {
+    if (id > MOCK_EOS && id < MOCK_VOCAB) {
+        *out = strdup(MOCK_MARKERS[id - MOCK_EOS - 1]);
+        *len = strlen(*out);
+        return 0;
+    }
     *out = malloc(2);
     *len = id < 256 ? 1 : 0;
     (*out)[0] = (char)id;
@@ -91,7 +104,11 @@ static int k_detok_flush(void *p, char *out, size_t cap) {
     return n;
 }
 static void k_detok_free(void *p) { free(p); }
-static int32_t k_token_id(srv_backend *b, const char *tok) { return !strcmp(tok, "</s>") ? MOCK_EOS : -1; }
+static int32_t k_token_id(srv_backend *b, const char *tok) {
+    for (int i = 0; i < MOCK_N_MARKERS; i++)
+        if (!strcmp(tok, MOCK_MARKERS[i])) return MOCK_EOS + 1 + i;
+    return !strcmp(tok, "</s>") ? MOCK_EOS : -1;
+}
 static int k_stop_ids(srv_backend *b, int32_t *ids, int cap) {
     if (cap < 1) return 0;
     ids[0] = MOCK_EOS;
@@ -104,8 +121,25 @@ static int k_truncate(srv_backend *b, int n) {
     MK(b)->n_past = n;
     return 0;
 }
-static int k_eval(srv_backend *b, const int32_t *ids, int n, float *logits, df_progress_fn progress, void *u,
-                  char *err, size_t errlen) {
+/* The mock's logits after the first n_past tokens of k->toks. */
+static void mock_logits(mock *k, int n_past, float *logits) {
+    int pos = n_past % (MOCK_L + 1);
+    int target = pos < MOCK_L ? (unsigned char)MOCK_TEXT[pos] : n_past == MOCK_L ? MOCK_EOS : '\n';
+    if (k->kimi) {
+        int m = n_past < k->n_script ? n_past : k->n_script;
+        for (; m > 0; m--) {
+            int eq = 1;
+            for (int i = 0; i < m && eq; i++) eq = k->toks[n_past - m + i] == k->script[i];
+            if (eq) break;
+        }
+        target = m == k->n_script ? MOCK_EOS : k->script[m];
+    }
+    for (int v = 0; v < MOCK_VOCAB; v++) logits[v] = (float)((v * 7 + n_past) % 13) / 13.0f;
+    logits[target] = 9.0f;
+}
+
+static int k_eval(srv_backend *b, const int32_t *ids, int n, float *logits, int flags, df_progress_fn progress,
+                  void *u, char *err, size_t errlen) {
     mock *k = MK(b);
     if (k->n_past + n > MOCK_CTX) {
         snprintf(err, errlen, "mock context full (%d + %d > %d)", k->n_past, n, MOCK_CTX);
@@ -126,21 +160,9 @@ static int k_eval(srv_backend *b, const int32_t *ids, int n, float *logits, df_p
     }
     memcpy(k->toks + k->n_past, ids, (size_t)n * sizeof *ids);
     k->n_past += n;
-    if (logits) {
-        int pos = k->n_past % (MOCK_L + 1);
-        int target = pos < MOCK_L ? (unsigned char)MOCK_TEXT[pos] : k->n_past == MOCK_L ? MOCK_EOS : '\n';
-        if (k->kimi) {
-            int m = k->n_past < MOCK_KL ? k->n_past : MOCK_KL;
-            for (; m > 0; m--) {
-                int eq = 1;
-                for (int i = 0; i < m && eq; i++) eq = k->toks[k->n_past - m + i] == (unsigned char)MOCK_KIMI[i];
-                if (eq) break;
-            }
-            target = m == MOCK_KL ? MOCK_EOS : (unsigned char)MOCK_KIMI[m];
-        }
-        for (int v = 0; v < MOCK_VOCAB; v++) logits[v] = (float)((v * 7 + k->n_past) % 13) / 13.0f;
-        logits[target] = 9.0f;
-    }
+    if (logits && (flags & DF_EVAL_ALL_LOGITS))
+        for (int i = 0; i < n; i++) mock_logits(k, k->n_past - n + i + 1, logits + (size_t)i * MOCK_VOCAB);
+    else if (logits) mock_logits(k, k->n_past, logits);
     return 0;
 }
 
@@ -216,6 +238,13 @@ int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, char *err, 
     if (!b || !k) { free(b); free(k); return DF_ENOMEM; }
     k->delay_ms = delay_ms;
     k->kimi = kimi;
+    for (int i = 0; i < MOCK_KL;) {
+        int id = (unsigned char)MOCK_KIMI[i], len = 1;
+        for (int q = 0; q < MOCK_N_MARKERS; q++)
+            if (!strncmp(MOCK_KIMI + i, MOCK_MARKERS[q], strlen(MOCK_MARKERS[q]))) { id = MOCK_EOS + 1 + q; len = (int)strlen(MOCK_MARKERS[q]); }
+        k->script[k->n_script++] = id;
+        i += len;
+    }
     b->impl = k;
     b->name = kimi ? "mock-kimi" : "mock";
     b->is_kimi = kimi;

@@ -5,7 +5,8 @@
  * persistent heat histogram lives in store_heat.c.
  *
  * Eviction (policy 0): the victim is the unpinned resident expert with the
- * lowest score = live decayed access count + persistent heat prior, ties going
+ * lowest score = recency-weighted access count (each access weighs
+ * decay^(visits of its layer since), LRFU) + persistent heat prior, ties going
  * to the least recently used. Plain LRU is a bad fit for MoE decode: layers
  * are visited cyclically, so the least recently used expert belongs to the
  * layer that runs next. policy 1 keeps LRU for comparisons.
@@ -76,17 +77,17 @@ int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_by
     uint64_t slot = store_slot_bytes(nat);
     int k = nat->cfg.num_experts_per_tok > 0 ? nat->cfg.num_experts_per_tok : 1;
     uint64_t min_cache = nat->n_moe_layers > 0 ? 2ull * k * slot : 0;
-    /* the store's own tables + the process baseline (code, libraries, thread stacks, allocator): measured 9 MiB
-     * for deltafin on a tiny model (/usr/bin/time maxrss); 12 MiB keeps peak RSS within the budget */
+    /* the store's own tables (per-expert index, counters, heat); code, libraries and thread stacks (~9 MiB of RSS
+     * for deltafin) are not weight memory and are not counted (issue 4: weights + staging + KV) */
     uint64_t keys = (uint64_t)nat->cfg.num_hidden_layers * (nat->n_experts > 0 ? nat->n_experts : 1);
-    uint64_t store_meta = keys * (sizeof(int) + 2 + sizeof(float) * 2 + sizeof(double)) + (12ull << 20);
+    uint64_t store_meta = keys * (sizeof(int) + 2 + sizeof(float) * 2 + sizeof(double)) + 64 * 1024;
     uint64_t fixed = spine_bytes + kv_bytes + other_bytes + store_meta;
     uint64_t minimum = fixed + min_cache;
     if (budget < minimum) {
         char b[7][32];
         return seterr(err, errlen, DF_EBUDGET,
-                      "--ram-budget %s is too small for %s: spine %s + KV cache %s + other %s + process and store "
-                      "tables %s + minimum expert cache %s (2 x top-%d slots of %llu bytes) = %llu bytes (%s); raise "
+                      "--ram-budget %s is too small for %s: spine %s + KV cache %s + other %s + store tables %s "
+                      "+ minimum expert cache %s (2 x top-%d slots of %llu bytes) = %llu bytes (%s); raise "
                       "--ram-budget to at least that",
                       fmt_size(b[0], budget), nat->name, fmt_size(b[1], spine_bytes), fmt_size(b[2], kv_bytes),
                       fmt_size(b[3], other_bytes), fmt_size(b[6], store_meta), fmt_size(b[4], min_cache), k,
@@ -171,7 +172,7 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
     st->slot_bytes = store_slot_bytes(nat);
     st->io_bytes = st->o.io_bytes ? df_round_up_4k(st->o.io_bytes) : (1u << 20);
     if (st->o.io_depth <= 0) st->o.io_depth = 16;
-    if (st->o.hot_fraction < 0) st->o.hot_fraction = 0.25;
+    if (st->o.hot_fraction < 0) st->o.hot_fraction = 0.1;
     if (st->o.heat_half_life <= 0) st->o.heat_half_life = 1048576.0;
     int rc = 0;
     char **dirs = NULL;
@@ -260,10 +261,12 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
     st->verified = calloc(nkeys, 1);
     st->hot = calloc(nkeys, 1);
     st->freq = calloc(nkeys, sizeof(float));
+    st->t_last = calloc(nkeys, sizeof(uint32_t));
+    st->lclock = calloc(st->n_layers, sizeof(uint32_t));
     st->count_run = calloc(nkeys, sizeof(double));
     st->pf_issued = calloc(st->n_layers, sizeof(uint32_t));
     st->pf_useful = calloc(st->n_layers, sizeof(uint32_t));
-    if (!st->pf_issued || !st->pf_useful || !st->slot_of || !st->verified || !st->hot || !st->freq || !st->count_run) {
+    if (!st->t_last || !st->lclock || !st->pf_issued || !st->pf_useful || !st->slot_of || !st->verified || !st->hot || !st->freq || !st->count_run) {
         rc = seterr(err, errlen, DF_ENOMEM, "out of memory");
         goto fail;
     }
@@ -286,7 +289,10 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
         st->slots[s].key = -1;
         st->free_stack[st->n_free++] = st->n_slots - 1 - s;
     }
-    st->freq_decay_every = (uint64_t)st->n_slots * 4 > 4096 ? (uint64_t)st->n_slots * 4 : 4096;
+    if (st->o.decay <= 0 || st->o.decay > 1) st->o.decay = 0.8;
+    st->decay_pow[0] = 1;
+    for (int i = 1; i < 64; i++) st->decay_pow[i] = st->decay_pow[i - 1] * (float)st->o.decay;
+    st->last_layer = -1;
     if (st->o.events_path) {
         st->events = fopen(st->o.events_path, "a");
         if (!st->events) {
@@ -370,7 +376,7 @@ void store_close(df_store *st) {
     }
     for (int d = 0; d < st->n_drives; d++) pthread_cond_destroy(&st->drives[d].cv);
     free(st->layers); free(st->slots); free(st->free_stack); free(st->slot_of); free(st->verified);
-    free(st->hot); free(st->freq); free(st->heat); free(st->count_run);
+    free(st->hot); free(st->freq); free(st->t_last); free(st->lclock); free(st->heat); free(st->count_run);
     free(st->pf_issued); free(st->pf_useful);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->done_cv);
@@ -379,9 +385,16 @@ void store_close(df_store *st) {
 
 /* ------------------------------------------------------------- eviction */
 
+/* decay^(age in visits of the key's layer) */
+static float decay_to(const df_store *st, int key) {
+    uint32_t age = st->lclock[key / st->n_experts] - st->t_last[key];
+    if (st->o.decay >= 1) return 1;
+    return age < 64 ? st->decay_pow[age] : 0;
+}
+
 static double slot_score(const df_store *st, const store_slot *s) {
     if (st->o.policy == 1) return 0; /* LRU: tie-break on last_use only */
-    double sc = st->freq[s->key];
+    double sc = st->freq[s->key] * decay_to(st, s->key);
     if (st->heat) sc += st->heat[s->key];
     return sc;
 }
@@ -558,13 +571,12 @@ int store_max_acquire(const df_store *st) {
     return m < st->top_k ? st->top_k : m;
 }
 
+/* One access of key: recency-weighted count (LRFU): c = c * decay^age + 1. */
 static void touch(df_store *st, int key) {
-    st->freq[key] += 1.0f;
+    st->freq[key] = st->freq[key] * decay_to(st, key) + 1.0f;
+    st->t_last[key] = st->lclock[key / st->n_experts];
     st->count_run[key] += 1.0;
-    if (++st->acq_total % st->freq_decay_every == 0) {
-        size_t nkeys = (size_t)st->n_layers * st->n_experts;
-        for (size_t i = 0; i < nkeys; i++) st->freq[i] *= 0.5f;
-    }
+    st->acq_total++;
 }
 
 int store_acquire(df_store *st, int layer, const int *experts, int n, df_expert *views, char *err, size_t errlen) {
@@ -584,6 +596,7 @@ int store_acquire(df_store *st, int layer, const int *experts, int n, df_expert 
     int hits = 0, misses = 0, rc = 0, waited = 0;
     pthread_mutex_lock(&st->mu);
     st->clock++;
+    if (layer != st->last_layer) { st->lclock[layer]++; st->last_layer = layer; } /* a new visit (~ token) */
     /* pass 1: pin what is there, classify hit / miss */
     for (int i = 0; i < n; i++) {
         int key = KEY(st, layer, experts[i]);

@@ -33,9 +33,11 @@ typedef struct {
     const char *events_path;   /* JSONL events; NULL = none */
     /* --- added by the store owner (issue 4) --- */
     uint64_t io_bytes;         /* size of one read request (bytes, multiple of 4096); 0 = default 1 MiB */
-    double hot_fraction;       /* share of the slots that may be pinned for the learned hot tier; <0 = default 0.25 */
+    double hot_fraction;       /* share of the slots that may be pinned for the learned hot tier; <0 = default 0.1 */
     double heat_half_life;     /* half-life of the persistent heat, in expert acquisitions; 0 = default 2^20 */
-    int policy;                /* eviction: 0 = frequency + heat aware (default), 1 = plain LRU (for comparison) */
+    int policy;                /* eviction: 0 = recency-weighted frequency + heat (default), 1 = plain LRU (for comparison) */
+    double decay;              /* policy 0: weight of an access per token of age (0 < decay <= 1; 1 = pure frequency);
+                                  0 = default 0.8 */
 } store_opts;
 
 typedef struct {
@@ -79,8 +81,8 @@ uint64_t store_slot_bytes(const struct df_native *nat);
 /* --ram-budget: given the whole budget, the resident spine bytes, the KV cache
  * bytes and other engine overhead (activations, staging), returns in *cache_bytes
  * what store_opts.cache_bytes should be. budget 0 = unlimited -> *cache_bytes 0.
- * Also reserved: the store's tables and a 12 MiB process baseline (code,
- * libraries, stacks), so that peak RSS stays within the budget.
+ * Also reserved: the store's own tables (64 KiB + 22 bytes per expert). Code,
+ * libraries and thread stacks (~9 MiB of RSS) are not counted.
  * Minimum: spine + kv + other + that + 2 * top_k slots (one layer computing,
  * one loading). Below it: DF_EBUDGET with a message that states the minimum. */
 int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_bytes, uint64_t kv_bytes,

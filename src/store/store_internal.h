@@ -101,12 +101,15 @@ struct df_store {
     int *slot_of;               /* [n_layers * n_experts] -> slot or -1 */
     uint8_t *verified;          /* [n_layers * n_experts] */
     uint8_t *hot;               /* [n_layers * n_experts] pinned hot tier membership */
-    float *freq;                /* [n_layers * n_experts] decayed access count (live) */
+    float *freq;                /* [n_layers * n_experts] recency-weighted access count at t_last */
+    uint32_t *t_last;           /* [n_layers * n_experts] layer clock of the last access */
+    uint32_t *lclock;           /* [n_layers] visits of each layer (~ tokens) */
+    int last_layer;
+    float decay_pow[64];        /* decay^k */
     float *heat;                /* [n_layers * n_experts] persistent heat (loaded), NULL if none */
     double *count_run;          /* [n_layers * n_experts] acquisitions this run */
     uint64_t acq_total, clock;
     uint32_t *pf_issued, *pf_useful; /* [n_layers] prefetch guesses issued / later acquired */
-    uint64_t freq_decay_every;
     int hot_limit, hot_loaded;
 
     pthread_mutex_t mu;

@@ -81,6 +81,12 @@ async function main() {
     const l = await compl({ prompt, max_tokens: 4, temperature: 0, logprobs: 3 });
     check(l.choices[0].logprobs.tokens.length === 4 && l.choices[0].logprobs.top_logprobs[0] &&
           Object.keys(l.choices[0].logprobs.top_logprobs[0]).length === 3, "completion logprobs", l.choices[0].logprobs);
+    // echo + logprobs: the prompt's logprobs (batch, all positions) agree with the decode-time logprob
+    const e = await compl({ prompt: [...prompt, ids[0]], max_tokens: 1, temperature: 0, echo: true, logprobs: 1 });
+    const el = e.choices[0].logprobs;
+    check(el.tokens.length === prompt.length + 2 && el.token_logprobs[0] === null, "echo + logprobs shape", el.token_logprobs);
+    check(Math.abs(el.token_logprobs[prompt.length] - l.choices[0].logprobs.token_logprobs[0]) < 1e-4,
+          "prompt logprob == generated-token logprob", [el.token_logprobs[prompt.length], l.choices[0].logprobs.token_logprobs[0]]);
     const x = await compl({ prompt, max_tokens: 6, temperature: 0.9, seed: 11 });
     const y = await compl({ prompt, max_tokens: 6, temperature: 0.9, seed: 11 });
     check(x.choices[0].text === y.choices[0].text, "same seed, same tokens", [x.choices[0].text, y.choices[0].text]);
@@ -137,6 +143,11 @@ async function main() {
   const c = await compl({ prompt, max_tokens: 10, temperature: 0 });
   check(c.object === "text_completion" && typeof c.choices[0].text === "string", "completion shape", c);
   if (mode === "mock") check(c.choices[0].text === "brown fox ", "mock completion text", c.choices[0].text);
+  if (process.env.DF_RUN_CHAT_IDS) {
+    const ch = await chat({ messages: [{ role: "user", content: "Say hello." }], max_tokens: 10, temperature: 0, return_token_ids: true });
+    check(ch.choices[0].token_ids.join(",") === process.env.DF_RUN_CHAT_IDS, "chat at temperature 0 == deltafin run --chat --print-ids",
+          { server: ch.choices[0].token_ids.join(","), run: process.env.DF_RUN_CHAT_IDS });
+  }
   if (process.env.DF_RUN_IDS) {
     const ci = await compl({ prompt, max_tokens: 10, temperature: 0, return_token_ids: true });
     check(ci.choices[0].token_ids.join(",") === process.env.DF_RUN_IDS, "temperature 0 == deltafin run --print-ids",
@@ -151,6 +162,11 @@ async function main() {
         clp.top_logprobs.every((t) => Object.keys(t).length >= 1 && Object.keys(t).length <= 2), "completion logprobs", clp);
   const ce = await compl({ prompt, max_tokens: 3, temperature: 0, echo: true });
   check(ce.choices[0].text.startsWith(prompt), "echo", ce.choices[0].text);
+  const cel = await compl({ prompt, max_tokens: 2, temperature: 0, echo: true, logprobs: 1 });
+  const celp = cel.choices[0].logprobs;
+  check(cel.choices[0].text === ce.choices[0].text.slice(0, cel.choices[0].text.length) &&
+        celp.tokens.length === cel.usage.prompt_tokens + cel.usage.completion_tokens && celp.token_logprobs[0] === null &&
+        celp.token_logprobs.slice(1).every((v) => v <= 0), "echo + logprobs (prompt logprobs)", celp);
   const c2 = await compl({ prompt: prompt + c.choices[0].text, max_tokens: 2, temperature: 0 });
   check(c2.usage.prompt_tokens_details.cached_tokens > 0, "extended prompt reuses the KV cache", c2.usage);
 
