@@ -38,7 +38,7 @@ cp -r "$T/m/d0" "$T/d0x"; cp -r "$T/m/d1" "$T/d1x"
 
 # trace replays: eviction policies (LRU / frequency / heat tier) and the store's I/O path without compute
 run --max-new 24 --events "$T/tr.jsonl" >/dev/null
-"$BIN" bench cache --model "$T/m" --trace "$T/tr.jsonl" --slots 8,16,32 >"$T/bc" 2>&1 && grep -q "freq+heat" "$T/bc" \
+"$BIN" bench cache --model "$T/m" --trace "$T/tr.jsonl" --slots 8,16,32 >"$T/bc" 2>&1 && grep -q "LRFU+heat" "$T/bc" \
   && [ "$(grep -cE '^ +[0-9]+ +[0-9.]+%' "$T/bc")" = 3 ] && ok || bad "bench cache: $(cat "$T/bc")"
 "$BIN" bench store --model "$T/m" --trace "$T/tr.jsonl" --io-seconds 0.3 --no-drop >"$T/bs" 2>&1 \
   && grep -q "of bench io" "$T/bs" && ok || bad "bench store: $(cat "$T/bs")"

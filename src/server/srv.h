@@ -142,6 +142,7 @@ void srv_request_free(srv_request *r);
 typedef struct srv_backend srv_backend;
 struct srv_backend {
     const char *name;
+    const char *describe;     /* one line: the resolved configuration (df_model_describe) */
     int n_vocab, n_ctx;
     int has_tokenizer;
     int is_kimi;              /* Kimi chat format: <think> and tool-call parsing */
@@ -174,6 +175,9 @@ struct srv_backend {
     int32_t (*sample)(void *s, const float *logits, int n_vocab);
     void (*sampler_free)(void *s);
     float (*logprob)(const float *logits, int n_vocab, int32_t id, int top_n, int32_t *top_ids, float *top_lp);
+    /* engine statistics (df_model_stats); NULL for the mock */
+    void (*stats)(srv_backend *b, df_stats *out);
+    void (*stats_reset)(srv_backend *b);
     void (*close)(srv_backend *b);
 };
 

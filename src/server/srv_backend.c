@@ -68,6 +68,8 @@ static int m_eval(srv_backend *b, const int32_t *ids, int n, float *logits, int 
 static void *m_sampler_new(srv_backend *b, const df_sampler_opts *o) { return df_sampler_new(o); }
 static int32_t m_sample(void *s, const float *l, int n) { return df_sample(s, l, n); }
 static void m_sampler_free(void *s) { df_sampler_free(s); }
+static void m_stats(srv_backend *b, df_stats *out) { df_model_stats(BM(b)->m, out); }
+static void m_stats_reset(srv_backend *b) { df_model_stats_reset(BM(b)->m); }
 static void m_close(srv_backend *b) {
     if (!b) return;
     if (BM(b)) {
@@ -97,6 +99,7 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     if (rc) { m_close(b); return rc; }
     bm->t = df_model_tokenizer(bm->m);
     b->name = df_model_name(bm->m);
+    b->describe = df_model_describe(bm->m);
     b->n_vocab = df_model_n_vocab(bm->m);
     b->n_ctx = n_ctx;
     b->exact = df_model_is_exact(bm->m);
@@ -119,6 +122,8 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     b->sample = m_sample;
     b->sampler_free = m_sampler_free;
     b->logprob = df_logprob;
+    b->stats = m_stats;
+    b->stats_reset = m_stats_reset;
     if (b->n_vocab <= 0) {
         snprintf(err, errlen, "model %s reports %d vocabulary entries", path, b->n_vocab);
         m_close(b);

@@ -34,6 +34,8 @@ typedef struct {
     int stopping;
     long created;
     unsigned long n_served, n_rejected;
+    df_stats last;            /* engine statistics of the last finished generation */
+    int has_last;
 } server;
 
 static server S;
@@ -121,14 +123,24 @@ static void *worker_main(void *arg) {
             pthread_cond_broadcast(&j->cv);
             pthread_mutex_unlock(&j->mu);
         } else {
+            if (S.be->stats_reset) S.be->stats_reset(S.be);
             srv_gen_run(&S.gen, j);
         }
         double dt = srv_now() - t0;
-        fprintf(stderr, "serve: %s %s status %d: prompt %d tokens (%d reused), %d generated, ttft %.3f s, %.3f s%s\n",
+        df_stats st;
+        memset(&st, 0, sizeof st);
+        if (S.be->stats && !j->cancel) S.be->stats(S.be, &st);
+        char extra[256] = "";
+        if (st.prefill_tokens || st.decode_tokens)
+            snprintf(extra, sizeof extra, "; prefill %.1f tok/s, decode %.1f tok/s, experts %llu hits / %llu misses",
+                     st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0, st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0,
+                     (unsigned long long)st.expert_hits, (unsigned long long)st.expert_misses);
+        fprintf(stderr, "serve: %s %s status %d: prompt %d tokens (%d reused), %d generated, ttft %.3f s, %.3f s%s%s\n",
                 j->req.kind == SRV_CHAT ? "chat" : "completion", j->req.stream ? "stream" : "json", j->http_status,
-                j->prompt_tokens, j->cached_tokens, j->completion_tokens, j->ttft_s, dt,
+                j->prompt_tokens, j->cached_tokens, j->completion_tokens, j->ttft_s, dt, extra,
                 j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "");
         pthread_mutex_lock(&S.mu);
+        if (st.prefill_tokens || st.decode_tokens) { S.last = st; S.has_last = 1; }
         S.running = NULL;
         S.n_inflight--;
         S.n_served++;
@@ -288,13 +300,37 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, const char *one) 
 
 static enum MHD_Result handle_health(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.mu);
-    int busy = S.n_inflight;
+    int busy = S.n_inflight, has = S.has_last;
     unsigned long served = S.n_served, rejected = S.n_rejected;
+    df_stats st = S.last;
     pthread_mutex_unlock(&S.mu);
-    char b[512];
-    snprintf(b, sizeof b, "{\"status\":\"ok\",\"model\":\"%s\",\"in_flight\":%d,\"queue\":%d,\"served\":%lu,\"rejected\":%lu}",
-             S.be->name, busy, S.cfg.queue, served, rejected);
-    return send_body(c, 200, "application/json", b, NULL);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddStringToObject(o, "model", S.be->name);
+    cJSON_AddBoolToObject(o, "exact", S.be->exact);
+    cJSON_AddNumberToObject(o, "in_flight", busy);
+    cJSON_AddNumberToObject(o, "queue", S.cfg.queue);
+    cJSON_AddNumberToObject(o, "served", (double)served);
+    cJSON_AddNumberToObject(o, "rejected", (double)rejected);
+    if (has) { /* df_stats of the last finished generation */
+        cJSON *l = cJSON_AddObjectToObject(o, "last");
+        cJSON_AddNumberToObject(l, "ttft_s", st.ttft_s);
+        cJSON_AddNumberToObject(l, "prefill_tokens", (double)st.prefill_tokens);
+        cJSON_AddNumberToObject(l, "prefill_tok_s", st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0);
+        cJSON_AddNumberToObject(l, "decode_tokens", (double)st.decode_tokens);
+        cJSON_AddNumberToObject(l, "decode_tok_s", st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0);
+        cJSON_AddNumberToObject(l, "weight_bytes_read", (double)st.weight_bytes_read);
+        cJSON_AddNumberToObject(l, "expert_bytes_demand", (double)st.expert_bytes_demand);
+        cJSON_AddNumberToObject(l, "expert_hits", (double)st.expert_hits);
+        cJSON_AddNumberToObject(l, "expert_misses", (double)st.expert_misses);
+        cJSON_AddNumberToObject(l, "io_stall_s", st.io_stall_s);
+        cJSON_AddNumberToObject(l, "resident_bytes", (double)st.resident_bytes);
+    }
+    char *b = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    enum MHD_Result ok = send_body(c, 200, "application/json", b, NULL);
+    free(b);
+    return ok;
 }
 
 /* --------------------------------------------------------------- routing */
@@ -461,6 +497,7 @@ int srv_serve(const srv_config *cfg) {
         S.be->close(S.be);
         return 1;
     }
+    if (S.be->describe && S.be->describe[0]) fprintf(stderr, "%s\n", S.be->describe);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(S.d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : cfg->port;
     fprintf(stderr, "deltafin serve: model %s (%s%s), context %d, listening on http://%s%s%s:%d/v1 (queue %d, max request %zu bytes%s)\n",

@@ -247,6 +247,8 @@ int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, char *err, 
     }
     b->impl = k;
     b->name = kimi ? "mock-kimi" : "mock";
+    b->describe = kimi ? "mock-kimi: built-in test model (bytes + EOS + 5 Kimi markers, <think> + tool-call script)"
+                       : "mock: built-in test model (bytes + EOS, fixed UTF-8 text)";
     b->is_kimi = kimi;
     b->n_vocab = MOCK_VOCAB;
     b->n_ctx = MOCK_CTX;

@@ -60,6 +60,9 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
 void store_close(df_store *st);
 
 int store_request(df_store *st, int layer, const int *experts, int n, store_prio prio);
+/* (added note, store owner) A DEMAND request for layer L is taken as L's complete set for this forward: guesses for
+ * layers <= L still queued are dropped (unstarted) or stopped after their in-flight chunks. Never blocks; experts
+ * that find no free slot now are loaded by store_acquire. */
 /* Blocks until every listed expert is resident and pinned; fills views[0..n-1].
  * Errors: DF_EIO (read failed), DF_EFORMAT (checksum mismatch: message names layer, expert, file). */
 int store_acquire(df_store *st, int layer, const int *experts, int n, df_expert *views,
