@@ -7,17 +7,26 @@
  */
 #include "cpu_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 static __thread float *tl_row;
 static __thread int64_t tl_cap;
+/* The key's destructor frees a thread's buffer when ANY thread exits (pool workers and
+ * callers of df_eval alike, e.g. a server's worker thread). */
+static pthread_key_t tl_key;
+static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
+static void tl_free(void *p) { free(p); }
+static void tl_init(void) { pthread_key_create(&tl_key, tl_free); }
 
 /* two rows of n floats (row 1 at +stride16(n)) */
 static float *row_buffer(int64_t n) {
     if (n > tl_cap) {
+        pthread_once(&tl_once, tl_init);
         free(tl_row);
         tl_row = aligned_alloc(64, (size_t)((n + 15) / 16 * 16) * 2 * sizeof(float));
         tl_cap = tl_row ? n : 0;
+        pthread_setspecific(tl_key, tl_row);
     }
     return tl_row;
 }
@@ -27,6 +36,8 @@ void cpu_matmul_thread_exit(void) {
     free(tl_row);
     tl_row = NULL;
     tl_cap = 0;
+    pthread_once(&tl_once, tl_init);
+    pthread_setspecific(tl_key, NULL);
 }
 
 typedef struct {
