@@ -81,6 +81,10 @@ typedef struct {
     /* added by the engine (append-only): */
     int kv_positions;           /* with ram_budget: KV-cache positions reserved inside the budget, and the
                                    most a session may hold; 0 = min(4096, max_position_embeddings) */
+    int prefetch;               /* router lookahead prefetch: 0 = auto (on with a ram_budget), 1 = on, 2 = off.
+                                   Alias: env DF_PREFETCH=1|0 when this is 0. Never changes results. */
+    const char *heat_path;      /* persistent expert heat histogram: NULL = <native model dir>/heat.bin when a
+                                   ram_budget is set; "off" = none. Learned across runs; never changes results. */
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);

@@ -31,6 +31,8 @@ static void run_usage(FILE *f) {
             "  --cache-dir DIR      where an HF checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n"
             "  --spine MODE         source|bf16|int8 spine when converting (int8 is NOT exact)\n"
             "  --events FILE        per-token JSONL I/O events\n"
+            "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env DF_PREFETCH)\n"
+            "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
             "  --backend NAME       cpu (best SIMD, default) | cpu-scalar\n"
             "  --quiet              no configuration line or progress on stderr\n");
 }
@@ -147,6 +149,15 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--expert-dirs")) { if (!(mo.expert_dirs = NEXT())) return 2; }
         else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT())) return 2; }
         else if (!strcmp(a, "--events")) { if (!(mo.events_path = NEXT())) return 2; }
+        else if (!strcmp(a, "--heat")) { if (!(mo.heat_path = NEXT())) return 2; }
+        else if (!strcmp(a, "--prefetch")) {
+            const char *v = NEXT();
+            if (!v) return 2;
+            if (!strcmp(v, "auto")) mo.prefetch = 0;
+            else if (!strcmp(v, "on")) mo.prefetch = 1;
+            else if (!strcmp(v, "off")) mo.prefetch = 2;
+            else { fprintf(stderr, "deltafin run: --prefetch \"%s\": expected auto, on or off\n", v); return 2; }
+        }
         else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT())) return 2; }
         else if (!strcmp(a, "--spine")) {
             const char *v = NEXT(); if (!v) return 2;

@@ -38,7 +38,8 @@ struct df_model {
     uint64_t ram_budget;
     int kv_positions;            /* most positions a session may hold (the budget's KV reserve) */
     char name[128];
-    char describe[1536];
+    char describe[3072];
+    char heat_path[1200];
     pthread_mutex_t mu;          /* one df_eval at a time per model */
     /* stats */
     int stats_first_done;
@@ -80,6 +81,12 @@ void df_model_opts_default(df_model_opts *o) {
 
 /* expert source = the store */
 static int src_request(void *ctx, int layer, const int *ids, int n, store_prio prio) {
+    /* gate prediction per layer by its measured recall: after 64 guesses, a layer whose guesses are
+     * acquired less than 20% of the time is no longer predicted (wasted reads would slow demand reads) */
+    if (prio == STORE_PREFETCH) {
+        double r = store_layer_recall(ctx, layer, 64);
+        if (r >= 0 && r < 0.20) return 0;
+    }
     return store_request(ctx, layer, ids, n, prio);
 }
 static int src_acquire(void *ctx, int layer, const int *ids, int n, df_expert *v, char *err, size_t errlen) {
@@ -201,6 +208,11 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     store_opts_default(&so);
     so.expert_dirs = opts.expert_dirs;
     so.events_path = opts.events_path;
+    if (opts.heat_path && strcmp(opts.heat_path, "off") && *opts.heat_path)
+        snprintf(m->heat_path, sizeof m->heat_path, "%s", opts.heat_path);
+    else if (!opts.heat_path && opts.ram_budget)
+        snprintf(m->heat_path, sizeof m->heat_path, "%s/heat.bin", m->nat->dir);
+    so.heat_path = m->heat_path[0] ? m->heat_path : NULL;
     m->ram_budget = opts.ram_budget;
     m->kv_positions = cfg->max_position_embeddings;
     if (opts.ram_budget) {
@@ -227,8 +239,10 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     /* router prefetch of layer L+1 (issue 4): on when experts can be evicted (a RAM budget);
      * DF_PREFETCH=1/0 forces it on/off (measurements). Never changes numerics. */
     {
-        const char *pf = getenv("DF_PREFETCH");
-        m->eng.prefetch = m->store && (pf && *pf ? atoi(pf) != 0 : opts.ram_budget > 0);
+        int mode = opts.prefetch;
+        const char *pf = getenv("DF_PREFETCH");   /* documented alias of --prefetch */
+        if (mode == 0 && pf && *pf) mode = atoi(pf) ? 1 : 2;
+        m->eng.prefetch = m->store && (mode == 1 || (mode == 0 && opts.ram_budget > 0));
     }
     rc = rope_init(&m->eng.rope, cfg, err, errlen);
     if (rc) goto fail;
@@ -243,7 +257,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     if (m->store) store_get_stats(m->store, &ss);
     snprintf(m->describe, sizeof m->describe,
              "model %s (%s): %d layers (%d dense), hidden %d, %d heads, %s%d routed experts top-%d (%d shared, groups %d/%d), "
-             "experts %s, spine %s [%s]%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, tokenizer %s",
+             "experts %s, spine %s [%s]%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, heat %s, tokenizer %s",
              m->name, cfg->model_type, cfg->num_hidden_layers, cfg->first_k_dense_replace < cfg->num_hidden_layers ? cfg->first_k_dense_replace : cfg->num_hidden_layers,
              cfg->hidden_size, cfg->num_attention_heads, cfg->rope_yarn ? "yarn, " : "", cfg->n_routed_experts, cfg->num_experts_per_tok,
              cfg->n_shared_experts, cfg->n_group, cfg->topk_group,
@@ -251,7 +265,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
              m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"),
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
-             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->tok ? "yes" : "none");
+             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->heat_path[0] ? m->heat_path : "off", m->tok ? "yes" : "none");
     *out = m;
     return DF_OK;
 fail:

@@ -116,7 +116,7 @@ void store_heat_save(df_store *st) {
     for (size_t i = 0; i < n; i++) heat[i] = (float)((old ? old[i] * decay : 0) + st->count_run[i]);
     free(old);
     char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", st->o.heat_path);
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", st->o.heat_path, (long)getpid()); /* concurrent runs */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) { free(heat); return; }
     uint32_t nl = (uint32_t)st->n_layers, ne = (uint32_t)st->n_experts;
