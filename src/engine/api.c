@@ -184,6 +184,8 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     if (!m) return set_err(err, errlen, DF_ENOMEM, "out of memory");
     pthread_mutex_init(&m->mu, NULL);
     int rc = native_open(&m->nat, dir, err, errlen);
+    if (!rc) rc = opts.expert_dirs ? native_set_expert_dirs(m->nat, opts.expert_dirs, err, errlen)
+                                   : native_require_packs(m->nat, err, errlen);
     if (rc) goto fail;
     const df_config *cfg = &m->nat->cfg;
     m->exact = m->nat->exact;

@@ -230,6 +230,13 @@ static int parse_experts(df_native *n, const cJSON *ex, const char *mf, char *er
             if (!L->files[f]) return df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
             int64_t fs = file_size(p);
             uint64_t need = (uint64_t)n->n_experts * L->stripe_bytes;
+            if (fs < 0 && errno == ENOENT) {
+                /* deferred: the packs may have moved (df_model_opts.expert_dirs points at them) */
+                if (!n->pack_error[0])
+                    snprintf(n->pack_error, sizeof n->pack_error, "expert pack %.1200s (layer %d): %s (moved? pass --expert-dirs)", p,
+                             L->layer, strerror(ENOENT));
+                continue;
+            }
             if (fs < 0) return df_set_errc(err, errlen, DF_EIO, "%s: expert pack %s (layer %d): %s", mf, p, L->layer, strerror(errno));
             if ((uint64_t)fs < need)
                 return df_set_errc(err, errlen, DF_EFORMAT, "expert pack %s (layer %d) is %lld bytes, needs %llu (truncated; convert again)", p,
@@ -449,5 +456,11 @@ int native_set_expert_dirs(df_native *n, const char *dirs, char *err, size_t err
             n->moe_layers[i].files[f] = np[k++];
         }
     free(np);
+    n->pack_error[0] = 0;
+    return DF_OK;
+}
+
+int native_require_packs(const df_native *n, char *err, size_t errlen) {
+    if (n->pack_error[0]) return df_set_errc(err, errlen, DF_EIO, "%s", n->pack_error);
     return DF_OK;
 }

@@ -49,6 +49,7 @@ typedef struct df_native {
     int n_moe_layers;
     native_expert_layer *moe_layers;   /* [n_moe_layers], ascending layer */
     native_expert_layer **by_layer;    /* [num_hidden_layers], NULL for dense layers */
+    char pack_error[1400];             /* set when a pack file is missing at open (checked by native_require_packs) */
 } df_native;
 
 /* Parse MODEL_DIR/manifest.json; validates offsets against file sizes. */
@@ -81,5 +82,8 @@ int native_verify(const df_native *n, df_progress_fn progress, void *user, char 
  * file k becomes dirs[k]/basename(file k). Sizes are re-checked (DF_EIO /
  * DF_EFORMAT naming the file); on error nothing is changed. */
 int native_set_expert_dirs(df_native *n, const char *dirs, char *err, size_t errlen);
+/* DF_EIO naming the first missing pack file, if native_open found one missing (and no
+ * native_set_expert_dirs has re-pointed the packs since). */
+int native_require_packs(const df_native *n, char *err, size_t errlen);
 
 #endif
