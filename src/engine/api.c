@@ -1,12 +1,15 @@
 /*
  * api.c — the public model / session / eval / stats API (include/deltafin.h):
  * opens a native model (or converts an HF directory into the cache first),
- * loads spine.bin into aligned RAM, opens the expert store, and runs
- * df_eval through the forward pass (forward.c). Sampling is in sample.c.
+ * loads spine.bin into aligned RAM (or, when a RAM budget cannot hold the
+ * whole spine, keeps a prefix of layers resident and streams the rest:
+ * spine_stream.c), opens the expert store, and runs df_eval through the
+ * forward pass (forward.c). Sampling is in sample.c.
  */
 #define _GNU_SOURCE
 #include "deltafin.h"
 #include "engine.h"
+#include "spine_stream.h"
 #include "model/convert.h"
 #include "model/native.h"
 #include "model/spine.h"
@@ -30,6 +33,7 @@ struct df_model {
     void *spine_buf;
     df_spine spine;
     int spine_built;
+    spine_stream *stream;        /* spine streaming (the spine does not fit the budget); NULL = all resident */
     df_store *store;
     df_pool *pool;
     df_engine eng;
@@ -157,6 +161,46 @@ static const char *spine_encodings(const df_native *n, char *out, size_t cap) {
     return out;
 }
 
+/* The spine does not fit the budget (issue 4): keep the largest prefix of layers resident that still leaves
+ * the store's minimum expert cache, stream the rest through 2 staging buffers. *n_res = resident layers;
+ * DF_EBUDGET stating the minimum (all layers streamed) when even that does not fit. */
+static int plan_spine_stream(df_model *m, uint64_t budget, uint64_t kvb, uint64_t other, int *n_res, uint64_t *cache,
+                             char *err, size_t errlen) {
+    const int L = m->nat->cfg.num_hidden_layers;
+    if (L < 1) return DF_EBUDGET;
+    sst_plan p;
+    int rc = sst_plan_make(m->nat, &p, err, errlen);
+    if (rc) return rc;
+    rc = DF_EBUDGET;
+    for (int r = L - 1; r >= 0; r--) {
+        uint64_t sp = sst_plan_resident(&p, r) + 2 * sst_plan_stage(&p, r);
+        rc = store_budget(m->nat, budget, sp, kvb, other, cache, err, errlen);
+        if (rc == DF_OK) { *n_res = r; break; }
+        if (rc != DF_EBUDGET) break;
+    }
+    if (rc == DF_EBUDGET) {
+        /* the minimum: the layout with the smallest spine part (usually all layers streamed) */
+        int best = 0;
+        uint64_t best_sp = UINT64_MAX;
+        for (int r = 0; r < L; r++) {
+            uint64_t sp = sst_plan_resident(&p, r) + 2 * sst_plan_stage(&p, r);
+            if (sp < best_sp) { best_sp = sp; best = r; }
+        }
+        rc = store_budget(m->nat, budget, best_sp, kvb, other, cache, err, errlen);
+        if (rc == DF_OK) *n_res = best; /* not reached: larger layouts were tried first */
+        if (rc != DF_EBUDGET || !err || !errlen) { sst_plan_free(&p); return rc; }
+        char b1[32], b2[32], b3[32];
+        size_t l = strlen(err);
+        snprintf(err + l, errlen - l,
+                 " (that spine figure is with spine streaming: resident tensors %s + 2 layer staging buffers of %s; "
+                 "the whole spine, %s, would need more)",
+                 fmt_bytes(b1, sizeof b1, sst_plan_resident(&p, best)), fmt_bytes(b2, sizeof b2, sst_plan_stage(&p, best)),
+                 fmt_bytes(b3, sizeof b3, m->nat->spine_bytes));
+    }
+    sst_plan_free(&p);
+    return rc;
+}
+
 int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in, char *err, size_t errlen) {
     *out = NULL;
     df_model_opts opts;
@@ -183,6 +227,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     df_model *m = calloc(1, sizeof *m);
     if (!m) return set_err(err, errlen, DF_ENOMEM, "out of memory");
     pthread_mutex_init(&m->mu, NULL);
+    int n_res = -1;              /* >= 0: spine streaming with that many resident layers */
     int rc = native_open(&m->nat, dir, err, errlen);
     if (!rc) rc = opts.expert_dirs ? native_set_expert_dirs(m->nat, opts.expert_dirs, err, errlen)
                                    : native_require_packs(m->nat, err, errlen);
@@ -199,11 +244,6 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     } else {
         snprintf(m->name, sizeof m->name, "%s", m->nat->name);
     }
-    rc = load_spine(m, err, errlen);
-    if (rc) goto fail;
-    rc = spine_build(m->nat, m->spine_buf, &m->spine, err, errlen);
-    if (rc) goto fail;
-    m->spine_built = 1;
 
     /* expert store under the RAM budget */
     store_opts so;
@@ -224,8 +264,22 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
         uint64_t kvb = (uint64_t)ctx * cfg->num_hidden_layers * (uint64_t)(cfg->kv_lora_rank + cfg->qk_rope_head_dim) * 4;
         uint64_t other = (uint64_t)cfg->vocab_size * 8 + (uint64_t)cfg->hidden_size * 256;
         rc = store_budget(m->nat, opts.ram_budget, m->nat->spine_bytes, kvb, other, &so.cache_bytes, err, errlen);
+        if (rc == DF_EBUDGET) {
+            rc = plan_spine_stream(m, opts.ram_budget, kvb, other, &n_res, &so.cache_bytes, err, errlen);
+            if (rc) goto fail;
+        }
         if (rc) goto fail;
     }
+    if (n_res >= 0) {
+        rc = sst_open(&m->stream, m->nat, n_res, &m->spine, err, errlen);
+        if (rc) goto fail;
+    } else {
+        rc = load_spine(m, err, errlen);
+        if (rc) goto fail;
+        rc = spine_build(m->nat, m->spine_buf, &m->spine, err, errlen);
+        if (rc) goto fail;
+    }
+    m->spine_built = 1;
     if (m->nat->n_moe_layers > 0) {
         rc = store_open(&m->store, m->nat, &so, err, errlen);
         if (rc) goto fail;
@@ -234,6 +288,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     if (!m->pool) { rc = set_err(err, errlen, DF_ENOMEM, "cannot start the thread pool"); goto fail; }
     m->eng.cfg = cfg;
     m->eng.spine = &m->spine;
+    m->eng.stream = m->stream;
     m->eng.be = be;
     m->eng.pool = m->pool;
     m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release};
@@ -253,18 +308,24 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
         if (df_tokenizer_open(&m->tok, dir, NULL, terr, sizeof terr) != DF_OK) m->tok = NULL;
     }
     /* the resolved-configuration line */
-    char b1[32], encs[64];
+    char b1[32], encs[64], sdesc[160] = "";
+    if (m->stream) {
+        char b2[32];
+        snprintf(sdesc, sizeof sdesc, ", spine resident %d/%d layers (streaming %d, 2 x %s staging)", sst_n_resident(m->stream),
+                 cfg->num_hidden_layers, cfg->num_hidden_layers - sst_n_resident(m->stream),
+                 fmt_bytes(b2, sizeof b2, sst_stage_bytes(m->stream)));
+    }
     store_stats ss;
     memset(&ss, 0, sizeof ss);
     if (m->store) store_get_stats(m->store, &ss);
     snprintf(m->describe, sizeof m->describe,
              "model %s (%s): %d layers (%d dense), hidden %d, %d heads, %s%d routed experts top-%d (%d shared, groups %d/%d), "
-             "experts %s, spine %s [%s]%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, heat %s, tokenizer %s",
+             "experts %s, spine %s [%s]%s%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, heat %s, tokenizer %s",
              m->name, cfg->model_type, cfg->num_hidden_layers, cfg->first_k_dense_replace < cfg->num_hidden_layers ? cfg->first_k_dense_replace : cfg->num_hidden_layers,
              cfg->hidden_size, cfg->num_attention_heads, cfg->rope_yarn ? "yarn, " : "", cfg->n_routed_experts, cfg->num_experts_per_tok,
              cfg->n_shared_experts, cfg->n_group, cfg->topk_group,
              m->nat->n_moe_layers ? df_wtype_name(m->nat->expert_type) : "none", m->nat->spine_mode, spine_encodings(m->nat, encs, sizeof encs),
-             m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"),
+             m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"), sdesc,
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
              m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->heat_path[0] ? m->heat_path : "off", m->tok ? "yes" : "none");
@@ -280,6 +341,7 @@ void df_model_close(df_model *m) {
     rope_free(&m->eng.rope);
     if (m->pool) df_pool_free(m->pool);
     if (m->store) store_close(m->store);
+    if (m->stream) sst_close(m->stream);
     if (m->spine_built) spine_free(&m->spine);
     free(m->spine_buf);
     if (m->tok) df_tokenizer_free(m->tok);
@@ -377,7 +439,7 @@ void df_model_stats(const df_model *m, df_stats *o) {
     o->decode_tokens = m->decode_tokens;
     o->weight_bytes_read = m->eng.weight_bytes - m->weight_bytes_base;
     o->io_stall_s = m->eng.io_wait_s - m->io_wait_base;
-    o->resident_bytes = m->nat->spine_bytes + m->kv_bytes;
+    o->resident_bytes = (m->stream ? sst_memory_bytes(m->stream) : m->nat->spine_bytes) + m->kv_bytes;
     if (m->store) {
         store_stats ss;
         store_get_stats(m->store, &ss);

@@ -67,6 +67,8 @@ typedef struct {
     uint64_t weight_bytes;           /* weight bytes touched by compute */
     double io_wait_s;                /* time in experts.acquire */
     uint64_t prefetch_issued;
+    /* added for spine streaming (issue 4): NULL = the whole spine is resident */
+    struct spine_stream *stream;
 } df_engine;
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */

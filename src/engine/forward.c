@@ -6,6 +6,7 @@
  */
 #include "engine.h"
 #include "deltafin.h"
+#include "spine_stream.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,16 +42,27 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         if (err) snprintf(err, errlen, "forward: out of memory for %d tokens", T);
         goto done;
     }
+    if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
     for (int t = 0; t < T; t++) e->be->decode_row(&sp->embed, ids[t], x + (int64_t)t * D);
     e->weight_bytes += df_weight_bytes(&sp->embed) / (uint64_t)sp->embed.rows * (uint64_t)T;
     for (int l = 0; l < L; l++) {
+        if (e->stream) {
+            /* streamed layer: wait for its staging buffer, then read layer l+1 into the other one meanwhile */
+            rc = sst_layer(e->stream, l, &e->io_wait_s, err, errlen);
+            if (rc) goto done;
+            if (l + 1 < L) sst_start(e->stream, l + 1);
+        }
         const df_layer_weights *lw = &sp->layers[l];
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, x + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
         rc = attn_forward(e, l, kv, n_past, h, T, a, err, errlen);
         if (rc) goto done;
         for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
-        if (e->prefetch && l + 1 < L) moe_prefetch(e, l + 1, x, T);
+        if (e->prefetch && l + 1 < L) {
+            /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
+            if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
+            moe_prefetch(e, l + 1, x, T);
+        }
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, x + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
         rc = ffn_forward(e, l, h, T, a, err, errlen);
@@ -69,6 +81,8 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         eng_matmul(e, &sp->lm_head, h, n, logits);
     }
 done:
+    /* the next call's first streamed layer is read while the caller samples */
+    if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream));
     free(x);
     free(h);
     free(a);

@@ -4,15 +4,22 @@
 #include "config.h"
 #include "util/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
     const df_native *n;
-    const uint8_t *buf;
+    spine_map_fn map;
+    void *user;
     char *err;
     size_t errlen;
 } ctx;
+
+/* identity map over a whole loaded spine.bin (spine_build) */
+static const void *map_whole(void *user, const native_tensor *t, int scale) {
+    return (const uint8_t *)user + (scale ? t->scale_offset : t->offset);
+}
 
 static int get_w(ctx *c, const char *name, int64_t rows, int64_t cols, df_weight *w) {
     const native_tensor *t = native_find(c->n, name);
@@ -23,8 +30,8 @@ static int get_w(ctx *c, const char *name, int64_t rows, int64_t cols, df_weight
     w->type = t->type;
     w->rows = rows;
     w->cols = cols;
-    w->data = c->buf + t->offset;
-    w->scale = t->scale_bytes ? c->buf + t->scale_offset : NULL;
+    w->data = c->map(c->user, t, 0);
+    w->scale = t->scale_bytes ? c->map(c->user, t, 1) : NULL;
     return DF_OK;
 }
 
@@ -40,7 +47,11 @@ static int get_v(ctx *c, const char *name, int64_t len, int optional, float **ou
                            (long long)t->shape[0], t->ndim == 2 ? ", ..." : "", (long long)len);
     float *v = malloc(sizeof(float) * (size_t)len);
     if (!v) return df_set_errc(c->err, c->errlen, DF_ENOMEM, "out of memory");
-    const uint8_t *p = c->buf + t->offset;
+    const uint8_t *p = c->map(c->user, t, 0);
+    if (!p) {
+        free(v);
+        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": vector not resident (internal: spine map)", name);
+    }
     for (int64_t i = 0; i < len; i++) {
         uint16_t h;
         switch (t->type) {
@@ -74,9 +85,13 @@ void spine_free(df_spine *s) {
 }
 
 int spine_build(const df_native *n, const void *spine_buf, df_spine *out, char *err, size_t errlen) {
+    return spine_build_mapped(n, map_whole, (void *)spine_buf, out, err, errlen);
+}
+
+int spine_build_mapped(const df_native *n, spine_map_fn map, void *user, df_spine *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     const df_config *g = &n->cfg;
-    ctx c = {n, spine_buf, err, errlen};
+    ctx c = {n, map, user, err, errlen};
     int rc;
     char nm[256];
     int64_t H = g->hidden_size, V = g->vocab_size, NH = g->num_attention_heads;
@@ -131,4 +146,41 @@ int spine_build(const df_native *n, const void *spine_buf, df_spine *out, char *
 fail:
     spine_free(out);
     return rc;
+}
+
+int spine_layer_wrefs(const df_native *n, int l, df_layer_weights *L, spine_wref *out) {
+    const df_config *g = &n->cfg;
+    int k = 0;
+    char nm[256];
+    if (l < 0 || l >= g->num_hidden_layers) return 0;
+    int moe = config_layer_is_moe(g, l);
+#define R(field, s)                                                                   \
+    do {                                                                              \
+        snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s);                           \
+        const native_tensor *t_ = native_find(n, nm);                                 \
+        if (t_ && t_->ndim == 2 && k < SPINE_MAX_WREFS) out[k++] = (spine_wref){L ? &L->field : NULL, t_}; \
+    } while (0)
+    if (g->q_lora_rank > 0) {
+        R(q_a, "self_attn.q_a_proj.weight");
+        R(q_b, "self_attn.q_b_proj.weight");
+    } else {
+        R(q, "self_attn.q_proj.weight");
+    }
+    R(kv_a, "self_attn.kv_a_proj_with_mqa.weight");
+    R(kv_b, "self_attn.kv_b_proj.weight");
+    R(o, "self_attn.o_proj.weight");
+    if (!moe) {
+        R(gate, "mlp.gate_proj.weight");
+        R(up, "mlp.up_proj.weight");
+        R(down, "mlp.down_proj.weight");
+    } else {
+        R(router, "mlp.gate.weight");
+        if (g->n_shared_experts > 0) {
+            R(gate, "mlp.shared_experts.gate_proj.weight");
+            R(up, "mlp.shared_experts.up_proj.weight");
+            R(down, "mlp.shared_experts.down_proj.weight");
+        }
+    }
+#undef R
+    return k;
 }

@@ -20,4 +20,24 @@ int spine_build(const df_native *n, const void *spine_buf, df_spine *out, char *
 /* Free what spine_build allocated (not spine_buf). Safe on a zeroed spine. */
 void spine_free(df_spine *s);
 
+/* ---- added for spine streaming (issue 4; append-only) ---- */
+/* Where the bytes of a spine tensor are in memory: scale = 0 -> its data array,
+ * 1 -> its scale array. Return NULL for a 2-D weight that is not resident (the
+ * weight's data/scale stay NULL until the caller points them at a staging
+ * buffer); 1-D vectors must always be mapped (they are converted to f32 here). */
+typedef const void *(*spine_map_fn)(void *user, const native_tensor *t, int scale);
+/* spine_build with spine.bin's arrays wherever `map` says (spine_build = identity map over spine_buf). */
+int spine_build_mapped(const df_native *n, spine_map_fn map, void *user, df_spine *out, char *err, size_t errlen);
+
+/* The 2-D weights of layer l (attention matrices, dense MLP or router + shared
+ * experts): the df_weight field of L (NULL entries when L is NULL) and its
+ * tensor in n's table. Returns how many (<= SPINE_MAX_WREFS); 0 for a bad l.
+ * A streamed layer's weights are re-pointed with this into a staging buffer. */
+#define SPINE_MAX_WREFS 16
+typedef struct {
+    df_weight *w;
+    const native_tensor *t;
+} spine_wref;
+int spine_layer_wrefs(const df_native *n, int l, df_layer_weights *L, spine_wref *out);
+
 #endif
