@@ -19,7 +19,7 @@ configure: deps
 	@test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 
 run: all
-	./tools/run-default.sh "$(PROMPT)" $(MAXNEW)
+	@./tools/run-default.sh '$(subst ','"'"',$(value PROMPT))' '$(subst ','"'"',$(value MAXNEW))'
 
 test: all
 	@./tools/deps.sh --test
