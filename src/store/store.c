@@ -827,11 +827,27 @@ void store_token_event(df_store *st, int64_t pos) {
     if (!st->events) return;
     pthread_mutex_lock(&st->mu);
     store_stats *a = &st->last_tok, *b = &st->stats;
+    b->n_drives = st->n_drives;
+    for (int d = 0; d < st->n_drives && d < 16; d++) {
+        b->drive_bytes[d] = st->drives[d].bytes;
+        b->drive_busy_s[d] = st->drives[d].busy_s +
+                             (st->drives[d].inflight ? store_now() - st->drives[d].busy_since : 0.0);
+    }
     uint64_t h = b->hits - a->hits, m = b->misses - a->misses;
+    /* per drive: bytes read since the previous token and GB/s while busy */
+    char drives[16 * 48] = "";
+    size_t dl = 0;
+    for (int d = 0; d < b->n_drives && d < 16; d++) {
+        uint64_t db = b->drive_bytes[d] - a->drive_bytes[d];
+        double busy = b->drive_busy_s[d] - a->drive_busy_s[d];
+        dl += (size_t)snprintf(drives + dl, sizeof drives - dl, "%s{\"bytes\":%llu,\"gbps\":%.3f}", d ? "," : "",
+                               (unsigned long long)db, busy > 0 ? db / busy / 1e9 : 0.0);
+        if (dl >= sizeof drives) break;
+    }
     store_event(st,
-                "\"ev\":\"token\",\"pos\":%lld,\"bytes_demand\":%llu,\"bytes_prefetch\":%llu,\"hits\":%llu,"
+                "\"drives\":[%s],\"ev\":\"token\",\"pos\":%lld,\"bytes_demand\":%llu,\"bytes_prefetch\":%llu,\"hits\":%llu,"
                 "\"misses\":%llu,\"hit_rate\":%.4f,\"prefetch_issued\":%llu,\"prefetch_useful\":%llu,\"stall_ms\":%.3f",
-                (long long)pos, (unsigned long long)(b->bytes_demand - a->bytes_demand),
+                drives, (long long)pos, (unsigned long long)(b->bytes_demand - a->bytes_demand),
                 (unsigned long long)(b->bytes_prefetch - a->bytes_prefetch), (unsigned long long)h,
                 (unsigned long long)m, h + m ? (double)h / (h + m) : 0.0,
                 (unsigned long long)(b->prefetch_issued - a->prefetch_issued),
