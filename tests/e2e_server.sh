@@ -97,6 +97,24 @@ head -c 2000000 /dev/zero | tr '\0' 'a' | sed 's/^/{"prompt":"/; s/$/"}/' >"$TMP
 expect "2 MB body over --max-request-bytes 1M -> 413" "$(code "${P[@]}" --data-binary @"$TMP/big.json" "$B/v1/completions")" 413
 expect "chunked 2 MB body -> 413" "$(code "${P[@]}" -H "Transfer-Encoding: chunked" --data-binary @"$TMP/big.json" "$B/v1/completions")" 413
 expect "unknown model -> 400" "$(code "${P[@]}" -d '{"model":"gpt-9","prompt":"a"}' "$B/v1/completions")" 400
+eparam() { node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));
+  console.log(j.error.param + " | " + j.error.message)' "$TMP/body" 2>/dev/null || echo "not-an-openai-error"; }
+# a NUL character (\u0000) would cut the string short (cJSON): 400 naming the field, never a truncated prompt
+expect "NUL in prompt -> 400" "$(code "${P[@]}" -d '{"prompt":"a\u0000bcdefgh long text after nul","max_tokens":2,"temperature":0,"echo":true}' "$B/v1/completions")" 400
+expect "NUL in prompt: param" "$(eparam | cut -d' ' -f1)" prompt
+expect "NUL in chat content -> 400" "$(code "${P[@]}" -d '{"messages":[{"role":"user","content":"hi\u0000 there"}]}' "$B/v1/chat/completions")" 400
+expect "NUL in chat content: param" "$(eparam | cut -d' ' -f1)" "messages[0].content"
+expect "NUL in stop -> 400" "$(code "${P[@]}" -d '{"prompt":"abc","stop":["x","\u0000"]}' "$B/v1/completions")" 400
+expect "NUL in stop: param" "$(eparam | cut -d' ' -f1)" "stop[1]"
+expect "escaped backslash + u0000 is text -> 200" "$(code "${P[@]}" -d '{"prompt":"a\\u0000b","max_tokens":1,"temperature":0,"echo":true}' "$B/v1/completions")" 200
+expect "escaped backslash + u0000: whole prompt (8 tokens)" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).usage.prompt_tokens)' "$TMP/body")" 8
+# empty stop strings are ignored in both forms; max_tokens out of range says so
+expect "stop \"\" -> 200" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0,"stop":""}' "$B/v1/completions")" 200
+expect "stop [\"\"] -> 200" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0,"stop":[""]}' "$B/v1/completions")" 200
+expect "stop [\"\"]: text not cut" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0].text)' "$TMP/body")" "lo,"
+expect "max_tokens 1e11 -> 400" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":100000000000}' "$B/v1/completions")" 400
+case "$(eparam)" in "max_tokens | "*"too large"*"between 1 and 1000000000"*) ok "max_tokens 1e11: message";;
+    *) bad "max_tokens 1e11: message: $(eparam)";; esac
 expect "still serving after bad input" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0}' "$B/v1/completions")" 200
 expect "greedy completion text" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0].text)' "$TMP/body")" "lo,"
 

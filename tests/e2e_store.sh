@@ -3,7 +3,8 @@
 # (deltafin synth, 2 pack directories): greedy ids are identical with no
 # budget, with a budget of about 1/4 of the expert bytes, with the pread
 # engine's store and with --expert-dirs; a corrupted pack is a clear error
-# naming layer, expert and file; bench io and bench decode run.
+# naming layer, expert and file; bench io and bench decode run. synth refuses
+# a non-empty OUT_DIR unless --force (which deletes the old model files).
 set -u
 BIN=${DF_BIN:?DF_BIN not set}
 T=$(mktemp -d /tmp/df_e2e_store.XXXXXX)
@@ -16,6 +17,27 @@ bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
   --q-lora 64 --kv-lora 32 --inter 512 --nope 16 --rope 8 --v-dim 16 --top-k 4 \
   --expert-dirs "$T/m/d0,$T/m/d1" && ok || bad "synth"
 [ -f "$T/m/manifest.json" ] && [ ! -e "$T/m/manifest.json.tmp" ] && ok || bad "manifest written atomically"
+
+# synth refuses a non-empty OUT_DIR (and pack directories holding packs); --force deletes the old model files first
+S=(--quiet --hidden 256 --moe-inter 128 --experts 8 --vocab 512 --heads 4 --q-lora 64 --kv-lora 32 --inter 512
+   --nope 16 --rope 8 --v-dim 16 --top-k 2)
+"$BIN" synth "$T/f" "${S[@]}" --layers 4 && ok || bad "synth small"
+sum0=$(cat "$T/f"/* | md5sum)
+"$BIN" synth "$T/f" "${S[@]}" --layers 3 --seed 2 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "is not empty" "$T/err" && grep -q -- "--force" "$T/err" && [ "$(cat "$T/f"/* | md5sum)" = "$sum0" ] \
+  && ok || bad "synth into a non-empty dir: rc $rc $(cat "$T/err")"
+echo '{}' >"$T/f/tokenizer.json"; echo keep >"$T/f/notes.txt"
+"$BIN" synth "$T/f" "${S[@]}" --layers 3 --seed 2 --force 2>"$T/err" && [ ! -e "$T/f/experts-L003.pack" ] \
+  && [ ! -e "$T/f/tokenizer.json" ] && [ -f "$T/f/notes.txt" ] && [ -f "$T/f/experts-L002.pack" ] \
+  && ok || bad "synth --force: $(ls "$T/f") $(cat "$T/err")"
+"$BIN" run --model "$T/f" --prompt-ids 1,2 --max-new 2 --quiet >/dev/null 2>"$T/err" && ok || bad "run after --force: $(cat "$T/err")"
+mkdir -p "$T/e1"; cp "$T/f/experts-L001.pack" "$T/e1/"
+"$BIN" synth "$T/g" "${S[@]}" --layers 3 --expert-dirs "$T/e1,$T/e2" 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "already holds model files" "$T/err" && [ ! -e "$T/g/manifest.json" ] && ok \
+  || bad "synth into a pack dir with packs: rc $rc $(cat "$T/err")"
+: >"$T/x"; "$BIN" synth "$T/x" "${S[@]}" 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "not a directory" "$T/err" && ok || bad "synth onto a file: rc $rc $(cat "$T/err")"
+rm -rf "$T/f" "$T/g" "$T/e1" "$T/e2" "$T/x"
 
 run() { "$BIN" run --model "$T/m" --prompt-ids 5,17,42,99 --max-new 12 --print-ids --quiet "$@" 2>"$T/err" | tail -1; }
 ref=$(run)

@@ -134,11 +134,12 @@ static int parse(int kind, const char *body, srv_request *r, char **ej) {
     return srv_request_parse(r, kind, body, strlen(body), ej);
 }
 
-/* Expect a 400 whose error.param is `param` (NULL = none). */
-static void expect_400(int kind, const char *body, const char *param) {
+/* Expect a 400 whose error.param is `param` (NULL = none) and whose message
+ * contains `msg` (NULL = any); len = body bytes (0 = strlen). */
+static void expect_400_n(int kind, const char *body, size_t len, const char *param, const char *msg) {
     srv_request r;
     char *ej = NULL;
-    int st = parse(kind, body, &r, &ej);
+    int st = srv_request_parse(&r, kind, body, len ? len : strlen(body), &ej);
     CHECK(st == 400, "status 400 for %s: %d", body, st);
     cJSON *e = ej ? cJSON_Parse(ej) : NULL, *er = e ? cJSON_GetObjectItem(e, "error") : NULL;
     cJSON *p = er ? cJSON_GetObjectItem(er, "param") : NULL, *t = er ? cJSON_GetObjectItem(er, "type") : NULL;
@@ -146,9 +147,49 @@ static void expect_400(int kind, const char *body, const char *param) {
     CHECK(t && cJSON_IsString(t) && !strcmp(t->valuestring, "invalid_request_error"), "error.type for %s", body);
     if (param) CHECK(p && cJSON_IsString(p) && !strcmp(p->valuestring, param), "param %s for %s: %s", param, body, ej);
     else CHECK(p && cJSON_IsNull(p), "param null for %s: %s", body, ej);
+    if (msg) {
+        cJSON *m = er ? cJSON_GetObjectItem(er, "message") : NULL;
+        CHECK(cJSON_IsString(m) && strstr(m->valuestring, msg), "message of %s has '%s': %s", body, msg, ej);
+    }
     cJSON_Delete(e);
     free(ej);
     if (st == 0) srv_request_free(&r);
+}
+
+static void expect_400(int kind, const char *body, const char *param) { expect_400_n(kind, body, 0, param, NULL); }
+
+/* NUL characters (cJSON strings end at NUL): rejected naming the field, never truncated. */
+static void test_nul(void) {
+    char where[256];
+    const char *b1 = "{\"a\":[1,{\"b\":\"x\",\"c\":[\"ok\",\"y\\u0000z\"]}]}";
+    CHECK(srv_json_find_nul(b1, strlen(b1), where, sizeof where) == 1 && !strcmp(where, "a[1].c[1]"), "path: %s", where);
+    const char *b2 = "{\"a\":\"x\\\\u0000\",\"b\":\"\\\\\\u0000\"}"; /* "x\\u0000" is no NUL; "\\\u0000" is */
+    CHECK(srv_json_find_nul(b2, strlen(b2), where, sizeof where) == 1 && !strcmp(where, "b"), "escaped backslash: %s", where);
+    const char *b3 = "{\"a\":\"x\\\\u0000\",\"u0000\":\"\\u00000\"}";
+    CHECK(srv_json_find_nul(b3, strlen(b3), where, sizeof where) == 1 && !strcmp(where, "u0000"), "key u0000: %s", where);
+    const char *b4 = "{\"a\":\"\\u0001\\\"u0000\"}";
+    CHECK(srv_json_find_nul(b4, strlen(b4), where, sizeof where) == 0, "escaped quote, \\u0001: none");
+
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\\u0000bcdefgh long text after nul\",\"max_tokens\":2,\"echo\":true}", 0,
+                 "prompt", "NUL");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":[\"a\\u0000b\"]}", 0, "prompt[0]", "NUL");
+    expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"hi\\u0000 there\"}]}",
+                 0, "messages[1].content", "NUL");
+    expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                 "{\"type\":\"text\",\"text\":\"\\u0000\"}]}]}", 0, "messages[0].content[1].text", "NUL");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"stop\":\"x\\u0000y\"}", 0, "stop", "NUL");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"stop\":[\"x\",\"\\u0000\"]}", 0, "stop[1]", "NUL");
+    /* a raw NUL byte inside a string */
+    static const char raw[] = "{\"prompt\":\"ab\0cd\"}";
+    expect_400_n(SRV_COMPLETION, raw, sizeof raw - 1, "prompt", "NUL");
+    /* an escaped backslash followed by u0000 is ordinary text: kept whole */
+    srv_request r;
+    char *ej = NULL;
+    int st = parse(SRV_COMPLETION, "{\"prompt\":\"a\\\\u0000b\"}", &r, &ej);
+    CHECK(st == 0 && r.prompt && !strcmp(r.prompt, "a\\u0000b") && r.prompt_len == 8, "escaped backslash kept: %s",
+          st ? ej : r.prompt);
+    if (!st) srv_request_free(&r);
+    free(ej);
 }
 
 static void test_request(void) {
@@ -215,6 +256,33 @@ static void test_request(void) {
     expect_400(SRV_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt");
     expect_400(SRV_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs");
     expect_400(SRV_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs");
+
+    /* empty stop sequences are ignored in both forms (they never match) */
+    st = parse(SRV_COMPLETION, "{\"prompt\":\"a\",\"stop\":\"\"}", &r, &ej);
+    CHECK(st == 0 && r.n_stops == 0, "stop \"\" ignored: %d", st);
+    if (!st) srv_request_free(&r);
+    st = parse(SRV_COMPLETION, "{\"prompt\":\"a\",\"stop\":[\"\"]}", &r, &ej);
+    CHECK(st == 0 && r.n_stops == 0, "stop [\"\"] ignored: %d %s", st, st ? ej : "");
+    if (!st) srv_request_free(&r);
+    else { free(ej); ej = NULL; }
+    st = parse(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"\",\"END\",\"\"]}", &r, &ej);
+    CHECK(st == 0 && r.n_stops == 1 && !strcmp(r.stops[0], "END"), "stop [\"\",\"END\",\"\"] -> END only");
+    if (!st) srv_request_free(&r);
+    else { free(ej); ej = NULL; }
+    /* max_tokens out of range: the message says which bound */
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":100000000000}", 0, "max_tokens", "too large");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":100000000000}", 0, "max_tokens", "between 1 and 1000000000");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":1e300}", 0, "max_tokens", "1e+300 is too large");
+    expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5000000000}", 0,
+                 "max_completion_tokens", "too large");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":-3}", 0, "max_tokens", "-3. Expected a value >= 1");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":2.5}", 0, "max_tokens", "expected an integer");
+    st = parse(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":1000000000}", &r, &ej);
+    CHECK(st == 0 && r.max_tokens == 1000000000, "max_tokens 1e9 accepted (clamped to the context later)");
+    if (!st) srv_request_free(&r);
+    else { free(ej); ej = NULL; }
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"top_k\":1e12}", 0, "top_k", "up to 1000000000");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"seed\":1e20}", 0, "seed", "2^53");
 }
 
 static void test_misc(void) {
@@ -234,6 +302,7 @@ int main(void) {
     test_stop();
     test_kimi();
     test_request();
+    test_nul();
     test_misc();
     return t_done();
 }

@@ -102,6 +102,7 @@ enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };
 #define SRV_MAX_ALL_LOGITS 67108864.0 /* floats (256 MiB): prompt tokens x vocabulary for echo + logprobs */
 #define SRV_MAX_STOP_LEN 1024    /* bytes per stop sequence (bounds the hold-back work per token) */
 #define SRV_MAX_TOP_LOGPROBS 20
+#define SRV_MAX_MAX_TOKENS 1000000000 /* largest max_tokens / top_k a request may name */
 
 typedef struct {
     int kind;                 /* SRV_CHAT / SRV_COMPLETION */
@@ -135,6 +136,11 @@ typedef struct {
  * *err_json; on success returns 0. */
 int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, char **err_json);
 void srv_request_free(srv_request *r);
+/* Find the first JSON string in body[0..len) (valid JSON) that holds a NUL
+ * (the escape \u0000 or a raw 0 byte): 1 with its location written to param
+ * ("messages[0].content", "stop[1]"; "request body" at the top level), else 0.
+ * cJSON strings end at the first NUL, so such strings must be rejected. */
+int srv_json_find_nul(const char *body, size_t len, char *param, size_t cap);
 
 /* --------------------------------------------------------------- backend */
 /* What the generator needs from a model. srv_backend_open_model uses only

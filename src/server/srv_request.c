@@ -12,6 +12,11 @@
 #define FAIL(param, ...) do { char m_[512]; snprintf(m_, sizeof m_, __VA_ARGS__); \
     *err_json = srv_error_json(m_, "invalid_request_error", param, NULL); goto fail; } while (0)
 
+/* A number with no fractional part (any magnitude: range checks come after). */
+static int is_integral(const cJSON *v) {
+    return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
+}
+
 static int is_int(const cJSON *v) {
     return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble) &&
            fabs(v->valuedouble) < 9.007199254740992e15;
@@ -149,6 +154,71 @@ fail:
     return 400;
 }
 
+/* cJSON decodes the escape \u0000 (and copies a raw NUL byte) into its NUL-
+ * terminated strings, which silently cuts a prompt, a message or a stop
+ * sequence short. This walks the raw body (already parsed, so it is valid
+ * JSON) and finds the first string holding a NUL, tracking where it sits so
+ * the error can name it ("messages[1].content", "stop[0]", "prompt").
+ * Returns 1 and writes the path into param (the root itself: "request body"),
+ * or 0 when no string holds a NUL. A backslash escapes the next character, so
+ * "\\u0000" (an escaped backslash, then "u0000") is not a NUL. */
+#define NUL_MAX_DEPTH 64
+int srv_json_find_nul(const char *body, size_t len, char *param, size_t cap) {
+    struct { int is_obj, index; char key[48]; } st[NUL_MAX_DEPTH];
+    int depth = 0, want_key = 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = body[i];
+        if (ch == '{' || ch == '[') {
+            if (depth < NUL_MAX_DEPTH) {
+                st[depth].is_obj = ch == '{';
+                st[depth].index = 0;
+                st[depth].key[0] = 0;
+            }
+            depth++;
+            want_key = ch == '{';
+        } else if (ch == '}' || ch == ']') {
+            if (depth > 0) depth--;
+            want_key = 0;
+        } else if (ch == ',') {
+            if (depth > 0 && depth <= NUL_MAX_DEPTH) {
+                if (st[depth - 1].is_obj) want_key = 1;
+                else st[depth - 1].index++;
+            }
+        } else if (ch == ':') {
+            want_key = 0;
+        } else if (ch == '"') {
+            size_t s0 = ++i;
+            int nul = 0;
+            for (; i < len && body[i] != '"'; i++) {
+                if (body[i] == 0) nul = 1;
+                if (body[i] != '\\') continue;
+                if (i + 5 < len && !memcmp(body + i + 1, "u0000", 5)) nul = 1;
+                i++; /* skip the escaped character */
+            }
+            int is_key = want_key && depth > 0 && depth <= NUL_MAX_DEPTH && st[depth - 1].is_obj;
+            if (is_key) {
+                size_t kl = i - s0 < sizeof st[0].key - 1 ? i - s0 : sizeof st[0].key - 1;
+                memcpy(st[depth - 1].key, body + s0, kl);
+                st[depth - 1].key[kl] = 0;
+                want_key = 0;
+            }
+            if (nul) {
+                size_t o = 0;
+                param[0] = 0;
+                int lim = depth < NUL_MAX_DEPTH ? depth : NUL_MAX_DEPTH;
+                for (int d = 0; d < lim && o < cap; d++) {
+                    int n = st[d].is_obj ? snprintf(param + o, cap - o, "%s%s", o ? "." : "", st[d].key)
+                                         : snprintf(param + o, cap - o, "[%d]", st[d].index);
+                    if (n > 0) o += (size_t)n;
+                }
+                if (!param[0]) snprintf(param, cap, "request body");
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, char **err_json) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -170,6 +240,12 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
                           (size_t)(e - body));
     }
     if (!cJSON_IsObject(root)) FAIL(NULL, "The request body must be a JSON object.");
+    {
+        char where[256];
+        if (srv_json_find_nul(body, len, where, sizeof where))
+            FAIL(where, "Invalid '%s': the string contains a NUL character (\\u0000), which is not supported. "
+                        "Remove it from the request.", where);
+    }
 
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "model")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsString(v)) FAIL("model", "Invalid type for 'model': expected a string.");
@@ -195,8 +271,12 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
     static const char *maxn[] = {"max_tokens", "max_completion_tokens"};
     for (int i = 0; i < 2; i++) {
         if (!(v = cJSON_GetObjectItemCaseSensitive(root, maxn[i])) || cJSON_IsNull(v)) continue;
-        if (!is_int(v)) FAIL(maxn[i], "Invalid type for '%s': expected an integer.", maxn[i]);
-        if (v->valuedouble < 1 || v->valuedouble > 1e9) FAIL(maxn[i], "Invalid '%s': %.0f. Expected a value >= 1.", maxn[i], v->valuedouble);
+        if (!is_integral(v)) FAIL(maxn[i], "Invalid type for '%s': expected an integer.", maxn[i]);
+        if (v->valuedouble < 1) FAIL(maxn[i], "Invalid '%s': %.15g. Expected a value >= 1.", maxn[i], v->valuedouble);
+        if (v->valuedouble > SRV_MAX_MAX_TOKENS)
+            FAIL(maxn[i], "Invalid '%s': %.15g is too large. Expected a value between 1 and %d (generation also "
+                          "stops at the end of the model's context, with finish_reason \"length\").",
+                 maxn[i], v->valuedouble, SRV_MAX_MAX_TOKENS);
         r->max_tokens = (int)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "temperature")) && !cJSON_IsNull(v)) {
@@ -210,18 +290,21 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         r->top_p = v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "top_k")) && !cJSON_IsNull(v)) {
-        if (!is_int(v)) FAIL("top_k", "Invalid type for 'top_k': expected an integer.");
-        if (v->valuedouble < -1 || v->valuedouble > 1e9) FAIL("top_k", "Invalid 'top_k': %.0f. Expected -1 or 0 (off) or a positive integer.", v->valuedouble);
+        if (!is_integral(v)) FAIL("top_k", "Invalid type for 'top_k': expected an integer.");
+        if (v->valuedouble < -1 || v->valuedouble > SRV_MAX_MAX_TOKENS)
+            FAIL("top_k", "Invalid 'top_k': %.15g. Expected -1 or 0 (off) or a positive integer up to %d.", v->valuedouble,
+                 SRV_MAX_MAX_TOKENS);
         r->top_k = v->valuedouble < 0 ? 0 : (int)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "seed")) && !cJSON_IsNull(v)) {
-        if (!is_int(v)) FAIL("seed", "Invalid type for 'seed': expected an integer.");
+        if (!is_integral(v)) FAIL("seed", "Invalid type for 'seed': expected an integer.");
+        if (!is_int(v)) FAIL("seed", "Invalid 'seed': %.15g. Expected an integer of magnitude below 2^53.", v->valuedouble);
         r->has_seed = 1;
         r->seed = (uint64_t)(int64_t)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "n")) && !cJSON_IsNull(v)) {
-        if (!is_int(v)) FAIL("n", "Invalid type for 'n': expected an integer.");
-        if (v->valuedouble != 1) FAIL("n", "Invalid 'n': %.0f. Only n = 1 is supported.", v->valuedouble);
+        if (!is_integral(v)) FAIL("n", "Invalid type for 'n': expected an integer.");
+        if (v->valuedouble != 1) FAIL("n", "Invalid 'n': %.15g. Only n = 1 is supported.", v->valuedouble);
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "stop")) && !cJSON_IsNull(v)) {
         if (cJSON_IsString(v)) {
@@ -232,9 +315,9 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
             cJSON *s;
             cJSON_ArrayForEach(s, v) {
                 if (!cJSON_IsString(s)) FAIL("stop", "Invalid type for 'stop': expected a string or an array of strings.");
-                if (!s->valuestring[0]) FAIL("stop", "Invalid 'stop': empty stop sequence.");
                 if (strlen(s->valuestring) > SRV_MAX_STOP_LEN) FAIL("stop", "Invalid 'stop': longer than %d bytes.", SRV_MAX_STOP_LEN);
-                r->stops[r->n_stops++] = strdup(s->valuestring);
+                /* an empty sequence never matches: ignored, as for "stop": "" */
+                if (s->valuestring[0]) r->stops[r->n_stops++] = strdup(s->valuestring);
             }
         } else FAIL("stop", "Invalid type for 'stop': expected a string or an array of strings.");
     }
@@ -243,17 +326,17 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
             if (!cJSON_IsBool(v)) FAIL("logprobs", "Invalid type for 'logprobs': expected a boolean.");
             r->logprobs = cJSON_IsTrue(v);
         } else {
-            if (!is_int(v)) FAIL("logprobs", "Invalid type for 'logprobs': expected an integer.");
+            if (!is_integral(v)) FAIL("logprobs", "Invalid type for 'logprobs': expected an integer.");
             if (v->valuedouble < 0 || v->valuedouble > SRV_MAX_TOP_LOGPROBS)
-                FAIL("logprobs", "Invalid 'logprobs': %.0f. Expected a value between 0 and %d.", v->valuedouble, SRV_MAX_TOP_LOGPROBS);
+                FAIL("logprobs", "Invalid 'logprobs': %.15g. Expected a value between 0 and %d.", v->valuedouble, SRV_MAX_TOP_LOGPROBS);
             r->logprobs = 1;
             r->top_logprobs = (int)v->valuedouble;
         }
     }
     if (kind == SRV_CHAT && (v = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs")) && !cJSON_IsNull(v)) {
-        if (!is_int(v)) FAIL("top_logprobs", "Invalid type for 'top_logprobs': expected an integer.");
+        if (!is_integral(v)) FAIL("top_logprobs", "Invalid type for 'top_logprobs': expected an integer.");
         if (v->valuedouble < 0 || v->valuedouble > SRV_MAX_TOP_LOGPROBS)
-            FAIL("top_logprobs", "Invalid 'top_logprobs': %.0f. Expected a value between 0 and %d.", v->valuedouble, SRV_MAX_TOP_LOGPROBS);
+            FAIL("top_logprobs", "Invalid 'top_logprobs': %.15g. Expected a value between 0 and %d.", v->valuedouble, SRV_MAX_TOP_LOGPROBS);
         if (!r->logprobs) FAIL("top_logprobs", "Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.");
         r->top_logprobs = (int)v->valuedouble;
     }
