@@ -15,7 +15,9 @@
 #include "model/native.h"
 #include "store/store.h"
 #include "store/store_bench.h"
+#include <errno.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,53 @@ static uint64_t parse_size(const char *s) {
     }
     return (uint64_t)v;
 }
+
+/* 1 when `a` is one of the NULL-terminated names (the options that take a value) */
+static int known(const char *a, const char *const *names) {
+    for (; *names; names++)
+        if (!strcmp(a, *names)) return 1;
+    return 0;
+}
+
+/* a whole decimal integer in [lo, hi], else a usage message naming the command and flag, -1 */
+static int want_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "deltafin bench %s: %s \"%s\": expected an integer in [%ld, %ld]\n", cmd, flag, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* a finite number in (lo, hi] when lo_open, else [lo, hi]; else a usage message, -1 */
+static int want_num(const char *cmd, const char *flag, const char *s, double lo, double hi, int lo_open, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || (lo_open && v == lo) || v > hi) {
+        fprintf(stderr, "deltafin bench %s: %s \"%s\": expected a number in %c%g, %g]\n", cmd, flag, s, lo_open ? '(' : '[', lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* a size > 0 (parse_size), else a usage message, -1 */
+static int want_size(const char *cmd, const char *flag, const char *s, uint64_t *out) {
+    uint64_t v = parse_size(s);
+    if (!v) {
+        fprintf(stderr, "deltafin bench %s: %s \"%s\": expected a size like 1M or 64K\n", cmd, flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+#define BENCH_MAX_QD 1024       /* reads in flight per directory (each holds one read buffer) */
+#define BENCH_MAX_SECONDS 86400.0
 
 static int drop_caches(void) {
     if (geteuid() != 0) return 0;
@@ -76,8 +125,8 @@ static int bench_io(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--run SIZE] [--qd 16] [--seconds 10] "
-                   "[--group K] [--pread] [--no-drop]\n"
+            printf("usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--run SIZE] [--qd 16 (1..1024)] [--seconds 10] "
+                   "[--group K (0..64)] [--pread] [--no-drop]\n"
                    "  O_DIRECT random reads over the files in each DIR (one queue per DIR).\n"
                    "  --run SIZE: bytes read back to back per random offset (the expert extent), default --size.\n"
                    "  --group K: runs in groups of K extents of one file, ascending (a layer's top-k experts).\n");
@@ -85,14 +134,15 @@ static int bench_io(int argc, char **argv) {
         }
         if (!strcmp(a, "--pread")) { o.use_uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) continue;
+        static const char *const vals[] = {"--dir", "--size", "--run", "--group", "--qd", "--seconds", NULL};
+        if (!known(a, vals)) { fprintf(stderr, "deltafin bench io: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench io: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--dir")) o.dirs = v;
-        else if (!strcmp(a, "--size")) o.io_bytes = parse_size(v);
-        else if (!strcmp(a, "--run")) o.run_bytes = parse_size(v);
-        else if (!strcmp(a, "--group")) o.group = atoi(v);
-        else if (!strcmp(a, "--qd")) o.qd = atoi(v);
-        else if (!strcmp(a, "--seconds")) o.seconds = atof(v);
-        else { fprintf(stderr, "deltafin bench io: unknown option %s\n", a); return 2; }
+        else if (!strcmp(a, "--size")) { if (want_size("io", a, v, &o.io_bytes)) return 2; }
+        else if (!strcmp(a, "--run")) { if (want_size("io", a, v, &o.run_bytes)) return 2; }
+        else if (!strcmp(a, "--group")) { if (want_int("io", a, v, 0, 64, &o.group)) return 2; }
+        else if (!strcmp(a, "--qd")) { if (want_int("io", a, v, 1, BENCH_MAX_QD, &o.qd)) return 2; }
+        else if (!strcmp(a, "--seconds")) { if (want_num("io", a, v, 0, BENCH_MAX_SECONDS, 1, &o.seconds)) return 2; }
         i++;
     }
     int nodrop = 0;
@@ -130,21 +180,36 @@ static int bench_decode(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
+        static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--threads", "--prompt-ids", "--io-seconds",
+                                           "--qd", "--events", "--expert-dirs", NULL};
+        if (!known(a, vals)) { fprintf(stderr, "deltafin bench decode: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--ram-budget")) {
-            if (!(budget = parse_size(v))) { fprintf(stderr, "deltafin bench decode: bad --ram-budget %s\n", v); return 2; }
-        } else if (!strcmp(a, "--tokens")) tokens = atoi(v);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--ram-budget")) { if (want_size("decode", a, v, &budget)) return 2; }
+        else if (!strcmp(a, "--tokens")) { if (want_int("decode", a, v, 1, 1 << 20, &tokens)) return 2; }
+        else if (!strcmp(a, "--threads")) { if (want_int("decode", a, v, 0, 4096, &threads)) return 2; }
         else if (!strcmp(a, "--prompt-ids")) prompt_ids = v;
-        else if (!strcmp(a, "--io-seconds")) io_seconds = atof(v);
-        else if (!strcmp(a, "--qd")) qd = atoi(v);
+        else if (!strcmp(a, "--io-seconds")) { if (want_num("decode", a, v, 0, BENCH_MAX_SECONDS, 1, &io_seconds)) return 2; }
+        else if (!strcmp(a, "--qd")) { if (want_int("decode", a, v, 1, BENCH_MAX_QD, &qd)) return 2; }
         else if (!strcmp(a, "--events")) events = v;
         else if (!strcmp(a, "--expert-dirs")) expert_dirs = v;
-        else { fprintf(stderr, "deltafin bench decode: unknown option %s\n", a); return 2; }
         i++;
     }
-    if (!model || tokens < 1) { fprintf(stderr, "deltafin bench decode: --model DIR is required (--tokens >= 1)\n"); return 2; }
+    if (!model) { fprintf(stderr, "deltafin bench decode: --model DIR is required\n"); return 2; }
+    int32_t ids[256];
+    int n_ids = 0;
+    for (const char *p = prompt_ids;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || *p == '-' || *p == '+' || *p == ' ' || errno || v > INT32_MAX || n_ids == 256 || (*end && *end != ',')) {
+            fprintf(stderr, "deltafin bench decode: --prompt-ids \"%s\": expected 1 to 256 comma-separated token ids\n", prompt_ids);
+            return 2;
+        }
+        ids[n_ids++] = (int32_t)v;
+        if (!*end) break;
+        p = end + 1;
+    }
     char err[2048] = "";
     /* the model's expert geometry and pack directories */
     df_native *nat = NULL;
@@ -166,25 +231,7 @@ static int bench_decode(int argc, char **argv) {
     }
     native_close(nat);
     int dropped = nodrop ? 0 : drop_caches();
-    char bstr[32] = "unlimited";
-    if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
-    printf("bench decode: %s, ram budget %s, %d tokens, page cache %s\n", model, bstr, tokens,
-           dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
-    /* B: drive bandwidth at the engine's read size, queue depth and extent */
-    store_bench_opts bo;
-    store_bench_opts_default(&bo);
-    bo.dirs = dirs;
-    bo.qd = qd;
-    bo.run_bytes = stride;
-    bo.group = top_k;
-    bo.seconds = io_seconds;
-    store_bench_result br;
-    rc = store_bench_io(&bo, &br, err, sizeof err);
-    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
-    printf("  ");
-    print_io(&bo, &br);
-    if (!nodrop) drop_caches();
-
+    /* open the model first (cold): a --ram-budget it cannot run under fails before the I/O benchmark */
     df_model_opts mo;
     df_model_opts_default(&mo);
     mo.ram_budget = budget;
@@ -195,17 +242,37 @@ static int bench_decode(int argc, char **argv) {
     double t_open = now_s();
     rc = df_model_open(&m, model, &mo, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
-    printf("  %s\n  open %.1f s\n", df_model_describe(m), now_s() - t_open);
+    double open_s = now_s() - t_open;
     int n_vocab = df_model_n_vocab(m);
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] >= n_vocab) {
+            fprintf(stderr, "deltafin bench decode: prompt id %d is outside the vocabulary (%d tokens)\n", ids[i], n_vocab);
+            df_model_close(m);
+            return 2;
+        }
+    char bstr[32] = "unlimited";
+    if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
+    printf("bench decode: %s, ram budget %s, %d tokens, page cache %s\n", model, bstr, tokens,
+           dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
+    printf("  %s\n  open %.1f s\n", df_model_describe(m), open_s);
+    /* B: drive bandwidth at the engine's read size, queue depth and extent */
+    store_bench_opts bo;
+    store_bench_opts_default(&bo);
+    bo.dirs = dirs;
+    bo.qd = qd;
+    bo.run_bytes = stride;
+    bo.group = top_k;
+    bo.seconds = io_seconds;
+    store_bench_result br;
+    rc = store_bench_io(&bo, &br, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench decode: I/O benchmark: %s\n", err); df_model_close(m); return 1; }
+    printf("  ");
+    print_io(&bo, &br);
+    if (!nodrop) drop_caches();
+
     df_session *s = NULL;
     rc = df_session_new(&s, m, 0, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); df_model_close(m); return 1; }
-    int32_t ids[256];
-    int n_ids = 0;
-    for (const char *p = prompt_ids; *p && n_ids < 256;) {
-        ids[n_ids++] = (int32_t)strtol(p, (char **)&p, 10);
-        while (*p == ',' || *p == ' ') p++;
-    }
     float *logits = malloc(sizeof(float) * (size_t)n_vocab);
     df_sampler_opts so;
     df_sampler_opts_default(&so);
@@ -349,14 +416,15 @@ static int bench_cache(int argc, char **argv) {
                    "  trace itself = in-sample; another run's events = held-out). Prints hit rates.\n");
             return 0;
         }
+        static const char *const vals[] = {"--model", "--trace", "--train", "--slots", "--hot-fraction", "--decay", NULL};
+        if (!known(a, vals)) { fprintf(stderr, "deltafin bench cache: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench cache: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--trace")) test = v;
         else if (!strcmp(a, "--train")) train = v;
         else if (!strcmp(a, "--slots")) slots_s = v;
-        else if (!strcmp(a, "--hot-fraction")) hot = atof(v);
-        else if (!strcmp(a, "--decay")) g_decay = atof(v);
-        else { fprintf(stderr, "deltafin bench cache: unknown option %s\n", a); return 2; }
+        else if (!strcmp(a, "--hot-fraction")) { if (want_num("cache", a, v, 0, 1, 0, &hot)) return 2; }
+        else if (!strcmp(a, "--decay")) { if (want_num("cache", a, v, 0, 1, 1, &g_decay)) return 2; }
         i++;
     }
     if (!model || !test) { fprintf(stderr, "deltafin bench cache: --model and --trace are required\n"); return 2; }
@@ -418,13 +486,14 @@ static int bench_store(int argc, char **argv) {
         }
         if (!strcmp(a, "--pread")) { uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
+        static const char *const vals[] = {"--model", "--trace", "--cache", "--qd", "--io-seconds", NULL};
+        if (!known(a, vals)) { fprintf(stderr, "deltafin bench store: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench store: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--trace")) test = v;
-        else if (!strcmp(a, "--cache")) { cache = parse_size(v); have_cache = 1; }
-        else if (!strcmp(a, "--qd")) qd = atoi(v);
-        else if (!strcmp(a, "--io-seconds")) io_seconds = atof(v);
-        else { fprintf(stderr, "deltafin bench store: unknown option %s\n", a); return 2; }
+        else if (!strcmp(a, "--cache")) { if (want_size("store", a, v, &cache)) return 2; have_cache = 1; }
+        else if (!strcmp(a, "--qd")) { if (want_int("store", a, v, 1, BENCH_MAX_QD, &qd)) return 2; }
+        else if (!strcmp(a, "--io-seconds")) { if (want_num("store", a, v, 0, BENCH_MAX_SECONDS, 1, &io_seconds)) return 2; }
         i++;
     }
     if (!model || !test) { fprintf(stderr, "deltafin bench store: --model and --trace are required\n"); return 2; }
@@ -453,7 +522,7 @@ static int bench_store(int argc, char **argv) {
     bo.seconds = io_seconds;
     store_bench_result br;
     int rc = store_bench_io(&bo, &br, err, sizeof err);
-    if (rc) { fprintf(stderr, "deltafin bench store: %s\n", err); trace_free(&tt); native_close(nat); return 1; }
+    if (rc) { fprintf(stderr, "deltafin bench store: I/O benchmark: %s\n", err); trace_free(&tt); native_close(nat); return 1; }
     printf("bench store: %s, trace %s (%d acquisitions), cache %.2f GiB of %.2f GiB experts, page cache %s\n  ", model,
            test, tt.n_acq, cache / 1073741824.0, experts / 1073741824.0, dropped ? "dropped" : "not dropped");
     print_io(&bo, &br);
@@ -506,7 +575,7 @@ int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
-                "       deltafin bench decode --model DIR --ram-budget SIZE --tokens N\n"
+                "       deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N]\n"
                 "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
                 "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n");
         return argc < 2 ? 2 : 0;
@@ -515,6 +584,6 @@ int cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 2, argv + 2);
     if (!strcmp(argv[1], "cache")) return bench_cache(argc - 2, argv + 2);
     if (!strcmp(argv[1], "store")) return bench_store(argc - 2, argv + 2);
-    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode)\n", argv[1]);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, cache, store; see deltafin bench --help)\n", argv[1]);
     return 2;
 }

@@ -31,6 +31,7 @@ typedef struct {
     struct timespec t0;
     double last;
     int done;
+    int open;       /* a progress line without its newline is on stderr */
 } prog;
 
 static double now_s(void) {
@@ -48,6 +49,7 @@ static int on_progress(void *user, const char *what, uint64_t done, uint64_t tot
     double mb = (double)done / 1e6;
     fprintf(stderr, "\rconvert: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", mb, (double)total / 1e6,
             total ? 100.0 * (double)done / (double)total : 0.0, el > 0 ? mb / el : 0.0);
+    p->open = !last;
     if (last) {
         fprintf(stderr, "(%.1f s)\n", el);
         p->done = 1;
@@ -95,7 +97,7 @@ int cmd_convert(int argc, char **argv) {
     char err[1024] = "";
     int rc = df_convert(pos[0], pos[1], &o, err, sizeof err);
     if (rc) {
-        if (!quiet && !p.done) fputc('\n', stderr);
+        if (p.open) fputc('\n', stderr); /* end the progress line before the error */
         fprintf(stderr, "deltafin convert: %s (%s)\n", err[0] ? err : "failed", df_strerror(rc));
         return 1;
     }

@@ -1,7 +1,8 @@
 /*
- * cmd_doctor.c — `deltafin doctor [--model DIR]`: machine facts (cores, RAM,
- * SIMD features, io_uring availability) and, with --model, a full checksum
- * verification of the model's native files (df_model_verify).
+ * cmd_doctor.c — `deltafin doctor [--model DIR [--cache-dir DIR]]`: machine facts
+ * (cores, RAM, SIMD features, io_uring availability) and, with --model, a full
+ * checksum verification of the model's native files (df_model_verify) and a
+ * check that its tokenizer (when it has one) opens.
  */
 #define _GNU_SOURCE
 #include "cli.h"
@@ -11,18 +12,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+static int line_open; /* a progress line without its newline is on stderr */
 
 static int verify_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     static time_t last;
     time_t now = time(NULL);
     if (total && (done == total || now != last)) {
         last = now;
-        fprintf(stderr, "\rverifying: %.1f%% of %.1f MB%s", 100.0 * done / total, total / 1e6, done == total ? "\n" : "");
+        fprintf(stderr, "\r%s: %.1f%% of %.1f MB%s", user ? (const char *)user : "verifying", 100.0 * done / total,
+                total / 1e6, done == total ? "\n" : "");
+        line_open = done != total;
     }
     return 0;
+}
+
+/* end an unfinished progress line before an error message */
+static void line_end(void) {
+    if (line_open) fputc('\n', stderr);
+    line_open = 0;
+}
+
+static int is_file(const char *dir, const char *name) {
+    char p[8192];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 static const char *simd_features(void) {
@@ -57,14 +76,22 @@ static const char *uring_status(void) {
 }
 
 int cmd_doctor(int argc, char **argv) {
-    const char *model = NULL;
+    const char *model = NULL, *cache_dir = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: deltafin doctor [--model DIR]\n  prints machine facts; with --model, verifies every checksum of the model\n");
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: deltafin doctor [--model DIR [--cache-dir DIR]]\n"
+                   "  prints machine facts; with --model, verifies every checksum of the model and that its tokenizer opens\n"
+                   "  --model DIR      native model dir, or Hugging Face dir (converted once into the cache, as `run` does)\n"
+                   "  --cache-dir DIR  where an HF checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
-        } else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
-        else { fprintf(stderr, "deltafin doctor: unknown option '%s'\n", argv[i]); return 2; }
+        } else if (!strcmp(a, "--model") || !strcmp(a, "--cache-dir")) {
+            if (i + 1 >= argc) { fprintf(stderr, "deltafin doctor: %s needs a value\n", a); return 2; }
+            if (!strcmp(a, "--model")) model = argv[++i];
+            else cache_dir = argv[++i];
+        } else { fprintf(stderr, "deltafin doctor: unknown option '%s'\n", a); return 2; }
     }
+    if (cache_dir && !model) { fprintf(stderr, "deltafin doctor: --cache-dir needs --model DIR\n"); return 2; }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     printf("deltafin %s\n", DELTAFIN_VERSION);
@@ -76,13 +103,33 @@ int cmd_doctor(int argc, char **argv) {
     char err[1024] = "";
     df_model_opts o;
     df_model_opts_default(&o);
+    o.cache_dir = cache_dir;
+    o.progress = verify_progress;
+    o.progress_user = (void *)"converting";
     df_model *m = NULL;
     int rc = df_model_open(&m, model, &o, err, sizeof err);
-    if (rc) { fprintf(stderr, "deltafin doctor: %s\n", err); return 1; }
+    if (rc) { line_end(); fprintf(stderr, "deltafin doctor: %s\n", err); return 1; }
+    line_end();
     printf("model: %s\n", df_model_describe(m));
+    int status = 0;
+    /* the tokenizer: a file that is present but does not open is an error (not "no tokenizer") */
+    if (is_file(model, "tokenizer.json") || is_file(model, "tiktoken.model")) {
+        df_tokenizer *t = NULL;
+        char terr[1024] = "";
+        if (df_tokenizer_open(&t, model, NULL, terr, sizeof terr)) {
+            fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s\n", terr[0] ? terr : "cannot open");
+            status = 1;
+        } else {
+            printf("tokenizer: OK\n");
+            df_tokenizer_free(t);
+        }
+    } else {
+        printf("tokenizer: none (token ids only)\n");
+    }
     rc = df_model_verify(m, verify_progress, NULL, err, sizeof err);
-    if (rc) { fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", err); df_model_close(m); return 1; }
+    if (rc) { line_end(); fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", err); df_model_close(m); return 1; }
+    line_end();
     printf("checksums: all OK\n");
     df_model_close(m);
-    return 0;
+    return status;
 }

@@ -8,10 +8,13 @@
 #include "deltafin.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static void run_usage(FILE *f) {
@@ -20,16 +23,20 @@ static void run_usage(FILE *f) {
             "  --model DIR          native model dir (manifest.json) or Hugging Face dir (config.json; converted once into the cache)\n"
             "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
             "  --prompt-ids LIST    prompt as comma-separated token ids\n"
-            "  --max-new N          tokens to generate (default 32)\n"
+            "  --max-new N          tokens to generate (default 32); stops early (with a note) when the context is full\n"
             "  --chat               wrap the prompt as one user message in the model's chat format\n"
             "  --print-ids          print the generated ids comma-separated on one line (instead of text)\n"
             "  --stats              print TTFT, prefill/decode tok/s and weight bytes per token to stderr\n"
-            "  --threads N          compute threads (default: all cores)\n"
-            "  --temperature T      0 = greedy (default); --top-p P, --top-k K, --seed S for sampling\n"
+            "  --threads N          compute threads, 0..4096 (default 0: all cores)\n"
+            "  --temperature T      0..2; 0 = greedy (default)\n"
+            "  --top-p P            nucleus sampling, in (0, 1] (default 1: off)\n"
+            "  --top-k K            sample among the K most likely tokens (default 0: off)\n"
+            "  --seed S             sampling seed, 0..2^64-1 (default 0: the same output on every run)\n"
             "  --ram-budget SIZE    bytes for weights + KV cache, e.g. 4G, 512M (default unlimited)\n"
             "  --expert-dirs D1,D2  where the expert packs live (override)\n"
             "  --cache-dir DIR      where an HF checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n"
-            "  --spine MODE         source|bf16|int8 spine when converting (int8 is NOT exact)\n"
+            "  --spine MODE         source|bf16|int8 spine when converting an HF checkpoint (int8 is NOT exact);\n"
+            "                       an error with a native model dir (its spine was chosen by `deltafin convert`)\n"
             "  --events FILE        per-token JSONL I/O events\n"
             "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env DF_PREFETCH)\n"
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
@@ -56,27 +63,62 @@ static uint64_t parse_size(const char *s) {
     return (uint64_t)v;
 }
 
+/* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
+static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "deltafin run: %s \"%s\": expected an integer in [%lld, %lld]\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* a finite number in [lo, hi] (in (lo, hi] when lo_open); else a usage message, -1 */
+static int parse_num(const char *flag, const char *s, double lo, double hi, int lo_open, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || (lo_open && v == lo) || v > hi) {
+        fprintf(stderr, "deltafin run: %s \"%s\": expected a number in %c%g, %g]\n", flag, s, lo_open ? '(' : '[', lo, hi);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+/* "1,2, 3" -> ids (each in [0, INT32_MAX]; no empty items); -1 on any malformed item */
 static int parse_ids(const char *s, int32_t **out, int *n_out) {
     int cap = 16, n = 0;
     int32_t *ids = malloc(sizeof(int32_t) * cap);
     const char *p = s;
-    while (*p) {
-        while (*p == ' ' || *p == ',') p++;
-        if (!*p) break;
+    if (!ids) return -1;
+    for (;;) {
+        while (*p == ' ') p++;
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX) { free(ids); return -1; }
-        if (n == cap) ids = realloc(ids, sizeof(int32_t) * (cap *= 2));
+        if (end == p || *p == '-' || *p == '+' || errno || v < 0 || v > INT32_MAX) { free(ids); return -1; }
+        if (n == cap) {
+            int32_t *t = realloc(ids, sizeof(int32_t) * (size_t)(cap *= 2));
+            if (!t) { free(ids); return -1; }
+            ids = t;
+        }
         ids[n++] = (int32_t)v;
         p = end;
         while (*p == ' ') p++;
-        if (*p && *p != ',') { free(ids); return -1; }
+        if (!*p) break;
+        if (*p != ',') { free(ids); return -1; }
+        p++;
     }
     *out = ids;
     *n_out = n;
-    return n > 0 ? 0 : -1;
+    return 0;
 }
+
+static int progress_open; /* a progress line without its newline is on stderr */
 
 static int progress_cb(void *user, const char *what, uint64_t done, uint64_t total) {
     static time_t last;
@@ -88,9 +130,23 @@ static int progress_cb(void *user, const char *what, uint64_t done, uint64_t tot
         last = now;
         fprintf(stderr, "\rconverting: %s %.1f%% (%llu / %llu)%s", what, 100.0 * done / total, (unsigned long long)done,
                 (unsigned long long)total, done == total ? "\n" : "");
+        progress_open = done != total;
         if (done == total) finished = 1;
     }
     return 0;
+}
+
+/* end an unfinished progress line before an error message */
+static void progress_end(void) {
+    if (progress_open) fputc('\n', stderr);
+    progress_open = 0;
+}
+
+static int is_file(const char *dir, const char *name) {
+    char p[8192];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 /* JSON string escaping for the one-message chat list */
@@ -119,7 +175,8 @@ static double now_s(void) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *prompt_ids = NULL;
-    int max_new = 32, chat = 0, stats = 0, print_ids = 0, quiet = 0;
+    int max_new = 32, chat = 0, stats = 0, print_ids = 0, quiet = 0, spine_given = 0;
+    long long iv;
     df_model_opts mo;
     df_model_opts_default(&mo);
     df_sampler_opts so;
@@ -131,16 +188,39 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--model")) { if (!(model = NEXT())) return 2; }
         else if (!strcmp(a, "--prompt")) { if (!(prompt = NEXT())) return 2; }
         else if (!strcmp(a, "--prompt-ids")) { if (!(prompt_ids = NEXT())) return 2; }
-        else if (!strcmp(a, "--max-new")) { const char *v = NEXT(); if (!v) return 2; max_new = atoi(v); if (max_new < 0) { fprintf(stderr, "deltafin run: --max-new must be >= 0\n"); return 2; } }
+        else if (!strcmp(a, "--max-new")) {
+            const char *v = NEXT();
+            if (!v || parse_int(a, v, 0, INT_MAX, &iv)) return 2;
+            max_new = (int)iv;
+        }
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--stats")) stats = 1;
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
-        else if (!strcmp(a, "--threads")) { const char *v = NEXT(); if (!v) return 2; mo.threads = atoi(v); }
-        else if (!strcmp(a, "--temperature")) { const char *v = NEXT(); if (!v) return 2; so.temperature = (float)atof(v); }
-        else if (!strcmp(a, "--top-p")) { const char *v = NEXT(); if (!v) return 2; so.top_p = (float)atof(v); }
-        else if (!strcmp(a, "--top-k")) { const char *v = NEXT(); if (!v) return 2; so.top_k = atoi(v); }
-        else if (!strcmp(a, "--seed")) { const char *v = NEXT(); if (!v) return 2; so.seed = strtoull(v, NULL, 10); }
+        else if (!strcmp(a, "--threads")) {
+            const char *v = NEXT();
+            if (!v || parse_int(a, v, 0, 4096, &iv)) return 2;
+            mo.threads = (int)iv;
+        }
+        else if (!strcmp(a, "--temperature")) { const char *v = NEXT(); if (!v || parse_num(a, v, 0, 2, 0, &so.temperature)) return 2; }
+        else if (!strcmp(a, "--top-p")) { const char *v = NEXT(); if (!v || parse_num(a, v, 0, 1, 1, &so.top_p)) return 2; }
+        else if (!strcmp(a, "--top-k")) {
+            const char *v = NEXT();
+            if (!v || parse_int(a, v, 0, INT_MAX, &iv)) return 2;
+            so.top_k = (int)iv;
+        }
+        else if (!strcmp(a, "--seed")) {
+            const char *v = NEXT();
+            if (!v) return 2;
+            char *end;
+            errno = 0;
+            unsigned long long sd = strtoull(v, &end, 10);
+            if (!(*v >= '0' && *v <= '9') || *end || errno) {
+                fprintf(stderr, "deltafin run: --seed \"%s\": expected an integer in [0, 18446744073709551615]\n", v);
+                return 2;
+            }
+            so.seed = sd;
+        }
         else if (!strcmp(a, "--ram-budget")) {
             const char *v = NEXT(); if (!v) return 2;
             mo.ram_budget = parse_size(v);
@@ -165,66 +245,86 @@ int cmd_run(int argc, char **argv) {
             else if (!strcmp(v, "bf16")) mo.spine = DF_SPINE_BF16;
             else if (!strcmp(v, "int8")) mo.spine = DF_SPINE_INT8;
             else { fprintf(stderr, "deltafin run: --spine must be source, bf16 or int8 (got \"%s\")\n", v); return 2; }
+            spine_given = 1;
         }
         else { fprintf(stderr, "deltafin run: unknown option '%s'\n\n", a); run_usage(stderr); return 2; }
 #undef NEXT
     }
     if (!model) { fprintf(stderr, "deltafin run: --model DIR is required\n\n"); run_usage(stderr); return 2; }
     if (!prompt == !prompt_ids) { fprintf(stderr, "deltafin run: give exactly one of --prompt TEXT or --prompt-ids LIST\n"); return 2; }
-    if (!quiet) { mo.progress = progress_cb; mo.progress_user = NULL; }
-    /* KV positions this run can need (reserved inside --ram-budget): prompt tokens <= ids or bytes (+ chat markup) */
-    if (prompt_ids) {
-        int n = 1;
-        for (const char *q = prompt_ids; *q; q++) n += *q == ',';
-        mo.kv_positions = n + max_new + 1;
-    } else {
-        mo.kv_positions = (int)strlen(prompt) + max_new + (chat ? 512 : 16);
+    if (chat && prompt_ids) { fprintf(stderr, "deltafin run: --chat needs --prompt TEXT (ids are used as given)\n"); return 2; }
+    if (spine_given && is_file(model, "manifest.json")) {
+        fprintf(stderr, "deltafin run: --spine applies only when converting a Hugging Face checkpoint; %s is a native model "
+                        "(its spine encoding was chosen by `deltafin convert --spine`): drop --spine\n", model);
+        return 2;
     }
+    if (!quiet) { mo.progress = progress_cb; mo.progress_user = NULL; }
 
     char err[1024] = "";
-    df_model *m = NULL;
-    int rc = df_model_open(&m, model, &mo, err, sizeof err);
-    if (rc) { fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); return 1; }
-    if (!quiet) fprintf(stderr, "%s\n", df_model_describe(m));
-    const df_tokenizer *tok = df_model_tokenizer(m);
-    int status = 1;
+    int rc, status = 1;
     int32_t *ids = NULL, *out_ids = NULL;
     int n_ids = 0, n_out = 0;
+    df_model *m = NULL;
+    df_tokenizer *own_tok = NULL; /* a text prompt: the model directory's tokenizer, opened before the model */
     df_session *s = NULL;
     df_sampler *smp = NULL;
     df_detok *dt = NULL;
     float *logits = NULL;
     if (prompt_ids) {
-        if (parse_ids(prompt_ids, &ids, &n_ids)) { fprintf(stderr, "deltafin run: --prompt-ids \"%s\" is not a comma-separated list of token ids\n", prompt_ids); status = 2; goto done; }
-        if (chat) { fprintf(stderr, "deltafin run: --chat needs --prompt TEXT (ids are used as given)\n"); status = 2; goto done; }
+        if (parse_ids(prompt_ids, &ids, &n_ids)) {
+            fprintf(stderr, "deltafin run: --prompt-ids \"%s\" is not a comma-separated list of token ids (integers >= 0)\n", prompt_ids);
+            return 2;
+        }
     } else {
-        if (!tok) { fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model); goto done; }
+        /* tokenize first: the KV reserve inside --ram-budget is then the prompt's real token count */
+        if (!is_file(model, "tokenizer.json") && !is_file(model, "tiktoken.model")) {
+            fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model);
+            return 1;
+        }
+        rc = df_tokenizer_open(&own_tok, model, NULL, err, sizeof err);
+        if (rc) { fprintf(stderr, "deltafin run: tokenizer of %s: %s\n", model, err); return 1; }
         size_t n = 0;
         if (chat) {
             char *esc = json_escape(prompt), *msgs = malloc(strlen(esc) + 64), *text = NULL;
             sprintf(msgs, "[{\"role\":\"user\",\"content\":%s}]", esc);
-            rc = df_chat_render(tok, msgs, NULL, DF_CHAT_ADD_GENERATION_PROMPT, &text, err, sizeof err);
+            rc = df_chat_render(own_tok, msgs, NULL, DF_CHAT_ADD_GENERATION_PROMPT, &text, err, sizeof err);
             free(esc); free(msgs);
             if (rc) { fprintf(stderr, "deltafin run: chat format: %s\n", err); goto done; }
-            rc = df_tokenize(tok, text, strlen(text), DF_TOK_PARSE_SPECIAL, &ids, &n, err, sizeof err);
+            rc = df_tokenize(own_tok, text, strlen(text), DF_TOK_PARSE_SPECIAL, &ids, &n, err, sizeof err);
             free(text);
         } else {
-            rc = df_tokenize(tok, prompt, strlen(prompt), DF_TOK_ADD_SPECIAL, &ids, &n, err, sizeof err);
+            rc = df_tokenize(own_tok, prompt, strlen(prompt), DF_TOK_ADD_SPECIAL, &ids, &n, err, sizeof err);
         }
         if (rc) { fprintf(stderr, "deltafin run: tokenize: %s\n", err); goto done; }
         n_ids = (int)n;
         if (n_ids == 0) { fprintf(stderr, "deltafin run: the prompt is empty after tokenization\n"); goto done; }
     }
+    /* KV positions this run can need (reserved inside --ram-budget) */
+    long long kvp = (long long)n_ids + max_new + 1;
+    mo.kv_positions = kvp > INT_MAX ? INT_MAX : (int)kvp;
+
+    rc = df_model_open(&m, model, &mo, err, sizeof err);
+    if (rc) { progress_end(); fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); goto done; }
+    if (!quiet) fprintf(stderr, "%s\n", df_model_describe(m));
+    const df_tokenizer *tok = own_tok ? own_tok : df_model_tokenizer(m);
     int vocab = df_model_n_vocab(m);
     for (int i = 0; i < n_ids; i++)
         if (ids[i] >= vocab) { fprintf(stderr, "deltafin run: prompt id %d is outside the vocabulary (%d tokens)\n", ids[i], vocab); status = 2; goto done; }
+    /* the context: the prompt must fit; generation stops when it is full (the last token needs no position) */
+    int n_ctx = df_model_n_ctx_max(m);
+    if (n_ids > n_ctx) {
+        fprintf(stderr, "deltafin run: the prompt has %d tokens but the context holds %d positions\n", n_ids, n_ctx);
+        goto done;
+    }
+    int gen_max = max_new, ctx_limited = 0;
+    if ((long long)max_new > (long long)n_ctx - n_ids + 1) { gen_max = n_ctx - n_ids + 1; ctx_limited = 1; }
     int32_t stop[16];
     int n_stop = tok ? df_tokenizer_stop_ids(tok, stop, 16) : 0;
-    rc = df_session_new(&s, m, n_ids + max_new, err, sizeof err);
+    rc = df_session_new(&s, m, n_ids + gen_max > n_ctx ? n_ctx : n_ids + gen_max, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin run: %s\n", err); goto done; }
     smp = df_sampler_new(&so);
     logits = malloc(sizeof(float) * (size_t)vocab);
-    out_ids = malloc(sizeof(int32_t) * (size_t)(max_new + 1));
+    out_ids = malloc(sizeof(int32_t) * (size_t)(gen_max + 1));
     if (!smp || !logits || !out_ids) { fprintf(stderr, "deltafin run: out of memory\n"); goto done; }
     if (tok && !print_ids) dt = df_detok_new(tok);
     df_model_stats_reset(m);
@@ -234,7 +334,8 @@ int cmd_run(int argc, char **argv) {
     df_stats after_prefill;
     df_model_stats(m, &after_prefill);
     char buf[1024];
-    for (int k = 0; k < max_new; k++) {
+    int stopped = 0;
+    for (int k = 0; k < gen_max; k++) {
         int32_t id = df_sample(smp, logits, vocab);
         out_ids[n_out++] = id;
         int is_stop = 0;
@@ -243,7 +344,8 @@ int cmd_run(int argc, char **argv) {
             int w = df_detok_push(dt, id, buf, sizeof buf);
             if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); }
         }
-        if (is_stop || k + 1 == max_new) break;
+        if (is_stop) { stopped = 1; break; }
+        if (k + 1 == gen_max) break;
         rc = df_eval(s, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
@@ -258,6 +360,9 @@ int cmd_run(int argc, char **argv) {
         printf("\n");
     }
     fflush(stdout);
+    if (ctx_limited && !stopped)
+        fprintf(stderr, "deltafin run: stopped: context full (%d positions); generated %d of --max-new %d tokens\n", n_ctx, n_out,
+                max_new);
     if (stats) {
         df_stats st;
         df_model_stats(m, &st);
@@ -285,5 +390,6 @@ done:
     df_sampler_free(smp);
     df_session_free(s);
     df_model_close(m);
+    df_tokenizer_free(own_tok);
     return status;
 }

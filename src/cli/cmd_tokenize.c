@@ -4,6 +4,7 @@
  * with --chat (--render prints the prompt text instead of its ids). */
 #include "cli.h"
 #include "deltafin.h"
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,8 @@ static void usage(void) {
             "                         [--parse-special] [--add-bos]\n"
             "  reads text (or ids with --decode, or a JSON list of messages with --chat) on stdin;\n"
             "  prints ids comma-separated on one line (or the text).\n"
-            "  --parse-special: special-token strings in the text become specials (default: plain text).\n");
+            "  --parse-special: special-token strings in the text become specials (default: plain text).\n"
+            "  --render, --tools, --thinking and --no-gen-prompt apply only with --chat.\n");
 }
 
 static char *read_all(FILE *f, size_t *n) {
@@ -45,17 +47,18 @@ static int print_ids(const int32_t *ids, size_t n) {
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *tokfile = NULL, *config = NULL, *tools_path = NULL;
     int decode = 0, chat = 0, render = 0, flags = 0, cflags = DF_CHAT_ADD_GENERATION_PROMPT;
+    const char *chat_only = NULL; /* an option that needs --chat */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(a, "--tokenizer") && i + 1 < argc) tokfile = argv[++i];
         else if (!strcmp(a, "--config") && i + 1 < argc) config = argv[++i];
-        else if (!strcmp(a, "--tools") && i + 1 < argc) tools_path = argv[++i];
+        else if (!strcmp(a, "--tools") && i + 1 < argc) { tools_path = argv[++i]; chat_only = a; }
         else if (!strcmp(a, "--decode")) decode = 1;
         else if (!strcmp(a, "--chat")) chat = 1;
-        else if (!strcmp(a, "--render")) render = 1;
-        else if (!strcmp(a, "--thinking")) cflags |= DF_CHAT_THINKING;
-        else if (!strcmp(a, "--no-gen-prompt")) cflags &= ~DF_CHAT_ADD_GENERATION_PROMPT;
+        else if (!strcmp(a, "--render")) { render = 1; chat_only = a; }
+        else if (!strcmp(a, "--thinking")) { cflags |= DF_CHAT_THINKING; chat_only = a; }
+        else if (!strcmp(a, "--no-gen-prompt")) { cflags &= ~DF_CHAT_ADD_GENERATION_PROMPT; chat_only = a; }
         else if (!strcmp(a, "--parse-special")) flags |= DF_TOK_PARSE_SPECIAL;
         else if (!strcmp(a, "--add-bos")) flags |= DF_TOK_ADD_BOS;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
@@ -63,6 +66,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     if (!!model + !!tokfile != 1) { fprintf(stderr, "deltafin tokenize: give exactly one of --model or --tokenizer\n"); usage(); return 2; }
     if (decode && chat) { fprintf(stderr, "deltafin tokenize: --decode and --chat do not combine\n"); return 2; }
+    if (chat_only && !chat) { fprintf(stderr, "deltafin tokenize: %s applies only with --chat\n", chat_only); usage(); return 2; }
     char err[1024] = "";
     df_tokenizer *t = NULL;
     int rc = df_tokenizer_open(&t, model ? model : tokfile, config, err, sizeof err);
@@ -79,8 +83,14 @@ int cmd_tokenize(int argc, char **argv) {
             while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
             if (!*p) break;
             char *e;
-            long v = strtol(p, &e, 10);
+            errno = 0;
+            long long v = strtoll(p, &e, 10);
             if (e == p) { fprintf(stderr, "deltafin tokenize --decode: not an id near '%.20s'\n", p); status = 1; break; }
+            if (errno == ERANGE || v < INT32_MIN || v > INT32_MAX) {
+                fprintf(stderr, "deltafin tokenize --decode: id %.*s at position %zu is out of range\n", (int)(e - p), p, k);
+                status = 1;
+                break;
+            }
             if (k == cap) { cap *= 2; ids = realloc(ids, cap * sizeof *ids); }
             ids[k++] = (int32_t)v;
             p = e;

@@ -44,6 +44,7 @@ struct df_model {
     char name[128];
     char describe[3072];
     char heat_path[1200];
+    char cache_dir[4096];        /* the conversion cache directory when opened from an HF checkpoint, else "" */
     pthread_mutex_t mu;          /* one df_eval at a time per model */
     /* stats */
     int stats_first_done;
@@ -103,6 +104,25 @@ static int file_exists(const char *dir, const char *name) {
     snprintf(p, sizeof p, "%s/%s", dir, name);
     struct stat st;
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A model converted into the cache: errors about its native files say to delete that cache directory
+ * (the user never ran `deltafin convert`). Rewrites "re-run `deltafin convert`" or appends the hint. */
+static void cache_hint(const char *cache_dir, char *err, size_t errlen) {
+    static const char rerun[] = "re-run `deltafin convert`";
+    if (!cache_dir || !cache_dir[0] || !err || !errlen || !err[0]) return;
+    char hint[4400], tmp[4096];
+    snprintf(hint, sizeof hint, "delete the conversion cache %s and run again to re-convert", cache_dir);
+    char *p = strstr(err, rerun);
+    if (p) {
+        snprintf(tmp, sizeof tmp, "%s", p + strlen(rerun));
+        *p = 0;
+        size_t l = strlen(err);
+        snprintf(err + l, errlen - l, "%s%s", hint, tmp);
+    } else {
+        size_t l = strlen(err);
+        snprintf(err + l, errlen - l, " (the model was converted into the cache: if its files are damaged, %s)", hint);
+    }
 }
 
 /* Read spine.bin into 4 KiB-aligned memory and check its size and XXH64. */
@@ -227,6 +247,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     df_model *m = calloc(1, sizeof *m);
     if (!m) return set_err(err, errlen, DF_ENOMEM, "out of memory");
     pthread_mutex_init(&m->mu, NULL);
+    if (converted) snprintf(m->cache_dir, sizeof m->cache_dir, "%s", dir);
     int n_res = -1;              /* >= 0: spine streaming with that many resident layers */
     int rc = native_open(&m->nat, dir, err, errlen);
     if (!rc) rc = opts.expert_dirs ? native_set_expert_dirs(m->nat, opts.expert_dirs, err, errlen)
@@ -303,10 +324,19 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     }
     rc = rope_init(&m->eng.rope, cfg, err, errlen);
     if (rc) goto fail;
+    /* a broken tokenizer does not stop the model (token ids still work); its error is shown in the
+     * configuration line (callers with a text prompt open it themselves to report the error) */
+    char terr[512] = "";
     if (file_exists(dir, "tokenizer.json") || file_exists(dir, "tiktoken.model")) {
-        char terr[256];
-        if (df_tokenizer_open(&m->tok, dir, NULL, terr, sizeof terr) != DF_OK) m->tok = NULL;
+        if (df_tokenizer_open(&m->tok, dir, NULL, terr, sizeof terr) != DF_OK) {
+            m->tok = NULL;
+            if (!terr[0]) snprintf(terr, sizeof terr, "cannot open");
+        } else {
+            terr[0] = 0;
+        }
     }
+    char tdesc[600];
+    snprintf(tdesc, sizeof tdesc, "%s%s%s", m->tok ? "yes" : terr[0] ? "ERROR (" : "none", terr, terr[0] ? ")" : "");
     /* the resolved-configuration line */
     char b1[32], encs[64], sdesc[160] = "";
     if (m->stream) {
@@ -318,20 +348,27 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     store_stats ss;
     memset(&ss, 0, sizeof ss);
     if (m->store) store_get_stats(m->store, &ss);
+    /* the expert part: "no routed experts (dense)" when every layer is dense */
+    char edesc[160];
+    if (m->nat->n_moe_layers > 0)
+        snprintf(edesc, sizeof edesc, "%d routed experts top-%d (%d shared, groups %d/%d)", cfg->n_routed_experts,
+                 cfg->num_experts_per_tok, cfg->n_shared_experts, cfg->n_group, cfg->topk_group);
+    else
+        snprintf(edesc, sizeof edesc, "no routed experts (dense)");
     snprintf(m->describe, sizeof m->describe,
-             "model %s (%s): %d layers (%d dense), hidden %d, %d heads, %s%d routed experts top-%d (%d shared, groups %d/%d), "
+             "model %s (%s): %d layers (%d dense), hidden %d, %d heads, %s%s, "
              "experts %s, spine %s [%s]%s%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, heat %s, tokenizer %s",
-             m->name, cfg->model_type, cfg->num_hidden_layers, cfg->first_k_dense_replace < cfg->num_hidden_layers ? cfg->first_k_dense_replace : cfg->num_hidden_layers,
-             cfg->hidden_size, cfg->num_attention_heads, cfg->rope_yarn ? "yarn, " : "", cfg->n_routed_experts, cfg->num_experts_per_tok,
-             cfg->n_shared_experts, cfg->n_group, cfg->topk_group,
+             m->name, cfg->model_type, cfg->num_hidden_layers, cfg->num_hidden_layers - m->nat->n_moe_layers,
+             cfg->hidden_size, cfg->num_attention_heads, cfg->rope_yarn ? "yarn, " : "", edesc,
              m->nat->n_moe_layers ? df_wtype_name(m->nat->expert_type) : "none", m->nat->spine_mode, spine_encodings(m->nat, encs, sizeof encs),
              m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"), sdesc,
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
-             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->heat_path[0] ? m->heat_path : "off", m->tok ? "yes" : "none");
+             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->heat_path[0] ? m->heat_path : "off", tdesc);
     *out = m;
     return DF_OK;
 fail:
+    if (converted && (rc == DF_EFORMAT || rc == DF_EIO)) cache_hint(dir, err, errlen);
     df_model_close(m);
     return rc;
 }
@@ -360,7 +397,9 @@ const df_tokenizer *df_model_tokenizer(const df_model *m) { return m ? m->tok : 
 
 int df_model_verify(df_model *m, df_progress_fn p, void *u, char *err, size_t errlen) {
     if (!m) return set_err(err, errlen, DF_EINVAL, "no model");
-    return native_verify(m->nat, p, u, err, errlen);
+    int rc = native_verify(m->nat, p, u, err, errlen);
+    if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ session */
@@ -418,12 +457,14 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         memcpy(s->tokens + s->n_past, ids, sizeof(int32_t) * (size_t)n);
         s->n_past += n;
         if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
-        if (n > 1) { m->prefill_s += dt; m->prefill_tokens += (uint64_t)n; }
+        /* the prompt's eval is the prefill even when the prompt is one token */
+        if (n > 1 || s->n_past == n) { m->prefill_s += dt; m->prefill_tokens += (uint64_t)n; }
         else { m->decode_s += dt; m->decode_tokens += 1; }
         m->kv_bytes = kv_bytes(&s->kv);
         if (m->store) store_token_event(m->store, s->n_past - 1);
     }
     pthread_mutex_unlock(&m->mu);
+    if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
     return rc;
 }
 

@@ -77,7 +77,13 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     snprintf(name, sizeof name, "%.200s-%s-%s", base, hx, convert_spine_mode_name(spine));
 
     int rc = df_mkdir_p(root, err, errlen);
-    if (rc) return rc;
+    if (rc) {
+        /* name the setting that chose this directory */
+        size_t l = err ? strlen(err) : 0;
+        if (err && l + 1 < errlen)
+            snprintf(err + l, errlen - l, " (the conversion cache root; choose another with --cache-dir or XDG_CACHE_HOME)");
+        return rc;
+    }
     snprintf(path, sizeof path, "%.3000s/%.512s", root, name);
     if (strlen(path) + 1 > out_len) return df_set_errc(err, errlen, DF_EINVAL, "cache path too long: %s", path);
     snprintf(out_dir, out_len, "%s", path);

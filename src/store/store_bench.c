@@ -117,7 +117,7 @@ static void pick_run(bdir *d, uint64_t run, int *f, uint64_t *off) {
 static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
     DIR *dp = opendir(d->dir);
     if (!dp) {
-        snprintf(err, errlen, "bench io: cannot open directory %s: %s", d->dir, strerror(errno));
+        snprintf(err, errlen, "cannot open directory %s: %s", d->dir, strerror(errno));
         return DF_EIO;
     }
     struct dirent *de;
@@ -146,7 +146,7 @@ static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
     if (d->n_files) qsort(d->files, d->n_files, sizeof *d->files, cmp_bfile);
     if (!d->n_files) {
         snprintf(err, errlen,
-                 "bench io: %s has no file of at least %llu bytes to read (write one with `deltafin synth %s ...`)",
+                 "%s has no file of at least %llu bytes to read (write one with `deltafin synth %s ...`)",
                  d->dir, (unsigned long long)(run + 4096), d->dir);
         return DF_EINVAL;
     }
@@ -180,7 +180,7 @@ static void *pread_main(void *arg) {
                 if (r < 0 && errno == EINTR) continue;
                 pthread_mutex_lock(&d->mu);
                 d->err = DF_EIO;
-                snprintf(d->errmsg, sizeof d->errmsg, "bench io: read in %s failed: %s", d->dir,
+                snprintf(d->errmsg, sizeof d->errmsg, "read in %s failed: %s", d->dir,
                          r < 0 ? strerror(errno) : "end of file");
                 pthread_mutex_unlock(&d->mu);
                 return NULL;
@@ -205,7 +205,7 @@ static void *uring_main(void *arg) {
     struct io_uring ring;
     if (io_uring_queue_init(o->qd, &ring, 0) < 0) {
         d->err = DF_EIO;
-        snprintf(d->errmsg, sizeof d->errmsg, "bench io: io_uring_queue_init failed");
+        snprintf(d->errmsg, sizeof d->errmsg, "io_uring_queue_init failed");
         return NULL;
     }
     uint8_t **bufs = calloc(o->qd, sizeof *bufs);
@@ -238,7 +238,7 @@ static void *uring_main(void *arg) {
             inflight--;
             if (res <= 0) {
                 d->err = DF_EIO;
-                snprintf(d->errmsg, sizeof d->errmsg, "bench io: read in %s failed: %s", d->dir,
+                snprintf(d->errmsg, sizeof d->errmsg, "read in %s failed: %s", d->dir,
                          res < 0 ? strerror(-res) : "end of file");
                 stop = 1;
                 continue;
@@ -262,7 +262,7 @@ static void *uring_main(void *arg) {
 int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     if (!o->dirs || !*o->dirs || o->io_bytes < 4096 || o->io_bytes % 4096 || o->qd < 1 || o->seconds <= 0) {
-        snprintf(err, errlen, "bench io: need --dir, a read size that is a multiple of 4096, --qd >= 1, --seconds > 0");
+        snprintf(err, errlen, "need --dir, a read size that is a multiple of 4096, --qd >= 1, --seconds > 0");
         return DF_EINVAL;
     }
     uint64_t run = o->run_bytes ? (o->run_bytes + 4095) / 4096 * 4096 : o->io_bytes;

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# e2e_cli_errors.sh — the CLI's handling of bad input and edge cases (fresh-user
+# test items): strict number parsing in `run` (usage error, exit 2), --threads
+# cap, --spine with a native model, `run` stopping at a full context and still
+# printing what it generated, a broken tokenizer.json reported by run and doctor,
+# tokenize option checks and id overflow, cache-corruption messages naming the
+# cache directory, the KV reserve of a text prompt, --max-new 0 stats, bench and
+# doctor option messages, dense-model description, progress lines ended before
+# errors. Uses tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
+set -u
+BIN=${DF_BIN:-build/deltafin}
+SRC=${DF_SRC:-.}
+pass=0; fail=0
+ok()  { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL $*"; }
+# expect RC DESCRIPTION REGEX -- command...: exit status RC and stderr+stdout matching REGEX
+expect() {
+    local want=$1 what=$2 re=$3; shift 4
+    local out rc
+    out=$("$@" 2>&1 </dev/null); rc=$?
+    if [ "$rc" -eq "$want" ] && echo "$out" | grep -qE -- "$re"; then ok; else bad "$what: rc $rc (want $want), output: $out"; fi
+}
+TMP=$(mktemp -d /tmp/df_e2e_cli.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+G="$SRC/tests/golden/bf16_dsv3_groups"
+KM="$SRC/models/kimi-mini"
+KD="$SRC/models/kimi-mini-draft"
+R=("$BIN" run --model "$G" --cache-dir "$TMP/cache" --quiet)
+
+# ---- run: strict numbers and lists (items 3, 4, 5): usage error, exit 2, naming the flag
+for a in "--max-new abc" "--max-new 5x" "--max-new -1" "--threads -3" "--threads 100000" "--threads 2x" \
+         "--temperature -1" "--temperature abc" "--temperature nan" "--temperature inf" "--top-p 0" "--top-p -1" \
+         "--top-p 5" "--top-p nan" "--top-k -5" "--top-k 1.5" "--seed abc" "--seed -1" "--seed 99999999999999999999"; do
+    set -- $a
+    expect 2 "run $a" "^deltafin run: $1 \"" -- "${R[@]}" --prompt-ids 1,2,3 "$@"
+done
+for l in "1,,2" "1,2," ",1" "1,-2" "1 2" "abc" ""; do
+    expect 2 "run --prompt-ids '$l'" "--prompt-ids" -- "${R[@]}" --prompt-ids "$l"
+done
+# valid values still run: sampling with a seed is reproducible; --threads 0 = all cores
+a=$("${R[@]}" --prompt-ids 1,2,3 --max-new 4 --print-ids --temperature 0.8 --top-p 0.9 --top-k 20 --seed 7 --threads 0 2>&1)
+b=$("${R[@]}" --prompt-ids 1,2,3 --max-new 4 --print-ids --temperature 0.8 --top-p 0.9 --top-k 20 --seed 7 2>&1)
+[[ "$a" =~ ^[0-9]+(,[0-9]+){3}$ ]] && [ "$a" = "$b" ] && ok || bad "sampling run: '$a' vs '$b'"
+expect 0 "run --help documents the default seed" "--seed S .*default 0" -- "$BIN" run --help
+
+# ---- run: the context fills (item 2): stop, print the ids, note on stderr, exit 0
+if command -v python3 >/dev/null; then
+    mkdir -p "$TMP/small"; cp "$G"/*.safetensors "$TMP/small/"
+    python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["max_position_embeddings"]=16; json.dump(c,open(sys.argv[2],"w"))' \
+        "$G/config.json" "$TMP/small/config.json"
+    greedy=$(python3 -c 'import json,sys; print(",".join(map(str,json.load(open(sys.argv[1]))["greedy_ids"])))' "$G/golden.json")
+    ids=$("$BIN" run --model "$TMP/small" --cache-dir "$TMP/cache" --quiet --prompt-ids 0,1,2 --max-new 100 --print-ids --stats 2>"$TMP/err"); rc=$?
+    n=$(echo "$ids" | tr , '\n' | grep -c .)
+    [ $rc -eq 0 ] && [ "$n" -eq 14 ] && grep -q "stopped: context full (16 positions)" "$TMP/err" && grep -q "generated 14" "$TMP/err" \
+        && ok || bad "context full: rc $rc, $n ids '$ids', stderr: $(cat "$TMP/err")"
+    # the prompt alone longer than the context: an error, not a crash
+    expect 1 "prompt longer than the context" "16 positions" -- "$BIN" run --model "$TMP/small" --cache-dir "$TMP/cache" --quiet \
+        --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17 --max-new 1
+    # --max-new INT_MAX is capped by the context (not "out of memory")
+    expect 0 "--max-new 2147483647" "stopped: context full" -- "$BIN" run --model "$TMP/small" --cache-dir "$TMP/cache" --quiet \
+        --prompt-ids 1,2,3 --max-new 2147483647 --print-ids
+    # a prefix of the golden greedy continuation when it stops within the context
+    prompt=$(python3 -c 'import json,sys; print(",".join(map(str,json.load(open(sys.argv[1]))["prompt_ids"])))' "$G/golden.json")
+    got=$("${R[@]}" --prompt-ids "$prompt" --max-new 3 --print-ids 2>/dev/null)
+    [ "$got" = "$(echo "$greedy" | cut -d, -f1-3)" ] && ok || bad "golden prefix: '$got' vs '$greedy'"
+fi
+
+# ---- --max-new 0 --stats (item 13): the prompt counts as prefill, no decode tokens
+expect 0 "--max-new 0 stats" "generated 0; .*prefill [1-9][0-9.]* tok/s; decode 0.00 tok/s \(0 tokens" -- \
+    "${R[@]}" --prompt-ids 5 --max-new 0 --stats
+
+# ---- native model: --spine (item 7), a broken tokenizer.json (item 9), dense description (item 18)
+"$BIN" convert "$KD" "$TMP/draft" --quiet || bad "convert draft"
+expect 2 "--spine with a native model" "--spine applies only when converting" -- \
+    "$BIN" run --model "$TMP/draft" --spine int8 --prompt-ids 1,2 --max-new 1
+expect 0 "dense model description" "no routed experts \(dense\)" -- "$BIN" run --model "$TMP/draft" --prompt-ids 1,2 --max-new 1
+cp -r "$TMP/draft" "$TMP/badtok"; echo '{}' > "$TMP/badtok/tokenizer.json"
+expect 1 "run --prompt with tokenizer.json = {}" "tokenizer\.json: " -- "$BIN" run --model "$TMP/badtok" --prompt hi --quiet
+expect 0 "run --prompt-ids with a broken tokenizer" "tokenizer ERROR \(" -- "$BIN" run --model "$TMP/badtok" --prompt-ids 1,2 --max-new 1 --print-ids
+expect 1 "doctor with tokenizer.json = {}" "tokenizer FAILED: .*tokenizer\.json" -- "$BIN" doctor --model "$TMP/badtok"
+expect 0 "doctor on a good native model" "tokenizer: OK" -- "$BIN" doctor --model "$TMP/draft"
+
+# ---- text prompts: KV reserve from the token count (item 12): same minimum budget as the same ids
+txt=$(printf 'hello world %.0s' $(seq 1 150))
+tids=$(printf '%s' "$txt" | "$BIN" tokenize --model "$KM")
+m1=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --quiet --prompt "$txt" --max-new 4 --ram-budget 1K 2>&1 | grep -oE '= [0-9]+ bytes' | head -1)
+m2=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --quiet --prompt-ids "$tids" --max-new 4 --ram-budget 1K 2>&1 | grep -oE '= [0-9]+ bytes' | head -1)
+[ -n "$m1" ] && [ "$m1" = "$m2" ] && ok || bad "text-prompt KV reserve: '$m1' vs ids '$m2'"
+
+# ---- tokenize (items 8, 10)
+expect 2 "tokenize --render without --chat" "--render applies only with --chat" -- "$BIN" tokenize --model "$KM" --render
+expect 2 "tokenize --thinking without --chat" "--thinking applies only with --chat" -- "$BIN" tokenize --model "$KM" --thinking
+out=$(echo 99999999999999999999 | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "id 99999999999999999999 at position 0 is out of range" && ok || bad "decode overflow: rc $rc $out"
+out=$(echo 3,4294967297 | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "id 4294967297 at position 1 is out of range" && ok || bad "decode 2^32+1: rc $rc $out"
+
+# ---- a corrupt conversion cache (item 11): the message names the cache dir to delete; doctor --cache-dir
+"${R[@]}" --prompt-ids 1,2 --max-new 1 >/dev/null 2>&1
+cdir=$(ls -d "$TMP"/cache/bf16_dsv3_groups-*-source 2>/dev/null | head -1)
+if [ -n "$cdir" ]; then
+    cp "$cdir/spine.bin" "$TMP/spine.bak"
+    printf 'XXXX' | dd of="$cdir/spine.bin" bs=1 seek=100 conv=notrunc 2>/dev/null
+    expect 1 "run on a corrupt cache" "delete the conversion cache $cdir" -- "${R[@]}" --prompt-ids 1,2 --max-new 1
+    expect 1 "doctor --cache-dir on a corrupt cache" "delete the conversion cache $cdir" -- \
+        "$BIN" doctor --model "$G" --cache-dir "$TMP/cache"
+    cp "$TMP/spine.bak" "$cdir/spine.bin"
+    pack=$(ls "$cdir"/experts-L*.pack | tail -1)
+    printf 'XXXX' | dd of="$pack" bs=1 seek=10 conv=notrunc 2>/dev/null
+    # item 15: the progress line is ended before the error
+    out=$("$BIN" doctor --model "$G" --cache-dir "$TMP/cache" 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: verification FAILED: .*delete the conversion cache" && ok \
+        || bad "doctor corrupt pack: rc $rc $out"
+else
+    bad "no conversion cache dir under $TMP/cache"
+fi
+touch "$TMP/notadir"
+expect 1 "--cache-dir that is a file" "not a directory \(the conversion cache root; choose another with --cache-dir" -- \
+    "$BIN" run --model "$G" --cache-dir "$TMP/notadir" --prompt-ids 1 --max-new 1 --quiet
+
+# ---- doctor and bench option messages (items 14, 22)
+expect 2 "doctor --model without a value" "--model needs a value" -- "$BIN" doctor --model
+expect 2 "doctor --cache-dir without --model" "needs --model" -- "$BIN" doctor --cache-dir /tmp
+expect 2 "bench io --bogus" "unknown option --bogus" -- "$BIN" bench io --bogus
+expect 2 "bench decode --bogus" "unknown option --bogus" -- "$BIN" bench decode --bogus
+expect 2 "bench foo" "io, decode, cache, store" -- "$BIN" bench foo
+expect 2 "bench io --qd 100000" "--qd \"100000\": expected an integer in \[1, 1024\]" -- "$BIN" bench io --dir "$TMP" --qd 100000
+expect 2 "bench io --seconds nan" "--seconds" -- "$BIN" bench io --dir "$TMP" --seconds nan
+out=$("$BIN" bench io --dir "$TMP/nope" --seconds 0.1 --no-drop 2>&1); rc=$?
+[ $rc -ne 0 ] && ! echo "$out" | grep -q "bench io: bench io" && echo "$out" | grep -q "$TMP/nope" && ok || bad "bench io error prefix: $out"
+"$BIN" convert "$G" "$TMP/native" --quiet || bad "convert golden"
+t0=$(date +%s)
+out=$("$BIN" bench decode --model "$TMP/native" --ram-budget 1K --io-seconds 5 --no-drop 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "$out" | grep -q "at least" && ! echo "$out" | grep -q "GB/s" && [ $(( $(date +%s) - t0 )) -lt 4 ] && ok \
+    || bad "bench decode small budget fails before the I/O benchmark: rc $rc $out"
+expect 2 "bench decode --prompt-ids 1,,2" "--prompt-ids" -- "$BIN" bench decode --model "$TMP/native" --prompt-ids 1,,2
+expect 0 "bench usage: --ram-budget optional" "bench decode --model DIR \[--ram-budget SIZE\]" -- "$BIN" bench --help
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
