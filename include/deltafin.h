@@ -212,6 +212,10 @@ typedef struct {
     uint64_t prefetch_useful, prefetch_issued;
     double io_stall_s;             /* compute time spent waiting for expert reads */
     uint64_t resident_bytes;       /* spine + cache + staging + KV */
+    /* appended: per-drive I/O (one entry per expert directory / queue) */
+    int n_drives;
+    uint64_t drive_bytes[16];      /* bytes read from each drive */
+    double drive_busy_s[16];       /* seconds with a read in flight; GB/s = bytes / busy */
 } df_stats;
 
 void df_model_stats(const df_model *m, df_stats *out);

@@ -380,6 +380,16 @@ int cmd_run(int argc, char **argv) {
                 (unsigned long long)st.expert_misses, st.io_stall_s, total,
                 df_model_is_exact(m) ? "" : strstr(df_model_describe(m), "spine int8") ? " (NOT EXACT: int8 spine)"
                                                                                        : " (NOT EXACT: lossy bf16 spine)");
+        if (st.expert_hits + st.expert_misses) {
+            fprintf(stderr, "stats: expert hit rate %.1f%%", 100.0 * st.expert_hits / (double)(st.expert_hits + st.expert_misses));
+            if (st.prefetch_issued)
+                fprintf(stderr, "; prefetch recall %.1f%% (%llu of %llu guesses used)", 100.0 * st.prefetch_useful / (double)st.prefetch_issued,
+                        (unsigned long long)st.prefetch_useful, (unsigned long long)st.prefetch_issued);
+            for (int d = 0; d < st.n_drives; d++)
+                fprintf(stderr, "; drive %d: %.1f MB at %.2f GB/s", d, st.drive_bytes[d] / 1e6,
+                        st.drive_busy_s[d] > 0 ? st.drive_bytes[d] / st.drive_busy_s[d] / 1e9 : 0.0);
+            fputc('\n', stderr);
+        }
     }
     status = 0;
 done:

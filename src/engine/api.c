@@ -491,6 +491,11 @@ void df_model_stats(const df_model *m, df_stats *o) {
         o->prefetch_useful = ss.prefetch_useful;
         o->prefetch_issued = ss.prefetch_issued;
         o->resident_bytes += ss.resident_bytes;
+        o->n_drives = ss.n_drives < 16 ? ss.n_drives : 16;
+        for (int d = 0; d < o->n_drives; d++) {
+            o->drive_bytes[d] = ss.drive_bytes[d];
+            o->drive_busy_s[d] = ss.drive_busy_s[d];
+        }
     }
 }
 
