@@ -98,6 +98,13 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     rc = df_session_new(&bm->s, bm->m, n_ctx, err, errlen);
     if (rc) { m_close(b); return rc; }
     bm->t = df_model_tokenizer(bm->m);
+    const char *terr = bm->t ? NULL : strstr(df_model_describe(bm->m), "tokenizer ERROR (");
+    if (terr) {
+        /* a tokenizer file that exists but cannot be used is an error, not "no tokenizer" */
+        snprintf(err, errlen, "%.*s", (int)strcspn(terr + 17, ")"), terr + 17);
+        m_close(b);
+        return DF_EFORMAT;
+    }
     b->name = df_model_name(bm->m);
     b->describe = df_model_describe(bm->m);
     b->n_vocab = df_model_n_vocab(bm->m);
