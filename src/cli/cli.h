@@ -10,4 +10,8 @@ int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+/* outdir.c: OUT_DIR must be new or empty and expert dirs must hold no packs; with
+ * force the deltafin files there are removed first (manifest.json first). `cmd` names
+ * the command in messages. Returns 0, or the exit status (1) after printing why. */
+int cli_check_out_dirs(const char *cmd, const char *out, const char *expert_dirs, int force, int quiet);
 #endif

@@ -3,6 +3,7 @@
  * to the native layout (docs/native-format.md) through df_convert, with a
  * progress line on stderr (MB, %, MB/s). */
 #include "cli.h"
+#include <limits.h>
 #include "deltafin.h"
 
 #include <stdint.h>
@@ -23,6 +24,8 @@ static void usage(FILE *f) {
             "                       int8 (per-row absmax int8 linears; NOT exact)\n"
             "  --expert-dirs D1,D2  stripe every expert over these directories (one per drive)\n"
             "  --threads N          writer threads (default: all cores)\n"
+            "  --force              MODEL_DIR may be non-empty: delete the deltafin model files in it first\n"
+            "                       (otherwise a non-empty MODEL_DIR is refused: old packs would be mixed in)\n"
             "  --quiet              no progress line\n"
             "  -h, --help           this help\n");
 }
@@ -61,13 +64,14 @@ static int on_progress(void *user, const char *what, uint64_t done, uint64_t tot
 
 int cmd_convert(int argc, char **argv) {
     const char *pos[2] = {NULL, NULL};
-    int npos = 0, quiet = 0;
+    int npos = 0, quiet = 0, force = 0;
     df_convert_opts o;
     df_convert_opts_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) { quiet = 1; continue; }
+        if (!strcmp(a, "--force")) { force = 1; continue; }
         if (!strcmp(a, "--spine") || !strcmp(a, "--expert-dirs") || !strcmp(a, "--threads")) {
             if (i + 1 >= argc) { fprintf(stderr, "deltafin convert: %s needs a value\n", a); return 2; }
             const char *v = argv[++i];
@@ -91,6 +95,15 @@ int cmd_convert(int argc, char **argv) {
         pos[npos++] = a;
     }
     if (npos != 2) { usage(stderr); return 2; }
+    {
+        char a[4096], b[4096];
+        if (realpath(pos[0], a) && realpath(pos[1], b) && !strcmp(a, b)) {
+            fprintf(stderr, "deltafin convert: MODEL_DIR %s is the checkpoint directory itself; choose another directory\n", pos[1]);
+            return 2;
+        }
+    }
+    int crc = cli_check_out_dirs("convert", pos[1], o.expert_dirs, force, quiet);
+    if (crc) return crc;
     prog p = {0};
     clock_gettime(CLOCK_MONOTONIC, &p.t0);
     if (!quiet) { o.progress = on_progress; o.progress_user = &p; }
