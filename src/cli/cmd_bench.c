@@ -213,6 +213,16 @@ static int bench_decode(int argc, char **argv) {
     char err[2048] = "";
     /* the model's expert geometry and pack directories */
     df_native *nat = NULL;
+    {
+        char mf[4200], cf[4200];
+        snprintf(mf, sizeof mf, "%s/manifest.json", model);
+        snprintf(cf, sizeof cf, "%s/config.json", model);
+        if (access(mf, F_OK) != 0 && access(cf, F_OK) == 0) {
+            fprintf(stderr, "deltafin bench decode: %s is a Hugging Face checkpoint; bench measures a native model's "
+                            "pack files: run `deltafin convert %s MODEL_DIR` and pass --model MODEL_DIR\n", model, model);
+            return 2;
+        }
+    }
     int rc = native_open(&nat, model, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
     if (nat->n_moe_layers == 0) { fprintf(stderr, "deltafin bench decode: %s has no routed experts\n", model); native_close(nat); return 1; }
@@ -238,6 +248,7 @@ static int bench_decode(int argc, char **argv) {
     mo.threads = threads;
     mo.events_path = events;
     mo.expert_dirs = expert_dirs;
+    mo.kv_positions = n_ids + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
     df_model *m = NULL;
     double t_open = now_s();
     rc = df_model_open(&m, model, &mo, err, sizeof err);
