@@ -52,6 +52,8 @@ typedef struct {
     int threads;                /* 0 = all cores */
     df_progress_fn progress;    /* may be NULL */
     void *progress_user;
+    const char *stripe_weights; /* with expert_dirs: comma-separated relative speed per directory
+                                   (e.g. GB/s); stripe k's size is proportional to it. NULL = equal */
 } df_convert_opts;
 
 void df_convert_opts_default(df_convert_opts *o);

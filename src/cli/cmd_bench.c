@@ -117,6 +117,24 @@ static void print_io(const store_bench_opts *o, const store_bench_result *r) {
         printf(" per dir)");
     }
     printf("\n");
+    if (r->n_dirs > 1) {
+        /* stripe k's size proportional to drive k's GB/s gives every drive the same expected
+         * completion time (bytes_k / GB/s_k), so one expert read waits for no slow drive */
+        double mx = 0;
+        for (int i = 0; i < r->n_dirs; i++)
+            if (r->dir_gbps[i] > mx) mx = r->dir_gbps[i];
+        if (mx > 0) {
+            int ok = 1;
+            for (int i = 0; i < r->n_dirs; i++) ok &= r->dir_gbps[i] > 0;
+            if (ok) {
+                printf("suggested: --stripe-weights ");
+                for (int i = 0; i < r->n_dirs; i++) printf("%s%.2f", i ? "," : "", r->dir_gbps[i] / mx < 0.01 ? 0.01 : r->dir_gbps[i] / mx);
+                printf("  (GB/s per dir, normalised to the fastest; for convert/synth --expert-dirs in this order)\n");
+            } else {
+                printf("suggested: no --stripe-weights (a directory read nothing; measure again)\n");
+            }
+        }
+    }
 }
 
 static int bench_io(int argc, char **argv) {

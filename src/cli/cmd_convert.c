@@ -23,6 +23,8 @@ static void usage(FILE *f) {
             "                       bf16 (re-encode f32/f16/fp8 linears as bf16; exact only if lossless, reported),\n"
             "                       int8 (per-row absmax int8 linears; NOT exact)\n"
             "  --expert-dirs D1,D2  stripe every expert over these directories (one per drive)\n"
+            "  --stripe-weights W1,W2  stripe k's size proportional to W_k (e.g. GB/s per drive from\n"
+            "                       `deltafin bench io --dir D1,D2`); default equal\n"
             "  --threads N          writer threads (default: all cores)\n"
             "  --force              MODEL_DIR may be non-empty: delete the deltafin model files in it first\n"
             "                       (otherwise a non-empty MODEL_DIR is refused: old packs would be mixed in)\n"
@@ -72,7 +74,7 @@ int cmd_convert(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) { quiet = 1; continue; }
         if (!strcmp(a, "--force")) { force = 1; continue; }
-        if (!strcmp(a, "--spine") || !strcmp(a, "--expert-dirs") || !strcmp(a, "--threads")) {
+        if (!strcmp(a, "--spine") || !strcmp(a, "--expert-dirs") || !strcmp(a, "--threads") || !strcmp(a, "--stripe-weights")) {
             if (i + 1 >= argc) { fprintf(stderr, "deltafin convert: %s needs a value\n", a); return 2; }
             const char *v = argv[++i];
             if (!strcmp(a, "--spine")) {
@@ -82,6 +84,8 @@ int cmd_convert(int argc, char **argv) {
                 else { fprintf(stderr, "deltafin convert: --spine '%s': expected source, bf16 or int8\n", v); return 2; }
             } else if (!strcmp(a, "--expert-dirs")) {
                 o.expert_dirs = v;
+            } else if (!strcmp(a, "--stripe-weights")) {
+                o.stripe_weights = v;
             } else {
                 char *end;
                 long n = strtol(v, &end, 10);

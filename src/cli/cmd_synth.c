@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "deltafin.h"
 #include "model/weights.h"
+#include "model/native.h"
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -28,7 +29,7 @@
 #include <xxhash.h>
 
 typedef struct {
-    const char *out, *expert_dirs, *name;
+    const char *out, *expert_dirs, *name, *stripe_weights;
     int hidden, moe_inter, inter, experts, layers, dense, top_k, vocab, heads, q_lora, kv_lora, shared;
     int nope, rope, vdim, n_group, topk_group;
     df_wtype enc, spine_enc;
@@ -506,12 +507,26 @@ static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, cha
     }
     uint64_t stripe = nd == 1 ? stride : ((stride / nd + 4095) / 4096 * 4096);
     if (nd > 1 && stride % nd == 0 && (stride / nd) % 4096 == 0) stripe = stride / nd;
+    /* stripe k of an expert: sizes[k] bytes at begin[k] of the extent (equal unless --stripe-weights) */
+    uint64_t sizes[16], begin[17];
+    int unequal = 0;
+    if (o->stripe_weights && *o->stripe_weights) {
+        int r = native_stripe_plan(stride, nd, o->stripe_weights, sizes, &unequal, err, errlen);
+        if (r) return r;
+    }
+    if (!unequal) for (int k = 0; k < nd; k++) sizes[k] = stripe;
+    else {
+        stripe = 0;
+        for (int k = 0; k < nd; k++) if (sizes[k] > stripe) stripe = sizes[k];
+    }
+    begin[0] = 0;
+    for (int k = 0; k < nd; k++) begin[k + 1] = begin[k] + sizes[k];
     uint8_t *ext = NULL;
-    if (posix_memalign((void **)&ext, 4096, stripe * nd)) {
-        snprintf(err, errlen, "out of memory for one expert (%llu bytes)", (unsigned long long)(stripe * nd));
+    if (posix_memalign((void **)&ext, 4096, begin[nd])) {
+        snprintf(err, errlen, "out of memory for one expert (%llu bytes)", (unsigned long long)begin[nd]);
         return DF_ENOMEM;
     }
-    memset(ext, 0, stripe * nd);
+    memset(ext, 0, begin[nd]);
     cJSON *layers = cJSON_AddArrayToObject(ex, "layers");
     int rc = 0;
     for (int l = o->dense; l < o->layers && !rc; l++) {
@@ -539,7 +554,7 @@ static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, cha
             char hx[17];
             hex16(XXH64(ext, stride, 0), hx);
             cJSON_AddItemToArray(xx, cJSON_CreateString(hx));
-            for (int k = 0; k < nd && !rc; k++) rc = of_write(&f[k], ext + (uint64_t)k * stripe, stripe, err, errlen);
+            for (int k = 0; k < nd && !rc; k++) rc = of_write(&f[k], ext + begin[k], sizes[k], err, errlen);
             prog(pg, stride);
         }
         for (int k = 0; k < opened; k++) {
@@ -551,6 +566,10 @@ static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, cha
             cJSON_AddItemToArray(files, cJSON_CreateString(rel));
         }
         cJSON_AddNumberToObject(lj, "stripe_bytes", (double)stripe);
+        if (unequal) {
+            cJSON *ss = cJSON_AddArrayToObject(lj, "stripe_sizes");
+            for (int k = 0; k < nd; k++) cJSON_AddItemToArray(ss, cJSON_CreateNumber((double)sizes[k]));
+        }
         cJSON_AddItemToArray(layers, lj);
     }
     for (int k = 0; k < nd; k++) { fsync_dir(dirs[k]); free(dirs[k]); }
@@ -572,6 +591,7 @@ static void usage(FILE *f) {
             "  --inter N         dense MLP width (18432)       --shared N      shared experts (1)\n"
             "  --n-group N --topk-group N (1, 1)               --skew X        router popularity skew (1.0)\n"
             "  --expert-dirs D1,D2  stripe the packs over these directories\n"
+            "  --stripe-weights W1,W2  stripe k's size proportional to W_k (GB/s per drive); default equal\n"
             "  --seed N (1) --name NAME --quiet\n"
             "  --force           OUT_DIR may be non-empty: delete the deltafin model files in it (and old packs in\n"
             "                    --expert-dirs) first; without it OUT_DIR must be new or empty\n");
@@ -609,6 +629,7 @@ int cmd_synth(int argc, char **argv) {
         } else if (!strcmp(a, "--size")) {
             if (!(o.size = parse_size(v))) { fprintf(stderr, "deltafin synth: bad --size %s\n", v); return 2; }
         } else if (!strcmp(a, "--expert-dirs")) o.expert_dirs = v;
+        else if (!strcmp(a, "--stripe-weights")) o.stripe_weights = v;
         else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--skew")) o.skew = atof(v);
         else if (!strcmp(a, "--name")) o.name = v;
@@ -641,6 +662,22 @@ int cmd_synth(int argc, char **argv) {
         o.layers = o.dense + (int)moe;
     }
     if (o.dense >= o.layers) { fprintf(stderr, "deltafin synth: --dense %d leaves no MoE layer\n", o.dense); return 2; }
+    if (o.stripe_weights) {
+        /* check the list (count = --expert-dirs entries) before anything is written */
+        int nd = 1;
+        for (const char *q = o.expert_dirs ? o.expert_dirs : ""; *q; q++) nd += *q == ',';
+        uint64_t sz[64];
+        int uneq;
+        char e2[256];
+        if (!o.expert_dirs || nd < 2 || nd > 16) {
+            fprintf(stderr, "deltafin synth: --stripe-weights needs --expert-dirs with 2..16 directories\n");
+            return 2;
+        }
+        if (native_stripe_plan(1 << 24, nd, o.stripe_weights, sz, &uneq, e2, sizeof e2)) {
+            fprintf(stderr, "deltafin synth: %s\n", e2);
+            return 2;
+        }
+    }
     int crc = cli_check_out_dirs("synth", o.out, o.expert_dirs, o.force, o.quiet);
     if (crc) return crc;
     if (mkdir_p(o.out)) {

@@ -58,7 +58,9 @@ typedef struct {
     int layer;
     int n_files;
     char **tmp, **final, **rel;   /* [n_files] */
-    uint64_t stripe_bytes;
+    uint64_t stripe_bytes;        /* largest stripe */
+    uint64_t sizes[64];           /* [n_files] stripe k's bytes per expert */
+    int unequal;                  /* sizes differ: manifest records "stripe_sizes" */
     uint64_t *xxh;                /* [n_experts] */
 } ex_layer;
 
@@ -454,6 +456,21 @@ static int layout_experts(conv *c) {
     c->ex = calloc((size_t)c->n_moe, sizeof(ex_layer));
     if (!c->ex) return df_set_errc(c->err, c->errlen, DF_ENOMEM, "out of memory");
     uint64_t stripe = c->n_dirs == 1 ? c->stride : df_round_up((c->stride + (uint64_t)c->n_dirs - 1) / (uint64_t)c->n_dirs, ALIGN_EXTENT);
+    uint64_t sizes[64];
+    int unequal = 0;
+    if (c->opts->stripe_weights && *c->opts->stripe_weights) {
+        if (c->n_dirs < 2)
+            return df_set_errc(c->err, c->errlen, DF_EINVAL, "--stripe-weights needs --expert-dirs with at least two directories");
+        int r = native_stripe_plan(c->stride, c->n_dirs, c->opts->stripe_weights, sizes, &unequal, c->err, c->errlen);
+        if (r) return r;
+    }
+    if (!unequal)
+        for (int d = 0; d < c->n_dirs; d++) sizes[d] = stripe;
+    else {
+        stripe = 0;
+        for (int d = 0; d < c->n_dirs; d++)
+            if (sizes[d] > stripe) stripe = sizes[d];
+    }
     int k = 0;
     for (int l = 0; l < g->num_hidden_layers; l++) {
         if (!config_layer_is_moe(g, l)) continue;
@@ -461,6 +478,8 @@ static int layout_experts(conv *c) {
         L->layer = l;
         L->n_files = c->n_dirs;
         L->stripe_bytes = stripe;
+        L->unequal = unequal;
+        memcpy(L->sizes, sizes, sizeof sizes);
         L->tmp = calloc((size_t)c->n_dirs, sizeof(char *));
         L->final = calloc((size_t)c->n_dirs, sizeof(char *));
         L->rel = calloc((size_t)c->n_dirs, sizeof(char *));
@@ -498,7 +517,8 @@ static int write_layer(conv *c, ex_layer *L, uint8_t *buf) {
             goto out;
         }
     }
-    uint64_t bufsz = (uint64_t)L->n_files * L->stripe_bytes;
+    uint64_t bufsz = 0;
+    for (int d = 0; d < L->n_files; d++) bufsz += L->sizes[d];
     for (int e = 0; e < g->n_routed_experts; e++) {
         memset(buf, 0, bufsz);
         for (int p = 0; p < 3; p++) {
@@ -515,13 +535,16 @@ static int write_layer(conv *c, ex_layer *L, uint8_t *buf) {
             hf_weight_copy(&w, buf + P->offset, P->scale_bytes ? buf + P->scale_offset : NULL);
         }
         L->xxh[e] = df_xxh64(buf, c->stride);
+        uint64_t begin = 0;
         for (int d = 0; d < L->n_files; d++) {
-            int r = df_pwrite_all(fds[d], buf + (uint64_t)d * L->stripe_bytes, L->stripe_bytes, (uint64_t)e * L->stripe_bytes);
+            uint64_t sz = L->sizes[d];
+            int r = df_pwrite_all(fds[d], buf + begin, sz, (uint64_t)e * sz);
             if (r == -EINVAL) { /* O_DIRECT refused after all: continue buffered */
                 int fl = fcntl(fds[d], F_GETFL);
                 if (fl != -1 && (fl & O_DIRECT) && fcntl(fds[d], F_SETFL, fl & ~O_DIRECT) == 0)
-                    r = df_pwrite_all(fds[d], buf + (uint64_t)d * L->stripe_bytes, L->stripe_bytes, (uint64_t)e * L->stripe_bytes);
+                    r = df_pwrite_all(fds[d], buf + begin, sz, (uint64_t)e * sz);
             }
+            begin += sz;
             if (r) {
                 snprintf(msg, sizeof msg, "cannot write %s: %s", L->tmp[d], strerror(-r));
                 rc = set_rc(c, DF_EIO, msg);
@@ -547,7 +570,8 @@ out:
 
 static void *expert_worker(void *arg) {
     conv *c = arg;
-    uint64_t bufsz = c->n_moe ? (uint64_t)c->ex[0].n_files * c->ex[0].stripe_bytes : 0;
+    uint64_t bufsz = 0;
+    for (int d = 0; c->n_moe && d < c->ex[0].n_files; d++) bufsz += c->ex[0].sizes[d];
     uint8_t *buf = df_aligned_alloc(ALIGN_EXTENT, bufsz);
     if (!buf) {
         set_rc(c, DF_ENOMEM, "out of memory (expert buffer)");
@@ -662,6 +686,10 @@ static char *build_manifest(conv *c) {
             cJSON *files = cJSON_AddArrayToObject(lj, "files");
             for (int d = 0; d < L->n_files; d++) cJSON_AddItemToArray(files, cJSON_CreateString(L->rel[d]));
             cJSON_AddNumberToObject(lj, "stripe_bytes", (double)L->stripe_bytes);
+            if (L->unequal) {
+                cJSON *ss = cJSON_AddArrayToObject(lj, "stripe_sizes");
+                for (int d = 0; d < L->n_files; d++) cJSON_AddItemToArray(ss, cJSON_CreateNumber((double)L->sizes[d]));
+            }
             cJSON *xx = cJSON_AddArrayToObject(lj, "xxh64");
             for (int e = 0; e < c->cfg.n_routed_experts; e++) {
                 df_xxh64_hex(L->xxh[e], hx);

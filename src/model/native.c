@@ -23,6 +23,7 @@ void native_close(df_native *n) {
         for (int f = 0; f < L->n_files; f++) free(L->files[f]);
         free(L->files);
         free(L->xxh64);
+        free(L->stripe_sizes);
     }
     free(n->moe_layers);
     free(n->by_layer);
@@ -211,10 +212,38 @@ static int parse_experts(df_native *n, const cJSON *ex, const char *mf, char *er
         L->n_files = cJSON_GetArraySize(files);
         if (!cJSON_IsArray(files) || L->n_files < 1 || L->n_files > 64)
             return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts layer %d: \"files\" must list 1..64 pack files", mf, L->layer);
-        if (j_u64(lj, "stripe_bytes", &L->stripe_bytes)) L->stripe_bytes = n->stride;
+        const cJSON *ss = cJSON_GetObjectItemCaseSensitive(lj, "stripe_sizes");
+        if (ss) {
+            /* unequal (proportional) stripes: one size per file, each a multiple of 4 KiB, summing to >= stride */
+            if (!cJSON_IsArray(ss) || cJSON_GetArraySize(ss) != L->n_files)
+                return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts layer %d: \"stripe_sizes\" must list one size per file (%d)", mf,
+                                   L->layer, L->n_files);
+            L->stripe_sizes = calloc((size_t)L->n_files, sizeof(uint64_t));
+            if (!L->stripe_sizes) return df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+            uint64_t sum = 0, mx = 0;
+            int k = 0;
+            for (const cJSON *x = ss->child; x; x = x->next, k++) {
+                uint64_t v = 0;
+                if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9.0e15 ||
+                    x->valuedouble != (double)(uint64_t)x->valuedouble || (v = (uint64_t)x->valuedouble) == 0 || v % 4096)
+                    return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts layer %d: stripe_sizes[%d] must be a positive multiple of 4096",
+                                       mf, L->layer, k);
+                L->stripe_sizes[k] = v;
+                sum += v;
+                if (v > mx) mx = v;
+            }
+            if (sum < n->stride)
+                return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts layer %d: stripe_sizes sum to %llu, less than stride %llu", mf,
+                                   L->layer, (unsigned long long)sum, (unsigned long long)n->stride);
+            uint64_t sb;
+            if (!j_u64(lj, "stripe_bytes", &sb) && sb != mx)
+                return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts layer %d: stripe_bytes %llu disagrees with stripe_sizes (largest %llu)",
+                                   mf, L->layer, (unsigned long long)sb, (unsigned long long)mx);
+            L->stripe_bytes = mx;
+        } else if (j_u64(lj, "stripe_bytes", &L->stripe_bytes)) L->stripe_bytes = n->stride;
         if (L->n_files == 1 && L->stripe_bytes != n->stride)
             return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts layer %d: one file, so stripe_bytes must equal stride", mf, L->layer);
-        if (L->stripe_bytes % 4096 || L->stripe_bytes * (uint64_t)L->n_files < n->stride)
+        if (!L->stripe_sizes && (L->stripe_bytes % 4096 || L->stripe_bytes * (uint64_t)L->n_files < n->stride))
             return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts layer %d: stripe_bytes %llu x %d files does not cover stride %llu", mf,
                                L->layer, (unsigned long long)L->stripe_bytes, L->n_files, (unsigned long long)n->stride);
         L->files = calloc((size_t)L->n_files, sizeof(char *));
@@ -229,7 +258,7 @@ static int parse_experts(df_native *n, const cJSON *ex, const char *mf, char *er
             L->files[f] = strdup(p);
             if (!L->files[f]) return df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
             int64_t fs = file_size(p);
-            uint64_t need = (uint64_t)n->n_experts * L->stripe_bytes;
+            uint64_t need = (uint64_t)n->n_experts * native_stripe_size(L, f);
             if (fs < 0 && errno == ENOENT) {
                 /* deferred: the packs may have moved (df_model_opts.expert_dirs points at them) */
                 if (!n->pack_error[0])
@@ -329,17 +358,20 @@ void native_expert_views(const df_native *n, const void *extent, df_expert *out)
 uint64_t native_extent_buf_bytes(const df_native *n, int layer) {
     if (layer < 0 || layer >= n->cfg.num_hidden_layers || !n->by_layer || !n->by_layer[layer]) return 0;
     const native_expert_layer *L = n->by_layer[layer];
-    return (uint64_t)L->n_files * L->stripe_bytes;
+    return native_stripe_begin(L, L->n_files);
 }
 
 int native_read_expert(const df_native *n, int layer, int expert, void *buf, char *err, size_t errlen) {
     if (!native_extent_buf_bytes(n, layer) || expert < 0 || expert >= n->n_experts)
         return df_set_errc(err, errlen, DF_EINVAL, "layer %d expert %d: no such routed expert", layer, expert);
     const native_expert_layer *L = n->by_layer[layer];
+    uint64_t begin = 0;
     for (int f = 0; f < L->n_files; f++) {
+        uint64_t sz = native_stripe_size(L, f);
         int fd = open(L->files[f], O_RDONLY | O_CLOEXEC);
         if (fd < 0) return df_set_errc(err, errlen, DF_EIO, "cannot open expert pack %s (layer %d): %s", L->files[f], layer, strerror(errno));
-        int rc = df_pread_all(fd, (uint8_t *)buf + (uint64_t)f * L->stripe_bytes, L->stripe_bytes, (uint64_t)expert * L->stripe_bytes);
+        int rc = df_pread_all(fd, (uint8_t *)buf + begin, sz, (uint64_t)expert * sz);
+        begin += sz;
         close(fd);
         if (rc)
             return df_set_errc(err, errlen, rc == -EIO ? DF_EFORMAT : DF_EIO, "expert pack %s: layer %d expert %d: %s", L->files[f], layer,
@@ -435,9 +467,9 @@ int native_set_expert_dirs(df_native *n, const char *dirs, char *err, size_t err
             snprintf(path, sizeof path, "%.*s/%s", (int)len, p, base);
             int64_t fs = file_size(path);
             if (fs < 0) { rc = df_set_errc(err, errlen, DF_EIO, "expert pack %s (layer %d): %s", path, L->layer, strerror(errno)); break; }
-            if ((uint64_t)fs < (uint64_t)n->n_experts * L->stripe_bytes) {
+            if ((uint64_t)fs < (uint64_t)n->n_experts * native_stripe_size(L, f)) {
                 rc = df_set_errc(err, errlen, DF_EFORMAT, "expert pack %s (layer %d) is %lld bytes, needs %llu (truncated)", path, L->layer,
-                                 (long long)fs, (unsigned long long)n->n_experts * L->stripe_bytes);
+                                 (long long)fs, (unsigned long long)n->n_experts * native_stripe_size(L, f));
                 break;
             }
             np[k++] = strdup(path);
@@ -462,5 +494,47 @@ int native_set_expert_dirs(df_native *n, const char *dirs, char *err, size_t err
 
 int native_require_packs(const df_native *n, char *err, size_t errlen) {
     if (n->pack_error[0]) return df_set_errc(err, errlen, DF_EIO, "%s", n->pack_error);
+    return DF_OK;
+}
+
+int native_stripe_plan(uint64_t stride, int n, const char *weights, uint64_t *sizes, int *unequal, char *err, size_t errlen) {
+    *unequal = 0;
+    if (n < 1 || n > 64) return df_set_errc(err, errlen, DF_EINVAL, "stripes: %d files (1..64)", n);
+    uint64_t eq = n == 1 ? stride : (stride + (uint64_t)n - 1) / (uint64_t)n;
+    eq = (eq + 4095) / 4096 * 4096;
+    for (int k = 0; k < n; k++) sizes[k] = eq;
+    if (!weights || !*weights) return DF_OK;
+    double w[64], sum = 0;
+    int m = 0;
+    const char *p = weights;
+    for (;;) {
+        char *end;
+        errno = 0;
+        double v = strtod(p, &end);
+        if (end == p || errno || !(v > 0) || v > 1e9 || (*end && *end != ','))
+            return df_set_errc(err, errlen, DF_EINVAL, "--stripe-weights \"%s\": expected positive numbers separated by commas", weights);
+        if (m >= 64) return df_set_errc(err, errlen, DF_EINVAL, "--stripe-weights \"%s\": too many entries", weights);
+        w[m++] = v;
+        sum += v;
+        if (!*end) break;
+        p = end + 1;
+    }
+    if (m != n)
+        return df_set_errc(err, errlen, DF_EINVAL, "--stripe-weights \"%s\" has %d entries, but there are %d expert directories", weights, m, n);
+    int all_eq = 1;
+    for (int k = 1; k < n; k++) all_eq &= w[k] == w[0];
+    if (all_eq) return DF_OK;
+    /* stripe k gets stride * w_k / sum(w), rounded up to whole 4 KiB pages (so the sizes sum to
+     * >= stride, and bytes_k / bandwidth_k is the same for every drive to within a page) */
+    uint64_t pages = (stride + 4095) / 4096;
+    for (int k = 0; k < n; k++) {
+        double share = (double)pages * w[k] / sum;
+        uint64_t f = (uint64_t)share;
+        if ((double)f < share - 1e-9) f++;
+        sizes[k] = (f ? f : 1) * 4096;
+    }
+    for (int k = 1; k < n; k++) *unequal |= sizes[k] != sizes[0];
+    if (!*unequal) /* proportional split came out equal: record it like the equal case */
+        for (int k = 0; k < n; k++) sizes[k] = eq > sizes[0] ? eq : sizes[0];
     return DF_OK;
 }

@@ -27,9 +27,22 @@ typedef struct {
     int layer;
     int n_files;                   /* stripes (drives) */
     char **files;                  /* absolute paths, [n_files] */
-    uint64_t stripe_bytes;         /* bytes of one expert in each file (== stride when n_files == 1) */
+    uint64_t stripe_bytes;         /* bytes of one expert in each file (== stride when n_files == 1);
+                                      the largest stripe when stripe_sizes is set */
     uint64_t *xxh64;               /* [n_experts] checksum of the full extent (stride bytes) */
+    uint64_t *stripe_sizes;        /* [n_files] per-file stripe size (manifest "stripe_sizes"), NULL = all stripe_bytes */
 } native_expert_layer;
+
+/* Size of stripe k of one expert (file k holds it at expert * size). */
+static inline uint64_t native_stripe_size(const native_expert_layer *L, int k) {
+    return L->stripe_sizes ? L->stripe_sizes[k] : L->stripe_bytes;
+}
+/* Offset of stripe k inside the reassembled extent (stripes back to back). */
+static inline uint64_t native_stripe_begin(const native_expert_layer *L, int k) {
+    uint64_t b = 0;
+    for (int j = 0; j < k; j++) b += native_stripe_size(L, j);
+    return b;
+}
 
 typedef struct df_native {
     char dir[1024];
@@ -65,8 +78,8 @@ int config_parse(const char *json_text, df_config *cfg, const char *path_for_err
 /* ---- added by the model owner (append-only) ---- */
 #include "deltafin.h"   /* df_progress_fn */
 
-/* Bytes of the buffer one expert of `layer` is read into: n_files * stripe_bytes
- * (>= stride; stripes are placed back to back). 0 for a dense layer. */
+/* Bytes of the buffer one expert of `layer` is read into: the sum of its stripe
+ * sizes (n_files * stripe_bytes when equal; >= stride; stripes are placed back to back). 0 for a dense layer. */
 uint64_t native_extent_buf_bytes(const df_native *n, int layer);
 /* Read expert `expert` of MoE layer `layer` (all stripes, pread) into buf
  * (native_extent_buf_bytes bytes, any alignment). DF_EIO/DF_EFORMAT naming layer, expert, file. */
@@ -85,5 +98,11 @@ int native_set_expert_dirs(df_native *n, const char *dirs, char *err, size_t err
 /* DF_EIO naming the first missing pack file, if native_open found one missing (and no
  * native_set_expert_dirs has re-pointed the packs since). */
 int native_require_packs(const df_native *n, char *err, size_t errlen);
+/* Stripe sizes for an extent of `stride` bytes over n files. weights (comma-separated
+ * positive numbers, e.g. relative GB/s per drive; NULL/"" = equal) make stripe k's size
+ * proportional to weights[k], in whole 4 KiB pages summing to >= stride. *unequal is set
+ * when the sizes differ (the manifest then needs "stripe_sizes"); otherwise every size
+ * is the equal stripe_bytes. DF_EINVAL on a malformed list or a count other than n. */
+int native_stripe_plan(uint64_t stride, int n, const char *weights, uint64_t *sizes, int *unequal, char *err, size_t errlen);
 
 #endif

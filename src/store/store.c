@@ -56,7 +56,7 @@ uint64_t store_slot_bytes(const struct df_native *nat) {
     uint64_t b = nat->stride;
     for (int i = 0; i < nat->n_moe_layers; i++) {
         const native_expert_layer *L = &nat->moe_layers[i];
-        uint64_t s = (uint64_t)L->n_files * L->stripe_bytes;
+        uint64_t s = native_stripe_begin(L, L->n_files);
         if (s > b) b = s;
     }
     return b;
@@ -203,7 +203,13 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
                         NL->layer, NL->n_files, STORE_MAX_DRIVES);
             goto fail;
         }
-        if (NL->stripe_bytes % 4096 || (uint64_t)NL->n_files * NL->stripe_bytes < st->stride) {
+        uint64_t sum = 0;
+        int bad_size = 0;
+        for (int k = 0; k < NL->n_files; k++) {
+            bad_size |= native_stripe_size(NL, k) % 4096 != 0;
+            sum += native_stripe_size(NL, k);
+        }
+        if (bad_size || sum < st->stride) {
             rc = seterr(err, errlen, DF_EFORMAT,
                         "%s: layer %d stripe_bytes %llu must be a multiple of 4096 and n_files * stripe >= stride %llu",
                         nat->dir, NL->layer, (unsigned long long)NL->stripe_bytes, (unsigned long long)st->stride);
@@ -218,6 +224,11 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
         }
         L->n_files = NL->n_files;
         L->stripe_bytes = NL->stripe_bytes;
+        L->stripe_begin[0] = 0;
+        for (int k = 0; k < L->n_files; k++) {
+            L->stripe_size[k] = native_stripe_size(NL, k);
+            L->stripe_begin[k + 1] = L->stripe_begin[k] + L->stripe_size[k];
+        }
         L->xxh64 = NL->xxh64;
         L->fd = calloc(L->n_files, sizeof(int));
         L->fd_buf = calloc(L->n_files, sizeof(int));
@@ -242,9 +253,9 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
             rc = open_pack(st, path, &L->fd[k], &L->fd_buf[k], err, errlen);
             if (rc) goto fail;
             struct stat sb;
-            uint64_t need = (uint64_t)(st->n_experts - 1) * L->stripe_bytes;
-            uint64_t last = st->stride > (uint64_t)k * L->stripe_bytes ? st->stride - (uint64_t)k * L->stripe_bytes : 0;
-            if (last > L->stripe_bytes) last = L->stripe_bytes;
+            uint64_t need = (uint64_t)(st->n_experts - 1) * L->stripe_size[k];
+            uint64_t last = st->stride > L->stripe_begin[k] ? st->stride - L->stripe_begin[k] : 0;
+            if (last > L->stripe_size[k]) last = L->stripe_size[k];
             need += last;
             if (fstat(L->fd_buf[k], &sb) == 0 && (uint64_t)sb.st_size < need) {
                 rc = seterr(err, errlen, DF_EFORMAT,
@@ -471,14 +482,14 @@ static int start_load(df_store *st, int layer, int expert, store_prio prio) {
     j->slot = s; j->layer = layer; j->expert = expert; j->prio = prio;
     j->n_pieces = L->n_files;
     for (int k = 0; k < L->n_files; k++) {
-        uint64_t begin = (uint64_t)k * L->stripe_bytes;
+        uint64_t begin = L->stripe_begin[k];
         uint64_t len = begin < st->stride ? st->stride - begin : 0;
-        if (len > L->stripe_bytes) len = L->stripe_bytes;
+        if (len > L->stripe_size[k]) len = L->stripe_size[k];
         j->piece_drive[k] = L->drive[k];
         j->piece_fd[k] = L->fd[k];
         j->piece_fd_buf[k] = L->fd_buf[k];
         j->piece_file[k] = k;
-        j->piece_off[k] = (uint64_t)expert * L->stripe_bytes;
+        j->piece_off[k] = (uint64_t)expert * L->stripe_size[k];
         j->piece_len[k] = len;
         j->piece_next[k] = 0;
     }
@@ -754,7 +765,7 @@ void store_job_finish(df_store *st, store_job *j) {
             snprintf(j->errmsg, sizeof j->errmsg,
                      "checksum mismatch in layer %d expert %d (%s at offset %llu, %llu bytes): XXH64 %016llx, manifest "
                      "says %016llx; the pack is corrupt: re-run `deltafin convert` (or `deltafin doctor`)",
-                     j->layer, j->expert, files, (unsigned long long)((uint64_t)j->expert * L->stripe_bytes),
+                     j->layer, j->expert, files, (unsigned long long)j->piece_off[0],
                      (unsigned long long)st->stride, (unsigned long long)h, (unsigned long long)L->xxh64[j->expert]);
         }
     }

@@ -85,7 +85,9 @@ typedef struct {
     int *fd, *fd_buf;       /* [n_files] */
     int *drive;             /* [n_files] */
     char **files;
-    uint64_t stripe_bytes;
+    uint64_t stripe_bytes;  /* largest stripe */
+    uint64_t stripe_size[STORE_MAX_DRIVES];        /* stripe k's bytes (file k holds it at expert * size) */
+    uint64_t stripe_begin[STORE_MAX_DRIVES + 1];   /* stripe k's offset in the slot; [n_files] = slot bytes */
     uint64_t *xxh64;        /* [n_experts] */
 } store_layer;
 

@@ -5,7 +5,8 @@
  * threads doing pread (fallback when io_uring is unavailable or use_uring=0).
  * Demand jobs are always served before prefetch jobs; each job's piece on this
  * drive is read in chunks of io_bytes straight into the slot buffer (stripe k
- * lands at k * stripe_bytes, so a striped extent is reassembled in place).
+ * lands at stripe_begin[k], the sum of the earlier stripes' sizes, so a striped
+ * extent is reassembled in place).
  * O_DIRECT reads that fail with EINVAL (unaligned filesystem) are retried
  * buffered for that chunk.
  */
@@ -34,7 +35,7 @@ int store_take_chunk(df_store *st, int d, store_chunk *c) {
                 c->fd_buf = j->piece_fd_buf[k];
                 c->off = j->piece_off[k] + j->piece_next[k];
                 c->len = len;
-                c->dst = st->slots[j->slot].buf + (uint64_t)k * st->layers[j->layer].stripe_bytes + j->piece_next[k];
+                c->dst = st->slots[j->slot].buf + st->layers[j->layer].stripe_begin[k] + j->piece_next[k];
                 j->piece_next[k] += len;
                 j->started = 1;
                 j->chunks_out++;
