@@ -13,6 +13,8 @@
 #include "store/store.h"
 #include "util/util.h"
 
+#include <cjson/cJSON.h>
+
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -161,6 +163,59 @@ static void greedy_same(const char *ref_dir, const char *dir, const char *what) 
           rb);
 }
 
+/* Rewrite experts.layers[0] of dir's manifest with `set` (a JSON value for key, or NULL to delete it);
+ * native_open must then fail with DF_EFORMAT mentioning `want`; the manifest is restored. */
+static void tamper(const char *dir, const char *key, const char *set, const char *want) {
+    char mf[700], err[1024] = "";
+    snprintf(mf, sizeof mf, "%s/manifest.json", dir);
+    char *txt = NULL;
+    size_t len = 0;
+    if (df_read_file(mf, &txt, &len, err, sizeof err)) { CHECK(0, "read %s: %s", mf, err); return; }
+    cJSON *m = cJSON_Parse(txt);
+    cJSON *L0 = m ? cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(m, "experts"), "layers"), 0) : NULL;
+    CHECK(L0 != NULL, "manifest parse");
+    if (L0) {
+        if (set) cJSON_ReplaceItemInObject(L0, key, cJSON_Parse(set));
+        else cJSON_DeleteItemFromObject(L0, key);
+        if (set && !cJSON_GetObjectItem(L0, key)) cJSON_AddItemToObject(L0, key, cJSON_Parse(set));
+        char *t2 = cJSON_Print(m);
+        df_write_file_atomic(mf, t2, strlen(t2), err, sizeof err);
+        free(t2);
+        df_native *n = NULL;
+        int rc = native_open(&n, dir, err, sizeof err);
+        CHECK(rc == DF_EFORMAT && strstr(err, want), "%s = %s: rc %d, %s", key, set ? set : "(deleted)", rc, err);
+        native_close(n);
+        df_write_file_atomic(mf, txt, len, err, sizeof err);
+    }
+    cJSON_Delete(m);
+    free(txt);
+}
+
+static void test_manifest_checks(void) {
+    char out[8192], dir[600];
+    snprintf(dir, sizeof dir, "%s/tamper", tmpdir);
+    int rc = run(out, sizeof out, "%s convert tests/golden/bf16_kimi %s --expert-dirs %s/t0,%s/t1 --stripe-weights 3,1 --quiet", bin, dir,
+                 tmpdir, tmpdir);
+    CHECK(rc == 0, "tamper base convert (rc %d): %s", rc, out);
+    if (rc) return;
+    df_native *n = NULL;
+    char err[1024];
+    CHECK(native_open(&n, dir, err, sizeof err) == 0 && n->moe_layers[0].stripe_sizes && n->moe_layers[0].stripe_sizes[0] == 12288 &&
+              n->moe_layers[0].stripe_sizes[1] == 4096 && n->moe_layers[0].stripe_bytes == 12288,
+          "3,1 over a 3-page extent: ceil(2.25) + ceil(0.75) = 3 + 1 pages");
+    native_close(n);
+    tamper(dir, "stripe_sizes", "[12288]", "one size per file");
+    tamper(dir, "stripe_sizes", "[12288, 100]", "multiple of 4096");
+    tamper(dir, "stripe_sizes", "[4096, 4096]", "less than stride");
+    tamper(dir, "stripe_sizes", "[12288, 0]", "multiple of 4096");
+    tamper(dir, "stripe_bytes", "4096", "disagrees");
+    /* the equal reading of this layout (stripe_bytes 12288 for both files) needs file 1 to be 3x longer */
+    tamper(dir, "stripe_sizes", NULL, "truncated");
+    /* the reader still opens the untouched manifest */
+    CHECK(native_open(&n, dir, err, sizeof err) == 0, "restored manifest opens: %s", err);
+    native_close(n);
+}
+
 int main(void) {
     test_plan();
     bin = getenv("DF_BIN");
@@ -179,6 +234,8 @@ int main(void) {
     CHECK(rc == 1 && strstr(out, "--stripe-weights"), "convert: weight count mismatch (rc %d): %s", rc, out);
     rc = run(out, sizeof out, "%s convert tests/golden/bf16_kimi %s/bad2 --stripe-weights 3,1 --quiet", bin, tmpdir);
     CHECK(rc == 1 && strstr(out, "--expert-dirs"), "convert: weights without --expert-dirs (rc %d): %s", rc, out);
+
+    test_manifest_checks();
 
     DIR *d = opendir("tests/golden");
     int n_cases = 0;

@@ -20,7 +20,7 @@ void native_close(df_native *n) {
     free(n->tensors);
     for (int i = 0; i < n->n_moe_layers; i++) {
         native_expert_layer *L = &n->moe_layers[i];
-        for (int f = 0; f < L->n_files; f++) free(L->files[f]);
+        for (int f = 0; L->files && f < L->n_files; f++) free(L->files[f]);  /* files is NULL when parsing stopped early */
         free(L->files);
         free(L->xxh64);
         free(L->stripe_sizes);
