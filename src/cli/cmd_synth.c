@@ -684,7 +684,7 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "deltafin synth: cannot create %s: %s\n", o.out, strerror(errno));
         return 1;
     }
-    char *rp = realpath(o.out, NULL);
+    char *rp = realpath(o.out, NULL); /* freed before returning */
     if (rp) o.out = rp;
     char mpath[2048];
     snprintf(mpath, sizeof mpath, "%s/manifest.json", o.out);
@@ -726,6 +726,7 @@ int cmd_synth(int argc, char **argv) {
         fsync_dir(o.out);
     }
     cJSON_Delete(m);
+    free(rp);
     if (rc) {
         fprintf(stderr, "\ndeltafin synth: %s\n", err[0] ? err : df_strerror(rc));
         return 1;
