@@ -11,4 +11,9 @@ B=${DF_BIN:-build/deltafin}
   for c in run convert tokenize serve bench synth doctor; do
     echo; echo "## deltafin $c"; echo; echo '```'; "$B" $c --help 2>&1 || true; echo '```'
   done
+  echo; echo "## Notes"; echo
+  echo "\`bench io --dir D1,D2,...\` reports GB/s per directory and a line"
+  echo "\`suggested: --stripe-weights 1.00,0.52\` (each directory's GB/s divided by the fastest) to pass to"
+  echo "\`deltafin convert\` / \`deltafin synth\` with \`--expert-dirs D1,D2,...\` in the same order, so each drive's share of"
+  echo "an expert read takes the same expected time (docs/native-format.md)."
 } > docs/cli.md
