@@ -157,11 +157,11 @@ if (text !== "Café naïve 日本語 🙂 done.") throw text;' "$TMP/u8" 2>"$TMP
 else bad "UTF-8 chunks: $(tail -1 "$TMP/err")"; fi
 
 # one running + --queue 2 waiting; the 4th concurrent request gets 429 + Retry-After
-LONGP=$(printf 'y%.0s' $(seq 1 100)) # a prompt longer than the mock's text: endless greedy output
+LONGP=$(printf 'y%.0s' $(seq 1 100)) # a prompt longer than the mock's text: endless greedy output (requests use temperature 0: sampling can end early)
 inflight() { curl -s "$B/health" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).in_flight))'; }
 QP=()
 for i in 1 2 3; do
-    curl -s -o "$TMP/q$i" -w '%{http_code}' "${P[@]}" -d "{\"prompt\":\"$LONGP\",\"max_tokens\":200}" "$B/v1/completions" >"$TMP/q$i.code" &
+    curl -s -o "$TMP/q$i" -w '%{http_code}' "${P[@]}" -d "{\"prompt\":\"$LONGP\",\"temperature\":0,\"max_tokens\":200}" "$B/v1/completions" >"$TMP/q$i.code" &
     QP+=($!)
 done
 for _ in $(seq 1 100); do [ "$(inflight)" = 3 ] && break; sleep 0.02; done
@@ -185,7 +185,7 @@ disconnect_check() { # WHAT MAX_TIME BODY PATTERN
     LOGSEEN=$(wc -l <"$TMP/mock.log")
 }
 LOGSEEN=0
-disconnect_check "disconnect during decode stops generation" 0.25 "{\"prompt\":\"$LONGP\",\"max_tokens\":1000,\"stream\":true}" \
+disconnect_check "disconnect during decode stops generation" 0.25 "{\"prompt\":\"$LONGP\",\"temperature\":0,\"max_tokens\":1000,\"stream\":true}" \
     ', [1-9]\?[0-9] generated'
 IDS=$(seq 1 2000 | awk '{print $1 % 250}' | paste -sd, -)
 disconnect_check "disconnect during prefill cancels df_eval" 0.5 "{\"prompt\":[$IDS],\"max_tokens\":5,\"stream\":true}" \
@@ -202,7 +202,7 @@ exec 7>&- 8>&-
 expect "still serving after slow clients" "$(code "$B/health")" 200
 
 # SIGTERM during a stream: the stream ends cleanly, the server exits 0
-curl -sN "${P[@]}" -d "{\"prompt\":\"$LONGP\",\"max_tokens\":3000,\"stream\":true}" "$B/v1/completions" >"$TMP/term" &
+curl -sN "${P[@]}" -d "{\"prompt\":\"$LONGP\",\"temperature\":0,\"max_tokens\":3000,\"stream\":true}" "$B/v1/completions" >"$TMP/term" &
 CPID=$!
 sleep 0.4
 stop_server mock
