@@ -3,6 +3,7 @@
  * Each returns the process exit status (0 ok, 1 runtime error, 2 usage error). */
 #ifndef DF_CLI_H
 #define DF_CLI_H
+#include <stdint.h>
 int cmd_run(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
@@ -14,4 +15,9 @@ int cmd_synth(int argc, char **argv);
  * force the deltafin files there are removed first (manifest.json first). `cmd` names
  * the command in messages. Returns 0, or the exit status (1) after printing why. */
 int cli_check_out_dirs(const char *cmd, const char *out, const char *expert_dirs, int force, int quiet);
+/* cli_args.c: "4G", "512M", "100K", "1.5GiB", "12345" -> bytes (powers of 1024; an optional
+ * "i" and "B" after the unit). 0, or -1 for anything else (trailing text, negative, overflow). */
+int cli_parse_size(const char *s, uint64_t *out);
+/* 1 when dir/name is a regular file. */
+int cli_is_file(const char *dir, const char *name);
 #endif

@@ -24,21 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t parse_size(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v < 0) return 0;
-    switch (*end) {
-    case 'k': case 'K': v *= 1024; break;
-    case 'm': case 'M': v *= 1048576; break;
-    case 'g': case 'G': v *= 1073741824.0; break;
-    case 't': case 'T': v *= 1099511627776.0; break;
-    case 0: break;
-    default: return 0;
-    }
-    return (uint64_t)v;
-}
-
 /* 1 when `a` is one of the NULL-terminated names (the options that take a value) */
 static int known(const char *a, const char *const *names) {
     for (; *names; names++)
@@ -72,10 +57,10 @@ static int want_num(const char *cmd, const char *flag, const char *s, double lo,
     return 0;
 }
 
-/* a size > 0 (parse_size), else a usage message, -1 */
+/* a size > 0 (cli_parse_size), else a usage message, -1 */
 static int want_size(const char *cmd, const char *flag, const char *s, uint64_t *out) {
-    uint64_t v = parse_size(s);
-    if (!v) {
+    uint64_t v = 0;
+    if (cli_parse_size(s, &v) || !v) {
         fprintf(stderr, "deltafin bench %s: %s \"%s\": expected a size like 1M or 64K\n", cmd, flag, s);
         return -1;
     }

@@ -37,13 +37,6 @@ static void line_end(void) {
     line_open = 0;
 }
 
-static int is_file(const char *dir, const char *name) {
-    char p[8192];
-    struct stat st;
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 static const char *simd_features(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -113,7 +106,7 @@ int cmd_doctor(int argc, char **argv) {
     printf("model: %s\n", df_model_describe(m));
     int status = 0;
     /* the tokenizer: a file that is present but does not open is an error (not "no tokenizer") */
-    if (is_file(model, "tokenizer.json") || is_file(model, "tiktoken.model")) {
+    if (cli_is_file(model, "tokenizer.json") || cli_is_file(model, "tiktoken.model")) {
         df_tokenizer *t = NULL;
         char terr[1024] = "";
         if (df_tokenizer_open(&t, model, NULL, terr, sizeof terr)) {

@@ -44,25 +44,6 @@ static void run_usage(FILE *f) {
             "  --quiet              no configuration line or progress on stderr\n");
 }
 
-/* "4G", "512M", "100K", "12345" -> bytes; 0 on error */
-static uint64_t parse_size(const char *s) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return 0;
-    switch (*end) {
-    case 'k': case 'K': v *= 1024.0; end++; break;
-    case 'm': case 'M': v *= 1048576.0; end++; break;
-    case 'g': case 'G': v *= 1073741824.0; end++; break;
-    case 't': case 'T': v *= 1099511627776.0; end++; break;
-    default: break;
-    }
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end) return 0;
-    return (uint64_t)v;
-}
-
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
 static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
     char *end;
@@ -142,13 +123,6 @@ static void progress_end(void) {
     progress_open = 0;
 }
 
-static int is_file(const char *dir, const char *name) {
-    char p[8192];
-    struct stat st;
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* JSON string escaping for the one-message chat list */
 static char *json_escape(const char *s) {
     size_t n = strlen(s);
@@ -223,8 +197,7 @@ int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--ram-budget")) {
             const char *v = NEXT(); if (!v) return 2;
-            mo.ram_budget = parse_size(v);
-            if (!mo.ram_budget) { fprintf(stderr, "deltafin run: --ram-budget \"%s\" is not a size (e.g. 4G, 512M)\n", v); return 2; }
+            if (cli_parse_size(v, &mo.ram_budget) || !mo.ram_budget) { fprintf(stderr, "deltafin run: --ram-budget \"%s\" is not a size (e.g. 4G, 512M)\n", v); return 2; }
         }
         else if (!strcmp(a, "--expert-dirs")) { if (!(mo.expert_dirs = NEXT())) return 2; }
         else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT())) return 2; }
@@ -253,7 +226,7 @@ int cmd_run(int argc, char **argv) {
     if (!model) { fprintf(stderr, "deltafin run: --model DIR is required\n\n"); run_usage(stderr); return 2; }
     if (!prompt == !prompt_ids) { fprintf(stderr, "deltafin run: give exactly one of --prompt TEXT or --prompt-ids LIST\n"); return 2; }
     if (chat && prompt_ids) { fprintf(stderr, "deltafin run: --chat needs --prompt TEXT (ids are used as given)\n"); return 2; }
-    if (spine_given && is_file(model, "manifest.json")) {
+    if (spine_given && cli_is_file(model, "manifest.json")) {
         fprintf(stderr, "deltafin run: --spine applies only when converting a Hugging Face checkpoint; %s is a native model "
                         "(its spine encoding was chosen by `deltafin convert --spine`): drop --spine\n", model);
         return 2;
@@ -277,7 +250,7 @@ int cmd_run(int argc, char **argv) {
         }
     } else {
         /* tokenize first: the KV reserve inside --ram-budget is then the prompt's real token count */
-        if (!is_file(model, "tokenizer.json") && !is_file(model, "tiktoken.model")) {
+        if (!cli_is_file(model, "tokenizer.json") && !cli_is_file(model, "tiktoken.model")) {
             fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model);
             return 1;
         }

@@ -29,22 +29,6 @@ static void serve_usage(FILE *f) {
             "  --verbose                log every rejected request\n");
 }
 
-static int parse_size(const char *s, uint64_t *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v < 0) return -1;
-    double m = 1;
-    if (*end == 'k' || *end == 'K') m = 1024.0, end++;
-    else if (*end == 'm' || *end == 'M') m = 1024.0 * 1024, end++;
-    else if (*end == 'g' || *end == 'G') m = 1024.0 * 1024 * 1024, end++;
-    else if (*end == 't' || *end == 'T') m = 1024.0 * 1024 * 1024 * 1024, end++;
-    if (*end == 'i' || *end == 'B') end++;
-    if (*end == 'B') end++;
-    if (*end) return -1;
-    *out = (uint64_t)(v * m);
-    return 0;
-}
-
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {
     char *end;
     long v = strtol(s, &end, 10);
@@ -79,13 +63,13 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port-file")) { NEED(); c.port_file = v; }
         else if (!strcmp(a, "--ram-budget")) {
             NEED();
-            if (parse_size(v, &c.ram_budget)) { fprintf(stderr, "deltafin serve: --ram-budget %s: expected a size like 8G or 512M\n", v); return 2; }
+            if (cli_parse_size(v, &c.ram_budget)) { fprintf(stderr, "deltafin serve: --ram-budget %s: expected a size like 8G or 512M\n", v); return 2; }
         } else if (!strcmp(a, "--threads")) { NEED(); if (parse_int(a, v, 0, 4096, &c.threads)) return 2; }
         else if (!strcmp(a, "--ctx")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.n_ctx)) return 2; }
         else if (!strcmp(a, "--max-tokens")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.max_tokens)) return 2; }
         else if (!strcmp(a, "--max-request-bytes")) {
             NEED();
-            if (parse_size(v, &sz) || sz < 64) { fprintf(stderr, "deltafin serve: --max-request-bytes %s: expected a size >= 64\n", v); return 2; }
+            if (cli_parse_size(v, &sz) || sz < 64) { fprintf(stderr, "deltafin serve: --max-request-bytes %s: expected a size >= 64\n", v); return 2; }
             c.max_request_bytes = (size_t)sz;
         } else if (!strcmp(a, "--queue")) { NEED(); if (parse_int(a, v, 0, 100000, &c.queue)) return 2; }
         else if (!strcmp(a, "--api-key")) { NEED(); c.api_key = v; }

@@ -44,21 +44,6 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static uint64_t parse_size(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v < 0) return 0;
-    switch (*end) {
-    case 'k': case 'K': v *= 1024; break;
-    case 'm': case 'M': v *= 1048576; break;
-    case 'g': case 'G': v *= 1073741824.0; break;
-    case 't': case 'T': v *= 1099511627776.0; break;
-    case 0: break;
-    default: return 0;
-    }
-    return (uint64_t)v;
-}
-
 /* ------------------------------------------------------------ random data */
 
 static inline uint64_t rng_next(uint64_t *s) {
@@ -627,7 +612,7 @@ int cmd_synth(int argc, char **argv) {
             }
             if (spine) o.spine_enc = (df_wtype)t; else o.enc = (df_wtype)t;
         } else if (!strcmp(a, "--size")) {
-            if (!(o.size = parse_size(v))) { fprintf(stderr, "deltafin synth: bad --size %s\n", v); return 2; }
+            if (cli_parse_size(v, &o.size) || !o.size) { fprintf(stderr, "deltafin synth: bad --size %s\n", v); return 2; }
         } else if (!strcmp(a, "--expert-dirs")) o.expert_dirs = v;
         else if (!strcmp(a, "--stripe-weights")) o.stripe_weights = v;
         else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);

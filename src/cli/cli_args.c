@@ -1,0 +1,33 @@
+/* cli_args.c — argument parsing shared by the subcommands (one definition of a
+ * size and of "a regular file in a directory", so every command accepts the same forms). */
+#include "cli.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+int cli_parse_size(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0)) return -1;
+    switch (*end) {
+    case 'k': case 'K': v *= 1024.0; end++; break;
+    case 'm': case 'M': v *= 1048576.0; end++; break;
+    case 'g': case 'G': v *= 1073741824.0; end++; break;
+    case 't': case 'T': v *= 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end || v >= 18446744073709551616.0) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+int cli_is_file(const char *dir, const char *name) {
+    char p[8192];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
