@@ -109,6 +109,9 @@ int df_model_n_ctx_max(const df_model *m);
 int df_model_is_exact(const df_model *m);
 /* The model's tokenizer, or NULL when its directory has none. Owned by the model. */
 const df_tokenizer *df_model_tokenizer(const df_model *m);
+/* When the model directory has a tokenizer file that could not be opened: the reason
+ * (df_model_tokenizer then returns NULL). NULL when there is no such error. Owned by the model. */
+const char *df_model_tokenizer_error(const df_model *m);
 /* Verify every checksum of the native layout (deltafin doctor). */
 int df_model_verify(df_model *m, df_progress_fn progress, void *user, char *err, size_t errlen);
 

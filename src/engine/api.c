@@ -44,6 +44,7 @@ struct df_model {
     char name[128];
     char describe[3072];
     char heat_path[1200];
+    char tok_error[512];          /* why the model's tokenizer file could not be opened, or "" */
     char cache_dir[4096];        /* the conversion cache directory when opened from an HF checkpoint, else "" */
     pthread_mutex_t mu;          /* one df_eval at a time per model */
     /* stats */
@@ -325,12 +326,13 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     rc = rope_init(&m->eng.rope, cfg, err, errlen);
     if (rc) goto fail;
     /* a broken tokenizer does not stop the model (token ids still work); its error is shown in the
-     * configuration line (callers with a text prompt open it themselves to report the error) */
-    char terr[512] = "";
+     * configuration line and returned by df_model_tokenizer_error */
+    char *terr = m->tok_error;
+    const size_t terr_cap = sizeof m->tok_error;
     if (file_exists(dir, "tokenizer.json") || file_exists(dir, "tiktoken.model")) {
-        if (df_tokenizer_open(&m->tok, dir, NULL, terr, sizeof terr) != DF_OK) {
+        if (df_tokenizer_open(&m->tok, dir, NULL, terr, terr_cap) != DF_OK) {
             m->tok = NULL;
-            if (!terr[0]) snprintf(terr, sizeof terr, "cannot open");
+            if (!terr[0]) snprintf(terr, terr_cap, "cannot open");
         } else {
             terr[0] = 0;
         }
@@ -393,6 +395,8 @@ int df_model_n_vocab(const df_model *m) { return m ? m->nat->cfg.vocab_size : 0;
 /* the most positions one session may hold: max_position_embeddings, or the KV reserve of a RAM budget */
 int df_model_n_ctx_max(const df_model *m) { return m ? m->kv_positions : 0; }
 int df_model_is_exact(const df_model *m) { return m ? m->exact : 1; }
+const char *df_model_tokenizer_error(const df_model *m) { return m && m->tok_error[0] ? m->tok_error : NULL; }
+
 const df_tokenizer *df_model_tokenizer(const df_model *m) { return m ? m->tok : NULL; }
 
 int df_model_verify(df_model *m, df_progress_fn p, void *u, char *err, size_t errlen) {

@@ -98,10 +98,10 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     rc = df_session_new(&bm->s, bm->m, n_ctx, err, errlen);
     if (rc) { m_close(b); return rc; }
     bm->t = df_model_tokenizer(bm->m);
-    const char *terr = bm->t ? NULL : strstr(df_model_describe(bm->m), "tokenizer ERROR (");
+    const char *terr = df_model_tokenizer_error(bm->m);
     if (terr) {
         /* a tokenizer file that exists but cannot be used is an error, not "no tokenizer" */
-        snprintf(err, errlen, "%.*s", (int)strcspn(terr + 17, ")"), terr + 17);
+        snprintf(err, errlen, "%s", terr);
         m_close(b);
         return DF_EFORMAT;
     }
