@@ -56,11 +56,22 @@ struct df_model {
     uint64_t kv_bytes;           /* sum over live sessions (approx., updated on eval) */
 };
 
+/* A session's tokens [0, n_past). The sequence state (KV cache, KDA recurrent state) holds
+ * positions [0, n_eval); tokens [n_eval, n_past) are pending and go through the forward pass
+ * in front of the next df_eval's tokens. They exist only for models with recurrent (KDA)
+ * layers, whose state cannot be cut back: truncating restores the snapshot taken at the end of
+ * the last multi-token evaluation (the prompt) when it is at or before the cut, else the zero
+ * state, and re-evaluates the rest. The forward pass gives bit-identical results whatever the
+ * chunking, so the re-evaluated state equals the original. */
 struct df_session {
     df_model *m;
     df_kvcache kv;
     int32_t *tokens;
     int n_past, tok_cap;
+    int n_eval;
+    int recurrent;               /* the model has KDA layers */
+    float *snap;                 /* recurrent state at position snap_pos (kv_recurrent_bytes) */
+    int snap_pos;                /* -1: none */
 };
 
 static int set_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -417,6 +428,8 @@ int df_session_new(df_session **out, df_model *m, int n_ctx, char *err, size_t e
     if (!s) return set_err(err, errlen, DF_ENOMEM, "out of memory");
     s->m = m;
     if (kv_init(&s->kv, &m->nat->cfg, n_ctx)) { free(s); return set_err(err, errlen, DF_ENOMEM, "out of memory"); }
+    s->recurrent = kv_recurrent_bytes(&s->kv) > 0;
+    s->snap_pos = -1;
     *out = s;
     return DF_OK;
 }
@@ -425,15 +438,32 @@ void df_session_free(df_session *s) {
     if (!s) return;
     kv_free(&s->kv);
     free(s->tokens);
+    free(s->snap);
     free(s);
 }
 
 int df_session_n_past(const df_session *s) { return s ? s->n_past : 0; }
 const int32_t *df_session_tokens(const df_session *s) { return s ? s->tokens : NULL; }
 
+/* Roll the recurrent state back to at most position `pos`: the snapshot when it is not past
+ * pos, else the zero state; the tokens after it become pending. */
+static void session_rewind(df_session *s, int pos) {
+    if (s->snap && s->snap_pos >= 0 && s->snap_pos <= pos) {
+        kv_recurrent_load(&s->kv, s->snap);
+        s->n_eval = s->snap_pos;
+    } else {
+        kv_recurrent_reset(&s->kv);
+        s->n_eval = 0;
+    }
+}
+
 int df_session_truncate(df_session *s, int n_keep) {
     if (!s || n_keep < 0) return DF_EINVAL;
-    if (n_keep < s->n_past) s->n_past = n_keep;
+    if (n_keep >= s->n_past) return DF_OK;
+    s->n_past = n_keep;
+    if (s->snap_pos > n_keep) s->snap_pos = -1; /* it describes tokens that are gone */
+    if (!s->recurrent) s->n_eval = n_keep;
+    else if (s->n_eval > n_keep) session_rewind(s, n_keep);
     return DF_OK;
 }
 
@@ -453,13 +483,44 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         s->tokens = t;
         s->tok_cap = cap;
     }
+    /* pending tokens (recurrent models after a truncation) go first */
+    const int pend = s->n_past - s->n_eval, all = (flags & DF_EVAL_ALL_LOGITS) != 0;
+    const int32_t *run_ids = ids;
+    int32_t *joined = NULL;
+    float *run_logits = logits;
+    if (pend > 0) {
+        joined = malloc(sizeof(int32_t) * (size_t)(pend + n));
+        run_logits = all && logits ? malloc(sizeof(float) * (size_t)(pend + n) * df_model_n_vocab(m)) : logits;
+        if (!joined || !run_logits) {
+            free(joined);
+            if (run_logits != logits) free(run_logits);
+            return set_err(err, errlen, DF_ENOMEM, "out of memory");
+        }
+        memcpy(joined, s->tokens + s->n_eval, sizeof(int32_t) * (size_t)pend);
+        memcpy(joined + pend, ids, sizeof(int32_t) * (size_t)n);
+        run_ids = joined;
+    }
     pthread_mutex_lock(&m->mu);
     double t0 = now_s();
-    int rc = forward(&m->eng, &s->kv, s->n_past, ids, n, logits, (flags & DF_EVAL_ALL_LOGITS) != 0, p, u, err, errlen);
+    int rc = forward(&m->eng, &s->kv, s->n_eval, run_ids, pend + n, run_logits, all, p, u, err, errlen);
     double dt = now_s() - t0;
+    if (run_logits != logits) {
+        if (rc == DF_OK) memcpy(logits, run_logits + (size_t)pend * df_model_n_vocab(m), sizeof(float) * (size_t)n * df_model_n_vocab(m));
+        free(run_logits);
+    }
+    free(joined);
+    if (rc != DF_OK && s->recurrent) session_rewind(s, s->n_past); /* a failed pass may have moved the state */
     if (rc == DF_OK) {
         memcpy(s->tokens + s->n_past, ids, sizeof(int32_t) * (size_t)n);
         s->n_past += n;
+        s->n_eval = s->n_past;
+        if (s->recurrent && pend + n > 1) { /* snapshot at the end of a prompt: where a later turn returns to */
+            if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
+            if (s->snap) {
+                kv_recurrent_save(&s->kv, s->snap);
+                s->snap_pos = s->n_eval;
+            }
+        }
         if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
         /* the prompt's eval is the prefill even when the prompt is one token */
         if (n > 1 || s->n_past == n) { m->prefill_s += dt; m->prefill_tokens += (uint64_t)n; }

@@ -7,6 +7,9 @@
  *   q_nope . (K_h c_j) = (K_h^T q_nope) . c_j          (q_lat = K_h^T q_nope)
  *   sum_j p_j V_h c_j  = V_h (sum_j p_j c_j)           (o_lat = sum_j p_j c_j)
  * scores = (q_lat.c_j + q_pe.k_pe_j) * softmax_scale, causal, softmax fp32.
+ * Kimi Linear / K3 (mla_use_nope): no rotary at all (q_pe and k_pe used as computed), scale
+ * (nope+rope)^-0.5; K3 (mla_use_output_gate): the head outputs are multiplied by
+ * sigmoid(g_proj(x)) before o_proj (Moonshot's KimiMLAAttention).
  * kv_b rows are decoded on the fly from their encoding (never re-quantized).
  */
 #include "engine.h"
@@ -133,6 +136,7 @@ static int attn_chunk(df_engine *e, int layer, df_kvcache *kv, int n_past, const
         e->be->rmsnorm(kv->c[layer] + pos * kvl, row, lw->kv_a_norm, kvl, QA_NORM_EPS);
         float *kp = kv->kpe[layer] + pos * dr;
         memcpy(kp, row + kvl, sizeof(float) * dr);
+        if (cfg->mla_use_nope) continue; /* Kimi Linear / K3: the shared key part stays unrotated */
         rope_apply(&e->rope, kp, pos);
         for (int hh = 0; hh < H; hh++) rope_apply(&e->rope, q + (int64_t)t * H * qd + hh * qd + dn, pos);
     }
@@ -145,6 +149,18 @@ static int attn_chunk(df_engine *e, int layer, df_kvcache *kv, int n_past, const
     df_pool_run(e->pool, (int64_t)T * H, sgrain, scores_task, &j);
     df_pool_run(e->pool, H, hgrain, value_task, &j);
     e->weight_bytes += df_weight_bytes(&lw->kv_b);
+    if (cfg->mla_output_gate) {
+        /* K3: o_proj(attn * sigmoid(g_proj(x))), x the normalized layer input; q_lat */
+        float *g = malloc(sizeof(float) * (size_t)T * H * dv);
+        if (!g) {
+            rc = DF_ENOMEM;
+            if (err) snprintf(err, errlen, "attention layer %d: out of memory for %d tokens", layer, T);
+            goto done;
+        }
+        eng_matmul(e, &lw->attn_gate, h, T, g);
+        for (int64_t i = 0; i < (int64_t)T * H * dv; i++) o_v[i] *= 1.0f / (1.0f + expf(-g[i]));
+        free(g);
+    }
     eng_matmul(e, &lw->o, o_v, T, out);
 done:
     free(q); free(kva); free(qa); free(q_lat); free(o_lat); free(o_v);

@@ -38,13 +38,20 @@ void rope_free(df_rope *r);
  * use it, so dot products equal the reference's. */
 void rope_apply(const df_rope *r, float *x, int64_t pos);
 
-/* Per-session KV cache: normalized latent c_kv [kv_lora] and roped k_pe [rope] per token per layer (fp32). */
+/* Per-session sequence state.
+ * MLA layers: normalized latent c_kv [kv_lora] and k_pe [rope] (roped unless mla_use_nope) per token (fp32).
+ * KDA layers: the recurrent state S [heads, K, K] (fp32, S[h][k][v]) and the short-conv state: the last
+ * W-1 pre-conv projections of q, k and v ([3][W-1][D], oldest first), both for the position n_past. */
 typedef struct {
     int n_layers, kv_lora, rope;
     int n_ctx;               /* hard limit */
     int cap;                 /* allocated positions (grows by doubling up to n_ctx) */
-    float **c;               /* [n_layers][cap * kv_lora] */
-    float **kpe;             /* [n_layers][cap * rope] */
+    float **c;               /* [n_layers][cap * kv_lora]; NULL for KDA layers */
+    float **kpe;             /* [n_layers][cap * rope];    NULL for KDA layers */
+    unsigned char mixer[DF_MAX_LAYERS];
+    int kda_H, kda_K, kda_W; /* heads, head_dim, conv kernel */
+    float **kda_S;           /* [n_layers][H*K*K]; NULL for MLA layers */
+    float **kda_conv;        /* [n_layers][3*(W-1)*H*K]; NULL for MLA layers */
 } df_kvcache;
 
 int kv_init(df_kvcache *kv, const df_config *cfg, int n_ctx);
@@ -52,6 +59,15 @@ int kv_init(df_kvcache *kv, const df_config *cfg, int n_ctx);
 int kv_reserve(df_kvcache *kv, int n);
 void kv_free(df_kvcache *kv);
 uint64_t kv_bytes(const df_kvcache *kv);
+/* Bytes of the recurrent (KDA) state of all layers: what a snapshot holds (0 without KDA layers). */
+uint64_t kv_recurrent_bytes(const df_kvcache *kv);
+/* Copy the recurrent state out to / in from buf (kv_recurrent_bytes bytes); reset sets it to zero
+ * (the state before position 0). */
+void kv_recurrent_save(const df_kvcache *kv, float *buf);
+void kv_recurrent_load(df_kvcache *kv, const float *buf);
+void kv_recurrent_reset(df_kvcache *kv);
+
+
 
 /* Everything a forward pass needs. */
 typedef struct {
@@ -92,5 +108,15 @@ void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T);
  * progress called per layer (what = "layers"). */
 int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,
             int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen);
+
+/* Kimi Delta Attention for T tokens continuing the layer's recurrent state (kda.c).
+ * h: [T, hidden] (input-normalized); out: [T, hidden]. Math: shared/notes/kimi-k3.md (KDA),
+ * flash-linear-attention's naive recurrent form, one token after another (so any chunking of
+ * a prompt gives bit-identical results). */
+int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, float *out, char *err, size_t errlen);
+
+/* The MLP activation of cfg->act applied in place: g[i] = act(g[i], u[i]) for n values
+ * (SwiGLU: silu(g)*u; SiTU: beta*tanh(g/beta)*sigmoid(g) * (lb*tanh(u/lb) or u)). */
+void eng_act(const df_engine *e, float *g, const float *u, int64_t n);
 
 #endif

@@ -1,13 +1,23 @@
 /*
- * forward.c — T tokens through the whole model (transformers DeepseekV3Model):
- *   x = embed(ids); per layer: x += MLA(RMSNorm(x)); x += FFN(RMSNorm(x));
+ * forward.c — T tokens through the whole model, one pass over the per-layer
+ * description (df_config: mixer per layer, FFN kind, activation, residual kind):
+ *   x = embed(ids); per layer: x += mixer(RMSNorm(x)); x += FFN(RMSNorm(x));
  *   logits = lm_head(RMSNorm(x)) for the last (or every) position.
- * Also the weight-byte-counting matmul wrapper and the router prefetch hook.
+ * mixer: MLA (attention.c) or KDA (kda.c); FFN: dense MLP, MoE or latent MoE (moe.c).
+ * Block attention residuals (AttnRes, attn_res_block B > 0; Moonshot's
+ * KimiDecoderLayer._forward_attn_residual and _apply_attn_res): per token a list of
+ * block vectors and a running prefix p (= the layer input). The mixer input is
+ * mix(blocks, p) once a block exists; at layers l % B == 0 p is pushed as a block and
+ * restarts at zero; p += mixer out; the FFN input is mix(blocks, p); p += FFN out.
+ * After the last layer the output mix (output_attn_res_*) gives the final norm's input.
+ *   mix(v_0..v_n) = sum_i softmax_i(<v_i * rsqrt(mean(v_i^2) + eps), norm.w * proj.w>) v_i
+ * Also the weight-byte-counting matmul wrapper.
  */
 #include "engine.h"
 #include "deltafin.h"
 #include "spine_stream.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +25,34 @@
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y) {
     e->be->matmul(e->pool, w, x, T, y);
     e->weight_bytes += df_weight_bytes(w);
+}
+
+/* AttnRes mix for T tokens: out[t] = softmax-weighted sum of blocks[t][0..nb) and p[t] (see above). */
+static void attn_res_mix(float *out, const float *blocks, int nb, int nbmax, const float *p, const float *norm_w,
+                         const float *proj_w, int T, int D, float eps) {
+    float sc[DF_MAX_LAYERS + 2];
+    for (int t = 0; t < T; t++) {
+        const float *pt = p + (int64_t)t * D;
+        for (int i = 0; i <= nb; i++) {
+            const float *v = i < nb ? blocks + ((int64_t)t * nbmax + i) * D : pt;
+            float ss = 0.0f, dot = 0.0f;
+            for (int d = 0; d < D; d++) ss += v[d] * v[d];
+            const float r = 1.0f / sqrtf(ss / (float)D + eps);
+            for (int d = 0; d < D; d++) dot += v[d] * r * (norm_w[d] * proj_w[d]);
+            sc[i] = dot;
+        }
+        float mx = sc[0];
+        for (int i = 1; i <= nb; i++) if (sc[i] > mx) mx = sc[i];
+        float sum = 0.0f;
+        for (int i = 0; i <= nb; i++) { sc[i] = expf(sc[i] - mx); sum += sc[i]; }
+        float *o = out + (int64_t)t * D;
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        for (int i = 0; i <= nb; i++) {
+            const float *v = i < nb ? blocks + ((int64_t)t * nbmax + i) * D : pt;
+            const float w = sc[i] / sum;
+            for (int d = 0; d < D; d++) o[d] += w * v[d];
+        }
+    }
 }
 
 int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,
@@ -35,9 +73,13 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         return DF_ECONTEXT;
     }
     int rc = DF_OK;
+    const int B = cfg->attn_res_block, nbmax = B > 0 ? (L + B - 1) / B + 1 : 0;
+    int nb = 0;
     float *x = malloc(sizeof(float) * (size_t)T * D), *h = malloc(sizeof(float) * (size_t)T * D),
           *a = malloc(sizeof(float) * (size_t)T * D);
-    if (!x || !h || !a) {
+    float *blocks = B > 0 ? malloc(sizeof(float) * (size_t)T * nbmax * D) : NULL;
+    float *mx = B > 0 ? malloc(sizeof(float) * (size_t)T * D) : NULL;
+    if (!x || !h || !a || (B > 0 && (!blocks || !mx))) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "forward: out of memory for %d tokens", T);
         goto done;
@@ -53,18 +95,39 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
             if (l + 1 < L) sst_start(e->stream, l + 1);
         }
         const df_layer_weights *lw = &sp->layers[l];
+        const float *ain = x;
+        int restart = 0;
+        if (B > 0) {
+            if (nb > 0) {
+                attn_res_mix(mx, blocks, nb, nbmax, x, lw->attn_res_norm, lw->attn_res_proj, T, D, cfg->rms_norm_eps);
+                ain = mx;
+            }
+            if (l % B == 0) { /* the prefix becomes a block; the next prefix starts at the mixer output */
+                for (int t = 0; t < T; t++)
+                    memcpy(blocks + ((int64_t)t * nbmax + nb) * D, x + (int64_t)t * D, sizeof(float) * D);
+                nb++;
+                restart = 1;
+            }
+        }
         for (int t = 0; t < T; t++)
-            e->be->rmsnorm(h + (int64_t)t * D, x + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
-        rc = attn_forward(e, l, kv, n_past, h, T, a, err, errlen);
+            e->be->rmsnorm(h + (int64_t)t * D, ain + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
+        if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward(e, l, kv, h, T, a, err, errlen);
+        else rc = attn_forward(e, l, kv, n_past, h, T, a, err, errlen);
         if (rc) goto done;
-        for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
+        if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
+        else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
         if (e->prefetch && l + 1 < L) {
             /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
             moe_prefetch(e, l + 1, x, T);
         }
+        const float *fin = x;
+        if (B > 0) {
+            attn_res_mix(mx, blocks, nb, nbmax, x, lw->mlp_res_norm, lw->mlp_res_proj, T, D, cfg->rms_norm_eps);
+            fin = mx;
+        }
         for (int t = 0; t < T; t++)
-            e->be->rmsnorm(h + (int64_t)t * D, x + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
+            e->be->rmsnorm(h + (int64_t)t * D, fin + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
         rc = ffn_forward(e, l, h, T, a, err, errlen);
         if (rc) goto done;
         for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
@@ -76,6 +139,11 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
     }
     if (logits) {
         int first = all_logits ? 0 : T - 1, n = T - first;
+        if (B > 0) { /* output attention residual over the rows that need logits */
+            attn_res_mix(mx, blocks + (int64_t)first * nbmax * D, nb, nbmax, x + (int64_t)first * D, sp->out_res_norm,
+                         sp->out_res_proj, n, D, cfg->rms_norm_eps);
+            memcpy(x + (int64_t)first * D, mx, sizeof(float) * (size_t)n * D);
+        }
         for (int t = first; t < T; t++)
             e->be->rmsnorm(h + (int64_t)(t - first) * D, x + (int64_t)t * D, sp->final_norm, D, cfg->rms_norm_eps);
         eng_matmul(e, &sp->lm_head, h, n, logits);
@@ -86,5 +154,7 @@ done:
     free(x);
     free(h);
     free(a);
+    free(blocks);
+    free(mx);
     return rc;
 }

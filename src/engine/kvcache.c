@@ -1,8 +1,10 @@
 /*
- * kvcache.c — the MLA KV cache of one session: per layer, the normalized
- * latent c_kv [kv_lora_rank] and the roped shared key k_pe [qk_rope_head_dim]
- * of every position, fp32. Grows by doubling up to n_ctx, so a session with a
- * large context limit only pays for the positions it uses.
+ * kvcache.c — the sequence state of one session (engine.h df_kvcache).
+ * MLA layers: per position the normalized latent c_kv [kv_lora_rank] and the
+ * shared key part k_pe [qk_rope_head_dim], fp32; grows by doubling up to n_ctx,
+ * so a session with a large context limit only pays for the positions it uses.
+ * KDA layers: a fixed-size recurrent state S [heads, K, K] and the short-conv
+ * state (the last W-1 pre-conv projections of q, k, v), fp32, for position n_past.
  */
 #include "engine.h"
 #include "deltafin.h"
@@ -10,15 +12,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+static size_t kda_S_floats(const df_kvcache *kv) { return (size_t)kv->kda_H * kv->kda_K * kv->kda_K; }
+static size_t kda_conv_floats(const df_kvcache *kv) {
+    return (size_t)3 * (kv->kda_W > 1 ? kv->kda_W - 1 : 0) * kv->kda_H * kv->kda_K;
+}
+
 int kv_init(df_kvcache *kv, const df_config *cfg, int n_ctx) {
     memset(kv, 0, sizeof *kv);
     kv->n_layers = cfg->num_hidden_layers;
     kv->kv_lora = cfg->kv_lora_rank;
     kv->rope = cfg->qk_rope_head_dim;
     kv->n_ctx = n_ctx;
+    memcpy(kv->mixer, cfg->mixer, sizeof kv->mixer);
+    kv->kda_H = cfg->kda_heads;
+    kv->kda_K = cfg->kda_head_dim;
+    kv->kda_W = cfg->kda_conv;
     kv->c = calloc((size_t)kv->n_layers, sizeof(float *));
     kv->kpe = calloc((size_t)kv->n_layers, sizeof(float *));
-    if (!kv->c || !kv->kpe) { kv_free(kv); return DF_ENOMEM; }
+    kv->kda_S = calloc((size_t)kv->n_layers, sizeof(float *));
+    kv->kda_conv = calloc((size_t)kv->n_layers, sizeof(float *));
+    if (!kv->c || !kv->kpe || !kv->kda_S || !kv->kda_conv) { kv_free(kv); return DF_ENOMEM; }
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (kv->mixer[l] != DF_MIXER_KDA) continue;
+        kv->kda_S[l] = calloc(kda_S_floats(kv), sizeof(float));
+        kv->kda_conv[l] = calloc(kda_conv_floats(kv) + 1, sizeof(float));
+        if (!kv->kda_S[l] || !kv->kda_conv[l]) { kv_free(kv); return DF_ENOMEM; }
+    }
     return DF_OK;
 }
 
@@ -29,6 +48,7 @@ int kv_reserve(df_kvcache *kv, int n) {
     while (cap < n) cap *= 2;
     if (cap > kv->n_ctx) cap = kv->n_ctx;
     for (int l = 0; l < kv->n_layers; l++) {
+        if (kv->mixer[l] == DF_MIXER_KDA) continue;
         float *c = realloc(kv->c[l], sizeof(float) * (size_t)cap * kv->kv_lora);
         if (!c) return DF_ENOMEM;
         kv->c[l] = c;
@@ -41,14 +61,57 @@ int kv_reserve(df_kvcache *kv, int n) {
 }
 
 void kv_free(df_kvcache *kv) {
-    if (kv->c) for (int l = 0; l < kv->n_layers; l++) free(kv->c[l]);
-    if (kv->kpe) for (int l = 0; l < kv->n_layers; l++) free(kv->kpe[l]);
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (kv->c) free(kv->c[l]);
+        if (kv->kpe) free(kv->kpe[l]);
+        if (kv->kda_S) free(kv->kda_S[l]);
+        if (kv->kda_conv) free(kv->kda_conv[l]);
+    }
     free(kv->c);
     free(kv->kpe);
-    kv->c = kv->kpe = NULL;
+    free(kv->kda_S);
+    free(kv->kda_conv);
+    kv->c = kv->kpe = kv->kda_S = kv->kda_conv = NULL;
     kv->cap = 0;
 }
 
+uint64_t kv_recurrent_bytes(const df_kvcache *kv) {
+    uint64_t n = 0;
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->mixer[l] == DF_MIXER_KDA) n += (kda_S_floats(kv) + kda_conv_floats(kv)) * sizeof(float);
+    return n;
+}
+
+void kv_recurrent_save(const df_kvcache *kv, float *buf) {
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (kv->mixer[l] != DF_MIXER_KDA) continue;
+        memcpy(buf, kv->kda_S[l], kda_S_floats(kv) * sizeof(float));
+        buf += kda_S_floats(kv);
+        memcpy(buf, kv->kda_conv[l], kda_conv_floats(kv) * sizeof(float));
+        buf += kda_conv_floats(kv);
+    }
+}
+
+void kv_recurrent_load(df_kvcache *kv, const float *buf) {
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (kv->mixer[l] != DF_MIXER_KDA) continue;
+        memcpy(kv->kda_S[l], buf, kda_S_floats(kv) * sizeof(float));
+        buf += kda_S_floats(kv);
+        memcpy(kv->kda_conv[l], buf, kda_conv_floats(kv) * sizeof(float));
+        buf += kda_conv_floats(kv);
+    }
+}
+
+void kv_recurrent_reset(df_kvcache *kv) {
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (kv->mixer[l] != DF_MIXER_KDA) continue;
+        memset(kv->kda_S[l], 0, kda_S_floats(kv) * sizeof(float));
+        memset(kv->kda_conv[l], 0, kda_conv_floats(kv) * sizeof(float));
+    }
+}
+
 uint64_t kv_bytes(const df_kvcache *kv) {
-    return (uint64_t)kv->cap * kv->n_layers * (uint64_t)(kv->kv_lora + kv->rope) * sizeof(float);
+    int n_mla = 0;
+    for (int l = 0; l < kv->n_layers; l++) n_mla += kv->mixer[l] != DF_MIXER_KDA;
+    return (uint64_t)kv->cap * n_mla * (uint64_t)(kv->kv_lora + kv->rope) * sizeof(float) + kv_recurrent_bytes(kv);
 }

@@ -71,15 +71,31 @@ void moe_route(const df_config *cfg, const float *logits, const float *bias, int
         }
         float sum = 0.0f;
         for (int k = 0; k < K; k++) { w[k] = s[id[k]]; sum += w[k]; }
+        /* Moonshot's KimiMoEGate renormalizes only when top-k > 1 */
+        const int renorm = cfg->norm_topk_prob && (cfg->arch == DF_ARCH_DEEPSEEK || K > 1);
         for (int k = 0; k < K; k++) {
-            if (cfg->norm_topk_prob) w[k] = w[k] / (sum + 1e-20f);
+            if (renorm) w[k] = w[k] / (sum + 1e-20f);
             w[k] *= cfg->routed_scaling_factor;
         }
     }
     free(s);
 }
 
-/* out = down(silu(gate x) * up x) for T rows. pool NULL = on the calling thread (inside a pool task);
+void eng_act(const df_engine *e, float *g, const float *u, int64_t n) {
+    const df_config *cfg = e->cfg;
+    if (cfg->act != DF_ACT_SITU) {
+        e->be->silu_mul(g, g, u, n);
+        return;
+    }
+    /* SiTU (Moonshot's SituAndMul): beta*tanh(g/beta)*sigmoid(g) * (lb*tanh(u/lb) if lb set, else u) */
+    const float b = cfg->situ_beta, lb = cfg->situ_linear_beta;
+    for (int64_t i = 0; i < n; i++) {
+        const float gv = g[i], uv = lb != 0.0f ? lb * tanhf(u[i] / lb) : u[i];
+        g[i] = b * tanhf(gv / b) * (1.0f / (1.0f + expf(-gv))) * uv;
+    }
+}
+
+/* out = down(act(gate x, up x)) for T rows (act: SwiGLU or SiTU, eng_act). pool NULL = on the calling thread (inside a pool task);
  * the weight bytes touched are added to *bytes. */
 static int mlp(df_engine *e, df_pool *pool, const df_weight *gate, const df_weight *up, const df_weight *down,
                const float *x, int T, float *out, uint64_t *bytes) {
@@ -88,7 +104,7 @@ static int mlp(df_engine *e, df_pool *pool, const df_weight *gate, const df_weig
     if (!g || !u) { free(g); free(u); return DF_ENOMEM; }
     e->be->matmul(pool, gate, x, T, g);
     e->be->matmul(pool, up, x, T, u);
-    e->be->silu_mul(g, g, u, T * I);
+    eng_act(e, g, u, (int64_t)T * I);
     e->be->matmul(pool, down, g, T, out);
     *bytes += df_weight_bytes(gate) + df_weight_bytes(up) + df_weight_bytes(down);
     free(g);
@@ -104,11 +120,12 @@ typedef struct {
     df_engine *e;
     df_pool *pool;               /* for the matmuls: NULL when the items themselves run in parallel */
     const df_layer_weights *lw;
-    const float *h;
-    int T, D, n, shared;
+    const float *h;              /* [T, D] layer input (the shared expert's) */
+    const float *hx;             /* [T, Wd] routed experts' input (h, or its latent projection) */
+    int T, D, Wd, n, shared;
     const int *xs, *count, *start, *rows;
     const df_expert *views;
-    float **ye;                  /* [n] outputs [count[xs[i]], D] */
+    float **ye;                  /* [n] outputs [count[xs[i]], Wd] */
     float *sh;                   /* shared expert output [T, D] */
     uint64_t *bytes;             /* [n + 1] weight bytes per item */
     int *rc;                     /* [n + 1] */
@@ -122,10 +139,10 @@ static void ex_task(void *ctx, int64_t i0, int64_t i1, int tid) {
             continue;
         }
         const int x = j->xs[i], n = j->count[x];
-        float *xe = malloc(sizeof(float) * (size_t)n * j->D);
+        float *xe = malloc(sizeof(float) * (size_t)n * j->Wd);
         if (!xe) { j->rc[i] = DF_ENOMEM; continue; }
         for (int r = 0; r < n; r++)
-            memcpy(xe + (int64_t)r * j->D, j->h + (int64_t)j->rows[j->start[x] + r] * j->D, sizeof(float) * j->D);
+            memcpy(xe + (int64_t)r * j->Wd, j->hx + (int64_t)j->rows[j->start[x] + r] * j->Wd, sizeof(float) * j->Wd);
         j->rc[i] = mlp(j->e, j->pool, &j->views[i].gate, &j->views[i].up, &j->views[i].down, xe, n, j->ye[i], &j->bytes[i]);
         free(xe);
     }
@@ -143,6 +160,9 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         return rc;
     }
     const int E = cfg->n_routed_experts, K = cfg->num_experts_per_tok;
+    /* latent MoE (K3): experts run at width Wd on routed_expert_down_proj(h); their weighted sum goes
+     * through routed_expert_norm and routed_expert_up_proj; the shared experts see h itself */
+    const int latent = cfg->latent_dim > 0, Wd = latent ? cfg->latent_dim : D;
     /* experts pinned at once: what the source allows (the store's budget), at least top-k */
     const int maxc = e->max_acquire > 0 ? e->max_acquire : (K > 0 ? K : 1);
     const int nthreads = df_pool_threads(e->pool);
@@ -155,14 +175,16 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     int *rows = malloc(sizeof(int) * (size_t)T * K);      /* token of each (expert, slot), grouped */
     float *rw = malloc(sizeof(float) * (size_t)T * K);    /* its weight */
     int *start = malloc(sizeof(int) * (size_t)(E + 1));
-    float *yall = malloc(sizeof(float) * (size_t)T * K * D); /* expert outputs, grouped like rows */
+    float *yall = malloc(sizeof(float) * (size_t)T * K * Wd); /* expert outputs, grouped like rows */
+    float *hx = latent ? malloc(sizeof(float) * (size_t)T * Wd) : NULL;   /* latent input */
+    float *acc = latent ? malloc(sizeof(float) * (size_t)T * Wd) : out;   /* routed sum */
     float **ye = malloc(sizeof(float *) * (size_t)(E + 1));
     df_expert *views = malloc(sizeof(df_expert) * (size_t)(E + 1));
     uint64_t *bytes = calloc((size_t)E + 2, sizeof(uint64_t));
     int *rcs = calloc((size_t)E + 2, sizeof(int));
     float *sh = lw->has_shared ? malloc(sizeof(float) * (size_t)T * D) : NULL;
     if (!logits || !ids || !wts || !count || !used || !rows || !rw || !start || !yall || !ye || !views || !bytes ||
-        !rcs || (lw->has_shared && !sh)) {
+        !rcs || (lw->has_shared && !sh) || (latent && (!hx || !acc))) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "MoE layer %d: out of memory for %d tokens", layer, T);
         goto done;
@@ -189,7 +211,8 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         free(fill);
     }
     if (e->experts.request) e->experts.request(e->experts.ctx, layer, used, n_used, STORE_DEMAND);
-    memset(out, 0, sizeof(float) * (size_t)T * D);
+    if (latent) eng_matmul(e, &lw->lat_down, h, T, hx);
+    memset(acc, 0, sizeof(float) * (size_t)T * Wd);
     /* chunks of experts: acquire, compute (items in parallel across the pool when there are enough of
      * them and each is small; else one at a time with row-parallel matmuls), release, accumulate in
      * ascending expert order (the same additions in the same order whatever the chunking) */
@@ -204,7 +227,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         }
         int64_t biggest = 0;
         for (int i = 0; i < nc; i++) {
-            ye[i] = yall + (int64_t)start[used[u0 + i]] * D;
+            ye[i] = yall + (int64_t)start[used[u0 + i]] * Wd;
             int64_t w = (int64_t)count[used[u0 + i]] * views[i].gate.rows * views[i].gate.cols;
             if (w > biggest) biggest = w;
         }
@@ -213,8 +236,8 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         /* item-parallel when the matmuls would run on one thread anyway (the driver's threshold) or
          * there are enough items to keep every thread busy */
         const int par = nthreads > 1 && items > 1 && (biggest < 131072 || items >= 2 * nthreads);
-        ex_job j = {e, par ? NULL : e->pool, lw, h, T, D, nc, with_shared, used + u0, count, start, rows, views, ye, sh,
-                    bytes, rcs};
+        ex_job j = {e, par ? NULL : e->pool, lw, h, latent ? hx : h, T, D, Wd, nc, with_shared, used + u0, count, start,
+                    rows, views, ye, sh, bytes, rcs};
         memset(rcs, 0, sizeof(int) * (size_t)(items + 1));
         memset(bytes, 0, sizeof(uint64_t) * (size_t)(items + 1));
         if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
@@ -231,15 +254,22 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         for (int i = 0; i < nc; i++) {
             const int x = used[u0 + i];
             for (int r = 0; r < count[x]; r++)
-                e->be->axpy(out + (int64_t)rows[start[x] + r] * D, rw[start[x] + r], ye[i] + (int64_t)r * D, D);
+                e->be->axpy(acc + (int64_t)rows[start[x] + r] * Wd, rw[start[x] + r], ye[i] + (int64_t)r * Wd, Wd);
         }
         if (nc == 0) break;
+    }
+    if (latent) {
+        if (cfg->latent_norm)
+            for (int t = 0; t < T; t++)
+                e->be->rmsnorm(acc + (int64_t)t * Wd, acc + (int64_t)t * Wd, lw->lat_norm, Wd, cfg->rms_norm_eps);
+        eng_matmul(e, &lw->lat_up, acc, T, out);
     }
     if (lw->has_shared)
         for (int64_t i = 0; i < (int64_t)T * D; i++) out[i] += sh[i];
 done:
     free(logits); free(ids); free(wts); free(count); free(used); free(rows); free(rw); free(start);
-    free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh);
+    free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh); free(hx);
+    if (latent) free(acc);
     return rc;
 }
 

@@ -39,7 +39,7 @@ int rope_init(df_rope *r, const df_config *cfg, char *err, size_t errlen) {
         float ex = (float)(2 * i) / (float)dim;
         r->inv_freq[i] = 1.0f / powf(basef, ex);
     }
-    if (!cfg->rope_yarn) return DF_OK;
+    if (!cfg->rope_yarn || cfg->mla_use_nope) return DF_OK; /* no rotary: the scale stays (nope+rope)^-0.5 */
 
     double factor = cfg->rope_factor;
     const double orig = cfg->rope_original_max_pos > 0 ? cfg->rope_original_max_pos : cfg->max_position_embeddings;

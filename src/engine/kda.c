@@ -1,0 +1,164 @@
+/*
+ * kda.c — Kimi Delta Attention (KDA), the linear-attention mixer of Kimi Linear
+ * and Kimi K3. For T tokens of one layer, continuing the session's state:
+ *   q, k, v = SiLU(causal depthwise conv_W(x W_{q,k,v}^T))  (zero left padding at
+ *             position 0; the conv state carries the last W-1 projections)
+ *   q, k    = per head x / sqrt(sum x^2 + 1e-6); q *= K^-0.5
+ *   beta    = sigmoid(x W_b^T)                                  [heads]
+ *   raw     = f_b(f_a(x)) + dt_bias                             [heads, K]
+ *   g       = lb * sigmoid(exp(A_log[h]) * raw)   (gate_lower_bound lb given)
+ *           = -exp(A_log[h]) * softplus(raw)       (otherwise)  (log-decay per key channel)
+ *   per token, per head: S *= exp(g) (rows k); S += k (x) beta*(v - k^T S); o = q^T S
+ *   o       = RMSNorm_K(o) * o_norm * act(g_proj(x))  (act = sigmoid, FusedRMSNormGated)
+ *   out     = o_proj(o)
+ * Sources: shared/notes/kimi-k3.md; Moonshot's modeling_kimi_linear.py (KimiDeltaAttention);
+ * flash-linear-attention fla/ops/kda (naive recurrent form, gate with lower_bound), fla ShortConvolution.
+ * The recurrence runs token after token in one fixed order per head (heads in parallel), so a
+ * prompt evaluated at once, token by token or in any chunks gives bit-identical state and output.
+ */
+#include "engine.h"
+#include "deltafin.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const df_config *cfg;
+    const df_layer_weights *lw;
+    int T, H, K;
+    float *q, *k, *v;        /* [T, H*K] after conv + SiLU */
+    const float *graw;       /* [T, H*K] f_b(f_a(x)) */
+    const float *bl;         /* [T, H] beta logits */
+    const float *gate;       /* [T, H*K] output gate logits */
+    float *S;                /* [H, K, K] */
+    float *o;                /* [T, H*K] */
+} kda_job;
+
+static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void l2norm(float *x, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += x[i] * x[i];
+    const float r = 1.0f / sqrtf(s + 1e-6f);
+    for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+static void head_task(void *ctx, int64_t h0, int64_t h1, int tid) {
+    (void)tid;
+    kda_job *j = ctx;
+    const int K = j->K, D = j->H * j->K;
+    const df_config *cfg = j->cfg;
+    float kv_mem[K > 0 ? K : 1], decay[K > 0 ? K : 1];
+    const float qscale = 1.0f / sqrtf((float)K);
+    for (int64_t h = h0; h < h1; h++) {
+        float *S = j->S + h * (int64_t)K * K;
+        const float a = expf(j->lw->A_log[h]);
+        for (int t = 0; t < j->T; t++) {
+            float *q = j->q + (int64_t)t * D + h * K, *k = j->k + (int64_t)t * D + h * K;
+            const float *v = j->v + (int64_t)t * D + h * K;
+            const float *raw = j->graw + (int64_t)t * D + h * K;
+            l2norm(q, K);
+            l2norm(k, K);
+            for (int i = 0; i < K; i++) q[i] *= qscale;
+            for (int i = 0; i < K; i++) {
+                float r = raw[i] + j->lw->dt_bias[h * K + i];
+                float g = cfg->kda_has_lower_bound ? cfg->kda_lower_bound * sigmoidf_(a * r) : -a * softplusf_(r);
+                decay[i] = expf(g);
+            }
+            const float beta = sigmoidf_(j->bl[(int64_t)t * j->H + h]);
+            /* decay rows, then kv_mem = k^T S (k ascending) */
+            for (int i = 0; i < K; i++) kv_mem[i] = 0.0f;
+            for (int r = 0; r < K; r++) {
+                float *row = S + (int64_t)r * K;
+                const float d = decay[r], kr = k[r];
+                for (int c = 0; c < K; c++) {
+                    row[c] *= d;
+                    kv_mem[c] += row[c] * kr;
+                }
+            }
+            for (int c = 0; c < K; c++) kv_mem[c] = beta * (v[c] - kv_mem[c]);
+            float *o = j->o + (int64_t)t * D + h * K;
+            for (int c = 0; c < K; c++) o[c] = 0.0f;
+            for (int r = 0; r < K; r++) {
+                float *row = S + (int64_t)r * K;
+                const float kr = k[r], qr = q[r];
+                for (int c = 0; c < K; c++) {
+                    row[c] += kr * kv_mem[c];
+                    o[c] += qr * row[c];
+                }
+            }
+            /* gated RMSNorm over the head's K values */
+            float ss = 0.0f;
+            for (int c = 0; c < K; c++) ss += o[c] * o[c];
+            const float rn = 1.0f / sqrtf(ss / (float)K + cfg->rms_norm_eps);
+            const float *gl = j->gate + (int64_t)t * D + h * K;
+            for (int c = 0; c < K; c++) {
+                float gv = cfg->kda_out_gate_act == DF_ACT_SILU ? gl[c] * sigmoidf_(gl[c]) : sigmoidf_(gl[c]);
+                o[c] = o[c] * rn * j->lw->o_norm[c] * gv;
+            }
+        }
+    }
+}
+
+/* out[t, c] = silu(sum_j w[c, j] * x[t - (W-1) + j, c]) over [state (W-1 rows); x (T rows)]; the state
+ * becomes the last W-1 rows. x is replaced by the output. */
+static void short_conv(float *x, float *state, const float *w, int T, int D, int W) {
+    const int P = W - 1;
+    float *buf = malloc(sizeof(float) * (size_t)(P + T) * D);
+    if (!buf) abort();
+    memcpy(buf, state, sizeof(float) * (size_t)P * D);
+    memcpy(buf + (int64_t)P * D, x, sizeof(float) * (size_t)T * D);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < D; c++) {
+            float s = 0.0f;
+            for (int jj = 0; jj < W; jj++) s += w[(int64_t)c * W + jj] * buf[(int64_t)(t + jj) * D + c];
+            x[(int64_t)t * D + c] = s / (1.0f + expf(-s));
+        }
+    memcpy(state, buf + (int64_t)T * D, sizeof(float) * (size_t)P * D);
+    free(buf);
+}
+
+int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, float *out, char *err, size_t errlen) {
+    const df_config *cfg = e->cfg;
+    const df_layer_weights *lw = &e->spine->layers[layer];
+    const int H = cfg->kda_heads, K = cfg->kda_head_dim, D = H * K, W = cfg->kda_conv;
+    int rc = DF_OK;
+    float *q = malloc(sizeof(float) * (size_t)T * D), *k = malloc(sizeof(float) * (size_t)T * D),
+          *v = malloc(sizeof(float) * (size_t)T * D), *fa = malloc(sizeof(float) * (size_t)T * K),
+          *graw = malloc(sizeof(float) * (size_t)T * D), *bl = malloc(sizeof(float) * (size_t)T * H),
+          *gate = malloc(sizeof(float) * (size_t)T * D), *o = malloc(sizeof(float) * (size_t)T * D);
+    if (!q || !k || !v || !fa || !graw || !bl || !gate || !o) {
+        rc = DF_ENOMEM;
+        if (err) snprintf(err, errlen, "KDA layer %d: out of memory for %d tokens", layer, T);
+        goto done;
+    }
+    eng_matmul(e, &lw->kda_q, h, T, q);
+    eng_matmul(e, &lw->kda_k, h, T, k);
+    eng_matmul(e, &lw->kda_v, h, T, v);
+    {
+        float *cs = kv->kda_conv[layer];
+        const size_t P = (size_t)(W - 1) * D;
+        short_conv(q, cs, lw->conv_q, T, D, W);
+        short_conv(k, cs + P, lw->conv_k, T, D, W);
+        short_conv(v, cs + 2 * P, lw->conv_v, T, D, W);
+    }
+    eng_matmul(e, &lw->f_a, h, T, fa);
+    eng_matmul(e, &lw->f_b, fa, T, graw);
+    eng_matmul(e, &lw->beta, h, T, bl);
+    if (cfg->kda_full_rank_gate) {
+        eng_matmul(e, &lw->g, h, T, gate);
+    } else {
+        eng_matmul(e, &lw->g_a, h, T, fa);
+        eng_matmul(e, &lw->g_b, fa, T, gate);
+    }
+    kda_job j = {cfg, lw, T, H, K, q, k, v, graw, bl, gate, kv->kda_S[layer], o};
+    const int64_t grain = (int64_t)T * K * K * H < 65536 ? H : 1;
+    df_pool_run(e->pool, H, grain, head_task, &j);
+    eng_matmul(e, &lw->o, o, T, out);
+done:
+    free(q); free(k); free(v); free(fa); free(graw); free(bl); free(gate); free(o);
+    return rc;
+}
