@@ -294,7 +294,13 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
         int ctx = cfg->max_position_embeddings < 4096 ? cfg->max_position_embeddings : 4096;
         if (opts.kv_positions > 0 && opts.kv_positions < cfg->max_position_embeddings) ctx = opts.kv_positions;
         m->kv_positions = ctx;
-        uint64_t kvb = (uint64_t)ctx * cfg->num_hidden_layers * (uint64_t)(cfg->kv_lora_rank + cfg->qk_rope_head_dim) * 4;
+        /* MLA layers hold a latent row per position; KDA layers a fixed state (+ one prompt snapshot) */
+        int n_mla = 0, n_kda = 0;
+        for (int l = 0; l < cfg->num_hidden_layers; l++) cfg->mixer[l] == DF_MIXER_KDA ? n_kda++ : n_mla++;
+        const uint64_t kda_state = (uint64_t)cfg->kda_heads * cfg->kda_head_dim *
+                                   (uint64_t)(cfg->kda_head_dim + 3 * (cfg->kda_conv > 1 ? cfg->kda_conv - 1 : 0)) * 4;
+        uint64_t kvb = (uint64_t)ctx * n_mla * (uint64_t)(cfg->kv_lora_rank + cfg->qk_rope_head_dim) * 4 +
+                       2 * (uint64_t)n_kda * kda_state;
         uint64_t other = (uint64_t)cfg->vocab_size * 8 + (uint64_t)cfg->hidden_size * 256;
         rc = store_budget(m->nat, opts.ram_budget, m->nat->spine_bytes, kvb, other, &so.cache_bytes, err, errlen);
         if (rc == DF_EBUDGET) {
@@ -353,9 +359,11 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     /* the resolved-configuration line */
     char b1[32], encs[64], sdesc[160] = "";
     if (m->stream) {
-        char b2[32];
-        snprintf(sdesc, sizeof sdesc, ", spine resident %d/%d layers (streaming %d, 2 x %s staging)", sst_n_resident(m->stream),
-                 cfg->num_hidden_layers, cfg->num_hidden_layers - sst_n_resident(m->stream),
+        char b2[32], b3[32], b4[32];
+        const uint64_t stage2 = 2 * sst_stage_bytes(m->stream), mem = sst_memory_bytes(m->stream);
+        snprintf(sdesc, sizeof sdesc, ", spine resident %d/%d layers, %s of %s (streaming %d, 2 x %s staging)",
+                 sst_n_resident(m->stream), cfg->num_hidden_layers, fmt_bytes(b3, sizeof b3, mem > stage2 ? mem - stage2 : 0),
+                 fmt_bytes(b4, sizeof b4, m->nat->spine_bytes), cfg->num_hidden_layers - sst_n_resident(m->stream),
                  fmt_bytes(b2, sizeof b2, sst_stage_bytes(m->stream)));
     }
     store_stats ss;
