@@ -32,11 +32,18 @@ typedef struct {
     const char *out, *expert_dirs, *name, *stripe_weights;
     int hidden, moe_inter, inter, experts, layers, dense, top_k, vocab, heads, q_lora, kv_lora, shared;
     int nope, rope, vdim, n_group, topk_group;
+    int arch;                         /* SYNTH_K2 (default) or SYNTH_K3 */
+    int latent, kda_heads, kda_head_dim, kda_conv; /* kimi_k3: routed_expert_hidden_size, linear_attn_config */
     df_wtype enc, spine_enc;
     uint64_t seed, size;
     double skew;
-    int quiet, force;
+    int quiet, force, dry_run;
 } synth_opts;
+
+enum { SYNTH_K2 = 0, SYNTH_K3 = 1 };
+
+/* Width the routed experts run at: the latent width (K3: routed_expert_hidden_size), else hidden. */
+static int expert_width(const synth_opts *o) { return o->arch == SYNTH_K3 ? o->latent : o->hidden; }
 
 static double now_s(void) {
     struct timespec ts;
@@ -350,8 +357,230 @@ static cJSON *make_config(const synth_opts *o) {
     return c;
 }
 
+/* ------------------------------------------------------------ kimi_k3 shapes */
+
+/* Kimi K3's attention pattern restricted to o->layers: 1-based layers 4, 8, ... and the last are MLA, the rest KDA. */
+static int k3_is_mla(const synth_opts *o, int l) { return (l + 1) % 4 == 0 || l + 1 == o->layers; }
+
+/* config.json of the multimodal wrapper (model_type kimi_k3) with the text model under text_config, as released
+ * (shared/notes/kimi-k3.md), with num_hidden_layers and the layer lists cut to the synthetic depth. */
+static cJSON *make_config_k3(const synth_opts *o) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "architectures"), cJSON_CreateString("KimiK3ForConditionalGeneration"));
+    cJSON_AddStringToObject(c, "model_type", "kimi_k3");
+    cJSON *t = cJSON_AddObjectToObject(c, "text_config");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(t, "architectures"), cJSON_CreateString("KimiLinearForCausalLM"));
+    cJSON_AddStringToObject(t, "model_type", "kimi_linear");
+    cJSON_AddNumberToObject(t, "vocab_size", o->vocab);
+    cJSON_AddNumberToObject(t, "hidden_size", o->hidden);
+    cJSON_AddNumberToObject(t, "intermediate_size", o->inter);
+    cJSON_AddNumberToObject(t, "moe_intermediate_size", o->moe_inter);
+    cJSON_AddNumberToObject(t, "routed_expert_hidden_size", o->latent);
+    cJSON_AddTrueToObject(t, "latent_moe_use_norm");
+    cJSON_AddNumberToObject(t, "num_hidden_layers", o->layers);
+    cJSON_AddNumberToObject(t, "num_attention_heads", o->heads);
+    cJSON_AddNumberToObject(t, "num_key_value_heads", o->heads);
+    if (o->q_lora > 0) cJSON_AddNumberToObject(t, "q_lora_rank", o->q_lora);
+    else cJSON_AddNullToObject(t, "q_lora_rank");
+    cJSON_AddNumberToObject(t, "kv_lora_rank", o->kv_lora);
+    cJSON_AddNumberToObject(t, "qk_nope_head_dim", o->nope);
+    cJSON_AddNumberToObject(t, "qk_rope_head_dim", o->rope);
+    cJSON_AddNumberToObject(t, "v_head_dim", o->vdim);
+    cJSON_AddTrueToObject(t, "mla_use_nope");
+    cJSON_AddTrueToObject(t, "mla_use_output_gate");
+    cJSON *la = cJSON_AddObjectToObject(t, "linear_attn_config");
+    cJSON *full = cJSON_AddArrayToObject(la, "full_attn_layers"), *kda = cJSON_AddArrayToObject(la, "kda_layers");
+    for (int l = 0; l < o->layers; l++) cJSON_AddItemToArray(k3_is_mla(o, l) ? full : kda, cJSON_CreateNumber(l + 1));
+    cJSON_AddNumberToObject(la, "num_heads", o->kda_heads);
+    cJSON_AddNumberToObject(la, "head_dim", o->kda_head_dim);
+    cJSON_AddNumberToObject(la, "short_conv_kernel_size", o->kda_conv);
+    cJSON_AddNumberToObject(la, "gate_lower_bound", -5.0);
+    cJSON_AddTrueToObject(la, "use_full_rank_gate");
+    cJSON_AddNumberToObject(t, "num_experts", o->experts);
+    cJSON_AddNumberToObject(t, "num_experts_per_token", o->top_k);
+    cJSON_AddNumberToObject(t, "num_shared_experts", o->shared);
+    cJSON_AddNumberToObject(t, "first_k_dense_replace", o->dense);
+    cJSON_AddNumberToObject(t, "moe_layer_freq", 1);
+    cJSON_AddStringToObject(t, "moe_router_activation_func", "sigmoid");
+    cJSON_AddTrueToObject(t, "moe_renormalize");
+    cJSON_AddNumberToObject(t, "routed_scaling_factor", 1.0);
+    cJSON_AddStringToObject(t, "topk_method", "noaux_tc");
+    cJSON_AddTrueToObject(t, "use_grouped_topk");
+    cJSON_AddNumberToObject(t, "num_expert_group", o->n_group);
+    cJSON_AddNumberToObject(t, "topk_group", o->topk_group);
+    cJSON_AddStringToObject(t, "hidden_act", "situ");
+    cJSON_AddNumberToObject(t, "activation_situ_beta", 4.0);
+    cJSON_AddNumberToObject(t, "activation_situ_linear_beta", 25.0);
+    cJSON_AddNumberToObject(t, "attn_res_block_size", 12);
+    cJSON_AddNumberToObject(t, "rms_norm_eps", 1e-5);
+    cJSON_AddNumberToObject(t, "max_position_embeddings", 1048576);
+    /* the released ids are vocab-256, vocab-254, vocab-1 (163584, 163586, 163839): kept inside a smaller --vocab */
+    int V = o->vocab;
+    cJSON_AddNumberToObject(t, "bos_token_id", V > 256 ? V - 256 : 0);
+    cJSON_AddNumberToObject(t, "eos_token_id", V > 256 ? V - 254 : (V > 1 ? 1 : 0));
+    cJSON_AddNumberToObject(t, "pad_token_id", V - 1);
+    cJSON_AddFalseToObject(t, "tie_word_embeddings");
+    return c;
+}
+
+/* Where K3 spine tensors go: written (spine_tensor) or only counted (bytes per layer, for the size report). */
+typedef struct {
+    out_file *f;                  /* NULL: count only */
+    cJSON *arr;
+    progress *pg;
+    uint8_t *buf;
+    size_t bufcap;
+    char *err;
+    size_t errlen;
+    uint64_t off;                 /* counting: the offset spine.bin would reach */
+    int layer;                    /* -1: model-level tensors */
+    uint64_t *layer_bytes;        /* counting: [layers + 1], the last entry = model-level tensors (embed, norm, head) */
+} k3_sink;
+
+static int k3_put(k3_sink *s, const synth_opts *o, const char *name, df_wtype t, int64_t rows, int64_t cols, int is_vec,
+                  float fill) {
+    if (s->f) return spine_tensor(s->f, s->arr, o, name, t, rows, cols, is_vec, fill, s->pg, s->buf, s->bufcap, s->err, s->errlen);
+    uint64_t before = s->off, sb = df_weight_scale_bytes(t, rows, cols);
+    s->off = (s->off + 63) / 64 * 64 + df_weight_data_bytes(t, rows, cols);
+    if (sb) s->off = (s->off + 63) / 64 * 64 + sb;
+    if (s->layer_bytes) s->layer_bytes[s->layer < 0 ? o->layers : s->layer] += s->off - before;
+    return 0;
+}
+
+static int k3_router_bias(k3_sink *s, const synth_opts *o, int l) {
+    if (s->f) return spine_router_bias(s->f, s->arr, o, l, s->err, s->errlen);
+    uint64_t before = s->off;
+    s->off = (s->off + 63) / 64 * 64 + 4ull * o->experts;
+    if (s->layer_bytes) s->layer_bytes[l] += s->off - before;
+    return 0;
+}
+
+/* Every K3 spine tensor, in file order, with the canonical native names of the loader (src/model/spine.c):
+ * model.layers.N. + MLA self_attn.{q_a_proj,q_a_layernorm,q_b_proj,kv_a_proj_with_mqa,kv_a_layernorm,kv_b_proj,
+ * o_proj,g_proj}; KDA self_attn.{q,k,v}_proj, {q,k,v}_conv1d [D, W] f32, f_a_proj, f_b_proj, b_proj, g_proj,
+ * A_log [heads] f32, dt_bias [D] f32, o_norm [head_dim], o_proj; AttnRes {self_attention,mlp}_res_{norm,proj};
+ * MoE mlp.gate (+ e_score_correction_bias), mlp.shared_experts.*, mlp.routed_expert_{down_proj,norm,up_proj};
+ * dense mlp.{gate,up,down}_proj; model.embed_tokens, model.norm, model.output_attn_res_{norm,proj}, lm_head. */
+static int k3_spine(k3_sink *s, const synth_opts *o) {
+    const int64_t H = o->hidden, V = o->vocab, NH = o->heads, qk = o->nope + o->rope;
+    const int64_t KH = o->kda_heads, K = o->kda_head_dim, D = KH * K, W = o->kda_conv, LT = o->latent;
+    const df_wtype T = o->spine_enc;
+    char nm[200];
+    int rc;
+#define K3W(sfx, r, c) if ((rc = k3_put(s, o, N(sfx), T, r, c, 0, 0))) return rc
+#define K3V(sfx, n, v) if ((rc = k3_put(s, o, N(sfx), DF_W_F32, n, 1, 1, v))) return rc
+#define N(x) (snprintf(nm, sizeof nm, "%s", x), nm)
+    s->layer = -1;
+    if ((rc = k3_put(s, o, "model.embed_tokens.weight", DF_W_BF16, V, H, 0, 0))) return rc;
+#undef N
+    for (int l = 0; l < o->layers; l++) {
+        s->layer = l;
+#define N(x) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, x), nm)
+        K3V("input_layernorm.weight", H, 1.0f);
+        K3V("post_attention_layernorm.weight", H, 1.0f);
+        K3V("self_attention_res_norm.weight", H, 1.0f);
+        K3V("self_attention_res_proj.weight", H, 0.0f);
+        K3V("mlp_res_norm.weight", H, 1.0f);
+        K3V("mlp_res_proj.weight", H, 0.0f);
+        if (k3_is_mla(o, l)) {
+            if (o->q_lora > 0) {
+                K3W("self_attn.q_a_proj.weight", o->q_lora, H);
+                K3V("self_attn.q_a_layernorm.weight", o->q_lora, 1.0f);
+                K3W("self_attn.q_b_proj.weight", NH * qk, o->q_lora);
+            } else {
+                K3W("self_attn.q_proj.weight", NH * qk, H);
+            }
+            K3W("self_attn.kv_a_proj_with_mqa.weight", o->kv_lora + o->rope, H);
+            K3V("self_attn.kv_a_layernorm.weight", o->kv_lora, 1.0f);
+            K3W("self_attn.kv_b_proj.weight", NH * (o->nope + o->vdim), o->kv_lora);
+            K3W("self_attn.o_proj.weight", H, NH * o->vdim);
+            K3W("self_attn.g_proj.weight", NH * o->vdim, H);
+        } else {
+            K3W("self_attn.q_proj.weight", D, H);
+            K3W("self_attn.k_proj.weight", D, H);
+            K3W("self_attn.v_proj.weight", D, H);
+            if ((rc = k3_put(s, o, N("self_attn.q_conv1d.weight"), DF_W_F32, D, W, 0, 0))) return rc;
+            if ((rc = k3_put(s, o, N("self_attn.k_conv1d.weight"), DF_W_F32, D, W, 0, 0))) return rc;
+            if ((rc = k3_put(s, o, N("self_attn.v_conv1d.weight"), DF_W_F32, D, W, 0, 0))) return rc;
+            K3W("self_attn.f_a_proj.weight", K, H);
+            K3W("self_attn.f_b_proj.weight", D, K);
+            K3W("self_attn.b_proj.weight", KH, H);
+            K3W("self_attn.g_proj.weight", D, H);
+            K3V("self_attn.A_log", KH, 0.0f);
+            K3V("self_attn.dt_bias", D, 0.0f);
+            K3V("self_attn.o_norm.weight", K, 1.0f);
+            K3W("self_attn.o_proj.weight", H, D);
+        }
+        if (l < o->dense) {
+            K3W("mlp.gate_proj.weight", o->inter, H);
+            K3W("mlp.up_proj.weight", o->inter, H);
+            K3W("mlp.down_proj.weight", H, o->inter);
+        } else {
+            if ((rc = k3_put(s, o, N("mlp.gate.weight"), DF_W_BF16, o->experts, H, 0, 0))) return rc;
+            if ((rc = k3_router_bias(s, o, l))) return rc;
+            if (o->shared > 0) {
+                int64_t I = (int64_t)o->moe_inter * o->shared;
+                K3W("mlp.shared_experts.gate_proj.weight", I, H);
+                K3W("mlp.shared_experts.up_proj.weight", I, H);
+                K3W("mlp.shared_experts.down_proj.weight", H, I);
+            }
+            K3W("mlp.routed_expert_down_proj.weight", LT, H);
+            K3V("mlp.routed_expert_norm.weight", LT, 1.0f);
+            K3W("mlp.routed_expert_up_proj.weight", H, LT);
+        }
+#undef N
+    }
+    s->layer = -1;
+#define N(x) (snprintf(nm, sizeof nm, "%s", x), nm)
+    K3V("model.norm.weight", H, 1.0f);
+    K3V("model.output_attn_res_norm.weight", H, 1.0f);
+    K3V("model.output_attn_res_proj.weight", H, 0.0f);
+    if ((rc = k3_put(s, o, "lm_head.weight", DF_W_BF16, V, H, 0, 0))) return rc;
+#undef N
+#undef K3W
+#undef K3V
+    return 0;
+}
+
+/* spine.bin bytes of a K3 synth; per layer (and model-level in [layers]) into layer_bytes when not NULL. */
+static uint64_t k3_spine_bytes(const synth_opts *o, uint64_t *layer_bytes) {
+    k3_sink s = {0};
+    s.layer_bytes = layer_bytes;
+    k3_spine(&s, o);
+    return (s.off + 63) / 64 * 64;
+}
+
+static int write_spine_k3(const synth_opts *o, cJSON *manifest, progress *pg, uint8_t *buf, size_t bufcap, char *err,
+                          size_t errlen) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/spine.bin", o->out);
+    out_file f;
+    int rc = of_open(&f, path, err, errlen);
+    if (rc) return rc;
+    cJSON *sp = cJSON_AddObjectToObject(manifest, "spine");
+    cJSON *arr = cJSON_CreateArray();
+    k3_sink s = {&f, arr, pg, buf, bufcap, err, errlen, 0, -1, NULL};
+    if ((rc = k3_spine(&s, o)) || (rc = of_pad(&f, 64, err, errlen))) {
+        cJSON_Delete(arr);
+        close(f.fd);
+        unlink(f.tmp);
+        XXH64_freeState(f.h);
+        return rc;
+    }
+    uint64_t h = XXH64_digest(f.h), bytes = f.off;
+    if ((rc = of_commit(&f, err, errlen))) { cJSON_Delete(arr); return rc; }
+    char hx[17];
+    hex16(h, hx);
+    cJSON_AddStringToObject(sp, "file", "spine.bin");
+    cJSON_AddNumberToObject(sp, "bytes", (double)bytes);
+    cJSON_AddStringToObject(sp, "xxh64", hx);
+    cJSON_AddItemToObject(sp, "tensors", arr);
+    return 0;
+}
+
 static int write_spine(const synth_opts *o, cJSON *manifest, progress *pg, uint8_t *buf, size_t bufcap, char *err,
                        size_t errlen) {
+    if (o->arch == SYNTH_K3) return write_spine_k3(o, manifest, pg, buf, bufcap, err, errlen);
     char path[2048], nm[200];
     snprintf(path, sizeof path, "%s/spine.bin", o->out);
     out_file f;
@@ -422,6 +651,7 @@ fail:
 
 /* Bytes of the spine the options produce (for progress and the size estimate). */
 static uint64_t spine_estimate(const synth_opts *o) {
+    if (o->arch == SYNTH_K3) return k3_spine_bytes(o, NULL);
     const uint64_t H = o->hidden, NH = o->heads, qk = o->nope + o->rope;
     uint64_t e = (uint64_t)df_weight_data_bytes(o->spine_enc, 1, 1);
     uint64_t attn = (o->q_lora > 0 ? o->q_lora * H + NH * qk * o->q_lora : NH * qk * H) +
@@ -432,13 +662,13 @@ static uint64_t spine_estimate(const synth_opts *o) {
 }
 
 static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, char *err, size_t errlen) {
-    const int64_t H = o->hidden, I = o->moe_inter;
+    const int64_t H = expert_width(o), I = o->moe_inter; /* K3: experts run at the latent width */
     const df_wtype T = o->enc;
     cJSON *ex = cJSON_AddObjectToObject(manifest, "experts");
     cJSON_AddStringToObject(ex, "type", df_wtype_name(T));
     cJSON_AddNumberToObject(ex, "n_experts", o->experts);
     cJSON_AddNumberToObject(ex, "moe_intermediate_size", o->moe_inter);
-    cJSON_AddNumberToObject(ex, "hidden_size", o->hidden);
+    cJSON_AddNumberToObject(ex, "hidden_size", (double)H); /* the experts' input width (K3: latent) */
     const char *pn[3] = {"gate", "up", "down"};
     int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
     uint64_t off[3], soff[3], db[3], sb[3], pos = 0;
@@ -562,10 +792,51 @@ static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, cha
     return rc;
 }
 
+/* kimi_k3: what will be written, layer by layer (stderr, before writing). */
+static void k3_report(const synth_opts *o, uint64_t per_layer) {
+    const int64_t W = o->latent, I = o->moe_inter;
+    const df_wtype T = o->enc;
+    uint64_t d2 = df_weight_data_bytes(T, I, W), s2 = df_weight_scale_bytes(T, I, W);
+    uint64_t d3 = df_weight_data_bytes(T, W, I), s3 = df_weight_scale_bytes(T, W, I);
+    uint64_t stride = per_layer / (uint64_t)o->experts;
+    uint64_t *lb = calloc((size_t)o->layers + 1, sizeof(uint64_t));
+    if (!lb) return;
+    uint64_t spine = k3_spine_bytes(o, lb);
+    int n_mla = 0;
+    for (int l = 0; l < o->layers; l++) n_mla += k3_is_mla(o, l);
+    fprintf(stderr, "synth: %s: kimi_k3, %d layers (%d dense, %d MoE; %d KDA, %d MLA), %d experts x %s, top-%d, %d shared\n",
+            o->out, o->layers, o->dense, o->layers - o->dense, o->layers - n_mla, n_mla, o->experts, df_wtype_name(T), o->top_k,
+            o->shared);
+    fprintf(stderr, "synth: expert: gate, up [%lld, %lld] + down [%lld, %lld] %s = data %llu + scales %llu = %llu bytes "
+                    "(%.2f MB), stride %llu\n",
+            (long long)I, (long long)W, (long long)W, (long long)I, df_wtype_name(T), (unsigned long long)(2 * d2 + d3),
+            (unsigned long long)(2 * s2 + s3), (unsigned long long)(2 * (d2 + s2) + d3 + s3), (2 * (d2 + s2) + d3 + s3) / 1e6,
+            (unsigned long long)stride);
+    fprintf(stderr, "synth: %5s %5s %5s %16s %16s\n", "layer", "mixer", "ffn", "spine bytes", "expert bytes");
+    for (int l = 0; l < o->layers; l++)
+        fprintf(stderr, "synth: %5d %5s %5s %16llu %16llu\n", l, k3_is_mla(o, l) ? "MLA" : "KDA", l < o->dense ? "dense" : "MoE",
+                (unsigned long long)lb[l], (unsigned long long)(l < o->dense ? 0 : per_layer));
+    fprintf(stderr, "synth: %5s %5s %5s %16llu %16d   (embed_tokens, norm, output AttnRes, lm_head)\n", "model", "-", "-",
+            (unsigned long long)lb[o->layers], 0);
+    uint64_t experts = per_layer * (uint64_t)(o->layers - o->dense);
+    fprintf(stderr, "synth: total: spine %llu bytes (%.2f GB, %s matrices) + experts %llu bytes (%.2f GB) = %.2f GB\n",
+            (unsigned long long)spine, spine / 1e9, df_wtype_name(o->spine_enc), (unsigned long long)experts, experts / 1e9,
+            (spine + experts) / 1e9);
+    free(lb);
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: deltafin synth OUT_DIR [options]\n"
             "Writes a synthetic model in the native layout (random but valid weights, real router) for I/O work.\n"
+            "  --arch A          kimi_k2 (default: the defaults below) or kimi_k3: K3's shapes (hidden 7168, 96 heads,\n"
+            "                    MLA without RoPE + output gate, KDA 96x128, latent MoE 896 experts x [3072, 3584],\n"
+            "                    top-16, 2 shared, dense layer 0 of 33792, vocab 163840, AttnRes) with fewer layers\n"
+            "                    (--layers, default 2, or --size); 1-based layers 4, 8, ... and the last are MLA, the\n"
+            "                    rest KDA; prints the spine and expert bytes of every layer. Every size option below\n"
+            "                    still overrides (e.g. --experts 8 --hidden 512 for a small test model)\n"
+            "  --latent N        kimi_k3: routed_expert_hidden_size, the experts' width (3584)\n"
+            "  --kda-heads N --kda-head-dim N  kimi_k3: linear_attn_config num_heads (= --heads), head_dim (128)\n"
             "  --hidden N        hidden size (7168)            --moe-inter N   expert width (2048)\n"
             "  --experts N       routed experts per layer (64) --top-k N       experts per token (8)\n"
             "  --layers N        total layers (8)              --dense N       leading dense layers (1)\n"
@@ -578,6 +849,7 @@ static void usage(FILE *f) {
             "  --expert-dirs D1,D2  stripe the packs over these directories\n"
             "  --stripe-weights W1,W2  stripe k's size proportional to W_k (GB/s per drive); default equal\n"
             "  --seed N (1) --name NAME --quiet\n"
+            "  --dry-run         print what would be written (sizes; kimi_k3: per layer) and write nothing\n"
             "  --force           OUT_DIR may be non-empty: delete the deltafin model files in it (and old packs in\n"
             "                    --expert-dirs) first; without it OUT_DIR must be new or empty\n");
 }
@@ -588,6 +860,19 @@ int cmd_synth(int argc, char **argv) {
     o.vocab = 32000; o.heads = 64; o.q_lora = 1536; o.kv_lora = 512; o.shared = 1; o.nope = 128; o.rope = 64;
     o.vdim = 128; o.n_group = 1; o.topk_group = 1; o.enc = DF_W_MXFP4; o.spine_enc = DF_W_BF16; o.seed = 1;
     o.skew = 1.0;
+    /* --arch first: it sets the defaults that the other options override */
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--arch")) continue;
+        if (!strcmp(argv[i + 1], "kimi_k3")) o.arch = SYNTH_K3;
+        else if (!strcmp(argv[i + 1], "kimi_k2")) o.arch = SYNTH_K2;
+        else { fprintf(stderr, "deltafin synth: --arch %s is not supported (kimi_k2, kimi_k3)\n", argv[i + 1]); return 2; }
+    }
+    if (o.arch == SYNTH_K3) { /* the released K3 text config (shared/notes/kimi-k3.md), 2 layers */
+        o.hidden = 7168; o.moe_inter = 3072; o.latent = 3584; o.inter = 33792; o.experts = 896; o.layers = 2; o.dense = 1;
+        o.top_k = 16; o.vocab = 163840; o.heads = 96; o.q_lora = 1536; o.kv_lora = 512; o.shared = 2; o.nope = 128;
+        o.rope = 64; o.vdim = 128; o.n_group = 1; o.topk_group = 1; o.kda_head_dim = 128; o.kda_conv = 4;
+    }
+    int k3_only = 0; /* a kimi_k3 option was given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -598,9 +883,13 @@ int cmd_synth(int argc, char **argv) {
         INTOPT("--vocab", vocab) INTOPT("--heads", heads) INTOPT("--q-lora", q_lora) INTOPT("--kv-lora", kv_lora)
         INTOPT("--shared", shared) INTOPT("--n-group", n_group) INTOPT("--topk-group", topk_group)
         INTOPT("--nope", nope) INTOPT("--rope", rope) INTOPT("--v-dim", vdim)
+        if (!strcmp(a, "--latent") || !strcmp(a, "--kda-heads") || !strcmp(a, "--kda-head-dim")) k3_only = 1;
+        INTOPT("--latent", latent) INTOPT("--kda-heads", kda_heads) INTOPT("--kda-head-dim", kda_head_dim)
 #undef INTOPT
+        if (!strcmp(a, "--arch")) { if (!v) goto missing; i++; continue; }
         if (!strcmp(a, "--quiet")) { o.quiet = 1; continue; }
         if (!strcmp(a, "--force")) { o.force = 1; continue; }
+        if (!strcmp(a, "--dry-run")) { o.dry_run = 1; continue; }
         if (!v) goto missing;
         if (!strcmp(a, "--encoding") || !strcmp(a, "--spine-encoding")) {
             int t = df_wtype_from_name(v);
@@ -624,17 +913,30 @@ int cmd_synth(int argc, char **argv) {
         i++;
     }
     if (!o.out) { usage(stderr); return 2; }
+    if (k3_only && o.arch != SYNTH_K3) {
+        fprintf(stderr, "deltafin synth: --latent, --kda-heads and --kda-head-dim need --arch kimi_k3\n");
+        return 2;
+    }
+    if (o.arch == SYNTH_K3) {
+        if (!o.kda_heads) o.kda_heads = o.heads;
+        if (o.latent <= 0 || o.kda_heads <= 0 || o.kda_head_dim <= 0 || o.layers > DF_MAX_LAYERS || o.shared < 0 ||
+            ((o.enc == DF_W_MXFP4 || o.enc == DF_W_INT4_G32) && o.latent % 32)) {
+            fprintf(stderr, "deltafin synth: inconsistent kimi_k3 sizes (need positive --latent, --kda-heads, "
+                            "--kda-head-dim, at most %d layers, --latent a multiple of 32 for mxfp4/int4)\n", DF_MAX_LAYERS);
+            return 2;
+        }
+    }
     if (o.hidden <= 0 || o.moe_inter <= 0 || o.experts <= 0 || o.layers <= 0 || o.dense < 0 || o.top_k <= 0 ||
         o.top_k > o.experts || o.vocab <= 0 || o.heads <= 0 || o.kv_lora <= 0 || o.rope <= 0 || o.rope % 2 ||
         o.experts % o.n_group || o.topk_group > o.n_group ||
-        ((o.enc == DF_W_MXFP4 || o.enc == DF_W_INT4_G32) && (o.hidden % 32 || o.moe_inter % 32))) {
+        ((o.enc == DF_W_MXFP4 || o.enc == DF_W_INT4_G32) && (expert_width(&o) % 32 || o.moe_inter % 32))) {
         fprintf(stderr, "deltafin synth: inconsistent sizes (need positive sizes, top-k <= experts, even --rope, "
                         "n_group dividing experts, hidden and moe-inter multiples of 32 for mxfp4/int4)\n");
         return 2;
     }
     uint64_t per_layer;
     {
-        int64_t H = o.hidden, I = o.moe_inter;
+        int64_t H = expert_width(&o), I = o.moe_inter;
         uint64_t x = 0;
         int64_t r[3] = {I, I, H}, c[3] = {H, H, I};
         for (int p = 0; p < 3; p++)
@@ -645,6 +947,10 @@ int cmd_synth(int argc, char **argv) {
         uint64_t moe = (o.size + per_layer / 2) / per_layer;
         if (moe < 1) moe = 1;
         o.layers = o.dense + (int)moe;
+        if (o.arch == SYNTH_K3 && o.layers > DF_MAX_LAYERS) {
+            fprintf(stderr, "deltafin synth: that --size needs %d layers, more than %d\n", o.layers, DF_MAX_LAYERS);
+            return 2;
+        }
     }
     if (o.dense >= o.layers) { fprintf(stderr, "deltafin synth: --dense %d leaves no MoE layer\n", o.dense); return 2; }
     if (o.stripe_weights) {
@@ -663,6 +969,16 @@ int cmd_synth(int argc, char **argv) {
             return 2;
         }
     }
+    if (o.dry_run) { /* the plan only: nothing is written */
+        uint64_t tot = spine_estimate(&o) + per_layer * (uint64_t)(o.layers - o.dense);
+        if (o.arch == SYNTH_K3) k3_report(&o, per_layer);
+        else
+            fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB)\n",
+                    o.out, o.layers, o.dense, o.experts, df_wtype_name(o.enc), o.moe_inter, o.hidden, o.top_k, tot / 1e9,
+                    per_layer * (double)(o.layers - o.dense) / 1e9);
+        fprintf(stderr, "synth: --dry-run: nothing written\n");
+        return 0;
+    }
     int crc = cli_check_out_dirs("synth", o.out, o.expert_dirs, o.force, o.quiet);
     if (crc) return crc;
     if (mkdir_p(o.out)) {
@@ -675,7 +991,8 @@ int cmd_synth(int argc, char **argv) {
     snprintf(mpath, sizeof mpath, "%s/manifest.json", o.out);
     unlink(mpath); /* an old manifest must not describe half-written files */
     uint64_t total = spine_estimate(&o) + per_layer * (uint64_t)(o.layers - o.dense);
-    if (!o.quiet)
+    if (!o.quiet && o.arch == SYNTH_K3) k3_report(&o, per_layer);
+    else if (!o.quiet)
         fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB)\n",
                 o.out, o.layers, o.dense, o.experts, df_wtype_name(o.enc), o.moe_inter, o.hidden, o.top_k, total / 1e9,
                 per_layer * (double)(o.layers - o.dense) / 1e9);
@@ -686,7 +1003,8 @@ int cmd_synth(int argc, char **argv) {
     cJSON_AddStringToObject(m, "format", "deltafin-native");
     cJSON_AddNumberToObject(m, "version", 1);
     char defname[200];
-    snprintf(defname, sizeof defname, "synth-%s-%dx%d", df_wtype_name(o.enc), o.layers, o.experts);
+    if (o.arch == SYNTH_K3) snprintf(defname, sizeof defname, "synth-kimi_k3-%s-%dx%d", df_wtype_name(o.enc), o.layers, o.experts);
+    else snprintf(defname, sizeof defname, "synth-%s-%dx%d", df_wtype_name(o.enc), o.layers, o.experts);
     cJSON_AddStringToObject(m, "name", o.name ? o.name : defname);
     cJSON *src = cJSON_AddObjectToObject(m, "source");
     cJSON_AddStringToObject(src, "dir", "synthetic");
@@ -695,7 +1013,7 @@ int cmd_synth(int argc, char **argv) {
     cJSON_AddItemToArray(encs, cJSON_CreateString(df_wtype_name(o.enc)));
     cJSON_AddStringToObject(m, "spine_mode", "source");
     cJSON_AddTrueToObject(m, "exact");
-    cJSON_AddItemToObject(m, "config", make_config(&o));
+    cJSON_AddItemToObject(m, "config", o.arch == SYNTH_K3 ? make_config_k3(&o) : make_config(&o));
     size_t bufcap = 8u << 20;
     uint8_t *buf = malloc(bufcap);
     int rc = buf ? write_spine(&o, m, &pg, buf, bufcap, err, sizeof err) : DF_ENOMEM;
