@@ -85,6 +85,9 @@ typedef struct {
     df_wtype ex_type;
     int ex_type_set;
     native_expert_part parts[3];
+    char ex_blk[24];              /* source block of routed experts: "mlp" or "block_sparse_moe" */
+    int ex_w123;                  /* source part names w1/w3/w2 (Moonshot) instead of gate/up/down_proj */
+    int ex_style_set;
     uint64_t extent_bytes, stride;
     int n_dirs;
     char **dirs;                  /* absolute */
@@ -150,6 +153,110 @@ static int add_spine(conv *c, const char *name, const hf_weight *w) {
     return DF_OK;
 }
 
+/* Canonical (native) name of a checkpoint tensor name (prefix already removed): Moonshot's
+ * `block_sparse_moe.` is `mlp.`, and transformers' in-memory/later spellings of the Kimi KDA, MLA gate and
+ * AttnRes tensors map to Moonshot's names (docs/native-format.md "Canonical names"). */
+static const char *const canon_map[][2] = {
+    {".block_sparse_moe.", ".mlp."},
+    {".self_attn.forget_gate.f_a_proj.", ".self_attn.f_a_proj."},
+    {".self_attn.forget_gate.f_b_proj.", ".self_attn.f_b_proj."},
+    {".self_attn.forget_gate.A_log", ".self_attn.A_log"},
+    {".self_attn.forget_gate.dt_bias", ".self_attn.dt_bias"},
+    {".self_attn.forget_gate_down.", ".self_attn.f_a_proj."},
+    {".self_attn.forget_gate_up.", ".self_attn.f_b_proj."},
+    {".self_attn.beta_proj.", ".self_attn.b_proj."},
+    {".self_attn.output_gate_down.", ".self_attn.g_a_proj."},
+    {".self_attn.output_gate_up.", ".self_attn.g_b_proj."},
+    {".self_attn.output_gate.", ".self_attn.g_proj."},
+    {".self_attn.output_gate_proj.", ".self_attn.g_proj."},
+    {".self_attn.q_conv.conv1d.", ".self_attn.q_conv1d."},
+    {".self_attn.k_conv.conv1d.", ".self_attn.k_conv1d."},
+    {".self_attn.v_conv.conv1d.", ".self_attn.v_conv1d."},
+    {".pre_attn_residual.pseudo_queries.", ".self_attention_res_proj."},
+    {".pre_attn_residual.attn_residual_norm.", ".self_attention_res_norm."},
+    {".post_attn_residual.pseudo_queries.", ".mlp_res_proj."},
+    {".post_attn_residual.attn_residual_norm.", ".mlp_res_norm."},
+};
+
+static int canon_name(const char *in, char *out, size_t cap) {
+    char a[512], b[512];
+    if (strlen(in) >= sizeof a) return -1;
+    snprintf(a, sizeof a, "%s", in);
+    for (size_t i = 0; i < sizeof canon_map / sizeof canon_map[0]; i++) {
+        const char *hit = strstr(a, canon_map[i][0]);
+        if (!hit) continue;
+        size_t pre = (size_t)(hit - a);
+        if ((size_t)snprintf(b, sizeof b, "%.*s%s%s", (int)pre, a, canon_map[i][1], hit + strlen(canon_map[i][0])) >= sizeof b) return -1;
+        memcpy(a, b, strlen(b) + 1);
+    }
+    if (strlen(a) >= cap) return -1;
+    memcpy(out, a, strlen(a) + 1);
+    return 0;
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+static int plain_dtype(st_dtype d, df_wtype *t) {
+    switch (d) {
+    case ST_F32: *t = DF_W_F32; return 1;
+    case ST_BF16: *t = DF_W_BF16; return 1;
+    case ST_F16: *t = DF_W_F16; return 1;
+    default: return 0;
+    }
+}
+
+/* A plain (f32/bf16/f16) tensor viewed as a vector [n] (ndim 1) or a matrix [rows, cols] starting at row `row0`. */
+static void plain_view(hf_weight *w, const st_tensor *t, df_wtype ty, int ndim, int64_t rows, int64_t cols, int64_t row0) {
+    memset(w, 0, sizeof *w);
+    size_t es = st_dtype_size(t->dtype);
+    w->type = ty;
+    w->ndim = ndim;
+    w->rows = rows;
+    w->cols = ndim == 1 ? 1 : cols;
+    w->data = t->data + (uint64_t)row0 * (uint64_t)cols * es;
+    w->data_rows = ndim == 1 ? 1 : (uint64_t)rows;
+    w->data_row_bytes = w->data_row_stride = ndim == 1 ? (uint64_t)rows * es : (uint64_t)cols * es;
+    w->src = t;
+}
+
+/* KDA short-conv weights: [D, 1, W] (nn.Conv1d, depthwise) or [D, W] -> native 2-D [D, W] in the source dtype.
+ * A packed transformers conv1d [2Dk + Dv, 1, W] is split into q, k, v rows in that order. */
+static int add_conv(conv *c, const st_tensor *t, const char *native_name, int packed) {
+    df_wtype ty;
+    int ok = plain_dtype(t->dtype, &ty) && ((t->ndim == 3 && t->shape[1] == 1) || t->ndim == 2);
+    if (!ok)
+        return df_set_errc(c->err, c->errlen, DF_EUNSUPPORTED,
+                           "tensor %s (%s, %d-D) in %s: a KDA short-conv weight must be F32/BF16/F16 [D, 1, W] or [D, W]", t->name,
+                           st_dtype_name(t->dtype), t->ndim, st_path(c->st, t));
+    int64_t rows = t->shape[0], W = t->shape[t->ndim - 1];
+    hf_weight w;
+    if (!packed) {
+        plain_view(&w, t, ty, 2, rows, W, 0);
+        return add_spine(c, native_name, &w);
+    }
+    int64_t D = (int64_t)c->cfg.kda_heads * c->cfg.kda_head_dim;
+    if (rows != 3 * D)
+        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "tensor %s in %s: %lld rows, a packed q/k/v conv needs 3 x %lld (kda heads x head_dim)",
+                           t->name, st_path(c->st, t), (long long)rows, (long long)D);
+    static const char *const qkv[3] = {"q", "k", "v"};
+    char nm[512];
+    size_t base = strlen(native_name) - strlen("conv1d.weight");
+    for (int i = 0; i < 3; i++) {
+        snprintf(nm, sizeof nm, "%.*s%s_conv1d.weight", (int)base, native_name, qkv[i]);
+        plain_view(&w, t, ty, 2, D, W, (int64_t)i * D);
+        int rc = add_spine(c, nm, &w);
+        if (rc) return rc;
+    }
+    return DF_OK;
+}
+
+static int cmp_sp_name(const void *a, const void *b) {
+    return strcmp((*(const sp_item *const *)a)->name, (*(const sp_item *const *)b)->name);
+}
+
 /* Walk every tensor of the checkpoint: spine tensors are resolved now,
  * routed experts are only validated by name (resolved per layer later). */
 static int classify(conv *c) {
@@ -161,30 +268,71 @@ static int classify(conv *c) {
     char last_base[512] = "";
     for (int i = 0; i < s->n; i++) {
         const st_tensor *t = &s->t[i];
-        if (strncmp(t->name, c->prefix, pl)) continue;          /* vision tower etc. */
-        const char *nm = t->name + pl;
-        if (strncmp(nm, "model.", 6) && strncmp(nm, "lm_head.", 8)) continue;
-        const char *rest = NULL;
+        if (strncmp(t->name, c->prefix, pl)) continue;          /* vision tower, mm_projector etc. */
+        const char *raw = t->name + pl;
+        if (strncmp(raw, "model.", 6) && strncmp(raw, "lm_head.", 8)) continue;
+        char nm[512];
+        if (canon_name(raw, nm, sizeof nm))
+            return df_set_errc(c->err, c->errlen, DF_EUNSUPPORTED, "tensor name too long: %s", t->name);
+        const char *rest = NULL, *raw_rest = NULL;
         int l = layer_of(nm, &rest);
+        layer_of(raw, &raw_rest);
         if (l >= g->num_hidden_layers) continue;                 /* MTP layers: not used by transformers */
         if (l >= 0 && !strncmp(rest, "mlp.experts.", 12)) {
             const char *p = rest + 12;
             char *end;
             long e = strtol(p, &end, 10);
             int ok = end != p && *end == '.' && e >= 0 && e < g->n_routed_experts && config_layer_is_moe(g, l);
+            int w123 = -1;
             if (ok) {
                 const char *part = end + 1;
-                ok = (!strncmp(part, "gate_proj.", 10) || !strncmp(part, "up_proj.", 8) || !strncmp(part, "down_proj.", 10)) &&
-                     hf_base_len(t->name) > 0 && strchr(strchr(part, '.') + 1, '.') == NULL;
+                if (!strncmp(part, "gate_proj.", 10) || !strncmp(part, "up_proj.", 8) || !strncmp(part, "down_proj.", 10)) w123 = 0;
+                else if (!strncmp(part, "w1.", 3) || !strncmp(part, "w2.", 3) || !strncmp(part, "w3.", 3)) w123 = 1;
+                ok = w123 >= 0 && hf_base_len(t->name) > 0 && strchr(strchr(part, '.') + 1, '.') == NULL;
             }
             if (!ok)
                 return df_set_errc(c->err, c->errlen, DF_EUNSUPPORTED,
                                    "tensor %s (%s) in %s: not a routed expert weight deltafin understands "
-                                   "(expected mlp.experts.E.{gate,up,down}_proj.* with E < %d in a MoE layer; fused/gpt-oss expert tensors are not used by this model family)",
+                                   "(expected mlp.experts.E.{gate,up,down}_proj.* or block_sparse_moe.experts.E.w{1,3,2}.* with E < %d in a MoE layer; fused/gpt-oss expert tensors are not used by this model family)",
                                    t->name, st_dtype_name(t->dtype), st_path(s, t), g->n_routed_experts);
+            const char *xp = strstr(raw_rest, ".experts.");
+            char blk[24];
+            snprintf(blk, sizeof blk, "%.*s", xp ? (int)(xp - raw_rest) : 0, raw_rest);
+            if (!c->ex_style_set) {
+                snprintf(c->ex_blk, sizeof c->ex_blk, "%s", blk);
+                c->ex_w123 = w123;
+                c->ex_style_set = 1;
+            } else if (strcmp(blk, c->ex_blk) || w123 != c->ex_w123) {
+                return df_set_errc(c->err, c->errlen, DF_EUNSUPPORTED,
+                                   "tensor %s in %s: routed experts named two ways in one checkpoint (%s.experts.E.%s and this one)", t->name,
+                                   st_path(s, t), c->ex_blk, c->ex_w123 ? "w1/w3/w2" : "gate_proj/up_proj/down_proj");
+            }
             continue;
         }
-        int bl = hf_base_len(nm);
+        /* KDA shapes that are not linear weights: conv [D,1,W] -> [D,W]; A_log / dt_bias (any shape) -> vector */
+        if (l >= 0 && !strcmp(rest, "self_attn.conv1d.weight")) {
+            int rc = add_conv(c, t, nm, 1);
+            if (rc) return rc;
+            continue;
+        }
+        if (l >= 0 && (!strcmp(rest, "self_attn.q_conv1d.weight") || !strcmp(rest, "self_attn.k_conv1d.weight") ||
+                       !strcmp(rest, "self_attn.v_conv1d.weight"))) {
+            int rc = add_conv(c, t, nm, 0);
+            if (rc) return rc;
+            continue;
+        }
+        if (l >= 0 && (!strcmp(rest, "self_attn.A_log") || !strcmp(rest, "self_attn.dt_bias"))) {
+            df_wtype ty;
+            if (!plain_dtype(t->dtype, &ty))
+                return df_set_errc(c->err, c->errlen, DF_EUNSUPPORTED, "tensor %s (%s) in %s: must be F32, BF16 or F16", t->name,
+                                   st_dtype_name(t->dtype), st_path(s, t));
+            hf_weight w;
+            plain_view(&w, t, ty, 1, (int64_t)t->numel, 1, 0);
+            int rc = add_spine(c, nm, &w);
+            if (rc) return rc;
+            continue;
+        }
+        int bl = hf_base_len(raw);
         if (bl < 0) {
             if (t->dtype == ST_I64 || strstr(nm, "rotary_emb.inv_freq")) continue;  /* ignorable buffers */
             if (t->ndim == 1 && (t->dtype == ST_F32 || t->dtype == ST_BF16 || t->dtype == ST_F16)) {
@@ -212,9 +360,34 @@ static int classify(conv *c) {
         hf_weight w;
         int rc = hf_weight_get(s, &c->q, base, &w, c->err, c->errlen);
         if (rc) return rc;
-        char native_name[512];
-        snprintf(native_name, sizeof native_name, "%s.weight", base + pl);
+        char native_name[512], rb[512];
+        snprintf(rb, sizeof rb, "%s.weight", base + pl);
+        if (canon_name(rb, native_name, sizeof native_name))
+            return df_set_errc(c->err, c->errlen, DF_EUNSUPPORTED, "tensor name too long: %s", t->name);
+        /* AttnRes projections [1, hidden] are vectors */
+        if (ends_with(native_name, "_res_proj.weight") && w.ndim == 2 && w.rows == 1 &&
+            (w.type == DF_W_F32 || w.type == DF_W_BF16 || w.type == DF_W_F16)) {
+            w.ndim = 1;
+            w.rows = w.cols;
+            w.cols = 1;
+            w.data_rows = 1;
+            w.data_row_stride = w.data_row_bytes;   /* one row: contiguous */
+        }
         if ((rc = add_spine(c, native_name, &w))) return rc;
+    }
+    /* two checkpoint names that map to one native name */
+    if (c->n_sp > 1) {
+        sp_item **ix = malloc(sizeof(sp_item *) * (size_t)c->n_sp);
+        if (!ix) return df_set_errc(c->err, c->errlen, DF_ENOMEM, "out of memory");
+        for (int i = 0; i < c->n_sp; i++) ix[i] = &c->sp[i];
+        qsort(ix, (size_t)c->n_sp, sizeof *ix, cmp_sp_name);
+        int rc = DF_OK;
+        for (int i = 1; i < c->n_sp && !rc; i++)
+            if (!strcmp(ix[i]->name, ix[i - 1]->name))
+                rc = df_set_errc(c->err, c->errlen, DF_EFORMAT, "tensors %s and %s (in %s) both become \"%s\" in deltafin's names", ix[i - 1]->w.src->name,
+                                 ix[i]->w.src->name, st_path(s, ix[i]->w.src), ix[i]->name);
+        free(ix);
+        if (rc) return rc;
     }
     return DF_OK;
 }
@@ -269,6 +442,7 @@ static int sw_pad_to(seqw *w, uint64_t off) {
 static df_wtype spine_out_type(const conv *c, const sp_item *it) {
     df_wtype t = it->w.type;
     if (it->w.ndim == 1) return t;
+    if (ends_with(it->name, "_conv1d.weight")) return t;   /* KDA short conv: not a linear, kept like a vector */
     if (c->opts->spine == DF_SPINE_BF16 && (t == DF_W_F32 || t == DF_W_F16 || t == DF_W_FP8_B128)) return DF_W_BF16;
     if (c->opts->spine == DF_SPINE_INT8 && strcmp(it->name, "model.embed_tokens.weight")) return DF_W_INT8_ROW;
     return t;
@@ -407,8 +581,10 @@ out:
 
 static int expert_get(conv *c, int l, int e, int p, hf_weight *w, char *err, size_t errlen) {
     static const char *const pn[3] = {"gate_proj", "up_proj", "down_proj"};
+    static const char *const pw[3] = {"w1", "w3", "w2"};   /* Moonshot: w1 gate, w3 up, w2 down */
     char base[256];
-    snprintf(base, sizeof base, "%smodel.layers.%d.mlp.experts.%d.%s", c->prefix, l, e, pn[p]);
+    snprintf(base, sizeof base, "%smodel.layers.%d.%s.experts.%d.%s", c->prefix, l, c->ex_blk[0] ? c->ex_blk : "mlp", e,
+             c->ex_w123 ? pw[p] : pn[p]);
     int rc = hf_weight_get(c->st, &c->q, base, w, err, errlen);
     if (rc == DF_EFORMAT && !w->src)
         return df_set_errc(err, errlen, DF_EFORMAT, "routed expert tensor %s.weight missing from the checkpoint (layer %d, expert %d)", base, l, e);
@@ -430,10 +606,13 @@ static int layout_experts(conv *c) {
         hf_weight w;
         int rc = expert_get(c, first, 0, p, &w, c->err, c->errlen);
         if (rc) return rc;
-        int64_t er = p == 2 ? g->hidden_size : g->moe_intermediate_size, ec = p == 2 ? g->moe_intermediate_size : g->hidden_size;
+        /* experts run at the latent width for latent MoE (routed_expert_hidden_size), else at hidden_size */
+        int64_t W = g->latent_dim > 0 ? g->latent_dim : g->hidden_size;
+        int64_t er = p == 2 ? W : g->moe_intermediate_size, ec = p == 2 ? g->moe_intermediate_size : W;
         if (w.rows != er || w.cols != ec)
-            return df_set_errc(c->err, c->errlen, DF_EFORMAT, "routed expert %s_proj of layer %d: shape [%lld, %lld], the config needs [%lld, %lld]",
-                               pn[p], first, (long long)w.rows, (long long)w.cols, (long long)er, (long long)ec);
+            return df_set_errc(c->err, c->errlen, DF_EFORMAT, "routed expert %s (%s) of layer %d: shape [%lld, %lld], the config needs [%lld, %lld]%s",
+                               pn[p], w.src ? w.src->name : "?", first, (long long)w.rows, (long long)w.cols, (long long)er, (long long)ec,
+                               g->latent_dim > 0 ? " (latent MoE: routed_expert_hidden_size)" : "");
         if (p == 0) c->ex_type = w.type;
         else if (w.type != c->ex_type)
             return df_set_errc(c->err, c->errlen, DF_EUNSUPPORTED, "routed experts mix encodings (%s and %s): not supported",
@@ -636,6 +815,18 @@ static char *build_manifest(conv *c) {
         cJSON_AddNumberToObject(m, "spine_lossy_tensors", c->n_lossy);
     }
     cJSON_AddItemToObject(m, "config", cJSON_Duplicate(c->config_root, 1));
+    {   /* informational (readers re-derive it from "config") */
+        cJSON *ar = cJSON_AddObjectToObject(m, "architecture");
+        const df_config *g = &c->cfg;
+        cJSON_AddStringToObject(ar, "family", g->arch == DF_ARCH_KIMI_K3 ? "kimi_k3" : g->arch == DF_ARCH_KIMI_LINEAR ? "kimi_linear" : "deepseek");
+        char desc[256], mix[DF_MAX_LAYERS + 1];
+        config_describe(g, desc, sizeof desc);
+        cJSON_AddStringToObject(ar, "description", desc);
+        int nl = g->num_hidden_layers < DF_MAX_LAYERS ? g->num_hidden_layers : DF_MAX_LAYERS;
+        for (int l = 0; l < nl; l++) mix[l] = g->mixer[l] == DF_MIXER_KDA ? 'K' : 'M';
+        mix[nl] = 0;
+        cJSON_AddStringToObject(ar, "mixers", mix);   /* one letter per layer: K = KDA, M = MLA */
+    }
     cJSON *sp = cJSON_AddObjectToObject(m, "spine");
     cJSON_AddStringToObject(sp, "file", "spine.bin");
     cJSON_AddNumberToObject(sp, "bytes", (double)c->spine_bytes);
@@ -662,6 +853,7 @@ static char *build_manifest(conv *c) {
         cJSON_AddNumberToObject(ex, "n_experts", c->cfg.n_routed_experts);
         cJSON_AddNumberToObject(ex, "moe_intermediate_size", c->cfg.moe_intermediate_size);
         cJSON_AddNumberToObject(ex, "hidden_size", c->cfg.hidden_size);
+        if (c->cfg.latent_dim > 0) cJSON_AddNumberToObject(ex, "latent_dim", c->cfg.latent_dim);
         cJSON_AddNumberToObject(ex, "extent_bytes", (double)c->extent_bytes);
         cJSON_AddNumberToObject(ex, "stride", (double)c->stride);
         cJSON *parts = cJSON_AddArrayToObject(ex, "parts");

@@ -154,6 +154,14 @@ static int parse_experts(df_native *n, const cJSON *ex, const char *mf, char *er
                            "%s: experts are %llu x [%llu, %llu] but the config says %d x [moe_intermediate_size %d, hidden_size %d]", mf,
                            (unsigned long long)ne, (unsigned long long)I, (unsigned long long)H, c->n_routed_experts,
                            c->moe_intermediate_size, c->hidden_size);
+    /* latent MoE: experts run at routed_expert_hidden_size instead of hidden_size */
+    uint64_t W = c->latent_dim > 0 ? (uint64_t)c->latent_dim : H;
+    if (cJSON_GetObjectItemCaseSensitive(ex, "latent_dim")) {
+        uint64_t ld;
+        if (j_u64(ex, "latent_dim", &ld) || (int)ld != c->latent_dim)
+            return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts.latent_dim does not match the config's routed_expert_hidden_size %d", mf,
+                               c->latent_dim);
+    }
     n->n_experts = (int)ne;
     if (n->stride == 0 || n->stride % 4096 || n->extent_bytes > n->stride)
         return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts.stride %llu must be a multiple of 4096 and >= extent_bytes %llu", mf,
@@ -173,7 +181,7 @@ static int parse_experts(df_native *n, const cJSON *ex, const char *mf, char *er
         snprintf(P->name, sizeof P->name, "%s", pn[p]);
         P->rows = shp[0];
         P->cols = shp[1];
-        int64_t er = p == 2 ? (int64_t)H : (int64_t)I, ec = p == 2 ? (int64_t)I : (int64_t)H;
+        int64_t er = p == 2 ? (int64_t)W : (int64_t)I, ec = p == 2 ? (int64_t)I : (int64_t)W;
         if (P->rows != er || P->cols != ec)
             return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts part %s has shape [%lld, %lld], expected [%lld, %lld]", mf, pn[p],
                                (long long)P->rows, (long long)P->cols, (long long)er, (long long)ec);

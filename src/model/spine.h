@@ -15,7 +15,12 @@
  * (mlp.{gate,up,down}_proj), others the router (mlp.gate.weight), its
  * e_score_correction_bias (NULL if absent) and the shared experts
  * (mlp.shared_experts.*, width moe_intermediate_size * n_shared_experts).
- * lm_head.weight absent + tie_word_embeddings -> lm_head = embed. */
+ * lm_head.weight absent + tie_word_embeddings -> lm_head = embed.
+ * Kimi Linear / K3 (cfg->mixer[l], native names in docs/native-format.md): KDA layers get
+ * kda_q/k/v, f_a/f_b, beta, g | g_a/g_b, o as views and conv_q/k/v ([D, kda_conv] f32), A_log (the first
+ * kda_heads entries of the stored vector), dt_bias [D], o_norm [head_dim] as malloc'd f32; MLA layers also
+ * attn_gate (self_attn.g_proj) when mla_output_gate; attn_res_block > 0 adds the per-layer and output
+ * AttnRes vectors; latent_dim > 0 adds lat_down/lat_up views and lat_norm (latent_norm). */
 int spine_build(const df_native *n, const void *spine_buf, df_spine *out, char *err, size_t errlen);
 /* Free what spine_build allocated (not spine_buf). Safe on a zeroed spine. */
 void spine_free(df_spine *s);
@@ -33,7 +38,7 @@ int spine_build_mapped(const df_native *n, spine_map_fn map, void *user, df_spin
  * experts): the df_weight field of L (NULL entries when L is NULL) and its
  * tensor in n's table. Returns how many (<= SPINE_MAX_WREFS); 0 for a bad l.
  * A streamed layer's weights are re-pointed with this into a staging buffer. */
-#define SPINE_MAX_WREFS 16
+#define SPINE_MAX_WREFS 24
 typedef struct {
     df_weight *w;
     const native_tensor *t;
