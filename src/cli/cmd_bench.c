@@ -328,9 +328,14 @@ static int bench_decode(int argc, char **argv) {
            "prefetch useful %llu/%llu\n",
            need_tok / 1e6, read_tok / 1e6, st.expert_bytes_demand / 1e6, st.expert_bytes_prefetch / 1e6, h,
            (unsigned long long)st.prefetch_useful, (unsigned long long)st.prefetch_issued);
-    printf("  storage bound B/((1-h)*bytes_per_token) = %.3f tok/s (B = %.3f GB/s, mean of before/after): achieved %.1f%% of the bound; "
-           "expert reads %.3f GB/s = %.1f%% of B\n",
-           bound, br.gbps, bound > 0 ? 100 * tps / bound : 0, read_gbps, br.gbps > 0 ? 100 * read_gbps / br.gbps : 0);
+    if (bound > 0)
+        printf("  storage bound B/((1-h)*bytes_per_token) = %.3f tok/s (B = %.3f GB/s, mean of before/after): achieved %.1f%% of the bound; "
+               "expert reads %.3f GB/s = %.1f%% of B\n",
+               bound, br.gbps, 100 * tps / bound, read_gbps, br.gbps > 0 ? 100 * read_gbps / br.gbps : 0);
+    else /* every acquisition hit (the experts fit in the cache): no read bounds decode */
+        printf("  storage bound B/((1-h)*bytes_per_token): none, hit rate %.3f (B = %.3f GB/s, mean of before/after); "
+               "expert reads %.3f GB/s = %.1f%% of B\n",
+               h, br.gbps, read_gbps, br.gbps > 0 ? 100 * read_gbps / br.gbps : 0);
     printf("  resident %.2f GiB, peak RSS %.2f GiB%s\n", st.resident_bytes / 1073741824.0, vm_hwm_kb() / 1048576.0,
            df_model_is_exact(m) ? "" : "  (NOT EXACT: int8 spine)");
     free(logits);
@@ -585,19 +590,25 @@ static int bench_store(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+/* bench_project.c: `bench project` (decode runs `bench decode` for its --model measurement) */
+int bench_project(int argc, char **argv, int (*decode)(int argc, char **argv));
+
 int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
                 "       deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N]\n"
                 "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
-                "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n");
+                "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
+                "       deltafin bench project --drives N --gbps B [--arch kimi_k3] [--from EVENTS.jsonl | --model DIR |\n"
+                "                              --hit-rate H --compute-ms-per-layer C ...]   (bench project --help)\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 2, argv + 2);
     if (!strcmp(argv[1], "cache")) return bench_cache(argc - 2, argv + 2);
     if (!strcmp(argv[1], "store")) return bench_store(argc - 2, argv + 2);
-    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, cache, store; see deltafin bench --help)\n", argv[1]);
+    if (!strcmp(argv[1], "project")) return bench_project(argc - 2, argv + 2, bench_decode);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, cache, store, project; see deltafin bench --help)\n", argv[1]);
     return 2;
 }

@@ -668,7 +668,8 @@ static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, cha
     cJSON_AddStringToObject(ex, "type", df_wtype_name(T));
     cJSON_AddNumberToObject(ex, "n_experts", o->experts);
     cJSON_AddNumberToObject(ex, "moe_intermediate_size", o->moe_inter);
-    cJSON_AddNumberToObject(ex, "hidden_size", (double)H); /* the experts' input width (K3: latent) */
+    cJSON_AddNumberToObject(ex, "hidden_size", o->hidden);
+    if (o->arch == SYNTH_K3) cJSON_AddNumberToObject(ex, "latent_dim", o->latent); /* parts are [I, latent], [latent, I] */
     const char *pn[3] = {"gate", "up", "down"};
     int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
     uint64_t off[3], soff[3], db[3], sb[3], pos = 0;

@@ -1,0 +1,465 @@
+/*
+ * bench_project.c — `deltafin bench project`: decode tok/s and prompt TTFT of a FULL model (Kimi K3 by
+ * default: 93 layers, 92 MoE layers, top-16 of 896 latent MXFP4 experts of 17.5 MB) on N drives of B GB/s,
+ * projected from per-token figures measured on a smaller model (an events file of `bench decode --events` /
+ * `run --events`, or a short `bench decode` run here with --model) or given on the command line.
+ *
+ * Model (every input and formula is printed, with where it came from: given, measured, or assumed):
+ *   bytes_per_token = moe_layers * top_k * expert_bytes           (expert bytes one token needs, before hits)
+ *   t_io      = r * bytes_per_token / (N * B)                      r = 1 - h, or the measured read/needed ratio
+ *                                                                  (which also counts prefetch reads never used)
+ *   t_compute = compute_ms_per_layer * layers                      (spine + expert compute scaled by layers)
+ *   decode tok/s = 1 / max(t_io, t_compute)                        reads fully hidden behind compute
+ *                = 1 / (t_io + t_compute)                          no overlap
+ *                = 1 / max(t_io, t_compute + s * t_io)             s = exposed-I/O fraction (stall / read time)
+ *   prefill of T tokens, expert-major (each touched expert read once per layer):
+ *   union_bytes = coverage(T) * moe_layers * experts * expert_bytes
+ *   coverage(T) = 1 - (1 - c_m)^(T / T_m) from a measured coverage c_m over T_m tokens, else uniform
+ *                 independent routing 1 - (1 - top_k / experts)^T
+ *   TTFT = max(union_bytes / (N*B), T * layers * prefill_ms_per_layer_token), and the sum (no overlap)
+ * It is a bound-style estimate: queueing, per-layer waits for the slowest drive, and compute that does not
+ * scale with layers are outside it.
+ */
+#define _GNU_SOURCE
+#include "cli.h"
+#include "deltafin.h"
+#include "model/native.h"
+#include "model/weights.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *name;
+    int layers, dense, experts, top_k, moe_inter, width;
+    const char *what;
+} proj_arch;
+
+/* Full models (shared/notes/kimi-k3.md; Kimi K2: DeepSeek-V3 shapes, 384 experts, experts taken as MXFP4). */
+static const proj_arch ARCHES[] = {
+    {"kimi_k3", 93, 1, 896, 16, 3072, 3584, "Kimi K3: 93 layers (1 dense), latent MoE 896 x [3072, 3584] mxfp4, top-16"},
+    {"kimi_k2", 61, 1, 384, 8, 2048, 7168, "Kimi K2: 61 layers (1 dense), 384 x [2048, 7168] mxfp4, top-8"},
+};
+
+/* One expert extent as deltafin lays it out: gate, up [I, W], down [W, I], each array 64-byte aligned, 4 KiB stride. */
+static uint64_t expert_stride(df_wtype t, int64_t I, int64_t W) {
+    int64_t r[3] = {I, I, W}, c[3] = {W, W, I};
+    uint64_t x = 0;
+    for (int p = 0; p < 3; p++)
+        x += (df_weight_data_bytes(t, r[p], c[p]) + 63) / 64 * 64 + (df_weight_scale_bytes(t, r[p], c[p]) + 63) / 64 * 64;
+    return (x + 4095) / 4096 * 4096;
+}
+
+/* ------------------------------------------------------------ events file */
+
+typedef struct {
+    int ok;
+    int decode_tokens;         /* token events that extend the previous one by one position */
+    int prompt_tokens;         /* positions of the prompt evals */
+    int total_positions;       /* last pos + 1 */
+    double decode_s, stall_s;  /* over decode tokens */
+    double io_s;               /* over decode tokens: sum of max over drives of bytes / busy GB/s */
+    uint64_t bytes_read, hits, misses, slot_bytes;
+    int max_layer, max_id, n_layers_seen;
+    uint64_t distinct;         /* distinct (layer, expert) acquired over the whole file */
+} ev_summary;
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double jnum(const cJSON *o, const char *k, double d) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(x) ? x->valuedouble : d;
+}
+
+static int read_events(const char *path, ev_summary *s, char *err, size_t errlen) {
+    memset(s, 0, sizeof *s);
+    s->max_layer = -1;
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno)); return -1; }
+    char *line = NULL;
+    size_t cap = 0;
+    uint32_t *keys = NULL;
+    size_t nk = 0, ck = 0;
+    int64_t prev_pos = -2;
+    double prev_t = 0;
+    int layer_seen[DF_MAX_LAYERS] = {0};
+    while (getline(&line, &cap, f) > 0) {
+        cJSON *j = cJSON_Parse(line);
+        if (!j) continue;
+        const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "ev");
+        const char *e = cJSON_IsString(ev) ? ev->valuestring : "";
+        double t = jnum(j, "t", 0);
+        if (!strcmp(e, "open")) {
+            s->slot_bytes = (uint64_t)jnum(j, "slot_bytes", 0);
+            prev_pos = -2;
+        } else if (!strcmp(e, "acquire")) {
+            int L = (int)jnum(j, "layer", -1);
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "ids");
+            if (L >= 0 && L < DF_MAX_LAYERS && cJSON_IsArray(ids)) {
+                if (!layer_seen[L]) { layer_seen[L] = 1; s->n_layers_seen++; }
+                if (L > s->max_layer) s->max_layer = L;
+                for (const cJSON *x = ids->child; x; x = x->next) {
+                    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= (1 << 23)) continue;
+                    int id = (int)x->valuedouble;
+                    if (id > s->max_id) s->max_id = id;
+                    if (nk == ck) {
+                        ck = ck ? 2 * ck : 4096;
+                        uint32_t *nkeys = realloc(keys, ck * sizeof *keys);
+                        if (!nkeys) break;
+                        keys = nkeys;
+                    }
+                    keys[nk++] = (uint32_t)L << 23 | (uint32_t)id;
+                }
+            }
+        } else if (!strcmp(e, "token")) {
+            int64_t pos = (int64_t)jnum(j, "pos", -1);
+            if (pos + 1 > s->total_positions) s->total_positions = (int)(pos + 1);
+            if (pos == prev_pos + 1) { /* one decode step */
+                s->decode_tokens++;
+                s->decode_s += t - prev_t;
+                s->stall_s += jnum(j, "stall_ms", 0) / 1e3;
+                s->bytes_read += (uint64_t)jnum(j, "bytes_demand", 0) + (uint64_t)jnum(j, "bytes_prefetch", 0);
+                s->hits += (uint64_t)jnum(j, "hits", 0);
+                s->misses += (uint64_t)jnum(j, "misses", 0);
+                double io = 0;
+                const cJSON *dr = cJSON_GetObjectItemCaseSensitive(j, "drives");
+                for (const cJSON *d = cJSON_IsArray(dr) ? dr->child : NULL; d; d = d->next) {
+                    double b = jnum(d, "bytes", 0), g = jnum(d, "gbps", 0);
+                    if (b > 0 && g > 0 && b / g / 1e9 > io) io = b / g / 1e9;
+                }
+                s->io_s += io;
+            } else {
+                s->prompt_tokens += (int)(pos - (prev_pos < -1 ? -1 : prev_pos));
+            }
+            prev_pos = pos;
+            prev_t = t;
+        }
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(f);
+    if (nk) {
+        qsort(keys, nk, sizeof *keys, cmp_u32);
+        s->distinct = 1;
+        for (size_t i = 1; i < nk; i++) s->distinct += keys[i] != keys[i - 1];
+    }
+    free(keys);
+    if (s->decode_tokens == 0) {
+        snprintf(err, errlen, "%s: no decode steps (token events one position apart); record one with "
+                              "`deltafin bench decode --events FILE` or `deltafin run --events FILE`", path);
+        return -1;
+    }
+    s->ok = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------ inputs */
+
+typedef struct {
+    double v;
+    int set;                   /* 0 unset, 1 given, 2 measured, 3 assumed, 4 from the full model's config */
+    char note[240];
+} input;
+
+static void in_set(input *x, double v, int how, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void in_set(input *x, double v, int how, const char *fmt, ...) {
+    x->v = v;
+    x->set = how;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->note, sizeof x->note, fmt, ap);
+    va_end(ap);
+}
+
+static const char *how_name(int how) {
+    static const char *const n[] = {"unset", "given", "measured", "assumed", "config"};
+    return n[how < 0 || how > 4 ? 0 : how];
+}
+
+static void print_in(const char *name, const input *x, const char *fmt) {
+    char v[64];
+    snprintf(v, sizeof v, fmt, x->v);
+    printf("  %-32s %-18s %-8s %s\n", name, v, how_name(x->set), x->note);
+}
+
+static int num_arg(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "deltafin bench project: %s \"%s\": expected a number in [%g, %g]\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: deltafin bench project --drives N --gbps B [--arch kimi_k3|kimi_k2]\n"
+            "       [--from EVENTS.jsonl [--model DIR]] | [--model DIR [--tokens N] [--ram-budget SIZE] ...]\n"
+            "       [--hit-rate H] [--read-ratio R] [--compute-ms-per-layer C] [--stall S] [--coverage C]\n"
+            "       [--prompt-tokens T (512)] [--prefill-ms-per-layer-token P] [--bytes-per-token X]\n"
+            "       [--layers L] [--moe-layers M] [--experts E] [--top-k K] [--expert-bytes S]\n"
+            "  Projects decode tok/s and the TTFT of a T-token prompt of the FULL model (default kimi_k3: 93 layers,\n"
+            "  92 MoE layers, top-16 of 896 experts of 17.5 MB) on N drives of B GB/s each (B: what one drive\n"
+            "  achieves at the engine's reads; `deltafin bench io`), from per-token figures measured on a smaller\n"
+            "  model or given here. Prints every input (given / measured / assumed), each formula and the results.\n"
+            "  --from FILE        events of `bench decode --events FILE` or `run --events FILE`: hit rate, read/needed\n"
+            "                     ratio, compute ms per layer, stall, expert coverage (with --model DIR: that model's\n"
+            "                     layer and expert counts; else inferred from the events)\n"
+            "  --model DIR        without --from: runs `bench decode --model DIR --events TMP` first (--tokens N (16),\n"
+            "                     --ram-budget, --threads, --io-seconds, --prompt-ids, --no-drop are passed on)\n"
+            "  --hit-rate H       expert cache hit rate h (default: measured, else 0 = cold)\n"
+            "  --read-ratio R     expert bytes read / bytes needed (default: measured, else 1 - h)\n"
+            "  --compute-ms-per-layer C  compute per layer per token, I/O stall excluded (default: measured, else 0)\n"
+            "  --stall S          exposed-I/O fraction: stall time / expert read time (0 = reads hidden behind\n"
+            "                     compute, 1 = not at all; default: measured, else not used)\n"
+            "  --coverage C       fraction of all experts a T-token prompt touches (default: from the measured\n"
+            "                     coverage, else uniform routing 1 - (1 - top_k/experts)^T)\n"
+            "  --prefill-ms-per-layer-token P  prefill compute per layer per prompt token (default C: no batching gain)\n"
+            "  --bytes-per-token X  expert bytes one token needs before hits (default moe_layers * top_k * expert_bytes)\n");
+}
+
+typedef int (*decode_fn)(int argc, char **argv);
+
+/* `deltafin bench project ...` (argv[0] is the first option); decode runs `bench decode` for --model. */
+int bench_project(int argc, char **argv, decode_fn decode) {
+    const char *arch_name = "kimi_k3", *from = NULL, *model = NULL;
+    double drives = 0, gbps = 0, prompt_t = 512;
+    input h = {0}, rr = {0}, cms = {0}, stall = {0}, cov = {0}, pms = {0}, bpt = {0};
+    input L = {0}, M = {0}, E = {0}, K = {0}, S = {0};
+    const char *pass[16];
+    int npass = 0, tokens = 16;
+    int tokens_set = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--no-drop")) { if (npass < 16) pass[npass++] = a; continue; }
+        if (!v) {
+            fprintf(stderr, "deltafin bench project: %s needs a value (see --help)\n", a);
+            return 2;
+        }
+        double x;
+        i++;
+#define NUM(flag, lo, hi, dst, extra)                                                       \
+        if (!strcmp(a, flag)) {                                                              \
+            if (num_arg(flag, v, lo, hi, &x)) return 2;                                       \
+            in_set(dst, x, 1, "%s", extra);                                                   \
+            continue;                                                                         \
+        }
+        if (!strcmp(a, "--arch")) { arch_name = v; continue; }
+        if (!strcmp(a, "--from")) { from = v; continue; }
+        if (!strcmp(a, "--model")) { model = v; continue; }
+        if (!strcmp(a, "--drives")) {
+            if (num_arg(a, v, 1, 64, &drives)) return 2;
+            if (drives != floor(drives)) { fprintf(stderr, "deltafin bench project: --drives \"%s\": expected an integer\n", v); return 2; }
+            continue;
+        }
+        if (!strcmp(a, "--gbps")) { if (num_arg(a, v, 1e-6, 1e4, &gbps)) return 2; continue; }
+        if (!strcmp(a, "--prompt-tokens")) { if (num_arg(a, v, 1, 1 << 24, &prompt_t)) return 2; continue; }
+        if (!strcmp(a, "--tokens")) { double t; if (num_arg(a, v, 1, 1 << 20, &t)) return 2; tokens = (int)t; tokens_set = 1; continue; }
+        if (!strcmp(a, "--ram-budget") || !strcmp(a, "--threads") || !strcmp(a, "--io-seconds") || !strcmp(a, "--prompt-ids") ||
+            !strcmp(a, "--qd") || !strcmp(a, "--expert-dirs")) {
+            if (npass < 14) { pass[npass++] = a; pass[npass++] = v; }
+            continue;
+        }
+        NUM("--hit-rate", 0, 1, &h, "(--hit-rate)")
+        NUM("--read-ratio", 0, 1e3, &rr, "(--read-ratio)")
+        NUM("--compute-ms-per-layer", 0, 1e7, &cms, "(--compute-ms-per-layer)")
+        NUM("--stall", 0, 1, &stall, "(--stall)")
+        NUM("--coverage", 0, 1, &cov, "(--coverage)")
+        NUM("--prefill-ms-per-layer-token", 0, 1e7, &pms, "(--prefill-ms-per-layer-token)")
+        NUM("--bytes-per-token", 1, 1e16, &bpt, "(--bytes-per-token)")
+        NUM("--layers", 1, 4096, &L, "(--layers)")
+        NUM("--moe-layers", 1, 4096, &M, "(--moe-layers)")
+        NUM("--experts", 1, 1 << 20, &E, "(--experts)")
+        NUM("--top-k", 1, 4096, &K, "(--top-k)")
+        NUM("--expert-bytes", 1, 1e13, &S, "(--expert-bytes)")
+#undef NUM
+        fprintf(stderr, "deltafin bench project: unknown option %s (see --help)\n", a);
+        return 2;
+    }
+    const proj_arch *A = NULL;
+    for (size_t i = 0; i < sizeof ARCHES / sizeof *ARCHES; i++)
+        if (!strcmp(arch_name, ARCHES[i].name)) A = &ARCHES[i];
+    if (!A) { fprintf(stderr, "deltafin bench project: --arch %s: expected kimi_k3 or kimi_k2\n", arch_name); return 2; }
+    if (drives < 1 || gbps <= 0) {
+        fprintf(stderr, "deltafin bench project: --drives N and --gbps B (GB/s per drive) are required\n");
+        return 2;
+    }
+    if ((npass || tokens_set) && (!model || from)) {
+        fprintf(stderr, "deltafin bench project: --tokens, --ram-budget, --threads, --io-seconds, --prompt-ids, --qd, "
+                        "--expert-dirs, --no-drop are for the bench decode run of --model DIR (without --from)\n");
+        return 2;
+    }
+
+    /* ---- measure: a bench decode run (--model without --from), then its events */
+    char tmp_events[128] = "";
+    if (model && !from) {
+        snprintf(tmp_events, sizeof tmp_events, "/tmp/df_bench_project_%d.jsonl", (int)getpid());
+        char tok[16];
+        snprintf(tok, sizeof tok, "%d", tokens);
+        char *dv[32];
+        int dn = 0;
+        dv[dn++] = "--model"; dv[dn++] = (char *)model;
+        dv[dn++] = "--events"; dv[dn++] = tmp_events;
+        dv[dn++] = "--tokens"; dv[dn++] = tok;
+        for (int i = 0; i < npass; i++) dv[dn++] = (char *)pass[i];
+        dv[dn] = NULL;
+        printf("bench project: measuring with `deltafin bench decode --model %s --events %s --tokens %d", model, tmp_events, tokens);
+        for (int i = 0; i < npass; i++) printf(" %s", pass[i]);
+        printf("`\n");
+        fflush(stdout);
+        int rc = decode(dn, dv);
+        if (rc) {
+            unlink(tmp_events);
+            fprintf(stderr, "deltafin bench project: the bench decode run failed (exit %d); give the inputs instead "
+                            "(--hit-rate, --compute-ms-per-layer, ...)\n", rc);
+            return 1;
+        }
+        from = tmp_events;
+    }
+    ev_summary ev = {0};
+    char err[2048] = "";
+    if (from && read_events(from, &ev, err, sizeof err)) {
+        fprintf(stderr, "deltafin bench project: %s\n", err);
+        if (tmp_events[0]) unlink(tmp_events);
+        return 1;
+    }
+    if (tmp_events[0]) unlink(tmp_events);
+    /* the measured model's geometry: from its manifest when we have it, else from the events */
+    int m_layers = 0, m_experts = 0, m_moe = 0, m_hidden = 0;
+    const char *geom = "events";
+    if (model) {
+        df_native *nat = NULL;
+        if (native_open(&nat, model, err, sizeof err) == 0) {
+            m_layers = nat->cfg.num_hidden_layers;
+            m_experts = nat->n_experts;
+            m_moe = nat->n_moe_layers;
+            m_hidden = nat->cfg.hidden_size;
+            if (!ev.slot_bytes) ev.slot_bytes = nat->stride;
+            geom = "manifest";
+            native_close(nat);
+        } else if (ev.ok) {
+            fprintf(stderr, "deltafin bench project: note: %s (layer and expert counts taken from the events)\n", err);
+        }
+    }
+    if (ev.ok && !m_layers) {
+        m_layers = ev.max_layer + 1;      /* the last layer is a MoE layer in these models */
+        m_moe = ev.n_layers_seen;
+        m_experts = ev.max_id + 1;        /* a lower bound: the largest expert id seen */
+    }
+
+    /* ---- the projected model */
+    uint64_t stride = expert_stride(DF_W_MXFP4, A->moe_inter, A->width);
+    if (!L.set) in_set(&L, A->layers, 4, "%s", A->what);
+    if (!M.set) in_set(&M, L.v - A->dense, 4, "layers - %d dense", A->dense);
+    if (!E.set) in_set(&E, A->experts, 4, "routed experts per MoE layer");
+    if (!K.set) in_set(&K, A->top_k, 4, "experts per token per MoE layer");
+    if (!S.set)
+        in_set(&S, (double)stride, 4, "gate, up [%d, %d] + down [%d, %d] mxfp4 with scales, 4 KiB stride (%.2f MB)",
+               A->moe_inter, A->width, A->width, A->moe_inter, stride / 1e6);
+    if (!bpt.set) in_set(&bpt, M.v * K.v * S.v, 4, "= moe_layers * top_k * expert_bytes (before hits)");
+    double bank = M.v * E.v * S.v;
+
+    /* ---- measured figures (flags given win) */
+    double m_h = 0, m_rr = 0, m_cms = 0, m_stall_wall = 0, m_exposed = -1, m_cov = -1, need = 0;
+    if (ev.ok) {
+        uint64_t acq = ev.hits + ev.misses;
+        m_h = acq ? (double)ev.hits / acq : 0;
+        need = (double)acq * ev.slot_bytes;
+        m_rr = need > 0 ? ev.bytes_read / need : 0;
+        m_cms = m_layers ? 1e3 * (ev.decode_s - ev.stall_s) / ev.decode_tokens / m_layers : 0;
+        if (m_cms < 0) m_cms = 0;
+        m_stall_wall = ev.decode_s > 0 ? ev.stall_s / ev.decode_s : 0;
+        if (ev.io_s > 0) m_exposed = fmin(1.0, ev.stall_s / ev.io_s);
+        if (m_moe > 0 && m_experts > 0) m_cov = (double)ev.distinct / ((double)m_moe * m_experts);
+        const char *src = model ? model : from;
+        printf("bench project: measured on %s (%d layers, %d MoE, %d experts per layer [%s]; %d decode tokens, "
+               "%d prompt tokens):\n", src, m_layers, m_moe, m_experts, geom, ev.decode_tokens, ev.prompt_tokens);
+        printf("  expert bytes per token after hits %.1f MB (needed %.1f MB before hits), hit rate %.4f, "
+               "%.2f ms per token (compute %.2f, stall %.2f), stall / decode time %.3f\n",
+               ev.bytes_read / 1e6 / ev.decode_tokens, need / 1e6 / ev.decode_tokens, m_h,
+               1e3 * ev.decode_s / ev.decode_tokens, 1e3 * (ev.decode_s - ev.stall_s) / ev.decode_tokens,
+               1e3 * ev.stall_s / ev.decode_tokens, m_stall_wall);
+        if (m_hidden && m_hidden != 7168)
+            printf("  note: the measured model has hidden size %d; its compute per layer does not carry over to "
+                   "the full model's 7168\n", m_hidden);
+        if (!h.set) in_set(&h, m_h, 2, "hits / acquisitions over %d decode tokens", ev.decode_tokens);
+        if (!rr.set && need > 0)
+            in_set(&rr, m_rr, 2, "bytes read / needed = %.1f / %.1f MB per token (prefetch reads included)",
+                   ev.bytes_read / 1e6 / ev.decode_tokens, need / 1e6 / ev.decode_tokens);
+        if (!cms.set)
+            in_set(&cms, m_cms, 2, "(decode time - stall) / tokens / %d layers", m_layers);
+        if (!stall.set && m_exposed >= 0)
+            in_set(&stall, m_exposed, 2, "stall %.3f s / expert read time %.3f s (drive busy time)", ev.stall_s, ev.io_s);
+        if (!cov.set && m_cov >= 0) {
+            double t_m = ev.total_positions > 0 ? ev.total_positions : 1;
+            double c = m_cov >= 1 ? 1 : 1 - pow(1 - m_cov, prompt_t / t_m);
+            in_set(&cov, c, 3, "= 1 - (1 - %.4f)^(%g / %g): measured coverage %.4f over %g tokens, tokens independent",
+                   m_cov, prompt_t, t_m, m_cov, t_m);
+        }
+    }
+    if (!h.set) in_set(&h, 0, 3, "cold: no expert cache");
+    if (!rr.set) in_set(&rr, 1 - h.v, 3, "= 1 - h (no prefetch read wasted)");
+    if (!cms.set) in_set(&cms, 0, 3, "compute not counted: I/O bound only");
+    if (!cov.set)
+        in_set(&cov, 1 - pow(1 - K.v / E.v, prompt_t), 3, "= 1 - (1 - top_k/experts)^T: uniform, independent routing");
+    if (!pms.set) in_set(&pms, cms.v, 3, "= compute_ms_per_layer (no batching gain: an upper bound)");
+
+    /* ---- results */
+    double bw = drives * gbps * 1e9;
+    double t_io = rr.v * bpt.v / bw, t_c = cms.v * 1e-3 * L.v;
+    double tps_ov = 1 / fmax(t_io, t_c), tps_no = 1 / (t_io + t_c);
+    double tps_s = stall.set ? 1 / fmax(t_io, t_c + stall.v * t_io) : 0;
+    double ubytes = cov.v * bank, tp_io = ubytes / bw, tp_c = prompt_t * L.v * pms.v * 1e-3;
+    double ttft_ov = fmax(tp_io, tp_c), ttft_no = tp_io + tp_c;
+
+    printf("bench project: %s on %g drive%s x %g GB/s\n", A->name, drives, drives == 1 ? "" : "s", gbps);
+    printf("inputs:                            value              source   note\n");
+    print_in("layers", &L, "%.0f");
+    print_in("moe_layers", &M, "%.0f");
+    print_in("experts", &E, "%.0f");
+    print_in("top_k", &K, "%.0f");
+    print_in("expert_bytes", &S, "%.0f");
+    print_in("bytes_per_token", &bpt, "%.0f");
+    input in_n = {drives, 1, "--drives"}, in_b = {gbps, 1, "--gbps: GB/s per drive (1e9 bytes/s)"};
+    print_in("N (drives)", &in_n, "%.0f");
+    print_in("B (GB/s per drive)", &in_b, "%.3f");
+    print_in("h (hit rate)", &h, "%.4f");
+    print_in("r (read ratio)", &rr, "%.4f");
+    print_in("compute_ms_per_layer", &cms, "%.3f");
+    if (stall.set) print_in("s (exposed-I/O fraction)", &stall, "%.4f");
+    input in_t = {prompt_t, 1, "--prompt-tokens (default 512)"};
+    print_in("T (prompt tokens)", &in_t, "%.0f");
+    print_in("coverage(T)", &cov, "%.5f");
+    print_in("prefill_ms_per_layer_token", &pms, "%.3f");
+    printf("decode:\n");
+    printf("  t_io      = r * bytes_per_token / (N*B) = %.4f * %.0f / %.4g = %.4f s\n", rr.v, bpt.v, bw, t_io);
+    printf("  t_compute = compute_ms_per_layer * layers = %.3f ms * %.0f = %.4f s\n", cms.v, L.v, t_c);
+    printf("  decode tok/s = 1 / max(t_io, t_compute) = %.4f   (reads fully overlapped with compute)\n", tps_ov);
+    printf("  decode tok/s = 1 / (t_io + t_compute)   = %.4f   (no overlap)\n", tps_no);
+    if (stall.set)
+        printf("  decode tok/s = 1 / max(t_io, t_compute + s * t_io) = %.4f   (s = %.4f of the reads exposed)\n", tps_s, stall.v);
+    printf("  storage bound (compute free) = (N*B) / (r * bytes_per_token) = %.4f tok/s\n", 1 / t_io);
+    printf("prefill of T = %.0f tokens, expert-major (each touched expert read once per layer):\n", prompt_t);
+    printf("  union_bytes = coverage(T) * moe_layers * experts * expert_bytes = %.5f * %.0f = %.4g bytes\n", cov.v, bank, ubytes);
+    printf("  t_io_prefill      = union_bytes / (N*B) = %.2f s\n", tp_io);
+    printf("  t_compute_prefill = T * layers * prefill_ms_per_layer_token = %.0f * %.0f * %.3f ms = %.2f s\n", prompt_t, L.v,
+           pms.v, tp_c);
+    printf("  TTFT = max(t_io_prefill, t_compute_prefill) = %.2f s   (overlapped)\n", ttft_ov);
+    printf("  TTFT = t_io_prefill + t_compute_prefill     = %.2f s   (no overlap)\n", ttft_no);
+    printf("result: decode_tok_s=%.4f decode_tok_s_no_overlap=%.4f", tps_ov, tps_no);
+    if (stall.set) printf(" decode_tok_s_stall=%.4f", tps_s);
+    printf(" ttft_s=%.2f ttft_s_no_overlap=%.2f t_io_s=%.4f t_compute_s=%.4f\n", ttft_ov, ttft_no, t_io, t_c);
+    return 0;
+}
