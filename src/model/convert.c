@@ -3,7 +3,10 @@
  * 64-byte aligned, source encoding or re-encoded per the spine mode),
  * experts-LNNN.pack (each routed expert one 4 KiB-aligned extent, bytes copied
  * bit for bit, optionally striped over several directories), XXH64 checksums,
- * tokenizer files, and manifest.json written last, atomically. Every file is
+ * tokenizer files, and manifest.json written last, atomically. Tensor names are
+ * made canonical (language_model. prefix dropped, block_sparse_moe. -> mlp.,
+ * Moonshot / transformers KDA spellings unified, conv [D,1,W] -> [D,W], A_log /
+ * dt_bias / AttnRes projections as vectors; docs/native-format.md). Every file is
  * written as *.tmp and renamed only when all of them are complete; on error the
  * .tmp files are removed. */
 #define _GNU_SOURCE /* O_DIRECT */
