@@ -277,6 +277,7 @@ static int bench_decode(int argc, char **argv) {
     bo.run_bytes = stride;
     bo.group = top_k;
     bo.seconds = io_seconds;
+    bo.match = "experts-L*.pack"; /* the packs only: a model directory also holds spine.bin */
     store_bench_result br;
     rc = store_bench_io(&bo, &br, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench decode: I/O benchmark: %s\n", err); df_model_close(m); return 1; }
@@ -539,6 +540,7 @@ static int bench_store(int argc, char **argv) {
     bo.run_bytes = nat->stride;
     bo.group = nat->cfg.num_experts_per_tok;
     bo.seconds = io_seconds;
+    bo.match = "experts-L*.pack";
     store_bench_result br;
     int rc = store_bench_io(&bo, &br, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench store: I/O benchmark: %s\n", err); trace_free(&tt); native_close(nat); return 1; }

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +130,7 @@ static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
         struct stat sb;
         if (stat(p, &sb) || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < run + 4096) continue;
         if (strstr(de->d_name, ".tmp")) continue;
+        if (d->o->match && fnmatch(d->o->match, de->d_name, 0)) continue;
         int fd = open(p, O_RDONLY | O_DIRECT | O_CLOEXEC);
         if (fd < 0) { fd = open(p, O_RDONLY | O_CLOEXEC); d->direct = 0; }
         if (fd < 0) continue;
@@ -146,8 +148,8 @@ static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
     if (d->n_files) qsort(d->files, d->n_files, sizeof *d->files, cmp_bfile);
     if (!d->n_files) {
         snprintf(err, errlen,
-                 "%s has no file of at least %llu bytes to read (write one with `deltafin synth %s ...`)",
-                 d->dir, (unsigned long long)(run + 4096), d->dir);
+                 "%s has no file%s%s of at least %llu bytes to read (write one with `deltafin synth %s ...`)",
+                 d->dir, d->o->match ? " named " : "", d->o->match ? d->o->match : "", (unsigned long long)(run + 4096), d->dir);
         return DF_EINVAL;
     }
     return 0;

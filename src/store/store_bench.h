@@ -21,6 +21,8 @@ typedef struct {
     int group;               /* >1: runs come in groups of `group` distinct run-aligned extents of one file, in
                                 ascending offset order (one MoE layer's top-k experts, as the engine reads them);
                                 0/1 = independent random runs */
+    const char *match;       /* fnmatch pattern of the file names to read (e.g. "experts-L*.pack": a model
+                                directory's packs, not its spine); NULL = every large enough file */
 } store_bench_opts;
 
 typedef struct {
