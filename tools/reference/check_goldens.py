@@ -12,7 +12,10 @@ For every case directory (one holding golden.json):
   - safetensors: header bounds (8-byte length, JSON, offsets inside the file, sizes == numel * dtype size, no
     overlap or gap), the index's weight_map (when sharded) names each tensor in the file that holds it, and the
     tensor set equals the one the config describes in the stated encoding (names as published checkpoints).
-  - sizes: each case directory < 2 MB, all together < 8 MB.
+    kimi_linear / kimi_k3 cases (make_goldens_kimi.py): the text config may sit in text_config; the tensor set is
+    checked for its prefix (language_model. for kimi_k3), MXFP4 routed experts (U8 weight_packed/weight_scale) and
+    the KDA tensors' F32 dtype, instead of the DeepSeek tensor list.
+  - sizes: each case directory < 3 MB, all together < 24 MB.
 Exit status 0 when everything holds, 1 otherwise (each problem printed with its file).
 """
 import json
@@ -28,8 +31,9 @@ DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 
               "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 GOLDEN_KEYS = {"case": str, "description": str, "prompt_ids": list, "prompt_logits": list, "greedy_ids": list,
                "greedy_margins": list, "transformers_version": str, "torch_version": str, "max_logit_abs": float}
-CASE_MAX = 2_000_000
-TOTAL_MAX = 8_000_000
+CASE_MAX = 3_000_000
+TOTAL_MAX = 24_000_000
+KIMI_TYPES = ("kimi_linear", "kimi_k3")
 
 
 class Checker:
@@ -122,6 +126,28 @@ def expected_tensors(cfg):
     return out
 
 
+def check_kimi_tensors(cdir, cfg, tcfg, tensors, ck):
+    """Prefix, skipped vision tensors, MXFP4 experts and F32 KDA tensors of a kimi_linear / kimi_k3 case."""
+    prefix = "language_model." if cfg.get("model_type") == "kimi_k3" else ""
+    qc = tcfg.get("quantization_config") or {}
+    mx = qc.get("format") == "mxfp4-pack-quantized"
+    for k, v in tensors.items():
+        dt = v[0]
+        if k.startswith(("vision_tower.", "mm_projector.")):
+            ck.expect(prefix != "", cdir, "vision tensor %s in a text-only case" % k)
+            continue
+        ck.expect(k.startswith(prefix + "model.") or k.startswith(prefix + "lm_head."), cdir,
+                  "tensor %s outside the text prefix %r" % (k, prefix))
+        if ".block_sparse_moe.experts." in k:
+            want = ("weight_packed", "weight_scale") if mx else ("weight",)
+            ck.expect(k.rsplit(".", 1)[1] in want, cdir, "routed expert tensor %s (want %s)" % (k, want))
+            if mx:
+                ck.expect(dt == "U8", cdir, "%s is %s, want U8" % (k, dt))
+        if k.endswith(("A_log", "dt_bias")):
+            ck.expect(dt == "F32", cdir, "%s is %s, want F32" % (k, dt))
+    ck.expect(any(k.endswith("embed_tokens.weight") for k in tensors), cdir, "no embed_tokens")
+
+
 def check_case(cdir, ck):
     gpath = os.path.join(cdir, "golden.json")
     cpath = os.path.join(cdir, "config.json")
@@ -137,7 +163,9 @@ def check_case(cdir, ck):
         ck.expect(isinstance(g.get(k), t), gpath, "field %s missing or not %s" % (k, t.__name__))
     if ck.problems and any(p.startswith(gpath) for p in ck.problems):
         return None
-    V = cfg["vocab_size"]
+    kimi = cfg.get("model_type") in KIMI_TYPES
+    tcfg = cfg.get("text_config", cfg) if kimi else cfg
+    V = tcfg["vocab_size"]
     ck.expect(g["case"] == os.path.basename(cdir.rstrip("/")), gpath, "case %r != directory name" % g["case"])
     ids = g["prompt_ids"]
     ck.expect(8 <= len(ids) <= 12 and all(isinstance(i, int) and 0 <= i < V for i in ids), gpath,
@@ -162,11 +190,14 @@ def check_case(cdir, ck):
     ck.expect(abs(g["max_logit_abs"] - mx) < 1e-12, gpath, "max_logit_abs %r != %r" % (g["max_logit_abs"], mx))
 
     # config
-    has_v5 = isinstance(cfg.get("rope_parameters"), dict)
-    has_legacy = "rope_scaling" in cfg
-    ck.expect(has_v5 != has_legacy, cpath, "exactly one of rope_parameters / rope_scaling expected")
-    ck.expect(cfg.get("model_type") in ("deepseek_v3", "kimi_k2"), cpath, "model_type %r" % cfg.get("model_type"))
-    qc = cfg.get("quantization_config")
+    if not kimi:
+        has_v5 = isinstance(cfg.get("rope_parameters"), dict)
+        has_legacy = "rope_scaling" in cfg
+        ck.expect(has_v5 != has_legacy, cpath, "exactly one of rope_parameters / rope_scaling expected")
+        ck.expect(cfg.get("model_type") in ("deepseek_v3", "kimi_k2"), cpath, "model_type %r" % cfg.get("model_type"))
+    else:
+        ck.expect(isinstance(tcfg.get("linear_attn_config"), dict), cpath, "kimi case without linear_attn_config")
+    qc = tcfg.get("quantization_config")
     if qc is not None:
         ok = qc.get("quant_method") == "fp8" or (qc.get("quant_method") == "compressed-tensors" and qc.get(
             "format") in ("pack-quantized", "mxfp4-pack-quantized"))
@@ -197,7 +228,12 @@ def check_case(cdir, ck):
     if wm is not None:
         ck.expect(set(wm) == set(tensors), idx, "weight_map names %d tensors, shards hold %d" % (len(wm),
                                                                                                len(tensors)))
-    exp = expected_tensors(cfg)
+    if kimi:
+        check_kimi_tensors(cdir, cfg, tcfg, tensors, ck)
+        exp = {}
+        tensors = {}
+    else:
+        exp = expected_tensors(cfg)
     for k in sorted(set(exp) - set(tensors)):
         ck.fail(cdir, "missing tensor %s" % k)
     for k in sorted(set(tensors) - set(exp)):
