@@ -239,6 +239,15 @@ static void test_config(void) {
     CHECK(rc == 0 && c.kda_heads == 2 && c.kda_head_dim == 8 && c.kda_conv == 3 && c.kda_has_lower_bound && c.kda_lower_bound == -4.0f &&
               c.kda_full_rank_gate && c.n_routed_experts == 4 && c.mla_use_nope == 1,
           "kl later spellings (rope 0 -> nope): %s", err);
+    txt = k3_with("mlp_layer_types", "[\"dense\",\"sparse\",\"sparse\",\"sparse\"]");
+    CHECK(config_parse(txt, &c, "x", err, sizeof err) == 0 && c.first_k_dense_replace == 1, "mlp_layer_types agrees: %s", err);
+    free(txt);
+    CHECK(parse_err(k3_with("mlp_layer_types", "[\"dense\",\"dense\",\"sparse\",\"sparse\"]"), err, sizeof err) == DF_EFORMAT &&
+              strstr(err, "first_k_dense_replace"),
+          "mlp_layer_types disagrees: %s", err);
+    txt = k3_with("dense_ffn_hidden", "96");
+    CHECK(config_parse(txt, &c, "x", err, sizeof err) == 0 && c.intermediate_size == 96, "dense_ffn_hidden: %s", err);
+    free(txt);
     CHECK(parse_err(strdup("{\"model_type\":\"kimi_linear\",\"num_hidden_layers\":2,\"layer_types\":[\"linear_attention\",\"sliding\"]}"),
                     err, sizeof err) == DF_EUNSUPPORTED &&
               strstr(err, "sliding"),

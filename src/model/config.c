@@ -238,7 +238,8 @@ static int parse_kimi(const cJSON *root, df_config *c, const char *path, char *e
 
     KI("vocab_size", 163840, c->vocab_size);
     KI("hidden_size", 2304, c->hidden_size);
-    KI("intermediate_size|dense_ffn_hidden", 9216, c->intermediate_size);
+    KI("intermediate_size", 9216, c->intermediate_size);
+    KI("dense_ffn_hidden", c->intermediate_size, c->intermediate_size);   /* transformers: dense MLP width, else intermediate_size */
     KI("moe_intermediate_size", 1024, c->moe_intermediate_size);
     KI("num_hidden_layers", 27, c->num_hidden_layers);
     KI("num_attention_heads", 32, c->num_attention_heads);
@@ -248,6 +249,24 @@ static int parse_kimi(const cJSON *root, df_config *c, const char *path, char *e
     KI("n_group|num_expert_group", 1, c->n_group);
     KI("topk_group", 1, c->topk_group);
     KI("first_k_dense_replace", 1, c->first_k_dense_replace);
+    {   /* transformers' mlp_layer_types ["dense", ..., "sparse", ...]: dense layers first, then MoE */
+        const cJSON *mlt = cJSON_GetObjectItemCaseSensitive(o, "mlp_layer_types");
+        if (cJSON_IsArray(mlt)) {
+            int nd = 0, i = 0, seen_sparse = 0;
+            for (const cJSON *x = mlt->child; x; x = x->next, i++) {
+                const char *v = cJSON_IsString(x) ? x->valuestring : "?";
+                if (!strcmp(v, "dense") && !seen_sparse) nd++;
+                else if (!strcmp(v, "sparse")) seen_sparse = 1;
+                else
+                    return df_set_errc(err, errlen, DF_EUNSUPPORTED,
+                                       "%s: mlp_layer_types[%d] \"%.40s\" is not supported (dense layers first, then sparse)", path, i, v);
+            }
+            if (!cJSON_GetObjectItemCaseSensitive(o, "first_k_dense_replace")) c->first_k_dense_replace = nd;
+            else if (nd != c->first_k_dense_replace)
+                return df_set_errc(err, errlen, DF_EFORMAT, "%s: mlp_layer_types has %d dense layers but first_k_dense_replace is %d", path,
+                                   nd, c->first_k_dense_replace);
+        }
+    }
     KI("moe_layer_freq", 1, c->moe_layer_freq);
     KI("norm_topk_prob|moe_renormalize", 1, c->norm_topk_prob);
     double d;
