@@ -112,6 +112,10 @@ const df_tokenizer *df_model_tokenizer(const df_model *m);
 /* When the model directory has a tokenizer file that could not be opened: the reason
  * (df_model_tokenizer then returns NULL). NULL when there is no such error. Owned by the model. */
 const char *df_model_tokenizer_error(const df_model *m);
+/* The architecture of a checkpoint or native model directory (its config.json) in one line, e.g.
+ * "kimi_k3: 93 layers (69 KDA, 24 MLA), 1 dense + 92 MoE, 896 experts top-16, latent MoE 3584, ...".
+ * DF_EIO (no/unreadable config.json), DF_EFORMAT / DF_EUNSUPPORTED (the config's problem, named). */
+int df_checkpoint_describe(const char *path, char *buf, size_t cap, char *err, size_t errlen);
 /* Verify every checksum of the native layout (deltafin doctor). */
 int df_model_verify(df_model *m, df_progress_fn progress, void *user, char *err, size_t errlen);
 

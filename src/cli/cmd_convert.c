@@ -106,6 +106,15 @@ int cmd_convert(int argc, char **argv) {
             return 2;
         }
     }
+    {   /* the architecture first: an unsupported one stops here, before anything is written */
+        char arch[320], aerr[1024] = "";
+        int arc = df_checkpoint_describe(pos[0], arch, sizeof arch, aerr, sizeof aerr);
+        if (arc) {
+            fprintf(stderr, "deltafin convert: %s (%s)\n", aerr, df_strerror(arc));
+            return 1;
+        }
+        if (!quiet) fprintf(stderr, "deltafin convert: %s\n", arch);
+    }
     int crc = cli_check_out_dirs("convert", pos[1], o.expert_dirs, force, quiet);
     if (crc) return crc;
     prog p = {0};

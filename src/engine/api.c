@@ -10,6 +10,7 @@
 #include "deltafin.h"
 #include "engine.h"
 #include "spine_stream.h"
+#include "model/config.h"
 #include "model/convert.h"
 #include "model/native.h"
 #include "model/spine.h"
@@ -376,11 +377,12 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
                  cfg->num_experts_per_tok, cfg->n_shared_experts, cfg->n_group, cfg->topk_group);
     else
         snprintf(edesc, sizeof edesc, "no routed experts (dense)");
+    char adesc[320];
+    config_describe(cfg, adesc, sizeof adesc);
     snprintf(m->describe, sizeof m->describe,
-             "model %s (%s): %d layers (%d dense), hidden %d, %d heads, %s%s, "
+             "model %s (%s), hidden %d, %d heads, %s%s, "
              "experts %s, spine %s [%s]%s%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, heat %s, tokenizer %s",
-             m->name, cfg->model_type, cfg->num_hidden_layers, cfg->num_hidden_layers - m->nat->n_moe_layers,
-             cfg->hidden_size, cfg->num_attention_heads, cfg->rope_yarn ? "yarn, " : "", edesc,
+             m->name, adesc, cfg->hidden_size, cfg->num_attention_heads, cfg->rope_yarn ? "yarn, " : "", edesc,
              m->nat->n_moe_layers ? df_wtype_name(m->nat->expert_type) : "none", m->nat->spine_mode, spine_encodings(m->nat, encs, sizeof encs),
              m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"), sdesc,
              df_pool_threads(m->pool), be->name,
@@ -582,4 +584,32 @@ void df_model_stats_reset(df_model *m) {
     m->io_wait_base = m->eng.io_wait_s;
     if (m->store) store_reset_stats(m->store);
     pthread_mutex_unlock(&m->mu);
+}
+
+/* ----------------------------------------------------------- architecture */
+
+int df_checkpoint_describe(const char *path, char *buf, size_t cap, char *err, size_t errlen) {
+    if (!path || !buf || !cap) return set_err(err, errlen, DF_EINVAL, "df_checkpoint_describe: bad arguments");
+    char cp[4200];
+    snprintf(cp, sizeof cp, "%s/config.json", path);
+    FILE *f = fopen(cp, "rb");
+    if (!f) return set_err(err, errlen, DF_EIO, "%s: %s", cp, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *txt = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!txt || fread(txt, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(txt);
+        return set_err(err, errlen, DF_EIO, "%s: cannot read", cp);
+    }
+    fclose(f);
+    txt[n] = 0;
+    df_config *cfg = malloc(sizeof *cfg);
+    if (!cfg) { free(txt); return set_err(err, errlen, DF_ENOMEM, "out of memory"); }
+    int rc = config_parse(txt, cfg, cp, err, errlen);
+    free(txt);
+    if (rc == DF_OK) config_describe(cfg, buf, cap);
+    free(cfg);
+    return rc;
 }
