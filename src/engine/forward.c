@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { PREFETCH_MAX_T = 4 };
+
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y) {
     e->be->matmul(e->pool, w, x, T, y);
     e->weight_bytes += df_weight_bytes(w);
@@ -116,7 +118,10 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         if (rc) goto done;
         if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
         else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
-        if (e->prefetch && l + 1 < L) {
+        /* lookahead prefetch only for decode-sized calls: a prompt's union of guesses for layer l+1 is
+         * large enough to evict experts of layer l before they are used (prefill reads each touched
+         * expert once through the demand requests of ffn_forward instead) */
+        if (e->prefetch && T <= PREFETCH_MAX_T && l + 1 < L) {
             /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
             moe_prefetch(e, l + 1, x, T);
