@@ -252,6 +252,7 @@ grep -q "bytes_per_token  *$bpt " "$T/p.out" && grep -q "expert_bytes  *17547264
   && ok || bad "bench project --from without --model: $(cat "$T/pe2.out")"
 "$BIN" bench project --drives 1 --gbps 2 --model "$T/k2e" --tokens 4 --io-seconds 0.2 --no-drop --ram-budget 4M >"$T/pm.out" 2>&1 \
   && grep -q "bench decode: $T/k2e" "$T/pm.out" && grep -q "4 decode tokens" "$T/pm.out" && grep -q "result: decode_tok_s=" "$T/pm.out" \
+  && grep -qE "prefill_ms_per_layer_token +[0-9.]+ +measured" "$T/pm.out" \
   && ok || bad "bench project --model: $(cat "$T/pm.out")"
 : >"$T/empty.jsonl"
 "$BIN" bench project --drives 1 --gbps 2 --from "$T/empty.jsonl" >/dev/null 2>"$T/err"; [ $? -eq 1 ] && grep -q "no decode steps" "$T/err" \

@@ -67,6 +67,9 @@ typedef struct {
     uint64_t bytes_read, hits, misses, slot_bytes;
     int max_layer, max_id, n_layers_seen;
     uint64_t distinct;         /* distinct (layer, expert) acquired over the whole file */
+    int have_bd;               /* a "bench_decode" line (bench decode --events): the prompt's eval and B */
+    double prefill_s, prefill_stall_s, bd_gbps;
+    int prefill_tokens;
 } ev_summary;
 
 static int cmp_u32(const void *a, const void *b) {
@@ -97,7 +100,13 @@ static int read_events(const char *path, ev_summary *s, char *err, size_t errlen
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "ev");
         const char *e = cJSON_IsString(ev) ? ev->valuestring : "";
         double t = jnum(j, "t", 0);
-        if (!strcmp(e, "open")) {
+        if (!strcmp(e, "bench_decode")) {
+            s->have_bd = 1;
+            s->prefill_s = jnum(j, "prefill_s", 0);
+            s->prefill_stall_s = jnum(j, "prefill_stall_s", 0);
+            s->prefill_tokens = (int)jnum(j, "prefill_tokens", 0);
+            s->bd_gbps = jnum(j, "gbps", 0);
+        } else if (!strcmp(e, "open")) {
             s->slot_bytes = (uint64_t)jnum(j, "slot_bytes", 0);
             prev_pos = -2;
         } else if (!strcmp(e, "acquire")) {
@@ -391,6 +400,9 @@ int bench_project(int argc, char **argv, decode_fn decode) {
                ev.bytes_read / 1e6 / ev.decode_tokens, need / 1e6 / ev.decode_tokens, m_h,
                1e3 * ev.decode_s / ev.decode_tokens, 1e3 * (ev.decode_s - ev.stall_s) / ev.decode_tokens,
                1e3 * ev.stall_s / ev.decode_tokens, m_stall_wall);
+        if (ev.have_bd)
+            printf("  prefill %d tokens in %.2f s (stall %.2f s); drive bandwidth of that run (bench io) %.3f GB/s\n",
+                   ev.prefill_tokens, ev.prefill_s, ev.prefill_stall_s, ev.bd_gbps);
         if (m_hidden && m_hidden != 7168)
             printf("  note: the measured model has hidden size %d; its compute per layer does not carry over to "
                    "the full model's 7168\n", m_hidden);
@@ -400,6 +412,10 @@ int bench_project(int argc, char **argv, decode_fn decode) {
                    ev.bytes_read / 1e6 / ev.decode_tokens, need / 1e6 / ev.decode_tokens);
         if (!cms.set)
             in_set(&cms, m_cms, 2, "(decode time - stall) / tokens / %d layers", m_layers);
+        if (!pms.set && ev.have_bd && ev.prefill_tokens > 1 && m_layers)
+            in_set(&pms, fmax(0, 1e3 * (ev.prefill_s - ev.prefill_stall_s) / ev.prefill_tokens / m_layers), 2,
+                   "(prefill time - stall) / %d prompt tokens / %d layers (batching gain at %g tokens not included)",
+                   ev.prefill_tokens, m_layers, prompt_t);
         if (!stall.set && m_exposed >= 0)
             in_set(&stall, m_exposed, 2, "stall %.3f s / expert read time %.3f s (drive busy time)", ev.stall_s, ev.io_s);
         if (!cov.set && m_cov >= 0) {

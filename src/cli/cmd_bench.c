@@ -295,6 +295,8 @@ static int bench_decode(int argc, char **argv) {
     df_sampler *smp = df_sampler_new(&so);
     rc = df_eval(s, ids, n_ids, logits, 0, NULL, NULL, err, sizeof err);
     int32_t tok = rc ? 0 : df_sample(smp, logits, n_vocab);
+    df_stats st0; /* the prompt's eval (prefill), before the reset */
+    df_model_stats(m, &st0);
     df_model_stats_reset(m);
     printf("  decode:");
     fflush(stdout);
@@ -337,12 +339,24 @@ static int bench_decode(int argc, char **argv) {
         printf("  storage bound B/((1-h)*bytes_per_token): none, hit rate %.3f (B = %.3f GB/s, mean of before/after); "
                "expert reads %.3f GB/s = %.1f%% of B\n",
                h, br.gbps, read_gbps, br.gbps > 0 ? 100 * read_gbps / br.gbps : 0);
+    printf("  prefill: %llu tokens in %.2f s (io stall %.2f s)\n", (unsigned long long)st0.prefill_tokens, st0.prefill_s,
+           st0.io_stall_s);
     printf("  resident %.2f GiB, peak RSS %.2f GiB%s\n", st.resident_bytes / 1073741824.0, vm_hwm_kb() / 1048576.0,
            df_model_is_exact(m) ? "" : "  (NOT EXACT: int8 spine)");
     free(logits);
     df_sampler_free(smp);
     df_session_free(s);
     df_model_close(m);
+    if (events && !rc) { /* after the store closed the file: this run's totals, for `bench project --from` */
+        FILE *ef = fopen(events, "a");
+        if (ef) {
+            fprintf(ef, "{\"ev\":\"bench_decode\",\"prefill_s\":%.6f,\"prefill_tokens\":%llu,\"prefill_stall_s\":%.6f,"
+                        "\"decode_s\":%.6f,\"decode_tokens\":%llu,\"io_stall_s\":%.6f,\"gbps\":%.4f}\n",
+                    st0.prefill_s, (unsigned long long)st0.prefill_tokens, st0.io_stall_s, st.decode_s,
+                    (unsigned long long)st.decode_tokens, st.io_stall_s, br.gbps);
+            fclose(ef);
+        }
+    }
     return rc ? 1 : 0;
 }
 
