@@ -6,7 +6,9 @@
 # tokenize option checks and id overflow, cache-corruption messages naming the
 # cache directory, the KV reserve of a text prompt, --max-new 0 stats, bench and
 # doctor option messages, dense-model description, progress lines ended before
-# errors. Uses tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
+# errors; a mistyped --model path, prompts from a file or stdin, prefill progress
+# and the trained-positions warning (issue 11 items 11, 12). Uses
+# tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -143,6 +145,52 @@ expect 0 "convert --force" "" -- "$BIN" convert "$G" "$TMP/conv" --quiet --force
 ls "$TMP/conv" | grep -q '\.s0\.pack' && bad "convert --force left stale stripe packs" || ok
 expect 2 "convert into the checkpoint dir" "checkpoint directory itself" -- "$BIN" convert "$G" "$G" --force
 expect 0 "run after convert --force" "" -- "$BIN" run --model "$TMP/conv" --prompt-ids 1,2 --max-new 2 --print-ids --quiet
+
+# ---- issue 11 item 11: a mistyped --model path says the directory does not exist
+expect 1 "run --model typo, text prompt" "^deltafin run: --model $TMP/kimi-mnii: no such directory" -- \
+    "$BIN" run --model "$TMP/kimi-mnii" --prompt hi
+expect 1 "run --model typo, ids" "^deltafin run: --model $TMP/kimi-mnii: no such directory" -- \
+    "$BIN" run --model "$TMP/kimi-mnii" --prompt-ids 1
+expect 1 "run --model a file" "^deltafin run: --model $TMP/notadir is not a directory" -- "$BIN" run --model "$TMP/notadir" --prompt hi
+expect 1 "serve --model typo" "^deltafin serve: --model $TMP/kimi-mnii: no such directory" -- \
+    "$BIN" serve --model "$TMP/kimi-mnii" --port 0
+
+# ---- issue 11 item 12: prompts from a file or stdin, prefill progress, trained-positions warning
+printf 'The malloc() function\nallocates' >"$TMP/p.txt"
+RK=("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --quiet --max-new 6 --print-ids)
+ref=$("${RK[@]}" --prompt "$(printf 'The malloc() function\nallocates')" 2>&1)
+a=$("${RK[@]}" --prompt-file "$TMP/p.txt" 2>&1)
+b=$("${RK[@]}" --prompt - <"$TMP/p.txt" 2>&1)
+c=$("${RK[@]}" --prompt-file - <"$TMP/p.txt" 2>&1)
+[[ "$ref" =~ ^[0-9]+(,[0-9]+){5}$ ]] && [ "$a" = "$ref" ] && [ "$b" = "$ref" ] && [ "$c" = "$ref" ] && ok \
+    || bad "--prompt-file / --prompt - / --prompt-file - differ from --prompt: '$ref' '$a' '$b' '$c'"
+expect 2 "--prompt with --prompt-file" "exactly one of --prompt TEXT, --prompt-file FILE or --prompt-ids" -- \
+    "${RK[@]}" --prompt hi --prompt-file "$TMP/p.txt"
+expect 1 "--prompt-file missing" "^deltafin run: --prompt-file $TMP/nope.txt: No such file" -- "${RK[@]}" --prompt-file "$TMP/nope.txt"
+expect 0 "run --help documents --prompt-file" "--prompt-file FILE" -- "$BIN" run --help
+# a model card that says the model was trained on 512 positions (as kimi-mini's, docs/model-card.md)
+mkdir -p "$TMP/km-card"
+for f in "$KM"/*; do ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$TMP/km-card/"; done
+printf -- '---\nlicense: mit\ntrained_positions: 512\n---\n# kimi-mini\n' >"$TMP/km-card/README.md"
+printf 'The history of the city is long and varied. %.0s' $(seq 1 130) >"$TMP/long.txt"
+n_long=$("$BIN" tokenize --model "$KM" <"$TMP/long.txt" | tr , '\n' | grep -c .)
+"$BIN" run --model "$TMP/km-card" --cache-dir "$TMP/cache" --prompt-ids 1 --max-new 1 --quiet >/dev/null 2>&1 # convert first
+t0=$(date +%s%N)
+"$BIN" run --model "$TMP/km-card" --cache-dir "$TMP/cache" --prompt-file "$TMP/long.txt" --max-new 1 --threads 1 >/dev/null 2>"$TMP/long.err"; rc=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ $rc -eq 0 ] && [ "$n_long" -gt 512 ] && grep -q "^deltafin run: warning: the prompt has $n_long tokens but km-card was trained on 512 positions (model card $TMP/km-card/README.md" "$TMP/long.err" \
+    && ok || bad "trained-positions warning ($n_long tokens): rc $rc, $(cat "$TMP/long.err")"
+# the prefill of ~1400 tokens on one thread takes seconds (3 s on the 2-core dev VM): progress lines, then the total
+if [ "$ms" -ge 2000 ]; then
+    grep -q "prefill: $n_long tokens, layers [0-9]* / [0-9]*, [0-9.]* s" "$TMP/long.err" &&
+        grep -q "prefill: $n_long tokens in [0-9.]* s ([0-9.]* tok/s)" "$TMP/long.err" && ok || bad "no prefill progress ($ms ms): $(cat "$TMP/long.err")"
+else echo "note: the long prefill took only $ms ms: progress (shown after 1 s) not checked"; ok; fi
+"$BIN" run --model "$TMP/km-card" --cache-dir "$TMP/cache" --prompt-file "$TMP/long.txt" --max-new 1 --threads 1 --quiet >/dev/null 2>"$TMP/long.err"
+! grep -q "prefill:" "$TMP/long.err" && grep -q "warning: the prompt has" "$TMP/long.err" && ok || bad "--quiet: no progress, still the warning: $(cat "$TMP/long.err")"
+"$BIN" run --model "$TMP/km-card" --cache-dir "$TMP/cache" --prompt "short prompt" --max-new 1 >/dev/null 2>"$TMP/short.err"
+! grep -qE "warning|prefill:" "$TMP/short.err" && ok || bad "short prompt: no warning, no progress: $(cat "$TMP/short.err")"
+"$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt-file "$TMP/long.txt" --max-new 1 --quiet >/dev/null 2>"$TMP/nocard.err"
+! grep -q "warning" "$TMP/nocard.err" && ok || bad "without a card (max_position_embeddings 131072): no warning: $(cat "$TMP/nocard.err")"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

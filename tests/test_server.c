@@ -297,6 +297,30 @@ static void test_misc(void) {
     CHECK(!strcmp(srv_error_type(401), "authentication_error") && !strcmp(srv_error_type(429), "rate_limit_error"), "types");
 }
 
+/* logprobs token strings (issue 11 item 4), character counts, entropy seeds (item 5) */
+static void test_token_display(void) {
+    struct { const char *in; size_t n; const char *want; } cases[] = {
+        {"hello", 5, "hello"},
+        {"\xE5\x9B\xBD", 3, "\xE5\x9B\xBD"},        /* a whole character stays text */
+        {"\xE5\x9B", 2, "bytes:\\xe5\\x9b"},         /* the start of one */
+        {"\xBD", 1, "bytes:\\xbd"},                  /* its end */
+        {" \xE2\x80", 3, "bytes: \\xe2\\x80"},       /* printable ASCII kept, as OpenAI shows it */
+        {"a\\\xFF", 3, "bytes:a\\\\\\xff"},          /* a backslash is doubled */
+        {"", 0, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        srv_buf b;
+        srv_buf_init(&b);
+        srv_token_display(&b, cases[i].in, cases[i].n);
+        CHECK(!strcmp(b.p ? b.p : "", cases[i].want), "token display %zu: '%s' want '%s'", i, b.p ? b.p : "", cases[i].want);
+        srv_buf_free(&b);
+    }
+    CHECK(srv_utf8_chars("Caf\xC3\xA9 \xF0\x9F\x99\x82", 10) == 6, "6 characters");
+    CHECK(srv_utf8_chars("\xE5\x9B", 2) == 1, "a partial character counts once");
+    uint64_t a = srv_random_u64(), b = srv_random_u64(), c = srv_random_u64();
+    CHECK(a != b && b != c && a != c, "srv_random_u64 differs per call");
+}
+
 int main(void) {
     test_utf8();
     test_stop();
@@ -304,5 +328,6 @@ int main(void) {
     test_request();
     test_nul();
     test_misc();
+    test_token_display();
     return t_done();
 }

@@ -1,7 +1,9 @@
 /* test_server_gen.c — the server's generator end to end in-process, on the
  * built-in mock model (src/server/srv_mock.c, whose greedy continuation of a
  * P-token prompt is MOCK_TEXT from offset P): exact texts, SSE framing, stop
- * sequences across tokens, UTF-8-safe chunks, logprobs, seeds, KV prefix reuse,
+ * sequences across tokens, UTF-8-safe chunks, logprobs (text_offset in characters,
+ * partial characters as bytes:\xNN, chat bytes, distinct top_logprobs keys), seeds
+ * (per-request entropy without one), max_tokens 0 with echo, KV prefix reuse,
  * cancellation and prompt errors. */
 #include "server/srv.h"
 #include "test_util.h"
@@ -83,6 +85,180 @@ static int usage_int(cJSON *u, const char *k) {
     return cJSON_IsNumber(v) ? v->valueint : -1;
 }
 static int cached(cJSON *u) { return usage_int(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"); }
+
+/* Byte position of character (code point) index ci in s. */
+static size_t byte_at_char(const char *s, size_t ci) {
+    size_t b = 0, c = 0;
+    for (; s[b]; b++) {
+        if (((unsigned char)s[b] & 0xC0) == 0x80) continue;
+        if (c++ == ci) return b;
+    }
+    return b;
+}
+
+/* A backend that is the mock except that every id >= 128 shows as the token "?"
+ * (tokens with equal strings, as a tokenizer with duplicate texts has). */
+static srv_backend dup_be;
+static int dup_token_bytes(srv_backend *b, int32_t id, char **out, size_t *len) {
+    if (id >= 128 && id < 256) { *out = strdup("?"); *len = 1; return 0; }
+    return be->token_bytes(be, id, out, len);
+}
+
+/* Issue 11 items 4, 5, 10: logprobs offsets / partial characters / keys, seeds, max_tokens 0. */
+static void test_issue11(void) {
+    char body[512], pr[60];
+    memset(pr, 'x', 59);
+    pr[59] = 0;
+    /* 4a. completions: byte tokens split "Café naïve 日本語": text_offset in characters,
+     * monotone, the text at each offset starts with the token; partial characters are
+     * "bytes:\xNN" tokens at the offset of the character they belong to */
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":20,\"temperature\":0,\"logprobs\":1}", pr);
+    srv_job *j = run(SRV_COMPLETION, body);
+    cJSON *r = body_json(j);
+    const char *text = choice_str(r, "text");
+    /* the last two tokens are 2 bytes of 語: the text ends with U+FFFD for them */
+    CHECK(!strncmp(text, "Caf\xC3\xA9 na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC\xEF\xBF\xBD", 23), "text: '%s'", text);
+    cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    cJSON *toks = cJSON_GetObjectItem(lp, "tokens"), *offs = cJSON_GetObjectItem(lp, "text_offset");
+    static const char *want_tok[20] = {"C", "a", "f", "bytes:\\xc3", "bytes:\\xa9", " ", "n", "a", "bytes:\\xc3", "bytes:\\xaf",
+                                      "v", "e", " ", "bytes:\\xe6", "bytes:\\x97", "bytes:\\xa5", "bytes:\\xe6", "bytes:\\x9c",
+                                      "bytes:\\xac", "bytes:\\xe8"};
+    static const int want_off[20] = {0, 1, 2, 3, 3, 4, 5, 6, 7, 7, 8, 9, 10, 11, 11, 11, 12, 12, 12, 13};
+    CHECK(cJSON_GetArraySize(toks) == 20 && cJSON_GetArraySize(offs) == 20, "20 entries");
+    int prev = -1, ok_tok = 1, ok_off = 1, ok_prefix = 1;
+    for (int i = 0; i < 20 && i < cJSON_GetArraySize(toks); i++) {
+        const char *t = cJSON_GetArrayItem(toks, i)->valuestring;
+        int o = cJSON_GetArrayItem(offs, i)->valueint;
+        if (strcmp(t, want_tok[i])) { ok_tok = 0; fprintf(stderr, "token %d: '%s' want '%s'\n", i, t, want_tok[i]); }
+        if (o != want_off[i]) { ok_off = 0; fprintf(stderr, "text_offset %d: %d want %d\n", i, o, want_off[i]); }
+        CHECK(o >= prev, "text_offset monotone at %d", i);
+        prev = o;
+        if (strncmp(t, "bytes:", 6) && strncmp(text + byte_at_char(text, (size_t)o), t, strlen(t))) ok_prefix = 0;
+    }
+    CHECK(ok_tok, "token strings (partial characters as bytes:\\xNN)");
+    CHECK(ok_off, "text_offset values in characters");
+    CHECK(ok_prefix, "text[text_offset[i]:] starts with tokens[i]");
+    cJSON_Delete(r);
+    srv_job_unref(j);
+
+    /* 4b. echo: offsets count characters of the echoed prompt ("né" is 2 characters, 3 bytes) */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"n\xC3\xA9\",\"echo\":true,\"max_tokens\":2,\"temperature\":0,\"logprobs\":0}");
+    r = body_json(j);
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    offs = cJSON_GetObjectItem(lp, "text_offset");
+    toks = cJSON_GetObjectItem(lp, "tokens");
+    CHECK(cJSON_GetArraySize(offs) == 5 && cJSON_GetArrayItem(offs, 0)->valueint == 0 && cJSON_GetArrayItem(offs, 1)->valueint == 1 &&
+          cJSON_GetArrayItem(offs, 2)->valueint == 1 && cJSON_GetArrayItem(offs, 3)->valueint == 2 &&
+          cJSON_GetArrayItem(offs, 4)->valueint == 3, "echo text_offset 0,1,1,2,3");
+    CHECK(!strcmp(cJSON_GetArrayItem(toks, 1)->valuestring, "bytes:\\xc3") && !strcmp(cJSON_GetArrayItem(toks, 2)->valuestring, "bytes:\\xa9"),
+          "prompt partial-character tokens");
+    text = choice_str(r, "text");
+    CHECK(!strncmp(text + byte_at_char(text, 2), cJSON_GetArrayItem(toks, 3)->valuestring, 1), "generated token at its offset: '%s'", text);
+    cJSON_Delete(r);
+    srv_job_unref(j);
+
+    /* 4c. chat: bytes are each token's own bytes, also inside a character; the token
+     * string of a partial character is bytes:\xNN; top_logprobs are per token */
+    const char *content = "012345678901234567890123456789012345678901"; /* 6 + 42 + 11 = 59 prompt tokens */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":5,\"temperature\":0,"
+                                "\"logprobs\":true,\"top_logprobs\":3}", content);
+    j = run(SRV_CHAT, body);
+    r = body_json(j);
+    cJSON *c = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs"), "content");
+    CHECK(cJSON_GetArraySize(c) == 5, "5 chat logprob entries");
+    static const int want_b[5] = {'C', 'a', 'f', 0xC3, 0xA9};
+    static const char *want_ct[5] = {"C", "a", "f", "bytes:\\xc3", "bytes:\\xa9"};
+    for (int i = 0; i < 5 && i < cJSON_GetArraySize(c); i++) {
+        cJSON *e = cJSON_GetArrayItem(c, i), *b = cJSON_GetObjectItem(e, "bytes");
+        CHECK(cJSON_GetArraySize(b) == 1 && cJSON_GetArrayItem(b, 0)->valueint == want_b[i], "chat bytes[%d] = [%d]", i, want_b[i]);
+        CHECK(!strcmp(cJSON_GetObjectItem(e, "token")->valuestring, want_ct[i]), "chat token %d: %s", i,
+              cJSON_GetObjectItem(e, "token")->valuestring);
+        CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(e, "top_logprobs")) == 3, "3 alternatives");
+    }
+    cJSON_Delete(r);
+    srv_job_unref(j);
+
+    /* 4d. top_logprobs never collapse: 20 alternatives (many are bytes >= 0x80: distinct
+     * bytes:\xNN keys), and with tokens whose strings coincide (dup_be: every byte >= 128
+     * is "?") the duplicates are keyed token_id:ID */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"max_tokens\":3,\"temperature\":0,\"logprobs\":20}");
+    r = body_json(j);
+    cJSON *tops = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs"), "top_logprobs");
+    for (int i = 0; i < 3; i++) CHECK(cJSON_GetArraySize(cJSON_GetArrayItem(tops, i)) == 20, "20 distinct keys at %d: %d", i,
+                                      cJSON_GetArraySize(cJSON_GetArrayItem(tops, i)));
+    cJSON_Delete(r);
+    srv_job_unref(j);
+    dup_be = *be;
+    dup_be.token_bytes = dup_token_bytes;
+    go.be = &dup_be;
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"max_tokens\":3,\"temperature\":0,\"logprobs\":20}");
+    r = body_json(j);
+    tops = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs"), "top_logprobs");
+    cJSON *t0 = cJSON_GetArrayItem(tops, 0), *kv;
+    int n_q = 0, n_id = 0, n_keys = 0;
+    cJSON_ArrayForEach(kv, t0) {
+        n_keys++;
+        n_q += !strcmp(kv->string, "?");
+        n_id += !strncmp(kv->string, "token_id:", 9) && atoi(kv->string + 9) >= 128;
+    }
+    CHECK(n_keys == 20 && n_q == 1 && n_id >= 1 && n_q + n_id + 0 <= 20, "duplicates keyed token_id:ID: %d keys, %d '?', %d ids",
+          n_keys, n_q, n_id);
+    cJSON_Delete(r);
+    srv_job_unref(j);
+    go.be = be;
+
+    /* 5. no seed: each request draws its own seed (entropy), so two "regenerate"s differ */
+    uint64_t seeds[2];
+    char texts[2][256];
+    for (int i = 0; i < 2; i++) {
+        j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"max_tokens\":60,\"temperature\":1.5}");
+        r = body_json(j);
+        seeds[i] = j->seed;
+        snprintf(texts[i], sizeof texts[i], "%s", choice_str(r, "text"));
+        cJSON_Delete(r);
+        srv_job_unref(j);
+    }
+    CHECK(seeds[0] != seeds[1], "two requests without seed get different seeds: %llu %llu", (unsigned long long)seeds[0],
+          (unsigned long long)seeds[1]);
+    CHECK(strcmp(texts[0], texts[1]), "and different texts: '%s'", texts[0]);
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"max_tokens\":2,\"temperature\":1.5,\"seed\":42}");
+    CHECK(j->seed == 42, "a given seed is used: %llu", (unsigned long long)j->seed);
+    srv_job_unref(j);
+
+    /* 10. max_tokens 0 + echo (scoring): the prompt's logprobs, nothing generated */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"echo\":true,\"max_tokens\":0,\"logprobs\":1}");
+    r = body_json(j);
+    CHECK(j->http_status == 200, "max_tokens 0 + echo: 200 (%d)", j->http_status);
+    CHECK(!strcmp(choice_str(r, "text"), "abc") && !strcmp(choice_str(r, "finish_reason"), "length"), "text is the prompt, length");
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    cJSON *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
+    CHECK(cJSON_GetArraySize(tlp) == 3 && cJSON_IsNull(cJSON_GetArrayItem(tlp, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(tlp, 2)),
+          "3 prompt logprobs, the first null");
+    {   /* after "a" the mock predicts 'e'; 'b' has logit ((98*7+1)%13)/13 */
+        double mx = 9.0, sum = 0;
+        for (int v = 0; v < 262; v++) sum += exp((v == 'e' ? 9.0 : (double)(float)((v * 7 + 1) % 13) / 13.0f) - mx);
+        CHECK_NEAR(cJSON_GetArrayItem(tlp, 1)->valuedouble, (double)(float)((98 * 7 + 1) % 13) / 13.0f - (mx + log(sum)), 1e-5,
+                   "logprob of 'b' after 'a'");
+    }
+    CHECK(usage_int(cJSON_GetObjectItem(r, "usage"), "completion_tokens") == 0, "0 completion tokens");
+    cJSON_Delete(r);
+    srv_job_unref(j);
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"echo\":true,\"max_tokens\":0,\"stream\":true,\"logprobs\":0}");
+    sse_t s;
+    parse_sse(j->out.p, &s, 0);
+    CHECK(!strcmp(s.text, "abc") && s.lp_tokens == 3 && s.done == 1, "streamed max_tokens 0: '%s', %d logprobs", s.text, s.lp_tokens);
+    srv_job_unref(j);
+    srv_request rq;
+    char *ej = NULL;
+    const char *b0 = "{\"prompt\":\"abc\",\"max_tokens\":0}";
+    CHECK(srv_request_parse(&rq, SRV_COMPLETION, b0, strlen(b0), &ej) == 400 && ej && strstr(ej, "echo"), "max_tokens 0 without echo: 400: %s",
+          ej ? ej : "");
+    free(ej);
+    ej = NULL;
+    b0 = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":0}";
+    CHECK(srv_request_parse(&rq, SRV_CHAT, b0, strlen(b0), &ej) == 400, "chat max_tokens 0: 400");
+    free(ej);
+}
 
 int main(void) {
     char err[256];
@@ -247,6 +423,7 @@ int main(void) {
     cJSON_Delete(r);
     srv_job_unref(j);
 
+    test_issue11();
     be->close(be);
 
     /* 9. Kimi: <think> -> reasoning_content, tool-call section -> tool_calls */

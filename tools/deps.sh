@@ -4,9 +4,11 @@
 # apt-get line and exits 1.
 set -u
 PKGS="build-essential cmake pkg-config libcjson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev liburing-dev libssl-dev libcurl4-openssl-dev"
+# one dpkg-query for all of them (this runs before every `make`, `make run` included: keep it fast)
+installed=$(dpkg-query -W -f='${Package} ${Status}\n' $PKGS 2>/dev/null | awk '$NF == "installed" && $(NF-1) == "ok" { sub(/:.*/, "", $1); print $1 }')
 missing=""
 for p in $PKGS; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+  case " $(echo $installed) " in *" $p "*) ;; *) missing="$missing $p" ;; esac
 done
 # --test: what the tests need besides the build (python3 for golden checks, node + npm for the pinned
 # tokenizer packages and the openai client). Commands found on PATH count, wherever they came from.

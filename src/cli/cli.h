@@ -20,4 +20,7 @@ int cli_check_out_dirs(const char *cmd, const char *out, const char *expert_dirs
 int cli_parse_size(const char *s, uint64_t *out);
 /* 1 when dir/name is a regular file. */
 int cli_is_file(const char *dir, const char *name);
+/* --model PATH must be an existing directory: 0, else a message naming the flag
+ * ("deltafin CMD: --model PATH: no such directory" / "is not a directory") and 1. */
+int cli_check_model_dir(const char *cmd, const char *path);
 #endif

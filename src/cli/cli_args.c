@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 int cli_parse_size(const char *s, uint64_t *out) {
@@ -30,4 +31,22 @@ int cli_is_file(const char *dir, const char *name) {
     struct stat st;
     snprintf(p, sizeof p, "%s/%s", dir, name);
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int cli_check_model_dir(const char *cmd, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR)
+            fprintf(stderr, "deltafin %s: --model %s: no such directory (expected a model directory with manifest.json "
+                            "or config.json)\n", cmd, path);
+        else fprintf(stderr, "deltafin %s: --model %s: %s\n", cmd, path, strerror(e));
+        return 1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "deltafin %s: --model %s is not a directory (expected a model directory with manifest.json or "
+                        "config.json)\n", cmd, path);
+        return 1;
+    }
+    return 0;
 }

@@ -1,11 +1,17 @@
 /*
  * cmd_run.c — `deltafin run`: open a model, evaluate a prompt (text through the
- * model's tokenizer, or --prompt-ids), then generate up to --max-new tokens
- * (greedy by default; --temperature/--top-p/--top-k/--seed sample), streaming
- * the decoded text to stdout. Uses only include/deltafin.h.
+ * model's tokenizer — from --prompt, --prompt-file or stdin — or --prompt-ids),
+ * then generate up to --max-new tokens (greedy by default;
+ * --temperature/--top-p/--top-k/--seed sample), streaming the decoded text to
+ * stdout. A prefill that takes more than a second shows its progress on stderr;
+ * a prompt longer than the positions the model was trained on gets a warning.
+ * Uses only include/deltafin.h for the model (the configuration and model card
+ * are read as files for the trained-positions figure).
  */
 #include "cli.h"
 #include "deltafin.h"
+
+#include <cjson/cJSON.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -19,9 +25,10 @@
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: deltafin run --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+            "usage: deltafin run --model DIR (--prompt TEXT | --prompt-file FILE | --prompt-ids 1,2,3) [options]\n"
             "  --model DIR          native model dir (manifest.json) or Hugging Face dir (config.json; converted once into the cache)\n"
-            "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
+            "  --prompt TEXT        prompt text (needs the model's tokenizer); --prompt - reads it from stdin\n"
+            "  --prompt-file FILE   prompt text from FILE, as is (- = stdin)\n"
             "  --prompt-ids LIST    prompt as comma-separated token ids\n"
             "  --max-new N          tokens to generate (default 32); stops early (with a note) when the context is full\n"
             "  --chat               wrap the prompt as one user message in the model's chat format\n"
@@ -41,7 +48,10 @@ static void run_usage(FILE *f) {
             "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env DF_PREFETCH)\n"
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
             "  --backend NAME       cpu (best SIMD, default) | cpu-scalar\n"
-            "  --quiet              no configuration line or progress on stderr\n");
+            "  --quiet              no configuration line or progress on stderr\n"
+            "A prefill that takes over a second reports its progress (layers done) on stderr. A prompt longer than the\n"
+            "positions the model was trained on (the model card's trained_positions in DIR/README.md, else the\n"
+            "config's max_position_embeddings) gets a warning on stderr.\n");
 }
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
@@ -123,6 +133,131 @@ static void progress_end(void) {
     progress_open = 0;
 }
 
+/* Whole contents of FILE ("-" = stdin) as a NUL-terminated string; NULL after a message. */
+static char *read_prompt(const char *path, size_t *len_out) {
+    int is_stdin = !strcmp(path, "-");
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "deltafin run: --prompt-file %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap);
+    for (;;) {
+        if (!b) break;
+        if (n + 1 >= cap) {
+            char *t = realloc(b, cap *= 2);
+            if (!t) { free(b); b = NULL; break; }
+            b = t;
+        }
+        size_t k = fread(b + n, 1, cap - n - 1, f);
+        n += k;
+        if (k == 0) break;
+    }
+    int bad = ferror(f);
+    if (!is_stdin) fclose(f);
+    if (!b || bad) {
+        fprintf(stderr, "deltafin run: cannot read the prompt from %s: %s\n", is_stdin ? "stdin" : path,
+                b ? strerror(errno) : "out of memory");
+        free(b);
+        return NULL;
+    }
+    b[n] = 0;
+    if (memchr(b, 0, n)) {
+        fprintf(stderr, "deltafin run: the prompt from %s contains a NUL byte (not text)\n", is_stdin ? "stdin" : path);
+        free(b);
+        return NULL;
+    }
+    *len_out = n;
+    return b;
+}
+
+static cJSON *read_json(const char *dir, const char *name) {
+    char p[8192];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n > 0 && n < (64L << 20) ? malloc((size_t)n + 1) : NULL;
+    cJSON *j = NULL;
+    if (b && fread(b, 1, (size_t)n, f) == (size_t)n) { b[n] = 0; j = cJSON_Parse(b); }
+    free(b);
+    fclose(f);
+    return j;
+}
+
+/* The positions the model was trained on, or 0 when unknown; `src` says where the
+ * figure came from. The model card (DIR/README.md, a Hugging Face model card) wins
+ * when its YAML front matter names `trained_positions: N` (a model trained on short
+ * windows whose config allows far more positions, as kimi-mini: trained on 512,
+ * max_position_embeddings 131072 through YaRN); else the config's
+ * max_position_embeddings (config.json, or manifest.json's copy in a native dir). */
+static long trained_positions(const char *model, char *src, size_t cap) {
+    char p[8192];
+    snprintf(p, sizeof p, "%s/README.md", model);
+    FILE *f = fopen(p, "r");
+    if (f) {
+        char line[1024];
+        int in_front = 0;
+        long v = 0;
+        for (int ln = 0; fgets(line, sizeof line, f); ln++) {
+            if (!strncmp(line, "---", 3) && (line[3] == '\n' || line[3] == '\r' || !line[3])) {
+                if (ln == 0) { in_front = 1; continue; }
+                break;
+            }
+            if (!in_front) break;
+            char *q = line;
+            while (*q == ' ') q++;
+            if (!strncmp(q, "trained_positions:", 18)) {
+                char *end;
+                v = strtol(q + 18, &end, 10);
+                while (*end == ' ' || *end == '\r' || *end == '\n') end++;
+                if (*end || v <= 0) v = 0;
+                break;
+            }
+        }
+        fclose(f);
+        if (v > 0) { snprintf(src, cap, "model card %s/README.md: trained_positions", model); return v; }
+    }
+    cJSON *root = read_json(model, "config.json"), *cfg = root;
+    const char *from = "config.json";
+    if (!root && (root = read_json(model, "manifest.json"))) { cfg = cJSON_GetObjectItemCaseSensitive(root, "config"); from = "manifest.json config"; }
+    long v = 0;
+    if (cfg) {
+        cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
+        cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(tc) ? tc : cfg, "max_position_embeddings");
+        if (!m && cJSON_IsObject(tc)) m = cJSON_GetObjectItemCaseSensitive(cfg, "max_position_embeddings");
+        if (cJSON_IsNumber(m) && m->valuedouble >= 1 && m->valuedouble < 1e12) v = (long)m->valuedouble;
+    }
+    cJSON_Delete(root);
+    if (v > 0) snprintf(src, cap, "%s max_position_embeddings", from);
+    return v;
+}
+
+/* df_eval progress for the prefill: nothing for a prefill under a second, then one
+ * line rewritten at most twice a second (layers done of the model's layers). */
+typedef struct {
+    double t0, last;
+    int n_tokens, shown;
+} prefill_prog;
+
+static double now_s(void);
+
+static int prefill_progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    prefill_prog *p = user;
+    double now = now_s();
+    if (now - p->t0 < 1.0 || (p->shown && now - p->last < 0.5)) return 0;
+    p->last = now;
+    p->shown = 1;
+    fprintf(stderr, "\rprefill: %d tokens, %s %llu / %llu, %.1f s", p->n_tokens, what, (unsigned long long)done,
+            (unsigned long long)total, now - p->t0);
+    fflush(stderr);
+    progress_open = 1;
+    return 0;
+}
+
 /* JSON string escaping for the one-message chat list */
 static char *json_escape(const char *s) {
     size_t n = strlen(s);
@@ -148,7 +283,9 @@ static double now_s(void) {
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *prompt_ids = NULL;
+    const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *prompt_file = NULL;
+    char *prompt_buf = NULL;
+    size_t prompt_len = 0;
     int max_new = 32, chat = 0, stats = 0, print_ids = 0, quiet = 0, spine_given = 0;
     long long iv;
     df_model_opts mo;
@@ -162,6 +299,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--model")) { if (!(model = NEXT())) return 2; }
         else if (!strcmp(a, "--prompt")) { if (!(prompt = NEXT())) return 2; }
         else if (!strcmp(a, "--prompt-ids")) { if (!(prompt_ids = NEXT())) return 2; }
+        else if (!strcmp(a, "--prompt-file")) { if (!(prompt_file = NEXT())) return 2; }
         else if (!strcmp(a, "--max-new")) {
             const char *v = NEXT();
             if (!v || parse_int(a, v, 0, INT_MAX, &iv)) return 2;
@@ -224,14 +362,23 @@ int cmd_run(int argc, char **argv) {
 #undef NEXT
     }
     if (!model) { fprintf(stderr, "deltafin run: --model DIR is required\n\n"); run_usage(stderr); return 2; }
-    if (!prompt == !prompt_ids) { fprintf(stderr, "deltafin run: give exactly one of --prompt TEXT or --prompt-ids LIST\n"); return 2; }
+    if ((prompt != NULL) + (prompt_ids != NULL) + (prompt_file != NULL) != 1) {
+        fprintf(stderr, "deltafin run: give exactly one of --prompt TEXT, --prompt-file FILE or --prompt-ids LIST\n");
+        return 2;
+    }
     if (chat && prompt_ids) { fprintf(stderr, "deltafin run: --chat needs --prompt TEXT (ids are used as given)\n"); return 2; }
+    /* a mistyped path is "no such directory", before anything looks inside it */
+    if (cli_check_model_dir("run", model)) return 1;
     if (spine_given && cli_is_file(model, "manifest.json")) {
         fprintf(stderr, "deltafin run: --spine applies only when converting a Hugging Face checkpoint; %s is a native model "
                         "(its spine encoding was chosen by `deltafin convert --spine`): drop --spine\n", model);
         return 2;
     }
     if (!quiet) { mo.progress = progress_cb; mo.progress_user = NULL; }
+    if (prompt_file || (prompt && !strcmp(prompt, "-"))) {
+        if (!(prompt_buf = read_prompt(prompt_file ? prompt_file : "-", &prompt_len))) return 1;
+        prompt = prompt_buf;
+    } else if (prompt) prompt_len = strlen(prompt);
 
     char err[1024] = "";
     int rc, status = 1;
@@ -246,16 +393,18 @@ int cmd_run(int argc, char **argv) {
     if (prompt_ids) {
         if (parse_ids(prompt_ids, &ids, &n_ids)) {
             fprintf(stderr, "deltafin run: --prompt-ids \"%s\" is not a comma-separated list of token ids (integers >= 0)\n", prompt_ids);
+            free(prompt_buf);
             return 2;
         }
     } else {
         /* tokenize first: the KV reserve inside --ram-budget is then the prompt's real token count */
         if (!cli_is_file(model, "tokenizer.json") && !cli_is_file(model, "tiktoken.model")) {
             fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model);
+            free(prompt_buf);
             return 1;
         }
         rc = df_tokenizer_open(&own_tok, model, NULL, err, sizeof err);
-        if (rc) { fprintf(stderr, "deltafin run: tokenizer of %s: %s\n", model, err); return 1; }
+        if (rc) { fprintf(stderr, "deltafin run: tokenizer of %s: %s\n", model, err); free(prompt_buf); return 1; }
         size_t n = 0;
         if (chat) {
             char *esc = json_escape(prompt), *msgs = malloc(strlen(esc) + 64), *text = NULL;
@@ -266,7 +415,7 @@ int cmd_run(int argc, char **argv) {
             rc = df_tokenize(own_tok, text, strlen(text), DF_TOK_PARSE_SPECIAL, &ids, &n, err, sizeof err);
             free(text);
         } else {
-            rc = df_tokenize(own_tok, prompt, strlen(prompt), DF_TOK_ADD_SPECIAL, &ids, &n, err, sizeof err);
+            rc = df_tokenize(own_tok, prompt, prompt_len, DF_TOK_ADD_SPECIAL, &ids, &n, err, sizeof err);
         }
         if (rc) { fprintf(stderr, "deltafin run: tokenize: %s\n", err); goto done; }
         n_ids = (int)n;
@@ -289,6 +438,13 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deltafin run: the prompt has %d tokens but the context holds %d positions\n", n_ids, n_ctx);
         goto done;
     }
+    {
+        char src[8400];
+        long trained = trained_positions(model, src, sizeof src);
+        if (trained > 0 && n_ids > trained)
+            fprintf(stderr, "deltafin run: warning: the prompt has %d tokens but %s was trained on %ld positions (%s); "
+                            "past that its output is unreliable\n", n_ids, df_model_name(m), trained, src);
+    }
     int gen_max = max_new, ctx_limited = 0;
     if ((long long)max_new > (long long)n_ctx - n_ids + 1) { gen_max = n_ctx - n_ids + 1; ctx_limited = 1; }
     int32_t stop[16];
@@ -302,7 +458,13 @@ int cmd_run(int argc, char **argv) {
     if (tok && !print_ids) dt = df_detok_new(tok);
     df_model_stats_reset(m);
     double t_start = now_s();
-    rc = df_eval(s, ids, n_ids, logits, 0, NULL, NULL, err, sizeof err);
+    prefill_prog pp = {.t0 = t_start, .n_tokens = n_ids};
+    rc = df_eval(s, ids, n_ids, logits, 0, quiet ? NULL : prefill_progress, &pp, err, sizeof err);
+    if (pp.shown) {
+        double dt = now_s() - t_start;
+        fprintf(stderr, "\rprefill: %d tokens in %.1f s (%.1f tok/s)%30s\n", n_ids, dt, dt > 0 ? n_ids / dt : 0.0, "");
+        progress_open = 0;
+    }
     if (rc) { fprintf(stderr, "deltafin run: %s\n", err); goto done; }
     df_stats after_prefill;
     df_model_stats(m, &after_prefill);
@@ -374,5 +536,6 @@ done:
     df_session_free(s);
     df_model_close(m);
     df_tokenizer_free(own_tok);
+    free(prompt_buf);
     return status;
 }

@@ -12,16 +12,18 @@ static void serve_usage(FILE *f) {
             "  --model DIR              native model directory or Hugging Face checkpoint\n"
             "  --host ADDR              numeric address to bind (default 127.0.0.1)\n"
             "  --port N                 TCP port (default 8000; 0 = any free port)\n"
-            "  --port-file PATH         write the bound port to PATH once listening\n"
+            "  --port-file PATH         write the bound port to PATH once listening (exit 1 if it cannot be written)\n"
             "  --ram-budget SIZE        bytes for weights + KV cache, e.g. 8G (default unlimited)\n"
             "  --threads N              compute threads (default all cores)\n"
             "  --ctx N                  KV cache positions (default min(4096, model maximum))\n"
             "  --max-tokens N           cap on generated tokens per request (default: context room)\n"
             "  --max-request-bytes N    largest accepted request body (default 134217728)\n"
-            "  --queue N                requests that may wait while one runs; more get 429 (default 0)\n"
+            "  --queue N                requests that may wait while one runs; more get 429 (default 16)\n"
             "  --api-key KEY            require 'Authorization: Bearer KEY' (default: none)\n"
             "  --no-kv-reuse            always prefill the whole prompt (no prefix reuse)\n"
-            "  --keepalive SECONDS      SSE comment period during long prefills (default 5)\n"
+            "  --keepalive SECONDS      SSE comment period while a stream is silent, e.g. a long prefill\n"
+            "                           (default 5; at most --timeout / 2; 0 = off: a stream silent for\n"
+            "                           3/4 of --timeout then ends with an error event)\n"
             "  --timeout SECONDS        close idle or stalled connections after this (default 60)\n"
             "  --max-connections N      concurrent connections (default 256)\n"
             "  --mock [--mock-delay-ms N]  serve a built-in byte-level test model instead of --model\n"
@@ -50,6 +52,7 @@ int cmd_serve(int argc, char **argv) {
     c.keepalive_s = 5;
     c.timeout_s = 60;
     c.max_connections = 256;
+    c.queue = 16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -74,7 +77,15 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--queue")) { NEED(); if (parse_int(a, v, 0, 100000, &c.queue)) return 2; }
         else if (!strcmp(a, "--api-key")) { NEED(); c.api_key = v; }
         else if (!strcmp(a, "--no-kv-reuse")) c.kv_reuse = 0;
-        else if (!strcmp(a, "--keepalive")) { NEED(); c.keepalive_s = atof(v); }
+        else if (!strcmp(a, "--keepalive")) {
+            NEED();
+            char *end;
+            c.keepalive_s = strtod(v, &end);
+            if (end == v || *end || !(c.keepalive_s >= 0 && c.keepalive_s <= 86400)) {
+                fprintf(stderr, "deltafin serve: --keepalive %s: expected seconds in [0, 86400] (0 = off)\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--timeout")) { NEED(); if (parse_int(a, v, 1, 86400, &c.timeout_s)) return 2; }
         else if (!strcmp(a, "--max-connections")) { NEED(); if (parse_int(a, v, 1, 100000, &c.max_connections)) return 2; }
         else if (!strcmp(a, "--mock")) c.mock = 1;
@@ -90,5 +101,6 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
+    if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
     return srv_serve(&c);
 }

@@ -119,7 +119,8 @@ typedef struct {
     int echo;
     /* common */
     int stream, include_usage;
-    int max_tokens;           /* 0 = not given */
+    int max_tokens;           /* 0 = not given (unless max_tokens_set) */
+    int max_tokens_set;       /* max_tokens / max_completion_tokens was given (0 is allowed with echo: scoring) */
     double temperature, top_p;
     int top_k;
     int has_seed;
@@ -204,9 +205,21 @@ typedef struct {
     srv_backend *be;
     int max_tokens;           /* --max-tokens cap (0 = context limit) */
     int kv_reuse;             /* reuse the KV cache for a common prefix */
-    double keepalive_s;       /* SSE comment keep-alive period during prefill */
+    double keepalive_s;       /* unused by the generator: keep-alives are sent by the connection (srv_http.c) */
     int verbose;
 } srv_gen_opts;
+
+/* A fresh 64-bit value from the kernel's entropy source (getrandom), for sampling
+ * seeds and response ids; falls back to a clock + counter mix if it fails. */
+uint64_t srv_random_u64(void);
+/* Number of UTF-8 characters (code points) in s[0..n): bytes that are not
+ * continuation bytes (ill-formed bytes count one each). */
+size_t srv_utf8_chars(const char *s, size_t n);
+/* The token string shown in logprobs for a token's bytes: the text itself when
+ * it is well-formed UTF-8, else "bytes:" + each byte escaped as \xNN (printable
+ * ASCII kept, backslash doubled), as the OpenAI API shows partial characters.
+ * Appends to b. */
+void srv_token_display(srv_buf *b, const char *s, size_t n);
 
 /* Run one job on the worker thread (fills the job's output). */
 void srv_gen_run(const srv_gen_opts *o, srv_job *j);
@@ -227,11 +240,14 @@ struct srv_job {
                                  released), so admission no longer counts this job */
     srv_buf out;              /* produced bytes not yet sent */
     double last_out;          /* monotonic time of the last produced byte */
-    int fd;                   /* client socket, for disconnect polling */
+    int fd;                   /* client socket, for disconnect polling; -1 once the connection is closing */
     srv_job *next;            /* queue link */
     /* results (for the log) */
     int prompt_tokens, cached_tokens, completion_tokens;
     double ttft_s;
+    uint64_t seed;            /* the sampling seed used (the request's, else srv_random_u64) */
+    int engine_rc;            /* df_eval's error code when evaluation failed (else 0) */
+    char engine_err[600];     /* and its message */
 };
 double srv_now(void);
 srv_job *srv_job_new(void);

@@ -35,7 +35,8 @@ typedef struct {
     /* logprobs not yet attached to emitted text */
     cJSON *lp_pending;                /* chat: array of entries; completions: object of 4 arrays */
     cJSON *lp_all;                    /* non-streamed: everything */
-    size_t text_offset;
+    size_t echo_chars;                /* characters of the echoed prompt (completions text_offset base) */
+    size_t gen_chars;                 /* characters the detokenizer has produced so far */
     int32_t *gen_ids;
     int n_gen;
     int n_prompt, n_cached;
@@ -49,11 +50,14 @@ int srv_common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
 }
 
 static void make_id(char *dst, size_t cap, const char *prefix) {
-    static unsigned long long ctr;
     static const char hex[] = "0123456789abcdef";
-    unsigned long long x = __atomic_add_fetch(&ctr, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull ^ (unsigned long long)time(NULL) * 0xBF58476D1CE4E5B9ull;
+    uint64_t a = srv_random_u64(), b = srv_random_u64();
     char tmp[25];
-    for (int i = 0; i < 24; i++) { x ^= x >> 29; x *= 0x94D049BB133111EBull; tmp[i] = hex[x >> 60]; }
+    for (int i = 0; i < 24; i++) {
+        tmp[i] = hex[a & 15];
+        a = (a >> 4) | (b << 60);
+        b >>= 4;
+    }
     tmp[24] = 0;
     snprintf(dst, cap, "%s-%s", prefix, tmp);
 }
@@ -68,13 +72,29 @@ static cJSON *new_lp_container(int chat) {
     return o;
 }
 
+/* The logprobs token string of a token's bytes (srv_token_display: the text, or
+ * "bytes:\\xNN..." for a token that is not whole UTF-8 characters). */
 static cJSON *str_of_bytes(const char *s, size_t n) {
     srv_buf b;
     srv_buf_init(&b);
-    srv_utf8_sanitize(&b, s, n);
+    srv_token_display(&b, s, n);
     cJSON *v = cJSON_CreateString(b.p ? b.p : "");
     srv_buf_free(&b);
     return v;
+}
+
+/* Completions top_logprobs are an object keyed by token string. Distinct ids whose
+ * strings coincide (e.g. two tokens with the same text) must not collapse into one
+ * key: a later duplicate is keyed "token_id:ID" (vLLM's spelling for ids). */
+static void add_top(cJSON *t, const char *s, size_t n, int32_t id, float lp) {
+    cJSON *k = str_of_bytes(s, n);
+    if (!cJSON_GetObjectItemCaseSensitive(t, k->valuestring)) cJSON_AddNumberToObject(t, k->valuestring, lp);
+    else {
+        char alt[32];
+        snprintf(alt, sizeof alt, "token_id:%d", (int)id);
+        cJSON_AddNumberToObject(t, alt, lp);
+    }
+    cJSON_Delete(k);
 }
 
 static cJSON *bytes_array(const char *s, size_t n) {
@@ -118,32 +138,61 @@ static void record_logprob(gen_ctx *g, const float *logits, int32_t id) {
             char *s = NULL;
             size_t sl = 0;
             g->be->token_bytes(g->be, tids[i], &s, &sl);
-            cJSON *k = str_of_bytes(s, sl);
-            if (!cJSON_GetObjectItemCaseSensitive(t, k->valuestring)) cJSON_AddNumberToObject(t, k->valuestring, tlp[i]);
-            cJSON_Delete(k);
+            add_top(t, s, sl, tids[i], tlp[i]);
             free(s);
         }
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), t);
-        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "text_offset"), cJSON_CreateNumber((double)g->text_offset));
-        g->text_offset += tl;
+        /* in characters of the returned text: the characters completed before this
+         * token (one that continues a character gets that character's offset) */
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "text_offset"),
+                             cJSON_CreateNumber((double)(g->echo_chars + g->gen_chars)));
     }
     free(tb);
 }
 
+/* text_offset of each prompt token, in characters of the echoed text `echo`:
+ * the characters the streaming detokenizer has completed before the token. When
+ * the decoded prompt is the echo preceded by text the tokenizer added (a BOS
+ * token's text), that text is not counted (its tokens get offset 0). */
+static size_t *prompt_offsets(gen_ctx *g, const int32_t *P, int n, const srv_buf *echo) {
+    size_t *off = malloc((size_t)(n > 0 ? n : 1) * sizeof *off);
+    srv_buf d;
+    srv_buf_init(&d);
+    void *dt = g->be->detok_new(g->be);
+    char tmp[1024];
+    size_t chars = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = chars;
+        int k = g->be->detok_push(dt, P[i], tmp, sizeof tmp);
+        if (k > 0) { srv_buf_add(&d, tmp, (size_t)k); chars += srv_utf8_chars(tmp, (size_t)k); }
+    }
+    int k = g->be->detok_flush(dt, tmp, sizeof tmp);
+    if (k > 0) srv_buf_add(&d, tmp, (size_t)k);
+    g->be->detok_free(dt);
+    size_t echo_chars = srv_utf8_chars(echo->p ? echo->p : "", echo->len), shift = 0;
+    if (d.len >= echo->len && !memcmp(d.p + d.len - echo->len, echo->p ? echo->p : "", echo->len))
+        shift = srv_utf8_chars(d.p, d.len - echo->len);
+    for (int i = 0; i < n; i++) {
+        off[i] = off[i] > shift ? off[i] - shift : 0;
+        if (off[i] > echo_chars) off[i] = echo_chars;
+    }
+    srv_buf_free(&d);
+    return off;
+}
+
 /* Completions echo + logprobs: entries for the prompt tokens (the first has no
  * logprob: null, as in the OpenAI API); row i-1 of `all` predicts token i. */
-static void prompt_logprobs(gen_ctx *g, const int32_t *P, int n, const float *all) {
+static void prompt_logprobs(gen_ctx *g, const int32_t *P, int n, const float *all, const srv_buf *echo) {
     int top = g->r->top_logprobs;
     int32_t tids[SRV_MAX_TOP_LOGPROBS];
     float tlp[SRV_MAX_TOP_LOGPROBS];
-    size_t off = 0;
+    size_t *off = prompt_offsets(g, P, n, echo);
     for (int i = 0; i < n; i++) {
         char *tb = NULL;
         size_t tl = 0;
         g->be->token_bytes(g->be, P[i], &tb, &tl);
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "tokens"), str_of_bytes(tb, tl));
-        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "text_offset"), cJSON_CreateNumber((double)off));
-        off += tl;
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "text_offset"), cJSON_CreateNumber((double)off[i]));
         free(tb);
         if (i == 0) {
             cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "token_logprobs"), cJSON_CreateNull());
@@ -158,13 +207,12 @@ static void prompt_logprobs(gen_ctx *g, const int32_t *P, int n, const float *al
             char *s = NULL;
             size_t sl = 0;
             g->be->token_bytes(g->be, tids[q], &s, &sl);
-            cJSON *k = str_of_bytes(s, sl);
-            if (!cJSON_GetObjectItemCaseSensitive(t, k->valuestring)) cJSON_AddNumberToObject(t, k->valuestring, tlp[q]);
-            cJSON_Delete(k);
+            add_top(t, s, sl, tids[q], tlp[q]);
             free(s);
         }
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), t);
     }
+    free(off);
 }
 
 /* Move pending logprob entries into dst (chat: {"content":[...]}; completions: the 4 arrays). */
@@ -294,16 +342,19 @@ static int push_text(gen_ctx *g, const char *s, size_t n) {
     return hit;
 }
 
+/* df_eval's per-layer callback: stop a prefill whose client left. (Keep-alive
+ * comments are written by the connection thread, srv_http.c, whenever the stream
+ * has been silent for the keep-alive period, however long one layer takes.) */
 static int gen_progress(void *u, const char *what, uint64_t done, uint64_t total) {
     gen_ctx *g = u;
-    if (g->j->cancel) return 1;
-    if (g->r->stream && g->o->keepalive_s > 0) {
-        pthread_mutex_lock(&g->j->mu);
-        int due = srv_now() - g->j->last_out >= g->o->keepalive_s;
-        pthread_mutex_unlock(&g->j->mu);
-        if (due) srv_job_emit(g->j, ": keep-alive\n\n", 14);
-    }
-    return 0;
+    return g->j->cancel ? 1 : 0;
+}
+
+/* An evaluation error: kept on the job so that the server can report a model
+ * that fails (a corrupt expert pack, DF_EFORMAT / DF_EIO) on /health. */
+static void note_engine_error(gen_ctx *g, int rc, const char *err) {
+    g->j->engine_rc = rc;
+    snprintf(g->j->engine_err, sizeof g->j->engine_err, "%s", err);
 }
 
 static void fail_job(gen_ctx *g, int status, const char *msg, const char *param) {
@@ -513,10 +564,10 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         fail_job(g, 400, m, "logprobs");
         goto out;
     }
-    g->text_offset = echo.len;
+    g->echo_chars = srv_utf8_chars(echo.p ? echo.p : "", echo.len);
     g->n_prompt = n;
     int room = be->n_ctx - n;
-    int max_new = r->max_tokens > 0 ? r->max_tokens : (o->max_tokens > 0 ? o->max_tokens : room);
+    int max_new = r->max_tokens > 0 || r->max_tokens_set ? r->max_tokens : (o->max_tokens > 0 ? o->max_tokens : room);
     if (o->max_tokens > 0 && max_new > o->max_tokens) max_new = o->max_tokens;
     if (max_new > room) max_new = room;
 
@@ -545,7 +596,8 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     so.temperature = (float)r->temperature;
     so.top_p = (float)r->top_p;
     so.top_k = r->top_k;
-    so.seed = r->has_seed ? r->seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 16);
+    /* without a seed every request draws its own from the kernel's entropy source */
+    so.seed = j->seed = r->has_seed ? r->seed : srv_random_u64();
     sampler = be->sampler_new(be, &so);
     if (!logits || !g->gen_ids || !sampler) { fail_job(g, 500, "Out of memory (or no sampler) while starting generation.", NULL); goto out; }
 
@@ -575,7 +627,7 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         rc = be->eval(be, P, n, all, DF_EVAL_ALL_LOGITS, gen_progress, g, err, sizeof err);
         if (!rc) {
             memcpy(logits, all + (size_t)(n - 1) * be->n_vocab, (size_t)be->n_vocab * sizeof(float));
-            prompt_logprobs(g, P, n, all);
+            prompt_logprobs(g, P, n, all, &echo);
         }
         free(all);
     } else rc = be->eval(be, P + keep, n - keep, logits, 0, gen_progress, g, err, sizeof err);
@@ -584,6 +636,7 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     if (rc == DF_ECANCELLED || j->cancel) { be->truncate(be, keep); fin = FIN_CANCEL; goto finish; }
     if (rc) {
         be->truncate(be, keep);
+        note_engine_error(g, rc, err);
         char m[700];
         snprintf(m, sizeof m, "Prompt evaluation failed: %s (%s)", err, df_strerror(rc));
         fail_job(g, 500, m, NULL);
@@ -604,24 +657,25 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         int k, hit = 0;
         if (mtext) {
             k = be->detok_flush(g->detok, piece, sizeof piece);
-            if (k > 0) hit = push_text(g, piece, (size_t)k);
-            if (!hit) hit = push_text(g, mtext, strlen(mtext));
+            if (k > 0) { g->gen_chars += srv_utf8_chars(piece, (size_t)k); hit = push_text(g, piece, (size_t)k); }
+            if (!hit) { g->gen_chars += srv_utf8_chars(mtext, strlen(mtext)); hit = push_text(g, mtext, strlen(mtext)); }
         } else {
             k = be->detok_push(g->detok, id, piece, sizeof piece);
-            if (k > 0) hit = push_text(g, piece, (size_t)k);
+            if (k > 0) { g->gen_chars += srv_utf8_chars(piece, (size_t)k); hit = push_text(g, piece, (size_t)k); }
         }
         if (hit) { fin = FIN_STOP; break; }
         if (step + 1 == max_new) { fin = FIN_LENGTH; break; }
         if (be->n_past(be) + 1 >= be->n_ctx) { fin = FIN_LENGTH; break; }
         rc = be->eval(be, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) {
+            note_engine_error(g, rc, err);
             char m[700];
             snprintf(m, sizeof m, "Evaluation failed after %d tokens: %s (%s)", g->n_gen, err, df_strerror(rc));
             fail_job(g, 500, m, NULL);
             goto out;
         }
     }
-    if (fin == FIN_NONE) fin = FIN_LENGTH; /* max_new == 0: no room */
+    if (fin == FIN_NONE) fin = FIN_LENGTH; /* max_new == 0: no room, or max_tokens 0 (echo: scoring the prompt) */
 finish:
     if (fin == FIN_CANCEL) {
         if (j->shutdown) fail_job(g, 503, "The server is shutting down; the generation was cancelled.", NULL);

@@ -1,11 +1,16 @@
 /* srv_http.c — HTTP side of `deltafin serve` on libmicrohttpd: routing, API
  * key, body size limit (413), admission (one generation running plus --queue
- * waiting; more -> 429 with Retry-After), the worker thread that owns the model,
- * SSE responses, client-disconnect detection, and SIGTERM/SIGINT shutdown.
+ * waiting, default 16; more -> 429 with Retry-After), the worker thread that owns
+ * the model, SSE responses with keep-alive comments, client-disconnect detection,
+ * /health (including a model that failed: a corrupt expert pack), and
+ * SIGTERM/SIGINT shutdown.
  *
  * Threads: MHD runs one thread per connection; a handler blocks while its job
  * waits and runs (polling the socket for a hang-up every 100 ms). Exactly one
- * worker thread touches the model, so the engine needs no locking. */
+ * worker thread touches the model, so the engine needs no locking. A job whose
+ * client has gone (hang-up seen by poll, or the connection closed) no longer
+ * counts for admission: the next request is queued behind it and starts as soon
+ * as the worker has stopped the abandoned one. */
 #define _GNU_SOURCE /* memmem, POLLRDHUP */
 #include "srv.h"
 #include <arpa/inet.h>
@@ -36,6 +41,9 @@ typedef struct {
     unsigned long n_served, n_rejected;
     df_stats last;            /* engine statistics of the last finished generation */
     int has_last;
+    int model_rc;             /* a model failure seen by a generation (DF_EFORMAT / DF_EIO), sticky */
+    char model_err[600];
+    unsigned long n_model_errors;
 } server;
 
 static server S;
@@ -49,7 +57,15 @@ typedef struct {
     int responding;           /* counted in S.n_responding */
     size_t discarded;
     int fd;
+    srv_job *job;             /* an admitted generation (one reference), released in on_completed */
 } conn_ctx;
+
+/* SSE stream state (the response's reader callback) */
+typedef struct {
+    srv_job *j;
+    double last_sent;         /* monotonic time the reader last returned bytes */
+    int timed_out;            /* the stall error event was sent */
+} sse_ctx;
 
 /* --------------------------------------------------------------- helpers */
 
@@ -57,6 +73,26 @@ static int client_gone(int fd) {
     if (fd < 0) return 0;
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* 1 when the job's client is known to be gone (then it is marked cancelled). */
+static int job_abandoned(srv_job *j) {
+    if (__atomic_load_n(&j->cancel, __ATOMIC_SEQ_CST)) return 1;
+    pthread_mutex_lock(&j->mu);
+    int gone = !j->done && client_gone(j->fd);
+    if (gone) j->cancel = 1;
+    pthread_mutex_unlock(&j->mu);
+    return gone;
+}
+
+/* Generations that hold or wait for the worker (S.mu held): the running one unless
+ * its response is complete or its client has gone, and every waiting one whose
+ * client is still there. */
+static int busy_locked(void) {
+    int n = 0;
+    for (srv_job *q = S.qhead; q; q = q->next) n += !job_abandoned(q);
+    if (S.running && !__atomic_load_n(&S.running->final, __ATOMIC_SEQ_CST) && !job_abandoned(S.running)) n++;
+    return n;
 }
 
 static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *type, const char *body,
@@ -141,6 +177,11 @@ static void *worker_main(void *arg) {
                 j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "");
         pthread_mutex_lock(&S.mu);
         if (st.prefill_tokens || st.decode_tokens) { S.last = st; S.has_last = 1; }
+        if (j->engine_rc == DF_EFORMAT || j->engine_rc == DF_EIO) { /* the model's files fail: /health says so */
+            S.model_rc = j->engine_rc;
+            snprintf(S.model_err, sizeof S.model_err, "%s", j->engine_err);
+            S.n_model_errors++;
+        }
         S.running = NULL;
         S.n_inflight--;
         S.n_served++;
@@ -152,37 +193,81 @@ static void *worker_main(void *arg) {
 
 /* ------------------------------------------------------------------- SSE */
 
+/* Keep-alive period of a stream: --keepalive, but never so long that --timeout
+ * (MHD closes a connection with no traffic for that long) could expire first. */
+static double keepalive_period(void) {
+    double ka = S.cfg.keepalive_s, half = S.cfg.timeout_s > 0 ? S.cfg.timeout_s / 2.0 : 0;
+    if (ka <= 0) return 0;
+    return half > 0 && half < ka ? half : ka;
+}
+
+static ssize_t sse_copy(sse_ctx *x, char *buf, size_t max, const char *s, size_t n) {
+    if (n > max) n = max;
+    memcpy(buf, s, n);
+    x->last_sent = srv_now();
+    return (ssize_t)n;
+}
+
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
-    srv_job *j = cls;
+    sse_ctx *x = cls;
+    srv_job *j = x->j;
+    double ka = keepalive_period();
     pthread_mutex_lock(&j->mu);
     for (;;) {
         if (j->out.len) {
+            if (client_gone(j->fd)) break; /* no use writing: stop the generation now */
             size_t n = j->out.len < max ? j->out.len : max;
-            memcpy(buf, j->out.p, n);
+            sse_copy(x, buf, max, j->out.p, n);
             srv_buf_consume(&j->out, n);
             pthread_mutex_unlock(&j->mu);
             return (ssize_t)n;
         }
-        if (j->done) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
+        if (j->done || x->timed_out) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
+        double quiet = srv_now() - x->last_sent;
+        if (ka > 0 && quiet >= ka) { /* a comment keeps the connection (and proxies) alive during a long prefill */
+            pthread_mutex_unlock(&j->mu);
+            return sse_copy(x, buf, max, ": keep-alive\n\n", 14);
+        }
+        if (ka <= 0 && S.cfg.timeout_s > 0 && quiet >= 0.75 * S.cfg.timeout_s) {
+            /* keep-alives are off and --timeout is about to close this silent stream:
+             * end it with an error event instead of a bare close after the 200 */
+            j->cancel = 1;
+            x->timed_out = 1;
+            pthread_mutex_unlock(&j->mu);
+            char m[300];
+            snprintf(m, sizeof m, "No output for %.1f s (the prompt is still being processed) and keep-alives are off "
+                     "(--keepalive 0): the stream is closed before --timeout %d s expires. Use --keepalive S to keep long "
+                     "prefills open.", quiet, S.cfg.timeout_s);
+            char *e = srv_error_json(m, "server_error", NULL, "timeout");
+            srv_buf b;
+            srv_buf_init(&b);
+            srv_buf_printf(&b, "data: %s\n\ndata: [DONE]\n\n", e);
+            free(e);
+            ssize_t n = b.len <= max ? sse_copy(x, buf, max, b.p, b.len) : MHD_CONTENT_READER_END_WITH_ERROR;
+            srv_buf_free(&b);
+            if (S.cfg.verbose) fprintf(stderr, "serve: stream closed after %.1f s without output (--keepalive 0)\n", quiet);
+            return n;
+        }
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_nsec += 100 * 1000000L;
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-        if (!j->out.len && !j->done && client_gone(j->fd)) {
-            j->cancel = 1;
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
+        if (!j->out.len && !j->done && client_gone(j->fd)) break;
     }
+    j->cancel = 1;
+    pthread_mutex_unlock(&j->mu);
+    return MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
 static void sse_free(void *cls) {
-    srv_job *j = cls;
+    sse_ctx *x = cls;
+    srv_job *j = x->j;
     pthread_mutex_lock(&j->mu);
     if (!j->done) j->cancel = 1; /* the connection went away mid-stream */
     pthread_mutex_unlock(&j->mu);
     srv_job_unref(j);
+    free(x);
 }
 
 /* ------------------------------------------------------------ generation */
@@ -217,21 +302,23 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
         return send_error(c, 503, "The server is shutting down.", NULL, NULL);
     }
     /* a running job whose response is complete (its client may already be
-     * sending the next request) no longer counts */
-    int busy = S.n_inflight - (S.running && __atomic_load_n(&S.running->final, __ATOMIC_SEQ_CST) ? 1 : 0);
+     * sending the next request) or whose client has gone no longer counts, nor
+     * does a waiting job whose client has gone */
+    int busy = busy_locked();
     if (busy >= 1 + S.cfg.queue) {
         S.n_rejected++;
         pthread_mutex_unlock(&S.mu);
         srv_job_unref(j);
         char m[200];
         snprintf(m, sizeof m, "The server is busy: one generation is running and %d are waiting (--queue %d). Retry later.",
-                 S.cfg.queue, S.cfg.queue);
+                 busy - 1, S.cfg.queue);
         return send_error(c, 429, m, NULL, "server_busy");
     }
     S.n_inflight++;
     S.n_responding++;
     x->responding = 1;
-    j->refs = 2; /* this handler (then the SSE response) + the worker */
+    j->refs = 3; /* this handler (then the SSE response) + the worker + the connection (on_completed) */
+    x->job = j;
     if (S.qtail) S.qtail->next = j; else S.qhead = j;
     S.qtail = j;
     pthread_cond_signal(&S.cv);
@@ -263,8 +350,12 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
         return ok;
     }
     pthread_mutex_unlock(&j->mu);
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, j, sse_free);
-    if (!r) { sse_free(j); return MHD_NO; }
+    sse_ctx *sx = calloc(1, sizeof *sx);
+    if (!sx) { srv_job_unref(j); return MHD_NO; }
+    sx->j = j;
+    sx->last_sent = srv_now();
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, sx, sse_free);
+    if (!r) { sse_free(sx); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
@@ -300,12 +391,23 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, const char *one) 
 
 static enum MHD_Result handle_health(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.mu);
-    int busy = S.n_inflight, has = S.has_last;
-    unsigned long served = S.n_served, rejected = S.n_rejected;
+    int busy = S.n_inflight, has = S.has_last, model_rc = S.model_rc;
+    unsigned long served = S.n_served, rejected = S.n_rejected, n_err = S.n_model_errors;
     df_stats st = S.last;
+    char merr[sizeof S.model_err];
+    memcpy(merr, S.model_err, sizeof merr);
     pthread_mutex_unlock(&S.mu);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "status", "ok");
+    /* a model whose files failed during a generation (checksum mismatch in an expert
+     * pack, read error) is not healthy: status "error", the engine's message, HTTP 503 */
+    cJSON_AddStringToObject(o, "status", model_rc ? "error" : "ok");
+    if (model_rc) {
+        cJSON *e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "message", merr);
+        cJSON_AddStringToObject(e, "code", model_rc == DF_EFORMAT ? "model_corrupt" : "model_io_error");
+        cJSON_AddStringToObject(e, "engine_error", df_strerror(model_rc));
+        cJSON_AddNumberToObject(e, "failed_requests", (double)n_err);
+    }
     cJSON_AddStringToObject(o, "model", S.be->name);
     cJSON_AddBoolToObject(o, "exact", S.be->exact);
     cJSON_AddNumberToObject(o, "in_flight", busy);
@@ -328,7 +430,7 @@ static enum MHD_Result handle_health(struct MHD_Connection *c) {
     }
     char *b = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    enum MHD_Result ok = send_body(c, 200, "application/json", b, NULL);
+    enum MHD_Result ok = send_body(c, model_rc ? 503 : 200, "application/json", b, NULL);
     free(b);
     return ok;
 }
@@ -405,6 +507,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     conn_ctx *x = *con_cls;
     if (!x) return;
+    if (x->job) { /* the socket is about to be closed (its number may be reused): stop polling it */
+        srv_job *j = x->job;
+        pthread_mutex_lock(&j->mu);
+        j->fd = -1;
+        if (!j->done) j->cancel = 1;
+        pthread_mutex_unlock(&j->mu);
+        srv_job_unref(j);
+        x->job = NULL;
+    }
     if (x->responding) {
         pthread_mutex_lock(&S.mu);
         S.n_responding--;
@@ -438,6 +549,19 @@ int srv_serve(const srv_config *cfg) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* --port-file: scripts wait for it, so a path that cannot be written is an
+     * error now (before the model loads), not a warning after listening */
+    FILE *port_f = NULL;
+    char port_tmp[4096] = "";
+    if (cfg->port_file) {
+        snprintf(port_tmp, sizeof port_tmp, "%s.tmp", cfg->port_file);
+        if (!(port_f = fopen(port_tmp, "w"))) {
+            fprintf(stderr, "deltafin serve: cannot write --port-file %s (%s: %s)\n", cfg->port_file, port_tmp, strerror(errno));
+            return 1;
+        }
+    }
+#define DROP_PORT_FILE() do { if (port_f) { fclose(port_f); unlink(port_tmp); port_f = NULL; } } while (0)
+
     if (cfg->mock) rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, cfg->mock_kimi, err, sizeof err);
     else {
         df_model_opts mo;
@@ -449,6 +573,7 @@ int srv_serve(const srv_config *cfg) {
     if (rc) {
         fprintf(stderr, "deltafin serve: cannot open model %s: %s (%s)\n", cfg->mock ? "mock" : cfg->model_path, err,
                 df_strerror(rc));
+        DROP_PORT_FILE();
         return 1;
     }
     S.gen.be = S.be;
@@ -475,6 +600,7 @@ int srv_serve(const srv_config *cfg) {
     } else {
         fprintf(stderr, "deltafin serve: --host %s is not a numeric IPv4 or IPv6 address or localhost (e.g. 127.0.0.1, ::1, 0.0.0.0)\n", cfg->host);
         S.be->close(S.be);
+        DROP_PORT_FILE();
         return 2;
     }
     pthread_t worker;
@@ -495,6 +621,7 @@ int srv_serve(const srv_config *cfg) {
         pthread_mutex_unlock(&S.mu);
         pthread_join(worker, NULL);
         S.be->close(S.be);
+        DROP_PORT_FILE();
         return 1;
     }
     if (S.be->describe && S.be->describe[0]) fprintf(stderr, "%s\n", S.be->describe);
@@ -504,22 +631,23 @@ int srv_serve(const srv_config *cfg) {
             S.be->name, cfg->mock ? "mock" : "engine", S.be->exact ? "" : ", NOT exact: lossy spine", S.be->n_ctx,
             strchr(cfg->host, ':') ? "[" : "", cfg->host, strchr(cfg->host, ':') ? "]" : "", port, cfg->queue,
             cfg->max_request_bytes, cfg->api_key ? ", API key required" : "");
-    if (cfg->port_file) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", cfg->port_file);
-        FILE *f = fopen(tmp, "w");
-        if (f) {
-            fprintf(f, "%d\n", port);
-            fflush(f);
-            fsync(fileno(f));
-            fclose(f);
-            rename(tmp, cfg->port_file);
-        } else fprintf(stderr, "deltafin serve: cannot write --port-file %s: %s\n", cfg->port_file, strerror(errno));
+    int sig = 0, status = 0;
+    if (port_f) {
+        int bad = fprintf(port_f, "%d\n", port) < 0 || fflush(port_f) != 0 || fsync(fileno(port_f)) != 0;
+        int e = errno;
+        bad |= fclose(port_f) != 0;
+        port_f = NULL;
+        if (!bad && rename(port_tmp, cfg->port_file) != 0) { bad = 1; e = errno; }
+        if (bad) {
+            fprintf(stderr, "deltafin serve: cannot write --port-file %s: %s; stopping\n", cfg->port_file, strerror(e));
+            unlink(port_tmp);
+            status = 1;
+        }
     }
-
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    fprintf(stderr, "deltafin serve: %s received, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (!status) {
+        sigwait(&sigs, &sig);
+        fprintf(stderr, "deltafin serve: %s received, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    }
     pthread_mutex_lock(&S.mu);
     S.stopping = 1;
     for (srv_job *j = S.qhead; j; j = j->next) { j->shutdown = 1; j->cancel = 1; }
@@ -547,5 +675,5 @@ int srv_serve(const srv_config *cfg) {
     S.be->close(S.be);
     pthread_mutex_destroy(&S.mu);
     pthread_cond_destroy(&S.cv);
-    return 0;
+    return status;
 }

@@ -272,12 +272,16 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
     for (int i = 0; i < 2; i++) {
         if (!(v = cJSON_GetObjectItemCaseSensitive(root, maxn[i])) || cJSON_IsNull(v)) continue;
         if (!is_integral(v)) FAIL(maxn[i], "Invalid type for '%s': expected an integer.", maxn[i]);
-        if (v->valuedouble < 1) FAIL(maxn[i], "Invalid '%s': %.15g. Expected a value >= 1.", maxn[i], v->valuedouble);
+        /* 0 only for completions with echo (scoring the prompt: its logprobs, nothing generated) */
+        if (v->valuedouble < (kind == SRV_COMPLETION ? 0 : 1))
+            FAIL(maxn[i], "Invalid '%s': %.15g. Expected a value >= 1%s.", maxn[i], v->valuedouble,
+                 kind == SRV_COMPLETION ? " (or 0 with 'echo': true, to score the prompt)" : "");
         if (v->valuedouble > SRV_MAX_MAX_TOKENS)
             FAIL(maxn[i], "Invalid '%s': %.15g is too large. Expected a value between 1 and %d (generation also "
                           "stops at the end of the model's context, with finish_reason \"length\").",
                  maxn[i], v->valuedouble, SRV_MAX_MAX_TOKENS);
         r->max_tokens = (int)v->valuedouble;
+        r->max_tokens_set = 1;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "temperature")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsNumber(v)) FAIL("temperature", "Invalid type for 'temperature': expected a number.");
@@ -341,6 +345,8 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         r->top_logprobs = (int)v->valuedouble;
     }
     if (kind == SRV_COMPLETION) OPT_BOOL("echo", r->echo);
+    if (r->max_tokens_set && r->max_tokens == 0 && !r->echo)
+        FAIL("max_tokens", "Invalid 'max_tokens': 0. Expected a value >= 1 (0 is allowed only with 'echo': true, to score the prompt).");
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "user")) && !cJSON_IsNull(v) && !cJSON_IsString(v))
         FAIL("user", "Invalid type for 'user': expected a string.");
     static const char *pens[] = {"presence_penalty", "frequency_penalty", "repetition_penalty"};

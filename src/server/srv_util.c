@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 static void oom(void) {
@@ -109,6 +110,42 @@ void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n) {
         if (l > 0) { srv_buf_add(b, s + i, (size_t)l); i += (size_t)l; }
         else { srv_buf_add(b, "\xEF\xBF\xBD", 3); i++; }
     }
+}
+
+size_t srv_utf8_chars(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+void srv_token_display(srv_buf *b, const char *s, size_t n) {
+    if (srv_utf8_valid(s, n)) { srv_buf_add(b, s, n); return; }
+    srv_buf_adds(b, "bytes:");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\\') srv_buf_adds(b, "\\\\");
+        else if (c >= 0x20 && c < 0x7F) srv_buf_add(b, &s[i], 1);
+        else srv_buf_printf(b, "\\x%02x", c);
+    }
+}
+
+uint64_t srv_random_u64(void) {
+    uint64_t v = 0;
+    size_t got = 0;
+    while (got < sizeof v) {
+        ssize_t k = getrandom((char *)&v + got, sizeof v - got, 0);
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    if (got == sizeof v) return v;
+    /* no entropy source: clock + counter through splitmix64 (still differs per call) */
+    static uint64_t ctr;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + __atomic_add_fetch(&ctr, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull;
+    x ^= x >> 30; x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27; x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
 }
 
 char *srv_error_json(const char *message, const char *type, const char *param, const char *code) {

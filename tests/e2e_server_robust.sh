@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# e2e_server_robust.sh — `deltafin serve` behaviours new users hit first (issue 11,
+# items 5-10), over HTTP on loopback:
+#   6. a second client is queued by default (--queue 16), not refused with 429; a
+#      request sent right after a streaming client aborts is served (the aborted
+#      generation is stopped first), also with --queue 0;
+#   8. a long prefill with --timeout shorter than --keepalive keeps its stream
+#      (keep-alives at most every --timeout/2); with --keepalive 0 a stream silent
+#      for --timeout ends with an SSE error event, never a 200 with an empty body;
+#   9. an unwritable --port-file is an error (exit 1);
+#   7. /health names a model whose expert pack failed its checksum (503, status "error");
+#  10. max_tokens 0 with echo scores the prompt (its logprobs, nothing generated);
+#   5. two requests without a seed sample different texts.
+# Env: DF_BIN (deltafin binary), DF_SRC (repo root).
+set -u
+SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+BIN=${DF_BIN:-$SRC/build/deltafin}
+TMP=$(mktemp -d /tmp/df-e2e-robust.XXXXXX)
+PASS=0
+FAIL=0
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+ok() { PASS=$((PASS + 1)); echo "ok   $*"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL $*"; }
+expect() { if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got '$2', want '$3'"; fi; }
+json() { # json FILE EXPR: evaluate a JS expression on the parsed file (j)
+    node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")); console.log(eval(process.argv[2]))' "$1" "$2" 2>/dev/null ||
+        echo "not-json"
+}
+start_server() { # start_server NAME ARGS...: sets PORT, SPID and B
+    local name=$1; shift
+    rm -f "$TMP/$name.port"
+    "$BIN" serve --port 0 --port-file "$TMP/$name.port" "$@" 2>"$TMP/$name.log" &
+    SPID=$!
+    PIDS+=("$SPID")
+    for _ in $(seq 1 600); do
+        [ -s "$TMP/$name.port" ] && { PORT=$(cat "$TMP/$name.port"); B="http://127.0.0.1:$PORT"; return 0; }
+        kill -0 "$SPID" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+stop_server() {
+    kill -TERM "$SPID" 2>/dev/null
+    for _ in $(seq 1 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$SPID" 2>/dev/null
+    wait "$SPID" 2>/dev/null
+}
+[ -x "$BIN" ] || { echo "e2e_server_robust: no deltafin binary at $BIN (set DF_BIN)"; exit 1; }
+command -v curl >/dev/null && command -v node >/dev/null || { echo "e2e_server_robust: curl and node are required"; exit 1; }
+H=(-H "Content-Type: application/json")
+LONGP=$(printf 'y%.0s' $(seq 1 100)) # longer than the mock's text: endless greedy output
+
+# ---- 6. queue by default; an abort frees the engine for the next request
+start_server q --mock --mock-delay-ms 5 || { cat "$TMP/q.log"; echo "server did not start"; exit 1; }
+curl -s "$B/health" >"$TMP/h"
+expect "default --queue is 16 (/health)" "$(json "$TMP/h" j.queue)" 16
+CP=()
+for i in 1 2 3; do
+    curl -s -o "$TMP/c$i" -w '%{http_code}' "${H[@]}" -d "{\"prompt\":\"$LONGP\",\"temperature\":0,\"max_tokens\":60}" "$B/v1/completions" >"$TMP/c$i.code" &
+    CP+=($!)
+done
+wait "${CP[@]}"
+expect "3 concurrent clients without --queue: all served" "$(cat "$TMP/c1.code" "$TMP/c2.code" "$TMP/c3.code" | tr -d '\n')" 200200200
+expect "no request refused" "$(curl -s "$B/health" >"$TMP/h"; json "$TMP/h" j.rejected)" 0
+stop_server
+
+start_server q0 --mock --mock-delay-ms 5 --queue 0 || { cat "$TMP/q0.log"; echo "server did not start"; exit 1; }
+codes=""
+for i in 1 2 3 4 5; do
+    # a streaming client gives up after 0.3 s; the next request follows at once
+    curl -sN --max-time 0.3 "${H[@]}" -d "{\"prompt\":\"$LONGP\",\"temperature\":0,\"max_tokens\":2000,\"stream\":true}" \
+        "$B/v1/completions" >/dev/null
+    codes="$codes$(curl -s -o "$TMP/after" -w '%{http_code}' "${H[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0}' "$B/v1/completions")"
+done
+expect "request right after an aborted stream (--queue 0): served, never 429" "$codes" 200200200200200
+expect "its text" "$(json "$TMP/after" j.choices[0].text)" "lo,"
+# the log: each aborted generation ends (client gone) before the next one is logged
+order=$(grep -o 'status 200: prompt [0-9]* tokens.*' "$TMP/q0.log" | sed -n 's/.*(client gone)$/gone/p; s/.*generated.*[0-9] s$/ok/p' | tr '\n' ' ')
+expect "engine freed before the next request runs (log order)" "$order" "gone ok gone ok gone ok gone ok gone ok "
+stop_server
+
+# ---- 8. long prefill: 600 tokens x 5 ms = 3 s of silence before the first token
+: >"$TMP/ka"; : >"$TMP/ka0"
+IDS=$(seq 1 600 | awk '{print $1 % 200}' | paste -sd, -)
+start_server ka --mock --mock-delay-ms 5 --timeout 1 --keepalive 5 || { cat "$TMP/ka.log"; exit 1; }
+curl -sN -o "$TMP/ka" -w '%{http_code}' "${H[@]}" -d "{\"prompt\":[$IDS],\"max_tokens\":3,\"temperature\":0,\"stream\":true}" \
+    "$B/v1/completions" >"$TMP/ka.code"
+n_ka=$(grep -c '^: keep-alive$' "$TMP/ka")
+n_data=$(grep -c '^data: {' "$TMP/ka")
+if [ "$(cat "$TMP/ka.code")" = 200 ] && [ "$n_ka" -ge 3 ] && [ "$n_data" -ge 2 ] && tail -c 14 "$TMP/ka" | grep -q 'data: \[DONE\]'; then
+    ok "--timeout 1 --keepalive 5: 3 s prefill kept open ($n_ka keep-alives, $n_data events, [DONE])"
+else bad "--timeout 1 --keepalive 5: code $(cat "$TMP/ka.code"), $n_ka keep-alives, $n_data events: $(head -c 300 "$TMP/ka")"; fi
+# chat too (its role chunk goes out before the prefill)
+curl -sN -o "$TMP/kac" "${H[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$(printf 'z%.0s' $(seq 1 600))\"}],\"max_tokens\":3,\"temperature\":0,\"stream\":true}" \
+    "$B/v1/chat/completions"
+if tail -c 14 "$TMP/kac" | grep -q 'data: \[DONE\]' && [ "$(grep -c '"finish_reason":"length"' "$TMP/kac")" = 1 ]; then ok "chat stream over a 3 s prefill completes"
+else bad "chat stream over a long prefill: $(tail -c 300 "$TMP/kac")"; fi
+stop_server
+
+start_server ka0 --mock --mock-delay-ms 5 --timeout 1 --keepalive 0 || { cat "$TMP/ka0.log"; exit 1; }
+curl -sN -o "$TMP/ka0" -w '%{http_code}' "${H[@]}" -d "{\"prompt\":[$IDS],\"max_tokens\":3,\"temperature\":0,\"stream\":true}" \
+    "$B/v1/completions" >"$TMP/ka0.code"
+ev=$(grep '^data: {' "$TMP/ka0" | head -1 | cut -c7-)
+echo "$ev" >"$TMP/ev.json"
+if [ "$(cat "$TMP/ka0.code")" = 200 ] && [ "$(json "$TMP/ev.json" j.error.code)" = timeout ] && tail -c 14 "$TMP/ka0" | grep -q 'data: \[DONE\]'; then
+    ok "--keepalive 0 --timeout 1: the silent stream ends with an SSE error event (timeout) and [DONE]"
+else bad "--keepalive 0: code $(cat "$TMP/ka0.code"), body '$(head -c 300 "$TMP/ka0")'"; fi
+for _ in $(seq 1 50); do grep -q 'client gone' "$TMP/ka0.log" && break; sleep 0.1; done
+if grep -q 'prompt 600 tokens.*0 generated.*(client gone)' "$TMP/ka0.log"; then ok "and its prefill was cancelled"
+else bad "prefill not cancelled: $(tail -2 "$TMP/ka0.log")"; fi
+expect "still serving" "$(curl -s -o /dev/null -w '%{http_code}' "${H[@]}" -d '{"prompt":"abc","max_tokens":2}' "$B/v1/completions")" 200
+stop_server
+
+# ---- 9. an unwritable --port-file
+t0=$(date +%s)
+"$BIN" serve --mock --port 0 --port-file "$TMP/no/such/dir/port" >"$TMP/pf.out" 2>&1 &
+PF=$!
+PIDS+=("$PF")
+for _ in $(seq 1 100); do kill -0 "$PF" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$PF" 2>/dev/null; then bad "--port-file in a missing directory: still running"; kill -9 "$PF"; fi
+wait "$PF"; rc=$?
+expect "--port-file that cannot be written: exit 1" "$rc" 1
+if grep -q "cannot write --port-file $TMP/no/such/dir/port" "$TMP/pf.out"; then ok "and says why"; else bad "message: $(cat "$TMP/pf.out")"; fi
+
+# ---- 10. max_tokens 0 + echo: scoring the prompt
+start_server sc --mock || { cat "$TMP/sc.log"; exit 1; }
+expect "max_tokens 0 + echo + logprobs -> 200" \
+    "$(curl -s -o "$TMP/sc" -w '%{http_code}' "${H[@]}" -d '{"prompt":"abc","max_tokens":0,"echo":true,"logprobs":1}' "$B/v1/completions")" 200
+expect "text = prompt, 3 prompt logprobs (first null), 0 completion tokens" \
+    "$(json "$TMP/sc" '[j.choices[0].text, j.choices[0].logprobs.tokens.join(""), j.choices[0].logprobs.token_logprobs.length, j.choices[0].logprobs.token_logprobs[0], j.usage.completion_tokens, j.choices[0].finish_reason].join("|")')" \
+    "abc|abc|3||0|length"
+expect "max_tokens 0 without echo -> 400" \
+    "$(curl -s -o "$TMP/sc" -w '%{http_code}' "${H[@]}" -d '{"prompt":"abc","max_tokens":0}' "$B/v1/completions")" 400
+# ---- 5. no seed: "regenerate" gives another text
+a=$(curl -s "${H[@]}" -d '{"prompt":"abc","max_tokens":40,"temperature":1.5}' "$B/v1/completions")
+b=$(curl -s "${H[@]}" -d '{"prompt":"abc","max_tokens":40,"temperature":1.5}' "$B/v1/completions")
+ta=$(echo "$a" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.stringify(JSON.parse(s).choices[0].text)))')
+tb=$(echo "$b" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.stringify(JSON.parse(s).choices[0].text)))')
+if [ -n "$ta" ] && [ "$ta" != "$tb" ]; then ok "two requests without seed in the same second differ"; else bad "same text without seed: $ta"; fi
+stop_server
+
+# ---- 7. /health reports a model whose expert pack fails its checksum
+G="$SRC/tests/golden/bf16_dsv3_groups"
+if "$BIN" convert "$G" "$TMP/nat" >"$TMP/conv.log" 2>&1; then
+    for f in "$TMP"/nat/experts-L*.pack; do # same size, every expert's bytes wrong
+        sz=$(stat -c %s "$f"); head -c "$sz" /dev/zero | tr '\0' '\125' >"$f"
+    done
+    if start_server bad --model "$TMP/nat"; then
+        curl -s -o "$TMP/h0" -w '%{http_code}' "$B/health" >"$TMP/h0.code"
+        expect "/health before the corrupt pack is read: 200 ok" "$(cat "$TMP/h0.code") $(json "$TMP/h0" j.status)" "200 ok"
+        expect "a generation that reads the corrupt pack -> 500" \
+            "$(curl -s -o "$TMP/g" -w '%{http_code}' "${H[@]}" -d '{"prompt":[155,147,48,220,111,131,250,60,58,86],"max_tokens":2,"temperature":0}' "$B/v1/completions")" 500
+        curl -s -o "$TMP/h1" -w '%{http_code}' "$B/health" >"$TMP/h1.code"
+        expect "/health after: 503, status error, code model_corrupt" \
+            "$(cat "$TMP/h1.code") $(json "$TMP/h1" j.status) $(json "$TMP/h1" j.error.code)" "503 error model_corrupt"
+        case "$(json "$TMP/h1" j.error.message)" in
+            *"checksum mismatch in layer"*"experts-L00"*) ok "/health names the error: $(json "$TMP/h1" j.error.message | cut -c1-90)...";;
+            *) bad "/health error message: $(cat "$TMP/h1")";;
+        esac
+        stop_server
+    else bad "serve on the converted model did not start: $(tail -3 "$TMP/bad.log")"; fi
+else bad "convert $G: $(tail -2 "$TMP/conv.log")"; fi
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" = 0 ]
