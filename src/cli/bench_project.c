@@ -221,7 +221,7 @@ static void usage(FILE *f) {
             "  Projects decode tok/s and the TTFT of a T-token prompt of the FULL model (default kimi_k3: 93 layers,\n"
             "  92 MoE layers, top-16 of 896 experts of 17.5 MB) on N drives of B GB/s each (B: what one drive\n"
             "  achieves at the engine's reads; `deltafin bench io`), from per-token figures measured on a smaller\n"
-            "  model or given here. Prints every input (given / measured / assumed), each formula and the results.\n"
+            "  model or given here. Prints every input (config / given / measured / assumed), each formula, the results.\n"
             "  --from FILE        events of `bench decode --events FILE` or `run --events FILE`: hit rate, read/needed\n"
             "                     ratio, compute ms per layer, stall, expert coverage (with --model DIR: that model's\n"
             "                     layer and expert counts; else inferred from the events)\n"

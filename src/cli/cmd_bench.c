@@ -617,7 +617,8 @@ int cmd_bench(int argc, char **argv) {
                 "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
                 "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
                 "       deltafin bench project --drives N --gbps B [--arch kimi_k3] [--from EVENTS.jsonl | --model DIR |\n"
-                "                              --hit-rate H --compute-ms-per-layer C ...]   (bench project --help)\n");
+                "                              --hit-rate H --compute-ms-per-layer C ...]\n"
+                "  Each benchmark's options: deltafin bench <io|decode|cache|store|project> --help\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);
