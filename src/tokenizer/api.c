@@ -1,7 +1,9 @@
 /* api.c — the public tokenizer API of include/deltafin.h: open (model dir,
  * tokenizer.json or tiktoken rank file), encode, decode, token lookup, stop
- * ids, the streaming UTF-8-safe decoder and chat rendering. */
+ * ids, the streaming UTF-8-safe decoder and chat rendering (chat.c: the
+ * model's own Jinja template when it ships one). */
 #include "tok_internal.h"
+#include "jinja.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +84,8 @@ void df_tokenizer_free(df_tokenizer *t) {
     free(t->added_lens);
     tok_regex_free(&t->tt_re);
     free(t->bos_str); free(t->eos_str); free(t->path);
+    free(t->chat_template); free(t->chat_template_from); free(t->jj_err); free(t->chat_vars);
+    jj_free(t->jj);
     free(t);
 }
 

@@ -1,14 +1,27 @@
-/* chat.c — chat formats without a Jinja engine: each family's published chat
- * template re-implemented statement by statement, byte-identical to
- * transformers' apply_chat_template (tests/tokenizer/golden_chat.jsonl):
+/* chat.c — rendering a conversation in the model's chat format.
+ *
+ * When the model ships a chat template (chat_template.jinja, or
+ * tokenizer_config.json "chat_template") it is rendered by deltafin's Jinja
+ * subset (jinja_*.c) exactly as transformers' apply_chat_template does:
+ * variables messages, tools, documents (None), add_generation_prompt, the
+ * special tokens of tokenizer_config.json (bos_token, eos_token, ...) and
+ * keyword arguments (enable_thinking / thinking from DF_CHAT_THINKING, or the
+ * caller's "chat_template_kwargs"). Goldens: tests/tokenizer/golden_jinja*.jsonl.
+ *
+ * Without a template, each family's published template is re-implemented
+ * statement by statement below (the fallback), byte-identical to
+ * transformers (tests/tokenizer/golden_chat.jsonl):
  *   Kimi K2      shared/data/kimi-k2-chat-template.jinja
  *   DeepSeek-V3  tokenizer_config.json chat_template of deepseek-ai/DeepSeek-V3
  *                (quirks kept: ns.is_first / is_output_first are never reset)
  *   Qwen3        tokenizer_config.json chat_template of Qwen3 (enable_thinking)
  *   harmony      gpt-oss; no template ships with it: docs/chat-formats.md
- * Messages: OpenAI-style JSON array of {role, content, tool_calls, ...}.
- * Lenient where the templates would raise (null content renders as ""). */
+ * Messages: OpenAI-style JSON array of {role, content, tool_calls, ...}, or an
+ * object {"messages": [...], "tools": [...], "chat_template_kwargs": {...}}.
+ * The fallback is lenient where the templates would raise (null content
+ * renders as ""); the template path raises exactly where jinja2 would. */
 #include "tok_internal.h"
+#include "jinja.h"
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -475,6 +488,115 @@ static int render_harmony(const cJSON *msgs, const char *tools_json, int flags, 
     return 0;
 }
 
+/* ------------------------------------------------------- raw JSON spans */
+
+static const char *js_ws(const char *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    return p;
+}
+
+/* end of the JSON value at p (already validated by cJSON) */
+static const char *js_skip(const char *p) {
+    p = js_ws(p);
+    if (*p == '"') {
+        for (p++; *p && *p != '"'; p++) if (*p == '\\' && p[1]) p++;
+        return *p ? p + 1 : NULL;
+    }
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        p = js_ws(p + 1);
+        if (*p == close) return p + 1;
+        for (;;) {
+            if (close == '}') {
+                p = js_skip(p);                 /* key */
+                if (!p || *(p = js_ws(p)) != ':') return NULL;
+                p++;
+            }
+            p = js_skip(p);
+            if (!p) return NULL;
+            p = js_ws(p);
+            if (*p == ',') { p++; continue; }
+            return *p == close ? p + 1 : NULL;
+        }
+    }
+    while (*p && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\n' && *p != '\t' && *p != '\r') p++;
+    return p;
+}
+
+/* raw text of member `key` of the JSON object at obj (the last one, as json.loads keeps) */
+static int js_member(const char *obj, const char *key, const char **vs, size_t *vn) {
+    const char *p = js_ws(obj);
+    int found = 0;
+    if (*p != '{') return 0;
+    p = js_ws(p + 1);
+    size_t kl = strlen(key);
+    while (*p == '"') {
+        const char *ks = p + 1, *ke = js_skip(p);
+        if (!ke) return found;
+        p = js_ws(ke);
+        if (*p != ':') return found;
+        const char *v = js_ws(p + 1), *ve = js_skip(v);
+        if (!ve) return found;
+        if ((size_t)(ke - 1 - ks) == kl && !memcmp(ks, key, kl)) { *vs = v; *vn = (size_t)(ve - v); found = 1; }
+        p = js_ws(ve);
+        if (*p != ',') break;
+        p = js_ws(p + 1);
+    }
+    return found;
+}
+
+/* ------------------------------------------------------- template path */
+
+static int render_template(const df_tokenizer *t, const char *msgs, size_t msgs_n, const char *tools, size_t tools_n,
+                           const char *kw, size_t kw_n, int flags, char **text_out, char *err, size_t errlen) {
+    if (!t->jj) {
+        tok_err(err, errlen, "chat: the model's chat template (%s) cannot be used: %s", t->chat_template_from,
+                t->jj_err ? t->jj_err : "parse failed");
+        return t->jj_rc ? t->jj_rc : DF_EUNSUPPORTED;
+    }
+    /* render(messages=, tools=, documents=None, add_generation_prompt=, **{**special_tokens_map, **kwargs}) */
+    tok_buf v = {0};
+    tok_buf_puts(&v, "{");
+    int any = 0;
+    if (t->chat_vars && *t->chat_vars) { tok_buf_puts(&v, t->chat_vars); any = 1; }
+    if (!kw) {
+        const char *b = (flags & DF_CHAT_THINKING) ? "true" : "false";
+        tok_buf_puts(&v, any ? ", " : "");
+        tok_buf_puts(&v, "\"enable_thinking\": ");
+        tok_buf_puts(&v, b);
+        tok_buf_puts(&v, ", \"thinking\": ");
+        tok_buf_puts(&v, b);
+        any = 1;
+    } else {
+        const char *a = kw, *e = kw + kw_n;
+        while (a < e && *a != '{') a++;
+        while (e > a && e[-1] != '}') e--;
+        if (e - a >= 2) {
+            const char *in = js_ws(a + 1);
+            if (in < e - 1) {
+                tok_buf_puts(&v, any ? ", " : "");
+                tok_buf_put(&v, a + 1, (size_t)(e - 1 - (a + 1)));
+                any = 1;
+            }
+        }
+    }
+    tok_buf_puts(&v, any ? ", " : "");
+    tok_buf_puts(&v, "\"messages\": ");
+    tok_buf_put(&v, msgs, msgs_n);
+    tok_buf_puts(&v, ", \"tools\": ");
+    if (tools) tok_buf_put(&v, tools, tools_n); else tok_buf_puts(&v, "null");
+    tok_buf_puts(&v, ", \"documents\": null, \"add_generation_prompt\": ");
+    tok_buf_puts(&v, (flags & DF_CHAT_ADD_GENERATION_PROMPT) ? "true" : "false");
+    tok_buf_puts(&v, "}");
+    if (!v.p) return DF_ENOMEM;
+    char jerr[600] = "";
+    size_t n;
+    int rc = jj_render_json(t->jj, v.p, v.n, text_out, &n, jerr, sizeof jerr);
+    free(v.p);
+    if (rc) tok_err(err, errlen, "chat: the model's chat template (%s) failed: %s", t->chat_template_from, jerr);
+    return rc;
+}
+
 int tok_chat_render(const df_tokenizer *t, const char *messages_json, const char *tools_json, int flags,
                     char **text_out, char *err, size_t errlen) {
     cJSON *msgs = cJSON_Parse(messages_json);
@@ -484,27 +606,42 @@ int tok_chat_render(const df_tokenizer *t, const char *messages_json, const char
                 "are rejected)", at ? at : "");
         return DF_EINVAL;
     }
+    const char *msgs_raw = messages_json, *tools_raw = tools_json, *kw_raw = NULL;
+    size_t msgs_n = strlen(messages_json), tools_n = tools_json ? strlen(tools_json) : 0, kw_n = 0;
+    char *tools_own = NULL;
     if (!cJSON_IsArray(msgs)) {
-        /* also accept {"messages": [...], "tools": [...]} */
+        /* also accept {"messages": [...], "tools": [...], "chat_template_kwargs": {...}} */
         cJSON *obj = msgs;
-        const cJSON *mm = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, "messages") : NULL;
+        cJSON *mm = cJSON_IsObject(obj) ? cJSON_DetachItemFromObjectCaseSensitive(obj, "messages") : NULL;
         if (!cJSON_IsArray(mm)) {
+            cJSON_Delete(mm);
             cJSON_Delete(obj);
             tok_err(err, errlen, "chat: messages must be a JSON array of {\"role\", \"content\"} objects");
             return DF_EINVAL;
         }
-        char *m2 = cJSON_PrintUnformatted(mm);
+        const cJSON *kwj = cJSON_GetObjectItemCaseSensitive(obj, "chat_template_kwargs");
+        if (kwj && !cJSON_IsNull(kwj) && !cJSON_IsObject(kwj)) {
+            cJSON_Delete(mm);
+            cJSON_Delete(obj);
+            tok_err(err, errlen, "chat: chat_template_kwargs must be a JSON object");
+            return DF_EINVAL;
+        }
+        js_member(messages_json, "messages", &msgs_raw, &msgs_n);
+        if (cJSON_IsObject(kwj)) js_member(messages_json, "chat_template_kwargs", &kw_raw, &kw_n);
         const cJSON *tt = cJSON_GetObjectItemCaseSensitive(obj, "tools");
-        char *t2 = (!tools_json && tt && !cJSON_IsNull(tt)) ? cJSON_PrintUnformatted(tt) : NULL;
+        if (!tools_json && tt && !cJSON_IsNull(tt) && js_member(messages_json, "tools", &tools_raw, &tools_n)) {
+            tools_own = malloc(tools_n + 1);
+            if (tools_own) { memcpy(tools_own, tools_raw, tools_n); tools_own[tools_n] = 0; }
+            tools_json = tools_own;
+        }
         cJSON_Delete(obj);
-        int rc = tok_chat_render(t, m2, t2 ? t2 : tools_json, flags, text_out, err, errlen);
-        free(m2); free(t2);
-        return rc;
+        msgs = mm;
     }
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
         if (!cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "role"))) {
             cJSON_Delete(msgs);
+            free(tools_own);
             tok_err(err, errlen, "chat: every message needs a string \"role\"");
             return DF_EINVAL;
         }
@@ -512,8 +649,21 @@ int tok_chat_render(const df_tokenizer *t, const char *messages_json, const char
     if (tools_json) {
         cJSON *tj = cJSON_Parse(tools_json);
         int ok = tj && (cJSON_IsArray(tj) || cJSON_IsNull(tj));
+        int is_null = cJSON_IsNull(tj);
         cJSON_Delete(tj);
-        if (!ok) { cJSON_Delete(msgs); tok_err(err, errlen, "chat: tools must be a JSON array"); return DF_EINVAL; }
+        if (!ok) {
+            cJSON_Delete(msgs);
+            free(tools_own);
+            tok_err(err, errlen, "chat: tools must be a JSON array");
+            return DF_EINVAL;
+        }
+        if (is_null) tools_raw = NULL;
+    }
+    if (t->chat_template) {
+        cJSON_Delete(msgs);
+        int rc = render_template(t, msgs_raw, msgs_n, tools_raw, tools_n, kw_raw, kw_n, flags, text_out, err, errlen);
+        free(tools_own);
+        return rc;
     }
     tok_buf o = {0};
     tok_buf_put(&o, "", 0);
@@ -524,12 +674,13 @@ int tok_chat_render(const df_tokenizer *t, const char *messages_json, const char
     case TOK_CHAT_QWEN3: rc = render_qwen3(msgs, tools_json, flags, &o); break;
     case TOK_CHAT_HARMONY: rc = render_harmony(msgs, tools_json, flags, &o); break;
     default:
-        tok_err(err, errlen, "chat: tokenizer %s has no chat format we know (Kimi K2, DeepSeek-V3, Qwen3, gpt-oss "
-                "harmony are supported; detected from tokenizer_config.json chat_template or special tokens)",
+        tok_err(err, errlen, "chat: tokenizer %s has no chat template and no chat format we know (Kimi K2, "
+                "DeepSeek-V3, Qwen3, gpt-oss harmony are built in; detected from the special tokens)",
                 t->path ? t->path : "");
         rc = DF_EUNSUPPORTED;
     }
     cJSON_Delete(msgs);
+    free(tools_own);
     if (rc) {
         if (rc == DF_EINVAL && err && !*err) tok_err(err, errlen, "chat: tools JSON could not be re-serialized");
         free(o.p);

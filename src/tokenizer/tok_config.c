@@ -1,8 +1,14 @@
 /* tok_config.c — what tokenizer_config.json adds to a tokenizer: BOS/EOS
- * strings and ids, and which chat format the model uses (from its
- * chat_template text, a chat_template.jinja beside it, or its special tokens;
- * no Jinja engine: each family's format is implemented in chat_*.c). */
+ * strings and ids, the special tokens a chat template sees (transformers'
+ * special_tokens_map), and the chat template itself: chat_template.jinja
+ * beside the config (it takes priority, as in transformers) or the config's
+ * "chat_template" (a string, or a list whose "default" entry is used). The
+ * template is parsed once here (jinja_*.c); one outside the supported Jinja
+ * subset is kept as refused, with the reason, and reported when a chat is
+ * rendered. Without a template the hand-written format of the model family
+ * (chat.c), detected from the special tokens, is the fallback. */
 #include "tok_internal.h"
+#include "jinja.h"
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,10 +40,51 @@ void tok_detect_chat(df_tokenizer *t, const char *tmpl) {
     else t->chat = TOK_CHAT_NONE;
 }
 
+/* "<dir of path>/name" */
+static void sibling(const char *path, const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s", path);
+    char *sl = strrchr(out, '/');
+    size_t dl = sl ? (size_t)(sl - out + 1) : 0;
+    snprintf(out + dl, cap - dl, "%s", name);
+}
+
+/* transformers' special_tokens_map as JSON members: the set ones of
+ * bos/eos/unk/sep/pad/cls/mask_token, and additional_special_tokens */
+static void special_tokens_json(df_tokenizer *t, const cJSON *cfg) {
+    static const char *const keys[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                                       "mask_token"};
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return;
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const char *v = cfg ? tok_str_of(cJSON_GetObjectItemCaseSensitive(cfg, keys[i])) : NULL;
+        if (!v && i == 0) v = t->bos_str;
+        if (!v && i == 1) v = t->eos_str;
+        if (v && *v) cJSON_AddStringToObject(o, keys[i], v);
+    }
+    const cJSON *extra = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "additional_special_tokens") : NULL;
+    if (cJSON_IsArray(extra) && cJSON_GetArraySize(extra) > 0) {
+        cJSON *l = cJSON_AddArrayToObject(o, "additional_special_tokens");
+        const cJSON *x;
+        cJSON_ArrayForEach(x, extra) {
+            const char *s = tok_str_of(x);
+            if (s) cJSON_AddItemToArray(l, cJSON_CreateString(s));
+        }
+    }
+    char *txt = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!txt) return;
+    size_t n = strlen(txt);
+    if (n >= 2) { /* strip the braces: members are spliced into the render variables */
+        memmove(txt, txt + 1, n - 2);
+        txt[n - 2] = 0;
+    }
+    t->chat_vars = txt;
+}
+
 int tok_apply_config(df_tokenizer *t, const char *config_path, char *err, size_t errlen) {
     cJSON *cfg = NULL;
-    char *tmpl_own = NULL;
     const char *tmpl = NULL;
+    char from[4096] = "";
     if (config_path) {
         size_t len;
         char *c = tok_slurp(config_path, &len, err, errlen);
@@ -60,23 +107,33 @@ int tok_apply_config(df_tokenizer *t, const char *config_path, char *err, size_t
                 if (nm && !strcmp(nm, "default") && cJSON_IsString(tt)) tmpl = tt->valuestring;
             }
         }
-        if (!tmpl) { /* chat_template.jinja beside the config (transformers >= 4.43) */
-            char p[4096];
-            snprintf(p, sizeof p, "%s", config_path);
-            char *sl = strrchr(p, '/');
-            size_t dl = sl ? (size_t)(sl - p + 1) : 0;
-            snprintf(p + dl, sizeof p - dl, "chat_template.jinja");
-            if (access(p, R_OK) == 0) tmpl = tmpl_own = tok_slurp(p, NULL, NULL, 0);
-        }
+        if (tmpl) snprintf(from, sizeof from, "%s (chat_template)", config_path);
     }
+    /* chat_template.jinja beside the config (or the tokenizer file) takes priority, as in transformers */
+    char jpath[4096];
+    sibling(config_path ? config_path : t->path, "chat_template.jinja", jpath, sizeof jpath);
+    if (access(jpath, R_OK) == 0) {
+        size_t jl;
+        char *jt = tok_slurp(jpath, &jl, err, errlen);
+        if (!jt) { cJSON_Delete(cfg); return DF_EIO; }
+        t->chat_template = jt;
+        snprintf(from, sizeof from, "%s", jpath);
+    } else if (tmpl) t->chat_template = strdup(tmpl);
     if (t->kind == TOK_KIND_TIKTOKEN) {
         if (!t->bos_str && df_tokenizer_token_id(t, "[BOS]") >= 0) t->bos_str = strdup("[BOS]");
         if (!t->eos_str && df_tokenizer_token_id(t, "[EOS]") >= 0) t->eos_str = strdup("[EOS]");
     }
     t->bos_id = t->bos_str ? df_tokenizer_token_id(t, t->bos_str) : -1;
     t->eos_id = t->eos_str ? df_tokenizer_token_id(t, t->eos_str) : -1;
-    tok_detect_chat(t, tmpl);
-    free(tmpl_own);
+    tok_detect_chat(t, t->chat_template);
+    special_tokens_json(t, cfg);
     cJSON_Delete(cfg);
+    if (t->chat_template) {
+        t->chat_template_from = strdup(from);
+        char perr[512] = "";
+        t->jj_rc = jj_parse(t->chat_template, strlen(t->chat_template), &t->jj, perr, sizeof perr);
+        if (t->jj_rc == DF_ENOMEM) return DF_ENOMEM;
+        if (t->jj_rc) t->jj_err = strdup(perr);
+    }
     return 0;
 }

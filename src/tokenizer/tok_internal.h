@@ -162,8 +162,15 @@ struct df_tokenizer {
     int32_t bos_id, eos_id;
     int add_bos;               /* tokenizer_config.json add_bos_token (0 when absent) */
     char *bos_str, *eos_str;   /* as written in the chat format */
-    int chat;
+    int chat;                  /* hand-written fallback format (chat.c) when no template ships */
     char *path;
+    /* the model's own chat template (chat_template.jinja, else tokenizer_config.json) */
+    char *chat_template;       /* template text, NULL when none ships */
+    char *chat_template_from;  /* the file it came from (for messages) */
+    struct jj_template *jj;    /* parsed template; NULL when absent or refused */
+    int jj_rc;                 /* why it was refused (DF_EUNSUPPORTED / DF_EINVAL), 0 otherwise */
+    char *jj_err;              /* the parser's message naming the construct and line */
+    char *chat_vars;           /* JSON members (no braces) of transformers' special_tokens_map */
 };
 
 enum { TOK_F_PRESENT = 1, TOK_F_SPECIAL = 2, TOK_F_ADDED = 4 };
@@ -196,7 +203,7 @@ void tok_detect_chat(df_tokenizer *t, const char *chat_template);
 int tok_build_added_index(df_tokenizer *t);
 int tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags, tok_ids *out, char *err, size_t errlen);
 
-/* chat_*.c */
+/* chat.c: the model's template (jinja_*.c) when it ships one, else the hand-written format */
 int tok_chat_render(const df_tokenizer *t, const char *messages_json, const char *tools_json, int flags,
                     char **text_out, char *err, size_t errlen);
 
