@@ -225,7 +225,26 @@ typedef struct {
     int n_drives;
     uint64_t drive_bytes[16];      /* bytes read from each drive */
     double drive_busy_s[16];       /* seconds with a read in flight; GB/s = bytes / busy */
+    /* appended: wall time per phase of the forward pass (df_phase_name), summed over evals */
+    double phase_s[16];
 } df_stats;
+
+/* Phases of the forward pass timed in df_stats.phase_s (`run --stats --profile`). */
+enum {
+    DF_PHASE_EMBED = 0,      /* token embedding lookup */
+    DF_PHASE_NORM,           /* RMSNorms, residual adds, AttnRes mixes */
+    DF_PHASE_MLA,            /* MLA attention (projections, scores, latent cache) */
+    DF_PHASE_KDA,            /* Kimi Delta Attention (projections, conv, recurrence) */
+    DF_PHASE_ROUTER,         /* router matmul + top-k */
+    DF_PHASE_EXPERTS,        /* routed + shared expert compute (latent projections included), I/O wait excluded */
+    DF_PHASE_DENSE,          /* dense MLP layers */
+    DF_PHASE_IO_WAIT,        /* waiting for expert reads or streamed spine layers */
+    DF_PHASE_PREFETCH,       /* router lookahead for the next layer's prefetch */
+    DF_PHASE_LM_HEAD,        /* final norm + lm_head */
+    DF_PHASES
+};
+/* "embed", "norm+residual", "mla", "kda", "router", "experts", "dense-mlp", "io-wait", "prefetch", "lm-head". */
+const char *df_phase_name(int phase);
 
 void df_model_stats(const df_model *m, df_stats *out);
 void df_model_stats_reset(df_model *m);

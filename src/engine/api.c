@@ -54,6 +54,7 @@ struct df_model {
     uint64_t prefill_tokens, decode_tokens;
     uint64_t weight_bytes_base;
     double io_wait_base;
+    double phase_base[DF_PHASES];
     uint64_t kv_bytes;           /* sum over live sessions (approx., updated on eval) */
 };
 
@@ -648,6 +649,7 @@ void df_model_stats(const df_model *m, df_stats *o) {
             o->drive_busy_s[d] = ss.drive_busy_s[d];
         }
     }
+    for (int i = 0; i < DF_PHASES && i < 16; i++) o->phase_s[i] = m->eng.phase_s[i] - m->phase_base[i];
 }
 
 void df_model_stats_reset(df_model *m) {
@@ -658,6 +660,7 @@ void df_model_stats_reset(df_model *m) {
     m->prefill_tokens = m->decode_tokens = 0;
     m->weight_bytes_base = m->eng.weight_bytes;
     m->io_wait_base = m->eng.io_wait_s;
+    memcpy(m->phase_base, m->eng.phase_s, sizeof m->phase_base);
     if (m->store) store_reset_stats(m->store);
     pthread_mutex_unlock(&m->mu);
 }
@@ -688,4 +691,10 @@ int df_checkpoint_describe(const char *path, char *buf, size_t cap, char *err, s
     if (rc == DF_OK) config_describe(cfg, buf, cap);
     free(cfg);
     return rc;
+}
+
+const char *df_phase_name(int phase) {
+    static const char *const names[DF_PHASES] = {"embed", "norm+residual", "mla", "kda", "router", "experts",
+                                                  "dense-mlp", "io-wait", "prefetch", "lm-head"};
+    return phase >= 0 && phase < DF_PHASES ? names[phase] : "?";
 }

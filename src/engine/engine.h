@@ -9,6 +9,7 @@
 #ifndef DF_ENGINE_ENGINE_H
 #define DF_ENGINE_ENGINE_H
 
+#include "deltafin.h"
 #include "kernels/backend.h"
 #include "model/weights.h"
 #include "store/store.h"
@@ -83,9 +84,13 @@ typedef struct {
     uint64_t weight_bytes;           /* weight bytes touched by compute */
     double io_wait_s;                /* time in experts.acquire */
     uint64_t prefetch_issued;
+    double phase_s[DF_PHASES];       /* wall time per forward phase (deltafin.h DF_PHASE_*) */
     /* added for spine streaming (issue 4): NULL = the whole spine is resident */
     struct spine_stream *stream;
 } df_engine;
+
+/* Monotonic seconds (phase timing). */
+double eng_now(void);
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y);

@@ -21,8 +21,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { PREFETCH_MAX_T = 4 };
+
+double eng_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y) {
     e->be->matmul(e->pool, w, x, T, y);
@@ -87,7 +94,10 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         goto done;
     }
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
+    double lap = eng_now();
+#define LAP(ph) do { double n_ = eng_now(); e->phase_s[ph] += n_ - lap; lap = n_; } while (0)
     for (int t = 0; t < T; t++) e->be->decode_row(&sp->embed, ids[t], x + (int64_t)t * D);
+    LAP(DF_PHASE_EMBED);
     e->weight_bytes += df_weight_bytes(&sp->embed) / (uint64_t)sp->embed.rows * (uint64_t)T;
     for (int l = 0; l < L; l++) {
         if (e->stream) {
@@ -96,6 +106,7 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
             if (rc) goto done;
             if (l + 1 < L) sst_start(e->stream, l + 1);
         }
+        LAP(DF_PHASE_IO_WAIT);
         const df_layer_weights *lw = &sp->layers[l];
         const float *ain = x;
         int restart = 0;
@@ -113,8 +124,10 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         }
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, ain + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
+        LAP(DF_PHASE_NORM);
         if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward(e, l, kv, h, T, a, err, errlen);
         else rc = attn_forward(e, l, kv, n_past, h, T, a, err, errlen);
+        LAP(cfg->mixer[l] == DF_MIXER_KDA ? DF_PHASE_KDA : DF_PHASE_MLA);
         if (rc) goto done;
         if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
         else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
@@ -124,7 +137,9 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         if (e->prefetch && T <= PREFETCH_MAX_T && l + 1 < L) {
             /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
+            LAP(DF_PHASE_NORM);
             moe_prefetch(e, l + 1, x, T);
+            LAP(DF_PHASE_PREFETCH);
         }
         const float *fin = x;
         if (B > 0) {
@@ -133,7 +148,15 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         }
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, fin + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
-        rc = ffn_forward(e, l, h, T, a, err, errlen);
+        LAP(DF_PHASE_NORM);
+        {
+            const double io0 = e->io_wait_s, r0 = e->phase_s[DF_PHASE_ROUTER];
+            rc = ffn_forward(e, l, h, T, a, err, errlen);
+            const double now = eng_now(), dio = e->io_wait_s - io0, dr = e->phase_s[DF_PHASE_ROUTER] - r0;
+            e->phase_s[lw->is_moe ? DF_PHASE_EXPERTS : DF_PHASE_DENSE] += now - lap - dio - dr;
+            e->phase_s[DF_PHASE_IO_WAIT] += dio;
+            lap = now;
+        }
         if (rc) goto done;
         for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
         if (progress && progress(user, "layers", (uint64_t)l + 1, (uint64_t)L)) {
@@ -151,8 +174,11 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         }
         for (int t = first; t < T; t++)
             e->be->rmsnorm(h + (int64_t)(t - first) * D, x + (int64_t)t * D, sp->final_norm, D, cfg->rms_norm_eps);
+        LAP(DF_PHASE_NORM);
         eng_matmul(e, &sp->lm_head, h, n, logits);
+        LAP(DF_PHASE_LM_HEAD);
     }
+#undef LAP
 done:
     /* the next call's first streamed layer is read while the caller samples */
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream));
