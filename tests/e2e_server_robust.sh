@@ -44,11 +44,13 @@ start_server() { # start_server NAME ARGS...: sets PORT, SPID and B
     done
     return 1
 }
-stop_server() {
+stop_server() { # stop_server NAME: SIGTERM; a clean exit 0 (under AddressSanitizer: no leak report)
+    local rc
     kill -TERM "$SPID" 2>/dev/null
     for _ in $(seq 1 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$SPID" 2>/dev/null
-    wait "$SPID" 2>/dev/null
+    wait "$SPID" 2>/dev/null; rc=$?
+    [ "$rc" = 0 ] && ok "$1: clean exit on SIGTERM" || bad "$1: exit status $rc: $(grep -m3 -E 'Sanitizer|ERROR' "$TMP/$1.log")"
 }
 [ -x "$BIN" ] || { echo "e2e_server_robust: no deltafin binary at $BIN (set DF_BIN)"; exit 1; }
 command -v curl >/dev/null && command -v node >/dev/null || { echo "e2e_server_robust: curl and node are required"; exit 1; }
@@ -67,7 +69,7 @@ done
 wait "${CP[@]}"
 expect "3 concurrent clients without --queue: all served" "$(cat "$TMP/c1.code" "$TMP/c2.code" "$TMP/c3.code" | tr -d '\n')" 200200200
 expect "no request refused" "$(curl -s "$B/health" >"$TMP/h"; json "$TMP/h" j.rejected)" 0
-stop_server
+stop_server q
 
 start_server q0 --mock --mock-delay-ms 5 --queue 0 || { cat "$TMP/q0.log"; echo "server did not start"; exit 1; }
 codes=""
@@ -82,7 +84,7 @@ expect "its text" "$(json "$TMP/after" j.choices[0].text)" "lo,"
 # the log: each aborted generation ends (client gone) before the next one is logged
 order=$(grep -o 'status 200: prompt [0-9]* tokens.*' "$TMP/q0.log" | sed -n 's/.*(client gone)$/gone/p; s/.*generated.*[0-9] s$/ok/p' | tr '\n' ' ')
 expect "engine freed before the next request runs (log order)" "$order" "gone ok gone ok gone ok gone ok gone ok "
-stop_server
+stop_server q0
 
 # ---- 8. long prefill: 600 tokens x 5 ms = 3 s of silence before the first token
 : >"$TMP/ka"; : >"$TMP/ka0"
@@ -100,7 +102,7 @@ curl -sN -o "$TMP/kac" "${H[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content
     "$B/v1/chat/completions"
 if tail -c 14 "$TMP/kac" | grep -q 'data: \[DONE\]' && [ "$(grep -c '"finish_reason":"length"' "$TMP/kac")" = 1 ]; then ok "chat stream over a 3 s prefill completes"
 else bad "chat stream over a long prefill: $(tail -c 300 "$TMP/kac")"; fi
-stop_server
+stop_server ka
 
 start_server ka0 --mock --mock-delay-ms 5 --timeout 1 --keepalive 0 || { cat "$TMP/ka0.log"; exit 1; }
 curl -sN -o "$TMP/ka0" -w '%{http_code}' "${H[@]}" -d "{\"prompt\":[$IDS],\"max_tokens\":3,\"temperature\":0,\"stream\":true}" \
@@ -114,7 +116,7 @@ for _ in $(seq 1 50); do grep -q 'client gone' "$TMP/ka0.log" && break; sleep 0.
 if grep -q 'prompt 600 tokens.*0 generated.*(client gone)' "$TMP/ka0.log"; then ok "and its prefill was cancelled"
 else bad "prefill not cancelled: $(tail -2 "$TMP/ka0.log")"; fi
 expect "still serving" "$(curl -s -o /dev/null -w '%{http_code}' "${H[@]}" -d '{"prompt":"abc","max_tokens":2}' "$B/v1/completions")" 200
-stop_server
+stop_server ka0
 
 # ---- 9. an unwritable --port-file
 t0=$(date +%s)
@@ -142,7 +144,7 @@ b=$(curl -s "${H[@]}" -d '{"prompt":"abc","max_tokens":40,"temperature":1.5}' "$
 ta=$(echo "$a" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.stringify(JSON.parse(s).choices[0].text)))')
 tb=$(echo "$b" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.stringify(JSON.parse(s).choices[0].text)))')
 if [ -n "$ta" ] && [ "$ta" != "$tb" ]; then ok "two requests without seed in the same second differ"; else bad "same text without seed: $ta"; fi
-stop_server
+stop_server sc
 
 # ---- 7. /health reports a model whose expert pack fails its checksum
 G="$SRC/tests/golden/bf16_dsv3_groups"
@@ -162,7 +164,7 @@ if "$BIN" convert "$G" "$TMP/nat" >"$TMP/conv.log" 2>&1; then
             *"checksum mismatch in layer"*"experts-L00"*) ok "/health names the error: $(json "$TMP/h1" j.error.message | cut -c1-90)...";;
             *) bad "/health error message: $(cat "$TMP/h1")";;
         esac
-        stop_server
+        stop_server bad
     else bad "serve on the converted model did not start: $(tail -3 "$TMP/bad.log")"; fi
 else bad "convert $G: $(tail -2 "$TMP/conv.log")"; fi
 

@@ -19,10 +19,10 @@ typedef struct {
     int n_ctx;                /* KV positions; 0 = min(4096, model maximum) */
     int max_tokens;           /* cap per request; 0 = context room */
     size_t max_request_bytes; /* larger bodies -> 413 */
-    int queue;                /* waiting requests allowed while one runs; more -> 429 */
+    int queue;                /* waiting requests allowed while one runs (cmd_serve default 16); more -> 429 */
     const char *api_key;      /* NULL = no key */
     int kv_reuse;             /* reuse the KV cache for a common prompt prefix */
-    double keepalive_s;       /* SSE comment period during long prefills */
+    double keepalive_s;       /* SSE comment period while a stream is silent (at most timeout_s / 2); 0 = off */
     int timeout_s;            /* idle / stalled connection timeout */
     int max_connections;
     int verbose;
