@@ -227,6 +227,10 @@ typedef struct {
     double drive_busy_s[16];       /* seconds with a read in flight; GB/s = bytes / busy */
     /* appended: wall time per phase of the forward pass (df_phase_name), summed over evals */
     double phase_s[16];
+    /* appended: the union of routed experts used since the reset (each counted once), in extent bytes;
+     * prefill read amplification = (expert_bytes_demand + expert_bytes_prefetch) / expert_union_bytes */
+    uint64_t expert_union_bytes;
+    uint64_t expert_union_count;
 } df_stats;
 
 /* Phases of the forward pass timed in df_stats.phase_s (`run --stats --profile`). */

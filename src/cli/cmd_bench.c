@@ -71,7 +71,9 @@ static int want_size(const char *cmd, const char *flag, const char *s, uint64_t 
 #define BENCH_MAX_QD 1024       /* reads in flight per directory (each holds one read buffer) */
 #define BENCH_MAX_SECONDS 86400.0
 
-static int drop_caches(void) {
+int bench_drop_caches(void);
+static int drop_caches(void) { return bench_drop_caches(); }
+int bench_drop_caches(void) {
     if (geteuid() != 0) return 0;
     sync();
     FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
@@ -608,24 +610,28 @@ static int bench_store(int argc, char **argv) {
 
 /* bench_project.c: `bench project` (decode runs `bench decode` for its --model measurement) */
 int bench_project(int argc, char **argv, int (*decode)(int argc, char **argv));
+/* bench_prefill.c: `bench prefill` */
+int bench_prefill(int argc, char **argv);
 
 int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
                 "       deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N]\n"
+                "       deltafin bench prefill --model DIR [--tokens N] [--ram-budget SIZE]\n"
                 "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
                 "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
                 "       deltafin bench project --drives N --gbps B [--arch kimi_k3] [--from EVENTS.jsonl | --model DIR |\n"
                 "                              --hit-rate H --compute-ms-per-layer C ...]\n"
-                "  Each benchmark's options: deltafin bench <io|decode|cache|store|project> --help\n");
+                "  Each benchmark's options: deltafin bench <io|decode|prefill|cache|store|project> --help\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "prefill")) return bench_prefill(argc - 2, argv + 2);
     if (!strcmp(argv[1], "cache")) return bench_cache(argc - 2, argv + 2);
     if (!strcmp(argv[1], "store")) return bench_store(argc - 2, argv + 2);
     if (!strcmp(argv[1], "project")) return bench_project(argc - 2, argv + 2, bench_decode);
-    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, cache, store, project; see deltafin bench --help)\n", argv[1]);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, prefill, cache, store, project; see deltafin bench --help)\n", argv[1]);
     return 2;
 }

@@ -410,6 +410,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     m->eng.pool = m->pool;
     m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release};
     m->eng.max_acquire = m->store ? store_max_acquire(m->store) : 0;
+    m->eng.touched = cfg->n_routed_experts > 0 ? calloc((size_t)cfg->num_hidden_layers * cfg->n_routed_experts, 1) : NULL;
     /* router prefetch of layer L+1 (issue 4): on when experts can be evicted (a RAM budget);
      * DF_PREFETCH=1/0 forces it on/off (measurements). Never changes numerics. */
     {
@@ -476,6 +477,7 @@ fail:
 void df_model_close(df_model *m) {
     if (!m) return;
     rope_free(&m->eng.rope);
+    free(m->eng.touched);
     if (m->pool) df_pool_free(m->pool);
     if (m->store) store_close(m->store);
     if (m->stream) sst_close(m->stream);
@@ -650,6 +652,8 @@ void df_model_stats(const df_model *m, df_stats *o) {
         }
     }
     for (int i = 0; i < DF_PHASES && i < 16; i++) o->phase_s[i] = m->eng.phase_s[i] - m->phase_base[i];
+    o->expert_union_count = m->eng.touched_n;
+    o->expert_union_bytes = m->eng.touched_n * m->nat->stride;
 }
 
 void df_model_stats_reset(df_model *m) {
@@ -661,6 +665,8 @@ void df_model_stats_reset(df_model *m) {
     m->weight_bytes_base = m->eng.weight_bytes;
     m->io_wait_base = m->eng.io_wait_s;
     memcpy(m->phase_base, m->eng.phase_s, sizeof m->phase_base);
+    if (m->eng.touched) memset(m->eng.touched, 0, (size_t)m->nat->cfg.num_hidden_layers * m->nat->cfg.n_routed_experts);
+    m->eng.touched_n = 0;
     if (m->store) store_reset_stats(m->store);
     pthread_mutex_unlock(&m->mu);
 }

@@ -85,6 +85,8 @@ typedef struct {
     double io_wait_s;                /* time in experts.acquire */
     uint64_t prefetch_issued;
     double phase_s[DF_PHASES];       /* wall time per forward phase (deltafin.h DF_PHASE_*) */
+    unsigned char *touched;          /* [num_hidden_layers * n_routed_experts]: expert used since the last reset */
+    uint64_t touched_n;              /* distinct (layer, expert) pairs used since the last reset */
     /* added for spine streaming (issue 4): NULL = the whole spine is resident */
     struct spine_stream *stream;
 } df_engine;

@@ -212,6 +212,11 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             }
         free(fill);
     }
+    if (e->touched)
+        for (int i = 0; i < n_used; i++) {
+            unsigned char *t = &e->touched[(int64_t)layer * E + used[i]];
+            if (!*t) { *t = 1; e->touched_n++; }
+        }
     if (e->experts.request) e->experts.request(e->experts.ctx, layer, used, n_used, STORE_DEMAND);
     if (latent) eng_matmul(e, &lw->lat_down, h, T, hx);
     memset(acc, 0, sizeof(float) * (size_t)T * Wd);

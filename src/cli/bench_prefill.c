@@ -1,0 +1,160 @@
+/*
+ * bench_prefill.c — `deltafin bench prefill`: the time to first token of an N-token prompt evaluated in one
+ * call, cold (page cache dropped), against the two floors it cannot beat: reading the union of routed experts
+ * the prompt touches once at the drives' speed (B from the I/O benchmark on the same packs, before and after),
+ * and the compute time (the forward pass's phases without I/O wait). Prints the read amplification (expert
+ * bytes read / bytes of the touched union; 1.0 = each touched expert read exactly once) and
+ * TTFT / max(union read time, compute time).
+ */
+#define _GNU_SOURCE
+#include "cli.h"
+#include "deltafin.h"
+#include "model/native.h"
+#include "store/store_bench.h"
+
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int bench_drop_caches(void); /* cmd_bench.c */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: deltafin bench prefill --model DIR [--tokens N (64)] [--ram-budget SIZE] [--threads N]\n"
+               "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop]\n"
+               "  Cold TTFT of an N-token prompt (random ids, seeded) in one evaluation; prints the expert bytes read\n"
+               "  against the union of experts the prompt touches (amplification), the union's read time at\n"
+               "  `bench io` speed, the compute time and TTFT / max(both).\n");
+}
+
+int bench_prefill(int argc, char **argv) {
+    const char *model = NULL;
+    uint64_t budget = 0;
+    long tokens = 64, threads = 0, seed = 1, qd = 16;
+    double io_seconds = 5;
+    int nodrop = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
+        if (!v) { fprintf(stderr, "deltafin bench prefill: %s needs a value (see --help)\n", a); return 2; }
+        char *end = NULL;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--ram-budget")) {
+            if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench prefill: --ram-budget '%s': expected a size like 8G\n", v); return 2; }
+        } else if (!strcmp(a, "--tokens") || !strcmp(a, "--threads") || !strcmp(a, "--seed") || !strcmp(a, "--qd")) {
+            long x = strtol(v, &end, 10);
+            long lo = !strcmp(a, "--threads") || !strcmp(a, "--seed") ? 0 : 1, hi = !strcmp(a, "--qd") ? 1024 : 1 << 20;
+            if (!*v || *end || x < lo || x > hi) { fprintf(stderr, "deltafin bench prefill: %s '%s': expected an integer in [%ld, %ld]\n", a, v, lo, hi); return 2; }
+            if (!strcmp(a, "--tokens")) tokens = x;
+            else if (!strcmp(a, "--threads")) threads = x;
+            else if (!strcmp(a, "--seed")) seed = x;
+            else qd = x;
+        } else if (!strcmp(a, "--io-seconds")) {
+            io_seconds = strtod(v, &end);
+            if (!*v || *end || !(io_seconds > 0 && io_seconds < 86400)) { fprintf(stderr, "deltafin bench prefill: --io-seconds '%s': expected seconds > 0\n", v); return 2; }
+        } else { fprintf(stderr, "deltafin bench prefill: unknown option %s (see --help)\n", a); return 2; }
+        i++;
+    }
+    if (!model) { fprintf(stderr, "deltafin bench prefill: --model DIR is required (a native model: `deltafin convert` or `synth`)\n"); return 2; }
+    char err[2048] = "";
+    df_native *nat = NULL;
+    int rc = native_open(&nat, model, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench prefill: %s\n", err); return 1; }
+    if (nat->n_moe_layers == 0) { fprintf(stderr, "deltafin bench prefill: %s has no routed experts\n", model); native_close(nat); return 1; }
+    const uint64_t stride = nat->stride;
+    const int top_k = nat->cfg.num_experts_per_tok;
+    const uint64_t bank = (uint64_t)nat->n_moe_layers * nat->n_experts * stride;
+    char dirs[4096] = "";
+    {
+        const native_expert_layer *L = &nat->moe_layers[0];
+        size_t off = 0;
+        for (int k = 0; k < L->n_files && off < sizeof dirs; k++) {
+            char tmp[2048];
+            snprintf(tmp, sizeof tmp, "%s", L->files[k]);
+            off += (size_t)snprintf(dirs + off, sizeof dirs - off, "%s%s", k ? "," : "", dirname(tmp));
+        }
+    }
+    native_close(nat);
+    int dropped = nodrop ? 0 : bench_drop_caches();
+    df_model_opts mo;
+    df_model_opts_default(&mo);
+    mo.ram_budget = budget;
+    mo.threads = (int)threads;
+    mo.kv_positions = (int)tokens + 1;
+    df_model *m = NULL;
+    rc = df_model_open(&m, model, &mo, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench prefill: %s\n", err); return 1; }
+    const int V = df_model_n_vocab(m);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)tokens);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    uint64_t r = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
+    for (long i = 0; i < tokens; i++) {
+        r ^= r >> 12; r ^= r << 25; r ^= r >> 27;
+        ids[i] = (int32_t)((r * 0x2545F4914F6CDD1Dull >> 33) % (uint64_t)V);
+    }
+    char bstr[32] = "unlimited";
+    if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
+    printf("bench prefill: %s, %ld tokens, ram budget %s, page cache %s\n", model, tokens, bstr,
+           dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
+    printf("  %s\n", df_model_describe(m));
+    store_bench_opts bo;
+    store_bench_opts_default(&bo);
+    bo.dirs = dirs;
+    bo.qd = (int)qd;
+    bo.run_bytes = stride;
+    bo.group = top_k;
+    bo.seconds = io_seconds;
+    bo.match = "experts-L*.pack";
+    store_bench_result b1, b2;
+    rc = store_bench_io(&bo, &b1, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench prefill: I/O benchmark: %s\n", err); goto out; }
+    if (!nodrop) bench_drop_caches();
+    df_session *s = NULL;
+    rc = df_session_new(&s, m, (int)tokens + 1, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin bench prefill: %s\n", err); goto out; }
+    df_model_stats_reset(m);
+    double t0 = now_s();
+    rc = df_eval(s, ids, (int)tokens, logits, 0, NULL, NULL, err, sizeof err);
+    double ttft = now_s() - t0;
+    df_session_free(s);
+    if (rc) { fprintf(stderr, "deltafin bench prefill: %s\n", err); goto out; }
+    df_stats st;
+    df_model_stats(m, &st);
+    double B = b1.gbps;
+    if (store_bench_io(&bo, &b2, err, sizeof err) == 0) B = (b1.gbps + b2.gbps) / 2;
+    const uint64_t read = st.expert_bytes_demand + st.expert_bytes_prefetch;
+    const double amp = st.expert_union_bytes ? (double)read / st.expert_union_bytes : 0;
+    const double t_union = B > 0 ? st.expert_union_bytes / (B * 1e9) : 0;
+    double compute = 0;
+    for (int p = 0; p < DF_PHASES; p++)
+        if (p != DF_PHASE_IO_WAIT) compute += st.phase_s[p];
+    const double floor_s = t_union > compute ? t_union : compute;
+    printf("  bench io: %.3f GB/s before, %.3f GB/s after (B = mean %.3f GB/s; %d KiB reads, qd %ld)\n", b1.gbps, b2.gbps, B,
+           (int)(stride / 1024), qd);
+    printf("  TTFT %.3f s (%.1f tok/s)\n", ttft, tokens / ttft);
+    printf("  experts: union %llu of %llu (%.1f%% of the bank), %.1f MB; read %.1f MB (demand %.1f, prefetch %.1f); "
+           "amplification %.3f\n",
+           (unsigned long long)st.expert_union_count, (unsigned long long)(bank / stride), 100.0 * st.expert_union_bytes / bank,
+           st.expert_union_bytes / 1e6, read / 1e6, st.expert_bytes_demand / 1e6, st.expert_bytes_prefetch / 1e6, amp);
+    printf("  union read time at B: %.3f s; compute (phases without I/O wait): %.3f s; I/O wait %.3f s\n", t_union, compute,
+           st.phase_s[DF_PHASE_IO_WAIT]);
+    printf("  TTFT / max(union read, compute) = %.3f\n", floor_s > 0 ? ttft / floor_s : 0);
+    printf("  phases:");
+    for (int p = 0; p < DF_PHASES; p++)
+        if (st.phase_s[p] > 0) printf(" %s %.3f s", df_phase_name(p), st.phase_s[p]);
+    printf("\n");
+out:
+    free(ids);
+    free(logits);
+    df_model_close(m);
+    return rc ? 1 : 0;
+}
