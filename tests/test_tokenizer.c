@@ -10,7 +10,9 @@
  * DF_TOK_PARSE_SPECIAL), big generated inputs (1 MB line, 200k spaces/digits),
  * decode(encode(s)) == s (NFC(s) for NFC tokenizers), streaming decode ==
  * batch decode with only whole UTF-8 characters per chunk, chat strings
- * byte-identical, clear errors for unknown components. */
+ * byte-identical (through the model's own template where the package ships
+ * one, and through the built-in formats), clear errors for unknown components.
+ * The Jinja subset itself: tests/test_jinja.c. */
 #include "deltafin.h"
 #include "test_util.h"
 #include <cjson/cJSON.h>
@@ -279,42 +281,77 @@ static void test_roundtrip(void) {
     CHECK(n_bad == 0, "%d round trips differ", n_bad);
 }
 
+/* the same tokenizer with a tokenizer_config.json whose chat_template is removed:
+ * chat then uses the built-in (hand-written) format of the family */
+static df_tokenizer *without_template(const char *name) {
+    char p[512], q[512], err[512];
+    snprintf(p, sizeof p, CACHE "/%s/tokenizer_config.json", name);
+    char *txt = slurp(p, NULL);
+    cJSON *cfg = txt ? cJSON_Parse(txt) : NULL;
+    free(txt);
+    if (!cfg) return NULL;
+    cJSON_DeleteItemFromObject(cfg, "chat_template");
+    char *out = cJSON_Print(cfg);
+    cJSON_Delete(cfg);
+    snprintf(q, sizeof q, CACHE "/%s_no_template_config.json", name);
+    FILE *f = fopen(q, "w");
+    if (f) { fputs(out, f); fclose(f); }
+    free(out);
+    snprintf(p, sizeof p, CACHE "/%s/tokenizer.json", name);
+    df_tokenizer *t = NULL;
+    int rc = df_tokenizer_open(&t, p, q, err, sizeof err);
+    CHECK(rc == 0, "open %s without its template: %s", name, err);
+    return t;
+}
+
+/* golden_chat.jsonl: transformers' apply_chat_template strings. deepseek and qwen3
+ * ship their template (rendered by the Jinja subset) and are also checked without it
+ * (the built-in formats); kimi (no tokenizer_config here) and harmony (the gpt-oss
+ * package ships none) use the built-in formats. */
 static void test_chat(void) {
     char *txt = slurp("tests/tokenizer/golden_chat.jsonl", NULL);
     CHECK(txt != NULL, "golden_chat.jsonl missing");
     if (!txt) return;
-    int n_ok = 0, n_bad = 0, per_fmt[4] = {0};
+    int n_ok = 0, n_bad = 0, per_fmt[4] = {0}, per_builtin[4] = {0};
     const char *fmts[4] = {"kimi", "deepseek", "qwen3", "harmony"};
     const int fmt_tok[4] = {4, 0, 1, 2};
+    df_tokenizer *builtin[4] = {NULL, without_template("deepseek_v3"), without_template("qwen3"), NULL};
     char err[512];
     for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
         const char *fmt = cJSON_GetObjectItem(j, "fmt")->valuestring;
         int f = -1;
         for (int k = 0; k < 4; k++) if (!strcmp(fmts[k], fmt)) f = k;
-        df_tokenizer *t = f >= 0 ? toks[fmt_tok[f]] : NULL;
-        if (!t) { cJSON_Delete(j); continue; }
-        const cJSON *tools = cJSON_GetObjectItem(j, "tools");
-        int flags = (cJSON_IsTrue(cJSON_GetObjectItem(j, "gen")) ? DF_CHAT_ADD_GENERATION_PROMPT : 0) |
-                    (cJSON_IsTrue(cJSON_GetObjectItem(j, "thinking")) ? DF_CHAT_THINKING : 0);
-        char *out = NULL;
-        int rc = df_chat_render(t, cJSON_GetObjectItem(j, "messages")->valuestring,
-                                cJSON_IsString(tools) ? tools->valuestring : NULL, flags, &out, err, sizeof err);
-        const char *gold = cJSON_GetObjectItem(j, "text")->valuestring;
-        if (rc == 0 && !strcmp(out, gold)) { n_ok++; per_fmt[f]++; }
-        else {
-            n_bad++;
-            fprintf(stderr, "CHAT %s %s flags %d: %s\n  got:  %.600s\n  want: %.600s\n", fmt,
-                    cJSON_GetObjectItem(j, "name")->valuestring, flags, rc ? err : "", out ? out : "", gold);
+        for (int pass = 0; pass < 2 && f >= 0; pass++) {
+            df_tokenizer *t = pass == 0 ? toks[fmt_tok[f]] : builtin[f];
+            if (!t) continue;
+            const cJSON *tools = cJSON_GetObjectItem(j, "tools");
+            int flags = (cJSON_IsTrue(cJSON_GetObjectItem(j, "gen")) ? DF_CHAT_ADD_GENERATION_PROMPT : 0) |
+                        (cJSON_IsTrue(cJSON_GetObjectItem(j, "thinking")) ? DF_CHAT_THINKING : 0);
+            char *out = NULL;
+            int rc = df_chat_render(t, cJSON_GetObjectItem(j, "messages")->valuestring,
+                                    cJSON_IsString(tools) ? tools->valuestring : NULL, flags, &out, err, sizeof err);
+            const char *gold = cJSON_GetObjectItem(j, "text")->valuestring;
+            if (rc == 0 && !strcmp(out, gold)) { n_ok++; if (pass) per_builtin[f]++; else per_fmt[f]++; }
+            else {
+                n_bad++;
+                fprintf(stderr, "CHAT %s %s%s flags %d: %s\n  got:  %.600s\n  want: %.600s\n", fmt,
+                        cJSON_GetObjectItem(j, "name")->valuestring, pass ? " (built-in format)" : "", flags,
+                        rc ? err : "", out ? out : "", gold);
+            }
+            free(out);
         }
-        free(out);
         cJSON_Delete(j);
     }
     free(txt);
-    printf("chat: %d equal (kimi %d, deepseek %d, qwen3 %d, harmony %d), %d differ\n", n_ok, per_fmt[0], per_fmt[1],
-           per_fmt[2], per_fmt[3], n_bad);
+    printf("chat: %d equal (kimi %d, deepseek %d + %d built-in, qwen3 %d + %d built-in, harmony %d), %d differ\n",
+           n_ok, per_fmt[0], per_fmt[1], per_builtin[1], per_fmt[2], per_builtin[2], per_fmt[3], n_bad);
     CHECK(n_bad == 0, "%d chat renderings differ", n_bad);
     for (int k = 0; k < 4; k++) CHECK(per_fmt[k] >= 10, "chat format %s: only %d goldens", fmts[k], per_fmt[k]);
+    CHECK(per_builtin[1] >= 10 && per_builtin[2] >= 10, "built-in formats checked: deepseek %d, qwen3 %d",
+          per_builtin[1], per_builtin[2]);
+    df_tokenizer_free(builtin[1]);
+    df_tokenizer_free(builtin[2]);
 }
 
 static void write_file(const char *p, const char *s) {
