@@ -34,6 +34,8 @@ static void run_usage(FILE *f) {
             "  --chat               wrap the prompt as one user message in the model's chat format\n"
             "  --print-ids          print the generated ids comma-separated on one line (instead of text)\n"
             "  --stats              print TTFT, prefill/decode tok/s and weight bytes per token to stderr\n"
+            "  --profile            with --stats: time per phase of the forward pass (attention, KDA, router,\n"
+            "                       experts, I/O wait, ...) for the prefill and per decoded token\n"
             "  --threads N          compute threads, 0..4096 (default 0: all cores)\n"
             "  --temperature T      0..2; 0 = greedy (default)\n"
             "  --top-p P            nucleus sampling, in (0, 1] (default 1: off)\n"
@@ -286,7 +288,7 @@ int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *prompt_file = NULL;
     char *prompt_buf = NULL;
     size_t prompt_len = 0;
-    int max_new = 32, chat = 0, stats = 0, print_ids = 0, quiet = 0, spine_given = 0;
+    int max_new = 32, chat = 0, stats = 0, profile = 0, print_ids = 0, quiet = 0, spine_given = 0;
     long long iv;
     df_model_opts mo;
     df_model_opts_default(&mo);
@@ -307,6 +309,7 @@ int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--stats")) stats = 1;
+        else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--threads")) {
@@ -525,7 +528,21 @@ int cmd_run(int argc, char **argv) {
                         st.drive_busy_s[d] > 0 ? st.drive_bytes[d] / st.drive_busy_s[d] / 1e9 : 0.0);
             fputc('\n', stderr);
         }
+        if (profile) {
+            /* prefill phases from the snapshot after the prompt; decode phases per generated token */
+            double pre = 0, dec = 0;
+            for (int p = 0; p < DF_PHASES; p++) { pre += after_prefill.phase_s[p]; dec += st.phase_s[p] - after_prefill.phase_s[p]; }
+            const double nd = st.decode_tokens ? (double)st.decode_tokens : 1;
+            fprintf(stderr, "profile: phase            prefill s   share   decode ms/token   share\n");
+            for (int p = 0; p < DF_PHASES; p++) {
+                const double a = after_prefill.phase_s[p], d = st.phase_s[p] - after_prefill.phase_s[p];
+                fprintf(stderr, "profile: %-16s %10.3f  %5.1f%%  %16.3f  %5.1f%%\n", df_phase_name(p), a, pre > 0 ? 100 * a / pre : 0,
+                        1e3 * d / nd, dec > 0 ? 100 * d / dec : 0);
+            }
+            fprintf(stderr, "profile: %-16s %10.3f          %16.3f\n", "total", pre, 1e3 * dec / nd);
+        }
     }
+    if (profile && !stats) fprintf(stderr, "deltafin run: --profile prints with --stats only\n");
     status = 0;
 done:
     df_detok_free(dt);
