@@ -70,7 +70,16 @@ static jv *strval(jj_ctx *c, jb *b) {
 
 jv *jj_iterate(jj_ctx *c, jv *v) {
     switch (v->t) {
-    case JV_LIST: case JV_TUPLE: return v;
+    case JV_LIST: case JV_TUPLE:
+        if (v->flags & JV_F_ITER) { /* a generator runs once */
+            if (v->flags & JV_F_CONSUMED) {
+                jj_fail(c, DF_EUNSUPPORTED, "iterating a generator (the result of map / select / items / unique / "
+                        "reverse) a second time is not supported by deltafin's Jinja subset: add |list");
+                return NULL;
+            }
+            v->flags |= JV_F_CONSUMED;
+        }
+        return v;
     case JV_UNDEF: return jv_list(c, JV_LIST, 0);
     case JV_STR: {
         size_t n = ju_len(v->s.p, v->s.n);
@@ -98,6 +107,10 @@ jv *jj_iterate(jj_ctx *c, jv *v) {
 }
 
 static int64_t jlen(jj_ctx *c, jv *v) {
+    if (v->flags & JV_F_ITER) {
+        jj_fail(c, DF_EINVAL, "TypeError: object of type '%s' has no len()", jv_type_name(v));
+        return -1;
+    }
     switch (v->t) {
     case JV_STR: return (int64_t)ju_len(v->s.p, v->s.n);
     case JV_LIST: case JV_TUPLE: return (int64_t)v->l.n;
@@ -241,6 +254,7 @@ jv *jj_getattr(jj_ctx *c, jv *obj, const char *name, size_t nlen) {
 }
 
 jv *jj_getitem(jj_ctx *c, jv *obj, jv *key) {
+    if (obj->flags & JV_F_ITER) return jv_undef(c, "'%s object' has no element", jv_type_name(obj));
     switch (obj->t) {
     case JV_DICT: {
         if (key->t != JV_LIST && key->t != JV_DICT && key->t != JV_NS) {
@@ -333,6 +347,7 @@ static jv *percent_format(jj_ctx *c, jv *fmt, jv *args);
 
 jv *jj_binop(jj_ctx *c, int op, jv *a, jv *b) {
     static const char *names[] = {"", "+", "-", "*", "/", "//", "%", "** or pow()"};
+    if (op == OP_MOD && a->t == JV_STR) return percent_format(c, a, b); /* str % Undefined formats it */
     if (a->t == JV_UNDEF) return jj_undef_fail(c, a);
     if (b->t == JV_UNDEF) return jj_undef_fail(c, b);
     int an = jv_is_number(a), bn = jv_is_number(b);
@@ -502,6 +517,10 @@ static int vec_push(jj_ctx *c, vec *a, jv *x) {
     }
     a->v[a->n++] = x;
     return 0;
+}
+static jv *as_iter(jv *l) {
+    if (l) l->flags = (l->flags & ~JV_F_CONSUMED) | JV_F_ITER;
+    return l;
 }
 static jv *vec_list(jj_ctx *c, vec *a) {
     jv *l = list_from(c, a->v, a->n);
@@ -703,6 +722,9 @@ static jv *percent_format(jj_ctx *c, jv *fmt, jv *args) {
     jv **av = NULL;
     size_t an = 0, ai = 0;
     jv *mapping = NULL;
+    /* CPython: an argument with __getitem__ that is not a tuple or a str (dict, list, Undefined) never
+     * raises "not all arguments converted" */
+    int mapping_like = args->t == JV_DICT || args->t == JV_LIST || args->t == JV_UNDEF;
     if (args->t == JV_TUPLE) { av = args->l.a; an = args->l.n; }
     else if (args->t == JV_DICT) { mapping = args; av = &args; an = 1; }
     else { av = &args; an = 1; }
@@ -716,6 +738,7 @@ static jv *percent_format(jj_ctx *c, jv *fmt, jv *args) {
         if (p < e && *p == '(') {
             const char *k = ++p;
             while (p < e && *p != ')') p++;
+            if (args->t == JV_UNDEF) { free(b.p); jj_undef_fail(c, args); return NULL; }
             if (!mapping || p >= e) { free(b.p); jj_fail(c, DF_EINVAL, "TypeError: format requires a mapping"); return NULL; }
             jv *key = jv_str(c, k, (size_t)(p - k));
             p++;
@@ -755,6 +778,7 @@ static jv *percent_format(jj_ctx *c, jv *fmt, jv *args) {
             free(t.p);
             continue;
         }
+        if (v->t == JV_UNDEF && conv != 's' && conv != 'r') { free(b.p); jj_undef_fail(c, v); return NULL; }
         if (strchr("diouxXc", conv)) {
             int64_t iv;
             if (v->t == JV_FLOAT && conv != 'c') iv = (int64_t)v->f;
@@ -778,7 +802,7 @@ static jv *percent_format(jj_ctx *c, jv *fmt, jv *args) {
         jj_fail(c, DF_EUNSUPPORTED, "%%-format conversion '%c' is not supported by deltafin's Jinja subset", conv);
         return NULL;
     }
-    if (ai < an && !mapping && args->t == JV_TUPLE) {
+    if (ai < an && !mapping_like) {
         free(b.p);
         jj_fail(c, DF_EINVAL, "TypeError: not all arguments converted during string formatting");
         return NULL;
@@ -1297,13 +1321,16 @@ static int sort_key_less(jj_ctx *c, jv *a, jv *b, int case_sensitive) {
 }
 
 /* stable merge sort of v[0..n) by keys k[] */
-static int msort(jj_ctx *c, jv **v, jv **k, size_t n, int cs, int rev, jv **tv, jv **tk) {
+static int msort(jj_ctx *c, jv **v, jv **k, size_t n, int cs, int rev, jv **tv, jv **tk, int eq_first) {
     if (n < 2) return 0;
     size_t m = n / 2;
-    if (msort(c, v, k, m, cs, rev, tv, tk) || msort(c, v + m, k + m, n - m, cs, rev, tv, tk)) return -1;
+    if (msort(c, v, k, m, cs, rev, tv, tk, eq_first) || msort(c, v + m, k + m, n - m, cs, rev, tv, tk, eq_first))
+        return -1;
     size_t i = 0, j = m, o = 0;
     while (i < m && j < n) {
-        int lt = rev ? sort_key_less(c, k[i], k[j], cs) : sort_key_less(c, k[j], k[i], cs);
+        /* the sort filter's keys are one-item lists: equal items never reach '<' */
+        int lt = eq_first && jv_equal(k[i], k[j]) ? 0
+               : rev ? sort_key_less(c, k[i], k[j], cs) : sort_key_less(c, k[j], k[i], cs);
         if (lt < 0) return -1;
         if (lt) { tv[o] = v[j]; tk[o++] = k[j++]; }
         else { tv[o] = v[i]; tk[o++] = k[i++]; }
@@ -1315,7 +1342,7 @@ static int msort(jj_ctx *c, jv **v, jv **k, size_t n, int cs, int rev, jv **tv, 
     return 0;
 }
 
-static jv *sorted(jj_ctx *c, jv *items, jv **keys, int cs, int rev) {
+static jv *sorted(jj_ctx *c, jv *items, jv **keys, int cs, int rev, int eq_first) {
     size_t n = items->l.n;
     jv *r = jv_list(c, JV_LIST, n);
     if (!r) return NULL;
@@ -1323,12 +1350,13 @@ static jv *sorted(jj_ctx *c, jv *items, jv **keys, int cs, int rev) {
     jv **k = malloc((n + 1) * sizeof *k), **tv = malloc((n + 1) * sizeof *tv), **tk = malloc((n + 1) * sizeof *tk);
     if (!k || !tv || !tk) { free(k); free(tv); free(tk); jj_fail(c, DF_ENOMEM, "out of memory"); return NULL; }
     memcpy(k, keys, n * sizeof *k);
-    int rc = msort(c, r->l.a, k, n, cs, rev, tv, tk);
+    int rc = msort(c, r->l.a, k, n, cs, rev, tv, tk, eq_first);
     free(k); free(tv); free(tk);
     return rc ? NULL : r;
 }
 
 static jv *select_items(jj_ctx *c, jj_frame *f, jv *v, jv **args, int nargs, int by_attr, int keep) {
+    if (!jv_truthy(v)) return as_iter(jv_list(c, JV_LIST, 0)); /* "if value:" before iterating */
     jv *items = jj_iterate(c, v);
     if (!items) return NULL;
     int ai = 0;
@@ -1358,7 +1386,7 @@ static jv *select_items(jj_ctx *c, jj_frame *f, jv *v, jv **args, int nargs, int
         if (r == keep && vec_push(c, &out, x)) { free(out.v); return NULL; }
     }
     (void)f;
-    return vec_list(c, &out);
+    return as_iter(vec_list(c, &out));
 }
 
 static void jinja_title(const char *s, size_t n, jb *b) {
@@ -1505,7 +1533,7 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
         jv **keys = malloc((items->l.n + 1) * sizeof *keys);
         if (!keys) return NULL;
         for (size_t i = 0; i < items->l.n; i++) keys[i] = items->l.a[i]->l.a[pos];
-        jv *r = sorted(c, items, keys, a[0] && jv_truthy(a[0]), a[2] && jv_truthy(a[2]));
+        jv *r = sorted(c, items, keys, a[0] && jv_truthy(a[0]), a[2] && jv_truthy(a[2]), 0);
         free(keys);
         return r;
     }
@@ -1521,6 +1549,10 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
     }
     case F_FIRST: case F_LAST: {
         NOARGS();
+        if (id == F_LAST && (v->flags & JV_F_ITER)) {
+            jj_fail(c, DF_EINVAL, "TypeError: '%s' object is not reversible", jv_type_name(v));
+            return NULL;
+        }
         jv *items = jj_iterate(c, v);
         if (!items) return NULL;
         if (!items->l.n) return jv_undef(c, "No %s item, sequence was empty.", id == F_FIRST ? "first" : "last");
@@ -1529,6 +1561,7 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
     case F_FLOAT: {
         BIND("default");
         jv *d = a[0] ? a[0] : jv_float(c, 0.0);
+        if (v->t == JV_UNDEF) return jj_undef_fail(c, v); /* float(Undefined) raises */
         if (v->t == JV_FLOAT) return v;
         if (v->t == JV_INT || v->t == JV_BOOL) return jv_float(c, jv_num(v));
         if (v->t == JV_STR) {
@@ -1562,8 +1595,12 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
     }
     case F_INDENT: {
         BIND("width", "first", "blank");
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
+        if (v->t != JV_STR) { /* jinja2 does s += "\n" on the value itself */
+            if (v->t == JV_UNDEF) return jj_undef_fail(c, v);
+            jj_fail(c, DF_EINVAL, "TypeError: indent needs a string, not %s", jv_type_name(v));
+            return NULL;
+        }
+        jv *s = v;
         jb ind = {0};
         if (a[0] && a[0]->t == JV_STR) jb_put(&ind, a[0]->s.p, a[0]->s.n);
         else {
@@ -1601,6 +1638,7 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
         jv *d = a[0] ? a[0] : jv_int(c, 0);
         int64_t base = 10;
         if (a[1] && need_int(c, a[1], &base, "base")) return NULL;
+        if (v->t == JV_UNDEF) return jj_undef_fail(c, v); /* int(Undefined) raises */
         if (v->t == JV_INT) return v;
         if (v->t == JV_BOOL) return jv_int(c, v->b);
         if (v->t == JV_FLOAT) { jv *r = float_to_int(c, v->f); return r ? r : d; }
@@ -1615,11 +1653,11 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
     }
     case F_ITEMS: {
         NOARGS();
-        if (v->t == JV_UNDEF) return jv_list(c, JV_LIST, 0);
+        if (v->t == JV_UNDEF) return as_iter(jv_list(c, JV_LIST, 0));
         if (v->t != JV_DICT) { jj_fail(c, DF_EINVAL, "TypeError: Can only get item pairs from a mapping."); return NULL; }
         jv *r = dict_view(c, v, 0);
         if (r) r->flags = 0;
-        return r;
+        return as_iter(r);
     }
     case F_JOIN: {
         BIND("d", "attribute");
@@ -1641,9 +1679,10 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
         return list_from(c, items->l.a, items->l.n);
     }
     case F_MAP: {
+        if (!jv_truthy(v)) return as_iter(jv_list(c, JV_LIST, 0)); /* "if value:" before iterating */
         jv *items = jj_iterate(c, v);
         if (!items) return NULL;
-        jv *r = jv_list(c, JV_LIST, items->l.n);
+        jv *r = as_iter(jv_list(c, JV_LIST, items->l.n));
         if (!r) return NULL;
         if (nargs == 0) { /* map(attribute=..., default=...) */
             jv *attr = NULL, *dflt = NULL;
@@ -1710,12 +1749,18 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
             for (size_t i = n; i-- > 0;) jb_put(&b, items->l.a[i]->s.p, items->l.a[i]->s.n);
             return strval(c, &b);
         }
+        int was_iter = (v->flags & JV_F_ITER) != 0; /* reversed() fails on a generator: list(value) reversed */
+        if (!was_iter && v->t != JV_LIST && v->t != JV_TUPLE && v->t != JV_DICT) {
+            if (v->t == JV_UNDEF) return as_iter(jv_list(c, JV_LIST, 0)); /* reversed(Undefined): empty */
+            jj_fail(c, DF_EINVAL, "FilterArgumentError: argument must be iterable");
+            return NULL;
+        }
         jv *items = jj_iterate(c, v);
         if (!items) return NULL;
         jv *r = jv_list(c, JV_LIST, items->l.n);
         if (!r) return NULL;
         for (size_t i = 0; i < items->l.n; i++) r->l.a[i] = items->l.a[items->l.n - 1 - i];
-        return r;
+        return was_iter ? r : as_iter(r);
     }
     case F_ROUND: {
         BIND("precision", "method");
@@ -1758,7 +1803,7 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
             keys[i] = a[2] ? attr_path(c, items->l.a[i], a[2], NULL) : items->l.a[i];
             if (!keys[i]) { free(keys); return NULL; }
         }
-        jv *r = sorted(c, items, keys, a[1] && jv_truthy(a[1]), a[0] && jv_truthy(a[0]));
+        jv *r = sorted(c, items, keys, a[1] && jv_truthy(a[1]), a[0] && jv_truthy(a[0]), 1);
         free(keys);
         return r;
     }
@@ -1822,8 +1867,7 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
     }
     case F_TRUNCATE: {
         BIND("length", "killwords", "end", "leeway");
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
+        jv *s = v; /* len(s) of the value itself; only a str is cut */
         int64_t length = 255, leeway = 5;
         if (a[0] && need_int(c, a[0], &length, "length")) return NULL;
         if (a[3] && a[3]->t != JV_NONE && need_int(c, a[3], &leeway, "leeway")) return NULL;
@@ -1831,8 +1875,10 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
         if (!end || need_str(c, end, "end")) return NULL;
         int64_t endlen = (int64_t)ju_len(end->s.p, end->s.n);
         if (length < endlen) { jj_fail(c, DF_EINVAL, "AssertionError: expected length >= %lld, got %lld", (long long)endlen, (long long)length); return NULL; }
-        int64_t n = (int64_t)ju_len(s->s.p, s->s.n);
+        int64_t n = jlen(c, s);
+        if (n < 0) return NULL;
         if (n <= length + leeway) return s;
+        if (s->t != JV_STR) { jj_fail(c, DF_EUNSUPPORTED, "truncate of a long %s is not supported by deltafin's Jinja subset", jv_type_name(s)); return NULL; }
         size_t cut = ju_offset(s->s.p, s->s.n, (size_t)(length - endlen));
         if (a[1] && jv_truthy(a[1])) { jb_put(&b, s->s.p, cut); jb_put(&b, end->s.p, end->s.n); return strval(c, &b); }
         /* result = s[: length - len(end)].rsplit(" ", 1)[0] */
@@ -1849,6 +1895,11 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
         for (size_t i = 0; i < items->l.n; i++) {
             jv *x = items->l.a[i], *k = a[1] ? attr_path(c, x, a[1], NULL) : x;
             if (!k) { free(out.v); free(seen.v); return NULL; }
+            if (k->t == JV_LIST || k->t == JV_DICT || k->t == JV_NS) {
+                jj_fail(c, DF_EINVAL, "TypeError: unhashable type: '%s'", jv_type_name(k));
+                free(out.v); free(seen.v);
+                return NULL;
+            }
             if (!(a[0] && jv_truthy(a[0])) && k->t == JV_STR) {
                 jb lo = {0};
                 case_map(k->s.p, k->s.n, CASE_LOWER, &lo);
@@ -1860,7 +1911,7 @@ jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv 
             if (!dup && (vec_push(c, &seen, k) || vec_push(c, &out, x))) { free(out.v); free(seen.v); return NULL; }
         }
         free(seen.v);
-        return vec_list(c, &out);
+        return as_iter(vec_list(c, &out));
     }
     case F_WORDCOUNT: {
         NOARGS();
@@ -1908,7 +1959,9 @@ int jj_apply_test(jj_ctx *c, int id, const char *name, jv *v, jv **args, int nar
     case T_BOOLEAN: return v->t == JV_BOOL;
     case T_MAPPING: return v->t == JV_DICT;
     case T_ITERABLE: return v->t == JV_STR || v->t == JV_LIST || v->t == JV_TUPLE || v->t == JV_DICT || v->t == JV_UNDEF;
-    case T_SEQUENCE: return v->t == JV_STR || v->t == JV_LIST || v->t == JV_TUPLE || v->t == JV_DICT || v->t == JV_UNDEF;
+    case T_SEQUENCE:
+        if (v->flags & JV_F_ITER) return 0; /* no len() */
+        return v->t == JV_STR || v->t == JV_LIST || v->t == JV_TUPLE || v->t == JV_DICT || v->t == JV_UNDEF;
     case T_CALLABLE: return v->t == JV_MACRO || v->t == JV_FUNC || v->t == JV_METHOD || v->t == JV_UNDEF;
     case T_EQ: return jv_equal(v, x);
     case T_NE: return !jv_equal(v, x);

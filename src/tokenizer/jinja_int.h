@@ -33,7 +33,10 @@ enum {
     JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_TUPLE, JV_DICT, JV_NS,
     JV_MACRO, JV_FUNC, JV_METHOD, JV_LOOP
 };
-enum { JV_F_SAFE = 1, JV_F_ITEMS = 2, JV_F_KEYS = 4, JV_F_VALUES = 8, JV_F_UNSAFE_ATTR = 16 };
+enum { JV_F_SAFE = 1, JV_F_ITEMS = 2, JV_F_KEYS = 4, JV_F_VALUES = 8, JV_F_UNSAFE_ATTR = 16,
+       JV_F_ITER = 32,      /* a Python generator / iterator (map, select, items, unique, reverse): one pass */
+       JV_F_CONSUMED = 64,  /* ... already iterated */
+       JV_F_RANGE = 128 };  /* a range object (prints as range(a, b)) */
 
 typedef struct jv jv;
 typedef struct { jv *k, *v; } jv_kv;

@@ -35,7 +35,10 @@ typedef struct {
     char *err;
     size_t errlen;
     int in_loop, in_macro;
+    int depth;       /* nesting of expressions and blocks (bounded: the parser recurses) */
 } P;
+
+#define MAX_NEST 400
 
 static void pfail(P *p, int rc, int line, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static void pfail(P *p, int rc, int line, const char *fmt, ...) {
@@ -944,6 +947,10 @@ static jnode *parse_primary(P *p) {
 static jnode *parse_unary(P *p, int with_filter) {
     int line = cur(p)->line;
     jnode *n;
+    if (++p->depth > MAX_NEST) {
+        UNSUP(p, line, "expressions nested deeper than %d levels are not supported by deltafin's Jinja subset", MAX_NEST);
+        return NULL;
+    }
     if (is_op(p, '-') || is_op(p, '+')) {
         int neg = next_tok(p)->op == '-';
         jnode *x = parse_unary(p, 0);
@@ -957,6 +964,7 @@ static jnode *parse_unary(P *p, int with_filter) {
     }
     n = parse_postfix(p, n);
     if (n && with_filter) n = parse_filter_expr(p, n);
+    p->depth--;
     return n;
 }
 
@@ -1367,7 +1375,18 @@ static jnode *parse_with(P *p, int line) {
     return w;
 }
 
+static jnode *parse_statement_(P *p);
 static jnode *parse_statement(P *p) {
+    if (++p->depth > MAX_NEST) {
+        UNSUP(p, cur(p)->line, "blocks nested deeper than %d levels are not supported by deltafin's Jinja subset", MAX_NEST);
+        return NULL;
+    }
+    jnode *n = parse_statement_(p);
+    p->depth--;
+    return n;
+}
+
+static jnode *parse_statement_(P *p) {
     tok *t = cur(p);
     int line = t->line;
     if (t->type != T_NAME) {

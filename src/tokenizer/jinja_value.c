@@ -261,7 +261,8 @@ const char *jv_type_name(const jv *v) {
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return v->flags & JV_F_SAFE ? "Markup" : "str";
-    case JV_LIST: return v->flags & JV_F_ITEMS ? "dict_items" : v->flags & JV_F_KEYS ? "dict_keys" :
+    case JV_LIST: return v->flags & JV_F_ITER ? "generator" : v->flags & JV_F_RANGE ? "range" :
+                         v->flags & JV_F_ITEMS ? "dict_items" : v->flags & JV_F_KEYS ? "dict_keys" :
                          v->flags & JV_F_VALUES ? "dict_values" : "list";
     case JV_TUPLE: return "tuple";
     case JV_DICT: return "dict";
@@ -281,7 +282,7 @@ int jv_truthy(const jv *v) {
     case JV_INT: return v->i != 0;
     case JV_FLOAT: return v->f != 0.0;
     case JV_STR: return v->s.n != 0;
-    case JV_LIST: case JV_TUPLE: return v->l.n != 0;
+    case JV_LIST: case JV_TUPLE: return (v->flags & (JV_F_ITER | JV_F_RANGE)) == JV_F_ITER || v->l.n != 0;
     case JV_DICT: return v->d.n != 0;
     default: return 1;
     }
@@ -301,22 +302,27 @@ static int num_eq(const jv *a, const jv *b) {
     return (int64_t)f == jv_ival(iv);
 }
 
-int jv_equal(const jv *a, const jv *b) {
+static int jv_equal_(const jv *a, const jv *b, int depth);
+int jv_equal(const jv *a, const jv *b) { return jv_equal_(a, b, 0); }
+
+static int jv_equal_(const jv *a, const jv *b, int depth) {
     if (a == b) return 1;
+    if (depth > 900) return 0; /* (Python would raise RecursionError) */
     if (jv_is_number(a) && jv_is_number(b)) return num_eq(a, b);
     if (a->t != b->t) return 0;
+    if ((a->flags | b->flags) & (JV_F_ITER | JV_F_RANGE)) return 0; /* generators compare by identity */
     switch (a->t) {
     case JV_UNDEF: case JV_NONE: return 1;
     case JV_STR: return a->s.n == b->s.n && !memcmp(a->s.p, b->s.p, a->s.n);
     case JV_LIST: case JV_TUPLE:
         if (a->l.n != b->l.n) return 0;
-        for (size_t i = 0; i < a->l.n; i++) if (!jv_equal(a->l.a[i], b->l.a[i])) return 0;
+        for (size_t i = 0; i < a->l.n; i++) if (!jv_equal_(a->l.a[i], b->l.a[i], depth + 1)) return 0;
         return 1;
     case JV_DICT:
         if (a->d.n != b->d.n) return 0;
         for (size_t i = 0; i < a->d.n; i++) {
             jv *o = jv_dict_get(b, a->d.e[i].k);
-            if (!o || !jv_equal(a->d.e[i].v, o)) return 0;
+            if (!o || !jv_equal_(a->d.e[i].v, o, depth + 1)) return 0;
         }
         return 1;
     case JV_MACRO: return a->m == b->m;
@@ -325,7 +331,11 @@ int jv_equal(const jv *a, const jv *b) {
     }
 }
 
-int jv_less(jj_ctx *c, const jv *a, const jv *b) {
+static int jv_less_(jj_ctx *c, const jv *a, const jv *b, int depth);
+int jv_less(jj_ctx *c, const jv *a, const jv *b) { return jv_less_(c, a, b, 0); }
+
+static int jv_less_(jj_ctx *c, const jv *a, const jv *b, int depth) {
+    if (depth > 900) { jj_fail(c, DF_EINVAL, "RecursionError: maximum recursion depth exceeded in comparison"); return -1; }
     if (jv_is_number(a) && jv_is_number(b)) {
         if (a->t != JV_FLOAT && b->t != JV_FLOAT) return jv_ival(a) < jv_ival(b);
         return jv_num(a) < jv_num(b);
@@ -339,7 +349,7 @@ int jv_less(jj_ctx *c, const jv *a, const jv *b) {
         size_t n = a->l.n < b->l.n ? a->l.n : b->l.n;
         for (size_t i = 0; i < n; i++) {
             if (jv_equal(a->l.a[i], b->l.a[i])) continue;
-            return jv_less(c, a->l.a[i], b->l.a[i]);
+            return jv_less_(c, a->l.a[i], b->l.a[i], depth + 1);
         }
         return a->l.n < b->l.n;
     }
@@ -411,8 +421,12 @@ static void repr_str(const char *s, size_t n, jb *b) {
     jb_putc(b, q);
 }
 
-static int to_text(jj_ctx *c, const jv *v, jb *b, int repr) {
+static int to_text_(jj_ctx *c, const jv *v, jb *b, int repr, int depth);
+static int to_text(jj_ctx *c, const jv *v, jb *b, int repr) { return to_text_(c, v, b, repr, 0); }
+
+static int to_text_(jj_ctx *c, const jv *v, jb *b, int repr, int depth) {
     char tmp[64];
+    if (depth > 900) { jj_fail(c, DF_EINVAL, "RecursionError: maximum recursion depth exceeded while getting the repr of an object"); return c->rc; }
     switch (v->t) {
     case JV_UNDEF: jb_puts(b, repr ? "Undefined" : ""); return 0;
     case JV_NONE: jb_puts(b, "None"); return 0;
@@ -426,13 +440,18 @@ static int to_text(jj_ctx *c, const jv *v, jb *b, int repr) {
         if (v->flags & JV_F_SAFE) jb_putc(b, ')');
         return 0;
     case JV_LIST: case JV_TUPLE: {
+        if (v->flags & (JV_F_ITER | JV_F_RANGE)) {
+            jj_fail(c, DF_EUNSUPPORTED, "converting a %s to text is not supported by deltafin's Jinja subset (Python "
+                    "would print %s)", jv_type_name(v), v->flags & JV_F_ITER ? "its memory address" : "range(...)");
+            return c->rc;
+        }
         const char *pre = v->flags & JV_F_ITEMS ? "dict_items(" : v->flags & JV_F_KEYS ? "dict_keys(" :
                           v->flags & JV_F_VALUES ? "dict_values(" : "";
         jb_puts(b, pre);
         jb_putc(b, v->t == JV_LIST ? '[' : '(');
         for (size_t i = 0; i < v->l.n; i++) {
             if (i) jb_puts(b, ", ");
-            if (to_text(c, v->l.a[i], b, 1)) return c->rc;
+            if (to_text_(c, v->l.a[i], b, 1, depth + 1)) return c->rc;
         }
         if (v->t == JV_TUPLE && v->l.n == 1) jb_putc(b, ',');
         jb_putc(b, v->t == JV_LIST ? ']' : ')');
@@ -444,9 +463,9 @@ static int to_text(jj_ctx *c, const jv *v, jb *b, int repr) {
         jb_putc(b, '{');
         for (size_t i = 0; i < v->d.n; i++) {
             if (i) jb_puts(b, ", ");
-            if (to_text(c, v->d.e[i].k, b, 1)) return c->rc;
+            if (to_text_(c, v->d.e[i].k, b, 1, depth + 1)) return c->rc;
             jb_puts(b, ": ");
-            if (to_text(c, v->d.e[i].v, b, 1)) return c->rc;
+            if (to_text_(c, v->d.e[i].v, b, 1, depth + 1)) return c->rc;
         }
         jb_putc(b, '}');
         if (v->t == JV_NS) jb_putc(b, '>');
@@ -553,6 +572,10 @@ static int json_dump(jj_ctx *c, const jv *v, const jj_json_opts *o, int level, j
         return 0;
     case JV_STR: json_str(v->s.p, v->s.n, o->ensure_ascii, b); return 0;
     case JV_LIST: case JV_TUPLE:
+        if (v->flags & (JV_F_ITER | JV_F_RANGE | JV_F_ITEMS | JV_F_KEYS | JV_F_VALUES)) {
+            jj_fail(c, DF_EINVAL, "TypeError: Object of type %s is not JSON serializable", jv_type_name(v));
+            return c->rc;
+        }
         if (!v->l.n) { jb_puts(b, "[]"); return 0; }
         jb_putc(b, '[');
         for (size_t i = 0; i < v->l.n; i++) {
