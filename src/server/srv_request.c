@@ -47,6 +47,17 @@ static int normalise_content(cJSON *msg, int idx, char **err_json) {
         cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
         cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (cJSON_IsString(part)) { srv_buf_adds(&b, part->valuestring); k++; continue; }
+        /* vision input is out of scope: the model's vision tower is not run */
+        if (cJSON_IsObject(part) && ((cJSON_IsString(ty) && (!strcmp(ty->valuestring, "image_url") ||
+                                                           !strcmp(ty->valuestring, "input_image") ||
+                                                           !strcmp(ty->valuestring, "image"))) ||
+                                     cJSON_GetObjectItemCaseSensitive(part, "image_url"))) {
+            srv_buf_free(&b);
+            char pp[80];
+            snprintf(pp, sizeof pp, "%s[%d]", param, k);
+            FAIL(pp, "image input is not supported: deltafin runs the text model only ('%s' is an image part). "
+                 "Send text content parts only.", pp);
+        }
         if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
             srv_buf_free(&b);
             FAIL(param, "Unsupported content part %d in '%s': only {\"type\":\"text\",\"text\":...} parts are supported.", k, param);

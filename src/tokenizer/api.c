@@ -145,7 +145,7 @@ int32_t df_tokenizer_token_id(const df_tokenizer *t, const char *token) {
 
 int df_tokenizer_stop_ids(const df_tokenizer *t, int32_t *ids, int cap) {
     static const char *const names[] = {
-        "<|im_end|>", "<|endoftext|>", "<|return|>", "<|call|>", "<|eot_id|>", "[EOS]",
+        "<|im_end|>", "<|endoftext|>", "<|return|>", "<|call|>", "<|eot_id|>", "[EOS]", "<|end_of_msg|>",
         "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>",
     };
     int n = 0;

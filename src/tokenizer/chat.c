@@ -7,6 +7,9 @@
  * special tokens of tokenizer_config.json (bos_token, eos_token, ...) and
  * keyword arguments (enable_thinking / thinking from DF_CHAT_THINKING, or the
  * caller's "chat_template_kwargs"). Goldens: tests/tokenizer/golden_jinja*.jsonl.
+ * For Kimi K3's XTML template (it reads "_xtml_json_block"), tool-call
+ * arguments given as a JSON string reach the template as an object, as K3's
+ * tokenizer and vLLM do.
  *
  * Without a template, each family's published template is re-implemented
  * statement by statement below (the fallback), byte-identical to
@@ -589,9 +592,12 @@ static int render_template(const df_tokenizer *t, const char *msgs, size_t msgs_
     tok_buf_puts(&v, (flags & DF_CHAT_ADD_GENERATION_PROMPT) ? "true" : "false");
     tok_buf_puts(&v, "}");
     if (!v.p) return DF_ENOMEM;
+    /* Kimi K3's XTML template renders a call's arguments as <|open|>argument ...> elements only from an
+     * object; its own tokenizer (and vLLM) turn the JSON string of an OpenAI tool call into one first */
+    int opts = strstr(t->chat_template, "_xtml_json_block") ? JJ_TOOL_ARGS_OBJECTS : 0;
     char jerr[600] = "";
     size_t n;
-    int rc = jj_render_json(t->jj, v.p, v.n, text_out, &n, jerr, sizeof jerr);
+    int rc = jj_render_opts(t->jj, v.p, v.n, opts, text_out, &n, jerr, sizeof jerr);
     free(v.p);
     if (rc) tok_err(err, errlen, "chat: the model's chat template (%s) failed: %s", t->chat_template_from, jerr);
     return rc;

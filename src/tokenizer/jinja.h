@@ -34,4 +34,12 @@ void jj_free(jj_template *t);
 int jj_render_json(const jj_template *t, const char *vars_json, size_t vars_len, char **out, size_t *out_len,
                    char *err, size_t errlen);
 
+/* Options of jj_render_opts. JJ_TOOL_ARGS_OBJECTS: a tool call's "arguments"
+ * string that holds a JSON object reaches the template as that object (in
+ * messages[*].tool_calls[*].function, or the call itself) — what vLLM does for
+ * every model and Kimi K3's own tokenizer does before encoding. */
+enum { JJ_TOOL_ARGS_OBJECTS = 1 };
+int jj_render_opts(const jj_template *t, const char *vars_json, size_t vars_len, int opts, char **out,
+                   size_t *out_len, char *err, size_t errlen);
+
 #endif

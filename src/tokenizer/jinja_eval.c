@@ -610,8 +610,42 @@ jv *jj_call_value(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn, jv 
 
 /* ----------------------------------------------------------------- render */
 
+/* JJ_TOOL_ARGS_OBJECTS: messages[*].tool_calls[*](.function).arguments JSON-object strings -> objects */
+static void tool_args_objects(jj_ctx *c, jv *vars) {
+    jv *msgs = jv_dict_gets(vars, "messages");
+    if (!msgs || msgs->t != JV_LIST) return;
+    for (size_t i = 0; i < msgs->l.n; i++) {
+        jv *m = msgs->l.a[i];
+        jv *tcs = m->t == JV_DICT ? jv_dict_gets(m, "tool_calls") : NULL;
+        if (!tcs || tcs->t != JV_LIST) continue;
+        for (size_t k = 0; k < tcs->l.n; k++) {
+            jv *tc = tcs->l.a[k];
+            if (tc->t != JV_DICT) continue;
+            jv *fn = jv_dict_gets(tc, "function");
+            jv *target = fn && fn->t == JV_DICT ? fn : tc;
+            jv *a = jv_dict_gets(target, "arguments");
+            if (!a || a->t != JV_STR) continue;
+            jj_ctx q = *c; /* a string that is not a JSON object stays a string */
+            char qerr[64];
+            q.rc = 0;
+            q.err = qerr;
+            q.errlen = sizeof qerr;
+            jv *o = jv_json_parse(&q, a->s.p, a->s.n);
+            if (!q.rc && o && o->t == JV_DICT) {
+                jv *key = jv_strz(c, "arguments");
+                if (!key || jv_dict_set(c, target, key, o)) return;
+            }
+        }
+    }
+}
+
 int jj_render_json(const jj_template *t, const char *vars_json, size_t vars_len, char **out, size_t *out_len,
                    char *err, size_t errlen) {
+    return jj_render_opts(t, vars_json, vars_len, 0, out, out_len, err, errlen);
+}
+
+int jj_render_opts(const jj_template *t, const char *vars_json, size_t vars_len, int opts, char **out,
+                   size_t *out_len, char *err, size_t errlen) {
     *out = NULL;
     if (out_len) *out_len = 0;
     if (err && errlen) err[0] = 0;
@@ -622,6 +656,7 @@ int jj_render_json(const jj_template *t, const char *vars_json, size_t vars_len,
     c.root = root;
     jv *vars = root ? jv_json_parse(&c, vars_json, vars_len) : NULL;
     if (vars && vars->t != JV_DICT) jj_fail(&c, DF_EINVAL, "render variables must be a JSON object");
+    if (!c.rc && vars && (opts & JJ_TOOL_ARGS_OBJECTS)) tool_args_objects(&c, vars);
     if (!c.rc && vars)
         for (size_t i = 0; i < vars->d.n; i++) {
             jv *k = vars->d.e[i].k;

@@ -15,7 +15,9 @@ transformers' chat-template environment and apply_chat_template's variables.
 2. tests/tokenizer/golden_jinja.jsonl: every template x jinja_chat_cases.cases()
    x variants(): {"tmpl", "case", "messages", "tools", "gen", "kwargs", "text"}
    or "error" (jinja2's exception) in place of "text"; messages, tools and kwargs
-   are JSON text (json.dumps), so 1 and 1.0 reach deltafin as written.
+   are JSON text (json.dumps), so 1 and 1.0 reach deltafin as written. For the
+   Kimi K3 template, string tool-call arguments are given as objects
+   (tool_args_objects), as deltafin's chat rendering does for it.
 3. tests/tokenizer/golden_jinja_cases.jsonl: jinja_cases.CASES rendered with
    jinja_cases.V: {"t", "text"} or {"t", "error"}; the first line is {"vars": json.dumps(V)}.
 strftime_now is pinned with DF_CHAT_NOW=1767225600 and TZ=UTC (test_jinja sets the same).
@@ -56,6 +58,26 @@ COMMITTED = {
     "kimi-k3": KIMI_K3_SPECIAL,
     "gpt-oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"},
 }
+
+
+def tool_args_objects(messages):
+    """What deltafin does for Kimi K3's XTML template (and K3's tokenizer / vLLM do):
+    a tool call's arguments string holding a JSON object is passed as the object."""
+    out = json.loads(json.dumps(messages))
+    for m in out:
+        for tc in m.get("tool_calls") or []:
+            if not isinstance(tc, dict):
+                continue
+            tgt = tc["function"] if isinstance(tc.get("function"), dict) else tc
+            a = tgt.get("arguments")
+            if isinstance(a, str):
+                try:
+                    o = json.loads(a)
+                except ValueError:
+                    continue
+                if isinstance(o, dict):
+                    tgt["arguments"] = o
+    return out
 
 
 def sha256(path):
@@ -101,7 +123,8 @@ def main():
                            "tools": json.dumps(tools, ensure_ascii=False) if tools is not None else None,
                            "gen": gen, "kwargs": json.dumps(kw, ensure_ascii=False)}
                     try:
-                        rec["text"] = hf_jinja.render_chat(src, msgs, tools, gen, special[name], **kw)
+                        m = tool_args_objects(msgs) if "_xtml_json_block" in src else msgs
+                        rec["text"] = hf_jinja.render_chat(src, m, tools, gen, special[name], **kw)
                         n_ok += 1
                     except Exception as e:
                         rec["error"] = type(e).__name__ + ": " + str(e)
