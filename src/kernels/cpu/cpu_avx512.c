@@ -1,16 +1,85 @@
 /*
- * cpu_avx512.c — the AVX-512 (F+BW+VL) backend: 16-wide dot/axpy, 16-wide
- * bf16/f16/int8 row decoders and fused one-token kernels for f32, bf16 and
- * MXFP4; other encodings reuse the AVX2 row decoders through the scalar tails.
- * Selected at runtime only where the CPU reports avx512f/bw/vl.
+ * cpu_avx512.c — the AVX-512 (F+BW+VL+DQ) backend. Selected at runtime only where
+ * the CPU reports avx512f/bw/vl/dq; the FP8 decoder uses AVX512-VBMI byte tables
+ * when present (an exact F16C path otherwise).
+ *
+ * Canonical order (every matmul path of this backend, any T, any thread count): for
+ * each (row, token), ONE 16-lane fp32 accumulator takes w[c..c+15] * x[c..c+15] by
+ * FMA for c = 0, 16, 32, ... over the full 16-column chunks, in column order; then
+ * _mm512_reduce_add_ps; then the remaining cols % 16 columns with fmaf in column
+ * order. w is the exactly decoded weight (fp8 value * block scale rounded once,
+ * like the scalar reference; MXFP4 / INT4 / BF16 / F16 decode exactly). This is
+ * the order of the earlier row-decode + dot kernels, so results are unchanged.
+ *
+ * Speed: the weights are decoded in registers (no row buffer) and each weight
+ * byte is read once per call for all T tokens:
+ *  - T = 1: four rows at a time (four independent accumulator chains);
+ *  - T > 1: a task decodes a tile of 8 rows x 512 columns into an L1 buffer once,
+ *    then FMAs it against the tokens three at a time (24 accumulators in
+ *    registers, spilled between tiles: the chain per (row, token) is unchanged).
+ * MXFP4 / INT4 nibbles -> fp32 by a 16-entry table permute (vpermps) whose entries
+ * are pre-multiplied by the block scale (exact: E8M0 is a power of two; INT4 times
+ * a bf16 scale needs at most 12 significant bits). To avoid a lane-crossing
+ * shuffle per 16 weights, lane 2j takes nibble j and lane 2j+1 nibble 8+j of a
+ * broadcast 8-byte group (one vpsrlvd); the activations are staged once per call
+ * in that lane order and the accumulator is put back in natural lane order before
+ * the reduction, so each lane sums exactly the products it did before.
+ * FP8 E4M3 -> fp32: every e4m3 value is a bf16, so two 128-entry byte tables
+ * (vpermi2b) give the high and low bytes of its bf16 bits for 64 weights at once.
  */
 #include "cpu_internal.h"
 #include "kernels/dtype.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) static inline
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c")))
+#define VBMI_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c"), always_inline)) static inline
+
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* ------------------------------------------------------------ constants */
+
+static float e8m0_tab[256];                  /* E8M0 byte -> 2^(e-127) (255: NaN) */
+static float fp8_tab[256];                   /* e4m3fn byte -> fp32 */
+static uint8_t fp8_hi[128], fp8_lo[128];     /* bf16 bits of the e4m3 magnitude i: high byte, low byte */
+static int have_vbmi;
+/* 16-entry value tables (index = nibble): E2M1 (code 8 = +0, like the integer decode before) and INT4 (q - 8) */
+static const float mx_vals[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                  0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+static const float i4_vals[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+/* nibble lane order: lane 2j = element j, lane 2j+1 = element 8+j */
+static const int32_t q4_shift[16] = {0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28};
+static const int32_t q4_to_nat[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};  /* nat[l] = perm[idx[l]] */
+static const int32_t nat_to_q4[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};  /* perm[m] = nat[idx[m]] */
+/* FP8: position 16j+4k+d <- byte 16k+4j+d (so that the in-lane unpacks below give natural order) */
+static uint8_t fp8_perm[64];
+
+__attribute__((constructor)) static void avx512_tables_init(void) {
+    for (int i = 0; i < 256; i++) {
+        e8m0_tab[i] = df_e8m0_to_f32((uint8_t)i);
+        fp8_tab[i] = df_fp8e4m3_to_f32((uint8_t)i);
+    }
+    for (int i = 0; i < 128; i++) {
+        float f = df_fp8e4m3_to_f32((uint8_t)i);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if (u & 0xffff) abort(); /* every e4m3 value is a bf16 */
+        fp8_hi[i] = (uint8_t)(u >> 24);
+        fp8_lo[i] = (uint8_t)(u >> 16);
+    }
+    for (int j = 0; j < 4; j++)
+        for (int k = 0; k < 4; k++)
+            for (int d = 0; d < 4; d++) fp8_perm[16 * j + 4 * k + d] = (uint8_t)(16 * k + 4 * j + d);
+    __builtin_cpu_init();
+    have_vbmi = __builtin_cpu_supports("avx512vbmi");
+}
+
+/* ------------------------------------------------------------ small ops */
 
 AVX512 static float avx512_dot(const float *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0;
@@ -27,54 +96,6 @@ AVX512 static float avx512_dot(const float *a, const float *b, int64_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-/* Canonical per-(row, token) order of this backend's matmuls: one 16-lane accumulator over
- * 16-column chunks, _mm512_reduce_add_ps, then the tail with fmaf. The fused one-token kernels
- * and dot4 follow it exactly (T=1 decode == batched prefill, bit for bit). */
-AVX512 static float avx512_dot_canon(const float *a, const float *b, int64_t n) {
-    __m512 s0 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    float s = _mm512_reduce_add_ps(s0);
-    for (; i < n; i++) s = fmaf(a[i], b[i], s);
-    return s;
-}
-
-AVX512 static void avx512_dot4(const float *row, const float *x, int64_t stride, int64_t n, float *out) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 r = _mm512_loadu_ps(row + i);
-        s0 = _mm512_fmadd_ps(r, _mm512_loadu_ps(x0 + i), s0);
-        s1 = _mm512_fmadd_ps(r, _mm512_loadu_ps(x1 + i), s1);
-        s2 = _mm512_fmadd_ps(r, _mm512_loadu_ps(x2 + i), s2);
-        s3 = _mm512_fmadd_ps(r, _mm512_loadu_ps(x3 + i), s3);
-    }
-    float o0 = _mm512_reduce_add_ps(s0), o1 = _mm512_reduce_add_ps(s1), o2 = _mm512_reduce_add_ps(s2),
-          o3 = _mm512_reduce_add_ps(s3);
-    for (; i < n; i++) { o0 = fmaf(row[i], x0[i], o0); o1 = fmaf(row[i], x1[i], o1); o2 = fmaf(row[i], x2[i], o2); o3 = fmaf(row[i], x3[i], o3); }
-    out[0] = o0; out[1] = o1; out[2] = o2; out[3] = o3;
-}
-
-AVX512 static void avx512_dot4x2(const float *r0, const float *r1, const float *x, int64_t stride, int64_t n, float *out) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 u = _mm512_loadu_ps(r0 + i), v = _mm512_loadu_ps(r1 + i), xv;
-        xv = _mm512_loadu_ps(x0 + i); a0 = _mm512_fmadd_ps(u, xv, a0); b0 = _mm512_fmadd_ps(v, xv, b0);
-        xv = _mm512_loadu_ps(x1 + i); a1 = _mm512_fmadd_ps(u, xv, a1); b1 = _mm512_fmadd_ps(v, xv, b1);
-        xv = _mm512_loadu_ps(x2 + i); a2 = _mm512_fmadd_ps(u, xv, a2); b2 = _mm512_fmadd_ps(v, xv, b2);
-        xv = _mm512_loadu_ps(x3 + i); a3 = _mm512_fmadd_ps(u, xv, a3); b3 = _mm512_fmadd_ps(v, xv, b3);
-    }
-    float o[8] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2), _mm512_reduce_add_ps(a3),
-                  _mm512_reduce_add_ps(b0), _mm512_reduce_add_ps(b1), _mm512_reduce_add_ps(b2), _mm512_reduce_add_ps(b3)};
-    const float *xs[4] = {x0, x1, x2, x3};
-    for (; i < n; i++)
-        for (int k = 0; k < 4; k++) { o[k] = fmaf(r0[i], xs[k][i], o[k]); o[4 + k] = fmaf(r1[i], xs[k][i], o[4 + k]); }
-    for (int k = 0; k < 8; k++) out[k] = o[k];
-}
-
 AVX512 static void avx512_axpy(float *y, float a, const float *x, int64_t n) {
     __m512 va = _mm512_set1_ps(a);
     int64_t i = 0;
@@ -82,20 +103,61 @@ AVX512 static void avx512_axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-AVX512 static inline __m512 bf16x16(const uint16_t *p) {
+/* ------------------------------------------------------------ decoders */
+
+AVX512_INLINE __m512 bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
+AVX512_INLINE __m512 f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-AVX512 static inline void mxfp4_block(const uint8_t *p, __m512 *v0, __m512 *v1) {
-    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i m = _mm_set1_epi8(15);
-    __m128i b = _mm_loadu_si128((const __m128i *)p);
-    __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-    *v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi))));
-    *v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi))));
+/* The scaled 16-entry table of one MXFP4 / INT4 block. */
+AVX512_INLINE __m512 q4_table(df_wtype t, const void *scale, int64_t i) {
+    if (t == DF_W_MXFP4)
+        return _mm512_mul_ps(_mm512_loadu_ps(mx_vals), _mm512_set1_ps(e8m0_tab[((const uint8_t *)scale)[i]]));
+    return _mm512_mul_ps(_mm512_loadu_ps(i4_vals), _mm512_set1_ps(df_bf16_to_f32(((const uint16_t *)scale)[i])));
+}
+/* 16 packed nibbles (8 bytes) -> 16 weights in q4 lane order. */
+AVX512_INLINE __m512 q4x16(const uint8_t *p, __m512 tbl, __m512i sh) {
+    __m512i q = _mm512_srlv_epi32(_mm512_set1_epi64(*(const int64_t *)p), sh);
+    return _mm512_permutexvar_ps(q, tbl);
+}
+AVX512_INLINE __m512 q4_to_natural(__m512 v) {
+    return _mm512_permutexvar_ps(_mm512_loadu_si512(q4_to_nat), v);
 }
 
-AVX512 static void avx512_decode_row(const df_weight *w, int64_t r, float *out) {
+/* 64 e4m3 bytes -> 4 x 16 fp32 (natural order), unscaled. */
+typedef struct { __m512i perm, hi0, hi1, lo0, lo1, sign; } fp8_consts;
+VBMI_INLINE fp8_consts fp8_consts_load(void) {
+    fp8_consts k = {_mm512_loadu_si512(fp8_perm), _mm512_loadu_si512(fp8_hi), _mm512_loadu_si512(fp8_hi + 64),
+                    _mm512_loadu_si512(fp8_lo), _mm512_loadu_si512(fp8_lo + 64), _mm512_set1_epi8((char)0x80)};
+    return k;
+}
+VBMI_INLINE void fp8x64(const uint8_t *p, const fp8_consts *k, __m512 *v) {
+    __m512i b = _mm512_permutexvar_epi8(k->perm, _mm512_loadu_si512(p));
+    __m512i hi = _mm512_permutex2var_epi8(k->hi0, b, k->hi1);
+    __m512i lo = _mm512_permutex2var_epi8(k->lo0, b, k->lo1);
+    hi = _mm512_ternarylogic_epi32(hi, b, k->sign, 0xF8); /* hi | (b & 0x80) */
+    __m512i wl = _mm512_unpacklo_epi8(lo, hi), wh = _mm512_unpackhi_epi8(lo, hi), z = _mm512_setzero_si512();
+    v[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, wl));
+    v[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, wl));
+    v[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, wh));
+    v[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, wh));
+}
+/* 16 e4m3 bytes -> 16 fp32 (natural order) without VBMI, exact: the e4m3 bits placed in an
+ * IEEE half are value * 2^-8 (subnormals included); the caller folds 2^8 into the scale. */
+AVX512_INLINE __m512 fp8x16_f16(const uint8_t *p) {
+    __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
+    w = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16((short)0xbfff));
+    return _mm512_cvtph_ps(w);
+}
+/* The fp32 scale of the FP8 block of (row r, col c). */
+static inline float fp8_scale(const df_weight *w, int64_t r, int64_t c) {
+    return ((const float *)w->scale)[(r / 128) * ((w->cols + 127) / 128) + c / 128];
+}
+
+/* ------------------------------------------------------------ decode_row */
+
+AVX512 static void decode_row_generic(const df_weight *w, int64_t r, float *out) {
     const int64_t cols = w->cols;
     int64_t c = 0;
     switch (w->type) {
@@ -111,18 +173,27 @@ AVX512 static void avx512_decode_row(const df_weight *w, int64_t r, float *out) 
     }
     case DF_W_F16: {
         const uint16_t *d = (const uint16_t *)w->data + r * cols;
-        for (; c + 16 <= cols; c += 16) _mm512_storeu_ps(out + c, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + c))));
+        for (; c + 16 <= cols; c += 16) _mm512_storeu_ps(out + c, f16x16(d + c));
         break;
     }
-    case DF_W_MXFP4: {
+    case DF_W_FP8_B128: {
+        const uint8_t *d = (const uint8_t *)w->data + r * cols;
+        for (; c + 16 <= cols; c += 16) {
+            const float s = fp8_scale(w, r, c) * 256.0f;
+            if (isfinite(s)) _mm512_storeu_ps(out + c, _mm512_mul_ps(fp8x16_f16(d + c), _mm512_set1_ps(s)));
+            else cpu_scalar_decode_range(w, r, c, c + 16, out);
+        }
+        break;
+    }
+    case DF_W_MXFP4:
+    case DF_W_INT4_G32: {
+        if (cols % 32) break;
         const uint8_t *d = (const uint8_t *)w->data + r * (cols / 2);
-        const uint8_t *s = (const uint8_t *)w->scale + r * (cols / 32);
-        for (; c + 32 <= cols; c += 32) {
-            __m512 v0, v1;
-            mxfp4_block(d + c / 2, &v0, &v1);
-            __m512 sc = _mm512_set1_ps(0.5f * df_e8m0_to_f32(s[c / 32]));
-            _mm512_storeu_ps(out + c, _mm512_mul_ps(v0, sc));
-            _mm512_storeu_ps(out + c + 16, _mm512_mul_ps(v1, sc));
+        const __m512i sh = _mm512_loadu_si512(q4_shift);
+        for (; c < cols; c += 32) {
+            __m512 tbl = q4_table(w->type, w->scale, r * (cols / 32) + c / 32);
+            _mm512_storeu_ps(out + c, q4_to_natural(q4x16(d + c / 2, tbl, sh)));
+            _mm512_storeu_ps(out + c + 16, q4_to_natural(q4x16(d + c / 2 + 8, tbl, sh)));
         }
         break;
     }
@@ -134,63 +205,430 @@ AVX512 static void avx512_decode_row(const df_weight *w, int64_t r, float *out) 
         break;
     }
     default:
-        df_backend_cpu_avx2.decode_row(w, r, out);
-        return;
+        break;
     }
     if (c < cols) cpu_scalar_decode_range(w, r, c, cols, out);
 }
 
-/* Fused one-token kernels in the canonical order, four rows at a time. */
-AVX512 static int avx512_matvec(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+VBMI static void decode_row_fp8_vbmi(const df_weight *w, int64_t r, float *out) {
     const int64_t cols = w->cols;
-    if (w->type == DF_W_F32) {
-        for (int64_t r = r0; r < r1; r++) y[r] = avx512_dot_canon((const float *)w->data + r * cols, x, cols);
-        return 1;
+    const uint8_t *d = (const uint8_t *)w->data + r * cols;
+    const fp8_consts k = fp8_consts_load();
+    int64_t c = 0;
+    for (; c + 64 <= cols; c += 64) {
+        __m512 v[4];
+        fp8x64(d + c, &k, v);
+        __m512 s = _mm512_set1_ps(fp8_scale(w, r, c));
+        for (int q = 0; q < 4; q++) _mm512_storeu_ps(out + c + 16 * q, _mm512_mul_ps(v[q], s));
     }
-    if (w->type == DF_W_BF16) {
-        for (int64_t r = r0; r < r1; r += 4) {
-            int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
-            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-            int64_t c = 0;
-            for (; c + 16 <= cols; c += 16) {
-                __m512 xv = _mm512_loadu_ps(x + c);
-                for (int k = 0; k < nr; k++)
-                    acc[k] = _mm512_fmadd_ps(bf16x16((const uint16_t *)w->data + (r + k) * cols + c), xv, acc[k]);
-            }
-            for (int k = 0; k < nr; k++) {
-                const uint16_t *d = (const uint16_t *)w->data + (r + k) * cols;
-                float o = _mm512_reduce_add_ps(acc[k]);
-                for (int64_t cc = c; cc < cols; cc++) o = fmaf(df_bf16_to_f32(d[cc]), x[cc], o);
-                y[r + k] = o;
-            }
-        }
-        return 1;
-    }
-    if (w->type == DF_W_MXFP4 && cols % 32 == 0) {
-        for (int64_t r = r0; r < r1; r += 4) {
-            int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
-            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-            for (int64_t c = 0; c < cols; c += 32) {
-                __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
-                for (int k = 0; k < nr; k++) {
-                    const uint8_t *d = (const uint8_t *)w->data + (r + k) * (cols / 2);
-                    const uint8_t *s = (const uint8_t *)w->scale + (r + k) * (cols / 32);
-                    __m512 v0, v1;
-                    mxfp4_block(d + c / 2, &v0, &v1);
-                    __m512 sc = _mm512_set1_ps(0.5f * df_e8m0_to_f32(s[c / 32]));
-                    acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(v0, sc), x0, acc[k]);
-                    acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(v1, sc), x1, acc[k]);
-                }
-            }
-            for (int k = 0; k < nr; k++) y[r + k] = _mm512_reduce_add_ps(acc[k]);
-        }
-        return 1;
-    }
-    return 0;
+    if (c < cols) cpu_scalar_decode_range(w, r, c, cols, out);
 }
 
-AVX512 static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
-    cpu_matmul_driver(pool, w, x, T, y, avx512_decode_row, avx512_dot_canon, avx512_matvec, avx512_dot4, avx512_dot4x2);
+static void avx512_decode_row(const df_weight *w, int64_t r, float *out) {
+    if (w->type == DF_W_FP8_B128 && have_vbmi) decode_row_fp8_vbmi(w, r, out);
+    else decode_row_generic(w, r, out);
+}
+
+/* ------------------------------------------------------------ T = 1 kernels */
+
+/* Finish one (row, token): reduce the accumulator, then the scalar tail [c, cols) in column
+ * order with fmaf on the exactly decoded weights (x in natural order). */
+AVX512_INLINE float finish(const df_weight *w, int64_t r, __m512 acc, int64_t c, const float *x) {
+    float o = _mm512_reduce_add_ps(acc);
+    if (c < w->cols) {
+        float t[16];
+        cpu_scalar_decode_range(w, r, c, w->cols, t - c);
+        for (int64_t i = c; i < w->cols; i++) o = fmaf(t[i - c], x[i], o);
+    }
+    return o;
+}
+
+/* Software prefetch of the T = 1 row streams (distance, cache level), per encoding; measured
+ * on cold weights (bench/RESULTS.md): dense rows take it into L1 1 KiB ahead, FP8 512 B ahead,
+ * the 4-bit encodings (slow streams, 4 rows + scales) into L2/L3 4 KiB ahead. */
+#define PF_DENSE(p) _mm_prefetch((const char *)(p) + 1024, _MM_HINT_T0)
+#define PF_FP8(p) _mm_prefetch((const char *)(p) + 512, _MM_HINT_T0)
+#define PF_Q4(p) _mm_prefetch((const char *)(p) + 4096, _MM_HINT_T2)
+
+/* Rows [r0, r1) of an F32/BF16/F16 weight, one token. */
+AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols, es = w->type == DF_W_F32 ? 4 : 2;
+    const int64_t c16 = cols / 16 * 16;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const char *p[4];
+        for (int k = 0; k < 4; k++) p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t c = 0;
+#define DENSE_LOOP(LOAD)                                                                                  \
+    for (; c < c16; c += 16) {                                                                            \
+        __m512 xv = _mm512_loadu_ps(x + c);                                                               \
+        if (((c * es) & 63) == 0) { PF_DENSE(p[0] + c * es); PF_DENSE(p[1] + c * es); PF_DENSE(p[2] + c * es); PF_DENSE(p[3] + c * es); } \
+        a0 = _mm512_fmadd_ps(LOAD(p[0], c), xv, a0);                                                      \
+        a1 = _mm512_fmadd_ps(LOAD(p[1], c), xv, a1);                                                      \
+        a2 = _mm512_fmadd_ps(LOAD(p[2], c), xv, a2);                                                      \
+        a3 = _mm512_fmadd_ps(LOAD(p[3], c), xv, a3);                                                      \
+    }
+#define LD_F32(q, c) _mm512_loadu_ps((const float *)(q) + (c))
+#define LD_BF16(q, c) bf16x16((const uint16_t *)(q) + (c))
+#define LD_F16(q, c) f16x16((const uint16_t *)(q) + (c))
+        if (w->type == DF_W_F32) { DENSE_LOOP(LD_F32) }
+        else if (w->type == DF_W_BF16) { DENSE_LOOP(LD_BF16) }
+        else { DENSE_LOOP(LD_F16) }
+        __m512 a[4] = {a0, a1, a2, a3};
+        for (int k = 0; k < nr; k++) y[r + k] = finish(w, r + k, a[k], c, x);
+    }
+}
+
+/* Rows [r0, r1) of an MXFP4 / INT4 weight (cols % 32 == 0), one token; xq: x in q4 lane order. */
+AVX512_INLINE void mv_q4_impl(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1, const df_wtype t) {
+    const int64_t cols = w->cols, nb = cols / 32;
+    const __m512i sh = _mm512_loadu_si512(q4_shift);
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const int64_t rr1 = nr > 1 ? r + 1 : r, rr2 = nr > 2 ? r + 2 : r, rr3 = nr > 3 ? r + 3 : r;
+        const uint8_t *p0 = (const uint8_t *)w->data + r * (cols / 2), *p1 = (const uint8_t *)w->data + rr1 * (cols / 2),
+                      *p2 = (const uint8_t *)w->data + rr2 * (cols / 2), *p3 = (const uint8_t *)w->data + rr3 * (cols / 2);
+        const int64_t s0 = r * nb, s1 = rr1 * nb, s2 = rr2 * nb, s3 = rr3 * nb;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t b = 0; b < nb; b++) {
+            const __m512 x0 = _mm512_loadu_ps(xq + 32 * b), x1 = _mm512_loadu_ps(xq + 32 * b + 16);
+            const int64_t o = 16 * b;
+            if ((b & 3) == 0) {
+                PF_Q4(p0 + o);
+                PF_Q4(p1 + o);
+                PF_Q4(p2 + o);
+                PF_Q4(p3 + o);
+            }
+            const __m512 t0 = q4_table(t, w->scale, s0 + b), t1 = q4_table(t, w->scale, s1 + b);
+            const __m512 t2 = q4_table(t, w->scale, s2 + b), t3 = q4_table(t, w->scale, s3 + b);
+            a0 = _mm512_fmadd_ps(q4x16(p0 + o, t0, sh), x0, a0);
+            a1 = _mm512_fmadd_ps(q4x16(p1 + o, t1, sh), x0, a1);
+            a2 = _mm512_fmadd_ps(q4x16(p2 + o, t2, sh), x0, a2);
+            a3 = _mm512_fmadd_ps(q4x16(p3 + o, t3, sh), x0, a3);
+            a0 = _mm512_fmadd_ps(q4x16(p0 + o + 8, t0, sh), x1, a0);
+            a1 = _mm512_fmadd_ps(q4x16(p1 + o + 8, t1, sh), x1, a1);
+            a2 = _mm512_fmadd_ps(q4x16(p2 + o + 8, t2, sh), x1, a2);
+            a3 = _mm512_fmadd_ps(q4x16(p3 + o + 8, t3, sh), x1, a3);
+        }
+        y[r] = _mm512_reduce_add_ps(q4_to_natural(a0));
+        if (nr > 1) y[r + 1] = _mm512_reduce_add_ps(q4_to_natural(a1));
+        if (nr > 2) y[r + 2] = _mm512_reduce_add_ps(q4_to_natural(a2));
+        if (nr > 3) y[r + 3] = _mm512_reduce_add_ps(q4_to_natural(a3));
+    }
+}
+AVX512 static void mv_mxfp4(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1) {
+    mv_q4_impl(w, xq, y, r0, r1, DF_W_MXFP4);
+}
+AVX512 static void mv_int4(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1) {
+    mv_q4_impl(w, xq, y, r0, r1, DF_W_INT4_G32);
+}
+
+/* Rows [r0, r1) of an FP8 weight, one token. */
+VBMI_INLINE __m512 fp8_row64(const uint8_t *p, const fp8_consts *K, float s, __m512 x0, __m512 x1, __m512 x2, __m512 x3,
+                             __m512 a) {
+    __m512 v[4];
+    PF_FP8(p);
+    fp8x64(p, K, v);
+    const __m512 sv = _mm512_set1_ps(s);
+    a = _mm512_fmadd_ps(_mm512_mul_ps(v[0], sv), x0, a);
+    a = _mm512_fmadd_ps(_mm512_mul_ps(v[1], sv), x1, a);
+    a = _mm512_fmadd_ps(_mm512_mul_ps(v[2], sv), x2, a);
+    return _mm512_fmadd_ps(_mm512_mul_ps(v[3], sv), x3, a);
+}
+VBMI static void mv_fp8_vbmi(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols, c64 = cols / 64 * 64, c16 = cols / 16 * 16;
+    const fp8_consts K = fp8_consts_load();
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const int64_t rr[4] = {r, nr > 1 ? r + 1 : r, nr > 2 ? r + 2 : r, nr > 3 ? r + 3 : r};
+        const uint8_t *p0 = (const uint8_t *)w->data + rr[0] * cols, *p1 = (const uint8_t *)w->data + rr[1] * cols,
+                      *p2 = (const uint8_t *)w->data + rr[2] * cols, *p3 = (const uint8_t *)w->data + rr[3] * cols;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t c = 0;
+        for (; c < c64; c += 64) {
+            const __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16), x2 = _mm512_loadu_ps(x + c + 32),
+                         x3 = _mm512_loadu_ps(x + c + 48);
+            a0 = fp8_row64(p0 + c, &K, fp8_scale(w, rr[0], c), x0, x1, x2, x3, a0);
+            a1 = fp8_row64(p1 + c, &K, fp8_scale(w, rr[1], c), x0, x1, x2, x3, a1);
+            a2 = fp8_row64(p2 + c, &K, fp8_scale(w, rr[2], c), x0, x1, x2, x3, a2);
+            a3 = fp8_row64(p3 + c, &K, fp8_scale(w, rr[3], c), x0, x1, x2, x3, a3);
+        }
+        __m512 a[4] = {a0, a1, a2, a3};
+        for (; c < c16; c += 16) {
+            const __m512 xv = _mm512_loadu_ps(x + c);
+            for (int k = 0; k < 4; k++) {
+                float t[16];
+                cpu_scalar_decode_range(w, rr[k], c, c + 16, t - c);
+                a[k] = _mm512_fmadd_ps(_mm512_loadu_ps(t), xv, a[k]);
+            }
+        }
+        for (int k = 0; k < nr; k++) y[r + k] = finish(w, r + k, a[k], c, x);
+    }
+}
+
+/* ------------------------------------------------------------ T > 1: tiles */
+
+#define TR 8     /* rows per tile */
+#define TC 512   /* columns per tile (a multiple of 64) */
+
+/* Decode rows [r, r+nr) x cols [c0, c0+n) (n a multiple of 16, whole chunks) into wb[k*TC + i]
+ * (q4 lane order for MXFP4 / INT4); rows nr..TR-1 are zero. */
+AVX512 static void tile_decode(const df_weight *w, int64_t r, int nr, int64_t c0, int64_t n, float *wb) {
+    const int64_t cols = w->cols;
+    for (int k = 0; k < TR; k++) {
+        float *o = wb + (int64_t)k * TC;
+        if (k >= nr) {
+            for (int64_t i = 0; i < n; i += 16) _mm512_store_ps(o + i, _mm512_setzero_ps());
+            continue;
+        }
+        const int64_t rr = r + k;
+        switch (w->type) {
+        case DF_W_F32: {
+            const float *d = (const float *)w->data + rr * cols + c0;
+            for (int64_t i = 0; i < n; i += 16) _mm512_store_ps(o + i, _mm512_loadu_ps(d + i));
+            break;
+        }
+        case DF_W_BF16: {
+            const uint16_t *d = (const uint16_t *)w->data + rr * cols + c0;
+            for (int64_t i = 0; i < n; i += 16) _mm512_store_ps(o + i, bf16x16(d + i));
+            break;
+        }
+        case DF_W_F16: {
+            const uint16_t *d = (const uint16_t *)w->data + rr * cols + c0;
+            for (int64_t i = 0; i < n; i += 16) _mm512_store_ps(o + i, f16x16(d + i));
+            break;
+        }
+        case DF_W_MXFP4:
+        case DF_W_INT4_G32: {
+            const uint8_t *d = (const uint8_t *)w->data + rr * (cols / 2) + c0 / 2;
+            const __m512i sh = _mm512_loadu_si512(q4_shift);
+            const int64_t sb = rr * (cols / 32) + c0 / 32;
+            for (int64_t i = 0; i < n; i += 32) {
+                __m512 tbl = q4_table(w->type, w->scale, sb + i / 32);
+                _mm512_store_ps(o + i, q4x16(d + i / 2, tbl, sh));
+                _mm512_store_ps(o + i + 16, q4x16(d + i / 2 + 8, tbl, sh));
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+VBMI static void tile_decode_fp8_vbmi(const df_weight *w, int64_t r, int nr, int64_t c0, int64_t n, float *wb) {
+    const fp8_consts K = fp8_consts_load();
+    for (int k = 0; k < TR; k++) {
+        float *o = wb + (int64_t)k * TC;
+        if (k >= nr) {
+            for (int64_t i = 0; i < n; i += 16) _mm512_store_ps(o + i, _mm512_setzero_ps());
+            continue;
+        }
+        const uint8_t *d = (const uint8_t *)w->data + (r + k) * w->cols + c0;
+        int64_t i = 0;
+        for (; i + 64 <= n; i += 64) {
+            __m512 v[4];
+            fp8x64(d + i, &K, v);
+            const __m512 s = _mm512_set1_ps(fp8_scale(w, r + k, c0 + i));
+            for (int q = 0; q < 4; q++) _mm512_store_ps(o + i + 16 * q, _mm512_mul_ps(v[q], s));
+        }
+        if (i < n) cpu_scalar_decode_range(w, r + k, c0 + i, c0 + n, o - c0);
+    }
+}
+
+/* FP8 without VBMI: the exact F16C decoder (scale * 2^8 folded; absurd scales go to the scalar decoder). */
+AVX512 static void tile_decode_fp8_f16c(const df_weight *w, int64_t r, int nr, int64_t c0, int64_t n, float *wb) {
+    for (int k = 0; k < nr; k++) {
+        float *o = wb + (int64_t)k * TC;
+        const uint8_t *d = (const uint8_t *)w->data + (r + k) * w->cols + c0;
+        for (int64_t i = 0; i < n; i += 16) {
+            const float s = fp8_scale(w, r + k, c0 + i) * 256.0f;
+            if (isfinite(s)) _mm512_store_ps(o + i, _mm512_mul_ps(fp8x16_f16(d + i), _mm512_set1_ps(s)));
+            else cpu_scalar_decode_range(w, r + k, c0 + i, c0 + i + 16, o - c0);
+        }
+    }
+}
+
+/* Decode a tile (rows [r, r+nr) x cols [c0, c0+n), n a multiple of 16) into wb; q4: MXFP4 / INT4
+ * in q4 lane order (else every encoding in natural order). Rows nr..TR-1 are zero. */
+static void tile_decode_rows(const df_weight *w, int q4, int64_t r, int nr, int64_t c0, int64_t n, float *wb) {
+    switch (w->type) {
+    case DF_W_F32: case DF_W_BF16: case DF_W_F16:
+        tile_decode(w, r, nr, c0, n, wb);
+        return;
+    case DF_W_MXFP4: case DF_W_INT4_G32:
+        if (q4) { tile_decode(w, r, nr, c0, n, wb); return; }
+        break;
+    case DF_W_FP8_B128:
+        if (have_vbmi) tile_decode_fp8_vbmi(w, r, nr, c0, n, wb);
+        else tile_decode_fp8_f16c(w, r, nr, c0, n, wb);
+        for (int k = nr; k < TR; k++) memset(wb + (int64_t)k * TC, 0, sizeof(float) * (size_t)n);
+        return;
+    default:
+        break;
+    }
+    /* INT8 rows (lossy mode) and malformed MXFP4 / INT4 shapes: exact scalar decode */
+    for (int k = 0; k < TR; k++) {
+        float *o = wb + (int64_t)k * TC;
+        if (k < nr) cpu_scalar_decode_range(w, r + k, c0, c0 + n, o - c0);
+        else memset(o, 0, sizeof(float) * (size_t)n);
+    }
+}
+
+/* The cache lines of a tile's weight bytes (and scales), to be prefetched a few per FMA loop
+ * iteration while the previous tile computes (a burst of prefetches would stall on the line
+ * fill buffers). */
+typedef struct {
+    const char *line[TR * (TC * 4 / 64) + 2 * TR];
+    int n, next, per_iter;
+} pf_plan;
+
+static void pf_plan_tile(pf_plan *pf, const df_weight *w, int64_t r, int nr, int64_t c0, int64_t n) {
+    const int64_t cols = w->cols;
+    pf->n = pf->next = 0;
+    for (int k = 0; k < nr; k++) {
+        const char *d, *sc = NULL;
+        int64_t len;
+        const int64_t rr = r + k;
+        switch (w->type) {
+        case DF_W_F32: d = (const char *)w->data + (rr * cols + c0) * 4; len = n * 4; break;
+        case DF_W_BF16: case DF_W_F16: d = (const char *)w->data + (rr * cols + c0) * 2; len = n * 2; break;
+        case DF_W_FP8_B128: case DF_W_INT8_ROW: d = (const char *)w->data + rr * cols + c0; len = n; break;
+        case DF_W_MXFP4:
+            d = (const char *)w->data + rr * (cols / 2) + c0 / 2; len = n / 2;
+            sc = (const char *)w->scale + rr * (cols / 32) + c0 / 32;
+            break;
+        case DF_W_INT4_G32:
+            d = (const char *)w->data + rr * (cols / 2) + c0 / 2; len = n / 2;
+            sc = (const char *)w->scale + (rr * (cols / 32) + c0 / 32) * 2;
+            break;
+        default: return;
+        }
+        /* whole lines from the one holding d to the one holding d + len - 1 */
+        const char *a = (const char *)((uintptr_t)d & ~(uintptr_t)63);
+        for (; a < d + len; a += 64) pf->line[pf->n++] = a;
+        if (sc) pf->line[pf->n++] = sc;
+    }
+}
+
+static inline void pf_step(pf_plan *pf) {
+    for (int i = 0; i < pf->per_iter && pf->next < pf->n; i++) _mm_prefetch(pf->line[pf->next++], _MM_HINT_T0);
+}
+
+/* acc[k*TT + t] += wb[k][0..n) . x_t[0..n) chunk by chunk, for TR rows x TT tokens (TT <= 3). */
+#define MK_DEF(TT)                                                                                            \
+    AVX512 static void mk##TT(const float *wb, const float *x, int64_t xstride, int64_t n, __m512 *acc,       \
+                              pf_plan *pf) {                                                                  \
+        __m512 a[TR][TT];                                                                                     \
+        UNROLL for (int k = 0; k < TR; k++)                                                                   \
+            UNROLL for (int t = 0; t < TT; t++) a[k][t] = acc[k * TT + t];                                    \
+        for (int64_t i = 0; i < n; i += 16) {                                                                 \
+            __m512 xv[TT];                                                                                    \
+            pf_step(pf);                                                                                      \
+            UNROLL for (int t = 0; t < TT; t++) xv[t] = _mm512_loadu_ps(x + t * xstride + i);                 \
+            UNROLL for (int k = 0; k < TR; k++) {                                                             \
+                __m512 wv = _mm512_load_ps(wb + k * TC + i);                                                  \
+                __asm__("" : "+v"(wv)); /* one load per row, not one per FMA */                                \
+                UNROLL for (int t = 0; t < TT; t++) a[k][t] = _mm512_fmadd_ps(wv, xv[t], a[k][t]);            \
+            }                                                                                                 \
+        }                                                                                                     \
+        UNROLL for (int k = 0; k < TR; k++)                                                                   \
+            UNROLL for (int t = 0; t < TT; t++) acc[k * TT + t] = a[k][t];                                    \
+    }
+MK_DEF(1)
+MK_DEF(2)
+MK_DEF(3)
+
+/* Rows [r0, r1), any T: xs is x staged in q4 lane order when q4 is set (MXFP4 / INT4), else x. */
+AVX512 static void mm_tiles(const df_weight *w, int q4, const float *xs, const float *x, int T, float *y, int64_t r0,
+                            int64_t r1) {
+    const int64_t cols = w->cols, rows = w->rows, c16 = cols / 16 * 16;
+    float *wb = cpu_scratch(CPU_SCRATCH_W, sizeof(float) * TR * TC);
+    __m512 *acc = cpu_scratch(CPU_SCRATCH_ACC, sizeof(__m512) * TR * (size_t)T);
+    pf_plan *pf = cpu_scratch(CPU_SCRATCH_PF, sizeof(pf_plan));
+    if (!wb || !acc || !pf) abort(); /* small allocations; nothing sensible to do without them */
+    const int64_t iters_per_tile = (int64_t)((T + 2) / 3) * (TC / 16);
+    for (int64_t r = r0; r < r1; r += TR) {
+        const int nr = r1 - r < TR ? (int)(r1 - r) : TR;
+        for (int64_t i = 0; i < (int64_t)TR * T; i++) acc[i] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < c16; c0 += TC) {
+            const int64_t n = c16 - c0 < TC ? c16 - c0 : TC;
+            tile_decode_rows(w, q4, r, nr, c0, n, wb);
+            /* the next tile's lines, spread over the first half of this tile's FMA loop */
+            if (c0 + TC < c16) pf_plan_tile(pf, w, r, nr, c0 + TC, c16 - c0 - TC < TC ? c16 - c0 - TC : TC);
+            else if (r + TR < r1) pf_plan_tile(pf, w, r + TR, r1 - r - TR < TR ? (int)(r1 - r - TR) : TR, 0, c16 < TC ? c16 : TC);
+            else pf->n = pf->next = 0;
+            pf->per_iter = (int)((2 * pf->n + iters_per_tile - 1) / iters_per_tile);
+            int t = 0;
+            for (; t + 3 <= T; t += 3) mk3(wb, xs + t * cols + c0, cols, n, acc + (int64_t)TR * t, pf);
+            if (T - t == 2) mk2(wb, xs + t * cols + c0, cols, n, acc + (int64_t)TR * t, pf);
+            else if (T - t == 1) mk1(wb, xs + t * cols + c0, cols, n, acc + (int64_t)TR * t, pf);
+            while (pf->next < pf->n) _mm_prefetch(pf->line[pf->next++], _MM_HINT_T0);
+        }
+        /* acc for tokens [t, t+TT) is stored as [k][TT] at acc + TR*t */
+        for (int t = 0; t < T;) {
+            const int tt = T - t >= 3 ? 3 : T - t;
+            for (int k = 0; k < nr; k++)
+                for (int u = 0; u < tt; u++) {
+                    __m512 a = acc[(int64_t)TR * t + k * tt + u];
+                    if (q4) a = q4_to_natural(a);
+                    y[(int64_t)(t + u) * rows + r + k] = finish(w, r + k, a, c16, x + (int64_t)(t + u) * cols);
+                }
+            t += tt;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ driver */
+
+typedef struct {
+    const df_weight *w;
+    const float *x, *xs;   /* xs: x in q4 lane order when q4 */
+    float *y;
+    int T, q4;
+} mm_job;
+
+static void mm_task(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const mm_job *j = ctx;
+    const df_weight *w = j->w;
+    if (j->T == 1) switch (w->type) {
+        case DF_W_F32: case DF_W_BF16: case DF_W_F16: mv_dense(w, j->x, j->y, r0, r1); return;
+        case DF_W_MXFP4: if (j->q4) { mv_mxfp4(w, j->xs, j->y, r0, r1); return; } break;
+        case DF_W_INT4_G32: if (j->q4) { mv_int4(w, j->xs, j->y, r0, r1); return; } break;
+        case DF_W_FP8_B128: if (have_vbmi) { mv_fp8_vbmi(w, j->x, j->y, r0, r1); return; } break;
+        default: break;
+        }
+    mm_tiles(w, j->q4, j->xs, j->x, j->T, j->y, r0, r1);
+}
+
+AVX512 static void stage_q4(const float *x, int T, int64_t cols, float *xs) {
+    const __m512i idx = _mm512_loadu_si512(nat_to_q4);
+    for (int64_t i = 0; i < (int64_t)T * cols; i += 16) _mm512_storeu_ps(xs + i, _mm512_permutexvar_ps(idx, _mm512_loadu_ps(x + i)));
+}
+
+static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
+    if (T <= 0 || w->rows <= 0) return;
+    mm_job j = {w, x, x, y, T, 0};
+    if ((w->type == DF_W_MXFP4 || w->type == DF_W_INT4_G32) && w->cols % 32 == 0) {
+        float *xs = cpu_scratch(CPU_SCRATCH_X, sizeof(float) * (size_t)T * (size_t)w->cols);
+        if (!xs) abort(); /* nothing sensible to do without it */
+        stage_q4(x, T, w->cols, xs);
+        j.xs = xs;
+        j.q4 = 1;
+    }
+    const int64_t work = w->rows * w->cols * (int64_t)T;
+    const int nt = df_pool_threads(pool);
+    int64_t grain = w->rows;
+    if (work >= CPU_SERIAL_WORK && nt > 1) {
+        /* ~128K weights x tokens per chunk, whole tiles of TR rows, >= 4 chunks per thread when possible */
+        const int64_t per_row = w->cols * (T < 8 ? T : 8);
+        grain = (131072 + per_row - 1) / per_row;
+        const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
+        if (grain > fair) grain = fair;
+        grain = (grain + TR - 1) / TR * TR;
+    }
+    df_pool_run(pool, w->rows, grain, mm_task, &j);
 }
 
 const df_backend df_backend_cpu_avx512 = {

@@ -26,8 +26,22 @@ void cpu_matmul_driver(df_pool *pool, const df_weight *w, const float *x, int T,
                        cpu_decode_fn decode, cpu_dot_fn dot, cpu_matvec_fn matvec, cpu_dot4_fn dot4,
                        cpu_dot4x2_fn dot4x2);
 
-/* Frees the calling thread's matmul row buffer (pool workers call it when they exit). */
+/* Frees the calling thread's matmul row buffer and scratch (pool workers call it when they exit). */
 void cpu_matmul_thread_exit(void);
+
+/* Per-thread scratch for the blocked kernels: slot s (0 <= s < CPU_SCRATCH_SLOTS) of the calling
+ * thread, at least `bytes` long, 64-byte aligned; contents are kept while the size fits (grown
+ * buffers start uninitialized). NULL on allocation failure. Freed when the thread exits. */
+enum { CPU_SCRATCH_X = 0,      /* a call's staged activations (the calling thread's, read by all workers) */
+       CPU_SCRATCH_W = 1,      /* a task's decoded weight tile */
+       CPU_SCRATCH_ACC = 2,    /* a task's partial sums */
+       CPU_SCRATCH_PF = 3,     /* a task's prefetch plan */
+       CPU_SCRATCH_SLOTS = 4 };
+void *cpu_scratch(int slot, size_t bytes);
+
+/* Work size (rows x cols x T) under which a matmul runs on the calling thread: waking the pool
+ * costs more than the work. */
+#define CPU_SERIAL_WORK 131072
 
 /* scalar reference */
 void cpu_scalar_decode_row(const df_weight *w, int64_t row, float *out);

@@ -12,30 +12,55 @@
 
 static __thread float *tl_row;
 static __thread int64_t tl_cap;
-/* The key's destructor frees a thread's buffer when ANY thread exits (pool workers and
- * callers of df_eval alike, e.g. a server's worker thread). */
+static __thread void *tl_scr[CPU_SCRATCH_SLOTS];
+static __thread size_t tl_scr_cap[CPU_SCRATCH_SLOTS];
+/* The key's destructor frees a thread's buffers when ANY thread exits (pool workers and
+ * callers of df_eval alike, e.g. a server's worker thread). Its value is the thread's
+ * buffer table (non-NULL while the thread holds any buffer). */
 static pthread_key_t tl_key;
 static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
-static void tl_free(void *p) { free(p); }
+typedef struct { void *p[CPU_SCRATCH_SLOTS + 1]; } tl_bufs;
+static __thread tl_bufs tl_tab;
+static void tl_free(void *arg) {
+    tl_bufs *b = arg;
+    for (int i = 0; i < CPU_SCRATCH_SLOTS + 1; i++) { free(b->p[i]); b->p[i] = NULL; }
+}
 static void tl_init(void) { pthread_key_create(&tl_key, tl_free); }
+static void tl_register(void) {
+    pthread_once(&tl_once, tl_init);
+    tl_tab.p[0] = tl_row;
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) tl_tab.p[i + 1] = tl_scr[i];
+    pthread_setspecific(tl_key, &tl_tab);
+}
 
 /* two rows of n floats (row 1 at +stride16(n)) */
 static float *row_buffer(int64_t n) {
     if (n > tl_cap) {
-        pthread_once(&tl_once, tl_init);
         free(tl_row);
         tl_row = aligned_alloc(64, (size_t)((n + 15) / 16 * 16) * 2 * sizeof(float));
         tl_cap = tl_row ? n : 0;
-        pthread_setspecific(tl_key, tl_row);
+        tl_register();
     }
     return tl_row;
 }
 
-/* Called by a pool worker before it exits: release its row buffer. */
+void *cpu_scratch(int slot, size_t bytes) {
+    if (bytes > tl_scr_cap[slot]) {
+        free(tl_scr[slot]);
+        size_t n = (bytes + 4095) / 4096 * 4096;
+        tl_scr[slot] = aligned_alloc(64, n);
+        tl_scr_cap[slot] = tl_scr[slot] ? n : 0;
+        tl_register();
+    }
+    return tl_scr[slot];
+}
+
+/* Called by a pool worker before it exits: release its buffers. */
 void cpu_matmul_thread_exit(void) {
     free(tl_row);
     tl_row = NULL;
     tl_cap = 0;
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) { free(tl_scr[i]); tl_scr[i] = NULL; tl_scr_cap[i] = 0; }
     pthread_once(&tl_once, tl_init);
     pthread_setspecific(tl_key, NULL);
 }
@@ -101,7 +126,7 @@ void cpu_matmul_driver(df_pool *pool, const df_weight *w, const float *x, int T,
     int64_t per_row = w->cols * (T < 8 ? T : 8);
     int64_t grain = per_row > 0 ? (65536 + per_row - 1) / per_row : 1;
     int nt = df_pool_threads(pool);
-    if ((int64_t)w->rows * w->cols * T < 131072) grain = w->rows; /* too small to be worth waking threads */
+    if ((int64_t)w->rows * w->cols * T < CPU_SERIAL_WORK) grain = w->rows; /* too small to be worth waking threads */
     else if (grain * nt > w->rows) grain = (w->rows + nt - 1) / nt;
     if (grain < 1) grain = 1;
     df_pool_run(pool, w->rows, grain, mm_task, &j);
