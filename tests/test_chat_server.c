@@ -210,6 +210,7 @@ static char *slurp(const char *p) {
 static df_tokenizer *template_tokenizer(const char *name, const char *extra_tokens) {
     char dir[256], p[512];
     snprintf(dir, sizeof dir, CACHE "/%s", name);
+    mkdir("tests/.cache", 0755);
     mkdir(CACHE, 0755);
     mkdir(dir, 0755);
     snprintf(p, sizeof p, "tests/tokenizer/templates/%s.jinja", name);
