@@ -305,18 +305,18 @@ static void test_loading(void) {
     }
     /* DF_CHAT_THINKING -> enable_thinking / thinking; chat_template_kwargs replace them; tools=None by default */
     t = open_dir(CACHE "/kwargs", "{\"chat_template\": \"{{ enable_thinking }}/{{ thinking }}/{{ tools }}/{{ documents }}/"
-                                  "{{ x is defined }}/{{ messages[0].n }}\"}", NULL);
+                                  "{{ x is defined }}/{{ messages[0].n }}/{{ reasoning_effort }}\"}", NULL);
     if (t) {
         const char *m = "[{\"role\":\"user\",\"content\":\"hi\",\"n\":1.0}]";
         int rc = df_chat_render(t, m, NULL, DF_CHAT_THINKING, &out, err, sizeof err);
-        CHECK(rc == 0 && !strcmp(out, "True/True/None/None/False/1.0"), "thinking flag: '%s'", rc ? err : out);
+        CHECK(rc == 0 && !strcmp(out, "True/True/None/None/False/1.0/high"), "thinking flag: '%s'", rc ? err : out);
         free(out);
         rc = df_chat_render(t, m, "[]", 0, &out, err, sizeof err);
-        CHECK(rc == 0 && !strcmp(out, "False/False/[]/None/False/1.0"), "no thinking flag: '%s'", rc ? err : out);
+        CHECK(rc == 0 && !strcmp(out, "False/False/[]/None/False/1.0/"), "no thinking flag: '%s'", rc ? err : out);
         free(out);
         rc = df_chat_render(t, "{\"messages\": [{\"role\":\"user\",\"content\":\"x\",\"n\":2}], \"chat_template_kwargs\": "
                                "{\"x\": 1, \"thinking\": \"custom\"}}", NULL, DF_CHAT_THINKING, &out, err, sizeof err);
-        CHECK(rc == 0 && !strcmp(out, "/custom/None/None/True/2"), "chat_template_kwargs: '%s'", rc ? err : out);
+        CHECK(rc == 0 && !strcmp(out, "/custom/None/None/True/2/"), "chat_template_kwargs: '%s'", rc ? err : out);
         free(out);
         df_tokenizer_free(t);
     }

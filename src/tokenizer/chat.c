@@ -5,8 +5,8 @@
  * subset (jinja_*.c) exactly as transformers' apply_chat_template does:
  * variables messages, tools, documents (None), add_generation_prompt, the
  * special tokens of tokenizer_config.json (bos_token, eos_token, ...) and
- * keyword arguments (enable_thinking / thinking from DF_CHAT_THINKING, or the
- * caller's "chat_template_kwargs"). Goldens: tests/tokenizer/golden_jinja*.jsonl.
+ * keyword arguments (enable_thinking / thinking from DF_CHAT_THINKING, plus
+ * reasoning_effort "high" when it is set; or the caller's "chat_template_kwargs"). Goldens: tests/tokenizer/golden_jinja*.jsonl.
  * For Kimi K3's XTML template (it reads "_xtml_json_block"), tool-call
  * arguments given as a JSON string reach the template as an object, as K3's
  * tokenizer and vLLM do.
@@ -569,6 +569,8 @@ static int render_template(const df_tokenizer *t, const char *msgs, size_t msgs_
         tok_buf_puts(&v, b);
         tok_buf_puts(&v, ", \"thinking\": ");
         tok_buf_puts(&v, b);
+        /* gpt-oss: the built-in harmony format says "Reasoning: high" with DF_CHAT_THINKING too */
+        if (flags & DF_CHAT_THINKING) tok_buf_puts(&v, ", \"reasoning_effort\": \"high\"");
         any = 1;
     } else {
         const char *a = kw, *e = kw + kw_n;
