@@ -114,41 +114,50 @@ static uint64_t llc_bytes(void) {
 typedef struct {
     const uint8_t *buf;
     int64_t piece;      /* bytes per index */
+    int streams, pf;    /* the piece is read as `streams` interleaved sequential streams; pf: prefetch distance */
     uint64_t sink[64];  /* one per thread (tid < 64), keeps the sums alive */
 } bw_job;
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint8_t *p, int64_t n) {
-    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (int64_t i = 0; i + 256 <= n; i += 256) {
-        s0 = _mm512_add_epi64(s0, _mm512_load_si512(p + i));
-        s1 = _mm512_add_epi64(s1, _mm512_load_si512(p + i + 64));
-        s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 128));
-        s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + i + 192));
-    }
-    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint8_t *p, int64_t n, int S, int pf) {
+    __m512i s[8];
+    for (int k = 0; k < 8; k++) s[k] = _mm512_setzero_si512();
+    const int64_t seg = n / S / 256 * 256;
+    for (int64_t i = 0; i < seg; i += 256)
+        for (int k = 0; k < S; k++) {
+            const uint8_t *q = p + k * seg + i;
+            if (pf) { _mm_prefetch((const char *)q + pf, _MM_HINT_T0); _mm_prefetch((const char *)q + pf + 128, _MM_HINT_T0); }
+            s[k] = _mm512_add_epi64(s[k], _mm512_add_epi64(_mm512_load_si512(q), _mm512_load_si512(q + 64)));
+            s[k] = _mm512_add_epi64(s[k], _mm512_add_epi64(_mm512_load_si512(q + 128), _mm512_load_si512(q + 192)));
+        }
+    for (int k = 1; k < 8; k++) s[0] = _mm512_add_epi64(s[0], s[k]);
+    return (uint64_t)_mm512_reduce_add_epi64(s[0]);
 }
-__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, int64_t n) {
-    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-    for (int64_t i = 0; i + 128 <= n; i += 128) {
-        s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
-        s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-        s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-        s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + i + 96)));
-    }
-    __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, int64_t n, int S, int pf) {
+    __m256i s[8];
+    for (int k = 0; k < 8; k++) s[k] = _mm256_setzero_si256();
+    const int64_t seg = n / S / 128 * 128;
+    for (int64_t i = 0; i < seg; i += 128)
+        for (int k = 0; k < S; k++) {
+            const uint8_t *q = p + k * seg + i;
+            if (pf) _mm_prefetch((const char *)q + pf, _MM_HINT_T0);
+            s[k] = _mm256_add_epi64(s[k], _mm256_add_epi64(_mm256_load_si256((const __m256i *)q), _mm256_load_si256((const __m256i *)(q + 32))));
+            s[k] = _mm256_add_epi64(s[k], _mm256_add_epi64(_mm256_load_si256((const __m256i *)(q + 64)), _mm256_load_si256((const __m256i *)(q + 96))));
+        }
+    for (int k = 1; k < 8; k++) s[0] = _mm256_add_epi64(s[0], s[k]);
     uint64_t o[4];
-    _mm256_storeu_si256((__m256i *)o, s);
+    _mm256_storeu_si256((__m256i *)o, s[0]);
     return o[0] + o[1] + o[2] + o[3];
 }
 #endif
-static uint64_t sum_scalar(const uint8_t *p, int64_t n) {
+static uint64_t sum_scalar(const uint8_t *p, int64_t n, int S, int pf) {
     const uint64_t *q = (const uint64_t *)p;
     uint64_t a = 0, b = 0, c = 0, d = 0;
+    (void)S; (void)pf;
     for (int64_t i = 0; i + 4 <= n / 8; i += 4) { a += q[i]; b += q[i + 1]; c += q[i + 2]; d += q[i + 3]; }
     return a + b + c + d;
 }
-static uint64_t (*sum_fn)(const uint8_t *, int64_t) = sum_scalar;
+static uint64_t (*sum_fn)(const uint8_t *, int64_t, int, int) = sum_scalar;
 static const char *simd_name = "scalar";
 
 static void pick_simd(void) {
@@ -162,18 +171,25 @@ static void pick_simd(void) {
 static void bw_task(void *ctx, int64_t b, int64_t e, int tid) {
     bw_job *j = ctx;
     uint64_t s = 0;
-    for (int64_t i = b; i < e; i++) s += sum_fn(j->buf + i * j->piece, j->piece);
+    for (int64_t i = b; i < e; i++) s += sum_fn(j->buf + i * j->piece, j->piece, j->streams, j->pf);
     j->sink[tid & 63] += s;
 }
 
-/* Best of `passes` streaming reads of the whole buffer, GB/s. */
-static double dram_read_gbps(df_pool *p, const uint8_t *buf, int64_t bytes, int passes) {
-    bw_job j = {buf, 1 << 20, {0}};
+/* Read patterns tried for the DRAM limit (the best one is the machine's figure): one sequential
+ * stream per thread, and several interleaved streams per thread (as a matmul reads several
+ * rows at once), with and without software prefetch. */
+static const struct { int streams, pf; const char *name; } bw_patterns[] = {
+    {1, 0, "1 stream"}, {4, 0, "4 streams"}, {8, 2048, "8 streams+pf"}};
+#define N_BW_PATTERNS 3
+
+/* Best of `passes` streaming reads of the whole buffer in one pattern, GB/s. */
+static double dram_read_gbps(df_pool *p, const uint8_t *buf, int64_t bytes, int passes, int pat) {
+    bw_job j = {buf, 4 << 20, bw_patterns[pat].streams, bw_patterns[pat].pf, {0}};
     const int64_t n = bytes / j.piece;
     double best = 0;
     for (int r = 0; r < passes; r++) {
         double t0 = now_s();
-        df_pool_run(p, n, 4, bw_task, &j);
+        df_pool_run(p, n, 1, bw_task, &j);
         double dt = now_s() - t0;
         if (dt > 0 && n * j.piece / dt / 1e9 > best) best = n * j.piece / dt / 1e9;
     }
@@ -199,8 +215,8 @@ __attribute__((target("avx512f"))) static double fma_loop_avx512(double seconds)
     do {
         for (int k = 0; k < 4096; k++) {
             FMA12(__m512, _mm512_fmadd_ps)
-            __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
-                             "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+            __asm__ volatile("" ::"v"(a0), "v"(a1), "v"(a2), "v"(a3), "v"(a4), "v"(a5), "v"(a6), "v"(a7), "v"(a8),
+                             "v"(a9), "v"(a10), "v"(a11));
         }
         it += 4096;
     } while ((t = now_s() - t0) < seconds);
@@ -216,8 +232,8 @@ __attribute__((target("avx2,fma"))) static double fma_loop_avx2(double seconds) 
     do {
         for (int k = 0; k < 4096; k++) {
             FMA12(__m256, _mm256_fmadd_ps)
-            __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7),
-                             "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
+            __asm__ volatile("" ::"x"(a0), "x"(a1), "x"(a2), "x"(a3), "x"(a4), "x"(a5), "x"(a6), "x"(a7), "x"(a8),
+                             "x"(a9), "x"(a10), "x"(a11));
         }
         it += 4096;
     } while ((t = now_s() - t0) < seconds);
@@ -491,14 +507,23 @@ int bench_kernels_main(int argc, char **argv) {
         pools[i] = df_pool_new(threads[i]);
         if (!pools[i]) { fprintf(stderr, "deltafin bench %s: cannot start %d threads\n", name, threads[i]); return 1; }
     }
-    printf("\nmachine limits (DRAM: streaming sum over %.0f MiB, best of 5; FMA: 12 independent chains per thread)\n",
-           dram_buffer / 1048576.0);
-    printf("%8s %14s %16s %16s\n", "threads", "DRAM GB/s", "FMA GFLOP/s", "per thread");
+    printf("\nmachine limits (DRAM: streaming sum over %.0f MiB, best of 3 passes per pattern, DRAM GB/s = the best\n"
+           "pattern; FMA: 12 independent FMA chains per thread, %s)\n", dram_buffer / 1048576.0, simd_name);
+    printf("%8s", "threads");
+    for (int q = 0; q < N_BW_PATTERNS; q++) printf(" %14s", bw_patterns[q].name);
+    printf(" %10s %13s %11s\n", "DRAM GB/s", "FMA GFLOP/s", "per thread");
     for (int i = 0; i < nthr; i++) {
-        dram[i] = dram_read_gbps(pools[i], buf, (int64_t)dram_buffer, 5);
-        double f = fma_peak(pools[i], threads[i], 0.2);
+        dram[i] = 0;
+        printf("%8d", threads[i]);
+        for (int q = 0; q < N_BW_PATTERNS; q++) {
+            double g = dram_read_gbps(pools[i], buf, (int64_t)dram_buffer, 3, q);
+            if (g > dram[i]) dram[i] = g;
+            printf(" %14.2f", g);
+        }
+        double f = fma_peak(pools[i], threads[i], 0.3);
         if (threads[i] == 1 || peak1 == 0) peak1 = threads[i] == 1 ? f : f / threads[i];
-        printf("%8d %14.2f %16.1f %16.1f\n", threads[i], dram[i], f / 1e9, f / 1e9 / threads[i]);
+        printf(" %10.2f %13.1f %11.1f\n", dram[i], f / 1e9, f / 1e9 / threads[i]);
+        fflush(stdout);
     }
     free(buf);
     if (!kernels) {

@@ -45,6 +45,7 @@
 /* ------------------------------------------------------------ constants */
 
 static float e8m0_tab[256];                  /* E8M0 byte -> 2^(e-127) (255: NaN) */
+static float mx_tabs[256 * 16] __attribute__((aligned(64))); /* [e][nibble]: E2M1 value * 2^(e-127) */
 static float fp8_tab[256];                   /* e4m3fn byte -> fp32 */
 static uint8_t fp8_hi[128], fp8_lo[128];     /* bf16 bits of the e4m3 magnitude i: high byte, low byte */
 static int have_vbmi;
@@ -62,6 +63,7 @@ static uint8_t fp8_perm[64];
 __attribute__((constructor)) static void avx512_tables_init(void) {
     for (int i = 0; i < 256; i++) {
         e8m0_tab[i] = df_e8m0_to_f32((uint8_t)i);
+        for (int n = 0; n < 16; n++) mx_tabs[i * 16 + n] = mx_vals[n] * e8m0_tab[i]; /* the same product as a vmulps */
         fp8_tab[i] = df_fp8e4m3_to_f32((uint8_t)i);
     }
     for (int i = 0; i < 128; i++) {
@@ -110,10 +112,10 @@ AVX512_INLINE __m512 bf16x16(const uint16_t *p) {
 }
 AVX512_INLINE __m512 f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-/* The scaled 16-entry table of one MXFP4 / INT4 block. */
+/* The scaled 16-entry table of one MXFP4 / INT4 block (MXFP4: one of the 256 precomputed,
+ * a load instead of a multiply). */
 AVX512_INLINE __m512 q4_table(df_wtype t, const void *scale, int64_t i) {
-    if (t == DF_W_MXFP4)
-        return _mm512_mul_ps(_mm512_loadu_ps(mx_vals), _mm512_set1_ps(e8m0_tab[((const uint8_t *)scale)[i]]));
+    if (t == DF_W_MXFP4) return _mm512_load_ps(mx_tabs + 16 * ((const uint8_t *)scale)[i]);
     return _mm512_mul_ps(_mm512_loadu_ps(i4_vals), _mm512_set1_ps(df_bf16_to_f32(((const uint16_t *)scale)[i])));
 }
 /* 16 packed nibbles (8 bytes) -> 16 weights in q4 lane order. */
@@ -248,7 +250,11 @@ AVX512_INLINE float finish(const df_weight *w, int64_t r, __m512 acc, int64_t c,
  * the 4-bit encodings (slow streams, 4 rows + scales) into L2/L3 4 KiB ahead. */
 #define PF_DENSE(p) _mm_prefetch((const char *)(p) + 1024, _MM_HINT_T0)
 #define PF_FP8(p) _mm_prefetch((const char *)(p) + 512, _MM_HINT_T0)
-#define PF_Q4(p) _mm_prefetch((const char *)(p) + 4096, _MM_HINT_T2)
+#ifndef Q4_PF_DIST
+#define Q4_PF_DIST 4096
+#define Q4_PF_HINT _MM_HINT_T2
+#endif
+#define PF_Q4(p) do { if (Q4_PF_DIST) _mm_prefetch((const char *)(p) + Q4_PF_DIST, Q4_PF_HINT); } while (0)
 
 /* Rows [r0, r1) of an F32/BF16/F16 weight, one token. */
 AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
@@ -280,41 +286,37 @@ AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_
     }
 }
 
-/* Rows [r0, r1) of an MXFP4 / INT4 weight (cols % 32 == 0), one token; xq: x in q4 lane order. */
+/* Rows [r0, r1) of an MXFP4 / INT4 weight (cols % 32 == 0), one token; xq: x in q4 lane order.
+ * R rows per pass (R independent accumulator chains, R row streams). */
+#ifndef Q4_ROWS
+#define Q4_ROWS 4
+#endif
 AVX512_INLINE void mv_q4_impl(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1, const df_wtype t) {
+    enum { R = Q4_ROWS };
     const int64_t cols = w->cols, nb = cols / 32;
     const __m512i sh = _mm512_loadu_si512(q4_shift);
-    for (int64_t r = r0; r < r1; r += 4) {
-        const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
-        const int64_t rr1 = nr > 1 ? r + 1 : r, rr2 = nr > 2 ? r + 2 : r, rr3 = nr > 3 ? r + 3 : r;
-        const uint8_t *p0 = (const uint8_t *)w->data + r * (cols / 2), *p1 = (const uint8_t *)w->data + rr1 * (cols / 2),
-                      *p2 = (const uint8_t *)w->data + rr2 * (cols / 2), *p3 = (const uint8_t *)w->data + rr3 * (cols / 2);
-        const int64_t s0 = r * nb, s1 = rr1 * nb, s2 = rr2 * nb, s3 = rr3 * nb;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t r = r0; r < r1; r += R) {
+        const int nr = r1 - r < R ? (int)(r1 - r) : R;
+        const uint8_t *p[R];
+        int64_t s[R];
+        __m512 a[R];
+        UNROLL for (int k = 0; k < R; k++) {
+            const int64_t rr = k < nr ? r + k : r;
+            p[k] = (const uint8_t *)w->data + rr * (cols / 2);
+            s[k] = rr * nb;
+            a[k] = _mm512_setzero_ps();
+        }
         for (int64_t b = 0; b < nb; b++) {
             const __m512 x0 = _mm512_loadu_ps(xq + 32 * b), x1 = _mm512_loadu_ps(xq + 32 * b + 16);
             const int64_t o = 16 * b;
-            if ((b & 3) == 0) {
-                PF_Q4(p0 + o);
-                PF_Q4(p1 + o);
-                PF_Q4(p2 + o);
-                PF_Q4(p3 + o);
+            if ((b & 3) == 0) UNROLL for (int k = 0; k < R; k++) PF_Q4(p[k] + o);
+            UNROLL for (int k = 0; k < R; k++) {
+                const __m512 tb = q4_table(t, w->scale, s[k] + b);
+                a[k] = _mm512_fmadd_ps(q4x16(p[k] + o, tb, sh), x0, a[k]);
+                a[k] = _mm512_fmadd_ps(q4x16(p[k] + o + 8, tb, sh), x1, a[k]);
             }
-            const __m512 t0 = q4_table(t, w->scale, s0 + b), t1 = q4_table(t, w->scale, s1 + b);
-            const __m512 t2 = q4_table(t, w->scale, s2 + b), t3 = q4_table(t, w->scale, s3 + b);
-            a0 = _mm512_fmadd_ps(q4x16(p0 + o, t0, sh), x0, a0);
-            a1 = _mm512_fmadd_ps(q4x16(p1 + o, t1, sh), x0, a1);
-            a2 = _mm512_fmadd_ps(q4x16(p2 + o, t2, sh), x0, a2);
-            a3 = _mm512_fmadd_ps(q4x16(p3 + o, t3, sh), x0, a3);
-            a0 = _mm512_fmadd_ps(q4x16(p0 + o + 8, t0, sh), x1, a0);
-            a1 = _mm512_fmadd_ps(q4x16(p1 + o + 8, t1, sh), x1, a1);
-            a2 = _mm512_fmadd_ps(q4x16(p2 + o + 8, t2, sh), x1, a2);
-            a3 = _mm512_fmadd_ps(q4x16(p3 + o + 8, t3, sh), x1, a3);
         }
-        y[r] = _mm512_reduce_add_ps(q4_to_natural(a0));
-        if (nr > 1) y[r + 1] = _mm512_reduce_add_ps(q4_to_natural(a1));
-        if (nr > 2) y[r + 2] = _mm512_reduce_add_ps(q4_to_natural(a2));
-        if (nr > 3) y[r + 3] = _mm512_reduce_add_ps(q4_to_natural(a3));
+        UNROLL for (int k = 0; k < R; k++) if (k < nr) y[r + k] = _mm512_reduce_add_ps(q4_to_natural(a[k]));
     }
 }
 AVX512 static void mv_mxfp4(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1) {
