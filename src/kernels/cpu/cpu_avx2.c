@@ -130,8 +130,22 @@ AVX2 static void avx2_decode_row(const df_weight *w, int64_t r, float *out) {
         break;
     }
     case DF_W_FP8_B128: {
+        /* e4m3 bits placed in an IEEE half are the value * 2^-8 exactly (subnormals too), so
+         * half -> fp32 (F16C) times scale * 2^8 is the scalar table value times the scale, the
+         * same single rounding */
         const uint8_t *d = (const uint8_t *)w->data + r * cols;
         const float *s = (const float *)w->scale + (r / 128) * ((cols + 127) / 128);
+        const __m128i keep = _mm_set1_epi16((short)0xbfff);
+        for (; c + 8 <= cols; c += 8) {
+            const float sc = s[c >> 7] * 256.0f;
+            if (!isfinite(sc)) {
+                for (int k = 0; k < 8; k++) out[c + k] = fp8_table[d[c + k]] * s[c >> 7];
+                continue;
+            }
+            __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(d + c))), 8);
+            h = _mm_and_si128(_mm_srai_epi16(h, 1), keep);
+            _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(sc)));
+        }
         for (; c < cols; c++) out[c] = fp8_table[d[c]] * s[c >> 7];
         break;
     }
@@ -245,8 +259,47 @@ AVX2 static int avx2_matvec(const df_weight *w, const float *x, float *y, int64_
     return 0;
 }
 
+/* Four rows (already decoded) dotted with one x, each in the canonical order (four chains). */
+AVX2 static void avx2_dot_rows4(const float *a0, const float *a1, const float *a2, const float *a3, const float *x, int64_t n,
+                                float *out) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + i);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + i), xv, s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + i), xv, s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + i), xv, s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a3 + i), xv, s3);
+    }
+    float o0 = hsum256(s0), o1 = hsum256(s1), o2 = hsum256(s2), o3 = hsum256(s3);
+    for (; i < n; i++) { o0 = fmaf(a0[i], x[i], o0); o1 = fmaf(a1[i], x[i], o1); o2 = fmaf(a2[i], x[i], o2); o3 = fmaf(a3[i], x[i], o3); }
+    out[0] = o0; out[1] = o1; out[2] = o2; out[3] = o3;
+}
+
+/* One token, encodings without a fused kernel (F16, FP8, INT4, INT8, odd MXFP4 shapes): decode
+ * four rows, then four independent chains (one chain per row is latency-bound). */
+AVX2 static int avx2_matvec_rows4(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols, st = (cols + 15) / 16 * 16;
+    float *b = cpu_scratch(CPU_SCRATCH_W, sizeof(float) * (size_t)(4 * st));
+    if (!b) return 0;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        for (int k = 0; k < 4; k++) avx2_decode_row(w, r + k, b + k * st);
+        avx2_dot_rows4(b, b + st, b + 2 * st, b + 3 * st, x, cols, y + r);
+    }
+    for (; r < r1; r++) {
+        avx2_decode_row(w, r, b);
+        y[r] = avx2_dot_canon(b, x, cols);
+    }
+    return 1;
+}
+
+AVX2 static int avx2_matvec_any(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    return avx2_matvec(w, x, y, r0, r1) || avx2_matvec_rows4(w, x, y, r0, r1);
+}
+
 AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
-    cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec, avx2_dot4, avx2_dot4x2);
+    cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_any, avx2_dot4, avx2_dot4x2);
 }
 
 const df_backend df_backend_cpu_avx2 = {
