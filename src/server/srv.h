@@ -95,6 +95,8 @@ void srv_kimi_push(srv_kimi *k, const char *s, size_t n, srv_buf *reasoning, srv
 /* End of stream: what is held becomes reasoning or content; an unterminated
  * tool call becomes content text. */
 void srv_kimi_flush(srv_kimi *k, srv_buf *reasoning, srv_buf *content);
+/* Does the rendered chat prompt open the reasoning section ("<think>" of K2, "<|open|>think<|sep|>" of K3)? */
+int srv_kimi_prompt_opens_think(const char *text, size_t n);
 
 /* --------------------------------------------------------------- request */
 enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };

@@ -111,7 +111,9 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     b->n_ctx = n_ctx;
     b->exact = df_model_is_exact(bm->m);
     b->has_tokenizer = bm->t != NULL;
-    b->is_kimi = bm->t && df_tokenizer_token_id(bm->t, "<|im_middle|>") >= 0;
+    b->is_kimi = bm->t && (df_tokenizer_token_id(bm->t, "<|im_middle|>") >= 0 ||                  /* K2 family */
+                           (df_tokenizer_token_id(bm->t, "<|open|>") >= 0 &&                        /* K3 (XTML) */
+                            df_tokenizer_token_id(bm->t, "<|sep|>") >= 0));
     b->tokenize = m_tokenize;
     b->chat_render = m_chat_render;
     b->token_bytes = m_token_bytes;

@@ -27,8 +27,8 @@ typedef struct {
     srv_stop stop;
     srv_kimi kimi;
     int use_kimi;
-    int32_t markers[8];
-    const char *marker_text[8];
+    int32_t markers[12];
+    const char *marker_text[12];
     int n_markers;
     srv_buf content, reasoning;       /* whole response (non-streamed) */
     int n_calls_sent;
@@ -397,7 +397,7 @@ static int32_t *prompt_tokens(gen_ctx *g, int *n_out, int *think_open, srv_buf *
         }
         size_t tl = strlen(text);
         while (tl && (text[tl - 1] == '\n' || text[tl - 1] == ' ')) tl--;
-        *think_open = tl >= 7 && !memcmp(text + tl - 7, "<think>", 7);
+        *think_open = srv_kimi_prompt_opens_think(text, tl);
         int rc = be->tokenize(be, text, strlen(text), 0, &ids, &n, err, sizeof err);
         free(text);
         if (rc) {
@@ -576,8 +576,9 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     srv_stop_init(&g->stop, (const char *const *)r->stops, r->n_stops);
     if (g->use_kimi) {
         static const char *mk[] = {"<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                                   "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
-        for (int i = 0; i < 7; i++) {
+                                   "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                                   "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"};
+        for (int i = 0; i < 11; i++) {
             int32_t id = be->token_id(be, mk[i]);
             if (id >= 0) { g->markers[g->n_markers] = id; g->marker_text[g->n_markers++] = mk[i]; }
         }
