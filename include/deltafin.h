@@ -118,6 +118,32 @@ const char *df_model_tokenizer_error(const df_model *m);
 int df_checkpoint_describe(const char *path, char *buf, size_t cap, char *err, size_t errlen);
 /* Verify every checksum of the native layout (deltafin doctor). */
 int df_model_verify(df_model *m, df_progress_fn progress, void *user, char *err, size_t errlen);
+/* Verify every checksum without stopping at the first bad one, and without loading the model
+ * (deltafin doctor; added for issue 11 item 14): spine.bin and each routed expert are read once,
+ * and every problem found (a checksum mismatch or a read error) goes to `report` (may be NULL)
+ * while the check goes on. `path` is a native model directory, or a Hugging Face directory
+ * converted into opts->cache_dir as df_model_open does (opts may be NULL; only cache_dir, spine,
+ * expert_dirs, progress and progress_user are used; progress gets "bytes"). A corrupt spine.bin
+ * does not stop the expert check. Returns the number of problems (0: every checksum matches;
+ * otherwise err summarises them, naming the first ones), or a negative DF_E* when the model's
+ * files cannot be checked at all (manifest unreadable, a pack missing or truncated: err says which). */
+typedef struct {
+    int layer, expert;          /* the routed expert; -1, -1 for spine.bin */
+    const char *file;           /* the file it is in (a striped expert: its first stripe's file) */
+    uint64_t offset, bytes;     /* where in that file (a striped expert: its first stripe) */
+    const char *message;        /* one line: every file and offset, the XXH64 found and the manifest's */
+} df_verify_problem;
+typedef struct {
+    int spine_ok;               /* 1: spine.bin matches its checksum */
+    uint64_t spine_bytes;
+    char spine_file[1100];
+    int n_moe_layers;
+    int n_experts;              /* routed experts checked (all MoE layers) */
+    int n_bad_experts;          /* of them, corrupt or unreadable */
+} df_verify_summary;
+typedef void (*df_verify_report_fn)(void *user, const df_verify_problem *problem);
+int df_model_verify_all(const char *path, const df_model_opts *opts, df_verify_report_fn report, void *user,
+                        df_verify_summary *summary, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- tokenizer */
 
@@ -142,6 +168,9 @@ int df_tokenize(const df_tokenizer *t, const char *text, size_t len, int flags,
 int df_detokenize(const df_tokenizer *t, const int32_t *ids, size_t n,
                   char **text_out, size_t *len_out, char *err, size_t errlen);
 int df_tokenizer_n_vocab(const df_tokenizer *t);
+/* The raw bytes of one token (not UTF-8 sanitized: a token may hold part of a character), owned by the
+ * tokenizer. DF_EINVAL for an id outside the vocabulary. */
+int df_token_bytes(const df_tokenizer *t, int32_t id, const char **bytes, size_t *len);
 /* Id of a token string (special or not), or -1. */
 int32_t df_tokenizer_token_id(const df_tokenizer *t, const char *token);
 /* Token ids that end a chat turn (eos, <|im_end|>, ...). Returns the count written (<= cap). */

@@ -32,8 +32,15 @@ static int m_token_bytes(srv_backend *b, int32_t id, char **out, size_t *len) {
         *len = (size_t)n;
         return 0;
     }
-    char err[16];
-    return df_detokenize(BM(b)->t, &id, 1, out, len, err, sizeof err);
+    const char *p;
+    size_t n;
+    if (df_token_bytes(BM(b)->t, id, &p, &n)) return DF_EINVAL;
+    *out = malloc(n + 1);
+    if (!*out) return DF_ENOMEM;
+    memcpy(*out, p, n);
+    (*out)[n] = 0;
+    *len = n;
+    return 0;
 }
 /* Without a tokenizer each token's text is " ID" (documented in docs/server.md). */
 typedef struct { df_detok *d; } m_detok;

@@ -222,3 +222,10 @@ int df_chat_render(const df_tokenizer *t, const char *messages_json, const char 
     if (!t || !messages_json) { tok_err(err, errlen, "df_chat_render: no tokenizer or messages"); return DF_EINVAL; }
     return tok_chat_render(t, messages_json, tools_json, flags, text_out, err, errlen);
 }
+
+int df_token_bytes(const df_tokenizer *t, int32_t id, const char **bytes, size_t *len) {
+    if (!t || !bytes || !len || id < 0 || id >= t->n_vocab || !(t->tok_flags[id] & TOK_F_PRESENT)) return DF_EINVAL;
+    *bytes = t->pool + t->tok_off[id];
+    *len = t->tok_len[id];
+    return 0;
+}
