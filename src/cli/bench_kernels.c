@@ -109,6 +109,16 @@ static uint64_t llc_bytes(void) {
     return best;
 }
 
+/* "/proc/loadavg"'s first three fields (other work on the machine skews every figure) */
+static void load_average(char *out, size_t n) {
+    snprintf(out, n, "?");
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f) return;
+    double a, b, c;
+    if (fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3) snprintf(out, n, "%.2f %.2f %.2f", a, b, c);
+    fclose(f);
+}
+
 /* ------------------------------------------------------------ DRAM read bandwidth */
 
 typedef struct {
@@ -492,7 +502,9 @@ int bench_kernels_main(int argc, char **argv) {
         int n = df_backend_list(l, 8);
         for (int i = 0; i < n; i++) printf(" %s", l[i]->name);
     }
-    printf(" (features: %s); limits measured with %s code\ndate: %s\n", df_cpu_features(), simd_name, date);
+    char la[64];
+    load_average(la, sizeof la);
+    printf(" (features: %s); limits measured with %s code\ndate: %s; load average %s\n", df_cpu_features(), simd_name, date, la);
 
     /* limits */
     if (!dram_buffer) dram_buffer = llc * 8 > (1ull << 30) ? llc * 8 : (1ull << 30);
@@ -507,6 +519,9 @@ int bench_kernels_main(int argc, char **argv) {
         pools[i] = df_pool_new(threads[i]);
         if (!pools[i]) { fprintf(stderr, "deltafin bench %s: cannot start %d threads\n", name, threads[i]); return 1; }
     }
+    if (llc && dram_buffer < 4 * llc)
+        printf("note: --dram-buffer %.0f MiB is under 4x the LLC (%.0f MiB): part of the reads may hit the cache\n",
+               dram_buffer / 1048576.0, llc / 1048576.0);
     printf("\nmachine limits (DRAM: streaming sum over %.0f MiB, best of 3 passes per pattern, DRAM GB/s = the best\n"
            "pattern; FMA: 12 independent FMA chains per thread, %s)\n", dram_buffer / 1048576.0, simd_name);
     printf("%8s", "threads");
@@ -535,6 +550,9 @@ int bench_kernels_main(int argc, char **argv) {
     if (!buffer) buffer = llc * 4 > (512ull << 20) ? llc * 4 : (512ull << 20);
     int maxT = 1;
     for (int i = 0; i < nT; i++) if (Ts[i] > maxT) maxT = Ts[i];
+    if (llc && buffer < 2 * llc)
+        printf("\nnote: --buffer %.0f MiB is under 2x the LLC (%.0f MiB): the weights may be (partly) in cache\n",
+               buffer / 1048576.0, llc / 1048576.0);
     printf("\nkernels (y[T,rows] = x[T,cols] W^T; weights rotated over copies filling >= %.0f MiB, not in cache;\n"
            "GB/s = weight bytes per call / time; %%DRAM = that / DRAM GB/s at the same thread count; %%FMA = GFLOP/s /\n"
            "(FMA peak of one thread x threads); xT1 = time / the T=1 time%s)\n",
@@ -605,5 +623,7 @@ int bench_kernels_main(int argc, char **argv) {
             free(data); free(scale); free(x); free(y); free(w);
         }
     for (int i = 0; i < nthr; i++) df_pool_free(pools[i]);
+    load_average(la, sizeof la);
+    printf("load average at the end: %s\n", la);
     return rc;
 }

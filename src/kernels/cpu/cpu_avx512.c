@@ -14,9 +14,12 @@
  * Speed: the weights are decoded in registers (no row buffer) and each weight
  * byte is read once per call for all T tokens:
  *  - T = 1: four rows at a time (four independent accumulator chains);
- *  - T > 1: a task decodes a tile of 8 rows x 512 columns into an L1 buffer once,
- *    then FMAs it against the tokens three at a time (24 accumulators in
- *    registers, spilled between tiles: the chain per (row, token) is unchanged).
+ *  - MXFP4 / INT4, 2 <= T <= 8: R rows decoded in registers per 16 columns and
+ *    FMA'd against all T tokens (R x T accumulators, R = 8..3);
+ *  - otherwise T > 1: a task decodes a tile of 8 rows x 512 columns into an L1
+ *    buffer once, then FMAs it against the tokens three at a time (24 accumulators
+ *    in registers, spilled between tiles: the chain per (row, token) is unchanged);
+ *    the next tile's lines are prefetched a few per FMA loop iteration.
  * MXFP4 / INT4 nibbles -> fp32 by a 16-entry table permute (vpermps) whose entries
  * are pre-multiplied by the block scale (exact: E8M0 is a power of two; INT4 times
  * a bf16 scale needs at most 12 significant bits). To avoid a lane-crossing
@@ -326,6 +329,69 @@ AVX512 static void mv_int4(const df_weight *w, const float *xq, float *y, int64_
     mv_q4_impl(w, xq, y, r0, r1, DF_W_INT4_G32);
 }
 
+/* Rows [r0, r1) of an MXFP4 / INT4 weight, 2 <= T <= 8 tokens (xq: T rows of x in q4 lane
+ * order, `cols` apart): R rows decoded in registers once per 16 columns and FMA'd against G
+ * tokens at a time (R x G accumulators; no tile buffer; the G-token groups of one row block run
+ * back to back, so its weight bytes come from L1 after the first). The chain per (row, token)
+ * is the canonical one. */
+AVX512_INLINE void mm_q4_small(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1, const df_wtype t,
+                               const int T, const int G, const int R) {
+    const int64_t cols = w->cols, rows = w->rows, nb = cols / 32;
+    const __m512i sh = _mm512_loadu_si512(q4_shift);
+    for (int64_t r = r0; r < r1; r += R) {
+        const int nr = r1 - r < R ? (int)(r1 - r) : R;
+        const uint8_t *p[8];
+        int64_t s[8];
+        UNROLL for (int k = 0; k < R; k++) {
+            const int64_t rr = k < nr ? r + k : r;
+            p[k] = (const uint8_t *)w->data + rr * (cols / 2);
+            s[k] = rr * nb;
+        }
+        for (int g = 0; g < T; g += G) {
+            const float *xg = xq + (int64_t)g * cols;
+            __m512 a[8][8];
+            UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < G; u++) a[k][u] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t o = 16 * b;
+                if (g == 0 && (b & 3) == 0) UNROLL for (int k = 0; k < R; k++) PF_Q4(p[k] + o);
+                UNROLL for (int h = 0; h < 2; h++) {
+                    __m512 wv[8];
+                    UNROLL for (int k = 0; k < R; k++) wv[k] = q4x16(p[k] + o + 8 * h, q4_table(t, w->scale, s[k] + b), sh);
+                    UNROLL for (int u = 0; u < G; u++) {
+                        const __m512 xv = _mm512_loadu_ps(xg + u * cols + 32 * b + 16 * h);
+                        UNROLL for (int k = 0; k < R; k++) a[k][u] = _mm512_fmadd_ps(wv[k], xv, a[k][u]);
+                    }
+                }
+            }
+            UNROLL for (int k = 0; k < R; k++)
+                if (k < nr)
+                    UNROLL for (int u = 0; u < G; u++)
+                        y[(int64_t)(g + u) * rows + r + k] = _mm512_reduce_add_ps(q4_to_natural(a[k][u]));
+        }
+    }
+}
+#ifndef Q4_T8_G
+#define Q4_T8_G 8
+#define Q4_T8_R 3
+#endif
+#define Q4_SMALL(T, G, R)                                                                                                   \
+    AVX512 static void mm_mx_##T(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1) {                \
+        mm_q4_small(w, xq, y, r0, r1, DF_W_MXFP4, T, G, R);                                                             \
+    }                                                                                                                   \
+    AVX512 static void mm_i4_##T(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1) {                \
+        mm_q4_small(w, xq, y, r0, r1, DF_W_INT4_G32, T, G, R);                                                          \
+    }
+Q4_SMALL(2, 2, 8)
+Q4_SMALL(3, 3, 6)
+Q4_SMALL(4, 4, 5)
+Q4_SMALL(5, 5, 4)
+Q4_SMALL(6, 6, 4)
+Q4_SMALL(7, 7, 3)
+Q4_SMALL(8, Q4_T8_G, Q4_T8_R)
+typedef void (*q4_small_fn)(const df_weight *, const float *, float *, int64_t, int64_t);
+static const q4_small_fn mm_mx_small[9] = {NULL, NULL, mm_mx_2, mm_mx_3, mm_mx_4, mm_mx_5, mm_mx_6, mm_mx_7, mm_mx_8};
+static const q4_small_fn mm_i4_small[9] = {NULL, NULL, mm_i4_2, mm_i4_3, mm_i4_4, mm_i4_5, mm_i4_6, mm_i4_7, mm_i4_8};
+
 /* Rows [r0, r1) of an FP8 weight, one token. */
 VBMI_INLINE __m512 fp8_row64(const uint8_t *p, const fp8_consts *K, float s, __m512 x0, __m512 x1, __m512 x2, __m512 x3,
                              __m512 a) {
@@ -601,6 +667,13 @@ static void mm_task(void *ctx, int64_t r0, int64_t r1, int tid) {
         case DF_W_FP8_B128: if (have_vbmi) { mv_fp8_vbmi(w, j->x, j->y, r0, r1); return; } break;
         default: break;
         }
+#ifndef Q4_SMALL_MAX
+#define Q4_SMALL_MAX 8
+#endif
+    if (j->q4 && j->T >= 2 && j->T <= Q4_SMALL_MAX) {
+        (w->type == DF_W_MXFP4 ? mm_mx_small : mm_i4_small)[j->T](w, j->xs, j->y, r0, r1);
+        return;
+    }
     mm_tiles(w, j->q4, j->xs, j->x, j->T, j->y, r0, r1);
 }
 
