@@ -5,12 +5,15 @@
 #include "cli.h"
 #include <limits.h>
 #include "deltafin.h"
+#include "util/util.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -29,7 +32,10 @@ static void usage(FILE *f) {
             "  --force              MODEL_DIR may be non-empty: delete the deltafin model files in it first\n"
             "                       (otherwise a non-empty MODEL_DIR is refused: old packs would be mixed in)\n"
             "  --quiet              no progress line\n"
-            "  -h, --help           this help\n");
+            "  -h, --help           this help\n"
+            "SIGINT or SIGTERM stops the conversion, removes every file it wrote and exits with 128 + the signal\n"
+            "number; the *.tmp files of a killed conversion (no manifest.json) are removed by the next run into\n"
+            "that directory.\n");
 }
 
 typedef struct {
@@ -37,6 +43,7 @@ typedef struct {
     double last;
     int done;
     int open;       /* a progress line without its newline is on stderr */
+    int quiet;      /* no progress line; the callback still answers SIGINT / SIGTERM */
 } prog;
 
 static double now_s(void) {
@@ -47,6 +54,8 @@ static double now_s(void) {
 
 static int on_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     prog *p = user;
+    if (df_interrupted()) return 1; /* df_convert stops and removes every file it wrote */
+    if (p->quiet) return 0;
     double t = now_s(), el = t - ((double)p->t0.tv_sec + 1e-9 * (double)p->t0.tv_nsec);
     int last = total && done >= total;
     if (p->done || (!last && t - p->last < 0.2)) return 0;
@@ -62,6 +71,30 @@ static int on_progress(void *user, const char *what, uint64_t done, uint64_t tot
     fflush(stderr);
     (void)what;
     return 0;
+}
+
+static int cli_path_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* existed[k] = whether entry k of the comma-separated list exists (set = 0), or
+ * rmdir entry k when it did not exist before (set = 1; only an empty directory goes). */
+static void for_each_dir(const char *list, int *existed, int set) {
+    if (!list || !*list) return;
+    char *cp = strdup(list), *save = NULL;
+    int k = 0;
+    for (char *t = cp ? strtok_r(cp, ",", &save) : NULL; t && k < 64; t = strtok_r(NULL, ",", &save), k++) {
+        if (!set) existed[k] = cli_path_exists(t);
+        else if (!existed[k]) rmdir(t);
+    }
+    free(cp);
+}
+
+/* After a failed or interrupted conversion: the directories it created, when empty. 1 when MODEL_DIR went. */
+static int remove_created(const char *out, int out_existed, const char *expert_dirs, int *dir_existed) {
+    for_each_dir(expert_dirs, dir_existed, 1);
+    return !out_existed && rmdir(out) == 0;
 }
 
 int cmd_convert(int argc, char **argv) {
@@ -115,17 +148,40 @@ int cmd_convert(int argc, char **argv) {
         }
         if (!quiet) fprintf(stderr, "deltafin convert: %s\n", arch);
     }
+    /* directories that do not exist yet are removed again if the conversion fails or is interrupted */
+    int out_existed = cli_path_exists(pos[1]), dir_existed[64] = {0};
+    for_each_dir(o.expert_dirs, dir_existed, 0);
+    df_interrupt_install(); /* SIGINT / SIGTERM from here on: stop, remove what was written, exit 128 + signal */
     int crc = cli_check_out_dirs("convert", pos[1], o.expert_dirs, force, quiet);
-    if (crc) return crc;
+    if (crc) {
+        remove_created(pos[1], out_existed, o.expert_dirs, dir_existed);
+        return crc;
+    }
     prog p = {0};
+    p.quiet = quiet;
     clock_gettime(CLOCK_MONOTONIC, &p.t0);
-    if (!quiet) { o.progress = on_progress; o.progress_user = &p; }
+    o.progress = on_progress;
+    o.progress_user = &p;
     char err[1024] = "";
     int rc = df_convert(pos[0], pos[1], &o, err, sizeof err);
+    int sig = df_interrupted();
     if (rc) {
         if (p.open) fputc('\n', stderr); /* end the progress line before the error */
+        int gone = remove_created(pos[1], out_existed, o.expert_dirs, dir_existed);
+        if (sig && rc == DF_ECANCELLED) {
+            fprintf(stderr, "deltafin convert: interrupted by %s: removed every file it had written to %s%s%s\n", df_signal_name(sig),
+                    pos[1], o.expert_dirs ? " and the expert directories" : "",
+                    gone ? " (and the directory, which this run had created)" : "");
+            return 128 + sig;
+        }
         fprintf(stderr, "deltafin convert: %s (%s)\n", err[0] ? err : "failed", df_strerror(rc));
         return 1;
+    }
+    if (sig) { /* too late to stop: the last file was being written when the signal came */
+        if (p.open) fputc('\n', stderr);
+        fprintf(stderr, "deltafin convert: interrupted by %s after the conversion had finished: %s is complete and was kept\n",
+                df_signal_name(sig), pos[1]);
+        return 128 + sig;
     }
     if (!quiet)
         fprintf(stderr, "deltafin convert: wrote %s (spine %s%s)\n", pos[1],

@@ -1,7 +1,9 @@
 /*
  * cmd_doctor.c — `deltafin doctor [--model DIR [--cache-dir DIR]]`: machine facts
  * (cores, RAM, SIMD features, io_uring availability) and, with --model, a full
- * checksum verification of the model's native files (df_model_verify) and a
+ * checksum verification of the model's native files (df_model_verify_all: every
+ * corrupt expert is named with its layer, file and offset, and the spine's state
+ * is printed, also when a corrupt spine.bin stops the model from opening) and a
  * check that its tokenizer (when it has one) opens.
  */
 #define _GNU_SOURCE
@@ -35,6 +37,18 @@ static int verify_progress(void *user, const char *what, uint64_t done, uint64_t
 static void line_end(void) {
     if (line_open) fputc('\n', stderr);
     line_open = 0;
+}
+
+/* df_model_verify_all: one line per problem, as found */
+static void report_problem(void *user, const df_verify_problem *p) {
+    (void)user;
+    line_end();
+    if (p->layer < 0)
+        fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", p->message);
+    else if (p->expert < 0)
+        fprintf(stderr, "deltafin doctor: layer %d UNREADABLE: %s\n", p->layer, p->message);
+    else
+        fprintf(stderr, "deltafin doctor: corrupt expert: %s\n", p->message); /* names layer, expert, file(s), offset(s) */
 }
 
 static const char *simd_features(void) {
@@ -74,7 +88,8 @@ int cmd_doctor(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: deltafin doctor [--model DIR [--cache-dir DIR]]\n"
-                   "  prints machine facts; with --model, verifies every checksum of the model and that its tokenizer opens\n"
+                   "  prints machine facts; with --model, verifies every checksum of the model and that its tokenizer opens:\n"
+                   "  every corrupt expert is named (layer, expert, file, offset), then the spine's state; any problem: exit 1\n"
                    "  --model DIR      native model dir, or Hugging Face dir (converted once into the cache, as `run` does)\n"
                    "  --cache-dir DIR  where an HF checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
@@ -101,10 +116,18 @@ int cmd_doctor(int argc, char **argv) {
     o.progress_user = (void *)"converting";
     df_model *m = NULL;
     int rc = df_model_open(&m, model, &o, err, sizeof err);
-    if (rc) { line_end(); fprintf(stderr, "deltafin doctor: %s\n", err); return 1; }
     line_end();
-    printf("model: %s\n", df_model_describe(m));
     int status = 0;
+    if (rc) {
+        fprintf(stderr, "deltafin doctor: %s\n", err);
+        /* damaged or missing files (a corrupt spine.bin, a missing pack stop the open): still check every checksum below */
+        struct stat st;
+        if ((rc != DF_EFORMAT && rc != DF_EIO) || stat(model, &st) || !S_ISDIR(st.st_mode)) return 1;
+        status = 1;
+    } else {
+        printf("model: %s\n", df_model_describe(m));
+        df_model_close(m); /* the check below reads the files itself */
+    }
     /* the tokenizer: a file that is present but does not open is an error (not "no tokenizer") */
     if (cli_is_file(model, "tokenizer.json") || cli_is_file(model, "tiktoken.model")) {
         df_tokenizer *t = NULL;
@@ -119,10 +142,27 @@ int cmd_doctor(int argc, char **argv) {
     } else {
         printf("tokenizer: none (token ids only)\n");
     }
-    rc = df_model_verify(m, verify_progress, NULL, err, sizeof err);
-    if (rc) { line_end(); fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", err); df_model_close(m); return 1; }
+    /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
+    char verr[2048] = "";
+    df_verify_summary sum;
+    o.progress_user = NULL;
+    int nbad = df_model_verify_all(model, &o, report_problem, NULL, &sum, verr, sizeof verr);
     line_end();
+    if (nbad < 0) {
+        if (strcmp(verr, err)) fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
+        return 1;
+    }
+    if (sum.spine_ok) printf("spine: OK (%s, %llu bytes)\n", sum.spine_file, (unsigned long long)sum.spine_bytes);
+    else printf("spine: CORRUPT (%s, %llu bytes)\n", sum.spine_file, (unsigned long long)sum.spine_bytes);
+    if (sum.n_moe_layers)
+        printf("experts: %d routed experts in %d MoE layers: %d OK, %d corrupt\n", sum.n_experts, sum.n_moe_layers,
+               sum.n_experts - sum.n_bad_experts, sum.n_bad_experts);
+    else
+        printf("experts: none (dense model)\n");
+    if (nbad > 0) {
+        fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
+        return 1;
+    }
     printf("checksums: all OK\n");
-    df_model_close(m);
     return status;
 }

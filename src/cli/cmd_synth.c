@@ -13,6 +13,7 @@
 #include "deltafin.h"
 #include "model/weights.h"
 #include "model/native.h"
+#include "util/util.h"
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -144,17 +146,57 @@ typedef struct {
     XXH64_state_t *h;
 } out_file;
 
+/* Every file this run creates, so that an interrupted or failed run removes all of them
+ * (docs/cli.md): *.tmp while written, renamed only when every data file is complete. */
+typedef struct {
+    char tmp[2100], final[2048];
+    int renamed;
+} owned_file;
+static owned_file *g_owned;
+static int g_n_owned, g_cap_owned;
+
+static int own(const char *tmp, const char *final) {
+    if (g_n_owned == g_cap_owned) {
+        int cap = g_cap_owned ? 2 * g_cap_owned : 64;
+        owned_file *p = realloc(g_owned, (size_t)cap * sizeof *p);
+        if (!p) return -1;
+        g_owned = p;
+        g_cap_owned = cap;
+    }
+    owned_file *o = &g_owned[g_n_owned++];
+    snprintf(o->tmp, sizeof o->tmp, "%s", tmp);
+    snprintf(o->final, sizeof o->final, "%s", final);
+    o->renamed = 0;
+    return 0;
+}
+
+/* Remove every file of this run (a *.tmp, or its final name once renamed); the number removed. */
+static int remove_owned(void) {
+    int n = 0;
+    for (int i = g_n_owned - 1; i >= 0; i--) {
+        if (unlink(g_owned[i].tmp) == 0) n++;
+        if (g_owned[i].renamed && unlink(g_owned[i].final) == 0) n++;
+    }
+    return n;
+}
+
 static int of_open(out_file *f, const char *path, char *err, size_t errlen) {
     snprintf(f->path, sizeof f->path, "%s", path);
     snprintf(f->tmp, sizeof f->tmp, "%s.tmp", path);
-    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     f->off = 0;
-    f->h = XXH64_createState();
-    XXH64_reset(f->h, 0);
+    f->h = NULL;
+    if (own(f->tmp, f->path)) {
+        f->fd = -1;
+        snprintf(err, errlen, "out of memory");
+        return DF_ENOMEM;
+    }
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (f->fd < 0) {
         snprintf(err, errlen, "cannot create %s: %s", f->tmp, strerror(errno));
         return DF_EIO;
     }
+    f->h = XXH64_createState();
+    XXH64_reset(f->h, 0);
     return 0;
 }
 
@@ -172,6 +214,11 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
 }
 
 static int of_write(out_file *f, const void *buf, size_t len, char *err, size_t errlen) {
+    int sig = df_interrupted();
+    if (sig) { /* SIGINT / SIGTERM: stop here; cmd_synth removes every file written */
+        snprintf(err, errlen, "interrupted by %s", df_signal_name(sig));
+        return DF_ECANCELLED;
+    }
     int r = pwrite_all(f->fd, buf, len, f->off);
     if (r) {
         snprintf(err, errlen, "write %s: %s (disk full? check df -h)", f->tmp, strerror(-r));
@@ -188,17 +235,44 @@ static int of_pad(out_file *f, uint64_t align, char *err, size_t errlen) {
     return pad ? of_write(f, zeros, pad, err, errlen) : 0;
 }
 
-static int of_commit(out_file *f, char *err, size_t errlen) {
+/* fsync and close a complete file; it keeps its *.tmp name until publish_owned. */
+static int of_close(out_file *f, char *err, size_t errlen) {
     int rc = 0;
     if (fsync(f->fd) || close(f->fd)) {
         snprintf(err, errlen, "fsync %s: %s", f->tmp, strerror(errno));
         rc = DF_EIO;
-    } else if (rename(f->tmp, f->path)) {
-        snprintf(err, errlen, "rename %s: %s", f->tmp, strerror(errno));
-        rc = DF_EIO;
     }
     f->fd = -1;
     XXH64_freeState(f->h);
+    f->h = NULL;
+    return rc;
+}
+
+/* A file given up on (an error): closed; its *.tmp is removed with the others. */
+static void of_abandon(out_file *f) {
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    XXH64_freeState(f->h);
+    f->h = NULL;
+}
+
+/* Rename every complete *.tmp of this run to its final name (all data files are written). */
+static int publish_owned(char *err, size_t errlen) {
+    for (int i = 0; i < g_n_owned; i++) {
+        if (g_owned[i].renamed) continue;
+        if (rename(g_owned[i].tmp, g_owned[i].final)) {
+            snprintf(err, errlen, "rename %s: %s", g_owned[i].tmp, strerror(errno));
+            return DF_EIO;
+        }
+        g_owned[i].renamed = 1;
+    }
+    return 0;
+}
+
+/* close + rename at once (manifest.json, written last). */
+static int of_commit(out_file *f, char *err, size_t errlen) {
+    int rc = of_close(f, err, errlen);
+    if (!rc) rc = publish_owned(err, errlen);
     return rc;
 }
 
@@ -209,7 +283,7 @@ static void fsync_dir(const char *dir) {
 
 /* mkdir -p; 0 or -1 with errno */
 static int mkdir_p(const char *path) {
-    char tmp[2048];
+    char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s", path);
     for (char *p = tmp + 1; *p; p++) {
         if (*p != '/') continue;
@@ -226,6 +300,7 @@ typedef struct {
     double t0, t_last;
     uint64_t done, total;
     int quiet;
+    int open; /* a progress line without its newline is on stderr */
 } progress;
 
 static void prog(progress *p, uint64_t add) {
@@ -235,7 +310,8 @@ static void prog(progress *p, uint64_t add) {
     p->t_last = t;
     fprintf(stderr, "\rsynth: %.2f / %.2f GB (%.0f%%), %.2f GB/s   ", p->done / 1e9, p->total / 1e9,
             100.0 * p->done / (p->total ? p->total : 1), p->done / 1e9 / (t - p->t0 + 1e-9));
-    if (p->done >= p->total) fputc('\n', stderr);
+    p->open = 1;
+    if (p->done >= p->total) { fputc('\n', stderr); p->open = 0; }
 }
 
 /* One spine tensor: writes data (+scale) 64-aligned; adds it to the manifest. */
@@ -562,13 +638,11 @@ static int write_spine_k3(const synth_opts *o, cJSON *manifest, progress *pg, ui
     k3_sink s = {&f, arr, pg, buf, bufcap, err, errlen, 0, -1, NULL};
     if ((rc = k3_spine(&s, o)) || (rc = of_pad(&f, 64, err, errlen))) {
         cJSON_Delete(arr);
-        close(f.fd);
-        unlink(f.tmp);
-        XXH64_freeState(f.h);
+        of_abandon(&f);
         return rc;
     }
     uint64_t h = XXH64_digest(f.h), bytes = f.off;
-    if ((rc = of_commit(&f, err, errlen))) { cJSON_Delete(arr); return rc; }
+    if ((rc = of_close(&f, err, errlen))) { cJSON_Delete(arr); return rc; }
     char hx[17];
     hex16(h, hx);
     cJSON_AddStringToObject(sp, "file", "spine.bin");
@@ -633,7 +707,7 @@ static int write_spine(const synth_opts *o, cJSON *manifest, progress *pg, uint8
 #undef TV
     if ((rc = of_pad(&f, 64, err, errlen))) goto fail;
     uint64_t h = XXH64_digest(f.h), bytes = f.off;
-    if ((rc = of_commit(&f, err, errlen))) { cJSON_Delete(arr); return rc; }
+    if ((rc = of_close(&f, err, errlen))) { cJSON_Delete(arr); return rc; }
     char hx[17];
     hex16(h, hx);
     cJSON_AddStringToObject(sp, "file", "spine.bin");
@@ -643,9 +717,7 @@ static int write_spine(const synth_opts *o, cJSON *manifest, progress *pg, uint8
     return 0;
 fail:
     cJSON_Delete(arr);
-    close(f.fd);
-    unlink(f.tmp);
-    XXH64_freeState(f.h);
+    of_abandon(&f);
     return rc;
 }
 
@@ -774,8 +846,8 @@ static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, cha
             prog(pg, stride);
         }
         for (int k = 0; k < opened; k++) {
-            if (rc) { close(f[k].fd); unlink(f[k].tmp); XXH64_freeState(f[k].h); continue; }
-            rc = of_commit(&f[k], err, errlen);
+            if (rc) { of_abandon(&f[k]); continue; }
+            rc = of_close(&f[k], err, errlen); /* renamed with the others once every file is complete */
             char rel[2100];
             if (!strcmp(dirs[k], o->out)) snprintf(rel, sizeof rel, "experts-L%03d.pack", l);
             else snprintf(rel, sizeof rel, "%s", f[k].path);
@@ -788,7 +860,7 @@ static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, cha
         }
         cJSON_AddItemToArray(layers, lj);
     }
-    for (int k = 0; k < nd; k++) { fsync_dir(dirs[k]); free(dirs[k]); }
+    for (int k = 0; k < nd; k++) free(dirs[k]);
     free(ext);
     return rc;
 }
@@ -830,6 +902,11 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: deltafin synth OUT_DIR [options]\n"
             "Writes a synthetic model in the native layout (random but valid weights, real router) for I/O work.\n"
+            "With OUT_DIR alone it writes the default model: Kimi K2 shapes (the values in parentheses below),\n"
+            "8 layers = 1 dense + 7 MoE x 64 experts of [2048 x 7168] mxfp4, top-8, vocab 32000: about 14.43 GB\n"
+            "(experts 10.48 GB, spine 3.95 GB). --dry-run prints the size of any choice; a model larger than the\n"
+            "free space is refused before anything is written. A small test model (10 MB): --hidden 512\n"
+            "--moe-inter 256 --experts 8 --layers 3 --vocab 512 --heads 4 --inter 512 --q-lora 64 --kv-lora 64\n"
             "  --arch A          kimi_k2 (default: the defaults below) or kimi_k3: K3's shapes (hidden 7168, 96 heads,\n"
             "                    MLA without RoPE + output gate, KDA 96x128, latent MoE 896 experts x [3072, 3584],\n"
             "                    top-16, 2 shared, dense layer 0 of 33792, vocab 163840, AttnRes) with fewer layers\n"
@@ -847,12 +924,83 @@ static void usage(FILE *f) {
             "  --vocab N (32000) --heads N (64) --q-lora N (1536, 0 = plain q_proj) --kv-lora N (512)\n"
             "  --inter N         dense MLP width (18432)       --shared N      shared experts (1)\n"
             "  --n-group N --topk-group N (1, 1)               --skew X        router popularity skew (1.0)\n"
+            "  --nope N --rope N --v-dim N  qk_nope_head_dim, qk_rope_head_dim (even), v_head_dim (128, 64, 128)\n"
             "  --expert-dirs D1,D2  stripe the packs over these directories\n"
             "  --stripe-weights W1,W2  stripe k's size proportional to W_k (GB/s per drive); default equal\n"
             "  --seed N (1) --name NAME --quiet\n"
             "  --dry-run         print what would be written (sizes; kimi_k3: per layer) and write nothing\n"
             "  --force           OUT_DIR may be non-empty: delete the deltafin model files in it (and old packs in\n"
-            "                    --expert-dirs) first; without it OUT_DIR must be new or empty\n");
+            "                    --expert-dirs) first; without it OUT_DIR must be new or empty\n"
+            "Every file is written as *.tmp and renamed when all are complete; manifest.json last. SIGINT or\n"
+            "SIGTERM stops the run, removes every file it wrote and exits with 128 + the signal number; the\n"
+            "*.tmp files of a killed run (no manifest.json) are removed by the next run into that directory.\n");
+}
+
+/* Strict integer value of a size flag: an integer in [lo, hi], else a message naming the flag and value. */
+static int int_opt(const char *flag, const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (!*v || *end || errno || n < lo || n > hi) {
+        fprintf(stderr, "deltafin synth: %s \"%s\": expected an integer in [%ld, %ld]\n", flag, v, lo, hi);
+        return 2;
+    }
+    *out = (int)n;
+    return 0;
+}
+
+/* The filesystems of OUT_DIR and the pack directories have room for the model (estimate): 0, or 1 after a message. */
+static int check_space(const synth_opts *o, uint64_t spine, uint64_t experts) {
+    struct { dev_t dev; const char *dir; uint64_t need, avail; } fs[17];
+    int nfs = 0, nd = 0;
+    const char *dirs[16];
+    char *cp = o->expert_dirs && *o->expert_dirs ? strdup(o->expert_dirs) : NULL, *save = NULL;
+    for (char *t = cp ? strtok_r(cp, ",", &save) : NULL; t && nd < 16; t = strtok_r(NULL, ",", &save)) dirs[nd++] = t;
+    int rc = 0;
+    for (int k = -1; k < (nd ? nd : 1) && !rc; k++) {
+        const char *d = k < 0 ? o->out : nd ? dirs[k] : o->out;
+        uint64_t need = k < 0 ? spine : experts / (uint64_t)(nd ? nd : 1);
+        struct stat st;
+        struct statvfs vf;
+        if (stat(d, &st) || statvfs(d, &vf)) continue; /* not known: the write reports any error */
+        int i = 0;
+        while (i < nfs && fs[i].dev != st.st_dev) i++;
+        if (i == nfs) {
+            fs[nfs].dev = st.st_dev;
+            fs[nfs].dir = d;
+            fs[nfs].need = 0;
+            fs[nfs].avail = (uint64_t)vf.f_bavail * (uint64_t)vf.f_frsize;
+            nfs++;
+        }
+        fs[i].need += need;
+    }
+    for (int i = 0; i < nfs && !rc; i++)
+        if (fs[i].need > fs[i].avail) {
+            fprintf(stderr,
+                    "deltafin synth: the model needs about %.2f GB on the filesystem of %s, which has %.2f GB free; "
+                    "choose a smaller model (--layers, --experts, --size; --dry-run prints the size) or another "
+                    "directory\n",
+                    fs[i].need / 1e9, fs[i].dir, fs[i].avail / 1e9);
+            rc = 1;
+        }
+    free(cp);
+    return rc;
+}
+
+/* After a failed or interrupted run: remove every file it wrote and the directories it created
+ * (when empty). Returns the number of files removed. */
+static int remove_partial(const synth_opts *o, const char *out_arg, int out_existed, const int *dir_existed, int *out_removed) {
+    int n = remove_owned();
+    if (out_removed) *out_removed = 0;
+    if (o->expert_dirs && *o->expert_dirs) {
+        char *cp = strdup(o->expert_dirs), *save = NULL;
+        int k = 0;
+        for (char *t = cp ? strtok_r(cp, ",", &save) : NULL; t && k < 16; t = strtok_r(NULL, ",", &save), k++)
+            if (!dir_existed[k]) rmdir(t);
+        free(cp);
+    }
+    if (!out_existed && rmdir(out_arg) == 0 && out_removed) *out_removed = 1;
+    return n;
 }
 
 int cmd_synth(int argc, char **argv) {
@@ -862,77 +1010,140 @@ int cmd_synth(int argc, char **argv) {
     o.vdim = 128; o.n_group = 1; o.topk_group = 1; o.enc = DF_W_MXFP4; o.spine_enc = DF_W_BF16; o.seed = 1;
     o.skew = 1.0;
     /* --arch first: it sets the defaults that the other options override */
-    for (int i = 1; i + 1 < argc; i++) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
         if (strcmp(argv[i], "--arch")) continue;
+        if (i + 1 >= argc) { fprintf(stderr, "deltafin synth: --arch needs a value (kimi_k2 or kimi_k3)\n"); return 2; }
         if (!strcmp(argv[i + 1], "kimi_k3")) o.arch = SYNTH_K3;
         else if (!strcmp(argv[i + 1], "kimi_k2")) o.arch = SYNTH_K2;
-        else { fprintf(stderr, "deltafin synth: --arch %s is not supported (kimi_k2, kimi_k3)\n", argv[i + 1]); return 2; }
+        else { fprintf(stderr, "deltafin synth: --arch \"%s\" is not supported (kimi_k2, kimi_k3)\n", argv[i + 1]); return 2; }
     }
     if (o.arch == SYNTH_K3) { /* the released K3 text config (shared/notes/kimi-k3.md), 2 layers */
         o.hidden = 7168; o.moe_inter = 3072; o.latent = 3584; o.inter = 33792; o.experts = 896; o.layers = 2; o.dense = 1;
         o.top_k = 16; o.vocab = 163840; o.heads = 96; o.q_lora = 1536; o.kv_lora = 512; o.shared = 2; o.nope = 128;
         o.rope = 64; o.vdim = 128; o.n_group = 1; o.topk_group = 1; o.kda_head_dim = 128; o.kda_conv = 4;
     }
-    int k3_only = 0; /* a kimi_k3 option was given */
+    const char *k3_flag = NULL, *k3_val = NULL; /* a kimi_k3-only option that was given */
+    const char *size_arg = NULL;
+    int layers_given = 0;
+    const struct { const char *flag; int *field; long lo, hi; } ints[] = {
+        {"--hidden", &o.hidden, 1, 1 << 20},      {"--moe-inter", &o.moe_inter, 1, 1 << 20},
+        {"--inter", &o.inter, 1, 1 << 22},        {"--experts", &o.experts, 1, 1 << 16},
+        {"--layers", &o.layers, 1, DF_MAX_LAYERS}, {"--dense", &o.dense, 0, DF_MAX_LAYERS},
+        {"--top-k", &o.top_k, 1, 1 << 16},        {"--vocab", &o.vocab, 1, 1 << 24},
+        {"--heads", &o.heads, 1, 4096},           {"--q-lora", &o.q_lora, 0, 1 << 20},
+        {"--kv-lora", &o.kv_lora, 1, 1 << 20},    {"--shared", &o.shared, 0, 64},
+        {"--n-group", &o.n_group, 1, 1 << 16},    {"--topk-group", &o.topk_group, 1, 1 << 16},
+        {"--nope", &o.nope, 0, 4096},             {"--rope", &o.rope, 2, 4096},
+        {"--v-dim", &o.vdim, 1, 4096},            {"--latent", &o.latent, 1, 1 << 20},
+        {"--kda-heads", &o.kda_heads, 1, 4096},   {"--kda-head-dim", &o.kda_head_dim, 1, 4096},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define INTOPT(flag, field) if (!strcmp(a, flag)) { if (!v) goto missing; o.field = atoi(v); i++; continue; }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        INTOPT("--hidden", hidden) INTOPT("--moe-inter", moe_inter) INTOPT("--inter", inter)
-        INTOPT("--experts", experts) INTOPT("--layers", layers) INTOPT("--dense", dense) INTOPT("--top-k", top_k)
-        INTOPT("--vocab", vocab) INTOPT("--heads", heads) INTOPT("--q-lora", q_lora) INTOPT("--kv-lora", kv_lora)
-        INTOPT("--shared", shared) INTOPT("--n-group", n_group) INTOPT("--topk-group", topk_group)
-        INTOPT("--nope", nope) INTOPT("--rope", rope) INTOPT("--v-dim", vdim)
-        if (!strcmp(a, "--latent") || !strcmp(a, "--kda-heads") || !strcmp(a, "--kda-head-dim")) k3_only = 1;
-        INTOPT("--latent", latent) INTOPT("--kda-heads", kda_heads) INTOPT("--kda-head-dim", kda_head_dim)
-#undef INTOPT
-        if (!strcmp(a, "--arch")) { if (!v) goto missing; i++; continue; }
+        if (a[0] != '-' || !a[1]) { /* OUT_DIR */
+            if (o.out) { fprintf(stderr, "deltafin synth: unexpected argument \"%s\" (OUT_DIR is already %s)\n", a, o.out); return 2; }
+            o.out = a;
+            continue;
+        }
         if (!strcmp(a, "--quiet")) { o.quiet = 1; continue; }
         if (!strcmp(a, "--force")) { o.force = 1; continue; }
         if (!strcmp(a, "--dry-run")) { o.dry_run = 1; continue; }
-        if (!v) goto missing;
-        if (!strcmp(a, "--encoding") || !strcmp(a, "--spine-encoding")) {
+        int known = !strcmp(a, "--arch") || !strcmp(a, "--encoding") || !strcmp(a, "--spine-encoding") ||
+                    !strcmp(a, "--size") || !strcmp(a, "--expert-dirs") || !strcmp(a, "--stripe-weights") ||
+                    !strcmp(a, "--seed") || !strcmp(a, "--skew") || !strcmp(a, "--name");
+        int ix = -1;
+        for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
+            if (!strcmp(a, ints[k].flag)) ix = (int)k;
+        if (!known && ix < 0) { fprintf(stderr, "deltafin synth: unknown option %s\n\n", a); usage(stderr); return 2; }
+        if (i + 1 >= argc) { fprintf(stderr, "deltafin synth: %s needs a value\n", a); return 2; }
+        const char *v = argv[++i];
+        if (v[0] == '-' && v[1] == '-') {
+            fprintf(stderr, "deltafin synth: %s needs a value (found the option %s after it)\n", a, v);
+            return 2;
+        }
+        if (ix >= 0) {
+            if (int_opt(a, v, ints[ix].lo, ints[ix].hi, ints[ix].field)) return 2;
+            if (!strcmp(a, "--latent") || !strcmp(a, "--kda-heads") || !strcmp(a, "--kda-head-dim")) k3_flag = a, k3_val = v;
+            if (!strcmp(a, "--layers")) layers_given = 1;
+            if (!strcmp(a, "--rope") && o.rope % 2) {
+                fprintf(stderr, "deltafin synth: --rope \"%s\": expected an even number (rotary pairs)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--arch")) {
+            /* read above */
+        } else if (!strcmp(a, "--encoding") || !strcmp(a, "--spine-encoding")) {
             int t = df_wtype_from_name(v);
             int spine = a[2] == 's';
             if (t < 0 || t == DF_W_INT8_ROW || t == DF_W_F16 || (spine && t != DF_W_BF16 && t != DF_W_FP8_B128)) {
-                fprintf(stderr, "deltafin synth: %s %s is not supported (%s)\n", a, v,
+                fprintf(stderr, "deltafin synth: %s \"%s\" is not supported (%s)\n", a, v,
                         spine ? "bf16 or fp8_b128" : "mxfp4, bf16, int4_g32, fp8_b128, f32");
                 return 2;
             }
             if (spine) o.spine_enc = (df_wtype)t; else o.enc = (df_wtype)t;
         } else if (!strcmp(a, "--size")) {
-            if (cli_parse_size(v, &o.size) || !o.size) { fprintf(stderr, "deltafin synth: bad --size %s\n", v); return 2; }
+            size_arg = v;
+            if (cli_parse_size(v, &o.size) || !o.size) {
+                fprintf(stderr, "deltafin synth: --size \"%s\": expected a positive size such as 40G or 512M\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(v, &end, 10);
+            if (!*v || *end || errno || v[0] == '-') {
+                fprintf(stderr, "deltafin synth: --seed \"%s\": expected an integer in [0, 18446744073709551615]\n", v);
+                return 2;
+            }
+            o.seed = n;
+        } else if (!strcmp(a, "--skew")) {
+            char *end;
+            double x = strtod(v, &end);
+            if (!*v || *end || !isfinite(x) || x < 0 || x > 100) {
+                fprintf(stderr, "deltafin synth: --skew \"%s\": expected a number in [0, 100]\n", v);
+                return 2;
+            }
+            o.skew = x;
+        } else if (!*v) {
+            fprintf(stderr, "deltafin synth: %s \"\": expected a %s\n", a, !strcmp(a, "--name") ? "name" : "list");
+            return 2;
         } else if (!strcmp(a, "--expert-dirs")) o.expert_dirs = v;
         else if (!strcmp(a, "--stripe-weights")) o.stripe_weights = v;
-        else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--skew")) o.skew = atof(v);
-        else if (!strcmp(a, "--name")) o.name = v;
-        else if (a[0] == '-') { fprintf(stderr, "deltafin synth: unknown option %s\n", a); usage(stderr); return 2; }
-        else if (!o.out) { o.out = a; continue; }
-        else { fprintf(stderr, "deltafin synth: unexpected argument %s\n", a); return 2; }
-        i++;
+        else o.name = v; /* --name */
     }
-    if (!o.out) { usage(stderr); return 2; }
-    if (k3_only && o.arch != SYNTH_K3) {
-        fprintf(stderr, "deltafin synth: --latent, --kda-heads and --kda-head-dim need --arch kimi_k3\n");
+    if (!o.out) {
+        fprintf(stderr, "deltafin synth: OUT_DIR missing\n\n");
+        usage(stderr);
         return 2;
     }
-    if (o.arch == SYNTH_K3) {
-        if (!o.kda_heads) o.kda_heads = o.heads;
-        if (o.latent <= 0 || o.kda_heads <= 0 || o.kda_head_dim <= 0 || o.layers > DF_MAX_LAYERS || o.shared < 0 ||
-            ((o.enc == DF_W_MXFP4 || o.enc == DF_W_INT4_G32) && o.latent % 32)) {
-            fprintf(stderr, "deltafin synth: inconsistent kimi_k3 sizes (need positive --latent, --kda-heads, "
-                            "--kda-head-dim, at most %d layers, --latent a multiple of 32 for mxfp4/int4)\n", DF_MAX_LAYERS);
-            return 2;
-        }
+    if (k3_flag && o.arch != SYNTH_K3) {
+        fprintf(stderr, "deltafin synth: %s %s: the kimi_k3 options (--latent, --kda-heads, --kda-head-dim) need --arch kimi_k3\n",
+                k3_flag, k3_val);
+        return 2;
     }
-    if (o.hidden <= 0 || o.moe_inter <= 0 || o.experts <= 0 || o.layers <= 0 || o.dense < 0 || o.top_k <= 0 ||
-        o.top_k > o.experts || o.vocab <= 0 || o.heads <= 0 || o.kv_lora <= 0 || o.rope <= 0 || o.rope % 2 ||
-        o.experts % o.n_group || o.topk_group > o.n_group ||
-        ((o.enc == DF_W_MXFP4 || o.enc == DF_W_INT4_G32) && (expert_width(&o) % 32 || o.moe_inter % 32))) {
-        fprintf(stderr, "deltafin synth: inconsistent sizes (need positive sizes, top-k <= experts, even --rope, "
-                        "n_group dividing experts, hidden and moe-inter multiples of 32 for mxfp4/int4)\n");
+    if (o.arch == SYNTH_K3 && !o.kda_heads) o.kda_heads = o.heads;
+    /* consistency: each message names the flags and values involved */
+    const int quant = o.enc == DF_W_MXFP4 || o.enc == DF_W_INT4_G32;
+    const char *wflag = o.arch == SYNTH_K3 ? "--latent" : "--hidden";
+    if (o.top_k > o.experts) {
+        fprintf(stderr, "deltafin synth: --top-k %d is more than --experts %d\n", o.top_k, o.experts);
+        return 2;
+    }
+    if (o.experts % o.n_group) {
+        fprintf(stderr, "deltafin synth: --experts %d is not a multiple of --n-group %d\n", o.experts, o.n_group);
+        return 2;
+    }
+    if (o.topk_group > o.n_group) {
+        fprintf(stderr, "deltafin synth: --topk-group %d is more than --n-group %d\n", o.topk_group, o.n_group);
+        return 2;
+    }
+    if (quant && expert_width(&o) % 32) {
+        fprintf(stderr, "deltafin synth: %s %d (the experts' width) must be a multiple of 32 for --encoding %s\n", wflag,
+                expert_width(&o), df_wtype_name(o.enc));
+        return 2;
+    }
+    if (quant && o.moe_inter % 32) {
+        fprintf(stderr, "deltafin synth: --moe-inter %d must be a multiple of 32 for --encoding %s\n", o.moe_inter,
+                df_wtype_name(o.enc));
         return 2;
     }
     uint64_t per_layer;
@@ -945,15 +1156,24 @@ int cmd_synth(int argc, char **argv) {
         per_layer = (x + 4095) / 4096 * 4096 * (uint64_t)o.experts;
     }
     if (o.size) {
-        uint64_t moe = (o.size + per_layer / 2) / per_layer;
-        if (moe < 1) moe = 1;
-        o.layers = o.dense + (int)moe;
-        if (o.arch == SYNTH_K3 && o.layers > DF_MAX_LAYERS) {
-            fprintf(stderr, "deltafin synth: that --size needs %d layers, more than %d\n", o.layers, DF_MAX_LAYERS);
+        if (layers_given) {
+            fprintf(stderr, "deltafin synth: --size %s and --layers %d both choose the number of layers; give one\n",
+                    size_arg, o.layers);
             return 2;
         }
+        uint64_t moe = (o.size + per_layer / 2) / per_layer;
+        if (moe < 1) moe = 1;
+        if (moe + (uint64_t)o.dense > DF_MAX_LAYERS) {
+            fprintf(stderr, "deltafin synth: --size %s needs %llu layers, more than %d (use larger experts: --experts, --moe-inter)\n",
+                    size_arg, (unsigned long long)(moe + (uint64_t)o.dense), DF_MAX_LAYERS);
+            return 2;
+        }
+        o.layers = o.dense + (int)moe;
     }
-    if (o.dense >= o.layers) { fprintf(stderr, "deltafin synth: --dense %d leaves no MoE layer\n", o.dense); return 2; }
+    if (o.dense >= o.layers) {
+        fprintf(stderr, "deltafin synth: --dense %d leaves no MoE layer with --layers %d\n", o.dense, o.layers);
+        return 2;
+    }
     if (o.stripe_weights) {
         /* check the list (count = --expert-dirs entries) before anything is written */
         int nd = 1;
@@ -962,7 +1182,9 @@ int cmd_synth(int argc, char **argv) {
         int uneq;
         char e2[256];
         if (!o.expert_dirs || nd < 2 || nd > 16) {
-            fprintf(stderr, "deltafin synth: --stripe-weights needs --expert-dirs with 2..16 directories\n");
+            fprintf(stderr, "deltafin synth: --stripe-weights \"%s\" needs --expert-dirs with 2..16 directories (%s%s%s)\n",
+                    o.stripe_weights, o.expert_dirs ? "given: \"" : "none given", o.expert_dirs ? o.expert_dirs : "",
+                    o.expert_dirs ? "\"" : "");
             return 2;
         }
         if (native_stripe_plan(1 << 24, nd, o.stripe_weights, sz, &uneq, e2, sizeof e2)) {
@@ -970,35 +1192,55 @@ int cmd_synth(int argc, char **argv) {
             return 2;
         }
     }
+    if (o.expert_dirs) {
+        int nd = 1;
+        for (const char *q = o.expert_dirs; *q; q++) nd += *q == ',';
+        if (nd > 16 || strstr(o.expert_dirs, ",,") || o.expert_dirs[0] == ',' || o.expert_dirs[strlen(o.expert_dirs) - 1] == ',') {
+            fprintf(stderr, "deltafin synth: --expert-dirs \"%s\": expected 1..16 directories separated by commas\n", o.expert_dirs);
+            return 2;
+        }
+    }
+    const uint64_t spine_bytes = spine_estimate(&o), expert_bytes = per_layer * (uint64_t)(o.layers - o.dense);
     if (o.dry_run) { /* the plan only: nothing is written */
-        uint64_t tot = spine_estimate(&o) + per_layer * (uint64_t)(o.layers - o.dense);
+        uint64_t tot = spine_bytes + expert_bytes;
         if (o.arch == SYNTH_K3) k3_report(&o, per_layer);
         else
-            fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB)\n",
+            fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB, spine %.2f GB)\n",
                     o.out, o.layers, o.dense, o.experts, df_wtype_name(o.enc), o.moe_inter, o.hidden, o.top_k, tot / 1e9,
-                    per_layer * (double)(o.layers - o.dense) / 1e9);
+                    expert_bytes / 1e9, spine_bytes / 1e9);
         fprintf(stderr, "synth: --dry-run: nothing written\n");
         return 0;
     }
+    /* directories that do not exist yet are removed again if the run fails or is interrupted */
+    const char *out_arg = o.out;
+    int out_existed = df_path_exists(o.out), dir_existed[16] = {0};
+    if (o.expert_dirs) {
+        char *cp = strdup(o.expert_dirs), *save = NULL;
+        int k = 0;
+        for (char *t = cp ? strtok_r(cp, ",", &save) : NULL; t && k < 16; t = strtok_r(NULL, ",", &save), k++)
+            dir_existed[k] = df_path_exists(t);
+        free(cp);
+    }
+    df_interrupt_install(); /* before the directories are locked: a signal from here on cleans up */
     int crc = cli_check_out_dirs("synth", o.out, o.expert_dirs, o.force, o.quiet);
-    if (crc) return crc;
-    if (mkdir_p(o.out)) {
-        fprintf(stderr, "deltafin synth: cannot create %s: %s\n", o.out, strerror(errno));
-        return 1;
+    if (!crc) crc = check_space(&o, spine_bytes, expert_bytes);
+    if (crc) {
+        remove_partial(&o, out_arg, out_existed, dir_existed, NULL);
+        return crc;
     }
     char *rp = realpath(o.out, NULL); /* freed before returning */
     if (rp) o.out = rp;
     char mpath[2048];
     snprintf(mpath, sizeof mpath, "%s/manifest.json", o.out);
     unlink(mpath); /* an old manifest must not describe half-written files */
-    uint64_t total = spine_estimate(&o) + per_layer * (uint64_t)(o.layers - o.dense);
+    uint64_t total = spine_bytes + expert_bytes;
     if (!o.quiet && o.arch == SYNTH_K3) k3_report(&o, per_layer);
     else if (!o.quiet)
-        fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB)\n",
+        fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB, spine %.2f GB)\n",
                 o.out, o.layers, o.dense, o.experts, df_wtype_name(o.enc), o.moe_inter, o.hidden, o.top_k, total / 1e9,
-                per_layer * (double)(o.layers - o.dense) / 1e9);
+                expert_bytes / 1e9, spine_bytes / 1e9);
     double t_start = now_s();
-    progress pg = {t_start, t_start, 0, total, o.quiet};
+    progress pg = {t_start, t_start, 0, total, o.quiet, 0};
     char err[4608] = "";
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "format", "deltafin-native");
@@ -1020,24 +1262,52 @@ int cmd_synth(int argc, char **argv) {
     int rc = buf ? write_spine(&o, m, &pg, buf, bufcap, err, sizeof err) : DF_ENOMEM;
     free(buf);
     if (!rc) rc = write_experts(&o, m, &pg, err, sizeof err);
+    if (!rc && df_interrupted()) { /* the last chance to stop: from here on the model is completed */
+        snprintf(err, sizeof err, "interrupted by %s", df_signal_name(df_interrupted()));
+        rc = DF_ECANCELLED;
+    }
+    if (!rc) rc = publish_owned(err, sizeof err); /* every data file complete: rename into place */
     if (!rc) {
+        fsync_dir(o.out);
+        if (o.expert_dirs) {
+            char *cp = strdup(o.expert_dirs), *save = NULL;
+            for (char *t = cp ? strtok_r(cp, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save)) fsync_dir(t);
+            free(cp);
+        }
         char *txt = cJSON_Print(m);
         out_file f;
         rc = of_open(&f, mpath, err, sizeof err);
-        if (!rc) rc = of_write(&f, txt, strlen(txt), err, sizeof err);
+        if (!rc) { /* not interruptible (no of_write): every data file is in place */
+            int w = pwrite_all(f.fd, txt, strlen(txt), 0);
+            if (w) rc = DF_EIO, snprintf(err, sizeof err, "write %s: %s", f.tmp, strerror(-w));
+        }
         if (!rc) rc = of_commit(&f, err, sizeof err);
+        else of_abandon(&f);
         free(txt);
         fsync_dir(o.out);
     }
     cJSON_Delete(m);
-    free(rp);
     if (rc) {
-        fprintf(stderr, "\ndeltafin synth: %s\n", err[0] ? err : df_strerror(rc));
-        return 1;
+        int sig = df_interrupted();
+        if (pg.open) fputc('\n', stderr); /* end the progress line */
+        int gone = 0, n = remove_partial(&o, out_arg, out_existed, dir_existed, &gone);
+        char what[2400];
+        snprintf(what, sizeof what, "removed the %d file%s written so far from %s%s%s", n, n == 1 ? "" : "s", o.out,
+                 o.expert_dirs ? " and the expert directories" : "", gone ? " (and the directory, which this run had created)" : "");
+        if (rc == DF_ECANCELLED && sig)
+            fprintf(stderr, "deltafin synth: interrupted by %s: %s\n", df_signal_name(sig), what);
+        else
+            fprintf(stderr, "deltafin synth: %s; %s\n", err[0] ? err : df_strerror(rc), what);
+        free(rp);
+        free(g_owned);
+        return rc == DF_ECANCELLED && sig ? 128 + sig : 1;
     }
+    free(g_owned);
     if (!o.quiet) fprintf(stderr, "synth: wrote %s in %.1f s\n", mpath, now_s() - pg.t0);
-    return 0;
-missing:
-    fprintf(stderr, "deltafin synth: option %s needs a value\n", argv[argc - 1]);
-    return 2;
+    int sig = df_interrupted();
+    if (sig) /* too late to stop: it came while the last file (manifest.json) was written */
+        fprintf(stderr, "deltafin synth: interrupted by %s after the model was finished: %s is complete and was kept\n",
+                df_signal_name(sig), o.out);
+    free(rp);
+    return sig ? 128 + sig : 0;
 }

@@ -506,6 +506,144 @@ int df_model_verify(df_model *m, df_progress_fn p, void *u, char *err, size_t er
     return rc;
 }
 
+/* df_model_verify_all (deltafin doctor): every checksum, every problem reported, the model not loaded. */
+int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verify_report_fn report, void *user,
+                        df_verify_summary *sum, char *err, size_t errlen) {
+    df_model_opts opts;
+    if (opts_in) opts = *opts_in; else df_model_opts_default(&opts);
+    df_verify_summary dummy;
+    if (!sum) sum = &dummy;
+    memset(sum, 0, sizeof *sum);
+    if (!path || !*path) return set_err(err, errlen, DF_EINVAL, "no model directory given");
+    struct stat st;
+    if (stat(path, &st) != 0) return set_err(err, errlen, DF_EIO, "%s: %s", path, strerror(errno));
+    char dir[4096];
+    int converted = 0, rc;
+    if (file_exists(path, "manifest.json")) {
+        snprintf(dir, sizeof dir, "%s", path);
+    } else if (file_exists(path, "config.json")) {
+        rc = convert_cached(path, opts.cache_dir, opts.spine, opts.progress, opts.progress_user, dir, sizeof dir, err, errlen);
+        if (rc) return rc;
+        converted = 1;
+    } else {
+        return set_err(err, errlen, DF_EINVAL, "%s: neither manifest.json (native model) nor config.json (Hugging Face checkpoint) found", path);
+    }
+    df_native *n = NULL;
+    rc = native_open(&n, dir, err, errlen);
+    /* a missing pack is not fatal here (native_require_packs): it is reported as its layer's problem */
+    if (!rc && opts.expert_dirs) rc = native_set_expert_dirs(n, opts.expert_dirs, err, errlen);
+    if (rc) {
+        if (converted && (rc == DF_EFORMAT || rc == DF_EIO)) cache_hint(dir, err, errlen);
+        native_close(n);
+        return rc;
+    }
+    uint64_t total = n->spine_bytes, done = 0;
+    for (int i = 0; i < n->n_moe_layers; i++) total += (uint64_t)n->n_experts * n->stride;
+    const size_t chunk = 8u << 20;
+    uint64_t cap = chunk;
+    for (int i = 0; i < n->n_moe_layers; i++)
+        if (native_extent_buf_bytes(n, n->moe_layers[i].layer) > cap) cap = native_extent_buf_bytes(n, n->moe_layers[i].layer);
+    uint8_t *buf = malloc(cap);
+    XXH64_state_t *xs = XXH64_createState();
+    if (!buf || !xs) {
+        free(buf);
+        XXH64_freeState(xs);
+        native_close(n);
+        return set_err(err, errlen, DF_ENOMEM, "out of memory");
+    }
+    char msg[4096], first[3][64];
+    int n_first = 0, n_events = 0, cancelled = 0; /* the first 3 problems are named in err */
+    /* spine.bin: one problem at most (a read error or the checksum) */
+    sum->spine_bytes = n->spine_bytes;
+    snprintf(sum->spine_file, sizeof sum->spine_file, "%s", n->spine_path);
+    msg[0] = 0;
+    int fd = open(n->spine_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) snprintf(msg, sizeof msg, "cannot open %s: %s", n->spine_path, strerror(errno));
+    XXH64_reset(xs, 0);
+    for (uint64_t off = 0; fd >= 0 && off < n->spine_bytes && !msg[0] && !cancelled; off += chunk) {
+        size_t len = (size_t)(n->spine_bytes - off < chunk ? n->spine_bytes - off : chunk);
+        size_t got = 0;
+        int r = 0;
+        while (got < len) { /* short reads and EINTR retried; 0 bytes = end of file */
+            ssize_t k = pread(fd, buf + got, len - got, (off_t)(off + got));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) { r = k < 0 ? -errno : 1; break; }
+            got += (size_t)k;
+        }
+        if (r) snprintf(msg, sizeof msg, "%s: read failed at offset %llu: %s", n->spine_path, (unsigned long long)off,
+                        r == 1 ? "unexpected end of file" : strerror(-r));
+        else XXH64_update(xs, buf, len);
+        done += len;
+        if (opts.progress && opts.progress(opts.progress_user, "bytes", done, total)) cancelled = 1;
+    }
+    if (fd >= 0) close(fd);
+    if (!msg[0] && !cancelled) {
+        uint64_t h = XXH64_digest(xs);
+        if (h != n->spine_xxh64)
+            snprintf(msg, sizeof msg, "checksum mismatch: %s (%llu bytes; xxh64 %016llx, manifest %016llx): the spine is corrupt",
+                     n->spine_path, (unsigned long long)n->spine_bytes, (unsigned long long)h, (unsigned long long)n->spine_xxh64);
+    }
+    sum->spine_ok = !msg[0] && !cancelled;
+    if (msg[0]) {
+        df_verify_problem p = {-1, -1, n->spine_path, 0, n->spine_bytes, msg};
+        if (report) report(user, &p);
+        snprintf(first[n_first++], sizeof first[0], "spine.bin");
+        n_events++;
+    }
+    /* every routed expert; a pack file that cannot be opened is one problem for its whole layer */
+    sum->n_moe_layers = n->n_moe_layers;
+    for (int i = 0; i < n->n_moe_layers && !cancelled; i++) {
+        const native_expert_layer *L = &n->moe_layers[i];
+        msg[0] = 0;
+        for (int f = 0; f < L->n_files && !msg[0]; f++) {
+            int tfd = open(L->files[f], O_RDONLY | O_CLOEXEC);
+            if (tfd < 0) snprintf(msg, sizeof msg, "cannot open expert pack %s (layer %d): %s; none of its %d experts checked",
+                                  L->files[f], L->layer, strerror(errno), n->n_experts);
+            else close(tfd);
+        }
+        if (msg[0]) {
+            df_verify_problem p = {L->layer, -1, L->files[0], 0, (uint64_t)n->n_experts * L->stripe_bytes, msg};
+            if (report) report(user, &p);
+            if (n_first < 3) snprintf(first[n_first++], sizeof first[0], "layer %d", L->layer);
+            n_events++;
+            sum->n_experts += n->n_experts;
+            sum->n_bad_experts += n->n_experts;
+            done += (uint64_t)n->n_experts * n->stride;
+            continue;
+        }
+        for (int e = 0; e < n->n_experts && !cancelled; e++) {
+            sum->n_experts++;
+            int r = native_read_expert(n, L->layer, e, buf, msg, sizeof msg);
+            if (!r) r = native_verify_expert(n, L->layer, e, buf, msg, sizeof msg);
+            if (r) {
+                df_verify_problem p = {L->layer, e, L->files[0], (uint64_t)e * native_stripe_size(L, 0), native_stripe_size(L, 0), msg};
+                if (report) report(user, &p);
+                if (n_first < 3) snprintf(first[n_first++], sizeof first[0], "layer %d expert %d", L->layer, e);
+                n_events++;
+                sum->n_bad_experts++;
+            }
+            done += n->stride;
+            if (opts.progress && opts.progress(opts.progress_user, "bytes", done, total)) cancelled = 1;
+        }
+    }
+    free(buf);
+    XXH64_freeState(xs);
+    native_close(n);
+    if (cancelled) return set_err(err, errlen, DF_ECANCELLED, "verification cancelled");
+    int problems = !sum->spine_ok + sum->n_bad_experts;
+    if (problems) {
+        char list[256] = "";
+        for (int i = 0; i < n_first; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", first[i]);
+        set_err(err, errlen, DF_EFORMAT,
+                "%s, %d of %d routed experts corrupt or unreadable%s%s%s: the model files are damaged; re-run `deltafin convert`",
+                sum->spine_ok ? "spine.bin OK" : "spine.bin CORRUPT", sum->n_bad_experts, sum->n_experts, n_first ? " (" : "", list,
+                n_first ? (n_events > n_first ? ", ...)" : ")") : "");
+        if (converted) cache_hint(dir, err, errlen);
+    }
+    return problems;
+}
+
 /* ------------------------------------------------------------------ session */
 
 int df_session_new(df_session **out, df_model *m, int n_ctx, char *err, size_t errlen) {

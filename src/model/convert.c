@@ -7,8 +7,9 @@
  * made canonical (language_model. prefix dropped, block_sparse_moe. -> mlp.,
  * Moonshot / transformers KDA spellings unified, conv [D,1,W] -> [D,W], A_log /
  * dt_bias / AttnRes projections as vectors; docs/native-format.md). Every file is
- * written as *.tmp and renamed only when all of them are complete; on error the
- * .tmp files are removed. */
+ * written as *.tmp and renamed only when all of them are complete; on error or
+ * cancellation (the progress callback; `deltafin convert` on SIGINT / SIGTERM) every
+ * file of the conversion is removed, the .tmp files and any already renamed. */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "convert.h"
 #include "config.h"
@@ -903,15 +904,29 @@ static char *build_manifest(conv *c) {
 static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja",
                                         "special_tokens_map.json", "generation_config.json"};
 
-static void cleanup_tmp(conv *c, const char *spine_tmp) {
-    if (spine_tmp) unlink(spine_tmp);
-    for (int i = 0; c->ex && i < c->n_moe; i++)
-        for (int d = 0; d < c->ex[i].n_files; d++)
-            if (c->ex[i].tmp && c->ex[i].tmp[d]) unlink(c->ex[i].tmp[d]);
+/* After a failure or cancellation: remove every file this conversion wrote, the *.tmp files
+ * and those it already gave their final names (tokenizer copies, renamed spine / packs:
+ * without a manifest they are not a model), so that nothing of it is left behind. */
+static void cleanup_tmp(conv *c, const char *spine_tmp, const int *tok_copied, int spine_renamed, int packs_renamed) {
     char p[4200];
+    if (spine_tmp) unlink(spine_tmp);
+    if (spine_renamed) {
+        snprintf(p, sizeof p, "%s/spine.bin", c->out_dir);
+        unlink(p);
+    }
+    int k = 0;
+    for (int i = 0; c->ex && i < c->n_moe; i++)
+        for (int d = 0; d < c->ex[i].n_files; d++, k++) {
+            if (c->ex[i].tmp && c->ex[i].tmp[d]) unlink(c->ex[i].tmp[d]);
+            if (k < packs_renamed && c->ex[i].final && c->ex[i].final[d]) unlink(c->ex[i].final[d]);
+        }
     for (size_t i = 0; i < sizeof tok_files / sizeof tok_files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s.tmp", c->out_dir, tok_files[i]);
         unlink(p);
+        if (tok_copied[i]) {
+            snprintf(p, sizeof p, "%s/%s", c->out_dir, tok_files[i]);
+            unlink(p);
+        }
     }
     snprintf(p, sizeof p, "%s/manifest.json.tmp", c->out_dir);
     unlink(p);
@@ -988,6 +1003,7 @@ int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *o
     char *txt = NULL, *man = NULL;
     int rc;
     int wrote = 0;
+    int tok_copied[sizeof tok_files / sizeof tok_files[0]] = {0}, spine_renamed = 0, packs_renamed = 0;
 
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", hf_dir);
     if ((rc = df_read_file(cfg_path, &txt, NULL, err, errlen))) {
@@ -1014,6 +1030,9 @@ int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *o
     snprintf(spine_tmp, sizeof spine_tmp, "%s/spine.bin.tmp", c->out_dir);
     if ((rc = write_spine(c, spine_tmp))) goto done;
     if ((rc = write_experts(c))) goto done;
+    /* the last point where the progress callback can cancel (SIGINT in `deltafin convert`):
+     * nothing has its final name yet */
+    if ((rc = progress_add(c, 0))) goto done;
     /* tokenizer files (atomic copies) */
     for (size_t i = 0; i < sizeof tok_files / sizeof tok_files[0]; i++) {
         char s[4200];
@@ -1021,16 +1040,20 @@ int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *o
         if (!df_path_exists(s)) continue;
         snprintf(p, sizeof p, "%s/%s", c->out_dir, tok_files[i]);
         if ((rc = df_copy_file_atomic(s, p, err, errlen))) goto done;
+        tok_copied[i] = 1;
     }
     /* every data file complete and fsynced: rename into place, then the manifest */
     snprintf(p, sizeof p, "%s/spine.bin", c->out_dir);
     if (rename(spine_tmp, p) != 0) { rc = df_set_errc(err, errlen, DF_EIO, "cannot rename %s: %s", spine_tmp, strerror(errno)); goto done; }
+    spine_renamed = 1;
     for (int i = 0; i < c->n_moe; i++)
-        for (int d = 0; d < c->ex[i].n_files; d++)
+        for (int d = 0; d < c->ex[i].n_files; d++) {
             if (rename(c->ex[i].tmp[d], c->ex[i].final[d]) != 0) {
                 rc = df_set_errc(err, errlen, DF_EIO, "cannot rename %s: %s", c->ex[i].tmp[d], strerror(errno));
                 goto done;
             }
+            packs_renamed++;
+        }
     for (int d = 0; d < c->n_dirs; d++)
         if ((rc = df_fsync_dir_of(c->dirs[d], err, errlen))) goto done;
     if ((rc = df_fsync_dir_of(c->out_dir, err, errlen))) goto done;
@@ -1040,7 +1063,7 @@ int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *o
     rc = df_write_file_atomic(p, man, strlen(man), err, errlen);
     if (!rc && c->opts->progress) c->opts->progress(c->opts->progress_user, "bytes", c->total, c->total);
 done:
-    if (rc && wrote) cleanup_tmp(c, spine_tmp[0] ? spine_tmp : NULL);
+    if (rc && wrote) cleanup_tmp(c, spine_tmp[0] ? spine_tmp : NULL, tok_copied, spine_renamed, packs_renamed);
     free(txt);
     free(man);
     free_conv(c);

@@ -394,12 +394,19 @@ int native_verify_expert(const df_native *n, int layer, int expert, const void *
     const native_expert_layer *L = n->by_layer[layer];
     uint64_t h = df_xxh64(extent, n->stride);
     if (h != L->xxh64[expert]) {
-        char a[17], b[17];
+        char a[17], b[17], where[2400];
         df_xxh64_hex(h, a);
         df_xxh64_hex(L->xxh64[expert], b);
+        /* every stripe: file k holds the expert's stripe k at expert * size_k */
+        size_t w = 0;
+        where[0] = 0;
+        for (int f = 0; f < L->n_files && w < sizeof where; f++)
+            w += (size_t)snprintf(where + w, sizeof where - w, "%s%s at offset %llu (%llu bytes)", f ? " + " : "", L->files[f],
+                                  (unsigned long long)((uint64_t)expert * native_stripe_size(L, f)),
+                                  (unsigned long long)native_stripe_size(L, f));
         return df_set_errc(err, errlen, DF_EFORMAT,
                            "checksum mismatch: layer %d expert %d in %s%s (xxh64 %s, manifest %s): the pack is corrupt; convert again",
-                           layer, expert, L->files[0], L->n_files > 1 ? " (striped)" : "", a, b);
+                           layer, expert, where, L->n_files > 1 ? " (striped)" : "", a, b);
     }
     return DF_OK;
 }

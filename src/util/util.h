@@ -101,4 +101,21 @@ double df_now(void);
 /* Number of online CPUs (>= 1). */
 int df_n_cpus(void);
 
+/* ------------------------------------------------- interruption (interrupt.c) */
+
+/* Commands that write a model: SIGINT, SIGTERM and SIGHUP become a request to stop.
+ * The first one only sets a flag (df_interrupted) that the writer polls, so it can
+ * remove its partial files and exit non-zero; a second one ends the process at once
+ * (its *.tmp files are then recognised and removed by the next run). Signals the
+ * parent set to be ignored stay ignored. */
+void df_interrupt_install(void);
+/* The signal received since df_interrupt_install (SIGINT, ...), or 0. Async-signal-safe. */
+int df_interrupted(void);
+/* "SIGINT", "SIGTERM", "SIGHUP" (else "a signal"). */
+const char *df_signal_name(int sig);
+/* Writer lock on a directory: an exclusive, non-blocking flock on the directory itself,
+ * held until the returned fd is closed or the process ends (also by kill -9). Returns
+ * the fd (>= 0), -EBUSY when another process holds it, or -errno. */
+int df_dir_lock(const char *dir);
+
 #endif

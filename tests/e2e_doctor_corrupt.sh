@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# e2e_doctor_corrupt.sh — `deltafin doctor` names EVERY corrupt expert (layer, expert, file, offset), not only the
+# first, prints the spine's state, and exits 1 (issue 11 item 14): two experts in different layers of a converted
+# golden (tests/golden/bf16_kimi: 3 MoE layers x 8 experts), the same with a corrupt spine.bin too (which stops
+# the model from opening: the experts are still checked), a striped model (both stripe files and offsets named),
+# a missing pack (its layer reported, the other layers still checked), and a clean model ("checksums: all OK").
+set -u
+BIN=${DF_BIN:-build/deltafin}
+SRC=${DF_SRC:-.}
+pass=0; fail=0
+ok()  { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL $*"; }
+TMP=$(mktemp -d /tmp/df_e2e_doctor.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+G="$SRC/tests/golden/bf16_kimi"
+M="$TMP/m"
+
+# flip one byte at OFFSET of FILE (dd: no Python needed)
+flip() {
+    local f=$1 off=$2 b
+    b=$(od -An -tu1 -j "$off" -N1 "$f" | tr -d ' ')
+    printf "\\$(printf %03o $(( (b ^ 16) & 255 )))" | dd of="$f" bs=1 seek="$off" conv=notrunc status=none
+}
+# the manifest's experts.stride
+stride_of() { grep -o '"stride":[[:space:]]*[0-9]*' "$1/manifest.json" | head -1 | grep -o '[0-9]*$'; }
+
+"$BIN" convert "$G" "$M" --quiet || { bad "convert $G"; echo "$pass passed, $fail failed"; exit 1; }
+S=$(stride_of "$M")
+[ -n "$S" ] && [ "$S" -gt 0 ] && ok || bad "stride from manifest: '$S'"
+
+# ---- a clean model: every checksum OK, exit 0
+out=$("$BIN" doctor --model "$M" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^checksums: all OK" && echo "$out" | grep -q "^spine: OK" \
+    && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 24 OK, 0 corrupt" && ok || bad "clean model: rc $rc $out"
+
+# ---- two corrupt experts in different layers: both named with file and offset; spine OK; exit 1
+flip "$M/experts-L001.pack" $((2 * S + 100))
+flip "$M/experts-L003.pack" $((5 * S + 7))
+out=$("$BIN" doctor --model "$M" 2>&1); rc=$?
+[ $rc -eq 1 ] && ok || bad "two corrupt experts: rc $rc (want 1)"
+echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 1 expert 2 in .*/experts-L001.pack at offset $((2 * S)) ($S bytes)" \
+    && ok || bad "layer 1 expert 2 not named with file and offset: $out"
+echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 3 expert 5 in .*/experts-L003.pack at offset $((5 * S)) ($S bytes)" \
+    && ok || bad "layer 3 expert 5 not named with file and offset: $out"
+[ "$(echo "$out" | grep -c '^deltafin doctor: corrupt expert:')" -eq 2 ] && ok || bad "exactly two corrupt experts: $out"
+echo "$out" | grep -q "^spine: OK (.*spine.bin, [0-9]* bytes)" && ok || bad "spine state: $out"
+echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 22 OK, 2 corrupt" && ok || bad "expert count: $out"
+echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 2 of 24 routed experts corrupt or unreadable (layer 1 expert 2, layer 3 expert 5)" \
+    && ok || bad "summary: $out"
+echo "$out" | grep -q "checksums: all OK" && bad "all OK printed for a corrupt model: $out" || ok
+
+# ---- the spine corrupt as well: the model does not open, yet the spine's state and both experts are reported
+flip "$M/spine.bin" 100
+out=$("$BIN" doctor --model "$M" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: spine CORRUPT: checksum mismatch: .*spine.bin" \
+    && echo "$out" | grep -q "^spine: CORRUPT" && echo "$out" | grep -q "layer 1 expert 2 in .*experts-L001.pack at offset" \
+    && echo "$out" | grep -q "layer 3 expert 5 in .*experts-L003.pack at offset" \
+    && echo "$out" | grep -q "verification FAILED: spine.bin CORRUPT, 2 of 24" && ok || bad "corrupt spine + experts: rc $rc $out"
+
+# ---- a pack that is missing: its layer is reported, the other layers are still checked
+flip "$M/spine.bin" 100   # restored
+mv "$M/experts-L002.pack" "$TMP/L002.bak"
+out=$("$BIN" doctor --model "$M" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: cannot open expert pack .*experts-L002.pack" \
+    && echo "$out" | grep -q "layer 1 expert 2 in" && echo "$out" | grep -q "layer 3 expert 5 in" && echo "$out" | grep -q "^spine: OK" \
+    && echo "$out" | grep -q "experts: 24 routed experts in 3 MoE layers: 14 OK, 10 corrupt" && ok || bad "missing pack: rc $rc $out"
+mv "$TMP/L002.bak" "$M/experts-L002.pack"
+
+# ---- a striped model: an expert corrupt in its second stripe; both stripe files and offsets are named
+P="$TMP/p"
+"$BIN" convert "$G" "$P" --expert-dirs "$TMP/d0,$TMP/d1" --quiet || bad "striped convert"
+SB=$(grep -o '"stripe_bytes":[[:space:]]*[0-9]*' "$P/manifest.json" | head -1 | grep -o '[0-9]*$')
+f1=$(ls "$TMP"/d1/experts-L002*.pack 2>/dev/null | head -1)
+if [ -n "$SB" ] && [ -n "$f1" ]; then
+    flip "$f1" $((6 * SB + 5))
+    flip "$(ls "$TMP"/d0/experts-L001*.pack | head -1)" $((0 * SB + 1))
+    out=$("$BIN" doctor --model "$P" 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q "layer 2 expert 6 in .*/d0/experts-L002[^ ]*pack at offset $((6 * SB)) ($SB bytes) + .*/d1/experts-L002[^ ]*pack at offset $((6 * SB)) ($SB bytes)" \
+        && echo "$out" | grep -q "layer 1 expert 0 in .*/d0/experts-L001" && echo "$out" | grep -q "22 OK, 2 corrupt" \
+        && ok || bad "striped: rc $rc $out"
+else
+    bad "striped layout: stripe_bytes '$SB', file '$f1'"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
