@@ -118,7 +118,7 @@ AVX512_INLINE __m512 f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_l
 /* The scaled 16-entry table of one MXFP4 / INT4 block (MXFP4: one of the 256 precomputed,
  * a load instead of a multiply). */
 AVX512_INLINE __m512 q4_table(df_wtype t, const void *scale, int64_t i) {
-    if (t == DF_W_MXFP4) return _mm512_load_ps(mx_tabs + 16 * ((const uint8_t *)scale)[i]);
+    if (t == DF_W_MXFP4) return _mm512_load_ps(mx_tabs + 16 * (size_t)((const uint8_t *)scale)[i]);
     return _mm512_mul_ps(_mm512_loadu_ps(i4_vals), _mm512_set1_ps(df_bf16_to_f32(((const uint16_t *)scale)[i])));
 }
 /* 16 packed nibbles (8 bytes) -> 16 weights in q4 lane order. */
