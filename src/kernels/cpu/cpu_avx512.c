@@ -388,6 +388,12 @@ Q4_SMALL(5, 5, 4)
 Q4_SMALL(6, 6, 4)
 Q4_SMALL(7, 7, 3)
 Q4_SMALL(8, Q4_T8_G, Q4_T8_R)
+/* Token counts that take the small-T MXFP4 / INT4 kernels (at most 8), and their rows per pass for
+ * T = 0..8 (T = 1: mv_q4; the pool's chunks are a multiple of it). */
+#ifndef Q4_SMALL_MAX
+#define Q4_SMALL_MAX 8
+#endif
+static const int q4_small_rows[9] = {4, 4, 8, 6, 5, 4, 4, 3, Q4_T8_R};
 typedef void (*q4_small_fn)(const df_weight *, const float *, float *, int64_t, int64_t);
 static const q4_small_fn mm_mx_small[9] = {NULL, NULL, mm_mx_2, mm_mx_3, mm_mx_4, mm_mx_5, mm_mx_6, mm_mx_7, mm_mx_8};
 static const q4_small_fn mm_i4_small[9] = {NULL, NULL, mm_i4_2, mm_i4_3, mm_i4_4, mm_i4_5, mm_i4_6, mm_i4_7, mm_i4_8};
@@ -667,9 +673,6 @@ static void mm_task(void *ctx, int64_t r0, int64_t r1, int tid) {
         case DF_W_FP8_B128: if (have_vbmi) { mv_fp8_vbmi(w, j->x, j->y, r0, r1); return; } break;
         default: break;
         }
-#ifndef Q4_SMALL_MAX
-#define Q4_SMALL_MAX 8
-#endif
     if (j->q4 && j->T >= 2 && j->T <= Q4_SMALL_MAX) {
         (w->type == DF_W_MXFP4 ? mm_mx_small : mm_i4_small)[j->T](w, j->xs, j->y, r0, r1);
         return;
@@ -701,7 +704,9 @@ static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int
         grain = (131072 + per_row - 1) / per_row;
         const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
         if (grain > fair) grain = fair;
-        grain = (grain + TR - 1) / TR * TR;
+        /* whole row blocks of the kernel that runs: MXFP4 / INT4 with 1..8 tokens R rows, else tiles of TR */
+        const int64_t rb = j.q4 && T <= Q4_SMALL_MAX ? q4_small_rows[T] : T == 1 ? 4 : TR;
+        grain = (grain + rb - 1) / rb * rb;
     }
     df_pool_run(pool, w->rows, grain, mm_task, &j);
 }
