@@ -123,7 +123,7 @@ AVX512_INLINE __m512 q4_table(df_wtype t, const void *scale, int64_t i) {
 }
 /* 16 packed nibbles (8 bytes) -> 16 weights in q4 lane order. */
 AVX512_INLINE __m512 q4x16(const uint8_t *p, __m512 tbl, __m512i sh) {
-    __m512i q = _mm512_srlv_epi32(_mm512_set1_epi64(*(const int64_t *)p), sh);
+    __m512i q = _mm512_srlv_epi32(_mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p)), sh);
     return _mm512_permutexvar_ps(q, tbl);
 }
 AVX512_INLINE __m512 q4_to_natural(__m512 v) {
