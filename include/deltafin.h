@@ -260,6 +260,8 @@ typedef struct {
      * prefill read amplification = (expert_bytes_demand + expert_bytes_prefetch) / expert_union_bytes */
     uint64_t expert_union_bytes;
     uint64_t expert_union_count;
+    /* appended: spine bytes read from disk by spine streaming (layers that do not fit the budget) */
+    uint64_t spine_bytes_streamed;
 } df_stats;
 
 /* Phases of the forward pass timed in df_stats.phase_s (`run --stats --profile`). */

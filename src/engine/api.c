@@ -55,6 +55,7 @@ struct df_model {
     uint64_t weight_bytes_base;
     double io_wait_base;
     double phase_base[DF_PHASES];
+    uint64_t spine_stream_base;
     uint64_t kv_bytes;           /* sum over live sessions (approx., updated on eval) */
 };
 
@@ -791,6 +792,7 @@ void df_model_stats(const df_model *m, df_stats *o) {
     }
     for (int i = 0; i < DF_PHASES && i < 16; i++) o->phase_s[i] = m->eng.phase_s[i] - m->phase_base[i];
     o->expert_union_count = m->eng.touched_n;
+    o->spine_bytes_streamed = m->stream ? sst_bytes_read(m->stream) - m->spine_stream_base : 0;
     o->expert_union_bytes = m->eng.touched_n * m->nat->stride;
 }
 
@@ -803,6 +805,7 @@ void df_model_stats_reset(df_model *m) {
     m->weight_bytes_base = m->eng.weight_bytes;
     m->io_wait_base = m->eng.io_wait_s;
     memcpy(m->phase_base, m->eng.phase_s, sizeof m->phase_base);
+    m->spine_stream_base = m->stream ? sst_bytes_read(m->stream) : 0;
     if (m->eng.touched) memset(m->eng.touched, 0, (size_t)m->nat->cfg.num_hidden_layers * m->nat->cfg.n_routed_experts);
     m->eng.touched_n = 0;
     if (m->store) store_reset_stats(m->store);

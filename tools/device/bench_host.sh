@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# bench_host.sh — storage/compute benchmarks on the accelerator machine's host (16 cores, one NVMe drive), run
+# through the `device` tool with a binary built on the development machine and its shared libraries carried in
+# .devcarry.tar.xz (tools/device/pack.sh). Writes a K2-shaped synthetic model 4x+ larger than the RAM budget, then:
+# bench io (and fio when installed), cold `bench decode`, and `bench prefill` for 64/256/1024-token prompts.
+# Usage: tools/device/bench_host.sh OUTDIR [SIZE (24G)] [BUDGET (6G)]
+set -u
+OUT=${1:?usage: bench_host.sh OUTDIR [SIZE] [BUDGET]}
+SIZE=${2:-24G}
+BUDGET=${3:-6G}
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
+D=$(mktemp -d)
+tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
+BIN="$D/deltafin"
+export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+W=${WORK:-/tmp/df-bench}
+mkdir -p "$OUT" "$W"
+log() { echo "== $*" | tee -a "$OUT/bench.txt"; }
+{ echo "date: $(date -u)"; echo "cpu: $(grep -m1 'model name' /proc/cpuinfo)"; echo "cores: $(nproc)";
+  free -g | head -2; df -h "$W" | tail -1; } >>"$OUT/bench.txt"
+log "synth $SIZE"
+"$BIN" synth "$W/m" --size "$SIZE" --quiet --force 2>&1 | tail -2 >>"$OUT/bench.txt"
+log "bench io"
+"$BIN" bench io --dir "$W/m" --seconds 5 2>&1 | tee -a "$OUT/bench.txt"
+if command -v fio >/dev/null; then
+    log "fio 1 MiB random, QD16, O_DIRECT, io_uring on the pack files"
+    fio --name=r --directory="$W/m" --opendir="$W/m" --rw=randread --bs=1M --iodepth=16 --ioengine=io_uring \
+        --direct=1 --readonly --runtime=5 --time_based 2>&1 | grep -E "READ:" | tee -a "$OUT/bench.txt"
+fi
+log "bench decode (cold, budget $BUDGET)"
+"$BIN" bench decode --model "$W/m" --ram-budget "$BUDGET" --tokens 32 2>&1 | tee -a "$OUT/bench.txt"
+for n in 64 256 1024; do
+    log "bench prefill $n tokens (cold, budget $BUDGET)"
+    "$BIN" bench prefill --model "$W/m" --tokens "$n" --ram-budget "$BUDGET" --io-seconds 3 2>&1 | tee -a "$OUT/bench.txt"
+done
+rm -rf "$W"
