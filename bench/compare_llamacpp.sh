@@ -50,7 +50,7 @@ log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 
 LAYERS= EXPERTS=64 TOPK=8 SPINE_ENC=fp8_b128 CAP=4G HEADROOM=512M THREADS=2 REPEAT= TOKENS= PREFILL= IO_S= \
 WORK=/tmp/df-compare KEEP=0 QUICK=0 DELTAFIN= CACHE="${HOME:-/root}/.cache/deltafin-bench" SKIP= LLAMA_ARGS=
-CMDLINE="bench/compare_llamacpp.sh $*"
+CMDLINE="bench/compare_llamacpp.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) LAYERS=$2; shift ;;
@@ -214,6 +214,9 @@ PACK_LIST=$(ls "$PACKS"/experts-L*.pack | paste -sd:)
 DEV=$(stat -c '%Hd:%Ld' "$GGUF")
 grep -q "^ *${DEV%:*} *${DEV#*:} " /proc/diskstats || die "device $DEV of $GGUF not in /proc/diskstats"
 DEVNAME=$(awk -v a="${DEV%:*}" -v b="${DEV#*:}" '$1 == a && $2 == b { print $3 }' /proc/diskstats)
+# the disk's read-ahead: mmap page faults (llama.cpp) read around the faulting page by up to this much
+READAHEAD_KB=$(cat "/sys/class/block/$DEVNAME/queue/read_ahead_kb" 2>/dev/null \
+  || cat "/sys/class/block/$DEVNAME/../queue/read_ahead_kb" 2>/dev/null || echo '?')
 
 # ------------------------------------------------------------------ measurement helpers
 [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ] || die "no cgroup-v1 memory controller at /sys/fs/cgroup/memory"
@@ -396,7 +399,7 @@ fi
 SPINE_BYTES=$($PY -c "import json; print(json.load(open('$NAT/manifest.json'))['spine']['bytes'])")
 NAT_BYTES=$(du -sb --apparent-size "$NAT" | cut -f1); GGUF_BYTES=$(stat -c %s "$GGUF")
 export WORK REPEAT TOKENS PREFILL CAP BUDGET_M THREADS LAYERS EXPERTS TOPK SPINE_ENC DF_NOTE DF_COMMIT DIRTY \
-  LLAMA_TAG LLAMA_COMMIT NLC_VERSION SHA SPINE_BYTES NAT_BYTES GGUF_BYTES DEVNAME CMDLINE IO_S
+  LLAMA_TAG LLAMA_COMMIT NLC_VERSION SHA SPINE_BYTES NAT_BYTES GGUF_BYTES DEVNAME READAHEAD_KB CMDLINE IO_S
 $PY - <<'PYEOF' | tee "$WORK/results.md"
 import json, os, re, statistics, subprocess, datetime
 E = os.environ
@@ -495,9 +498,9 @@ GB = 1e-9
 print()
 print("### deltafin vs llama.cpp, %s" % now)
 print("Command: `%s`  " % E["CMDLINE"])
-print("Machine: %s, %d cores (%s), %.1f GiB RAM, model disk %s; load average (1 min) at the runs' starts and ends "
-      "%s-%s  " % (model, os.cpu_count(), isa, mem, E["DEVNAME"], "%.1f" % min(loads) if loads else "?",
-                   "%.1f" % max(loads) if loads else "?"))
+print("Machine: %s, %d cores (%s), %.1f GiB RAM, model disk %s (read_ahead_kb %s); load average (1 min) at the runs' "
+      "starts and ends %s-%s  " % (model, os.cpu_count(), isa, mem, E["DEVNAME"], E["READAHEAD_KB"],
+                                   "%.1f" % min(loads) if loads else "?", "%.1f" % max(loads) if loads else "?"))
 dirty = ("; the working tree had %s uncommitted change(s) under src/ include/ cmake/, not measured" % E["DIRTY"]
          if E["DIRTY"] != "0" and "given binary" not in E["DF_NOTE"] else "")
 print("deltafin: %s%s  " % (E["DF_NOTE"], dirty))
