@@ -4,6 +4,7 @@
 # .devcarry.tar.xz (tools/device/pack.sh). Writes a K2-shaped synthetic model 4x+ larger than the RAM budget, then:
 # bench io (and fio when installed), cold `bench decode`, and `bench prefill` for 64/256/1024-token prompts.
 # Usage: tools/device/bench_host.sh OUTDIR [SIZE (24G)] [BUDGET (6G)]
+# Env: SPINE (bf16 | fp8_b128; synth --spine-encoding), PREFILL ("64 256 1024"), TOKENS (32 decode tokens).
 set -u
 OUT=${1:?usage: bench_host.sh OUTDIR [SIZE] [BUDGET]}
 SIZE=${2:-24G}
@@ -19,7 +20,7 @@ log() { echo "== $*" | tee -a "$OUT/bench.txt"; }
 { echo "date: $(date -u)"; echo "cpu: $(grep -m1 'model name' /proc/cpuinfo)"; echo "cores: $(nproc)";
   free -g | head -2; df -h "$W" | tail -1; } >>"$OUT/bench.txt"
 log "synth $SIZE"
-"$BIN" synth "$W/m" --size "$SIZE" --quiet --force 2>&1 | tail -2 >>"$OUT/bench.txt"
+"$BIN" synth "$W/m" --size "$SIZE" --spine-encoding "${SPINE:-bf16}" --quiet --force 2>&1 | tail -2 >>"$OUT/bench.txt"
 log "bench io"
 "$BIN" bench io --dir "$W/m" --seconds 5 2>&1 | tee -a "$OUT/bench.txt"
 if command -v fio >/dev/null; then
@@ -28,8 +29,8 @@ if command -v fio >/dev/null; then
         --direct=1 --readonly --runtime=5 --time_based 2>&1 | grep -E "READ:" | tee -a "$OUT/bench.txt"
 fi
 log "bench decode (cold, budget $BUDGET)"
-"$BIN" bench decode --model "$W/m" --ram-budget "$BUDGET" --tokens 32 2>&1 | tee -a "$OUT/bench.txt"
-for n in 64 256 1024; do
+"$BIN" bench decode --model "$W/m" --ram-budget "$BUDGET" --tokens "${TOKENS:-32}" 2>&1 | tee -a "$OUT/bench.txt"
+for n in ${PREFILL:-64 256 1024}; do
     log "bench prefill $n tokens (cold, budget $BUDGET)"
     "$BIN" bench prefill --model "$W/m" --tokens "$n" --ram-budget "$BUDGET" --io-seconds 3 2>&1 | tee -a "$OUT/bench.txt"
 done
