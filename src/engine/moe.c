@@ -19,6 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+enum { PREFILL_CHUNK_T = 4 }; /* calls of more tokens than this acquire experts in small chunks */
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -164,7 +166,12 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
      * through routed_expert_norm and routed_expert_up_proj; the shared experts see h itself */
     const int latent = cfg->latent_dim > 0, Wd = latent ? cfg->latent_dim : D;
     /* experts pinned at once: what the source allows (the store's budget), at least top-k */
-    const int maxc = e->max_acquire > 0 ? e->max_acquire : (K > 0 ? K : 1);
+    const int max_pin = e->max_acquire > 0 ? e->max_acquire : (K > 0 ? K : 1);
+    /* Prompt-sized calls (experts with many rows each, row-parallel matmuls): acquire a few experts at a time,
+     * so compute starts when the first ones arrive while the rest of the layer's reads (all requested above)
+     * continue; decode-sized calls take as many as may be pinned (item-parallel over small experts). The sums
+     * are the same whatever the chunking (accumulated in ascending expert order). */
+    const int maxc = T > PREFILL_CHUNK_T && df_pool_threads(e->pool) < max_pin ? df_pool_threads(e->pool) : max_pin;
     const int nthreads = df_pool_threads(e->pool);
     int rc = DF_OK;
     float *logits = malloc(sizeof(float) * (size_t)T * E);
