@@ -4,7 +4,8 @@
 # .devcarry.tar.xz (tools/device/pack.sh). Writes a K2-shaped synthetic model 4x+ larger than the RAM budget, then:
 # bench io (and fio when installed), cold `bench decode`, and `bench prefill` for 64/256/1024-token prompts.
 # Usage: tools/device/bench_host.sh OUTDIR [SIZE (24G)] [BUDGET (6G)]
-# Env: SPINE (bf16 | fp8_b128; synth --spine-encoding), PREFILL ("64 256 1024"), TOKENS (32 decode tokens).
+# Env: SPINE (bf16 | fp8_b128; synth --spine-encoding), PREFILL ("64 256 1024"), TOKENS (32 decode tokens),
+#      SKIP_DECODE (set: no decode benchmark).
 set -u
 OUT=${1:?usage: bench_host.sh OUTDIR [SIZE] [BUDGET]}
 SIZE=${2:-24G}
@@ -28,8 +29,8 @@ if command -v fio >/dev/null; then
     fio --name=r --directory="$W/m" --opendir="$W/m" --rw=randread --bs=1M --iodepth=16 --ioengine=io_uring \
         --direct=1 --readonly --runtime=5 --time_based 2>&1 | grep -E "READ:" | tee -a "$OUT/bench.txt"
 fi
-log "bench decode (cold, budget $BUDGET)"
-"$BIN" bench decode --model "$W/m" --ram-budget "$BUDGET" --tokens "${TOKENS:-32}" 2>&1 | tee -a "$OUT/bench.txt"
+[ -n "${SKIP_DECODE:-}" ] || log "bench decode (cold, budget $BUDGET)"
+[ -n "${SKIP_DECODE:-}" ] || "$BIN" bench decode --model "$W/m" --ram-budget "$BUDGET" --tokens "${TOKENS:-32}" 2>&1 | tee -a "$OUT/bench.txt"
 for n in ${PREFILL:-64 256 1024}; do
     log "bench prefill $n tokens (cold, budget $BUDGET)"
     "$BIN" bench prefill --model "$W/m" --tokens "$n" --ram-budget "$BUDGET" --io-seconds 3 2>&1 | tee -a "$OUT/bench.txt"
