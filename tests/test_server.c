@@ -285,6 +285,22 @@ static void test_request(void) {
     expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"seed\":1e20}", 0, "seed", "2^53");
 }
 
+/* "content": null (OpenAI clients, assistant tool calls) reaches the chat template as "" */
+static void test_null_content(void) {
+    srv_request r;
+    char *ej = NULL;
+    int st = parse(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,"
+                             "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}]}", &r, &ej);
+    CHECK(st == 0, "null assistant content accepted: %d %s", st, ej ? ej : "");
+    if (st == 0) {
+        CHECK(r.messages_json && strstr(r.messages_json, "\"content\":\"\",\"tool_calls\"") && !strstr(r.messages_json, "null"),
+              "null content rendered as \"\": %s", r.messages_json);
+        srv_request_free(&r);
+    }
+    free(ej);
+}
+
 static void test_misc(void) {
     int32_t a[] = {1, 2, 3, 4}, b[] = {1, 2, 9}, c[] = {1, 2, 3, 4, 5};
     CHECK(srv_common_prefix(a, 4, b, 3) == 2, "lcp 2");
@@ -322,6 +338,7 @@ static void test_token_display(void) {
 }
 
 int main(void) {
+    test_null_content();
     test_utf8();
     test_stop();
     test_kimi();

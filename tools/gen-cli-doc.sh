@@ -10,10 +10,17 @@ B=${DF_BIN:-build/deltafin}
   echo "Environment aliases: \`DF_PREFETCH=1|0\` (= \`--prefetch on|off\`), \`XDG_CACHE_HOME\` (default cache root)."
   for c in run convert tokenize serve bench synth doctor; do
     echo; echo "## deltafin $c"; echo; echo '```'; "$B" $c --help 2>&1 || true; echo '```'
+    if [ $c = bench ]; then
+      for b in io decode prefill project machine kernels cache store; do
+        echo; echo "### deltafin bench $b"; echo; echo '```'; "$B" bench $b --help 2>&1 || true; echo '```'
+      done
+    fi
   done
   echo; echo "## Notes"; echo
   echo "\`bench io --dir D1,D2,...\` reports GB/s per directory and a line"
   echo "\`suggested: --stripe-weights 1.00,0.52\` (each directory's GB/s divided by the fastest) to pass to"
   echo "\`deltafin convert\` / \`deltafin synth\` with \`--expert-dirs D1,D2,...\` in the same order, so each drive's share of"
   echo "an expert read takes the same expected time (docs/native-format.md)."
+  # hand-written notes that do not fit a --help text (tools/cli-doc-notes.md)
+  [ -f tools/cli-doc-notes.md ] && { echo; cat tools/cli-doc-notes.md; }
 } > docs/cli.md

@@ -493,7 +493,7 @@ int cmd_run(int argc, char **argv) {
         if (w > 0) fwrite(buf, 1, (size_t)w, stdout);
         fputc('\n', stdout);
     }
-    if (print_ids) {
+    if (print_ids || !tok) { /* without a tokenizer the ids are the output */
         for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out_ids[i]);
         printf("\n");
     }

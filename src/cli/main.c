@@ -13,7 +13,7 @@ static const struct {
     {"convert", cmd_convert, "convert a Hugging Face checkpoint to the native layout"},
     {"tokenize", cmd_tokenize, "encode text to token ids (or --decode ids to text)"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
-    {"bench", cmd_bench, "benchmarks: io, decode, store, cache"},
+    {"bench", cmd_bench, "benchmarks: io, decode, prefill, project, machine, kernels, store, cache"},
     {"doctor", cmd_doctor, "verify a model's files and checksums; report the machine"},
     {"synth", cmd_synth, "write a large synthetic checkpoint with real expert shapes"},
 };

@@ -97,6 +97,9 @@ static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
             snprintf(param, sizeof param, "messages[%d].content", i);
             FAIL(param, "Missing required parameter: '%s'.", param);
         }
+        /* OpenAI clients send "content": null on assistant messages that carry tool_calls: render it as "" (chat
+         * templates that iterate over content would fail on None) */
+        if (cJSON_IsNull(c)) cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString(""));
         if (normalise_content(m, i, err_json)) return 400;
         i++;
     }
