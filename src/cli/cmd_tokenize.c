@@ -1,7 +1,12 @@
 /* cmd_tokenize.c — `deltafin tokenize`: text on stdin -> ids (comma-separated,
  * one line), or ids -> text with --decode, or a chat (JSON list of messages,
  * or {"messages": [...], "tools": [...]}) rendered in the model's chat format
- * with --chat (--render prints the prompt text instead of its ids). */
+ * with --chat (--render prints the prompt text instead of its ids).
+ * Defaults are transformers' (issue 11 item 3): special-token strings in the
+ * text are special tokens (tokenizer(text), split_special_tokens=False;
+ * --no-parse-special encodes them as plain text), and the chat template gets
+ * no enable_thinking (apply_chat_template's default: Qwen3 thinks;
+ * --thinking / --no-thinking pass True / False). */
 #include "cli.h"
 #include "deltafin.h"
 #include <errno.h>
@@ -12,12 +17,16 @@
 static void usage(void) {
     fprintf(stderr,
             "usage: deltafin tokenize (--model DIR | --tokenizer FILE [--config tokenizer_config.json])\n"
-            "                         [--decode] [--chat [--render] [--tools FILE] [--thinking] [--no-gen-prompt]]\n"
-            "                         [--parse-special] [--add-bos]\n"
+            "                         [--decode] [--chat [--render] [--tools FILE] [--thinking | --no-thinking]\n"
+            "                         [--no-gen-prompt]] [--no-parse-special] [--add-bos]\n"
             "  reads text (or ids with --decode, or a JSON list of messages with --chat) on stdin;\n"
             "  prints ids comma-separated on one line (or the text).\n"
-            "  --parse-special: special-token strings in the text become specials (default: plain text).\n"
-            "  --render, --tools, --thinking and --no-gen-prompt apply only with --chat.\n");
+            "  special-token strings in the text (<|im_end|>, ...) are special tokens, as transformers'\n"
+            "  tokenizers do by default; --no-parse-special encodes them as plain text (--parse-special,\n"
+            "  the default, is still accepted).\n"
+            "  --chat renders with the template's own thinking default (apply_chat_template without\n"
+            "  enable_thinking: Qwen3 thinks); --thinking / --no-thinking pass enable_thinking True / False.\n"
+            "  --render, --tools, --thinking, --no-thinking and --no-gen-prompt apply only with --chat.\n");
 }
 
 static char *read_all(FILE *f, size_t *n) {
@@ -46,7 +55,8 @@ static int print_ids(const int32_t *ids, size_t n) {
 
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *tokfile = NULL, *config = NULL, *tools_path = NULL;
-    int decode = 0, chat = 0, render = 0, flags = 0, cflags = DF_CHAT_ADD_GENERATION_PROMPT;
+    int decode = 0, chat = 0, render = 0, flags = DF_TOK_PARSE_SPECIAL, cflags = DF_CHAT_ADD_GENERATION_PROMPT;
+    int no_special = 0;
     const char *chat_only = NULL; /* an option that needs --chat */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -58,8 +68,10 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--render")) { render = 1; chat_only = a; }
         else if (!strcmp(a, "--thinking")) { cflags |= DF_CHAT_THINKING; chat_only = a; }
+        else if (!strcmp(a, "--no-thinking")) { cflags |= DF_CHAT_NO_THINKING; chat_only = a; }
         else if (!strcmp(a, "--no-gen-prompt")) { cflags &= ~DF_CHAT_ADD_GENERATION_PROMPT; chat_only = a; }
-        else if (!strcmp(a, "--parse-special")) flags |= DF_TOK_PARSE_SPECIAL;
+        else if (!strcmp(a, "--parse-special")) { flags |= DF_TOK_PARSE_SPECIAL; no_special = 0; }
+        else if (!strcmp(a, "--no-parse-special")) { flags &= ~DF_TOK_PARSE_SPECIAL; no_special = 1; }
         else if (!strcmp(a, "--add-bos")) flags |= DF_TOK_ADD_BOS;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else { fprintf(stderr, "deltafin tokenize: unknown or incomplete option '%s'\n", a); usage(); return 2; }
@@ -67,6 +79,15 @@ int cmd_tokenize(int argc, char **argv) {
     if (!!model + !!tokfile != 1) { fprintf(stderr, "deltafin tokenize: give exactly one of --model or --tokenizer\n"); usage(); return 2; }
     if (decode && chat) { fprintf(stderr, "deltafin tokenize: --decode and --chat do not combine\n"); return 2; }
     if (chat_only && !chat) { fprintf(stderr, "deltafin tokenize: %s applies only with --chat\n", chat_only); usage(); return 2; }
+    if ((cflags & DF_CHAT_THINKING) && (cflags & DF_CHAT_NO_THINKING)) {
+        fprintf(stderr, "deltafin tokenize: --thinking and --no-thinking do not combine\n");
+        return 2;
+    }
+    if (no_special && chat) {
+        fprintf(stderr, "deltafin tokenize: --no-parse-special does not combine with --chat (the rendered prompt's "
+                        "markers are special tokens)\n");
+        return 2;
+    }
     char err[1024] = "";
     df_tokenizer *t = NULL;
     int rc = df_tokenizer_open(&t, model ? model : tokfile, config, err, sizeof err);

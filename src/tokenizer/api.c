@@ -220,6 +220,11 @@ int df_chat_render(const df_tokenizer *t, const char *messages_json, const char 
                    char **text_out, char *err, size_t errlen) {
     *text_out = NULL;
     if (!t || !messages_json) { tok_err(err, errlen, "df_chat_render: no tokenizer or messages"); return DF_EINVAL; }
+    /* default (neither thinking flag): the template decides, as transformers' apply_chat_template */
+    if ((flags & DF_CHAT_THINKING) && (flags & DF_CHAT_NO_THINKING)) {
+        tok_err(err, errlen, "df_chat_render: DF_CHAT_THINKING and DF_CHAT_NO_THINKING together");
+        return DF_EINVAL;
+    }
     return tok_chat_render(t, messages_json, tools_json, flags, text_out, err, errlen);
 }
 

@@ -5,8 +5,10 @@
  * subset (jinja_*.c) exactly as transformers' apply_chat_template does:
  * variables messages, tools, documents (None), add_generation_prompt, the
  * special tokens of tokenizer_config.json (bos_token, eos_token, ...) and
- * keyword arguments (enable_thinking / thinking from DF_CHAT_THINKING, plus
- * reasoning_effort "high" when it is set; or the caller's "chat_template_kwargs"). Goldens: tests/tokenizer/golden_jinja*.jsonl.
+ * keyword arguments (enable_thinking / thinking = True with DF_CHAT_THINKING, plus
+ * reasoning_effort "high"; = False with DF_CHAT_NO_THINKING; neither: not passed,
+ * the template's default as in transformers; or the caller's "chat_template_kwargs").
+ * Goldens: tests/tokenizer/golden_jinja*.jsonl.
  * For Kimi K3's XTML template (it reads "_xtml_json_block"), tool-call
  * arguments given as a JSON string reach the template as an object, as K3's
  * tokenizer and vLLM do.
@@ -331,7 +333,7 @@ static int render_qwen3(const cJSON *msgs, const char *tools_json, int flags, to
     }
     if (flags & DF_CHAT_ADD_GENERATION_PROMPT) {
         tok_buf_puts(o, "<|im_start|>assistant\n");
-        if (!(flags & DF_CHAT_THINKING)) tok_buf_puts(o, "<think>\n\n</think>\n\n");
+        if (flags & DF_CHAT_NO_THINKING) tok_buf_puts(o, "<think>\n\n</think>\n\n"); /* enable_thinking=False */
     }
     free(c.p); free(a.p);
     return 0;
@@ -562,7 +564,8 @@ static int render_template(const df_tokenizer *t, const char *msgs, size_t msgs_
     tok_buf_puts(&v, "{");
     int any = 0;
     if (t->chat_vars && *t->chat_vars) { tok_buf_puts(&v, t->chat_vars); any = 1; }
-    if (!kw) {
+    /* neither thinking flag: enable_thinking / thinking stay undefined, the template's default (transformers) */
+    if (!kw && (flags & (DF_CHAT_THINKING | DF_CHAT_NO_THINKING))) {
         const char *b = (flags & DF_CHAT_THINKING) ? "true" : "false";
         tok_buf_puts(&v, any ? ", " : "");
         tok_buf_puts(&v, "\"enable_thinking\": ");
@@ -572,7 +575,7 @@ static int render_template(const df_tokenizer *t, const char *msgs, size_t msgs_
         /* gpt-oss: the built-in harmony format says "Reasoning: high" with DF_CHAT_THINKING too */
         if (flags & DF_CHAT_THINKING) tok_buf_puts(&v, ", \"reasoning_effort\": \"high\"");
         any = 1;
-    } else {
+    } else if (kw) {
         const char *a = kw, *e = kw + kw_n;
         while (a < e && *a != '{') a++;
         while (e > a && e[-1] != '}') e--;

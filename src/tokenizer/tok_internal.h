@@ -97,11 +97,14 @@ int tok_spans_push(tok_spans *s, size_t off, size_t len);
 typedef struct {
     pcre2_code *code;
     int jit;
+    int standin;   /* split on a copy with tok_regex.c's Unicode stand-ins (same byte offsets) */
 } tok_regex;
 
 /* Compile an HF / tiktoken (Rust regex / fancy-regex / Oniguruma syntax)
- * pattern for PCRE2: rewrites \s and \S to Rust's White_Space set and
- * [X&&[^Y]] class intersections to (?:(?!Y)[X]). Errors name the pattern. */
+ * pattern for PCRE2: rewrites \s and \S to Rust's White_Space set,
+ * [X&&[^Y]] class intersections to (?:(?!Y)[X]), a bare script \p{Han} to the
+ * Script property, and gives the properties the references' Unicode 16 tables
+ * (tok_regex.c). Errors name the pattern. */
 int tok_regex_compile(tok_regex *r, const char *pattern, const char *what, char *err, size_t errlen);
 void tok_regex_free(tok_regex *r);
 /* Split text[span] by the regex with a Split behaviour; pieces are appended

@@ -16,6 +16,9 @@
 
 char *tok_slurp(const char *path, size_t *len, char *err, size_t errlen);
 
+/* \p{Han} here is the Han *script* (Script=Han, as the Rust regex crate behind
+ * tiktoken reads a bare script name), not Script_Extensions: U+3002 "。" is
+ * Common and splits from the ideographs before it (tok_regex.c rewrites it). */
 const char *const tok_kimi_pattern =
     "[\\p{Han}]+"
     "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
