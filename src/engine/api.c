@@ -134,7 +134,7 @@ static void cache_hint(const char *cache_dir, char *err, size_t errlen) {
         *p = 0;
         size_t l = strlen(err);
         snprintf(err + l, errlen - l, "%s%s", hint, tmp);
-    } else {
+    } else if (strstr(err, cache_dir)) { /* only for errors about the cache's own files (not --events, --expert-dirs...) */
         size_t l = strlen(err);
         snprintf(err + l, errlen - l, " (the model was converted into the cache: if its files are damaged, %s)", hint);
     }
