@@ -35,58 +35,16 @@ static int get_w(ctx *c, const char *name, int64_t rows, int64_t cols, df_weight
     return DF_OK;
 }
 
-static int get_v(ctx *c, const char *name, int64_t len, int optional, float **out) {
-    *out = NULL;
-    const native_tensor *t = native_find(c->n, name);
-    if (!t) {
-        if (optional) return DF_OK;
-        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "%s/manifest.json: spine tensor \"%s\" missing", c->n->dir, name);
-    }
-    if (t->ndim != 1 || t->shape[0] != len)
-        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": shape [%lld%s], the config needs [%lld]", name,
-                           (long long)t->shape[0], t->ndim == 2 ? ", ..." : "", (long long)len);
-    float *v = malloc(sizeof(float) * (size_t)len);
-    if (!v) return df_set_errc(c->err, c->errlen, DF_ENOMEM, "out of memory");
-    const uint8_t *p = c->map(c->user, t, 0);
-    if (!p) {
-        free(v);
-        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": vector not resident (internal: spine map)", name);
-    }
-    for (int64_t i = 0; i < len; i++) {
-        uint16_t h;
-        switch (t->type) {
-        case DF_W_F32: memcpy(&v[i], p + 4 * i, 4); break;
-        case DF_W_BF16: memcpy(&h, p + 2 * i, 2); v[i] = df_bf16_to_f32(h); break;
-        case DF_W_F16: memcpy(&h, p + 2 * i, 2); v[i] = df_f16_to_f32(h); break;
-        default:
-            free(v);
-            return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": a vector must be f32, bf16 or f16", name);
-        }
-    }
-    *out = v;
-    return DF_OK;
-}
-
-/* A small 2-D tensor [rows, cols] (KDA short conv) as a malloc'd f32 array, row-major. */
-static int get_mat_f32(ctx *c, const char *name, int64_t rows, int64_t cols, float **out) {
-    *out = NULL;
-    const native_tensor *t = native_find(c->n, name);
-    if (!t) return df_set_errc(c->err, c->errlen, DF_EFORMAT, "%s/manifest.json: spine tensor \"%s\" missing", c->n->dir, name);
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
-        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": shape [%lld%s%lld], the config needs [%lld, %lld]", name,
-                           (long long)t->shape[0], t->ndim == 2 ? ", " : "", t->ndim == 2 ? (long long)t->shape[1] : 0LL,
-                           (long long)rows, (long long)cols);
+/* The first n values of tensor t as a malloc'd f32 array (f32, bf16 or f16 stored; `what` names the role
+ * in the type error). */
+static int read_f32(ctx *c, const native_tensor *t, const char *name, const char *what, size_t n, float **out) {
     if (t->type != DF_W_F32 && t->type != DF_W_BF16 && t->type != DF_W_F16)
-        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": type %s, a conv weight must be f32, bf16 or f16", name,
-                           df_wtype_name(t->type));
-    size_t n = (size_t)rows * (size_t)cols;
-    float *v = malloc(sizeof(float) * n);
-    if (!v) return df_set_errc(c->err, c->errlen, DF_ENOMEM, "out of memory");
+        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": type %s, %s must be f32, bf16 or f16", name,
+                           df_wtype_name(t->type), what);
     const uint8_t *p = c->map(c->user, t, 0);
-    if (!p) {
-        free(v);
-        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": not resident (internal: spine map)", name);
-    }
+    if (!p) return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": not resident (internal: spine map)", name);
+    float *v = malloc(sizeof(float) * (n ? n : 1));
+    if (!v) return df_set_errc(c->err, c->errlen, DF_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
         switch (t->type) {
@@ -99,6 +57,32 @@ static int get_mat_f32(ctx *c, const char *name, int64_t rows, int64_t cols, flo
     return DF_OK;
 }
 
+/* A 1-D vector of exactly `len` values (optional: absent -> *out NULL, DF_OK). */
+static int get_v(ctx *c, const char *name, int64_t len, int optional, float **out) {
+    *out = NULL;
+    const native_tensor *t = native_find(c->n, name);
+    if (!t) {
+        if (optional) return DF_OK;
+        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "%s/manifest.json: spine tensor \"%s\" missing", c->n->dir, name);
+    }
+    if (t->ndim != 1 || t->shape[0] != len)
+        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": shape [%lld%s], the config needs [%lld]", name,
+                           (long long)t->shape[0], t->ndim == 2 ? ", ..." : "", (long long)len);
+    return read_f32(c, t, name, "a vector", (size_t)len, out);
+}
+
+/* A small 2-D tensor [rows, cols] (KDA short conv) as a malloc'd f32 array, row-major. */
+static int get_mat_f32(ctx *c, const char *name, int64_t rows, int64_t cols, float **out) {
+    *out = NULL;
+    const native_tensor *t = native_find(c->n, name);
+    if (!t) return df_set_errc(c->err, c->errlen, DF_EFORMAT, "%s/manifest.json: spine tensor \"%s\" missing", c->n->dir, name);
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": shape [%lld%s%lld], the config needs [%lld, %lld]", name,
+                           (long long)t->shape[0], t->ndim == 2 ? ", " : "", t->ndim == 2 ? (long long)t->shape[1] : 0LL,
+                           (long long)rows, (long long)cols);
+    return read_f32(c, t, name, "a conv weight", (size_t)rows * (size_t)cols, out);
+}
+
 /* A_log: the first `len` entries of a stored vector that may be longer (K3 stores head_dim entries, the
  * live num_heads first, a zero tail after). */
 static int get_v_prefix(ctx *c, const char *name, int64_t len, float **out) {
@@ -108,26 +92,7 @@ static int get_v_prefix(ctx *c, const char *name, int64_t len, float **out) {
     if (t->ndim != 1 || t->shape[0] < len)
         return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": shape [%lld%s], the config needs at least [%lld]", name,
                            (long long)t->shape[0], t->ndim == 2 ? ", ..." : "", (long long)len);
-    float *v = malloc(sizeof(float) * (size_t)len);
-    if (!v) return df_set_errc(c->err, c->errlen, DF_ENOMEM, "out of memory");
-    const uint8_t *p = c->map(c->user, t, 0);
-    if (!p) {
-        free(v);
-        return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": vector not resident (internal: spine map)", name);
-    }
-    for (int64_t i = 0; i < len; i++) {
-        uint16_t h;
-        switch (t->type) {
-        case DF_W_F32: memcpy(&v[i], p + 4 * i, 4); break;
-        case DF_W_BF16: memcpy(&h, p + 2 * i, 2); v[i] = df_bf16_to_f32(h); break;
-        case DF_W_F16: memcpy(&h, p + 2 * i, 2); v[i] = df_f16_to_f32(h); break;
-        default:
-            free(v);
-            return df_set_errc(c->err, c->errlen, DF_EFORMAT, "spine tensor \"%s\": a vector must be f32, bf16 or f16", name);
-        }
-    }
-    *out = v;
-    return DF_OK;
+    return read_f32(c, t, name, "a vector", (size_t)len, out);
 }
 
 /* The zeroed element after the last layer carries this in `mixer` (spine_free counts layers by it). */
