@@ -7,19 +7,15 @@
  * TTFT / max(union read time, compute time).
  */
 #define _GNU_SOURCE
+#include "bench_common.h"
 #include "cli.h"
 #include "deltafin.h"
-#include "model/native.h"
-#include "store/store_bench.h"
 
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-int bench_drop_caches(void); /* cmd_bench.c */
 
 static double now_s(void) {
     struct timespec ts;
@@ -73,16 +69,8 @@ int bench_prefill(int argc, char **argv) {
     const uint64_t stride = nat->stride;
     const int top_k = nat->cfg.num_experts_per_tok;
     const uint64_t bank = (uint64_t)nat->n_moe_layers * nat->n_experts * stride;
-    char dirs[4096] = "";
-    {
-        const native_expert_layer *L = &nat->moe_layers[0];
-        size_t off = 0;
-        for (int k = 0; k < L->n_files && off < sizeof dirs; k++) {
-            char tmp[2048];
-            snprintf(tmp, sizeof tmp, "%s", L->files[k]);
-            off += (size_t)snprintf(dirs + off, sizeof dirs - off, "%s%s", k ? "," : "", dirname(tmp));
-        }
-    }
+    char dirs[4096];
+    bench_pack_dirs(nat, dirs, sizeof dirs);
     native_close(nat);
     int dropped = nodrop ? 0 : bench_drop_caches();
     df_model_opts mo;
@@ -107,13 +95,7 @@ int bench_prefill(int argc, char **argv) {
            dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
     printf("  %s\n", df_model_describe(m));
     store_bench_opts bo;
-    store_bench_opts_default(&bo);
-    bo.dirs = dirs;
-    bo.qd = (int)qd;
-    bo.run_bytes = stride;
-    bo.group = top_k;
-    bo.seconds = io_seconds;
-    bo.match = "experts-L*.pack";
+    bench_expert_io_opts(&bo, dirs, (int)qd, stride, top_k, io_seconds);
     store_bench_result b1, b2;
     rc = store_bench_io(&bo, &b1, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench prefill: I/O benchmark: %s\n", err); goto out; }

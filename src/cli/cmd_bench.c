@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "bench_common.h"
 #include "deltafin.h"
 #include "model/native.h"
 #include "store/store.h"
@@ -71,7 +72,6 @@ static int want_size(const char *cmd, const char *flag, const char *s, uint64_t 
 #define BENCH_MAX_QD 1024       /* reads in flight per directory (each holds one read buffer) */
 #define BENCH_MAX_SECONDS 86400.0
 
-int bench_drop_caches(void);
 static int drop_caches(void) { return bench_drop_caches(); }
 int bench_drop_caches(void) {
     if (geteuid() != 0) return 0;
@@ -80,6 +80,27 @@ int bench_drop_caches(void) {
     if (!f) return 0;
     int ok = fputs("3\n", f) >= 0;
     return fclose(f) == 0 && ok;
+}
+
+void bench_pack_dirs(const df_native *nat, char *dirs, size_t cap) {
+    const native_expert_layer *L = &nat->moe_layers[0];
+    size_t off = 0;
+    dirs[0] = 0;
+    for (int k = 0; k < L->n_files && off < cap; k++) {
+        char tmp[2048];
+        snprintf(tmp, sizeof tmp, "%s", L->files[k]);
+        off += (size_t)snprintf(dirs + off, cap - off, "%s%s", k ? "," : "", dirname(tmp));
+    }
+}
+
+void bench_expert_io_opts(store_bench_opts *bo, const char *dirs, int qd, uint64_t stride, int top_k, double seconds) {
+    store_bench_opts_default(bo);
+    bo->dirs = dirs;
+    bo->qd = qd;
+    bo->run_bytes = stride;
+    bo->group = top_k;
+    bo->seconds = seconds;
+    bo->match = "experts-L*.pack"; /* the packs only: a model directory also holds spine.bin */
 }
 
 static long vm_hwm_kb(void) {
@@ -235,15 +256,7 @@ static int bench_decode(int argc, char **argv) {
     int top_k = nat->cfg.num_experts_per_tok, n_moe = nat->n_moe_layers;
     char dirs[4096] = "";
     if (expert_dirs) snprintf(dirs, sizeof dirs, "%s", expert_dirs);
-    else {
-        const native_expert_layer *L = &nat->moe_layers[0];
-        size_t off = 0;
-        for (int k = 0; k < L->n_files; k++) {
-            char tmp[2048];
-            snprintf(tmp, sizeof tmp, "%s", L->files[k]);
-            off += snprintf(dirs + off, sizeof dirs - off, "%s%s", k ? "," : "", dirname(tmp));
-        }
-    }
+    else bench_pack_dirs(nat, dirs, sizeof dirs);
     native_close(nat);
     int dropped = nodrop ? 0 : drop_caches();
     /* open the model first (cold): a --ram-budget it cannot run under fails before the I/O benchmark */
@@ -273,13 +286,7 @@ static int bench_decode(int argc, char **argv) {
     printf("  %s\n  open %.1f s\n", df_model_describe(m), open_s);
     /* B: drive bandwidth at the engine's read size, queue depth and extent */
     store_bench_opts bo;
-    store_bench_opts_default(&bo);
-    bo.dirs = dirs;
-    bo.qd = qd;
-    bo.run_bytes = stride;
-    bo.group = top_k;
-    bo.seconds = io_seconds;
-    bo.match = "experts-L*.pack"; /* the packs only: a model directory also holds spine.bin */
+    bench_expert_io_opts(&bo, dirs, qd, stride, top_k, io_seconds);
     store_bench_result br;
     rc = store_bench_io(&bo, &br, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench decode: I/O benchmark: %s\n", err); df_model_close(m); return 1; }
@@ -542,23 +549,12 @@ static int bench_store(int argc, char **argv) {
     if (trace_load(test, &tt)) { fprintf(stderr, "deltafin bench store: no acquire events in %s\n", test); native_close(nat); return 1; }
     uint64_t experts = (uint64_t)nat->n_moe_layers * nat->n_experts * store_slot_bytes(nat);
     if (!have_cache) cache = experts / 4;
-    char dirs[4096] = "";
-    size_t off = 0;
-    for (int k = 0; k < nat->moe_layers[0].n_files; k++) {
-        char tmp[2048];
-        snprintf(tmp, sizeof tmp, "%s", nat->moe_layers[0].files[k]);
-        off += snprintf(dirs + off, sizeof dirs - off, "%s%s", k ? "," : "", dirname(tmp));
-    }
+    char dirs[4096];
+    bench_pack_dirs(nat, dirs, sizeof dirs);
     int dropped = nodrop ? 0 : drop_caches();
     store_bench_opts bo;
-    store_bench_opts_default(&bo);
-    bo.dirs = dirs;
-    bo.qd = qd;
+    bench_expert_io_opts(&bo, dirs, qd, nat->stride, nat->cfg.num_experts_per_tok, io_seconds);
     bo.use_uring = uring;
-    bo.run_bytes = nat->stride;
-    bo.group = nat->cfg.num_experts_per_tok;
-    bo.seconds = io_seconds;
-    bo.match = "experts-L*.pack";
     store_bench_result br;
     int rc = store_bench_io(&bo, &br, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench store: I/O benchmark: %s\n", err); trace_free(&tt); native_close(nat); return 1; }

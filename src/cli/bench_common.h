@@ -1,0 +1,21 @@
+/*
+ * bench_common.h — helpers shared by the `deltafin bench` subcommands (implemented in cmd_bench.c).
+ */
+#ifndef DF_CLI_BENCH_COMMON_H
+#define DF_CLI_BENCH_COMMON_H
+
+#include "model/native.h"
+#include "store/store_bench.h"
+
+#include <stddef.h>
+
+/* Drop the page cache (sync + /proc/sys/vm/drop_caches); 1 if done, 0 when not root or refused. */
+int bench_drop_caches(void);
+/* The directories of the model's expert packs (the stripes of its first MoE layer), comma-separated,
+ * in stripe order, into dirs (cap bytes). */
+void bench_pack_dirs(const df_native *nat, char *dirs, size_t cap);
+/* I/O benchmark options that read like the engine's expert loads: whole extents of `stride` bytes, top_k of
+ * them at once, at queue depth qd, over the pack files only (a model directory also holds spine.bin). */
+void bench_expert_io_opts(store_bench_opts *bo, const char *dirs, int qd, uint64_t stride, int top_k, double seconds);
+
+#endif
