@@ -15,6 +15,7 @@
 #include "model/native.h"
 #include "model/spine.h"
 #include "store/store.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -818,22 +819,12 @@ int df_checkpoint_describe(const char *path, char *buf, size_t cap, char *err, s
     if (!path || !buf || !cap) return set_err(err, errlen, DF_EINVAL, "df_checkpoint_describe: bad arguments");
     char cp[4200];
     snprintf(cp, sizeof cp, "%s/config.json", path);
-    FILE *f = fopen(cp, "rb");
-    if (!f) return set_err(err, errlen, DF_EIO, "%s: %s", cp, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *txt = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!txt || fread(txt, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        free(txt);
-        return set_err(err, errlen, DF_EIO, "%s: cannot read", cp);
-    }
-    fclose(f);
-    txt[n] = 0;
+    char *txt = NULL;
+    int rc = df_read_file(cp, &txt, NULL, err, errlen);
+    if (rc) return rc;
     df_config *cfg = malloc(sizeof *cfg);
     if (!cfg) { free(txt); return set_err(err, errlen, DF_ENOMEM, "out of memory"); }
-    int rc = config_parse(txt, cfg, cp, err, errlen);
+    rc = config_parse(txt, cfg, cp, err, errlen);
     free(txt);
     if (rc == DF_OK) config_describe(cfg, buf, cap);
     free(cfg);

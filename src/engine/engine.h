@@ -91,9 +91,6 @@ typedef struct {
     struct spine_stream *stream;
 } df_engine;
 
-/* Monotonic seconds (phase timing). */
-double eng_now(void);
-
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y);
 

@@ -16,20 +16,14 @@
 #include "engine.h"
 #include "deltafin.h"
 #include "spine_stream.h"
+#include "util/util.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 enum { PREFETCH_MAX_T = 4 };
-
-double eng_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y) {
     e->be->matmul(e->pool, w, x, T, y);
@@ -94,8 +88,8 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         goto done;
     }
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
-    double lap = eng_now();
-#define LAP(ph) do { double n_ = eng_now(); e->phase_s[ph] += n_ - lap; lap = n_; } while (0)
+    double lap = df_now();
+#define LAP(ph) do { double n_ = df_now(); e->phase_s[ph] += n_ - lap; lap = n_; } while (0)
     for (int t = 0; t < T; t++) e->be->decode_row(&sp->embed, ids[t], x + (int64_t)t * D);
     LAP(DF_PHASE_EMBED);
     e->weight_bytes += df_weight_bytes(&sp->embed) / (uint64_t)sp->embed.rows * (uint64_t)T;
@@ -152,7 +146,7 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         {
             const double io0 = e->io_wait_s, r0 = e->phase_s[DF_PHASE_ROUTER];
             rc = ffn_forward(e, l, h, T, a, err, errlen);
-            const double now = eng_now(), dio = e->io_wait_s - io0, dr = e->phase_s[DF_PHASE_ROUTER] - r0;
+            const double now = df_now(), dio = e->io_wait_s - io0, dr = e->phase_s[DF_PHASE_ROUTER] - r0;
             e->phase_s[lw->is_moe ? DF_PHASE_EXPERTS : DF_PHASE_DENSE] += now - lap - dio - dr;
             e->phase_s[DF_PHASE_IO_WAIT] += dio;
             lap = now;

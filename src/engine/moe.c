@@ -12,6 +12,7 @@
  */
 #include "engine.h"
 #include "deltafin.h"
+#include "util/util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -196,10 +197,10 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         if (err) snprintf(err, errlen, "MoE layer %d: out of memory for %d tokens", layer, T);
         goto done;
     }
-    double tr = eng_now();
+    double tr = df_now();
     eng_matmul(e, &lw->router, h, T, logits);
     moe_route(cfg, logits, lw->router_bias, T, ids, wts);
-    e->phase_s[DF_PHASE_ROUTER] += eng_now() - tr;
+    e->phase_s[DF_PHASE_ROUTER] += df_now() - tr;
     /* group rows by expert (ascending expert id; tokens ascending within an expert) */
     for (int i = 0; i < T * K; i++) count[ids[i]]++;
     int n_used = 0;
