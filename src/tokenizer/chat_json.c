@@ -4,6 +4,7 @@
  * of transformers' chat templates produces. Working on the raw text (not on
  * cJSON numbers) keeps 1 and 1.0 apart, as Python does. */
 #include "tok_internal.h"
+#include "jinja.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,35 +87,8 @@ static int dump_string(const char **p, tok_buf *o) {
 
 /* Python repr() of a double. */
 static void py_float(double v, tok_buf *o) {
-    char b[64], d[32];
-    int prec;
-    for (prec = 1; prec <= 17; prec++) {
-        snprintf(b, sizeof b, "%.*e", prec - 1, v);
-        if (strtod(b, NULL) == v) break;
-    }
-    const char *q = b;
-    if (*q == '-') { tok_buf_putc(o, '-'); q++; }
-    int nd = 0;
-    for (; *q && *q != 'e'; q++) if (*q >= '0' && *q <= '9') d[nd++] = *q;
-    int ex = atoi(q + 1);
-    while (nd > 1 && d[nd - 1] == '0') nd--;
-    if (ex >= -4 && ex < 16) {
-        if (ex >= 0) {
-            for (int i = 0; i <= ex; i++) tok_buf_putc(o, i < nd ? d[i] : '0');
-            tok_buf_putc(o, '.');
-            if (nd > ex + 1) tok_buf_put(o, d + ex + 1, nd - ex - 1);
-            else tok_buf_putc(o, '0');
-        } else {
-            tok_buf_puts(o, "0.");
-            for (int i = 0; i < -ex - 1; i++) tok_buf_putc(o, '0');
-            tok_buf_put(o, d, nd);
-        }
-    } else {
-        tok_buf_putc(o, d[0]);
-        if (nd > 1) { tok_buf_putc(o, '.'); tok_buf_put(o, d + 1, nd - 1); }
-        snprintf(b, sizeof b, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
-        tok_buf_puts(o, b);
-    }
+    char t[64];
+    tok_buf_put(o, t, jj_py_float_repr(v, t));
 }
 
 static int dump_value(const char **p, tok_buf *o, int depth) {

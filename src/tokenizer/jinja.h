@@ -42,4 +42,8 @@ enum { JJ_TOOL_ARGS_OBJECTS = 1 };
 int jj_render_opts(const jj_template *t, const char *vars_json, size_t vars_len, int opts, char **out,
                    size_t *out_len, char *err, size_t errlen);
 
+/* Python's repr() of a float (shortest round-trip digits, "1.0", "1e-05", "1e+16", "nan", "inf") into out;
+ * returns its length (< 40). Used by the Jinja values and the chat formats' Python-style JSON. */
+size_t jj_py_float_repr(double v, char out[64]);
+
 #endif

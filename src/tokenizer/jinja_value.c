@@ -361,38 +361,49 @@ static int jv_less_(jj_ctx *c, const jv *a, const jv *b, int depth) {
 
 /* ---------------------------------------------------------- str / repr */
 
-void py_float_repr(double v, jb *b) {
-    if (isnan(v)) { jb_puts(b, "nan"); return; }
-    if (isinf(v)) { jb_puts(b, v < 0 ? "-inf" : "inf"); return; }
+size_t jj_py_float_repr(double v, char out[64]) {
+    if (isnan(v)) return (size_t)snprintf(out, 64, "nan");
+    if (isinf(v)) return (size_t)snprintf(out, 64, v < 0 ? "-inf" : "inf");
     char t[64], d[32];
     int prec;
     for (prec = 1; prec <= 17; prec++) {
         snprintf(t, sizeof t, "%.*e", prec - 1, v);
         if (strtod(t, NULL) == v) break;
     }
+    size_t n = 0;
     const char *q = t;
-    if (*q == '-') { jb_putc(b, '-'); q++; }
+    if (*q == '-') { out[n++] = '-'; q++; }
     int nd = 0;
     for (; *q && *q != 'e'; q++) if (*q >= '0' && *q <= '9') d[nd++] = *q;
     int ex = atoi(q + 1);
     while (nd > 1 && d[nd - 1] == '0') nd--;
     if (ex >= -4 && ex < 16) {
         if (ex >= 0) {
-            for (int i = 0; i <= ex; i++) jb_putc(b, i < nd ? d[i] : '0');
-            jb_putc(b, '.');
-            if (nd > ex + 1) jb_put(b, d + ex + 1, (size_t)(nd - ex - 1));
-            else jb_putc(b, '0');
+            for (int i = 0; i <= ex; i++) out[n++] = i < nd ? d[i] : '0';
+            out[n++] = '.';
+            if (nd > ex + 1) for (int i = ex + 1; i < nd; i++) out[n++] = d[i];
+            else out[n++] = '0';
         } else {
-            jb_puts(b, "0.");
-            for (int i = 0; i < -ex - 1; i++) jb_putc(b, '0');
-            jb_put(b, d, (size_t)nd);
+            out[n++] = '0';
+            out[n++] = '.';
+            for (int i = 0; i < -ex - 1; i++) out[n++] = '0';
+            for (int i = 0; i < nd; i++) out[n++] = d[i];
         }
     } else {
-        jb_putc(b, d[0]);
-        if (nd > 1) { jb_putc(b, '.'); jb_put(b, d + 1, (size_t)(nd - 1)); }
-        snprintf(t, sizeof t, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
-        jb_puts(b, t);
+        out[n++] = d[0];
+        if (nd > 1) {
+            out[n++] = '.';
+            for (int i = 1; i < nd; i++) out[n++] = d[i];
+        }
+        n += (size_t)snprintf(out + n, 64 - n, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
     }
+    out[n] = 0;
+    return n;
+}
+
+void py_float_repr(double v, jb *b) {
+    char t[64];
+    jb_put(b, t, jj_py_float_repr(v, t));
 }
 
 static void repr_str(const char *s, size_t n, jb *b) {
