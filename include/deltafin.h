@@ -77,7 +77,8 @@ typedef struct {
     const char *cache_dir;      /* where an HF directory is converted on first open; NULL = $XDG_CACHE_HOME/deltafin */
     df_spine_mode spine;        /* used when `path` is an HF directory that must be converted */
     const char *events_path;    /* JSONL per-token I/O events; NULL = off */
-    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels) */
+    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels), "cuda", "auto" (cuda when a
+                                   CUDA device is present); NULL = env DF_BACKEND if set, else "cpu" */
     df_progress_fn progress;    /* conversion / load progress; may be NULL */
     void *progress_user;
     /* added by the engine (append-only): */
@@ -87,6 +88,9 @@ typedef struct {
                                    Alias: env DF_PREFETCH=1|0 when this is 0. Never changes results. */
     const char *heat_path;      /* persistent expert heat histogram: NULL = <native model dir>/heat.bin when a
                                    ram_budget is set; "off" = none. Learned across runs; never changes results. */
+    /* added by the CUDA backend (append-only; docs/cuda.md): */
+    uint64_t gpu_budget;        /* backend cuda: GPU memory for the routed-expert cache (the first expert tier);
+                                   0 = all free GPU memory less 1 GiB. The spine is cached beside it. */
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);

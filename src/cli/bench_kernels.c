@@ -570,7 +570,7 @@ int bench_kernels_main(int argc, char **argv) {
             }
             const size_t nd = df_weight_data_bytes(t, R, C), ns = df_weight_scale_bytes(t, R, C);
             const size_t nda = (nd + 4095) / 4096 * 4096, nsa = (ns + 4095) / 4096 * 4096;
-            const uint64_t wbytes = df_weight_bytes(&(df_weight){t, R, C, NULL, NULL});
+            const uint64_t wbytes = df_weight_bytes(&(df_weight){t, R, C, NULL, NULL, 0});
             int copies = (int)((buffer + nda + nsa - 1) / (nda + nsa));
             if (copies < 2) copies = 2;
             uint8_t *data = aligned_alloc(4096, nda * copies), *scale = nsa ? aligned_alloc(4096, nsa * copies) : NULL;
@@ -589,7 +589,7 @@ int bench_kernels_main(int argc, char **argv) {
                     memcpy(data + nda * k, data, nd);
                     if (ns) memcpy(scale + nsa * k, scale, ns);
                 }
-                w[k] = (df_weight){t, R, C, data + nda * k, ns ? scale + nsa * k : NULL};
+                w[k] = (df_weight){t, R, C, data + nda * k, ns ? scale + nsa * k : NULL, 0};
             }
             for (int64_t i = 0; i < (int64_t)maxT * C; i++) x[i] = rndf();
             for (int bi = 0; bi < nbe; bi++)

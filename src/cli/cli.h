@@ -23,4 +23,9 @@ int cli_is_file(const char *dir, const char *name);
 /* --model PATH must be an existing directory: 0, else a message naming the flag
  * ("deltafin CMD: --model PATH: no such directory" / "is not a directory") and 1. */
 int cli_check_model_dir(const char *cmd, const char *path);
+/* --backend NAME: 0 when NAME is auto, cpu, cpu-scalar, cpu-avx2, cpu-avx512 or cuda, else a message naming
+ * the command and 2. The default backend of run, serve and bench: env DF_BACKEND if set, else "auto"
+ * (cuda when a CUDA device is present, else cpu). */
+int cli_check_backend(const char *cmd, const char *name);
+const char *cli_default_backend(void);
 #endif

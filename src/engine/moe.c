@@ -239,6 +239,11 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             rc = e->experts.acquire(e->experts.ctx, layer, used + u0, nc, views, err, errlen);
             e->io_wait_s += now_s() - t0;
             if (rc) goto done;
+            for (int i = 0; i < nc; i++) { /* identities for device caches (the views' buffers are reused) */
+                views[i].gate.dev_key = DF_DEVKEY(layer, used[u0 + i], 0);
+                views[i].up.dev_key = DF_DEVKEY(layer, used[u0 + i], 1);
+                views[i].down.dev_key = DF_DEVKEY(layer, used[u0 + i], 2);
+            }
         }
         int64_t biggest = 0;
         for (int i = 0; i < nc; i++) {

@@ -12,6 +12,7 @@
 #define DF_KERNELS_BACKEND_H
 
 #include "model/weights.h"
+#include <stddef.h>
 #include <stdint.h>
 
 /* ------------------------------------------------------------ thread pool */
@@ -47,9 +48,12 @@ typedef struct df_backend {
     void (*softmax)(float *x, int64_t n);
 } df_backend;
 
-/* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512".
- * NULL if the name is unknown or the CPU lacks the instructions. */
+/* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";
+ * "cuda" (GPU matmuls, kernels/cuda.h); "auto" = cuda when a CUDA device is present, else cpu.
+ * NULL if the name is unknown, the CPU lacks the instructions or there is no CUDA device. */
 const df_backend *df_backend_get(const char *name);
+/* Why df_backend_get(name) returned NULL, into buf (e.g. "no CUDA device (cudaGetDeviceCount: ...)"). */
+const char *df_backend_why(const char *name, char *buf, size_t len);
 /* Every backend this machine can run (scalar first); returns the count. */
 int df_backend_list(const df_backend **out, int cap);
 /* SIMD features found at runtime, e.g. "avx2 fma f16c" or "avx512f avx2 fma f16c". */

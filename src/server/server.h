@@ -27,6 +27,9 @@ typedef struct {
     int max_connections;
     int verbose;
     const char *port_file;    /* write the bound port here once listening */
+    /* compute backend (docs/cuda.md) */
+    const char *backend;      /* auto | cpu | cpu-scalar | cuda; NULL = the library default */
+    uint64_t gpu_budget;      /* backend cuda: routed-expert cache bytes; 0 = all free GPU memory less 1 GiB */
 } srv_config;
 
 /* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.

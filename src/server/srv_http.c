@@ -568,6 +568,8 @@ int srv_serve(const srv_config *cfg) {
         df_model_opts_default(&mo);
         mo.threads = cfg->threads;
         mo.ram_budget = cfg->ram_budget;
+        mo.backend = cfg->backend;
+        mo.gpu_budget = cfg->gpu_budget;
         rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, err, sizeof err);
     }
     if (rc) {
