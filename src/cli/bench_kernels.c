@@ -380,7 +380,9 @@ static void usage(FILE *f, const char *name) {
             "           --buffer, default max(4 x LLC, 512M)), in GB/s of weight bytes and as a fraction of the DRAM\n"
             "           bandwidth at the same thread count. Defaults: --threads 1,<usable CPUs>\n"
             "           --types f32,bf16,f16,fp8_b128,int4_g32,mxfp4 --T 1,8,64 --shapes 2048x7168,7168x2048\n"
-            "           --backend cpu (the best this CPU runs; all = every SIMD backend, or name cpu-scalar)\n"
+            "           --backend cpu (the best this CPU runs; all = every SIMD backend, or name cpu-scalar);\n"
+            "           cuda = the GPU's kernels and limits (default types mxfp4..f32, shapes 2048x7168,7168x2048,\n"
+            "           32768x7168, T 1,8,512)\n"
             "           --seconds 0.3 per measurement; --warm adds the same call on one copy (in cache).\n");
     (void)name;
 }
@@ -464,6 +466,14 @@ int bench_kernels_main(int argc, char **argv) {
     if (!nthr) {
         if (kernels) { threads[nthr++] = 1; if (ncpu > 1) threads[nthr++] = ncpu; }
         else for (int t = 1; t <= ncpu && nthr < MAX_LIST; t++) threads[nthr++] = t;
+    }
+    if (kernels && !strcmp(backend, "cuda")) {
+        const int ts_given = nT > 0, shapes_given = nshapes > 0;
+        if (!ntypes) {
+            const df_wtype d[] = {DF_W_MXFP4, DF_W_BF16, DF_W_FP8_B128, DF_W_INT4_G32, DF_W_F16, DF_W_F32};
+            for (int i = 0; i < 6; i++) types[ntypes++] = d[i];
+        }
+        return bench_kernels_cuda(argc, argv, types, ntypes, shapes, nshapes, Ts, nT, ts_given, shapes_given);
     }
     if (!nT) { Ts[0] = 1; Ts[1] = 8; Ts[2] = 64; nT = 3; }
     if (!ntypes) {

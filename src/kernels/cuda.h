@@ -67,6 +67,8 @@ int df_cuda_rope(float *x, int T, int dim, const float *inv_freq, float attentio
 /* Benchmark: ms per call of the matmul kernel alone (weight and activations resident on the GPU,
  * CUDA events over iters calls) for a random weight of type t [rows, cols] and T rows; -1 on error. */
 double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int iters);
+/* fp32 FMA peak (FLOP/s) = SMs x 128 lanes x 2 x boost clock; also the SM count and clock (MHz). */
+void df_cuda_fp32_peak(double *flops, int *sms, int *mhz);
 /* Measured device-memory bandwidth (bytes read + written per second) of a large device-to-device copy. */
 double df_cuda_bench_bandwidth(void);
 

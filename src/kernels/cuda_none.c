@@ -29,4 +29,5 @@ int df_cuda_softmax(float *x, int T, int64_t n) { return -1; }
 int df_cuda_rope(float *x, int T, int dim, const float *inv_freq, float attention_factor, const int64_t *pos) { return -1; }
 double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int iters) { return -1; }
 double df_cuda_bench_bandwidth(void) { return -1; }
+void df_cuda_fp32_peak(double *flops, int *sms, int *mhz) { *flops = 0; *sms = 0; *mhz = 0; }
 #endif

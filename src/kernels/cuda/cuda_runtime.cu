@@ -468,3 +468,14 @@ extern "C" double df_cuda_bench_bandwidth(void) {
     pthread_mutex_unlock(&g_mu);
     return bw;
 }
+
+extern "C" void df_cuda_fp32_peak(double *flops, int *sms, int *mhz) {
+    *flops = 0; *sms = 0; *mhz = 0;
+    if (!df_cuda_probe(NULL, 0)) return;
+    int n = 0, khz = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    *sms = n;
+    *mhz = khz / 1000;
+    *flops = (double)n * 128 * 2 * khz * 1e3;
+}
