@@ -175,9 +175,7 @@ cudaError_t launch_g(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t c
     const dim3 blk(WARPS * 32);
     const unsigned gx = (unsigned)((rows + WARPS - 1) / WARPS);
     /* the token tile only changes how many tokens share a decoded group, never a sum's order */
-    if (T >= 8) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
-    else if (T >= 4) mm_kernel<ENC, G, 4><<<dim3(gx, (T + 3) / 4), blk, 0, st>>>(d, s, rows, cols, x, T, y);
-    else if (T >= 2) mm_kernel<ENC, G, 2><<<dim3(gx, (T + 1) / 2), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+    if (T >= 2) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
     else mm_kernel<ENC, G, 1><<<dim3(gx, T), blk, 0, st>>>(d, s, rows, cols, x, T, y);
     return cudaGetLastError();
 }
