@@ -46,6 +46,11 @@ typedef struct df_backend {
     void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
     /* in-place softmax over n values (max-subtracted, fp32) */
     void (*softmax)(float *x, int64_t n);
+    /* Optional (NULL on the CPU): weights resident in device memory, the first routed-expert tier.
+     * dev_pin: when the weight with this dev_key (DF_DEVKEY) is resident, keep it so until dev_unpin and
+     * return 1 with *w = its type and shape (data and scale NULL: matmul finds it by dev_key); else 0. */
+    int (*dev_pin)(uint64_t dev_key, df_weight *w);
+    void (*dev_unpin)(uint64_t dev_key);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

@@ -40,6 +40,10 @@ void df_cuda_set_cache_by_address(int on);
 /* Drop every cached weight (a model was closed: its host addresses may be reused). */
 void df_cuda_cache_clear(void);
 
+/* Pin a cached weight by its explicit key (df_backend.dev_pin): 1 and its type/shape in *w, or 0. */
+int df_cuda_pin(uint64_t dev_key, df_weight *w);
+void df_cuda_unpin(uint64_t dev_key);
+
 typedef struct {
     uint64_t spine_bytes, expert_bytes;   /* cached now */
     uint64_t expert_hits, expert_misses;  /* routed-expert cache lookups */

@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static df_backend g_cuda_be;
 static const df_backend *g_cpu;
@@ -19,6 +20,10 @@ static int g_warned;
  * instead and the error is reported once on stderr. */
 static void cuda_be_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
     if (df_cuda_matmul(w, x, T, y) == 0) return;
+    if (!w->data) { /* a weight pinned in GPU memory has no host copy to fall back on */
+        fprintf(stderr, "deltafin: CUDA error on a GPU-resident expert weight: %s\n", df_cuda_last_error());
+        abort();
+    }
     if (!__atomic_exchange_n(&g_warned, 1, __ATOMIC_SEQ_CST))
         fprintf(stderr, "deltafin: CUDA error (%s); matmuls that fail on the GPU are computed on the CPU\n",
                 df_cuda_last_error());
@@ -30,6 +35,8 @@ static void init_table(void) {
     g_cuda_be = *g_cpu;
     g_cuda_be.name = "cuda";
     g_cuda_be.matmul = cuda_be_matmul;
+    g_cuda_be.dev_pin = df_cuda_pin;
+    g_cuda_be.dev_unpin = df_cuda_unpin;
 }
 
 const df_backend *df_cuda_backend(void) {

@@ -15,7 +15,9 @@
  */
 #include "cuda_internal.h"
 
+#include <cuda_fp16.h>
 #include <stdint.h>
+#include <type_traits>
 
 namespace {
 
@@ -49,12 +51,32 @@ __device__ __forceinline__ float e8m0_f32(uint32_t e) {
     if (e == 0) return bits_f32(0x00400000u);
     return bits_f32(e << 23);
 }
-/* FP4 E2M1 code -> value (0, .5, 1, 1.5, 2, 3, 4, 6; bit 3 = sign, -0 kept) */
-__device__ __forceinline__ float e2m1_f32(uint32_t c) {
-    uint32_t e = (c >> 1) & 3u, m = c & 1u, s = (c & 8u) << 28;
-    uint32_t mag = e == 0 ? (m ? 0x3f000000u : 0u) : (((e + 126u) << 23) | (m << 22));
-    return bits_f32(s | mag);
+/* Fast exact decoding of a packed element K of a 32-bit word (the whole group shares one scale):
+ * the code's exponent and mantissa bits are placed at the top of an fp32 mantissa/exponent, which
+ * gives value x 2^-126 (E2M1) or value x 2^-120 (E4M3) exactly, subnormal codes included; one
+ * multiply by scale x 2^126 (2^120), a power-of-two rescaling of the scale, then gives the same
+ * fp32 product as decoding first (kernels/dtype.h) and multiplying by the scale. */
+template <int K> __device__ __forceinline__ float e2m1_x2m126(uint32_t u) {
+    const uint32_t mag = 4 * K <= 22 ? u << (22 - 4 * K) : u >> (4 * K - 22);
+    return __uint_as_float((mag & 0x01C00000u) | ((u << (28 - 4 * K)) & 0x80000000u));
 }
+template <int K> __device__ __forceinline__ float e4m3_x2m120(uint32_t u) {
+    const uint32_t w = u << (24 - 8 * K);
+    return __uint_as_float(((w >> 4) & 0x07F00000u) | (w & 0x80000000u));
+}
+/* nibble K of u minus 8, exactly: the float 2^23 + nibble, minus 2^23 + 8 */
+template <int K> __device__ __forceinline__ float int4_val(uint32_t u) {
+    return __uint_as_float(((u >> (4 * K)) & 0xFu) | 0x4B000000u) - 8388616.0f;
+}
+template <int K, int N> struct Unroll {
+    template <class F> __device__ __forceinline__ static void run(F &&f) {
+        f(std::integral_constant<int, K>());
+        Unroll<K + 1, N>::run(f);
+    }
+};
+template <int N> struct Unroll<N, N> {
+    template <class F> __device__ __forceinline__ static void run(F &&) {}
+};
 
 /* Elements per group of the vector path. */
 template <int ENC> struct Grp { static constexpr int G = 1; };
@@ -78,16 +100,32 @@ __device__ __forceinline__ void decode_group(const uint8_t *__restrict__ data, c
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            w[2 * k] = ENC == DF_W_BF16 ? bf16_f32(u[k]) : f16_f32(u[k]);
-            w[2 * k + 1] = ENC == DF_W_BF16 ? bf16_f32(u[k] >> 16) : f16_f32(u[k] >> 16);
+            if constexpr (ENC == DF_W_BF16) {
+                w[2 * k] = __uint_as_float(u[k] << 16);
+                w[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+            } else { /* the hardware conversion is exact (subnormals too) */
+                w[2 * k] = __half2float(__ushort_as_half((unsigned short)(u[k] & 0xffffu)));
+                w[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(u[k] >> 16)));
+            }
         }
     } else if constexpr (ENC == DF_W_FP8_B128) {
         const uint4 v = reinterpret_cast<const uint4 *>(data)[(r * cols) / 16 + g];
         const int64_t sc = (cols + 127) / 128;
         const float s = reinterpret_cast<const float *>(scale)[(r / 128) * sc + (g * 16) / 128];
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+        /* NaN codes (S.1111.111) anywhere in the group, or a scale that overflows when rescaled: element-wise */
+        uint32_t nan = 0;
 #pragma unroll
-        for (int k = 0; k < 16; k++) w[k] = fp8_f32(u[k / 4] >> (8 * (k % 4))) * s;
+        for (int k = 0; k < 4; k++) nan |= ((u[k] & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+        const float s2 = s * 0x1p120f;
+        if (nan == 0 && s2 <= 3.0e38f && s2 >= -3.0e38f) {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                Unroll<0, 4>::run([&](auto K) { constexpr int k = decltype(K)::value; w[4 * q + k] = e4m3_x2m120<k>(u[q]) * s2; });
+        } else {
+#pragma unroll
+            for (int k = 0; k < 16; k++) w[k] = fp8_f32(u[k / 4] >> (8 * (k % 4))) * s;
+        }
     } else if constexpr (ENC == DF_W_INT8_ROW) {
         const uint4 v = reinterpret_cast<const uint4 *>(data)[(r * cols) / 16 + g];
         const float s = reinterpret_cast<const float *>(scale)[r];
@@ -99,13 +137,24 @@ __device__ __forceinline__ void decode_group(const uint8_t *__restrict__ data, c
         const float s = bf16_f32(reinterpret_cast<const uint16_t *>(scale)[r * (cols / 32) + g]);
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int k = 0; k < 32; k++) w[k] = (float)((int)((u[k / 8] >> (4 * (k % 8))) & 15u) - 8) * s;
+        for (int q = 0; q < 4; q++) Unroll<0, 8>::run([&](auto K) { constexpr int k = decltype(K)::value; w[8 * q + k] = int4_val<k>(u[q]) * s; });
     } else if constexpr (ENC == DF_W_MXFP4) {
         const uint4 v = reinterpret_cast<const uint4 *>(data)[(r * cols) / 32 + g];
-        const float s = e8m0_f32(scale[r * (cols / 32) + g]);
+        const uint32_t e = scale[r * (cols / 32) + g];
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+        if (e <= 128) { /* scale x 2^126 = 2^(e-1) is a normal float (e = 0: 2^-127 x 2^126) */
+            const float f = e == 0 ? 0.5f : __uint_as_float((e + 126u) << 23);
 #pragma unroll
-        for (int k = 0; k < 32; k++) w[k] = e2m1_f32(u[k / 8] >> (4 * (k % 8))) * s;
+            for (int q = 0; q < 4; q++) Unroll<0, 8>::run([&](auto K) { constexpr int k = decltype(K)::value; w[8 * q + k] = e2m1_x2m126<k>(u[q]) * f; });
+        } else {
+            const float s = e8m0_f32(e);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                Unroll<0, 8>::run([&](auto K) {
+                    constexpr int k = decltype(K)::value;
+                    w[8 * q + k] = (e2m1_x2m126<k>(u[q]) * 0x1p126f) * s;
+                });
+        }
     }
 }
 

@@ -36,7 +36,8 @@ struct Entry {
     int64_t rows, cols;
     void *dev;          /* data, then scale at dev + scale_off */
     size_t bytes, scale_off;
-    int expert;
+    int expert, has_scale;
+    int pins;           /* > 0: in use by a caller of df_cuda_pin (not evicted) */
     uint64_t tick;
     int next;           /* bucket chain; -1 = end; free-list link when unused */
     int used;
@@ -162,7 +163,7 @@ void drop(int idx) {
 int evict_one() {
     int best = -1;
     for (int i = 0; i < g_nent; i++)
-        if (g_ent[i].used && g_ent[i].expert && (best < 0 || g_ent[i].tick < g_ent[best].tick)) best = i;
+        if (g_ent[i].used && g_ent[i].expert && !g_ent[i].pins && (best < 0 || g_ent[i].tick < g_ent[best].tick)) best = i;
     if (best < 0) return 0;
     drop(best);
     return 1;
@@ -199,7 +200,7 @@ int weight_on_device(const df_weight *w, const void **data, const void **scale) 
     const uint64_t key = key_of(w);
     if (cacheable) {
         Entry *e = find(key);
-        if (e && (e->type != (int)w->type || e->rows != w->rows || e->cols != w->cols)) {
+        if (e && !e->pins && (e->type != (int)w->type || e->rows != w->rows || e->cols != w->cols)) {
             drop((int)(e - g_ent));
             e = NULL;
         }
@@ -207,8 +208,12 @@ int weight_on_device(const df_weight *w, const void **data, const void **scale) 
             e->tick = ++g_tick;
             if (expert) g_stats.expert_hits++;
             *data = e->dev;
-            *scale = sb ? (char *)e->dev + e->scale_off : NULL;
+            *scale = e->has_scale ? (char *)e->dev + e->scale_off : NULL;
             return 0;
+        }
+        if (!w->data) {
+            snprintf(g_err, sizeof g_err, "weight %llx is neither cached on the GPU nor in host memory", (unsigned long long)key);
+            return -1;
         }
         if (expert) g_stats.expert_misses++;
         void *dev = NULL;
@@ -230,7 +235,7 @@ int weight_on_device(const df_weight *w, const void **data, const void **scale) 
             }
             Entry *n = &g_ent[idx];
             n->key = key; n->type = w->type; n->rows = w->rows; n->cols = w->cols;
-            n->dev = dev; n->bytes = total; n->scale_off = soff; n->expert = expert;
+            n->dev = dev; n->bytes = total; n->scale_off = soff; n->expert = expert; n->has_scale = sb > 0; n->pins = 0;
             n->tick = ++g_tick; n->used = 1;
             const unsigned b = bucket_of(key);
             n->next = g_bucket[b];
@@ -302,6 +307,31 @@ extern "C" void df_cuda_cache_clear(void) {
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < g_nent; i++)
         if (g_ent[i].used) drop(i);
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" int df_cuda_pin(uint64_t dev_key, df_weight *w) {
+    if (!g_ndev || !dev_key) return 0;
+    pthread_mutex_lock(&g_mu);
+    Entry *e = find(dev_key);
+    if (e) {
+        e->pins++;
+        e->tick = ++g_tick;
+        g_stats.expert_hits++;
+        memset(w, 0, sizeof *w);
+        w->type = (df_wtype)e->type;
+        w->rows = e->rows;
+        w->cols = e->cols;
+        w->dev_key = dev_key;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return e != NULL;
+}
+
+extern "C" void df_cuda_unpin(uint64_t dev_key) {
+    pthread_mutex_lock(&g_mu);
+    Entry *e = find(dev_key);
+    if (e && e->pins > 0) e->pins--;
     pthread_mutex_unlock(&g_mu);
 }
 
