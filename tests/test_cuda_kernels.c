@@ -232,6 +232,35 @@ static void test_cache(void) {
     free_weight(&w);
 }
 
+/* The fused MLP (one round trip) against scalar matmuls + the activation on the CPU. */
+static void test_mlp(void) {
+    const df_backend *sc = df_backend_get("cpu-scalar");
+    const int64_t D = 256, I = 96;
+    df_weight gate = make_weight(DF_W_MXFP4, I, D), up = make_weight(DF_W_MXFP4, I, D), down = make_weight(DF_W_BF16, D, I);
+    gate.dev_key = DF_DEVKEY(0, 1, 0); /* one expert-keyed, two address-keyed */
+    for (int act = 0; act < 2; act++)
+        for (int T = 1; T <= 9; T += 8) {
+            float *x = malloc(sizeof(float) * T * D), *o = malloc(sizeof(float) * T * D), *r = malloc(sizeof(float) * T * D);
+            float *g = malloc(sizeof(float) * T * I), *u = malloc(sizeof(float) * T * I);
+            for (int64_t i = 0; i < T * D; i++) x[i] = rndf();
+            int rc = df_cuda_mlp(&gate, &up, &down, act, 3.0f, 2.5f, x, T, o);
+            CHECK(rc == 0, "mlp: %s", df_cuda_last_error());
+            sc->matmul(NULL, &gate, x, T, g);
+            sc->matmul(NULL, &up, x, T, u);
+            for (int64_t i = 0; i < T * I; i++) {
+                const float gv = g[i], uv = act ? 2.5f * tanhf(u[i] / 2.5f) : u[i];
+                g[i] = act ? 3.0f * tanhf(gv / 3.0f) * (1.0f / (1.0f + expf(-gv))) * uv : gv / (1.0f + expf(-gv)) * uv;
+            }
+            sc->matmul(NULL, &down, g, T, r);
+            double md = 0, mx = 0;
+            for (int64_t i = 0; i < T * D; i++) { md = fmax(md, fabs(o[i] - r[i])); mx = fmax(mx, fabs(r[i])); }
+            CHECK(rc == 0 && md <= 1e-4 * (1 + mx), "mlp act %d T=%d: max diff %g (max %g)", act, T, md, mx);
+            free(x); free(o); free(r); free(g); free(u);
+        }
+    df_cuda_cache_clear();
+    free_weight(&gate); free_weight(&up); free_weight(&down);
+}
+
 static void test_ops(void) {
     const df_backend *sc = df_backend_get("cpu-scalar");
     const int T = 5;
@@ -309,6 +338,7 @@ int main(void) {
     test_decode_exact();
     test_matmul();
     test_cache();
+    test_mlp();
     test_ops();
     return t_done();
 }

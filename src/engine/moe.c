@@ -132,6 +132,14 @@ static int dev_resident(const df_engine *e, int layer, int x) {
 static int mlp(df_engine *e, df_pool *pool, const df_weight *gate, const df_weight *up, const df_weight *down,
                const float *x, int T, float *out, uint64_t *bytes) {
     const int64_t I = gate->rows;
+    if (e->be->mlp) {
+        const int situ = e->cfg->act == DF_ACT_SITU;
+        if (e->be->mlp(gate, up, down, situ, e->cfg->situ_beta, e->cfg->situ_linear_beta, x, T, out) == 0) {
+            *bytes += df_weight_bytes(gate) + df_weight_bytes(up) + df_weight_bytes(down);
+            return DF_OK;
+        }
+        if (!gate->data) return DF_EINVAL; /* GPU-resident weights: no host copy to compute on */
+    }
     float *g = malloc(sizeof(float) * (size_t)(T * I)), *u = malloc(sizeof(float) * (size_t)(T * I));
     if (!g || !u) { free(g); free(u); return DF_ENOMEM; }
     e->be->matmul(pool, gate, x, T, g);

@@ -51,6 +51,11 @@ typedef struct df_backend {
      * return 1 with *w = its type and shape (data and scale NULL: matmul finds it by dev_key); else 0. */
     int (*dev_pin)(uint64_t dev_key, df_weight *w);
     void (*dev_unpin)(uint64_t dev_key);
+    /* Optional: a whole MLP in one call, out [T, down.rows] = down(act(gate x, up x)) for x [T, gate.cols];
+     * act 0 = SwiGLU silu(g)*u, 1 = SiTU (beta, lb as eng_act). Returns 0, or -1 when it cannot (the caller then
+     * runs the three matmuls and the activation itself). */
+    int (*mlp)(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+               const float *x, int T, float *out);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

@@ -56,6 +56,9 @@ void df_cuda_get_stats(df_cuda_stats *out);
 const char *df_cuda_last_error(void);
 /* y [T, rows] = x [T, cols] W^T, same contract as df_backend.matmul (W cached like the backend's). */
 int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y);
+/* out [T, down.rows] = down(act(gate x, up x)) on the GPU, one round trip (df_backend.mlp). */
+int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+                const float *x, int T, float *out);
 /* out[t] = rmsnorm(x[t]) * w for T rows of n (fp64 sum of squares, like cpu_scalar_rmsnorm). */
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps);
 /* out[i] = silu(g[i]) * u[i] for n values. */

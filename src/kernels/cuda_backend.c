@@ -37,6 +37,7 @@ static void init_table(void) {
     g_cuda_be.matmul = cuda_be_matmul;
     g_cuda_be.dev_pin = df_cuda_pin;
     g_cuda_be.dev_unpin = df_cuda_unpin;
+    g_cuda_be.mlp = df_cuda_mlp;
 }
 
 const df_backend *df_cuda_backend(void) {

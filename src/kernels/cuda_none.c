@@ -24,6 +24,8 @@ void df_cuda_unpin(uint64_t dev_key) {}
 void df_cuda_get_stats(df_cuda_stats *out) { memset(out, 0, sizeof *out); }
 const char *df_cuda_last_error(void) { return why_none; }
 int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y) { return -1; }
+int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+                const float *x, int T, float *out) { return -1; }
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
 int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
 int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }

@@ -51,9 +51,9 @@ uint64_t g_tick, g_budget;
 int g_by_addr = 1;
 df_cuda_stats g_stats;
 
-/* scratch: x, y, an uncached weight */
-void *g_sx, *g_sy, *g_sw;
-size_t g_csx, g_csy, g_csw;
+/* scratch: x, y, an uncached weight (device); x and y staging in pinned host memory (asynchronous copies) */
+void *g_sx, *g_sy, *g_sw, *g_hx, *g_hy, *g_sg, *g_su;
+size_t g_csx, g_csy, g_csw, g_chx, g_chy, g_csg, g_csu;
 
 int fail(const char *what, cudaError_t e) {
     snprintf(g_err, sizeof g_err, "%s: %s", what, cudaGetErrorString(e));
@@ -127,6 +127,17 @@ int grow(void **p, size_t *cap, size_t need) {
     *cap = 0;
     size_t n = round_up(need, 1 << 20);
     CK(cudaMalloc(p, n));
+    *cap = n;
+    return 0;
+}
+
+int grow_host(void **p, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    if (*p) cudaFreeHost(*p);
+    *p = NULL;
+    *cap = 0;
+    size_t n = round_up(need, 1 << 20);
+    CK(cudaHostAlloc(p, n, cudaHostAllocDefault));
     *cap = n;
     return 0;
 }
@@ -259,10 +270,38 @@ int matmul_locked(const df_weight *w, const float *x, int T, float *y) {
     if (weight_on_device(w, &d, &s)) return -1;
     const size_t xb = sizeof(float) * (size_t)T * (size_t)w->cols, yb = sizeof(float) * (size_t)T * (size_t)w->rows;
     if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, yb)) return -1;
-    CK(cudaMemcpyAsync(g_sx, x, xb, cudaMemcpyHostToDevice, g_st));
+    if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, yb)) return -1;
+    memcpy(g_hx, x, xb);
+    CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
     CK(cu_matmul_launch(w->type, d, s, w->rows, w->cols, (const float *)g_sx, T, (float *)g_sy, g_st));
-    CK(cudaMemcpyAsync(y, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
+    CK(cudaMemcpyAsync(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
     CK(cudaStreamSynchronize(g_st));
+    memcpy(y, g_hy, yb);
+    return 0;
+}
+
+/* gate, up, activation, down with x and out in pinned staging: one copy each way, one synchronisation.
+ * A weight in the scratch buffer is used before the next upload overwrites it (same stream). */
+int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+               const float *x, int T, float *out) {
+    const int64_t D = gate->cols, I = gate->rows, O = down->rows;
+    const size_t xb = sizeof(float) * (size_t)T * D, ib = sizeof(float) * (size_t)T * I, ob = sizeof(float) * (size_t)T * O;
+    if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, ob) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib)) return -1;
+    if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, ob)) return -1;
+    memcpy(g_hx, x, xb);
+    CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    const void *d, *s;
+    if (weight_on_device(gate, &d, &s)) return -1;
+    CK(cu_matmul_launch(gate->type, d, s, I, D, (const float *)g_sx, T, (float *)g_sg, g_st));
+    if (weight_on_device(up, &d, &s)) return -1;
+    CK(cu_matmul_launch(up->type, d, s, I, D, (const float *)g_sx, T, (float *)g_su, g_st));
+    if (act) CK(cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)T * I, beta, lb, g_st));
+    else CK(cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)T * I, g_st));
+    if (weight_on_device(down, &d, &s)) return -1;
+    CK(cu_matmul_launch(down->type, d, s, O, I, (const float *)g_sg, T, (float *)g_sy, g_st));
+    CK(cudaMemcpyAsync(g_hy, g_sy, ob, cudaMemcpyDeviceToHost, g_st));
+    CK(cudaStreamSynchronize(g_st));
+    memcpy(out, g_hy, ob);
     return 0;
 }
 
@@ -348,6 +387,20 @@ extern "C" int df_cuda_matmul(const df_weight *w, const float *x, int T, float *
     if (T <= 0 || w->rows <= 0) return 0;
     pthread_mutex_lock(&g_mu);
     int rc = matmul_locked(w, x, T, y);
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+extern "C" int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta,
+                           float lb, const float *x, int T, float *out) {
+    if (!ready()) return -1;
+    if (T <= 0) return 0;
+    if (up->rows != gate->rows || up->cols != gate->cols || down->cols != gate->rows) {
+        snprintf(g_err, sizeof g_err, "mlp: gate/up/down shapes do not chain");
+        return -1;
+    }
+    pthread_mutex_lock(&g_mu);
+    int rc = mlp_locked(gate, up, down, act, beta, lb, x, T, out);
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
