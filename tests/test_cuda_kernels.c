@@ -189,6 +189,16 @@ static void test_matmul(void) {
             }
             CHECK(same, "matmul %s [%lld x %lld] T=%d: a row differs from the 1-row call (batch invariance)",
                   df_wtype_name(w.type), (long long)R, (long long)C, T);
+            /* the four-rows-per-warp one-token kernel: the same bits as every row of the T-row call */
+            df_cuda_set_matvec_rows(4);
+            same = 1;
+            for (int t = 0; t < T && same; t++) {
+                if (df_cuda_matmul(&w, x + (int64_t)t * C, 1, y1)) { same = 0; break; }
+                if (memcmp(y1, y + (int64_t)t * R, sizeof(float) * (size_t)R)) same = 0;
+            }
+            df_cuda_set_matvec_rows(1);
+            CHECK(same, "matmul %s [%lld x %lld] T=%d: the 4-rows-per-warp one-token kernel differs from the T-row call",
+                  df_wtype_name(w.type), (long long)R, (long long)C, T);
         }
         free(x); free(y); free(ref); free(y1); free(mag); free(row);
         free_weight(&w);

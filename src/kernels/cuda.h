@@ -37,6 +37,9 @@ void df_cuda_set_expert_budget(uint64_t bytes);
 /* 1: weights with dev_key == 0 are cached by host address (a resident spine); 0: they are copied
  * to the GPU on every call (spine streaming reuses its staging buffers for other layers). */
 void df_cuda_set_cache_by_address(int on);
+/* The one-token matmul kernel: 1 = one row per warp (default), 4 = four rows per warp sharing the
+ * activation loads (same outputs bit for bit; faster for 4-bit encodings). Env DF_CUDA_MV_ROWS sets it at start. */
+void df_cuda_set_matvec_rows(int n);
 /* Drop every cached weight (a model was closed: its host addresses may be reused). */
 void df_cuda_cache_clear(void);
 

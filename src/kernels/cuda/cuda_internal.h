@@ -13,6 +13,10 @@
 cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                              const float *x, int T, float *y, cudaStream_t st);
 
+/* One-token kernel: 1 = one row per warp (default), 4 = four rows per warp sharing activation loads
+ * (bitwise the same outputs; cuda_matmul.cu mv_kernel). */
+void cu_set_matvec_rows(int n);
+
 /* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);
 cudaError_t cu_silu_mul_launch(float *out, const float *g, const float *u, int64_t n, cudaStream_t st);

@@ -218,6 +218,53 @@ mm_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, i
             if (t0 + k < T) y[(int64_t)(t0 + k) * rows + r] = acc[k];
 }
 
+/* One-token variant with RPW rows per warp: each lane loads its group of x once and applies it to RPW rows,
+ * so activation loads from L1 are shared by RPW rows (the one-row-per-warp kernel reads x again for every
+ * row, which bounds the 4-bit encodings by L1, not HBM). Every row's additions are those of mm_kernel with
+ * TT = 1 in the same order (lane l: groups l, l+32, ..., elements in order, fma; the same butterfly), so its
+ * outputs are bitwise equal to it and to every row of a T-row call. */
+constexpr int MV_WARPS = 4;
+int g_mv_rows = 1; /* 1 = mm_kernel for T = 1; 4 = mv_kernel<.., 4> (cu_set_matvec_rows) */
+
+template <int ENC, int G, int RPW>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+mv_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
+          const float *__restrict__ x, float *__restrict__ y) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * RPW;
+    if (r0 >= rows) return; /* warp-uniform */
+    const int nr = rows - r0 < RPW ? (int)(rows - r0) : RPW;
+    float acc[RPW];
+#pragma unroll
+    for (int k = 0; k < RPW; k++) acc[k] = 0.0f;
+    const int64_t ng = cols / G;
+    for (int64_t g = lane; g < ng; g += 32) {
+        float xv[G];
+#pragma unroll
+        for (int j = 0; j < G; j += 4) {
+            const float4 v = *reinterpret_cast<const float4 *>(x + g * G + j);
+            xv[j] = v.x; xv[j + 1] = v.y; xv[j + 2] = v.z; xv[j + 3] = v.w;
+        }
+#pragma unroll
+        for (int k = 0; k < RPW; k++) {
+            if (k < nr) {
+                float w[G];
+                decode_group<ENC>(data, scale, cols, r0 + k, g, w);
+#pragma unroll
+                for (int j = 0; j < G; j++) acc[k] = fmaf(w[j], xv[j], acc[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < RPW; k++)
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], off);
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < RPW; k++)
+            if (k < nr) y[r0 + k] = acc[k];
+}
+
 template <int ENC, int G>
 cudaError_t launch_g(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const float *x, int T, float *y,
                      cudaStream_t st) {
@@ -225,7 +272,12 @@ cudaError_t launch_g(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t c
     const unsigned gx = (unsigned)((rows + WARPS - 1) / WARPS);
     /* the token tile only changes how many tokens share a decoded group, never a sum's order */
     if (T >= 2) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
-    else mm_kernel<ENC, G, 1><<<dim3(gx, T), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+    else if constexpr (G % 4 == 0) {
+        if (g_mv_rows == 4)
+            mv_kernel<ENC, G, 4><<<(unsigned)((rows + 4 * MV_WARPS - 1) / (4 * MV_WARPS)), MV_WARPS * 32, 0, st>>>(
+                d, s, rows, cols, x, y);
+        else mm_kernel<ENC, G, 1><<<dim3(gx, T), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+    } else mm_kernel<ENC, G, 1><<<dim3(gx, T), blk, 0, st>>>(d, s, rows, cols, x, T, y);
     return cudaGetLastError();
 }
 
@@ -240,6 +292,8 @@ cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t col
 }
 
 } // namespace
+
+void cu_set_matvec_rows(int n) { g_mv_rows = n == 4 ? 4 : 1; }
 
 cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                              const float *x, int T, float *y, cudaStream_t st) {

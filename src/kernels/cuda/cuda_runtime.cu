@@ -87,6 +87,8 @@ void probe_once() {
         return;
     }
     g_ndev = n;
+    const char *mv = getenv("DF_CUDA_MV_ROWS"); /* one-token kernel variant (docs/cuda.md) */
+    if (mv && *mv) cu_set_matvec_rows(atoi(mv));
 }
 
 int ready() {
@@ -377,6 +379,12 @@ extern "C" void df_cuda_unpin(uint64_t dev_key) {
 extern "C" void df_cuda_get_stats(df_cuda_stats *out) {
     pthread_mutex_lock(&g_mu);
     *out = g_stats;
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void df_cuda_set_matvec_rows(int n) {
+    pthread_mutex_lock(&g_mu);
+    cu_set_matvec_rows(n);
     pthread_mutex_unlock(&g_mu);
 }
 
