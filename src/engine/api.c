@@ -60,6 +60,8 @@ struct df_model {
     uint64_t spine_stream_base;
     uint64_t kv_bytes;           /* sum over live sessions (approx., updated on eval) */
     int on_gpu;                  /* backend cuda: weights cached in GPU memory (kernels/cuda.h) */
+    uint64_t gpu_spine;          /* spine matmul bytes uploaded to the GPU at open */
+    int gpu_spine_all;           /* 1: all of them (else the rest are copied per call) */
 };
 
 /* A session's tokens [0, n_past). The sequence state (KV cache, KDA recurrent state) holds
@@ -423,6 +425,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
         df_cuda_set_cache_by_address(m->stream == NULL);
         df_cuda_set_expert_budget(opts.gpu_budget);
         m->on_gpu = 1;
+        if (!m->stream) m->gpu_spine = df_cuda_preload_spine(&m->spine, cfg->num_hidden_layers, &m->gpu_spine_all);
     }
     m->eng.pool = m->pool;
     m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release};
@@ -487,7 +490,10 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
         char gdesc[160], b9[32];
         df_cuda_describe(gdesc, sizeof gdesc);
         size_t l = strlen(m->describe);
-        snprintf(m->describe + l, sizeof m->describe - l, ", GPU %s, gpu-budget %s", gdesc,
+        char b10[32];
+        snprintf(m->describe + l, sizeof m->describe - l, ", GPU %s, spine on GPU %s%s, gpu-budget %s", gdesc,
+                 fmt_bytes(b10, sizeof b10, m->gpu_spine), m->stream ? " (streamed layers copied per call)" :
+                 m->gpu_spine_all ? "" : " (the rest copied per call)",
                  opts.gpu_budget ? fmt_bytes(b9, sizeof b9, opts.gpu_budget) : "all free");
     }
     *out = m;

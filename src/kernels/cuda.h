@@ -43,6 +43,13 @@ void df_cuda_set_matvec_rows(int n);
 /* Drop every cached weight (a model was closed: its host addresses may be reused). */
 void df_cuda_cache_clear(void);
 
+/* Upload w into the weight cache now (its key as df_cuda_matmul would use): 0 = cached, 1 = no room
+ * (it will be copied per call), -1 = no device / CUDA error. */
+int df_cuda_preload(const df_weight *w);
+/* Upload every matmul weight of a resident spine (the layers' projections, routers, dense / shared MLPs and
+ * lm_head; not the embedding or kv_b, which the CPU reads row by row) in layer order; stops at the first that
+ * does not fit. Returns the weights' bytes now cached on the GPU; *all = 1 when every one is. */
+uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all);
 /* Pin a cached weight by its explicit key (df_backend.dev_pin): 1 and its type/shape in *w, or 0. */
 int df_cuda_pin(uint64_t dev_key, df_weight *w);
 void df_cuda_unpin(uint64_t dev_key);

@@ -40,6 +40,28 @@ static void init_table(void) {
     g_cuda_be.mlp = df_cuda_mlp;
 }
 
+uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) {
+    uint64_t bytes = 0;
+    *all = 0;
+    for (int l = 0; l < n_layers; l++) {
+        const df_layer_weights *lw = &sp->layers[l];
+        const df_weight *ws[] = {&lw->q_a, &lw->q_b, &lw->q, &lw->kv_a, &lw->o, &lw->gate, &lw->up, &lw->down,
+                                 &lw->router, &lw->attn_gate, &lw->kda_q, &lw->kda_k, &lw->kda_v, &lw->f_a, &lw->f_b,
+                                 &lw->beta, &lw->g, &lw->g_a, &lw->g_b, &lw->lat_down, &lw->lat_up};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            if (!ws[i]->data) continue;
+            if (df_cuda_preload(ws[i])) return bytes;
+            bytes += df_weight_bytes(ws[i]);
+        }
+    }
+    if (sp->lm_head.data) {
+        if (df_cuda_preload(&sp->lm_head)) return bytes;
+        bytes += df_weight_bytes(&sp->lm_head);
+    }
+    *all = 1;
+    return bytes;
+}
+
 const df_backend *df_cuda_backend(void) {
     if (!df_cuda_probe(NULL, 0)) return NULL;
     pthread_once(&g_init, init_table);

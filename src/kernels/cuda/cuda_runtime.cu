@@ -399,6 +399,19 @@ extern "C" int df_cuda_matmul(const df_weight *w, const float *x, int T, float *
     return rc;
 }
 
+extern "C" int df_cuda_preload(const df_weight *w) {
+    if (!ready()) return -1;
+    if (!w->data || w->rows <= 0 || w->cols <= 0) return 0;
+    pthread_mutex_lock(&g_mu);
+    const void *d, *s;
+    const uint64_t before = g_stats.spine_bytes + g_stats.expert_bytes;
+    int rc = weight_on_device(w, &d, &s);
+    if (rc == 0 && g_stats.spine_bytes + g_stats.expert_bytes == before && !find(key_of(w))) rc = 1; /* no room */
+    if (rc == 0) rc = cudaStreamSynchronize(g_st) == cudaSuccess ? 0 : -1;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
 extern "C" int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta,
                            float lb, const float *x, int T, float *out) {
     if (!ready()) return -1;
