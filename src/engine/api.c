@@ -381,6 +381,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
                                    (uint64_t)(cfg->kda_head_dim + 3 * (cfg->kda_conv > 1 ? cfg->kda_conv - 1 : 0)) * 4;
         uint64_t kvb = (uint64_t)ctx * n_mla * (uint64_t)(cfg->kv_lora_rank + cfg->qk_rope_head_dim) * 4 +
                        2 * (uint64_t)n_kda * kda_state;
+        kvb *= (uint64_t)(opts.n_seq > 1 ? opts.n_seq : 1); /* one KV cache per session (serve --parallel) */
         uint64_t other = (uint64_t)cfg->vocab_size * 8 + (uint64_t)cfg->hidden_size * 256;
         rc = store_budget(m->nat, opts.ram_budget, m->nat->spine_bytes, kvb, other, &so.cache_bytes, err, errlen);
         if (rc == DF_EBUDGET) {
@@ -835,4 +836,109 @@ const char *df_phase_name(int phase) {
     static const char *const names[DF_PHASES] = {"embed", "norm+residual", "mla", "kda", "router", "experts",
                                                   "dense-mlp", "io-wait", "prefetch", "lm-head"};
     return phase >= 0 && phase < DF_PHASES ? names[phase] : "?";
+}
+
+/* ------------------------------------------------------------ batched eval */
+
+/* Room for n more tokens in s->tokens. */
+static int batch_tokens_room(df_session *s, int n) {
+    if (s->n_past + n <= s->tok_cap) return DF_OK;
+    int cap = s->tok_cap ? s->tok_cap : 256;
+    while (cap < s->n_past + n) cap *= 2;
+    int32_t *t = realloc(s->tokens, sizeof(int32_t) * (size_t)cap);
+    if (!t) return DF_ENOMEM;
+    s->tokens = t;
+    s->tok_cap = cap;
+    return DF_OK;
+}
+
+int df_eval_batch(df_session *const *ss, const int32_t *const *ids, const int *n, int n_seq, float *logits, int flags,
+                  char *err, size_t errlen) {
+    if (!ss || !ids || !n || n_seq < 0) return set_err(err, errlen, DF_EINVAL, "df_eval_batch: bad arguments");
+    if (n_seq == 0) return DF_OK;
+    df_model *m = ss[0] ? ss[0]->m : NULL;
+    int total = 0, any_pend = 0;
+    for (int i = 0; i < n_seq; i++) {
+        df_session *s = ss[i];
+        if (!s || !ids[i] || n[i] < 1)
+            return set_err(err, errlen, DF_EINVAL, "df_eval_batch: sequence %d has no session, no ids or %d tokens (at least 1)",
+                           i, s && ids[i] ? n[i] : 0);
+        if (s->m != m) return set_err(err, errlen, DF_EINVAL, "df_eval_batch: sequence %d's session belongs to another model", i);
+        for (int k = 0; k < i; k++)
+            if (ss[k] == s) return set_err(err, errlen, DF_EINVAL, "df_eval_batch: sequences %d and %d are the same session", k, i);
+        if (s->n_past + n[i] > s->kv.n_ctx)
+            return set_err(err, errlen, DF_ECONTEXT,
+                           "context full: sequence %d has %d tokens in its session + %d new, more than its %d positions", i,
+                           s->n_past, n[i], s->kv.n_ctx);
+        if (batch_tokens_room(s, n[i])) return set_err(err, errlen, DF_ENOMEM, "out of memory");
+        any_pend |= s->n_past > s->n_eval;
+        total += s->n_past - s->n_eval + n[i];
+    }
+    const int V = df_model_n_vocab(m), all = (flags & DF_EVAL_ALL_LOGITS) != 0;
+    /* the rows: per session its pending tokens (recurrent models after a truncation), then the new ones */
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)total);
+    df_seq_rows *seq = malloc(sizeof(df_seq_rows) * (size_t)n_seq);
+    float *run_logits = all && any_pend && logits ? malloc(sizeof(float) * (size_t)total * V) : logits;
+    if (!rows || !seq || (all && any_pend && logits && !run_logits)) {
+        free(rows);
+        free(seq);
+        if (run_logits != logits) free(run_logits);
+        return set_err(err, errlen, DF_ENOMEM, "out of memory");
+    }
+    for (int i = 0, r = 0; i < n_seq; i++) {
+        df_session *s = ss[i];
+        const int pend = s->n_past - s->n_eval;
+        memcpy(rows + r, s->tokens + s->n_eval, sizeof(int32_t) * (size_t)pend);
+        memcpy(rows + r + pend, ids[i], sizeof(int32_t) * (size_t)n[i]);
+        seq[i] = (df_seq_rows){&s->kv, s->n_eval, pend + n[i]};
+        r += pend + n[i];
+    }
+    pthread_mutex_lock(&m->mu);
+    const double t0 = now_s();
+    int rc = forward_batch(&m->eng, seq, n_seq, rows, run_logits, all, NULL, NULL, err, errlen);
+    const double dt = now_s() - t0;
+    if (run_logits != logits) {
+        if (rc == DF_OK) /* drop the pending rows' logits */
+            for (int i = 0, r = 0, o = 0; i < n_seq; i++) {
+                const int pend = seq[i].T - n[i];
+                memcpy(logits + (size_t)o * V, run_logits + (size_t)(r + pend) * V, sizeof(float) * (size_t)n[i] * V);
+                r += seq[i].T;
+                o += n[i];
+            }
+        free(run_logits);
+    }
+    if (rc == DF_OK) {
+        int n_decode = 0;
+        uint64_t n_prefill = 0;
+        uint64_t kvb = 0;
+        for (int i = 0; i < n_seq; i++) {
+            df_session *s = ss[i];
+            memcpy(s->tokens + s->n_past, ids[i], sizeof(int32_t) * (size_t)n[i]);
+            s->n_past += n[i];
+            s->n_eval = s->n_past;
+            if (s->recurrent && seq[i].T > 1) { /* snapshot at the end of a prompt, as df_eval */
+                if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
+                if (s->snap) {
+                    kv_recurrent_save(&s->kv, s->snap);
+                    s->snap_pos = s->n_eval;
+                }
+            }
+            if (n[i] > 1 || s->n_past == n[i]) n_prefill += (uint64_t)n[i];
+            else n_decode++;
+            kvb += kv_bytes(&s->kv);
+            if (m->store) store_token_event(m->store, s->n_past - 1);
+        }
+        if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
+        if (n_prefill) { m->prefill_s += dt; m->prefill_tokens += n_prefill + (uint64_t)n_decode; }
+        else { m->decode_s += dt; m->decode_tokens += (uint64_t)n_decode; }
+        m->kv_bytes = kvb;
+    } else {
+        for (int i = 0; i < n_seq; i++)
+            if (ss[i]->recurrent) session_rewind(ss[i], ss[i]->n_past); /* a failed pass may have moved the state */
+    }
+    pthread_mutex_unlock(&m->mu);
+    free(rows);
+    free(seq);
+    if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
+    return rc;
 }

@@ -113,6 +113,21 @@ void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T);
 int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,
             int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen);
 
+/* The rows of one sequence in a batched forward pass: T consecutive rows continuing kv at n_past. */
+typedef struct {
+    df_kvcache *kv;
+    int n_past;
+    int T;
+} df_seq_rows;
+
+/* Rows of n_seq sequences (seqs[i].T rows each, in order; distinct KV caches) through every layer in one
+ * pass: per-row work and the experts over all rows, each mixer per sequence (forward.c). ids: [sum T].
+ * logits: NULL, [n_seq, vocab] (the last row of each sequence) or [sum T, vocab] when all_logits. Each
+ * sequence's logits and state equal those of forward() on it alone (batch-invariant kernels).
+ * DF_EINVAL (a sequence without rows, a shared KV cache, an id outside the vocabulary), DF_ECONTEXT. */
+int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_t *ids, float *logits, int all_logits,
+                  int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen);
+
 /* Kimi Delta Attention for T tokens continuing the layer's recurrent state (kda.c).
  * h: [T, hidden] (input-normalized); out: [T, hidden]. Math: shared/notes/kimi-k3.md (KDA),
  * flash-linear-attention's naive recurrent form, one token after another (so any chunking of
