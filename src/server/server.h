@@ -27,6 +27,7 @@ typedef struct {
     int max_connections;
     int verbose;
     const char *port_file;    /* write the bound port here once listening */
+    int parallel;             /* generations running at once, decode steps batched (cmd_serve default 4); 0 = 1 */
 } srv_config;
 
 /* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.
