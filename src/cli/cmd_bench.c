@@ -611,6 +611,8 @@ int bench_project(int argc, char **argv, int (*decode)(int argc, char **argv));
 #include "bench_kernels.h" /* `bench machine` / `bench kernels` */
 /* bench_prefill.c: `bench prefill` */
 int bench_prefill(int argc, char **argv);
+/* bench_batch.c: `bench batch` */
+int bench_batch(int argc, char **argv);
 
 int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -618,21 +620,23 @@ int cmd_bench(int argc, char **argv) {
                 "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
                 "       deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N]\n"
                 "       deltafin bench prefill --model DIR [--tokens N] [--ram-budget SIZE]\n"
+                "       deltafin bench batch --model DIR [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N]\n"
                 "       deltafin bench machine | kernels [--threads N]   (DRAM bandwidth, FMA peak; kernel GB/s)\n"
                 "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
                 "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
                 "       deltafin bench project --drives N --gbps B [--arch kimi_k3] [--from EVENTS.jsonl | --model DIR |\n"
                 "                              --hit-rate H --compute-ms-per-layer C ...]\n"
-                "  Each benchmark's options: deltafin bench <io|decode|prefill|machine|kernels|cache|store|project> --help\n");
+                "  Each benchmark's options: deltafin bench <io|decode|prefill|batch|machine|kernels|cache|store|project> --help\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 2, argv + 2);
     if (!strcmp(argv[1], "prefill")) return bench_prefill(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "batch")) return bench_batch(argc - 2, argv + 2);
     if (!strcmp(argv[1], "machine") || !strcmp(argv[1], "kernels")) return bench_kernels_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "cache")) return bench_cache(argc - 2, argv + 2);
     if (!strcmp(argv[1], "store")) return bench_store(argc - 2, argv + 2);
     if (!strcmp(argv[1], "project")) return bench_project(argc - 2, argv + 2, bench_decode);
-    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, prefill, machine, kernels, cache, store, project; see deltafin bench --help)\n", argv[1]);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, prefill, batch, machine, kernels, cache, store, project; see deltafin bench --help)\n", argv[1]);
     return 2;
 }

@@ -70,6 +70,13 @@ void kv_recurrent_reset(df_kvcache *kv);
 
 
 
+/* The rows of one sequence in a batched forward pass: T consecutive rows continuing kv at n_past. */
+typedef struct {
+    df_kvcache *kv;
+    int n_past;
+    int T;
+} df_seq_rows;
+
 /* Everything a forward pass needs. */
 typedef struct {
     const df_config *cfg;
@@ -99,6 +106,12 @@ void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *
 int attn_forward(df_engine *e, int layer, df_kvcache *kv, int n_past, const float *h, int T, float *out,
                  char *err, size_t errlen);
 
+/* MLA attention for the rows of n_seq sequences (engine.h df_seq_rows; h, out: [sum T, hidden]): up to
+ * 256 rows in one pass (projections over all rows, each row attending to its own sequence's cache),
+ * longer batches one sequence at a time. Each row's result equals attn_forward on its sequence alone. */
+int attn_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out,
+                       char *err, size_t errlen);
+
 /* noaux_tc routing of T rows of router logits [T, E] -> ids/weights [T, top_k] (moe.c). */
 void moe_route(const df_config *cfg, const float *logits, const float *bias, int T, int *ids, float *weights);
 /* FFN of a layer (dense MLP, or shared + routed experts grouped by expert). h: [T, hidden]
@@ -112,13 +125,6 @@ void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T);
  * progress called per layer (what = "layers"). */
 int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,
             int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen);
-
-/* The rows of one sequence in a batched forward pass: T consecutive rows continuing kv at n_past. */
-typedef struct {
-    df_kvcache *kv;
-    int n_past;
-    int T;
-} df_seq_rows;
 
 /* Rows of n_seq sequences (seqs[i].T rows each, in order; distinct KV caches) through every layer in one
  * pass: per-row work and the experts over all rows, each mixer per sequence (forward.c). ids: [sum T].

@@ -12,8 +12,9 @@
  * After the last layer the output mix (output_attn_res_*) gives the final norm's input.
  *   mix(v_0..v_n) = sum_i softmax_i(<v_i * rsqrt(mean(v_i^2) + eps), norm.w * proj.w>) v_i
  * Batches (forward_batch): rows of several sequences in one pass; every per-row step (embedding, norms,
- * AttnRes, router, experts, lm_head) runs over all rows at once, so each expert a layer needs is read once
- * for the batch, while the mixer runs per sequence on its own KV cache / KDA state at its own position.
+ * AttnRes, router, experts, lm_head, MLA projections) runs over all rows at once, so each expert a layer
+ * needs is read once for the batch, while each row attends to its own sequence's KV cache at its own
+ * position (KDA layers: per sequence, continuing its own recurrent state).
  * The kernels give each row the same bits whatever the other rows, so a sequence's logits equal those of
  * evaluating it alone.
  * Also the weight-byte-counting matmul wrapper.
@@ -147,12 +148,12 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, ain + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
         LAP(DF_PHASE_NORM);
-        /* the mixer per sequence: each attends to its own KV cache / continues its own KDA state */
-        for (int s = 0, r0 = 0; s < n_seq && !rc; r0 += seqs[s].T, s++) {
-            const int64_t o = (int64_t)r0 * D;
-            if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward(e, l, seqs[s].kv, h + o, seqs[s].T, a + o, err, errlen);
-            else rc = attn_forward(e, l, seqs[s].kv, seqs[s].n_past, h + o, seqs[s].T, a + o, err, errlen);
-        }
+        /* each row attends to its own sequence's KV cache (MLA: projections over all rows at once) or
+         * continues its own sequence's KDA state (per sequence) */
+        if (cfg->mixer[l] != DF_MIXER_KDA) rc = attn_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
+        else
+            for (int s = 0, r0 = 0; s < n_seq && !rc; r0 += seqs[s].T, s++)
+                rc = kda_forward(e, l, seqs[s].kv, h + (int64_t)r0 * D, seqs[s].T, a + (int64_t)r0 * D, err, errlen);
         LAP(cfg->mixer[l] == DF_MIXER_KDA ? DF_PHASE_KDA : DF_PHASE_MLA);
         if (rc) goto done;
         if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
