@@ -332,9 +332,9 @@ typedef struct {
     int adaptive;        /* 1 (default): k follows the recent acceptance (grows after a fully accepted
                             draft, shrinks to the accepted length + 1 after a rejection); 0: always k_max */
     int gate;            /* 1 (default): switch drafting off when it does not pay (see df_spec_step) */
-    int window;          /* generated tokens per measurement window of the gate (default 32) */
+    int window;          /* generated tokens per measurement window of the gate (default 32, at least 16) */
     int retry;           /* generated tokens decoded plainly before drafting is tried again after the gate
-                            switched it off (default 128; doubles each time it fails again, up to 16x) */
+                            switched it off (default 256; doubles each time it fails again, up to 16x) */
 } df_spec_opts;
 
 void df_spec_opts_default(df_spec_opts *o);

@@ -29,8 +29,8 @@ const char *cli_draft_usage(void) {
            "  --draft-max K        most tokens drafted per verification, 1..64 (default 8)\n"
            "  --draft-adaptive on|off  k follows the acceptance (default on) or is always --draft-max\n"
            "  --draft-gate on|off  switch drafting off while it is slower than plain decoding, measured live (default on)\n"
-           "  --draft-window N     generated tokens per gate measurement window, >= 8 (default 32)\n"
-           "  --draft-retry N      tokens decoded plainly before drafting is retried after the gate stopped it (default 128)\n"
+           "  --draft-window N     generated tokens per gate measurement window, >= 16 (default 32)\n"
+           "  --draft-retry N      tokens decoded plainly before drafting is retried after the gate stopped it (default 256)\n"
            "  --draft-ngram MIN,MAX  n-gram lengths looked up by --draft ngram, 1 <= MIN <= MAX <= 16 (default 2,4)\n"
            "  --draft-retok auto|on|off  draft through text re-tokenization (a draft model with another tokenizer);\n"
            "                       auto (default): on when the draft model's vocabulary size differs from the target's\n";
@@ -80,7 +80,7 @@ int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts
     case 1: return int_arg(cmd, a, v, 1, 64, &o->spec.k_max) ? -1 : 1;
     case 2: return onoff_arg(cmd, a, v, &o->spec.adaptive) ? -1 : 1;
     case 3: return onoff_arg(cmd, a, v, &o->spec.gate) ? -1 : 1;
-    case 4: return int_arg(cmd, a, v, 8, 1 << 20, &o->spec.window) ? -1 : 1;
+    case 4: return int_arg(cmd, a, v, 16, 1 << 20, &o->spec.window) ? -1 : 1;
     case 5: return int_arg(cmd, a, v, 1, 1 << 24, &o->spec.retry) ? -1 : 1;
     case 6: {
         int lo, hi, used = 0;

@@ -489,6 +489,7 @@ int cmd_run(int argc, char **argv) {
     df_model_stats(m, &after_prefill);
     char buf[1024];
     int stopped = 0;
+    const double t_gen = now_s();
     if (drafter) {
         /* speculative: the same tokens as the loop below, several per target eval */
         rc = df_spec_new(&spec, s, drafter, smp, &dopt.spec, err, sizeof err);
@@ -523,7 +524,7 @@ int cmd_run(int argc, char **argv) {
         rc = df_eval(s, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
-    double total = now_s() - t_start;
+    const double gen_s = now_s() - t_gen, total = now_s() - t_start;
     if (dt) {
         int w = df_detok_flush(dt, buf, sizeof buf);
         if (w > 0) fwrite(buf, 1, (size_t)w, stdout);
@@ -578,6 +579,9 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "profile: %-16s %10.3f          %16.3f\n", "total", pre, 1e3 * dec / nd);
         }
     }
+    if (stats) /* tokens after the first (which comes from the prompt's logits) per second of generation */
+        fprintf(stderr, "stats: generation %d tokens in %.3f s after the prompt: %.2f tok/s (draft %s)\n", n_out, gen_s,
+                n_out > 1 && gen_s > 0 ? (n_out - 1) / gen_s : 0.0, drafter ? df_drafter_kind(drafter) : "off");
     if (stats && spec) {
         df_spec_stats sst;
         df_spec_get_stats(spec, &sst);

@@ -20,9 +20,11 @@
  * Gating: verifying k rows routes to more distinct experts, which can cost more than
  * it saves on a storage-bound model. Generated tokens per second are measured live
  * (wall time of drafting + verification + sampling) with drafting and without it
- * (a plain probe first, then again every PROBE_EVERY windows); when drafting is
- * slower over at least MIN_WINDOW tokens it is switched off for `retry` tokens (x2
- * each time it fails again, up to 16x) and then tried again. k adapts: it doubles
+ * (a plain probe of PROBE_WINDOW tokens first, then again every PROBE_EVERY windows);
+ * when drafting is slower over at least MIN_WINDOW tokens, or clearly slower (under
+ * EARLY_RATIO of the plain rate) after EARLY_CALLS verifications, it is switched off
+ * for `retry` tokens (x2 each time it fails again, up to 16x) and then tried again, so
+ * a drafter that never pays costs a few verifications per retry period. k adapts: it doubles
  * after a fully accepted draft and becomes the accepted length + 1 after a rejection.
  */
 #define _GNU_SOURCE
@@ -34,7 +36,8 @@
 #include <string.h>
 #include <time.h>
 
-enum { MIN_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16 };
+enum { MIN_WINDOW = 16, EARLY_CALLS = 2, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16 };
+#define EARLY_RATIO 0.75 /* after EARLY_CALLS verifications: off at once when below this share of the plain rate */
 
 typedef enum { G_PROBE = 0, G_SPEC, G_OFF } gate_mode;
 
@@ -52,6 +55,7 @@ struct df_spec {
     df_spec_stats st;
     gate_mode mode;
     int win_tokens;          /* tokens in the current window */
+    int win_calls;           /* verifications in it */
     double win_s;            /* its wall time */
     int off_left;            /* G_OFF: plain tokens before drafting is tried again */
     int backoff;
@@ -75,7 +79,7 @@ void df_spec_opts_default(df_spec_opts *o) {
     o->adaptive = 1;
     o->gate = 1;
     o->window = 32;
-    o->retry = 128;
+    o->retry = 256;
 }
 
 int df_spec_new(df_spec **out, df_session *target, df_drafter *d, df_sampler *smp, const df_spec_opts *opts, char *err,
@@ -133,38 +137,42 @@ void df_spec_get_stats(const df_spec *g, df_spec_stats *o) {
 }
 
 /* Account a step of `n` tokens taking dt seconds and move the gate. */
-static void gate_update(df_spec *g, int n, double dt) {
+static void win_reset(df_spec *g) {
+    g->win_tokens = g->win_calls = 0;
+    g->win_s = 0;
+}
+
+static void gate_update(df_spec *g, int n, double dt, int verified) {
     g->win_tokens += n;
     g->win_s += dt;
+    g->win_calls += verified;
     const double rate = g->win_s > 0 ? g->win_tokens / g->win_s : 0;
     switch (g->mode) {
     case G_PROBE: /* a plain window: the baseline drafting is compared with */
-        if (g->win_tokens >= MIN_WINDOW) {
+        if (g->win_tokens >= PROBE_WINDOW) {
             g->st.plain_tok_s = rate;
             g->mode = G_SPEC;
-            g->win_tokens = 0;
-            g->win_s = 0;
+            win_reset(g);
         }
         break;
     case G_SPEC:
         if (!g->o.gate) {
-            if (g->win_tokens >= g->o.window) { g->st.spec_tok_s = rate; g->win_tokens = 0; g->win_s = 0; }
+            if (g->win_tokens >= g->o.window) { g->st.spec_tok_s = rate; win_reset(g); }
             break;
         }
-        if (g->win_tokens >= MIN_WINDOW && g->st.plain_tok_s > 0 && rate < g->st.plain_tok_s) {
+        const double plain = g->st.plain_tok_s;
+        if (plain > 0 && ((g->win_tokens >= MIN_WINDOW && rate < plain) || (g->win_calls >= EARLY_CALLS && rate < EARLY_RATIO * plain))) {
             /* drafting does not pay: off for a while */
             g->st.spec_tok_s = rate;
             g->st.gate_off++;
             g->mode = G_OFF;
             g->off_left = g->o.retry * g->backoff;
             if (g->backoff < BACKOFF_MAX) g->backoff *= 2;
-            g->win_tokens = 0;
-            g->win_s = 0;
+            win_reset(g);
         } else if (g->win_tokens >= g->o.window) {
             g->st.spec_tok_s = rate;
             g->backoff = 1;
-            g->win_tokens = 0;
-            g->win_s = 0;
+            win_reset(g);
             if (++g->spec_windows >= PROBE_EVERY) { g->spec_windows = 0; g->mode = G_PROBE; }
         }
         break;
@@ -175,12 +183,10 @@ static void gate_update(df_spec *g, int n, double dt) {
             if (g->win_tokens >= MIN_WINDOW) g->st.plain_tok_s = rate; /* the latest plain rate */
             g->mode = G_SPEC;
             g->spec_windows = 0;
-            g->win_tokens = 0;
-            g->win_s = 0;
+            win_reset(g);
         } else if (g->win_tokens >= g->o.window) {
             g->st.plain_tok_s = rate;
-            g->win_tokens = 0;
-            g->win_s = 0;
+            win_reset(g);
         }
         break;
     }
@@ -253,6 +259,6 @@ int df_spec_step(df_spec *g, int32_t cur, int32_t *out, int cap, char *err, size
         }
     }
     g->st.generated += (uint64_t)n_out;
-    if (g->d) gate_update(g, n_out, now_s() - t0);
+    if (g->d) gate_update(g, n_out, now_s() - t0, nd > 0);
     return n_out;
 }
