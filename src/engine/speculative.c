@@ -20,7 +20,8 @@
  * Gating: verifying k rows routes to more distinct experts, which can cost more than
  * it saves on a storage-bound model. Generated tokens per second are measured live
  * (wall time of drafting + verification + sampling) with drafting and without it
- * (a plain probe of PROBE_WINDOW tokens first, then again every PROBE_EVERY windows);
+ * (a plain probe of PROBE_WINDOW tokens first, then again after 1, 2, 4 and then every
+ * PROBE_EVERY windows: the first rates include the warm-up of caches);
  * when drafting is slower over at least MIN_WINDOW tokens, or clearly slower (under
  * EARLY_RATIO of the plain rate) after EARLY_CALLS verifications, it is switched off
  * for `retry` tokens (x2 each time it fails again, up to 16x) and then tried again, so
@@ -60,6 +61,7 @@ struct df_spec {
     int off_left;            /* G_OFF: plain tokens before drafting is tried again */
     int backoff;
     int spec_windows;        /* full G_SPEC windows since the last plain probe */
+    int probe_every;         /* windows between plain probes: 1, 2, 4 .. PROBE_EVERY (early rates are warm-up) */
 };
 
 static double now_s(void) {
@@ -116,6 +118,7 @@ int df_spec_new(df_spec **out, df_session *target, df_drafter *d, df_sampler *sm
     g->mode = d ? (o.gate ? G_PROBE : G_SPEC) : G_OFF;
     g->off_left = 0;
     g->backoff = 1;
+    g->probe_every = 1;
     *out = g;
     return DF_OK;
 }
@@ -173,7 +176,11 @@ static void gate_update(df_spec *g, int n, double dt, int verified) {
             g->st.spec_tok_s = rate;
             g->backoff = 1;
             win_reset(g);
-            if (++g->spec_windows >= PROBE_EVERY) { g->spec_windows = 0; g->mode = G_PROBE; }
+            if (++g->spec_windows >= g->probe_every) {
+                g->spec_windows = 0;
+                g->mode = G_PROBE;
+                if (g->probe_every < PROBE_EVERY) g->probe_every *= 2;
+            }
         }
         break;
     case G_OFF:
