@@ -673,6 +673,8 @@ void df_session_free(df_session *s) {
 }
 
 int df_session_n_past(const df_session *s) { return s ? s->n_past : 0; }
+int df_session_n_ctx(const df_session *s) { return s ? s->kv.n_ctx : 0; }
+df_model *df_session_model(const df_session *s) { return s ? s->m : NULL; }
 const int32_t *df_session_tokens(const df_session *s) { return s ? s->tokens : NULL; }
 
 /* Roll the recurrent state back to at most position `pos`: the snapshot when it is not past
@@ -697,6 +699,22 @@ int df_session_truncate(df_session *s, int n_keep) {
     return DF_OK;
 }
 
+/* DF_EVAL_MARK on a recurrent model (m->mu held): evaluate the `pend` pending tokens in their own pass, then
+ * take the rollback snapshot at n_past, before the call's tokens. */
+static int eval_mark(df_session *s, int pend, char *err, size_t errlen) {
+    int rc = DF_OK;
+    if (pend > 0) {
+        rc = forward(&s->m->eng, &s->kv, s->n_eval, s->tokens + s->n_eval, pend, NULL, 0, NULL, NULL, err, errlen);
+        if (rc != DF_OK) return rc;
+        s->n_eval = s->n_past;
+    }
+    if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
+    if (!s->snap) return set_err(err, errlen, DF_ENOMEM, "out of memory for the recurrent-state snapshot");
+    kv_recurrent_save(&s->kv, s->snap);
+    s->snap_pos = s->n_eval;
+    return DF_OK;
+}
+
 int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, df_progress_fn p, void *u, char *err,
             size_t errlen) {
     if (!s || (!ids && n > 0) || n < 0) return set_err(err, errlen, DF_EINVAL, "df_eval: bad arguments");
@@ -714,7 +732,8 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         s->tok_cap = cap;
     }
     /* pending tokens (recurrent models after a truncation) go first */
-    const int pend = s->n_past - s->n_eval, all = (flags & DF_EVAL_ALL_LOGITS) != 0;
+    int pend = s->n_past - s->n_eval;
+    const int all = (flags & DF_EVAL_ALL_LOGITS) != 0;
     const int32_t *run_ids = ids;
     int32_t *joined = NULL;
     float *run_logits = logits;
@@ -732,7 +751,17 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
     }
     pthread_mutex_lock(&m->mu);
     double t0 = now_s();
-    int rc = forward(&m->eng, &s->kv, s->n_eval, run_ids, pend + n, run_logits, all, p, u, err, errlen);
+    const int mark = (flags & DF_EVAL_MARK) && s->recurrent;
+    int rc = mark ? eval_mark(s, pend, err, errlen) : DF_OK;
+    if (mark && rc == DF_OK && pend > 0) { /* the pending tokens went through; the call's own tokens remain */
+        run_ids = ids;
+        if (run_logits != logits) free(run_logits);
+        run_logits = logits;
+        free(joined);
+        joined = NULL;
+        pend = 0;
+    }
+    if (rc == DF_OK) rc = forward(&m->eng, &s->kv, s->n_eval, run_ids, pend + n, run_logits, all, p, u, err, errlen);
     double dt = now_s() - t0;
     if (run_logits != logits) {
         if (rc == DF_OK) memcpy(logits, run_logits + (size_t)pend * df_model_n_vocab(m), sizeof(float) * (size_t)n * df_model_n_vocab(m));
@@ -744,7 +773,7 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         memcpy(s->tokens + s->n_past, ids, sizeof(int32_t) * (size_t)n);
         s->n_past += n;
         s->n_eval = s->n_past;
-        if (s->recurrent && pend + n > 1) { /* snapshot at the end of a prompt: where a later turn returns to */
+        if (s->recurrent && pend + n > 1 && !mark) { /* snapshot at the end of a prompt: where a later turn returns to */
             if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
             if (s->snap) {
                 kv_recurrent_save(&s->kv, s->snap);
@@ -753,7 +782,8 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         }
         if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
         /* the prompt's eval is the prefill even when the prompt is one token */
-        if (n > 1 || s->n_past == n) { m->prefill_s += dt; m->prefill_tokens += (uint64_t)n; }
+        if ((n > 1 && !(flags & DF_EVAL_MARK)) || s->n_past == n) { m->prefill_s += dt; m->prefill_tokens += (uint64_t)n; }
+        else if (n > 1) { m->decode_s += dt; m->decode_tokens += (uint64_t)n; } /* a verification: n positions */
         else { m->decode_s += dt; m->decode_tokens += 1; }
         m->kv_bytes = kv_bytes(&s->kv);
         if (m->store) store_token_event(m->store, s->n_past - 1);
