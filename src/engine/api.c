@@ -798,6 +798,8 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
 void df_model_stats(const df_model *m, df_stats *o) {
     memset(o, 0, sizeof *o);
     if (!m) return;
+    pthread_mutex_t *mu = (pthread_mutex_t *)&m->mu; /* not during a forward pass of another thread */
+    pthread_mutex_lock(mu);
     o->ttft_s = m->ttft_s;
     o->prefill_s = m->prefill_s;
     o->decode_s = m->decode_s;
@@ -826,6 +828,7 @@ void df_model_stats(const df_model *m, df_stats *o) {
     o->expert_union_count = m->eng.touched_n;
     o->spine_bytes_streamed = m->stream ? sst_bytes_read(m->stream) - m->spine_stream_base : 0;
     o->expert_union_bytes = m->eng.touched_n * m->nat->stride;
+    pthread_mutex_unlock(mu);
 }
 
 void df_model_stats_reset(df_model *m) {

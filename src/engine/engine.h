@@ -140,6 +140,12 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
  * a prompt gives bit-identical results). */
 int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, float *out, char *err, size_t errlen);
 
+/* kda_forward for the rows of n_seq sequences (h, out: [sum T, hidden]): projections over all rows, the
+ * short conv and the recurrence of each sequence on its own state. Each row's result equals kda_forward on
+ * its sequence alone. */
+int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
+                      size_t errlen);
+
 /* The MLP activation of cfg->act applied in place: g[i] = act(g[i], u[i]) for n values
  * (SwiGLU: silu(g)*u; SiTU: beta*tanh(g/beta)*sigmoid(g) * (lb*tanh(u/lb) or u)). */
 void eng_act(const df_engine *e, float *g, const float *u, int64_t n);

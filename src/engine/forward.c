@@ -14,7 +14,7 @@
  * Batches (forward_batch): rows of several sequences in one pass; every per-row step (embedding, norms,
  * AttnRes, router, experts, lm_head, MLA projections) runs over all rows at once, so each expert a layer
  * needs is read once for the batch, while each row attends to its own sequence's KV cache at its own
- * position (KDA layers: per sequence, continuing its own recurrent state).
+ * position (MLA) or continues its own sequence's recurrent state (KDA).
  * The kernels give each row the same bits whatever the other rows, so a sequence's logits equal those of
  * evaluating it alone.
  * Also the weight-byte-counting matmul wrapper.
@@ -148,12 +148,10 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, ain + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
         LAP(DF_PHASE_NORM);
-        /* each row attends to its own sequence's KV cache (MLA: projections over all rows at once) or
-         * continues its own sequence's KDA state (per sequence) */
-        if (cfg->mixer[l] != DF_MIXER_KDA) rc = attn_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
-        else
-            for (int s = 0, r0 = 0; s < n_seq && !rc; r0 += seqs[s].T, s++)
-                rc = kda_forward(e, l, seqs[s].kv, h + (int64_t)r0 * D, seqs[s].T, a + (int64_t)r0 * D, err, errlen);
+        /* projections over all rows at once; each row attends to its own sequence's KV cache (MLA) or
+         * continues its own sequence's recurrent state (KDA) */
+        if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
+        else rc = attn_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
         LAP(cfg->mixer[l] == DF_MIXER_KDA ? DF_PHASE_KDA : DF_PHASE_MLA);
         if (rc) goto done;
         if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);

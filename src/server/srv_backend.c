@@ -98,10 +98,10 @@ static void *m_session_acquire(srv_backend *b, const int32_t *prompt, int n) {
     int np[SRV_MAX_PARALLEL], busy[SRV_MAX_PARALLEL];
     double last[SRV_MAX_PARALLEL];
     pthread_mutex_lock(&bm->mu);
-    for (int i = 0; i < bm->n_ss; i++) {
-        toks[i] = df_session_tokens(bm->ss[i].s);
-        np[i] = df_session_n_past(bm->ss[i].s);
+    for (int i = 0; i < bm->n_ss; i++) { /* a busy session is being evaluated by its generation: not read */
         busy[i] = bm->ss[i].busy;
+        toks[i] = busy[i] ? NULL : df_session_tokens(bm->ss[i].s);
+        np[i] = busy[i] ? 0 : df_session_n_past(bm->ss[i].s);
         last[i] = bm->ss[i].last_used;
     }
     int i = srv_pick_session(toks, np, busy, last, bm->n_ss, prompt, n);

@@ -128,10 +128,10 @@ static void *k_session_acquire(srv_backend *b, const int32_t *prompt, int n) {
     const int32_t *toks[SRV_MAX_PARALLEL];
     int np[SRV_MAX_PARALLEL], busy[SRV_MAX_PARALLEL];
     double last[SRV_MAX_PARALLEL];
-    for (int i = 0; i < k->n_ss; i++) {
-        toks[i] = k->ss[i].toks;
-        np[i] = k->ss[i].n_past;
+    for (int i = 0; i < k->n_ss; i++) { /* a busy session is being evaluated by its generation: not read */
         busy[i] = k->ss[i].busy;
+        toks[i] = k->ss[i].toks;
+        np[i] = busy[i] ? 0 : k->ss[i].n_past;
         last[i] = k->ss[i].last_used;
     }
     int i = srv_pick_session(toks, np, busy, last, k->n_ss, prompt, n);
