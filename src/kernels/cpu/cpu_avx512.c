@@ -292,13 +292,13 @@ AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_
 /* Rows [r0, r1) of an MXFP4 / INT4 weight (cols % 32 == 0), one token; xq: x in q4 lane order.
  * R rows per pass (R independent accumulator chains, R row streams). The R rows of the next
  * pass are one contiguous run of bytes (and of scales): while a pass computes, that run is
- * prefetched into L2 a line or so per 32-column block, so the loads of every pass but the
+ * prefetched into L1 a line or so per 32-column block, so the loads of every pass but the
  * first of a task hit L2 and DRAM streams at a steady rate (nothing past r1 is fetched). */
 #ifndef Q4_ROWS
 #define Q4_ROWS 4
 #endif
 #ifndef Q4_NEXT_HINT
-#define Q4_NEXT_HINT _MM_HINT_T1
+#define Q4_NEXT_HINT _MM_HINT_T0
 #endif
 AVX512_INLINE void mv_q4_impl(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1, const df_wtype t) {
     enum { R = Q4_ROWS };
