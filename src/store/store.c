@@ -165,6 +165,7 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
     st->t0 = store_now();
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->done_cv, NULL);
+    pthread_cond_init(&st->ver_cv, NULL);
     st->n_layers = nat->cfg.num_hidden_layers;
     st->n_experts = nat->n_experts;
     st->top_k = nat->cfg.num_experts_per_tok > 0 ? nat->cfg.num_experts_per_tok : 1;
@@ -391,6 +392,7 @@ void store_close(df_store *st) {
     free(st->pf_issued); free(st->pf_useful);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->done_cv);
+    pthread_cond_destroy(&st->ver_cv);
     free(st);
 }
 
