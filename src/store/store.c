@@ -545,6 +545,15 @@ static void drop_stale_guesses(df_store *st, int layer) {
 int store_request(df_store *st, int layer, const int *experts, int n, store_prio prio) {
     pthread_mutex_lock(&st->mu);
     int rc = 0;
+    /* a demand set first holds every member already present, so that loading one member cannot take
+     * the slot of another (e.g. a guess for it that has not been acquired yet) */
+    if (prio == STORE_DEMAND)
+        for (int i = 0; i < n; i++) {
+            if (!check_key(st, layer, experts[i])) continue;
+            const int s = st->slot_of[KEY(st, layer, experts[i])];
+            if (s >= 0 && (st->slots[s].state == SLOT_LOADING || st->slots[s].state == SLOT_READY))
+                st->slots[s].demand_hold = 1;
+        }
     for (int i = 0; i < n; i++) {
         if (!check_key(st, layer, experts[i])) { rc = DF_EINVAL; continue; }
         int key = KEY(st, layer, experts[i]);
