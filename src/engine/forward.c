@@ -138,11 +138,16 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         /* prompt-sized calls: ffn_forward guesses layer l+1's experts from x once layer l's own reads are
          * queued (behind them, into slots nothing pending or unused holds; see ffn_forward) */
         e->la_x = NULL;
-        if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe && sp->layers[l].is_moe) {
+        if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe) {
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
             LAP(DF_PHASE_IO_WAIT);
-            e->la_x = x;
-            e->la_layer = l + 1;
+            if (sp->layers[l].is_moe) {
+                e->la_x = x;
+                e->la_layer = l + 1;
+            } else { /* a dense layer reads no experts: the guesses go out now, read during its MLP */
+                moe_prefetch(e, l + 1, x, T);
+                LAP(DF_PHASE_PREFETCH);
+            }
         }
         const float *fin = x;
         if (B > 0) {
