@@ -96,6 +96,10 @@ typedef struct {
     uint64_t touched_n;              /* distinct (layer, expert) pairs used since the last reset */
     /* added for spine streaming (issue 4): NULL = the whole spine is resident */
     struct spine_stream *stream;
+    /* prompt-sized lookahead: the residual stream after layer la_layer - 1's attention, from which
+     * ffn_forward of that layer guesses la_layer's experts (NULL = none) */
+    const float *la_x;
+    int la_layer;
 } df_engine;
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
@@ -120,6 +124,11 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
 /* Prefetch hook: route h (layer's ffn-normalized residual) with layer's router and request the
  * predicted experts with STORE_PREFETCH. No effect on numerics. */
 void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T);
+
+/* The experts layer `layer`'s router picks for any of the T rows of x_resid (the residual stream, normed
+ * here with that layer's ffn_norm), ascending, into used[n_routed_experts]; returns how many (0 for a
+ * dense layer or on allocation failure). */
+int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used);
 
 /* T tokens through every layer. logits: NULL, [vocab] (last position) or [T, vocab] when all_logits.
  * progress called per layer (what = "layers"). */

@@ -166,6 +166,20 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
             moe_prefetch(e, l + 1, x, T);
             LAP(DF_PHASE_PREFETCH);
         }
+        /* prompt-sized calls: ffn_forward guesses layer l+1's experts from x once layer l's own reads are
+         * queued (behind them, into slots nothing pending or unused holds; see ffn_forward) */
+        e->la_x = NULL;
+        if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe) {
+            if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
+            LAP(DF_PHASE_IO_WAIT);
+            if (sp->layers[l].is_moe) {
+                e->la_x = x;
+                e->la_layer = l + 1;
+            } else { /* a dense layer reads no experts: the guesses go out now, read during its MLP */
+                moe_prefetch(e, l + 1, x, T);
+                LAP(DF_PHASE_PREFETCH);
+            }
+        }
         const float *fin = x;
         if (B > 0) {
             attn_res_mix(mx, blocks, nb, nbmax, x, lw->mlp_res_norm, lw->mlp_res_proj, T, D, cfg->rms_norm_eps);
@@ -177,6 +191,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         {
             const double io0 = e->io_wait_s, r0 = e->phase_s[DF_PHASE_ROUTER];
             rc = ffn_forward(e, l, h, T, a, err, errlen);
+            e->la_x = NULL;
             const double now = df_now(), dio = e->io_wait_s - io0, dr = e->phase_s[DF_PHASE_ROUTER] - r0;
             e->phase_s[lw->is_moe ? DF_PHASE_EXPERTS : DF_PHASE_DENSE] += now - lap - dio - dr;
             e->phase_s[DF_PHASE_IO_WAIT] += dio;
