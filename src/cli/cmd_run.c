@@ -25,8 +25,9 @@
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: deltafin run --model DIR (--prompt TEXT | --prompt-file FILE | --prompt-ids 1,2,3) [options]\n"
-            "  --model DIR          native model dir (manifest.json) or Hugging Face dir (config.json; converted once into the cache)\n"
+            "usage: deltafin run [--model DIR] (--prompt TEXT | --prompt-file FILE | --prompt-ids 1,2,3) [options]\n"
+            "  --model DIR          native model dir (manifest.json) or Hugging Face dir (config.json; converted once into the cache);\n"
+            "                       default: the model `deltafin setup` installed, else the embedded models/kimi-mini\n"
             "  --prompt TEXT        prompt text (needs the model's tokenizer); --prompt - reads it from stdin\n"
             "  --prompt-file FILE   prompt text from FILE, as is (- = stdin)\n"
             "  --prompt-ids LIST    prompt as comma-separated token ids\n"
@@ -364,7 +365,11 @@ int cmd_run(int argc, char **argv) {
         else { fprintf(stderr, "deltafin run: unknown option '%s'\n\n", a); run_usage(stderr); return 2; }
 #undef NEXT
     }
-    if (!model) { fprintf(stderr, "deltafin run: --model DIR is required\n\n"); run_usage(stderr); return 2; }
+    char dflt_dir[4096], dflt_how[4600] = "";
+    if (!model) {
+        if (cli_default_model("run", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     if ((prompt != NULL) + (prompt_ids != NULL) + (prompt_file != NULL) != 1) {
         fprintf(stderr, "deltafin run: give exactly one of --prompt TEXT, --prompt-file FILE or --prompt-ids LIST\n");
         return 2;
@@ -430,7 +435,8 @@ int cmd_run(int argc, char **argv) {
 
     rc = df_model_open(&m, model, &mo, err, sizeof err);
     if (rc) { progress_end(); fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); goto done; }
-    if (!quiet) fprintf(stderr, "%s\n", df_model_describe(m));
+    if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
+                        dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
     const df_tokenizer *tok = own_tok ? own_tok : df_model_tokenizer(m);
     int vocab = df_model_n_vocab(m);
     for (int i = 0; i < n_ids; i++)
