@@ -42,7 +42,7 @@ int registry_load(const char *path, reg_entry **entries, int *n, char *dflt, siz
     cJSON *root = cJSON_Parse(txt);
     free(txt);
     const cJSON *models = root ? cJSON_GetObjectItemCaseSensitive(root, "models") : NULL;
-    if (!cJSON_IsObject(root) || (models && !cJSON_IsArray(models))) {
+    if (!cJSON_IsObject(root) || !cJSON_IsArray(models)) {
         cJSON_Delete(root);
         return df_set_errc(err, errlen, DF_EFORMAT, "registry %s is not a deltafin models.json (expected {\"default\": ..., \"models\": [...]}); "
                            "move it away and run `deltafin setup` again", path);
