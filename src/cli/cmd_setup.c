@@ -41,6 +41,7 @@ static void usage(FILE *f) {
             "  --retries N            extra tries of a failed request (default 4)\n"
             "  --threads N            conversion threads (default all cores)\n"
             "  --keep-download        keep the downloaded .safetensors shards after the conversion (default: removed)\n"
+            "  --download-only        download and verify into DIR/NAME only: no conversion, nothing recorded\n"
             "  --registry FILE        installed-models registry (default $DELTAFIN_REGISTRY, else\n"
             "                         $XDG_DATA_HOME/deltafin/models.json, else ~/.local/share/deltafin/models.json)\n"
             "  --no-default           record the model without making it the default\n"
@@ -114,7 +115,7 @@ static int default_dir(const char *repo, char *out, size_t cap) {
 
 int cmd_setup(int argc, char **argv) {
     const char *repo = NULL, *rev = NULL, *mirror = NULL, *dir_flag = NULL, *expert_dirs = NULL, *reg_flag = NULL;
-    int include_draft = 0, keep = 0, no_default = 0, quiet = 0, verbose = 0, threads = 0, retries = 4, stream = 0;
+    int download_only = 0, include_draft = 0, keep = 0, no_default = 0, quiet = 0, verbose = 0, threads = 0, retries = 4, stream = 0;
     hub_dl_opts dl;
     hub_dl_opts_default(&dl);
     for (int i = 1; i < argc; i++) {
@@ -130,6 +131,7 @@ int cmd_setup(int argc, char **argv) {
         else if (!strcmp(a, "--registry")) { if (!(reg_flag = NEXT())) return 2; }
         else if (!strcmp(a, "--include-draft")) include_draft = 1;
         else if (!strcmp(a, "--keep-download")) keep = 1;
+        else if (!strcmp(a, "--download-only")) download_only = 1;
         else if (!strcmp(a, "--no-default")) no_default = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--verbose")) verbose = 1;
@@ -281,7 +283,7 @@ int cmd_setup(int argc, char **argv) {
     struct statvfs vfs;
     if (statvfs(dl_dir, &vfs) == 0) {
         uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
-        uint64_t need = (total - have) + (expert_dirs ? 0 : weights);
+        uint64_t need = (total - have) + (expert_dirs || download_only ? 0 : weights);
         if (need > avail) {
             fprintf(stderr, "deltafin setup: not enough disk space in %s: the download needs %.2f GB more and the native layout "
                             "about %.2f GB, %.2f GB are free; free space, or choose --dir (and --expert-dirs for the experts)\n",
@@ -305,6 +307,12 @@ int cmd_setup(int argc, char **argv) {
             dl.bytes_present / 1e6, dl.retries_used);
     printf("setup: fetched_bytes %llu present_bytes %llu retries %d\n", (unsigned long long)dl.bytes_fetched,
            (unsigned long long)dl.bytes_present, dl.retries_used);
+
+    if (download_only) {
+        free(files);
+        printf("setup: %s downloaded into %s (--download-only: not converted, not recorded)\n", h.repo, dl_dir);
+        return 0;
+    }
 
     /* 5. convert (a directory left by an interrupted conversion is cleared first: it has no manifest.json) */
     if (df_path_exists(nat_dir)) nftw(nat_dir, rm_entry, 32, FTW_DEPTH | FTW_PHYS);

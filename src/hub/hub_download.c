@@ -7,8 +7,10 @@
  * sidecar FILE.partial.state holds a header (magic "DFDL1", file size, chunk size, sha256) and
  * one u64 per chunk: the bytes of that chunk already written, updated after each write. A run
  * killed at any point (kill -9 included: both files are in the page cache) resumes every chunk
- * at its first missing byte. A finished file is fsynced, its sha256 compared with the
- * mirror's, and only then renamed to its final name (the sidecar is removed). */
+ * at its first missing byte. A hashing thread follows each file's contiguous written prefix
+ * (reading it back from the page cache), so the sha256 is ready about when the last byte lands;
+ * a finished file is fsynced, its sha256 compared with the mirror's, and only then renamed to
+ * its final name (the sidecar is removed). */
 #define _GNU_SOURCE
 #include "hub.h"
 #include "deltafin.h"
@@ -18,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -63,9 +66,68 @@ typedef struct {
     char final_path[4096], part_path[4200], state_path[4300];
     int fd, sfd;
     uint64_t chunk, nchunks, next_chunk, remaining; /* remaining: chunks not complete */
-    uint64_t *done;                                 /* [nchunks] bytes of each chunk written */
+    uint64_t *done;                                 /* [nchunks] bytes of each chunk written (atomic: the hasher reads) */
     int active, finished;
+    /* sha256 of the written prefix [0, hashed), by the hashing thread */
+    uint64_t hashed;
+    int hash_state;                                 /* 0 pending, 1 digest ready, -1 read error (hash_msg) */
+    char digest[65], hash_msg[800];
 } dl_file;
+
+typedef struct {
+    dl_file *fs;
+    int n, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;                              /* a file's digest is ready */
+} hasher;
+
+/* The hashing thread: files in order; for each, the bytes from `hashed` up to the end of the
+ * written prefix, in 4 MiB reads; waits 1 ms when nothing new is written. */
+static void *hash_main(void *arg) {
+    hasher *H = arg;
+    size_t cap = (size_t)4 << 20;
+    unsigned char *buf = malloc(cap);
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    for (int i = 0; i < H->n; i++) {
+        dl_file *df = &H->fs[i];
+        if (__atomic_load_n(&df->hash_state, __ATOMIC_ACQUIRE) != 0) continue;
+        EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+        int st = 1;
+        while (df->hashed < df->f->size) {
+            if (__atomic_load_n(&H->stop, __ATOMIC_ACQUIRE)) goto out;
+            uint64_t ci = df->hashed / df->chunk;
+            uint64_t avail = ci * df->chunk + __atomic_load_n(&df->done[ci], __ATOMIC_ACQUIRE);
+            if (avail <= df->hashed) {
+                struct timespec ts = {0, 1000 * 1000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
+            size_t len = (size_t)(avail - df->hashed < cap ? avail - df->hashed : cap);
+            if (!buf || !c || df_pread_all(df->fd, buf, len, df->hashed)) {
+                snprintf(df->hash_msg, sizeof df->hash_msg, "cannot read back %s to hash it: %s", df->f->name,
+                         buf && c ? strerror(errno) : "out of memory");
+                st = -1;
+                break;
+            }
+            EVP_DigestUpdate(c, buf, len);
+            df->hashed += len;
+        }
+        if (st == 1) {
+            unsigned char md[32];
+            unsigned int mdl = 0;
+            EVP_DigestFinal_ex(c, md, &mdl);
+            for (int k = 0; k < 32; k++) snprintf(df->digest + 2 * k, 3, "%02x", md[k]);
+        }
+        pthread_mutex_lock(&H->mu);
+        __atomic_store_n(&df->hash_state, st, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&H->cv);
+        pthread_mutex_unlock(&H->mu);
+    }
+out:
+    EVP_MD_CTX_free(c);
+    free(buf);
+    return NULL;
+}
 
 typedef struct retry_item {
     dl_file *df;
@@ -125,7 +187,7 @@ static size_t on_data(char *p, size_t sz, size_t nm, void *u) {
         return 0;
     }
     x->pos += n;
-    df->done[x->ci] = x->pos - c0;
+    __atomic_store_n(&df->done[x->ci], x->pos - c0, __ATOMIC_RELEASE);
     if (df_pwrite_all(df->sfd, &df->done[x->ci], 8, STATE_HDR + 8 * x->ci)) {
         x->fail = XF_FATAL;
         snprintf(x->msg, sizeof x->msg, "cannot write %s: %s", df->state_path, strerror(errno));
@@ -210,9 +272,8 @@ static int finish_file(const hub_ctx *h, dl_file *df, char *err, size_t errlen) 
     close(df->sfd);
     df->sfd = -1;
     if (df->f->sha256[0]) {
-        char got[65];
-        int rc = hub_sha256_file(df->part_path, got, err, errlen);
-        if (rc) return rc;
+        const char *got = df->digest;
+        if (df->hash_state < 0) return df_set_errc(err, errlen, DF_EIO, "%s", df->hash_msg);
         if (strcmp(got, df->f->sha256)) {
             char url[2048];
             hub_file_url(h, df->f->name, url, sizeof url);
@@ -271,6 +332,11 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
     CURLM *multi = curl_multi_init();
     retry_item *retries = NULL;
     uint64_t total = 0;
+    hasher H = {0};
+    pthread_mutex_init(&H.mu, NULL);
+    pthread_cond_init(&H.cv, NULL);
+    pthread_t hash_thread;
+    int hash_started = 0;
     if (!fs || !xs || !multi) { rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
     for (int i = 0; i < n; i++) { fs[i].fd = fs[i].sfd = -1; }
     /* open every file: finished ones are skipped, partial ones resume */
@@ -290,16 +356,23 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
         if (sl) { *sl = 0; if ((rc = df_mkdir_p(sub, err, errlen))) break; }
         struct stat st;
         if (stat(df->final_path, &st) == 0 && (uint64_t)st.st_size == files[i].size) {
-            df->finished = 1;
+            df->finished = df->hash_state = 1;
             o->bytes_present += files[i].size;
             continue;
         }
         df->chunk = o->chunk_bytes;
         if ((rc = open_partial(df, err, errlen))) break;
         for (uint64_t c = 0; c < df->nchunks; c++) o->bytes_present += df->done[c];
-        if (df->remaining == 0 && (rc = finish_file(h, df, err, errlen))) break;
+        if (!files[i].sha256[0]) df->hash_state = 1; /* nothing to check it against */
     }
     if (rc) goto out;
+    H.fs = fs;
+    H.n = n;
+    if (pthread_create(&hash_thread, NULL, hash_main, &H) != 0) {
+        rc = df_set_errc(err, errlen, DF_ENOMEM, "cannot start the hashing thread");
+        goto out;
+    }
+    hash_started = 1;
     curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)o->connections);
     int file_cursor = 0, active = 0;
     for (;;) {
@@ -354,10 +427,35 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
             active++;
         }
         if (rc) break;
+        /* files whose every chunk is written and whose digest is ready: check, rename, report */
+        int unfinished = 0;
+        for (int i = 0; i < n && !rc; i++) {
+            dl_file *df = &fs[i];
+            if (df->finished) continue;
+            if (df->remaining || df->active || !__atomic_load_n(&df->hash_state, __ATOMIC_ACQUIRE)) { unfinished++; continue; }
+            if ((rc = finish_file(h, df, err, errlen))) break;
+            if (!o->quiet) {
+                fprintf(stderr, "\r  %-60s %10.1f MB  %s%-40s\n", df->f->name, df->f->size / 1e6,
+                        df->f->sha256[0] ? "sha256 OK" : "done", "");
+                open_line = 0;
+            }
+        }
+        if (rc) break;
         if (active == 0) {
-            if (!retries) break; /* everything done */
-            struct timespec ts = {0, 50 * 1000 * 1000};
-            nanosleep(&ts, NULL);
+            if (!retries && !unfinished) break; /* everything done */
+            if (!retries) {
+                /* only digests outstanding */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 20 * 1000 * 1000;
+                if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+                pthread_mutex_lock(&H.mu);
+                pthread_cond_timedwait(&H.cv, &H.mu, &ts);
+                pthread_mutex_unlock(&H.mu);
+            } else {
+                struct timespec ts = {0, 20 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
             continue;
         }
         int running = 0;
@@ -384,12 +482,6 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
             if (res == CURLE_OK && !x->fail && st != 206 && st != 200) x->fail = st >= 500 ? XF_RETRY : XF_FATAL;
             if (res == CURLE_OK && !x->fail && x->pos == x->end) {
                 df->remaining--;
-                if (df->remaining == 0 && (rc = finish_file(h, df, err, errlen))) continue;
-                if (df->finished && !o->quiet) {
-                    fprintf(stderr, "\r  %-60s %10.1f MB  %s%-40s\n", df->f->name, df->f->size / 1e6,
-                            df->f->sha256[0] ? "sha256 OK" : "done", "");
-                    open_line = 0;
-                }
                 continue;
             }
             if (x->fail == XF_FATAL) {
@@ -426,6 +518,12 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
         open_line = 0;
     }
 out:
+    if (hash_started) {
+        __atomic_store_n(&H.stop, 1, __ATOMIC_RELEASE);
+        pthread_join(hash_thread, NULL);
+    }
+    pthread_mutex_destroy(&H.mu);
+    pthread_cond_destroy(&H.cv);
     if (open_line) fprintf(stderr, "\n");
     o->seconds = df_now() - t0;
     for (int s = 0; xs && s < o->connections; s++)

@@ -47,6 +47,9 @@ def build(root, port, slow_port):
     with open(os.path.join(llama, "model.safetensors"), "wb") as f:
         f.write(b"\0" * 4096)
     repos["test/llama"] = (llama, True)
+    for extra in filter(None, os.environ.get("DF_MIRROR_EXTRA", "").split(",")):  # REPO=DIR, for benchmarks
+        name, d = extra.split("=", 1)
+        repos[name] = (d, True)
     for repo, (src, api) in repos.items():
         d = os.path.join(www, repo, "resolve", "main")
         os.makedirs(d)
