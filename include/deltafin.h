@@ -87,6 +87,10 @@ typedef struct {
                                    Alias: env DF_PREFETCH=1|0 when this is 0. Never changes results. */
     const char *heat_path;      /* persistent expert heat histogram: NULL = <native model dir>/heat.bin when a
                                    ram_budget is set; "off" = none. Learned across runs; never changes results. */
+    /* appended (streamed installs, `deltafin setup --stream`): where routed experts not yet on local disk come
+     * from: a `store_remote` (src/store/store.h), e.g. stream_remote() of src/hub/stream.h; NULL = all local.
+     * Changes where bytes come from, never results. */
+    const void *remote_source;
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);

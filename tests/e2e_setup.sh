@@ -128,6 +128,25 @@ r=$(echo "$out" | sed -n 's/.* retries \([0-9]*\)$/\1/p' | tail -1)
 [ $rc -eq 0 ] && [ "${r:-0}" -ge 3 ] && cmp -s "$TMP/local/spine.bin" "$TMP/drop/native/spine.bin" && ok "connections dropped mid-range: $r retries, install intact" \
     || bad "drop: rc $rc retries '$r' $out"
 
+# ---- streamed install: the spine only, experts fetched on first use; identical ids to the full install
+out=$("$BIN" setup test/kimi-mini --stream --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "installed (stream" && ok "setup --stream" || bad "setup --stream: rc $rc $out"
+full_kb=$(du -sk "$TMP/local" | cut -f1); st_kb=$(du -sk "$TMP/stream/native" | cut -f1)
+[ "$st_kb" -lt $((full_kb / 2)) ] && ok "streamed native dir holds no experts yet (${st_kb} KB vs ${full_kb} KB full)" || bad "stream size ${st_kb} KB vs ${full_kb} KB"
+out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids --stats --ram-budget 20M 2>&1); rc=$?
+S1=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
+[ $rc -eq 0 ] && [ "$S1" = "$L" ] && ok "streamed run under --ram-budget 20M: greedy ids = full install ($S1)" || bad "stream ids '$S1' want '$L': $out"
+net=$(echo "$out" | sed -n 's/^stream: network \([0-9.]*\) MB in \([0-9]*\) expert fetches.*/\1 \2/p')
+[ -n "$net" ] && [ "${net#* }" -gt 0 ] && ok "--stats: stream network MB / fetches: $net" || bad "no stream stats: $out"
+out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids --stats --ram-budget 20M 2>&1)
+S2=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
+echo "$out" | grep -q "^stream: network 0.00 MB in 0 expert fetches.*local hits [1-9]" && [ "$S2" = "$L" ] \
+    && ok "second streamed run: every expert local (0 fetches), same ids" || bad "second stream run: $out"
+"$BIN" list | grep -q "test/kimi-mini  *streamed [0-9.]*%" && ok "list: streamed x%" || bad "list streamed: $("$BIN" list)"
+out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && [ ! -e "$TMP/stream/native/stream.json" ] && cmp -s "$TMP/local/experts-L003.pack" "$TMP/stream/native/experts-L003.pack" \
+    && ok "setup --full completes a streamed install in place" || bad "complete in place: rc $rc $out"
+
 # ---- faults: message + exit 1, nothing installed
 expect_fail() { # expect_fail WHAT PATTERN ARGS...
     local what=$1 pat=$2; shift 2

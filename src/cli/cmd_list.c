@@ -3,6 +3,7 @@
 #define _XOPEN_SOURCE 700
 #include "cli.h"
 #include "hub/registry.h"
+#include "hub/stream.h"
 
 #include <ftw.h>
 #include <stdio.h>
@@ -53,7 +54,11 @@ int cmd_list(int argc, char **argv) {
         snprintf(man, sizeof man, "%s/manifest.json", e->model);
         struct stat st;
         if (stat(man, &st) != 0) snprintf(state, sizeof state, "MISSING (run setup again)");
-        else if (!strcmp(e->mode, "stream")) snprintf(state, sizeof state, "streamed");
+        else if (stream_is_streamed(e->model)) {
+            double f = stream_local_fraction(e->model);
+            if (f >= 0) snprintf(state, sizeof state, "streamed %.1f%%", 100.0 * f);
+            else snprintf(state, sizeof state, "streamed");
+        }
         else snprintf(state, sizeof state, "full");
         printf("%c %-40s %-16s %9.2f GB  %s@%s  %s\n", !strcmp(e->repo, dflt) ? '*' : ' ', e->repo, state,
                disk_usage(e->dir) / 1e9, e->mirror, e->revision, e->model);

@@ -9,6 +9,7 @@
  * are read as files for the trained-positions figure).
  */
 #include "cli.h"
+#include "hub/stream.h"
 #include "deltafin.h"
 
 #include <cjson/cJSON.h>
@@ -393,6 +394,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL, *out_ids = NULL;
     int n_ids = 0, n_out = 0;
     df_model *m = NULL;
+    stream_src *remote = NULL; /* streamed install: the source of experts not yet local */
     df_tokenizer *own_tok = NULL; /* a text prompt: the model directory's tokenizer, opened before the model */
     df_session *s = NULL;
     df_sampler *smp = NULL;
@@ -433,6 +435,11 @@ int cmd_run(int argc, char **argv) {
     long long kvp = (long long)n_ids + max_new + 1;
     mo.kv_positions = kvp > INT_MAX ? INT_MAX : (int)kvp;
 
+    /* a streamed install (`deltafin setup --stream`): routed experts not yet local are fetched on first use */
+    if (stream_is_streamed(model)) {
+        if ((rc = stream_open(&remote, model, 0, err, sizeof err))) { fprintf(stderr, "deltafin run: %s\n", err); goto done; }
+        mo.remote_source = stream_remote(remote);
+    }
     rc = df_model_open(&m, model, &mo, err, sizeof err);
     if (rc) { progress_end(); fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); goto done; }
     if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
@@ -548,6 +555,7 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "profile: %-16s %10.3f          %16.3f\n", "total", pre, 1e3 * dec / nd);
         }
     }
+    if (stats && remote) stream_print_stats(remote, stderr);
     if (profile && !stats) fprintf(stderr, "deltafin run: --profile prints with --stats only\n");
     status = 0;
 done:
@@ -558,6 +566,7 @@ done:
     df_sampler_free(smp);
     df_session_free(s);
     df_model_close(m);
+    stream_close(remote);
     df_tokenizer_free(own_tok);
     free(prompt_buf);
     return status;

@@ -6,8 +6,10 @@
 #include "deltafin.h"
 #include "hub/hub.h"
 #include "hub/registry.h"
+#include "hub/stream.h"
 #include "util/util.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -28,7 +30,12 @@ static void usage(FILE *f) {
             "(else model.safetensors.index.json is the listing). config.json is checked BEFORE anything large is\n"
             "downloaded: an architecture deltafin cannot run stops here.\n\n"
             "options:\n"
-            "  --full                 download every needed file, then convert (the default)\n"
+            "  --full                 download every needed file, then convert (the default); on a streamed install:\n"
+            "                         completes it in place\n"
+            "  --stream               download the spine only (every tensor but the routed experts, plus each shard's\n"
+            "                         safetensors header); each routed expert is fetched by HTTP Range the first time a\n"
+            "                         token needs it, verified, written into the native pack and read locally afterwards\n"
+            "                         (`deltafin warm` fetches ahead); output identical to a full install\n"
             "  --revision R           branch, tag or commit (default main)\n"
             "  --mirror URL           default $HF_ENDPOINT, else https://huggingface.co; token: $HF_TOKEN\n"
             "  --dir DIR              install directory (default $XDG_DATA_HOME/deltafin/models/OWNER--NAME, else\n"
@@ -152,10 +159,6 @@ int cmd_setup(int argc, char **argv) {
 #undef NEXT
     }
     if (!repo) { fprintf(stderr, "deltafin setup: REPO is required (e.g. moonshotai/Kimi-K2-Instruct)\n\n"); usage(stderr); return 2; }
-    if (stream) {
-        fprintf(stderr, "deltafin setup: --stream is not available in this build; use --full\n");
-        return 2;
-    }
     char err[2048] = "";
     hub_ctx h;
     if (hub_init(&h, mirror, repo, rev, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 2; }
@@ -169,8 +172,8 @@ int cmd_setup(int argc, char **argv) {
     /* the checkpoint directory is named after the repo: convert names the model after it */
     snprintf(dl_dir, sizeof dl_dir, "%s/%s", dir, strchr(h.repo, '/') + 1);
     snprintf(nat_dir, sizeof nat_dir, "%s/native", dir);
-    fprintf(stderr, "setup: %s@%s from %s into %s, full, %d connections x %.1f MiB ranges, retries %d, token %s, expert dirs %s, "
-                    "registry %s%s\n", h.repo, h.rev, h.mirror, dir, dl.connections, dl.chunk_bytes / 1048576.0, retries,
+    fprintf(stderr, "setup: %s@%s from %s into %s, %s, %d connections x %.1f MiB ranges, retries %d, token %s, expert dirs %s, "
+                    "registry %s%s\n", h.repo, h.rev, h.mirror, dir, stream ? "stream" : "full", dl.connections, dl.chunk_bytes / 1048576.0, retries,
             h.token[0] ? "from HF_TOKEN" : "none", expert_dirs ? expert_dirs : "DIR/native", reg, no_default ? " (not made default)" : "");
     df_interrupt_install();
 
@@ -182,11 +185,13 @@ int cmd_setup(int argc, char **argv) {
     snprintf(e.repo, sizeof e.repo, "%s", h.repo);
     snprintf(e.revision, sizeof e.revision, "%s", h.rev);
     snprintf(e.mirror, sizeof e.mirror, "%s", h.mirror);
-    snprintf(e.mode, sizeof e.mode, "full");
+    snprintf(e.mode, sizeof e.mode, "%s", stream ? "stream" : "full");
     char absd[4096];
     snprintf(e.dir, sizeof e.dir, "%.1900s", realpath(dir, absd) ? absd : dir);
     snprintf(e.model, sizeof e.model, "%.1900s/native", e.dir);
-    if (df_path_exists(man)) {
+    int was_streamed = stream_is_streamed(nat_dir);
+    if (df_path_exists(man) && (stream || !was_streamed)) {
+        if (was_streamed) snprintf(e.mode, sizeof e.mode, "stream");
         e.bytes = disk_usage(dir);
         if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
         printf("setup: %s is already installed in %s%s\n", h.repo, e.model, no_default ? "" : "; it is the default model");
@@ -283,7 +288,7 @@ int cmd_setup(int argc, char **argv) {
     struct statvfs vfs;
     if (statvfs(dl_dir, &vfs) == 0) {
         uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
-        uint64_t need = (total - have) + (expert_dirs || download_only ? 0 : weights);
+        uint64_t need = stream ? 0 : (total - have) + (expert_dirs || download_only ? 0 : weights);
         if (need > avail) {
             fprintf(stderr, "deltafin setup: not enough disk space in %s: the download needs %.2f GB more and the native layout "
                             "about %.2f GB, %.2f GB are free; free space, or choose --dir (and --expert-dirs for the experts)\n",
@@ -293,8 +298,34 @@ int cmd_setup(int argc, char **argv) {
         }
     }
 
-    /* 4. download */
-    rc = hub_download(&h, files, n, dl_dir, &dl, err, sizeof err);
+    /* 4. download (a streamed install being completed: its sparse shards are fetched whole now) */
+    if (!stream && was_streamed)
+        for (int i = 0; i < n; i++) {
+            char p[4200], m[4300];
+            snprintf(p, sizeof p, "%s/%s", dl_dir, files[i].name);
+            snprintf(m, sizeof m, "%s.spine-ok", p);
+            if (df_path_exists(m)) { unlink(p); unlink(m); }
+        }
+    uint64_t spine_fetched = 0;
+    double ts0 = df_now();
+    if (stream) {
+        /* everything but the weight shards whole; of the shards, the headers and the spine tensors */
+        int k = 0;
+        hub_file *small = calloc((size_t)n, sizeof(hub_file));
+        for (int i = 0; small && i < n; i++)
+            if (!(strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))) small[k++] = files[i];
+        rc = small ? hub_download(&h, small, k, dl_dir, &dl, err, sizeof err) : DF_ENOMEM;
+        free(small);
+        for (int i = 0; i < n && !rc; i++) {
+            if (!(strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))) continue;
+            uint64_t got = 0;
+            rc = stream_fetch_spine(&h, dl_dir, files[i].name, files[i].size, files[i].sha256, &got, err, sizeof err);
+            spine_fetched += got;
+            if (!quiet && !rc) fprintf(stderr, "  %-60s spine %.1f MB of %.1f MB\n", files[i].name, got / 1e6, files[i].size / 1e6);
+        }
+        dl.bytes_fetched += spine_fetched;
+        dl.seconds = df_now() - ts0;
+    } else rc = hub_download(&h, files, n, dl_dir, &dl, err, sizeof err);
     if (rc) {
         fprintf(stderr, "deltafin setup: %s\n", err);
         fprintf(stderr, "setup: fetched %llu bytes this run (%llu were already on disk), %d retries\n",
@@ -314,6 +345,7 @@ int cmd_setup(int argc, char **argv) {
         return 0;
     }
 
+
     /* 5. convert (a directory left by an interrupted conversion is cleared first: it has no manifest.json) */
     if (df_path_exists(nat_dir)) nftw(nat_dir, rm_entry, 32, FTW_DEPTH | FTW_PHYS);
     df_convert_opts co;
@@ -331,6 +363,25 @@ int cmd_setup(int argc, char **argv) {
         return rc == DF_ECANCELLED ? 130 : 1;
     }
     fprintf(stderr, "setup: converted into %s in %.1f s\n", nat_dir, df_now() - cp.t0);
+    if (stream) {
+        /* the packs become sparse and every expert remote until fetched */
+        cJSON *sj = cJSON_CreateObject(), *sh = cJSON_CreateObject();
+        char absck[4096];
+        cJSON_AddStringToObject(sj, "repo", h.repo);
+        cJSON_AddStringToObject(sj, "revision", h.rev);
+        cJSON_AddStringToObject(sj, "mirror", h.mirror);
+        cJSON_AddStringToObject(sj, "checkpoint", realpath(dl_dir, absck) ? absck : dl_dir);
+        for (int i = 0; i < n; i++)
+            if (strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))
+                cJSON_AddStringToObject(sh, files[i].name, files[i].sha256);
+        cJSON_AddItemToObject(sj, "shards", sh);
+        char *txt = cJSON_Print(sj);
+        cJSON_Delete(sj);
+        rc = txt ? stream_init_files(nat_dir, txt, err, sizeof err) : DF_ENOMEM;
+        free(txt);
+        if (rc) { fprintf(stderr, "deltafin setup: %s\n", err); free(files); return 1; }
+        keep = 1; /* the sparse shards are where fetched experts land */
+    }
     if (!keep)
         for (int i = 0; i < n; i++) {
             const char *nm = files[i].name;
@@ -346,7 +397,7 @@ int cmd_setup(int argc, char **argv) {
     e.bytes = disk_usage(dir);
     e.installed = (double)time(NULL);
     if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
-    printf("setup: %s installed (full, %.1f MB) in %s%s\n", h.repo, e.bytes / 1e6, e.model,
+    printf("setup: %s installed (%s, %.1f MB on disk) in %s%s\n", h.repo, stream ? "stream" : "full", e.bytes / 1e6, e.model,
            no_default ? "" : "; it is now the default model (run / serve without --model)");
     return 0;
 }

@@ -363,6 +363,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     store_opts_default(&so);
     so.expert_dirs = NULL; /* native_set_expert_dirs already re-pointed m->nat at opts.expert_dirs */
     so.events_path = opts.events_path;
+    so.remote = opts.remote_source;
     if (opts.heat_path && strcmp(opts.heat_path, "off") && *opts.heat_path)
         snprintf(m->heat_path, sizeof m->heat_path, "%s", opts.heat_path);
     else if (!opts.heat_path && opts.ram_budget)

@@ -68,6 +68,12 @@ int hub_select(hub_file *files, int n, const char *index_json, int include_draft
 int hub_http_error(const hub_ctx *h, long status, int curl_code, const char *curl_msg, const char *url, const char *what,
                    char *err, size_t errlen);
 
+/* GET bytes [off, off + len) of a repo file into dst (exactly len bytes or an error; retries as above).
+ * sha256 (may be NULL/""): the file's expected sha256; an answer whose ETag names another is DF_EFORMAT
+ * (the file changed on the mirror). A 200 answer is DF_EUNSUPPORTED (no Range support). */
+int hub_get_range(const hub_ctx *h, const char *file, uint64_t off, uint64_t len, void *dst, const char *sha256, char *err,
+                  size_t errlen);
+
 /* ---- downloads (hub_download.c) ---- */
 typedef struct {
     int connections;         /* parallel ranged requests (default 8) */

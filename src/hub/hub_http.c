@@ -241,8 +241,8 @@ int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *sha1, char *
     char tag[160];
     etag_bare(hd.linked_etag[0] ? hd.linked_etag : hd.etag, tag, sizeof tag);
     f->sha256[0] = 0;
-    if (is_hex(tag, 64)) snprintf(f->sha256, sizeof f->sha256, "%s", tag);
-    if (sha1) { sha1[0] = 0; if (is_hex(tag, 40)) snprintf(sha1, 41, "%s", tag); }
+    if (is_hex(tag, 64)) snprintf(f->sha256, sizeof f->sha256, "%.64s", tag);
+    if (sha1) { sha1[0] = 0; if (is_hex(tag, 40)) snprintf(sha1, 41, "%.40s", tag); }
     return 0;
 }
 
@@ -408,4 +408,62 @@ int hub_select(hub_file *files, int n, const char *index_json, int include_draft
     }
     cJSON_Delete(root);
     return k;
+}
+
+int hub_get_range(const hub_ctx *h, const char *file, uint64_t off, uint64_t len, void *dst, const char *sha256, char *err,
+                  size_t errlen) {
+    char url[2048], range[64];
+    hub_file_url(h, file, url, sizeof url);
+    snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
+    membuf b = {0};
+    b.limit = (size_t)len + 2;
+    char cmsg[CURL_ERROR_SIZE];
+    int cc = 0;
+    long st = 0;
+    hdrs hd;
+    for (int attempt = 0;; attempt++) {
+        CURL *e = curl_easy_init();
+        if (!e) return df_set_errc(err, errlen, DF_ENOMEM, "libcurl: cannot create a handle");
+        struct curl_slist *hl;
+        hub_easy_setup(h, e, &hl);
+        cmsg[0] = 0;
+        b.len = 0;
+        memset(&hd, 0, sizeof hd);
+        curl_easy_setopt(e, CURLOPT_URL, url);
+        curl_easy_setopt(e, CURLOPT_RANGE, range);
+        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, cmsg);
+        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, hdr_cb);
+        curl_easy_setopt(e, CURLOPT_HEADERDATA, &hd);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, mem_write);
+        curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+        cc = (int)curl_easy_perform(e);
+        st = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
+        curl_easy_cleanup(e);
+        curl_slist_free_all(hl);
+        if (h->verbose) fprintf(stderr, "hub: GET %s bytes %s -> %ld\n", url, range, st);
+        if (!cc && st == 206 && b.len == len) break;
+        if (!cc && st == 200) { free(b.buf); return
+            df_set_errc(err, errlen, DF_EUNSUPPORTED, "the mirror %s does not support HTTP Range requests (200 to a request "
+                        "for bytes %s of %s): streamed installs fetch experts by range; use --full or another --mirror", h->mirror, range, file); }
+        if (!cc && st >= 400 && st < 500) { free(b.buf); return hub_http_error(h, st, 0, NULL, url, file, err, errlen); }
+        if (attempt >= h->retries) {
+            free(b.buf);
+            if (cc) return hub_http_error(h, 0, cc, cmsg, url, file, err, errlen);
+            if (st >= 500) return hub_http_error(h, st, 0, NULL, url, file, err, errlen);
+            return df_set_errc(err, errlen, DF_EIO, "%s bytes %s: got %zu bytes (HTTP %ld), expected %llu", url, range, b.len, st,
+                               (unsigned long long)len);
+        }
+        backoff(attempt);
+    }
+    char tag[160];
+    etag_bare(hd.linked_etag[0] ? hd.linked_etag : hd.etag, tag, sizeof tag);
+    if (sha256 && sha256[0] && is_hex(tag, 64) && strcmp(tag, sha256)) {
+        free(b.buf);
+        return df_set_errc(err, errlen, DF_EFORMAT, "%s changed on the mirror: its sha256 is now %s, the install was made from %s; "
+                           "run `deltafin setup %s` again", url, tag, sha256, h->repo);
+    }
+    memcpy(dst, b.buf, len);
+    free(b.buf);
+    return 0;
 }
