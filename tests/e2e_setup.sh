@@ -3,6 +3,8 @@
 # in the hub's URL layout, tests/hub/mirror.py) and a fault proxy in front of it:
 #   - run / serve without --model use the embedded kimi-mini before setup and the installed model after;
 #   - a full install equals a local `deltafin convert` (bytes of every native file, greedy ids); `list`;
+#   - a streamed install gives the full install's ids under a RAM budget, fetching each expert once; warm fetches
+#     what a trace ranks first; setup --full completes a streamed install in place;
 #   - kill -9 during a throttled download, then resume: the second run fetches exactly the bytes the
 #     first did not write (nginx's log), nothing twice; the listing-less mirror (index as listing) works;
 #   - dropped connections are retried; every fault gives its message and exit 1: no network, 401,
@@ -146,6 +148,26 @@ echo "$out" | grep -q "^stream: network 0.00 MB in 0 expert fetches.*local hits 
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
 [ $rc -eq 0 ] && [ ! -e "$TMP/stream/native/stream.json" ] && cmp -s "$TMP/local/experts-L003.pack" "$TMP/stream/native/experts-L003.pack" \
     && ok "setup --full completes a streamed install in place" || bad "complete in place: rc $rc $out"
+
+# ---- warm: a streamed install fetches ahead what a recorded trace ranks first (acquisition counts)
+"$BIN" run --model "$TMP/local" --prompt-ids $IDS --max-new 4 --quiet --ram-budget 20M --events "$TMP/ev.jsonl" >/dev/null 2>&1
+"$BIN" setup test/kimi-mini --stream --dir "$TMP/warm" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream for warm"
+out=$("$BIN" warm --model "$TMP/warm/native" --trace "$TMP/ev.jsonl" --budget 1M 2>&1); rc=$?
+python3 - "$TMP/ev.jsonl" "$TMP/warm/native/stream-state.bin" <<'PY' && [ $rc -eq 0 ] && ok "warm --trace --budget 1M: $(echo "$out" | tail -1 | cut -c1-60)..., exactly the trace's top-ranked experts" || bad "warm: rc $rc $out"
+import json, struct, sys
+cnt = {}
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e.get("ev") == "acquire":
+        for i in e["ids"]: cnt[(e["layer"], i)] = cnt.get((e["layer"], i), 0) + 1
+rank = sorted(cnt, key=lambda k: (-cnt[k], k[0], k[1]))
+b = open(sys.argv[2], "rb").read(); L, E = struct.unpack("<II", b[8:16])
+have = {(l, x) for l in range(L) for x in range(E) if b[16 + l * E + x]}
+k = len(have)
+sys.exit(not (0 < k < len(rank) and have == set(rank[:k])))
+PY
+out=$("$BIN" run --model "$TMP/warm/native" --prompt-ids $IDS --max-new 4 --print-ids --stats 2>&1)
+echo "$out" | grep -q "^stream: .*local hits [1-9]" && ok "a run after warm finds the warmed experts local" || bad "after warm: $out"
 
 # ---- faults: message + exit 1, nothing installed
 expect_fail() { # expect_fail WHAT PATTERN ARGS...

@@ -34,4 +34,5 @@ int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t 
 int cli_embedded_model(char *out, size_t cap, char *how, size_t howcap);
 int cmd_setup(int argc, char **argv);
 int cmd_list(int argc, char **argv);
+int cmd_warm(int argc, char **argv);
 #endif

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "hub/stream.h"
 #include "bench_common.h"
 #include "deltafin.h"
 #include "model/native.h"
@@ -271,6 +272,11 @@ static int bench_decode(int argc, char **argv) {
     mo.events_path = events;
     mo.expert_dirs = expert_dirs;
     mo.kv_positions = n_ids + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
+    stream_src *remote = NULL; /* a streamed install: experts not yet local are fetched on first use */
+    if (stream_is_streamed(model)) {
+        if (stream_open(&remote, model, 0, err, sizeof err)) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
+        mo.remote_source = stream_remote(remote);
+    }
     df_model *m = NULL;
     double t_open = now_s();
     rc = df_model_open(&m, model, &mo, err, sizeof err);
@@ -362,6 +368,8 @@ static int bench_decode(int argc, char **argv) {
     df_sampler_free(smp);
     df_session_free(s);
     df_model_close(m);
+    if (remote) stream_print_stats(remote, stdout);
+    stream_close(remote);
     if (events && !rc) { /* after the store closed the file: this run's totals, for `bench project --from` */
         FILE *ef = fopen(events, "a");
         if (ef) {

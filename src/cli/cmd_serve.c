@@ -1,6 +1,7 @@
 /* cmd_serve.c — `deltafin serve`: parse flags, then run the OpenAI-compatible
  * server (src/server, docs/server.md). */
 #include "cli.h"
+#include "hub/stream.h"
 #include "server/server.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,5 +105,15 @@ int cmd_serve(int argc, char **argv) {
     }
     if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
     if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
-    return srv_serve(&c);
+    /* a streamed install (`deltafin setup --stream`): experts not yet local are fetched on first use */
+    stream_src *remote = NULL;
+    if (!c.mock && stream_is_streamed(c.model_path)) {
+        char err[1024];
+        if (stream_open(&remote, c.model_path, 0, err, sizeof err)) { fprintf(stderr, "deltafin serve: %s\n", err); return 1; }
+        c.remote_source = stream_remote(remote);
+    }
+    int rc = srv_serve(&c);
+    if (remote) stream_print_stats(remote, stderr);
+    stream_close(remote);
+    return rc;
 }

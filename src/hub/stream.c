@@ -495,6 +495,11 @@ int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t err
     return rc;
 }
 
+uint64_t stream_expert_bytes(stream_src *s, int layer) {
+    if (layer < 0 || layer >= s->n_layers || !s->nat->by_layer[layer]) return 0;
+    return s->nat->stride;
+}
+
 void stream_close(stream_src *s) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);

@@ -43,6 +43,8 @@ void stream_get_stats(stream_src *s, stream_stats *out);
 void stream_print_stats(stream_src *s, FILE *f);
 /* Fetch one expert now (blocking), unless present: 0 fetched, 1 already present, <0 DF_E*. */
 int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t errlen);
+/* Bytes one expert extent of `layer` takes in the packs (0 for a dense layer or a bad index). */
+uint64_t stream_expert_bytes(stream_src *s, int layer);
 /* Close (after the model that used it is closed). */
 void stream_close(stream_src *s);
 /* Share of routed experts present locally, from stream-state.bin; -1 when unreadable. */

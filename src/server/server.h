@@ -27,6 +27,7 @@ typedef struct {
     int max_connections;
     int verbose;
     const char *port_file;    /* write the bound port here once listening */
+    const void *remote_source; /* streamed install: df_model_opts.remote_source (src/hub/stream.h); NULL = none */
 } srv_config;
 
 /* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.
