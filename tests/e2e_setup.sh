@@ -149,6 +149,13 @@ out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/stream" --no-default --quie
 [ $rc -eq 0 ] && [ ! -e "$TMP/stream/native/stream.json" ] && cmp -s "$TMP/local/experts-L003.pack" "$TMP/stream/native/experts-L003.pack" \
     && ok "setup --full completes a streamed install in place" || bad "complete in place: rc $rc $out"
 
+# ---- a bounded disk cache (--disk-budget): coldest experts evicted, same ids
+"$BIN" setup test/kimi-mini --stream --disk-budget 3M --dir "$TMP/bounded" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream --disk-budget"
+out=$("$BIN" run --model "$TMP/bounded/native" --prompt-ids $IDS --max-new 8 --print-ids --stats --ram-budget 20M 2>&1)
+B1=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
+[ "$B1" = "$L" ] && echo "$out" | grep -q "^stream: .*disk cache 3.15 MB (59 extents), [1-9][0-9]* evicted" \
+    && ok "--disk-budget 3M: experts evicted by heat, ids unchanged ($(echo "$out" | grep -o 'present [0-9]* / [0-9]*'))" || bad "disk budget: $out"
+
 # ---- warm: a streamed install fetches ahead what a recorded trace ranks first (acquisition counts)
 "$BIN" run --model "$TMP/local" --prompt-ids $IDS --max-new 4 --quiet --ram-budget 20M --events "$TMP/ev.jsonl" >/dev/null 2>&1
 "$BIN" setup test/kimi-mini --stream --dir "$TMP/warm" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream for warm"

@@ -36,6 +36,8 @@ static void usage(FILE *f) {
             "                         safetensors header); each routed expert is fetched by HTTP Range the first time a\n"
             "                         token needs it, verified, written into the native pack and read locally afterwards\n"
             "                         (`deltafin warm` fetches ahead); output identical to a full install\n"
+            "  --disk-budget SIZE     with --stream: keep at most SIZE of fetched experts on disk, evicting the coldest\n"
+            "                         (heat-ranked; default unbounded)\n"
             "  --revision R           branch, tag or commit (default main)\n"
             "  --mirror URL           default $HF_ENDPOINT, else https://huggingface.co; token: $HF_TOKEN\n"
             "  --dir DIR              install directory (default $XDG_DATA_HOME/deltafin/models/OWNER--NAME, else\n"
@@ -125,6 +127,7 @@ int cmd_setup(int argc, char **argv) {
     int download_only = 0, include_draft = 0, keep = 0, no_default = 0, quiet = 0, verbose = 0, threads = 0, retries = 4, stream = 0;
     hub_dl_opts dl;
     hub_dl_opts_default(&dl);
+    uint64_t disk_budget = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "deltafin setup: %s needs a value\n", a), (char *)NULL))
@@ -145,6 +148,11 @@ int cmd_setup(int argc, char **argv) {
         else if (!strcmp(a, "--connections")) { const char *v = NEXT(); if (!v || parse_int(a, v, 1, 256, &dl.connections)) return 2; }
         else if (!strcmp(a, "--retries")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 100, &retries)) return 2; }
         else if (!strcmp(a, "--threads")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 4096, &threads)) return 2; }
+        else if (!strcmp(a, "--disk-budget")) {
+            const char *v = NEXT();
+            if (!v) return 2;
+            if (cli_parse_size(v, &disk_budget)) { fprintf(stderr, "deltafin setup: --disk-budget \"%s\": expected a size (e.g. 200G)\n", v); return 2; }
+        }
         else if (!strcmp(a, "--chunk")) {
             const char *v = NEXT();
             if (!v) return 2;
@@ -375,6 +383,7 @@ int cmd_setup(int argc, char **argv) {
             if (strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))
                 cJSON_AddStringToObject(sh, files[i].name, files[i].sha256);
         cJSON_AddItemToObject(sj, "shards", sh);
+        cJSON_AddNumberToObject(sj, "disk_budget", (double)disk_budget);
         char *txt = cJSON_Print(sj);
         cJSON_Delete(sj);
         rc = txt ? stream_init_files(nat_dir, txt, err, sizeof err) : DF_ENOMEM;

@@ -48,6 +48,12 @@ struct stream_src {
     pthread_t th[16];
     int nth, stop;
     stream_stats stats;
+    /* bounded disk cache: at most disk_budget bytes of fetched extents (0 = unbounded); the victim is the present
+     * expert with the lowest heat (store heat.bin prior + this run's uses) not used in the last `protect` uses */
+    uint64_t disk_budget, clock, protect;
+    float *heat;                /* [n_layers * n_experts] */
+    uint64_t *last_use;         /* [n_layers * n_experts] clock of the last use */
+    uint64_t n_present;
 };
 
 int stream_is_streamed(const char *model_dir) {
@@ -255,6 +261,36 @@ static int fetch_span(stream_src *s, const uint8_t *ptr, uint64_t len, char *err
     return rc;
 }
 
+/* Make room for one more extent under disk_budget: evict the coldest present experts (state first, then a hole
+ * punched over every stripe). mu held. Experts used in the last `protect` uses are kept (a store may be about to
+ * read them); when nothing else is left the budget is exceeded rather than failing the fetch. */
+static void make_room(stream_src *s) {
+    if (!s->disk_budget) return;
+    size_t N = (size_t)s->n_layers * (size_t)s->n_experts;
+    while ((s->n_present + 1) * s->nat->stride > s->disk_budget) {
+        size_t victim = N;
+        for (size_t i = 0; i < N; i++) {
+            if (!s->present[i] || s->last_use[i] + s->protect > s->clock) continue;
+            if (victim == N || s->heat[i] < s->heat[victim] || (s->heat[i] == s->heat[victim] && s->last_use[i] < s->last_use[victim]))
+                victim = i;
+        }
+        if (victim == N) return;
+        int layer = (int)(victim / (size_t)s->n_experts), e = (int)(victim % (size_t)s->n_experts);
+        uint8_t zero = 0;
+        s->present[victim] = 0;
+        s->n_present--;
+        s->stats.evictions++;
+        df_pwrite_all(s->state_fd, &zero, 1, STATE_HDR + victim);
+        const native_expert_layer *L = s->nat->by_layer[layer];
+        for (int k = 0; L && k < L->n_files; k++) {
+            if (s->pack_fd[layer][k] < 0) s->pack_fd[layer][k] = open(L->files[k], O_WRONLY | O_CLOEXEC);
+            uint64_t sz = native_stripe_size(L, k);
+            if (s->pack_fd[layer][k] >= 0)
+                fallocate(s->pack_fd[layer][k], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)e * sz), (off_t)sz);
+        }
+    }
+}
+
 /* Fetch, assemble, write and record one expert; *xxh_out its extent checksum. buf: the extent buffer. */
 static int fetch_expert(stream_src *s, int layer, int e, uint8_t *buf, uint64_t *xxh_out, char *err, size_t errlen) {
     const df_native *n = s->nat;
@@ -282,6 +318,9 @@ static int fetch_expert(stream_src *s, int layer, int e, uint8_t *buf, uint64_t 
         hf_weight_copy(&w[p], buf + P->offset, P->scale_bytes ? buf + P->scale_offset : NULL);
     }
     uint64_t x = df_xxh64(buf, n->stride);
+    pthread_mutex_lock(&s->mu);
+    make_room(s);
+    pthread_mutex_unlock(&s->mu);
     uint64_t begin = 0;
     for (int k = 0; k < L->n_files; k++) {
         uint64_t sz = native_stripe_size(L, k);
@@ -297,7 +336,9 @@ static int fetch_expert(stream_src *s, int layer, int e, uint8_t *buf, uint64_t 
     uint8_t one = 1;
     pthread_mutex_lock(&s->mu);
     s->xxh[idx] = x;
+    if (!s->present[idx]) s->n_present++;
     s->present[idx] = 1;
+    s->last_use[idx] = ++s->clock;
     int r = df_pwrite_all(s->state_fd, &x, 8, STATE_HDR + N + 8 * idx);
     if (!r) r = df_pwrite_all(s->state_fd, &one, 1, STATE_HDR + idx);
     double dt = df_now() - t0;
@@ -351,6 +392,8 @@ static int cb_lookup(void *user, int layer, int expert, uint64_t *xxh) {
     pthread_mutex_lock(&s->mu);
     int missing = !s->present[idx];
     if (!missing) { *xxh = s->xxh[idx]; s->stats.local_hits++; }
+    s->heat[idx] += 1.0f;
+    s->last_use[idx] = ++s->clock;
     pthread_mutex_unlock(&s->mu);
     return missing;
 }
@@ -402,6 +445,27 @@ int stream_open(stream_src **out, const char *model_dir, int threads, char *err,
     s->n_layers = s->nat->cfg.num_hidden_layers;
     s->n_experts = s->nat->n_experts;
     if ((rc = load_state(model_dir, s->n_layers, s->n_experts, &s->state_fd, &s->present, &s->xxh, err, errlen))) goto fail;
+    size_t NN = (size_t)s->n_layers * (size_t)s->n_experts;
+    s->heat = calloc(NN ? NN : 1, sizeof(float));
+    s->last_use = calloc(NN ? NN : 1, sizeof(uint64_t));
+    if (!s->heat || !s->last_use) { rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); goto fail; }
+    for (size_t i = 0; i < NN; i++) s->n_present += s->present[i];
+    const cJSON *db = cJSON_GetObjectItemCaseSensitive(j, "disk_budget");
+    if (cJSON_IsNumber(db) && db->valuedouble > 0) s->disk_budget = (uint64_t)db->valuedouble;
+    s->protect = 2u * (uint64_t)(s->nat->cfg.num_experts_per_tok > 0 ? s->nat->cfg.num_experts_per_tok : 8) * (uint64_t)s->nat->n_moe_layers;
+    {
+        /* heat prior: the store's persistent histogram (heat.bin: "DFHEAT1", u32 layers, u32 experts, u64 id, f64, f32[]) */
+        char hp[4200], *hb = NULL;
+        size_t hl = 0;
+        snprintf(hp, sizeof hp, "%s/heat.bin", model_dir);
+        if (df_read_file(hp, &hb, &hl, NULL, 0) == 0 && hl >= 32 + 4 * NN && !memcmp(hb, "DFHEAT1", 7)) {
+            uint32_t hL, hE;
+            memcpy(&hL, hb + 8, 4);
+            memcpy(&hE, hb + 12, 4);
+            if ((int)hL == s->n_layers && (int)hE == s->n_experts) memcpy(s->heat, hb + 32, 4 * NN);
+        }
+        free(hb);
+    }
     s->sha = calloc((size_t)s->st->n_files, sizeof *s->sha);
     s->shard_fd = calloc((size_t)s->st->n_files, sizeof(int));
     s->pack_fd = calloc((size_t)s->n_layers, sizeof(int *));
@@ -473,10 +537,14 @@ void stream_get_stats(stream_src *s, stream_stats *o) {
 void stream_print_stats(stream_src *s, FILE *f) {
     stream_stats t;
     stream_get_stats(s, &t);
+    char cache[96] = "unbounded";
+    if (s->disk_budget)
+        snprintf(cache, sizeof cache, "%.2f MB (%llu extents)", s->disk_budget / 1e6, (unsigned long long)(s->disk_budget / s->nat->stride));
     fprintf(f, "stream: network %.2f MB in %llu expert fetches (mean %.1f ms, worst %.1f ms), local hits %llu, "
-               "experts present %llu / %llu (%.1f%%)\n", t.net_bytes / 1e6, (unsigned long long)t.fetches,
+               "experts present %llu / %llu (%.1f%%), disk cache %s, %llu evicted\n", t.net_bytes / 1e6, (unsigned long long)t.fetches,
             t.fetches ? 1e3 * t.fetch_s / (double)t.fetches : 0.0, 1e3 * t.fetch_max_s, (unsigned long long)t.local_hits,
-            (unsigned long long)t.present, (unsigned long long)t.total, t.total ? 100.0 * (double)t.present / (double)t.total : 100.0);
+            (unsigned long long)t.present, (unsigned long long)t.total, t.total ? 100.0 * (double)t.present / (double)t.total : 100.0,
+            cache, (unsigned long long)t.evictions);
 }
 
 int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t errlen) {
@@ -524,6 +592,8 @@ void stream_close(stream_src *s) {
     if (s->state_fd >= 0) close(s->state_fd);
     free(s->present);
     free(s->xxh);
+    free(s->heat);
+    free(s->last_use);
     if (s->st) st_close(s->st);
     if (s->nat) native_close(s->nat);
     pthread_mutex_destroy(&s->mu);

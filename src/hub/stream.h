@@ -5,7 +5,8 @@
  * the checkpoint (DIR/NAME: every shard at its full size, its safetensors header and every
  * non-expert tensor downloaded, routed-expert tensors left as holes), with sparse packs and two
  * more files:
- *   stream.json        {"repo", "revision", "mirror", "checkpoint": DIR/NAME, "shards": {FILE: sha256}}
+ *   stream.json        {"repo", "revision", "mirror", "checkpoint": DIR/NAME, "shards": {FILE: sha256},
+ *                      "disk_budget": bytes of fetched extents kept (0/absent = unbounded)}
  *   stream-state.bin   "DFSTRM1\0", u32 layers, u32 experts, u8 present[layers x experts],
  *                      u64 xxh64[layers x experts] (checksum of each fetched extent)
  * The source (a store_remote for df_model_opts.remote_source) answers the store's misses: an expert
@@ -13,7 +14,9 @@
  * gives the byte ranges; each answer's ETag must still be the shard's sha256), written into the
  * sparse checkpoint, assembled into its native extent exactly as `convert` does (hf_weight_copy),
  * written into the pack(s), fsynced, recorded in stream-state.bin, and from then on read locally.
- * Fetches run on `threads` worker threads.
+ * Fetches run on `threads` worker threads. With a disk budget, the coldest present expert (heat = the store's
+ * heat.bin prior + this run's uses; ties: least recently used) is evicted (a hole punched over it) before a
+ * fetch would exceed it; experts used in the last 2 x top-k x MoE-layers uses are never evicted.
  */
 #ifndef DF_HUB_STREAM_H
 #define DF_HUB_STREAM_H
@@ -30,6 +33,7 @@ typedef struct {
     double fetch_s, fetch_max_s; /* summed and worst wall time of one expert fetch (request to pack written) */
     uint64_t local_hits;       /* store misses served from local disk (the expert was present) */
     uint64_t present, total;   /* experts present locally / all routed experts */
+    uint64_t evictions;        /* fetched experts dropped to stay under the disk budget */
 } stream_stats;
 
 /* 1 when model_dir is a streamed install (has stream.json). */
