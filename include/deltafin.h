@@ -89,6 +89,9 @@ typedef struct {
                                    ram_budget is set; "off" = none. Learned across runs; never changes results. */
     int n_seq;                  /* with ram_budget: sessions whose KV caches (kv_positions each) the budget
                                    reserves, e.g. serve --parallel; 0 = 1 */
+    /* streamed installs (`deltafin setup --stream`): where routed experts not yet on local disk come from: a `store_remote` (src/store/store.h), e.g. stream_remote() of src/hub/stream.h; NULL = all local.
+     * Changes where bytes come from, never results. */
+    const void *remote_source;
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);

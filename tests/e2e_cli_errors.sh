@@ -136,7 +136,7 @@ out=$("$BIN" bench decode --model "$TMP/native" --ram-budget 1K --io-seconds 5 -
 [ $rc -ne 0 ] && echo "$out" | grep -q "at least" && ! echo "$out" | grep -q "GB/s" && ok \
     || bad "bench decode small budget fails before the I/O benchmark: rc $rc $out"
 expect 2 "bench decode --prompt-ids 1,,2" "--prompt-ids" -- "$BIN" bench decode --model "$TMP/native" --prompt-ids 1,,2
-expect 0 "bench usage: --ram-budget optional" "bench decode --model DIR \[--ram-budget SIZE\]" -- "$BIN" bench --help
+expect 0 "bench usage: --ram-budget optional" "bench decode \[--model DIR\] \[--ram-budget SIZE\]" -- "$BIN" bench --help
 
 # ---- convert into a non-empty directory: refused unless --force; never into the checkpoint itself
 "$BIN" convert "$G" "$TMP/conv" --expert-dirs "$TMP/conv,$TMP/conv2" --quiet || bad "striped convert"

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "hub/stream.h"
 #include "bench_common.h"
 #include "deltafin.h"
 #include "model/native.h"
@@ -199,7 +200,7 @@ static int bench_decode(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N (16)] [--threads N]\n"
+            printf("usage: deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N (16)] [--threads N]\n"
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
                    "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n");
@@ -221,7 +222,11 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--expert-dirs")) expert_dirs = v;
         i++;
     }
-    if (!model) { fprintf(stderr, "deltafin bench decode: --model DIR is required\n"); return 2; }
+    char dflt_dir[4096], dflt_how[4600] = "";
+    if (!model) {
+        if (cli_default_model("bench decode", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     int32_t ids[256];
     int n_ids = 0;
     for (const char *p = prompt_ids;;) {
@@ -267,6 +272,11 @@ static int bench_decode(int argc, char **argv) {
     mo.events_path = events;
     mo.expert_dirs = expert_dirs;
     mo.kv_positions = n_ids + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
+    stream_src *remote = NULL; /* a streamed install: experts not yet local are fetched on first use */
+    if (stream_is_streamed(model)) {
+        if (stream_open(&remote, model, 0, err, sizeof err)) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
+        mo.remote_source = stream_remote(remote);
+    }
     df_model *m = NULL;
     double t_open = now_s();
     rc = df_model_open(&m, model, &mo, err, sizeof err);
@@ -283,7 +293,7 @@ static int bench_decode(int argc, char **argv) {
     if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
     printf("bench decode: %s, ram budget %s, %d tokens, page cache %s\n", model, bstr, tokens,
            dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
-    printf("  %s\n  open %.1f s\n", df_model_describe(m), open_s);
+    printf("  %s%s%s\n  open %.1f s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how, open_s);
     /* B: drive bandwidth at the engine's read size, queue depth and extent */
     store_bench_opts bo;
     bench_expert_io_opts(&bo, dirs, qd, stride, top_k, io_seconds);
@@ -358,6 +368,8 @@ static int bench_decode(int argc, char **argv) {
     df_sampler_free(smp);
     df_session_free(s);
     df_model_close(m);
+    if (remote) stream_print_stats(remote, stdout);
+    stream_close(remote);
     if (events && !rc) { /* after the store closed the file: this run's totals, for `bench project --from` */
         FILE *ef = fopen(events, "a");
         if (ef) {
@@ -618,7 +630,7 @@ int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
-                "       deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N]\n"
+                "       deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N]\n"
                 "       deltafin bench prefill --model DIR [--tokens N] [--ram-budget SIZE]\n"
                 "       deltafin bench batch --model DIR [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N]\n"
                 "       deltafin bench machine | kernels [--threads N]   (DRAM bandwidth, FMA peak; kernel GB/s)\n"

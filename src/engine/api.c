@@ -363,6 +363,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     store_opts_default(&so);
     so.expert_dirs = NULL; /* native_set_expert_dirs already re-pointed m->nat at opts.expert_dirs */
     so.events_path = opts.events_path;
+    so.remote = opts.remote_source;
     if (opts.heat_path && strcmp(opts.heat_path, "off") && *opts.heat_path)
         snprintf(m->heat_path, sizeof m->heat_path, "%s", opts.heat_path);
     else if (!opts.heat_path && opts.ram_budget)
@@ -401,6 +402,15 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     }
     m->spine_built = 1;
     if (m->nat->n_moe_layers > 0) {
+        /* a streamed install's packs hold only the experts fetched so far: never read them without their source */
+        char sj[1200];
+        snprintf(sj, sizeof sj, "%s/stream.json", m->nat->dir);
+        if (!opts.remote_source && df_path_exists(sj)) {
+            rc = set_err(err, errlen, DF_EUNSUPPORTED, "%s is a streamed install (`deltafin setup --stream`): its routed experts "
+                         "are fetched on first use by deltafin run / serve / bench decode; `deltafin setup REPO --full` completes it",
+                         m->nat->dir);
+            goto fail;
+        }
         rc = store_open(&m->store, m->nat, &so, err, errlen);
         if (rc) goto fail;
     }

@@ -28,6 +28,7 @@ typedef struct {
     int verbose;
     const char *port_file;    /* write the bound port here once listening */
     int parallel;             /* generations running at once, decode steps batched (cmd_serve default 4); 0 = 1 */
+    const void *remote_source; /* streamed install: df_model_opts.remote_source (src/hub/stream.h); NULL = none */
 } srv_config;
 
 /* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.

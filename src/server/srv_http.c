@@ -590,6 +590,7 @@ int srv_serve(const srv_config *cfg) {
         df_model_opts_default(&mo);
         mo.threads = cfg->threads;
         mo.ram_budget = cfg->ram_budget;
+        mo.remote_source = cfg->remote_source;
         rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, S.n_workers, err, sizeof err);
     }
     if (rc) {

@@ -360,6 +360,11 @@ static void job_append(df_store *st, store_job *j, int list) {
 
 void store_close(df_store *st) {
     if (!st) return;
+    /* remote fetches under way complete (or fail) first: their tokens are jobs of this store */
+    pthread_mutex_lock(&st->mu);
+    for (int s = 0; s < st->n_slots && st->slots; s++)
+        while (st->slots[s].job && st->slots[s].job->remote) pthread_cond_wait(&st->done_cv, &st->mu);
+    pthread_mutex_unlock(&st->mu);
     store_io_stop(st);
     if (st->o.heat_path && st->count_run) store_heat_save(st);
     /* jobs that never ran */
@@ -496,11 +501,19 @@ static int start_load(df_store *st, int layer, int expert, store_prio prio) {
         j->piece_next[k] = 0;
     }
     j->t_start = store_now();
+    j->st = st;
     store_slot *sl = &st->slots[s];
     sl->key = key;
     sl->state = SLOT_LOADING;
     sl->job = j;
     st->slot_of[key] = s;
+    uint64_t xh;
+    if (st->o.remote && st->o.remote->lookup(st->o.remote->user, layer, expert, &xh)) {
+        j->remote = 1; /* read once store_remote_done has it in the packs */
+        st->o.remote->fetch(st->o.remote->user, layer, expert, j);
+        return s;
+    }
+    if (st->o.remote) L->xxh64[expert] = xh;
     job_append(st, j, prio == STORE_DEMAND ? 1 : 2);
     for (int k = 0; k < L->n_files; k++) pthread_cond_broadcast(&st->drives[L->drive[k]].cv);
     return s;
@@ -802,6 +815,28 @@ void store_job_finish(df_store *st, store_job *j) {
     pthread_cond_broadcast(&st->done_cv);
     pthread_mutex_unlock(&st->mu);
     free(j);
+}
+
+void store_remote_done(void *token, int rc, const char *msg, uint64_t xxh64) {
+    store_job *j = token;
+    df_store *st = j->st;
+    if (rc) {
+        j->err = rc;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", msg ? msg : "remote fetch failed");
+        pthread_mutex_lock(&st->mu);
+        j->remote = 0;
+        pthread_mutex_unlock(&st->mu);
+        store_job_finish(st, j);
+        return;
+    }
+    pthread_mutex_lock(&st->mu);
+    j->remote = 0;
+    st->layers[j->layer].xxh64[j->expert] = xxh64;
+    store_layer *L = &st->layers[j->layer];
+    job_append(st, j, j->prio == STORE_DEMAND ? 1 : 2);
+    for (int k = 0; k < L->n_files; k++) pthread_cond_broadcast(&st->drives[L->drive[k]].cv);
+    pthread_cond_broadcast(&st->done_cv);
+    pthread_mutex_unlock(&st->mu);
 }
 
 void store_get_stats(const df_store *st, store_stats *out) {

@@ -55,6 +55,8 @@ typedef struct store_job {
     char errmsg[512];
     struct store_job *next, *prev;  /* in a pending list while it has unissued chunks */
     int in_list;                    /* 0 none, 1 demand, 2 prefetch */
+    struct df_store *st;            /* for store_remote_done */
+    int remote;                     /* 1 while a remote fetch of the extent is under way (not in a list) */
     double t_start;
 } store_job;
 
