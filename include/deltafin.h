@@ -77,7 +77,8 @@ typedef struct {
     const char *cache_dir;      /* where an HF directory is converted on first open; NULL = $XDG_CACHE_HOME/deltafin */
     df_spine_mode spine;        /* used when `path` is an HF directory that must be converted */
     const char *events_path;    /* JSONL per-token I/O events; NULL = off */
-    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels) */
+    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels), "cuda", "auto" (cuda when a
+                                   CUDA device is present); NULL = env DF_BACKEND if set, else "cpu" */
     df_progress_fn progress;    /* conversion / load progress; may be NULL */
     void *progress_user;
     /* added by the engine (append-only): */
@@ -89,9 +90,13 @@ typedef struct {
                                    ram_budget is set; "off" = none. Learned across runs; never changes results. */
     int n_seq;                  /* with ram_budget: sessions whose KV caches (kv_positions each) the budget
                                    reserves, e.g. serve --parallel; 0 = 1 */
-    /* streamed installs (`deltafin setup --stream`): where routed experts not yet on local disk come from: a `store_remote` (src/store/store.h), e.g. stream_remote() of src/hub/stream.h; NULL = all local.
+    /* streamed installs (`deltafin setup --stream`): where routed experts not yet on local disk come from:
+     * a `store_remote` (src/store/store.h), e.g. stream_remote() of src/hub/stream.h; NULL = all local.
      * Changes where bytes come from, never results. */
     const void *remote_source;
+    /* the CUDA backend (docs/cuda.md): */
+    uint64_t gpu_budget;        /* backend cuda: GPU memory for the routed-expert cache (the first expert tier);
+                                   0 = all free GPU memory less 1 GiB. The spine is cached beside it. */
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);

@@ -395,7 +395,9 @@ static void usage(FILE *f, const char *name) {
             "           --buffer, default max(4 x LLC, 512M)), in GB/s of weight bytes and as a fraction of the DRAM\n"
             "           bandwidth at the same thread count. Defaults: --threads 1,<usable CPUs>\n"
             "           --types f32,bf16,f16,fp8_b128,int4_g32,mxfp4 --T 1,8,64 --shapes 2048x7168,7168x2048\n"
-            "           --backend cpu (the best this CPU runs; all = every SIMD backend, or name cpu-scalar)\n"
+            "           --backend cpu (the best this CPU runs; all = every SIMD backend, or name cpu-scalar);\n"
+            "           cuda = the GPU's kernels and limits (default types mxfp4..f32, shapes 2048x7168,7168x2048,\n"
+            "           32768x7168, T 1,8,512)\n"
             "           --seconds 0.3 per measurement; --warm adds the same call on one copy (in cache).\n");
     (void)name;
 }
@@ -479,6 +481,14 @@ int bench_kernels_main(int argc, char **argv) {
     if (!nthr) {
         if (kernels) { threads[nthr++] = 1; if (ncpu > 1) threads[nthr++] = ncpu; }
         else for (int t = 1; t <= ncpu && nthr < MAX_LIST; t++) threads[nthr++] = t;
+    }
+    if (kernels && !strcmp(backend, "cuda")) {
+        const int ts_given = nT > 0, shapes_given = nshapes > 0;
+        if (!ntypes) {
+            const df_wtype d[] = {DF_W_MXFP4, DF_W_BF16, DF_W_FP8_B128, DF_W_INT4_G32, DF_W_F16, DF_W_F32};
+            for (int i = 0; i < 6; i++) types[ntypes++] = d[i];
+        }
+        return bench_kernels_cuda(argc, argv, types, ntypes, shapes, nshapes, Ts, nT, ts_given, shapes_given);
     }
     if (!nT) { Ts[0] = 1; Ts[1] = 8; Ts[2] = 64; nT = 3; }
     if (!ntypes) {
@@ -586,7 +596,7 @@ int bench_kernels_main(int argc, char **argv) {
             }
             const size_t nd = df_weight_data_bytes(t, R, C), ns = df_weight_scale_bytes(t, R, C);
             const size_t nda = (nd + 4095) / 4096 * 4096, nsa = (ns + 4095) / 4096 * 4096;
-            const uint64_t wbytes = df_weight_bytes(&(df_weight){t, R, C, NULL, NULL});
+            const uint64_t wbytes = df_weight_bytes(&(df_weight){t, R, C, NULL, NULL, 0});
             int copies = (int)((buffer + nda + nsa - 1) / (nda + nsa));
             if (copies < 2) copies = 2;
             uint8_t *data = aligned_alloc(4096, nda * copies), *scale = nsa ? aligned_alloc(4096, nsa * copies) : NULL;
@@ -605,7 +615,7 @@ int bench_kernels_main(int argc, char **argv) {
                     memcpy(data + nda * k, data, nd);
                     if (ns) memcpy(scale + nsa * k, scale, ns);
                 }
-                w[k] = (df_weight){t, R, C, data + nda * k, ns ? scale + nsa * k : NULL};
+                w[k] = (df_weight){t, R, C, data + nda * k, ns ? scale + nsa * k : NULL, 0};
             }
             for (int64_t i = 0; i < (int64_t)maxT * C; i++) x[i] = rndf();
             for (int bi = 0; bi < nbe; bi++)

@@ -52,7 +52,9 @@ static void run_usage(FILE *f) {
             "  --events FILE        per-token JSONL I/O events\n"
             "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env DF_PREFETCH)\n"
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
-            "  --backend NAME       cpu (best SIMD, default) | cpu-scalar\n"
+            "  --backend NAME       auto (default: cuda when a CUDA device is present, else cpu) | cpu (best SIMD)\n"
+            "                       | cpu-scalar | cuda (an error without a CUDA device); default env DF_BACKEND\n"
+            "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --quiet              no configuration line or progress on stderr\n"
             "%s"
             "A prefill that takes over a second reports its progress (layers done) on stderr. A prompt longer than the\n"
@@ -297,6 +299,7 @@ int cmd_run(int argc, char **argv) {
     long long iv;
     df_model_opts mo;
     df_model_opts_default(&mo);
+    mo.backend = cli_default_backend();
     df_sampler_opts so;
     df_sampler_opts_default(&so);
     cli_draft_opts dopt;
@@ -360,7 +363,11 @@ int cmd_run(int argc, char **argv) {
             else if (!strcmp(v, "off")) mo.prefetch = 2;
             else { fprintf(stderr, "deltafin run: --prefetch \"%s\": expected auto, on or off\n", v); return 2; }
         }
-        else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT())) return 2; }
+        else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
+        else if (!strcmp(a, "--gpu-budget")) {
+            const char *v = NEXT(); if (!v) return 2;
+            if (cli_parse_size(v, &mo.gpu_budget) || !mo.gpu_budget) { fprintf(stderr, "deltafin run: --gpu-budget \"%s\" is not a size (e.g. 40G, 512M)\n", v); return 2; }
+        }
         else if (!strcmp(a, "--spine")) {
             const char *v = NEXT(); if (!v) return 2;
             if (!strcmp(v, "source")) mo.spine = DF_SPINE_SOURCE;

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include "deltafin.h"
 #include "engine.h"
+#include "kernels/cuda.h"
 #include "spine_stream.h"
 #include "model/config.h"
 #include "model/convert.h"
@@ -58,6 +59,7 @@ struct df_model {
     double phase_base[DF_PHASES];
     uint64_t spine_stream_base;
     uint64_t kv_bytes;           /* sum over live sessions (approx., updated on eval) */
+    int on_gpu;                  /* backend cuda: weights cached in GPU memory (kernels/cuda.h) */
 };
 
 /* A session's tokens [0, n_past). The sequence state (KV cache, KDA recurrent state) holds
@@ -321,8 +323,15 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     struct stat st;
     if (stat(path, &st) != 0) return set_err(err, errlen, DF_EIO, "%s: %s", path, strerror(errno));
     if (!S_ISDIR(st.st_mode)) return set_err(err, errlen, DF_EINVAL, "%s: not a directory (expected a model directory with manifest.json or config.json)", path);
+    if (!opts.backend && getenv("DF_BACKEND") && *getenv("DF_BACKEND")) opts.backend = getenv("DF_BACKEND");
     const df_backend *be = df_backend_get(opts.backend);
-    if (!be) return set_err(err, errlen, DF_EINVAL, "backend \"%s\" is unknown or not supported by this CPU (use cpu or cpu-scalar)", opts.backend);
+    if (!be) {
+        char why[300];
+        return set_err(err, errlen, DF_EINVAL, "backend \"%s\": %s", opts.backend,
+                       df_backend_why(opts.backend, why, sizeof why));
+    }
+    const int on_gpu = !strcmp(be->name, "cuda");
+    if (on_gpu) df_cuda_cache_clear(); /* a closed model's host addresses may be reused */
 
     char dir[4096];
     int converted = 0;
@@ -420,6 +429,12 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     m->eng.spine = &m->spine;
     m->eng.stream = m->stream;
     m->eng.be = be;
+    if (on_gpu) {
+        /* spine weights are cached on the GPU by host address, except streamed layers' staging buffers */
+        df_cuda_set_cache_by_address(m->stream == NULL);
+        df_cuda_set_expert_budget(opts.gpu_budget);
+        m->on_gpu = 1;
+    }
     m->eng.pool = m->pool;
     m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release};
     m->eng.max_acquire = m->store ? store_max_acquire(m->store) : 0;
@@ -479,6 +494,13 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
              m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->heat_path[0] ? m->heat_path : "off", tdesc);
+    if (on_gpu) { /* the GPU and its expert tier */
+        char gdesc[160], b9[32];
+        df_cuda_describe(gdesc, sizeof gdesc);
+        size_t l = strlen(m->describe);
+        snprintf(m->describe + l, sizeof m->describe - l, ", GPU %s, gpu-budget %s", gdesc,
+                 opts.gpu_budget ? fmt_bytes(b9, sizeof b9, opts.gpu_budget) : "all free");
+    }
     *out = m;
     return DF_OK;
 fail:
@@ -489,6 +511,7 @@ fail:
 
 void df_model_close(df_model *m) {
     if (!m) return;
+    if (m->on_gpu) df_cuda_cache_clear();
     rope_free(&m->eng.rope);
     free(m->eng.touched);
     if (m->pool) df_pool_free(m->pool);

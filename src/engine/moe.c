@@ -98,11 +98,48 @@ void eng_act(const df_engine *e, float *g, const float *u, int64_t n) {
     }
 }
 
+/* Routed expert x of a layer resident in device memory (the backend's first tier, df_backend.dev_pin):
+ * pin its three matrices and describe them in *v (no host data), 1; else 0 (nothing pinned). */
+static int dev_pin_expert(const df_engine *e, int layer, int x, df_expert *v) {
+    if (!e->be->dev_pin) return 0;
+    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 0), &v->gate)) return 0;
+    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 1), &v->up)) {
+        e->be->dev_unpin(DF_DEVKEY(layer, x, 0));
+        return 0;
+    }
+    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 2), &v->down)) {
+        e->be->dev_unpin(DF_DEVKEY(layer, x, 0));
+        e->be->dev_unpin(DF_DEVKEY(layer, x, 1));
+        return 0;
+    }
+    return 1;
+}
+
+static void dev_unpin_expert(const df_engine *e, int layer, int x) {
+    for (int p = 0; p < 3; p++) e->be->dev_unpin(DF_DEVKEY(layer, x, p));
+}
+
+/* 1 when expert x of the layer is resident in device memory now (an I/O hint: it may be evicted later). */
+static int dev_resident(const df_engine *e, int layer, int x) {
+    df_expert v;
+    if (!dev_pin_expert(e, layer, x, &v)) return 0;
+    dev_unpin_expert(e, layer, x);
+    return 1;
+}
+
 /* out = down(act(gate x, up x)) for T rows (act: SwiGLU or SiTU, eng_act). pool NULL = on the calling thread (inside a pool task);
  * the weight bytes touched are added to *bytes. */
 static int mlp(df_engine *e, df_pool *pool, const df_weight *gate, const df_weight *up, const df_weight *down,
                const float *x, int T, float *out, uint64_t *bytes) {
     const int64_t I = gate->rows;
+    if (e->be->mlp) {
+        const int situ = e->cfg->act == DF_ACT_SITU;
+        if (e->be->mlp(gate, up, down, situ, e->cfg->situ_beta, e->cfg->situ_linear_beta, x, T, out) == 0) {
+            *bytes += df_weight_bytes(gate) + df_weight_bytes(up) + df_weight_bytes(down);
+            return DF_OK;
+        }
+        if (!gate->data) return DF_EINVAL; /* GPU-resident weights: no host copy to compute on */
+    }
     float *g = malloc(sizeof(float) * (size_t)(T * I)), *u = malloc(sizeof(float) * (size_t)(T * I));
     if (!g || !u) { free(g); free(u); return DF_ENOMEM; }
     e->be->matmul(pool, gate, x, T, g);
@@ -192,7 +229,10 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     int *rcs = calloc((size_t)E + 2, sizeof(int));
     float *sh = lw->has_shared ? malloc(sizeof(float) * (size_t)T * D) : NULL;
     int *guess = NULL, n_guess = 0; /* lookahead guesses for layer + 1 (prompt-sized calls) */
-    if (!logits || !ids || !wts || !count || !used || !rows || !rw || !start || !yall || !ye || !views || !bytes ||
+    int *rows_req = malloc(sizeof(int) * (size_t)E), *acq_ids = malloc(sizeof(int) * (size_t)(E + 1));
+    int *pinned = calloc((size_t)E + 1, sizeof(int));
+    df_expert *aviews = malloc(sizeof(df_expert) * (size_t)(E + 1));
+    if (!rows_req || !acq_ids || !pinned || !aviews || !logits || !ids || !wts || !count || !used || !rows || !rw || !start || !yall || !ye || !views || !bytes ||
         !rcs || (lw->has_shared && !sh) || (latent && (!hx || !acc))) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "MoE layer %d: out of memory for %d tokens", layer, T);
@@ -226,7 +266,13 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             unsigned char *t = &e->touched[(int64_t)layer * E + used[i]];
             if (!*t) { *t = 1; e->touched_n++; }
         }
-    if (e->experts.request) e->experts.request(e->experts.ctx, layer, used, n_used, STORE_DEMAND);
+    if (e->experts.request) {
+        /* experts resident in device memory (the backend's first tier) are not read from the store */
+        int n_req = 0;
+        for (int i = 0; i < n_used; i++)
+            if (!dev_resident(e, layer, used[i])) rows_req[n_req++] = used[i];
+        if (n_req) e->experts.request(e->experts.ctx, layer, rows_req, n_req, STORE_DEMAND);
+    }
     /* prompt-sized lookahead: the next layer's likely experts, queued behind this layer's demand reads so
      * the drive keeps reading while this layer computes. The store gives a guess only a slot no pending
      * or unused expert holds, so no guess evicts anything needed; a guess that got no slot is asked again
@@ -249,11 +295,29 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     for (int u0 = 0; u0 < n_used || (u0 == 0 && lw->has_shared); u0 += maxc) {
         const int nc = n_used - u0 < maxc ? n_used - u0 : maxc;
         const int with_shared = lw->has_shared && u0 + nc >= n_used; /* the last chunk carries the shared expert */
+        int n_acq = 0; /* experts of the chunk taken from the store (the rest are pinned in device memory) */
         if (nc > 0) {
-            double t0 = now_s();
-            rc = e->experts.acquire(e->experts.ctx, layer, used + u0, nc, views, err, errlen);
-            e->io_wait_s += now_s() - t0;
-            if (rc) goto done;
+            for (int i = 0; i < nc; i++) {
+                pinned[i] = dev_pin_expert(e, layer, used[u0 + i], &views[i]);
+                if (!pinned[i]) acq_ids[n_acq++] = used[u0 + i];
+            }
+            if (n_acq > 0) {
+                double t0 = now_s();
+                rc = e->experts.acquire(e->experts.ctx, layer, acq_ids, n_acq, aviews, err, errlen);
+                e->io_wait_s += now_s() - t0;
+                if (rc) {
+                    for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, used[u0 + i]);
+                    goto done;
+                }
+            }
+            for (int i = 0, a = 0; i < nc; i++) {
+                if (pinned[i]) continue;
+                views[i] = aviews[a++];
+                /* identities for device caches (the views' buffers are reused) */
+                views[i].gate.dev_key = DF_DEVKEY(layer, used[u0 + i], 0);
+                views[i].up.dev_key = DF_DEVKEY(layer, used[u0 + i], 1);
+                views[i].down.dev_key = DF_DEVKEY(layer, used[u0 + i], 2);
+            }
         }
         int64_t biggest = 0;
         for (int i = 0; i < nc; i++) {
@@ -272,7 +336,8 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         memset(bytes, 0, sizeof(uint64_t) * (size_t)(items + 1));
         if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
         else ex_task(&j, 0, items, 0);
-        if (nc > 0) e->experts.release(e->experts.ctx, layer, used + u0, nc);
+        if (n_acq > 0) e->experts.release(e->experts.ctx, layer, acq_ids, n_acq);
+        for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, used[u0 + i]);
         if (n_guess > 0 && u0 + nc < n_used) e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
         for (int i = 0; i < items; i++) {
             e->weight_bytes += bytes[i];
@@ -300,6 +365,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
 done:
     free(logits); free(ids); free(wts); free(count); free(used); free(rows); free(rw); free(start);
     free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh); free(hx); free(guess);
+    free(rows_req); free(acq_ids); free(pinned); free(aviews);
     if (latent) free(acc);
     return rc;
 }

@@ -591,6 +591,8 @@ int srv_serve(const srv_config *cfg) {
         mo.threads = cfg->threads;
         mo.ram_budget = cfg->ram_budget;
         mo.remote_source = cfg->remote_source;
+        mo.backend = cfg->backend;
+        mo.gpu_budget = cfg->gpu_budget;
         rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, S.n_workers, err, sizeof err);
     }
     if (rc) {
