@@ -189,7 +189,7 @@ expect_fail "401 with a wrong token" "the token in HF_TOKEN was refused" env HF_
 out=$(HF_TOKEN=good $S test/kimi-mini --mirror "$PX/auth" --dir "$TMP/f2b" 2>&1) && ok "the right token (HF_TOKEN) is sent" || bad "token: $out"
 expect_fail "404 repo" "repo test/nope not found on $M" $S test/nope --dir "$TMP/f3"
 expect_fail "404 revision" "revision \"v9\" not found in test/kimi-mini" $S test/kimi-mini --revision v9 --dir "$TMP/f3"
-expect_fail "404 file" "404 Not Found: model-00001-of-00003.safetensors is not in test/kimi-mini" $S test/kimi-mini --mirror "$PX/e404" --dir "$TMP/f4"
+expect_fail "404 file" "404 Not Found: model-0000[123]-of-00003.safetensors is not in test/kimi-mini" $S test/kimi-mini --mirror "$PX/e404" --dir "$TMP/f4"
 expect_fail "500" "answered HTTP 500 after 2 tries" $S test/kimi-mini --mirror "$PX/e500" --dir "$TMP/f5"
 expect_fail "no Range support" "does not support HTTP Range requests" $S test/kimi-mini --mirror "$PX/norange" --dir "$TMP/f6" --chunk 4M
 expect_fail "corrupt byte" "sha256 mismatch for model-00001-of-00003.safetensors .*expected e83929f5" $S test/kimi-mini --mirror "$PX/corrupt" --dir "$TMP/f7"
