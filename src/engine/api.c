@@ -3,8 +3,9 @@
  * opens a native model (or converts an HF directory into the cache first),
  * loads spine.bin into aligned RAM (or, when a RAM budget cannot hold the
  * whole spine, keeps a prefix of layers resident and streams the rest:
- * spine_stream.c), opens the expert store, and runs df_eval through the
- * forward pass (forward.c). Sampling is in sample.c.
+ * spine_stream.c), opens the expert store, and runs df_eval (one session) and
+ * df_eval_batch (rows of several sessions in one pass) through the forward pass
+ * (forward.c). Sampling is in sample.c.
  */
 #define _GNU_SOURCE
 #include "deltafin.h"

@@ -239,6 +239,12 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     o.kv_positions = n_ctx; /* 0: the engine's default (min(4096, max_position_embeddings)) */
     o.n_seq = n_sessions;   /* the budget holds every session's KV cache */
     int rc = df_model_open(&bm->m, path, &o, err, errlen);
+    if (rc == DF_EBUDGET && n_sessions > 1) { /* say where the KV cache figure comes from */
+        size_t l = strlen(err);
+        if (l < errlen)
+            snprintf(err + l, errlen - l, "; the KV cache is for --parallel %d sessions of --ctx positions each: "
+                     "lower --parallel or --ctx, or raise --ram-budget", n_sessions);
+    }
     if (rc) { m_close(b); return rc; }
     int ctx_max = df_model_n_ctx_max(bm->m);
     if (n_ctx <= 0) n_ctx = ctx_max > 0 && ctx_max < 4096 ? ctx_max : 4096;
