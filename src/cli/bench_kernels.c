@@ -39,6 +39,21 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* Per-call times kept for the median (calls past this are timed in the mean only). */
+#define MAX_CALLS 8192
+static double calls[MAX_CALLS];
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorts v), n >= 1. */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* ------------------------------------------------------------ machine facts */
 
 static int usable_cpus(void) {
@@ -565,10 +580,11 @@ int bench_kernels_main(int argc, char **argv) {
                buffer / 1048576.0, llc / 1048576.0);
     printf("\nkernels (y[T,rows] = x[T,cols] W^T; weights rotated over copies filling >= %.0f MiB, not in cache;\n"
            "GB/s = weight bytes per call / time; %%DRAM = that / DRAM GB/s at the same thread count; %%FMA = GFLOP/s /\n"
-           "(FMA peak of one thread x threads); xT1 = time / the T=1 time%s)\n",
+           "(FMA peak of one thread x threads); xT1 = time / the T=1 time; med = the median call's GB/s and %%DRAM, robust\n"
+           "to other processes on a shared machine%s)\n",
            buffer / 1048576.0, warm ? "; warm = the same call on one copy, in cache" : "");
-    printf("%-10s %-11s %-10s %4s %7s %9s %8s %7s %9s %6s %6s%s\n", "encoding", "backend", "shape", "T", "threads", "ms/call",
-           "GB/s", "%DRAM", "GFLOP/s", "%FMA", "xT1", warm ? "  warm GB/s" : "");
+    printf("%-10s %-11s %-10s %4s %7s %9s %8s %7s %9s %6s %6s %8s %7s%s\n", "encoding", "backend", "shape", "T", "threads", "ms/call",
+           "GB/s", "%DRAM", "GFLOP/s", "%FMA", "xT1", "med GB/s", "med %", warm ? "  warm GB/s" : "");
     int rc = 0;
     for (int si = 0; si < nshapes && !rc; si++)
         for (int ti = 0; ti < ntypes && !rc; ti++) {
@@ -609,17 +625,24 @@ int bench_kernels_main(int argc, char **argv) {
                         const int T = Ts[k];
                         int c = 0;
                         bes[bi]->matmul(pools[hi], &w[copies - 1], x, T, y); /* warm-up (scratch, pool) */
-                        double t0 = now_s(), dt;
-                        do bes[bi]->matmul(pools[hi], &w[c++ % copies], x, T, y);
-                        while ((dt = now_s() - t0) < seconds || c < 3);
+                        double t0 = now_s(), dt, tc = t0;
+                        do {
+                            bes[bi]->matmul(pools[hi], &w[c % copies], x, T, y);
+                            const double tn = now_s();
+                            if (c < MAX_CALLS) calls[c] = tn - tc;
+                            tc = tn;
+                            c++;
+                        } while ((dt = now_s() - t0) < seconds || c < 3);
                         const double per = dt / c, gbps = wbytes / per / 1e9, gf = 2.0 * R * C * T / per / 1e9;
+                        const double med = median(calls, c < MAX_CALLS ? c : MAX_CALLS);
                         if (T == 1) t1 = per;
                         char xt1[16] = "-";
                         if (t1 > 0) snprintf(xt1, sizeof xt1, "%.2f", per / t1);
                         char shape[32];
                         snprintf(shape, sizeof shape, "%lldx%lld", (long long)R, (long long)C);
-                        printf("%-10s %-11s %-10s %4d %7d %9.3f %8.2f %6.1f%% %9.1f %5.1f%% %6s", df_wtype_name(t), bes[bi]->name, shape, T,
-                               threads[hi], per * 1e3, gbps, 100 * gbps / dram[hi], gf, 100 * gf / (peak1 / 1e9 * threads[hi]), xt1);
+                        printf("%-10s %-11s %-10s %4d %7d %9.3f %8.2f %6.1f%% %9.1f %5.1f%% %6s %8.2f %6.1f%%", df_wtype_name(t), bes[bi]->name,
+                               shape, T, threads[hi], per * 1e3, gbps, 100 * gbps / dram[hi], gf, 100 * gf / (peak1 / 1e9 * threads[hi]), xt1,
+                               wbytes / med / 1e9, 100 * wbytes / med / 1e9 / dram[hi]);
                         if (warm) {
                             int cw = 0;
                             double t0w = now_s(), dw;

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "hub/stream.h"
 #include "bench_common.h"
 #include "deltafin.h"
 #include "model/native.h"
@@ -200,7 +201,7 @@ static int bench_decode(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N (16)] [--threads N]\n"
+            printf("usage: deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N (16)] [--threads N]\n"
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
                    "       [--backend auto|cpu|cuda] [--gpu-budget SIZE]\n"
@@ -225,7 +226,11 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--gpu-budget")) { if (want_size("decode", a, v, &gpu_budget)) return 2; }
         i++;
     }
-    if (!model) { fprintf(stderr, "deltafin bench decode: --model DIR is required\n"); return 2; }
+    char dflt_dir[4096], dflt_how[4600] = "";
+    if (!model) {
+        if (cli_default_model("bench decode", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     int32_t ids[256];
     int n_ids = 0;
     for (const char *p = prompt_ids;;) {
@@ -273,6 +278,11 @@ static int bench_decode(int argc, char **argv) {
     mo.backend = backend;
     mo.gpu_budget = gpu_budget;
     mo.kv_positions = n_ids + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
+    stream_src *remote = NULL; /* a streamed install: experts not yet local are fetched on first use */
+    if (stream_is_streamed(model)) {
+        if (stream_open(&remote, model, 0, err, sizeof err)) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
+        mo.remote_source = stream_remote(remote);
+    }
     df_model *m = NULL;
     double t_open = now_s();
     rc = df_model_open(&m, model, &mo, err, sizeof err);
@@ -289,7 +299,7 @@ static int bench_decode(int argc, char **argv) {
     if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
     printf("bench decode: %s, ram budget %s, %d tokens, page cache %s\n", model, bstr, tokens,
            dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
-    printf("  %s\n  open %.1f s\n", df_model_describe(m), open_s);
+    printf("  %s%s%s\n  open %.1f s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how, open_s);
     /* B: drive bandwidth at the engine's read size, queue depth and extent */
     store_bench_opts bo;
     bench_expert_io_opts(&bo, dirs, qd, stride, top_k, io_seconds);
@@ -364,6 +374,8 @@ static int bench_decode(int argc, char **argv) {
     df_sampler_free(smp);
     df_session_free(s);
     df_model_close(m);
+    if (remote) stream_print_stats(remote, stdout);
+    stream_close(remote);
     if (events && !rc) { /* after the store closed the file: this run's totals, for `bench project --from` */
         FILE *ef = fopen(events, "a");
         if (ef) {
@@ -617,28 +629,32 @@ int bench_project(int argc, char **argv, int (*decode)(int argc, char **argv));
 #include "bench_kernels.h" /* `bench machine` / `bench kernels` */
 /* bench_prefill.c: `bench prefill` */
 int bench_prefill(int argc, char **argv);
+/* bench_batch.c: `bench batch` */
+int bench_batch(int argc, char **argv);
 
 int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
-                "       deltafin bench decode --model DIR [--ram-budget SIZE] [--tokens N]\n"
+                "       deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N]\n"
                 "       deltafin bench prefill --model DIR [--tokens N] [--ram-budget SIZE]\n"
+                "       deltafin bench batch --model DIR [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N]\n"
                 "       deltafin bench machine | kernels [--threads N]   (DRAM bandwidth, FMA peak; kernel GB/s)\n"
                 "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
                 "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
                 "       deltafin bench project --drives N --gbps B [--arch kimi_k3] [--from EVENTS.jsonl | --model DIR |\n"
                 "                              --hit-rate H --compute-ms-per-layer C ...]\n"
-                "  Each benchmark's options: deltafin bench <io|decode|prefill|machine|kernels|cache|store|project> --help\n");
+                "  Each benchmark's options: deltafin bench <io|decode|prefill|batch|machine|kernels|cache|store|project> --help\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 2, argv + 2);
     if (!strcmp(argv[1], "prefill")) return bench_prefill(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "batch")) return bench_batch(argc - 2, argv + 2);
     if (!strcmp(argv[1], "machine") || !strcmp(argv[1], "kernels")) return bench_kernels_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "cache")) return bench_cache(argc - 2, argv + 2);
     if (!strcmp(argv[1], "store")) return bench_store(argc - 2, argv + 2);
     if (!strcmp(argv[1], "project")) return bench_project(argc - 2, argv + 2, bench_decode);
-    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, prefill, machine, kernels, cache, store, project; see deltafin bench --help)\n", argv[1]);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, prefill, batch, machine, kernels, cache, store, project; see deltafin bench --help)\n", argv[1]);
     return 2;
 }

@@ -9,6 +9,8 @@
  * are read as files for the trained-positions figure).
  */
 #include "cli.h"
+#include "cli_draft.h"
+#include "hub/stream.h"
 #include "deltafin.h"
 
 #include <cjson/cJSON.h>
@@ -25,8 +27,9 @@
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: deltafin run --model DIR (--prompt TEXT | --prompt-file FILE | --prompt-ids 1,2,3) [options]\n"
-            "  --model DIR          native model dir (manifest.json) or Hugging Face dir (config.json; converted once into the cache)\n"
+            "usage: deltafin run [--model DIR] (--prompt TEXT | --prompt-file FILE | --prompt-ids 1,2,3) [options]\n"
+            "  --model DIR          native model dir (manifest.json) or Hugging Face dir (config.json; converted once into the cache);\n"
+            "                       default: the model `deltafin setup` installed, else the embedded models/kimi-mini\n"
             "  --prompt TEXT        prompt text (needs the model's tokenizer); --prompt - reads it from stdin\n"
             "  --prompt-file FILE   prompt text from FILE, as is (- = stdin)\n"
             "  --prompt-ids LIST    prompt as comma-separated token ids\n"
@@ -53,9 +56,11 @@ static void run_usage(FILE *f) {
             "                       | cpu-scalar | cuda (an error without a CUDA device); default env DF_BACKEND\n"
             "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --quiet              no configuration line or progress on stderr\n"
+            "%s"
             "A prefill that takes over a second reports its progress (layers done) on stderr. A prompt longer than the\n"
             "positions the model was trained on (the model card's trained_positions in DIR/README.md, else the\n"
-            "config's max_position_embeddings) gets a warning on stderr.\n");
+            "config's max_position_embeddings) gets a warning on stderr.\n",
+            cli_draft_usage());
 }
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
@@ -297,7 +302,10 @@ int cmd_run(int argc, char **argv) {
     mo.backend = cli_default_backend();
     df_sampler_opts so;
     df_sampler_opts_default(&so);
+    cli_draft_opts dopt;
+    cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
+        int dr;
         const char *a = argv[i];
 #define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "deltafin run: %s needs a value\n", a), (char *)NULL))
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { run_usage(stdout); return 0; }
@@ -368,10 +376,15 @@ int cmd_run(int argc, char **argv) {
             else { fprintf(stderr, "deltafin run: --spine must be source, bf16 or int8 (got \"%s\")\n", v); return 2; }
             spine_given = 1;
         }
+        else if ((dr = cli_draft_arg("run", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
         else { fprintf(stderr, "deltafin run: unknown option '%s'\n\n", a); run_usage(stderr); return 2; }
 #undef NEXT
     }
-    if (!model) { fprintf(stderr, "deltafin run: --model DIR is required\n\n"); run_usage(stderr); return 2; }
+    char dflt_dir[4096], dflt_how[4600] = "";
+    if (!model) {
+        if (cli_default_model("run", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     if ((prompt != NULL) + (prompt_ids != NULL) + (prompt_file != NULL) != 1) {
         fprintf(stderr, "deltafin run: give exactly one of --prompt TEXT, --prompt-file FILE or --prompt-ids LIST\n");
         return 2;
@@ -395,11 +408,15 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL, *out_ids = NULL;
     int n_ids = 0, n_out = 0;
     df_model *m = NULL;
+    stream_src *remote = NULL; /* streamed install: the source of experts not yet local */
     df_tokenizer *own_tok = NULL; /* a text prompt: the model directory's tokenizer, opened before the model */
     df_session *s = NULL;
     df_sampler *smp = NULL;
     df_detok *dt = NULL;
     float *logits = NULL;
+    df_model *draft_model = NULL;
+    df_drafter *drafter = NULL;
+    df_spec *spec = NULL;
     if (prompt_ids) {
         if (parse_ids(prompt_ids, &ids, &n_ids)) {
             fprintf(stderr, "deltafin run: --prompt-ids \"%s\" is not a comma-separated list of token ids (integers >= 0)\n", prompt_ids);
@@ -435,9 +452,21 @@ int cmd_run(int argc, char **argv) {
     long long kvp = (long long)n_ids + max_new + 1;
     mo.kv_positions = kvp > INT_MAX ? INT_MAX : (int)kvp;
 
+    /* a streamed install (`deltafin setup --stream`): routed experts not yet local are fetched on first use */
+    if (stream_is_streamed(model)) {
+        if ((rc = stream_open(&remote, model, 0, err, sizeof err))) { fprintf(stderr, "deltafin run: %s\n", err); goto done; }
+        mo.remote_source = stream_remote(remote);
+    }
     rc = df_model_open(&m, model, &mo, err, sizeof err);
     if (rc) { progress_end(); fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); goto done; }
-    if (!quiet) fprintf(stderr, "%s\n", df_model_describe(m));
+    if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
+                        dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
+    if ((rc = cli_draft_open("run", &dopt, m, &mo, &draft_model, &drafter))) { status = rc; goto done; }
+    if (!quiet && drafter) {
+        char line[1024];
+        cli_draft_describe(&dopt, drafter, line, sizeof line);
+        fprintf(stderr, "%s\n", line);
+    }
     const df_tokenizer *tok = own_tok ? own_tok : df_model_tokenizer(m);
     int vocab = df_model_n_vocab(m);
     for (int i = 0; i < n_ids; i++)
@@ -480,7 +509,28 @@ int cmd_run(int argc, char **argv) {
     df_model_stats(m, &after_prefill);
     char buf[1024];
     int stopped = 0;
-    for (int k = 0; k < gen_max; k++) {
+    const double t_gen = now_s();
+    if (drafter) {
+        /* speculative: the same tokens as the loop below, several per target eval */
+        rc = df_spec_new(&spec, s, drafter, smp, &dopt.spec, err, sizeof err);
+        if (rc) { fprintf(stderr, "deltafin run: --draft %s: %s\n", dopt.draft, err); goto done; }
+        int n_new = gen_max > 0 ? 1 : 0;
+        if (n_new) out_ids[0] = df_sample(smp, logits, vocab);
+        while (n_new > 0 && !stopped) {
+            for (int j = 0; j < n_new && !stopped; j++) {
+                int32_t id = out_ids[n_out++];
+                for (int q = 0; q < n_stop; q++) stopped |= stop[q] == id;
+                if (dt && !stopped) {
+                    int w = df_detok_push(dt, id, buf, sizeof buf);
+                    if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); }
+                }
+            }
+            if (stopped || n_out >= gen_max) break;
+            n_new = df_spec_step(spec, out_ids[n_out - 1], out_ids + n_out, gen_max - n_out, err, sizeof err);
+            if (n_new < 0) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
+        }
+    }
+    for (int k = 0; !drafter && k < gen_max; k++) {
         int32_t id = df_sample(smp, logits, vocab);
         out_ids[n_out++] = id;
         int is_stop = 0;
@@ -494,7 +544,7 @@ int cmd_run(int argc, char **argv) {
         rc = df_eval(s, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
-    double total = now_s() - t_start;
+    const double gen_s = now_s() - t_gen, total = now_s() - t_start;
     if (dt) {
         int w = df_detok_flush(dt, buf, sizeof buf);
         if (w > 0) fwrite(buf, 1, (size_t)w, stdout);
@@ -549,9 +599,21 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "profile: %-16s %10.3f          %16.3f\n", "total", pre, 1e3 * dec / nd);
         }
     }
+    if (stats) /* tokens after the first (which comes from the prompt's logits) per second of generation */
+        fprintf(stderr, "stats: generation %d tokens in %.3f s after the prompt: %.2f tok/s (draft %s)\n", n_out, gen_s,
+                n_out > 1 && gen_s > 0 ? (n_out - 1) / gen_s : 0.0, drafter ? df_drafter_kind(drafter) : "off");
+    if (stats && spec) {
+        df_spec_stats sst;
+        df_spec_get_stats(spec, &sst);
+        cli_draft_print_stats(stderr, &sst, drafter);
+    }
+    if (stats && remote) stream_print_stats(remote, stderr);
     if (profile && !stats) fprintf(stderr, "deltafin run: --profile prints with --stats only\n");
     status = 0;
 done:
+    df_spec_free(spec);
+    df_drafter_free(drafter);
+    df_model_close(draft_model);
     df_detok_free(dt);
     free(logits);
     free(out_ids);
@@ -559,6 +621,7 @@ done:
     df_sampler_free(smp);
     df_session_free(s);
     df_model_close(m);
+    stream_close(remote);
     df_tokenizer_free(own_tok);
     free(prompt_buf);
     return status;

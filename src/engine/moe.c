@@ -228,6 +228,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     uint64_t *bytes = calloc((size_t)E + 2, sizeof(uint64_t));
     int *rcs = calloc((size_t)E + 2, sizeof(int));
     float *sh = lw->has_shared ? malloc(sizeof(float) * (size_t)T * D) : NULL;
+    int *guess = NULL, n_guess = 0; /* lookahead guesses for layer + 1 (prompt-sized calls) */
     int *rows_req = malloc(sizeof(int) * (size_t)E), *acq_ids = malloc(sizeof(int) * (size_t)(E + 1));
     int *pinned = calloc((size_t)E + 1, sizeof(int));
     df_expert *aviews = malloc(sizeof(df_expert) * (size_t)(E + 1));
@@ -271,6 +272,20 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         for (int i = 0; i < n_used; i++)
             if (!dev_resident(e, layer, used[i])) rows_req[n_req++] = used[i];
         if (n_req) e->experts.request(e->experts.ctx, layer, rows_req, n_req, STORE_DEMAND);
+    }
+    /* prompt-sized lookahead: the next layer's likely experts, queued behind this layer's demand reads so
+     * the drive keeps reading while this layer computes. The store gives a guess only a slot no pending
+     * or unused expert holds, so no guess evicts anything needed; a guess that got no slot is asked again
+     * after each chunk of this layer is released (its slots become free), and guesses the next layer
+     * does not need are dropped by its demand request. */
+    if (e->la_x && e->la_layer == layer + 1 && e->experts.request && (guess = malloc(sizeof(int) * (size_t)E))) {
+        const double tg = df_now();
+        n_guess = moe_guess(e, layer + 1, e->la_x, T, guess);
+        if (n_guess > 0) {
+            e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
+            e->prefetch_issued += (uint64_t)n_guess;
+        }
+        e->phase_s[DF_PHASE_ROUTER] += df_now() - tg; /* router work (the caller books it apart from the experts') */
     }
     if (latent) eng_matmul(e, &lw->lat_down, h, T, hx);
     memset(acc, 0, sizeof(float) * (size_t)T * Wd);
@@ -323,6 +338,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         else ex_task(&j, 0, items, 0);
         if (n_acq > 0) e->experts.release(e->experts.ctx, layer, acq_ids, n_acq);
         for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, used[u0 + i]);
+        if (n_guess > 0 && u0 + nc < n_used) e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
         for (int i = 0; i < items; i++) {
             e->weight_bytes += bytes[i];
             if (rcs[i] && !rc) rc = rcs[i];
@@ -348,32 +364,43 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         for (int64_t i = 0; i < (int64_t)T * D; i++) out[i] += sh[i];
 done:
     free(logits); free(ids); free(wts); free(count); free(used); free(rows); free(rw); free(start);
-    free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh); free(hx);
+    free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh); free(hx); free(guess);
     free(rows_req); free(acq_ids); free(pinned); free(aviews);
     if (latent) free(acc);
     return rc;
 }
 
-void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T) {
+int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
     const df_config *cfg = e->cfg;
-    if (layer >= cfg->num_hidden_layers || !e->experts.request) return;
+    if (layer >= cfg->num_hidden_layers) return 0;
     const df_layer_weights *lw = &e->spine->layers[layer];
-    if (!lw->is_moe) return;
+    if (!lw->is_moe) return 0;
     const int D = cfg->hidden_size, E = cfg->n_routed_experts, K = cfg->num_experts_per_tok;
     float *h = malloc(sizeof(float) * (size_t)T * D), *logits = malloc(sizeof(float) * (size_t)T * E);
-    int *ids = malloc(sizeof(int) * (size_t)T * K), *used = malloc(sizeof(int) * (size_t)E);
+    int *ids = malloc(sizeof(int) * (size_t)T * K);
     float *w = malloc(sizeof(float) * (size_t)T * K);
     char *mark = calloc((size_t)E, 1);
-    if (h && logits && ids && used && w && mark) {
+    int n = 0;
+    if (h && logits && ids && w && mark) {
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, x_resid + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
         eng_matmul(e, &lw->router, h, T, logits);
         moe_route(cfg, logits, lw->router_bias, T, ids, w);
-        int n = 0;
-        for (int i = 0; i < T * K; i++) if (!mark[ids[i]]) { mark[ids[i]] = 1; }
+        for (int i = 0; i < T * K; i++) mark[ids[i]] = 1;
         for (int x = 0; x < E; x++) if (mark[x]) used[n++] = x;
+    }
+    free(h); free(logits); free(ids); free(w); free(mark);
+    return n;
+}
+
+void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T) {
+    if (layer >= e->cfg->num_hidden_layers || !e->experts.request) return;
+    int *used = malloc(sizeof(int) * (size_t)e->cfg->n_routed_experts);
+    if (!used) return;
+    const int n = moe_guess(e, layer, x_resid, T, used);
+    if (n > 0) {
         e->experts.request(e->experts.ctx, layer, used, n, STORE_PREFETCH);
         e->prefetch_issued += (uint64_t)n;
     }
-    free(h); free(logits); free(ids); free(used); free(w); free(mark);
+    free(used);
 }
