@@ -4,13 +4,13 @@
 # cuda_check.sh itself, into one xz tarball (default .devcarry-cuda.tar.xz; pass the path as $1).
 # The binaries are alike, so one xz stream with a large dictionary keeps the tarball small. The tree that travels
 # to the device is near its 64 MiB limit: the tarball leaves out libpcre2-8 (grep's library, on the machine's image)
-# and test_store_golden (BINS overrides the list).
+# and, by default, test_golden_model and test_store_golden (BINS overrides the list; cuda_check.sh runs what is there).
 set -eu
 cd "$(dirname "$0")/../.."
 DEST=${1:-.devcarry-cuda.tar.xz}
 T=$(mktemp -d)
 mkdir -p "$T/lib"
-for b in ${BINS:-deltafin test_cuda_kernels test_golden test_golden_model}; do
+for b in ${BINS:-deltafin test_cuda_kernels test_golden}; do
     cp "build/$b" "$T/$b" && strip "$T/$b"
 done
 cp tools/device/cuda_check.sh tests/e2e_cuda_cli.sh "$T/"
