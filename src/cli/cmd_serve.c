@@ -1,6 +1,7 @@
 /* cmd_serve.c — `deltafin serve`: parse flags, then run the OpenAI-compatible
  * server (src/server, docs/server.md). */
 #include "cli.h"
+#include "cli_draft.h"
 #include "server/server.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +29,9 @@ static void serve_usage(FILE *f) {
             "  --max-connections N      concurrent connections (default 256)\n"
             "  --mock [--mock-delay-ms N]  serve a built-in byte-level test model instead of --model\n"
             "  --mock-kimi              the test model as a Kimi model (<think> + a tool call)\n"
-            "  --verbose                log every rejected request\n");
+            "  --verbose                log every rejected request\n"
+            "speculative decoding (requests without logprobs; the output is the same):\n%s",
+            cli_draft_usage());
 }
 
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {
@@ -53,7 +56,10 @@ int cmd_serve(int argc, char **argv) {
     c.timeout_s = 60;
     c.max_connections = 256;
     c.queue = 16;
+    cli_draft_opts dopt;
+    cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
+        int dr;
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int tmp;
@@ -92,6 +98,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--mock-kimi")) c.mock = c.mock_kimi = 1;
         else if (!strcmp(a, "--mock-delay-ms")) { NEED(); if (parse_int(a, v, 0, 60000, &c.mock_delay_ms)) return 2; }
         else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) c.verbose = 1;
+        else if ((dr = cli_draft_arg("serve", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
         else { fprintf(stderr, "deltafin serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         (void)tmp;
     }
@@ -102,5 +109,11 @@ int cmd_serve(int argc, char **argv) {
     }
     if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
     if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
+    c.draft.draft = dopt.draft;
+    c.draft.ngram_min = dopt.ngram_min;
+    c.draft.ngram_max = dopt.ngram_max;
+    c.draft.retok = dopt.retok;
+    c.draft.spec = dopt.spec;
+    if (c.mock && cli_draft_enabled(&dopt)) { fprintf(stderr, "deltafin serve: --draft needs a real model (not --mock)\n"); return 2; }
     return srv_serve(&c);
 }

@@ -4,8 +4,18 @@
 #ifndef DF_SERVER_H
 #define DF_SERVER_H
 
+#include "deltafin.h"
+
 #include <stddef.h>
 #include <stdint.h>
+
+/* Speculative decoding for the model (`serve --draft ...`, the same flags as `run`). */
+typedef struct {
+    const char *draft;        /* NULL or "off": none; "ngram"; or a draft model directory */
+    int ngram_min, ngram_max; /* --draft ngram: n-gram lengths looked up */
+    int retok;                /* a draft model through re-tokenization: -1 auto (vocabulary sizes differ), 0, 1 */
+    df_spec_opts spec;
+} srv_draft_config;
 
 typedef struct {
     const char *model_path;   /* NULL with mock */
@@ -27,6 +37,7 @@ typedef struct {
     int max_connections;
     int verbose;
     const char *port_file;    /* write the bound port here once listening */
+    srv_draft_config draft;   /* speculative decoding; draft.draft NULL = off */
 } srv_config;
 
 /* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.

@@ -188,6 +188,12 @@ struct srv_backend {
     void (*stats)(srv_backend *b, df_stats *out);
     void (*stats_reset)(srv_backend *b);
     void (*close)(srv_backend *b);
+    /* speculative decoding (srv_backend_set_draft); NULL without a drafter: spec_new(b, sampler) makes a
+     * generator over the one session with that sampler, spec_step is df_spec_step */
+    void *(*spec_new)(srv_backend *b, void *sampler);
+    int (*spec_step)(void *spec, int32_t cur, int32_t *out, int cap, char *err, size_t errlen);
+    void (*spec_free)(void *spec);
+    const char *draft_describe;  /* one line: the resolved drafting configuration, or NULL */
 };
 
 int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx,
@@ -197,6 +203,9 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
  * it, endless cycling for longer ones); delay_ms per evaluated token. kimi=1:
  * a Kimi-family model whose output is a fixed <think> + tool-call script. */
 int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, char *err, size_t errlen);
+/* Give a model backend the drafter dc names (none for "off"/NULL); a draft model directory is opened
+ * with mo's threads (resident). DF_E* with err naming the flag and value. */
+int srv_backend_set_draft(srv_backend *b, const srv_draft_config *dc, const df_model_opts *mo, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- generator */
 /* Longest common prefix of two token arrays. */

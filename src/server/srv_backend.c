@@ -10,6 +10,10 @@ typedef struct {
     df_model *m;
     df_session *s;
     const df_tokenizer *t;
+    df_model *dm;             /* the draft model (srv_backend_set_draft), or NULL */
+    df_drafter *drafter;      /* or NULL */
+    df_spec_opts spec;
+    char draft_describe[1200];
 } be_model;
 
 #define BM(b) ((be_model *)(b)->impl)
@@ -80,6 +84,8 @@ static void m_stats_reset(srv_backend *b) { df_model_stats_reset(BM(b)->m); }
 static void m_close(srv_backend *b) {
     if (!b) return;
     if (BM(b)) {
+        df_drafter_free(BM(b)->drafter);
+        df_model_close(BM(b)->dm);
         if (BM(b)->s) df_session_free(BM(b)->s);
         if (BM(b)->m) df_model_close(BM(b)->m);
         free(BM(b));
@@ -146,5 +152,63 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
         return DF_EFORMAT;
     }
     *out = b;
+    return 0;
+}
+
+/* ------------------------------------------------------- speculative decoding */
+
+static void *m_spec_new(srv_backend *b, void *sampler) {
+    df_spec *g = NULL;
+    char err[256];
+    return df_spec_new(&g, BM(b)->s, BM(b)->drafter, sampler, &BM(b)->spec, err, sizeof err) ? NULL : g;
+}
+static int m_spec_step(void *g, int32_t cur, int32_t *out, int cap, char *err, size_t errlen) {
+    return df_spec_step(g, cur, out, cap, err, errlen);
+}
+static void m_spec_free(void *g) { df_spec_free(g); }
+
+int srv_backend_set_draft(srv_backend *b, const srv_draft_config *dc, const df_model_opts *mo, char *err, size_t errlen) {
+    if (!dc->draft || !strcmp(dc->draft, "off")) return 0;
+    be_model *bm = BM(b);
+    int rc;
+    if (!strcmp(dc->draft, "ngram")) {
+        rc = df_drafter_ngram_new(&bm->drafter, dc->ngram_max, dc->ngram_min, err, errlen);
+        snprintf(bm->draft_describe, sizeof bm->draft_describe, "ngram (n %d..%d)", dc->ngram_min, dc->ngram_max);
+    } else {
+        df_model_opts o;
+        df_model_opts_default(&o);
+        o.threads = mo->threads;
+        o.kv_positions = b->n_ctx;
+        o.heat_path = "off";
+        char e2[1024] = "";
+        rc = df_model_open(&bm->dm, dc->draft, &o, e2, sizeof e2);
+        if (rc) {
+            snprintf(err, errlen, "--draft %s: %s", dc->draft, e2);
+            return rc;
+        }
+        int retok = dc->retok >= 0 ? dc->retok : df_model_n_vocab(bm->dm) != b->n_vocab;
+        if (retok) rc = df_drafter_retok_new(&bm->drafter, bm->dm, bm->t, b->n_ctx, e2, sizeof e2);
+        else rc = df_drafter_model_new(&bm->drafter, bm->dm, b->n_ctx, e2, sizeof e2);
+        if (!rc && !retok && df_model_n_vocab(bm->dm) != b->n_vocab) {
+            snprintf(e2, sizeof e2, "its vocabulary has %d tokens, the target's %d: use --draft-retok on (or auto)",
+                     df_model_n_vocab(bm->dm), b->n_vocab);
+            rc = DF_EINVAL;
+        }
+        if (rc) {
+            snprintf(err, errlen, "--draft %s: %s", dc->draft, e2);
+            return rc;
+        }
+        snprintf(bm->draft_describe, sizeof bm->draft_describe, "%s %s", df_drafter_kind(bm->drafter), dc->draft);
+    }
+    if (rc) return rc;
+    bm->spec = dc->spec;
+    size_t l = strlen(bm->draft_describe);
+    snprintf(bm->draft_describe + l, sizeof bm->draft_describe - l, ", k max %d%s, gate %s (window %d, retry %d)",
+             dc->spec.k_max, dc->spec.adaptive ? " adaptive" : " fixed", dc->spec.gate ? "on" : "off", dc->spec.window,
+             dc->spec.retry);
+    b->spec_new = m_spec_new;
+    b->spec_step = m_spec_step;
+    b->spec_free = m_spec_free;
+    b->draft_describe = bm->draft_describe;
     return 0;
 }
