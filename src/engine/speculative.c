@@ -20,7 +20,7 @@
  * Gating: verifying k rows routes to more distinct experts, which can cost more than
  * it saves on a storage-bound model. Generated tokens per second are measured live
  * (wall time of drafting + verification + sampling) with drafting and without it
- * (a plain probe of PROBE_WINDOW tokens first, then again after 1, 2, 4 and then every
+ * (WARMUP plain tokens, then a plain probe of PROBE_WINDOW tokens, then again after 1, 2, 4 and then every
  * PROBE_EVERY windows: the first rates include the warm-up of caches);
  * when drafting is slower over at least MIN_WINDOW tokens, or clearly slower (under
  * EARLY_RATIO of the plain rate) after EARLY_CALLS verifications, it is switched off
@@ -37,8 +37,8 @@
 #include <string.h>
 #include <time.h>
 
-enum { MIN_WINDOW = 16, EARLY_CALLS = 2, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16 };
-#define EARLY_RATIO 0.75 /* after EARLY_CALLS verifications: off at once when below this share of the plain rate */
+enum { WARMUP = 16, MIN_WINDOW = 16, EARLY_CALLS = 3, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16 };
+#define EARLY_RATIO 0.6 /* after EARLY_CALLS verifications: off at once when below this share of the plain rate */
 
 typedef enum { G_PROBE = 0, G_SPEC, G_OFF } gate_mode;
 
@@ -152,6 +152,7 @@ static void gate_update(df_spec *g, int n, double dt, int verified) {
     const double rate = g->win_s > 0 ? g->win_tokens / g->win_s : 0;
     switch (g->mode) {
     case G_PROBE: /* a plain window: the baseline drafting is compared with */
+        if (g->st.generated <= WARMUP) { win_reset(g); break; } /* the first tokens warm the expert cache up */
         if (g->win_tokens >= PROBE_WINDOW) {
             g->st.plain_tok_s = rate;
             g->mode = G_SPEC;
