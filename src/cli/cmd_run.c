@@ -499,8 +499,13 @@ int cmd_run(int argc, char **argv) {
     const double t_gen = now_s(), cpu_gen = cpu_s();
     if (drafter) {
         /* speculative: the same tokens as the loop below, several per target eval */
-        rc = df_spec_new(&spec, s, drafter, smp, &dopt.spec, err, sizeof err);
-        if (rc) { fprintf(stderr, "deltafin run: --draft %s: %s\n", dopt.draft, err); goto done; }
+        rc = dopt.sample && so.temperature > 0 ? df_drafter_set_sampling(drafter, &so, err, sizeof err) : 0;
+        if (!rc) rc = df_spec_new(&spec, s, drafter, smp, &dopt.spec, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "deltafin run: --draft %s: %s\n", dopt.draft, err);
+            if (rc == DF_EINVAL) status = 2;
+            goto done;
+        }
         int n_new = gen_max > 0 ? 1 : 0;
         if (n_new) out_ids[0] = df_sample(smp, logits, vocab);
         while (n_new > 0 && !stopped) {

@@ -114,6 +114,7 @@ int cmd_serve(int argc, char **argv) {
     c.draft.ngram_max = dopt.ngram_max;
     c.draft.retok = dopt.retok;
     c.draft.spec = dopt.spec;
+    if (dopt.sample) { fprintf(stderr, "deltafin serve: --draft-sample is a run option (the server drafts greedily)\n"); return 2; }
     if (c.mock && cli_draft_enabled(&dopt)) { fprintf(stderr, "deltafin serve: --draft needs a real model (not --mock)\n"); return 2; }
     return srv_serve(&c);
 }

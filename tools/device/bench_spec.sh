@@ -4,7 +4,7 @@
 # --draft-gate off), for a natural-text prompt, a C prompt and a repetitive prompt, in RAM and under a
 # --ram-budget smaller than the model's experts; REPS runs each, the median reported, acceptance from the
 # draft stats line, and a check that every run printed the ids of --draft off.
-# Binary: build/deltafin, or the one in .devcarry.tar.xz (tools/device/pack.sh) when that file exists.
+# Binary: build/deltafin, else the one in .devcarry.tar.xz (tools/device/pack.sh; the accelerator host builds nothing).
 # Columns: median and best wall-clock rate of REPS runs, and the median rate per CPU second of the process
 # (robust when other processes share the cores; not meaningful when reads from the disk dominate).
 # Usage: tools/device/bench_spec.sh OUTDIR   Env: REPS (5), TOKENS (256), THREADS (4), BUDGET (16M), PROMPTS, MEMS.
@@ -12,12 +12,15 @@ set -u
 OUT=${1:?usage: bench_spec.sh OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=$HERE/build/deltafin
-if [ -f "$HERE/.devcarry.tar.xz" ]; then
+if [ ! -x "$BIN" ] && [ -f "$HERE/.devcarry.tar.xz" ]; then
     D=$(mktemp -d)
     tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
     BIN="$D/deltafin"
     export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# a private copy: a rebuild during the benchmark does not change the binary under it
+T=$(mktemp -d)
+cp "$BIN" "$T/deltafin" && BIN=$T/deltafin
 REPS=${REPS:-5}; TOKENS=${TOKENS:-256}; THREADS=${THREADS:-4}; BUDGET=${BUDGET:-16M}
 KM=$HERE/models/kimi-mini; KD=$HERE/models/kimi-mini-draft
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$(mktemp -d)}
