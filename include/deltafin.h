@@ -383,7 +383,8 @@ typedef struct df_spec df_spec;
  * sequence plain decoding with the same sampler produces: greedy is byte-identical, and with a seed
  * it is the same sample; that is the standard speculative-sampling rule for a deterministic draft
  * (accept x with probability min(1, p(x)/q(x)) = p(x), on rejection sample from
- * norm(max(0, p - q)) = p without x; Leviathan et al. 2023, Chen et al. 2023). target, d and smp
+ * norm(max(0, p - q)) = p without x; Leviathan et al. 2023, Chen et al. 2023). A drafter with
+ * sampled drafts (df_drafter_set_sampling) goes through the general rule instead. target, d and smp
  * stay owned by the caller; d may be NULL (plain decoding). DF_EINVAL for a vocabulary mismatch. */
 int df_spec_new(df_spec **out, df_session *target, df_drafter *d, df_sampler *smp, const df_spec_opts *o, char *err,
                 size_t errlen);
