@@ -77,7 +77,8 @@ typedef struct {
     const char *cache_dir;      /* where an HF directory is converted on first open; NULL = $XDG_CACHE_HOME/deltafin */
     df_spine_mode spine;        /* used when `path` is an HF directory that must be converted */
     const char *events_path;    /* JSONL per-token I/O events; NULL = off */
-    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels) */
+    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels), "cuda", "auto" (cuda when a
+                                   CUDA device is present); NULL = env DF_BACKEND if set, else "cpu" */
     df_progress_fn progress;    /* conversion / load progress; may be NULL */
     void *progress_user;
     /* added by the engine (append-only): */
@@ -87,6 +88,15 @@ typedef struct {
                                    Alias: env DF_PREFETCH=1|0 when this is 0. Never changes results. */
     const char *heat_path;      /* persistent expert heat histogram: NULL = <native model dir>/heat.bin when a
                                    ram_budget is set; "off" = none. Learned across runs; never changes results. */
+    int n_seq;                  /* with ram_budget: sessions whose KV caches (kv_positions each) the budget
+                                   reserves, e.g. serve --parallel; 0 = 1 */
+    /* streamed installs (`deltafin setup --stream`): where routed experts not yet on local disk come from:
+     * a `store_remote` (src/store/store.h), e.g. stream_remote() of src/hub/stream.h; NULL = all local.
+     * Changes where bytes come from, never results. */
+    const void *remote_source;
+    /* the CUDA backend (docs/cuda.md): */
+    uint64_t gpu_budget;        /* backend cuda: GPU memory for the routed-expert cache (the first expert tier);
+                                   0 = all free GPU memory less 1 GiB. The spine is cached beside it. */
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);
@@ -288,6 +298,20 @@ const char *df_phase_name(int phase);
 
 void df_model_stats(const df_model *m, df_stats *out);
 void df_model_stats_reset(df_model *m);
+
+/* ------------------------------------------------------------ batched eval */
+
+/* Append tokens to several sessions of one model and evaluate them all in ONE forward pass: the rows of
+ * every session go through each layer together (rows grouped by expert: each expert a layer needs is read
+ * once for the whole batch), each row attending to its own session's KV cache / KDA state at its own
+ * position. sessions[i] gets n[i] >= 1 tokens ids[i][0..n[i]). logits (may be NULL): n_seq rows of n_vocab
+ * floats (the last position of each session, in order), or with DF_EVAL_ALL_LOGITS sum(n) rows (session
+ * after session). Each session's logits and state are bit-identical to df_eval on it alone (the kernels
+ * are batch-invariant). Errors: DF_EINVAL (sessions of different models, one session twice, n[i] < 1),
+ * DF_ECONTEXT (a session would overflow; nothing is evaluated), DF_ENOMEM, and df_eval's; on an error no
+ * session changes. One forward pass at a time per model (df_eval and df_eval_batch serialize). */
+int df_eval_batch(df_session *const *sessions, const int32_t *const *ids, const int *n, int n_seq, float *logits,
+                  int flags, char *err, size_t errlen);
 
 /* Human-readable message for an error code. */
 const char *df_strerror(int code);

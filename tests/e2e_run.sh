@@ -15,9 +15,10 @@ trap 'rm -rf "$TMP"' EXIT
 # error: missing directory
 out=$("$BIN" run --model "$TMP/nope" --prompt-ids 1,2 --max-new 2 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "nope" && ok "missing dir -> rc $rc: $out" || bad "missing dir (rc $rc): $out"
-# error: usage
-out=$("$BIN" run --prompt-ids 1 2>&1); rc=$?
-[ $rc -eq 2 ] && ok "no --model -> usage error" || bad "no --model (rc $rc)"
+# no --model and nothing installed (an empty registry): the embedded models/kimi-mini, said on the configuration line
+out=$(DELTAFIN_REGISTRY="$TMP/no-registry.json" "$BIN" run --prompt-ids 1 --max-new 1 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "model (no --model): .*models/kimi-mini, embedded kimi-mini" && ok "no --model -> the embedded kimi-mini" \
+    || bad "no --model (rc $rc): $out"
 
 case_dir=""
 for d in "$SRC"/tests/golden/*/; do

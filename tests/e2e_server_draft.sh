@@ -2,7 +2,8 @@
 # e2e_server_draft.sh — `deltafin serve --draft` (speculative decoding) gives the tokens of a server
 # without drafting: models/kimi-mini with models/kimi-mini-draft and with ngram (gate off, so every
 # step drafts), text prompts greedy and seeded, streaming, a second turn that extends the first
-# (prefix reuse after speculative steps) and a request with logprobs (served without drafting);
+# (prefix reuse after speculative steps), a request with logprobs (served without drafting) and 3
+# concurrent requests (serve --parallel: one drafter per session);
 # a KDA model (tests/golden/kl_bf16) with ngram drafting keeps the golden greedy ids.
 # Env: DF_BIN, DF_SRC.
 set -u
@@ -85,6 +86,20 @@ want=$(req "$P0" "$body2"); got=$(req "$P1" "$body2")
 body="{\"prompt\":\"${prompts[2]}\",\"max_tokens\":16,\"temperature\":0,\"logprobs\":2}"
 want=$(req "$P0" "$body"); got=$(req "$P1" "$body")
 [ "${got%|*}" = "${want%|*}" ] && ok "logprobs request: same tokens" || bad "logprobs: got '$got' want '$want'"
+
+# concurrent requests (--parallel: one drafter per session): each gets the tokens it gets alone
+CP=()
+for i in 0 1 2; do
+    req "$P1" "{\"prompt\":\"${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0}" >"$TMP/conc.$i" &
+    CP+=($!)
+done
+wait "${CP[@]}"
+allsame=1
+for i in 0 1 2; do
+    want=$(req "$P0" "{\"prompt\":\"${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0}")
+    [ "$(cut -d'|' -f1 "$TMP/conc.$i")" = "${want%%|*}" ] || { allsame=0; echo "concurrent $i: $(cat "$TMP/conc.$i") vs $want"; }
+done
+[ $allsame = 1 ] && ok "3 concurrent requests with drafting: the tokens of each alone" || bad "concurrent requests differ"
 
 # KDA model: golden greedy ids with ngram drafting
 KL=$SRC/tests/golden/kl_bf16

@@ -11,12 +11,13 @@ for p in $PKGS; do
   case " $(echo $installed) " in *" $p "*) ;; *) missing="$missing $p" ;; esac
 done
 # --test: what the tests need besides the build (python3 for golden checks, node + npm for the pinned
-# tokenizer packages and the openai client). Commands found on PATH count, wherever they came from.
+# tokenizer packages and the openai client, nginx for the setup test's mirror). Commands found on PATH count, wherever they came from.
 if [ "${1:-}" = "--test" ]; then
   command -v python3 >/dev/null || missing="$missing python3"
   command -v node >/dev/null || missing="$missing nodejs"
   command -v npm >/dev/null || missing="$missing npm"
   command -v curl >/dev/null || missing="$missing curl"
+  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$missing nginx-light"   # e2e_setup's loopback mirror
 fi
 [ -z "$missing" ] && exit 0
 echo "deltafin: missing Debian packages:$missing" >&2

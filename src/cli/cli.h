@@ -3,6 +3,7 @@
  * Each returns the process exit status (0 ok, 1 runtime error, 2 usage error). */
 #ifndef DF_CLI_H
 #define DF_CLI_H
+#include <stddef.h>
 #include <stdint.h>
 int cmd_run(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
@@ -23,4 +24,20 @@ int cli_is_file(const char *dir, const char *name);
 /* --model PATH must be an existing directory: 0, else a message naming the flag
  * ("deltafin CMD: --model PATH: no such directory" / "is not a directory") and 1. */
 int cli_check_model_dir(const char *cmd, const char *path);
+/* default_model.c: the model of a command run without --model: the registry's default
+ * (`deltafin setup`; registry file from $DELTAFIN_REGISTRY, $XDG_DATA_HOME or HOME), else
+ * the embedded models/kimi-mini. out gets the directory, how a phrase for the configuration
+ * line ("installed REPO (full) from registry FILE" / "embedded kimi-mini, found beside the
+ * executable"). 0, or 1 after printing why there is none. */
+int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t howcap);
+/* The embedded models/kimi-mini only: 0 and out/how filled, -1 when not found. */
+int cli_embedded_model(char *out, size_t cap, char *how, size_t howcap);
+int cmd_setup(int argc, char **argv);
+int cmd_list(int argc, char **argv);
+int cmd_warm(int argc, char **argv);
+/* --backend NAME: 0 when NAME is auto, cpu, cpu-scalar, cpu-avx2, cpu-avx512 or cuda, else a message naming
+ * the command and 2. The default backend of run, serve and bench: env DF_BACKEND if set, else "auto"
+ * (cuda when a CUDA device is present, else cpu). */
+int cli_check_backend(const char *cmd, const char *name);
+const char *cli_default_backend(void);
 #endif

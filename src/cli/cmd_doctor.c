@@ -88,7 +88,8 @@ int cmd_doctor(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: deltafin doctor [--model DIR [--cache-dir DIR]]\n"
-                   "  prints machine facts; with --model, verifies every checksum of the model and that its tokenizer opens:\n"
+                   "  prints machine facts, then verifies every checksum of the model and that its tokenizer opens\n"
+                   "  (without --model: the model `deltafin setup` installed, else the embedded models/kimi-mini):\n"
                    "  every corrupt expert is named (layer, expert, file, offset), then the spine's state; any problem: exit 1\n"
                    "  --model DIR      native model dir, or Hugging Face dir (converted once into the cache, as `run` does)\n"
                    "  --cache-dir DIR  where an HF checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
@@ -107,7 +108,11 @@ int cmd_doctor(int argc, char **argv) {
     printf("RAM: %.1f GiB\n", ram / 1073741824.0);
     printf("SIMD: %s\n", simd_features());
     printf("io_uring: %s\n", uring_status());
-    if (!model) return 0;
+    char dflt_dir[4096], dflt_how[4600] = "";
+    if (!model) {
+        if (cli_default_model("doctor", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     char err[1024] = "";
     df_model_opts o;
     df_model_opts_default(&o);
@@ -125,7 +130,8 @@ int cmd_doctor(int argc, char **argv) {
         if ((rc != DF_EFORMAT && rc != DF_EIO) || stat(model, &st) || !S_ISDIR(st.st_mode)) return 1;
         status = 1;
     } else {
-        printf("model: %s\n", df_model_describe(m));
+        printf("model: %s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
+               dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
         df_model_close(m); /* the check below reads the files itself */
     }
     /* the tokenizer: a file that is present but does not open is an error (not "no tokenizer") */

@@ -10,6 +10,7 @@
  */
 #include "cli.h"
 #include "cli_draft.h"
+#include "hub/stream.h"
 #include "deltafin.h"
 
 #include <cjson/cJSON.h>
@@ -26,8 +27,9 @@
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: deltafin run --model DIR (--prompt TEXT | --prompt-file FILE | --prompt-ids 1,2,3) [options]\n"
-            "  --model DIR          native model dir (manifest.json) or Hugging Face dir (config.json; converted once into the cache)\n"
+            "usage: deltafin run [--model DIR] (--prompt TEXT | --prompt-file FILE | --prompt-ids 1,2,3) [options]\n"
+            "  --model DIR          native model dir (manifest.json) or Hugging Face dir (config.json; converted once into the cache);\n"
+            "                       default: the model `deltafin setup` installed, else the embedded models/kimi-mini\n"
             "  --prompt TEXT        prompt text (needs the model's tokenizer); --prompt - reads it from stdin\n"
             "  --prompt-file FILE   prompt text from FILE, as is (- = stdin)\n"
             "  --prompt-ids LIST    prompt as comma-separated token ids\n"
@@ -50,7 +52,9 @@ static void run_usage(FILE *f) {
             "  --events FILE        per-token JSONL I/O events\n"
             "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env DF_PREFETCH)\n"
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
-            "  --backend NAME       cpu (best SIMD, default) | cpu-scalar\n"
+            "  --backend NAME       auto (default: cuda when a CUDA device is present, else cpu) | cpu (best SIMD)\n"
+            "                       | cpu-scalar | cuda (an error without a CUDA device); default env DF_BACKEND\n"
+            "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --quiet              no configuration line or progress on stderr\n"
             "%s"
             "A prefill that takes over a second reports its progress (layers done) on stderr. A prompt longer than the\n"
@@ -302,6 +306,7 @@ int cmd_run(int argc, char **argv) {
     long long iv;
     df_model_opts mo;
     df_model_opts_default(&mo);
+    mo.backend = cli_default_backend();
     df_sampler_opts so;
     df_sampler_opts_default(&so);
     cli_draft_opts dopt;
@@ -365,7 +370,11 @@ int cmd_run(int argc, char **argv) {
             else if (!strcmp(v, "off")) mo.prefetch = 2;
             else { fprintf(stderr, "deltafin run: --prefetch \"%s\": expected auto, on or off\n", v); return 2; }
         }
-        else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT())) return 2; }
+        else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
+        else if (!strcmp(a, "--gpu-budget")) {
+            const char *v = NEXT(); if (!v) return 2;
+            if (cli_parse_size(v, &mo.gpu_budget) || !mo.gpu_budget) { fprintf(stderr, "deltafin run: --gpu-budget \"%s\" is not a size (e.g. 40G, 512M)\n", v); return 2; }
+        }
         else if (!strcmp(a, "--spine")) {
             const char *v = NEXT(); if (!v) return 2;
             if (!strcmp(v, "source")) mo.spine = DF_SPINE_SOURCE;
@@ -378,7 +387,11 @@ int cmd_run(int argc, char **argv) {
         else { fprintf(stderr, "deltafin run: unknown option '%s'\n\n", a); run_usage(stderr); return 2; }
 #undef NEXT
     }
-    if (!model) { fprintf(stderr, "deltafin run: --model DIR is required\n\n"); run_usage(stderr); return 2; }
+    char dflt_dir[4096], dflt_how[4600] = "";
+    if (!model) {
+        if (cli_default_model("run", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     if ((prompt != NULL) + (prompt_ids != NULL) + (prompt_file != NULL) != 1) {
         fprintf(stderr, "deltafin run: give exactly one of --prompt TEXT, --prompt-file FILE or --prompt-ids LIST\n");
         return 2;
@@ -402,6 +415,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL, *out_ids = NULL;
     int n_ids = 0, n_out = 0;
     df_model *m = NULL;
+    stream_src *remote = NULL; /* streamed install: the source of experts not yet local */
     df_tokenizer *own_tok = NULL; /* a text prompt: the model directory's tokenizer, opened before the model */
     df_session *s = NULL;
     df_sampler *smp = NULL;
@@ -445,9 +459,15 @@ int cmd_run(int argc, char **argv) {
     long long kvp = (long long)n_ids + max_new + 1;
     mo.kv_positions = kvp > INT_MAX ? INT_MAX : (int)kvp;
 
+    /* a streamed install (`deltafin setup --stream`): routed experts not yet local are fetched on first use */
+    if (stream_is_streamed(model)) {
+        if ((rc = stream_open(&remote, model, 0, err, sizeof err))) { fprintf(stderr, "deltafin run: %s\n", err); goto done; }
+        mo.remote_source = stream_remote(remote);
+    }
     rc = df_model_open(&m, model, &mo, err, sizeof err);
     if (rc) { progress_end(); fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); goto done; }
-    if (!quiet) fprintf(stderr, "%s\n", df_model_describe(m));
+    if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
+                        dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
     if ((rc = cli_draft_open("run", &dopt, m, &mo, &draft_model, &drafter))) { status = rc; goto done; }
     if (!quiet && drafter) {
         char line[1024];
@@ -599,6 +619,7 @@ int cmd_run(int argc, char **argv) {
         df_spec_get_stats(spec, &sst);
         cli_draft_print_stats(stderr, &sst, drafter);
     }
+    if (stats && remote) stream_print_stats(remote, stderr);
     if (profile && !stats) fprintf(stderr, "deltafin run: --profile prints with --stats only\n");
     status = 0;
 done:
@@ -612,6 +633,7 @@ done:
     df_sampler_free(smp);
     df_session_free(s);
     df_model_close(m);
+    stream_close(remote);
     df_tokenizer_free(own_tok);
     free(prompt_buf);
     return status;

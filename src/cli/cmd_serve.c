@@ -2,6 +2,7 @@
  * server (src/server, docs/server.md). */
 #include "cli.h"
 #include "cli_draft.h"
+#include "hub/stream.h"
 #include "server/server.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,17 +10,23 @@
 
 static void serve_usage(FILE *f) {
     fprintf(f,
-            "usage: deltafin serve --model DIR [options]\n"
-            "  --model DIR              native model directory or Hugging Face checkpoint\n"
+            "usage: deltafin serve [--model DIR] [options]\n"
+            "  --model DIR              native model directory or Hugging Face checkpoint (default: the model\n"
+            "                           `deltafin setup` installed, else the embedded models/kimi-mini)\n"
             "  --host ADDR              numeric address to bind (default 127.0.0.1)\n"
             "  --port N                 TCP port (default 8000; 0 = any free port)\n"
             "  --port-file PATH         write the bound port to PATH once listening (exit 1 if it cannot be written)\n"
             "  --ram-budget SIZE        bytes for weights + KV cache, e.g. 8G (default unlimited)\n"
             "  --threads N              compute threads (default all cores)\n"
+            "  --backend NAME           auto (default: cuda when a CUDA device is present) | cpu | cpu-scalar | cuda\n"
+            "  --gpu-budget SIZE        backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --ctx N                  KV cache positions (default min(4096, model maximum))\n"
             "  --max-tokens N           cap on generated tokens per request (default: context room)\n"
             "  --max-request-bytes N    largest accepted request body (default 134217728)\n"
-            "  --queue N                requests that may wait while one runs; more get 429 (default 16)\n"
+            "  --parallel N             generations running at once, their decode steps batched into one\n"
+            "                           forward pass (each expert read once per step for all); outputs are\n"
+            "                           byte-identical to serving each alone; the RAM budget holds N KV caches (default 4)\n"
+            "  --queue N                requests that may wait while --parallel run; more get 429 (default 16)\n"
             "  --api-key KEY            require 'Authorization: Bearer KEY' (default: none)\n"
             "  --no-kv-reuse            always prefill the whole prompt (no prefix reuse)\n"
             "  --keepalive SECONDS      SSE comment period while a stream is silent, e.g. a long prefill\n"
@@ -56,6 +63,8 @@ int cmd_serve(int argc, char **argv) {
     c.timeout_s = 60;
     c.max_connections = 256;
     c.queue = 16;
+    c.parallel = 4;
+    c.backend = cli_default_backend();
     cli_draft_opts dopt;
     cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
@@ -74,6 +83,11 @@ int cmd_serve(int argc, char **argv) {
             NEED();
             if (cli_parse_size(v, &c.ram_budget)) { fprintf(stderr, "deltafin serve: --ram-budget %s: expected a size like 8G or 512M\n", v); return 2; }
         } else if (!strcmp(a, "--threads")) { NEED(); if (parse_int(a, v, 0, 4096, &c.threads)) return 2; }
+        else if (!strcmp(a, "--backend")) { NEED(); if (cli_check_backend("serve", v)) return 2; c.backend = v; }
+        else if (!strcmp(a, "--gpu-budget")) {
+            NEED();
+            if (cli_parse_size(v, &c.gpu_budget) || !c.gpu_budget) { fprintf(stderr, "deltafin serve: --gpu-budget %s: expected a size like 40G\n", v); return 2; }
+        }
         else if (!strcmp(a, "--ctx")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.n_ctx)) return 2; }
         else if (!strcmp(a, "--max-tokens")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.max_tokens)) return 2; }
         else if (!strcmp(a, "--max-request-bytes")) {
@@ -81,6 +95,7 @@ int cmd_serve(int argc, char **argv) {
             if (cli_parse_size(v, &sz) || sz < 64) { fprintf(stderr, "deltafin serve: --max-request-bytes %s: expected a size >= 64\n", v); return 2; }
             c.max_request_bytes = (size_t)sz;
         } else if (!strcmp(a, "--queue")) { NEED(); if (parse_int(a, v, 0, 100000, &c.queue)) return 2; }
+        else if (!strcmp(a, "--parallel")) { NEED(); if (parse_int(a, v, 1, 64, &c.parallel)) return 2; }
         else if (!strcmp(a, "--api-key")) { NEED(); c.api_key = v; }
         else if (!strcmp(a, "--no-kv-reuse")) c.kv_reuse = 0;
         else if (!strcmp(a, "--keepalive")) {
@@ -102,10 +117,11 @@ int cmd_serve(int argc, char **argv) {
         else { fprintf(stderr, "deltafin serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         (void)tmp;
     }
+    char dflt_dir[4096], dflt_how[4600];
     if (!c.model_path && !c.mock) {
-        fprintf(stderr, "deltafin serve: --model DIR is required\n");
-        serve_usage(stderr);
-        return 2;
+        if (cli_default_model("serve", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        c.model_path = dflt_dir;
+        fprintf(stderr, "deltafin serve: model (no --model): %s, %s\n", dflt_dir, dflt_how);
     }
     if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
     if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
@@ -116,5 +132,15 @@ int cmd_serve(int argc, char **argv) {
     c.draft.spec = dopt.spec;
     if (dopt.sample) { fprintf(stderr, "deltafin serve: --draft-sample is a run option (the server drafts greedily)\n"); return 2; }
     if (c.mock && cli_draft_enabled(&dopt)) { fprintf(stderr, "deltafin serve: --draft needs a real model (not --mock)\n"); return 2; }
-    return srv_serve(&c);
+    /* a streamed install (`deltafin setup --stream`): experts not yet local are fetched on first use */
+    stream_src *remote = NULL;
+    if (!c.mock && stream_is_streamed(c.model_path)) {
+        char err[1024];
+        if (stream_open(&remote, c.model_path, 0, err, sizeof err)) { fprintf(stderr, "deltafin serve: %s\n", err); return 1; }
+        c.remote_source = stream_remote(remote);
+    }
+    int rc = srv_serve(&c);
+    if (remote) stream_print_stats(remote, stderr);
+    stream_close(remote);
+    return rc;
 }

@@ -15,6 +15,9 @@ static const struct {
     {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
     {"bench", cmd_bench, "benchmarks: io, decode, prefill, project, machine, kernels, store, cache"},
     {"doctor", cmd_doctor, "verify a model's files and checksums; report the machine"},
+    {"setup", cmd_setup, "download a model from a Hugging Face mirror, convert it, make it the default"},
+    {"list", cmd_list, "installed models (size, completeness) and the default"},
+    {"warm", cmd_warm, "fetch ahead the likeliest experts of a streamed install (from a trace or prompts)"},
     {"synth", cmd_synth, "write a large synthetic checkpoint with real expert shapes"},
 };
 

@@ -165,6 +165,7 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
     st->t0 = store_now();
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->done_cv, NULL);
+    pthread_cond_init(&st->ver_cv, NULL);
     st->n_layers = nat->cfg.num_hidden_layers;
     st->n_experts = nat->n_experts;
     st->top_k = nat->cfg.num_experts_per_tok > 0 ? nat->cfg.num_experts_per_tok : 1;
@@ -359,6 +360,11 @@ static void job_append(df_store *st, store_job *j, int list) {
 
 void store_close(df_store *st) {
     if (!st) return;
+    /* remote fetches under way complete (or fail) first: their tokens are jobs of this store */
+    pthread_mutex_lock(&st->mu);
+    for (int s = 0; s < st->n_slots && st->slots; s++)
+        while (st->slots[s].job && st->slots[s].job->remote) pthread_cond_wait(&st->done_cv, &st->mu);
+    pthread_mutex_unlock(&st->mu);
     store_io_stop(st);
     if (st->o.heat_path && st->count_run) store_heat_save(st);
     /* jobs that never ran */
@@ -391,6 +397,7 @@ void store_close(df_store *st) {
     free(st->pf_issued); free(st->pf_useful);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->done_cv);
+    pthread_cond_destroy(&st->ver_cv);
     free(st);
 }
 
@@ -494,11 +501,19 @@ static int start_load(df_store *st, int layer, int expert, store_prio prio) {
         j->piece_next[k] = 0;
     }
     j->t_start = store_now();
+    j->st = st;
     store_slot *sl = &st->slots[s];
     sl->key = key;
     sl->state = SLOT_LOADING;
     sl->job = j;
     st->slot_of[key] = s;
+    uint64_t xh;
+    if (st->o.remote && st->o.remote->lookup(st->o.remote->user, layer, expert, &xh)) {
+        j->remote = 1; /* read once store_remote_done has it in the packs */
+        st->o.remote->fetch(st->o.remote->user, layer, expert, j);
+        return s;
+    }
+    if (st->o.remote) L->xxh64[expert] = xh;
     job_append(st, j, prio == STORE_DEMAND ? 1 : 2);
     for (int k = 0; k < L->n_files; k++) pthread_cond_broadcast(&st->drives[L->drive[k]].cv);
     return s;
@@ -543,6 +558,15 @@ static void drop_stale_guesses(df_store *st, int layer) {
 int store_request(df_store *st, int layer, const int *experts, int n, store_prio prio) {
     pthread_mutex_lock(&st->mu);
     int rc = 0;
+    /* a demand set first holds every member already present, so that loading one member cannot take
+     * the slot of another (e.g. a guess for it that has not been acquired yet) */
+    if (prio == STORE_DEMAND)
+        for (int i = 0; i < n; i++) {
+            if (!check_key(st, layer, experts[i])) continue;
+            const int s = st->slot_of[KEY(st, layer, experts[i])];
+            if (s >= 0 && (st->slots[s].state == SLOT_LOADING || st->slots[s].state == SLOT_READY))
+                st->slots[s].demand_hold = 1;
+        }
     for (int i = 0; i < n; i++) {
         if (!check_key(st, layer, experts[i])) { rc = DF_EINVAL; continue; }
         int key = KEY(st, layer, experts[i]);
@@ -791,6 +815,28 @@ void store_job_finish(df_store *st, store_job *j) {
     pthread_cond_broadcast(&st->done_cv);
     pthread_mutex_unlock(&st->mu);
     free(j);
+}
+
+void store_remote_done(void *token, int rc, const char *msg, uint64_t xxh64) {
+    store_job *j = token;
+    df_store *st = j->st;
+    if (rc) {
+        j->err = rc;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", msg ? msg : "remote fetch failed");
+        pthread_mutex_lock(&st->mu);
+        j->remote = 0;
+        pthread_mutex_unlock(&st->mu);
+        store_job_finish(st, j);
+        return;
+    }
+    pthread_mutex_lock(&st->mu);
+    j->remote = 0;
+    st->layers[j->layer].xxh64[j->expert] = xxh64;
+    store_layer *L = &st->layers[j->layer];
+    job_append(st, j, j->prio == STORE_DEMAND ? 1 : 2);
+    for (int k = 0; k < L->n_files; k++) pthread_cond_broadcast(&st->drives[L->drive[k]].cv);
+    pthread_cond_broadcast(&st->done_cv);
+    pthread_mutex_unlock(&st->mu);
 }
 
 void store_get_stats(const df_store *st, store_stats *out) {

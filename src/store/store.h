@@ -38,6 +38,7 @@ typedef struct {
     int policy;                /* eviction: 0 = recency-weighted frequency + heat (default), 1 = plain LRU (for comparison) */
     double decay;              /* policy 0: weight of an access per token of age (0 < decay <= 1; 1 = pure frequency);
                                   0 = default 0.8 */
+    const struct store_remote_s *remote; /* experts not on local disk yet (see store_remote below); NULL = none */
 } store_opts;
 
 typedef struct {
@@ -99,5 +100,20 @@ double store_layer_recall(const df_store *st, int layer, int min_issued);
 /* Writes one JSONL line {"ev":"token","pos":pos,...} with the counters since the
  * previous call (bytes demand/prefetch, hits, misses, stall) to events_path. */
 void store_token_event(df_store *st, int64_t pos);
+
+/* --- remote source (streamed installs: src/hub/stream.c) ---
+ * store_opts.remote, when set, is asked on every miss: lookup() returns 1 when the expert is not on local disk
+ * yet (the store then calls fetch() instead of reading; fetch starts getting the extent into the pack files and
+ * must not block; whoever completes it calls store_remote_done with the token, and the store then reads the
+ * extent locally like any other), or 0 when it is local, setting *xxh64 to the checksum of the local extent
+ * (used for the first-read verification instead of the manifest's). */
+typedef struct store_remote_s {
+    int (*lookup)(void *user, int layer, int expert, uint64_t *xxh64);
+    void (*fetch)(void *user, int layer, int expert, void *token);
+    void *user;
+} store_remote;
+/* Completion of a fetch: rc 0 = the extent is in the packs with checksum xxh64; else DF_E* and a message
+ * (the acquire waiting for it fails with them). Any thread; mu not held by the caller. */
+void store_remote_done(void *token, int rc, const char *msg, uint64_t xxh64);
 
 #endif

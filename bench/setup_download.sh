@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# setup_download.sh [SIZE_MB] — `deltafin setup --download-only` vs plain curl from the same loopback nginx
+# mirror (tests/hub/mirror.py): one SIZE_MB (default 2048) LFS shard of random bytes beside kimi-mini's
+# config.json. Prints MB/s of each (file written to the same disk, page cache dropped before each when root),
+# the ratio, and deltafin's peak RSS (/usr/bin/time). Figures go to bench/RESULTS.md.
+set -eu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${DF_BIN:-$ROOT/build/deltafin}
+MB=${1:-2048}; shift || true
+TMP=$(mktemp -d /tmp/df_bench_setup.XXXXXX); chmod 755 "$TMP"
+trap '[ -f "$TMP/nginx.pid" ] && kill "$(cat "$TMP/nginx.pid")"; rm -rf "$TMP"' EXIT
+read -r P1 P2 < <(python3 -c 'import socket
+s=[socket.socket() for _ in range(2)]
+[x.bind(("127.0.0.1",0)) for x in s]; print(*[x.getsockname()[1] for x in s])')
+mkdir -p "$TMP/big-src"
+cp "$ROOT/models/kimi-mini/config.json" "$TMP/big-src/"
+head -c $((MB * 1048576)) /dev/urandom > "$TMP/big-src/model.safetensors"
+DF_MIRROR_EXTRA="test/big=$TMP/big-src" python3 "$ROOT/tests/hub/mirror.py" build "$TMP" "$P1" "$P2"
+$(command -v nginx || echo /usr/sbin/nginx) -c "$TMP/nginx.conf" -p "$TMP"
+URL=http://127.0.0.1:$P1/test/big/resolve/main/model.safetensors
+drop() { [ "$(id -u)" = 0 ] && sync && echo 3 > /proc/sys/vm/drop_caches || true; }
+drop; t0=$(date +%s.%N); curl -s -o "$TMP/curl.out" "$URL"; t1=$(date +%s.%N)
+openssl dgst -sha256 "$TMP/curl.out" >/dev/null; t1h=$(date +%s.%N); rm -f "$TMP/curl.out"
+drop; t2=$(date +%s.%N)
+/usr/bin/time -f "%M" -o "$TMP/rss" "$BIN" setup test/big --mirror "http://127.0.0.1:$P1" --dir "$TMP/inst" --download-only \
+    --registry "$TMP/reg.json" --quiet "$@" >/dev/null
+t3=$(date +%s.%N)
+python3 - "$MB" "$t0" "$t1" "$t1h" "$t2" "$t3" "$(cat "$TMP/rss")" <<'PY'
+import sys
+mb, t0, t1, t1h, t2, t3, rss = float(sys.argv[1]), *map(float, sys.argv[2:7]), int(sys.argv[7])
+c, ch, d = (mb * 1.048576 / t for t in (t1 - t0, t1h - t0, t3 - t2))
+print(f"curl: {c:.0f} MB/s ({t1 - t0:.2f} s); curl + openssl sha256: {ch:.0f} MB/s ({t1h - t0:.2f} s); "
+      f"deltafin setup --download-only (sha256 included): {d:.0f} MB/s ({t3 - t2:.2f} s); "
+      f"ratio to curl {d / c:.2f}, to curl + openssl sha256 {d / ch:.2f}; deltafin peak RSS {rss / 1024:.1f} MB")
+PY

@@ -1,0 +1,412 @@
+/* cmd_setup.c — `deltafin setup REPO`: download a model from a Hugging Face-compatible mirror
+ * (src/hub), check it, convert it to the native layout (df_convert) and record it in the
+ * installed-models registry as the default model. See usage(). */
+#define _GNU_SOURCE
+#include "cli.h"
+#include "deltafin.h"
+#include "hub/hub.h"
+#include "hub/registry.h"
+#include "hub/stream.h"
+#include "util/util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: deltafin setup REPO [options]\n\n"
+            "Download the Hugging Face model REPO (OWNER/NAME) from a mirror, verify it, convert it to deltafin's\n"
+            "native layout and make it the default model of run / serve / bench decode / doctor (see `deltafin list`).\n"
+            "Any server with the hub's HTTP layout works: MIRROR/REPO/resolve/REV/FILE with Range requests, the\n"
+            "X-Linked-Size / ETag (sha256) headers of LFS files, and the listing MIRROR/api/models/REPO/revision/REV\n"
+            "(else model.safetensors.index.json is the listing). config.json is checked BEFORE anything large is\n"
+            "downloaded: an architecture deltafin cannot run stops here.\n\n"
+            "options:\n"
+            "  --full                 download every needed file, then convert (the default); on a streamed install:\n"
+            "                         completes it in place\n"
+            "  --stream               download the spine only (every tensor but the routed experts, plus each shard's\n"
+            "                         safetensors header); each routed expert is fetched by HTTP Range the first time a\n"
+            "                         token needs it, verified, written into the native pack and read locally afterwards\n"
+            "                         (`deltafin warm` fetches ahead); output identical to a full install\n"
+            "  --disk-budget SIZE     with --stream: keep at most SIZE of fetched experts on disk, evicting the coldest\n"
+            "                         (heat-ranked; default unbounded)\n"
+            "  --revision R           branch, tag or commit (default main)\n"
+            "  --mirror URL           default $HF_ENDPOINT, else https://huggingface.co; token: $HF_TOKEN\n"
+            "  --dir DIR              install directory (default $XDG_DATA_HOME/deltafin/models/OWNER--NAME, else\n"
+            "                         ~/.local/share/deltafin/models/OWNER--NAME): DIR/NAME (the checkpoint),\n"
+            "                         DIR/native (the native model)\n"
+            "  --expert-dirs D1,D2    stripe the routed experts over these directories (one per drive)\n"
+            "  --include-draft        also download the repo's draft/ model files\n"
+            "  --connections N        parallel ranged requests (default 8)\n"
+            "  --chunk SIZE           bytes per ranged request (default 16M)\n"
+            "  --retries N            extra tries of a failed request (default 4)\n"
+            "  --threads N            conversion threads (default all cores)\n"
+            "  --keep-download        keep the downloaded .safetensors shards after the conversion (default: removed)\n"
+            "  --download-only        download and verify into DIR/NAME only: no conversion, nothing recorded\n"
+            "  --registry FILE        installed-models registry (default $DELTAFIN_REGISTRY, else\n"
+            "                         $XDG_DATA_HOME/deltafin/models.json, else ~/.local/share/deltafin/models.json)\n"
+            "  --no-default           record the model without making it the default\n"
+            "  --quiet                no progress lines\n"
+            "  --verbose              log every request\n"
+            "Resumable: files are written as FILE.partial with a sidecar of the bytes done; a run stopped in any way\n"
+            "(kill -9, a dropped network, Ctrl-C) continues where it stopped when run again, fetching no byte twice.\n"
+            "A file gets its final name only after its sha256 matched the mirror's. Exit 1 on any error, 2 on usage.\n");
+}
+
+static uint64_t du_total;
+static int du_add(const char *p, const struct stat *st, int flag, struct FTW *f) {
+    (void)p; (void)f;
+    if (flag == FTW_F) du_total += (uint64_t)st->st_blocks * 512u;
+    return 0;
+}
+static uint64_t disk_usage(const char *dir) {
+    du_total = 0;
+    nftw(dir, du_add, 32, FTW_PHYS);
+    return du_total;
+}
+
+static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *f) {
+    (void)st; (void)flag; (void)f;
+    remove(p);
+    return 0;
+}
+
+typedef struct { double t0, last; int open, quiet, ended; } conv_prog;
+
+static int on_convert(void *user, const char *what, uint64_t done, uint64_t total) {
+    conv_prog *p = user;
+    (void)what;
+    if (df_interrupted()) return 1;
+    if (p->quiet || p->ended) return 0;
+    double t = df_now();
+    if (total && done >= total) p->ended = 1;
+    if (t - p->last < 0.5 && done < total) return 0;
+    p->last = t;
+    fprintf(stderr, "\rconvert: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", done / 1e6, total / 1e6,
+            total ? 100.0 * (double)done / (double)total : 100.0, t > p->t0 ? done / 1e6 / (t - p->t0) : 0.0);
+    p->open = 1;
+    fflush(stderr);
+    return 0;
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "deltafin setup: %s \"%s\": expected an integer in [%d, %d]\n", flag, v, lo, hi);
+        return 2;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* Default install directory: <data root>/deltafin/models/OWNER--NAME. */
+static int default_dir(const char *repo, char *out, size_t cap) {
+    const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
+    char name[300];
+    snprintf(name, sizeof name, "%s", repo);
+    char *s = strchr(name, '/');
+    if (s) { memmove(s + 2, s + 1, strlen(s + 1) + 1); s[0] = '-'; s[1] = '-'; }
+    if (xdg && *xdg) snprintf(out, cap, "%s/deltafin/models/%s", xdg, name);
+    else if (home && *home) snprintf(out, cap, "%s/.local/share/deltafin/models/%s", home, name);
+    else return -1;
+    return 0;
+}
+
+int cmd_setup(int argc, char **argv) {
+    const char *repo = NULL, *rev = NULL, *mirror = NULL, *dir_flag = NULL, *expert_dirs = NULL, *reg_flag = NULL;
+    int download_only = 0, include_draft = 0, keep = 0, no_default = 0, quiet = 0, verbose = 0, threads = 0, retries = 4, stream = 0;
+    hub_dl_opts dl;
+    hub_dl_opts_default(&dl);
+    uint64_t disk_budget = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+#define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "deltafin setup: %s needs a value\n", a), (char *)NULL))
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--full")) stream = 0;
+        else if (!strcmp(a, "--stream")) stream = 1;
+        else if (!strcmp(a, "--revision")) { if (!(rev = NEXT())) return 2; }
+        else if (!strcmp(a, "--mirror")) { if (!(mirror = NEXT())) return 2; }
+        else if (!strcmp(a, "--dir")) { if (!(dir_flag = NEXT())) return 2; }
+        else if (!strcmp(a, "--expert-dirs")) { if (!(expert_dirs = NEXT())) return 2; }
+        else if (!strcmp(a, "--registry")) { if (!(reg_flag = NEXT())) return 2; }
+        else if (!strcmp(a, "--include-draft")) include_draft = 1;
+        else if (!strcmp(a, "--keep-download")) keep = 1;
+        else if (!strcmp(a, "--download-only")) download_only = 1;
+        else if (!strcmp(a, "--no-default")) no_default = 1;
+        else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--verbose")) verbose = 1;
+        else if (!strcmp(a, "--connections")) { const char *v = NEXT(); if (!v || parse_int(a, v, 1, 256, &dl.connections)) return 2; }
+        else if (!strcmp(a, "--retries")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 100, &retries)) return 2; }
+        else if (!strcmp(a, "--threads")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 4096, &threads)) return 2; }
+        else if (!strcmp(a, "--disk-budget")) {
+            const char *v = NEXT();
+            if (!v) return 2;
+            if (cli_parse_size(v, &disk_budget)) { fprintf(stderr, "deltafin setup: --disk-budget \"%s\": expected a size (e.g. 200G)\n", v); return 2; }
+        }
+        else if (!strcmp(a, "--chunk")) {
+            const char *v = NEXT();
+            if (!v) return 2;
+            if (cli_parse_size(v, &dl.chunk_bytes) || dl.chunk_bytes < 65536) {
+                fprintf(stderr, "deltafin setup: --chunk \"%s\": expected a size of at least 64K (e.g. 16M)\n", v);
+                return 2;
+            }
+        }
+        else if (a[0] == '-') { fprintf(stderr, "deltafin setup: unknown option '%s'\n\n", a); usage(stderr); return 2; }
+        else if (!repo) repo = a;
+        else { fprintf(stderr, "deltafin setup: one REPO only (got \"%s\" and \"%s\")\n", repo, a); return 2; }
+#undef NEXT
+    }
+    if (!repo) { fprintf(stderr, "deltafin setup: REPO is required (e.g. moonshotai/Kimi-K2-Instruct)\n\n"); usage(stderr); return 2; }
+    char err[2048] = "";
+    hub_ctx h;
+    if (hub_init(&h, mirror, repo, rev, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 2; }
+    h.retries = retries;
+    h.verbose = verbose;
+    dl.quiet = quiet;
+    char dir[1900], reg[4096], dl_dir[3100], nat_dir[3100];
+    if (dir_flag) snprintf(dir, sizeof dir, "%s", dir_flag);
+    else if (default_dir(h.repo, dir, sizeof dir)) { fprintf(stderr, "deltafin setup: no install directory: pass --dir DIR (HOME is not set)\n"); return 2; }
+    if (registry_path(reg_flag, reg, sizeof reg, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 2; }
+    /* the checkpoint directory is named after the repo: convert names the model after it */
+    snprintf(dl_dir, sizeof dl_dir, "%s/%s", dir, strchr(h.repo, '/') + 1);
+    snprintf(nat_dir, sizeof nat_dir, "%s/native", dir);
+    fprintf(stderr, "setup: %s@%s from %s into %s, %s, %d connections x %.1f MiB ranges, retries %d, token %s, expert dirs %s, "
+                    "registry %s%s\n", h.repo, h.rev, h.mirror, dir, stream ? "stream" : "full", dl.connections, dl.chunk_bytes / 1048576.0, retries,
+            h.token[0] ? "from HF_TOKEN" : "none", expert_dirs ? expert_dirs : "DIR/native", reg, no_default ? " (not made default)" : "");
+    df_interrupt_install();
+
+    /* an install that already completed: only the registry is updated */
+    char man[3200];
+    snprintf(man, sizeof man, "%s/manifest.json", nat_dir);
+    reg_entry e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.repo, sizeof e.repo, "%s", h.repo);
+    snprintf(e.revision, sizeof e.revision, "%s", h.rev);
+    snprintf(e.mirror, sizeof e.mirror, "%s", h.mirror);
+    snprintf(e.mode, sizeof e.mode, "%s", stream ? "stream" : "full");
+    char absd[4096];
+    snprintf(e.dir, sizeof e.dir, "%.1900s", realpath(dir, absd) ? absd : dir);
+    snprintf(e.model, sizeof e.model, "%.1900s/native", e.dir);
+    int was_streamed = stream_is_streamed(nat_dir);
+    if (df_path_exists(man) && (stream || !was_streamed)) {
+        if (was_streamed) snprintf(e.mode, sizeof e.mode, "stream");
+        e.bytes = disk_usage(dir);
+        if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+        printf("setup: %s is already installed in %s%s\n", h.repo, e.model, no_default ? "" : "; it is the default model");
+        return 0;
+    }
+
+    /* 1. config.json first: an architecture deltafin cannot run stops before any large download */
+    char *cfg = NULL;
+    size_t cfg_len = 0;
+    int rc = hub_get_file(&h, "config.json", &cfg, &cfg_len, err, sizeof err);
+    if (rc) {
+        if (rc == DF_EINVAL && strstr(err, " 404 ")) {
+            /* say whether the repo or the revision is missing (the listing does the asking) */
+            hub_file *fs0 = NULL;
+            int n0 = 0;
+            char e2[2048];
+            if (hub_list(&h, &fs0, &n0, e2, sizeof e2)) snprintf(err, sizeof err, "%s", e2);
+            free(fs0);
+        }
+        fprintf(stderr, "deltafin setup: %s\n", err);
+        return 1;
+    }
+    char tmpd[] = "/tmp/deltafin-setup-XXXXXX", cpath[64], arch[1024];
+    if (!mkdtemp(tmpd)) { fprintf(stderr, "deltafin setup: cannot create a temporary directory: %s\n", strerror(errno)); free(cfg); return 1; }
+    snprintf(cpath, sizeof cpath, "%s/config.json", tmpd);
+    rc = df_write_file_atomic(cpath, cfg, cfg_len, err, sizeof err);
+    if (!rc) rc = df_checkpoint_describe(tmpd, arch, sizeof arch, err, sizeof err);
+    unlink(cpath);
+    rmdir(tmpd);
+    free(cfg);
+    if (rc) {
+        fprintf(stderr, "deltafin setup: %s cannot be run by deltafin: %s; nothing was downloaded\n", h.repo, err);
+        return 1;
+    }
+    fprintf(stderr, "setup: architecture: %s\n", arch);
+
+    /* 2. listing and selection */
+    hub_file *files = NULL;
+    int n = 0;
+    if ((rc = hub_list(&h, &files, &n, err, sizeof err))) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+    char *index = NULL;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(files[i].name, "model.safetensors.index.json")) {
+            if ((rc = hub_get_file(&h, files[i].name, &index, NULL, err, sizeof err))) {
+                fprintf(stderr, "deltafin setup: %s\n", err);
+                free(files);
+                return 1;
+            }
+        }
+    n = hub_select(files, n, index, include_draft);
+    free(index);
+    uint64_t total = 0, weights = 0;
+    int n_shards = 0;
+    for (int i = 0; i < n; i++) {
+        int is_st = strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json");
+        if (files[i].size == 0 || (is_st && !files[i].sha256[0])) {
+            hub_file f;
+            int hr = hub_head(&h, files[i].name, &f, NULL, err, sizeof err);
+            if (hr < 0) { fprintf(stderr, "deltafin setup: %s\n", err); free(files); return 1; }
+            if (hr == 0) files[i] = f;
+        }
+        if (is_st) {
+            n_shards++;
+            weights += files[i].size;
+            if (!files[i].sha256[0])
+                fprintf(stderr, "setup: warning: the mirror gives no sha256 for %s (no LFS metadata): its bytes are not verified\n",
+                        files[i].name);
+        }
+        total += files[i].size;
+    }
+    if (n_shards == 0) {
+        fprintf(stderr, "deltafin setup: %s@%s on %s lists no .safetensors weights: not a checkpoint deltafin can convert\n",
+                h.repo, h.rev, h.mirror);
+        free(files);
+        return 1;
+    }
+    fprintf(stderr, "setup: %d files, %.1f MB (%d weight shards, %.1f MB)\n", n, total / 1e6, n_shards, weights / 1e6);
+
+    /* 3. disk space: what is left to download + the native layout (about the weights' size) */
+    if ((rc = df_mkdir_p(dl_dir, err, sizeof err))) { fprintf(stderr, "deltafin setup: %s\n", err); free(files); return 1; }
+    snprintf(e.dir, sizeof e.dir, "%.1900s", realpath(dir, absd) ? absd : dir);
+    snprintf(e.model, sizeof e.model, "%.1900s/native", e.dir);
+    uint64_t have = 0;
+    for (int i = 0; i < n; i++) {
+        char p[4200];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dl_dir, files[i].name);
+        if (stat(p, &st) == 0 && (uint64_t)st.st_size == files[i].size) have += files[i].size;
+        else {
+            snprintf(p, sizeof p, "%s/%s.partial", dl_dir, files[i].name);
+            if (stat(p, &st) == 0 && (uint64_t)st.st_size == files[i].size) have += files[i].size; /* already allocated */
+        }
+    }
+    struct statvfs vfs;
+    if (statvfs(dl_dir, &vfs) == 0) {
+        uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+        uint64_t need = stream ? 0 : (total - have) + (expert_dirs || download_only ? 0 : weights);
+        if (need > avail) {
+            fprintf(stderr, "deltafin setup: not enough disk space in %s: the download needs %.2f GB more and the native layout "
+                            "about %.2f GB, %.2f GB are free; free space, or choose --dir (and --expert-dirs for the experts)\n",
+                    dir, (total - have) / 1e9, expert_dirs ? 0.0 : weights / 1e9, avail / 1e9);
+            free(files);
+            return 1;
+        }
+    }
+
+    /* 4. download (a streamed install being completed: its sparse shards are fetched whole now) */
+    if (!stream && was_streamed)
+        for (int i = 0; i < n; i++) {
+            char p[4200], m[4300];
+            snprintf(p, sizeof p, "%s/%s", dl_dir, files[i].name);
+            snprintf(m, sizeof m, "%s.spine-ok", p);
+            if (df_path_exists(m)) { unlink(p); unlink(m); }
+        }
+    uint64_t spine_fetched = 0;
+    double ts0 = df_now();
+    if (stream) {
+        /* everything but the weight shards whole; of the shards, the headers and the spine tensors */
+        int k = 0;
+        hub_file *small = calloc((size_t)n, sizeof(hub_file));
+        for (int i = 0; small && i < n; i++)
+            if (!(strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))) small[k++] = files[i];
+        rc = small ? hub_download(&h, small, k, dl_dir, &dl, err, sizeof err) : DF_ENOMEM;
+        free(small);
+        for (int i = 0; i < n && !rc; i++) {
+            if (!(strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))) continue;
+            uint64_t got = 0;
+            rc = stream_fetch_spine(&h, dl_dir, files[i].name, files[i].size, files[i].sha256, &got, err, sizeof err);
+            spine_fetched += got;
+            if (!quiet && !rc) fprintf(stderr, "  %-60s spine %.1f MB of %.1f MB\n", files[i].name, got / 1e6, files[i].size / 1e6);
+        }
+        dl.bytes_fetched += spine_fetched;
+        dl.seconds = df_now() - ts0;
+    } else rc = hub_download(&h, files, n, dl_dir, &dl, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "deltafin setup: %s\n", err);
+        fprintf(stderr, "setup: fetched %llu bytes this run (%llu were already on disk), %d retries\n",
+                (unsigned long long)dl.bytes_fetched, (unsigned long long)dl.bytes_present, dl.retries_used);
+        free(files);
+        return rc == DF_ECANCELLED ? 130 : 1;
+    }
+    fprintf(stderr, "setup: downloaded %.1f MB in %.2f s (%.1f MB/s), %.1f MB were already on disk, %d retries\n",
+            dl.bytes_fetched / 1e6, dl.seconds, dl.seconds > 0 ? dl.bytes_fetched / 1e6 / dl.seconds : 0.0,
+            dl.bytes_present / 1e6, dl.retries_used);
+    printf("setup: fetched_bytes %llu present_bytes %llu retries %d\n", (unsigned long long)dl.bytes_fetched,
+           (unsigned long long)dl.bytes_present, dl.retries_used);
+
+    if (download_only) {
+        free(files);
+        printf("setup: %s downloaded into %s (--download-only: not converted, not recorded)\n", h.repo, dl_dir);
+        return 0;
+    }
+
+
+    /* 5. convert (a directory left by an interrupted conversion is cleared first: it has no manifest.json) */
+    if (df_path_exists(nat_dir)) nftw(nat_dir, rm_entry, 32, FTW_DEPTH | FTW_PHYS);
+    df_convert_opts co;
+    df_convert_opts_default(&co);
+    co.expert_dirs = expert_dirs;
+    co.threads = threads;
+    conv_prog cp = {df_now(), 0, 0, quiet, 0};
+    co.progress = on_convert;
+    co.progress_user = &cp;
+    rc = df_convert(dl_dir, nat_dir, &co, err, sizeof err);
+    if (cp.open) fprintf(stderr, "\n");
+    if (rc) {
+        fprintf(stderr, "deltafin setup: converting %s: %s\n", dl_dir, err);
+        free(files);
+        return rc == DF_ECANCELLED ? 130 : 1;
+    }
+    fprintf(stderr, "setup: converted into %s in %.1f s\n", nat_dir, df_now() - cp.t0);
+    if (stream) {
+        /* the packs become sparse and every expert remote until fetched */
+        cJSON *sj = cJSON_CreateObject(), *sh = cJSON_CreateObject();
+        char absck[4096];
+        cJSON_AddStringToObject(sj, "repo", h.repo);
+        cJSON_AddStringToObject(sj, "revision", h.rev);
+        cJSON_AddStringToObject(sj, "mirror", h.mirror);
+        cJSON_AddStringToObject(sj, "checkpoint", realpath(dl_dir, absck) ? absck : dl_dir);
+        for (int i = 0; i < n; i++)
+            if (strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))
+                cJSON_AddStringToObject(sh, files[i].name, files[i].sha256);
+        cJSON_AddItemToObject(sj, "shards", sh);
+        cJSON_AddNumberToObject(sj, "disk_budget", (double)disk_budget);
+        char *txt = cJSON_Print(sj);
+        cJSON_Delete(sj);
+        rc = txt ? stream_init_files(nat_dir, txt, err, sizeof err) : DF_ENOMEM;
+        free(txt);
+        if (rc) { fprintf(stderr, "deltafin setup: %s\n", err); free(files); return 1; }
+        keep = 1; /* the sparse shards are where fetched experts land */
+    }
+    if (!keep)
+        for (int i = 0; i < n; i++) {
+            const char *nm = files[i].name;
+            if (strstr(nm, ".safetensors") && !strstr(nm, ".index.json")) {
+                char p[4200];
+                snprintf(p, sizeof p, "%s/%s", dl_dir, nm);
+                unlink(p);
+            }
+        }
+    free(files);
+
+    /* 6. record */
+    e.bytes = disk_usage(dir);
+    e.installed = (double)time(NULL);
+    if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+    printf("setup: %s installed (%s, %.1f MB on disk) in %s%s\n", h.repo, stream ? "stream" : "full", e.bytes / 1e6, e.model,
+           no_default ? "" : "; it is now the default model (run / serve without --model)");
+    return 0;
+}

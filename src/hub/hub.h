@@ -1,0 +1,105 @@
+/*
+ * hub.h — a client for Hugging Face-compatible model mirrors (libcurl), used by `deltafin setup`.
+ *
+ * HTTP layout (the hub's, served by any mirror): a file is GET MIRROR/REPO/resolve/REV/FILE
+ * (Range requests for parts; LFS files carry X-Linked-Size and ETag / X-Linked-Etag = the
+ * file's sha256); the file listing is GET MIRROR/api/models/REPO/revision/REV?blobs=true
+ * ({"siblings": [{"rfilename", "size", "lfs": {"sha256", "size"}}]}); where a mirror has no
+ * listing API, model.safetensors.index.json names the shards and a HEAD of each gives its
+ * size and sha256. A token from $HF_TOKEN is sent as "Authorization: Bearer TOKEN".
+ *
+ * Errors (DF_E* with a one-line message naming the URL and what to do): DF_EIO for the
+ * network (no connection, a drop after every retry, 5xx after every retry, disk full),
+ * DF_EINVAL for 401 / 403 (the token) and 404 (repo, revision or file), DF_EUNSUPPORTED for
+ * a mirror without Range support, DF_EFORMAT for a sha256 mismatch or a malformed listing.
+ */
+#ifndef DF_HUB_H
+#define DF_HUB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char mirror[512];   /* base URL, no trailing slash */
+    char repo[256];     /* owner/name */
+    char rev[128];      /* branch, tag or commit */
+    char token[1024];   /* "" = none */
+    int retries;        /* extra tries of a failed request (network error, 5xx) */
+    int verbose;
+} hub_ctx;
+
+typedef struct {
+    char name[512];     /* path inside the repo */
+    uint64_t size;      /* bytes; 0 = unknown until a HEAD */
+    char sha256[65];    /* LFS files: lowercase hex; "" = none known (small git files) */
+} hub_file;
+
+/* mirror NULL/"" -> $HF_ENDPOINT, else https://huggingface.co; rev NULL -> "main"; token from
+ * $HF_TOKEN. Initialises libcurl once. DF_EINVAL for a malformed repo id (needs owner/name). */
+int hub_init(hub_ctx *h, const char *mirror, const char *repo, const char *rev, char *err, size_t errlen);
+
+/* MIRROR/REPO/resolve/REV/FILE into out. */
+void hub_file_url(const hub_ctx *h, const char *file, char *out, size_t cap);
+
+/* GET a whole small file of the repo into a malloc'd NUL-terminated buffer (retries as above).
+ * 404 -> DF_EINVAL "FILE not found in REPO at revision REV (URL)"; other errors as above. */
+int hub_get_file(const hub_ctx *h, const char *file, char **body, size_t *len, char *err, size_t errlen);
+
+/* The files of the repo at the revision (listing API, else the safetensors index + HEADs).
+ * *files malloc'd. 404 everywhere -> DF_EINVAL naming repo and revision. */
+int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errlen);
+
+/* HEAD one file of the repo: f gets its name, size (X-Linked-Size, else Content-Length) and sha256
+ * (X-Linked-Etag, else ETag, when it is 64 hex digits); sha1 (41 bytes, may be NULL) the git blob
+ * id when the ETag is 40 hex digits. 0 found, 1 absent (404), <0 DF_E* as above. */
+int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *sha1, char *err, size_t errlen);
+
+/* libcurl easy-handle settings every request uses (redirects, token header into *hl, timeouts). */
+struct curl_slist;
+void hub_easy_setup(const hub_ctx *h, void *easy, struct curl_slist **hl);
+
+/* Which files `setup` needs: config / tokenizer / generation files, the model card, the index
+ * and every .safetensors shard the index names, except shards holding only vision tensors
+ * (needs the index text; NULL = keep every shard) and, without include_draft, files under draft/.
+ * Compacts files[] in place; returns the new count. */
+int hub_select(hub_file *files, int n, const char *index_json, int include_draft);
+
+/* Mapped message for an HTTP status or a libcurl error of `url` (what = "listing", a file name, ...). */
+int hub_http_error(const hub_ctx *h, long status, int curl_code, const char *curl_msg, const char *url, const char *what,
+                   char *err, size_t errlen);
+
+/* GET bytes [off, off + len) of a repo file into dst (exactly len bytes or an error; retries as above).
+ * sha256 (may be NULL/""): the file's expected sha256; an answer whose ETag names another is DF_EFORMAT
+ * (the file changed on the mirror). A 200 answer is DF_EUNSUPPORTED (no Range support). */
+int hub_get_range(const hub_ctx *h, const char *file, uint64_t off, uint64_t len, void *dst, const char *sha256, char *err,
+                  size_t errlen);
+
+/* ---- downloads (hub_download.c) ---- */
+typedef struct {
+    int connections;         /* parallel ranged requests (default 8) */
+    uint64_t chunk_bytes;    /* bytes per ranged request (default 16 MiB) */
+    int quiet;               /* no progress lines */
+    /* results */
+    uint64_t bytes_fetched;  /* body bytes received this run */
+    uint64_t bytes_present;  /* bytes already on disk from an earlier run (resumed or complete) */
+    int retries_used;        /* failed requests retried */
+    double seconds;          /* wall time of the transfer */
+} hub_dl_opts;
+
+void hub_dl_opts_default(hub_dl_opts *o);
+
+/* Download files[0..n-1] into dir (subdirectories created) in parallel ranged requests.
+ * Each file is written to FILE.partial with a sidecar FILE.partial.state (sizes + bytes done per
+ * chunk, updated as bytes land), so a run killed at any point resumes where it stopped without
+ * fetching a byte twice; a file gets its final name only after its sha256 (LFS) or git blob
+ * sha1 (small files with a 40-hex ETag) matched and it was fsynced. A file already at its final
+ * name with the right size is kept. A sha256 mismatch removes the partial file (DF_EFORMAT
+ * naming file, expected and found hashes). Progress: one line per file when it completes and an
+ * overall line (bytes, rate, ETA, current file) on stderr. */
+int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir, hub_dl_opts *o, char *err,
+                 size_t errlen);
+
+/* sha256 of a whole file as lowercase hex. DF_EIO naming it. */
+int hub_sha256_file(const char *path, char out[65], char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,545 @@
+/* hub_download.c — hub_download (hub.h): parallel ranged, resumable downloads through one
+ * libcurl multi handle.
+ *
+ * Every file is cut into chunks of chunk_bytes; up to `connections` chunks are in flight at
+ * once, across files in listing order. Bytes are written with pwrite straight into
+ * FILE.partial at their offset (preallocated, so a full disk fails before the transfer); the
+ * sidecar FILE.partial.state holds a header (magic "DFDL1", file size, chunk size, sha256) and
+ * one u64 per chunk: the bytes of that chunk already written, updated after each write. A run
+ * killed at any point (kill -9 included: both files are in the page cache) resumes every chunk
+ * at its first missing byte. A hashing thread follows each file's contiguous written prefix
+ * (reading it back from the page cache), so the sha256 is ready about when the last byte lands;
+ * a finished file is fsynced, its sha256 compared with the mirror's, and only then renamed to
+ * its final name (the sidecar is removed). */
+#define _GNU_SOURCE
+#include "hub.h"
+#include "deltafin.h"
+#include "util/util.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define STATE_HDR 88 /* magic 8 + size 8 + chunk 8 + sha256 hex 64 */
+
+void hub_dl_opts_default(hub_dl_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->connections = 8;
+    o->chunk_bytes = (uint64_t)16 << 20;
+}
+
+int hub_sha256_file(const char *path, char out[65], char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return df_set_errc(err, errlen, DF_EIO, "cannot open %s: %s", path, strerror(errno));
+    size_t cap = (size_t)4 << 20;
+    unsigned char *buf = malloc(cap);
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    if (!buf || !c) { free(buf); EVP_MD_CTX_free(c); close(fd); return df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); }
+    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+    int rc = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, cap);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { rc = df_set_errc(err, errlen, DF_EIO, "cannot read %s: %s", path, strerror(errno)); break; }
+        if (r == 0) break;
+        EVP_DigestUpdate(c, buf, (size_t)r);
+    }
+    unsigned char md[32];
+    unsigned int mdl = 0;
+    EVP_DigestFinal_ex(c, md, &mdl);
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+    EVP_MD_CTX_free(c);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+typedef struct {
+    const hub_file *f;
+    char final_path[4096], part_path[4200], state_path[4300];
+    int fd, sfd;
+    uint64_t chunk, nchunks, next_chunk, remaining; /* remaining: chunks not complete */
+    uint64_t *done;                                 /* [nchunks] bytes of each chunk written (atomic: the hasher reads) */
+    int active, finished;
+    /* sha256 of the written prefix [0, hashed), by the hashing thread */
+    uint64_t hashed;
+    int hash_state;                                 /* 0 pending, 1 digest ready, -1 read error (hash_msg) */
+    char digest[65], hash_msg[800];
+} dl_file;
+
+typedef struct {
+    dl_file *fs;
+    int n, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;                              /* a file's digest is ready */
+} hasher;
+
+/* The hashing thread: files in order; for each, the bytes from `hashed` up to the end of the
+ * written prefix, in 4 MiB reads; waits 1 ms when nothing new is written. */
+static void *hash_main(void *arg) {
+    hasher *H = arg;
+    size_t cap = (size_t)4 << 20;
+    unsigned char *buf = malloc(cap);
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    for (int i = 0; i < H->n; i++) {
+        dl_file *df = &H->fs[i];
+        if (__atomic_load_n(&df->hash_state, __ATOMIC_ACQUIRE) != 0) continue;
+        EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+        int st = 1;
+        while (df->hashed < df->f->size) {
+            if (__atomic_load_n(&H->stop, __ATOMIC_ACQUIRE)) goto out;
+            uint64_t ci = df->hashed / df->chunk;
+            uint64_t avail = ci * df->chunk + __atomic_load_n(&df->done[ci], __ATOMIC_ACQUIRE);
+            if (avail <= df->hashed) {
+                struct timespec ts = {0, 1000 * 1000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
+            size_t len = (size_t)(avail - df->hashed < cap ? avail - df->hashed : cap);
+            if (!buf || !c || df_pread_all(df->fd, buf, len, df->hashed)) {
+                snprintf(df->hash_msg, sizeof df->hash_msg, "cannot read back %s to hash it: %s", df->f->name,
+                         buf && c ? strerror(errno) : "out of memory");
+                st = -1;
+                break;
+            }
+            EVP_DigestUpdate(c, buf, len);
+            df->hashed += len;
+        }
+        if (st == 1) {
+            unsigned char md[32];
+            unsigned int mdl = 0;
+            EVP_DigestFinal_ex(c, md, &mdl);
+            for (int k = 0; k < 32; k++) snprintf(df->digest + 2 * k, 3, "%02x", md[k]);
+        }
+        pthread_mutex_lock(&H->mu);
+        __atomic_store_n(&df->hash_state, st, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&H->cv);
+        pthread_mutex_unlock(&H->mu);
+    }
+out:
+    EVP_MD_CTX_free(c);
+    free(buf);
+    return NULL;
+}
+
+typedef struct retry_item {
+    dl_file *df;
+    uint64_t ci;
+    int tries;
+    double not_before;
+    struct retry_item *next;
+} retry_item;
+
+enum { XF_OK = 0, XF_RETRY, XF_FATAL };
+
+typedef struct {
+    CURL *e;
+    struct curl_slist *hl;
+    dl_file *df;
+    uint64_t ci, pos, end; /* absolute file offsets: next byte, one past the last */
+    int checked, tries;
+    int fail;              /* XF_* decided inside the write callback */
+    long status;
+    char msg[4800];
+    char cerr[CURL_ERROR_SIZE];
+    hub_dl_opts *o;
+} xfer;
+
+static size_t on_data(char *p, size_t sz, size_t nm, void *u) {
+    xfer *x = u;
+    size_t n = sz * nm;
+    dl_file *df = x->df;
+    uint64_t c0 = x->ci * df->chunk;
+    if (!x->checked) {
+        long st = 0;
+        curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &st);
+        x->status = st;
+        if (st == 200 && !(x->pos == 0 && x->end == df->f->size)) {
+            x->fail = XF_FATAL;
+            snprintf(x->msg, sizeof x->msg, "the mirror does not support HTTP Range requests (it answered 200 with the whole "
+                     "file to a request for bytes %llu-%llu of %s); setup needs ranged downloads to resume and to run in "
+                     "parallel: use a mirror that supports them (--mirror / HF_ENDPOINT)",
+                     (unsigned long long)x->pos, (unsigned long long)(x->end - 1), df->f->name);
+            return 0;
+        }
+        if (st != 206 && st != 200) { x->fail = st >= 500 ? XF_RETRY : XF_FATAL; return 0; }
+        x->checked = 1;
+    }
+    if (x->pos + n > x->end) {
+        x->fail = XF_FATAL;
+        snprintf(x->msg, sizeof x->msg, "the mirror sent more bytes of %s than the range asked for (%llu-%llu): it does "
+                 "not handle Range requests correctly; use another --mirror", df->f->name, (unsigned long long)x->pos,
+                 (unsigned long long)(x->end - 1));
+        return 0;
+    }
+    int r = df_pwrite_all(df->fd, p, n, x->pos);
+    if (r) {
+        x->fail = XF_FATAL;
+        snprintf(x->msg, sizeof x->msg, "cannot write %s: %s%s", df->part_path, strerror(-r),
+                 r == -ENOSPC ? " (disk full: free space or choose another --dir; setup resumes where it stopped)" : "");
+        return 0;
+    }
+    x->pos += n;
+    __atomic_store_n(&df->done[x->ci], x->pos - c0, __ATOMIC_RELEASE);
+    if (df_pwrite_all(df->sfd, &df->done[x->ci], 8, STATE_HDR + 8 * x->ci)) {
+        x->fail = XF_FATAL;
+        snprintf(x->msg, sizeof x->msg, "cannot write %s: %s", df->state_path, strerror(errno));
+        return 0;
+    }
+    x->o->bytes_fetched += n;
+    return n;
+}
+
+/* Open or create FILE.partial + its sidecar. A sidecar whose header matches the file (size,
+ * sha256) is resumed with the chunk size it was written with, whatever --chunk is now. */
+static int open_partial(dl_file *df, char *err, size_t errlen) {
+    const hub_file *f = df->f;
+    unsigned char hdr[STATE_HDR];
+    memset(hdr, 0, sizeof hdr);
+    memcpy(hdr, "DFDL1\0\0\0", 8);
+    memcpy(hdr + 8, &f->size, 8);
+    memcpy(hdr + 24, f->sha256, strlen(f->sha256));
+    int resumed = 0;
+    df->sfd = open(df->state_path, O_RDWR | O_CLOEXEC);
+    df->fd = open(df->part_path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    unsigned char old[STATE_HDR];
+    if (df->sfd >= 0 && df->fd >= 0 && fstat(df->fd, &st) == 0 && (uint64_t)st.st_size == f->size &&
+        df_pread_all(df->sfd, old, STATE_HDR, 0) == 0 && !memcmp(old, hdr, 16) && !memcmp(old + 24, hdr + 24, STATE_HDR - 24)) {
+        uint64_t ch;
+        memcpy(&ch, old + 16, 8);
+        if (ch >= 65536) {
+            df->chunk = ch;
+            df->nchunks = (f->size + ch - 1) / ch;
+            df->done = calloc(df->nchunks ? df->nchunks : 1, 8);
+            if (!df->done) return df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+            resumed = df_pread_all(df->sfd, df->done, 8 * df->nchunks, STATE_HDR) == 0;
+            for (uint64_t i = 0; resumed && i < df->nchunks; i++) {
+                uint64_t len = i + 1 < df->nchunks ? ch : f->size - i * ch;
+                if (df->done[i] > len) resumed = 0;
+            }
+            if (!resumed) { free(df->done); df->done = NULL; }
+        }
+    }
+    if (!resumed) {
+        if (df->sfd >= 0) close(df->sfd);
+        if (df->fd >= 0) close(df->fd);
+        df->nchunks = (f->size + df->chunk - 1) / df->chunk;
+        df->done = calloc(df->nchunks ? df->nchunks : 1, 8);
+        if (!df->done) return df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+        memcpy(hdr + 16, &df->chunk, 8);
+        unlink(df->state_path);
+        df->fd = open(df->part_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (df->fd < 0) return df_set_errc(err, errlen, DF_EIO, "cannot create %s: %s", df->part_path, strerror(errno));
+        int r = f->size ? posix_fallocate(df->fd, 0, (off_t)f->size) : 0;
+        if (r == EOPNOTSUPP || r == EINVAL) r = ftruncate(df->fd, (off_t)f->size) ? errno : 0;
+        if (r) {
+            close(df->fd);
+            df->fd = -1;
+            unlink(df->part_path);
+            return df_set_errc(err, errlen, DF_EIO, "cannot allocate %llu bytes for %s: %s%s", (unsigned long long)f->size,
+                               df->part_path, strerror(r), r == ENOSPC ? " (disk full: free space or choose another --dir)" : "");
+        }
+        df->sfd = open(df->state_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (df->sfd < 0 || df_pwrite_all(df->sfd, hdr, STATE_HDR, 0) || df_pwrite_all(df->sfd, df->done, 8 * df->nchunks, STATE_HDR))
+            return df_set_errc(err, errlen, DF_EIO, "cannot write %s: %s", df->state_path, strerror(errno));
+    }
+    df->remaining = 0;
+    for (uint64_t i = 0; i < df->nchunks; i++) {
+        uint64_t len = i + 1 < df->nchunks ? df->chunk : f->size - i * df->chunk;
+        if (df->done[i] < len) df->remaining++;
+    }
+    return 0;
+}
+
+static uint64_t chunk_len(const dl_file *df, uint64_t i) {
+    return i + 1 < df->nchunks ? df->chunk : df->f->size - i * df->chunk;
+}
+
+/* All chunks written: fsync, check sha256, rename into place, drop the sidecar. */
+static int finish_file(const hub_ctx *h, dl_file *df, char *err, size_t errlen) {
+    if (fdatasync(df->fd) != 0)
+        return df_set_errc(err, errlen, DF_EIO, "cannot sync %s: %s", df->part_path, strerror(errno));
+    close(df->fd);
+    df->fd = -1;
+    close(df->sfd);
+    df->sfd = -1;
+    if (df->f->sha256[0]) {
+        const char *got = df->digest;
+        if (df->hash_state < 0) return df_set_errc(err, errlen, DF_EIO, "%s", df->hash_msg);
+        if (strcmp(got, df->f->sha256)) {
+            char url[2048];
+            hub_file_url(h, df->f->name, url, sizeof url);
+            unlink(df->part_path);
+            unlink(df->state_path);
+            return df_set_errc(err, errlen, DF_EFORMAT, "sha256 mismatch for %s (%s): expected %s (the mirror's listing / ETag), "
+                               "got %s; the download was removed: run setup again, or use another --mirror if it repeats",
+                               df->f->name, url, df->f->sha256, got);
+        }
+    }
+    if (rename(df->part_path, df->final_path) != 0)
+        return df_set_errc(err, errlen, DF_EIO, "cannot rename %s to %s: %s", df->part_path, df->final_path, strerror(errno));
+    unlink(df->state_path);
+    df->finished = 1;
+    return df_fsync_dir_of(df->final_path, err, errlen);
+}
+
+static void human_time(double s, char *out, size_t cap) {
+    if (!(s >= 0) || s > 1e7) { snprintf(out, cap, "--:--"); return; }
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(out, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(out, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void progress_line(dl_file *fs, int n, uint64_t total, const hub_dl_opts *o, double t0, int *open_line) {
+    double el = df_now() - t0;
+    uint64_t done = o->bytes_present + o->bytes_fetched;
+    double rate = el > 0 ? (double)o->bytes_fetched / el : 0;
+    char eta[32];
+    human_time(rate > 0 ? (double)(total - done) / rate : -1, eta, sizeof eta);
+    const dl_file *cur = NULL;
+    for (int i = 0; i < n && !cur; i++)
+        if (!fs[i].finished && fs[i].nchunks) cur = &fs[i];
+    char curs[700] = "";
+    if (cur) {
+        uint64_t d = 0;
+        for (uint64_t i = 0; i < cur->nchunks; i++) d += cur->done[i];
+        snprintf(curs, sizeof curs, " | %s %.1f/%.1f MB %3.0f%%", cur->f->name, d / 1e6, cur->f->size / 1e6,
+                 cur->f->size ? 100.0 * (double)d / (double)cur->f->size : 100.0);
+    }
+    fprintf(stderr, "\rdownload: %.1f/%.1f MB %5.1f%%  %.1f MB/s  ETA %s%s   ", done / 1e6, total / 1e6,
+            total ? 100.0 * (double)done / (double)total : 100.0, rate / 1e6, eta, curs);
+    fflush(stderr);
+    *open_line = 1;
+}
+
+int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir, hub_dl_opts *o, char *err, size_t errlen) {
+    if (o->connections < 1) o->connections = 1;
+    if (o->chunk_bytes < 65536) o->chunk_bytes = 65536;
+    o->bytes_fetched = o->bytes_present = 0;
+    o->retries_used = 0;
+    int rc = 0, open_line = 0;
+    double t0 = df_now(), last_print = 0;
+    dl_file *fs = calloc((size_t)(n ? n : 1), sizeof(dl_file));
+    xfer *xs = calloc((size_t)o->connections, sizeof(xfer));
+    CURLM *multi = curl_multi_init();
+    retry_item *retries = NULL;
+    uint64_t total = 0;
+    hasher H = {0};
+    pthread_mutex_init(&H.mu, NULL);
+    pthread_cond_init(&H.cv, NULL);
+    pthread_t hash_thread;
+    int hash_started = 0;
+    if (!fs || !xs || !multi) { rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
+    for (int i = 0; i < n; i++) { fs[i].fd = fs[i].sfd = -1; }
+    /* open every file: finished ones are skipped, partial ones resume */
+    for (int i = 0; i < n && !rc; i++) {
+        dl_file *df = &fs[i];
+        df->f = &files[i];
+        total += files[i].size;
+        if (df_path_join(df->final_path, sizeof df->final_path, dir, files[i].name)) {
+            rc = df_set_errc(err, errlen, DF_EINVAL, "path too long: %s/%s", dir, files[i].name);
+            break;
+        }
+        snprintf(df->part_path, sizeof df->part_path, "%s.partial", df->final_path);
+        snprintf(df->state_path, sizeof df->state_path, "%s.partial.state", df->final_path);
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s", df->final_path);
+        char *sl = strrchr(sub, '/');
+        if (sl) { *sl = 0; if ((rc = df_mkdir_p(sub, err, errlen))) break; }
+        struct stat st;
+        if (stat(df->final_path, &st) == 0 && (uint64_t)st.st_size == files[i].size) {
+            df->finished = df->hash_state = 1;
+            o->bytes_present += files[i].size;
+            continue;
+        }
+        df->chunk = o->chunk_bytes;
+        if ((rc = open_partial(df, err, errlen))) break;
+        for (uint64_t c = 0; c < df->nchunks; c++) o->bytes_present += df->done[c];
+        if (!files[i].sha256[0]) df->hash_state = 1; /* nothing to check it against */
+    }
+    if (rc) goto out;
+    H.fs = fs;
+    H.n = n;
+    if (pthread_create(&hash_thread, NULL, hash_main, &H) != 0) {
+        rc = df_set_errc(err, errlen, DF_ENOMEM, "cannot start the hashing thread");
+        goto out;
+    }
+    hash_started = 1;
+    curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)o->connections);
+    int file_cursor = 0, active = 0;
+    for (;;) {
+        if (df_interrupted()) {
+            rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted; the partial files are kept: run the same setup again to resume");
+            break;
+        }
+        /* start transfers: due retries first, then new chunks in file order */
+        double now = df_now();
+        for (int s = 0; s < o->connections; s++) {
+            if (xs[s].e) continue;
+            dl_file *df = NULL;
+            uint64_t ci = 0;
+            int tries = 0;
+            retry_item **pp = &retries;
+            while (*pp && (*pp)->not_before > now) pp = &(*pp)->next;
+            if (*pp) {
+                retry_item *r = *pp;
+                *pp = r->next;
+                df = r->df; ci = r->ci; tries = r->tries;
+                free(r);
+            } else {
+                while (file_cursor < n) {
+                    dl_file *c = &fs[file_cursor];
+                    while (!c->finished && c->next_chunk < c->nchunks && c->done[c->next_chunk] >= chunk_len(c, c->next_chunk))
+                        c->next_chunk++;
+                    if (!c->finished && c->next_chunk < c->nchunks) { df = c; ci = c->next_chunk++; break; }
+                    file_cursor++;
+                }
+            }
+            if (!df) break;
+            xfer *x = &xs[s];
+            memset(x, 0, sizeof *x);
+            x->df = df; x->ci = ci; x->tries = tries; x->o = o;
+            x->pos = ci * df->chunk + df->done[ci];
+            x->end = ci * df->chunk + chunk_len(df, ci);
+            x->e = curl_easy_init();
+            if (!x->e) { rc = df_set_errc(err, errlen, DF_ENOMEM, "libcurl: cannot create a handle"); break; }
+            hub_easy_setup(h, x->e, &x->hl);
+            char url[2048], range[64];
+            hub_file_url(h, df->f->name, url, sizeof url);
+            snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)x->pos, (unsigned long long)(x->end - 1));
+            curl_easy_setopt(x->e, CURLOPT_URL, url);
+            curl_easy_setopt(x->e, CURLOPT_RANGE, range);
+            curl_easy_setopt(x->e, CURLOPT_WRITEFUNCTION, on_data);
+            curl_easy_setopt(x->e, CURLOPT_WRITEDATA, x);
+            curl_easy_setopt(x->e, CURLOPT_ERRORBUFFER, x->cerr);
+            curl_easy_setopt(x->e, CURLOPT_BUFFERSIZE, 512L * 1024L);
+            curl_easy_setopt(x->e, CURLOPT_PRIVATE, x);
+            curl_multi_add_handle(multi, x->e);
+            df->active++;
+            active++;
+        }
+        if (rc) break;
+        /* files whose every chunk is written and whose digest is ready: check, rename, report */
+        int unfinished = 0;
+        for (int i = 0; i < n && !rc; i++) {
+            dl_file *df = &fs[i];
+            if (df->finished) continue;
+            if (df->remaining || df->active || !__atomic_load_n(&df->hash_state, __ATOMIC_ACQUIRE)) { unfinished++; continue; }
+            if ((rc = finish_file(h, df, err, errlen))) break;
+            if (!o->quiet) {
+                fprintf(stderr, "\r  %-60s %10.1f MB  %s%-40s\n", df->f->name, df->f->size / 1e6,
+                        df->f->sha256[0] ? "sha256 OK" : "done", "");
+                open_line = 0;
+            }
+        }
+        if (rc) break;
+        if (active == 0) {
+            if (!retries && !unfinished) break; /* everything done */
+            if (!retries) {
+                /* only digests outstanding */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 20 * 1000 * 1000;
+                if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+                pthread_mutex_lock(&H.mu);
+                pthread_cond_timedwait(&H.cv, &H.mu, &ts);
+                pthread_mutex_unlock(&H.mu);
+            } else {
+                struct timespec ts = {0, 20 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
+            continue;
+        }
+        int running = 0;
+        curl_multi_perform(multi, &running);
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(multi, &left))) {
+            if (m->msg != CURLMSG_DONE) continue;
+            xfer *x = NULL;
+            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+            CURLcode res = m->data.result;
+            long st = 0;
+            curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &st);
+            dl_file *df = x->df;
+            curl_multi_remove_handle(multi, x->e);
+            curl_easy_cleanup(x->e);
+            curl_slist_free_all(x->hl);
+            x->e = NULL;
+            df->active--;
+            active--;
+            if (rc) continue;
+            char url[2048];
+            hub_file_url(h, df->f->name, url, sizeof url);
+            if (res == CURLE_OK && !x->fail && st != 206 && st != 200) x->fail = st >= 500 ? XF_RETRY : XF_FATAL;
+            if (res == CURLE_OK && !x->fail && x->pos == x->end) {
+                df->remaining--;
+                continue;
+            }
+            if (x->fail == XF_FATAL) {
+                if (x->msg[0]) rc = df_set_errc(err, errlen, x->status == 200 ? DF_EUNSUPPORTED : DF_EIO, "%s", x->msg);
+                else rc = hub_http_error(h, x->status ? x->status : st, 0, NULL, url, df->f->name, err, errlen);
+                continue;
+            }
+            /* a network error, a drop (the range not complete) or a 5xx: retry from the first missing byte */
+            if (x->tries >= h->retries) {
+                if (x->status >= 500) rc = hub_http_error(h, x->status, 0, NULL, url, df->f->name, err, errlen);
+                else if (res != CURLE_OK) rc = hub_http_error(h, 0, (int)res, x->cerr, url, df->f->name, err, errlen);
+                else if (st >= 500) rc = hub_http_error(h, x->status ? x->status : st, 0, NULL, url, df->f->name, err, errlen);
+                else rc = df_set_errc(err, errlen, DF_EIO, "download of %s stopped early %d times (%s); run the same setup again to resume",
+                                      df->f->name, x->tries + 1, url);
+                continue;
+            }
+            retry_item *r = calloc(1, sizeof *r);
+            if (!r) { rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); continue; }
+            r->df = df; r->ci = x->ci; r->tries = x->tries + 1;
+            r->not_before = df_now() + 0.2 * (double)(1 << (x->tries < 5 ? x->tries : 5));
+            r->next = retries;
+            retries = r;
+            o->retries_used++;
+            if (h->verbose) fprintf(stderr, "\nhub: retry %d of %s bytes from %llu: %s\n", r->tries, df->f->name,
+                                    (unsigned long long)x->pos, res ? x->cerr : "short or 5xx answer");
+        }
+        if (rc) break;
+        if (!o->quiet && df_now() - last_print > 0.5) { progress_line(fs, n, total, o, t0, &open_line); last_print = df_now(); }
+        if (active) curl_multi_poll(multi, NULL, 0, 100, NULL);
+    }
+    if (!rc && !o->quiet) {
+        progress_line(fs, n, total, o, t0, &open_line);
+        fprintf(stderr, "\n");
+        open_line = 0;
+    }
+out:
+    if (hash_started) {
+        __atomic_store_n(&H.stop, 1, __ATOMIC_RELEASE);
+        pthread_join(hash_thread, NULL);
+    }
+    pthread_mutex_destroy(&H.mu);
+    pthread_cond_destroy(&H.cv);
+    if (open_line) fprintf(stderr, "\n");
+    o->seconds = df_now() - t0;
+    for (int s = 0; xs && s < o->connections; s++)
+        if (xs[s].e) {
+            curl_multi_remove_handle(multi, xs[s].e);
+            curl_easy_cleanup(xs[s].e);
+            curl_slist_free_all(xs[s].hl);
+        }
+    while (retries) { retry_item *r = retries; retries = r->next; free(r); }
+    for (int i = 0; fs && i < n; i++) {
+        if (fs[i].fd >= 0) close(fs[i].fd);
+        if (fs[i].sfd >= 0) close(fs[i].sfd);
+        free(fs[i].done);
+    }
+    if (multi) curl_multi_cleanup(multi);
+    free(fs);
+    free(xs);
+    return rc;
+}

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# e2e_setup.sh — `deltafin setup` against a loopback Hugging Face mirror (nginx serving models/kimi-mini
+# in the hub's URL layout, tests/hub/mirror.py) and a fault proxy in front of it:
+#   - run / serve without --model use the embedded kimi-mini before setup and the installed model after;
+#   - a full install equals a local `deltafin convert` (bytes of every native file, greedy ids); `list`;
+#   - a streamed install gives the full install's ids under a RAM budget, fetching each expert once; warm fetches
+#     what a trace ranks first; setup --full completes a streamed install in place;
+#   - kill -9 during a throttled download, then resume: the second run fetches exactly the bytes the
+#     first did not write (nginx's log), nothing twice; the listing-less mirror (index as listing) works;
+#   - dropped connections are retried; every fault gives its message and exit 1: no network, 401,
+#     404 (repo, revision, file), 500, no Range support, corrupt byte (sha256), disk full, unsupported
+#     architecture (before any weight is requested).
+# Skips (0 failed) only when nginx is not installed and cannot be.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${DF_BIN:-$ROOT/build/deltafin}
+PASS=0; FAIL=0
+ok() { PASS=$((PASS + 1)); echo "ok   $*"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL $*"; }
+finish() { echo "$PASS passed, $FAIL failed"; [ $FAIL -eq 0 ]; exit $?; }
+[ -x "$BIN" ] || { echo "e2e_setup: no deltafin binary at $BIN (set DF_BIN)"; exit 1; }
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+if [ ! -x "$NGINX" ] && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null 2>&1
+    NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+fi
+if [ ! -x "$NGINX" ]; then echo "e2e_setup: SKIP: nginx is not installed and cannot be (apt-get install nginx-light)"; finish; fi
+command -v python3 >/dev/null || { echo "e2e_setup: python3 is required"; exit 1; }
+
+TMP=$(mktemp -d /tmp/df_e2e_setup.XXXXXX)
+chmod 755 "$TMP"
+PIDS=()
+MOUNTED=""
+cleanup() {
+    [ -f "$TMP/nginx.pid" ] && kill "$(cat "$TMP/nginx.pid")" 2>/dev/null
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    [ -n "$MOUNTED" ] && umount "$MOUNTED" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+read -r P1 P2 P3 < <(python3 -c 'import socket
+s=[socket.socket() for _ in range(3)]
+[x.bind(("127.0.0.1",0)) for x in s]; print(*[x.getsockname()[1] for x in s])')
+python3 "$ROOT/tests/hub/mirror.py" build "$TMP" "$P1" "$P2" || { bad "build the mirror tree"; finish; }
+"$NGINX" -c "$TMP/nginx.conf" -p "$TMP" 2>"$TMP/nginx.start" || { bad "start nginx: $(cat "$TMP/nginx.start")"; finish; }
+python3 "$ROOT/tests/hub/mirror.py" proxy "$P3" "$P1" 2>"$TMP/proxy.log" & PIDS+=($!)
+M=http://127.0.0.1:$P1; SLOW=http://127.0.0.1:$P2; PX=http://127.0.0.1:$P3
+for _ in $(seq 1 50); do curl -s -o /dev/null "$PX/ok/api/models/test/kimi-mini" && break; sleep 0.1; done
+export DELTAFIN_REGISTRY=$TMP/registry.json HF_ENDPOINT=$M
+unset HF_TOKEN
+IDS=1,2,3,4,5,6
+
+# ---- before setup: the embedded model
+out=$("$BIN" run --prompt-ids $IDS --max-new 8 --print-ids 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "model (no --model): .*models/kimi-mini, embedded kimi-mini" && ok "run without --model before setup: embedded kimi-mini" \
+    || bad "run without --model before setup: rc $rc $out"
+EMB_IDS=$(echo "$out" | tail -1)
+serve_check() { # serve_check WHAT PATTERN: serve without --model answers /v1/models and names its model
+    rm -f "$TMP/port"
+    "$BIN" serve --port 0 --port-file "$TMP/port" 2>"$TMP/serve.log" & local sp=$!
+    for _ in $(seq 1 300); do [ -s "$TMP/port" ] && break; kill -0 $sp 2>/dev/null || break; sleep 0.1; done
+    local models; models=$(curl -s "http://127.0.0.1:$(cat "$TMP/port" 2>/dev/null)/v1/models")
+    kill -TERM $sp; wait $sp
+    echo "$models" | grep -q '"kimi-mini"' && grep -q "$2" "$TMP/serve.log" && ok "$1" || bad "$1: $models $(cat "$TMP/serve.log")"
+}
+serve_check "serve without --model before setup" "model (no --model): .*embedded kimi-mini"
+
+# ---- full install == local convert
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "installed (full" && ok "setup --full" || bad "setup --full: rc $rc $out"
+"$BIN" convert "$ROOT/models/kimi-mini" "$TMP/local" --quiet || bad "local convert"
+same=1
+for f in $(cd "$TMP/local" && ls | grep -v '^manifest.json$'); do cmp -s "$TMP/local/$f" "$TMP/inst/native/$f" || { same=0; bad "native file $f differs from a local convert"; }; done
+# manifest.json: equal but for the source directory it names
+python3 - "$TMP/local/manifest.json" "$TMP/inst/native/manifest.json" <<'PY' || { same=0; bad "manifest.json differs beyond source.dir"; }
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+a["source"].pop("dir"); b["source"].pop("dir")
+sys.exit(a != b)
+PY
+[ $same = 1 ] && ok "full install == local convert: every native file byte-identical ($(ls "$TMP/local" | wc -l) files)"
+ls "$TMP/inst/kimi-mini/"*.safetensors >/dev/null 2>&1 && bad "downloaded shards kept without --keep-download" || ok "shards removed after the conversion"
+L=$("$BIN" run --model "$TMP/local" --prompt-ids $IDS --max-new 8 --print-ids --quiet 2>/dev/null | tail -1)
+out=$("$BIN" run --prompt-ids $IDS --max-new 8 --print-ids 2>&1)
+I=$(echo "$out" | tail -1)
+[ -n "$L" ] && [ "$I" = "$L" ] && [ "$I" = "$EMB_IDS" ] && echo "$out" | grep -q "installed test/kimi-mini (full)" \
+    && ok "run without --model after setup: the installed model, greedy ids = local convert ($I)" || bad "ids: installed '$I' local '$L' embedded '$EMB_IDS': $out"
+serve_check "serve without --model after setup" "installed test/kimi-mini"
+out=$("$BIN" list 2>&1)
+echo "$out" | grep -q "^\* test/kimi-mini  *full .*$TMP/inst/native" && ok "list: installed, full, default" || bad "list: $out"
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "already installed" && ok "setup again: already installed" || bad "setup again: $out"
+
+# ---- kill -9 during the download, then resume: no byte twice
+shards_bytes() { awk -v port="$1" '$1 == port && $3 ~ /kimi-mini\/resolve\/main\/.*safetensors$/ && $2 == "GET" { s += $5 } END { print s + 0 }' "$TMP/access.log"; }
+TOTAL=$(cat "$ROOT"/models/kimi-mini/*.safetensors | wc -c)
+"$BIN" setup test/kimi-mini --mirror "$SLOW" --dir "$TMP/kill" --connections 4 --chunk 8M --no-default --quiet >/dev/null 2>&1 & KP=$!
+sleep 2.5
+kill -9 $KP; wait $KP 2>/dev/null
+[ -d "$TMP/kill/native" ] && bad "kill -9: conversion started (download too fast to interrupt)"
+DONE=$(python3 - "$TMP/kill/kimi-mini" <<'PY'
+import os, struct, sys
+d = sys.argv[1]; s = 0
+for n in os.listdir(d):
+    p = os.path.join(d, n)
+    if n.endswith(".safetensors"): s += os.path.getsize(p)
+    elif n.endswith(".safetensors.partial.state"):
+        b = open(p, "rb").read(); s += sum(struct.unpack("<%dQ" % ((len(b) - 88) // 8), b[88:]))
+print(s)
+PY
+)
+ls "$TMP/kill/kimi-mini/"*.partial >/dev/null 2>&1 && ok "kill -9 left .partial files ($DONE of $TOTAL shard bytes written)" || bad "kill -9: no partial file"
+[ "$DONE" -gt 0 ] && [ "$DONE" -lt "$TOTAL" ] || bad "kill -9 landed outside the download ($DONE of $TOTAL)"
+BEFORE=$(shards_bytes "$P1")
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/kill" --no-default 2>&1); rc=$?
+GOT=$(( $(shards_bytes "$P1") - BEFORE ))
+[ $rc -eq 0 ] && ok "resume after kill -9" || bad "resume: rc $rc $out"
+[ "$GOT" -eq $((TOTAL - DONE)) ] && ok "resume fetched exactly the missing $GOT bytes (nginx log; $DONE were kept): no byte twice" \
+    || bad "resume fetched $GOT bytes, want $((TOTAL - DONE))"
+for f in spine.bin experts-L001.pack experts-L005.pack; do cmp -s "$TMP/local/$f" "$TMP/kill/native/$f" || bad "resumed install: $f differs"; done
+echo "$out" | grep -q "download: .*MB/s  ETA" && ok "progress line (bytes, rate, ETA)" || bad "no progress line: $out"
+
+# ---- a mirror without the listing API: the index is the listing
+out=$("$BIN" setup test/kimi-mini-noapi --dir "$TMP/noapi" --no-default --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && cmp -s "$TMP/local/spine.bin" "$TMP/noapi/native/spine.bin" && ok "mirror without listing API (index + HEAD)" || bad "noapi: rc $rc $out"
+
+# ---- dropped connections are retried
+out=$("$BIN" setup test/kimi-mini --mirror "$PX/drop" --dir "$TMP/drop" --no-default --chunk 4M 2>&1); rc=$?
+r=$(echo "$out" | sed -n 's/.* retries \([0-9]*\)$/\1/p' | tail -1)
+[ $rc -eq 0 ] && [ "${r:-0}" -ge 3 ] && cmp -s "$TMP/local/spine.bin" "$TMP/drop/native/spine.bin" && ok "connections dropped mid-range: $r retries, install intact" \
+    || bad "drop: rc $rc retries '$r' $out"
+
+# ---- streamed install: the spine only, experts fetched on first use; identical ids to the full install
+out=$("$BIN" setup test/kimi-mini --stream --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "installed (stream" && ok "setup --stream" || bad "setup --stream: rc $rc $out"
+full_kb=$(du -sk "$TMP/local" | cut -f1); st_kb=$(du -sk "$TMP/stream/native" | cut -f1)
+[ "$st_kb" -lt $((full_kb / 2)) ] && ok "streamed native dir holds no experts yet (${st_kb} KB vs ${full_kb} KB full)" || bad "stream size ${st_kb} KB vs ${full_kb} KB"
+out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids --stats --ram-budget 20M 2>&1); rc=$?
+S1=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
+[ $rc -eq 0 ] && [ "$S1" = "$L" ] && ok "streamed run under --ram-budget 20M: greedy ids = full install ($S1)" || bad "stream ids '$S1' want '$L': $out"
+net=$(echo "$out" | sed -n 's/^stream: network \([0-9.]*\) MB in \([0-9]*\) expert fetches.*/\1 \2/p')
+[ -n "$net" ] && [ "${net#* }" -gt 0 ] && ok "--stats: stream network MB / fetches: $net" || bad "no stream stats: $out"
+out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids --stats --ram-budget 20M 2>&1)
+S2=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
+echo "$out" | grep -q "^stream: network 0.00 MB in 0 expert fetches.*local hits [1-9]" && [ "$S2" = "$L" ] \
+    && ok "second streamed run: every expert local (0 fetches), same ids" || bad "second stream run: $out"
+"$BIN" list | grep -q "test/kimi-mini  *streamed [0-9.]*%" && ok "list: streamed x%" || bad "list streamed: $("$BIN" list)"
+out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && [ ! -e "$TMP/stream/native/stream.json" ] && cmp -s "$TMP/local/experts-L003.pack" "$TMP/stream/native/experts-L003.pack" \
+    && ok "setup --full completes a streamed install in place" || bad "complete in place: rc $rc $out"
+
+# ---- a bounded disk cache (--disk-budget): coldest experts evicted, same ids
+"$BIN" setup test/kimi-mini --stream --disk-budget 3M --dir "$TMP/bounded" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream --disk-budget"
+out=$("$BIN" run --model "$TMP/bounded/native" --prompt-ids $IDS --max-new 8 --print-ids --stats --ram-budget 20M 2>&1)
+B1=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
+[ "$B1" = "$L" ] && echo "$out" | grep -q "^stream: .*disk cache 3.15 MB (59 extents), [1-9][0-9]* evicted" \
+    && ok "--disk-budget 3M: experts evicted by heat, ids unchanged ($(echo "$out" | grep -o 'present [0-9]* / [0-9]*'))" || bad "disk budget: $out"
+
+# ---- warm: a streamed install fetches ahead what a recorded trace ranks first (acquisition counts)
+"$BIN" run --model "$TMP/local" --prompt-ids $IDS --max-new 4 --quiet --ram-budget 20M --events "$TMP/ev.jsonl" >/dev/null 2>&1
+"$BIN" setup test/kimi-mini --stream --dir "$TMP/warm" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream for warm"
+out=$("$BIN" warm --model "$TMP/warm/native" --trace "$TMP/ev.jsonl" --budget 1M 2>&1); rc=$?
+python3 - "$TMP/ev.jsonl" "$TMP/warm/native/stream-state.bin" <<'PY' && [ $rc -eq 0 ] && ok "warm --trace --budget 1M: $(echo "$out" | tail -1 | cut -c1-60)..., exactly the trace's top-ranked experts" || bad "warm: rc $rc $out"
+import json, struct, sys
+cnt = {}
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e.get("ev") == "acquire":
+        for i in e["ids"]: cnt[(e["layer"], i)] = cnt.get((e["layer"], i), 0) + 1
+rank = sorted(cnt, key=lambda k: (-cnt[k], k[0], k[1]))
+b = open(sys.argv[2], "rb").read(); L, E = struct.unpack("<II", b[8:16])
+have = {(l, x) for l in range(L) for x in range(E) if b[16 + l * E + x]}
+k = len(have)
+sys.exit(not (0 < k < len(rank) and have == set(rank[:k])))
+PY
+out=$("$BIN" run --model "$TMP/warm/native" --prompt-ids $IDS --max-new 4 --print-ids --stats 2>&1)
+echo "$out" | grep -q "^stream: .*local hits [1-9]" && ok "a run after warm finds the warmed experts local" || bad "after warm: $out"
+
+# ---- faults: message + exit 1, nothing installed
+expect_fail() { # expect_fail WHAT PATTERN ARGS...
+    local what=$1 pat=$2; shift 2
+    local out rc; out=$("$@" 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q -- "$pat" && ok "$what" || bad "$what: rc $rc, want 1 and /$pat/: $out"
+}
+S="$BIN setup --quiet --no-default --retries 1"
+expect_fail "no network" "cannot reach the mirror http://127.0.0.1:1 .*no network" $S test/kimi-mini --mirror http://127.0.0.1:1 --dir "$TMP/f1"
+expect_fail "401 without a token" "401 Unauthorized: the repo needs a token: set HF_TOKEN" $S test/kimi-mini --mirror "$PX/auth" --dir "$TMP/f2"
+expect_fail "401 with a wrong token" "the token in HF_TOKEN was refused" env HF_TOKEN=nope $S test/kimi-mini --mirror "$PX/auth" --dir "$TMP/f2"
+out=$(HF_TOKEN=good $S test/kimi-mini --mirror "$PX/auth" --dir "$TMP/f2b" 2>&1) && ok "the right token (HF_TOKEN) is sent" || bad "token: $out"
+expect_fail "404 repo" "repo test/nope not found on $M" $S test/nope --dir "$TMP/f3"
+expect_fail "404 revision" "revision \"v9\" not found in test/kimi-mini" $S test/kimi-mini --revision v9 --dir "$TMP/f3"
+expect_fail "404 file" "404 Not Found: model-0000[123]-of-00003.safetensors is not in test/kimi-mini" $S test/kimi-mini --mirror "$PX/e404" --dir "$TMP/f4"
+expect_fail "500" "answered HTTP 500 after 2 tries" $S test/kimi-mini --mirror "$PX/e500" --dir "$TMP/f5"
+expect_fail "no Range support" "does not support HTTP Range requests" $S test/kimi-mini --mirror "$PX/norange" --dir "$TMP/f6" --chunk 4M
+expect_fail "corrupt byte" "sha256 mismatch for model-00001-of-00003.safetensors .*expected e83929f5" $S test/kimi-mini --mirror "$PX/corrupt" --dir "$TMP/f7"
+[ ! -e "$TMP/f7/kimi-mini/model-00001-of-00003.safetensors" ] && [ ! -e "$TMP/f7/kimi-mini/model-00001-of-00003.safetensors.partial" ] && [ ! -d "$TMP/f7/native" ] \
+    && ok "corrupt file removed, nothing converted" || bad "corrupt: files left: $(ls -R "$TMP/f7")"
+before=$(grep -c "test/llama/resolve/main/.*safetensors" "$TMP/access.log")
+expect_fail "unsupported architecture" "test/llama cannot be run by deltafin: .*llama.*nothing was downloaded" $S test/llama --dir "$TMP/f8"
+[ "$(grep -c "test/llama/resolve/main/.*safetensors" "$TMP/access.log")" = "$before" ] && ok "unsupported architecture: no weight requested" || bad "llama weights requested"
+mkdir -p "$TMP/small"
+if mount -t tmpfs -o size=8m tmpfs "$TMP/small" 2>/dev/null; then
+    MOUNTED=$TMP/small
+    expect_fail "disk full" "not enough disk space in $TMP/small/i: the download needs 30.8[0-9] GB\|not enough disk space in $TMP/small/i" $S test/kimi-mini --dir "$TMP/small/i"
+else echo "skip disk full: cannot mount a small tmpfs (not root)"; fi
+out=$("$BIN" list 2>&1)
+echo "$out" | grep -q "^\* test/kimi-mini " && ! echo "$out" | grep -q "test/nope\|test/llama" && ok "registry: failures recorded nothing, default unchanged" || bad "list after faults: $out"
+expect_fail "registry unreadable" "is not a deltafin models.json" env DELTAFIN_REGISTRY="$ROOT/models/kimi-mini/config.json" "$BIN" list
+finish
