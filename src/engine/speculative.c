@@ -37,8 +37,8 @@
 #include <string.h>
 #include <time.h>
 
-enum { WARMUP = 16, MIN_WINDOW = 16, EARLY_CALLS = 3, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16 };
-#define EARLY_RATIO 0.6 /* after EARLY_CALLS verifications: off at once when below this share of the plain rate */
+enum { WARMUP = 16, MIN_WINDOW = 16, EARLY_CALLS = 2, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16, K_START = 2 };
+#define EARLY_RATIO 0.7 /* after EARLY_CALLS verifications: off at once when below this share of the plain rate */
 
 typedef enum { G_PROBE = 0, G_SPEC, G_OFF } gate_mode;
 
@@ -121,7 +121,7 @@ int df_spec_new(df_spec **out, df_session *target, df_drafter *d, df_sampler *sm
         if (!g->q || !g->p) { df_spec_free(g); return set_err(err, errlen, DF_ENOMEM, "out of memory"); }
     }
     if (!g->logits || !g->batch) { df_spec_free(g); return set_err(err, errlen, DF_ENOMEM, "out of memory"); }
-    g->k = o.adaptive ? (o.k_max < 4 ? o.k_max : 4) : o.k_max;
+    g->k = o.adaptive ? (o.k_max < K_START ? o.k_max : K_START) : o.k_max; /* a short first trial: k grows by doubling */
     g->mode = d ? (o.gate ? G_PROBE : G_SPEC) : G_OFF;
     g->off_left = 0;
     g->backoff = 1;
