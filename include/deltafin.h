@@ -363,6 +363,21 @@ typedef struct {
 
 void df_spec_opts_default(df_spec_opts *o);
 
+/* A draft model drafter samples its drafts with these options (temperature > 0) and hands their
+ * distribution q to the verification, which accepts a draft x with probability min(1, p(x)/q(x))
+ * and on rejection samples from norm(max(0, p - q)) (Leviathan et al. 2023, Chen et al. 2023): the
+ * output follows the target's distribution, but is no longer the sample plain decoding draws, and a
+ * seed reproduces it only when the gate is off (the gate's timing decides which steps draft) and the
+ * drafter's stream starts with the generation (call this before each one: it restarts the stream,
+ * seeded from o->seed). NULL or temperature 0: greedy drafts (the default). DF_EINVAL for a drafter
+ * without a model (n-gram) or with re-tokenization. */
+int df_drafter_set_sampling(df_drafter *d, const df_sampler_opts *o, char *err, size_t errlen);
+/* The distribution df_sample draws from for these logits (temperature, top-k and top-p applied), as
+ * n_vocab probabilities (0 outside the kept tokens); greedy: 1 at the argmax. */
+void df_sampler_probs(df_sampler *s, const float *logits, int n_vocab, float *probs);
+/* The next number in [0, 1) of the sampler's seeded stream. */
+double df_sampler_uniform(df_sampler *s);
+
 /* The session's context size in positions (what df_session_new resolved n_ctx to). */
 int df_session_n_ctx(const df_session *s);
 /* The model a session belongs to. */
@@ -392,7 +407,8 @@ typedef struct df_spec df_spec;
  * sequence plain decoding with the same sampler produces: greedy is byte-identical, and with a seed
  * it is the same sample; that is the standard speculative-sampling rule for a deterministic draft
  * (accept x with probability min(1, p(x)/q(x)) = p(x), on rejection sample from
- * norm(max(0, p - q)) = p without x; Leviathan et al. 2023, Chen et al. 2023). target, d and smp
+ * norm(max(0, p - q)) = p without x; Leviathan et al. 2023, Chen et al. 2023). A drafter with
+ * sampled drafts (df_drafter_set_sampling) goes through the general rule instead. target, d and smp
  * stay owned by the caller; d may be NULL (plain decoding). DF_EINVAL for a vocabulary mismatch. */
 int df_spec_new(df_spec **out, df_session *target, df_drafter *d, df_sampler *smp, const df_spec_opts *o, char *err,
                 size_t errlen);

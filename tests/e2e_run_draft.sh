@@ -2,7 +2,8 @@
 # e2e_run_draft.sh — `deltafin run --draft` end to end on models/kimi-mini: --draft off,
 # ngram and models/kimi-mini-draft (also through --draft-retok on, and with --draft-gate off,
 # --draft-max 3, --draft-adaptive off) print exactly the ids of plain decoding, greedy and
-# seeded sampling, under --ram-budget too; --stats prints the draft line (drafted, accepted,
+# seeded sampling, under --ram-budget too, and a draft model with another tokenizer (a 256-token byte-level
+# one, drafting through re-tokenization); --stats prints the draft line (drafted, accepted,
 # acceptance); bad draft flags exit 2 naming the flag, a missing draft dir exits 1.
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -41,6 +42,31 @@ done
 ids=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt "$P" --max-new 48 --print-ids --threads 1 --draft ngram --draft-gate off --stats 2>"$TMP/err"); rc=$?
 [ $rc -eq 0 ] && grep -q "^draft: ngram (n 2..4), k max 8 adaptive, gate off" "$TMP/err" && grep -q "stats: draft ngram: drafted [1-9][0-9]*, accepted [1-9][0-9]* (acceptance" "$TMP/err" \
     && ok "--stats prints the configuration and the draft line" || bad "--stats draft line: rc $rc ($(cat "$TMP/err"))"
+
+# a draft model with a different tokenizer (--draft-retok auto): a tiny golden checkpoint (vocabulary 256) with a
+# byte-level BPE tokenizer.json of its 256 byte tokens; drafts are re-tokenized with kimi-mini's tokenizer
+if command -v python3 >/dev/null && [ -f "$SRC/tests/golden/bf16_kimi/model.safetensors" ]; then
+    BD="$TMP/bytedraft"; mkdir -p "$BD"
+    cp "$SRC/tests/golden/bf16_kimi/config.json" "$SRC/tests/golden/bf16_kimi/model.safetensors" "$BD/"
+    python3 - "$BD/tokenizer.json" <<'PY'
+import json, sys
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs: bs.append(b); cs.append(256 + n); n += 1
+vocab = {chr(c): b for b, c in zip(bs, cs)}
+bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+json.dump({"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": bl, "post_processor": None,
+           "decoder": bl, "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+           "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": []}},
+          open(sys.argv[1], "w"))
+PY
+    ids=$(run --draft "$BD" --draft-gate off --stats 2>"$TMP/err"); rc=$?
+    "$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt "x" --max-new 2 --threads 1 --draft "$BD" 2>&1 | grep -q "^draft: model-retok" \
+        && [ $rc -eq 0 ] && [ "$ids" = "$ref" ] && grep -q "stats: draft model-retok: drafted [1-9]" "$TMP/err" \
+        && ok "draft model with another tokenizer (vocabulary 256, re-tokenized): same ids" \
+        || bad "retok draft: rc $rc '$ids' ($(cat "$TMP/err"))"
+fi
 
 # errors
 out=$(run --draft-max 0 2>&1); rc=$?

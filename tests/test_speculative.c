@@ -10,7 +10,8 @@
  *   - models/kimi-mini with models/kimi-mini-draft: 20 text prompts, 32 greedy tokens with the
  *     draft model == plain decode; seeded sampling on 4 of them; the re-tokenizing drafter
  *     (the draft through its own tokenizer) on 4; the n-gram drafter on a repetitive prompt
- *     (acceptance asserted > 0).
+ *     (acceptance asserted > 0); sampled drafts (df_drafter_set_sampling) reproducible with a seed;
+ *   - the min(1, p/q) acceptance rule itself: its output follows p (Monte Carlo), acceptance = sum min(p, q).
  * Gating is off here (it only decides when to draft, never what is output) except in one
  * pass that checks the output is still identical with it on. */
 #define _GNU_SOURCE
@@ -111,7 +112,7 @@ typedef struct {
     int n_ref, V;
 } oracle_drafter;
 
-static int oracle_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, char *err, size_t errlen) {
+static int oracle_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, float *q, char *err, size_t errlen) {
     oracle_drafter *o = (oracle_drafter *)d;
     int c = 0;
     for (int p = n; p < o->n_ref && c < k; p++) out[c++] = p % 5 == 3 ? (o->ref[p] + 1) % o->V : o->ref[p];
@@ -217,7 +218,7 @@ static void golden_case(const char *dir, const char *name) {
     df_drafter *ng_d = NULL, *ng1_d = NULL;
     CHECK(df_drafter_ngram_new(&ng_d, 0, 0, err, sizeof err) == 0, "ngram: %s", err);
     CHECK(df_drafter_ngram_new(&ng1_d, 3, 1, err, sizeof err) == 0, "ngram 3..1: %s", err);
-    oracle_drafter od = {{"oracle", 0, oracle_draft, oracle_destroy}, ref, np + NG, V};
+    oracle_drafter od = {{"oracle", 0, 0, oracle_draft, oracle_destroy}, ref, np + NG, V};
     df_spec_opts fixed, adapt, gated;
     df_spec_opts_default(&fixed);
     fixed.gate = 0;
@@ -349,6 +350,28 @@ static void kimi_cases(const char *root) {
                (unsigned long long)drafted);
         free(ids); free(out); free(fin);
     }
+    /* sampled drafts (the min(1, p/q) rule): reproducible with the gate off (the draft's sampler restarted), acceptance > 0 */
+    {
+        df_drafter *sd = NULL;
+        CHECK(df_drafter_model_new(&sd, dm, 0, err, sizeof err) == 0, "sampled drafter: %s", err);
+        CHECK(df_drafter_set_sampling(sd, &so, err, sizeof err) == 0, "set_sampling: %s", err);
+        int32_t *ids = NULL, *o1 = malloc(sizeof(int32_t) * 48), *o2 = malloc(sizeof(int32_t) * 48);
+        size_t n = 0;
+        float *f1 = malloc(sizeof(float) * df_model_n_vocab(m)), *f2 = malloc(sizeof(float) * df_model_n_vocab(m));
+        df_spec_stats s1, s2;
+        df_tokenize(tok, kimi_prompts[3], strlen(kimi_prompts[3]), DF_TOK_ADD_SPECIAL, &ids, &n, err, sizeof err);
+        int r1 = spec_gen(m, sd, &o, ids, (int)n, 48, &so, o1, f1, &s1);
+        df_drafter_set_sampling(sd, &so, err, sizeof err); /* the draft stream starts again */
+        int r2 = spec_gen(m, sd, &o, ids, (int)n, 48, &so, o2, f2, &s2);
+        CHECK(r1 == 0 && r2 == 0 && !memcmp(o1, o2, sizeof(int32_t) * 48) && same_logits(f1, f2, df_model_n_vocab(m)),
+              "sampled drafts: two runs with seed 99 differ");
+        CHECK(s1.drafted > 0 && s1.accepted > 0 && s1.accepted < s1.drafted, "sampled drafts: drafted %llu accepted %llu",
+              (unsigned long long)s1.drafted, (unsigned long long)s1.accepted);
+        printf("  kimi-mini sampled drafts (T 0.8, top-k 40, seed 99), 48 tokens: acceptance %llu / %llu, reproducible\n",
+               (unsigned long long)s1.accepted, (unsigned long long)s1.drafted);
+        free(ids); free(o1); free(o2); free(f1); free(f2);
+        df_drafter_free(sd);
+    }
     /* n-gram on a repetitive prompt */
     {
         const char *rep = "one two three four five six seven eight nine ten\none two three four five six seven eight nine ten\n"
@@ -382,14 +405,61 @@ static void api_errors(void) {
     /* n-gram lookup itself */
     CHECK(df_drafter_ngram_new(&d, 3, 1, err, sizeof err) == 0, "ngram");
     int32_t hist[] = {5, 6, 7, 8, 9, 5, 6, 7}, out[8];
-    int n = d->draft(d, hist, 8, 4, out, err, sizeof err);
+    int n = d->draft(d, hist, 8, 4, out, NULL, err, sizeof err);
     CHECK(n == 4 && out[0] == 8 && out[1] == 9 && out[2] == 5 && out[3] == 6, "ngram: [5 6 7] -> 8 9 5 6: %d", n);
     int32_t hist2[] = {1, 2, 3, 4};
-    CHECK(d->draft(d, hist2, 4, 4, out, err, sizeof err) == 0, "ngram: no repeat, no proposal");
+    CHECK(d->draft(d, hist2, 4, 4, out, NULL, err, sizeof err) == 0, "ngram: no repeat, no proposal");
     int32_t hist3[] = {1, 2, 9, 1, 2, 8, 1, 2};
-    n = d->draft(d, hist3, 8, 2, out, err, sizeof err);
+    n = d->draft(d, hist3, 8, 2, out, NULL, err, sizeof err);
     CHECK(n == 2 && out[0] == 8 && out[1] == 1, "ngram: the most recent occurrence wins: %d %d", out[0], out[1]);
+    CHECK(df_drafter_set_sampling(d, NULL, err, sizeof err) == DF_EINVAL, "sampled drafts need a draft model");
     df_drafter_free(d);
+}
+
+/* The min(1, p/q) rule: x ~ q, y = spec_accept(p, q, x): y must be distributed as p (Monte Carlo over the
+ * sampler's stream, 400000 draws, |freq - p| < 0.004 for every id), and a rejected y is never x. */
+static void accept_rule(void) {
+    enum { V = 6, N = 400000 };
+    const float p[V] = {0.40f, 0.25f, 0.15f, 0.10f, 0.10f, 0.0f}, q[V] = {0.10f, 0.30f, 0.30f, 0.05f, 0.05f, 0.20f};
+    df_sampler_opts so;
+    df_sampler_opts_default(&so);
+    so.seed = 17;
+    df_sampler *smp = df_sampler_new(&so);
+    long cnt[V] = {0}, accepted = 0, bad = 0;
+    for (int t = 0; t < N; t++) {
+        double u = df_sampler_uniform(smp), a = 0;
+        int32_t x = V - 1;
+        for (int i = 0; i < V; i++) { a += q[i]; if (u < a) { x = i; break; } }
+        int32_t y = spec_accept(smp, p, q, x, V);
+        cnt[y]++;
+        accepted += y == x;
+        bad += y < 0 || y >= V;
+    }
+    double worst = 0, want_acc = 0;
+    for (int i = 0; i < V; i++) {
+        double d = fabs((double)cnt[i] / N - p[i]);
+        if (d > worst) worst = d;
+        want_acc += p[i] < q[i] ? p[i] : q[i];
+    }
+    CHECK(bad == 0 && worst < 0.004, "spec_accept: output distribution off by %.4f (bad %ld)", worst, bad);
+    CHECK(fabs((double)accepted / N - want_acc) < 0.004, "spec_accept: acceptance %.4f, expected sum min(p, q) = %.4f",
+          (double)accepted / N, want_acc);
+    printf("  min(1, p/q) rule: %d draws, max |freq - p| %.4f, acceptance %.4f (sum min(p, q) %.4f)\n", N, worst,
+           (double)accepted / N, want_acc);
+    /* the sampler's distribution: greedy is one-hot, top-k keeps k, the sum is 1 */
+    float lg[V] = {1.0f, 3.0f, 2.0f, 0.5f, 3.0f, -1.0f}, pr[V];
+    df_sampler_probs(NULL, lg, V, pr);
+    CHECK(pr[1] == 1.0f && pr[4] == 0.0f, "greedy probs: one-hot at the lowest argmax");
+    so.temperature = 0.7f;
+    so.top_k = 3;
+    df_sampler *s3 = df_sampler_new(&so);
+    df_sampler_probs(s3, lg, V, pr);
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += pr[i];
+    CHECK(fabs(sum - 1) < 1e-6 && pr[0] == 0 && pr[3] == 0 && pr[5] == 0 && pr[1] == pr[4] && pr[2] > 0,
+          "top-k 3 probs: %g %g %g %g %g %g", pr[0], pr[1], pr[2], pr[3], pr[4], pr[5]);
+    df_sampler_free(s3);
+    df_sampler_free(smp);
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -398,6 +468,7 @@ int main(void) {
     const char *src = getenv("DF_SRC");
     const char *root = src && *src ? src : ".";
     api_errors();
+    accept_rule();
     char gdir[4200];
     snprintf(gdir, sizeof gdir, "%s/tests/golden", root);
     DIR *d = opendir(gdir);

@@ -33,7 +33,10 @@ const char *cli_draft_usage(void) {
            "  --draft-retry N      tokens decoded plainly before drafting is retried after the gate stopped it (default 256)\n"
            "  --draft-ngram MIN,MAX  n-gram lengths looked up by --draft ngram, 1 <= MIN <= MAX <= 16 (default 2,4)\n"
            "  --draft-retok auto|on|off  draft through text re-tokenization (a draft model with another tokenizer);\n"
-           "                       auto (default): on when the draft model's vocabulary size differs from the target's\n";
+           "                       auto (default): on when the draft model's vocabulary size differs from the target's\n"
+           "  --draft-sample on|off  with sampling (run only): the draft model samples its drafts and verification accepts\n"
+           "                       with min(1, p/q) (same distribution; not the same sample as plain decoding, and\n"
+           "                       reproducible only with --draft-gate off). off (default): greedy drafts, same sample\n";
 }
 
 static int int_arg(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out) {
@@ -62,7 +65,7 @@ int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts
     const char *a = argv[*i];
     if (strncmp(a, "--draft", 7)) return 0;
     static const char *const flags[] = {"--draft", "--draft-max", "--draft-adaptive", "--draft-gate", "--draft-window",
-                                        "--draft-retry", "--draft-ngram", "--draft-retok"};
+                                        "--draft-retry", "--draft-ngram", "--draft-retok", "--draft-sample"};
     int which = -1;
     for (int k = 0; k < (int)(sizeof flags / sizeof flags[0]); k++)
         if (!strcmp(a, flags[k])) which = k;
@@ -96,6 +99,7 @@ int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts
         if (!strcmp(v, "auto")) o->retok = -1;
         else if (onoff_arg(cmd, a, v, &o->retok)) return -1;
         return 1;
+    case 8: return onoff_arg(cmd, a, v, &o->sample) ? -1 : 1;
     }
     return 0;
 }
@@ -154,8 +158,8 @@ void cli_draft_describe(const cli_draft_opts *o, const df_drafter *d, char *buf,
     char what[512];
     if (!strcmp(df_drafter_kind(d), "ngram")) snprintf(what, sizeof what, "ngram (n %d..%d)", o->ngram_min, o->ngram_max);
     else snprintf(what, sizeof what, "%s %s", df_drafter_kind(d), o->draft);
-    snprintf(buf, cap, "draft: %s, k max %d%s, gate %s (window %d, retry %d)", what, o->spec.k_max,
-             o->spec.adaptive ? " adaptive" : " fixed", o->spec.gate ? "on" : "off", o->spec.window, o->spec.retry);
+    snprintf(buf, cap, "draft: %s%s, k max %d%s, gate %s (window %d, retry %d)", what, o->sample ? " (sampled drafts)" : "",
+             o->spec.k_max, o->spec.adaptive ? " adaptive" : " fixed", o->spec.gate ? "on" : "off", o->spec.window, o->spec.retry);
 }
 
 void cli_draft_print_stats(FILE *f, const df_spec_stats *st, const df_drafter *d) {

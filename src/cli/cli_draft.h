@@ -11,6 +11,7 @@ typedef struct {
     df_spec_opts spec;
     int ngram_min, ngram_max;   /* default 2, 4 */
     int retok;                  /* -1 auto, 0 off, 1 on */
+    int sample;                 /* --draft-sample: the draft model samples its drafts (min(1, p/q) rule) */
 } cli_draft_opts;
 
 void cli_draft_defaults(cli_draft_opts *o);

@@ -291,6 +291,13 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CPU time of the process (all threads), seconds */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *prompt_file = NULL;
     char *prompt_buf = NULL;
@@ -509,11 +516,16 @@ int cmd_run(int argc, char **argv) {
     df_model_stats(m, &after_prefill);
     char buf[1024];
     int stopped = 0;
-    const double t_gen = now_s();
+    const double t_gen = now_s(), cpu_gen = cpu_s();
     if (drafter) {
         /* speculative: the same tokens as the loop below, several per target eval */
-        rc = df_spec_new(&spec, s, drafter, smp, &dopt.spec, err, sizeof err);
-        if (rc) { fprintf(stderr, "deltafin run: --draft %s: %s\n", dopt.draft, err); goto done; }
+        rc = dopt.sample && so.temperature > 0 ? df_drafter_set_sampling(drafter, &so, err, sizeof err) : 0;
+        if (!rc) rc = df_spec_new(&spec, s, drafter, smp, &dopt.spec, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "deltafin run: --draft %s: %s\n", dopt.draft, err);
+            if (rc == DF_EINVAL) status = 2;
+            goto done;
+        }
         int n_new = gen_max > 0 ? 1 : 0;
         if (n_new) out_ids[0] = df_sample(smp, logits, vocab);
         while (n_new > 0 && !stopped) {
@@ -544,7 +556,7 @@ int cmd_run(int argc, char **argv) {
         rc = df_eval(s, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
-    const double gen_s = now_s() - t_gen, total = now_s() - t_start;
+    const double gen_s = now_s() - t_gen, gen_cpu = cpu_s() - cpu_gen, total = now_s() - t_start;
     if (dt) {
         int w = df_detok_flush(dt, buf, sizeof buf);
         if (w > 0) fwrite(buf, 1, (size_t)w, stdout);
@@ -600,8 +612,8 @@ int cmd_run(int argc, char **argv) {
         }
     }
     if (stats) /* tokens after the first (which comes from the prompt's logits) per second of generation */
-        fprintf(stderr, "stats: generation %d tokens in %.3f s after the prompt: %.2f tok/s (draft %s)\n", n_out, gen_s,
-                n_out > 1 && gen_s > 0 ? (n_out - 1) / gen_s : 0.0, drafter ? df_drafter_kind(drafter) : "off");
+        fprintf(stderr, "stats: generation %d tokens in %.3f s after the prompt: %.2f tok/s, CPU time %.3f s (draft %s)\n", n_out,
+                gen_s, n_out > 1 && gen_s > 0 ? (n_out - 1) / gen_s : 0.0, gen_cpu, drafter ? df_drafter_kind(drafter) : "off");
     if (stats && spec) {
         df_spec_stats sst;
         df_spec_get_stats(spec, &sst);

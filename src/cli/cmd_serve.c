@@ -1,6 +1,7 @@
 /* cmd_serve.c — `deltafin serve`: parse flags, then run the OpenAI-compatible
  * server (src/server, docs/server.md). */
 #include "cli.h"
+#include "cli_draft.h"
 #include "hub/stream.h"
 #include "server/server.h"
 #include <stdio.h>
@@ -35,7 +36,9 @@ static void serve_usage(FILE *f) {
             "  --max-connections N      concurrent connections (default 256)\n"
             "  --mock [--mock-delay-ms N]  serve a built-in byte-level test model instead of --model\n"
             "  --mock-kimi              the test model as a Kimi model (<think> + a tool call)\n"
-            "  --verbose                log every rejected request\n");
+            "  --verbose                log every rejected request\n"
+            "speculative decoding (requests without logprobs; the output is the same):\n%s",
+            cli_draft_usage());
 }
 
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {
@@ -62,7 +65,10 @@ int cmd_serve(int argc, char **argv) {
     c.queue = 16;
     c.parallel = 4;
     c.backend = cli_default_backend();
+    cli_draft_opts dopt;
+    cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
+        int dr;
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int tmp;
@@ -107,6 +113,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--mock-kimi")) c.mock = c.mock_kimi = 1;
         else if (!strcmp(a, "--mock-delay-ms")) { NEED(); if (parse_int(a, v, 0, 60000, &c.mock_delay_ms)) return 2; }
         else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) c.verbose = 1;
+        else if ((dr = cli_draft_arg("serve", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
         else { fprintf(stderr, "deltafin serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         (void)tmp;
     }
@@ -118,6 +125,13 @@ int cmd_serve(int argc, char **argv) {
     }
     if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
     if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
+    c.draft.draft = dopt.draft;
+    c.draft.ngram_min = dopt.ngram_min;
+    c.draft.ngram_max = dopt.ngram_max;
+    c.draft.retok = dopt.retok;
+    c.draft.spec = dopt.spec;
+    if (dopt.sample) { fprintf(stderr, "deltafin serve: --draft-sample is a run option (the server drafts greedily)\n"); return 2; }
+    if (c.mock && cli_draft_enabled(&dopt)) { fprintf(stderr, "deltafin serve: --draft needs a real model (not --mock)\n"); return 2; }
     /* a streamed install (`deltafin setup --stream`): experts not yet local are fetched on first use */
     stream_src *remote = NULL;
     if (!c.mock && stream_is_streamed(c.model_path)) {

@@ -27,6 +27,7 @@ typedef struct {
     const df_tokenizer *dtok;      /* re-tokenizing drafter: the draft model's tokenizer */
     int32_t *ids;                  /* re-tokenizing drafter: drafted ids of the draft model */
     int ids_cap;
+    df_sampler *smp;               /* sampled drafts (df_drafter_set_sampling); NULL = argmax */
 } model_drafter;
 
 static int32_t argmax(const float *l, int n) {
@@ -35,8 +36,9 @@ static int32_t argmax(const float *l, int n) {
     return b;
 }
 
-/* Greedy continuation of hist[0..n) (draft-model ids) by k tokens into out. */
-static int draft_ids(model_drafter *g, const int32_t *hist, int n, int k, int32_t *out, char *err, size_t errlen) {
+/* Continuation of hist[0..n) (draft-model ids) by k tokens into out: greedy, or sampled with the
+ * distributions written to q [k, n_vocab] (when q and g->smp). */
+static int draft_ids(model_drafter *g, const int32_t *hist, int n, int k, int32_t *out, float *q, char *err, size_t errlen) {
     if (n < 1) return 0;
     const int32_t *have = df_session_tokens(g->s);
     int ns = df_session_n_past(g->s), c = 0;
@@ -48,7 +50,20 @@ static int draft_ids(model_drafter *g, const int32_t *hist, int n, int k, int32_
     if (rc) return rc;
     int got = 0;
     for (int i = 0; i < k; i++) {
-        out[got++] = argmax(g->logits, g->n_vocab);
+        if (g->smp && q) { /* x ~ q: one uniform against q's cumulative sum (ids ascending) */
+            const float *qi = q + (size_t)i * g->n_vocab;
+            df_sampler_probs(g->smp, g->logits, g->n_vocab, q + (size_t)i * g->n_vocab);
+            const double u = df_sampler_uniform(g->smp);
+            double acc = 0;
+            int32_t x = -1;
+            for (int v = 0; v < g->n_vocab; v++) {
+                if (qi[v] <= 0) continue;
+                acc += qi[v];
+                x = v;
+                if (u < acc) break;
+            }
+            out[got++] = x >= 0 ? x : argmax(g->logits, g->n_vocab);
+        } else out[got++] = argmax(g->logits, g->n_vocab);
         if (i + 1 == k) break;
         /* the first drafted token's eval marks the rollback point (recurrent draft models) */
         rc = df_eval(g->s, &out[got - 1], 1, g->logits, i == 0 ? DF_EVAL_MARK : 0, NULL, NULL, err, errlen);
@@ -58,11 +73,12 @@ static int draft_ids(model_drafter *g, const int32_t *hist, int n, int k, int32_
     return got;
 }
 
-static int model_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, char *err, size_t errlen) {
-    return draft_ids((model_drafter *)d, hist, n, k, out, err, errlen);
+static int model_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, float *q, char *err, size_t errlen) {
+    return draft_ids((model_drafter *)d, hist, n, k, out, q, err, errlen);
 }
 
-static int retok_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, char *err, size_t errlen) {
+static int retok_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, float *q, char *err, size_t errlen) {
+    (void)q;
     model_drafter *g = (model_drafter *)d;
     char *text = NULL, *dtext = NULL;
     size_t tl = 0, dl = 0, nd = 0, nt = 0;
@@ -78,7 +94,7 @@ static int retok_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t
         g->ids = t;
         g->ids_cap = k + 2;
     }
-    int nd_got = draft_ids(g, dh, (int)nd, k + 1, g->ids, err, errlen);
+    int nd_got = draft_ids(g, dh, (int)nd, k + 1, g->ids, NULL, err, errlen);
     if (nd_got < 0) { rc = nd_got; goto done; }
     if (nd_got == 0) goto done;
     rc = df_detokenize(g->dtok, g->ids, (size_t)nd_got, &dtext, &dl, err, errlen);
@@ -96,6 +112,7 @@ done:
 static void model_destroy(df_drafter *d) {
     model_drafter *g = (model_drafter *)d;
     df_session_free(g->s);
+    df_sampler_free(g->smp);
     free(g->logits);
     free(g->ids);
     free(g);
@@ -149,4 +166,21 @@ int df_drafter_retok_new(df_drafter **out, df_model *draft, const df_tokenizer *
         return DF_EINVAL;
     }
     return drafter_make(out, draft, n_ctx, target_tok, err, errlen);
+}
+
+int df_drafter_set_sampling(df_drafter *d, const df_sampler_opts *o, char *err, size_t errlen) {
+    if (!d || d->destroy != model_destroy || d->draft != model_draft) {
+        if (err && errlen) snprintf(err, errlen, "sampled drafts need a draft model with the target's tokenizer (not %s)", df_drafter_kind(d));
+        return DF_EINVAL;
+    }
+    model_drafter *g = (model_drafter *)d;
+    df_sampler_free(g->smp);
+    g->smp = NULL;
+    d->stochastic = 0;
+    if (!o || o->temperature <= 0.0f) return DF_OK;
+    df_sampler_opts so = *o;
+    so.seed = o->seed ^ 0x5deece66dull; /* its own stream: the target's draws stay the verification's */
+    if (!(g->smp = df_sampler_new(&so))) return DF_ENOMEM;
+    d->stochastic = 1;
+    return DF_OK;
 }

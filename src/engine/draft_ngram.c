@@ -18,8 +18,8 @@ typedef struct {
     int n_max, n_min;
 } ngram_drafter;
 
-static int ngram_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, char *err, size_t errlen) {
-    (void)err; (void)errlen;
+static int ngram_draft(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, float *q, char *err, size_t errlen) {
+    (void)err; (void)errlen; (void)q;
     const ngram_drafter *g = (const ngram_drafter *)d;
     for (int len = g->n_max; len >= g->n_min; len--) {
         if (len >= n) continue;

@@ -123,3 +123,35 @@ float df_logprob(const float *logits, int n_vocab, int32_t id, int top_n, int32_
     if (id < 0 || id >= n_vocab) return -INFINITY;
     return (float)((double)logits[id] - lse);
 }
+
+void df_sampler_probs(df_sampler *s, const float *logits, int n_vocab, float *probs) {
+    for (int i = 0; i < n_vocab; i++) probs[i] = 0.0f;
+    if (!s || s->o.temperature <= 0.0f || s->o.top_k == 1) { probs[argmax(logits, n_vocab)] = 1.0f; return; }
+    if (s->cap < n_vocab) {
+        struct cand *c = realloc(s->c, sizeof *c * (size_t)n_vocab);
+        if (!c) { probs[argmax(logits, n_vocab)] = 1.0f; return; }
+        s->c = c;
+        s->cap = n_vocab;
+    }
+    /* the candidates, cut and weights of df_sample */
+    for (int i = 0; i < n_vocab; i++) { s->c[i].v = logits[i] / s->o.temperature; s->c[i].id = i; }
+    qsort(s->c, (size_t)n_vocab, sizeof *s->c, cand_cmp);
+    int n = n_vocab;
+    if (s->o.top_k > 0 && s->o.top_k < n) n = s->o.top_k;
+    double m = s->c[0].v, sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)s->c[i].v - m);
+    if (s->o.top_p > 0.0f && s->o.top_p < 1.0f) {
+        double acc = 0;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            acc += exp((double)s->c[i].v - m) / sum;
+            if (acc >= s->o.top_p) { keep = i + 1; break; }
+        }
+        n = keep;
+        sum = 0;
+        for (int i = 0; i < n; i++) sum += exp((double)s->c[i].v - m);
+    }
+    for (int i = 0; i < n; i++) probs[s->c[i].id] = (float)(exp((double)s->c[i].v - m) / sum);
+}
+
+double df_sampler_uniform(df_sampler *s) { return (double)(xoshiro(s->s) >> 11) * (1.0 / 9007199254740992.0); }

@@ -20,7 +20,7 @@
  * Gating: verifying k rows routes to more distinct experts, which can cost more than
  * it saves on a storage-bound model. Generated tokens per second are measured live
  * (wall time of drafting + verification + sampling) with drafting and without it
- * (a plain probe of PROBE_WINDOW tokens first, then again after 1, 2, 4 and then every
+ * (WARMUP plain tokens, then a plain probe of PROBE_WINDOW tokens, then again after 1, 2, 4 and then every
  * PROBE_EVERY windows: the first rates include the warm-up of caches);
  * when drafting is slower over at least MIN_WINDOW tokens, or clearly slower (under
  * EARLY_RATIO of the plain rate) after EARLY_CALLS verifications, it is switched off
@@ -37,8 +37,8 @@
 #include <string.h>
 #include <time.h>
 
-enum { MIN_WINDOW = 16, EARLY_CALLS = 2, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16 };
-#define EARLY_RATIO 0.75 /* after EARLY_CALLS verifications: off at once when below this share of the plain rate */
+enum { WARMUP = 16, MIN_WINDOW = 16, EARLY_CALLS = 2, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16, K_START = 2 };
+#define EARLY_RATIO 0.7 /* after EARLY_CALLS verifications: off at once when below this share of the plain rate */
 
 typedef enum { G_PROBE = 0, G_SPEC, G_OFF } gate_mode;
 
@@ -50,6 +50,8 @@ struct df_spec {
     int n_vocab;
     float *logits;           /* [(k_max + 1) * n_vocab] */
     int32_t *batch;          /* [k_max + 1]: cur + drafts */
+    float *q;                /* [k_max, n_vocab]: draft distributions of a stochastic drafter */
+    float *p;                /* [n_vocab]: the target's distribution at one row */
     int32_t *hist;           /* session tokens + cur, for the drafter */
     int hist_cap;
     int k;
@@ -113,8 +115,13 @@ int df_spec_new(df_spec **out, df_session *target, df_drafter *d, df_sampler *sm
     }
     g->logits = malloc(sizeof(float) * (size_t)(o.k_max + 1) * g->n_vocab);
     g->batch = malloc(sizeof(int32_t) * (size_t)(o.k_max + 1));
+    if (d && d->stochastic) {
+        g->q = malloc(sizeof(float) * (size_t)o.k_max * g->n_vocab);
+        g->p = malloc(sizeof(float) * (size_t)g->n_vocab);
+        if (!g->q || !g->p) { df_spec_free(g); return set_err(err, errlen, DF_ENOMEM, "out of memory"); }
+    }
     if (!g->logits || !g->batch) { df_spec_free(g); return set_err(err, errlen, DF_ENOMEM, "out of memory"); }
-    g->k = o.adaptive ? (o.k_max < 4 ? o.k_max : 4) : o.k_max;
+    g->k = o.adaptive ? (o.k_max < K_START ? o.k_max : K_START) : o.k_max; /* a short first trial: k grows by doubling */
     g->mode = d ? (o.gate ? G_PROBE : G_SPEC) : G_OFF;
     g->off_left = 0;
     g->backoff = 1;
@@ -127,6 +134,8 @@ void df_spec_free(df_spec *g) {
     if (!g) return;
     free(g->logits);
     free(g->batch);
+    free(g->q);
+    free(g->p);
     free(g->hist);
     free(g);
 }
@@ -152,6 +161,7 @@ static void gate_update(df_spec *g, int n, double dt, int verified) {
     const double rate = g->win_s > 0 ? g->win_tokens / g->win_s : 0;
     switch (g->mode) {
     case G_PROBE: /* a plain window: the baseline drafting is compared with */
+        if (g->st.generated <= WARMUP) { win_reset(g); break; } /* the first tokens warm the expert cache up */
         if (g->win_tokens >= PROBE_WINDOW) {
             g->st.plain_tok_s = rate;
             g->mode = G_SPEC;
@@ -230,7 +240,7 @@ int df_spec_step(df_spec *g, int32_t cur, int32_t *out, int cap, char *err, size
     if (g->mode == G_SPEC && k >= 1) {
         int nh = make_hist(g, cur);
         if (nh < 0) return set_err(err, errlen, DF_ENOMEM, "out of memory");
-        nd = g->d->draft(g->d, g->hist, nh, k, g->batch + 1, err, errlen);
+        nd = g->d->draft(g->d, g->hist, nh, k, g->batch + 1, g->q, err, errlen);
         if (nd < 0) return nd;
         for (int i = 0; i < nd; i++)
             if (g->batch[1 + i] < 0 || g->batch[1 + i] >= V) { nd = i; break; } /* not a target token: cut there */
@@ -250,7 +260,11 @@ int df_spec_step(df_spec *g, int32_t cur, int32_t *out, int cap, char *err, size
         if (rc) return rc;
         int acc = 0;
         for (int i = 0; i <= nd; i++) {
-            int32_t y = df_sample(g->smp, g->logits + (size_t)i * V, V);
+            int32_t y;
+            if (g->q && i < nd) { /* a sampled draft: the min(1, p/q) rule */
+                df_sampler_probs(g->smp, g->logits + (size_t)i * V, V, g->p);
+                y = spec_accept(g->smp, g->p, g->q + (size_t)i * V, g->batch[1 + i], V);
+            } else y = df_sample(g->smp, g->logits + (size_t)i * V, V);
             out[n_out++] = y;
             if (i == nd || y != g->batch[1 + i]) break;
             acc++;
@@ -268,4 +282,21 @@ int df_spec_step(df_spec *g, int32_t cur, int32_t *out, int cap, char *err, size
     g->st.generated += (uint64_t)n_out;
     if (g->d) gate_update(g, n_out, now_s() - t0, nd > 0);
     return n_out;
+}
+
+int32_t spec_accept(df_sampler *smp, const float *p, const float *q, int32_t x, int V) {
+    const double u = df_sampler_uniform(smp);
+    if (u * (double)q[x] < (double)p[x]) return x; /* u < p(x) / q(x) */
+    double sum = 0;
+    for (int i = 0; i < V; i++) if (p[i] > q[i]) sum += (double)p[i] - q[i];
+    const double r = df_sampler_uniform(smp) * sum;
+    double acc = 0;
+    int32_t last = -1;
+    for (int i = 0; i < V; i++) {
+        if (!(p[i] > q[i])) continue;
+        acc += (double)p[i] - q[i];
+        last = i;
+        if (r < acc) return i;
+    }
+    return last >= 0 ? last : x; /* p == q everywhere: x was accepted above (u < 1) */
 }

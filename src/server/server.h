@@ -4,8 +4,18 @@
 #ifndef DF_SERVER_H
 #define DF_SERVER_H
 
+#include "deltafin.h"
+
 #include <stddef.h>
 #include <stdint.h>
+
+/* Speculative decoding for the model (`serve --draft ...`, the same flags as `run`). */
+typedef struct {
+    const char *draft;        /* NULL or "off": none; "ngram"; or a draft model directory */
+    int ngram_min, ngram_max; /* --draft ngram: n-gram lengths looked up */
+    int retok;                /* a draft model through re-tokenization: -1 auto (vocabulary sizes differ), 0, 1 */
+    df_spec_opts spec;
+} srv_draft_config;
 
 typedef struct {
     const char *model_path;   /* NULL with mock */
@@ -32,6 +42,7 @@ typedef struct {
     /* compute backend (docs/cuda.md) */
     const char *backend;      /* auto | cpu | cpu-scalar | cuda; NULL = the library default */
     uint64_t gpu_budget;      /* backend cuda: routed-expert cache bytes; 0 = all free GPU memory less 1 GiB */
+    srv_draft_config draft;   /* speculative decoding; draft.draft NULL = off */
 } srv_config;
 
 /* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.

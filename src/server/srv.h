@@ -199,6 +199,13 @@ struct srv_backend {
     /* batched decode steps so far: forward passes and the rows they held (rows / steps = mean batch); NULL for the mock */
     void (*batch_stats)(srv_backend *b, uint64_t *steps, uint64_t *rows);
     void (*close)(srv_backend *b);
+    /* speculative decoding (srv_backend_set_draft); NULL without a drafter: spec_new(b, sess, sampler) makes
+     * a generator over an acquired session (with that session's drafter) and the request's sampler,
+     * spec_step is df_spec_step. Its evals run on their own, outside the decode batches. */
+    void *(*spec_new)(srv_backend *b, void *sess, void *sampler);
+    int (*spec_step)(void *spec, int32_t cur, int32_t *out, int cap, char *err, size_t errlen);
+    void (*spec_free)(void *spec);
+    const char *draft_describe;  /* one line: the resolved drafting configuration, or NULL */
 };
 
 /* n_sessions: generations that may run at once (>= 1); the RAM budget (mo->ram_budget) reserves a KV
@@ -210,6 +217,10 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
  * it, endless cycling for longer ones); delay_ms per evaluated token. kimi=1:
  * a Kimi-family model whose output is a fixed <think> + tool-call script. */
 int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_sessions, char *err, size_t errlen);
+/* Give a model backend the drafter dc names (none for "off"/NULL): one per session (a draft model
+ * directory is opened once, resident, with mo's threads; each session's drafter has its own draft
+ * session). DF_E* with err naming the flag and value. */
+int srv_backend_set_draft(srv_backend *b, const srv_draft_config *dc, const df_model_opts *mo, char *err, size_t errlen);
 
 /* Most sessions / generations running at once (serve --parallel). */
 #define SRV_MAX_PARALLEL 64

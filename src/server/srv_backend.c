@@ -37,6 +37,10 @@ typedef struct {
     float *batch_logits;      /* [n_ss, n_vocab] */
     char batch_err[512];      /* the last batch's error message */
     uint64_t n_batches, n_batch_rows;
+    df_model *dm;             /* the draft model (srv_backend_set_draft), or NULL */
+    df_drafter **drafters;    /* [n_ss], or NULL */
+    df_spec_opts spec;
+    char draft_describe[1200];
 } be_model;
 
 #define BM(b) ((be_model *)(b)->impl)
@@ -207,6 +211,9 @@ static void m_close(srv_backend *b) {
     if (!b) return;
     if (BM(b)) {
         be_model *bm = BM(b);
+        for (int i = 0; bm->drafters && i < bm->n_ss; i++) df_drafter_free(bm->drafters[i]);
+        free(bm->drafters);
+        df_model_close(bm->dm);
         for (int i = 0; bm->ss && i < bm->n_ss; i++) df_session_free(bm->ss[i].s);
         free(bm->ss);
         free(bm->batch_logits);
@@ -301,5 +308,63 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     bm->batch_logits = malloc(sizeof(float) * (size_t)n_sessions * (size_t)b->n_vocab);
     if (!bm->batch_logits) { m_close(b); return DF_ENOMEM; }
     *out = b;
+    return 0;
+}
+
+/* ------------------------------------------------------- speculative decoding */
+
+static void *m_spec_new(srv_backend *b, void *sess, void *sampler) {
+    be_model *bm = BM(b);
+    m_sess *ms = sess;
+    df_spec *g = NULL;
+    char err[256];
+    return df_spec_new(&g, ms->s, bm->drafters[ms - bm->ss], sampler, &bm->spec, err, sizeof err) ? NULL : g;
+}
+static int m_spec_step(void *g, int32_t cur, int32_t *out, int cap, char *err, size_t errlen) {
+    return df_spec_step(g, cur, out, cap, err, errlen);
+}
+static void m_spec_free(void *g) { df_spec_free(g); }
+
+int srv_backend_set_draft(srv_backend *b, const srv_draft_config *dc, const df_model_opts *mo, char *err, size_t errlen) {
+    if (!dc->draft || !strcmp(dc->draft, "off")) return 0;
+    be_model *bm = BM(b);
+    char e2[1024] = "";
+    int rc = 0, retok = 0;
+    if (!(bm->drafters = calloc((size_t)bm->n_ss, sizeof *bm->drafters))) return DF_ENOMEM;
+    const int ngram = !strcmp(dc->draft, "ngram");
+    if (!ngram) {
+        df_model_opts o;
+        df_model_opts_default(&o);
+        o.threads = mo->threads;
+        o.kv_positions = b->n_ctx;
+        o.heat_path = "off";
+        rc = df_model_open(&bm->dm, dc->draft, &o, e2, sizeof e2);
+        retok = dc->retok >= 0 ? dc->retok : bm->dm && df_model_n_vocab(bm->dm) != b->n_vocab;
+        if (!rc && !retok && df_model_n_vocab(bm->dm) != b->n_vocab) {
+            snprintf(e2, sizeof e2, "its vocabulary has %d tokens, the target's %d: use --draft-retok on (or auto)",
+                     df_model_n_vocab(bm->dm), b->n_vocab);
+            rc = DF_EINVAL;
+        }
+    }
+    for (int i = 0; !rc && i < bm->n_ss; i++) {
+        if (ngram) rc = df_drafter_ngram_new(&bm->drafters[i], dc->ngram_max, dc->ngram_min, e2, sizeof e2);
+        else if (retok) rc = df_drafter_retok_new(&bm->drafters[i], bm->dm, bm->t, b->n_ctx, e2, sizeof e2);
+        else rc = df_drafter_model_new(&bm->drafters[i], bm->dm, b->n_ctx, e2, sizeof e2);
+    }
+    if (rc) {
+        snprintf(err, errlen, "--draft %s: %s", dc->draft, e2);
+        return rc;
+    }
+    if (ngram) snprintf(bm->draft_describe, sizeof bm->draft_describe, "ngram (n %d..%d)", dc->ngram_min, dc->ngram_max);
+    else snprintf(bm->draft_describe, sizeof bm->draft_describe, "%s %s", df_drafter_kind(bm->drafters[0]), dc->draft);
+    bm->spec = dc->spec;
+    size_t l = strlen(bm->draft_describe);
+    snprintf(bm->draft_describe + l, sizeof bm->draft_describe - l, ", k max %d%s, gate %s (window %d, retry %d)%s",
+             dc->spec.k_max, dc->spec.adaptive ? " adaptive" : " fixed", dc->spec.gate ? "on" : "off", dc->spec.window,
+             dc->spec.retry, bm->n_ss > 1 ? ", one drafter per session" : "");
+    b->spec_new = m_spec_new;
+    b->spec_step = m_spec_step;
+    b->spec_free = m_spec_free;
+    b->draft_describe = bm->draft_describe;
     return 0;
 }

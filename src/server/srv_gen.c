@@ -559,7 +559,7 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     srv_buf_init(&g->content);
     srv_buf_init(&g->reasoning);
     float *logits = NULL;
-    void *sampler = NULL;
+    void *sampler = NULL, *spec = NULL;
     int32_t *P = NULL;
     void *sess = NULL;
     int n = 0, think_open = 0, fin = FIN_NONE;
@@ -658,9 +658,14 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         goto out;
     }
     char piece[1024];
+    /* speculative decoding (serve --draft): the same tokens, several per target eval; not with logprobs,
+     * which need every token's logits */
+    spec = be->spec_new && !r->logprobs ? be->spec_new(be, sess, sampler) : NULL;
+    int32_t sq[65];
+    int sq_n = 0, sq_i = 0;
     for (int step = 0; step < max_new; step++) {
         if (j->cancel) { fin = FIN_CANCEL; break; }
-        int32_t id = be->sample(sampler, logits, be->n_vocab);
+        int32_t id = sq_i < sq_n ? sq[sq_i++] : be->sample(sampler, logits, be->n_vocab);
         if (step == 0) j->ttft_s = srv_now() - t0;
         int is_stop = 0;
         for (int i = 0; i < n_stop_ids; i++) is_stop |= id == stop_ids[i];
@@ -680,8 +685,14 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         }
         if (hit) { fin = FIN_STOP; break; }
         if (step + 1 == max_new) { fin = FIN_LENGTH; break; }
+        if (spec && sq_i < sq_n) continue; /* decided by the last verification, already in the session */
         if (be->n_past(be, sess) + 1 >= be->n_ctx) { fin = FIN_LENGTH; break; }
-        rc = be->eval(be, sess, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
+        if (spec) {
+            const int cap = max_new - step - 1 < 65 ? max_new - step - 1 : 65;
+            rc = sq_n = be->spec_step(spec, id, sq, cap, err, sizeof err);
+            sq_i = 0;
+            if (rc > 0) rc = 0;
+        } else rc = be->eval(be, sess, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) {
             note_engine_error(g, rc, err);
             char m[700];
@@ -731,6 +742,7 @@ out:
     j->prompt_tokens = g->n_prompt;
     j->cached_tokens = g->n_cached;
     j->completion_tokens = g->n_gen;
+    if (spec) be->spec_free(spec);
     if (sess) be->session_release(be, sess);
     if (sampler) be->sampler_free(sampler);
     if (g->detok) be->detok_free(g->detok);

@@ -594,6 +594,7 @@ int srv_serve(const srv_config *cfg) {
         mo.backend = cfg->backend;
         mo.gpu_budget = cfg->gpu_budget;
         rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, S.n_workers, err, sizeof err);
+        if (!rc && (rc = srv_backend_set_draft(S.be, &cfg->draft, &mo, err, sizeof err))) { S.be->close(S.be); S.be = NULL; }
     }
     if (rc) {
         fprintf(stderr, "deltafin serve: cannot open model %s: %s (%s)\n", cfg->mock ? "mock" : cfg->model_path, err,
@@ -650,6 +651,7 @@ int srv_serve(const srv_config *cfg) {
         return 1;
     }
     if (S.be->describe && S.be->describe[0]) fprintf(stderr, "%s\n", S.be->describe);
+    if (S.be->draft_describe) fprintf(stderr, "draft: %s\n", S.be->draft_describe);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(S.d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : cfg->port;
     fprintf(stderr, "deltafin serve: model %s (%s%s), context %d, listening on http://%s%s%s:%d/v1 (parallel %d, queue %d, max request %zu bytes%s)\n",

@@ -4,18 +4,23 @@
 # --draft-gate off), for a natural-text prompt, a C prompt and a repetitive prompt, in RAM and under a
 # --ram-budget smaller than the model's experts; REPS runs each, the median reported, acceptance from the
 # draft stats line, and a check that every run printed the ids of --draft off.
-# Binary: build/deltafin, or the one in .devcarry.tar.xz (tools/device/pack.sh) when that file exists.
-# Usage: tools/device/bench_spec.sh OUTDIR   Env: REPS (5), TOKENS (256), THREADS (4), BUDGET (16M).
+# Binary: build/deltafin, else the one in .devcarry.tar.xz (tools/device/pack.sh; the accelerator host builds nothing).
+# Columns: median and best wall-clock rate of REPS runs, and the median rate per CPU second of the process
+# (robust when other processes share the cores; not meaningful when reads from the disk dominate).
+# Usage: tools/device/bench_spec.sh OUTDIR   Env: REPS (5), TOKENS (256), THREADS (4), BUDGET (16M), PROMPTS, MEMS.
 set -u
 OUT=${1:?usage: bench_spec.sh OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=$HERE/build/deltafin
-if [ -f "$HERE/.devcarry.tar.xz" ]; then
+if [ ! -x "$BIN" ] && [ -f "$HERE/.devcarry.tar.xz" ]; then
     D=$(mktemp -d)
     tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
     BIN="$D/deltafin"
     export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# a private copy: a rebuild during the benchmark does not change the binary under it
+T=$(mktemp -d)
+cp "$BIN" "$T/deltafin" && BIN=$T/deltafin
 REPS=${REPS:-5}; TOKENS=${TOKENS:-256}; THREADS=${THREADS:-4}; BUDGET=${BUDGET:-16M}
 KM=$HERE/models/kimi-mini; KD=$HERE/models/kimi-mini-draft
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$(mktemp -d)}
@@ -34,27 +39,29 @@ P_rep="static const char *names[] = {
 	\"alpha\", \"beta\", \"gamma\", \"delta\",
 	\"alpha\", \"beta\", \"gamma\", \"delta\",
 "
-run1() { # prompt mem draft-args... -> "tok/s acceptance% gate_off ids"
+run1() { # prompt mem draft-args... -> "tok/s acceptance% gate_off ids cpu-tok/s"
     local p=$1 mem=$2; shift 2
     local b=()
     [ "$mem" = budget ] && b=(--ram-budget "$BUDGET" --heat off)
     local e ids
     e=$(mktemp)
     ids=$("$BIN" run --model "$KM" --prompt "$p" --max-new "$TOKENS" --threads "$THREADS" --quiet --print-ids --stats "${b[@]}" "$@" 2>"$e")
-    local tps acc goff
+    local tps acc goff cpu
     tps=$(sed -n 's/^stats: generation .*: \([0-9.]*\) tok\/s.*/\1/p' "$e")
+    cpu=$(sed -n 's/^stats: generation \([0-9]*\) tokens.*CPU time \([0-9.]*\) s.*/\1 \2/p' "$e" | awk '{ printf "%.2f", ($2 > 0 ? ($1 - 1) / $2 : 0) }')
     acc=$(sed -n 's/^stats: draft .*(acceptance \([0-9.]*\)%).*/\1/p' "$e")
     goff=$(sed -n 's/^stats: draft .*gate stopped it \([0-9]*\) times.*/\1/p' "$e")
-    echo "${tps:-ERR} ${acc:--} ${goff:--} $(echo "$ids" | md5sum | cut -c1-8)"
+    echo "${tps:-ERR} ${acc:--} ${goff:--} $(echo "$ids" | md5sum | cut -c1-8) ${cpu:-ERR}"
     rm -f "$e"
 }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+best() { sort -g | tail -1; }
 "$BIN" run --model "$KM" --prompt x --max-new 1 --quiet >/dev/null 2>&1   # convert once
 "$BIN" run --model "$KD" --prompt x --max-new 1 --quiet >/dev/null 2>&1
-echo "| memory | prompt | draft | gen tok/s (median) | vs off | acceptance | gate stops | ids = off |" >>"$R"
-echo "|---|---|---|---:|---:|---:|---:|---|" >>"$R"
-for mem in ram budget; do
-  for pn in text c rep; do
+echo "| memory | prompt | draft | gen tok/s (median) | vs off | best | vs off | per CPU s (median) | vs off | acceptance | gate stops | ids = off |" >>"$R"
+echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" >>"$R"
+for mem in ${MEMS:-ram budget}; do
+  for pn in ${PROMPTS:-text c rep}; do
     eval "p=\$P_$pn"
     base=""; base_ids=""
     for mode in off ngram ngram-nogate draft draft-nogate; do
@@ -65,14 +72,16 @@ for mem in ram budget; do
       rows=()
       for r in $(seq "$REPS"); do rows+=("$(run1 "$p" "$mem" "${a[@]}")"); done
       med=$(printf '%s\n' "${rows[@]}" | awk '{print $1}' | median)
+      top=$(printf '%s\n' "${rows[@]}" | awk '{print $1}' | best)
+      cpu=$(printf '%s\n' "${rows[@]}" | awk '{print $5}' | median)
       acc=$(printf '%s\n' "${rows[@]}" | awk '{print $2}' | head -1)
       goff=$(printf '%s\n' "${rows[@]}" | awk '{print $3}' | sort -u | tr '\n' ' ')
       ids=$(printf '%s\n' "${rows[@]}" | awk '{print $4}' | sort -u)
-      [ "$mode" = off ] && { base=$med; base_ids=$ids; }
+      [ "$mode" = off ] && { base=$med; base_ids=$ids; base_top=$top; base_cpu=$cpu; }
       same=$([ "$ids" = "$base_ids" ] && echo yes || echo "NO ($ids vs $base_ids)")
-      ratio=$(awk -v a="$med" -v b="$base" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }')
-      echo "| $mem | $pn | $mode | $med | $ratio | $acc | $goff | $same |" | tee -a "$R"
-      echo "   runs: $(printf '%s ' "${rows[@]}" | awk '{for (i = 1; i <= NF; i += 4) printf "%s ", $i}')" >>"$OUT/runs.txt"
+      ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }'; }
+      echo "| $mem | $pn | $mode | $med | $(ratio "$med" "$base") | $top | $(ratio "$top" "$base_top") | $cpu | $(ratio "$cpu" "$base_cpu") | $acc | $goff | $same |" | tee -a "$R"
+      echo "$mem $pn $mode runs: $(printf '%s ' "${rows[@]}" | awk '{for (i = 1; i <= NF; i += 5) printf "%s ", $i}')" >>"$OUT/runs.txt"
     done
   done
 done
