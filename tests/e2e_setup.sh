@@ -145,6 +145,34 @@ S2=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
 echo "$out" | grep -q "^stream: network 0.00 MB in 0 expert fetches.*local hits [1-9]" && [ "$S2" = "$L" ] \
     && ok "second streamed run: every expert local (0 fetches), same ids" || bad "second stream run: $out"
 "$BIN" list | grep -q "test/kimi-mini  *streamed [0-9.]*%" && ok "list: streamed x%" || bad "list streamed: $("$BIN" list)"
+out=$("$BIN" doctor --model "$TMP/stream/native" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^experts: streamed install: [1-9][0-9]* fetched experts OK, 0 corrupt" && ok "doctor on a streamed install checks the fetched experts" \
+    || bad "doctor stream: rc $rc $out"
+rm -f "$TMP/port"
+"$BIN" serve --model "$TMP/stream/native" --port 0 --port-file "$TMP/port" 2>"$TMP/serve.log" & sp=$!
+for _ in $(seq 1 300); do [ -s "$TMP/port" ] && break; kill -0 $sp 2>/dev/null || break; sleep 0.1; done
+code=$(curl -s -o "$TMP/compl.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+    -d '{"model":"kimi-mini","messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"temperature":0}' \
+    "http://127.0.0.1:$(cat "$TMP/port" 2>/dev/null)/v1/chat/completions")
+kill -TERM $sp; wait $sp
+[ "$code" = 200 ] && grep -q "^stream: network" "$TMP/serve.log" && ok "serve a streamed install (chat completion 200, stream stats at exit)" \
+    || bad "serve stream: $code $(cat "$TMP/compl.json") $(cat "$TMP/serve.log")"
+le=$(python3 - "$TMP/stream/native" <<'PY'
+import json, struct, sys
+d = sys.argv[1]; b = open(d + "/stream-state.bin", "rb").read(); L, E = struct.unpack("<II", b[8:16])
+l, e = next((l, e) for l in range(L) for e in range(E) if b[16 + l * E + e])
+stride = json.load(open(d + "/manifest.json"))["experts"]["stride"]
+with open("%s/experts-L%03d.pack" % (d, l), "r+b") as f:
+    f.seek(e * stride + 100); c = f.read(1); f.seek(e * stride + 100); f.write(bytes([c[0] ^ 1]))
+print(l, e)
+PY
+)
+out=$("$BIN" doctor --model "$TMP/stream/native" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "streamed expert layer ${le% *} expert ${le#* } in .*experts-L00${le% *}.pack: XXH64" \
+    && ok "doctor names a corrupt fetched expert (layer ${le% *} expert ${le#* })" || bad "doctor corrupt stream: rc $rc $out"
+out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "$out" | grep -q "checksum mismatch in layer ${le% *} expert ${le#* }" && ok "run refuses the corrupt fetched expert (XXH64 recorded at fetch)" \
+    || bad "run on corrupt stream: rc $rc $out"
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
 [ $rc -eq 0 ] && [ ! -e "$TMP/stream/native/stream.json" ] && cmp -s "$TMP/local/experts-L003.pack" "$TMP/stream/native/experts-L003.pack" \
     && ok "setup --full completes a streamed install in place" || bad "complete in place: rc $rc $out"
@@ -189,7 +217,7 @@ expect_fail "401 with a wrong token" "the token in HF_TOKEN was refused" env HF_
 out=$(HF_TOKEN=good $S test/kimi-mini --mirror "$PX/auth" --dir "$TMP/f2b" 2>&1) && ok "the right token (HF_TOKEN) is sent" || bad "token: $out"
 expect_fail "404 repo" "repo test/nope not found on $M" $S test/nope --dir "$TMP/f3"
 expect_fail "404 revision" "revision \"v9\" not found in test/kimi-mini" $S test/kimi-mini --revision v9 --dir "$TMP/f3"
-expect_fail "404 file" "404 Not Found: model-00001-of-00003.safetensors is not in test/kimi-mini" $S test/kimi-mini --mirror "$PX/e404" --dir "$TMP/f4"
+expect_fail "404 file" "404 Not Found: model-0000[123]-of-00003.safetensors is not in test/kimi-mini" $S test/kimi-mini --mirror "$PX/e404" --dir "$TMP/f4"
 expect_fail "500" "answered HTTP 500 after 2 tries" $S test/kimi-mini --mirror "$PX/e500" --dir "$TMP/f5"
 expect_fail "no Range support" "does not support HTTP Range requests" $S test/kimi-mini --mirror "$PX/norange" --dir "$TMP/f6" --chunk 4M
 expect_fail "corrupt byte" "sha256 mismatch for model-00001-of-00003.safetensors .*expected e83929f5" $S test/kimi-mini --mirror "$PX/corrupt" --dir "$TMP/f7"

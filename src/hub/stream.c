@@ -563,6 +563,30 @@ int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t err
     return rc;
 }
 
+int stream_verify_local(stream_src *s, uint64_t *n_ok, uint64_t *n_bad, FILE *f) {
+    *n_ok = *n_bad = 0;
+    uint8_t *buf = df_aligned_alloc(4096, max_extent(s));
+    if (!buf) return DF_ENOMEM;
+    for (int l = 0; l < s->n_layers; l++) {
+        if (!s->nat->by_layer[l]) continue;
+        for (int e = 0; e < s->n_experts; e++) {
+            size_t idx = (size_t)l * (size_t)s->n_experts + (size_t)e;
+            if (!s->present[idx]) continue;
+            char err[1024];
+            int rc = native_read_expert(s->nat, l, e, buf, err, sizeof err);
+            uint64_t x = rc ? 0 : df_xxh64(buf, s->nat->stride);
+            if (rc || x != s->xxh[idx]) {
+                (*n_bad)++;
+                if (rc) fprintf(f, "deltafin doctor: streamed expert layer %d expert %d: %s\n", l, e, err);
+                else fprintf(f, "deltafin doctor: streamed expert layer %d expert %d in %s: XXH64 %016llx, recorded at fetch %016llx\n",
+                             l, e, s->nat->by_layer[l]->files[0], (unsigned long long)x, (unsigned long long)s->xxh[idx]);
+            } else (*n_ok)++;
+        }
+    }
+    df_aligned_free(buf);
+    return (int)(*n_bad > 0x7fffffff ? 0x7fffffff : *n_bad);
+}
+
 uint64_t stream_expert_bytes(stream_src *s, int layer) {
     if (layer < 0 || layer >= s->n_layers || !s->nat->by_layer[layer]) return 0;
     return s->nat->stride;

@@ -49,6 +49,10 @@ void stream_print_stats(stream_src *s, FILE *f);
 int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t errlen);
 /* Bytes one expert extent of `layer` takes in the packs (0 for a dense layer or a bad index). */
 uint64_t stream_expert_bytes(stream_src *s, int layer);
+/* Re-read every expert present locally and compare its XXH64 with the one recorded when it was fetched
+ * (`deltafin doctor`). *n_ok / *n_bad get the counts; each mismatch or read error is printed to `f` naming
+ * layer, expert and pack. Returns n_bad, or <0 DF_E* when nothing could be checked. */
+int stream_verify_local(stream_src *s, uint64_t *n_ok, uint64_t *n_bad, FILE *f);
 /* Close (after the model that used it is closed). */
 void stream_close(stream_src *s);
 /* Share of routed experts present locally, from stream-state.bin; -1 when unreadable. */
