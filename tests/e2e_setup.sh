@@ -173,9 +173,16 @@ out=$("$BIN" doctor --model "$TMP/stream/native" 2>&1); rc=$?
 out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "checksum mismatch in layer ${le% *} expert ${le#* }" && ok "run refuses the corrupt fetched expert (XXH64 recorded at fetch)" \
     || bad "run on corrupt stream: rc $rc $out"
+BEFORE=$(shards_bytes "$P1")
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
+GOT=$(( $(shards_bytes "$P1") - BEFORE ))
+KEPT=$(echo "$out" | sed -n 's/.*: \([0-9.]*\) MB already here are kept$/\1/p')
 [ $rc -eq 0 ] && [ ! -e "$TMP/stream/native/stream.json" ] && cmp -s "$TMP/local/experts-L003.pack" "$TMP/stream/native/experts-L003.pack" \
-    && ok "setup --full completes a streamed install in place" || bad "complete in place: rc $rc $out"
+    && cmp -s "$TMP/local/spine.bin" "$TMP/stream/native/spine.bin" \
+    && ok "setup --full completes a streamed install in place (native files = local convert)" || bad "complete in place: rc $rc $out"
+python3 -c "import sys; k=float(sys.argv[1]); got=int(sys.argv[2]); tot=int(sys.argv[3]); sys.exit(not (k > 14 and abs(got - (tot - k * 1e6)) < 1e5))" \
+    "${KEPT:-0}" "$GOT" "$TOTAL" && ok "completing keeps what was streamed: $KEPT MB kept, $GOT shard bytes fetched of $TOTAL" \
+    || bad "completing: kept '$KEPT' MB, fetched $GOT of $TOTAL: $out"
 
 # ---- a bounded disk cache (--disk-budget): coldest experts evicted, same ids
 "$BIN" setup test/kimi-mini --stream --disk-budget 3M --dir "$TMP/bounded" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream --disk-budget"

@@ -307,13 +307,21 @@ int cmd_setup(int argc, char **argv) {
     }
 
     /* 4. download (a streamed install being completed: its sparse shards are fetched whole now) */
-    if (!stream && was_streamed)
+    if (!stream && was_streamed) {
+        /* keep what the streamed install holds (headers, spine, fetched experts): the shards resume from it */
+        uint64_t kept_all = 0;
         for (int i = 0; i < n; i++) {
-            char p[4200], m[4300];
-            snprintf(p, sizeof p, "%s/%s", dl_dir, files[i].name);
-            snprintf(m, sizeof m, "%s.spine-ok", p);
-            if (df_path_exists(m)) { unlink(p); unlink(m); }
+            uint64_t kept = 0;
+            if ((rc = stream_seed_full(nat_dir, dl_dir, files[i].name, files[i].size, files[i].sha256, (uint64_t)1 << 20, &kept,
+                                       err, sizeof err))) {
+                fprintf(stderr, "deltafin setup: %s\n", err);
+                free(files);
+                return 1;
+            }
+            kept_all += kept;
         }
+        fprintf(stderr, "setup: completing the streamed install in %s: %.1f MB already here are kept\n", dir, kept_all / 1e6);
+    }
     uint64_t spine_fetched = 0;
     double ts0 = df_now();
     if (stream) {

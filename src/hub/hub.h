@@ -99,6 +99,12 @@ void hub_dl_opts_default(hub_dl_opts *o);
 int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir, hub_dl_opts *o, char *err,
                  size_t errlen);
 
+/* Turn the file at `path` (size bytes, already holding some of its bytes) into path.partial with a
+ * sidecar saying which bytes are there: done[i] = bytes present from the start of chunk i (chunk bytes
+ * each), so hub_download resumes it and fetches only the rest. DF_EIO naming the file. */
+int hub_seed_partial(const char *path, uint64_t size, const char *sha256, uint64_t chunk, const uint64_t *done,
+                     uint64_t nchunks, char *err, size_t errlen);
+
 /* sha256 of a whole file as lowercase hex. DF_EIO naming it. */
 int hub_sha256_file(const char *path, char out[65], char *err, size_t errlen);
 

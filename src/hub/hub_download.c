@@ -259,6 +259,27 @@ static int open_partial(dl_file *df, char *err, size_t errlen) {
     return 0;
 }
 
+int hub_seed_partial(const char *path, uint64_t size, const char *sha256, uint64_t chunk, const uint64_t *done,
+                     uint64_t nchunks, char *err, size_t errlen) {
+    char part[4200], state[4300];
+    snprintf(part, sizeof part, "%s.partial", path);
+    snprintf(state, sizeof state, "%s.partial.state", path);
+    unsigned char hdr[STATE_HDR];
+    memset(hdr, 0, sizeof hdr);
+    memcpy(hdr, "DFDL1\0\0\0", 8);
+    memcpy(hdr + 8, &size, 8);
+    memcpy(hdr + 16, &chunk, 8);
+    memcpy(hdr + 24, sha256, strlen(sha256) < 64 ? strlen(sha256) : 64);
+    int fd = open(state, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int rc = fd < 0 || df_pwrite_all(fd, hdr, STATE_HDR, 0) || df_pwrite_all(fd, done, 8 * nchunks, STATE_HDR) || fsync(fd);
+    if (fd >= 0) close(fd);
+    if (rc || rename(path, part) != 0) {
+        unlink(state);
+        return df_set_errc(err, errlen, DF_EIO, "cannot turn %s into a partial download: %s", path, strerror(errno));
+    }
+    return df_fsync_dir_of(part, err, errlen);
+}
+
 static uint64_t chunk_len(const dl_file *df, uint64_t i) {
     return i + 1 < df->nchunks ? df->chunk : df->f->size - i * df->chunk;
 }

@@ -563,6 +563,91 @@ int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t err
     return rc;
 }
 
+/* "...layers.L.<block>.experts.E...." -> L, E; 0 when the name is no routed expert's. */
+static int expert_of(const char *n, int *layer, int *expert) {
+    const char *p = strstr(n, "layers."), *q = strstr(n, ".experts.");
+    if (!p || !q || q[9] < '0' || q[9] > '9') return 0;
+    *layer = atoi(p + 7);
+    *expert = atoi(q + 9);
+    return 1;
+}
+
+int stream_seed_full(const char *model_dir, const char *dir, const char *file, uint64_t size, const char *sha256,
+                     uint64_t chunk, uint64_t *kept, char *err, size_t errlen) {
+    char path[4200], mark[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    snprintf(mark, sizeof mark, "%s.spine-ok", path);
+    *kept = 0;
+    if (!df_path_exists(mark)) return 0;
+    int fdp = -1;
+    uint8_t *present = NULL;
+    uint64_t *xxh = NULL;
+    df_native *nat = NULL;
+    int rc = native_open(&nat, model_dir, err, errlen);
+    if (!rc) rc = load_state(model_dir, nat->cfg.num_hidden_layers, nat->n_experts, &fdp, &present, &xxh, err, errlen);
+    int L = nat ? nat->cfg.num_hidden_layers : 0, E = nat ? nat->n_experts : 0;
+    if (nat) native_close(nat);
+    if (fdp >= 0) close(fdp);
+    free(xxh);
+    char *hdr = NULL;
+    uint64_t hlen = 0;
+    int fd = rc ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+    if (!rc && (fd < 0 || df_pread_all(fd, &hlen, 8, 0) || hlen > ((uint64_t)100 << 20) || 8 + hlen > size ||
+                !(hdr = malloc(hlen + 1)) || df_pread_all(fd, hdr, hlen, 8)))
+        rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: cannot read its safetensors header", path);
+    if (fd >= 0) close(fd);
+    cJSON *j = NULL;
+    if (!rc) { hdr[hlen] = 0; j = cJSON_Parse(hdr); }
+    free(hdr);
+    if (!rc && !cJSON_IsObject(j)) rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: safetensors header is not JSON", path);
+    span *sp = NULL;
+    int k = 0;
+    if (!rc) {
+        sp = calloc((size_t)cJSON_GetArraySize(j) + 1, sizeof(span));
+        if (!sp) rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+    }
+    if (!rc) {
+        sp[k++] = (span){0, 8 + hlen};
+        const cJSON *t;
+        cJSON_ArrayForEach(t, j) {
+            if (!t->string || !strcmp(t->string, "__metadata__")) continue;
+            int l, e;
+            if (expert_of(t->string, &l, &e) && !(l >= 0 && l < L && e >= 0 && e < E && present[(size_t)l * (size_t)E + (size_t)e]))
+                continue;
+            const cJSON *o = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+            if (cJSON_GetArraySize(o) != 2) continue;
+            uint64_t b = 8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 0)->valuedouble, en = 8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 1)->valuedouble;
+            if (en > b && en <= size) sp[k++] = (span){b, en};
+        }
+        qsort(sp, (size_t)k, sizeof(span), cmp_span);
+    }
+    cJSON_Delete(j);
+    free(present);
+    uint64_t nch = (size + chunk - 1) / chunk;
+    uint64_t *done = rc ? NULL : calloc(nch ? nch : 1, 8);
+    if (!rc && !done) rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+    if (!rc) {
+        /* merged spans, then per chunk the covered prefix from its start */
+        int m = 0;
+        for (int i = 0; i < k; i++) {
+            if (m && sp[i].b <= sp[m - 1].e) { if (sp[i].e > sp[m - 1].e) sp[m - 1].e = sp[i].e; }
+            else sp[m++] = sp[i];
+        }
+        int si = 0;
+        for (uint64_t c = 0; c < nch; c++) {
+            uint64_t c0 = c * chunk, c1 = c0 + chunk < size ? c0 + chunk : size;
+            while (si < m && sp[si].e <= c0) si++;
+            if (si < m && sp[si].b <= c0) done[c] = (sp[si].e < c1 ? sp[si].e : c1) - c0;
+            *kept += done[c];
+        }
+        rc = hub_seed_partial(path, size, sha256, chunk, done, nch, err, errlen);
+        if (!rc) unlink(mark);
+    }
+    free(done);
+    free(sp);
+    return rc;
+}
+
 int stream_verify_local(stream_src *s, uint64_t *n_ok, uint64_t *n_bad, FILE *f) {
     *n_ok = *n_bad = 0;
     uint8_t *buf = df_aligned_alloc(4096, max_extent(s));

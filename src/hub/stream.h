@@ -49,6 +49,13 @@ void stream_print_stats(stream_src *s, FILE *f);
 int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t errlen);
 /* Bytes one expert extent of `layer` takes in the packs (0 for a dense layer or a bad index). */
 uint64_t stream_expert_bytes(stream_src *s, int layer);
+/* `setup --full` on a streamed install: make the sparse shard DIR/FILE a resumable partial download that
+ * keeps what is there (header, spine tensors, the tensors of every expert fetched so far; from the shard's
+ * header and model_dir's stream-state.bin), in chunks of `chunk` bytes. *kept gets the bytes kept. A shard
+ * without FILE.spine-ok is left alone. */
+int stream_seed_full(const char *model_dir, const char *dir, const char *file, uint64_t size, const char *sha256,
+                     uint64_t chunk, uint64_t *kept, char *err, size_t errlen);
+
 /* Re-read every expert present locally and compare its XXH64 with the one recorded when it was fetched
  * (`deltafin doctor`). *n_ok / *n_bad get the counts; each mismatch or read error is printed to `f` naming
  * layer, expert and pack. Returns n_bad, or <0 DF_E* when nothing could be checked. */
