@@ -124,6 +124,14 @@ echo "$out" | grep -q "download: .*MB/s  ETA" && ok "progress line (bytes, rate,
 out=$("$BIN" setup test/kimi-mini-noapi --dir "$TMP/noapi" --no-default --quiet 2>&1); rc=$?
 [ $rc -eq 0 ] && cmp -s "$TMP/local/spine.bin" "$TMP/noapi/native/spine.bin" && ok "mirror without listing API (index + HEAD)" || bad "noapi: rc $rc $out"
 
+# ---- the hub's redirect of LFS files (302 + X-Linked-Size / X-Linked-Etag): listing-less mirror (HEADs) and streaming
+out=$("$BIN" setup test/kimi-mini-noapi --mirror "$PX/redirect" --dir "$TMP/redir" --no-default --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && cmp -s "$TMP/local/spine.bin" "$TMP/redir/native/spine.bin" && ok "LFS files behind a 302 (sizes and sha256 from X-Linked-*)" \
+    || bad "redirect: rc $rc $out"
+"$BIN" setup test/kimi-mini --stream --mirror "$PX/redirect" --dir "$TMP/redir-st" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream behind a 302"
+R=$("$BIN" run --model "$TMP/redir-st/native" --prompt-ids $IDS --max-new 8 --print-ids --quiet 2>&1 | tail -1)
+[ "$R" = "$L" ] && ok "streaming behind a 302: same ids ($R)" || bad "stream redirect: '$R' want '$L'"
+
 # ---- dropped connections are retried
 out=$("$BIN" setup test/kimi-mini --mirror "$PX/drop" --dir "$TMP/drop" --no-default --chunk 4M 2>&1); rc=$?
 r=$(echo "$out" | sed -n 's/.* retries \([0-9]*\)$/\1/p' | tail -1)

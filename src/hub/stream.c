@@ -161,6 +161,7 @@ int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint6
                                          (unsigned long long)e, (unsigned long long)size); break; }
         for (uint64_t o = b; o < e && !rc; o += cap) {
             uint64_t len = e - o < cap ? e - o : cap;
+            if (df_interrupted()) { rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted; run the same setup again to resume"); break; }
             rc = hub_get_range(h, file, o, len, buf, sha256, err, errlen);
             if (!rc && df_pwrite_all(fd, buf, len, o)) rc = df_set_errc(err, errlen, DF_EIO, "cannot write %s: %s", path, strerror(errno));
             if (!rc) *fetched += len;

@@ -7,7 +7,8 @@
                                        LFS files, the listing API) and throttled on SLOWPORT
   mirror.py proxy PORT UPSTREAM_PORT   a fault proxy in front of nginx: http://127.0.0.1:PORT/MODE/... is
                                        UPSTREAM/... with MODE's fault on .safetensors requests:
-                                       ok, drop (the first 3 ranged answers end halfway), e500, e404, auth
+                                       ok, drop (the first 3 ranged answers end halfway), e500, e404, auth,
+                                       redirect (302 to nginx with X-Linked-Size / X-Linked-Etag, as the hub)
                                        (401 without "Bearer good"), norange (Range ignored: 200 whole file),
                                        corrupt (one byte of model-00001 flipped)
 Repos: test/kimi-mini (listing API), test/kimi-mini-noapi (no listing: the index is the listing),
@@ -120,6 +121,23 @@ class Proxy(http.server.BaseHTTPRequestHandler):
             return self.plain(404, b"Entry not found\n", head)
         if mode == "auth" and self.headers.get("Authorization") != "Bearer good":
             return self.plain(401, b"Invalid credentials\n", head)
+        if weights and mode == "redirect":
+            # as the hub does for LFS files: 302 to the storage backend, with X-Linked-Size / X-Linked-Etag
+            c = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=30)
+            c.request("HEAD", rest)
+            r = c.getresponse()
+            r.read()
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.1:%d%s" % (self.upstream, rest))
+            for k in ("X-Linked-Size", "X-Linked-Etag"):
+                if r.getheader(k):
+                    self.send_header(k, r.getheader(k))
+            self.send_header("ETag", '"0123456789abcdef0123456789abcdef01234567"')  # the pointer file's git id
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            return
         hdrs = {}
         if self.headers.get("Range") and not (mode == "norange" and weights):
             hdrs["Range"] = self.headers["Range"]
