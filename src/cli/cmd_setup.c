@@ -368,6 +368,7 @@ int cmd_setup(int argc, char **argv) {
     df_convert_opts_default(&co);
     co.expert_dirs = expert_dirs;
     co.threads = threads;
+    co.sparse_experts = stream; /* experts not fetched yet stay holes in the packs */
     conv_prog cp = {df_now(), 0, 0, quiet, 0};
     co.progress = on_convert;
     co.progress_user = &cp;
