@@ -238,6 +238,8 @@ expect_fail "no Range support" "does not support HTTP Range requests" $S test/ki
 expect_fail "corrupt byte" "sha256 mismatch for model-00001-of-00003.safetensors .*expected e83929f5" $S test/kimi-mini --mirror "$PX/corrupt" --dir "$TMP/f7"
 [ ! -e "$TMP/f7/kimi-mini/model-00001-of-00003.safetensors" ] && [ ! -e "$TMP/f7/kimi-mini/model-00001-of-00003.safetensors.partial" ] && [ ! -d "$TMP/f7/native" ] \
     && ok "corrupt file removed, nothing converted" || bad "corrupt: files left: $(ls -R "$TMP/f7")"
+expect_fail "corrupt small file" "git blob id mismatch for tokenizer_config.json: expected $(python3 -c 'import hashlib,sys; d=open(sys.argv[1],"rb").read(); print(hashlib.sha1(b"blob %d\0" % len(d) + d).hexdigest())' "$ROOT/models/kimi-mini/tokenizer_config.json")" \
+    $S test/kimi-mini --mirror "$PX/corruptsmall" --dir "$TMP/f7s"
 before=$(grep -c "test/llama/resolve/main/.*safetensors" "$TMP/access.log")
 expect_fail "unsupported architecture" "test/llama cannot be run by deltafin: .*llama.*nothing was downloaded" $S test/llama --dir "$TMP/f8"
 [ "$(grep -c "test/llama/resolve/main/.*safetensors" "$TMP/access.log")" = "$before" ] && ok "unsupported architecture: no weight requested" || bad "llama weights requested"

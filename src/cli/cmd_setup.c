@@ -257,7 +257,7 @@ int cmd_setup(int argc, char **argv) {
         int is_st = strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json");
         if (files[i].size == 0 || (is_st && !files[i].sha256[0])) {
             hub_file f;
-            int hr = hub_head(&h, files[i].name, &f, NULL, err, sizeof err);
+            int hr = hub_head(&h, files[i].name, &f, err, sizeof err);
             if (hr < 0) { fprintf(stderr, "deltafin setup: %s\n", err); free(files); return 1; }
             if (hr == 0) files[i] = f;
         }

@@ -236,8 +236,8 @@ static void etag_bare(const char *in, char *out, size_t cap) {
 }
 
 /* HEAD one file: size (X-Linked-Size, else Content-Length) and sha256 (X-Linked-Etag, else ETag, when 64 hex),
- * or the git blob sha1 (40 hex) into sha1 (may be NULL). 1 = absent (404), 0 = found, <0 error. */
-int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *sha1, char *err, size_t errlen) {
+ * or the git blob id (40 hex) into f->sha1. 1 = absent (404), 0 = found, <0 error. */
+int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *err, size_t errlen) {
     char url[2048];
     hub_file_url(h, file, url, sizeof url);
     hdrs hd;
@@ -255,7 +255,8 @@ int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *sha1, char *
     etag_bare(hd.linked_etag[0] ? hd.linked_etag : hd.etag, tag, sizeof tag);
     f->sha256[0] = 0;
     if (is_hex(tag, 64)) snprintf(f->sha256, sizeof f->sha256, "%.64s", tag);
-    if (sha1) { sha1[0] = 0; if (is_hex(tag, 40)) snprintf(sha1, 41, "%.40s", tag); }
+    f->sha1[0] = 0;
+    if (is_hex(tag, 40)) snprintf(f->sha1, sizeof f->sha1, "%.40s", tag);
     return 0;
 }
 
@@ -312,11 +313,19 @@ int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errle
             const cJSON *sz = cJSON_GetObjectItemCaseSensitive(lfs ? lfs : s, "size");
             if (!sz && lfs) sz = cJSON_GetObjectItemCaseSensitive(s, "size");
             const cJSON *sha = lfs ? cJSON_GetObjectItemCaseSensitive(lfs, "sha256") : NULL;
+            const cJSON *blob = lfs ? NULL : cJSON_GetObjectItemCaseSensitive(s, "blobId");
             if (add_file(files, n, &cap, fn->valuestring, cJSON_IsNumber(sz) ? (uint64_t)sz->valuedouble : 0,
                          cJSON_IsString(sha) ? sha->valuestring : NULL)) {
                 cJSON_Delete(root);
                 free(b.buf);
                 return df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+            }
+            if (cJSON_IsString(blob) && is_hex(blob->valuestring, 40)) {
+                hub_file *last = &(*files)[*n - 1];
+                if (!strcmp(last->name, fn->valuestring)) {
+                    snprintf(last->sha1, sizeof last->sha1, "%.40s", blob->valuestring);
+                    for (char *q = last->sha1; *q; q++) *q = (char)tolower((unsigned char)*q);
+                }
             }
         }
         cJSON_Delete(root);
@@ -329,7 +338,7 @@ int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errle
     hub_file f;
     rc = hub_get_file(h, "model.safetensors.index.json", &idx, NULL, err, errlen);
     if (rc == DF_EINVAL && strstr(err, " 404 ")) {
-        int hr = hub_head(h, "config.json", &f, NULL, err, errlen);
+        int hr = hub_head(h, "config.json", &f, err, errlen);
         if (hr < 0) return hr;
         if (hr == 1) {
             /* repo or revision? the repo's own API entry tells where the mirror has one */
@@ -365,7 +374,7 @@ int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errle
     for (int i = 0; i < *n; i++) {
         char name[512];
         snprintf(name, sizeof name, "%s", (*files)[i].name);
-        int hr = hub_head(h, name, &f, NULL, err, errlen);
+        int hr = hub_head(h, name, &f, err, errlen);
         if (hr < 0) { free(*files); *files = NULL; *n = 0; return hr; }
         if (hr == 1) {
             if (strstr(name, ".safetensors") && !strstr(name, ".index.json")) {

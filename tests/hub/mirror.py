@@ -10,7 +10,8 @@
                                        ok, drop (the first 3 ranged answers end halfway), e500, e404, auth,
                                        redirect (302 to nginx with X-Linked-Size / X-Linked-Etag, as the hub)
                                        (401 without "Bearer good"), norange (Range ignored: 200 whole file),
-                                       corrupt (one byte of model-00001 flipped)
+                                       corrupt (one byte of model-00001 flipped), corruptsmall (the first
+                                       byte of tokenizer_config.json flipped: a git file, checked by blob id)
 Repos: test/kimi-mini (listing API), test/kimi-mini-noapi (no listing: the index is the listing),
 test/llama (model_type llama: unsupported).
 """
@@ -66,8 +67,9 @@ def build(root, port, slow_port):
                 locs.append('    location = /%s/resolve/main/%s { etag off; add_header X-Linked-Size %d; '
                             'add_header X-Linked-Etag "\\"%s\\""; add_header ETag "\\"%s\\""; }' % (repo, name, size, h, h))
             else:
+                sib["blobId"] = git_blob_sha1(p)
                 locs.append('    location = /%s/resolve/main/%s { etag off; add_header ETag "\\"%s\\""; }'
-                            % (repo, name, git_blob_sha1(p)))
+                            % (repo, name, sib["blobId"]))
             siblings.append(sib)
         if api:
             a = os.path.join(www, "api", "models", repo)
@@ -158,6 +160,8 @@ class Proxy(http.server.BaseHTTPRequestHandler):
                 b = bytearray(body)
                 b[off - a] ^= 0x01
                 body = bytes(b)
+        if mode == "corruptsmall" and not head and rest.endswith("/tokenizer_config.json") and body:
+            body = bytes([body[0] ^ 0x01]) + body[1:]
         self.send_response(r.status)
         for k, v in r.getheaders():
             if k.lower() not in ("connection", "transfer-encoding", "keep-alive", "server", "date"):
