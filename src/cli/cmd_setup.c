@@ -335,7 +335,7 @@ int cmd_setup(int argc, char **argv) {
         for (int i = 0; i < n && !rc; i++) {
             if (!(strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))) continue;
             uint64_t got = 0;
-            rc = stream_fetch_spine(&h, dl_dir, files[i].name, files[i].size, files[i].sha256, &got, err, sizeof err);
+            rc = stream_fetch_spine(&h, dl_dir, files[i].name, files[i].size, files[i].sha256, dl.connections, &got, err, sizeof err);
             spine_fetched += got;
             if (!quiet && !rc) fprintf(stderr, "  %-60s spine %.1f MB of %.1f MB\n", files[i].name, got / 1e6, files[i].size / 1e6);
         }

@@ -109,7 +109,42 @@ static int cmp_span(const void *a, const void *b) {
     return x->b < y->b ? -1 : x->b > y->b;
 }
 
-int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint64_t size, const char *sha256,
+typedef struct {
+    const hub_ctx *h;
+    const char *file, *path, *sha256;
+    int fd;
+    span *pieces;
+    uint64_t n, next, fetched;
+    int rc;
+    char err[1024];
+    pthread_mutex_t mu;
+} spine_job;
+
+static void *spine_worker(void *arg) {
+    spine_job *J = arg;
+    uint8_t *buf = malloc((size_t)4 << 20);
+    for (;;) {
+        pthread_mutex_lock(&J->mu);
+        int stop = J->rc || J->next >= J->n || !buf;
+        if (!buf && !J->rc) { J->rc = DF_ENOMEM; snprintf(J->err, sizeof J->err, "out of memory"); }
+        if (!stop && df_interrupted()) { J->rc = DF_ECANCELLED; snprintf(J->err, sizeof J->err, "interrupted; run the same setup again to resume"); stop = 1; }
+        span p = stop ? (span){0, 0} : J->pieces[J->next++];
+        pthread_mutex_unlock(&J->mu);
+        if (stop) break;
+        char e[1024];
+        uint64_t len = p.e - p.b;
+        int rc = hub_get_range(J->h, J->file, p.b, len, buf, J->sha256, e, sizeof e);
+        if (!rc && df_pwrite_all(J->fd, buf, len, p.b)) rc = df_set_errc(e, sizeof e, DF_EIO, "cannot write %s: %s", J->path, strerror(errno));
+        pthread_mutex_lock(&J->mu);
+        if (rc && !J->rc) { J->rc = rc; snprintf(J->err, sizeof J->err, "%s", e); }
+        if (!rc) J->fetched += len;
+        pthread_mutex_unlock(&J->mu);
+    }
+    free(buf);
+    return NULL;
+}
+
+int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint64_t size, const char *sha256, int connections,
                        uint64_t *fetched, char *err, size_t errlen) {
     const hub_ctx *h = hub;
     char path[4200], mark[4300];
@@ -151,24 +186,38 @@ int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint6
     cJSON_Delete(j);
     if (!sp) { close(fd); return df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); }
     qsort(sp, (size_t)k, sizeof(span), cmp_span);
-    size_t cap = (size_t)64 << 20;
-    uint8_t *buf = malloc(cap);
-    for (int i = 0; i < k && !rc && buf;) {
-        uint64_t b = sp[i].b, e = sp[i].e;
-        while (i + 1 < k && sp[i + 1].b <= e) { i++; if (sp[i].e > e) e = sp[i].e; } /* adjacent tensors: one range */
-        i++;
-        if (e > size) { rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: a tensor ends past the file (%llu > %llu)", file,
-                                         (unsigned long long)e, (unsigned long long)size); break; }
-        for (uint64_t o = b; o < e && !rc; o += cap) {
-            uint64_t len = e - o < cap ? e - o : cap;
-            if (df_interrupted()) { rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted; run the same setup again to resume"); break; }
-            rc = hub_get_range(h, file, o, len, buf, sha256, err, errlen);
-            if (!rc && df_pwrite_all(fd, buf, len, o)) rc = df_set_errc(err, errlen, DF_EIO, "cannot write %s: %s", path, strerror(errno));
-            if (!rc) *fetched += len;
-        }
+    /* merged spans (adjacent tensors: one range), cut into pieces of at most 4 MiB, fetched by `connections` threads */
+    int m = 0;
+    for (int i = 0; i < k; i++) {
+        if (m && sp[i].b <= sp[m - 1].e) { if (sp[i].e > sp[m - 1].e) sp[m - 1].e = sp[i].e; }
+        else sp[m++] = sp[i];
     }
-    if (!buf) rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
-    free(buf);
+    spine_job J = {h, file, path, sha256, fd, NULL, 0, 0, 0, 0, "", PTHREAD_MUTEX_INITIALIZER};
+    const uint64_t piece = (uint64_t)4 << 20;
+    uint64_t np = 0;
+    for (int i = 0; i < m; i++) {
+        if (sp[i].e > size) { rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: a tensor ends past the file (%llu > %llu)", file,
+                                               (unsigned long long)sp[i].e, (unsigned long long)size); break; }
+        np += (sp[i].e - sp[i].b + piece - 1) / piece;
+    }
+    if (!rc && np) {
+        J.pieces = malloc(sizeof(span) * np);
+        if (!J.pieces) rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+        for (int i = 0; i < m && J.pieces; i++)
+            for (uint64_t o = sp[i].b; o < sp[i].e; o += piece) J.pieces[J.n++] = (span){o, o + piece < sp[i].e ? o + piece : sp[i].e};
+    }
+    if (!rc && J.n) {
+        int nt = connections < 1 ? 1 : connections > 32 ? 32 : connections;
+        if ((uint64_t)nt > J.n) nt = (int)J.n;
+        pthread_t th[32];
+        int started = 0;
+        for (int t = 0; t < nt; t++) if (pthread_create(&th[t], NULL, spine_worker, &J) == 0) started++;
+        if (!started) spine_worker(&J);
+        for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+        if (J.rc) rc = df_set_errc(err, errlen, J.rc, "%s", J.err);
+        *fetched += J.fetched;
+    }
+    free(J.pieces);
     free(sp);
     if (!rc && fdatasync(fd) != 0) rc = df_set_errc(err, errlen, DF_EIO, "cannot sync %s: %s", path, strerror(errno));
     close(fd);

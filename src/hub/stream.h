@@ -70,9 +70,10 @@ double stream_local_fraction(const char *model_dir);
 int stream_init_files(const char *model_dir, const char *json_text, char *err, size_t errlen);
 
 /* `setup --stream`: make DIR/FILE the sparse copy of shard FILE (size bytes, sha256): its header and
- * every tensor that is not a routed expert fetched by range, the rest left as holes. Resumable per shard
+ * every tensor that is not a routed expert fetched by range (pieces of at most 4 MiB on `connections`
+ * threads), the rest left as holes. Resumable per shard
  * (FILE.spine-ok marks a finished one). *fetched gets the bytes downloaded. */
-int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint64_t size, const char *sha256,
+int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint64_t size, const char *sha256, int connections,
                        uint64_t *fetched, char *err, size_t errlen);
 
 #endif
