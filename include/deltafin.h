@@ -80,7 +80,8 @@ typedef struct {
     const char *cache_dir;      /* where an HF directory is converted on first open; NULL = $XDG_CACHE_HOME/deltafin */
     df_spine_mode spine;        /* used when `path` is an HF directory that must be converted */
     const char *events_path;    /* JSONL per-token I/O events; NULL = off */
-    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels) */
+    const char *backend;        /* "cpu" (default), "cpu-scalar" (reference kernels), "cuda", "auto" (cuda when a
+                                   CUDA device is present); NULL = env DF_BACKEND if set, else "cpu" */
     df_progress_fn progress;    /* conversion / load progress; may be NULL */
     void *progress_user;
     /* added by the engine (append-only): */
@@ -90,10 +91,15 @@ typedef struct {
                                    Alias: env DF_PREFETCH=1|0 when this is 0. Never changes results. */
     const char *heat_path;      /* persistent expert heat histogram: NULL = <native model dir>/heat.bin when a
                                    ram_budget is set; "off" = none. Learned across runs; never changes results. */
-    /* appended (streamed installs, `deltafin setup --stream`): where routed experts not yet on local disk come
-     * from: a `store_remote` (src/store/store.h), e.g. stream_remote() of src/hub/stream.h; NULL = all local.
+    int n_seq;                  /* with ram_budget: sessions whose KV caches (kv_positions each) the budget
+                                   reserves, e.g. serve --parallel; 0 = 1 */
+    /* streamed installs (`deltafin setup --stream`): where routed experts not yet on local disk come from:
+     * a `store_remote` (src/store/store.h), e.g. stream_remote() of src/hub/stream.h; NULL = all local.
      * Changes where bytes come from, never results. */
     const void *remote_source;
+    /* the CUDA backend (docs/cuda.md): */
+    uint64_t gpu_budget;        /* backend cuda: GPU memory for the routed-expert cache (the first expert tier);
+                                   0 = all free GPU memory less 1 GiB. The spine is cached beside it. */
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);
@@ -296,8 +302,112 @@ const char *df_phase_name(int phase);
 void df_model_stats(const df_model *m, df_stats *out);
 void df_model_stats_reset(df_model *m);
 
+/* ------------------------------------------------------------ batched eval */
+
+/* Append tokens to several sessions of one model and evaluate them all in ONE forward pass: the rows of
+ * every session go through each layer together (rows grouped by expert: each expert a layer needs is read
+ * once for the whole batch), each row attending to its own session's KV cache / KDA state at its own
+ * position. sessions[i] gets n[i] >= 1 tokens ids[i][0..n[i]). logits (may be NULL): n_seq rows of n_vocab
+ * floats (the last position of each session, in order), or with DF_EVAL_ALL_LOGITS sum(n) rows (session
+ * after session). Each session's logits and state are bit-identical to df_eval on it alone (the kernels
+ * are batch-invariant). Errors: DF_EINVAL (sessions of different models, one session twice, n[i] < 1),
+ * DF_ECONTEXT (a session would overflow; nothing is evaluated), DF_ENOMEM, and df_eval's; on an error no
+ * session changes. One forward pass at a time per model (df_eval and df_eval_batch serialize). */
+int df_eval_batch(df_session *const *sessions, const int32_t *const *ids, const int *n, int n_seq, float *logits,
+                  int flags, char *err, size_t errlen);
+
 /* Human-readable message for an error code. */
 const char *df_strerror(int code);
+
+/* ------------------------------------------------------ speculative decoding */
+
+/* df_eval flag: the session's rollback snapshot becomes the state *before* this call's tokens
+ * (tokens pending from an earlier truncation are evaluated first, in their own pass), instead of
+ * the state after them. For models with recurrent (KDA) layers, a df_session_truncate to any
+ * position at or after that point then restores the snapshot and re-evaluates only the kept
+ * tokens past it (in front of the next df_eval); without the flag a truncation into a
+ * multi-token call's tokens goes back to an older snapshot or position 0. No effect on models
+ * without recurrent layers. Speculative verification sets it. */
+enum { DF_EVAL_MARK = 2 };
+
+/* A drafter proposes tokens that continue a token history; the target model then verifies them
+ * (df_spec_*). Drafts need not be right: they only change speed, never the output. */
+typedef struct df_drafter df_drafter;
+
+/* Prompt lookup (n-gram) drafter, no model: finds the most recent earlier occurrence of the
+ * history's last n tokens (n from n_max down to n_min, 1 <= n_min <= n_max <= 16) and proposes
+ * the tokens that followed it. Defaults (0, 0): n_max 4, n_min 2. DF_EINVAL for bad n. */
+int df_drafter_ngram_new(df_drafter **out, int n_max, int n_min, char *err, size_t errlen);
+/* Draft-model drafter: a session of n_ctx positions (0 = the model's default) on `draft`, which
+ * must share the target's vocabulary (same tokenizer; checked by the caller's df_spec_new:
+ * vocabulary sizes must match). It proposes the draft model's greedy (argmax) tokens, catching
+ * its session up with the history first (common prefix kept). The model stays owned by the
+ * caller and must outlive the drafter. */
+int df_drafter_model_new(df_drafter **out, df_model *draft, int n_ctx, char *err, size_t errlen);
+/* Draft-model drafter with a different tokenizer: the draft model continues the *text* of the
+ * history (target ids detokenized with target_tok, re-tokenized with the draft's own tokenizer),
+ * and its drafted text is re-tokenized with target_tok; only the ids up to the last token
+ * boundary both tokenizations agree on are proposed. Tokenizers stay owned by the caller. */
+int df_drafter_retok_new(df_drafter **out, df_model *draft, const df_tokenizer *target_tok, int n_ctx, char *err,
+                         size_t errlen);
+void df_drafter_free(df_drafter *d);
+/* "ngram", "model" or "model-retok". */
+const char *df_drafter_kind(const df_drafter *d);
+
+typedef struct {
+    int k_max;           /* most tokens drafted per verification, 1..64 (default 8) */
+    int adaptive;        /* 1 (default): k follows the recent acceptance (grows after a fully accepted
+                            draft, shrinks to the accepted length + 1 after a rejection); 0: always k_max */
+    int gate;            /* 1 (default): switch drafting off when it does not pay (see df_spec_step) */
+    int window;          /* generated tokens per measurement window of the gate (default 32, at least 16) */
+    int retry;           /* generated tokens decoded plainly before drafting is tried again after the gate
+                            switched it off (default 256; doubles each time it fails again, up to 16x) */
+} df_spec_opts;
+
+void df_spec_opts_default(df_spec_opts *o);
+
+/* The session's context size in positions (what df_session_new resolved n_ctx to). */
+int df_session_n_ctx(const df_session *s);
+/* The model a session belongs to. */
+df_model *df_session_model(const df_session *s);
+
+typedef struct {
+    uint64_t generated;        /* tokens produced by df_spec_step (the caller's first token excluded) */
+    uint64_t drafted;          /* draft tokens sent to verification */
+    uint64_t accepted;         /* of them, accepted */
+    uint64_t verify_calls;     /* multi-token verification evals */
+    uint64_t plain_steps;      /* one-token evals (drafting off, or no draft proposed) */
+    uint64_t gate_off;         /* times the gate switched drafting off */
+    double draft_s;            /* wall time in the drafter */
+    double verify_s;           /* wall time in verification evals (+ sampling) */
+    double plain_s;            /* wall time in one-token steps (+ sampling) */
+    double spec_tok_s;         /* last measured generated tok/s with drafting (draft cost included); 0 = none */
+    double plain_tok_s;        /* last measured generated tok/s without drafting; 0 = none */
+    int k;                     /* the current draft length */
+    int drafting;              /* 1 when drafting is currently on */
+} df_spec_stats;
+
+typedef struct df_spec df_spec;
+
+/* A speculative generator over a target session (its prompt already evaluated) and a drafter.
+ * smp is the caller's sampler, used for every token in order (one df_sample per generated token),
+ * so with a point-mass draft (n-gram, or the draft model's argmax) the output is the very token
+ * sequence plain decoding with the same sampler produces: greedy is byte-identical, and with a seed
+ * it is the same sample; that is the standard speculative-sampling rule for a deterministic draft
+ * (accept x with probability min(1, p(x)/q(x)) = p(x), on rejection sample from
+ * norm(max(0, p - q)) = p without x; Leviathan et al. 2023, Chen et al. 2023). target, d and smp
+ * stay owned by the caller; d may be NULL (plain decoding). DF_EINVAL for a vocabulary mismatch. */
+int df_spec_new(df_spec **out, df_session *target, df_drafter *d, df_sampler *smp, const df_spec_opts *o, char *err,
+                size_t errlen);
+void df_spec_free(df_spec *g);
+/* Generate: `cur` is the last token produced (sampled, not yet in the target session).
+ * Writes 1..cap tokens that follow it to out (evaluating cur and the accepted drafts into the
+ * target session; the last token written is the new cur, not evaluated) and returns their count,
+ * or a negative DF_E* with err. cap >= 1; at most cap tokens are produced and the session never
+ * exceeds its context (DF_ECONTEXT when cur itself does not fit). The caller stops at a stop token
+ * (tokens after it in out are to be dropped; df_session_truncate can drop them from the session). */
+int df_spec_step(df_spec *g, int32_t cur, int32_t *out, int cap, char *err, size_t errlen);
+void df_spec_get_stats(const df_spec *g, df_spec_stats *out);
 
 #ifdef __cplusplus
 }

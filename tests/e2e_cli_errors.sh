@@ -125,7 +125,7 @@ expect 2 "doctor --model without a value" "--model needs a value" -- "$BIN" doct
 expect 2 "doctor --cache-dir without --model" "needs --model" -- "$BIN" doctor --cache-dir /tmp
 expect 2 "bench io --bogus" "unknown option --bogus" -- "$BIN" bench io --bogus
 expect 2 "bench decode --bogus" "unknown option --bogus" -- "$BIN" bench decode --bogus
-expect 2 "bench foo" "io, decode, prefill, machine, kernels, cache, store" -- "$BIN" bench foo
+expect 2 "bench foo" "io, decode, prefill, batch, machine, kernels, cache, store" -- "$BIN" bench foo
 expect 2 "bench io --qd 100000" "--qd \"100000\": expected an integer in \[1, 1024\]" -- "$BIN" bench io --dir "$TMP" --qd 100000
 expect 2 "bench io --seconds nan" "--seconds" -- "$BIN" bench io --dir "$TMP" --seconds nan
 out=$("$BIN" bench io --dir "$TMP/nope" --seconds 0.1 --no-drop 2>&1); rc=$?

@@ -62,7 +62,7 @@ fi
 
 # ======================================================== 1. mock model
 KEY=sk-test
-start_server mock --mock --mock-delay-ms 5 --queue 2 --timeout 3 --max-request-bytes 1M --api-key $KEY --keepalive 0.1 ||
+start_server mock --mock --mock-delay-ms 5 --parallel 1 --queue 2 --timeout 3 --max-request-bytes 1M --api-key $KEY --keepalive 0.1 ||
     { cat "$TMP/mock.log"; echo "e2e_server: the mock server did not start"; exit 1; }
 B="http://127.0.0.1:$PORT"
 AUTH="Authorization: Bearer $KEY"

@@ -62,7 +62,7 @@ for dir in "$SRC"/tests/golden/kl_* "$SRC"/tests/golden/k3_*; do
             [ -d "$nat" ] || "$BIN" convert "$dir" "$nat" >/dev/null 2>&1
             eb=$(node -e 'const m=require(process.argv[1]);const e=m.experts;console.log(e?Math.ceil(e.stride*e.n_experts*(m.experts.layers||[]).length/4):0)' "$nat/manifest.json" 2>/dev/null)
             sb=$(stat -c %s "$nat/spine.bin" 2>/dev/null || echo 0)
-            args=(--model "$nat" --threads 2 --ram-budget $((sb + eb + 4 * 1024 * 1024)))
+            args=(--model "$nat" --threads 2 --parallel 1 --ram-budget $((sb + eb + 4 * 1024 * 1024)))
         fi
         if ! start_server "$case-$mode" "${args[@]}"; then bad "$case/$mode: server did not start: $(tail -2 "$TMP/$case-$mode.log")"; continue; fi
         A=$(compl "$PORT" "$P" 8)

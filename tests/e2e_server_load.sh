@@ -57,4 +57,5 @@ if grep -q -E "ERROR: (AddressSanitizer|LeakSanitizer)" "$TMP/server.log"; then
 fi
 case "$health" in *'"in_flight":0'*) ;; *) echo "FAIL server not idle after the load: $health"; fail=1 ;; esac
 [ $fail = 0 ] && echo "e2e_server_load: PASS (no crash, no leak, well-formed responses, 429s as specified)"
+echo "$((1 - fail)) passed, $fail failed"
 exit $fail

@@ -377,9 +377,9 @@ static void test_spine_modes(void) {
         void *sb = load_spine(n);
         const stw_entry *d, *s;
         src_parts(&w, "model.layers.1.self_attn.q_b_proj", &d, &s);
-        df_weight src = {DF_W_FP8_B128, NH * (NOPE + ROPE), QL, d->data, s->data};
+        df_weight src = {DF_W_FP8_B128, NH * (NOPE + ROPE), QL, d->data, s->data, 0};
         float a[QL], b[QL];
-        df_weight dst = {DF_W_BF16, t->shape[0], t->shape[1], (uint8_t *)sb + t->offset, NULL};
+        df_weight dst = {DF_W_BF16, t->shape[0], t->shape[1], (uint8_t *)sb + t->offset, NULL, 0};
         int ok = 1;
         for (int r = 0; r < src.rows; r++) {
             df_weight_dequant_row(&src, r, a);

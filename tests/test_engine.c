@@ -16,7 +16,7 @@ static float frand(float sc) { return (float)((urand() * 2 - 1) * sc); }
 static df_weight wf32(int64_t r, int64_t c, float sc) {
     float *d = malloc(sizeof(float) * r * c);
     for (int64_t i = 0; i < r * c; i++) d[i] = frand(sc);
-    return (df_weight){DF_W_F32, r, c, d, NULL};
+    return (df_weight){DF_W_F32, r, c, d, NULL, 0};
 }
 static float *vec(int n, float base, float sc) {
     float *v = malloc(sizeof(float) * n);

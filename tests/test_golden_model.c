@@ -301,6 +301,9 @@ static void check_budget(const char *cache, const char *model_dir, const golden 
     uint64_t cache_b = experts / 4;
     if (cache_b < 2 * k * slot) cache_b = 2 * k * slot;
     o.ram_budget = minimum - 2 * k * slot + cache_b;
+    /* with DF_BACKEND=cuda, GPU memory is the first expert tier and would hold every expert after its first
+     * read; a 1-byte GPU budget sends every expert through the store, whose eviction is checked here */
+    o.gpu_budget = 1;
     rc = df_model_open(&m, nat_dir, &o, err, sizeof err);
     CHECK(rc == 0, "%s: open with --ram-budget %llu: %s", name, (unsigned long long)o.ram_budget, err);
     if (rc) return;

@@ -13,7 +13,7 @@ static float rndf(void) { return (float)((rnd() >> 8) / 16777216.0 * 2.0 - 1.0);
 
 /* Build a random weight of type t (arrays malloc'd; freed by caller). */
 static df_weight make_weight(df_wtype t, int64_t rows, int64_t cols) {
-    df_weight w = {t, rows, cols, NULL, NULL};
+    df_weight w = {t, rows, cols, NULL, NULL, 0};
     size_t n = (size_t)(rows * cols);
     switch (t) {
     case DF_W_F32: { float *d = malloc(n * 4); for (size_t i = 0; i < n; i++) d[i] = rndf(); w.data = d; break; }
@@ -65,14 +65,14 @@ static void test_known_values(void) {
     float out[64];
     /* MXFP4: low nibble = even element; byte 0x72 -> elements 1.0 (code 2), 6.0 (code 7); scale 2^(128-127) = 2 */
     uint8_t d4[16] = {0x72, 0x9f}, s4[1] = {128};
-    df_weight w = {DF_W_MXFP4, 1, 32, d4, s4};
+    df_weight w = {DF_W_MXFP4, 1, 32, d4, s4, 0};
     sc->decode_row(&w, 0, out);
     CHECK(out[0] == 2.0f && out[1] == 12.0f && out[2] == -12.0f && out[3] == -1.0f && out[4] == 0.0f,
           "mxfp4 %g %g %g %g", out[0], out[1], out[2], out[3]);
     /* INT4 g32: nibble j of word = element j (LSB first), value nibble-8, bf16 scale 0.5 (0x3f00) */
     uint32_t d5[4] = {0x0000F098u, 0x88888888u, 0x88888888u, 0x88888888u};
     uint16_t s5[1] = {0x3f00};
-    df_weight w5 = {DF_W_INT4_G32, 1, 32, d5, s5};
+    df_weight w5 = {DF_W_INT4_G32, 1, 32, d5, s5, 0};
     sc->decode_row(&w5, 0, out);
     CHECK(out[0] == 0.0f && out[1] == 0.5f && out[2] == -4.0f && out[3] == 3.5f && out[4] == -4.0f && out[8] == 0.0f,
           "int4 %g %g %g %g %g", out[0], out[1], out[2], out[3], out[4]);

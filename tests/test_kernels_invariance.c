@@ -21,7 +21,7 @@ typedef struct { df_weight w; void *data, *scale; } owned;
 
 /* A random weight with valid values (no NaN / Inf, finite scales). */
 static owned make(df_wtype t, int64_t rows, int64_t cols) {
-    owned o = {{t, rows, cols, NULL, NULL}, NULL, NULL};
+    owned o = {{.type = t, .rows = rows, .cols = cols}, NULL, NULL};
     const size_t n = (size_t)(rows * cols), nd = df_weight_data_bytes(t, rows, cols), ns = df_weight_scale_bytes(t, rows, cols);
     o.data = malloc(nd + 64);
     o.scale = ns ? malloc(ns + 64) : NULL;

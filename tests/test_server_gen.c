@@ -262,7 +262,7 @@ static void test_issue11(void) {
 
 int main(void) {
     char err[256];
-    CHECK(srv_backend_open_mock(&be, 0, 0, err, sizeof err) == 0, "mock opens");
+    CHECK(srv_backend_open_mock(&be, 0, 0, 1, err, sizeof err) == 0, "mock opens");
     go.be = be;
     go.kv_reuse = 1;
     go.keepalive_s = 5;
@@ -289,7 +289,9 @@ int main(void) {
     j = run(SRV_COMPLETION, "{\"prompt\":\"xyz\",\"max_tokens\":2,\"temperature\":0}");
     r = body_json(j);
     CHECK(cached(cJSON_GetObjectItem(r, "usage")) == 0, "different prefix: nothing reused");
-    CHECK(be->n_past(be) == 4, "session holds prompt + evaluated tokens: %d", be->n_past(be));
+    void *sess = be->session_acquire(be, NULL, 0);
+    CHECK(sess && be->n_past(be, sess) == 4, "session holds prompt + evaluated tokens: %d", sess ? be->n_past(be, sess) : -1);
+    be->session_release(be, sess);
     cJSON_Delete(r);
     srv_job_unref(j);
 
@@ -427,7 +429,7 @@ int main(void) {
     be->close(be);
 
     /* 9. Kimi: <think> -> reasoning_content, tool-call section -> tool_calls */
-    CHECK(srv_backend_open_mock(&be, 0, 1, err, sizeof err) == 0, "kimi mock opens");
+    CHECK(srv_backend_open_mock(&be, 0, 1, 1, err, sizeof err) == 0, "kimi mock opens");
     go.be = be;
     const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{}}}]";
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"temperature\":0,%s}", tools);

@@ -13,7 +13,7 @@ B=${DF_BIN:-build/deltafin}
   for c in run convert tokenize serve bench synth doctor setup list warm; do
     echo; echo "## deltafin $c"; echo; echo '```'; "$B" $c --help 2>&1 || true; echo '```'
     if [ $c = bench ]; then
-      for b in io decode prefill project machine kernels cache store; do
+      for b in io decode prefill batch project machine kernels cache store; do
         echo; echo "### deltafin bench $b"; echo; echo '```'; "$B" bench $b --help 2>&1 || true; echo '```'
       done
     fi

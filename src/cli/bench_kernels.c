@@ -39,6 +39,21 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* Per-call times kept for the median (calls past this are timed in the mean only). */
+#define MAX_CALLS 8192
+static double calls[MAX_CALLS];
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorts v), n >= 1. */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* ------------------------------------------------------------ machine facts */
 
 static int usable_cpus(void) {
@@ -380,7 +395,9 @@ static void usage(FILE *f, const char *name) {
             "           --buffer, default max(4 x LLC, 512M)), in GB/s of weight bytes and as a fraction of the DRAM\n"
             "           bandwidth at the same thread count. Defaults: --threads 1,<usable CPUs>\n"
             "           --types f32,bf16,f16,fp8_b128,int4_g32,mxfp4 --T 1,8,64 --shapes 2048x7168,7168x2048\n"
-            "           --backend cpu (the best this CPU runs; all = every SIMD backend, or name cpu-scalar)\n"
+            "           --backend cpu (the best this CPU runs; all = every SIMD backend, or name cpu-scalar);\n"
+            "           cuda = the GPU's kernels and limits (default types mxfp4..f32, shapes 2048x7168,7168x2048,\n"
+            "           32768x7168, T 1,8,512)\n"
             "           --seconds 0.3 per measurement; --warm adds the same call on one copy (in cache).\n");
     (void)name;
 }
@@ -464,6 +481,14 @@ int bench_kernels_main(int argc, char **argv) {
     if (!nthr) {
         if (kernels) { threads[nthr++] = 1; if (ncpu > 1) threads[nthr++] = ncpu; }
         else for (int t = 1; t <= ncpu && nthr < MAX_LIST; t++) threads[nthr++] = t;
+    }
+    if (kernels && !strcmp(backend, "cuda")) {
+        const int ts_given = nT > 0, shapes_given = nshapes > 0;
+        if (!ntypes) {
+            const df_wtype d[] = {DF_W_MXFP4, DF_W_BF16, DF_W_FP8_B128, DF_W_INT4_G32, DF_W_F16, DF_W_F32};
+            for (int i = 0; i < 6; i++) types[ntypes++] = d[i];
+        }
+        return bench_kernels_cuda(argc, argv, types, ntypes, shapes, nshapes, Ts, nT, ts_given, shapes_given);
     }
     if (!nT) { Ts[0] = 1; Ts[1] = 8; Ts[2] = 64; nT = 3; }
     if (!ntypes) {
@@ -555,10 +580,11 @@ int bench_kernels_main(int argc, char **argv) {
                buffer / 1048576.0, llc / 1048576.0);
     printf("\nkernels (y[T,rows] = x[T,cols] W^T; weights rotated over copies filling >= %.0f MiB, not in cache;\n"
            "GB/s = weight bytes per call / time; %%DRAM = that / DRAM GB/s at the same thread count; %%FMA = GFLOP/s /\n"
-           "(FMA peak of one thread x threads); xT1 = time / the T=1 time%s)\n",
+           "(FMA peak of one thread x threads); xT1 = time / the T=1 time; med = the median call's GB/s and %%DRAM, robust\n"
+           "to other processes on a shared machine%s)\n",
            buffer / 1048576.0, warm ? "; warm = the same call on one copy, in cache" : "");
-    printf("%-10s %-11s %-10s %4s %7s %9s %8s %7s %9s %6s %6s%s\n", "encoding", "backend", "shape", "T", "threads", "ms/call",
-           "GB/s", "%DRAM", "GFLOP/s", "%FMA", "xT1", warm ? "  warm GB/s" : "");
+    printf("%-10s %-11s %-10s %4s %7s %9s %8s %7s %9s %6s %6s %8s %7s%s\n", "encoding", "backend", "shape", "T", "threads", "ms/call",
+           "GB/s", "%DRAM", "GFLOP/s", "%FMA", "xT1", "med GB/s", "med %", warm ? "  warm GB/s" : "");
     int rc = 0;
     for (int si = 0; si < nshapes && !rc; si++)
         for (int ti = 0; ti < ntypes && !rc; ti++) {
@@ -570,7 +596,7 @@ int bench_kernels_main(int argc, char **argv) {
             }
             const size_t nd = df_weight_data_bytes(t, R, C), ns = df_weight_scale_bytes(t, R, C);
             const size_t nda = (nd + 4095) / 4096 * 4096, nsa = (ns + 4095) / 4096 * 4096;
-            const uint64_t wbytes = df_weight_bytes(&(df_weight){t, R, C, NULL, NULL});
+            const uint64_t wbytes = df_weight_bytes(&(df_weight){t, R, C, NULL, NULL, 0});
             int copies = (int)((buffer + nda + nsa - 1) / (nda + nsa));
             if (copies < 2) copies = 2;
             uint8_t *data = aligned_alloc(4096, nda * copies), *scale = nsa ? aligned_alloc(4096, nsa * copies) : NULL;
@@ -589,7 +615,7 @@ int bench_kernels_main(int argc, char **argv) {
                     memcpy(data + nda * k, data, nd);
                     if (ns) memcpy(scale + nsa * k, scale, ns);
                 }
-                w[k] = (df_weight){t, R, C, data + nda * k, ns ? scale + nsa * k : NULL};
+                w[k] = (df_weight){t, R, C, data + nda * k, ns ? scale + nsa * k : NULL, 0};
             }
             for (int64_t i = 0; i < (int64_t)maxT * C; i++) x[i] = rndf();
             for (int bi = 0; bi < nbe; bi++)
@@ -599,17 +625,24 @@ int bench_kernels_main(int argc, char **argv) {
                         const int T = Ts[k];
                         int c = 0;
                         bes[bi]->matmul(pools[hi], &w[copies - 1], x, T, y); /* warm-up (scratch, pool) */
-                        double t0 = now_s(), dt;
-                        do bes[bi]->matmul(pools[hi], &w[c++ % copies], x, T, y);
-                        while ((dt = now_s() - t0) < seconds || c < 3);
+                        double t0 = now_s(), dt, tc = t0;
+                        do {
+                            bes[bi]->matmul(pools[hi], &w[c % copies], x, T, y);
+                            const double tn = now_s();
+                            if (c < MAX_CALLS) calls[c] = tn - tc;
+                            tc = tn;
+                            c++;
+                        } while ((dt = now_s() - t0) < seconds || c < 3);
                         const double per = dt / c, gbps = wbytes / per / 1e9, gf = 2.0 * R * C * T / per / 1e9;
+                        const double med = median(calls, c < MAX_CALLS ? c : MAX_CALLS);
                         if (T == 1) t1 = per;
                         char xt1[16] = "-";
                         if (t1 > 0) snprintf(xt1, sizeof xt1, "%.2f", per / t1);
                         char shape[32];
                         snprintf(shape, sizeof shape, "%lldx%lld", (long long)R, (long long)C);
-                        printf("%-10s %-11s %-10s %4d %7d %9.3f %8.2f %6.1f%% %9.1f %5.1f%% %6s", df_wtype_name(t), bes[bi]->name, shape, T,
-                               threads[hi], per * 1e3, gbps, 100 * gbps / dram[hi], gf, 100 * gf / (peak1 / 1e9 * threads[hi]), xt1);
+                        printf("%-10s %-11s %-10s %4d %7d %9.3f %8.2f %6.1f%% %9.1f %5.1f%% %6s %8.2f %6.1f%%", df_wtype_name(t), bes[bi]->name,
+                               shape, T, threads[hi], per * 1e3, gbps, 100 * gbps / dram[hi], gf, 100 * gf / (peak1 / 1e9 * threads[hi]), xt1,
+                               wbytes / med / 1e9, 100 * wbytes / med / 1e9 / dram[hi]);
                         if (warm) {
                             int cw = 0;
                             double t0w = now_s(), dw;

@@ -11,4 +11,9 @@
 #ifndef DF_CLI_BENCH_KERNELS_H
 #define DF_CLI_BENCH_KERNELS_H
 int bench_kernels_main(int argc, char **argv);
+#include <stdint.h>
+/* `bench kernels --backend cuda` (bench_cuda.c): the GPU's limits and the CUDA matmul kernels; types, shapes
+ * and Ts as parsed by bench_kernels_main (its defaults replaced by GPU-sized ones unless *_given). */
+int bench_kernels_cuda(int argc, char **argv, const int *types, int ntypes, int64_t (*shapes)[2], int nshapes,
+                       const int *Ts, int nT, int ts_given, int shapes_given);
 #endif

@@ -35,4 +35,9 @@ int cli_embedded_model(char *out, size_t cap, char *how, size_t howcap);
 int cmd_setup(int argc, char **argv);
 int cmd_list(int argc, char **argv);
 int cmd_warm(int argc, char **argv);
+/* --backend NAME: 0 when NAME is auto, cpu, cpu-scalar, cpu-avx2, cpu-avx512 or cuda, else a message naming
+ * the command and 2. The default backend of run, serve and bench: env DF_BACKEND if set, else "auto"
+ * (cuda when a CUDA device is present, else cpu). */
+int cli_check_backend(const char *cmd, const char *name);
+const char *cli_default_backend(void);
 #endif

@@ -50,3 +50,16 @@ int cli_check_model_dir(const char *cmd, const char *path) {
     }
     return 0;
 }
+
+int cli_check_backend(const char *cmd, const char *name) {
+    static const char *const ok[] = {"auto", "cpu", "cpu-scalar", "cpu-avx2", "cpu-avx512", "cuda", NULL};
+    for (int i = 0; ok[i]; i++)
+        if (!strcmp(name, ok[i])) return 0;
+    fprintf(stderr, "deltafin %s: --backend \"%s\": expected auto, cpu, cpu-scalar, cpu-avx2, cpu-avx512 or cuda\n", cmd, name);
+    return 2;
+}
+
+const char *cli_default_backend(void) {
+    const char *e = getenv("DF_BACKEND");
+    return e && *e ? e : "auto";
+}

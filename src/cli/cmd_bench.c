@@ -194,7 +194,8 @@ static double now_s(void) {
 
 static int bench_decode(int argc, char **argv) {
     const char *model = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
-    uint64_t budget = 0;
+    const char *backend = cli_default_backend();
+    uint64_t budget = 0, gpu_budget = 0;
     int tokens = 16, threads = 0, qd = 16, nodrop = 0;
     double io_seconds = 5;
     for (int i = 0; i < argc; i++) {
@@ -203,12 +204,13 @@ static int bench_decode(int argc, char **argv) {
             printf("usage: deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N (16)] [--threads N]\n"
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
+                   "       [--backend auto|cpu|cuda] [--gpu-budget SIZE]\n"
                    "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n");
             return 0;
         }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--threads", "--prompt-ids", "--io-seconds",
-                                           "--qd", "--events", "--expert-dirs", NULL};
+                                           "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", NULL};
         if (!known(a, vals)) { fprintf(stderr, "deltafin bench decode: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
@@ -220,6 +222,8 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--qd")) { if (want_int("decode", a, v, 1, BENCH_MAX_QD, &qd)) return 2; }
         else if (!strcmp(a, "--events")) events = v;
         else if (!strcmp(a, "--expert-dirs")) expert_dirs = v;
+        else if (!strcmp(a, "--backend")) { if (cli_check_backend("bench decode", v)) return 2; backend = v; }
+        else if (!strcmp(a, "--gpu-budget")) { if (want_size("decode", a, v, &gpu_budget)) return 2; }
         i++;
     }
     char dflt_dir[4096], dflt_how[4600] = "";
@@ -271,6 +275,8 @@ static int bench_decode(int argc, char **argv) {
     mo.threads = threads;
     mo.events_path = events;
     mo.expert_dirs = expert_dirs;
+    mo.backend = backend;
+    mo.gpu_budget = gpu_budget;
     mo.kv_positions = n_ids + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
     stream_src *remote = NULL; /* a streamed install: experts not yet local are fetched on first use */
     if (stream_is_streamed(model)) {
@@ -623,6 +629,8 @@ int bench_project(int argc, char **argv, int (*decode)(int argc, char **argv));
 #include "bench_kernels.h" /* `bench machine` / `bench kernels` */
 /* bench_prefill.c: `bench prefill` */
 int bench_prefill(int argc, char **argv);
+/* bench_batch.c: `bench batch` */
+int bench_batch(int argc, char **argv);
 
 int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -630,21 +638,23 @@ int cmd_bench(int argc, char **argv) {
                 "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
                 "       deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N]\n"
                 "       deltafin bench prefill --model DIR [--tokens N] [--ram-budget SIZE]\n"
+                "       deltafin bench batch --model DIR [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N]\n"
                 "       deltafin bench machine | kernels [--threads N]   (DRAM bandwidth, FMA peak; kernel GB/s)\n"
                 "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
                 "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
                 "       deltafin bench project --drives N --gbps B [--arch kimi_k3] [--from EVENTS.jsonl | --model DIR |\n"
                 "                              --hit-rate H --compute-ms-per-layer C ...]\n"
-                "  Each benchmark's options: deltafin bench <io|decode|prefill|machine|kernels|cache|store|project> --help\n");
+                "  Each benchmark's options: deltafin bench <io|decode|prefill|batch|machine|kernels|cache|store|project> --help\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 2, argv + 2);
     if (!strcmp(argv[1], "prefill")) return bench_prefill(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "batch")) return bench_batch(argc - 2, argv + 2);
     if (!strcmp(argv[1], "machine") || !strcmp(argv[1], "kernels")) return bench_kernels_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "cache")) return bench_cache(argc - 2, argv + 2);
     if (!strcmp(argv[1], "store")) return bench_store(argc - 2, argv + 2);
     if (!strcmp(argv[1], "project")) return bench_project(argc - 2, argv + 2, bench_decode);
-    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, prefill, machine, kernels, cache, store, project; see deltafin bench --help)\n", argv[1]);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, prefill, batch, machine, kernels, cache, store, project; see deltafin bench --help)\n", argv[1]);
     return 2;
 }

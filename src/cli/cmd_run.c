@@ -9,6 +9,7 @@
  * are read as files for the trained-positions figure).
  */
 #include "cli.h"
+#include "cli_draft.h"
 #include "hub/stream.h"
 #include "deltafin.h"
 
@@ -51,11 +52,15 @@ static void run_usage(FILE *f) {
             "  --events FILE        per-token JSONL I/O events\n"
             "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env DF_PREFETCH)\n"
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
-            "  --backend NAME       cpu (best SIMD, default) | cpu-scalar\n"
+            "  --backend NAME       auto (default: cuda when a CUDA device is present, else cpu) | cpu (best SIMD)\n"
+            "                       | cpu-scalar | cuda (an error without a CUDA device); default env DF_BACKEND\n"
+            "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --quiet              no configuration line or progress on stderr\n"
+            "%s"
             "A prefill that takes over a second reports its progress (layers done) on stderr. A prompt longer than the\n"
             "positions the model was trained on (the model card's trained_positions in DIR/README.md, else the\n"
-            "config's max_position_embeddings) gets a warning on stderr.\n");
+            "config's max_position_embeddings) gets a warning on stderr.\n",
+            cli_draft_usage());
 }
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
@@ -294,9 +299,13 @@ int cmd_run(int argc, char **argv) {
     long long iv;
     df_model_opts mo;
     df_model_opts_default(&mo);
+    mo.backend = cli_default_backend();
     df_sampler_opts so;
     df_sampler_opts_default(&so);
+    cli_draft_opts dopt;
+    cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
+        int dr;
         const char *a = argv[i];
 #define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "deltafin run: %s needs a value\n", a), (char *)NULL))
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { run_usage(stdout); return 0; }
@@ -354,7 +363,11 @@ int cmd_run(int argc, char **argv) {
             else if (!strcmp(v, "off")) mo.prefetch = 2;
             else { fprintf(stderr, "deltafin run: --prefetch \"%s\": expected auto, on or off\n", v); return 2; }
         }
-        else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT())) return 2; }
+        else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
+        else if (!strcmp(a, "--gpu-budget")) {
+            const char *v = NEXT(); if (!v) return 2;
+            if (cli_parse_size(v, &mo.gpu_budget) || !mo.gpu_budget) { fprintf(stderr, "deltafin run: --gpu-budget \"%s\" is not a size (e.g. 40G, 512M)\n", v); return 2; }
+        }
         else if (!strcmp(a, "--spine")) {
             const char *v = NEXT(); if (!v) return 2;
             if (!strcmp(v, "source")) mo.spine = DF_SPINE_SOURCE;
@@ -363,6 +376,7 @@ int cmd_run(int argc, char **argv) {
             else { fprintf(stderr, "deltafin run: --spine must be source, bf16 or int8 (got \"%s\")\n", v); return 2; }
             spine_given = 1;
         }
+        else if ((dr = cli_draft_arg("run", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
         else { fprintf(stderr, "deltafin run: unknown option '%s'\n\n", a); run_usage(stderr); return 2; }
 #undef NEXT
     }
@@ -400,6 +414,9 @@ int cmd_run(int argc, char **argv) {
     df_sampler *smp = NULL;
     df_detok *dt = NULL;
     float *logits = NULL;
+    df_model *draft_model = NULL;
+    df_drafter *drafter = NULL;
+    df_spec *spec = NULL;
     if (prompt_ids) {
         if (parse_ids(prompt_ids, &ids, &n_ids)) {
             fprintf(stderr, "deltafin run: --prompt-ids \"%s\" is not a comma-separated list of token ids (integers >= 0)\n", prompt_ids);
@@ -444,6 +461,12 @@ int cmd_run(int argc, char **argv) {
     if (rc) { progress_end(); fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); goto done; }
     if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
                         dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
+    if ((rc = cli_draft_open("run", &dopt, m, &mo, &draft_model, &drafter))) { status = rc; goto done; }
+    if (!quiet && drafter) {
+        char line[1024];
+        cli_draft_describe(&dopt, drafter, line, sizeof line);
+        fprintf(stderr, "%s\n", line);
+    }
     const df_tokenizer *tok = own_tok ? own_tok : df_model_tokenizer(m);
     int vocab = df_model_n_vocab(m);
     for (int i = 0; i < n_ids; i++)
@@ -486,7 +509,28 @@ int cmd_run(int argc, char **argv) {
     df_model_stats(m, &after_prefill);
     char buf[1024];
     int stopped = 0;
-    for (int k = 0; k < gen_max; k++) {
+    const double t_gen = now_s();
+    if (drafter) {
+        /* speculative: the same tokens as the loop below, several per target eval */
+        rc = df_spec_new(&spec, s, drafter, smp, &dopt.spec, err, sizeof err);
+        if (rc) { fprintf(stderr, "deltafin run: --draft %s: %s\n", dopt.draft, err); goto done; }
+        int n_new = gen_max > 0 ? 1 : 0;
+        if (n_new) out_ids[0] = df_sample(smp, logits, vocab);
+        while (n_new > 0 && !stopped) {
+            for (int j = 0; j < n_new && !stopped; j++) {
+                int32_t id = out_ids[n_out++];
+                for (int q = 0; q < n_stop; q++) stopped |= stop[q] == id;
+                if (dt && !stopped) {
+                    int w = df_detok_push(dt, id, buf, sizeof buf);
+                    if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); }
+                }
+            }
+            if (stopped || n_out >= gen_max) break;
+            n_new = df_spec_step(spec, out_ids[n_out - 1], out_ids + n_out, gen_max - n_out, err, sizeof err);
+            if (n_new < 0) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
+        }
+    }
+    for (int k = 0; !drafter && k < gen_max; k++) {
         int32_t id = df_sample(smp, logits, vocab);
         out_ids[n_out++] = id;
         int is_stop = 0;
@@ -500,7 +544,7 @@ int cmd_run(int argc, char **argv) {
         rc = df_eval(s, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
-    double total = now_s() - t_start;
+    const double gen_s = now_s() - t_gen, total = now_s() - t_start;
     if (dt) {
         int w = df_detok_flush(dt, buf, sizeof buf);
         if (w > 0) fwrite(buf, 1, (size_t)w, stdout);
@@ -555,10 +599,21 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "profile: %-16s %10.3f          %16.3f\n", "total", pre, 1e3 * dec / nd);
         }
     }
+    if (stats) /* tokens after the first (which comes from the prompt's logits) per second of generation */
+        fprintf(stderr, "stats: generation %d tokens in %.3f s after the prompt: %.2f tok/s (draft %s)\n", n_out, gen_s,
+                n_out > 1 && gen_s > 0 ? (n_out - 1) / gen_s : 0.0, drafter ? df_drafter_kind(drafter) : "off");
+    if (stats && spec) {
+        df_spec_stats sst;
+        df_spec_get_stats(spec, &sst);
+        cli_draft_print_stats(stderr, &sst, drafter);
+    }
     if (stats && remote) stream_print_stats(remote, stderr);
     if (profile && !stats) fprintf(stderr, "deltafin run: --profile prints with --stats only\n");
     status = 0;
 done:
+    df_spec_free(spec);
+    df_drafter_free(drafter);
+    df_model_close(draft_model);
     df_detok_free(dt);
     free(logits);
     free(out_ids);

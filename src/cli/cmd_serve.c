@@ -17,10 +17,15 @@ static void serve_usage(FILE *f) {
             "  --port-file PATH         write the bound port to PATH once listening (exit 1 if it cannot be written)\n"
             "  --ram-budget SIZE        bytes for weights + KV cache, e.g. 8G (default unlimited)\n"
             "  --threads N              compute threads (default all cores)\n"
+            "  --backend NAME           auto (default: cuda when a CUDA device is present) | cpu | cpu-scalar | cuda\n"
+            "  --gpu-budget SIZE        backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --ctx N                  KV cache positions (default min(4096, model maximum))\n"
             "  --max-tokens N           cap on generated tokens per request (default: context room)\n"
             "  --max-request-bytes N    largest accepted request body (default 134217728)\n"
-            "  --queue N                requests that may wait while one runs; more get 429 (default 16)\n"
+            "  --parallel N             generations running at once, their decode steps batched into one\n"
+            "                           forward pass (each expert read once per step for all); outputs are\n"
+            "                           byte-identical to serving each alone; the RAM budget holds N KV caches (default 4)\n"
+            "  --queue N                requests that may wait while --parallel run; more get 429 (default 16)\n"
             "  --api-key KEY            require 'Authorization: Bearer KEY' (default: none)\n"
             "  --no-kv-reuse            always prefill the whole prompt (no prefix reuse)\n"
             "  --keepalive SECONDS      SSE comment period while a stream is silent, e.g. a long prefill\n"
@@ -55,6 +60,8 @@ int cmd_serve(int argc, char **argv) {
     c.timeout_s = 60;
     c.max_connections = 256;
     c.queue = 16;
+    c.parallel = 4;
+    c.backend = cli_default_backend();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -70,6 +77,11 @@ int cmd_serve(int argc, char **argv) {
             NEED();
             if (cli_parse_size(v, &c.ram_budget)) { fprintf(stderr, "deltafin serve: --ram-budget %s: expected a size like 8G or 512M\n", v); return 2; }
         } else if (!strcmp(a, "--threads")) { NEED(); if (parse_int(a, v, 0, 4096, &c.threads)) return 2; }
+        else if (!strcmp(a, "--backend")) { NEED(); if (cli_check_backend("serve", v)) return 2; c.backend = v; }
+        else if (!strcmp(a, "--gpu-budget")) {
+            NEED();
+            if (cli_parse_size(v, &c.gpu_budget) || !c.gpu_budget) { fprintf(stderr, "deltafin serve: --gpu-budget %s: expected a size like 40G\n", v); return 2; }
+        }
         else if (!strcmp(a, "--ctx")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.n_ctx)) return 2; }
         else if (!strcmp(a, "--max-tokens")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.max_tokens)) return 2; }
         else if (!strcmp(a, "--max-request-bytes")) {
@@ -77,6 +89,7 @@ int cmd_serve(int argc, char **argv) {
             if (cli_parse_size(v, &sz) || sz < 64) { fprintf(stderr, "deltafin serve: --max-request-bytes %s: expected a size >= 64\n", v); return 2; }
             c.max_request_bytes = (size_t)sz;
         } else if (!strcmp(a, "--queue")) { NEED(); if (parse_int(a, v, 0, 100000, &c.queue)) return 2; }
+        else if (!strcmp(a, "--parallel")) { NEED(); if (parse_int(a, v, 1, 64, &c.parallel)) return 2; }
         else if (!strcmp(a, "--api-key")) { NEED(); c.api_key = v; }
         else if (!strcmp(a, "--no-kv-reuse")) c.kv_reuse = 0;
         else if (!strcmp(a, "--keepalive")) {

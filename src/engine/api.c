@@ -3,12 +3,14 @@
  * opens a native model (or converts an HF directory into the cache first),
  * loads spine.bin into aligned RAM (or, when a RAM budget cannot hold the
  * whole spine, keeps a prefix of layers resident and streams the rest:
- * spine_stream.c), opens the expert store, and runs df_eval through the
- * forward pass (forward.c). Sampling is in sample.c.
+ * spine_stream.c), opens the expert store, and runs df_eval (one session) and
+ * df_eval_batch (rows of several sessions in one pass) through the forward pass
+ * (forward.c). Sampling is in sample.c.
  */
 #define _GNU_SOURCE
 #include "deltafin.h"
 #include "engine.h"
+#include "kernels/cuda.h"
 #include "spine_stream.h"
 #include "model/config.h"
 #include "model/convert.h"
@@ -58,6 +60,9 @@ struct df_model {
     double phase_base[DF_PHASES];
     uint64_t spine_stream_base;
     uint64_t kv_bytes;           /* sum over live sessions (approx., updated on eval) */
+    int on_gpu;                  /* backend cuda: weights cached in GPU memory (kernels/cuda.h) */
+    uint64_t gpu_spine;          /* spine matmul bytes uploaded to the GPU at open */
+    int gpu_spine_all;           /* 1: all of them (else the rest are copied per call) */
 };
 
 /* A session's tokens [0, n_past). The sequence state (KV cache, KDA recurrent state) holds
@@ -321,8 +326,15 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     struct stat st;
     if (stat(path, &st) != 0) return set_err(err, errlen, DF_EIO, "%s: %s", path, strerror(errno));
     if (!S_ISDIR(st.st_mode)) return set_err(err, errlen, DF_EINVAL, "%s: not a directory (expected a model directory with manifest.json or config.json)", path);
+    if (!opts.backend && getenv("DF_BACKEND") && *getenv("DF_BACKEND")) opts.backend = getenv("DF_BACKEND");
     const df_backend *be = df_backend_get(opts.backend);
-    if (!be) return set_err(err, errlen, DF_EINVAL, "backend \"%s\" is unknown or not supported by this CPU (use cpu or cpu-scalar)", opts.backend);
+    if (!be) {
+        char why[300];
+        return set_err(err, errlen, DF_EINVAL, "backend \"%s\": %s", opts.backend,
+                       df_backend_why(opts.backend, why, sizeof why));
+    }
+    const int on_gpu = !strcmp(be->name, "cuda");
+    if (on_gpu) df_cuda_cache_clear(); /* a closed model's host addresses may be reused */
 
     char dir[4096];
     int converted = 0;
@@ -382,6 +394,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
                                    (uint64_t)(cfg->kda_head_dim + 3 * (cfg->kda_conv > 1 ? cfg->kda_conv - 1 : 0)) * 4;
         uint64_t kvb = (uint64_t)ctx * n_mla * (uint64_t)(cfg->kv_lora_rank + cfg->qk_rope_head_dim) * 4 +
                        2 * (uint64_t)n_kda * kda_state;
+        kvb *= (uint64_t)(opts.n_seq > 1 ? opts.n_seq : 1); /* one KV cache per session (serve --parallel) */
         uint64_t other = (uint64_t)cfg->vocab_size * 8 + (uint64_t)cfg->hidden_size * 256;
         rc = store_budget(m->nat, opts.ram_budget, m->nat->spine_bytes, kvb, other, &so.cache_bytes, err, errlen);
         if (rc == DF_EBUDGET) {
@@ -419,6 +432,13 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     m->eng.spine = &m->spine;
     m->eng.stream = m->stream;
     m->eng.be = be;
+    if (on_gpu) {
+        /* spine weights are cached on the GPU by host address, except streamed layers' staging buffers */
+        df_cuda_set_cache_by_address(m->stream == NULL);
+        df_cuda_set_expert_budget(opts.gpu_budget);
+        m->on_gpu = 1;
+        if (!m->stream) m->gpu_spine = df_cuda_preload_spine(&m->spine, cfg->num_hidden_layers, &m->gpu_spine_all);
+    }
     m->eng.pool = m->pool;
     m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release};
     m->eng.max_acquire = m->store ? store_max_acquire(m->store) : 0;
@@ -478,6 +498,16 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
              m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->heat_path[0] ? m->heat_path : "off", tdesc);
+    if (on_gpu) { /* the GPU and its expert tier */
+        char gdesc[160], b9[32];
+        df_cuda_describe(gdesc, sizeof gdesc);
+        size_t l = strlen(m->describe);
+        char b10[32];
+        snprintf(m->describe + l, sizeof m->describe - l, ", GPU %s, spine on GPU %s%s, gpu-budget %s", gdesc,
+                 fmt_bytes(b10, sizeof b10, m->gpu_spine), m->stream ? " (streamed layers copied per call)" :
+                 m->gpu_spine_all ? "" : " (the rest copied per call)",
+                 opts.gpu_budget ? fmt_bytes(b9, sizeof b9, opts.gpu_budget) : "all free");
+    }
     *out = m;
     return DF_OK;
 fail:
@@ -488,6 +518,7 @@ fail:
 
 void df_model_close(df_model *m) {
     if (!m) return;
+    if (m->on_gpu) df_cuda_cache_clear();
     rope_free(&m->eng.rope);
     free(m->eng.touched);
     if (m->pool) df_pool_free(m->pool);
@@ -682,6 +713,8 @@ void df_session_free(df_session *s) {
 }
 
 int df_session_n_past(const df_session *s) { return s ? s->n_past : 0; }
+int df_session_n_ctx(const df_session *s) { return s ? s->kv.n_ctx : 0; }
+df_model *df_session_model(const df_session *s) { return s ? s->m : NULL; }
 const int32_t *df_session_tokens(const df_session *s) { return s ? s->tokens : NULL; }
 
 /* Roll the recurrent state back to at most position `pos`: the snapshot when it is not past
@@ -706,6 +739,22 @@ int df_session_truncate(df_session *s, int n_keep) {
     return DF_OK;
 }
 
+/* DF_EVAL_MARK on a recurrent model (m->mu held): evaluate the `pend` pending tokens in their own pass, then
+ * take the rollback snapshot at n_past, before the call's tokens. */
+static int eval_mark(df_session *s, int pend, char *err, size_t errlen) {
+    int rc = DF_OK;
+    if (pend > 0) {
+        rc = forward(&s->m->eng, &s->kv, s->n_eval, s->tokens + s->n_eval, pend, NULL, 0, NULL, NULL, err, errlen);
+        if (rc != DF_OK) return rc;
+        s->n_eval = s->n_past;
+    }
+    if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
+    if (!s->snap) return set_err(err, errlen, DF_ENOMEM, "out of memory for the recurrent-state snapshot");
+    kv_recurrent_save(&s->kv, s->snap);
+    s->snap_pos = s->n_eval;
+    return DF_OK;
+}
+
 int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, df_progress_fn p, void *u, char *err,
             size_t errlen) {
     if (!s || (!ids && n > 0) || n < 0) return set_err(err, errlen, DF_EINVAL, "df_eval: bad arguments");
@@ -723,7 +772,8 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         s->tok_cap = cap;
     }
     /* pending tokens (recurrent models after a truncation) go first */
-    const int pend = s->n_past - s->n_eval, all = (flags & DF_EVAL_ALL_LOGITS) != 0;
+    int pend = s->n_past - s->n_eval;
+    const int all = (flags & DF_EVAL_ALL_LOGITS) != 0;
     const int32_t *run_ids = ids;
     int32_t *joined = NULL;
     float *run_logits = logits;
@@ -741,7 +791,17 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
     }
     pthread_mutex_lock(&m->mu);
     double t0 = now_s();
-    int rc = forward(&m->eng, &s->kv, s->n_eval, run_ids, pend + n, run_logits, all, p, u, err, errlen);
+    const int mark = (flags & DF_EVAL_MARK) && s->recurrent;
+    int rc = mark ? eval_mark(s, pend, err, errlen) : DF_OK;
+    if (mark && rc == DF_OK && pend > 0) { /* the pending tokens went through; the call's own tokens remain */
+        run_ids = ids;
+        if (run_logits != logits) free(run_logits);
+        run_logits = logits;
+        free(joined);
+        joined = NULL;
+        pend = 0;
+    }
+    if (rc == DF_OK) rc = forward(&m->eng, &s->kv, s->n_eval, run_ids, pend + n, run_logits, all, p, u, err, errlen);
     double dt = now_s() - t0;
     if (run_logits != logits) {
         if (rc == DF_OK) memcpy(logits, run_logits + (size_t)pend * df_model_n_vocab(m), sizeof(float) * (size_t)n * df_model_n_vocab(m));
@@ -753,7 +813,7 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         memcpy(s->tokens + s->n_past, ids, sizeof(int32_t) * (size_t)n);
         s->n_past += n;
         s->n_eval = s->n_past;
-        if (s->recurrent && pend + n > 1) { /* snapshot at the end of a prompt: where a later turn returns to */
+        if (s->recurrent && pend + n > 1 && !mark) { /* snapshot at the end of a prompt: where a later turn returns to */
             if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
             if (s->snap) {
                 kv_recurrent_save(&s->kv, s->snap);
@@ -762,7 +822,8 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         }
         if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
         /* the prompt's eval is the prefill even when the prompt is one token */
-        if (n > 1 || s->n_past == n) { m->prefill_s += dt; m->prefill_tokens += (uint64_t)n; }
+        if ((n > 1 && !(flags & DF_EVAL_MARK)) || s->n_past == n) { m->prefill_s += dt; m->prefill_tokens += (uint64_t)n; }
+        else if (n > 1) { m->decode_s += dt; m->decode_tokens += (uint64_t)n; } /* a verification: n positions */
         else { m->decode_s += dt; m->decode_tokens += 1; }
         m->kv_bytes = kv_bytes(&s->kv);
         if (m->store) store_token_event(m->store, s->n_past - 1);
@@ -777,6 +838,8 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
 void df_model_stats(const df_model *m, df_stats *o) {
     memset(o, 0, sizeof *o);
     if (!m) return;
+    pthread_mutex_t *mu = (pthread_mutex_t *)&m->mu; /* not during a forward pass of another thread */
+    pthread_mutex_lock(mu);
     o->ttft_s = m->ttft_s;
     o->prefill_s = m->prefill_s;
     o->decode_s = m->decode_s;
@@ -805,6 +868,7 @@ void df_model_stats(const df_model *m, df_stats *o) {
     o->expert_union_count = m->eng.touched_n;
     o->spine_bytes_streamed = m->stream ? sst_bytes_read(m->stream) - m->spine_stream_base : 0;
     o->expert_union_bytes = m->eng.touched_n * m->nat->stride;
+    pthread_mutex_unlock(mu);
 }
 
 void df_model_stats_reset(df_model *m) {
@@ -845,4 +909,109 @@ const char *df_phase_name(int phase) {
     static const char *const names[DF_PHASES] = {"embed", "norm+residual", "mla", "kda", "router", "experts",
                                                   "dense-mlp", "io-wait", "prefetch", "lm-head"};
     return phase >= 0 && phase < DF_PHASES ? names[phase] : "?";
+}
+
+/* ------------------------------------------------------------ batched eval */
+
+/* Room for n more tokens in s->tokens. */
+static int batch_tokens_room(df_session *s, int n) {
+    if (s->n_past + n <= s->tok_cap) return DF_OK;
+    int cap = s->tok_cap ? s->tok_cap : 256;
+    while (cap < s->n_past + n) cap *= 2;
+    int32_t *t = realloc(s->tokens, sizeof(int32_t) * (size_t)cap);
+    if (!t) return DF_ENOMEM;
+    s->tokens = t;
+    s->tok_cap = cap;
+    return DF_OK;
+}
+
+int df_eval_batch(df_session *const *ss, const int32_t *const *ids, const int *n, int n_seq, float *logits, int flags,
+                  char *err, size_t errlen) {
+    if (!ss || !ids || !n || n_seq < 0) return set_err(err, errlen, DF_EINVAL, "df_eval_batch: bad arguments");
+    if (n_seq == 0) return DF_OK;
+    df_model *m = ss[0] ? ss[0]->m : NULL;
+    int total = 0, any_pend = 0;
+    for (int i = 0; i < n_seq; i++) {
+        df_session *s = ss[i];
+        if (!s || !ids[i] || n[i] < 1)
+            return set_err(err, errlen, DF_EINVAL, "df_eval_batch: sequence %d has no session, no ids or %d tokens (at least 1)",
+                           i, s && ids[i] ? n[i] : 0);
+        if (s->m != m) return set_err(err, errlen, DF_EINVAL, "df_eval_batch: sequence %d's session belongs to another model", i);
+        for (int k = 0; k < i; k++)
+            if (ss[k] == s) return set_err(err, errlen, DF_EINVAL, "df_eval_batch: sequences %d and %d are the same session", k, i);
+        if (s->n_past + n[i] > s->kv.n_ctx)
+            return set_err(err, errlen, DF_ECONTEXT,
+                           "context full: sequence %d has %d tokens in its session + %d new, more than its %d positions", i,
+                           s->n_past, n[i], s->kv.n_ctx);
+        if (batch_tokens_room(s, n[i])) return set_err(err, errlen, DF_ENOMEM, "out of memory");
+        any_pend |= s->n_past > s->n_eval;
+        total += s->n_past - s->n_eval + n[i];
+    }
+    const int V = df_model_n_vocab(m), all = (flags & DF_EVAL_ALL_LOGITS) != 0;
+    /* the rows: per session its pending tokens (recurrent models after a truncation), then the new ones */
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)total);
+    df_seq_rows *seq = malloc(sizeof(df_seq_rows) * (size_t)n_seq);
+    float *run_logits = all && any_pend && logits ? malloc(sizeof(float) * (size_t)total * V) : logits;
+    if (!rows || !seq || (all && any_pend && logits && !run_logits)) {
+        free(rows);
+        free(seq);
+        if (run_logits != logits) free(run_logits);
+        return set_err(err, errlen, DF_ENOMEM, "out of memory");
+    }
+    for (int i = 0, r = 0; i < n_seq; i++) {
+        df_session *s = ss[i];
+        const int pend = s->n_past - s->n_eval;
+        memcpy(rows + r, s->tokens + s->n_eval, sizeof(int32_t) * (size_t)pend);
+        memcpy(rows + r + pend, ids[i], sizeof(int32_t) * (size_t)n[i]);
+        seq[i] = (df_seq_rows){&s->kv, s->n_eval, pend + n[i]};
+        r += pend + n[i];
+    }
+    pthread_mutex_lock(&m->mu);
+    const double t0 = now_s();
+    int rc = forward_batch(&m->eng, seq, n_seq, rows, run_logits, all, NULL, NULL, err, errlen);
+    const double dt = now_s() - t0;
+    if (run_logits != logits) {
+        if (rc == DF_OK) /* drop the pending rows' logits */
+            for (int i = 0, r = 0, o = 0; i < n_seq; i++) {
+                const int pend = seq[i].T - n[i];
+                memcpy(logits + (size_t)o * V, run_logits + (size_t)(r + pend) * V, sizeof(float) * (size_t)n[i] * V);
+                r += seq[i].T;
+                o += n[i];
+            }
+        free(run_logits);
+    }
+    if (rc == DF_OK) {
+        int n_decode = 0;
+        uint64_t n_prefill = 0;
+        uint64_t kvb = 0;
+        for (int i = 0; i < n_seq; i++) {
+            df_session *s = ss[i];
+            memcpy(s->tokens + s->n_past, ids[i], sizeof(int32_t) * (size_t)n[i]);
+            s->n_past += n[i];
+            s->n_eval = s->n_past;
+            if (s->recurrent && seq[i].T > 1) { /* snapshot at the end of a prompt, as df_eval */
+                if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
+                if (s->snap) {
+                    kv_recurrent_save(&s->kv, s->snap);
+                    s->snap_pos = s->n_eval;
+                }
+            }
+            if (n[i] > 1 || s->n_past == n[i]) n_prefill += (uint64_t)n[i];
+            else n_decode++;
+            kvb += kv_bytes(&s->kv);
+            if (m->store) store_token_event(m->store, s->n_past - 1);
+        }
+        if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
+        if (n_prefill) { m->prefill_s += dt; m->prefill_tokens += n_prefill + (uint64_t)n_decode; }
+        else { m->decode_s += dt; m->decode_tokens += (uint64_t)n_decode; }
+        m->kv_bytes = kvb;
+    } else {
+        for (int i = 0; i < n_seq; i++)
+            if (ss[i]->recurrent) session_rewind(ss[i], ss[i]->n_past); /* a failed pass may have moved the state */
+    }
+    pthread_mutex_unlock(&m->mu);
+    free(rows);
+    free(seq);
+    if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
+    return rc;
 }

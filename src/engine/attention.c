@@ -21,6 +21,7 @@
 #include <string.h>
 
 #define QA_NORM_EPS 1e-6f /* transformers builds q_a_layernorm / kv_a_layernorm with the default eps */
+enum { ATTN_CHUNK = 256 }; /* most rows through one attention pass */
 
 typedef struct {
     df_engine *e;
@@ -30,8 +31,9 @@ typedef struct {
     float *q_lat;        /* [T, H, kvl] */
     float *o_lat;        /* [T, H, kvl] */
     float *o_v;          /* [T, H*dv] */
-    const float *c, *kpe;/* cache of this layer */
-    int n_past;
+    const float *const *c, *const *kpe; /* per row: its sequence's cache of this layer */
+    const int *npos;     /* per row: the positions it attends to (causal: its own and the ones before) */
+    int max_npos;
 } attn_job;
 
 /* q_lat[t,h,:] = sum_d q_nope[t,h,d] * kv_b[h*(dn+dv)+d, :] */
@@ -59,20 +61,21 @@ static void scores_task(void *ctx, int64_t i0, int64_t i1, int tid) {
     attn_job *j = ctx;
     const df_backend *be = j->e->be;
     const int qd = j->dn + j->dr;
-    float *p = malloc(sizeof(float) * (size_t)(j->n_past + j->T));
+    float *p = malloc(sizeof(float) * (size_t)j->max_npos);
     if (!p) abort();
     const float scale = (float)j->e->rope.softmax_scale;
     for (int64_t i = i0; i < i1; i++) {
         int t = (int)(i / j->H), h = (int)(i % j->H);
-        int npos = j->n_past + t + 1; /* causal: positions 0..n_past+t */
+        const int npos = j->npos[t];
+        const float *c = j->c[t], *kpe = j->kpe[t];
         const float *ql = j->q_lat + ((int64_t)t * j->H + h) * j->kvl;
         const float *qp = j->q + (int64_t)t * j->H * qd + h * qd + j->dn;
         for (int s = 0; s < npos; s++)
-            p[s] = (be->dot(ql, j->c + (int64_t)s * j->kvl, j->kvl) + be->dot(qp, j->kpe + (int64_t)s * j->dr, j->dr)) * scale;
+            p[s] = (be->dot(ql, c + (int64_t)s * j->kvl, j->kvl) + be->dot(qp, kpe + (int64_t)s * j->dr, j->dr)) * scale;
         be->softmax(p, npos);
         float *ol = j->o_lat + ((int64_t)t * j->H + h) * j->kvl;
         memset(ol, 0, sizeof(float) * j->kvl);
-        for (int s = 0; s < npos; s++) be->axpy(ol, p[s], j->c + (int64_t)s * j->kvl, j->kvl);
+        for (int s = 0; s < npos; s++) be->axpy(ol, p[s], c + (int64_t)s * j->kvl, j->kvl);
     }
     free(p);
 }
@@ -93,19 +96,28 @@ static void value_task(void *ctx, int64_t h0, int64_t h1, int tid) {
     free(row);
 }
 
-/* One chunk of at most ATTN_CHUNK tokens (bounds the per-head scratch for long prompts). */
-static int attn_chunk(df_engine *e, int layer, df_kvcache *kv, int n_past, const float *h, int T, float *out,
+/* At most ATTN_CHUNK rows at once (bounds the per-head scratch for long prompts): the rows of n_seq
+ * sequences (seqs[i].T consecutive rows each), every projection over all rows, each row attending to its
+ * own sequence's cache. */
+static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out,
                       char *err, size_t errlen) {
     const df_config *cfg = e->cfg;
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int H = cfg->num_attention_heads, dn = cfg->qk_nope_head_dim, dr = cfg->qk_rope_head_dim,
               dv = cfg->v_head_dim, kvl = cfg->kv_lora_rank, qd = dn + dr;
-    int rc = kv_reserve(kv, n_past + T);
-    if (rc) {
-        if (err) snprintf(err, errlen, "KV cache: cannot hold %d positions (limit %d)%s", n_past + T, kv->n_ctx,
-                          rc == DF_ENOMEM ? ": out of memory" : "");
-        return rc;
+    int rc = DF_OK, T = 0;
+    for (int s = 0; s < n_seq; s++) {
+        rc = kv_reserve(seqs[s].kv, seqs[s].n_past + seqs[s].T);
+        if (rc) {
+            if (err) snprintf(err, errlen, "KV cache: cannot hold %d positions (limit %d)%s", seqs[s].n_past + seqs[s].T,
+                              seqs[s].kv->n_ctx, rc == DF_ENOMEM ? ": out of memory" : "");
+            return rc;
+        }
+        T += seqs[s].T;
     }
+    const float **rcache = malloc(sizeof(float *) * (size_t)T * 2);
+    int *npos = malloc(sizeof(int) * (size_t)T);
+    int max_npos = 1;
     const size_t qn = (size_t)T * H * qd;
     float *q = malloc(sizeof(float) * qn);
     float *kva = malloc(sizeof(float) * (size_t)T * (kvl + dr));
@@ -113,7 +125,7 @@ static int attn_chunk(df_engine *e, int layer, df_kvcache *kv, int n_past, const
     float *q_lat = malloc(sizeof(float) * (size_t)T * H * kvl);
     float *o_lat = malloc(sizeof(float) * (size_t)T * H * kvl);
     float *o_v = malloc(sizeof(float) * (size_t)T * H * dv);
-    if (!q || !kva || (cfg->q_lora_rank > 0 && !qa) || !q_lat || !o_lat || !o_v) {
+    if (!q || !kva || (cfg->q_lora_rank > 0 && !qa) || !q_lat || !o_lat || !o_v || !rcache || !npos) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "attention layer %d: out of memory for %d tokens", layer, T);
         goto done;
@@ -130,21 +142,30 @@ static int attn_chunk(df_engine *e, int layer, df_kvcache *kv, int n_past, const
     }
     /* latent KV into the cache */
     eng_matmul(e, &lw->kv_a, h, T, kva);
-    for (int t = 0; t < T; t++) {
-        int64_t pos = n_past + t;
-        const float *row = kva + (int64_t)t * (kvl + dr);
-        e->be->rmsnorm(kv->c[layer] + pos * kvl, row, lw->kv_a_norm, kvl, QA_NORM_EPS);
-        float *kp = kv->kpe[layer] + pos * dr;
-        memcpy(kp, row + kvl, sizeof(float) * dr);
-        if (cfg->mla_use_nope) continue; /* Kimi Linear / K3: the shared key part stays unrotated */
-        rope_apply(&e->rope, kp, pos);
-        for (int hh = 0; hh < H; hh++) rope_apply(&e->rope, q + (int64_t)t * H * qd + hh * qd + dn, pos);
+    int64_t score_work = 0;
+    for (int s = 0, t = 0; s < n_seq; s++) {
+        df_kvcache *kv = seqs[s].kv;
+        for (int i = 0; i < seqs[s].T; i++, t++) {
+            const int64_t pos = seqs[s].n_past + i;
+            const float *row = kva + (int64_t)t * (kvl + dr);
+            e->be->rmsnorm(kv->c[layer] + pos * kvl, row, lw->kv_a_norm, kvl, QA_NORM_EPS);
+            float *kp = kv->kpe[layer] + pos * dr;
+            memcpy(kp, row + kvl, sizeof(float) * dr);
+            rcache[t] = kv->c[layer];
+            rcache[T + t] = kv->kpe[layer];
+            npos[t] = (int)pos + 1; /* causal: positions 0..pos */
+            if (npos[t] > max_npos) max_npos = npos[t];
+            score_work += npos[t];
+            if (cfg->mla_use_nope) continue; /* Kimi Linear / K3: the shared key part stays unrotated */
+            rope_apply(&e->rope, kp, pos);
+            for (int hh = 0; hh < H; hh++) rope_apply(&e->rope, q + (int64_t)t * H * qd + hh * qd + dn, pos);
+        }
     }
-    attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, kv->c[layer], kv->kpe[layer], n_past};
+    attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, rcache, rcache + T, npos, max_npos};
     /* small problems run on the calling thread (waking the pool costs more than the work) */
     const int64_t head_work = (int64_t)(dn + dv) * kvl * T;
     const int64_t hgrain = head_work * H < 131072 ? H : 1;
-    const int64_t sgrain = (int64_t)(n_past + T) * (kvl + dr) * T * H < 131072 ? (int64_t)T * H : 1;
+    const int64_t sgrain = score_work * (kvl + dr) * H < 131072 ? (int64_t)T * H : 1;
     df_pool_run(e->pool, H, hgrain, absorb_q_task, &j);
     df_pool_run(e->pool, (int64_t)T * H, sgrain, scores_task, &j);
     df_pool_run(e->pool, H, hgrain, value_task, &j);
@@ -163,7 +184,7 @@ static int attn_chunk(df_engine *e, int layer, df_kvcache *kv, int n_past, const
     }
     eng_matmul(e, &lw->o, o_v, T, out);
 done:
-    free(q); free(kva); free(qa); free(q_lat); free(o_lat); free(o_v);
+    free(q); free(kva); free(qa); free(q_lat); free(o_lat); free(o_v); free(rcache); free(npos);
     return rc;
 }
 
@@ -171,11 +192,24 @@ int attn_forward(df_engine *e, int layer, df_kvcache *kv, int n_past, const floa
                  char *err, size_t errlen) {
     /* Long prompts go through in chunks: the cache rows of a chunk are written before the next
      * chunk attends to them, so the result equals one pass (each token's arithmetic is the same). */
-    enum { ATTN_CHUNK = 256 };
     const int D = e->cfg->hidden_size;
     for (int t0 = 0; t0 < T; t0 += ATTN_CHUNK) {
-        int n = T - t0 < ATTN_CHUNK ? T - t0 : ATTN_CHUNK;
-        int rc = attn_chunk(e, layer, kv, n_past + t0, h + (int64_t)t0 * D, n, out + (int64_t)t0 * D, err, errlen);
+        const df_seq_rows one = {kv, n_past + t0, T - t0 < ATTN_CHUNK ? T - t0 : ATTN_CHUNK};
+        int rc = attn_chunk(e, layer, &one, 1, h + (int64_t)t0 * D, out + (int64_t)t0 * D, err, errlen);
+        if (rc) return rc;
+    }
+    return DF_OK;
+}
+
+int attn_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out,
+                       char *err, size_t errlen) {
+    int T = 0;
+    for (int s = 0; s < n_seq; s++) T += seqs[s].T;
+    if (n_seq > 1 && T <= ATTN_CHUNK) return attn_chunk(e, layer, seqs, n_seq, h, out, err, errlen);
+    const int D = e->cfg->hidden_size; /* long prompts: each sequence on its own, in chunks */
+    for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++) {
+        int rc = attn_forward(e, layer, seqs[s].kv, seqs[s].n_past, h + (int64_t)r0 * D, seqs[s].T, out + (int64_t)r0 * D,
+                              err, errlen);
         if (rc) return rc;
     }
     return DF_OK;

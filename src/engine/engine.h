@@ -70,6 +70,13 @@ void kv_recurrent_reset(df_kvcache *kv);
 
 
 
+/* The rows of one sequence in a batched forward pass: T consecutive rows continuing kv at n_past. */
+typedef struct {
+    df_kvcache *kv;
+    int n_past;
+    int T;
+} df_seq_rows;
+
 /* Everything a forward pass needs. */
 typedef struct {
     const df_config *cfg;
@@ -89,6 +96,10 @@ typedef struct {
     uint64_t touched_n;              /* distinct (layer, expert) pairs used since the last reset */
     /* added for spine streaming (issue 4): NULL = the whole spine is resident */
     struct spine_stream *stream;
+    /* prompt-sized lookahead: the residual stream after layer la_layer - 1's attention, from which
+     * ffn_forward of that layer guesses la_layer's experts (NULL = none) */
+    const float *la_x;
+    int la_layer;
 } df_engine;
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
@@ -99,6 +110,12 @@ void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *
 int attn_forward(df_engine *e, int layer, df_kvcache *kv, int n_past, const float *h, int T, float *out,
                  char *err, size_t errlen);
 
+/* MLA attention for the rows of n_seq sequences (engine.h df_seq_rows; h, out: [sum T, hidden]): up to
+ * 256 rows in one pass (projections over all rows, each row attending to its own sequence's cache),
+ * longer batches one sequence at a time. Each row's result equals attn_forward on its sequence alone. */
+int attn_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out,
+                       char *err, size_t errlen);
+
 /* noaux_tc routing of T rows of router logits [T, E] -> ids/weights [T, top_k] (moe.c). */
 void moe_route(const df_config *cfg, const float *logits, const float *bias, int T, int *ids, float *weights);
 /* FFN of a layer (dense MLP, or shared + routed experts grouped by expert). h: [T, hidden]
@@ -108,16 +125,35 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
  * predicted experts with STORE_PREFETCH. No effect on numerics. */
 void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T);
 
+/* The experts layer `layer`'s router picks for any of the T rows of x_resid (the residual stream, normed
+ * here with that layer's ffn_norm), ascending, into used[n_routed_experts]; returns how many (0 for a
+ * dense layer or on allocation failure). */
+int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used);
+
 /* T tokens through every layer. logits: NULL, [vocab] (last position) or [T, vocab] when all_logits.
  * progress called per layer (what = "layers"). */
 int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,
             int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen);
+
+/* Rows of n_seq sequences (seqs[i].T rows each, in order; distinct KV caches) through every layer in one
+ * pass: per-row work and the experts over all rows, each mixer per sequence (forward.c). ids: [sum T].
+ * logits: NULL, [n_seq, vocab] (the last row of each sequence) or [sum T, vocab] when all_logits. Each
+ * sequence's logits and state equal those of forward() on it alone (batch-invariant kernels).
+ * DF_EINVAL (a sequence without rows, a shared KV cache, an id outside the vocabulary), DF_ECONTEXT. */
+int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_t *ids, float *logits, int all_logits,
+                  int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen);
 
 /* Kimi Delta Attention for T tokens continuing the layer's recurrent state (kda.c).
  * h: [T, hidden] (input-normalized); out: [T, hidden]. Math: shared/notes/kimi-k3.md (KDA),
  * flash-linear-attention's naive recurrent form, one token after another (so any chunking of
  * a prompt gives bit-identical results). */
 int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, float *out, char *err, size_t errlen);
+
+/* kda_forward for the rows of n_seq sequences (h, out: [sum T, hidden]): projections over all rows, the
+ * short conv and the recurrence of each sequence on its own state. Each row's result equals kda_forward on
+ * its sequence alone. */
+int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
+                      size_t errlen);
 
 /* The MLP activation of cfg->act applied in place: g[i] = act(g[i], u[i]) for n values
  * (SwiGLU: silu(g)*u; SiTU: beta*tanh(g/beta)*sigmoid(g) * (lb*tanh(u/lb) or u)). */

@@ -11,6 +11,12 @@
  * restarts at zero; p += mixer out; the FFN input is mix(blocks, p); p += FFN out.
  * After the last layer the output mix (output_attn_res_*) gives the final norm's input.
  *   mix(v_0..v_n) = sum_i softmax_i(<v_i * rsqrt(mean(v_i^2) + eps), norm.w * proj.w>) v_i
+ * Batches (forward_batch): rows of several sequences in one pass; every per-row step (embedding, norms,
+ * AttnRes, router, experts, lm_head, MLA projections) runs over all rows at once, so each expert a layer
+ * needs is read once for the batch, while each row attends to its own sequence's KV cache at its own
+ * position (MLA) or continues its own sequence's recurrent state (KDA).
+ * The kernels give each row the same bits whatever the other rows, so a sequence's logits equal those of
+ * evaluating it alone.
  * Also the weight-byte-counting matmul wrapper.
  */
 #include "engine.h"
@@ -23,7 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PREFETCH_MAX_T = 4 };
+/* Router lookahead prefetch runs for calls of at most PREFETCH_MAX_T rows, and for decode batches (one row
+ * per sequence) of at most PREFETCH_MAX_SEQ sequences. */
+enum { PREFETCH_MAX_T = 4, PREFETCH_MAX_SEQ = 16 };
 
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y) {
     e->be->matmul(e->pool, w, x, T, y);
@@ -60,9 +68,35 @@ static void attn_res_mix(float *out, const float *blocks, int nb, int nbmax, con
 
 int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,
             int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen) {
+    if (T <= 0) return DF_OK;
+    const df_seq_rows one = {kv, n_past, T};
+    return forward_batch(e, &one, 1, ids, logits, all_logits, progress, user, err, errlen);
+}
+
+int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_t *ids, float *logits, int all_logits,
+                  int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen) {
     const df_config *cfg = e->cfg;
     const df_spine *sp = e->spine;
     const int D = cfg->hidden_size, L = cfg->num_hidden_layers;
+    int T = 0, decode_batch = n_seq <= PREFETCH_MAX_SEQ;
+    for (int s = 0; s < n_seq; s++) {
+        if (seqs[s].T <= 0) {
+            if (err) snprintf(err, errlen, "sequence %d of the batch has %d rows (at least 1)", s, seqs[s].T);
+            return DF_EINVAL;
+        }
+        if (seqs[s].n_past + seqs[s].T > seqs[s].kv->n_ctx) {
+            if (err) snprintf(err, errlen, "context full: %d + %d tokens exceed the session's %d positions",
+                              seqs[s].n_past, seqs[s].T, seqs[s].kv->n_ctx);
+            return DF_ECONTEXT;
+        }
+        for (int s2 = 0; s2 < s; s2++)
+            if (seqs[s2].kv == seqs[s].kv) {
+                if (err) snprintf(err, errlen, "sequences %d and %d of the batch share one KV cache", s2, s);
+                return DF_EINVAL;
+            }
+        decode_batch &= seqs[s].T == 1;
+        T += seqs[s].T;
+    }
     if (T <= 0) return DF_OK;
     for (int t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= sp->embed.rows) {
@@ -70,11 +104,6 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
                               (long long)sp->embed.rows);
             return DF_EINVAL;
         }
-    if (n_past + T > kv->n_ctx) {
-        if (err) snprintf(err, errlen, "context full: %d + %d tokens exceed the session's %d positions", n_past, T,
-                          kv->n_ctx);
-        return DF_ECONTEXT;
-    }
     int rc = DF_OK;
     const int B = cfg->attn_res_block, nbmax = B > 0 ? (L + B - 1) / B + 1 : 0;
     int nb = 0;
@@ -119,8 +148,10 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, ain + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
         LAP(DF_PHASE_NORM);
-        if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward(e, l, kv, h, T, a, err, errlen);
-        else rc = attn_forward(e, l, kv, n_past, h, T, a, err, errlen);
+        /* projections over all rows at once; each row attends to its own sequence's KV cache (MLA) or
+         * continues its own sequence's recurrent state (KDA) */
+        if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
+        else rc = attn_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
         LAP(cfg->mixer[l] == DF_MIXER_KDA ? DF_PHASE_KDA : DF_PHASE_MLA);
         if (rc) goto done;
         if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
@@ -128,12 +159,26 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         /* lookahead prefetch only for decode-sized calls: a prompt's union of guesses for layer l+1 is
          * large enough to evict experts of layer l before they are used (prefill reads each touched
          * expert once through the demand requests of ffn_forward instead) */
-        if (e->prefetch && T <= PREFETCH_MAX_T && l + 1 < L) {
+        if (e->prefetch && (T <= PREFETCH_MAX_T || decode_batch) && l + 1 < L) {
             /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
             LAP(DF_PHASE_NORM);
             moe_prefetch(e, l + 1, x, T);
             LAP(DF_PHASE_PREFETCH);
+        }
+        /* prompt-sized calls: ffn_forward guesses layer l+1's experts from x once layer l's own reads are
+         * queued (behind them, into slots nothing pending or unused holds; see ffn_forward) */
+        e->la_x = NULL;
+        if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe) {
+            if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
+            LAP(DF_PHASE_IO_WAIT);
+            if (sp->layers[l].is_moe) {
+                e->la_x = x;
+                e->la_layer = l + 1;
+            } else { /* a dense layer reads no experts: the guesses go out now, read during its MLP */
+                moe_prefetch(e, l + 1, x, T);
+                LAP(DF_PHASE_PREFETCH);
+            }
         }
         const float *fin = x;
         if (B > 0) {
@@ -146,6 +191,7 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         {
             const double io0 = e->io_wait_s, r0 = e->phase_s[DF_PHASE_ROUTER];
             rc = ffn_forward(e, l, h, T, a, err, errlen);
+            e->la_x = NULL;
             const double now = df_now(), dio = e->io_wait_s - io0, dr = e->phase_s[DF_PHASE_ROUTER] - r0;
             e->phase_s[lw->is_moe ? DF_PHASE_EXPERTS : DF_PHASE_DENSE] += now - lap - dio - dr;
             e->phase_s[DF_PHASE_IO_WAIT] += dio;
@@ -160,14 +206,18 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         }
     }
     if (logits) {
-        int first = all_logits ? 0 : T - 1, n = T - first;
-        if (B > 0) { /* output attention residual over the rows that need logits */
-            attn_res_mix(mx, blocks + (int64_t)first * nbmax * D, nb, nbmax, x + (int64_t)first * D, sp->out_res_norm,
-                         sp->out_res_proj, n, D, cfg->rms_norm_eps);
-            memcpy(x + (int64_t)first * D, mx, sizeof(float) * (size_t)n * D);
-        }
-        for (int t = first; t < T; t++)
-            e->be->rmsnorm(h + (int64_t)(t - first) * D, x + (int64_t)t * D, sp->final_norm, D, cfg->rms_norm_eps);
+        /* the rows that need logits: every row, or the last row of each sequence */
+        int n = 0;
+        for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++)
+            for (int t = all_logits ? r0 : r0 + seqs[s].T - 1; t < r0 + seqs[s].T; t++, n++) {
+                const float *xr = x + (int64_t)t * D;
+                if (B > 0) { /* output attention residual */
+                    attn_res_mix(mx + (int64_t)n * D, blocks + (int64_t)t * nbmax * D, nb, nbmax, xr, sp->out_res_norm,
+                                 sp->out_res_proj, 1, D, cfg->rms_norm_eps);
+                    xr = mx + (int64_t)n * D;
+                }
+                e->be->rmsnorm(h + (int64_t)n * D, xr, sp->final_norm, D, cfg->rms_norm_eps);
+            }
         LAP(DF_PHASE_NORM);
         eng_matmul(e, &sp->lm_head, h, n, logits);
         LAP(DF_PHASE_LM_HEAD);

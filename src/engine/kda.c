@@ -27,13 +27,15 @@
 typedef struct {
     const df_config *cfg;
     const df_layer_weights *lw;
-    int T, H, K;
-    float *q, *k, *v;        /* [T, H*K] after conv + SiLU */
-    const float *graw;       /* [T, H*K] f_b(f_a(x)) */
-    const float *bl;         /* [T, H] beta logits */
-    const float *gate;       /* [T, H*K] output gate logits */
-    float *S;                /* [H, K, K] */
-    float *o;                /* [T, H*K] */
+    int H, K;
+    float *q, *k, *v;        /* [rows, H*K] after conv + SiLU */
+    const float *graw;       /* [rows, H*K] f_b(f_a(x)) */
+    const float *bl;         /* [rows, H] beta logits */
+    const float *gate;       /* [rows, H*K] output gate logits */
+    float *o;                /* [rows, H*K] */
+    const df_seq_rows *seqs; /* the sequences: seqs[s].T consecutive rows from row0[s], state S of seqs[s].kv */
+    const int *row0;
+    int layer;
 } kda_job;
 
 static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -46,17 +48,19 @@ static void l2norm(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= r;
 }
 
-static void head_task(void *ctx, int64_t h0, int64_t h1, int tid) {
+/* items: (sequence, head) pairs, i = sequence * H + head; each runs its sequence's rows in order */
+static void head_task(void *ctx, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     kda_job *j = ctx;
     const int K = j->K, D = j->H * j->K;
     const df_config *cfg = j->cfg;
     float kv_mem[K > 0 ? K : 1], decay[K > 0 ? K : 1];
     const float qscale = 1.0f / sqrtf((float)K);
-    for (int64_t h = h0; h < h1; h++) {
-        float *S = j->S + h * (int64_t)K * K;
+    for (int64_t i = i0; i < i1; i++) {
+        const int sq = (int)(i / j->H), h = (int)(i % j->H);
+        float *S = j->seqs[sq].kv->kda_S[j->layer] + h * (int64_t)K * K;
         const float a = expf(j->lw->A_log[h]);
-        for (int t = 0; t < j->T; t++) {
+        for (int t = j->row0[sq]; t < j->row0[sq] + j->seqs[sq].T; t++) {
             float *q = j->q + (int64_t)t * D + h * K, *k = j->k + (int64_t)t * D + h * K;
             const float *v = j->v + (int64_t)t * D + h * K;
             const float *raw = j->graw + (int64_t)t * D + h * K;
@@ -122,10 +126,22 @@ static void short_conv(float *x, float *state, const float *w, int T, int D, int
 }
 
 int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, float *out, char *err, size_t errlen) {
+    const df_seq_rows one = {kv, 0, T};
+    return kda_forward_batch(e, layer, &one, 1, h, out, err, errlen);
+}
+
+int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
+                      size_t errlen) {
     const df_config *cfg = e->cfg;
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int H = cfg->kda_heads, K = cfg->kda_head_dim, D = H * K, W = cfg->kda_conv;
-    int rc = DF_OK;
+    int rc = DF_OK, T = 0;
+    int *row0 = malloc(sizeof(int) * (size_t)(n_seq > 0 ? n_seq : 1));
+    if (!row0) {
+        if (err) snprintf(err, errlen, "KDA layer %d: out of memory", layer);
+        return DF_ENOMEM;
+    }
+    for (int s = 0; s < n_seq; s++) { row0[s] = T; T += seqs[s].T; }
     float *q = malloc(sizeof(float) * (size_t)T * D), *k = malloc(sizeof(float) * (size_t)T * D),
           *v = malloc(sizeof(float) * (size_t)T * D), *fa = malloc(sizeof(float) * (size_t)T * K),
           *graw = malloc(sizeof(float) * (size_t)T * D), *bl = malloc(sizeof(float) * (size_t)T * H),
@@ -138,12 +154,13 @@ int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, 
     eng_matmul(e, &lw->kda_q, h, T, q);
     eng_matmul(e, &lw->kda_k, h, T, k);
     eng_matmul(e, &lw->kda_v, h, T, v);
-    {
-        float *cs = kv->kda_conv[layer];
+    for (int s = 0; s < n_seq; s++) { /* each sequence's rows continue its own conv state */
+        float *cs = seqs[s].kv->kda_conv[layer];
         const size_t P = (size_t)(W - 1) * D;
-        short_conv(q, cs, lw->conv_q, T, D, W);
-        short_conv(k, cs + P, lw->conv_k, T, D, W);
-        short_conv(v, cs + 2 * P, lw->conv_v, T, D, W);
+        const int64_t o = (int64_t)row0[s] * D;
+        short_conv(q + o, cs, lw->conv_q, seqs[s].T, D, W);
+        short_conv(k + o, cs + P, lw->conv_k, seqs[s].T, D, W);
+        short_conv(v + o, cs + 2 * P, lw->conv_v, seqs[s].T, D, W);
     }
     eng_matmul(e, &lw->f_a, h, T, fa);
     eng_matmul(e, &lw->f_b, fa, T, graw);
@@ -154,11 +171,12 @@ int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, 
         eng_matmul(e, &lw->g_a, h, T, fa);
         eng_matmul(e, &lw->g_b, fa, T, gate);
     }
-    kda_job j = {cfg, lw, T, H, K, q, k, v, graw, bl, gate, kv->kda_S[layer], o};
-    const int64_t grain = (int64_t)T * K * K * H < 65536 ? H : 1;
-    df_pool_run(e->pool, H, grain, head_task, &j);
+    kda_job j = {cfg, lw, H, K, q, k, v, graw, bl, gate, o, seqs, row0, layer};
+    const int64_t items = (int64_t)n_seq * H;
+    const int64_t grain = (int64_t)T * K * K * H < 65536 ? items : 1;
+    df_pool_run(e->pool, items, grain, head_task, &j);
     eng_matmul(e, &lw->o, o, T, out);
 done:
-    free(q); free(k); free(v); free(fa); free(graw); free(bl); free(gate); free(o);
+    free(q); free(k); free(v); free(fa); free(graw); free(bl); free(gate); free(o); free(row0);
     return rc;
 }

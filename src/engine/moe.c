@@ -98,11 +98,48 @@ void eng_act(const df_engine *e, float *g, const float *u, int64_t n) {
     }
 }
 
+/* Routed expert x of a layer resident in device memory (the backend's first tier, df_backend.dev_pin):
+ * pin its three matrices and describe them in *v (no host data), 1; else 0 (nothing pinned). */
+static int dev_pin_expert(const df_engine *e, int layer, int x, df_expert *v) {
+    if (!e->be->dev_pin) return 0;
+    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 0), &v->gate)) return 0;
+    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 1), &v->up)) {
+        e->be->dev_unpin(DF_DEVKEY(layer, x, 0));
+        return 0;
+    }
+    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 2), &v->down)) {
+        e->be->dev_unpin(DF_DEVKEY(layer, x, 0));
+        e->be->dev_unpin(DF_DEVKEY(layer, x, 1));
+        return 0;
+    }
+    return 1;
+}
+
+static void dev_unpin_expert(const df_engine *e, int layer, int x) {
+    for (int p = 0; p < 3; p++) e->be->dev_unpin(DF_DEVKEY(layer, x, p));
+}
+
+/* 1 when expert x of the layer is resident in device memory now (an I/O hint: it may be evicted later). */
+static int dev_resident(const df_engine *e, int layer, int x) {
+    df_expert v;
+    if (!dev_pin_expert(e, layer, x, &v)) return 0;
+    dev_unpin_expert(e, layer, x);
+    return 1;
+}
+
 /* out = down(act(gate x, up x)) for T rows (act: SwiGLU or SiTU, eng_act). pool NULL = on the calling thread (inside a pool task);
  * the weight bytes touched are added to *bytes. */
 static int mlp(df_engine *e, df_pool *pool, const df_weight *gate, const df_weight *up, const df_weight *down,
                const float *x, int T, float *out, uint64_t *bytes) {
     const int64_t I = gate->rows;
+    if (e->be->mlp) {
+        const int situ = e->cfg->act == DF_ACT_SITU;
+        if (e->be->mlp(gate, up, down, situ, e->cfg->situ_beta, e->cfg->situ_linear_beta, x, T, out) == 0) {
+            *bytes += df_weight_bytes(gate) + df_weight_bytes(up) + df_weight_bytes(down);
+            return DF_OK;
+        }
+        if (!gate->data) return DF_EINVAL; /* GPU-resident weights: no host copy to compute on */
+    }
     float *g = malloc(sizeof(float) * (size_t)(T * I)), *u = malloc(sizeof(float) * (size_t)(T * I));
     if (!g || !u) { free(g); free(u); return DF_ENOMEM; }
     e->be->matmul(pool, gate, x, T, g);
@@ -191,7 +228,11 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     uint64_t *bytes = calloc((size_t)E + 2, sizeof(uint64_t));
     int *rcs = calloc((size_t)E + 2, sizeof(int));
     float *sh = lw->has_shared ? malloc(sizeof(float) * (size_t)T * D) : NULL;
-    if (!logits || !ids || !wts || !count || !used || !rows || !rw || !start || !yall || !ye || !views || !bytes ||
+    int *guess = NULL, n_guess = 0; /* lookahead guesses for layer + 1 (prompt-sized calls) */
+    int *rows_req = malloc(sizeof(int) * (size_t)E), *acq_ids = malloc(sizeof(int) * (size_t)(E + 1));
+    int *pinned = calloc((size_t)E + 1, sizeof(int));
+    df_expert *aviews = malloc(sizeof(df_expert) * (size_t)(E + 1));
+    if (!rows_req || !acq_ids || !pinned || !aviews || !logits || !ids || !wts || !count || !used || !rows || !rw || !start || !yall || !ye || !views || !bytes ||
         !rcs || (lw->has_shared && !sh) || (latent && (!hx || !acc))) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "MoE layer %d: out of memory for %d tokens", layer, T);
@@ -225,7 +266,27 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             unsigned char *t = &e->touched[(int64_t)layer * E + used[i]];
             if (!*t) { *t = 1; e->touched_n++; }
         }
-    if (e->experts.request) e->experts.request(e->experts.ctx, layer, used, n_used, STORE_DEMAND);
+    if (e->experts.request) {
+        /* experts resident in device memory (the backend's first tier) are not read from the store */
+        int n_req = 0;
+        for (int i = 0; i < n_used; i++)
+            if (!dev_resident(e, layer, used[i])) rows_req[n_req++] = used[i];
+        if (n_req) e->experts.request(e->experts.ctx, layer, rows_req, n_req, STORE_DEMAND);
+    }
+    /* prompt-sized lookahead: the next layer's likely experts, queued behind this layer's demand reads so
+     * the drive keeps reading while this layer computes. The store gives a guess only a slot no pending
+     * or unused expert holds, so no guess evicts anything needed; a guess that got no slot is asked again
+     * after each chunk of this layer is released (its slots become free), and guesses the next layer
+     * does not need are dropped by its demand request. */
+    if (e->la_x && e->la_layer == layer + 1 && e->experts.request && (guess = malloc(sizeof(int) * (size_t)E))) {
+        const double tg = df_now();
+        n_guess = moe_guess(e, layer + 1, e->la_x, T, guess);
+        if (n_guess > 0) {
+            e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
+            e->prefetch_issued += (uint64_t)n_guess;
+        }
+        e->phase_s[DF_PHASE_ROUTER] += df_now() - tg; /* router work (the caller books it apart from the experts') */
+    }
     if (latent) eng_matmul(e, &lw->lat_down, h, T, hx);
     memset(acc, 0, sizeof(float) * (size_t)T * Wd);
     /* chunks of experts: acquire, compute (items in parallel across the pool when there are enough of
@@ -234,11 +295,29 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     for (int u0 = 0; u0 < n_used || (u0 == 0 && lw->has_shared); u0 += maxc) {
         const int nc = n_used - u0 < maxc ? n_used - u0 : maxc;
         const int with_shared = lw->has_shared && u0 + nc >= n_used; /* the last chunk carries the shared expert */
+        int n_acq = 0; /* experts of the chunk taken from the store (the rest are pinned in device memory) */
         if (nc > 0) {
-            double t0 = now_s();
-            rc = e->experts.acquire(e->experts.ctx, layer, used + u0, nc, views, err, errlen);
-            e->io_wait_s += now_s() - t0;
-            if (rc) goto done;
+            for (int i = 0; i < nc; i++) {
+                pinned[i] = dev_pin_expert(e, layer, used[u0 + i], &views[i]);
+                if (!pinned[i]) acq_ids[n_acq++] = used[u0 + i];
+            }
+            if (n_acq > 0) {
+                double t0 = now_s();
+                rc = e->experts.acquire(e->experts.ctx, layer, acq_ids, n_acq, aviews, err, errlen);
+                e->io_wait_s += now_s() - t0;
+                if (rc) {
+                    for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, used[u0 + i]);
+                    goto done;
+                }
+            }
+            for (int i = 0, a = 0; i < nc; i++) {
+                if (pinned[i]) continue;
+                views[i] = aviews[a++];
+                /* identities for device caches (the views' buffers are reused) */
+                views[i].gate.dev_key = DF_DEVKEY(layer, used[u0 + i], 0);
+                views[i].up.dev_key = DF_DEVKEY(layer, used[u0 + i], 1);
+                views[i].down.dev_key = DF_DEVKEY(layer, used[u0 + i], 2);
+            }
         }
         int64_t biggest = 0;
         for (int i = 0; i < nc; i++) {
@@ -257,7 +336,9 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         memset(bytes, 0, sizeof(uint64_t) * (size_t)(items + 1));
         if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
         else ex_task(&j, 0, items, 0);
-        if (nc > 0) e->experts.release(e->experts.ctx, layer, used + u0, nc);
+        if (n_acq > 0) e->experts.release(e->experts.ctx, layer, acq_ids, n_acq);
+        for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, used[u0 + i]);
+        if (n_guess > 0 && u0 + nc < n_used) e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
         for (int i = 0; i < items; i++) {
             e->weight_bytes += bytes[i];
             if (rcs[i] && !rc) rc = rcs[i];
@@ -283,31 +364,43 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         for (int64_t i = 0; i < (int64_t)T * D; i++) out[i] += sh[i];
 done:
     free(logits); free(ids); free(wts); free(count); free(used); free(rows); free(rw); free(start);
-    free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh); free(hx);
+    free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh); free(hx); free(guess);
+    free(rows_req); free(acq_ids); free(pinned); free(aviews);
     if (latent) free(acc);
     return rc;
 }
 
-void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T) {
+int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
     const df_config *cfg = e->cfg;
-    if (layer >= cfg->num_hidden_layers || !e->experts.request) return;
+    if (layer >= cfg->num_hidden_layers) return 0;
     const df_layer_weights *lw = &e->spine->layers[layer];
-    if (!lw->is_moe) return;
+    if (!lw->is_moe) return 0;
     const int D = cfg->hidden_size, E = cfg->n_routed_experts, K = cfg->num_experts_per_tok;
     float *h = malloc(sizeof(float) * (size_t)T * D), *logits = malloc(sizeof(float) * (size_t)T * E);
-    int *ids = malloc(sizeof(int) * (size_t)T * K), *used = malloc(sizeof(int) * (size_t)E);
+    int *ids = malloc(sizeof(int) * (size_t)T * K);
     float *w = malloc(sizeof(float) * (size_t)T * K);
     char *mark = calloc((size_t)E, 1);
-    if (h && logits && ids && used && w && mark) {
+    int n = 0;
+    if (h && logits && ids && w && mark) {
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, x_resid + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
         eng_matmul(e, &lw->router, h, T, logits);
         moe_route(cfg, logits, lw->router_bias, T, ids, w);
-        int n = 0;
-        for (int i = 0; i < T * K; i++) if (!mark[ids[i]]) { mark[ids[i]] = 1; }
+        for (int i = 0; i < T * K; i++) mark[ids[i]] = 1;
         for (int x = 0; x < E; x++) if (mark[x]) used[n++] = x;
+    }
+    free(h); free(logits); free(ids); free(w); free(mark);
+    return n;
+}
+
+void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T) {
+    if (layer >= e->cfg->num_hidden_layers || !e->experts.request) return;
+    int *used = malloc(sizeof(int) * (size_t)e->cfg->n_routed_experts);
+    if (!used) return;
+    const int n = moe_guess(e, layer, x_resid, T, used);
+    if (n > 0) {
         e->experts.request(e->experts.ctx, layer, used, n, STORE_PREFETCH);
         e->prefetch_issued += (uint64_t)n;
     }
-    free(h); free(logits); free(ids); free(used); free(w); free(mark);
+    free(used);
 }

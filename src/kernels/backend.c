@@ -4,7 +4,9 @@
  */
 #include "backend.h"
 #include "cpu/cpu_internal.h"
+#include "kernels/cuda.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static int have_avx2(void) {
@@ -32,10 +34,24 @@ const df_backend *df_backend_get(const char *name) {
         if (have_avx2()) return &df_backend_cpu_avx2;
         return &df_backend_cpu_scalar;
     }
+    if (!strcmp(name, "cuda")) return df_cuda_backend();
+    if (!strcmp(name, "auto")) {
+        const df_backend *c = df_cuda_backend();
+        return c ? c : df_backend_get("cpu");
+    }
     if (!strcmp(name, "cpu-scalar")) return &df_backend_cpu_scalar;
     if (!strcmp(name, "cpu-avx2")) return have_avx2() ? &df_backend_cpu_avx2 : NULL;
     if (!strcmp(name, "cpu-avx512")) return have_avx512() ? &df_backend_cpu_avx512 : NULL;
     return NULL;
+}
+
+const char *df_backend_why(const char *name, char *buf, size_t len) {
+    if (name && !strcmp(name, "cuda")) {
+        if (df_cuda_probe(buf, len)) snprintf(buf, len, "available");
+        return buf;
+    }
+    snprintf(buf, len, "unknown or not supported by this CPU (use auto, cpu, cpu-scalar or cuda)");
+    return buf;
 }
 
 int df_backend_list(const df_backend **out, int cap) {

@@ -12,6 +12,7 @@
 #define DF_KERNELS_BACKEND_H
 
 #include "model/weights.h"
+#include <stddef.h>
 #include <stdint.h>
 
 /* ------------------------------------------------------------ thread pool */
@@ -45,11 +46,24 @@ typedef struct df_backend {
     void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
     /* in-place softmax over n values (max-subtracted, fp32) */
     void (*softmax)(float *x, int64_t n);
+    /* Optional (NULL on the CPU): weights resident in device memory, the first routed-expert tier.
+     * dev_pin: when the weight with this dev_key (DF_DEVKEY) is resident, keep it so until dev_unpin and
+     * return 1 with *w = its type and shape (data and scale NULL: matmul finds it by dev_key); else 0. */
+    int (*dev_pin)(uint64_t dev_key, df_weight *w);
+    void (*dev_unpin)(uint64_t dev_key);
+    /* Optional: a whole MLP in one call, out [T, down.rows] = down(act(gate x, up x)) for x [T, gate.cols];
+     * act 0 = SwiGLU silu(g)*u, 1 = SiTU (beta, lb as eng_act). Returns 0, or -1 when it cannot (the caller then
+     * runs the three matmuls and the activation itself). */
+    int (*mlp)(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+               const float *x, int T, float *out);
 } df_backend;
 
-/* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512".
- * NULL if the name is unknown or the CPU lacks the instructions. */
+/* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";
+ * "cuda" (GPU matmuls, kernels/cuda.h); "auto" = cuda when a CUDA device is present, else cpu.
+ * NULL if the name is unknown, the CPU lacks the instructions or there is no CUDA device. */
 const df_backend *df_backend_get(const char *name);
+/* Why df_backend_get(name) returned NULL, into buf (e.g. "no CUDA device (cudaGetDeviceCount: ...)"). */
+const char *df_backend_why(const char *name, char *buf, size_t len);
 /* Every backend this machine can run (scalar first); returns the count. */
 int df_backend_list(const df_backend **out, int cap);
 /* SIMD features found at runtime, e.g. "avx2 fma f16c" or "avx512f avx2 fma f16c". */

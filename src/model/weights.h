@@ -32,7 +32,13 @@ typedef struct {
     int64_t rows, cols;
     const void *data;
     const void *scale;   /* NULL for F32/BF16/F16 */
+    /* Identity of the weight for device caches (src/kernels/cuda.h): 0 = the host address `data`
+     * (valid while the model is open); else DF_DEVKEY(...) set by whoever hands out the view. */
+    uint64_t dev_key;
 } df_weight;
+/* A routed expert's device-cache key: part 0 = gate, 1 = up, 2 = down (bit 63 marks explicit keys). */
+#define DF_DEVKEY(layer, expert, part) \
+    ((1ull << 63) | ((uint64_t)(layer) << 40) | ((uint64_t)(expert) << 8) | (uint64_t)(part))
 
 /* Bytes of data / scale arrays of a weight of this type and shape. */
 size_t df_weight_data_bytes(df_wtype t, int64_t rows, int64_t cols);

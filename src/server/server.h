@@ -27,7 +27,11 @@ typedef struct {
     int max_connections;
     int verbose;
     const char *port_file;    /* write the bound port here once listening */
+    int parallel;             /* generations running at once, decode steps batched (cmd_serve default 4); 0 = 1 */
     const void *remote_source; /* streamed install: df_model_opts.remote_source (src/hub/stream.h); NULL = none */
+    /* compute backend (docs/cuda.md) */
+    const char *backend;      /* auto | cpu | cpu-scalar | cuda; NULL = the library default */
+    uint64_t gpu_budget;      /* backend cuda: routed-expert cache bytes; 0 = all free GPU memory less 1 GiB */
 } srv_config;
 
 /* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.

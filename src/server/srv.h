@@ -2,8 +2,9 @@
  *
  * Data path of one request:
  *   HTTP body (srv_http.c) -> UTF-8 check + JSON -> srv_request (srv_request.c)
- *   -> admission (one running + --queue waiting, else 429) -> worker thread (srv_gen.c):
- *      prompt tokens -> KV prefix reuse -> df_eval -> sample -> streaming detok
+ *   -> admission (--parallel running + --queue waiting, else 429) -> a worker thread (srv_gen.c):
+ *      prompt tokens -> a session (longest cached prefix) -> KV prefix reuse -> df_eval -> sample
+ *      -> decode steps batched with the other running generations (df_eval_batch) -> streaming detok
  *      -> stop matcher (srv_stop.c) -> Kimi reasoning / tool-call parser (srv_kimi.c)
  *      -> SSE chunks or one JSON body -> back to the connection thread.
  * The engine is reached through srv_backend (srv_backend.c: include/deltafin.h only;
@@ -172,13 +173,21 @@ struct srv_backend {
     void (*detok_free)(void *d);
     int32_t (*token_id)(srv_backend *b, const char *tok);
     int (*stop_ids)(srv_backend *b, int32_t *ids, int cap);
-    /* the one session */
-    int (*n_past)(srv_backend *b);
-    const int32_t *(*tokens)(srv_backend *b);
-    int (*truncate)(srv_backend *b, int n_keep);
-    /* flags: DF_EVAL_ALL_LOGITS -> logits holds n rows of n_vocab */
-    int (*eval)(srv_backend *b, const int32_t *ids, int n, float *logits, int flags, df_progress_fn progress,
-                void *user, char *err, size_t errlen);
+    /* Sessions (one KV cache each, kept across requests for prefix reuse): n_sessions of them, one per
+     * generation running at once (serve --parallel). session_acquire takes an idle one, the one whose
+     * cached tokens share the longest prefix with prompt[0..n) (ties: the least recently used); NULL
+     * when all are taken. session_release gives it back (its tokens stay for the next request). */
+    int n_sessions;
+    void *(*session_acquire)(srv_backend *b, const int32_t *prompt, int n);
+    void (*session_release)(srv_backend *b, void *sess);
+    int (*n_past)(srv_backend *b, void *sess);
+    const int32_t *(*tokens)(srv_backend *b, void *sess);
+    int (*truncate)(srv_backend *b, void *sess, int n_keep);
+    /* flags: DF_EVAL_ALL_LOGITS -> logits holds n rows of n_vocab. A one-token eval without flags or
+     * progress is a decode step: the model backend batches the decode steps of all sessions that are
+     * decoding into one forward pass (df_eval_batch), the result being the same as alone. */
+    int (*eval)(srv_backend *b, void *sess, const int32_t *ids, int n, float *logits, int flags,
+                df_progress_fn progress, void *user, char *err, size_t errlen);
     /* sampling */
     void *(*sampler_new)(srv_backend *b, const df_sampler_opts *o);
     int32_t (*sample)(void *s, const float *logits, int n_vocab);
@@ -187,16 +196,28 @@ struct srv_backend {
     /* engine statistics (df_model_stats); NULL for the mock */
     void (*stats)(srv_backend *b, df_stats *out);
     void (*stats_reset)(srv_backend *b);
+    /* batched decode steps so far: forward passes and the rows they held (rows / steps = mean batch); NULL for the mock */
+    void (*batch_stats)(srv_backend *b, uint64_t *steps, uint64_t *rows);
     void (*close)(srv_backend *b);
 };
 
-int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx,
+/* n_sessions: generations that may run at once (>= 1); the RAM budget (mo->ram_budget) reserves a KV
+ * cache of n_ctx positions for each. */
+int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx, int n_sessions,
                            char *err, size_t errlen);
 /* Mock model: vocabulary = 256 bytes + EOS (256); the greedy continuation of
  * a prompt follows a fixed UTF-8 text (EOS at its end for prompts shorter than
  * it, endless cycling for longer ones); delay_ms per evaluated token. kimi=1:
  * a Kimi-family model whose output is a fixed <think> + tool-call script. */
-int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, char *err, size_t errlen);
+int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_sessions, char *err, size_t errlen);
+
+/* Most sessions / generations running at once (serve --parallel). */
+#define SRV_MAX_PARALLEL 64
+/* The session a request gets (backends' session_acquire): among the n sessions that are not busy, the
+ * one whose tokens toks[i][0..n_past[i]) share the longest prefix with prompt[0..np); ties go to the
+ * smallest last_used (least recently used). -1 when all are busy. */
+int srv_pick_session(const int32_t *const *toks, const int *n_past, const int *busy, const double *last_used, int n,
+                     const int32_t *prompt, int np);
 
 /* ------------------------------------------------------------- generator */
 /* Longest common prefix of two token arrays. */

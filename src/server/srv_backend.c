@@ -1,15 +1,42 @@
 /* srv_backend.c — the server's view of a real model, through include/deltafin.h
- * only: one df_model, one df_session (the KV cache kept across requests for
- * prefix reuse), its tokenizer and the engine's sampler. */
+ * only: one df_model, --parallel df_sessions (KV caches kept across requests for
+ * prefix reuse), its tokenizer and the engine's sampler.
+ *
+ * Decode steps of concurrent generations are batched: a session that evaluates one
+ * token (no flags, no progress callback) is "decoding" until it is released; its step
+ * waits until every decoding session has asked for its step, and the last one to ask
+ * (or, when a session stops decoding, a waiting one) runs them all as one
+ * df_eval_batch, so each expert a layer needs is read once for all of them. Prompts
+ * (prefill) run as their own df_eval between batches. Every session's logits are those
+ * of evaluating it alone (df_eval_batch is bit-exact), so batching never changes output. */
 #include "srv.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
-    df_model *m;
     df_session *s;
+    int busy;                 /* acquired by a generation */
+    int decoding;             /* counted in be_model.n_decoding */
+    double last_used;
+    /* the step it waits for */
+    int queued, done, rc;
+    int32_t id;
+    float *logits;
+} m_sess;
+
+typedef struct {
+    df_model *m;
     const df_tokenizer *t;
+    int n_ss;
+    m_sess *ss;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n_decoding, n_queued;
+    int leader;               /* a batch is running */
+    float *batch_logits;      /* [n_ss, n_vocab] */
+    char batch_err[512];      /* the last batch's error message */
+    uint64_t n_batches, n_batch_rows;
 } be_model;
 
 #define BM(b) ((be_model *)(b)->impl)
@@ -65,45 +92,167 @@ static void m_detok_free(void *p) {
 }
 static int32_t m_token_id(srv_backend *b, const char *tok) { return BM(b)->t ? df_tokenizer_token_id(BM(b)->t, tok) : -1; }
 static int m_stop_ids(srv_backend *b, int32_t *ids, int cap) { return BM(b)->t ? df_tokenizer_stop_ids(BM(b)->t, ids, cap) : 0; }
-static int m_n_past(srv_backend *b) { return df_session_n_past(BM(b)->s); }
-static const int32_t *m_tokens(srv_backend *b) { return df_session_tokens(BM(b)->s); }
-static int m_truncate(srv_backend *b, int n) { return df_session_truncate(BM(b)->s, n); }
-static int m_eval(srv_backend *b, const int32_t *ids, int n, float *logits, int flags, df_progress_fn p, void *u,
-                  char *err, size_t errlen) {
-    return df_eval(BM(b)->s, ids, n, logits, flags, p, u, err, errlen);
+static void *m_session_acquire(srv_backend *b, const int32_t *prompt, int n) {
+    be_model *bm = BM(b);
+    const int32_t *toks[SRV_MAX_PARALLEL];
+    int np[SRV_MAX_PARALLEL], busy[SRV_MAX_PARALLEL];
+    double last[SRV_MAX_PARALLEL];
+    pthread_mutex_lock(&bm->mu);
+    for (int i = 0; i < bm->n_ss; i++) { /* a busy session is being evaluated by its generation: not read */
+        busy[i] = bm->ss[i].busy;
+        toks[i] = busy[i] ? NULL : df_session_tokens(bm->ss[i].s);
+        np[i] = busy[i] ? 0 : df_session_n_past(bm->ss[i].s);
+        last[i] = bm->ss[i].last_used;
+    }
+    int i = srv_pick_session(toks, np, busy, last, bm->n_ss, prompt, n);
+    if (i >= 0) bm->ss[i].busy = 1;
+    pthread_mutex_unlock(&bm->mu);
+    return i >= 0 ? &bm->ss[i] : NULL;
+}
+
+/* The session stops decoding (bm->mu held): the others' batch may now be complete. */
+static void leave_decoding_locked(be_model *bm, m_sess *ms) {
+    if (!ms->decoding) return;
+    ms->decoding = 0;
+    bm->n_decoding--;
+    pthread_cond_broadcast(&bm->cv);
+}
+
+static void m_session_release(srv_backend *b, void *sess) {
+    be_model *bm = BM(b);
+    m_sess *ms = sess;
+    if (!ms) return;
+    pthread_mutex_lock(&bm->mu);
+    leave_decoding_locked(bm, ms);
+    ms->busy = 0;
+    ms->last_used = srv_now();
+    pthread_mutex_unlock(&bm->mu);
+}
+static int m_n_past(srv_backend *b, void *sess) { return df_session_n_past(((m_sess *)sess)->s); }
+static const int32_t *m_tokens(srv_backend *b, void *sess) { return df_session_tokens(((m_sess *)sess)->s); }
+static int m_truncate(srv_backend *b, void *sess, int n) { return df_session_truncate(((m_sess *)sess)->s, n); }
+
+/* Run every queued step as one df_eval_batch (bm->mu held on entry and return; released meanwhile). */
+static void run_batch_locked(srv_backend *b) {
+    be_model *bm = BM(b);
+    df_session *ss[SRV_MAX_PARALLEL];
+    const int32_t *ids[SRV_MAX_PARALLEL];
+    int ones[SRV_MAX_PARALLEL];
+    m_sess *who[SRV_MAX_PARALLEL];
+    int k = 0;
+    for (int i = 0; i < bm->n_ss; i++)
+        if (bm->ss[i].queued) {
+            bm->ss[i].queued = 0;
+            ss[k] = bm->ss[i].s;
+            ids[k] = &bm->ss[i].id;
+            ones[k] = 1;
+            who[k++] = &bm->ss[i];
+        }
+    bm->n_queued -= k;
+    bm->leader = 1;
+    pthread_mutex_unlock(&bm->mu);
+    char err[512] = "";
+    const int rc = df_eval_batch(ss, ids, ones, k, bm->batch_logits, 0, err, sizeof err);
+    const size_t V = (size_t)b->n_vocab;
+    if (!rc)
+        for (int i = 0; i < k; i++) memcpy(who[i]->logits, bm->batch_logits + i * V, sizeof(float) * V);
+    pthread_mutex_lock(&bm->mu);
+    if (rc) snprintf(bm->batch_err, sizeof bm->batch_err, "%s", err);
+    bm->n_batches++;
+    bm->n_batch_rows += (uint64_t)k;
+    for (int i = 0; i < k; i++) { who[i]->rc = rc; who[i]->done = 1; }
+    bm->leader = 0;
+    pthread_cond_broadcast(&bm->cv);
+}
+
+static int m_eval(srv_backend *b, void *sess, const int32_t *ids, int n, float *logits, int flags, df_progress_fn p,
+                  void *u, char *err, size_t errlen) {
+    be_model *bm = BM(b);
+    m_sess *ms = sess;
+    if (n != 1 || flags || p || !logits || bm->n_ss == 1) { /* a prompt (or the only session): on its own */
+        pthread_mutex_lock(&bm->mu);
+        leave_decoding_locked(bm, ms);
+        pthread_mutex_unlock(&bm->mu);
+        return df_eval(ms->s, ids, n, logits, flags, p, u, err, errlen);
+    }
+    pthread_mutex_lock(&bm->mu);
+    if (!ms->decoding) { ms->decoding = 1; bm->n_decoding++; }
+    ms->id = ids[0];
+    ms->logits = logits;
+    ms->done = 0;
+    ms->queued = 1;
+    bm->n_queued++;
+    while (!ms->done) {
+        if (!bm->leader && bm->n_queued > 0 && bm->n_queued >= bm->n_decoding) run_batch_locked(b);
+        else pthread_cond_wait(&bm->cv, &bm->mu);
+    }
+    const int rc = ms->rc;
+    if (rc && err) snprintf(err, errlen, "%s", bm->batch_err);
+    pthread_mutex_unlock(&bm->mu);
+    return rc;
 }
 static void *m_sampler_new(srv_backend *b, const df_sampler_opts *o) { return df_sampler_new(o); }
 static int32_t m_sample(void *s, const float *l, int n) { return df_sample(s, l, n); }
 static void m_sampler_free(void *s) { df_sampler_free(s); }
 static void m_stats(srv_backend *b, df_stats *out) { df_model_stats(BM(b)->m, out); }
 static void m_stats_reset(srv_backend *b) { df_model_stats_reset(BM(b)->m); }
+static void m_batch_stats(srv_backend *b, uint64_t *steps, uint64_t *rows) {
+    be_model *bm = BM(b);
+    pthread_mutex_lock(&bm->mu);
+    *steps = bm->n_batches;
+    *rows = bm->n_batch_rows;
+    pthread_mutex_unlock(&bm->mu);
+}
 static void m_close(srv_backend *b) {
     if (!b) return;
     if (BM(b)) {
-        if (BM(b)->s) df_session_free(BM(b)->s);
-        if (BM(b)->m) df_model_close(BM(b)->m);
-        free(BM(b));
+        be_model *bm = BM(b);
+        for (int i = 0; bm->ss && i < bm->n_ss; i++) df_session_free(bm->ss[i].s);
+        free(bm->ss);
+        free(bm->batch_logits);
+        pthread_mutex_destroy(&bm->mu);
+        pthread_cond_destroy(&bm->cv);
+        if (bm->m) df_model_close(bm->m);
+        free(bm);
     }
     free(b);
 }
 
-int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx,
+int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx, int n_sessions,
                            char *err, size_t errlen) {
     *out = NULL;
+    if (n_sessions < 1 || n_sessions > SRV_MAX_PARALLEL) {
+        snprintf(err, errlen, "--parallel %d: expected 1..%d", n_sessions, SRV_MAX_PARALLEL);
+        return DF_EINVAL;
+    }
     srv_backend *b = calloc(1, sizeof *b);
     be_model *bm = calloc(1, sizeof *bm);
-    if (!b || !bm) { free(b); free(bm); return DF_ENOMEM; }
+    m_sess *ss = calloc((size_t)n_sessions, sizeof *ss);
+    if (!b || !bm || !ss) { free(b); free(bm); free(ss); return DF_ENOMEM; }
+    pthread_mutex_init(&bm->mu, NULL);
+    pthread_cond_init(&bm->cv, NULL);
+    bm->ss = ss;
+    bm->n_ss = n_sessions;
     b->impl = bm;
     b->close = m_close;
     df_model_opts o = *mo;
     o.kv_positions = n_ctx; /* 0: the engine's default (min(4096, max_position_embeddings)) */
+    o.n_seq = n_sessions;   /* the budget holds every session's KV cache */
     int rc = df_model_open(&bm->m, path, &o, err, errlen);
+    if (rc == DF_EBUDGET && n_sessions > 1) { /* say where the KV cache figure comes from */
+        size_t l = strlen(err);
+        if (l < errlen)
+            snprintf(err + l, errlen - l, "; the KV cache is for --parallel %d sessions of --ctx positions each: "
+                     "lower --parallel or --ctx, or raise --ram-budget", n_sessions);
+    }
     if (rc) { m_close(b); return rc; }
     int ctx_max = df_model_n_ctx_max(bm->m);
     if (n_ctx <= 0) n_ctx = ctx_max > 0 && ctx_max < 4096 ? ctx_max : 4096;
     if (ctx_max > 0 && n_ctx > ctx_max) n_ctx = ctx_max;
-    rc = df_session_new(&bm->s, bm->m, n_ctx, err, errlen);
-    if (rc) { m_close(b); return rc; }
+    for (int i = 0; i < n_sessions; i++) {
+        rc = df_session_new(&bm->ss[i].s, bm->m, n_ctx, err, errlen);
+        if (rc) { m_close(b); return rc; }
+    }
     bm->t = df_model_tokenizer(bm->m);
     const char *terr = df_model_tokenizer_error(bm->m);
     if (terr) {
@@ -130,6 +279,9 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     b->detok_free = m_detok_free;
     b->token_id = m_token_id;
     b->stop_ids = m_stop_ids;
+    b->n_sessions = n_sessions;
+    b->session_acquire = m_session_acquire;
+    b->session_release = m_session_release;
     b->n_past = m_n_past;
     b->tokens = m_tokens;
     b->truncate = m_truncate;
@@ -140,11 +292,14 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     b->logprob = df_logprob;
     b->stats = m_stats;
     b->stats_reset = m_stats_reset;
+    b->batch_stats = m_batch_stats;
     if (b->n_vocab <= 0) {
         snprintf(err, errlen, "model %s reports %d vocabulary entries", path, b->n_vocab);
         m_close(b);
         return DF_EFORMAT;
     }
+    bm->batch_logits = malloc(sizeof(float) * (size_t)n_sessions * (size_t)b->n_vocab);
+    if (!bm->batch_logits) { m_close(b); return DF_ENOMEM; }
     *out = b;
     return 0;
 }

@@ -49,6 +49,17 @@ int srv_common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return i;
 }
 
+int srv_pick_session(const int32_t *const *toks, const int *n_past, const int *busy, const double *last_used, int n,
+                     const int32_t *prompt, int np) {
+    int best = -1, best_len = -1;
+    for (int i = 0; i < n; i++) {
+        if (busy[i]) continue;
+        const int len = srv_common_prefix(toks[i], n_past[i], prompt, np);
+        if (len > best_len || (len == best_len && last_used[i] < last_used[best])) { best = i; best_len = len; }
+    }
+    return best;
+}
+
 static void make_id(char *dst, size_t cap, const char *prefix) {
     static const char hex[] = "0123456789abcdef";
     uint64_t a = srv_random_u64(), b = srv_random_u64();
@@ -550,6 +561,7 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     float *logits = NULL;
     void *sampler = NULL;
     int32_t *P = NULL;
+    void *sess = NULL;
     int n = 0, think_open = 0, fin = FIN_NONE;
     char err[512] = "";
 
@@ -604,12 +616,14 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
 
     /* KV reuse: keep the longest common prefix of the cached tokens and the prompt
      * (at least one prompt token is always evaluated, for its logits). */
-    int np = be->n_past(be);
-    int keep = o->kv_reuse && !prompt_lp ? srv_common_prefix(be->tokens(be), np, P, n) : 0;
+    /* the idle session whose cached tokens share the longest prefix with the prompt */
+    if (!(sess = be->session_acquire(be, P, n))) { fail_job(g, 503, "No free session (more generations than --parallel).", NULL); goto out; }
+    int np = be->n_past(be, sess);
+    int keep = o->kv_reuse && !prompt_lp ? srv_common_prefix(be->tokens(be, sess), np, P, n) : 0;
     if (keep >= n) keep = n - 1;
-    if (keep < np && be->truncate(be, keep)) {
+    if (keep < np && be->truncate(be, sess, keep)) {
         keep = 0;
-        if (be->truncate(be, 0)) { fail_job(g, 500, "Cannot reset the KV cache.", NULL); goto out; }
+        if (be->truncate(be, sess, 0)) { fail_job(g, 500, "Cannot reset the KV cache.", NULL); goto out; }
     }
     g->n_cached = keep;
 
@@ -625,18 +639,18 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     if (prompt_lp) {
         float *all = malloc((size_t)n * (size_t)be->n_vocab * sizeof(float));
         if (!all) { fail_job(g, 500, "Out of memory for the prompt's logits.", NULL); goto out; }
-        rc = be->eval(be, P, n, all, DF_EVAL_ALL_LOGITS, gen_progress, g, err, sizeof err);
+        rc = be->eval(be, sess, P, n, all, DF_EVAL_ALL_LOGITS, gen_progress, g, err, sizeof err);
         if (!rc) {
             memcpy(logits, all + (size_t)(n - 1) * be->n_vocab, (size_t)be->n_vocab * sizeof(float));
             prompt_logprobs(g, P, n, all, &echo);
         }
         free(all);
-    } else rc = be->eval(be, P + keep, n - keep, logits, 0, gen_progress, g, err, sizeof err);
+    } else rc = be->eval(be, sess, P + keep, n - keep, logits, 0, gen_progress, g, err, sizeof err);
     if (!rc && r->stream && echo.len) stream_chunk(g, NULL, &echo, 0, NULL);
     else if (!rc && prompt_lp) take_pending(g, g->lp_all);
-    if (rc == DF_ECANCELLED || j->cancel) { be->truncate(be, keep); fin = FIN_CANCEL; goto finish; }
+    if (rc == DF_ECANCELLED || j->cancel) { be->truncate(be, sess, keep); fin = FIN_CANCEL; goto finish; }
     if (rc) {
-        be->truncate(be, keep);
+        be->truncate(be, sess, keep);
         note_engine_error(g, rc, err);
         char m[700];
         snprintf(m, sizeof m, "Prompt evaluation failed: %s (%s)", err, df_strerror(rc));
@@ -666,8 +680,8 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         }
         if (hit) { fin = FIN_STOP; break; }
         if (step + 1 == max_new) { fin = FIN_LENGTH; break; }
-        if (be->n_past(be) + 1 >= be->n_ctx) { fin = FIN_LENGTH; break; }
-        rc = be->eval(be, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
+        if (be->n_past(be, sess) + 1 >= be->n_ctx) { fin = FIN_LENGTH; break; }
+        rc = be->eval(be, sess, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) {
             note_engine_error(g, rc, err);
             char m[700];
@@ -708,12 +722,16 @@ finish:
         srv_buf_free(&content);
     }
     if (r->logprobs && !r->stream && !g->stop.stopped) take_pending(g, g->lp_all);
+    /* the session is free before the client sees the end (its next request may reuse the prefix) */
+    be->session_release(be, sess);
+    sess = NULL;
     if (r->stream) finish_stream(g, fin);
     else finish_nonstream(g, fin, &echo);
 out:
     j->prompt_tokens = g->n_prompt;
     j->cached_tokens = g->n_cached;
     j->completion_tokens = g->n_gen;
+    if (sess) be->session_release(be, sess);
     if (sampler) be->sampler_free(sampler);
     if (g->detok) be->detok_free(g->detok);
     srv_stop_free(&g->stop);

@@ -1,13 +1,14 @@
 /* srv_http.c — HTTP side of `deltafin serve` on libmicrohttpd: routing, API
- * key, body size limit (413), admission (one generation running plus --queue
- * waiting, default 16; more -> 429 with Retry-After), the worker thread that owns
- * the model, SSE responses with keep-alive comments, client-disconnect detection,
+ * key, body size limit (413), admission (--parallel generations running plus --queue
+ * waiting, default 16; more -> 429 with Retry-After), the --parallel worker threads
+ * that run generations, SSE responses with keep-alive comments, client-disconnect detection,
  * /health (including a model that failed: a corrupt expert pack), and
  * SIGTERM/SIGINT shutdown.
  *
  * Threads: MHD runs one thread per connection; a handler blocks while its job
- * waits and runs (polling the socket for a hang-up every 100 ms). Exactly one
- * worker thread touches the model, so the engine needs no locking. A job whose
+ * waits and runs (polling the socket for a hang-up every 100 ms). Each worker runs
+ * one generation at a time on a session of its own; the backend batches their decode
+ * steps into one forward pass (srv_backend.c) and serializes prompts. A job whose
  * client has gone (hang-up seen by poll, or the connection closed) no longer
  * counts for admission: the next request is queued behind it and starts as soon
  * as the worker has stopped the abandoned one. */
@@ -33,7 +34,9 @@ typedef struct {
     struct MHD_Daemon *d;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    srv_job *qhead, *qtail, *running;
+    srv_job *qhead, *qtail;
+    srv_job *running[SRV_MAX_PARALLEL]; /* the job of each worker, or NULL */
+    int n_workers;
     int n_inflight;           /* queued + running */
     int n_responding;         /* generation requests not yet fully answered (drained at shutdown) */
     int stopping;
@@ -85,13 +88,16 @@ static int job_abandoned(srv_job *j) {
     return gone;
 }
 
-/* Generations that hold or wait for the worker (S.mu held): the running one unless
+/* Generations that hold or wait for a worker (S.mu held): each running one unless
  * its response is complete or its client has gone, and every waiting one whose
  * client is still there. */
 static int busy_locked(void) {
     int n = 0;
     for (srv_job *q = S.qhead; q; q = q->next) n += !job_abandoned(q);
-    if (S.running && !__atomic_load_n(&S.running->final, __ATOMIC_SEQ_CST) && !job_abandoned(S.running)) n++;
+    for (int w = 0; w < S.n_workers; w++) {
+        srv_job *r = S.running[w];
+        if (r && !__atomic_load_n(&r->final, __ATOMIC_SEQ_CST) && !job_abandoned(r)) n++;
+    }
     return n;
 }
 
@@ -132,6 +138,7 @@ static int key_ok(struct MHD_Connection *c) {
 /* ---------------------------------------------------------------- worker */
 
 static void *worker_main(void *arg) {
+    const int self = (int)(intptr_t)arg;
     for (;;) {
         pthread_mutex_lock(&S.mu);
         while (!S.qhead && !S.stopping) pthread_cond_wait(&S.cv, &S.mu);
@@ -139,7 +146,9 @@ static void *worker_main(void *arg) {
         if (!j) { pthread_mutex_unlock(&S.mu); break; }
         S.qhead = j->next;
         if (!S.qhead) S.qtail = NULL;
-        S.running = j;
+        S.running[self] = j;
+        int others = 0; /* engine statistics are reset for a generation that starts alone */
+        for (int w = 0; w < S.n_workers; w++) others += w != self && S.running[w];
         pthread_mutex_unlock(&S.mu);
 
         double t0 = srv_now();
@@ -159,7 +168,7 @@ static void *worker_main(void *arg) {
             pthread_cond_broadcast(&j->cv);
             pthread_mutex_unlock(&j->mu);
         } else {
-            if (S.be->stats_reset) S.be->stats_reset(S.be);
+            if (S.be->stats_reset && !others) S.be->stats_reset(S.be);
             srv_gen_run(&S.gen, j);
         }
         double dt = srv_now() - t0;
@@ -182,7 +191,7 @@ static void *worker_main(void *arg) {
             snprintf(S.model_err, sizeof S.model_err, "%s", j->engine_err);
             S.n_model_errors++;
         }
-        S.running = NULL;
+        S.running[self] = NULL;
         S.n_inflight--;
         S.n_served++;
         pthread_mutex_unlock(&S.mu);
@@ -305,13 +314,13 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
      * sending the next request) or whose client has gone no longer counts, nor
      * does a waiting job whose client has gone */
     int busy = busy_locked();
-    if (busy >= 1 + S.cfg.queue) {
+    if (busy >= S.n_workers + S.cfg.queue) {
         S.n_rejected++;
         pthread_mutex_unlock(&S.mu);
         srv_job_unref(j);
         char m[200];
-        snprintf(m, sizeof m, "The server is busy: one generation is running and %d are waiting (--queue %d). Retry later.",
-                 busy - 1, S.cfg.queue);
+        snprintf(m, sizeof m, "The server is busy: %d generations are running (--parallel %d) and %d are waiting (--queue %d). Retry later.",
+                 S.n_workers, S.n_workers, busy - S.n_workers, S.cfg.queue);
         return send_error(c, 429, m, NULL, "server_busy");
     }
     S.n_inflight++;
@@ -412,6 +421,13 @@ static enum MHD_Result handle_health(struct MHD_Connection *c) {
     cJSON_AddBoolToObject(o, "exact", S.be->exact);
     cJSON_AddNumberToObject(o, "in_flight", busy);
     cJSON_AddNumberToObject(o, "queue", S.cfg.queue);
+    cJSON_AddNumberToObject(o, "parallel", S.n_workers);
+    if (S.be->batch_stats) { /* decode steps of concurrent generations run as one forward pass */
+        uint64_t steps = 0, rows = 0;
+        S.be->batch_stats(S.be, &steps, &rows);
+        cJSON_AddNumberToObject(o, "decode_batches", (double)steps);
+        cJSON_AddNumberToObject(o, "decode_batch_rows", (double)rows);
+    }
     cJSON_AddNumberToObject(o, "served", (double)served);
     cJSON_AddNumberToObject(o, "rejected", (double)rejected);
     if (has) { /* df_stats of the last finished generation */
@@ -562,14 +578,22 @@ int srv_serve(const srv_config *cfg) {
     }
 #define DROP_PORT_FILE() do { if (port_f) { fclose(port_f); unlink(port_tmp); port_f = NULL; } } while (0)
 
-    if (cfg->mock) rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, cfg->mock_kimi, err, sizeof err);
+    S.n_workers = cfg->parallel > 0 ? cfg->parallel : 1;
+    if (S.n_workers > SRV_MAX_PARALLEL) {
+        fprintf(stderr, "deltafin serve: --parallel %d: at most %d\n", S.n_workers, SRV_MAX_PARALLEL);
+        DROP_PORT_FILE();
+        return 2;
+    }
+    if (cfg->mock) rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, cfg->mock_kimi, S.n_workers, err, sizeof err);
     else {
         df_model_opts mo;
         df_model_opts_default(&mo);
         mo.threads = cfg->threads;
         mo.ram_budget = cfg->ram_budget;
         mo.remote_source = cfg->remote_source;
-        rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, err, sizeof err);
+        mo.backend = cfg->backend;
+        mo.gpu_budget = cfg->gpu_budget;
+        rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, S.n_workers, err, sizeof err);
     }
     if (rc) {
         fprintf(stderr, "deltafin serve: cannot open model %s: %s (%s)\n", cfg->mock ? "mock" : cfg->model_path, err,
@@ -604,8 +628,8 @@ int srv_serve(const srv_config *cfg) {
         DROP_PORT_FILE();
         return 2;
     }
-    pthread_t worker;
-    pthread_create(&worker, NULL, worker_main, NULL);
+    pthread_t workers[SRV_MAX_PARALLEL];
+    for (int w = 0; w < S.n_workers; w++) pthread_create(&workers[w], NULL, worker_main, (void *)(intptr_t)w);
     S.d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, NULL,
                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
@@ -620,7 +644,7 @@ int srv_serve(const srv_config *cfg) {
         S.stopping = 1;
         pthread_cond_broadcast(&S.cv);
         pthread_mutex_unlock(&S.mu);
-        pthread_join(worker, NULL);
+        for (int w = 0; w < S.n_workers; w++) pthread_join(workers[w], NULL);
         S.be->close(S.be);
         DROP_PORT_FILE();
         return 1;
@@ -628,9 +652,9 @@ int srv_serve(const srv_config *cfg) {
     if (S.be->describe && S.be->describe[0]) fprintf(stderr, "%s\n", S.be->describe);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(S.d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : cfg->port;
-    fprintf(stderr, "deltafin serve: model %s (%s%s), context %d, listening on http://%s%s%s:%d/v1 (queue %d, max request %zu bytes%s)\n",
+    fprintf(stderr, "deltafin serve: model %s (%s%s), context %d, listening on http://%s%s%s:%d/v1 (parallel %d, queue %d, max request %zu bytes%s)\n",
             S.be->name, cfg->mock ? "mock" : "engine", S.be->exact ? "" : ", NOT exact: lossy spine", S.be->n_ctx,
-            strchr(cfg->host, ':') ? "[" : "", cfg->host, strchr(cfg->host, ':') ? "]" : "", port, cfg->queue,
+            strchr(cfg->host, ':') ? "[" : "", cfg->host, strchr(cfg->host, ':') ? "]" : "", port, S.n_workers, cfg->queue,
             cfg->max_request_bytes, cfg->api_key ? ", API key required" : "");
     int sig = 0, status = 0;
     if (port_f) {
@@ -652,10 +676,11 @@ int srv_serve(const srv_config *cfg) {
     pthread_mutex_lock(&S.mu);
     S.stopping = 1;
     for (srv_job *j = S.qhead; j; j = j->next) { j->shutdown = 1; j->cancel = 1; }
-    if (S.running) { S.running->shutdown = 1; S.running->cancel = 1; }
+    for (int w = 0; w < S.n_workers; w++)
+        if (S.running[w]) { S.running[w]->shutdown = 1; S.running[w]->cancel = 1; }
     pthread_cond_broadcast(&S.cv);
     pthread_mutex_unlock(&S.mu);
-    pthread_join(worker, NULL);
+    for (int w = 0; w < S.n_workers; w++) pthread_join(workers[w], NULL);
     /* let cancelled streams and final bodies reach their clients (at most 10 s) */
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);

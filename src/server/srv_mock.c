@@ -38,6 +38,14 @@ static const char *const MOCK_MARKERS[] = {"<|tool_calls_section_begin|>", "<|to
 typedef struct {
     int32_t toks[MOCK_CTX];
     int n_past;
+    int busy;
+    double last_used;
+} mock_sess;
+
+typedef struct {
+    mock_sess *ss;
+    int n_ss;
+    pthread_mutex_t mu;               /* session_acquire / release */
     int delay_ms;
     int kimi;
     int32_t script[sizeof MOCK_KIMI]; /* MOCK_KIMI as tokens (markers as one id each) */
@@ -114,22 +122,49 @@ static int k_stop_ids(srv_backend *b, int32_t *ids, int cap) {
     ids[0] = MOCK_EOS;
     return 1;
 }
-static int k_n_past(srv_backend *b) { return MK(b)->n_past; }
-static const int32_t *k_tokens(srv_backend *b) { return MK(b)->toks; }
-static int k_truncate(srv_backend *b, int n) {
-    if (n < 0 || n > MK(b)->n_past) return DF_EINVAL;
-    MK(b)->n_past = n;
+static void *k_session_acquire(srv_backend *b, const int32_t *prompt, int n) {
+    mock *k = MK(b);
+    pthread_mutex_lock(&k->mu);
+    const int32_t *toks[SRV_MAX_PARALLEL];
+    int np[SRV_MAX_PARALLEL], busy[SRV_MAX_PARALLEL];
+    double last[SRV_MAX_PARALLEL];
+    for (int i = 0; i < k->n_ss; i++) { /* a busy session is being evaluated by its generation: not read */
+        busy[i] = k->ss[i].busy;
+        toks[i] = k->ss[i].toks;
+        np[i] = busy[i] ? 0 : k->ss[i].n_past;
+        last[i] = k->ss[i].last_used;
+    }
+    int i = srv_pick_session(toks, np, busy, last, k->n_ss, prompt, n);
+    if (i >= 0) k->ss[i].busy = 1;
+    pthread_mutex_unlock(&k->mu);
+    return i >= 0 ? &k->ss[i] : NULL;
+}
+static void k_session_release(srv_backend *b, void *sess) {
+    mock *k = MK(b);
+    mock_sess *ms = sess;
+    if (!ms) return;
+    pthread_mutex_lock(&k->mu);
+    ms->busy = 0;
+    ms->last_used = srv_now();
+    pthread_mutex_unlock(&k->mu);
+}
+static int k_n_past(srv_backend *b, void *sess) { return ((mock_sess *)sess)->n_past; }
+static const int32_t *k_tokens(srv_backend *b, void *sess) { return ((mock_sess *)sess)->toks; }
+static int k_truncate(srv_backend *b, void *sess, int n) {
+    mock_sess *ms = sess;
+    if (n < 0 || n > ms->n_past) return DF_EINVAL;
+    ms->n_past = n;
     return 0;
 }
-/* The mock's logits after the first n_past tokens of k->toks. */
-static void mock_logits(mock *k, int n_past, float *logits) {
+/* The mock's logits after the first n_past tokens of toks. */
+static void mock_logits(mock *k, const int32_t *toks, int n_past, float *logits) {
     int pos = n_past % (MOCK_L + 1);
     int target = pos < MOCK_L ? (unsigned char)MOCK_TEXT[pos] : n_past == MOCK_L ? MOCK_EOS : '\n';
     if (k->kimi) {
         int m = n_past < k->n_script ? n_past : k->n_script;
         for (; m > 0; m--) {
             int eq = 1;
-            for (int i = 0; i < m && eq; i++) eq = k->toks[n_past - m + i] == k->script[i];
+            for (int i = 0; i < m && eq; i++) eq = toks[n_past - m + i] == k->script[i];
             if (eq) break;
         }
         target = m == k->n_script ? MOCK_EOS : k->script[m];
@@ -138,11 +173,12 @@ static void mock_logits(mock *k, int n_past, float *logits) {
     logits[target] = 9.0f;
 }
 
-static int k_eval(srv_backend *b, const int32_t *ids, int n, float *logits, int flags, df_progress_fn progress,
-                  void *u, char *err, size_t errlen) {
+static int k_eval(srv_backend *b, void *sess, const int32_t *ids, int n, float *logits, int flags,
+                  df_progress_fn progress, void *u, char *err, size_t errlen) {
     mock *k = MK(b);
-    if (k->n_past + n > MOCK_CTX) {
-        snprintf(err, errlen, "mock context full (%d + %d > %d)", k->n_past, n, MOCK_CTX);
+    mock_sess *ms = sess;
+    if (ms->n_past + n > MOCK_CTX) {
+        snprintf(err, errlen, "mock context full (%d + %d > %d)", ms->n_past, n, MOCK_CTX);
         return DF_ECONTEXT;
     }
     for (int i = 0; i < n; i++) {
@@ -158,11 +194,11 @@ static int k_eval(srv_backend *b, const int32_t *ids, int n, float *logits, int 
         }
         if (progress && progress(u, "tokens", (uint64_t)i + 1, (uint64_t)n)) return DF_ECANCELLED;
     }
-    memcpy(k->toks + k->n_past, ids, (size_t)n * sizeof *ids);
-    k->n_past += n;
+    memcpy(ms->toks + ms->n_past, ids, (size_t)n * sizeof *ids);
+    ms->n_past += n;
     if (logits && (flags & DF_EVAL_ALL_LOGITS))
-        for (int i = 0; i < n; i++) mock_logits(k, k->n_past - n + i + 1, logits + (size_t)i * MOCK_VOCAB);
-    else if (logits) mock_logits(k, k->n_past, logits);
+        for (int i = 0; i < n; i++) mock_logits(k, ms->toks, ms->n_past - n + i + 1, logits + (size_t)i * MOCK_VOCAB);
+    else if (logits) mock_logits(k, ms->toks, ms->n_past, logits);
     return 0;
 }
 
@@ -228,14 +264,26 @@ static float k_logprob(const float *l, int n, int32_t id, int top_n, int32_t *ti
 }
 static void k_close(srv_backend *b) {
     if (!b) return;
+    if (b->impl) {
+        free(MK(b)->ss);
+        pthread_mutex_destroy(&MK(b)->mu);
+    }
     free(b->impl);
     free(b);
 }
 
-int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, char *err, size_t errlen) {
+int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_sessions, char *err, size_t errlen) {
+    if (n_sessions < 1 || n_sessions > SRV_MAX_PARALLEL) {
+        snprintf(err, errlen, "mock: %d sessions (1..%d)", n_sessions, SRV_MAX_PARALLEL);
+        return DF_EINVAL;
+    }
     srv_backend *b = calloc(1, sizeof *b);
     mock *k = calloc(1, sizeof *k);
-    if (!b || !k) { free(b); free(k); return DF_ENOMEM; }
+    mock_sess *ss = calloc((size_t)n_sessions, sizeof *ss);
+    if (!b || !k || !ss) { free(b); free(k); free(ss); return DF_ENOMEM; }
+    k->ss = ss;
+    k->n_ss = n_sessions;
+    pthread_mutex_init(&k->mu, NULL);
     k->delay_ms = delay_ms;
     k->kimi = kimi;
     for (int i = 0; i < MOCK_KL;) {
@@ -263,6 +311,9 @@ int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, char *err, 
     b->detok_free = k_detok_free;
     b->token_id = k_token_id;
     b->stop_ids = k_stop_ids;
+    b->n_sessions = n_sessions;
+    b->session_acquire = k_session_acquire;
+    b->session_release = k_session_release;
     b->n_past = k_n_past;
     b->tokens = k_tokens;
     b->truncate = k_truncate;

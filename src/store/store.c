@@ -165,6 +165,7 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
     st->t0 = store_now();
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->done_cv, NULL);
+    pthread_cond_init(&st->ver_cv, NULL);
     st->n_layers = nat->cfg.num_hidden_layers;
     st->n_experts = nat->n_experts;
     st->top_k = nat->cfg.num_experts_per_tok > 0 ? nat->cfg.num_experts_per_tok : 1;
@@ -396,6 +397,7 @@ void store_close(df_store *st) {
     free(st->pf_issued); free(st->pf_useful);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->done_cv);
+    pthread_cond_destroy(&st->ver_cv);
     free(st);
 }
 
@@ -556,6 +558,15 @@ static void drop_stale_guesses(df_store *st, int layer) {
 int store_request(df_store *st, int layer, const int *experts, int n, store_prio prio) {
     pthread_mutex_lock(&st->mu);
     int rc = 0;
+    /* a demand set first holds every member already present, so that loading one member cannot take
+     * the slot of another (e.g. a guess for it that has not been acquired yet) */
+    if (prio == STORE_DEMAND)
+        for (int i = 0; i < n; i++) {
+            if (!check_key(st, layer, experts[i])) continue;
+            const int s = st->slot_of[KEY(st, layer, experts[i])];
+            if (s >= 0 && (st->slots[s].state == SLOT_LOADING || st->slots[s].state == SLOT_READY))
+                st->slots[s].demand_hold = 1;
+        }
     for (int i = 0; i < n; i++) {
         if (!check_key(st, layer, experts[i])) { rc = DF_EINVAL; continue; }
         int key = KEY(st, layer, experts[i]);

@@ -122,6 +122,12 @@ struct df_store {
     int n_drives;
     store_drive drives[STORE_MAX_DRIVES];
     int stopping;
+    /* checksum queue: jobs whose bytes are all read and still need XXH64, verified and published by
+     * n_verifiers threads, so a drive's queue is refilled while a finished expert is hashed */
+    store_job *ver_head, *ver_tail;
+    pthread_cond_t ver_cv;
+    pthread_t verifiers[STORE_MAX_DRIVES];
+    int n_verifiers, ver_stop;
 
     store_stats stats;
     store_stats last_tok;       /* stats at the previous store_token_event */

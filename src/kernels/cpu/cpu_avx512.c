@@ -290,13 +290,19 @@ AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_
 }
 
 /* Rows [r0, r1) of an MXFP4 / INT4 weight (cols % 32 == 0), one token; xq: x in q4 lane order.
- * R rows per pass (R independent accumulator chains, R row streams). */
+ * R rows per pass (R independent accumulator chains, R row streams). The R rows of the next
+ * pass are one contiguous run of bytes (and of scales): while a pass computes, that run is
+ * prefetched into L1 a line or so per 32-column block, so the loads of every pass but the
+ * first of a task hit L2 and DRAM streams at a steady rate (nothing past r1 is fetched). */
 #ifndef Q4_ROWS
 #define Q4_ROWS 4
 #endif
+#ifndef Q4_NEXT_HINT
+#define Q4_NEXT_HINT _MM_HINT_T0
+#endif
 AVX512_INLINE void mv_q4_impl(const df_weight *w, const float *xq, float *y, int64_t r0, int64_t r1, const df_wtype t) {
     enum { R = Q4_ROWS };
-    const int64_t cols = w->cols, nb = cols / 32;
+    const int64_t cols = w->cols, nb = cols / 32, rowb = cols / 2, sclb = t == DF_W_MXFP4 ? nb : 2 * nb;
     const __m512i sh = _mm512_loadu_si512(q4_shift);
     for (int64_t r = r0; r < r1; r += R) {
         const int nr = r1 - r < R ? (int)(r1 - r) : R;
@@ -305,14 +311,20 @@ AVX512_INLINE void mv_q4_impl(const df_weight *w, const float *xq, float *y, int
         __m512 a[R];
         UNROLL for (int k = 0; k < R; k++) {
             const int64_t rr = k < nr ? r + k : r;
-            p[k] = (const uint8_t *)w->data + rr * (cols / 2);
+            p[k] = (const uint8_t *)w->data + rr * rowb;
             s[k] = rr * nb;
             a[k] = _mm512_setzero_ps();
         }
+        /* the next pass's bytes [pd, pe) and scales [ps, pse), `per` lines per block */
+        const int64_t nn = r + R < r1 ? (r1 - r - R < R ? r1 - r - R : R) : 0;
+        const char *pd = (const char *)w->data + (r + R) * rowb, *pe = pd + nn * rowb;
+        const char *ps = (const char *)w->scale + (r + R) * sclb, *pse = ps + nn * sclb;
+        const int64_t per = (nn * rowb / 64 + nb - 1) / nb;
         for (int64_t b = 0; b < nb; b++) {
             const __m512 x0 = _mm512_loadu_ps(xq + 32 * b), x1 = _mm512_loadu_ps(xq + 32 * b + 16);
             const int64_t o = 16 * b;
-            if ((b & 3) == 0) UNROLL for (int k = 0; k < R; k++) PF_Q4(p[k] + o);
+            for (int64_t i = 0; i < per && pd < pe; i++, pd += 64) _mm_prefetch(pd, Q4_NEXT_HINT);
+            if (ps < pse) { _mm_prefetch(ps, Q4_NEXT_HINT); ps += 64; }
             UNROLL for (int k = 0; k < R; k++) {
                 const __m512 tb = q4_table(t, w->scale, s[k] + b);
                 a[k] = _mm512_fmadd_ps(q4x16(p[k] + o, tb, sh), x0, a[k]);
@@ -699,9 +711,11 @@ static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int
     const int nt = df_pool_threads(pool);
     int64_t grain = w->rows;
     if (work >= CPU_SERIAL_WORK && nt > 1) {
-        /* ~128K weights x tokens per chunk, whole tiles of TR rows, >= 4 chunks per thread when possible */
-        const int64_t per_row = w->cols * (T < 8 ? T : 8);
-        grain = (131072 + per_row - 1) / per_row;
+        /* ~128K weights x tokens per chunk (T = 1: 512K weights, so that the first pass of a chunk,
+         * whose bytes the kernel cannot prefetch, is a small share of it), whole tiles of TR rows,
+         * >= 4 chunks per thread when possible */
+        const int64_t per_row = w->cols * (T < 8 ? T : 8), target = T == 1 ? 524288 : 131072;
+        grain = (target + per_row - 1) / per_row;
         const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
         if (grain > fair) grain = fair;
         /* whole row blocks of the kernel that runs: MXFP4 / INT4 with 1..8 tokens R rows, else tiles of TR */

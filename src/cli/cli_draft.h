@@ -1,0 +1,32 @@
+/* cli_draft.h — speculative-decoding flags shared by `run` and `serve` (cli_draft.c). */
+#ifndef DF_CLI_DRAFT_H
+#define DF_CLI_DRAFT_H
+#include "cli.h"
+#include "deltafin.h"
+
+#include <stdio.h>
+
+typedef struct {
+    const char *draft;          /* "off" (default), "ngram" or a draft model directory */
+    df_spec_opts spec;
+    int ngram_min, ngram_max;   /* default 2, 4 */
+    int retok;                  /* -1 auto, 0 off, 1 on */
+} cli_draft_opts;
+
+void cli_draft_defaults(cli_draft_opts *o);
+/* The usage lines of the flags. */
+const char *cli_draft_usage(void);
+/* argv[*i] is a --draft* flag: parse it and its value (advancing *i) and return 1; -1 after a usage
+ * message naming the flag (`cmd` is the subcommand); 0 when argv[*i] is not one of them. */
+int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts *o);
+int cli_draft_enabled(const cli_draft_opts *o);
+/* The drafter the options name for `target` (NULL when off); a draft model directory is opened into
+ * *draft_model (closed by the caller after the drafter is freed) with the target's threads, cache
+ * dir, backend and KV positions. 0, or the exit status (1 runtime, 2 usage) after a message. */
+int cli_draft_open(const char *cmd, const cli_draft_opts *o, df_model *target, const df_model_opts *target_opts,
+                   df_model **draft_model, df_drafter **out);
+/* "draft: ngram (n 2..4), k max 8 adaptive, gate on (window 32, retry 128)" */
+void cli_draft_describe(const cli_draft_opts *o, const df_drafter *d, char *buf, size_t cap);
+/* One "stats: draft ..." line: drafted, accepted, acceptance rate, verifications, times, live speedup. */
+void cli_draft_print_stats(FILE *f, const df_spec_stats *st, const df_drafter *d);
+#endif

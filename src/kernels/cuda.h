@@ -1,0 +1,96 @@
+/*
+ * cuda.h — the CUDA backend ("cuda"): the backend table's matmul runs on the
+ * GPU with the weight resident in GPU memory (a cache keyed by the weight's
+ * identity, see df_weight.dev_key), the small vector ops on the best CPU
+ * backend. Design and limits: docs/cuda.md.
+ *
+ * Everything here links in every build: without the CUDA toolkit (DF_CUDA=OFF
+ * or no nvcc) the functions report "not built" (src/kernels/cuda_none.c). With
+ * it, cudart is linked statically, so a binary runs on machines without a GPU
+ * or driver: df_cuda_probe then says why there is no device.
+ */
+#ifndef DF_KERNELS_CUDA_H
+#define DF_KERNELS_CUDA_H
+
+#include "kernels/backend.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of usable CUDA devices (>= 1: device 0 is used), or 0 with the reason in why
+ * ("this build has no CUDA backend ...", "no CUDA device (cudaGetDeviceCount: ...)"). why may be NULL. */
+int df_cuda_probe(char *why, size_t whylen);
+
+/* The backend table (NULL when df_cuda_probe finds no device). */
+const df_backend *df_cuda_backend(void);
+
+/* Device name and memory, e.g. "NVIDIA H200, 139.8 GiB, sm_90" into buf; "" without a device. */
+void df_cuda_describe(char *buf, size_t len);
+
+/* GPU memory (bytes) the routed-expert cache may hold; 0 = all free memory less a 1 GiB reserve.
+ * Weights with dev_key == 0 (the spine) are cached outside this budget while memory lasts. */
+void df_cuda_set_expert_budget(uint64_t bytes);
+/* 1: weights with dev_key == 0 are cached by host address (a resident spine); 0: they are copied
+ * to the GPU on every call (spine streaming reuses its staging buffers for other layers). */
+void df_cuda_set_cache_by_address(int on);
+/* The one-token matmul kernel: 1 = one row per warp (default), 4 = four rows per warp sharing the
+ * activation loads (same outputs bit for bit; faster for 4-bit encodings). Env DF_CUDA_MV_ROWS sets it at start. */
+void df_cuda_set_matvec_rows(int n);
+/* Drop every cached weight (a model was closed: its host addresses may be reused). */
+void df_cuda_cache_clear(void);
+
+/* Upload w into the weight cache now (its key as df_cuda_matmul would use): 0 = cached, 1 = no room
+ * (it will be copied per call), -1 = no device / CUDA error. */
+int df_cuda_preload(const df_weight *w);
+/* Upload every matmul weight of a resident spine (the layers' projections, routers, dense / shared MLPs and
+ * lm_head; not the embedding or kv_b, which the CPU reads row by row) in layer order; stops at the first that
+ * does not fit. Returns the weights' bytes now cached on the GPU; *all = 1 when every one is. */
+uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all);
+/* Pin a cached weight by its explicit key (df_backend.dev_pin): 1 and its type/shape in *w, or 0. */
+int df_cuda_pin(uint64_t dev_key, df_weight *w);
+void df_cuda_unpin(uint64_t dev_key);
+
+typedef struct {
+    uint64_t spine_bytes, expert_bytes;   /* cached now */
+    uint64_t expert_hits, expert_misses;  /* routed-expert cache lookups */
+    uint64_t uploaded_bytes;              /* host -> GPU weight bytes since start */
+} df_cuda_stats;
+void df_cuda_get_stats(df_cuda_stats *out);
+
+/* ---- the GPU ops on host arrays (tests and benchmarks; each call copies in, runs, copies out).
+ * Return 0, or -1 with no device / on a CUDA error (df_cuda_last_error). ---- */
+const char *df_cuda_last_error(void);
+/* y [T, rows] = x [T, cols] W^T, same contract as df_backend.matmul (W cached like the backend's). */
+int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y);
+/* out [T, down.rows] = down(act(gate x, up x)) on the GPU, one round trip (df_backend.mlp). */
+int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+                const float *x, int T, float *out);
+/* out[t] = rmsnorm(x[t]) * w for T rows of n (fp64 sum of squares, like cpu_scalar_rmsnorm). */
+int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps);
+/* out[i] = silu(g[i]) * u[i] for n values. */
+int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n);
+/* SiTU: out[i] = beta*tanh(g/beta)*sigmoid(g) * (lb != 0 ? lb*tanh(u/lb) : u) (engine eng_act). */
+int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb);
+/* In-place softmax of T rows of n values (max-subtracted, fp64 sum, like cpu_scalar_softmax). */
+int df_cuda_softmax(float *x, int T, int64_t n);
+/* RoPE of T vectors of dim values at positions pos[t] (engine rope_apply: pairs (x[2i], x[2i+1]) in,
+ * de-interleaved out; cos/sin times attention_factor). inv_freq [dim/2]. */
+int df_cuda_rope(float *x, int T, int dim, const float *inv_freq, float attention_factor, const int64_t *pos);
+
+/* Benchmark: ms per call of the matmul kernel alone (weight and activations resident on the GPU,
+ * CUDA events over iters calls) for a random weight of type t [rows, cols] and T rows; -1 on error. */
+double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int iters);
+/* fp32 FMA peak (FLOP/s) = SMs x 128 lanes x 2 x boost clock; also the SM count and clock (MHz). */
+void df_cuda_fp32_peak(double *flops, int *sms, int *mhz);
+/* Measured device-memory bandwidth (bytes read + written per second) of a large device-to-device copy. */
+double df_cuda_bench_bandwidth(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,31 @@
+/*
+ * cuda_internal.h — pieces shared by the CUDA sources: the kernel launchers
+ * (cuda_matmul.cu, cuda_ops.cu) used by the runtime (cuda_runtime.cu).
+ */
+#ifndef DF_KERNELS_CUDA_INTERNAL_H
+#define DF_KERNELS_CUDA_INTERNAL_H
+
+#include "kernels/cuda.h"
+
+#include <cuda_runtime.h>
+
+/* y [T, rows] = x [T, cols] W^T with W's data/scale arrays, x and y in device memory (cuda_matmul.cu). */
+cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
+                             const float *x, int T, float *y, cudaStream_t st);
+
+/* One-token kernel: 1 = one row per warp (default), 4 = four rows per warp sharing activation loads
+ * (bitwise the same outputs; cuda_matmul.cu mv_kernel). */
+void cu_set_matvec_rows(int n);
+
+/* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
+cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);
+cudaError_t cu_silu_mul_launch(float *out, const float *g, const float *u, int64_t n, cudaStream_t st);
+cudaError_t cu_situ_mul_launch(float *out, const float *g, const float *u, int64_t n, float beta, float lb,
+                               cudaStream_t st);
+cudaError_t cu_softmax_launch(float *x, int T, int64_t n, cudaStream_t st);
+cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const float *inv_freq, float attention_factor,
+                           const int64_t *pos, cudaStream_t st);
+/* Fill n bytes with a fixed pseudo-random pattern (benchmark weights). */
+cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st);
+
+#endif

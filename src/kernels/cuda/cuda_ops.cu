@@ -1,0 +1,142 @@
+/*
+ * cuda_ops.cu — the per-row and element-wise ops of the forward pass on the
+ * GPU: RMSNorm, SwiGLU (silu_mul), SiTU, softmax, RoPE. Same math as the CPU
+ * reference (src/kernels/cpu/cpu_scalar.c, src/engine/rope.c, moe.c eng_act):
+ * fp32 values, fp64 sums for RMSNorm/softmax combined by a fixed shared-memory
+ * tree (so a row's result never depends on how many rows are in the call).
+ */
+#include "cuda_internal.h"
+
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int NT = 256; /* threads per row for the row ops */
+
+/* Sum of one double per thread, fixed tree; every thread gets the result. */
+__device__ double block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = NT / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int64_t n, float eps) {
+    __shared__ double sh[NT];
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *o = out + (int64_t)blockIdx.x * n;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += NT) ss += (double)xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    const float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int64_t i = threadIdx.x; i < n; i += NT) o[i] = xr[i] * r * w[i];
+}
+
+__global__ void softmax_kernel(float *x, int64_t n) {
+    __shared__ double sh[NT];
+    __shared__ float shm[NT];
+    float *xr = x + (int64_t)blockIdx.x * n;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < n; i += NT) m = fmaxf(m, xr[i]);
+    shm[threadIdx.x] = m;
+    __syncthreads();
+    for (int s = NT / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) shm[threadIdx.x] = fmaxf(shm[threadIdx.x], shm[threadIdx.x + s]);
+        __syncthreads();
+    }
+    m = shm[0];
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += NT) {
+        const float e = expf(xr[i] - m);
+        xr[i] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, sh);
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = threadIdx.x; i < n; i += NT) xr[i] *= inv;
+}
+
+__global__ void silu_mul_kernel(float *out, const float *g, const float *u, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+__global__ void situ_mul_kernel(float *out, const float *g, const float *u, int64_t n, float b, float lb) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float gv = g[i], uv = lb != 0.0f ? lb * tanhf(u[i] / lb) : u[i];
+        out[i] = b * tanhf(gv / b) * (1.0f / (1.0f + expf(-gv))) * uv;
+    }
+}
+
+__global__ void rope_kernel(float *out, const float *x, int T, int dim, const float *inv_freq, float af,
+                            const int64_t *pos) {
+    const int half = dim / 2;
+    const int64_t n = (int64_t)T * half;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = k / half;
+        const int i = (int)(k % half);
+        const float f = inv_freq[i] * (float)pos[t];
+        const float c = cosf(f) * af, s = sinf(f) * af;
+        const float a = x[t * dim + 2 * i], b = x[t * dim + 2 * i + 1];
+        out[t * dim + i] = a * c - b * s;
+        out[t * dim + i + half] = b * c + a * s;
+    }
+}
+
+__global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t v = (uint32_t)i * 2654435761u ^ seed;
+        v ^= v >> 15; v *= 2246822519u; v ^= v >> 13; v *= 3266489917u; v ^= v >> 16;
+        p[i] = v;
+    }
+}
+
+unsigned grid_for(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+} // namespace
+
+cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st) {
+    if (T <= 0) return cudaSuccess;
+    rmsnorm_kernel<<<T, NT, 0, st>>>(out, x, w, n, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_softmax_launch(float *x, int T, int64_t n, cudaStream_t st) {
+    if (T <= 0) return cudaSuccess;
+    softmax_kernel<<<T, NT, 0, st>>>(x, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_silu_mul_launch(float *out, const float *g, const float *u, int64_t n, cudaStream_t st) {
+    if (n <= 0) return cudaSuccess;
+    silu_mul_kernel<<<grid_for(n), 256, 0, st>>>(out, g, u, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_situ_mul_launch(float *out, const float *g, const float *u, int64_t n, float beta, float lb,
+                               cudaStream_t st) {
+    if (n <= 0) return cudaSuccess;
+    situ_mul_kernel<<<grid_for(n), 256, 0, st>>>(out, g, u, n, beta, lb);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const float *inv_freq, float attention_factor,
+                           const int64_t *pos, cudaStream_t st) {
+    if (T <= 0 || dim < 2) return cudaSuccess;
+    rope_kernel<<<grid_for((int64_t)T * (dim / 2)), 256, 0, st>>>(out, x, T, dim, inv_freq, attention_factor, pos);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st) {
+    fill_kernel<<<grid_for((int64_t)(n / 4)), 256, 0, st>>>(static_cast<uint32_t *>(p), n / 4, seed);
+    return cudaGetLastError();
+}

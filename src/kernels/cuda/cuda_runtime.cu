@@ -1,0 +1,585 @@
+/*
+ * cuda_runtime.cu — the CUDA backend's runtime: device discovery, the weight
+ * cache in GPU memory, and the host-side entry points of kernels/cuda.h.
+ *
+ * Weight cache: a hash map from a weight's identity (df_weight.dev_key, or its
+ * host address when dev_key is 0) to one device allocation holding its data and
+ * scale arrays. Spine weights (address keys) stay until df_cuda_cache_clear;
+ * routed experts (DF_DEVKEY keys) live under the expert budget and are evicted
+ * least recently used first. A weight that cannot be cached (no room, or
+ * address caching off during spine streaming) is copied into a scratch buffer
+ * for the call. Every entry point holds one mutex: calls from several host
+ * threads run one after another on one stream.
+ */
+#include "cuda_internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_once_t g_once = PTHREAD_ONCE_INIT;
+int g_ndev = 0;
+char g_why[256];
+char g_err[256];
+cudaStream_t g_st;
+
+constexpr uint64_t RESERVE = 1ull << 30; /* device memory left free for scratch and the CUDA context */
+constexpr int NBUCKET = 1 << 16;
+
+struct Entry {
+    uint64_t key;
+    int type;
+    int64_t rows, cols;
+    void *dev;          /* data, then scale at dev + scale_off */
+    size_t bytes, scale_off;
+    int expert, has_scale;
+    int pins;           /* > 0: in use by a caller of df_cuda_pin (not evicted) */
+    uint64_t tick;
+    int next;           /* bucket chain; -1 = end; free-list link when unused */
+    int used;
+};
+
+Entry *g_ent;
+int g_nent, g_cap, g_free = -1;
+int g_bucket[NBUCKET];
+int g_inited_map;
+uint64_t g_tick, g_budget;
+int g_by_addr = 1;
+df_cuda_stats g_stats;
+
+/* scratch: x, y, an uncached weight (device); x and y staging in pinned host memory (asynchronous copies) */
+void *g_sx, *g_sy, *g_sw, *g_hx, *g_hy, *g_sg, *g_su;
+size_t g_csx, g_csy, g_csw, g_chx, g_chy, g_csg, g_csu;
+
+int fail(const char *what, cudaError_t e) {
+    snprintf(g_err, sizeof g_err, "%s: %s", what, cudaGetErrorString(e));
+    return -1;
+}
+#define CK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return fail(#call, e_); } while (0)
+
+void probe_once() {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        snprintf(g_why, sizeof g_why, "no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+        return;
+    }
+    if (n <= 0) {
+        snprintf(g_why, sizeof g_why, "no CUDA device (cudaGetDeviceCount found none)");
+        return;
+    }
+    cudaDeviceProp p;
+    if ((e = cudaGetDeviceProperties(&p, 0)) != cudaSuccess) {
+        snprintf(g_why, sizeof g_why, "no usable CUDA device (cudaGetDeviceProperties: %s)", cudaGetErrorString(e));
+        return;
+    }
+    if (p.major < 9) {
+        snprintf(g_why, sizeof g_why, "CUDA device 0 (%s) is sm_%d%d; this build has kernels for sm_90 and later only",
+                 p.name, p.major, p.minor);
+        return;
+    }
+    if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking)) != cudaSuccess) {
+        snprintf(g_why, sizeof g_why, "CUDA device 0 cannot be used (%s)", cudaGetErrorString(e));
+        return;
+    }
+    g_ndev = n;
+    const char *mv = getenv("DF_CUDA_MV_ROWS"); /* one-token kernel variant (docs/cuda.md) */
+    if (mv && *mv) cu_set_matvec_rows(atoi(mv));
+}
+
+int ready() {
+    pthread_once(&g_once, probe_once);
+    if (!g_ndev) {
+        snprintf(g_err, sizeof g_err, "%s", g_why);
+        return 0;
+    }
+    return 1;
+}
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* Bytes of a weight's data / scale arrays (model/weights.h layouts). */
+size_t data_bytes(df_wtype t, int64_t r, int64_t c) {
+    switch (t) {
+    case DF_W_F32: return (size_t)(r * c * 4);
+    case DF_W_BF16: case DF_W_F16: return (size_t)(r * c * 2);
+    case DF_W_FP8_B128: case DF_W_INT8_ROW: return (size_t)(r * c);
+    case DF_W_INT4_G32: case DF_W_MXFP4: return (size_t)(r * c / 2);
+    default: return 0;
+    }
+}
+size_t scale_bytes(df_wtype t, int64_t r, int64_t c) {
+    switch (t) {
+    case DF_W_FP8_B128: return (size_t)(((r + 127) / 128) * ((c + 127) / 128) * 4);
+    case DF_W_INT4_G32: return (size_t)(r * (c / 32) * 2);
+    case DF_W_MXFP4: return (size_t)(r * (c / 32));
+    case DF_W_INT8_ROW: return (size_t)(r * 4);
+    default: return 0;
+    }
+}
+
+int grow(void **p, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    if (*p) cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    size_t n = round_up(need, 1 << 20);
+    CK(cudaMalloc(p, n));
+    *cap = n;
+    return 0;
+}
+
+int grow_host(void **p, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    if (*p) cudaFreeHost(*p);
+    *p = NULL;
+    *cap = 0;
+    size_t n = round_up(need, 1 << 20);
+    CK(cudaHostAlloc(p, n, cudaHostAllocDefault));
+    *cap = n;
+    return 0;
+}
+
+uint64_t key_of(const df_weight *w) { return w->dev_key ? w->dev_key : (uint64_t)(uintptr_t)w->data; }
+unsigned bucket_of(uint64_t k) { return (unsigned)((k * 0x9E3779B97F4A7C15ull) >> 48) & (NBUCKET - 1); }
+
+void map_init() {
+    if (g_inited_map) return;
+    for (int i = 0; i < NBUCKET; i++) g_bucket[i] = -1;
+    g_inited_map = 1;
+}
+
+Entry *find(uint64_t key) {
+    map_init();
+    for (int i = g_bucket[bucket_of(key)]; i >= 0; i = g_ent[i].next)
+        if (g_ent[i].key == key) return &g_ent[i];
+    return NULL;
+}
+
+void drop(int idx) {
+    Entry *e = &g_ent[idx];
+    int *pp = &g_bucket[bucket_of(e->key)];
+    while (*pp != idx) pp = &g_ent[*pp].next;
+    *pp = e->next;
+    cudaFree(e->dev);
+    (e->expert ? g_stats.expert_bytes : g_stats.spine_bytes) -= e->bytes;
+    e->used = 0;
+    e->next = g_free;
+    g_free = idx;
+}
+
+/* Evict the least recently used expert; 0 if there was none. */
+int evict_one() {
+    int best = -1;
+    for (int i = 0; i < g_nent; i++)
+        if (g_ent[i].used && g_ent[i].expert && !g_ent[i].pins && (best < 0 || g_ent[i].tick < g_ent[best].tick)) best = i;
+    if (best < 0) return 0;
+    drop(best);
+    return 1;
+}
+
+/* Make room for `need` bytes (of an expert when `expert`); 0 = there is room. */
+int room_for(size_t need, int expert) {
+    for (;;) {
+        if (expert && g_budget && g_stats.expert_bytes + need > g_budget) {
+            if (!evict_one()) return -1;
+            continue;
+        }
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
+        if (fr >= need + RESERVE) return 0;
+        if (!expert || !evict_one()) return -1;
+    }
+}
+
+int upload(const df_weight *w, void *dev, size_t dbytes, size_t soff, size_t sbytes) {
+    CK(cudaMemcpyAsync(dev, w->data, dbytes, cudaMemcpyHostToDevice, g_st));
+    if (sbytes) CK(cudaMemcpyAsync((char *)dev + soff, w->scale, sbytes, cudaMemcpyHostToDevice, g_st));
+    g_stats.uploaded_bytes += dbytes + sbytes;
+    return 0;
+}
+
+/* The device copy of w's arrays: *data, *scale (cached, or in the scratch buffer for this call). */
+int weight_on_device(const df_weight *w, const void **data, const void **scale) {
+    const size_t db = data_bytes(w->type, w->rows, w->cols);
+    const size_t sb = w->scale ? scale_bytes(w->type, w->rows, w->cols) : 0;
+    const size_t soff = round_up(db, 256), total = soff + sb;
+    const int expert = w->dev_key != 0;
+    const int cacheable = expert || g_by_addr;
+    const uint64_t key = key_of(w);
+    if (cacheable) {
+        Entry *e = find(key);
+        if (e && !e->pins && (e->type != (int)w->type || e->rows != w->rows || e->cols != w->cols)) {
+            drop((int)(e - g_ent));
+            e = NULL;
+        }
+        if (e) {
+            e->tick = ++g_tick;
+            if (expert) g_stats.expert_hits++;
+            *data = e->dev;
+            *scale = e->has_scale ? (char *)e->dev + e->scale_off : NULL;
+            return 0;
+        }
+        if (!w->data) {
+            snprintf(g_err, sizeof g_err, "weight %llx is neither cached on the GPU nor in host memory", (unsigned long long)key);
+            return -1;
+        }
+        if (expert) g_stats.expert_misses++;
+        void *dev = NULL;
+        if (room_for(total, expert) == 0 && cudaMalloc(&dev, total) == cudaSuccess) {
+            if (upload(w, dev, db, soff, sb)) { cudaFree(dev); return -1; }
+            int idx;
+            if (g_free >= 0) {
+                idx = g_free;
+                g_free = g_ent[idx].next;
+            } else {
+                if (g_nent == g_cap) {
+                    int nc = g_cap ? 2 * g_cap : 1024;
+                    Entry *ne = (Entry *)realloc(g_ent, sizeof(Entry) * (size_t)nc);
+                    if (!ne) { cudaFree(dev); snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
+                    g_ent = ne;
+                    g_cap = nc;
+                }
+                idx = g_nent++;
+            }
+            Entry *n = &g_ent[idx];
+            n->key = key; n->type = w->type; n->rows = w->rows; n->cols = w->cols;
+            n->dev = dev; n->bytes = total; n->scale_off = soff; n->expert = expert; n->has_scale = sb > 0; n->pins = 0;
+            n->tick = ++g_tick; n->used = 1;
+            const unsigned b = bucket_of(key);
+            n->next = g_bucket[b];
+            g_bucket[b] = idx;
+            (expert ? g_stats.expert_bytes : g_stats.spine_bytes) += total;
+            *data = dev;
+            *scale = sb ? (char *)dev + soff : NULL;
+            return 0;
+        }
+        cudaGetLastError(); /* a failed cudaMalloc is not sticky; clear it */
+    }
+    if (grow(&g_sw, &g_csw, total)) return -1;
+    if (upload(w, g_sw, db, soff, sb)) return -1;
+    *data = g_sw;
+    *scale = sb ? (char *)g_sw + soff : NULL;
+    return 0;
+}
+
+int matmul_locked(const df_weight *w, const float *x, int T, float *y) {
+    const void *d, *s;
+    if (weight_on_device(w, &d, &s)) return -1;
+    const size_t xb = sizeof(float) * (size_t)T * (size_t)w->cols, yb = sizeof(float) * (size_t)T * (size_t)w->rows;
+    if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, yb)) return -1;
+    if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, yb)) return -1;
+    memcpy(g_hx, x, xb);
+    CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    CK(cu_matmul_launch(w->type, d, s, w->rows, w->cols, (const float *)g_sx, T, (float *)g_sy, g_st));
+    CK(cudaMemcpyAsync(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
+    CK(cudaStreamSynchronize(g_st));
+    memcpy(y, g_hy, yb);
+    return 0;
+}
+
+/* gate, up, activation, down with x and out in pinned staging: one copy each way, one synchronisation.
+ * A weight in the scratch buffer is used before the next upload overwrites it (same stream). */
+int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+               const float *x, int T, float *out) {
+    const int64_t D = gate->cols, I = gate->rows, O = down->rows;
+    const size_t xb = sizeof(float) * (size_t)T * D, ib = sizeof(float) * (size_t)T * I, ob = sizeof(float) * (size_t)T * O;
+    if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, ob) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib)) return -1;
+    if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, ob)) return -1;
+    memcpy(g_hx, x, xb);
+    CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    const void *d, *s;
+    if (weight_on_device(gate, &d, &s)) return -1;
+    CK(cu_matmul_launch(gate->type, d, s, I, D, (const float *)g_sx, T, (float *)g_sg, g_st));
+    if (weight_on_device(up, &d, &s)) return -1;
+    CK(cu_matmul_launch(up->type, d, s, I, D, (const float *)g_sx, T, (float *)g_su, g_st));
+    if (act) CK(cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)T * I, beta, lb, g_st));
+    else CK(cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)T * I, g_st));
+    if (weight_on_device(down, &d, &s)) return -1;
+    CK(cu_matmul_launch(down->type, d, s, O, I, (const float *)g_sg, T, (float *)g_sy, g_st));
+    CK(cudaMemcpyAsync(g_hy, g_sy, ob, cudaMemcpyDeviceToHost, g_st));
+    CK(cudaStreamSynchronize(g_st));
+    memcpy(out, g_hy, ob);
+    return 0;
+}
+
+/* Temporary device arrays for the op wrappers. */
+struct Tmp {
+    void *p[4] = {NULL, NULL, NULL, NULL};
+    ~Tmp() { for (void *q : p) if (q) cudaFree(q); }
+};
+
+} // namespace
+
+extern "C" int df_cuda_probe(char *why, size_t whylen) {
+    pthread_once(&g_once, probe_once);
+    if (why && whylen) snprintf(why, whylen, "%s", g_ndev ? "" : g_why);
+    return g_ndev;
+}
+
+extern "C" void df_cuda_describe(char *buf, size_t len) {
+    if (!len) return;
+    buf[0] = 0;
+    if (!df_cuda_probe(NULL, 0)) return;
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return;
+    snprintf(buf, len, "%s, %.1f GiB, sm_%d%d", p.name, (double)p.totalGlobalMem / (1 << 30), p.major, p.minor);
+}
+
+extern "C" void df_cuda_set_expert_budget(uint64_t bytes) {
+    pthread_mutex_lock(&g_mu);
+    g_budget = bytes;
+    if (g_ndev)
+        while (g_budget && g_stats.expert_bytes > g_budget && evict_one()) {}
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void df_cuda_set_cache_by_address(int on) {
+    pthread_mutex_lock(&g_mu);
+    g_by_addr = on != 0;
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void df_cuda_cache_clear(void) {
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_nent; i++)
+        if (g_ent[i].used) drop(i);
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" int df_cuda_pin(uint64_t dev_key, df_weight *w) {
+    if (!g_ndev || !dev_key) return 0;
+    pthread_mutex_lock(&g_mu);
+    Entry *e = find(dev_key);
+    if (e) {
+        e->pins++;
+        e->tick = ++g_tick;
+        g_stats.expert_hits++;
+        memset(w, 0, sizeof *w);
+        w->type = (df_wtype)e->type;
+        w->rows = e->rows;
+        w->cols = e->cols;
+        w->dev_key = dev_key;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return e != NULL;
+}
+
+extern "C" void df_cuda_unpin(uint64_t dev_key) {
+    pthread_mutex_lock(&g_mu);
+    Entry *e = find(dev_key);
+    if (e && e->pins > 0) e->pins--;
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void df_cuda_get_stats(df_cuda_stats *out) {
+    pthread_mutex_lock(&g_mu);
+    *out = g_stats;
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void df_cuda_set_matvec_rows(int n) {
+    pthread_mutex_lock(&g_mu);
+    cu_set_matvec_rows(n);
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" const char *df_cuda_last_error(void) { return g_err; }
+
+extern "C" int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y) {
+    if (!ready()) return -1;
+    if (T <= 0 || w->rows <= 0) return 0;
+    pthread_mutex_lock(&g_mu);
+    int rc = matmul_locked(w, x, T, y);
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+extern "C" int df_cuda_preload(const df_weight *w) {
+    if (!ready()) return -1;
+    if (!w->data || w->rows <= 0 || w->cols <= 0) return 0;
+    pthread_mutex_lock(&g_mu);
+    const void *d, *s;
+    const uint64_t before = g_stats.spine_bytes + g_stats.expert_bytes;
+    int rc = weight_on_device(w, &d, &s);
+    if (rc == 0 && g_stats.spine_bytes + g_stats.expert_bytes == before && !find(key_of(w))) rc = 1; /* no room */
+    if (rc == 0) rc = cudaStreamSynchronize(g_st) == cudaSuccess ? 0 : -1;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+extern "C" int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta,
+                           float lb, const float *x, int T, float *out) {
+    if (!ready()) return -1;
+    if (T <= 0) return 0;
+    if (up->rows != gate->rows || up->cols != gate->cols || down->cols != gate->rows) {
+        snprintf(g_err, sizeof g_err, "mlp: gate/up/down shapes do not chain");
+        return -1;
+    }
+    pthread_mutex_lock(&g_mu);
+    int rc = mlp_locked(gate, up, down, act, beta, lb, x, T, out);
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+#define OP_BEGIN \
+    if (!ready()) return -1; \
+    pthread_mutex_lock(&g_mu); \
+    int rc = op_body(); \
+    pthread_mutex_unlock(&g_mu); \
+    return rc;
+
+extern "C" int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) {
+    auto op_body = [&]() -> int {
+        Tmp t;
+        const size_t b = sizeof(float) * (size_t)T * n;
+        CK(cudaMalloc(&t.p[0], b)); CK(cudaMalloc(&t.p[1], b)); CK(cudaMalloc(&t.p[2], sizeof(float) * n));
+        CK(cudaMemcpy(t.p[0], x, b, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(t.p[2], w, sizeof(float) * n, cudaMemcpyHostToDevice));
+        CK(cu_rmsnorm_launch((float *)t.p[1], (const float *)t.p[0], (const float *)t.p[2], T, n, eps, g_st));
+        CK(cudaStreamSynchronize(g_st));
+        CK(cudaMemcpy(out, t.p[1], b, cudaMemcpyDeviceToHost));
+        return 0;
+    };
+    OP_BEGIN
+}
+
+static int act_op(float *out, const float *g, const float *u, int64_t n, int situ, float beta, float lb) {
+    Tmp t;
+    const size_t b = sizeof(float) * (size_t)n;
+    CK(cudaMalloc(&t.p[0], b)); CK(cudaMalloc(&t.p[1], b)); CK(cudaMalloc(&t.p[2], b));
+    CK(cudaMemcpy(t.p[0], g, b, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(t.p[1], u, b, cudaMemcpyHostToDevice));
+    if (situ) CK(cu_situ_mul_launch((float *)t.p[2], (const float *)t.p[0], (const float *)t.p[1], n, beta, lb, g_st));
+    else CK(cu_silu_mul_launch((float *)t.p[2], (const float *)t.p[0], (const float *)t.p[1], n, g_st));
+    CK(cudaStreamSynchronize(g_st));
+    CK(cudaMemcpy(out, t.p[2], b, cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) {
+    auto op_body = [&]() -> int { return act_op(out, g, u, n, 0, 0, 0); };
+    OP_BEGIN
+}
+
+extern "C" int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) {
+    auto op_body = [&]() -> int { return act_op(out, g, u, n, 1, beta, lb); };
+    OP_BEGIN
+}
+
+extern "C" int df_cuda_softmax(float *x, int T, int64_t n) {
+    auto op_body = [&]() -> int {
+        Tmp t;
+        const size_t b = sizeof(float) * (size_t)T * n;
+        CK(cudaMalloc(&t.p[0], b));
+        CK(cudaMemcpy(t.p[0], x, b, cudaMemcpyHostToDevice));
+        CK(cu_softmax_launch((float *)t.p[0], T, n, g_st));
+        CK(cudaStreamSynchronize(g_st));
+        CK(cudaMemcpy(x, t.p[0], b, cudaMemcpyDeviceToHost));
+        return 0;
+    };
+    OP_BEGIN
+}
+
+extern "C" int df_cuda_rope(float *x, int T, int dim, const float *inv_freq, float attention_factor, const int64_t *pos) {
+    auto op_body = [&]() -> int {
+        Tmp t;
+        const size_t b = sizeof(float) * (size_t)T * dim;
+        CK(cudaMalloc(&t.p[0], b)); CK(cudaMalloc(&t.p[1], b));
+        CK(cudaMalloc(&t.p[2], sizeof(float) * (size_t)(dim / 2 > 0 ? dim / 2 : 1)));
+        CK(cudaMalloc(&t.p[3], sizeof(int64_t) * (size_t)T));
+        CK(cudaMemcpy(t.p[0], x, b, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(t.p[1], x, b, cudaMemcpyHostToDevice)); /* odd dim: the last value passes through */
+        CK(cudaMemcpy(t.p[2], inv_freq, sizeof(float) * (size_t)(dim / 2), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(t.p[3], pos, sizeof(int64_t) * (size_t)T, cudaMemcpyHostToDevice));
+        CK(cu_rope_launch((float *)t.p[1], (const float *)t.p[0], T, dim, (const float *)t.p[2], attention_factor,
+                          (const int64_t *)t.p[3], g_st));
+        CK(cudaStreamSynchronize(g_st));
+        CK(cudaMemcpy(x, t.p[1], b, cudaMemcpyDeviceToHost));
+        return 0;
+    };
+    OP_BEGIN
+}
+
+extern "C" double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int iters) {
+    if (!ready()) return -1;
+    pthread_mutex_lock(&g_mu);
+    double ms = -1;
+    Tmp m;
+    const size_t db = data_bytes(t, rows, cols), sb = scale_bytes(t, rows, cols);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    do {
+        if (cudaMalloc(&m.p[0], db + 256) != cudaSuccess) break;
+        if (sb && cudaMalloc(&m.p[1], sb + 256) != cudaSuccess) break;
+        if (cudaMalloc(&m.p[2], sizeof(float) * (size_t)T * cols + 256) != cudaSuccess) break;
+        if (cudaMalloc(&m.p[3], sizeof(float) * (size_t)T * rows + 256) != cudaSuccess) break;
+        if (cu_fill_random(m.p[0], db, 1, g_st) != cudaSuccess) break;
+        if (sb) {
+            /* scales: small finite values (fp8 block scales as floats, bf16, E8M0 near 2^0) */
+            cudaMemsetAsync(m.p[1], t == DF_W_MXFP4 ? 0x7f : 0x3c, sb, g_st);
+        }
+        /* activations: zeros (the kernel's work does not depend on the values) */
+        if (cudaMemsetAsync(m.p[2], 0, sizeof(float) * (size_t)T * cols, g_st) != cudaSuccess) break;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        /* warm-up */
+        if (cu_matmul_launch(t, m.p[0], m.p[1], rows, cols, (const float *)m.p[2], T, (float *)m.p[3], g_st) != cudaSuccess) break;
+        cudaEventRecord(e0, g_st);
+        for (int i = 0; i < iters; i++)
+            cu_matmul_launch(t, m.p[0], m.p[1], rows, cols, (const float *)m.p[2], T, (float *)m.p[3], g_st);
+        cudaEventRecord(e1, g_st);
+        if (cudaEventSynchronize(e1) != cudaSuccess) break;
+        float el = 0;
+        cudaEventElapsedTime(&el, e0, e1);
+        ms = el / iters;
+    } while (0);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaGetLastError();
+    pthread_mutex_unlock(&g_mu);
+    return ms;
+}
+
+extern "C" double df_cuda_bench_bandwidth(void) {
+    if (!ready()) return -1;
+    pthread_mutex_lock(&g_mu);
+    double bw = -1;
+    Tmp m;
+    const size_t n = (size_t)4 << 30;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    do {
+        if (cudaMalloc(&m.p[0], n) != cudaSuccess || cudaMalloc(&m.p[1], n) != cudaSuccess) break;
+        cudaMemsetAsync(m.p[0], 1, n, g_st);
+        cudaMemcpyAsync(m.p[1], m.p[0], n, cudaMemcpyDeviceToDevice, g_st);
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        const int reps = 10;
+        cudaEventRecord(e0, g_st);
+        for (int i = 0; i < reps; i++) cudaMemcpyAsync(m.p[1], m.p[0], n, cudaMemcpyDeviceToDevice, g_st);
+        cudaEventRecord(e1, g_st);
+        if (cudaEventSynchronize(e1) != cudaSuccess) break;
+        float el = 0;
+        cudaEventElapsedTime(&el, e0, e1);
+        bw = 2.0 * (double)n * reps / (el * 1e-3);
+    } while (0);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaGetLastError();
+    pthread_mutex_unlock(&g_mu);
+    return bw;
+}
+
+extern "C" void df_cuda_fp32_peak(double *flops, int *sms, int *mhz) {
+    *flops = 0; *sms = 0; *mhz = 0;
+    if (!df_cuda_probe(NULL, 0)) return;
+    int n = 0, khz = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    *sms = n;
+    *mhz = khz / 1000;
+    *flops = (double)n * 128 * 2 * khz * 1e3;
+}

@@ -1,0 +1,70 @@
+/*
+ * cuda_backend.c — the "cuda" backend table: matmul on the GPU (kernels/cuda.h,
+ * src/kernels/cuda/), the small per-row ops (dot, axpy, RMSNorm, SwiGLU,
+ * softmax, embedding rows) on the best CPU backend, where a GPU launch per call
+ * would cost more than the work. Design: docs/cuda.md.
+ */
+#ifdef DF_HAVE_CUDA
+#include "kernels/cuda.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static df_backend g_cuda_be;
+static const df_backend *g_cpu;
+static pthread_once_t g_init = PTHREAD_ONCE_INIT;
+static int g_warned;
+
+/* On a CUDA error (device lost, out of memory for activations) the call is computed on the CPU
+ * instead and the error is reported once on stderr. */
+static void cuda_be_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
+    if (df_cuda_matmul(w, x, T, y) == 0) return;
+    if (!w->data) { /* a weight pinned in GPU memory has no host copy to fall back on */
+        fprintf(stderr, "deltafin: CUDA error on a GPU-resident expert weight: %s\n", df_cuda_last_error());
+        abort();
+    }
+    if (!__atomic_exchange_n(&g_warned, 1, __ATOMIC_SEQ_CST))
+        fprintf(stderr, "deltafin: CUDA error (%s); matmuls that fail on the GPU are computed on the CPU\n",
+                df_cuda_last_error());
+    g_cpu->matmul(pool, w, x, T, y);
+}
+
+static void init_table(void) {
+    g_cpu = df_backend_get("cpu");
+    g_cuda_be = *g_cpu;
+    g_cuda_be.name = "cuda";
+    g_cuda_be.matmul = cuda_be_matmul;
+    g_cuda_be.dev_pin = df_cuda_pin;
+    g_cuda_be.dev_unpin = df_cuda_unpin;
+    g_cuda_be.mlp = df_cuda_mlp;
+}
+
+uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) {
+    uint64_t bytes = 0;
+    *all = 0;
+    for (int l = 0; l < n_layers; l++) {
+        const df_layer_weights *lw = &sp->layers[l];
+        const df_weight *ws[] = {&lw->q_a, &lw->q_b, &lw->q, &lw->kv_a, &lw->o, &lw->gate, &lw->up, &lw->down,
+                                 &lw->router, &lw->attn_gate, &lw->kda_q, &lw->kda_k, &lw->kda_v, &lw->f_a, &lw->f_b,
+                                 &lw->beta, &lw->g, &lw->g_a, &lw->g_b, &lw->lat_down, &lw->lat_up};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            if (!ws[i]->data) continue;
+            if (df_cuda_preload(ws[i])) return bytes;
+            bytes += df_weight_bytes(ws[i]);
+        }
+    }
+    if (sp->lm_head.data) {
+        if (df_cuda_preload(&sp->lm_head)) return bytes;
+        bytes += df_weight_bytes(&sp->lm_head);
+    }
+    *all = 1;
+    return bytes;
+}
+
+const df_backend *df_cuda_backend(void) {
+    if (!df_cuda_probe(NULL, 0)) return NULL;
+    pthread_once(&g_init, init_table);
+    return &g_cuda_be;
+}
+#endif

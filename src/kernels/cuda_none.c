@@ -1,0 +1,40 @@
+/*
+ * cuda_none.c — kernels/cuda.h in a build without the CUDA backend (DF_CUDA=OFF
+ * or no nvcc): no device, every GPU entry point fails with that reason.
+ */
+#ifndef DF_HAVE_CUDA
+#include "kernels/cuda.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const why_none = "this build has no CUDA backend (configure with -DDF_CUDA=ON where nvcc is installed)";
+
+int df_cuda_probe(char *why, size_t whylen) {
+    if (why && whylen) snprintf(why, whylen, "%s", why_none);
+    return 0;
+}
+const df_backend *df_cuda_backend(void) { return NULL; }
+void df_cuda_describe(char *buf, size_t len) { if (len) buf[0] = 0; }
+void df_cuda_set_expert_budget(uint64_t bytes) { (void)bytes; }
+void df_cuda_set_cache_by_address(int on) { (void)on; }
+void df_cuda_cache_clear(void) {}
+int df_cuda_preload(const df_weight *w) { return -1; }
+uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) { *all = 0; return 0; }
+void df_cuda_set_matvec_rows(int n) { (void)n; }
+int df_cuda_pin(uint64_t dev_key, df_weight *w) { return 0; }
+void df_cuda_unpin(uint64_t dev_key) {}
+void df_cuda_get_stats(df_cuda_stats *out) { memset(out, 0, sizeof *out); }
+const char *df_cuda_last_error(void) { return why_none; }
+int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y) { return -1; }
+int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+                const float *x, int T, float *out) { return -1; }
+int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
+int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
+int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }
+int df_cuda_softmax(float *x, int T, int64_t n) { return -1; }
+int df_cuda_rope(float *x, int T, int dim, const float *inv_freq, float attention_factor, const int64_t *pos) { return -1; }
+double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int iters) { return -1; }
+double df_cuda_bench_bandwidth(void) { return -1; }
+void df_cuda_fp32_peak(double *flops, int *sms, int *mhz) { *flops = 0; *sms = 0; *mhz = 0; }
+#endif

@@ -1,0 +1,354 @@
+/* test_cuda_kernels.c — every CUDA kernel (src/kernels/cuda) against the CPU
+ * reference (cpu-scalar, engine rope_apply / eng_act formulas):
+ *   - exact decoding of every encoding (all fp8 / e2m1 / e8m0 codes): a matmul
+ *     with one-hot activations returns each weight element bit for bit;
+ *   - matmul of every encoding for T = 1..N rows against the scalar reference
+ *     (fp32 accumulation; tolerance 1e-5 of the row's magnitude);
+ *   - batch invariance: row t of a T-row call is bitwise equal to a 1-row call;
+ *   - the weight cache: a cleared cache sees new data at a reused address;
+ *     explicit keys (routed experts) are cached by key;
+ *   - RMSNorm, SwiGLU, SiTU, softmax, RoPE.
+ * Without a CUDA device (or in a build without the backend) it prints why,
+ * "skipped", and passes. */
+#include "engine/engine.h"
+#include "kernels/backend.h"
+#include "kernels/cuda.h"
+#include "kernels/dtype.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (uint32_t)rng; }
+static float rndf(void) { return (float)((rnd() >> 8) / 16777216.0 * 2.0 - 1.0); }
+
+static void free_weight(df_weight *w) { free((void *)w->data); free((void *)w->scale); }
+
+/* A random weight of type t without NaN codes (so 0 * w = 0 in one-hot products). */
+static df_weight make_weight(df_wtype t, int64_t rows, int64_t cols) {
+    df_weight w = {t, rows, cols, NULL, NULL, 0};
+    const size_t n = (size_t)(rows * cols);
+    switch (t) {
+    case DF_W_F32: { float *d = malloc(n * 4); for (size_t i = 0; i < n; i++) d[i] = rndf(); w.data = d; break; }
+    case DF_W_BF16: {
+        uint16_t *d = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) { float f = rndf(); uint32_t u; memcpy(&u, &f, 4); d[i] = (uint16_t)(u >> 16); }
+        w.data = d; break;
+    }
+    case DF_W_F16: {
+        uint16_t *d = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) d[i] = (uint16_t)((rnd() & 0x83ff) | ((1 + rnd() % 20) << 10));
+        for (size_t i = 0; i < n && i < 8; i++) d[i] = (uint16_t)(rnd() & 0x83ff); /* subnormals and zeros */
+        w.data = d; break;
+    }
+    case DF_W_FP8_B128: {
+        uint8_t *d = malloc(n);
+        for (size_t i = 0; i < n; i++) { d[i] = (uint8_t)rnd(); if ((d[i] & 0x7f) == 0x7f) d[i] ^= 1; }
+        size_t ns = (size_t)(((rows + 127) / 128) * ((cols + 127) / 128));
+        float *s = malloc(ns * 4);
+        for (size_t i = 0; i < ns; i++) s[i] = 0.003f + 0.0007f * (float)i;
+        w.data = d; w.scale = s; break;
+    }
+    case DF_W_INT4_G32: {
+        uint32_t *d = malloc(n / 2);
+        for (size_t i = 0; i < n / 8; i++) d[i] = rnd();
+        uint16_t *s = malloc(n / 32 * 2);
+        for (size_t i = 0; i < n / 32; i++) { float f = 0.01f * (1 + i % 7); uint32_t u; memcpy(&u, &f, 4); s[i] = (uint16_t)(u >> 16); }
+        w.data = d; w.scale = s; break;
+    }
+    case DF_W_MXFP4: {
+        uint8_t *d = malloc(n / 2);
+        for (size_t i = 0; i < n / 2; i++) d[i] = (uint8_t)rnd();
+        uint8_t *s = malloc(n / 32);
+        for (size_t i = 0; i < n / 32; i++) s[i] = (uint8_t)(118 + rnd() % 14);
+        w.data = d; w.scale = s; break;
+    }
+    case DF_W_INT8_ROW: {
+        int8_t *d = malloc(n);
+        for (size_t i = 0; i < n; i++) d[i] = (int8_t)(rnd() % 255 - 127);
+        float *s = malloc((size_t)rows * 4);
+        for (int64_t i = 0; i < rows; i++) s[i] = 0.001f * (1 + i % 5);
+        w.data = d; w.scale = s; break;
+    }
+    default: break;
+    }
+    return w;
+}
+
+/* Every element of w decoded on the GPU (one-hot activations) equals the scalar decode. */
+static void check_decode(const df_weight *w, const char *what) {
+    const int64_t R = w->rows, C = w->cols;
+    float *x = calloc((size_t)(C * C), sizeof(float)), *y = malloc(sizeof(float) * (size_t)(C * R));
+    float *ref = malloc(sizeof(float) * (size_t)C);
+    for (int64_t c = 0; c < C; c++) x[c * C + c] = 1.0f;
+    int rc = df_cuda_matmul(w, x, (int)C, y);
+    CHECK(rc == 0, "%s decode: %s", what, df_cuda_last_error());
+    const df_backend *sc = df_backend_get("cpu-scalar");
+    int64_t bad = 0, fr = -1, fc = -1;
+    float fg = 0, fcpu = 0;
+    for (int64_t r = 0; r < R && rc == 0; r++) {
+        sc->decode_row(w, r, ref);
+        for (int64_t c = 0; c < C; c++)
+            if (!(y[c * R + r] == ref[c])) {
+                if (fr < 0) { fr = r; fc = c; fg = y[c * R + r]; fcpu = ref[c]; }
+                bad++;
+            }
+    }
+    CHECK(bad == 0, "%s decode: %lld of %lld elements differ (first [%lld,%lld]: gpu %.9g cpu %.9g)", what, (long long)bad,
+          (long long)(R * C), (long long)fr, (long long)fc, fg, fcpu);
+    free(x); free(y); free(ref);
+}
+
+static void test_decode_exact(void) {
+    /* fp8: all 254 non-NaN codes in one row per block of 128 rows (two blocks of scales) */
+    {
+        df_weight w = make_weight(DF_W_FP8_B128, 130, 256);
+        uint8_t *d = (uint8_t *)w.data;
+        for (int c = 0, k = 0; c < 256; c++, k++) {
+            if ((k & 0x7f) == 0x7f) k++;
+            d[c] = (uint8_t)k;
+            d[129 * 256 + c] = (uint8_t)k;
+        }
+        ((float *)w.scale)[1] = 300.0f; /* scale x 2^120 overflows: the element-wise path */
+        check_decode(&w, "fp8_b128 all codes");
+        free_weight(&w);
+    }
+    /* mxfp4: every e2m1 code at every position parity; E8M0 scales 0 (2^-127), 1, 127, 254 */
+    {
+        df_weight w = make_weight(DF_W_MXFP4, 4, 64);
+        uint8_t *d = (uint8_t *)w.data, *s = (uint8_t *)w.scale;
+        for (int i = 0; i < 4 * 32; i++) d[i] = (uint8_t)((i % 16) | (((i / 16) % 16) << 4));
+        const uint8_t sc[8] = {0, 1, 127, 200, 100, 150, 126, 128}; /* (254 x 6 overflows: inf x 0 = NaN) */
+        for (int i = 0; i < 8; i++) s[i] = sc[i];
+        check_decode(&w, "mxfp4 all codes");
+        free_weight(&w);
+    }
+    static const df_wtype types[] = {DF_W_F32, DF_W_BF16, DF_W_F16, DF_W_INT4_G32, DF_W_INT8_ROW};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        df_weight w = make_weight(types[i], 5, 96);
+        check_decode(&w, df_wtype_name(types[i]));
+        free_weight(&w);
+    }
+    {   /* odd column count: the element-wise path */
+        df_weight w = make_weight(DF_W_BF16, 3, 37);
+        check_decode(&w, "bf16 37 cols");
+        free_weight(&w);
+        w = make_weight(DF_W_FP8_B128, 3, 200);
+        check_decode(&w, "fp8 200 cols");
+        free_weight(&w);
+    }
+}
+
+static void test_matmul(void) {
+    const df_backend *sc = df_backend_get("cpu-scalar");
+    static const struct { df_wtype t; int64_t rows, cols; } cases[] = {
+        {DF_W_F32, 67, 256}, {DF_W_F32, 9, 101}, {DF_W_BF16, 130, 512}, {DF_W_BF16, 33, 70}, {DF_W_F16, 64, 384},
+        {DF_W_FP8_B128, 300, 640}, {DF_W_FP8_B128, 20, 150}, {DF_W_INT4_G32, 96, 1024}, {DF_W_MXFP4, 200, 2048},
+        {DF_W_MXFP4, 7, 7168}, {DF_W_INT8_ROW, 50, 272},
+    };
+    static const int Ts[] = {1, 2, 3, 4, 5, 8, 9, 17, 64, 130};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        df_weight w = make_weight(cases[ci].t, cases[ci].rows, cases[ci].cols);
+        const int64_t R = w.rows, C = w.cols;
+        const int TM = 130;
+        float *x = malloc(sizeof(float) * (size_t)(TM * C));
+        for (int64_t i = 0; i < TM * C; i++) x[i] = rndf();
+        float *y = malloc(sizeof(float) * (size_t)(TM * R)), *ref = malloc(sizeof(float) * (size_t)(TM * R));
+        float *y1 = malloc(sizeof(float) * (size_t)R);
+        sc->matmul(NULL, &w, x, TM, ref);
+        /* the error bound's scale: sum |w| |x| per output */
+        double *mag = calloc((size_t)(TM * R), sizeof(double));
+        float *row = malloc(sizeof(float) * (size_t)C);
+        for (int64_t r = 0; r < R; r++) {
+            sc->decode_row(&w, r, row);
+            for (int t = 0; t < TM; t++) {
+                double a = 0;
+                for (int64_t c = 0; c < C; c++) a += fabs((double)row[c] * x[(int64_t)t * C + c]);
+                mag[(int64_t)t * R + r] = a;
+            }
+        }
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const int T = Ts[ti];
+            int rc = df_cuda_matmul(&w, x, T, y);
+            CHECK(rc == 0, "matmul %s: %s", df_wtype_name(w.type), df_cuda_last_error());
+            if (rc) continue;
+            double md = 0, worst = 0; /* max |gpu - cpu| / (sum |w||x|) */
+            for (int64_t i = 0; i < T * R; i++) {
+                double d = fabs((double)y[i] - ref[i]) / (mag[i] + 1e-30);
+                if (d > worst || d != d) { worst = d; md = fabs((double)y[i] - ref[i]); }
+            }
+            CHECK(worst <= 1e-5, "matmul %s [%lld x %lld] T=%d: max diff %g (%.3g of sum |w x|)", df_wtype_name(w.type),
+                  (long long)R, (long long)C, T, md, worst);
+            /* batch invariance: each row equals the 1-row call bit for bit */
+            int same = 1;
+            for (int t = 0; t < T && same; t++) {
+                if (df_cuda_matmul(&w, x + (int64_t)t * C, 1, y1)) { same = 0; break; }
+                if (memcmp(y1, y + (int64_t)t * R, sizeof(float) * (size_t)R)) same = 0;
+            }
+            CHECK(same, "matmul %s [%lld x %lld] T=%d: a row differs from the 1-row call (batch invariance)",
+                  df_wtype_name(w.type), (long long)R, (long long)C, T);
+            /* the four-rows-per-warp one-token kernel: the same bits as every row of the T-row call */
+            df_cuda_set_matvec_rows(4);
+            same = 1;
+            for (int t = 0; t < T && same; t++) {
+                if (df_cuda_matmul(&w, x + (int64_t)t * C, 1, y1)) { same = 0; break; }
+                if (memcmp(y1, y + (int64_t)t * R, sizeof(float) * (size_t)R)) same = 0;
+            }
+            df_cuda_set_matvec_rows(1);
+            CHECK(same, "matmul %s [%lld x %lld] T=%d: the 4-rows-per-warp one-token kernel differs from the T-row call",
+                  df_wtype_name(w.type), (long long)R, (long long)C, T);
+        }
+        free(x); free(y); free(ref); free(y1); free(mag); free(row);
+        free_weight(&w);
+    }
+}
+
+static void test_cache(void) {
+    df_weight w = make_weight(DF_W_F32, 8, 64);
+    float x[64], y0[8], y1[8], y2[8];
+    for (int i = 0; i < 64; i++) x[i] = rndf();
+    df_cuda_cache_clear();
+    CHECK(df_cuda_matmul(&w, x, 1, y0) == 0, "cache: %s", df_cuda_last_error());
+    float *d = (float *)w.data;
+    for (int i = 0; i < 8 * 64; i++) d[i] *= 2.0f;
+    CHECK(df_cuda_matmul(&w, x, 1, y1) == 0, "cache: %s", df_cuda_last_error());
+    CHECK(!memcmp(y0, y1, sizeof y0), "cache: an address-keyed weight is served from the GPU copy");
+    df_cuda_cache_clear();
+    CHECK(df_cuda_matmul(&w, x, 1, y2) == 0, "cache: %s", df_cuda_last_error());
+    CHECK(y2[3] == 2.0f * y0[3], "cache: after clearing, the new data is used (%g vs 2 x %g)", y2[3], y0[3]);
+    /* explicit keys: the same host buffer under two keys holds two different experts */
+    df_weight a = w, b = w;
+    a.dev_key = DF_DEVKEY(1, 5, 0);
+    b.dev_key = DF_DEVKEY(1, 6, 0);
+    float ya[8], yb[8], ya2[8];
+    CHECK(df_cuda_matmul(&a, x, 1, ya) == 0, "cache: %s", df_cuda_last_error());
+    for (int i = 0; i < 8 * 64; i++) d[i] = -d[i];
+    CHECK(df_cuda_matmul(&b, x, 1, yb) == 0, "cache: %s", df_cuda_last_error());
+    CHECK(df_cuda_matmul(&a, x, 1, ya2) == 0, "cache: %s", df_cuda_last_error());
+    CHECK(!memcmp(ya, ya2, sizeof ya) && yb[0] == -ya[0], "cache: keyed experts (%g %g %g)", ya[0], yb[0], ya2[0]);
+    df_cuda_stats st;
+    df_cuda_get_stats(&st);
+    CHECK(st.expert_hits >= 1 && st.expert_misses >= 2 && st.expert_bytes >= 2 * 8 * 64 * 4,
+          "cache stats: hits %llu misses %llu bytes %llu", (unsigned long long)st.expert_hits,
+          (unsigned long long)st.expert_misses, (unsigned long long)st.expert_bytes);
+    /* a budget smaller than two experts evicts the older one */
+    df_cuda_set_expert_budget(8 * 64 * 4 + 256);
+    df_cuda_get_stats(&st);
+    CHECK(st.expert_bytes <= 8 * 64 * 4 + 256, "budget: %llu expert bytes cached", (unsigned long long)st.expert_bytes);
+    df_cuda_set_expert_budget(0);
+    df_cuda_cache_clear();
+    free_weight(&w);
+}
+
+/* The fused MLP (one round trip) against scalar matmuls + the activation on the CPU. */
+static void test_mlp(void) {
+    const df_backend *sc = df_backend_get("cpu-scalar");
+    const int64_t D = 256, I = 96;
+    df_weight gate = make_weight(DF_W_MXFP4, I, D), up = make_weight(DF_W_MXFP4, I, D), down = make_weight(DF_W_BF16, D, I);
+    gate.dev_key = DF_DEVKEY(0, 1, 0); /* one expert-keyed, two address-keyed */
+    for (int act = 0; act < 2; act++)
+        for (int T = 1; T <= 9; T += 8) {
+            float *x = malloc(sizeof(float) * T * D), *o = malloc(sizeof(float) * T * D), *r = malloc(sizeof(float) * T * D);
+            float *g = malloc(sizeof(float) * T * I), *u = malloc(sizeof(float) * T * I);
+            for (int64_t i = 0; i < T * D; i++) x[i] = rndf();
+            int rc = df_cuda_mlp(&gate, &up, &down, act, 3.0f, 2.5f, x, T, o);
+            CHECK(rc == 0, "mlp: %s", df_cuda_last_error());
+            sc->matmul(NULL, &gate, x, T, g);
+            sc->matmul(NULL, &up, x, T, u);
+            for (int64_t i = 0; i < T * I; i++) {
+                const float gv = g[i], uv = act ? 2.5f * tanhf(u[i] / 2.5f) : u[i];
+                g[i] = act ? 3.0f * tanhf(gv / 3.0f) * (1.0f / (1.0f + expf(-gv))) * uv : gv / (1.0f + expf(-gv)) * uv;
+            }
+            sc->matmul(NULL, &down, g, T, r);
+            double md = 0, mx = 0;
+            for (int64_t i = 0; i < T * D; i++) { md = fmax(md, fabs(o[i] - r[i])); mx = fmax(mx, fabs(r[i])); }
+            CHECK(rc == 0 && md <= 1e-4 * (1 + mx), "mlp act %d T=%d: max diff %g (max %g)", act, T, md, mx);
+            free(x); free(o); free(r); free(g); free(u);
+        }
+    df_cuda_cache_clear();
+    free_weight(&gate); free_weight(&up); free_weight(&down);
+}
+
+static void test_ops(void) {
+    const df_backend *sc = df_backend_get("cpu-scalar");
+    const int T = 5;
+    const int64_t n = 1000;
+    float *x = malloc(sizeof(float) * T * n), *w = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * T * n);
+    float *o = malloc(sizeof(float) * T * n), *ref = malloc(sizeof(float) * T * n);
+    for (int64_t i = 0; i < T * n; i++) { x[i] = 4 * rndf(); g[i] = 6 * rndf(); }
+    for (int64_t i = 0; i < n; i++) w[i] = 1 + rndf();
+    double md;
+    /* RMSNorm */
+    CHECK(df_cuda_rmsnorm(o, x, w, T, n, 1e-6f) == 0, "rmsnorm: %s", df_cuda_last_error());
+    md = 0;
+    for (int t = 0; t < T; t++) {
+        sc->rmsnorm(ref + t * n, x + t * n, w, n, 1e-6f);
+        for (int64_t i = 0; i < n; i++) md = fmax(md, fabs(o[t * n + i] - ref[t * n + i]) / (fabs(ref[t * n + i]) + 1e-30));
+    }
+    CHECK(md <= 4e-7, "rmsnorm: max relative diff %g", md);
+    /* SwiGLU */
+    CHECK(df_cuda_silu_mul(o, g, x, T * n) == 0, "silu_mul: %s", df_cuda_last_error());
+    sc->silu_mul(ref, g, x, T * n);
+    md = 0;
+    for (int64_t i = 0; i < T * n; i++) md = fmax(md, fabs(o[i] - ref[i]) / (fabs(ref[i]) + 1e-6));
+    CHECK(md <= 1e-6, "silu_mul: max relative diff %g", md);
+    /* SiTU (moe.c eng_act), with and without the linear beta */
+    for (int k = 0; k < 2; k++) {
+        const float b = 3.0f, lb = k ? 2.5f : 0.0f;
+        CHECK(df_cuda_situ_mul(o, g, x, T * n, b, lb) == 0, "situ: %s", df_cuda_last_error());
+        md = 0;
+        for (int64_t i = 0; i < T * n; i++) {
+            const float gv = g[i], uv = lb != 0.0f ? lb * tanhf(x[i] / lb) : x[i];
+            const float r = b * tanhf(gv / b) * (1.0f / (1.0f + expf(-gv))) * uv;
+            md = fmax(md, fabs(o[i] - r) / (fabs(r) + 1e-6));
+        }
+        CHECK(md <= 2e-6, "situ (lb %g): max relative diff %g", lb, md);
+    }
+    /* softmax */
+    memcpy(o, g, sizeof(float) * T * n);
+    memcpy(ref, g, sizeof(float) * T * n);
+    CHECK(df_cuda_softmax(o, T, n) == 0, "softmax: %s", df_cuda_last_error());
+    md = 0;
+    for (int t = 0; t < T; t++) {
+        sc->softmax(ref + t * n, n);
+        for (int64_t i = 0; i < n; i++) md = fmax(md, fabs(o[t * n + i] - ref[t * n + i]) / (ref[t * n + i] + 1e-30));
+    }
+    CHECK(md <= 1e-6, "softmax: max relative diff %g", md);
+    /* RoPE (engine rope_apply) at positions up to 100000 */
+    {
+        const int dim = 64, TT = 6;
+        float inv[32];
+        for (int i = 0; i < dim / 2; i++) inv[i] = powf(10000.0f, -(float)(2 * i) / dim);
+        df_rope r = {dim, inv, 1.1f, 0.0};
+        int64_t pos[6] = {0, 1, 7, 513, 4095, 100000};
+        memcpy(o, x, sizeof(float) * TT * dim);
+        memcpy(ref, x, sizeof(float) * TT * dim);
+        CHECK(df_cuda_rope(o, TT, dim, inv, 1.1f, pos) == 0, "rope: %s", df_cuda_last_error());
+        md = 0;
+        for (int t = 0; t < TT; t++) {
+            rope_apply(&r, ref + t * dim, pos[t]);
+            for (int i = 0; i < dim; i++) md = fmax(md, fabs(o[t * dim + i] - ref[t * dim + i]));
+        }
+        CHECK(md <= 2e-6 * 8, "rope: max diff %g", md);
+    }
+    free(x); free(w); free(g); free(o); free(ref);
+}
+
+int main(void) {
+    char why[300];
+    if (!df_cuda_probe(why, sizeof why)) {
+        printf("test_cuda_kernels: skipped: %s\n", why);
+        return t_done();
+    }
+    char desc[160];
+    df_cuda_describe(desc, sizeof desc);
+    printf("test_cuda_kernels: %s\n", desc);
+    test_decode_exact();
+    test_matmul();
+    test_cache();
+    test_mlp();
+    test_ops();
+    return t_done();
+}
