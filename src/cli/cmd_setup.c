@@ -397,7 +397,16 @@ int cmd_setup(int argc, char **argv) {
         cJSON_Delete(sj);
         rc = txt ? stream_init_files(nat_dir, txt, err, sizeof err) : DF_ENOMEM;
         free(txt);
+        /* the spine now lives in native/spine.bin: the sparse shards keep only headers and fetched experts */
+        uint64_t dropped = 0;
+        for (int i = 0; i < n && !rc; i++)
+            if (strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json")) {
+                uint64_t d = 0;
+                rc = stream_drop_spine(dl_dir, files[i].name, &d, err, sizeof err);
+                dropped += d;
+            }
         if (rc) { fprintf(stderr, "deltafin setup: %s\n", err); free(files); return 1; }
+        if (!quiet) fprintf(stderr, "setup: %.1f MB of spine dropped from the sparse checkpoint (kept in %s/spine.bin)\n", dropped / 1e6, nat_dir);
         keep = 1; /* the sparse shards are where fetched experts land */
     }
     if (!keep)

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define STATE_MAGIC "DFSTRM1"
@@ -622,13 +623,52 @@ static int expert_of(const char *n, int *layer, int *expert) {
     return 1;
 }
 
-int stream_seed_full(const char *model_dir, const char *dir, const char *file, uint64_t size, const char *sha256,
-                     uint64_t chunk, uint64_t *kept, char *err, size_t errlen) {
-    char path[4200], mark[4300];
+int stream_drop_spine(const char *dir, const char *file, uint64_t *dropped, char *err, size_t errlen) {
+    char path[4200], mark[4300], mark2[4300];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     snprintf(mark, sizeof mark, "%s.spine-ok", path);
-    *kept = 0;
+    snprintf(mark2, sizeof mark2, "%s.experts-only", path);
+    *dropped = 0;
     if (!df_path_exists(mark)) return 0;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    uint64_t hlen = 0;
+    struct stat st;
+    char *hdr = NULL;
+    int rc = 0;
+    if (fd < 0 || fstat(fd, &st) || df_pread_all(fd, &hlen, 8, 0) || hlen > ((uint64_t)100 << 20) || 8 + hlen > (uint64_t)st.st_size ||
+        !(hdr = malloc(hlen + 1)) || df_pread_all(fd, hdr, hlen, 8))
+        rc = df_set_errc(err, errlen, DF_EIO, "%s: cannot read its safetensors header", path);
+    cJSON *j = NULL;
+    if (!rc) { hdr[hlen] = 0; j = cJSON_Parse(hdr); }
+    free(hdr);
+    const cJSON *t;
+    if (!rc)
+        cJSON_ArrayForEach(t, j) {
+            if (!t->string || !strcmp(t->string, "__metadata__") || routed_expert_name(t->string)) continue;
+            const cJSON *o = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+            if (cJSON_GetArraySize(o) != 2) continue;
+            /* whole pages only: a partial page is shared with the header or an expert tensor */
+            uint64_t b = df_round_up(8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 0)->valuedouble, 4096);
+            uint64_t e = (8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 1)->valuedouble) / 4096 * 4096;
+            if (e > b && e <= (uint64_t)st.st_size && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)b, (off_t)(e - b)) == 0)
+                *dropped += e - b;
+        }
+    cJSON_Delete(j);
+    if (fd >= 0) close(fd);
+    if (!rc) rc = df_write_file_atomic(mark2, "", 0, err, errlen);
+    if (!rc) unlink(mark);
+    return rc;
+}
+
+int stream_seed_full(const char *model_dir, const char *dir, const char *file, uint64_t size, const char *sha256,
+                     uint64_t chunk, uint64_t *kept, char *err, size_t errlen) {
+    char path[4200], mark[4300], mark2[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    snprintf(mark, sizeof mark, "%s.spine-ok", path);
+    snprintf(mark2, sizeof mark2, "%s.experts-only", path);
+    *kept = 0;
+    int spine_held = df_path_exists(mark);
+    if (!spine_held && !df_path_exists(mark2)) return 0;
     int fdp = -1;
     uint8_t *present = NULL;
     uint64_t *xxh = NULL;
@@ -661,9 +701,9 @@ int stream_seed_full(const char *model_dir, const char *dir, const char *file, u
         const cJSON *t;
         cJSON_ArrayForEach(t, j) {
             if (!t->string || !strcmp(t->string, "__metadata__")) continue;
-            int l, e;
-            if (expert_of(t->string, &l, &e) && !(l >= 0 && l < L && e >= 0 && e < E && present[(size_t)l * (size_t)E + (size_t)e]))
-                continue;
+            int l, e, is_expert = expert_of(t->string, &l, &e);
+            if (is_expert && !(l >= 0 && l < L && e >= 0 && e < E && present[(size_t)l * (size_t)E + (size_t)e])) continue;
+            if (!is_expert && !spine_held) continue; /* the spine was dropped after the conversion */
             const cJSON *o = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
             if (cJSON_GetArraySize(o) != 2) continue;
             uint64_t b = 8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 0)->valuedouble, en = 8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 1)->valuedouble;
@@ -691,7 +731,7 @@ int stream_seed_full(const char *model_dir, const char *dir, const char *file, u
             *kept += done[c];
         }
         rc = hub_seed_partial(path, size, sha256, chunk, done, nch, err, errlen);
-        if (!rc) unlink(mark);
+        if (!rc) { unlink(mark); unlink(mark2); }
     }
     free(done);
     free(sp);

@@ -51,10 +51,15 @@ int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t err
 uint64_t stream_expert_bytes(stream_src *s, int layer);
 /* `setup --full` on a streamed install: make the sparse shard DIR/FILE a resumable partial download that
  * keeps what is there (header, spine tensors, the tensors of every expert fetched so far; from the shard's
- * header and model_dir's stream-state.bin), in chunks of `chunk` bytes. *kept gets the bytes kept. A shard
- * without FILE.spine-ok is left alone. */
+ * header and model_dir's stream-state.bin), in chunks of `chunk` bytes. *kept gets the bytes kept. The spine
+ * counts only while FILE.spine-ok is there (FILE.experts-only: dropped). A shard with neither is left alone. */
 int stream_seed_full(const char *model_dir, const char *dir, const char *file, uint64_t size, const char *sha256,
                      uint64_t chunk, uint64_t *kept, char *err, size_t errlen);
+
+/* After `setup --stream` converted the sparse checkpoint: punch holes over the spine tensors of the sparse
+ * shard DIR/FILE (native/spine.bin holds them now; whole 4 KiB pages only), so a streamed install holds its
+ * spine once. FILE.spine-ok becomes FILE.experts-only. *dropped gets the bytes freed. */
+int stream_drop_spine(const char *dir, const char *file, uint64_t *dropped, char *err, size_t errlen);
 
 /* Re-read every expert present locally and compare its XXH64 with the one recorded when it was fetched
  * (`deltafin doctor`). *n_ok / *n_bad get the counts; each mismatch or read error is printed to `f` naming
