@@ -54,6 +54,9 @@ typedef struct {
     void *progress_user;
     const char *stripe_weights; /* with expert_dirs: comma-separated relative speed per directory
                                    (e.g. GB/s); stripe k's size is proportional to it. NULL = equal */
+    /* appended (streamed installs): 1 = a routed expert whose extent is all zero bytes (a tensor the sparse
+     * checkpoint of `setup --stream` does not hold yet) is not written: the pack keeps a hole there */
+    int sparse_experts;
 } df_convert_opts;
 
 void df_convert_opts_default(df_convert_opts *o);

@@ -124,6 +124,14 @@ echo "$out" | grep -q "download: .*MB/s  ETA" && ok "progress line (bytes, rate,
 out=$("$BIN" setup test/kimi-mini-noapi --dir "$TMP/noapi" --no-default --quiet 2>&1); rc=$?
 [ $rc -eq 0 ] && cmp -s "$TMP/local/spine.bin" "$TMP/noapi/native/spine.bin" && ok "mirror without listing API (index + HEAD)" || bad "noapi: rc $rc $out"
 
+# ---- the hub's redirect of LFS files (302 + X-Linked-Size / X-Linked-Etag): listing-less mirror (HEADs) and streaming
+out=$("$BIN" setup test/kimi-mini-noapi --mirror "$PX/redirect" --dir "$TMP/redir" --no-default --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && cmp -s "$TMP/local/spine.bin" "$TMP/redir/native/spine.bin" && ok "LFS files behind a 302 (sizes and sha256 from X-Linked-*)" \
+    || bad "redirect: rc $rc $out"
+"$BIN" setup test/kimi-mini --stream --mirror "$PX/redirect" --dir "$TMP/redir-st" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream behind a 302"
+R=$("$BIN" run --model "$TMP/redir-st/native" --prompt-ids $IDS --max-new 8 --print-ids --quiet 2>&1 | tail -1)
+[ "$R" = "$L" ] && ok "streaming behind a 302: same ids ($R)" || bad "stream redirect: '$R' want '$L'"
+
 # ---- dropped connections are retried
 out=$("$BIN" setup test/kimi-mini --mirror "$PX/drop" --dir "$TMP/drop" --no-default --chunk 4M 2>&1); rc=$?
 r=$(echo "$out" | sed -n 's/.* retries \([0-9]*\)$/\1/p' | tail -1)
@@ -135,6 +143,8 @@ out=$("$BIN" setup test/kimi-mini --stream --dir "$TMP/stream" --no-default --qu
 [ $rc -eq 0 ] && echo "$out" | grep -q "installed (stream" && ok "setup --stream" || bad "setup --stream: rc $rc $out"
 full_kb=$(du -sk "$TMP/local" | cut -f1); st_kb=$(du -sk "$TMP/stream/native" | cut -f1)
 [ "$st_kb" -lt $((full_kb / 2)) ] && ok "streamed native dir holds no experts yet (${st_kb} KB vs ${full_kb} KB full)" || bad "stream size ${st_kb} KB vs ${full_kb} KB"
+ck_kb=$(du -sk "$TMP/stream/kimi-mini" | cut -f1)
+[ "$ck_kb" -lt 4000 ] && ok "the sparse checkpoint keeps no spine once converted (${ck_kb} KB)" || bad "sparse checkpoint ${ck_kb} KB"
 out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids --stats --ram-budget 20M 2>&1); rc=$?
 S1=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
 [ $rc -eq 0 ] && [ "$S1" = "$L" ] && ok "streamed run under --ram-budget 20M: greedy ids = full install ($S1)" || bad "stream ids '$S1' want '$L': $out"
@@ -145,9 +155,44 @@ S2=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
 echo "$out" | grep -q "^stream: network 0.00 MB in 0 expert fetches.*local hits [1-9]" && [ "$S2" = "$L" ] \
     && ok "second streamed run: every expert local (0 fetches), same ids" || bad "second stream run: $out"
 "$BIN" list | grep -q "test/kimi-mini  *streamed [0-9.]*%" && ok "list: streamed x%" || bad "list streamed: $("$BIN" list)"
+out=$("$BIN" doctor --model "$TMP/stream/native" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^experts: streamed install: [1-9][0-9]* fetched experts OK, 0 corrupt" && ok "doctor on a streamed install checks the fetched experts" \
+    || bad "doctor stream: rc $rc $out"
+rm -f "$TMP/port"
+"$BIN" serve --model "$TMP/stream/native" --port 0 --port-file "$TMP/port" 2>"$TMP/serve.log" & sp=$!
+for _ in $(seq 1 300); do [ -s "$TMP/port" ] && break; kill -0 $sp 2>/dev/null || break; sleep 0.1; done
+code=$(curl -s -o "$TMP/compl.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+    -d '{"model":"kimi-mini","messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"temperature":0}' \
+    "http://127.0.0.1:$(cat "$TMP/port" 2>/dev/null)/v1/chat/completions")
+kill -TERM $sp; wait $sp
+[ "$code" = 200 ] && grep -q "^stream: network" "$TMP/serve.log" && ok "serve a streamed install (chat completion 200, stream stats at exit)" \
+    || bad "serve stream: $code $(cat "$TMP/compl.json") $(cat "$TMP/serve.log")"
+le=$(python3 - "$TMP/stream/native" <<'PY'
+import json, struct, sys
+d = sys.argv[1]; b = open(d + "/stream-state.bin", "rb").read(); L, E = struct.unpack("<II", b[8:16])
+l, e = next((l, e) for l in range(L) for e in range(E) if b[16 + l * E + e])
+stride = json.load(open(d + "/manifest.json"))["experts"]["stride"]
+with open("%s/experts-L%03d.pack" % (d, l), "r+b") as f:
+    f.seek(e * stride + 100); c = f.read(1); f.seek(e * stride + 100); f.write(bytes([c[0] ^ 1]))
+print(l, e)
+PY
+)
+out=$("$BIN" doctor --model "$TMP/stream/native" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "streamed expert layer ${le% *} expert ${le#* } in .*experts-L00${le% *}.pack: XXH64" \
+    && ok "doctor names a corrupt fetched expert (layer ${le% *} expert ${le#* })" || bad "doctor corrupt stream: rc $rc $out"
+out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "$out" | grep -q "checksum mismatch in layer ${le% *} expert ${le#* }" && ok "run refuses the corrupt fetched expert (XXH64 recorded at fetch)" \
+    || bad "run on corrupt stream: rc $rc $out"
+BEFORE=$(shards_bytes "$P1")
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
+GOT=$(( $(shards_bytes "$P1") - BEFORE ))
+KEPT=$(echo "$out" | sed -n 's/.*: \([0-9.]*\) MB already here are kept$/\1/p')
 [ $rc -eq 0 ] && [ ! -e "$TMP/stream/native/stream.json" ] && cmp -s "$TMP/local/experts-L003.pack" "$TMP/stream/native/experts-L003.pack" \
-    && ok "setup --full completes a streamed install in place" || bad "complete in place: rc $rc $out"
+    && cmp -s "$TMP/local/spine.bin" "$TMP/stream/native/spine.bin" \
+    && ok "setup --full completes a streamed install in place (native files = local convert)" || bad "complete in place: rc $rc $out"
+python3 -c "import sys; k=float(sys.argv[1]); got=int(sys.argv[2]); tot=int(sys.argv[3]); sys.exit(not (k > 5 and abs(got - (tot - k * 1e6)) < 1e5))" \
+    "${KEPT:-0}" "$GOT" "$TOTAL" && ok "completing keeps what was streamed: $KEPT MB kept, $GOT shard bytes fetched of $TOTAL" \
+    || bad "completing: kept '$KEPT' MB, fetched $GOT of $TOTAL: $out"
 
 # ---- a bounded disk cache (--disk-budget): coldest experts evicted, same ids
 "$BIN" setup test/kimi-mini --stream --disk-budget 3M --dir "$TMP/bounded" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream --disk-budget"
@@ -195,6 +240,8 @@ expect_fail "no Range support" "does not support HTTP Range requests" $S test/ki
 expect_fail "corrupt byte" "sha256 mismatch for model-00001-of-00003.safetensors .*expected e83929f5" $S test/kimi-mini --mirror "$PX/corrupt" --dir "$TMP/f7"
 [ ! -e "$TMP/f7/kimi-mini/model-00001-of-00003.safetensors" ] && [ ! -e "$TMP/f7/kimi-mini/model-00001-of-00003.safetensors.partial" ] && [ ! -d "$TMP/f7/native" ] \
     && ok "corrupt file removed, nothing converted" || bad "corrupt: files left: $(ls -R "$TMP/f7")"
+expect_fail "corrupt small file" "git blob id mismatch for tokenizer_config.json: expected $(python3 -c 'import hashlib,sys; d=open(sys.argv[1],"rb").read(); print(hashlib.sha1(b"blob %d\0" % len(d) + d).hexdigest())' "$ROOT/models/kimi-mini/tokenizer_config.json")" \
+    $S test/kimi-mini --mirror "$PX/corruptsmall" --dir "$TMP/f7s"
 before=$(grep -c "test/llama/resolve/main/.*safetensors" "$TMP/access.log")
 expect_fail "unsupported architecture" "test/llama cannot be run by deltafin: .*llama.*nothing was downloaded" $S test/llama --dir "$TMP/f8"
 [ "$(grep -c "test/llama/resolve/main/.*safetensors" "$TMP/access.log")" = "$before" ] && ok "unsupported architecture: no weight requested" || bad "llama weights requested"

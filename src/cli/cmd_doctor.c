@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "hub/stream.h"
 #include "deltafin.h"
 
 #include <errno.h>
@@ -120,6 +121,12 @@ int cmd_doctor(int argc, char **argv) {
     o.progress = verify_progress;
     o.progress_user = (void *)"converting";
     df_model *m = NULL;
+    /* a streamed install (`setup --stream`): opened with its remote source; its local experts are checked below */
+    stream_src *remote = NULL;
+    if (stream_is_streamed(model)) {
+        if (stream_open(&remote, model, 0, err, sizeof err)) { fprintf(stderr, "deltafin doctor: %s\n", err); return 1; }
+        o.remote_source = stream_remote(remote);
+    }
     int rc = df_model_open(&m, model, &o, err, sizeof err);
     line_end();
     int status = 0;
@@ -147,6 +154,19 @@ int cmd_doctor(int argc, char **argv) {
         }
     } else {
         printf("tokenizer: none (token ids only)\n");
+    }
+    if (remote) {
+        /* the manifest's expert checksums are of the holes: check what was fetched against what was recorded */
+        uint64_t ok = 0, bad = 0;
+        int vr = stream_verify_local(remote, &ok, &bad, stderr);
+        stream_print_stats(remote, stdout);
+        stream_close(remote);
+        if (vr < 0) { fprintf(stderr, "deltafin doctor: cannot check the streamed experts: %s\n", df_strerror(vr)); return 1; }
+        printf("experts: streamed install: %llu fetched experts OK, %llu corrupt (the others are fetched on first use, "
+               "checked against their shard's sha256 ETag)\n", (unsigned long long)ok, (unsigned long long)bad);
+        if (bad) { fprintf(stderr, "deltafin doctor: verification FAILED: %llu streamed experts corrupt\n", (unsigned long long)bad); return 1; }
+        printf("checksums: all OK\n");
+        return status;
     }
     /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
     char verr[2048] = "";

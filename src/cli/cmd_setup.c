@@ -257,7 +257,7 @@ int cmd_setup(int argc, char **argv) {
         int is_st = strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json");
         if (files[i].size == 0 || (is_st && !files[i].sha256[0])) {
             hub_file f;
-            int hr = hub_head(&h, files[i].name, &f, NULL, err, sizeof err);
+            int hr = hub_head(&h, files[i].name, &f, err, sizeof err);
             if (hr < 0) { fprintf(stderr, "deltafin setup: %s\n", err); free(files); return 1; }
             if (hr == 0) files[i] = f;
         }
@@ -307,13 +307,21 @@ int cmd_setup(int argc, char **argv) {
     }
 
     /* 4. download (a streamed install being completed: its sparse shards are fetched whole now) */
-    if (!stream && was_streamed)
+    if (!stream && was_streamed) {
+        /* keep what the streamed install holds (headers, spine, fetched experts): the shards resume from it */
+        uint64_t kept_all = 0;
         for (int i = 0; i < n; i++) {
-            char p[4200], m[4300];
-            snprintf(p, sizeof p, "%s/%s", dl_dir, files[i].name);
-            snprintf(m, sizeof m, "%s.spine-ok", p);
-            if (df_path_exists(m)) { unlink(p); unlink(m); }
+            uint64_t kept = 0;
+            if ((rc = stream_seed_full(nat_dir, dl_dir, files[i].name, files[i].size, files[i].sha256, (uint64_t)1 << 20, &kept,
+                                       err, sizeof err))) {
+                fprintf(stderr, "deltafin setup: %s\n", err);
+                free(files);
+                return 1;
+            }
+            kept_all += kept;
         }
+        fprintf(stderr, "setup: completing the streamed install in %s: %.1f MB already here are kept\n", dir, kept_all / 1e6);
+    }
     uint64_t spine_fetched = 0;
     double ts0 = df_now();
     if (stream) {
@@ -327,7 +335,7 @@ int cmd_setup(int argc, char **argv) {
         for (int i = 0; i < n && !rc; i++) {
             if (!(strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json"))) continue;
             uint64_t got = 0;
-            rc = stream_fetch_spine(&h, dl_dir, files[i].name, files[i].size, files[i].sha256, &got, err, sizeof err);
+            rc = stream_fetch_spine(&h, dl_dir, files[i].name, files[i].size, files[i].sha256, dl.connections, &got, err, sizeof err);
             spine_fetched += got;
             if (!quiet && !rc) fprintf(stderr, "  %-60s spine %.1f MB of %.1f MB\n", files[i].name, got / 1e6, files[i].size / 1e6);
         }
@@ -360,6 +368,7 @@ int cmd_setup(int argc, char **argv) {
     df_convert_opts_default(&co);
     co.expert_dirs = expert_dirs;
     co.threads = threads;
+    co.sparse_experts = stream; /* experts not fetched yet stay holes in the packs */
     conv_prog cp = {df_now(), 0, 0, quiet, 0};
     co.progress = on_convert;
     co.progress_user = &cp;
@@ -388,7 +397,16 @@ int cmd_setup(int argc, char **argv) {
         cJSON_Delete(sj);
         rc = txt ? stream_init_files(nat_dir, txt, err, sizeof err) : DF_ENOMEM;
         free(txt);
+        /* the spine now lives in native/spine.bin: the sparse shards keep only headers and fetched experts */
+        uint64_t dropped = 0;
+        for (int i = 0; i < n && !rc; i++)
+            if (strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json")) {
+                uint64_t d = 0;
+                rc = stream_drop_spine(dl_dir, files[i].name, &d, err, sizeof err);
+                dropped += d;
+            }
         if (rc) { fprintf(stderr, "deltafin setup: %s\n", err); free(files); return 1; }
+        if (!quiet) fprintf(stderr, "setup: %.1f MB of spine dropped from the sparse checkpoint (kept in %s/spine.bin)\n", dropped / 1e6, nat_dir);
         keep = 1; /* the sparse shards are where fetched experts land */
     }
     if (!keep)

@@ -32,6 +32,7 @@ typedef struct {
     char name[512];     /* path inside the repo */
     uint64_t size;      /* bytes; 0 = unknown until a HEAD */
     char sha256[65];    /* LFS files: lowercase hex; "" = none known (small git files) */
+    char sha1[41];      /* small (git) files: the git blob id (sha1 of "blob SIZE\0" + bytes); "" = unknown */
 } hub_file;
 
 /* mirror NULL/"" -> $HF_ENDPOINT, else https://huggingface.co; rev NULL -> "main"; token from
@@ -50,9 +51,9 @@ int hub_get_file(const hub_ctx *h, const char *file, char **body, size_t *len, c
 int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errlen);
 
 /* HEAD one file of the repo: f gets its name, size (X-Linked-Size, else Content-Length) and sha256
- * (X-Linked-Etag, else ETag, when it is 64 hex digits); sha1 (41 bytes, may be NULL) the git blob
- * id when the ETag is 40 hex digits. 0 found, 1 absent (404), <0 DF_E* as above. */
-int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *sha1, char *err, size_t errlen);
+ * (X-Linked-Etag, else ETag, when it is 64 hex digits) or its git blob id f->sha1 (an ETag of 40 hex
+ * digits). 0 found, 1 absent (404), <0 DF_E* as above. */
+int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *err, size_t errlen);
 
 /* libcurl easy-handle settings every request uses (redirects, token header into *hl, timeouts). */
 struct curl_slist;
@@ -92,12 +93,19 @@ void hub_dl_opts_default(hub_dl_opts *o);
  * Each file is written to FILE.partial with a sidecar FILE.partial.state (sizes + bytes done per
  * chunk, updated as bytes land), so a run killed at any point resumes where it stopped without
  * fetching a byte twice; a file gets its final name only after its sha256 (LFS) or git blob
- * sha1 (small files with a 40-hex ETag) matched and it was fsynced. A file already at its final
+ * blob id (small files: sha1 of "blob SIZE\0" + bytes, from the listing's blobId or the ETag) matched and it
+ * was fsynced. A file already at its final
  * name with the right size is kept. A sha256 mismatch removes the partial file (DF_EFORMAT
  * naming file, expected and found hashes). Progress: one line per file when it completes and an
  * overall line (bytes, rate, ETA, current file) on stderr. */
 int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir, hub_dl_opts *o, char *err,
                  size_t errlen);
+
+/* Turn the file at `path` (size bytes, already holding some of its bytes) into path.partial with a
+ * sidecar saying which bytes are there: done[i] = bytes present from the start of chunk i (chunk bytes
+ * each), so hub_download resumes it and fetches only the rest. DF_EIO naming the file. */
+int hub_seed_partial(const char *path, uint64_t size, const char *sha256, uint64_t chunk, const uint64_t *done,
+                     uint64_t nchunks, char *err, size_t errlen);
 
 /* sha256 of a whole file as lowercase hex. DF_EIO naming it. */
 int hub_sha256_file(const char *path, char out[65], char *err, size_t errlen);

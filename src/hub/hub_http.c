@@ -99,6 +99,7 @@ typedef struct {
     char etag[160], linked_etag[160], error_code[160];
     uint64_t linked_size, content_length;
     int have_linked_size, have_length;
+    int redirects;          /* status lines seen (1 = not redirected) */
 } hdrs;
 
 static void trim_copy(char *dst, size_t cap, const char *v, size_t n) {
@@ -112,7 +113,15 @@ static void trim_copy(char *dst, size_t cap, const char *v, size_t n) {
 static size_t hdr_cb(char *b, size_t sz, size_t nm, void *u) {
     hdrs *h = u;
     size_t n = sz * nm;
-    if (n > 5 && !strncmp(b, "HTTP/", 5)) memset(h, 0, sizeof *h); /* a redirect's headers do not carry over */
+    if (n > 5 && !strncmp(b, "HTTP/", 5)) {
+        /* a new response (after a redirect): its own ETag and length; the hub's X-Linked-* (sent with the
+         * redirect to the storage backend) are kept */
+        h->etag[0] = 0;
+        h->error_code[0] = 0;
+        h->content_length = 0;
+        h->have_length = 0;
+        h->redirects++;
+    }
     const char *colon = memchr(b, ':', n);
     if (!colon) return n;
     size_t kl = (size_t)(colon - b);
@@ -157,7 +166,7 @@ static void backoff(int attempt) {
 /* One request with retries on network errors and 5xx. Returns 0 with *status set for any
  * HTTP answer < 500 (the caller judges 4xx), or a mapped error. */
 static int request(const hub_ctx *h, const char *url, int head, membuf *body, hdrs *hd, long *status, const char *what,
-                   char *err, size_t errlen) {
+                   char *err, size_t errlen, int follow) {
     char cmsg[CURL_ERROR_SIZE];
     int cc = 0;
     for (int attempt = 0;; attempt++) {
@@ -172,6 +181,7 @@ static int request(const hub_ctx *h, const char *url, int head, membuf *body, hd
         curl_easy_setopt(e, CURLOPT_ERRORBUFFER, cmsg);
         curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, hdr_cb);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, hd);
+        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
         if (head) curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
         else {
             curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, mem_write);
@@ -199,7 +209,7 @@ int hub_get_file(const hub_ctx *h, const char *file, char **out, size_t *len, ch
     b.limit = (size_t)256 << 20;
     hdrs hd;
     long st;
-    int rc = request(h, url, 0, &b, &hd, &st, file, err, errlen);
+    int rc = request(h, url, 0, &b, &hd, &st, file, err, errlen, 1);
     if (!rc && st != 200) rc = hub_http_error(h, st, 0, NULL, url, file, err, errlen);
     if (rc) { free(b.buf); return rc; }
     if (!b.buf) b.buf = calloc(1, 1);
@@ -226,23 +236,27 @@ static void etag_bare(const char *in, char *out, size_t cap) {
 }
 
 /* HEAD one file: size (X-Linked-Size, else Content-Length) and sha256 (X-Linked-Etag, else ETag, when 64 hex),
- * or the git blob sha1 (40 hex) into sha1 (may be NULL). 1 = absent (404), 0 = found, <0 error. */
-int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *sha1, char *err, size_t errlen) {
+ * or the git blob id (40 hex) into f->sha1. 1 = absent (404), 0 = found, <0 error. */
+int hub_head(const hub_ctx *h, const char *file, hub_file *f, char *err, size_t errlen) {
     char url[2048];
     hub_file_url(h, file, url, sizeof url);
     hdrs hd;
     long st;
-    int rc = request(h, url, 1, NULL, &hd, &st, file, err, errlen);
+    /* not following a redirect first: the hub sends X-Linked-Size / X-Linked-Etag with the redirect of an LFS file */
+    int rc = request(h, url, 1, NULL, &hd, &st, file, err, errlen, 0);
     if (rc) return rc;
+    if (st >= 300 && st < 400 && !hd.have_linked_size && (rc = request(h, url, 1, NULL, &hd, &st, file, err, errlen, 1)))
+        return rc;
     if (st == 404) return 1;
-    if (st != 200) return hub_http_error(h, st, 0, NULL, url, file, err, errlen);
+    if (st != 200 && !(st >= 300 && st < 400)) return hub_http_error(h, st, 0, NULL, url, file, err, errlen);
     snprintf(f->name, sizeof f->name, "%s", file);
     f->size = hd.have_linked_size ? hd.linked_size : hd.content_length;
     char tag[160];
     etag_bare(hd.linked_etag[0] ? hd.linked_etag : hd.etag, tag, sizeof tag);
     f->sha256[0] = 0;
     if (is_hex(tag, 64)) snprintf(f->sha256, sizeof f->sha256, "%.64s", tag);
-    if (sha1) { sha1[0] = 0; if (is_hex(tag, 40)) snprintf(sha1, 41, "%.40s", tag); }
+    f->sha1[0] = 0;
+    if (is_hex(tag, 40)) snprintf(f->sha1, sizeof f->sha1, "%.40s", tag);
     return 0;
 }
 
@@ -281,7 +295,7 @@ int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errle
     b.limit = (size_t)64 << 20;
     hdrs hd;
     long st;
-    if ((rc = request(h, url, 0, &b, &hd, &st, "the file listing", err, errlen))) { free(b.buf); return rc; }
+    if ((rc = request(h, url, 0, &b, &hd, &st, "the file listing", err, errlen, 1))) { free(b.buf); return rc; }
     if (st == 401 || st == 403) { free(b.buf); return hub_http_error(h, st, 0, NULL, url, "the file listing", err, errlen); }
     if (st == 200) {
         cJSON *root = cJSON_Parse(b.buf ? b.buf : "");
@@ -299,11 +313,19 @@ int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errle
             const cJSON *sz = cJSON_GetObjectItemCaseSensitive(lfs ? lfs : s, "size");
             if (!sz && lfs) sz = cJSON_GetObjectItemCaseSensitive(s, "size");
             const cJSON *sha = lfs ? cJSON_GetObjectItemCaseSensitive(lfs, "sha256") : NULL;
+            const cJSON *blob = lfs ? NULL : cJSON_GetObjectItemCaseSensitive(s, "blobId");
             if (add_file(files, n, &cap, fn->valuestring, cJSON_IsNumber(sz) ? (uint64_t)sz->valuedouble : 0,
                          cJSON_IsString(sha) ? sha->valuestring : NULL)) {
                 cJSON_Delete(root);
                 free(b.buf);
                 return df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+            }
+            if (cJSON_IsString(blob) && is_hex(blob->valuestring, 40)) {
+                hub_file *last = &(*files)[*n - 1];
+                if (!strcmp(last->name, fn->valuestring)) {
+                    snprintf(last->sha1, sizeof last->sha1, "%.40s", blob->valuestring);
+                    for (char *q = last->sha1; *q; q++) *q = (char)tolower((unsigned char)*q);
+                }
             }
         }
         cJSON_Delete(root);
@@ -316,7 +338,7 @@ int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errle
     hub_file f;
     rc = hub_get_file(h, "model.safetensors.index.json", &idx, NULL, err, errlen);
     if (rc == DF_EINVAL && strstr(err, " 404 ")) {
-        int hr = hub_head(h, "config.json", &f, NULL, err, errlen);
+        int hr = hub_head(h, "config.json", &f, err, errlen);
         if (hr < 0) return hr;
         if (hr == 1) {
             /* repo or revision? the repo's own API entry tells where the mirror has one */
@@ -324,7 +346,7 @@ int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errle
             membuf b2 = {0};
             b2.limit = (size_t)16 << 20;
             long st2 = 0;
-            int r2 = request(h, url, 0, &b2, &hd, &st2, "the repo", err, errlen);
+            int r2 = request(h, url, 0, &b2, &hd, &st2, "the repo", err, errlen, 1);
             free(b2.buf);
             if (!r2 && st2 == 200)
                 return df_set_errc(err, errlen, DF_EINVAL, "revision \"%s\" not found in %s on %s (check --revision)", h->rev, h->repo, h->mirror);
@@ -352,7 +374,7 @@ int hub_list(const hub_ctx *h, hub_file **files, int *n, char *err, size_t errle
     for (int i = 0; i < *n; i++) {
         char name[512];
         snprintf(name, sizeof name, "%s", (*files)[i].name);
-        int hr = hub_head(h, name, &f, NULL, err, errlen);
+        int hr = hub_head(h, name, &f, err, errlen);
         if (hr < 0) { free(*files); *files = NULL; *n = 0; return hr; }
         if (hr == 1) {
             if (strstr(name, ".safetensors") && !strstr(name, ".index.json")) {
@@ -456,8 +478,11 @@ int hub_get_range(const hub_ctx *h, const char *file, uint64_t off, uint64_t len
         }
         backoff(attempt);
     }
-    char tag[160];
-    etag_bare(hd.linked_etag[0] ? hd.linked_etag : hd.etag, tag, sizeof tag);
+    /* the file's identity: X-Linked-Etag (the hub's sha256), else the ETag of an answer that was not redirected
+     * (a storage backend's ETag need not be the sha256) */
+    char tag[160] = "";
+    if (hd.linked_etag[0]) etag_bare(hd.linked_etag, tag, sizeof tag);
+    else if (hd.redirects <= 1) etag_bare(hd.etag, tag, sizeof tag);
     if (sha256 && sha256[0] && is_hex(tag, 64) && strcmp(tag, sha256)) {
         free(b.buf);
         return df_set_errc(err, errlen, DF_EFORMAT, "%s changed on the mirror: its sha256 is now %s, the install was made from %s; "

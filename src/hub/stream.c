@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define STATE_MAGIC "DFSTRM1"
@@ -109,7 +110,42 @@ static int cmp_span(const void *a, const void *b) {
     return x->b < y->b ? -1 : x->b > y->b;
 }
 
-int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint64_t size, const char *sha256,
+typedef struct {
+    const hub_ctx *h;
+    const char *file, *path, *sha256;
+    int fd;
+    span *pieces;
+    uint64_t n, next, fetched;
+    int rc;
+    char err[1024];
+    pthread_mutex_t mu;
+} spine_job;
+
+static void *spine_worker(void *arg) {
+    spine_job *J = arg;
+    uint8_t *buf = malloc((size_t)4 << 20);
+    for (;;) {
+        pthread_mutex_lock(&J->mu);
+        int stop = J->rc || J->next >= J->n || !buf;
+        if (!buf && !J->rc) { J->rc = DF_ENOMEM; snprintf(J->err, sizeof J->err, "out of memory"); }
+        if (!stop && df_interrupted()) { J->rc = DF_ECANCELLED; snprintf(J->err, sizeof J->err, "interrupted; run the same setup again to resume"); stop = 1; }
+        span p = stop ? (span){0, 0} : J->pieces[J->next++];
+        pthread_mutex_unlock(&J->mu);
+        if (stop) break;
+        char e[1024];
+        uint64_t len = p.e - p.b;
+        int rc = hub_get_range(J->h, J->file, p.b, len, buf, J->sha256, e, sizeof e);
+        if (!rc && df_pwrite_all(J->fd, buf, len, p.b)) rc = df_set_errc(e, sizeof e, DF_EIO, "cannot write %s: %s", J->path, strerror(errno));
+        pthread_mutex_lock(&J->mu);
+        if (rc && !J->rc) { J->rc = rc; snprintf(J->err, sizeof J->err, "%s", e); }
+        if (!rc) J->fetched += len;
+        pthread_mutex_unlock(&J->mu);
+    }
+    free(buf);
+    return NULL;
+}
+
+int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint64_t size, const char *sha256, int connections,
                        uint64_t *fetched, char *err, size_t errlen) {
     const hub_ctx *h = hub;
     char path[4200], mark[4300];
@@ -151,23 +187,38 @@ int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint6
     cJSON_Delete(j);
     if (!sp) { close(fd); return df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); }
     qsort(sp, (size_t)k, sizeof(span), cmp_span);
-    size_t cap = (size_t)64 << 20;
-    uint8_t *buf = malloc(cap);
-    for (int i = 0; i < k && !rc && buf;) {
-        uint64_t b = sp[i].b, e = sp[i].e;
-        while (i + 1 < k && sp[i + 1].b <= e) { i++; if (sp[i].e > e) e = sp[i].e; } /* adjacent tensors: one range */
-        i++;
-        if (e > size) { rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: a tensor ends past the file (%llu > %llu)", file,
-                                         (unsigned long long)e, (unsigned long long)size); break; }
-        for (uint64_t o = b; o < e && !rc; o += cap) {
-            uint64_t len = e - o < cap ? e - o : cap;
-            rc = hub_get_range(h, file, o, len, buf, sha256, err, errlen);
-            if (!rc && df_pwrite_all(fd, buf, len, o)) rc = df_set_errc(err, errlen, DF_EIO, "cannot write %s: %s", path, strerror(errno));
-            if (!rc) *fetched += len;
-        }
+    /* merged spans (adjacent tensors: one range), cut into pieces of at most 4 MiB, fetched by `connections` threads */
+    int m = 0;
+    for (int i = 0; i < k; i++) {
+        if (m && sp[i].b <= sp[m - 1].e) { if (sp[i].e > sp[m - 1].e) sp[m - 1].e = sp[i].e; }
+        else sp[m++] = sp[i];
     }
-    if (!buf) rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
-    free(buf);
+    spine_job J = {h, file, path, sha256, fd, NULL, 0, 0, 0, 0, "", PTHREAD_MUTEX_INITIALIZER};
+    const uint64_t piece = (uint64_t)4 << 20;
+    uint64_t np = 0;
+    for (int i = 0; i < m; i++) {
+        if (sp[i].e > size) { rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: a tensor ends past the file (%llu > %llu)", file,
+                                               (unsigned long long)sp[i].e, (unsigned long long)size); break; }
+        np += (sp[i].e - sp[i].b + piece - 1) / piece;
+    }
+    if (!rc && np) {
+        J.pieces = malloc(sizeof(span) * np);
+        if (!J.pieces) rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+        for (int i = 0; i < m && J.pieces; i++)
+            for (uint64_t o = sp[i].b; o < sp[i].e; o += piece) J.pieces[J.n++] = (span){o, o + piece < sp[i].e ? o + piece : sp[i].e};
+    }
+    if (!rc && J.n) {
+        int nt = connections < 1 ? 1 : connections > 32 ? 32 : connections;
+        if ((uint64_t)nt > J.n) nt = (int)J.n;
+        pthread_t th[32];
+        int started = 0;
+        for (int t = 0; t < nt; t++) if (pthread_create(&th[t], NULL, spine_worker, &J) == 0) started++;
+        if (!started) spine_worker(&J);
+        for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+        if (J.rc) rc = df_set_errc(err, errlen, J.rc, "%s", J.err);
+        *fetched += J.fetched;
+    }
+    free(J.pieces);
     free(sp);
     if (!rc && fdatasync(fd) != 0) rc = df_set_errc(err, errlen, DF_EIO, "cannot sync %s: %s", path, strerror(errno));
     close(fd);
@@ -561,6 +612,154 @@ int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t err
     int rc = fetch_expert(s, layer, expert, buf, &x, err, errlen);
     df_aligned_free(buf);
     return rc;
+}
+
+/* "...layers.L.<block>.experts.E...." -> L, E; 0 when the name is no routed expert's. */
+static int expert_of(const char *n, int *layer, int *expert) {
+    const char *p = strstr(n, "layers."), *q = strstr(n, ".experts.");
+    if (!p || !q || q[9] < '0' || q[9] > '9') return 0;
+    *layer = atoi(p + 7);
+    *expert = atoi(q + 9);
+    return 1;
+}
+
+int stream_drop_spine(const char *dir, const char *file, uint64_t *dropped, char *err, size_t errlen) {
+    char path[4200], mark[4300], mark2[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    snprintf(mark, sizeof mark, "%s.spine-ok", path);
+    snprintf(mark2, sizeof mark2, "%s.experts-only", path);
+    *dropped = 0;
+    if (!df_path_exists(mark)) return 0;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    uint64_t hlen = 0;
+    struct stat st;
+    char *hdr = NULL;
+    int rc = 0;
+    if (fd < 0 || fstat(fd, &st) || df_pread_all(fd, &hlen, 8, 0) || hlen > ((uint64_t)100 << 20) || 8 + hlen > (uint64_t)st.st_size ||
+        !(hdr = malloc(hlen + 1)) || df_pread_all(fd, hdr, hlen, 8))
+        rc = df_set_errc(err, errlen, DF_EIO, "%s: cannot read its safetensors header", path);
+    cJSON *j = NULL;
+    if (!rc) { hdr[hlen] = 0; j = cJSON_Parse(hdr); }
+    free(hdr);
+    const cJSON *t;
+    if (!rc)
+        cJSON_ArrayForEach(t, j) {
+            if (!t->string || !strcmp(t->string, "__metadata__") || routed_expert_name(t->string)) continue;
+            const cJSON *o = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+            if (cJSON_GetArraySize(o) != 2) continue;
+            /* whole pages only: a partial page is shared with the header or an expert tensor */
+            uint64_t b = df_round_up(8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 0)->valuedouble, 4096);
+            uint64_t e = (8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 1)->valuedouble) / 4096 * 4096;
+            if (e > b && e <= (uint64_t)st.st_size && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)b, (off_t)(e - b)) == 0)
+                *dropped += e - b;
+        }
+    cJSON_Delete(j);
+    if (fd >= 0) close(fd);
+    if (!rc) rc = df_write_file_atomic(mark2, "", 0, err, errlen);
+    if (!rc) unlink(mark);
+    return rc;
+}
+
+int stream_seed_full(const char *model_dir, const char *dir, const char *file, uint64_t size, const char *sha256,
+                     uint64_t chunk, uint64_t *kept, char *err, size_t errlen) {
+    char path[4200], mark[4300], mark2[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    snprintf(mark, sizeof mark, "%s.spine-ok", path);
+    snprintf(mark2, sizeof mark2, "%s.experts-only", path);
+    *kept = 0;
+    int spine_held = df_path_exists(mark);
+    if (!spine_held && !df_path_exists(mark2)) return 0;
+    int fdp = -1;
+    uint8_t *present = NULL;
+    uint64_t *xxh = NULL;
+    df_native *nat = NULL;
+    int rc = native_open(&nat, model_dir, err, errlen);
+    if (!rc) rc = load_state(model_dir, nat->cfg.num_hidden_layers, nat->n_experts, &fdp, &present, &xxh, err, errlen);
+    int L = nat ? nat->cfg.num_hidden_layers : 0, E = nat ? nat->n_experts : 0;
+    if (nat) native_close(nat);
+    if (fdp >= 0) close(fdp);
+    free(xxh);
+    char *hdr = NULL;
+    uint64_t hlen = 0;
+    int fd = rc ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+    if (!rc && (fd < 0 || df_pread_all(fd, &hlen, 8, 0) || hlen > ((uint64_t)100 << 20) || 8 + hlen > size ||
+                !(hdr = malloc(hlen + 1)) || df_pread_all(fd, hdr, hlen, 8)))
+        rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: cannot read its safetensors header", path);
+    if (fd >= 0) close(fd);
+    cJSON *j = NULL;
+    if (!rc) { hdr[hlen] = 0; j = cJSON_Parse(hdr); }
+    free(hdr);
+    if (!rc && !cJSON_IsObject(j)) rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: safetensors header is not JSON", path);
+    span *sp = NULL;
+    int k = 0;
+    if (!rc) {
+        sp = calloc((size_t)cJSON_GetArraySize(j) + 1, sizeof(span));
+        if (!sp) rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+    }
+    if (!rc) {
+        sp[k++] = (span){0, 8 + hlen};
+        const cJSON *t;
+        cJSON_ArrayForEach(t, j) {
+            if (!t->string || !strcmp(t->string, "__metadata__")) continue;
+            int l, e, is_expert = expert_of(t->string, &l, &e);
+            if (is_expert && !(l >= 0 && l < L && e >= 0 && e < E && present[(size_t)l * (size_t)E + (size_t)e])) continue;
+            if (!is_expert && !spine_held) continue; /* the spine was dropped after the conversion */
+            const cJSON *o = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+            if (cJSON_GetArraySize(o) != 2) continue;
+            uint64_t b = 8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 0)->valuedouble, en = 8 + hlen + (uint64_t)cJSON_GetArrayItem(o, 1)->valuedouble;
+            if (en > b && en <= size) sp[k++] = (span){b, en};
+        }
+        qsort(sp, (size_t)k, sizeof(span), cmp_span);
+    }
+    cJSON_Delete(j);
+    free(present);
+    uint64_t nch = (size + chunk - 1) / chunk;
+    uint64_t *done = rc ? NULL : calloc(nch ? nch : 1, 8);
+    if (!rc && !done) rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory");
+    if (!rc) {
+        /* merged spans, then per chunk the covered prefix from its start */
+        int m = 0;
+        for (int i = 0; i < k; i++) {
+            if (m && sp[i].b <= sp[m - 1].e) { if (sp[i].e > sp[m - 1].e) sp[m - 1].e = sp[i].e; }
+            else sp[m++] = sp[i];
+        }
+        int si = 0;
+        for (uint64_t c = 0; c < nch; c++) {
+            uint64_t c0 = c * chunk, c1 = c0 + chunk < size ? c0 + chunk : size;
+            while (si < m && sp[si].e <= c0) si++;
+            if (si < m && sp[si].b <= c0) done[c] = (sp[si].e < c1 ? sp[si].e : c1) - c0;
+            *kept += done[c];
+        }
+        rc = hub_seed_partial(path, size, sha256, chunk, done, nch, err, errlen);
+        if (!rc) { unlink(mark); unlink(mark2); }
+    }
+    free(done);
+    free(sp);
+    return rc;
+}
+
+int stream_verify_local(stream_src *s, uint64_t *n_ok, uint64_t *n_bad, FILE *f) {
+    *n_ok = *n_bad = 0;
+    uint8_t *buf = df_aligned_alloc(4096, max_extent(s));
+    if (!buf) return DF_ENOMEM;
+    for (int l = 0; l < s->n_layers; l++) {
+        if (!s->nat->by_layer[l]) continue;
+        for (int e = 0; e < s->n_experts; e++) {
+            size_t idx = (size_t)l * (size_t)s->n_experts + (size_t)e;
+            if (!s->present[idx]) continue;
+            char err[1024];
+            int rc = native_read_expert(s->nat, l, e, buf, err, sizeof err);
+            uint64_t x = rc ? 0 : df_xxh64(buf, s->nat->stride);
+            if (rc || x != s->xxh[idx]) {
+                (*n_bad)++;
+                if (rc) fprintf(f, "deltafin doctor: streamed expert layer %d expert %d: %s\n", l, e, err);
+                else fprintf(f, "deltafin doctor: streamed expert layer %d expert %d in %s: XXH64 %016llx, recorded at fetch %016llx\n",
+                             l, e, s->nat->by_layer[l]->files[0], (unsigned long long)x, (unsigned long long)s->xxh[idx]);
+            } else (*n_ok)++;
+        }
+    }
+    df_aligned_free(buf);
+    return (int)(*n_bad > 0x7fffffff ? 0x7fffffff : *n_bad);
 }
 
 uint64_t stream_expert_bytes(stream_src *s, int layer) {

@@ -49,6 +49,22 @@ void stream_print_stats(stream_src *s, FILE *f);
 int stream_fetch_now(stream_src *s, int layer, int expert, char *err, size_t errlen);
 /* Bytes one expert extent of `layer` takes in the packs (0 for a dense layer or a bad index). */
 uint64_t stream_expert_bytes(stream_src *s, int layer);
+/* `setup --full` on a streamed install: make the sparse shard DIR/FILE a resumable partial download that
+ * keeps what is there (header, spine tensors, the tensors of every expert fetched so far; from the shard's
+ * header and model_dir's stream-state.bin), in chunks of `chunk` bytes. *kept gets the bytes kept. The spine
+ * counts only while FILE.spine-ok is there (FILE.experts-only: dropped). A shard with neither is left alone. */
+int stream_seed_full(const char *model_dir, const char *dir, const char *file, uint64_t size, const char *sha256,
+                     uint64_t chunk, uint64_t *kept, char *err, size_t errlen);
+
+/* After `setup --stream` converted the sparse checkpoint: punch holes over the spine tensors of the sparse
+ * shard DIR/FILE (native/spine.bin holds them now; whole 4 KiB pages only), so a streamed install holds its
+ * spine once. FILE.spine-ok becomes FILE.experts-only. *dropped gets the bytes freed. */
+int stream_drop_spine(const char *dir, const char *file, uint64_t *dropped, char *err, size_t errlen);
+
+/* Re-read every expert present locally and compare its XXH64 with the one recorded when it was fetched
+ * (`deltafin doctor`). *n_ok / *n_bad get the counts; each mismatch or read error is printed to `f` naming
+ * layer, expert and pack. Returns n_bad, or <0 DF_E* when nothing could be checked. */
+int stream_verify_local(stream_src *s, uint64_t *n_ok, uint64_t *n_bad, FILE *f);
 /* Close (after the model that used it is closed). */
 void stream_close(stream_src *s);
 /* Share of routed experts present locally, from stream-state.bin; -1 when unreadable. */
@@ -59,9 +75,10 @@ double stream_local_fraction(const char *model_dir);
 int stream_init_files(const char *model_dir, const char *json_text, char *err, size_t errlen);
 
 /* `setup --stream`: make DIR/FILE the sparse copy of shard FILE (size bytes, sha256): its header and
- * every tensor that is not a routed expert fetched by range, the rest left as holes. Resumable per shard
+ * every tensor that is not a routed expert fetched by range (pieces of at most 4 MiB on `connections`
+ * threads), the rest left as holes. Resumable per shard
  * (FILE.spine-ok marks a finished one). *fetched gets the bytes downloaded. */
-int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint64_t size, const char *sha256,
+int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint64_t size, const char *sha256, int connections,
                        uint64_t *fetched, char *err, size_t errlen);
 
 #endif

@@ -718,6 +718,14 @@ static int write_layer(conv *c, ex_layer *L, uint8_t *buf) {
             hf_weight_copy(&w, buf + P->offset, P->scale_bytes ? buf + P->scale_offset : NULL);
         }
         L->xxh[e] = df_xxh64(buf, c->stride);
+        if (c->opts->sparse_experts) { /* an all-zero extent stays a hole (opts.sparse_experts) */
+            uint64_t z = 0;
+            for (uint64_t i = 0; i < bufsz / 8 && !z; i++) z |= ((const uint64_t *)buf)[i];
+            if (!z) {
+                if ((rc = progress_add(c, c->stride))) goto out;
+                continue;
+            }
+        }
         uint64_t begin = 0;
         for (int d = 0; d < L->n_files; d++) {
             uint64_t sz = L->sizes[d];
@@ -737,7 +745,7 @@ static int write_layer(conv *c, ex_layer *L, uint8_t *buf) {
         if ((rc = progress_add(c, c->stride))) goto out;
     }
     for (int d = 0; d < L->n_files; d++)
-        if (fsync(fds[d]) != 0) {
+        if (ftruncate(fds[d], (off_t)((uint64_t)g->n_routed_experts * L->sizes[d])) != 0 || fsync(fds[d]) != 0) {
             snprintf(msg, sizeof msg, "cannot fsync %s: %s", L->tmp[d], strerror(errno));
             rc = set_rc(c, DF_EIO, msg);
             goto out;

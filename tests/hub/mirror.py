@@ -7,9 +7,11 @@
                                        LFS files, the listing API) and throttled on SLOWPORT
   mirror.py proxy PORT UPSTREAM_PORT   a fault proxy in front of nginx: http://127.0.0.1:PORT/MODE/... is
                                        UPSTREAM/... with MODE's fault on .safetensors requests:
-                                       ok, drop (the first 3 ranged answers end halfway), e500, e404, auth
+                                       ok, drop (the first 3 ranged answers end halfway), e500, e404, auth,
+                                       redirect (302 to nginx with X-Linked-Size / X-Linked-Etag, as the hub)
                                        (401 without "Bearer good"), norange (Range ignored: 200 whole file),
-                                       corrupt (one byte of model-00001 flipped)
+                                       corrupt (one byte of model-00001 flipped), corruptsmall (the first
+                                       byte of tokenizer_config.json flipped: a git file, checked by blob id)
 Repos: test/kimi-mini (listing API), test/kimi-mini-noapi (no listing: the index is the listing),
 test/llama (model_type llama: unsupported).
 """
@@ -65,8 +67,9 @@ def build(root, port, slow_port):
                 locs.append('    location = /%s/resolve/main/%s { etag off; add_header X-Linked-Size %d; '
                             'add_header X-Linked-Etag "\\"%s\\""; add_header ETag "\\"%s\\""; }' % (repo, name, size, h, h))
             else:
+                sib["blobId"] = git_blob_sha1(p)
                 locs.append('    location = /%s/resolve/main/%s { etag off; add_header ETag "\\"%s\\""; }'
-                            % (repo, name, git_blob_sha1(p)))
+                            % (repo, name, sib["blobId"]))
             siblings.append(sib)
         if api:
             a = os.path.join(www, "api", "models", repo)
@@ -120,6 +123,23 @@ class Proxy(http.server.BaseHTTPRequestHandler):
             return self.plain(404, b"Entry not found\n", head)
         if mode == "auth" and self.headers.get("Authorization") != "Bearer good":
             return self.plain(401, b"Invalid credentials\n", head)
+        if weights and mode == "redirect":
+            # as the hub does for LFS files: 302 to the storage backend, with X-Linked-Size / X-Linked-Etag
+            c = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=30)
+            c.request("HEAD", rest)
+            r = c.getresponse()
+            r.read()
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.1:%d%s" % (self.upstream, rest))
+            for k in ("X-Linked-Size", "X-Linked-Etag"):
+                if r.getheader(k):
+                    self.send_header(k, r.getheader(k))
+            self.send_header("ETag", '"0123456789abcdef0123456789abcdef01234567"')  # the pointer file's git id
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            return
         hdrs = {}
         if self.headers.get("Range") and not (mode == "norange" and weights):
             hdrs["Range"] = self.headers["Range"]
@@ -140,6 +160,8 @@ class Proxy(http.server.BaseHTTPRequestHandler):
                 b = bytearray(body)
                 b[off - a] ^= 0x01
                 body = bytes(b)
+        if mode == "corruptsmall" and not head and rest.endswith("/tokenizer_config.json") and body:
+            body = bytes([body[0] ^ 0x01]) + body[1:]
         self.send_response(r.status)
         for k, v in r.getheaders():
             if k.lower() not in ("connection", "transfer-encoding", "keep-alive", "server", "date"):
