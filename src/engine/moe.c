@@ -313,17 +313,25 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
     float *h = malloc(sizeof(float) * (size_t)T * D), *logits = malloc(sizeof(float) * (size_t)T * E);
     int *ids = malloc(sizeof(int) * (size_t)T * K);
     float *w = malloc(sizeof(float) * (size_t)T * K);
-    char *mark = calloc((size_t)E, 1);
+    int *votes = calloc((size_t)E, sizeof(int));
     int n = 0;
-    if (h && logits && ids && w && mark) {
+    if (h && logits && ids && w && votes) {
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, x_resid + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
         eng_matmul(e, &lw->router, h, T, logits);
         moe_route(cfg, logits, lw->router_bias, T, ids, w);
-        for (int i = 0; i < T * K; i++) mark[ids[i]] = 1;
-        for (int x = 0; x < E; x++) if (mark[x]) used[n++] = x;
+        for (int i = 0; i < T * K; i++) votes[ids[i]]++;
+        for (int x = 0; x < E; x++) if (votes[x]) used[n++] = x;
+        /* most-voted first (stable: ascending id among equals): the surest guesses are read first, and the
+         * least sure are the likeliest to be still unread (dropped at no cost) when the layer's real set comes */
+        for (int i = 1; i < n; i++) {
+            const int x = used[i];
+            int k = i;
+            for (; k > 0 && votes[used[k - 1]] < votes[x]; k--) used[k] = used[k - 1];
+            used[k] = x;
+        }
     }
-    free(h); free(logits); free(ids); free(w); free(mark);
+    free(h); free(logits); free(ids); free(w); free(votes);
     return n;
 }
 
