@@ -125,9 +125,7 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         if (rc) goto done;
         if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
         else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
-        /* lookahead prefetch only for decode-sized calls: a prompt's union of guesses for layer l+1 is
-         * large enough to evict experts of layer l before they are used (prefill reads each touched
-         * expert once through the demand requests of ffn_forward instead) */
+        /* lookahead prefetch of layer l+1, decode-sized calls: the guesses go out now, before layer l's FFN */
         if (e->prefetch && T <= PREFETCH_MAX_T && l + 1 < L) {
             /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
@@ -135,7 +133,8 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
             moe_prefetch(e, l + 1, x, T);
             LAP(DF_PHASE_PREFETCH);
         }
-        /* prompt-sized calls: ffn_forward guesses layer l+1's experts from x once layer l's own reads are
+        /* prompt-sized calls: a prompt's union of guesses is most of a layer, so they must not take slots
+         * layer l still needs: ffn_forward guesses layer l+1's experts from x once layer l's own reads are
          * queued (behind them, into slots nothing pending or unused holds; see ffn_forward) */
         e->la_x = NULL;
         if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe) {
