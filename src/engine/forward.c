@@ -130,7 +130,7 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
             /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
             LAP(DF_PHASE_NORM);
-            moe_prefetch(e, l + 1, x, T);
+            moe_prefetch(e, l + 1, x, T, 0);
             LAP(DF_PHASE_PREFETCH);
         }
         /* prompt-sized calls: a prompt's union of guesses is most of a layer, so they must not take slots
@@ -143,8 +143,9 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
             if (sp->layers[l].is_moe) {
                 e->la_x = x;
                 e->la_layer = l + 1;
-            } else { /* a dense layer reads no experts: the guesses go out now, read during its MLP */
-                moe_prefetch(e, l + 1, x, T);
+            } else { /* a dense layer reads no experts: the guesses go out now, read during its MLP (when
+                      * they fit the cache: else layer l+1's own set would evict them) */
+                moe_prefetch(e, l + 1, x, T, e->max_acquire > 0 ? e->max_acquire : cfg->num_experts_per_tok);
                 LAP(DF_PHASE_PREFETCH);
             }
         }

@@ -230,11 +230,13 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     /* prompt-sized lookahead: the next layer's likely experts, queued behind this layer's demand reads so
      * the drive keeps reading while this layer computes. The store gives a guess only a slot no pending
      * or unused expert holds, so no guess evicts anything needed; a guess that got no slot is asked again
-     * after each chunk of this layer is released (its slots become free), and guesses the next layer
-     * does not need are dropped by its demand request. */
+     * after each chunk of this layer is released (its slots become free) when this layer's set fits the
+     * cache, and guesses the next layer does not need are dropped by its demand request. */
     if (e->la_x && e->la_layer == layer + 1 && e->experts.request && (guess = malloc(sizeof(int) * (size_t)E))) {
         const double tg = df_now();
         n_guess = moe_guess(e, layer + 1, e->la_x, T, guess);
+        /* a next layer whose set does not fit the cache would evict these guesses for its own members */
+        if (n_guess > max_pin) n_guess = 0;
         if (n_guess > 0) {
             e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
             e->prefetch_issued += (uint64_t)n_guess;
@@ -273,7 +275,10 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
         else ex_task(&j, 0, items, 0);
         if (nc > 0) e->experts.release(e->experts.ctx, layer, used + u0, nc);
-        if (n_guess > 0 && u0 + nc < n_used) e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
+        /* only when this layer's whole set fits the cache (every member got a slot at its request): else a
+         * released slot is for this layer's members still to be read, not for a guess */
+        if (n_guess > 0 && u0 + nc < n_used && n_used <= max_pin)
+            e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
         for (int i = 0; i < items; i++) {
             e->weight_bytes += bytes[i];
             if (rcs[i] && !rc) rc = rcs[i];
@@ -335,12 +340,12 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
     return n;
 }
 
-void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T) {
+void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_n) {
     if (layer >= e->cfg->num_hidden_layers || !e->experts.request) return;
     int *used = malloc(sizeof(int) * (size_t)e->cfg->n_routed_experts);
     if (!used) return;
     const int n = moe_guess(e, layer, x_resid, T, used);
-    if (n > 0) {
+    if (n > 0 && (max_n <= 0 || n <= max_n)) {
         e->experts.request(e->experts.ctx, layer, used, n, STORE_PREFETCH);
         e->prefetch_issued += (uint64_t)n;
     }
