@@ -135,11 +135,12 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
         }
         /* prompt-sized calls: a prompt's union of guesses is most of a layer, so they must not take slots
          * layer l still needs: ffn_forward guesses layer l+1's experts from x once layer l's own reads are
-         * queued (behind them, into slots nothing pending or unused holds; see ffn_forward) */
+         * queued (behind them, into slots nothing pending or unused holds; see ffn_forward). Not for a
+         * streamed layer l+1: its router arrives with its staging read, and waiting for that here would hold
+         * back layer l's own reads. */
         e->la_x = NULL;
-        if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe) {
-            if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
-            LAP(DF_PHASE_IO_WAIT);
+        if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe &&
+            (!e->stream || l + 1 < sst_first_streamed(e->stream))) {
             if (sp->layers[l].is_moe) {
                 e->la_x = x;
                 e->la_layer = l + 1;
