@@ -190,6 +190,7 @@ int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T,
     }
 #undef LAP
 done:
+    e->la_x = NULL; /* x is freed below */
     /* the next call's first streamed layer is read while the caller samples */
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream));
     free(x);

@@ -276,8 +276,9 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         else ex_task(&j, 0, items, 0);
         if (nc > 0) e->experts.release(e->experts.ctx, layer, used + u0, nc);
         /* only when this layer's whole set fits the cache (every member got a slot at its request): else a
-         * released slot is for this layer's members still to be read, not for a guess */
-        if (n_guess > 0 && u0 + nc < n_used && n_used <= max_pin)
+         * released slot is for this layer's members still to be read, not for a guess. After the last chunk
+         * too: the guesses then read during the next layer's attention */
+        if (n_guess > 0 && nc > 0 && n_used <= max_pin)
             e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
         for (int i = 0; i < items; i++) {
             e->weight_bytes += bytes[i];
