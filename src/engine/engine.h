@@ -122,12 +122,13 @@ void moe_route(const df_config *cfg, const float *logits, const float *bias, int
  * (post-attention-normalized); out: [T, hidden]. */
 int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char *err, size_t errlen);
 /* Prefetch hook: route h (layer's ffn-normalized residual) with layer's router and request the
- * predicted experts with STORE_PREFETCH. No effect on numerics. */
-void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T);
+ * predicted experts with STORE_PREFETCH, unless there are more than max_n of them (max_n <= 0: no
+ * limit). No effect on numerics. */
+void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_n);
 
 /* The experts layer `layer`'s router picks for any of the T rows of x_resid (the residual stream, normed
- * here with that layer's ffn_norm), ascending, into used[n_routed_experts]; returns how many (0 for a
- * dense layer or on allocation failure). */
+ * here with that layer's ffn_norm), into used[n_routed_experts], most-picked first (ascending id among
+ * equals); returns how many (0 for a dense layer or on allocation failure). */
 int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used);
 
 /* T tokens through every layer. logits: NULL, [vocab] (last position) or [T, vocab] when all_logits.

@@ -156,27 +156,29 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         if (rc) goto done;
         if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
         else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
-        /* lookahead prefetch only for decode-sized calls: a prompt's union of guesses for layer l+1 is
-         * large enough to evict experts of layer l before they are used (prefill reads each touched
-         * expert once through the demand requests of ffn_forward instead) */
+        /* lookahead prefetch of layer l+1, decode-sized calls (one sequence or a decode batch): the guesses
+         * go out now, before layer l's FFN */
         if (e->prefetch && (T <= PREFETCH_MAX_T || decode_batch) && l + 1 < L) {
             /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
             LAP(DF_PHASE_NORM);
-            moe_prefetch(e, l + 1, x, T);
+            moe_prefetch(e, l + 1, x, T, 0);
             LAP(DF_PHASE_PREFETCH);
         }
-        /* prompt-sized calls: ffn_forward guesses layer l+1's experts from x once layer l's own reads are
-         * queued (behind them, into slots nothing pending or unused holds; see ffn_forward) */
+        /* prompt-sized calls: a prompt's union of guesses is most of a layer, so they must not take slots
+         * layer l still needs: ffn_forward guesses layer l+1's experts from x once layer l's own reads are
+         * queued (behind them, into slots nothing pending or unused holds; see ffn_forward). Not for a
+         * streamed layer l+1: its router arrives with its staging read, and waiting for that here would hold
+         * back layer l's own reads. */
         e->la_x = NULL;
-        if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe) {
-            if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
-            LAP(DF_PHASE_IO_WAIT);
+        if (e->prefetch && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe &&
+            (!e->stream || l + 1 < sst_first_streamed(e->stream))) {
             if (sp->layers[l].is_moe) {
                 e->la_x = x;
                 e->la_layer = l + 1;
-            } else { /* a dense layer reads no experts: the guesses go out now, read during its MLP */
-                moe_prefetch(e, l + 1, x, T);
+            } else { /* a dense layer reads no experts: the guesses go out now, read during its MLP (when
+                      * they fit the cache: else layer l+1's own set would evict them) */
+                moe_prefetch(e, l + 1, x, T, e->max_acquire > 0 ? e->max_acquire : cfg->num_experts_per_tok);
                 LAP(DF_PHASE_PREFETCH);
             }
         }
@@ -224,6 +226,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
     }
 #undef LAP
 done:
+    e->la_x = NULL; /* x is freed below */
     /* the next call's first streamed layer is read while the caller samples */
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream));
     free(x);

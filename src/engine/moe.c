@@ -276,11 +276,13 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     /* prompt-sized lookahead: the next layer's likely experts, queued behind this layer's demand reads so
      * the drive keeps reading while this layer computes. The store gives a guess only a slot no pending
      * or unused expert holds, so no guess evicts anything needed; a guess that got no slot is asked again
-     * after each chunk of this layer is released (its slots become free), and guesses the next layer
-     * does not need are dropped by its demand request. */
+     * after each chunk of this layer is released (its slots become free) when this layer's set fits the
+     * cache, and guesses the next layer does not need are dropped by its demand request. */
     if (e->la_x && e->la_layer == layer + 1 && e->experts.request && (guess = malloc(sizeof(int) * (size_t)E))) {
         const double tg = df_now();
         n_guess = moe_guess(e, layer + 1, e->la_x, T, guess);
+        /* a next layer whose set does not fit the cache would evict these guesses for its own members */
+        if (n_guess > max_pin) n_guess = 0;
         if (n_guess > 0) {
             e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
             e->prefetch_issued += (uint64_t)n_guess;
@@ -338,7 +340,11 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         else ex_task(&j, 0, items, 0);
         if (n_acq > 0) e->experts.release(e->experts.ctx, layer, acq_ids, n_acq);
         for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, used[u0 + i]);
-        if (n_guess > 0 && u0 + nc < n_used) e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
+        /* only when this layer's whole set fits the cache (every member got a slot at its request): else a
+         * released slot is for this layer's members still to be read, not for a guess. After the last chunk
+         * too: the guesses then read during the next layer's attention */
+        if (n_guess > 0 && nc > 0 && n_used <= max_pin)
+            e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
         for (int i = 0; i < items; i++) {
             e->weight_bytes += bytes[i];
             if (rcs[i] && !rc) rc = rcs[i];
@@ -379,26 +385,34 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
     float *h = malloc(sizeof(float) * (size_t)T * D), *logits = malloc(sizeof(float) * (size_t)T * E);
     int *ids = malloc(sizeof(int) * (size_t)T * K);
     float *w = malloc(sizeof(float) * (size_t)T * K);
-    char *mark = calloc((size_t)E, 1);
+    int *votes = calloc((size_t)E, sizeof(int));
     int n = 0;
-    if (h && logits && ids && w && mark) {
+    if (h && logits && ids && w && votes) {
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, x_resid + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
         eng_matmul(e, &lw->router, h, T, logits);
         moe_route(cfg, logits, lw->router_bias, T, ids, w);
-        for (int i = 0; i < T * K; i++) mark[ids[i]] = 1;
-        for (int x = 0; x < E; x++) if (mark[x]) used[n++] = x;
+        for (int i = 0; i < T * K; i++) votes[ids[i]]++;
+        for (int x = 0; x < E; x++) if (votes[x]) used[n++] = x;
+        /* most-voted first (stable: ascending id among equals): the surest guesses are read first, and the
+         * least sure are the likeliest to be still unread (dropped at no cost) when the layer's real set comes */
+        for (int i = 1; i < n; i++) {
+            const int x = used[i];
+            int k = i;
+            for (; k > 0 && votes[used[k - 1]] < votes[x]; k--) used[k] = used[k - 1];
+            used[k] = x;
+        }
     }
-    free(h); free(logits); free(ids); free(w); free(mark);
+    free(h); free(logits); free(ids); free(w); free(votes);
     return n;
 }
 
-void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T) {
+void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_n) {
     if (layer >= e->cfg->num_hidden_layers || !e->experts.request) return;
     int *used = malloc(sizeof(int) * (size_t)e->cfg->n_routed_experts);
     if (!used) return;
     const int n = moe_guess(e, layer, x_resid, T, used);
-    if (n > 0) {
+    if (n > 0 && (max_n <= 0 || n <= max_n)) {
         e->experts.request(e->experts.ctx, layer, used, n, STORE_PREFETCH);
         e->prefetch_issued += (uint64_t)n;
     }
