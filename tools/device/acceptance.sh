@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# acceptance.sh — the open issues' measurements on the accelerator machine, in two `device` calls of under
+# ten minutes each, from the checkout with .devcarry.tar.xz (tools/device/pack.sh: deltafin built with the
+# CUDA backend, its shared libraries, and fio when FIO=path was given to pack.sh).
+#   part 1 (CPU, 16 host cores, one NVMe drive): speculative decoding on kimi-mini (bench_spec.sh, issue 14),
+#          then bench_host.sh (issue 10: kernels vs the machine's limits, bench io vs fio, cold decode vs the
+#          storage bound, prefill amplification and TTFT / max(read, compute) for 64/256/1024 tokens).
+#   part 2 (GPU + drive): a K2-shaped model 4x larger than the GPU and host budgets together, streamed
+#          (issue 12: cuda decode vs the storage bound, 512-token TTFT), batched decode of S = 1, 2, 4, 8
+#          sequences on the CPU under a budget 4x smaller than the experts (issue 14), and a model resident in
+#          GPU memory (issue 12: decode vs the HBM bound).
+# Usage (device tool): tools/device/acceptance.sh 1|2 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
+#        HOST_BUDGET (3G), SPEC_REPS (3).
+set -u
+PART=${1:?usage: acceptance.sh 1|2 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2 OUTDIR}
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
+D=$(mktemp -d)
+tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
+export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -x "$D/fio" ] && export PATH="$D:$PATH"
+BIN=$D/deltafin
+mkdir -p "$OUT"
+S=$OUT/summary.txt
+log() { echo "== $(date -u +%T) $*" | tee -a "$S"; }
+{ date -u; nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1
+  ldd "$BIN" | grep "not found"; } >>"$S"
+case $PART in
+1)
+    log "bench_spec.sh (kimi-mini, REPS=${SPEC_REPS:-3}, 4 threads)"
+    REPS=${SPEC_REPS:-3} TOKENS=256 THREADS=4 timeout 150 "$HERE/tools/device/bench_spec.sh" "$OUT/spec" >/dev/null 2>&1
+    cat "$OUT/spec/spec.txt" >>"$S" 2>/dev/null
+    log "bench_host.sh (issue 10)"
+    KERNELS=1 SPINE=fp8_b128 PREFILL="64 256 1024" TOKENS=16 IO_PAIRS=2 IO_S=5 SETTLE=5 \
+        timeout 400 "$HERE/tools/device/bench_host.sh" "$OUT/host" "${SIZE:-24G}" "${BUDGET:-6G}" >/dev/null 2>&1
+    cat "$OUT/host/bench.txt" >>"$S" 2>/dev/null
+    ;;
+2)
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth ${SIZE:-24G} (fp8 spine)"
+    "$BIN" synth "$W/m" --size "${SIZE:-24G}" --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -2 >>"$S"
+    sync; sleep 5
+    log "cuda decode, streamed: --gpu-budget ${GPU_BUDGET:-2G} --ram-budget ${HOST_BUDGET:-3G}"
+    timeout 150 "$BIN" bench decode --model "$W/m" --backend cuda --gpu-budget "${GPU_BUDGET:-2G}" \
+        --ram-budget "${HOST_BUDGET:-3G}" --tokens 16 --io-seconds 3 2>&1 | tail -25 >>"$S"
+    log "cuda prefill 512 tokens, streamed"
+    timeout 150 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 \
+        --ram-budget "${HOST_BUDGET:-3G}" --io-seconds 3 2>&1 | tail -25 >>"$S"
+    log "bench batch (cpu, budget ${BUDGET:-6G})"
+    timeout 170 "$BIN" bench batch --model "$W/m" --ram-budget "${BUDGET:-6G}" --seqs 1,2,4,8 --tokens 6 \
+        --io-seconds 3 2>&1 | tail -25 >>"$S"
+    rm -rf "$W"
+    log "cuda decode, resident (8-layer synth, --gpu-budget 100G, page cache warm)"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
+    timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --tokens 32 --no-drop \
+        --io-seconds 1 2>&1 | tail -25 >>"$S"
+    rm -rf "$W"
+    ;;
+esac
+log "done"
