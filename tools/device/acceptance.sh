@@ -25,6 +25,7 @@ S=$OUT/summary.txt
 log() { echo "== $(date -u +%T) $*" | tee -a "$S"; }
 { date -u; nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1
   ldd "$BIN" | grep "not found"; } >>"$S"
+if ldd "$BIN" | grep -q "not found"; then echo "deltafin lacks libraries here: $(ldd "$BIN" | grep "not found" | awk '{print $1}' | tr '\n' ' ')" | tee -a "$S"; exit 1; fi
 case $PART in
 1)
     log "bench_spec.sh (kimi-mini, REPS=${SPEC_REPS:-3}, 4 threads)"
