@@ -1,13 +1,12 @@
 /* jinja_builtins.c — what the Jinja subset knows about values: attribute and
  * item access as jinja2's ImmutableSandboxedEnvironment does it (Python
  * attributes first for ".", items first for "[]"; methods that modify a list
- * or a dict are "unsafe"), iteration, arithmetic, the filters and tests of
- * jinja2 3.1 that chat templates use (transformers' tojson), Python string /
- * dict / list methods, and the globals range, namespace, dict,
- * raise_exception and strftime_now. A known Python method or jinja2 filter we
- * do not implement is refused by name, never approximated. */
+ * or a dict are "unsafe"), iteration, arithmetic operators, Python string /
+ * dict / list methods, the globals range, namespace, dict, raise_exception
+ * and strftime_now, and the value helpers the filters share (jinja_filters.c
+ * holds the filters and tests). A known Python method we do not implement is
+ * refused by name, never approximated. */
 #include "jinja_int.h"
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +19,8 @@
 /* Bind positional and keyword arguments to named parameters (Python style).
  * out[i] = NULL for a parameter not given. extra_* receive surplus arguments
  * when non-NULL (filters with *args / **kwargs). */
-static int bind(jj_ctx *c, const char *what, const char *const *params, int np, jv **args, int nargs,
-                const char **kwn, jv **kwv, int nkw, jv **out, int allow_extra_pos) {
+int jj_bind(jj_ctx *c, const char *what, const char *const *params, int np, jv **args, int nargs,
+            const char **kwn, jv **kwv, int nkw, jv **out, int allow_extra_pos) {
     for (int i = 0; i < np; i++) out[i] = NULL;
     if (nargs > np && !allow_extra_pos) {
         jj_fail(c, DF_EINVAL, "TypeError: %s() takes at most %d argument%s (%d given)", what, np, np == 1 ? "" : "s", nargs);
@@ -44,21 +43,21 @@ static int bind(jj_ctx *c, const char *what, const char *const *params, int np, 
     return 0;
 }
 
-static int need_str(jj_ctx *c, jv *v, const char *what) {
+int jj_need_str(jj_ctx *c, jv *v, const char *what) {
     if (v && v->t == JV_STR) return 0;
     if (v && v->t == JV_UNDEF) { jj_undef_fail(c, v); return -1; }
     jj_fail(c, DF_EINVAL, "TypeError: %s must be str, not %s", what, v ? jv_type_name(v) : "nothing");
     return -1;
 }
 
-static int need_int(jj_ctx *c, jv *v, int64_t *out, const char *what) {
+int jj_need_int(jj_ctx *c, jv *v, int64_t *out, const char *what) {
     if (v && (v->t == JV_INT || v->t == JV_BOOL)) { *out = v->t == JV_INT ? v->i : v->b; return 0; }
     if (v && v->t == JV_UNDEF) { jj_undef_fail(c, v); return -1; }
     jj_fail(c, DF_EINVAL, "TypeError: %s must be an integer, not %s", what, v ? jv_type_name(v) : "nothing");
     return -1;
 }
 
-static jv *strval(jj_ctx *c, jb *b) {
+jv *jj_strval(jj_ctx *c, jb *b) {
     jv *r = jv_str(c, b->p ? b->p : "", b->n);
     free(b->p);
     b->p = NULL;
@@ -106,23 +105,6 @@ jv *jj_iterate(jj_ctx *c, jv *v) {
     }
 }
 
-static int64_t jlen(jj_ctx *c, jv *v) {
-    if (v->flags & JV_F_ITER) {
-        jj_fail(c, DF_EINVAL, "TypeError: object of type '%s' has no len()", jv_type_name(v));
-        return -1;
-    }
-    switch (v->t) {
-    case JV_STR: return (int64_t)ju_len(v->s.p, v->s.n);
-    case JV_LIST: case JV_TUPLE: return (int64_t)v->l.n;
-    case JV_DICT: return (int64_t)v->d.n;
-    case JV_UNDEF: return 0;
-    case JV_LOOP: return v->loop->n;
-    default:
-        jj_fail(c, DF_EINVAL, "TypeError: object of type '%s' has no len()", jv_type_name(v));
-        return -1;
-    }
-}
-
 /* ============================================================ methods */
 
 enum {
@@ -142,9 +124,7 @@ enum {
     G_RANGE = 400, G_NAMESPACE, G_DICT, G_RAISE, G_STRFTIME, G_CYCLER, G_JOINER, G_LIPSUM
 };
 
-typedef struct { const char *name; int id; } mdef;
-
-static const mdef str_methods[] = {
+static const jj_mdef str_methods[] = {
     {"upper", M_S_UPPER}, {"lower", M_S_LOWER}, {"strip", M_S_STRIP}, {"lstrip", M_S_LSTRIP}, {"rstrip", M_S_RSTRIP},
     {"split", M_S_SPLIT}, {"rsplit", M_S_RSPLIT}, {"startswith", M_S_STARTSWITH}, {"endswith", M_S_ENDSWITH},
     {"replace", M_S_REPLACE}, {"find", M_S_FIND}, {"rfind", M_S_RFIND}, {"index", M_S_INDEX}, {"rindex", M_S_RINDEX},
@@ -158,14 +138,14 @@ static const mdef str_methods[] = {
     /* Python str methods outside the subset: refused when accessed */
     {"casefold", 0}, {"encode", 0}, {"expandtabs", 0}, {"format_map", 0}, {"isidentifier", 0}, {"isprintable", 0},
     {"istitle", 0}, {"maketrans", 0}, {"translate", 0}, {NULL, 0}};
-static const mdef dict_methods[] = {
+static const jj_mdef dict_methods[] = {
     {"get", M_D_GET}, {"items", M_D_ITEMS}, {"keys", M_D_KEYS}, {"values", M_D_VALUES}, {"copy", M_D_COPY},
     {"fromkeys", 0}, {"clear", -1}, {"pop", -1}, {"popitem", -1}, {"setdefault", -1}, {"update", -1}, {NULL, 0}};
-static const mdef list_methods[] = {
+static const jj_mdef list_methods[] = {
     {"count", M_L_COUNT}, {"index", M_L_INDEX}, {"copy", M_L_COPY}, {"append", -1}, {"clear", -1}, {"extend", -1},
     {"insert", -1}, {"pop", -1}, {"remove", -1}, {"reverse", -1}, {"sort", -1}, {NULL, 0}};
-static const mdef tuple_methods[] = {{"count", M_L_COUNT}, {"index", M_L_INDEX}, {NULL, 0}};
-static const mdef num_attrs[] = {
+static const jj_mdef tuple_methods[] = {{"count", M_L_COUNT}, {"index", M_L_INDEX}, {NULL, 0}};
+static const jj_mdef num_attrs[] = {
     {"as_integer_ratio", 0}, {"bit_count", 0}, {"bit_length", 0}, {"conjugate", 0}, {"denominator", 0},
     {"from_bytes", 0}, {"imag", 0}, {"numerator", 0}, {"real", 0}, {"to_bytes", 0}, {"fromhex", 0}, {"hex", 0},
     {"is_integer", 0}, {NULL, 0}};
@@ -182,7 +162,7 @@ static jv *bound(jj_ctx *c, int id, jv *self, const char *name) {
 jv *jj_method(jj_ctx *c, jv *obj, const char *name, size_t nlen, int *is_attr) {
     (void)nlen;
     *is_attr = 0;
-    const mdef *tbl = NULL;
+    const jj_mdef *tbl = NULL;
     switch (obj->t) {
     case JV_STR: tbl = str_methods; break;
     case JV_DICT: tbl = dict_methods; break;
@@ -297,7 +277,7 @@ jv *jj_getitem(jj_ctx *c, jv *obj, jv *key) {
 
 /* ============================================================ arithmetic */
 
-static void html_escape(const char *s, size_t n, jb *b) {
+void jj_html_escape(const char *s, size_t n, jb *b) {
     for (size_t i = 0; i < n; i++) {
         switch (s[i]) {
         case '&': jb_puts(b, "&amp;"); break;
@@ -323,7 +303,7 @@ static jv *type_error(jj_ctx *c, const char *op, jv *a, jv *b) {
     return NULL;
 }
 
-static jv *overflow(jj_ctx *c) {
+jv *jj_overflow(jj_ctx *c) {
     jj_fail(c, DF_EUNSUPPORTED, "integer arithmetic beyond 64 bits is not supported by deltafin's Jinja subset");
     return NULL;
 }
@@ -334,7 +314,7 @@ static jv *repeat(jj_ctx *c, jv *seq, int64_t k) {
         if (seq->s.n && (uint64_t)k > (1u << 30) / seq->s.n) { jj_fail(c, DF_ENOMEM, "string repetition too large"); return NULL; }
         jb b = {0};
         for (int64_t i = 0; i < k; i++) jb_put(&b, seq->s.p, seq->s.n);
-        return strval(c, &b);
+        return jj_strval(c, &b);
     }
     if (seq->l.n && (uint64_t)k > (1u << 26) / seq->l.n) { jj_fail(c, DF_ENOMEM, "list repetition too large"); return NULL; }
     jv *r = jv_list(c, seq->t, seq->l.n * (size_t)k);
@@ -343,11 +323,9 @@ static jv *repeat(jj_ctx *c, jv *seq, int64_t k) {
     return r;
 }
 
-static jv *percent_format(jj_ctx *c, jv *fmt, jv *args);
-
 jv *jj_binop(jj_ctx *c, int op, jv *a, jv *b) {
     static const char *names[] = {"", "+", "-", "*", "/", "//", "%", "** or pow()"};
-    if (op == OP_MOD && a->t == JV_STR) return percent_format(c, a, b); /* str % Undefined formats it */
+    if (op == OP_MOD && a->t == JV_STR) return jj_percent_format(c, a, b); /* str % Undefined formats it */
     if (a->t == JV_UNDEF) return jj_undef_fail(c, a);
     if (b->t == JV_UNDEF) return jj_undef_fail(c, b);
     int an = jv_is_number(a), bn = jv_is_number(b);
@@ -356,9 +334,9 @@ jv *jj_binop(jj_ctx *c, int op, jv *a, jv *b) {
         if (!fl) {
             int64_t x = a->t == JV_INT ? a->i : a->b, y = b->t == JV_INT ? b->i : b->b, r;
             switch (op) {
-            case OP_ADD: if (__builtin_add_overflow(x, y, &r)) return overflow(c); return jv_int(c, r);
-            case OP_SUB: if (__builtin_sub_overflow(x, y, &r)) return overflow(c); return jv_int(c, r);
-            case OP_MUL: if (__builtin_mul_overflow(x, y, &r)) return overflow(c); return jv_int(c, r);
+            case OP_ADD: if (__builtin_add_overflow(x, y, &r)) return jj_overflow(c); return jv_int(c, r);
+            case OP_SUB: if (__builtin_sub_overflow(x, y, &r)) return jj_overflow(c); return jv_int(c, r);
+            case OP_MUL: if (__builtin_mul_overflow(x, y, &r)) return jj_overflow(c); return jv_int(c, r);
             case OP_DIV:
                 if (!y) { jj_fail(c, DF_EINVAL, "ZeroDivisionError: division by zero"); return NULL; }
                 return jv_float(c, (double)x / (double)y);
@@ -367,7 +345,7 @@ jv *jj_binop(jj_ctx *c, int op, jv *a, jv *b) {
                     jj_fail(c, DF_EINVAL, "ZeroDivisionError: integer %s by zero", op == OP_MOD ? "modulo" : "division or modulo");
                     return NULL;
                 }
-                if (x == INT64_MIN && y == -1) return overflow(c);
+                if (x == INT64_MIN && y == -1) return jj_overflow(c);
                 int64_t q = x / y, m = x % y;
                 if (m && ((m < 0) != (y < 0))) { q--; m += y; }
                 return jv_int(c, op == OP_MOD ? m : q);
@@ -377,9 +355,9 @@ jv *jj_binop(jj_ctx *c, int op, jv *a, jv *b) {
                 int64_t acc = 1, base = x;
                 int64_t e = y;
                 while (e) {
-                    if (e & 1) { if (__builtin_mul_overflow(acc, base, &acc)) return overflow(c); }
+                    if (e & 1) { if (__builtin_mul_overflow(acc, base, &acc)) return jj_overflow(c); }
                     e >>= 1;
-                    if (e && __builtin_mul_overflow(base, base, &base)) return overflow(c);
+                    if (e && __builtin_mul_overflow(base, base, &base)) return jj_overflow(c);
                 }
                 return jv_int(c, acc);
             }
@@ -414,9 +392,9 @@ jv *jj_binop(jj_ctx *c, int op, jv *a, jv *b) {
         if (a->t == JV_STR && b->t == JV_STR) {
             jb o = {0};
             int safe = (a->flags | b->flags) & JV_F_SAFE;
-            if (safe && !(a->flags & JV_F_SAFE)) html_escape(a->s.p, a->s.n, &o); else jb_put(&o, a->s.p, a->s.n);
-            if (safe && !(b->flags & JV_F_SAFE)) html_escape(b->s.p, b->s.n, &o); else jb_put(&o, b->s.p, b->s.n);
-            jv *r = strval(c, &o);
+            if (safe && !(a->flags & JV_F_SAFE)) jj_html_escape(a->s.p, a->s.n, &o); else jb_put(&o, a->s.p, a->s.n);
+            if (safe && !(b->flags & JV_F_SAFE)) jj_html_escape(b->s.p, b->s.n, &o); else jb_put(&o, b->s.p, b->s.n);
+            jv *r = jj_strval(c, &o);
             if (r && safe) r->flags |= JV_F_SAFE;
             return r;
         }
@@ -434,7 +412,7 @@ jv *jj_binop(jj_ctx *c, int op, jv *a, jv *b) {
         if ((b->t == JV_STR || b->t == JV_LIST || b->t == JV_TUPLE) && (a->t == JV_INT || a->t == JV_BOOL))
             return repeat(c, b, a->t == JV_INT ? a->i : a->b);
     }
-    if (op == OP_MOD && a->t == JV_STR) return percent_format(c, a, b);
+    if (op == OP_MOD && a->t == JV_STR) return jj_percent_format(c, a, b);
     return type_error(c, names[op], a, b);
 }
 
@@ -446,8 +424,8 @@ static int is_ws_at(const char *s, size_t n, size_t i, size_t *adv) {
 }
 
 /* strip chars (NULL = whitespace) from the left (1), right (2) or both (3) */
-static jv *do_strip(jj_ctx *c, jv *s, jv *chars, int sides) {
-    if (chars && chars->t != JV_NONE && need_str(c, chars, "strip arg")) return NULL;
+jv *jj_strip(jj_ctx *c, jv *s, jv *chars, int sides) {
+    if (chars && chars->t != JV_NONE && jj_need_str(c, chars, "strip arg")) return NULL;
     const char *p = s->s.p;
     size_t n = s->s.n, i = 0, e = n;
     int use_chars = chars && chars->t == JV_STR;
@@ -487,26 +465,25 @@ static jv *do_strip(jj_ctx *c, jv *s, jv *chars, int sides) {
     return r;
 }
 
-static const char *memmem_(const char *h, size_t hn, const char *nd, size_t nn) {
+const char *jj_memmem(const char *h, size_t hn, const char *nd, size_t nn) {
     if (!nn) return h;
     if (nn > hn) return NULL;
     for (size_t i = 0; i + nn <= hn; i++) if (h[i] == nd[0] && !memcmp(h + i, nd, nn)) return h + i;
     return NULL;
 }
-static const char *memrmem_(const char *h, size_t hn, const char *nd, size_t nn) {
+const char *jj_memrmem(const char *h, size_t hn, const char *nd, size_t nn) {
     if (nn > hn) return NULL;
     for (size_t i = hn - nn + 1; i-- > 0;) if (!memcmp(h + i, nd, nn)) return h + i;
     return NULL;
 }
 
-static jv *list_from(jj_ctx *c, jv **items, size_t n) {
+jv *jj_list_from(jj_ctx *c, jv **items, size_t n) {
     jv *l = jv_list(c, JV_LIST, n);
     if (l && n) memcpy(l->l.a, items, n * sizeof *items);
     return l;
 }
 
-typedef struct { jv **v; size_t n, cap; } vec;
-static int vec_push(jj_ctx *c, vec *a, jv *x) {
+int jj_vec_push(jj_ctx *c, jj_vec *a, jv *x) {
     if (!x) return -1;
     if (a->n == a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 8;
@@ -518,12 +495,8 @@ static int vec_push(jj_ctx *c, vec *a, jv *x) {
     a->v[a->n++] = x;
     return 0;
 }
-static jv *as_iter(jv *l) {
-    if (l) l->flags = (l->flags & ~JV_F_CONSUMED) | JV_F_ITER;
-    return l;
-}
-static jv *vec_list(jj_ctx *c, vec *a) {
-    jv *l = list_from(c, a->v, a->n);
+jv *jj_vec_list(jj_ctx *c, jj_vec *a) {
+    jv *l = jj_list_from(c, a->v, a->n);
     free(a->v);
     a->v = NULL;
     return l;
@@ -532,8 +505,8 @@ static jv *vec_list(jj_ctx *c, vec *a) {
 /* str.split / rsplit */
 static jv *do_split(jj_ctx *c, jv *s, jv *sep, jv *maxsplit, int right) {
     int64_t maxs = -1;
-    if (maxsplit && need_int(c, maxsplit, &maxs, "maxsplit")) return NULL;
-    vec out = {0};
+    if (maxsplit && jj_need_int(c, maxsplit, &maxs, "maxsplit")) return NULL;
+    jj_vec out = {0};
     const char *p = s->s.p;
     size_t n = s->s.n;
     if (!sep || sep->t == JV_NONE) { /* runs of whitespace */
@@ -545,19 +518,19 @@ static jv *do_split(jj_ctx *c, jv *s, jv *sep, jv *maxsplit, int right) {
                 while (i < n && is_ws_at(p, n, i, &adv)) i += adv;
                 if (i >= n) break;
                 if (maxs >= 0 && k >= maxs) { /* the rest, as it is */
-                    if (vec_push(c, &out, jv_str_nocopy(c, p + i, n - i))) { free(out.v); return NULL; }
+                    if (jj_vec_push(c, &out, jv_str_nocopy(c, p + i, n - i))) { free(out.v); return NULL; }
                     break;
                 }
                 size_t j = i;
                 while (j < n && !is_ws_at(p, n, j, &adv)) j += adv;
-                if (vec_push(c, &out, jv_str_nocopy(c, p + i, j - i))) { free(out.v); return NULL; }
+                if (jj_vec_push(c, &out, jv_str_nocopy(c, p + i, j - i))) { free(out.v); return NULL; }
                 k++;
                 i = j;
             }
-            return vec_list(c, &out);
+            return jj_vec_list(c, &out);
         }
         /* rsplit(None): collect from the right */
-        vec rev = {0};
+        jj_vec rev = {0};
         size_t e = n;
         int64_t k = 0;
         for (;;) {
@@ -570,7 +543,7 @@ static jv *do_split(jj_ctx *c, jv *s, jv *sep, jv *maxsplit, int right) {
             }
             if (!e) break;
             if (maxs >= 0 && k >= maxs) {
-                if (vec_push(c, &rev, jv_str_nocopy(c, p, e))) { free(rev.v); return NULL; }
+                if (jj_vec_push(c, &rev, jv_str_nocopy(c, p, e))) { free(rev.v); return NULL; }
                 break;
             }
             size_t i = e;
@@ -580,44 +553,43 @@ static jv *do_split(jj_ctx *c, jv *s, jv *sep, jv *maxsplit, int right) {
                 if (is_ws_at(p, n, q, &adv)) break;
                 i = q;
             }
-            if (vec_push(c, &rev, jv_str_nocopy(c, p + i, e - i))) { free(rev.v); return NULL; }
+            if (jj_vec_push(c, &rev, jv_str_nocopy(c, p + i, e - i))) { free(rev.v); return NULL; }
             k++;
             e = i;
         }
         for (size_t a = 0; a < rev.n / 2; a++) { jv *t = rev.v[a]; rev.v[a] = rev.v[rev.n - 1 - a]; rev.v[rev.n - 1 - a] = t; }
-        return vec_list(c, &rev);
+        return jj_vec_list(c, &rev);
     }
-    if (need_str(c, sep, "separator")) return NULL;
+    if (jj_need_str(c, sep, "separator")) return NULL;
     if (!sep->s.n) { jj_fail(c, DF_EINVAL, "ValueError: empty separator"); return NULL; }
     if (!right) {
         size_t i = 0;
         int64_t k = 0;
         for (;;) {
-            const char *h = (maxs < 0 || k < maxs) ? memmem_(p + i, n - i, sep->s.p, sep->s.n) : NULL;
-            if (!h) { if (vec_push(c, &out, jv_str_nocopy(c, p + i, n - i))) { free(out.v); return NULL; } break; }
-            if (vec_push(c, &out, jv_str_nocopy(c, p + i, (size_t)(h - (p + i))))) { free(out.v); return NULL; }
+            const char *h = (maxs < 0 || k < maxs) ? jj_memmem(p + i, n - i, sep->s.p, sep->s.n) : NULL;
+            if (!h) { if (jj_vec_push(c, &out, jv_str_nocopy(c, p + i, n - i))) { free(out.v); return NULL; } break; }
+            if (jj_vec_push(c, &out, jv_str_nocopy(c, p + i, (size_t)(h - (p + i))))) { free(out.v); return NULL; }
             i = (size_t)(h - p) + sep->s.n;
             k++;
         }
-        return vec_list(c, &out);
+        return jj_vec_list(c, &out);
     }
     size_t e = n;
     int64_t k = 0;
     for (;;) {
-        const char *h = (maxs < 0 || k < maxs) ? memrmem_(p, e, sep->s.p, sep->s.n) : NULL;
-        if (!h) { if (vec_push(c, &out, jv_str_nocopy(c, p, e))) { free(out.v); return NULL; } break; }
+        const char *h = (maxs < 0 || k < maxs) ? jj_memrmem(p, e, sep->s.p, sep->s.n) : NULL;
+        if (!h) { if (jj_vec_push(c, &out, jv_str_nocopy(c, p, e))) { free(out.v); return NULL; } break; }
         size_t st = (size_t)(h - p) + sep->s.n;
-        if (vec_push(c, &out, jv_str_nocopy(c, p + st, e - st))) { free(out.v); return NULL; }
+        if (jj_vec_push(c, &out, jv_str_nocopy(c, p + st, e - st))) { free(out.v); return NULL; }
         e = (size_t)(h - p);
         k++;
     }
     for (size_t a = 0; a < out.n / 2; a++) { jv *t = out.v[a]; out.v[a] = out.v[out.n - 1 - a]; out.v[out.n - 1 - a] = t; }
-    return vec_list(c, &out);
+    return jj_vec_list(c, &out);
 }
 
 /* case mapping of each code point (utf8proc's simple mappings) */
-enum { CASE_UPPER, CASE_LOWER, CASE_SWAP };
-static void case_map(const char *s, size_t n, int mode, jb *b) {
+void jj_case_map(const char *s, size_t n, int mode, jb *b) {
     size_t i = 0;
     while (i < n) {
         size_t adv;
@@ -656,7 +628,7 @@ static void py_title(const char *s, size_t n, jb *b) {
 }
 
 /* Python str.capitalize(): first character title-cased, the rest lower-cased */
-static void py_capitalize(const char *s, size_t n, jb *b) {
+void jj_py_capitalize(const char *s, size_t n, jb *b) {
     size_t i = 0;
     while (i < n) {
         size_t adv;
@@ -668,7 +640,7 @@ static void py_capitalize(const char *s, size_t n, jb *b) {
     }
 }
 
-static int str_pred(const jv *s, int kind) {
+int jj_str_pred(const jv *s, int kind) {
     /* 1 digit 2 alpha 3 alnum 4 space 5 lower 6 upper 7 decimal 8 numeric 9 ascii */
     if (kind == 9) { for (size_t i = 0; i < s->s.n; i++) if ((unsigned char)s->s.p[i] >= 0x80) return 0; return 1; }
     if (!s->s.n) return 0;
@@ -696,8 +668,8 @@ static int str_pred(const jv *s, int kind) {
 }
 
 /* str.splitlines(keepends) */
-static jv *do_splitlines(jj_ctx *c, const char *p, size_t n, int keep) {
-    vec out = {0};
+jv *jj_splitlines(jj_ctx *c, const char *p, size_t n, int keep) {
+    jj_vec out = {0};
     size_t i = 0, st = 0;
     while (i < n) {
         size_t adv;
@@ -707,18 +679,18 @@ static jv *do_splitlines(jj_ctx *c, const char *p, size_t n, int keep) {
         if (brk) {
             size_t e = i + adv;
             if (cp == '\r' && e < n && p[e] == '\n') e++;
-            if (vec_push(c, &out, jv_str_nocopy(c, p + st, (keep ? e : i) - st))) { free(out.v); return NULL; }
+            if (jj_vec_push(c, &out, jv_str_nocopy(c, p + st, (keep ? e : i) - st))) { free(out.v); return NULL; }
             st = i = e;
             continue;
         }
         i += adv;
     }
-    if (st < n && vec_push(c, &out, jv_str_nocopy(c, p + st, n - st))) { free(out.v); return NULL; }
-    return vec_list(c, &out);
+    if (st < n && jj_vec_push(c, &out, jv_str_nocopy(c, p + st, n - st))) { free(out.v); return NULL; }
+    return jj_vec_list(c, &out);
 }
 
 /* Python %-formatting: "%s" % x, "%(k)s" % d, flags/width/precision for s r d i f F e E g G x X o c */
-static jv *percent_format(jj_ctx *c, jv *fmt, jv *args) {
+jv *jj_percent_format(jj_ctx *c, jv *fmt, jv *args) {
     jv **av = NULL;
     size_t an = 0, ai = 0;
     jv *mapping = NULL;
@@ -807,7 +779,7 @@ static jv *percent_format(jj_ctx *c, jv *fmt, jv *args) {
         jj_fail(c, DF_EINVAL, "TypeError: not all arguments converted during string formatting");
         return NULL;
     }
-    return strval(c, &b);
+    return jj_strval(c, &b);
 }
 
 /* str.format with {} / {0} / {name} and an optional !r / !s; format specs are refused */
@@ -850,7 +822,7 @@ static jv *brace_format(jj_ctx *c, jv *fmt, jv **args, int nargs, const char **k
         }
         if ((conv == 'r' ? jv_repr(c, v, &b) : jv_to_str(c, v, &b))) { free(b.p); return NULL; }
     }
-    return strval(c, &b);
+    return jj_strval(c, &b);
 }
 
 static int64_t str_find(jv *s, jv *sub, jv *start, jv *end, int right) {
@@ -859,7 +831,7 @@ static int64_t str_find(jv *s, jv *sub, jv *start, jv *end, int right) {
     if (end && (end->t == JV_INT)) { z = end->i < 0 ? end->i + n : end->i; if (z > n) z = n; }
     if (a > n || a > z) return -1;
     size_t ba = ju_offset(s->s.p, s->s.n, (size_t)a), bz = ju_offset(s->s.p, s->s.n, (size_t)z);
-    const char *h = right ? memrmem_(s->s.p + ba, bz - ba, sub->s.p, sub->s.n) : memmem_(s->s.p + ba, bz - ba, sub->s.p, sub->s.n);
+    const char *h = right ? jj_memrmem(s->s.p + ba, bz - ba, sub->s.p, sub->s.n) : jj_memmem(s->s.p + ba, bz - ba, sub->s.p, sub->s.n);
     if (!h) return -1;
     return (int64_t)ju_len(s->s.p, (size_t)(h - s->s.p));
 }
@@ -871,28 +843,28 @@ static jv *str_method(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn,
     const char *nm = fn->fn.name;
     switch (fn->fn.id) {
     case M_S_UPPER: case M_S_LOWER: case M_S_SWAPCASE: case M_S_TITLE: case M_S_CAPITALIZE: {
-        if (bind(c, nm, NULL, 0, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_bind(c, nm, NULL, 0, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
         int id = fn->fn.id;
         if (id == M_S_TITLE) py_title(s->s.p, s->s.n, &b);
-        else if (id == M_S_CAPITALIZE) py_capitalize(s->s.p, s->s.n, &b);
-        else case_map(s->s.p, s->s.n, id == M_S_UPPER ? CASE_UPPER : id == M_S_LOWER ? CASE_LOWER : CASE_SWAP, &b);
-        return strval(c, &b);
+        else if (id == M_S_CAPITALIZE) jj_py_capitalize(s->s.p, s->s.n, &b);
+        else jj_case_map(s->s.p, s->s.n, id == M_S_UPPER ? CASE_UPPER : id == M_S_LOWER ? CASE_LOWER : CASE_SWAP, &b);
+        return jj_strval(c, &b);
     }
     case M_S_STRIP: case M_S_LSTRIP: case M_S_RSTRIP: {
         static const char *const pp[] = {"chars"};
-        if (bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
-        jv *r = do_strip(c, s, a[0], fn->fn.id == M_S_STRIP ? 3 : fn->fn.id == M_S_LSTRIP ? 1 : 2);
+        if (jj_bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        jv *r = jj_strip(c, s, a[0], fn->fn.id == M_S_STRIP ? 3 : fn->fn.id == M_S_LSTRIP ? 1 : 2);
         if (r) r->flags = 0;
         return r;
     }
     case M_S_SPLIT: case M_S_RSPLIT: {
         static const char *const pp[] = {"sep", "maxsplit"};
-        if (bind(c, nm, pp, 2, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_bind(c, nm, pp, 2, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
         return do_split(c, s, a[0], a[1], fn->fn.id == M_S_RSPLIT);
     }
     case M_S_STARTSWITH: case M_S_ENDSWITH: {
         static const char *const pp[] = {"prefix", "start", "end"};
-        if (bind(c, nm, pp, 3, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_bind(c, nm, pp, 3, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
         if (!a[0]) { jj_fail(c, DF_EINVAL, "TypeError: %s() takes at least 1 argument (0 given)", nm); return NULL; }
         if (a[1] || a[2]) { jj_fail(c, DF_EUNSUPPORTED, "%s() with start/end is not supported by deltafin's Jinja subset", nm); return NULL; }
         jv **cands = &a[0];
@@ -912,11 +884,11 @@ static jv *str_method(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn,
     }
     case M_S_REPLACE: {
         static const char *const pp[] = {"old", "new", "count"};
-        if (bind(c, nm, pp, 3, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_bind(c, nm, pp, 3, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
         if (!a[0] || !a[1]) { jj_fail(c, DF_EINVAL, "TypeError: replace expected at least 2 arguments"); return NULL; }
-        if (need_str(c, a[0], "replace() argument 1") || need_str(c, a[1], "replace() argument 2")) return NULL;
+        if (jj_need_str(c, a[0], "replace() argument 1") || jj_need_str(c, a[1], "replace() argument 2")) return NULL;
         int64_t cnt = -1;
-        if (a[2] && need_int(c, a[2], &cnt, "count")) return NULL;
+        if (a[2] && jj_need_int(c, a[2], &cnt, "count")) return NULL;
         const char *p = s->s.p;
         size_t n = s->s.n, i = 0;
         int64_t k = 0;
@@ -931,28 +903,28 @@ static jv *str_method(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn,
                 i += adv;
             }
             if (i <= n) jb_put(&b, p + i, n - i);
-            return strval(c, &b);
+            return jj_strval(c, &b);
         }
         for (;;) {
-            const char *h = (cnt < 0 || k < cnt) ? memmem_(p + i, n - i, a[0]->s.p, a[0]->s.n) : NULL;
+            const char *h = (cnt < 0 || k < cnt) ? jj_memmem(p + i, n - i, a[0]->s.p, a[0]->s.n) : NULL;
             if (!h) { jb_put(&b, p + i, n - i); break; }
             jb_put(&b, p + i, (size_t)(h - (p + i)));
             jb_put(&b, a[1]->s.p, a[1]->s.n);
             i = (size_t)(h - p) + a[0]->s.n;
             k++;
         }
-        return strval(c, &b);
+        return jj_strval(c, &b);
     }
     case M_S_FIND: case M_S_RFIND: case M_S_INDEX: case M_S_RINDEX: case M_S_COUNT: {
         static const char *const pp[] = {"sub", "start", "end"};
-        if (bind(c, nm, pp, 3, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
-        if (need_str(c, a[0], "substring")) return NULL;
+        if (jj_bind(c, nm, pp, 3, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_need_str(c, a[0], "substring")) return NULL;
         if (fn->fn.id == M_S_COUNT) {
             if (a[1] || a[2]) { jj_fail(c, DF_EUNSUPPORTED, "count() with start/end is not supported by deltafin's Jinja subset"); return NULL; }
             if (!a[0]->s.n) return jv_int(c, (int64_t)ju_len(s->s.p, s->s.n) + 1);
             int64_t k = 0;
             const char *p = s->s.p, *e = p + s->s.n;
-            for (const char *h; (h = memmem_(p, (size_t)(e - p), a[0]->s.p, a[0]->s.n)); p = h + a[0]->s.n) k++;
+            for (const char *h; (h = jj_memmem(p, (size_t)(e - p), a[0]->s.p, a[0]->s.n)); p = h + a[0]->s.n) k++;
             return jv_int(c, k);
         }
         int right = fn->fn.id == M_S_RFIND || fn->fn.id == M_S_RINDEX;
@@ -965,7 +937,7 @@ static jv *str_method(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn,
     }
     case M_S_JOIN: {
         static const char *const pp[] = {"iterable"};
-        if (bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
         if (!a[0]) { jj_fail(c, DF_EINVAL, "TypeError: join() takes exactly one argument (0 given)"); return NULL; }
         jv *items = jj_iterate(c, a[0]);
         if (!items) return NULL;
@@ -979,25 +951,25 @@ static jv *str_method(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn,
             if (i) jb_put(&b, s->s.p, s->s.n);
             jb_put(&b, x->s.p, x->s.n);
         }
-        return strval(c, &b);
+        return jj_strval(c, &b);
     }
     case M_S_FORMAT: return brace_format(c, s, args, nargs, kwn, kwv, nkw);
     case M_S_SPLITLINES: {
         static const char *const pp[] = {"keepends"};
-        if (bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
-        return do_splitlines(c, s->s.p, s->s.n, a[0] && jv_truthy(a[0]));
+        if (jj_bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        return jj_splitlines(c, s->s.p, s->s.n, a[0] && jv_truthy(a[0]));
     }
     case M_S_ISDIGIT: case M_S_ISALPHA: case M_S_ISALNUM: case M_S_ISSPACE: case M_S_ISLOWER: case M_S_ISUPPER:
     case M_S_ISDECIMAL: case M_S_ISNUMERIC: case M_S_ISASCII: {
-        if (bind(c, nm, NULL, 0, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_bind(c, nm, NULL, 0, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
         int id = fn->fn.id;
         int kind = id == M_S_ISDIGIT ? 1 : id == M_S_ISALPHA ? 2 : id == M_S_ISALNUM ? 3 : id == M_S_ISSPACE ? 4 :
                    id == M_S_ISLOWER ? 5 : id == M_S_ISUPPER ? 6 : id == M_S_ISDECIMAL ? 7 : id == M_S_ISNUMERIC ? 8 : 9;
-        return jv_bool(str_pred(s, kind));
+        return jv_bool(jj_str_pred(s, kind));
     }
     case M_S_REMOVEPREFIX: case M_S_REMOVESUFFIX: {
         static const char *const pp[] = {"affix"};
-        if (bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0) || need_str(c, a[0], nm)) return NULL;
+        if (jj_bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0) || jj_need_str(c, a[0], nm)) return NULL;
         jv *x = a[0];
         if (x->s.n <= s->s.n) {
             if (fn->fn.id == M_S_REMOVEPREFIX && !memcmp(s->s.p, x->s.p, x->s.n))
@@ -1009,10 +981,10 @@ static jv *str_method(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn,
     }
     case M_S_PARTITION: case M_S_RPARTITION: {
         static const char *const pp[] = {"sep"};
-        if (bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0) || need_str(c, a[0], "separator")) return NULL;
+        if (jj_bind(c, nm, pp, 1, args, nargs, kwn, kwv, nkw, a, 0) || jj_need_str(c, a[0], "separator")) return NULL;
         if (!a[0]->s.n) { jj_fail(c, DF_EINVAL, "ValueError: empty separator"); return NULL; }
-        const char *h = fn->fn.id == M_S_PARTITION ? memmem_(s->s.p, s->s.n, a[0]->s.p, a[0]->s.n)
-                                                    : memrmem_(s->s.p, s->s.n, a[0]->s.p, a[0]->s.n);
+        const char *h = fn->fn.id == M_S_PARTITION ? jj_memmem(s->s.p, s->s.n, a[0]->s.p, a[0]->s.n)
+                                                    : jj_memrmem(s->s.p, s->s.n, a[0]->s.p, a[0]->s.n);
         jv *t = jv_list(c, JV_TUPLE, 3);
         if (!t) return NULL;
         jv *empty = jv_str_nocopy(c, "", 0);
@@ -1029,13 +1001,13 @@ static jv *str_method(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn,
     }
     case M_S_ZFILL: case M_S_CENTER: case M_S_LJUST: case M_S_RJUST: {
         static const char *const pp[] = {"width", "fillchar"};
-        if (bind(c, nm, pp, 2, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_bind(c, nm, pp, 2, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
         int64_t w;
-        if (need_int(c, a[0], &w, "width")) return NULL;
+        if (jj_need_int(c, a[0], &w, "width")) return NULL;
         const char *fillc = " ";
         size_t fl = 1;
         if (a[1]) {
-            if (need_str(c, a[1], "fillchar")) return NULL;
+            if (jj_need_str(c, a[1], "fillchar")) return NULL;
             if (ju_len(a[1]->s.p, a[1]->s.n) != 1) { jj_fail(c, DF_EINVAL, "TypeError: The fill character must be exactly one character long"); return NULL; }
             fillc = a[1]->s.p;
             fl = a[1]->s.n;
@@ -1050,19 +1022,19 @@ static jv *str_method(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn,
             jb_put(&b, s->s.p, sign);
             for (int64_t i = 0; i < pad; i++) jb_putc(&b, '0');
             jb_put(&b, s->s.p + sign, s->s.n - sign);
-            return strval(c, &b);
+            return jj_strval(c, &b);
         }
         for (int64_t i = 0; i < left; i++) jb_put(&b, fillc, fl);
         jb_put(&b, s->s.p, s->s.n);
         for (int64_t i = left; i < pad; i++) jb_put(&b, fillc, fl);
-        return strval(c, &b);
+        return jj_strval(c, &b);
     }
     }
     jj_fail(c, DF_EUNSUPPORTED, "string method '%s' is not supported by deltafin's Jinja subset", nm);
     return NULL;
 }
 
-static jv *dict_view(jj_ctx *c, jv *d, int kind) {
+jv *jj_dict_view(jj_ctx *c, jv *d, int kind) {
     jv *l = jv_list(c, JV_LIST, d->d.n);
     if (!l) return NULL;
     for (size_t i = 0; i < d->d.n; i++) {
@@ -1080,12 +1052,12 @@ static jv *dict_view(jj_ctx *c, jv *d, int kind) {
 
 /* ============================================================ globals */
 
-static const mdef globals[] = {
+static const jj_mdef globals[] = {
     {"range", G_RANGE}, {"namespace", G_NAMESPACE}, {"dict", G_DICT}, {"raise_exception", G_RAISE},
     {"strftime_now", G_STRFTIME}, {"cycler", G_CYCLER}, {"joiner", G_JOINER}, {"lipsum", G_LIPSUM}, {NULL, 0}};
 
 jv *jj_global(jj_ctx *c, const char *name) {
-    for (const mdef *g = globals; g->name; g++)
+    for (const jj_mdef *g = globals; g->name; g++)
         if (!strcmp(g->name, name)) return bound(c, g->id, NULL, g->name);
     return NULL;
 }
@@ -1096,7 +1068,7 @@ static jv *call_global(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn
         if (nkw) { jj_fail(c, DF_EINVAL, "TypeError: range() takes no keyword arguments"); return NULL; }
         if (nargs < 1 || nargs > 3) { jj_fail(c, DF_EINVAL, "TypeError: range expected 1 to 3 arguments, got %d", nargs); return NULL; }
         int64_t v[3];
-        for (int i = 0; i < nargs; i++) if (need_int(c, args[i], &v[i], "range() argument")) return NULL;
+        for (int i = 0; i < nargs; i++) if (jj_need_int(c, args[i], &v[i], "range() argument")) return NULL;
         int64_t start = nargs == 1 ? 0 : v[0], stop = nargs == 1 ? v[0] : v[1], step = nargs == 3 ? v[2] : 1;
         if (!step) { jj_fail(c, DF_EINVAL, "ValueError: range() arg 3 must not be zero"); return NULL; }
         int64_t n = 0;
@@ -1146,7 +1118,7 @@ static jv *call_global(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn
     case G_STRFTIME: {
         static const char *const pp[] = {"format"};
         jv *a[1];
-        if (bind(c, "strftime_now", pp, 1, args, nargs, kwn, kwv, nkw, a, 0) || need_str(c, a[0], "format")) return NULL;
+        if (jj_bind(c, "strftime_now", pp, 1, args, nargs, kwn, kwv, nkw, a, 0) || jj_need_str(c, a[0], "format")) return NULL;
         time_t now = time(NULL);
         const char *fix = getenv("DF_CHAT_NOW"); /* fixed clock (unix seconds) for reproducible renders */
         if (fix && *fix) now = (time_t)strtoll(fix, NULL, 10);
@@ -1172,7 +1144,7 @@ jv *jj_call_builtin(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn, j
     case M_D_GET: {
         static const char *const pp[] = {"key", "default"};
         if (nkw) { jj_fail(c, DF_EINVAL, "TypeError: dict.get() takes no keyword arguments"); return NULL; }
-        if (bind(c, "get", pp, 2, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
+        if (jj_bind(c, "get", pp, 2, args, nargs, kwn, kwv, nkw, a, 0)) return NULL;
         if (!a[0]) { jj_fail(c, DF_EINVAL, "TypeError: get expected at least 1 argument, got 0"); return NULL; }
         if (a[0]->t == JV_LIST || a[0]->t == JV_DICT) {
             jj_fail(c, DF_EINVAL, "TypeError: unhashable type: '%s'", jv_type_name(a[0]));
@@ -1183,7 +1155,7 @@ jv *jj_call_builtin(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn, j
     }
     case M_D_ITEMS: case M_D_KEYS: case M_D_VALUES:
         if (nargs || nkw) { jj_fail(c, DF_EINVAL, "TypeError: %s() takes no arguments", fn->fn.name); return NULL; }
-        return dict_view(c, self, id == M_D_ITEMS ? 0 : id == M_D_KEYS ? 1 : 2);
+        return jj_dict_view(c, self, id == M_D_ITEMS ? 0 : id == M_D_KEYS ? 1 : 2);
     case M_D_COPY: {
         jv *d = jv_dict(c, self->d.n + 1);
         if (!d) return NULL;
@@ -1227,789 +1199,4 @@ jv *jj_call_builtin(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn, j
     }
     jj_fail(c, DF_EUNSUPPORTED, "method '%s' is not supported by deltafin's Jinja subset", fn->fn.name);
     return NULL;
-}
-
-/* ============================================================ filters */
-
-enum {
-    F_ABS = 1, F_ATTR, F_CAPITALIZE, F_CENTER, F_COUNT, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT,
-    F_FORCEESCAPE, F_FORMAT, F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER, F_MAP, F_MAX, F_MIN,
-    F_REJECT, F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR, F_SORT, F_STRING, F_SUM,
-    F_TITLE, F_TOJSON, F_TRIM, F_TRUNCATE, F_UNIQUE, F_UPPER, F_WORDCOUNT,
-    F_UNSUPPORTED = 1000
-};
-static const mdef filters[] = {
-    {"abs", F_ABS}, {"attr", F_ATTR}, {"capitalize", F_CAPITALIZE}, {"center", F_CENTER}, {"count", F_COUNT},
-    {"d", F_DEFAULT}, {"default", F_DEFAULT}, {"dictsort", F_DICTSORT}, {"e", F_ESCAPE}, {"escape", F_ESCAPE},
-    {"first", F_FIRST}, {"float", F_FLOAT}, {"forceescape", F_FORCEESCAPE}, {"format", F_FORMAT}, {"indent", F_INDENT},
-    {"int", F_INT}, {"items", F_ITEMS}, {"join", F_JOIN}, {"last", F_LAST}, {"length", F_LENGTH}, {"list", F_LIST},
-    {"lower", F_LOWER}, {"map", F_MAP}, {"max", F_MAX}, {"min", F_MIN}, {"reject", F_REJECT},
-    {"rejectattr", F_REJECTATTR}, {"replace", F_REPLACE}, {"reverse", F_REVERSE}, {"round", F_ROUND},
-    {"safe", F_SAFE}, {"select", F_SELECT}, {"selectattr", F_SELECTATTR}, {"sort", F_SORT}, {"string", F_STRING},
-    {"sum", F_SUM}, {"title", F_TITLE}, {"tojson", F_TOJSON}, {"trim", F_TRIM}, {"truncate", F_TRUNCATE},
-    {"unique", F_UNIQUE}, {"upper", F_UPPER}, {"wordcount", F_WORDCOUNT},
-    /* jinja2 filters outside the subset */
-    {"batch", F_UNSUPPORTED}, {"filesizeformat", F_UNSUPPORTED}, {"groupby", F_UNSUPPORTED},
-    {"pprint", F_UNSUPPORTED}, {"random", F_UNSUPPORTED}, {"slice", F_UNSUPPORTED}, {"striptags", F_UNSUPPORTED},
-    {"urlencode", F_UNSUPPORTED}, {"urlize", F_UNSUPPORTED}, {"wordwrap", F_UNSUPPORTED}, {"xmlattr", F_UNSUPPORTED},
-    {NULL, 0}};
-
-int jj_filter_id(const char *name, int *supported) {
-    for (const mdef *f = filters; f->name; f++)
-        if (!strcmp(f->name, name)) { *supported = f->id != F_UNSUPPORTED; return f->id; }
-    *supported = 0;
-    return -1;
-}
-
-enum {
-    T_DEFINED = 1, T_UNDEFINED, T_NONE, T_STRING, T_NUMBER, T_INTEGER, T_FLOAT, T_BOOLEAN, T_MAPPING, T_ITERABLE,
-    T_SEQUENCE, T_CALLABLE, T_EQ, T_NE, T_LT, T_LE, T_GT, T_GE, T_IN, T_ODD, T_EVEN, T_DIVISIBLEBY, T_SAMEAS,
-    T_LOWER, T_UPPER, T_TRUE, T_FALSE, T_ESCAPED, T_FILTER, T_TEST
-};
-static const mdef tests[] = {
-    {"defined", T_DEFINED}, {"undefined", T_UNDEFINED}, {"none", T_NONE}, {"string", T_STRING}, {"number", T_NUMBER},
-    {"integer", T_INTEGER}, {"float", T_FLOAT}, {"boolean", T_BOOLEAN}, {"mapping", T_MAPPING},
-    {"iterable", T_ITERABLE}, {"sequence", T_SEQUENCE}, {"callable", T_CALLABLE}, {"eq", T_EQ}, {"equalto", T_EQ},
-    {"==", T_EQ}, {"ne", T_NE}, {"!=", T_NE}, {"lt", T_LT}, {"lessthan", T_LT}, {"<", T_LT}, {"le", T_LE},
-    {"<=", T_LE}, {"gt", T_GT}, {"greaterthan", T_GT}, {">", T_GT}, {"ge", T_GE}, {">=", T_GE}, {"in", T_IN},
-    {"odd", T_ODD}, {"even", T_EVEN}, {"divisibleby", T_DIVISIBLEBY}, {"sameas", T_SAMEAS}, {"lower", T_LOWER},
-    {"upper", T_UPPER}, {"true", T_TRUE}, {"false", T_FALSE}, {"escaped", T_ESCAPED}, {"filter", T_FILTER},
-    {"test", T_TEST}, {NULL, 0}};
-
-int jj_test_id(const char *name, int *supported) {
-    for (const mdef *t = tests; t->name; t++)
-        if (!strcmp(t->name, name)) { *supported = 1; return t->id; }
-    *supported = 0;
-    return -1;
-}
-
-/* environment.getattr / getitem along a dotted attribute path ("a.b", "0") */
-static jv *attr_path(jj_ctx *c, jv *v, const jv *path, jv *dflt) {
-    if (path->t == JV_INT) return jj_getitem(c, v, (jv *)path);
-    const char *p = path->s.p, *e = p + path->s.n;
-    while (p <= e) {
-        const char *q = p;
-        while (q < e && *q != '.') q++;
-        size_t l = (size_t)(q - p);
-        int digits = l > 0;
-        for (size_t i = 0; i < l; i++) digits &= p[i] >= '0' && p[i] <= '9';
-        jv *key = digits ? jv_int(c, strtoll(p, NULL, 10)) : jv_str(c, p, l);
-        if (!key) return NULL;
-        if (v->t == JV_UNDEF) return jj_undef_fail(c, v);
-        v = jj_getitem(c, v, key);
-        if (!v) return NULL;
-        if (dflt && v->t == JV_UNDEF) { v = dflt; break; }
-        p = q + 1;
-    }
-    return v;
-}
-
-static int sort_key_less(jj_ctx *c, jv *a, jv *b, int case_sensitive) {
-    if (!case_sensitive && a->t == JV_STR && b->t == JV_STR) {
-        jb x = {0}, y = {0};
-        case_map(a->s.p, a->s.n, CASE_LOWER, &x);
-        case_map(b->s.p, b->s.n, CASE_LOWER, &y);
-        jv xa = {.t = JV_STR}, yb = {.t = JV_STR};
-        xa.s.p = x.p ? x.p : ""; xa.s.n = x.n;
-        yb.s.p = y.p ? y.p : ""; yb.s.n = y.n;
-        int r = jv_less(c, &xa, &yb);
-        free(x.p);
-        free(y.p);
-        return r;
-    }
-    return jv_less(c, a, b);
-}
-
-/* stable merge sort of v[0..n) by keys k[] */
-static int msort(jj_ctx *c, jv **v, jv **k, size_t n, int cs, int rev, jv **tv, jv **tk, int eq_first) {
-    if (n < 2) return 0;
-    size_t m = n / 2;
-    if (msort(c, v, k, m, cs, rev, tv, tk, eq_first) || msort(c, v + m, k + m, n - m, cs, rev, tv, tk, eq_first))
-        return -1;
-    size_t i = 0, j = m, o = 0;
-    while (i < m && j < n) {
-        /* the sort filter's keys are one-item lists: equal items never reach '<' */
-        int lt = eq_first && jv_equal(k[i], k[j]) ? 0
-               : rev ? sort_key_less(c, k[i], k[j], cs) : sort_key_less(c, k[j], k[i], cs);
-        if (lt < 0) return -1;
-        if (lt) { tv[o] = v[j]; tk[o++] = k[j++]; }
-        else { tv[o] = v[i]; tk[o++] = k[i++]; }
-    }
-    while (i < m) { tv[o] = v[i]; tk[o++] = k[i++]; }
-    while (j < n) { tv[o] = v[j]; tk[o++] = k[j++]; }
-    memcpy(v, tv, n * sizeof *v);
-    memcpy(k, tk, n * sizeof *k);
-    return 0;
-}
-
-static jv *sorted(jj_ctx *c, jv *items, jv **keys, int cs, int rev, int eq_first) {
-    size_t n = items->l.n;
-    jv *r = jv_list(c, JV_LIST, n);
-    if (!r) return NULL;
-    if (n) memcpy(r->l.a, items->l.a, n * sizeof(jv *));
-    jv **k = malloc((n + 1) * sizeof *k), **tv = malloc((n + 1) * sizeof *tv), **tk = malloc((n + 1) * sizeof *tk);
-    if (!k || !tv || !tk) { free(k); free(tv); free(tk); jj_fail(c, DF_ENOMEM, "out of memory"); return NULL; }
-    memcpy(k, keys, n * sizeof *k);
-    int rc = msort(c, r->l.a, k, n, cs, rev, tv, tk, eq_first);
-    free(k); free(tv); free(tk);
-    return rc ? NULL : r;
-}
-
-static jv *select_items(jj_ctx *c, jj_frame *f, jv *v, jv **args, int nargs, int by_attr, int keep) {
-    if (!jv_truthy(v)) return as_iter(jv_list(c, JV_LIST, 0)); /* "if value:" before iterating */
-    jv *items = jj_iterate(c, v);
-    if (!items) return NULL;
-    int ai = 0;
-    jv *attr = NULL;
-    if (by_attr) {
-        if (nargs < 1 || need_str(c, args[0], "attribute")) return NULL;
-        attr = args[0];
-        ai = 1;
-    }
-    int tid = -1;
-    const char *tname = NULL;
-    if (ai < nargs) {
-        if (need_str(c, args[ai], "test name")) return NULL;
-        int sup;
-        tname = args[ai]->s.p;
-        tid = jj_test_id(tname, &sup);
-        if (tid < 0) { jj_fail(c, DF_EINVAL, "TemplateRuntimeError: No test named '%s'", tname); return NULL; }
-        ai++;
-    }
-    vec out = {0};
-    for (size_t i = 0; i < items->l.n; i++) {
-        jv *x = items->l.a[i];
-        jv *t = attr ? attr_path(c, x, attr, NULL) : x;
-        if (!t) { free(out.v); return NULL; }
-        int r = tid >= 0 ? jj_apply_test(c, tid, tname, t, args + ai, nargs - ai) : jv_truthy(t);
-        if (r < 0) { free(out.v); return NULL; }
-        if (r == keep && vec_push(c, &out, x)) { free(out.v); return NULL; }
-    }
-    (void)f;
-    return as_iter(vec_list(c, &out));
-}
-
-static void jinja_title(const char *s, size_t n, jb *b) {
-    /* "".join(item[0].upper() + item[1:].lower() for item in re.split(r"([-\s({\[<]+)", s) if item) */
-    size_t i = 0;
-    while (i < n) {
-        size_t adv;
-        int32_t cp = ju_decode(s + i, n - i, &adv);
-        int sep = ju_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-        size_t j = i;
-        if (sep) {
-            while (j < n) {
-                int32_t q = ju_decode(s + j, n - j, &adv);
-                if (!(ju_isspace(q) || q == '-' || q == '(' || q == '{' || q == '[' || q == '<')) break;
-                j += adv;
-            }
-            jb_put(b, s + i, j - i);
-        } else {
-            int first = 1;
-            while (j < n) {
-                int32_t q = ju_decode(s + j, n - j, &adv);
-                if (ju_isspace(q) || q == '-' || q == '(' || q == '{' || q == '[' || q == '<') break;
-                int32_t m = first ? utf8proc_toupper(q) : utf8proc_tolower(q);
-                char t[4];
-                jb_put(b, t, (size_t)ju_encode(m, t));
-                first = 0;
-                j += adv;
-            }
-        }
-        i = j;
-    }
-}
-
-static jv *parse_number_str(jj_ctx *c, jv *s, int want_int, int64_t base, int *ok) {
-    *ok = 0;
-    char tmp[128];
-    const char *p = s->s.p;
-    size_t n = s->s.n;
-    /* strip whitespace */
-    while (n && ju_isspace((unsigned char)*p)) { p++; n--; }
-    while (n && ju_isspace((unsigned char)p[n - 1])) n--;
-    if (!n || n >= sizeof tmp) return NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] == '_') { if (!i || i + 1 >= n || p[i - 1] == '_') return NULL; continue; }
-        tmp[k++] = p[i];
-    }
-    tmp[k] = 0;
-    char *end;
-    if (want_int) {
-        int b = (int)base;
-        const char *q = tmp;
-        int neg = 0;
-        if (*q == '+' || *q == '-') { neg = *q == '-'; q++; }
-        if (b == 16 && q[0] == '0' && (q[1] == 'x' || q[1] == 'X')) q += 2;
-        else if (b == 8 && q[0] == '0' && (q[1] == 'o' || q[1] == 'O')) q += 2;
-        else if (b == 2 && q[0] == '0' && (q[1] == 'b' || q[1] == 'B')) q += 2;
-        if (!*q) return NULL;
-        errno = 0;
-        long long v = strtoll(q, &end, b);
-        if (*end || errno) return NULL;
-        *ok = 1;
-        return jv_int(c, neg ? -v : v);
-    }
-    double d = strtod(tmp, &end);
-    if (*end) return NULL;
-    *ok = 1;
-    return jv_float(c, d);
-}
-
-static jv *float_to_int(jj_ctx *c, double d) {
-    if (isnan(d) || isinf(d) || d >= 9.2e18 || d <= -9.2e18) return NULL;
-    return jv_int(c, (int64_t)d);
-}
-
-jv *jj_apply_filter(jj_ctx *c, jj_frame *f, int id, const char *name, jv *v, jv **args, int nargs, const char **kwn,
-                    jv **kwv, int nkw) {
-    jv *a[6] = {0};
-    jb b = {0};
-#define BIND(...) do { static const char *const pp_[] = {__VA_ARGS__}; \
-        if (bind(c, name, pp_, (int)(sizeof pp_ / sizeof *pp_), args, nargs, kwn, kwv, nkw, a, 0)) return NULL; } while (0)
-#define NOARGS() do { if (bind(c, name, NULL, 0, args, nargs, kwn, kwv, nkw, a, 0)) return NULL; } while (0)
-    switch (id) {
-    case F_ABS:
-        NOARGS();
-        if (v->t == JV_INT) { if (v->i == INT64_MIN) return overflow(c); return jv_int(c, v->i < 0 ? -v->i : v->i); }
-        if (v->t == JV_BOOL) return jv_int(c, v->b);
-        if (v->t == JV_FLOAT) return jv_float(c, fabs(v->f));
-        if (v->t == JV_UNDEF) return jj_undef_fail(c, v);
-        jj_fail(c, DF_EINVAL, "TypeError: bad operand type for abs(): '%s'", jv_type_name(v));
-        return NULL;
-    case F_ATTR:
-        BIND("name");
-        if (need_str(c, a[0], "attribute name")) return NULL;
-        if (v->t == JV_UNDEF) return jj_undef_fail(c, v);
-        { /* do_attr: getattr only, then the sandbox check */
-            if (v->t == JV_LOOP || v->t == JV_NS) return jj_getattr(c, v, a[0]->s.p, a[0]->s.n);
-            int is_attr;
-            jv *m = jj_method(c, v, a[0]->s.p, a[0]->s.n, &is_attr);
-            if (m || is_attr || c->rc) return m;
-            return jv_undef(c, "'%s object' has no attribute '%s'", jv_type_name(v), a[0]->s.p);
-        }
-    case F_CAPITALIZE: case F_UPPER: case F_LOWER: case F_TITLE: {
-        NOARGS();
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
-        if (id == F_CAPITALIZE) py_capitalize(s->s.p, s->s.n, &b);
-        else if (id == F_TITLE) jinja_title(s->s.p, s->s.n, &b);
-        else case_map(s->s.p, s->s.n, id == F_UPPER ? CASE_UPPER : CASE_LOWER, &b);
-        jv *r = strval(c, &b);
-        if (r) r->flags = s->flags & JV_F_SAFE;
-        return r;
-    }
-    case F_CENTER: {
-        BIND("width");
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
-        jv *fn = bound(c, M_S_CENTER, s, "center");
-        jv *w = a[0] ? a[0] : jv_int(c, 80);
-        return fn && w ? str_method(c, fn, &w, 1, NULL, NULL, 0) : NULL;
-    }
-    case F_COUNT: case F_LENGTH: {
-        NOARGS();
-        int64_t n = jlen(c, v);
-        return n < 0 ? NULL : jv_int(c, n);
-    }
-    case F_DEFAULT:
-        BIND("default_value", "boolean");
-        if (v->t == JV_UNDEF || (a[1] && jv_truthy(a[1]) && !jv_truthy(v))) return a[0] ? a[0] : jv_str_nocopy(c, "", 0);
-        return v;
-    case F_DICTSORT: {
-        BIND("case_sensitive", "by", "reverse");
-        if (v->t == JV_UNDEF) return jj_undef_fail(c, v);
-        if (v->t != JV_DICT) { jj_fail(c, DF_EINVAL, "AttributeError: '%s' object has no attribute 'items'", jv_type_name(v)); return NULL; }
-        int pos = 0;
-        if (a[1]) {
-            if (need_str(c, a[1], "by")) return NULL;
-            if (!strcmp(a[1]->s.p, "value")) pos = 1;
-            else if (strcmp(a[1]->s.p, "key")) { jj_fail(c, DF_EINVAL, "FilterArgumentError: You can only sort by either \"key\" or \"value\""); return NULL; }
-        }
-        jv *items = dict_view(c, v, 0);
-        if (!items) return NULL;
-        items->flags = 0;
-        jv **keys = malloc((items->l.n + 1) * sizeof *keys);
-        if (!keys) return NULL;
-        for (size_t i = 0; i < items->l.n; i++) keys[i] = items->l.a[i]->l.a[pos];
-        jv *r = sorted(c, items, keys, a[0] && jv_truthy(a[0]), a[2] && jv_truthy(a[2]), 0);
-        free(keys);
-        return r;
-    }
-    case F_ESCAPE: case F_FORCEESCAPE: {
-        NOARGS();
-        if (v->t == JV_STR && (v->flags & JV_F_SAFE) && id == F_ESCAPE) return v;
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
-        html_escape(s->s.p, s->s.n, &b);
-        jv *r = strval(c, &b);
-        if (r) r->flags = JV_F_SAFE;
-        return r;
-    }
-    case F_FIRST: case F_LAST: {
-        NOARGS();
-        if (id == F_LAST && (v->flags & JV_F_ITER)) {
-            jj_fail(c, DF_EINVAL, "TypeError: '%s' object is not reversible", jv_type_name(v));
-            return NULL;
-        }
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        if (!items->l.n) return jv_undef(c, "No %s item, sequence was empty.", id == F_FIRST ? "first" : "last");
-        return items->l.a[id == F_FIRST ? 0 : items->l.n - 1];
-    }
-    case F_FLOAT: {
-        BIND("default");
-        jv *d = a[0] ? a[0] : jv_float(c, 0.0);
-        if (v->t == JV_UNDEF) return jj_undef_fail(c, v); /* float(Undefined) raises */
-        if (v->t == JV_FLOAT) return v;
-        if (v->t == JV_INT || v->t == JV_BOOL) return jv_float(c, jv_num(v));
-        if (v->t == JV_STR) {
-            int ok;
-            jv *r = parse_number_str(c, v, 0, 10, &ok);
-            if (ok) return r;
-            /* inf / nan spellings */
-            char t[16] = {0};
-            size_t l = v->s.n < 15 ? v->s.n : 15;
-            for (size_t i = 0; i < l; i++) t[i] = (char)(v->s.p[i] | 0x20);
-            if (!strcmp(t, "inf") || !strcmp(t, "infinity") || !strcmp(t, "+inf")) return jv_float(c, INFINITY);
-            if (!strcmp(t, "-inf") || !strcmp(t, "-infinity")) return jv_float(c, -INFINITY);
-            if (!strcmp(t, "nan")) return jv_float(c, NAN);
-        }
-        return d;
-    }
-    case F_FORMAT: {
-        if (nargs && nkw) { jj_fail(c, DF_EINVAL, "FilterArgumentError: can't handle positional and keyword arguments at the same time"); return NULL; }
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
-        if (nkw) {
-            jv *d = jv_dict(c, (size_t)nkw);
-            if (!d) return NULL;
-            for (int k = 0; k < nkw; k++) { jv *kk = jv_strz(c, kwn[k]); if (!kk || jv_dict_set(c, d, kk, kwv[k])) return NULL; }
-            return percent_format(c, s, d);
-        }
-        jv *t = jv_list(c, JV_TUPLE, (size_t)nargs);
-        if (!t) return NULL;
-        for (int i = 0; i < nargs; i++) t->l.a[i] = args[i];
-        return percent_format(c, s, t);
-    }
-    case F_INDENT: {
-        BIND("width", "first", "blank");
-        if (v->t != JV_STR) { /* jinja2 does s += "\n" on the value itself */
-            if (v->t == JV_UNDEF) return jj_undef_fail(c, v);
-            jj_fail(c, DF_EINVAL, "TypeError: indent needs a string, not %s", jv_type_name(v));
-            return NULL;
-        }
-        jv *s = v;
-        jb ind = {0};
-        if (a[0] && a[0]->t == JV_STR) jb_put(&ind, a[0]->s.p, a[0]->s.n);
-        else {
-            int64_t w = 4;
-            if (a[0] && need_int(c, a[0], &w, "width")) return NULL;
-            for (int64_t i = 0; i < w; i++) jb_putc(&ind, ' ');
-        }
-        jb src = {0};
-        jb_put(&src, s->s.p, s->s.n);
-        jb_putc(&src, '\n');
-        jv *srcv = strval(c, &src); /* arena copy: the lines point into it */
-        jv *lines = srcv ? do_splitlines(c, srcv->s.p, srcv->s.n, 0) : NULL;
-        if (!lines) { free(ind.p); return NULL; }
-        int blank = a[2] && jv_truthy(a[2]);
-        for (size_t i = 0; i < lines->l.n; i++) {
-            jv *ln = lines->l.a[i];
-            if (i) {
-                jb_putc(&b, '\n');
-                if (blank || ln->s.n) jb_put(&b, ind.p ? ind.p : "", ind.n);
-            }
-            jb_put(&b, ln->s.p, ln->s.n);
-        }
-        if (a[1] && jv_truthy(a[1])) {
-            jb r = {0};
-            jb_put(&r, ind.p ? ind.p : "", ind.n);
-            jb_put(&r, b.p ? b.p : "", b.n);
-            free(b.p);
-            b = r;
-        }
-        free(ind.p);
-        return strval(c, &b);
-    }
-    case F_INT: {
-        BIND("default", "base");
-        jv *d = a[0] ? a[0] : jv_int(c, 0);
-        int64_t base = 10;
-        if (a[1] && need_int(c, a[1], &base, "base")) return NULL;
-        if (v->t == JV_UNDEF) return jj_undef_fail(c, v); /* int(Undefined) raises */
-        if (v->t == JV_INT) return v;
-        if (v->t == JV_BOOL) return jv_int(c, v->b);
-        if (v->t == JV_FLOAT) { jv *r = float_to_int(c, v->f); return r ? r : d; }
-        if (v->t == JV_STR) {
-            int ok;
-            jv *r = parse_number_str(c, v, 1, base, &ok);
-            if (ok) return r;
-            r = parse_number_str(c, v, 0, 10, &ok);
-            if (ok) { jv *q = float_to_int(c, r->f); return q ? q : d; }
-        }
-        return d;
-    }
-    case F_ITEMS: {
-        NOARGS();
-        if (v->t == JV_UNDEF) return as_iter(jv_list(c, JV_LIST, 0));
-        if (v->t != JV_DICT) { jj_fail(c, DF_EINVAL, "TypeError: Can only get item pairs from a mapping."); return NULL; }
-        jv *r = dict_view(c, v, 0);
-        if (r) r->flags = 0;
-        return as_iter(r);
-    }
-    case F_JOIN: {
-        BIND("d", "attribute");
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        if (a[0] && a[0]->t != JV_STR) { if (!(a[0] = jv_as_str(c, a[0]))) return NULL; }
-        for (size_t i = 0; i < items->l.n; i++) {
-            jv *x = items->l.a[i];
-            if (a[1]) { x = attr_path(c, x, a[1], NULL); if (!x) { free(b.p); return NULL; } }
-            if (i && a[0]) jb_put(&b, a[0]->s.p, a[0]->s.n);
-            if (jv_to_str(c, x, &b)) { free(b.p); return NULL; }
-        }
-        return strval(c, &b);
-    }
-    case F_LIST: {
-        NOARGS();
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        return list_from(c, items->l.a, items->l.n);
-    }
-    case F_MAP: {
-        if (!jv_truthy(v)) return as_iter(jv_list(c, JV_LIST, 0)); /* "if value:" before iterating */
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        jv *r = as_iter(jv_list(c, JV_LIST, items->l.n));
-        if (!r) return NULL;
-        if (nargs == 0) { /* map(attribute=..., default=...) */
-            jv *attr = NULL, *dflt = NULL;
-            for (int k = 0; k < nkw; k++) {
-                if (!strcmp(kwn[k], "attribute")) attr = kwv[k];
-                else if (!strcmp(kwn[k], "default")) dflt = kwv[k];
-                else { jj_fail(c, DF_EINVAL, "FilterArgumentError: Unexpected keyword argument '%s'", kwn[k]); return NULL; }
-            }
-            if (!attr) { jj_fail(c, DF_EINVAL, "FilterArgumentError: map requires a filter argument"); return NULL; }
-            for (size_t i = 0; i < items->l.n; i++) if (!(r->l.a[i] = attr_path(c, items->l.a[i], attr, dflt))) return NULL;
-            return r;
-        }
-        if (need_str(c, args[0], "filter name")) return NULL;
-        int sup;
-        int fid = jj_filter_id(args[0]->s.p, &sup);
-        if (fid < 0) { jj_fail(c, DF_EINVAL, "TemplateRuntimeError: No filter named '%s'", args[0]->s.p); return NULL; }
-        if (!sup) { jj_fail(c, DF_EUNSUPPORTED, "filter '%s' is not supported by deltafin's Jinja subset", args[0]->s.p); return NULL; }
-        for (size_t i = 0; i < items->l.n; i++)
-            if (!(r->l.a[i] = jj_apply_filter(c, f, fid, args[0]->s.p, items->l.a[i], args + 1, nargs - 1, kwn, kwv, nkw)))
-                return NULL;
-        return r;
-    }
-    case F_MAX: case F_MIN: {
-        BIND("case_sensitive", "attribute");
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        if (!items->l.n) return jv_undef(c, "No aggregated item, sequence was empty.");
-        jv *best = items->l.a[0], *bk = a[1] ? attr_path(c, best, a[1], NULL) : best;
-        if (!bk) return NULL;
-        for (size_t i = 1; i < items->l.n; i++) {
-            jv *x = items->l.a[i], *xk = a[1] ? attr_path(c, x, a[1], NULL) : x;
-            if (!xk) return NULL;
-            int lt = id == F_MAX ? sort_key_less(c, bk, xk, a[0] && jv_truthy(a[0]))
-                                 : sort_key_less(c, xk, bk, a[0] && jv_truthy(a[0]));
-            if (lt < 0) return NULL;
-            if (lt) { best = x; bk = xk; }
-        }
-        return best;
-    }
-    case F_REJECT: case F_SELECT:
-        if (nkw) { jj_fail(c, DF_EINVAL, "TypeError: %s() got unexpected keyword arguments", name); return NULL; }
-        return select_items(c, f, v, args, nargs, 0, id == F_SELECT);
-    case F_REJECTATTR: case F_SELECTATTR:
-        if (nkw) { jj_fail(c, DF_EINVAL, "TypeError: %s() got unexpected keyword arguments", name); return NULL; }
-        return select_items(c, f, v, args, nargs, 1, id == F_SELECTATTR);
-    case F_REPLACE: {
-        BIND("old", "new", "count");
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
-        if (a[0] && a[0]->t != JV_STR && !(a[0] = jv_as_str(c, a[0]))) return NULL;
-        if (a[1] && a[1]->t != JV_STR && !(a[1] = jv_as_str(c, a[1]))) return NULL;
-        jv *fn = bound(c, M_S_REPLACE, s, "replace");
-        jv *xa[3] = {a[0], a[1], a[2]};
-        jv *r = fn ? str_method(c, fn, xa, a[2] ? 3 : 2, NULL, NULL, 0) : NULL;
-        if (r && (s->flags & JV_F_SAFE)) r->flags |= JV_F_SAFE;
-        return r;
-    }
-    case F_REVERSE: {
-        NOARGS();
-        if (v->t == JV_STR) {
-            size_t n = ju_len(v->s.p, v->s.n);
-            jv *items = jj_iterate(c, v);
-            if (!items) return NULL;
-            for (size_t i = n; i-- > 0;) jb_put(&b, items->l.a[i]->s.p, items->l.a[i]->s.n);
-            return strval(c, &b);
-        }
-        int was_iter = (v->flags & JV_F_ITER) != 0; /* reversed() fails on a generator: list(value) reversed */
-        if (!was_iter && v->t != JV_LIST && v->t != JV_TUPLE && v->t != JV_DICT) {
-            if (v->t == JV_UNDEF) return as_iter(jv_list(c, JV_LIST, 0)); /* reversed(Undefined): empty */
-            jj_fail(c, DF_EINVAL, "FilterArgumentError: argument must be iterable");
-            return NULL;
-        }
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        jv *r = jv_list(c, JV_LIST, items->l.n);
-        if (!r) return NULL;
-        for (size_t i = 0; i < items->l.n; i++) r->l.a[i] = items->l.a[items->l.n - 1 - i];
-        return was_iter ? r : as_iter(r);
-    }
-    case F_ROUND: {
-        BIND("precision", "method");
-        int64_t prec = 0;
-        if (a[0] && need_int(c, a[0], &prec, "precision")) return NULL;
-        const char *m = "common";
-        if (a[1]) { if (need_str(c, a[1], "method")) return NULL; m = a[1]->s.p; }
-        if (!jv_is_number(v)) {
-            if (v->t == JV_UNDEF) return jj_undef_fail(c, v);
-            jj_fail(c, DF_EINVAL, "TypeError: type %s doesn't define __round__ method", jv_type_name(v));
-            return NULL;
-        }
-        double x = jv_num(v), p10 = pow(10.0, (double)prec);
-        if (!strcmp(m, "common")) {
-            if (v->t != JV_FLOAT) return jv_int(c, v->t == JV_INT ? v->i : v->b); /* round(int, n) stays an int */
-            char t[64];
-            if (prec >= 0 && prec < 30) { snprintf(t, sizeof t, "%.*f", (int)prec, x); return jv_float(c, strtod(t, NULL)); }
-            return jv_float(c, nearbyint(x * p10) / p10);
-        }
-        if (!strcmp(m, "ceil")) return jv_float(c, ceil(x * p10) / p10);
-        if (!strcmp(m, "floor")) return jv_float(c, floor(x * p10) / p10);
-        jj_fail(c, DF_EINVAL, "FilterArgumentError: method must be common, ceil or floor");
-        return NULL;
-    }
-    case F_SAFE: {
-        NOARGS();
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
-        jv *r = jv_str_nocopy(c, s->s.p, s->s.n);
-        if (r) r->flags = JV_F_SAFE;
-        return r;
-    }
-    case F_SORT: {
-        BIND("reverse", "case_sensitive", "attribute");
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        jv **keys = malloc((items->l.n + 1) * sizeof *keys);
-        if (!keys) return NULL;
-        for (size_t i = 0; i < items->l.n; i++) {
-            keys[i] = a[2] ? attr_path(c, items->l.a[i], a[2], NULL) : items->l.a[i];
-            if (!keys[i]) { free(keys); return NULL; }
-        }
-        jv *r = sorted(c, items, keys, a[1] && jv_truthy(a[1]), a[0] && jv_truthy(a[0]), 1);
-        free(keys);
-        return r;
-    }
-    case F_STRING: {
-        NOARGS();
-        return jv_as_str(c, v);
-    }
-    case F_SUM: {
-        BIND("attribute", "start");
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        jv *acc = a[1] ? a[1] : jv_int(c, 0);
-        for (size_t i = 0; i < items->l.n && acc; i++) {
-            jv *x = a[0] ? attr_path(c, items->l.a[i], a[0], NULL) : items->l.a[i];
-            if (!x) return NULL;
-            acc = jj_binop(c, OP_ADD, acc, x);
-        }
-        return acc;
-    }
-    case F_TOJSON: {
-        /* transformers: json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
-        BIND("ensure_ascii", "indent", "separators", "sort_keys");
-        jj_json_opts o = {.ensure_ascii = a[0] && jv_truthy(a[0]), .sort_keys = a[3] && jv_truthy(a[3])};
-        jb ind = {0};
-        if (a[1] && a[1]->t != JV_NONE) {
-            o.has_indent = 1;
-            if (a[1]->t == JV_STR) jb_put(&ind, a[1]->s.p, a[1]->s.n);
-            else {
-                int64_t w;
-                if (need_int(c, a[1], &w, "indent")) return NULL;
-                for (int64_t i = 0; i < w; i++) jb_putc(&ind, ' ');
-            }
-            o.indent = ind.p ? ind.p : "";
-            o.indent_n = ind.n;
-        }
-        o.item_sep = o.has_indent ? "," : ", ";
-        o.key_sep = ": ";
-        char *is = NULL, *ks = NULL;
-        if (a[2] && a[2]->t != JV_NONE) {
-            if ((a[2]->t != JV_TUPLE && a[2]->t != JV_LIST) || a[2]->l.n != 2 || a[2]->l.a[0]->t != JV_STR ||
-                a[2]->l.a[1]->t != JV_STR) {
-                free(ind.p);
-                jj_fail(c, DF_EINVAL, "ValueError: separators must be a (item_separator, key_separator) pair of strings");
-                return NULL;
-            }
-            is = strndup(a[2]->l.a[0]->s.p, a[2]->l.a[0]->s.n);
-            ks = strndup(a[2]->l.a[1]->s.p, a[2]->l.a[1]->s.n);
-            o.item_sep = is;
-            o.key_sep = ks;
-        }
-        int rc = jv_json_dump(c, v, &o, &b);
-        free(ind.p); free(is); free(ks);
-        if (rc) { free(b.p); return NULL; }
-        return strval(c, &b);
-    }
-    case F_TRIM: {
-        BIND("chars");
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
-        return do_strip(c, s, a[0], 3);
-    }
-    case F_TRUNCATE: {
-        BIND("length", "killwords", "end", "leeway");
-        jv *s = v; /* len(s) of the value itself; only a str is cut */
-        int64_t length = 255, leeway = 5;
-        if (a[0] && need_int(c, a[0], &length, "length")) return NULL;
-        if (a[3] && a[3]->t != JV_NONE && need_int(c, a[3], &leeway, "leeway")) return NULL;
-        jv *end = a[2] ? a[2] : jv_str_nocopy(c, "...", 3);
-        if (!end || need_str(c, end, "end")) return NULL;
-        int64_t endlen = (int64_t)ju_len(end->s.p, end->s.n);
-        if (length < endlen) { jj_fail(c, DF_EINVAL, "AssertionError: expected length >= %lld, got %lld", (long long)endlen, (long long)length); return NULL; }
-        int64_t n = jlen(c, s);
-        if (n < 0) return NULL;
-        if (n <= length + leeway) return s;
-        if (s->t != JV_STR) { jj_fail(c, DF_EUNSUPPORTED, "truncate of a long %s is not supported by deltafin's Jinja subset", jv_type_name(s)); return NULL; }
-        size_t cut = ju_offset(s->s.p, s->s.n, (size_t)(length - endlen));
-        if (a[1] && jv_truthy(a[1])) { jb_put(&b, s->s.p, cut); jb_put(&b, end->s.p, end->s.n); return strval(c, &b); }
-        /* result = s[: length - len(end)].rsplit(" ", 1)[0] */
-        const char *sp = memrmem_(s->s.p, cut, " ", 1);
-        jb_put(&b, s->s.p, sp ? (size_t)(sp - s->s.p) : cut);
-        jb_put(&b, end->s.p, end->s.n);
-        return strval(c, &b);
-    }
-    case F_UNIQUE: {
-        BIND("case_sensitive", "attribute");
-        jv *items = jj_iterate(c, v);
-        if (!items) return NULL;
-        vec out = {0}, seen = {0};
-        for (size_t i = 0; i < items->l.n; i++) {
-            jv *x = items->l.a[i], *k = a[1] ? attr_path(c, x, a[1], NULL) : x;
-            if (!k) { free(out.v); free(seen.v); return NULL; }
-            if (k->t == JV_LIST || k->t == JV_DICT || k->t == JV_NS) {
-                jj_fail(c, DF_EINVAL, "TypeError: unhashable type: '%s'", jv_type_name(k));
-                free(out.v); free(seen.v);
-                return NULL;
-            }
-            if (!(a[0] && jv_truthy(a[0])) && k->t == JV_STR) {
-                jb lo = {0};
-                case_map(k->s.p, k->s.n, CASE_LOWER, &lo);
-                k = strval(c, &lo);
-                if (!k) { free(out.v); free(seen.v); return NULL; }
-            }
-            int dup = 0;
-            for (size_t j = 0; j < seen.n && !dup; j++) dup = jv_equal(seen.v[j], k);
-            if (!dup && (vec_push(c, &seen, k) || vec_push(c, &out, x))) { free(out.v); free(seen.v); return NULL; }
-        }
-        free(seen.v);
-        return as_iter(vec_list(c, &out));
-    }
-    case F_WORDCOUNT: {
-        NOARGS();
-        jv *s = jv_as_str(c, v);
-        if (!s) return NULL;
-        int64_t k = 0;
-        int in_word = 0;
-        size_t i = 0;
-        while (i < s->s.n) {
-            size_t adv;
-            int32_t cp = ju_decode(s->s.p + i, s->s.n - i, &adv);
-            utf8proc_category_t cat = utf8proc_category(cp);
-            int w = cp == '_' || (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_NO);
-            if (w && !in_word) k++;
-            in_word = w;
-            i += adv;
-        }
-        return jv_int(c, k);
-    }
-    }
-    jj_fail(c, DF_EUNSUPPORTED, "filter '%s' is not supported by deltafin's Jinja subset", name);
-    return NULL;
-#undef BIND
-#undef NOARGS
-}
-
-/* ============================================================ tests */
-
-int jj_apply_test(jj_ctx *c, int id, const char *name, jv *v, jv **args, int nargs) {
-    jv *x = nargs > 0 ? args[0] : NULL;
-    if ((id == T_EQ || id == T_NE || id == T_LT || id == T_LE || id == T_GT || id == T_GE || id == T_IN ||
-         id == T_DIVISIBLEBY || id == T_SAMEAS) && !x) {
-        jj_fail(c, DF_EINVAL, "TypeError: test '%s' needs an argument", name);
-        return -1;
-    }
-    int lt;
-    switch (id) {
-    case T_DEFINED: return v->t != JV_UNDEF;
-    case T_UNDEFINED: return v->t == JV_UNDEF;
-    case T_NONE: return v->t == JV_NONE;
-    case T_STRING: return v->t == JV_STR;
-    case T_NUMBER: return jv_is_number(v);
-    case T_INTEGER: return v->t == JV_INT;
-    case T_FLOAT: return v->t == JV_FLOAT;
-    case T_BOOLEAN: return v->t == JV_BOOL;
-    case T_MAPPING: return v->t == JV_DICT;
-    case T_ITERABLE: return v->t == JV_STR || v->t == JV_LIST || v->t == JV_TUPLE || v->t == JV_DICT || v->t == JV_UNDEF;
-    case T_SEQUENCE:
-        if (v->flags & JV_F_ITER) return 0; /* no len() */
-        return v->t == JV_STR || v->t == JV_LIST || v->t == JV_TUPLE || v->t == JV_DICT || v->t == JV_UNDEF;
-    case T_CALLABLE: return v->t == JV_MACRO || v->t == JV_FUNC || v->t == JV_METHOD || v->t == JV_UNDEF;
-    case T_EQ: return jv_equal(v, x);
-    case T_NE: return !jv_equal(v, x);
-    case T_LT: return jv_less(c, v, x);
-    case T_GT: return jv_less(c, x, v);
-    case T_LE: lt = jv_less(c, v, x); return lt < 0 ? -1 : lt || jv_equal(v, x);
-    case T_GE: lt = jv_less(c, x, v); return lt < 0 ? -1 : lt || jv_equal(v, x);
-    case T_IN: {
-        jv *hay = x;
-        if (hay->t == JV_STR) {
-            if (v->t != JV_STR) { jj_fail(c, DF_EINVAL, "TypeError: 'in <string>' requires string as left operand, not %s", jv_type_name(v)); return -1; }
-            return memmem_(hay->s.p, hay->s.n, v->s.p, v->s.n) != NULL;
-        }
-        if (hay->t == JV_DICT) return jv_dict_get(hay, v) != NULL;
-        jv *items = jj_iterate(c, hay);
-        if (!items) return -1;
-        for (size_t i = 0; i < items->l.n; i++) if (jv_equal(items->l.a[i], v)) return 1;
-        return 0;
-    }
-    case T_ODD: case T_EVEN: case T_DIVISIBLEBY: {
-        if (v->t == JV_UNDEF) { jj_undef_fail(c, v); return -1; }
-        if (!jv_is_number(v)) { jj_fail(c, DF_EINVAL, "TypeError: not all arguments converted during string formatting"); return -1; }
-        jv *two = jv_int(c, id == T_DIVISIBLEBY ? 0 : 2);
-        jv *m = jj_binop(c, OP_MOD, v, id == T_DIVISIBLEBY ? x : two);
-        if (!m) return -1;
-        int zero = jv_num(m) == 0;
-        return id == T_ODD ? (jv_num(m) == 1) : zero;
-    }
-    case T_SAMEAS:
-        if (v == x) return 1;
-        if (v->t != x->t) return 0;
-        if (v->t == JV_NONE || v->t == JV_BOOL) return v->t == JV_NONE || v->b == x->b;
-        if (v->t == JV_INT) return v->i == x->i && v->i >= -5 && v->i <= 256; /* CPython small-int cache */
-        return 0;
-    case T_LOWER: case T_UPPER: {
-        jv *s = jv_as_str(c, v);
-        if (!s) return -1;
-        return str_pred(s, id == T_LOWER ? 5 : 6);
-    }
-    case T_TRUE: return v->t == JV_BOOL && v->b;
-    case T_FALSE: return v->t == JV_BOOL && !v->b;
-    case T_ESCAPED: return v->t == JV_STR && (v->flags & JV_F_SAFE);
-    case T_FILTER: case T_TEST: {
-        if (v->t != JV_STR) return 0;
-        int sup;
-        return (id == T_FILTER ? jj_filter_id(v->s.p, &sup) : jj_test_id(v->s.p, &sup)) >= 0 && sup;
-    }
-    }
-    jj_fail(c, DF_EUNSUPPORTED, "test '%s' is not supported by deltafin's Jinja subset", name);
-    return -1;
 }

@@ -210,4 +210,48 @@ jv *jj_call_builtin(jj_ctx *c, jv *fn, jv **args, int nargs, const char **kwn, j
 /* binary operators shared by eval and filters */
 jv *jj_binop(jj_ctx *c, int op, jv *a, jv *b);
 
+/* ------------------------------------ helpers shared by builtins and filters */
+
+typedef struct { const char *name; int id; } jj_mdef;  /* a name -> id table entry; tables end with NULL */
+typedef struct { jv **v; size_t n, cap; } jj_vec;      /* growable array of values (malloc'd) */
+enum { CASE_UPPER, CASE_LOWER, CASE_SWAP };            /* jj_case_map modes */
+
+/* binds positional and keyword args to params (Python style); out[i] = NULL if not given; 0 or -1 */
+int jj_bind(jj_ctx *c, const char *what, const char *const *params, int np, jv **args, int nargs,
+            const char **kwn, jv **kwv, int nkw, jv **out, int allow_extra_pos);
+/* 0 when v is a str, else -1 + TypeError */
+int jj_need_str(jj_ctx *c, jv *v, const char *what);
+/* int / bool into *out, else -1 + TypeError */
+int jj_need_int(jj_ctx *c, jv *v, int64_t *out, const char *what);
+/* b as a str value; frees b's buffer */
+jv *jj_strval(jj_ctx *c, jb *b);
+/* appends s to b HTML-escaped as markupsafe does (& < > " ') */
+void jj_html_escape(const char *s, size_t n, jb *b);
+/* fails with "integer arithmetic beyond 64 bits" (DF_EUNSUPPORTED); returns NULL */
+jv *jj_overflow(jj_ctx *c);
+/* str.strip(chars) (NULL / None: whitespace) on the left (1), right (2) or both sides (3) */
+jv *jj_strip(jj_ctx *c, jv *s, jv *chars, int sides);
+/* first occurrence of nd in h, or NULL */
+const char *jj_memmem(const char *h, size_t hn, const char *nd, size_t nn);
+/* last occurrence of nd in h, or NULL */
+const char *jj_memrmem(const char *h, size_t hn, const char *nd, size_t nn);
+/* a new list holding items[0..n) */
+jv *jj_list_from(jj_ctx *c, jv **items, size_t n);
+/* appends x; -1 if x is NULL or out of memory */
+int jj_vec_push(jj_ctx *c, jj_vec *a, jv *x);
+/* a's items as a list value; frees a's array */
+jv *jj_vec_list(jj_ctx *c, jj_vec *a);
+/* appends s to b case-mapped per code point (CASE_UPPER / CASE_LOWER / CASE_SWAP) */
+void jj_case_map(const char *s, size_t n, int mode, jb *b);
+/* appends Python's s.capitalize() to b */
+void jj_py_capitalize(const char *s, size_t n, jb *b);
+/* str.isdigit() .. isascii(): kind 1 digit 2 alpha 3 alnum 4 space 5 lower 6 upper 7 decimal 8 numeric 9 ascii */
+int jj_str_pred(const jv *s, int kind);
+/* str.splitlines(keepends) */
+jv *jj_splitlines(jj_ctx *c, const char *p, size_t n, int keep);
+/* Python %-formatting: fmt % args */
+jv *jj_percent_format(jj_ctx *c, jv *fmt, jv *args);
+/* dict d's items (0), keys (1) or values (2) as a list */
+jv *jj_dict_view(jj_ctx *c, jv *d, int kind);
+
 #endif
