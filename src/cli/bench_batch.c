@@ -23,6 +23,7 @@ enum { MAX_SEQS = 64, MAX_RUNS = 16 };
 static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench batch --model DIR [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N (16)]\n"
                "       [--prompt N (8)] [--threads N] [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop]\n"
+               "       [--backend auto|cpu|cuda] [--gpu-budget SIZE]\n"
                "  For each S of --seqs: S sequences (random prompts of N tokens, seeded; sequence 0's is the same at\n"
                "  every S) prefilled in one batch, then --tokens greedy decode steps of S rows each in one forward pass;\n"
                "  cold (model reopened, page cache dropped). Prints aggregate tok/s, expert bytes read per generated\n"
@@ -48,6 +49,10 @@ static uint64_t next_rand(uint64_t *r) {
     return *r * 0x2545F4914F6CDD1Dull >> 33;
 }
 
+/* the backend and GPU expert tier of every run (--backend, --gpu-budget) */
+static const char *g_backend;
+static uint64_t g_gpu_budget;
+
 typedef struct {
     int S;
     double tps, decode_s, stall_s, read_per_tok, hit, bound;
@@ -66,6 +71,8 @@ static int run_one(const char *model, uint64_t budget, int threads, int S, int t
     mo.threads = threads;
     mo.kv_positions = prompt + tokens + 1;
     mo.n_seq = S;
+    mo.backend = g_backend;
+    mo.gpu_budget = g_gpu_budget;
     mo.heat_path = "off"; /* every S starts from the same empty cache */
     df_model *m = NULL;
     int rc = df_model_open(&m, model, &mo, err, errlen);
@@ -128,6 +135,8 @@ int bench_batch(int argc, char **argv) {
     int seqs[MAX_RUNS] = {1, 2, 4, 8}, n_runs = 4, tokens = 16, prompt = 8, threads = 0, qd = 16, nodrop = 0;
     long seed = 1;
     double io_seconds = 5;
+    g_backend = cli_default_backend();
+    g_gpu_budget = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
@@ -135,6 +144,12 @@ int bench_batch(int argc, char **argv) {
         if (!v) { fprintf(stderr, "deltafin bench batch: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--backend")) {
+            if (cli_check_backend("bench batch", v)) return 2;
+            g_backend = v;
+        } else if (!strcmp(a, "--gpu-budget")) {
+            if (cli_parse_size(v, &g_gpu_budget)) { fprintf(stderr, "deltafin bench batch: --gpu-budget '%s': expected a size like 8G\n", v); return 2; }
+        }
         else if (!strcmp(a, "--ram-budget")) {
             if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench batch: --ram-budget '%s': expected a size like 8G\n", v); return 2; }
         } else if (!strcmp(a, "--seqs")) {

@@ -26,6 +26,7 @@ static double now_s(void) {
 static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench prefill --model DIR [--tokens N (64)] [--ram-budget SIZE] [--threads N]\n"
                "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop] [--backend auto|cpu|cuda]\n"
+               "       [--gpu-budget SIZE]\n"
                "  Cold TTFT of an N-token prompt (random ids, seeded) in one evaluation; prints the expert bytes read\n"
                "  against the union of experts the prompt touches (amplification), the union's read time at\n"
                "  `bench io` speed, the compute time and TTFT / max(both).\n");
@@ -33,7 +34,7 @@ static void usage(FILE *f) {
 
 int bench_prefill(int argc, char **argv) {
     const char *model = NULL, *backend = cli_default_backend();
-    uint64_t budget = 0;
+    uint64_t budget = 0, gpu_budget = 0;
     long tokens = 64, threads = 0, seed = 1, qd = 16;
     double io_seconds = 5;
     int nodrop = 0;
@@ -57,6 +58,8 @@ int bench_prefill(int argc, char **argv) {
         } else if (!strcmp(a, "--backend")) {
             if (cli_check_backend("bench prefill", v)) return 2;
             backend = v;
+        } else if (!strcmp(a, "--gpu-budget")) {
+            if (cli_parse_size(v, &gpu_budget)) { fprintf(stderr, "deltafin bench prefill: --gpu-budget '%s': expected a size like 8G\n", v); return 2; }
         } else if (!strcmp(a, "--io-seconds")) {
             io_seconds = strtod(v, &end);
             if (!*v || *end || !(io_seconds > 0 && io_seconds < 86400)) { fprintf(stderr, "deltafin bench prefill: --io-seconds '%s': expected seconds > 0\n", v); return 2; }
@@ -81,6 +84,7 @@ int bench_prefill(int argc, char **argv) {
     mo.ram_budget = budget;
     mo.threads = (int)threads;
     mo.backend = backend;
+    mo.gpu_budget = gpu_budget;
     mo.kv_positions = (int)tokens + 1;
     df_model *m = NULL;
     rc = df_model_open(&m, model, &mo, err, sizeof err);

@@ -2,15 +2,17 @@
 # acceptance.sh — the open issues' measurements on the accelerator machine, in two `device` calls of under
 # ten minutes each, from the checkout with .devcarry.tar.xz (tools/device/pack.sh: deltafin built with the
 # CUDA backend, its shared libraries, and fio when FIO=path was given to pack.sh).
-#   part 1 (CPU, 16 host cores, one NVMe drive): speculative decoding on kimi-mini (bench_spec.sh, issue 14),
+#   part 1 (16 host cores, one NVMe drive): speculative decoding on kimi-mini (bench_spec.sh, issue 14),
 #          then bench_host.sh (issue 10: kernels vs the machine's limits, bench io vs fio, cold decode vs the
-#          storage bound, prefill amplification and TTFT / max(read, compute) for 64/256/1024 tokens).
-#   part 2 (GPU + drive): a K2-shaped model 4x larger than the GPU and host budgets together, streamed
-#          (issue 12: cuda decode vs the storage bound, 512-token TTFT), batched decode of S = 1, 2, 4, 8
-#          sequences on the CPU under a budget 4x smaller than the experts (issue 14), and a model resident in
-#          GPU memory (issue 12: decode vs the HBM bound).
+#          storage bound, prefill amplification and TTFT / max(read, compute) for 64/256/1024 tokens; BACKEND,
+#          default cpu, picks the backend of decode and prefill).
+#   part 2: on a K2-shaped model 4x larger than the budgets, cold CPU decode and prefill (issue 10), the same
+#          model streamed with the GPU backend under GPU and host budgets 4x+ smaller together (issue 12: decode
+#          vs the storage bound, 512-token TTFT), batched decode of S = 1, 2, 4, 8 sequences on the CPU under a
+#          budget 4x smaller than the experts (issue 14), and a model resident in GPU memory (issue 12: decode
+#          vs the HBM bound).
 # Usage (device tool): tools/device/acceptance.sh 1|2 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
-#        HOST_BUDGET (3G), SPEC_REPS (3).
+#        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
 PART=${1:?usage: acceptance.sh 1|2 OUTDIR}
 OUT=${2:?usage: acceptance.sh 1|2 OUTDIR}
@@ -42,14 +44,22 @@ case $PART in
     log "synth ${SIZE:-24G} (fp8 spine)"
     "$BIN" synth "$W/m" --size "${SIZE:-24G}" --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -2 >>"$S"
     sync; sleep 5
+    log "cpu decode, cold, budget ${BUDGET:-6G} (issue 10: >= 90% of the storage bound on 16 cores)"
+    timeout 120 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget "${BUDGET:-6G}" --tokens 16 \
+        --io-seconds 3 2>&1 | grep -v "^  decode: [0-9]" | tail -12 >>"$S"
+    for n in ${CPU_PREFILL:-64 256}; do
+        log "cpu prefill $n tokens, cold, budget ${BUDGET:-6G}"
+        timeout 120 "$BIN" bench prefill --model "$W/m" --backend cpu --tokens "$n" --ram-budget "${BUDGET:-6G}" \
+            --io-seconds 3 2>&1 | tail -8 >>"$S"
+    done
     log "cuda decode, streamed: --gpu-budget ${GPU_BUDGET:-2G} --ram-budget ${HOST_BUDGET:-3G}"
     timeout 150 "$BIN" bench decode --model "$W/m" --backend cuda --gpu-budget "${GPU_BUDGET:-2G}" \
         --ram-budget "${HOST_BUDGET:-3G}" --tokens 16 --io-seconds 3 2>&1 | tail -25 >>"$S"
     log "cuda prefill 512 tokens, streamed"
-    timeout 150 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 \
+    timeout 150 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-2G}" \
         --ram-budget "${HOST_BUDGET:-3G}" --io-seconds 3 2>&1 | tail -25 >>"$S"
     log "bench batch (cpu, budget ${BUDGET:-6G})"
-    timeout 170 "$BIN" bench batch --model "$W/m" --ram-budget "${BUDGET:-6G}" --seqs 1,2,4,8 --tokens 6 \
+    timeout 170 "$BIN" bench batch --model "$W/m" --backend cpu --ram-budget "${BUDGET:-6G}" --seqs 1,2,4,8 --tokens 6 \
         --io-seconds 3 2>&1 | tail -25 >>"$S"
     rm -rf "$W"
     log "cuda decode, resident (8-layer synth, --gpu-budget 100G, page cache warm)"

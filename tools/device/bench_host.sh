@@ -6,7 +6,8 @@
 # Usage: tools/device/bench_host.sh OUTDIR [SIZE (24G)] [BUDGET (6G)]
 # Env: SPINE (bf16 | fp8_b128; synth --spine-encoding), PREFILL ("64 256 1024"), TOKENS (32 decode tokens),
 #      SKIP_DECODE (set: no decode benchmark), IO_PAIRS (3 alternated bench io / fio pairs), IO_S (8 s each),
-#      SETTLE (10 s after sync before the I/O pairs), KERNELS (set: `bench machine` + `bench kernels` first).
+#      SETTLE (10 s after sync before the I/O pairs), KERNELS (set: `bench machine` + `bench kernels` first),
+#      BACKEND (cpu: decode and prefill on the host's cores; auto or cuda to use the GPU backend).
 set -u
 OUT=${1:?usage: bench_host.sh OUTDIR [SIZE] [BUDGET]}
 SIZE=${2:-24G}
@@ -45,9 +46,9 @@ for r in $(seq 1 "${IO_PAIRS:-3}"); do
 done
 rm -rf "$W/packs"
 [ -n "${SKIP_DECODE:-}" ] || log "bench decode (cold, budget $BUDGET)"
-[ -n "${SKIP_DECODE:-}" ] || "$BIN" bench decode --model "$W/m" --ram-budget "$BUDGET" --tokens "${TOKENS:-32}" 2>&1 | tee -a "$OUT/bench.txt"
+[ -n "${SKIP_DECODE:-}" ] || "$BIN" bench decode --backend "${BACKEND:-cpu}" --model "$W/m" --ram-budget "$BUDGET" --tokens "${TOKENS:-32}" 2>&1 | tee -a "$OUT/bench.txt"
 for n in ${PREFILL:-64 256 1024}; do
     log "bench prefill $n tokens (cold, budget $BUDGET)"
-    "$BIN" bench prefill --model "$W/m" --tokens "$n" --ram-budget "$BUDGET" --io-seconds 3 2>&1 | tee -a "$OUT/bench.txt"
+    "$BIN" bench prefill --backend "${BACKEND:-cpu}" --model "$W/m" --tokens "$n" --ram-budget "$BUDGET" --io-seconds 3 2>&1 | tee -a "$OUT/bench.txt"
 done
 rm -rf "$W"
