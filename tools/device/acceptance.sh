@@ -45,7 +45,7 @@ case $PART in
     "$BIN" synth "$W/m" --size "${SIZE:-24G}" --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -2 >>"$S"
     sync; sleep 5
     log "cpu decode, cold, budget ${BUDGET:-6G} (issue 10: >= 90% of the storage bound on 16 cores)"
-    timeout 120 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget "${BUDGET:-6G}" --tokens 16 \
+    timeout 120 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget "${BUDGET:-6G}" --tokens 32 \
         --io-seconds 3 2>&1 | grep -v "^  decode: [0-9]" | tail -12 >>"$S"
     for n in ${CPU_PREFILL:-64 256}; do
         log "cpu prefill $n tokens, cold, budget ${BUDGET:-6G}"
@@ -54,7 +54,7 @@ case $PART in
     done
     log "cuda decode, streamed: --gpu-budget ${GPU_BUDGET:-2G} --ram-budget ${HOST_BUDGET:-3G}"
     timeout 150 "$BIN" bench decode --model "$W/m" --backend cuda --gpu-budget "${GPU_BUDGET:-2G}" \
-        --ram-budget "${HOST_BUDGET:-3G}" --tokens 16 --io-seconds 3 2>&1 | tail -25 >>"$S"
+        --ram-budget "${HOST_BUDGET:-3G}" --tokens 32 --io-seconds 3 2>&1 | tail -25 >>"$S"
     log "cuda prefill 512 tokens, streamed"
     timeout 150 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-2G}" \
         --ram-budget "${HOST_BUDGET:-3G}" --io-seconds 3 2>&1 | tail -25 >>"$S"
@@ -62,6 +62,12 @@ case $PART in
     timeout 170 "$BIN" bench batch --model "$W/m" --backend cpu --ram-budget "${BUDGET:-6G}" --seqs 1,2,4,8 --tokens 6 \
         --io-seconds 3 2>&1 | tail -25 >>"$S"
     rm -rf "$W"
+    if [ -x "$D/nginx" ] && command -v curl >/dev/null; then
+        for r in 1 2; do
+            log "setup download vs curl, 1024 MB, run $r (issue 13)"
+            DF_BIN=$BIN timeout 60 "$HERE/bench/setup_download.sh" 1024 2>&1 | tail -2 >>"$S"
+        done
+    fi
     log "cuda decode, resident (8-layer synth, --gpu-budget 100G, page cache warm)"
     "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
     timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --tokens 32 --no-drop \

@@ -5,6 +5,7 @@
 # FIO=PATH adds that fio binary (the machine has none; build one that links only libc, libm and libz, e.g.
 # Debian's fio source configured with --disable-http --disable-rdma --disable-rbd --disable-rados --disable-gfapi
 # --disable-numa --disable-pmem --disable-native; tools/device/bench_host.sh then compares bench io with it).
+# NGINX=PATH adds an nginx binary (Debian's nginx-light; for bench/setup_download.sh there).
 set -eu
 cd "$(dirname "$0")/../.."
 BIN=${1:-build/deltafin}
@@ -15,6 +16,7 @@ ldd "$BIN" | awk '/=> \// {print $3}' | grep -E '/lib(cjson|microhttpd|uring|utf
     while read -r l; do cp -L "$l" "$T/lib/"; done
 strip "$T"/lib/* 2>/dev/null || true
 [ -z "${FIO:-}" ] || { cp "$FIO" "$T/fio" && strip "$T/fio"; }
+[ -z "${NGINX:-}" ] || cp "$NGINX" "$T/nginx"
 tar cf - -C "$T" . | xz -9e >.devcarry.tar.xz.tmp
 mv .devcarry.tar.xz.tmp .devcarry.tar.xz
 rm -rf "$T"
