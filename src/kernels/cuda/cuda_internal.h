@@ -13,9 +13,11 @@
 cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                              const float *x, int T, float *y, cudaStream_t st);
 
-/* One-token kernel: 1 = one row per warp (default), 4 = four rows per warp sharing activation loads
- * (bitwise the same outputs; cuda_matmul.cu mv_kernel). */
+/* Kernel choice (cuda_matmul.cu; every choice gives the same bits): for one token, rows per warp of the
+ * tiled kernel (2, 4, 8) or 1 = the one-row-per-warp reference kernel; for T >= 2, the tile (2: 8 rows x 8
+ * tokens, 4: 32 x 8, 8: 16 x 8 with registers for 3 blocks per SM) or 1 = the reference kernel. 0 = automatic. */
 void cu_set_matvec_rows(int n);
+void cu_set_tile(int n);
 
 /* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);

@@ -89,6 +89,8 @@ void probe_once() {
     g_ndev = n;
     const char *mv = getenv("DF_CUDA_MV_ROWS"); /* one-token kernel variant (docs/cuda.md) */
     if (mv && *mv) cu_set_matvec_rows(atoi(mv));
+    const char *tl = getenv("DF_CUDA_TILE"); /* T >= 2 kernel variant */
+    if (tl && *tl) cu_set_tile(atoi(tl));
 }
 
 int ready() {
@@ -385,6 +387,12 @@ extern "C" void df_cuda_get_stats(df_cuda_stats *out) {
 extern "C" void df_cuda_set_matvec_rows(int n) {
     pthread_mutex_lock(&g_mu);
     cu_set_matvec_rows(n);
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void df_cuda_set_tile(int n) {
+    pthread_mutex_lock(&g_mu);
+    cu_set_tile(n);
     pthread_mutex_unlock(&g_mu);
 }
 
