@@ -468,27 +468,26 @@ cudaError_t launch_g(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t c
     const dim3 blk(WARPS * 32);
     const unsigned gx = (unsigned)((rows + WARPS - 1) / WARPS);
     if constexpr (G >= 4) {
+        /* the variants are compiled for the encodings of routed experts and the spine (not f16 / int8_row) */
+        constexpr bool var = ENC != DF_W_F16 && ENC != DF_W_INT8_ROW;
         if (T == 1) {
-            switch (g_mv_rows) {
-            case 1: break; /* the reference kernel below */
-            case 2: return launch_tile<ENC, G, 2, 1, 4>(d, s, rows, cols, x, T, y, st);
-            case 8: return launch_tile<ENC, G, 8, 1, 4>(d, s, rows, cols, x, T, y, st);
-            default: return launch_tile<ENC, G, 4, 1, 4>(d, s, rows, cols, x, T, y, st);
-            }
+            if (g_mv_rows == 1) /* the reference kernel (its 8-token tile computes one token alike) */
+                mm_kernel<ENC, G, 8><<<dim3(gx, 1), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+            else if (var && g_mv_rows == 2) return launch_tile<ENC, G, 2, 1, 4>(d, s, rows, cols, x, T, y, st);
+            else return launch_tile<ENC, G, 4, 1, 4>(d, s, rows, cols, x, T, y, st);
         } else {
             int v = g_tile;
             if (v == 0) /* a 32-row x 8-token block when that still gives two blocks per SM, else 8 x 8 */
                 v = ((rows + 31) / 32) * ((T + 7) / 8) >= 264 ? 4 : 2;
-            switch (v) {
-            case 1: break;
-            case 2: return launch_tile<ENC, G, 2, 8, 4>(d, s, rows, cols, x, T, y, st);
-            case 8: return launch_tile<ENC, G, 4, 8, 4, 3>(d, s, rows, cols, x, T, y, st);
-            default: return launch_tile<ENC, G, 4, 8, 8>(d, s, rows, cols, x, T, y, st);
-            }
+            if (v == 1) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+            else if (v == 2) return launch_tile<ENC, G, 2, 8, 4>(d, s, rows, cols, x, T, y, st);
+            else if (var && v == 8) return launch_tile<ENC, G, 4, 8, 4, 3>(d, s, rows, cols, x, T, y, st);
+            else return launch_tile<ENC, G, 4, 8, 8>(d, s, rows, cols, x, T, y, st);
         }
+        return cudaGetLastError();
     }
-    /* the reference kernel: one warp per row, the token tile only changes how many tokens share a decoded
-     * group, never a sum's order */
+    /* cols not a multiple of G: the one-row-per-warp kernel element by element (the token tile only changes
+     * how many tokens share a decoded element, never a sum's order) */
     if (T >= 2) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
     else mm_kernel<ENC, G, 1><<<dim3(gx, T), blk, 0, st>>>(d, s, rows, cols, x, T, y);
     return cudaGetLastError();
@@ -506,7 +505,7 @@ cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t col
 
 } // namespace
 
-void cu_set_matvec_rows(int n) { g_mv_rows = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
+void cu_set_matvec_rows(int n) { g_mv_rows = n == 1 || n == 2 || n == 4 ? n : 0; }
 void cu_set_tile(int n) { g_tile = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
 
 cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
