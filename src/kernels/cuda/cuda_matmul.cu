@@ -353,9 +353,19 @@ __device__ __forceinline__ void tile_round(const Raw (&a)[RM], const float *xp, 
     });
 }
 
-/* Block: NW warps x RM rows, RT tokens (blockIdx.y); nrc rounds of activations per shared-memory chunk;
- * MINB: blocks per SM the register allocation must allow. */
-template <int ENC, int G, int RM, int RT, int NW, int MINB>
+/* 16-byte asynchronous copy global -> shared (cp.async, sm_80+); live == false writes zeros. */
+__device__ __forceinline__ void cp16(void *sdst, const void *gsrc, bool live) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
+    const int n = live ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gsrc), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+/* Block: NW warps x RM rows, RT tokens (blockIdx.y); nrc rounds of activations per shared-memory chunk, two
+ * chunk buffers when there are several chunks (the next chunk's copy overlaps the current chunk's work);
+ * weights loaded PF (1 or 2) rounds ahead; MINB: blocks per SM the register allocation must allow. */
+template <int ENC, int G, int RM, int RT, int NW, int MINB, int PF>
 __global__ void __launch_bounds__(NW * 32, MINB)
 tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
             const float *__restrict__ x, int T, float *__restrict__ y, int nrc) {
@@ -366,7 +376,7 @@ tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
     const int64_t rbase = ((int64_t)blockIdx.x * NW + (threadIdx.x >> 5)) * RM;
     const int t0 = blockIdx.y * RT;
     const int64_t ng = cols / G, nrounds = (ng + 31) / 32;
-    const int tstride = nrc * 32 * GP;
+    const int tstride = nrc * 32 * GP, bstride = RT * tstride; /* token / chunk-buffer strides (floats) */
     int64_t rr[RM];
 #pragma unroll
     for (int k = 0; k < RM; k++) rr[k] = rbase + k < rows ? rbase + k : rows - 1; /* clamped: loads only */
@@ -375,49 +385,68 @@ tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
     for (int k = 0; k < RM; k++)
 #pragma unroll
         for (int t = 0; t < RT; t++) acc[k][t] = 0.0f;
-    Raw nx[RM];
-    bool nfast = true;
-    auto load_round = [&](int64_t rd) {
+    Raw pa[RM], pb[RM];
+    bool fa = true, fb = true;
+    auto load_round = [&](int64_t rd, Raw (&o)[RM], bool &f) {
         const int64_t g = rd * 32 + lane;
-        nfast = true;
+        f = true;
 #pragma unroll
         for (int k = 0; k < RM; k++) {
-            if (g < ng) nfast &= load_raw<ENC>(data, scale, cols, rr[k], g, nx[k]);
-            else nx[k].v = make_uint4(0, 0, 0, 0), nx[k].fs = nx[k].ss = 0.0f;
+            if (g < ng) f &= load_raw<ENC>(data, scale, cols, rr[k], g, o[k]);
+            else o[k].v = make_uint4(0, 0, 0, 0), o[k].fs = o[k].ss = 0.0f;
         }
     };
-    load_round(0);
-    for (int64_t c0 = 0; c0 < nrounds; c0 += nrc) {
-        const int64_t c1 = c0 + nrc < nrounds ? c0 + nrc : nrounds;
-        const int64_t gfirst = c0 * 32;
-        const int ngc = (int)((c1 * 32 < ng ? c1 * 32 : ng) - gfirst); /* groups in this chunk */
-        __syncthreads(); /* the previous chunk is no longer read */
+    /* the copy of chunk c (rounds c*nrc ..) into buffer c & 1: one commit group per call */
+    auto fill = [&](int64_t c) {
+        if (c * nrc < nrounds) {
+            const int64_t gfirst = c * nrc * 32, gend = (c + 1) * nrc * 32 < ng ? (c + 1) * nrc * 32 : ng;
+            const int n4 = (int)(gend - gfirst) * (G / 4);
+            float *buf = xs + (c & 1) * bstride;
 #pragma unroll
-        for (int t = 0; t < RT; t++) {
-            const bool live = t0 + t < T;
-            const float *src = x + (int64_t)(t0 + t) * cols + gfirst * G;
-            float *dst = xs + t * tstride;
-            for (int i = threadIdx.x; i < ngc * (G / 4); i += NW * 32) {
-                const int s = i / (G / 4), j4 = i % (G / 4);
-                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (live) v = *reinterpret_cast<const float4 *>(src + 4 * (int64_t)i);
-                *reinterpret_cast<float4 *>(dst + s * GP + 4 * j4) = v;
+            for (int t = 0; t < RT; t++) {
+                const bool live = t0 + t < T;
+                const float *src = x + (int64_t)(live ? t0 + t : 0) * cols + gfirst * G;
+                float *dst = buf + t * tstride;
+#pragma unroll 1
+                for (int i = threadIdx.x; i < n4; i += NW * 32)
+                    cp16(dst + (i / (G / 4)) * GP + 4 * (i % (G / 4)), src + 4 * (int64_t)i, live);
             }
         }
+        cp_commit();
+    };
+    load_round(0, pa, fa);
+    if (PF == 2 && nrounds > 1) load_round(1, pb, fb);
+    fill(0);
+    const int64_t nchunks = (nrounds + nrc - 1) / nrc;
+#pragma unroll 1
+    for (int64_t c = 0; c < nchunks; c++) {
+        fill(c + 1); /* into the other buffer, read last in chunk c - 1 (the barrier below) */
+        cp_wait1();  /* chunk c's copies (this thread's) are done */
         __syncthreads();
+        const float *buf = xs + (c & 1) * bstride;
+        const int64_t c0 = c * nrc, c1 = c0 + nrc < nrounds ? c0 + nrc : nrounds;
+#pragma unroll 1
         for (int64_t rd = c0; rd < c1; rd++) {
             Raw cur[RM];
 #pragma unroll
-            for (int k = 0; k < RM; k++) cur[k] = nx[k];
-            const bool cfast = nfast;
-            if (rd + 1 < nrounds) load_round(rd + 1); /* one round ahead */
+            for (int k = 0; k < RM; k++) cur[k] = pa[k];
+            const bool cfast = fa;
+            if constexpr (PF == 2) {
+#pragma unroll
+                for (int k = 0; k < RM; k++) pa[k] = pb[k];
+                fa = fb;
+                if (rd + 2 < nrounds) load_round(rd + 2, pb, fb);
+            } else {
+                if (rd + 1 < nrounds) load_round(rd + 1, pa, fa);
+            }
             const bool allfast = __all_sync(0xffffffffu, cfast);
             if (rd * 32 + lane < ng) {
-                const float *xp = xs + (int)((rd - c0) * 32 + lane) * GP;
+                const float *xp = buf + (int)((rd - c0) * 32 + lane) * GP;
                 if (allfast) tile_round<ENC, G, RM, RT, true>(cur, xp, tstride, acc);
                 else tile_round<ENC, G, RM, RT, false>(cur, xp, tstride, acc);
             }
         }
+        __syncthreads(); /* buffer c & 1 is refilled by the next iteration's fill(c + 2) */
     }
 #pragma unroll
     for (int k = 0; k < RM; k++)
@@ -439,26 +468,30 @@ tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
 int g_mv_rows = 0, g_tile = 0;
 constexpr int SMEM_CAP = 48 * 1024;
 
-template <int ENC, int G, int RM, int RT, int NW, int MINB = 1>
+template <int ENC, int G, int RM, int RT, int NW, int MINB = 1, int PF = 1>
 cudaError_t launch_tile(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const float *x, int T, float *y,
                         cudaStream_t st) {
     constexpr int GP = Gp<G>::V;
     const int64_t nrounds = (cols / G + 31) / 32;
     const int64_t per_round = (int64_t)RT * 32 * GP * sizeof(float);
-    int64_t nrc = SMEM_CAP / per_round;
+    /* one chunk buffer: up to 48 KB for one token (usually every round at once), 36 KB for 8 tokens (two buffers
+     * of a 4-bit round, 74 KB, leave room for three blocks per SM) */
+    int64_t nrc = (RT == 1 ? SMEM_CAP : 36 * 1024) / per_round;
     if (nrc < 1) nrc = 1;
     if (nrc > nrounds) nrc = nrounds;
-    const size_t smem = (size_t)(nrc * per_round);
+    const int64_t nchunks = (nrounds + nrc - 1) / nrc;
+    const size_t smem = (size_t)(nrc * per_round * (nchunks > 1 ? 2 : 1));
     if (smem > 48 * 1024) {
-        static bool raised = false; /* once per instantiation */
-        if (!raised) {
-            cudaError_t e = cudaFuncSetAttribute(tile_kernel<ENC, G, RM, RT, NW, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        static size_t raised = 0; /* per instantiation */
+        if (smem > raised) {
+            cudaError_t e = cudaFuncSetAttribute(tile_kernel<ENC, G, RM, RT, NW, MINB, PF>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(2 * SMEM_CAP));
             if (e != cudaSuccess) return e;
-            raised = true;
+            raised = 2 * SMEM_CAP;
         }
     }
     const dim3 grid((unsigned)((rows + NW * RM - 1) / (NW * RM)), (unsigned)((T + RT - 1) / RT));
-    tile_kernel<ENC, G, RM, RT, NW, MINB><<<grid, NW * 32, smem, st>>>(d, s, rows, cols, x, T, y, (int)nrc);
+    tile_kernel<ENC, G, RM, RT, NW, MINB, PF><<<grid, NW * 32, smem, st>>>(d, s, rows, cols, x, T, y, (int)nrc);
     return cudaGetLastError();
 }
 
@@ -473,14 +506,15 @@ cudaError_t launch_g(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t c
         if (T == 1) {
             if (g_mv_rows == 1) /* the reference kernel (its 8-token tile computes one token alike) */
                 mm_kernel<ENC, G, 8><<<dim3(gx, 1), blk, 0, st>>>(d, s, rows, cols, x, T, y);
-            else if (var && g_mv_rows == 2) return launch_tile<ENC, G, 2, 1, 4>(d, s, rows, cols, x, T, y, st);
-            else return launch_tile<ENC, G, 4, 1, 4>(d, s, rows, cols, x, T, y, st);
+            else if (var && g_mv_rows == 4) return launch_tile<ENC, G, 4, 1, 4, 4, 2>(d, s, rows, cols, x, T, y, st);
+            else if (var && g_mv_rows == 8) return launch_tile<ENC, G, 2, 1, 8, 2, 2>(d, s, rows, cols, x, T, y, st);
+            else return launch_tile<ENC, G, 2, 1, 4, 6, 2>(d, s, rows, cols, x, T, y, st);
         } else {
             int v = g_tile;
             if (v == 0) /* a 32-row x 8-token block when that still gives two blocks per SM, else 8 x 8 */
                 v = ((rows + 31) / 32) * ((T + 7) / 8) >= 264 ? 4 : 2;
             if (v == 1) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
-            else if (v == 2) return launch_tile<ENC, G, 2, 8, 4>(d, s, rows, cols, x, T, y, st);
+            else if (v == 2) return launch_tile<ENC, G, 2, 8, 4, 3>(d, s, rows, cols, x, T, y, st);
             else if (var && v == 8) return launch_tile<ENC, G, 4, 8, 4, 3>(d, s, rows, cols, x, T, y, st);
             else return launch_tile<ENC, G, 4, 8, 8>(d, s, rows, cols, x, T, y, st);
         }
@@ -505,7 +539,7 @@ cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t col
 
 } // namespace
 
-void cu_set_matvec_rows(int n) { g_mv_rows = n == 1 || n == 2 || n == 4 ? n : 0; }
+void cu_set_matvec_rows(int n) { g_mv_rows = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
 void cu_set_tile(int n) { g_tile = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
 
 cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
