@@ -547,14 +547,24 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
     if (T <= 0 || rows <= 0) return cudaSuccess;
     if (T > 65535 * 8) return cudaErrorInvalidValue;
     const uint8_t *d = static_cast<const uint8_t *>(data), *s = static_cast<const uint8_t *>(scale);
+/* DF_CUDA_ENCS: a bit mask of the encodings to compile (tools/device/cuda_kernels_check.cu builds a subset
+ * to save compile time on the accelerator machine); the product compiles all. */
+#ifndef DF_CUDA_ENCS
+#define DF_CUDA_ENCS 0x7f
+#endif
+#define ENC_CASE(E)                                                                                                    \
+    case E:                                                                                                            \
+        if constexpr ((DF_CUDA_ENCS >> E) & 1) return launch<E>(d, s, rows, cols, x, T, y, st);                        \
+        else return cudaErrorInvalidValue;
     switch (type) {
-    case DF_W_F32: return launch<DF_W_F32>(d, s, rows, cols, x, T, y, st);
-    case DF_W_BF16: return launch<DF_W_BF16>(d, s, rows, cols, x, T, y, st);
-    case DF_W_F16: return launch<DF_W_F16>(d, s, rows, cols, x, T, y, st);
-    case DF_W_FP8_B128: return launch<DF_W_FP8_B128>(d, s, rows, cols, x, T, y, st);
-    case DF_W_INT4_G32: return launch<DF_W_INT4_G32>(d, s, rows, cols, x, T, y, st);
-    case DF_W_MXFP4: return launch<DF_W_MXFP4>(d, s, rows, cols, x, T, y, st);
-    case DF_W_INT8_ROW: return launch<DF_W_INT8_ROW>(d, s, rows, cols, x, T, y, st);
+        ENC_CASE(DF_W_F32)
+        ENC_CASE(DF_W_BF16)
+        ENC_CASE(DF_W_F16)
+        ENC_CASE(DF_W_FP8_B128)
+        ENC_CASE(DF_W_INT4_G32)
+        ENC_CASE(DF_W_MXFP4)
+        ENC_CASE(DF_W_INT8_ROW)
     default: return cudaErrorInvalidValue;
     }
+#undef ENC_CASE
 }
