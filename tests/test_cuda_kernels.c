@@ -5,6 +5,10 @@
  *   - matmul of every encoding for T = 1..N rows against the scalar reference
  *     (fp32 accumulation; tolerance 1e-5 of the row's magnitude);
  *   - batch invariance: row t of a T-row call is bitwise equal to a 1-row call;
+ *   - every kernel variant gives the same bits: the one-token kernels (one row per warp; the tiled kernel
+ *     with 2 / 4 rows per warp and 4 or 8 warps) and the T-row kernels (one row per warp; tiles of 8x8,
+ *     32x8, 16x8 rows x tokens), on shapes with rows not a multiple of any tile, cols with a partial last
+ *     round of 32 groups, and activations in several shared-memory chunks;
  *   - the weight cache: a cleared cache sees new data at a reused address;
  *     explicit keys (routed experts) are cached by key;
  *   - RMSNorm, SwiGLU, SiTU, softmax, RoPE.

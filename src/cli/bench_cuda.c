@@ -28,7 +28,7 @@ static void bench_one(df_wtype t, int64_t R, int64_t C, int T, int v, double bw,
     df_cuda_set_matvec_rows(0);
     df_cuda_set_tile(0);
     char shape[40];
-    static const char *const tag1[9] = {"", "/ref", "/2r", "", "/4r", "", "", "", ""};
+    static const char *const tag1[9] = {"", "/ref", "/2r4w", "", "/4r4w", "", "", "", "/2r8w"};
     static const char *const tagT[9] = {"", "/ref", "/8x8", "", "/32x8", "", "", "", "/16x8"};
     snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)R, (long long)C, (T == 1 ? tag1 : tagT)[v]);
     if (ms <= 0) {
@@ -77,7 +77,7 @@ int bench_kernels_cuda(int argc, char **argv, const int *types, int ntypes, int6
            "over back-to-back calls;\nGB/s = weight bytes per call / time; %%HBM = that / measured HBM; %%fp32 and %%bf16 = "
            "TFLOP/s / the peaks above)\n");
     printf("(no suffix: the automatic kernel; shape/ref: the reference kernel, one warp per row; with env "
-           "DF_CUDA_BENCH_VARIANTS=1 also\n /2r /4r: the tiled one-token kernel with that many rows per warp, "
+           "DF_CUDA_BENCH_VARIANTS=1 also\n /2r4w /4r4w /2r8w: the tiled one-token kernel (rows per warp, warps per block), "
            "/8x8 /32x8 /16x8: the tiled T-row kernel with that block tile; all give the same bits)\n");
     printf("%-10s %-15s %5s %10s %9s %6s %9s %6s %6s\n", "encoding", "shape", "T", "ms/call", "GB/s", "%HBM", "TFLOP/s",
            "%fp32", "%bf16");
@@ -87,7 +87,7 @@ int bench_kernels_cuda(int argc, char **argv, const int *types, int ntypes, int6
                 /* the automatic kernel, the reference kernel and (env) every variant */
                 bench_one((df_wtype)types[ti], sh[si][0], sh[si][1], tl[k], 0, bw, fp32_peak);
                 bench_one((df_wtype)types[ti], sh[si][0], sh[si][1], tl[k], 1, bw, fp32_peak);
-                for (int v = 2; variants && v <= (tl[k] == 1 ? 4 : 8); v *= 2)
+                for (int v = 2; variants && v <= 8; v *= 2)
                     bench_one((df_wtype)types[ti], sh[si][0], sh[si][1], tl[k], v, bw, fp32_peak);
             }
     return 0;

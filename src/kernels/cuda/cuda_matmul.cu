@@ -463,8 +463,8 @@ tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
                 y[(int64_t)(t0 + t) * rows + rbase + k] = acc[k][t];
 }
 
-/* Kernel choice (cu_set_matvec_rows / cu_set_tile): 0 = automatic; 1 = mm_kernel (the reference); others force
- * a tile shape. All give the same bits. */
+/* Kernel choice (cu_set_matvec_rows / cu_set_tile, cuda_internal.h): 0 = automatic; 1 = mm_kernel; others
+ * force a tile shape. All give the same bits. */
 int g_mv_rows = 0, g_tile = 0;
 constexpr int SMEM_CAP = 48 * 1024;
 
@@ -503,16 +503,22 @@ cudaError_t launch_g(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t c
     if constexpr (G >= 4) {
         /* the variants are compiled for the encodings of routed experts and the spine (not f16 / int8_row) */
         constexpr bool var = ENC != DF_W_F16 && ENC != DF_W_INT8_ROW;
+        /* Automatic choice, from the H200 measurements (bench/RESULTS.md, all variants give the same bits):
+         * one token: 16/32-bit weights carry few elements per byte, so the one-row-per-warp kernel reading its
+         * activations through L1 keeps up with HBM (85-102%); 4-bit and fp8 weights: the tiled kernel, two rows
+         * per warp, 8 warps per block below 16384 rows (more blocks in flight), else 4.
+         * T >= 2: 16/32-bit: 32 rows x 8 tokens per block (8 warps); 4-bit / fp8: 16 x 8 (4 warps, registers for
+         * three blocks per SM) for long prompts and large matrices, else 8 x 8 below 4096 rows, 32 x 8 between. */
         if (T == 1) {
-            if (g_mv_rows == 1) /* the reference kernel (its 8-token tile computes one token alike) */
-                mm_kernel<ENC, G, 8><<<dim3(gx, 1), blk, 0, st>>>(d, s, rows, cols, x, T, y);
-            else if (var && g_mv_rows == 4) return launch_tile<ENC, G, 4, 1, 4, 4, 2>(d, s, rows, cols, x, T, y, st);
-            else if (var && g_mv_rows == 8) return launch_tile<ENC, G, 2, 1, 8, 2, 2>(d, s, rows, cols, x, T, y, st);
+            int v = g_mv_rows;
+            if (v == 0) v = G <= 8 ? 1 : rows >= 16384 ? 2 : 8;
+            if (v == 1) mm_kernel<ENC, G, 1><<<dim3(gx, 1), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+            else if (var && v == 4) return launch_tile<ENC, G, 4, 1, 4, 4, 2>(d, s, rows, cols, x, T, y, st);
+            else if (var && v == 8) return launch_tile<ENC, G, 2, 1, 8, 2, 2>(d, s, rows, cols, x, T, y, st);
             else return launch_tile<ENC, G, 2, 1, 4, 6, 2>(d, s, rows, cols, x, T, y, st);
         } else {
             int v = g_tile;
-            if (v == 0) /* a 32-row x 8-token block when that still gives two blocks per SM, else 8 x 8 */
-                v = ((rows + 31) / 32) * ((T + 7) / 8) >= 264 ? 4 : 2;
+            if (v == 0) v = G <= 8 ? 4 : (T >= 64 || rows >= 16384) ? 8 : rows < 4096 ? 2 : 4;
             if (v == 1) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
             else if (v == 2) return launch_tile<ENC, G, 2, 8, 4, 3>(d, s, rows, cols, x, T, y, st);
             else if (var && v == 8) return launch_tile<ENC, G, 4, 8, 4, 3>(d, s, rows, cols, x, T, y, st);
