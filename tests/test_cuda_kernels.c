@@ -5,6 +5,10 @@
  *   - matmul of every encoding for T = 1..N rows against the scalar reference
  *     (fp32 accumulation; tolerance 1e-5 of the row's magnitude);
  *   - batch invariance: row t of a T-row call is bitwise equal to a 1-row call;
+ *   - every kernel variant gives the same bits: the one-token kernels (one row per warp; the tiled kernel
+ *     with 2 / 4 rows per warp and 4 or 8 warps) and the T-row kernels (one row per warp; tiles of 8x8,
+ *     32x8, 16x8 rows x tokens), on shapes with rows not a multiple of any tile, cols with a partial last
+ *     round of 32 groups, and activations in several shared-memory chunks;
  *   - the weight cache: a cleared cache sees new data at a reused address;
  *     explicit keys (routed experts) are cached by key;
  *   - RMSNorm, SwiGLU, SiTU, softmax, RoPE.
@@ -147,6 +151,9 @@ static void test_matmul(void) {
         {DF_W_F32, 67, 256}, {DF_W_F32, 9, 101}, {DF_W_BF16, 130, 512}, {DF_W_BF16, 33, 70}, {DF_W_F16, 64, 384},
         {DF_W_FP8_B128, 300, 640}, {DF_W_FP8_B128, 20, 150}, {DF_W_INT4_G32, 96, 1024}, {DF_W_MXFP4, 200, 2048},
         {DF_W_MXFP4, 7, 7168}, {DF_W_INT8_ROW, 50, 272},
+        /* rows not a multiple of any tile, cols with a partial last round of 32 groups, several smem chunks */
+        {DF_W_MXFP4, 37, 1088}, {DF_W_INT4_G32, 45, 96}, {DF_W_BF16, 33, 20000}, {DF_W_F32, 70, 12},
+        {DF_W_FP8_B128, 129, 2064}, {DF_W_F16, 3, 8},
     };
     static const int Ts[] = {1, 2, 3, 4, 5, 8, 9, 17, 64, 130};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -156,7 +163,7 @@ static void test_matmul(void) {
         float *x = malloc(sizeof(float) * (size_t)(TM * C));
         for (int64_t i = 0; i < TM * C; i++) x[i] = rndf();
         float *y = malloc(sizeof(float) * (size_t)(TM * R)), *ref = malloc(sizeof(float) * (size_t)(TM * R));
-        float *y1 = malloc(sizeof(float) * (size_t)R);
+        float *y1 = malloc(sizeof(float) * (size_t)R), *y2 = malloc(sizeof(float) * (size_t)(TM * R));
         sc->matmul(NULL, &w, x, TM, ref);
         /* the error bound's scale: sum |w| |x| per output */
         double *mag = calloc((size_t)(TM * R), sizeof(double));
@@ -189,18 +196,30 @@ static void test_matmul(void) {
             }
             CHECK(same, "matmul %s [%lld x %lld] T=%d: a row differs from the 1-row call (batch invariance)",
                   df_wtype_name(w.type), (long long)R, (long long)C, T);
-            /* the four-rows-per-warp one-token kernel: the same bits as every row of the T-row call */
-            df_cuda_set_matvec_rows(4);
-            same = 1;
-            for (int t = 0; t < T && same; t++) {
-                if (df_cuda_matmul(&w, x + (int64_t)t * C, 1, y1)) { same = 0; break; }
-                if (memcmp(y1, y + (int64_t)t * R, sizeof(float) * (size_t)R)) same = 0;
+            /* every one-token kernel (the reference with one row per warp, the tiled one with 2, 4, 8 rows per
+             * warp) and every T-row kernel (reference, tiles of 8x8, 32x8, 16x8): the same bits as the automatic
+             * T-row call above */
+            static const int variants[] = {1, 2, 4, 8};
+            for (int vi = 0; vi < 4; vi++) {
+                df_cuda_set_matvec_rows(variants[vi]);
+                same = 1;
+                for (int t = 0; t < T && same; t++) {
+                    if (df_cuda_matmul(&w, x + (int64_t)t * C, 1, y1)) { same = 0; break; }
+                    if (memcmp(y1, y + (int64_t)t * R, sizeof(float) * (size_t)R)) same = 0;
+                }
+                df_cuda_set_matvec_rows(0);
+                CHECK(same, "matmul %s [%lld x %lld] T=%d: the one-token kernel %d differs from the T-row call",
+                      df_wtype_name(w.type), (long long)R, (long long)C, T, variants[vi]);
+                if (T < 2) continue;
+                df_cuda_set_tile(variants[vi]);
+                int rc2 = df_cuda_matmul(&w, x, T, y2);
+                df_cuda_set_tile(0);
+                CHECK(rc2 == 0 && !memcmp(y2, y, sizeof(float) * (size_t)(T * R)),
+                      "matmul %s [%lld x %lld] T=%d: the T-row kernel %d differs from the automatic one (%s)",
+                      df_wtype_name(w.type), (long long)R, (long long)C, T, variants[vi], rc2 ? df_cuda_last_error() : "bits");
             }
-            df_cuda_set_matvec_rows(1);
-            CHECK(same, "matmul %s [%lld x %lld] T=%d: the 4-rows-per-warp one-token kernel differs from the T-row call",
-                  df_wtype_name(w.type), (long long)R, (long long)C, T);
         }
-        free(x); free(y); free(ref); free(y1); free(mag); free(row);
+        free(x); free(y); free(ref); free(y1); free(y2); free(mag); free(row);
         free_weight(&w);
     }
 }

@@ -10,21 +10,27 @@
 #include "kernels/cuda.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 /* Dense bf16 tensor-core peak of the H200 / H100 SXM data sheet (TFLOP/s, no sparsity). */
 #define BF16_DENSE_PEAK_TFLOPS 989.4
 
-/* One row of the table: the kernel for (type, R x C, T) with `mv` rows per warp for one token. */
-static void bench_one(df_wtype t, int64_t R, int64_t C, int T, int mv, double bw, double fp32_peak) {
+/* One row of the table: the kernel for (type, R x C, T); v = the kernel variant (df_cuda_set_matvec_rows for
+ * T = 1, df_cuda_set_tile for T >= 2; 0 = automatic, 1 = the reference one-row-per-warp kernel). */
+static void bench_one(df_wtype t, int64_t R, int64_t C, int T, int v, double bw, double fp32_peak) {
     const df_weight w = {t, R, C, NULL, NULL, 0};
     const double wb = (double)df_weight_bytes(&w);
-    df_cuda_set_matvec_rows(mv);
+    if (T == 1) df_cuda_set_matvec_rows(v);
+    else df_cuda_set_tile(v);
     const double ms = df_cuda_bench_matmul(t, R, C, T, T >= 256 ? 5 : 50);
-    df_cuda_set_matvec_rows(1);
+    df_cuda_set_matvec_rows(0);
+    df_cuda_set_tile(0);
     char shape[40];
-    snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)R, (long long)C, mv == 4 ? "/4r" : "");
+    static const char *const tag1[9] = {"", "/ref", "/2r4w", "", "/4r4w", "", "", "", "/2r8w"};
+    static const char *const tagT[9] = {"", "/ref", "/8x8", "", "/32x8", "", "", "", "/16x8"};
+    snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)R, (long long)C, (T == 1 ? tag1 : tagT)[v]);
     if (ms <= 0) {
         printf("%-10s %-15s %5d  failed: %s\n", df_wtype_name(t), shape, T, df_cuda_last_error());
         return;
@@ -63,20 +69,26 @@ int bench_kernels_cuda(int argc, char **argv, const int *types, int ntypes, int6
     int nsh = 3;
     if (shapes_given) { nsh = nshapes > 8 ? 8 : nshapes; memcpy(sh, shapes, sizeof(int64_t) * 2 * (size_t)nsh); }
     int tl[16] = {1, 8, 512};
+    const char *ve = getenv("DF_CUDA_BENCH_VARIANTS");
+    const int variants = ve && *ve && *ve != '0';
     int ntl = 3;
     if (ts_given) { ntl = nT > 16 ? 16 : nT; memcpy(tl, Ts, sizeof(int) * (size_t)ntl); }
     printf("\nkernels (y[T,rows] = x[T,cols] W^T on the GPU, fp32 accumulation, batch-invariant order; ms/call = CUDA events "
            "over back-to-back calls;\nGB/s = weight bytes per call / time; %%HBM = that / measured HBM; %%fp32 and %%bf16 = "
            "TFLOP/s / the peaks above)\n");
-    printf("(shape/4r: the one-token kernel with four rows per warp, df_cuda_set_matvec_rows / env DF_CUDA_MV_ROWS=4)\n");
+    printf("(no suffix: the automatic kernel; shape/ref: the reference kernel, one warp per row; with env "
+           "DF_CUDA_BENCH_VARIANTS=1 also\n /2r4w /4r4w /2r8w: the tiled one-token kernel (rows per warp, warps per block), "
+           "/8x8 /32x8 /16x8: the tiled T-row kernel with that block tile; all give the same bits)\n");
     printf("%-10s %-15s %5s %10s %9s %6s %9s %6s %6s\n", "encoding", "shape", "T", "ms/call", "GB/s", "%HBM", "TFLOP/s",
            "%fp32", "%bf16");
     for (int ti = 0; ti < ntypes; ti++)
         for (int si = 0; si < nsh; si++)
             for (int k = 0; k < ntl; k++) {
-                /* T = 1: also the one-token kernel with four rows per warp */
+                /* the automatic kernel, the reference kernel and (env) every variant */
+                bench_one((df_wtype)types[ti], sh[si][0], sh[si][1], tl[k], 0, bw, fp32_peak);
                 bench_one((df_wtype)types[ti], sh[si][0], sh[si][1], tl[k], 1, bw, fp32_peak);
-                if (tl[k] == 1) bench_one((df_wtype)types[ti], sh[si][0], sh[si][1], 1, 4, bw, fp32_peak);
+                for (int v = 2; variants && v <= 8; v *= 2)
+                    bench_one((df_wtype)types[ti], sh[si][0], sh[si][1], tl[k], v, bw, fp32_peak);
             }
     return 0;
 }

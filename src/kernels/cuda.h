@@ -37,9 +37,12 @@ void df_cuda_set_expert_budget(uint64_t bytes);
 /* 1: weights with dev_key == 0 are cached by host address (a resident spine); 0: they are copied
  * to the GPU on every call (spine streaming reuses its staging buffers for other layers). */
 void df_cuda_set_cache_by_address(int on);
-/* The one-token matmul kernel: 1 = one row per warp (default), 4 = four rows per warp sharing the
- * activation loads (same outputs bit for bit; faster for 4-bit encodings). Env DF_CUDA_MV_ROWS sets it at start. */
+/* Matmul kernel choice, for tests and benchmarks (every choice gives the same outputs bit for bit; docs/cuda.md).
+ * 0 = automatic, 1 = the one-row-per-warp kernel. One token (env DF_CUDA_MV_ROWS): 2 = the tiled kernel with
+ * 2 rows per warp and 4 warps per block, 4 = 4 rows per warp, 4 warps, 8 = 2 rows per warp, 8 warps.
+ * T >= 2 (env DF_CUDA_TILE): the tiled kernel's block, 2 = 8 rows x 8 tokens, 4 = 32 x 8, 8 = 16 x 8. */
 void df_cuda_set_matvec_rows(int n);
+void df_cuda_set_tile(int n);
 /* Drop every cached weight (a model was closed: its host addresses may be reused). */
 void df_cuda_cache_clear(void);
 

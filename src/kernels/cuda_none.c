@@ -22,6 +22,7 @@ void df_cuda_cache_clear(void) {}
 int df_cuda_preload(const df_weight *w) { return -1; }
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) { *all = 0; return 0; }
 void df_cuda_set_matvec_rows(int n) { (void)n; }
+void df_cuda_set_tile(int n) { (void)n; }
 int df_cuda_pin(uint64_t dev_key, df_weight *w) { return 0; }
 void df_cuda_unpin(uint64_t dev_key) {}
 void df_cuda_get_stats(df_cuda_stats *out) { memset(out, 0, sizeof *out); }

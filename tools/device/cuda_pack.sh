@@ -13,7 +13,7 @@ mkdir -p "$T/lib"
 for b in ${BINS:-deltafin test_cuda_kernels test_golden}; do
     cp "build/$b" "$T/$b" && strip "$T/$b"
 done
-cp tools/device/cuda_check.sh tests/e2e_cuda_cli.sh "$T/"
+cp tools/device/cuda_check.sh tools/device/cublas_sgemm.py tests/e2e_cuda_cli.sh "$T/"
 ldd build/deltafin | awk '/=> \// {print $3}' | grep -E '/lib(cjson|microhttpd|uring|utf8proc|xxhash)\.' |
     while read -r l; do cp -L "$l" "$T/lib/"; done
 strip "$T"/lib/* 2>/dev/null || true

@@ -13,9 +13,12 @@
 cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                              const float *x, int T, float *y, cudaStream_t st);
 
-/* One-token kernel: 1 = one row per warp (default), 4 = four rows per warp sharing activation loads
- * (bitwise the same outputs; cuda_matmul.cu mv_kernel). */
+/* Kernel choice (cuda_matmul.cu; every choice gives the same bits; 0 = automatic, 1 = the one-row-per-warp
+ * kernel): one token: 2 = tiled, 2 rows per warp, 4 warps; 4 = 4 rows per warp, 4 warps; 8 = 2 rows per warp,
+ * 8 warps. T >= 2: the block tile, 2 = 8 rows x 8 tokens, 4 = 32 x 8 (8 warps), 8 = 16 x 8 (registers for
+ * three blocks per SM). */
 void cu_set_matvec_rows(int n);
+void cu_set_tile(int n);
 
 /* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);
@@ -25,7 +28,8 @@ cudaError_t cu_situ_mul_launch(float *out, const float *g, const float *u, int64
 cudaError_t cu_softmax_launch(float *x, int T, int64_t n, cudaStream_t st);
 cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const float *inv_freq, float attention_factor,
                            const int64_t *pos, cudaStream_t st);
-/* Fill n bytes with a fixed pseudo-random pattern (benchmark weights). */
+/* Fill n bytes with a fixed pseudo-random pattern (benchmark weights); AND every 32-bit word with mask. */
 cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st);
+cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st);
 
 #endif

@@ -140,3 +140,12 @@ cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st) {
     fill_kernel<<<grid_for((int64_t)(n / 4)), 256, 0, st>>>(static_cast<uint32_t *>(p), n / 4, seed);
     return cudaGetLastError();
 }
+
+__global__ void and_kernel(uint32_t *p, size_t n, uint32_t mask) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] &= mask;
+}
+
+cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st) {
+    and_kernel<<<grid_for((int64_t)(n / 4)), 256, 0, st>>>(static_cast<uint32_t *>(p), n / 4, mask);
+    return cudaGetLastError();
+}
