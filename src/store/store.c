@@ -454,10 +454,14 @@ static int find_slot(df_store *st, int level, int for_prefetch) {
     return best;
 }
 
-static int take_slot(df_store *st, int for_prefetch) {
+/* may_take_held: a demand load of store_acquire may, as the last resort, take a slot held by a pending demand
+ * request (no other slot can be freed: every other is pinned or loading); a request never does, since the
+ * held member would then be read twice (e.g. a layer's set larger than the cache: its present members are
+ * held, and the members that find no slot now are loaded by acquire as earlier ones are released). */
+static int take_slot(df_store *st, int for_prefetch, int may_take_held) {
     int s = find_slot(st, 0, for_prefetch);
     if (s < 0 && !for_prefetch) s = find_slot(st, 1, 0);
-    if (s < 0 && !for_prefetch) s = find_slot(st, 2, 0);
+    if (s < 0 && !for_prefetch && may_take_held) s = find_slot(st, 2, 0);
     if (s < 0) return -1;
     store_slot *sl = &st->slots[s];
     if (sl->key >= 0) {
@@ -478,9 +482,9 @@ static int take_slot(df_store *st, int for_prefetch) {
 
 /* Start loading key into a fresh slot; mu held. Returns slot, -1 when no slot
  * can be taken now, or DF_ENOMEM (-5 - 100) on allocation failure. */
-static int start_load(df_store *st, int layer, int expert, store_prio prio) {
+static int start_load(df_store *st, int layer, int expert, store_prio prio, int may_take_held) {
     int key = KEY(st, layer, expert);
-    int s = take_slot(st, prio == STORE_PREFETCH);
+    int s = take_slot(st, prio == STORE_PREFETCH, may_take_held);
     if (s == -2) return -2;
     if (s < 0) return -1;
     store_job *j = calloc(1, sizeof *j);
@@ -584,7 +588,7 @@ int store_request(df_store *st, int layer, const int *experts, int n, store_prio
             }
             continue;
         }
-        s = start_load(st, layer, experts[i], prio);
+        s = start_load(st, layer, experts[i], prio, 0);
         if (s == -2) { rc = DF_ENOMEM; continue; }
         if (s < 0) continue; /* no slot free now: acquire will load it */
         if (prio == STORE_DEMAND) {
@@ -668,7 +672,7 @@ int store_acquire(df_store *st, int layer, const int *experts, int n, df_expert 
                 }
                 if (s >= 0) { st->slots[s].pins++; slot[i] = s; }
                 else {
-                    s = start_load(st, layer, experts[i], STORE_DEMAND);
+                    s = start_load(st, layer, experts[i], STORE_DEMAND, 1);
                     if (s == -2) { rc = seterr(err, errlen, DF_ENOMEM, "out of memory for an expert slot"); break; }
                     if (s >= 0) { st->slots[s].pins++; st->slots[s].fresh = 1; slot[i] = s; }
                 }
