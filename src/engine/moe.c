@@ -261,6 +261,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             }
         free(fill);
     }
+    moe_guess_score(e, layer, count);
     if (e->touched)
         for (int i = 0; i < n_used; i++) {
             unsigned char *t = &e->touched[(int64_t)layer * E + used[i]];
@@ -280,7 +281,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
      * cache, and guesses the next layer does not need are dropped by its demand request. */
     if (e->la_x && e->la_layer == layer + 1 && e->experts.request && (guess = malloc(sizeof(int) * (size_t)E))) {
         const double tg = df_now();
-        n_guess = moe_guess(e, layer + 1, e->la_x, T, guess);
+        n_guess = moe_guess_prompt(e, layer + 1, e->la_x, T, guess);
         /* a next layer whose set does not fit the cache would evict these guesses for its own members */
         if (n_guess > max_pin) n_guess = 0;
         if (n_guess > 0) {
@@ -376,7 +377,8 @@ done:
     return rc;
 }
 
-int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
+/* moe_guess, with each expert's vote count (rows that picked it) in votes_out[E] when not NULL */
+static int guess_votes(df_engine *e, int layer, const float *x_resid, int T, int *used, int *votes_out) {
     const df_config *cfg = e->cfg;
     if (layer >= cfg->num_hidden_layers) return 0;
     const df_layer_weights *lw = &e->spine->layers[layer];
@@ -394,6 +396,7 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
         moe_route(cfg, logits, lw->router_bias, T, ids, w);
         for (int i = 0; i < T * K; i++) votes[ids[i]]++;
         for (int x = 0; x < E; x++) if (votes[x]) used[n++] = x;
+        if (votes_out) memcpy(votes_out, votes, sizeof(int) * (size_t)E);
         /* most-voted first (stable: ascending id among equals): the surest guesses are read first, and the
          * least sure are the likeliest to be still unread (dropped at no cost) when the layer's real set comes */
         for (int i = 1; i < n; i++) {
@@ -405,6 +408,49 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
     }
     free(h); free(logits); free(ids); free(w); free(votes);
     return n;
+}
+
+int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
+    return guess_votes(e, layer, x_resid, T, used, NULL);
+}
+
+/* measured precision of a guess that v rows voted for (prior 0.8 worth GUESS_PRIOR_N guesses) */
+enum { GUESS_PRIOR_N = 5 };
+#define GUESS_PRIOR_P 0.8
+#define DF_GUESS_WASTE 0.02
+static double guess_precision(const df_engine *e, int v) {
+    const int b = v < DF_GUESS_VOTES ? v : DF_GUESS_VOTES;
+    return (e->gs_needed[b] + GUESS_PRIOR_P * GUESS_PRIOR_N) / (e->gs_made[b] + GUESS_PRIOR_N);
+}
+
+int moe_guess_prompt(df_engine *e, int layer, const float *x_resid, int T, int *used) {
+    const int E = e->cfg->n_routed_experts;
+    if (!e->gs_votes && !(e->gs_votes = malloc(sizeof(int) * (size_t)E))) return 0;
+    const int n = guess_votes(e, layer, x_resid, T, used, e->gs_votes);
+    e->gs_layer = n > 0 ? layer : -1;
+    /* used[] is most-voted first: keep a prefix whose expected wrong guesses stay within DF_GUESS_WASTE of
+     * the expected needed experts of all the guesses */
+    double need = 0, waste = 0;
+    for (int i = 0; i < n; i++) need += guess_precision(e, e->gs_votes[used[i]]);
+    int keep = 0;
+    for (; keep < n; keep++) {
+        const double w = 1.0 - guess_precision(e, e->gs_votes[used[keep]]);
+        if (waste + w > DF_GUESS_WASTE * need) break;
+        waste += w;
+    }
+    return keep;
+}
+
+void moe_guess_score(df_engine *e, int layer, const int *count) {
+    if (!e->gs_votes || e->gs_layer != layer) return;
+    for (int x = 0; x < e->cfg->n_routed_experts; x++) {
+        const int v = e->gs_votes[x];
+        if (v <= 0) continue;
+        const int b = v < DF_GUESS_VOTES ? v : DF_GUESS_VOTES;
+        e->gs_made[b]++;
+        e->gs_needed[b] += count[x] > 0;
+    }
+    e->gs_layer = -1;
 }
 
 void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_n) {
