@@ -22,6 +22,8 @@ typedef struct {
     int (*request)(void *ctx, int layer, const int *experts, int n, store_prio prio);
     int (*acquire)(void *ctx, int layer, const int *experts, int n, df_expert *views, char *err, size_t errlen);
     void (*release)(void *ctx, int layer, const int *experts, int n);
+    /* optional (NULL: every member taken as present): which members have a slot now (store_present) */
+    void (*present)(void *ctx, int layer, const int *experts, int n, unsigned char *present);
 } df_expert_src;
 
 /* RoPE / YaRN constants resolved from the config (rope.c). */

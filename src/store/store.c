@@ -605,6 +605,15 @@ int store_request(df_store *st, int layer, const int *experts, int n, store_prio
     return rc;
 }
 
+void store_present(df_store *st, int layer, const int *experts, int n, unsigned char *present) {
+    pthread_mutex_lock(&st->mu);
+    for (int i = 0; i < n; i++) {
+        int s = check_key(st, layer, experts[i]) ? st->slot_of[KEY(st, layer, experts[i])] : -1;
+        present[i] = s >= 0 && (st->slots[s].state == SLOT_LOADING || st->slots[s].state == SLOT_READY);
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
 int store_max_acquire(const df_store *st) {
     int m = st->n_slots - st->hot_limit;
     return m < st->top_k ? st->top_k : m;
