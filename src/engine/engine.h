@@ -143,7 +143,7 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used);
 
 /* Prompt-sized lookahead: moe_guess, cut to the guesses worth reading. A wrong guess is bytes read for
  * nothing, so the most-voted guesses are kept while the expected wrong ones (by the precision measured for
- * their vote count on earlier layers: e->gs_made / gs_needed, prior 0.8) stay within DF_GUESS_WASTE of the
+ * their vote count on earlier layers: e->gs_made / gs_needed, prior 1 - 0.3 / votes) stay within DF_GUESS_WASTE of the
  * expected needed ones; the guess is remembered for scoring by the layer's own routing (moe_guess_score). */
 int moe_guess_prompt(df_engine *e, int layer, const float *x_resid, int T, int *used);
 /* Scores the remembered guess for `layer` against the experts its routing picked (count[x] > 0). */

@@ -453,13 +453,14 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
     return guess_votes(e, layer, x_resid, T, used, NULL);
 }
 
-/* measured precision of a guess that v rows voted for (prior 0.8 worth GUESS_PRIOR_N guesses) */
+/* measured precision of a guess that v rows voted for; prior 1 - 0.3 / v (0.7 for one vote, 0.96 for 8 or more:
+ * about the random synthetic models' measured precision, the least predictable routing) worth GUESS_PRIOR_N
+ * guesses */
 enum { GUESS_PRIOR_N = 5 };
-#define GUESS_PRIOR_P 0.8
 #define DF_GUESS_WASTE 0.02
 static double guess_precision(const df_engine *e, int v) {
     const int b = v < DF_GUESS_VOTES ? v : DF_GUESS_VOTES;
-    return (e->gs_needed[b] + GUESS_PRIOR_P * GUESS_PRIOR_N) / (e->gs_made[b] + GUESS_PRIOR_N);
+    return (e->gs_needed[b] + (1.0 - 0.3 / b) * GUESS_PRIOR_N) / (e->gs_made[b] + GUESS_PRIOR_N);
 }
 
 int moe_guess_prompt(df_engine *e, int layer, const float *x_resid, int T, int *used) {
