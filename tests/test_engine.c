@@ -193,7 +193,7 @@ static void run_case(int q_lora, int yarn, const char *backend) {
     tiny_build(&m, q_lora, yarn);
     df_engine e = {0};
     e.cfg = &m.cfg; e.spine = &m.sp; e.be = df_backend_get(backend); e.pool = df_pool_new(2);
-    e.experts = (df_expert_src){&m, t_request, t_acquire, t_release};
+    e.experts = (df_expert_src){&m, t_request, t_acquire, t_release, NULL};
     char err[256] = "";
     CHECK(rope_init(&e.rope, &m.cfg, err, sizeof err) == 0, "rope_init %s", err);
     enum { T = 9 };

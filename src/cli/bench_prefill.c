@@ -26,7 +26,7 @@ static double now_s(void) {
 static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench prefill --model DIR [--tokens N (64)] [--ram-budget SIZE] [--threads N]\n"
                "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop] [--backend auto|cpu|cuda]\n"
-               "       [--gpu-budget SIZE]\n"
+               "       [--gpu-budget SIZE] [--events FILE (the store's JSONL events: every read, acquire, dropped guess)]\n"
                "  Cold TTFT of an N-token prompt (random ids, seeded) in one evaluation; prints the expert bytes read\n"
                "  against the union of experts the prompt touches (amplification), the union's read time at\n"
                "  `bench io` speed, the compute time and TTFT / max(both).\n");
@@ -38,6 +38,7 @@ int bench_prefill(int argc, char **argv) {
     long tokens = 64, threads = 0, seed = 1, qd = 16;
     double io_seconds = 5;
     int nodrop = 0;
+    const char *events = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
@@ -45,6 +46,7 @@ int bench_prefill(int argc, char **argv) {
         if (!v) { fprintf(stderr, "deltafin bench prefill: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--events")) events = v;
         else if (!strcmp(a, "--ram-budget")) {
             if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench prefill: --ram-budget '%s': expected a size like 8G\n", v); return 2; }
         } else if (!strcmp(a, "--tokens") || !strcmp(a, "--threads") || !strcmp(a, "--seed") || !strcmp(a, "--qd")) {
@@ -86,6 +88,7 @@ int bench_prefill(int argc, char **argv) {
     mo.backend = backend;
     mo.gpu_budget = gpu_budget;
     mo.kv_positions = (int)tokens + 1;
+    mo.events_path = events;
     df_model *m = NULL;
     rc = df_model_open(&m, model, &mo, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench prefill: %s\n", err); return 1; }

@@ -119,6 +119,7 @@ static int src_acquire(void *ctx, int layer, const int *ids, int n, df_expert *v
     return store_acquire(ctx, layer, ids, n, v, err, errlen);
 }
 static void src_release(void *ctx, int layer, const int *ids, int n) { store_release(ctx, layer, ids, n); }
+static void src_present(void *ctx, int layer, const int *ids, int n, unsigned char *p) { store_present(ctx, layer, ids, n, p); }
 
 static int file_exists(const char *dir, const char *name) {
     char p[8192];
@@ -440,9 +441,10 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
         if (!m->stream) m->gpu_spine = df_cuda_preload_spine(&m->spine, cfg->num_hidden_layers, &m->gpu_spine_all);
     }
     m->eng.pool = m->pool;
-    m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release};
+    m->eng.experts = (df_expert_src){m->store, src_request, src_acquire, src_release, src_present};
     m->eng.max_acquire = m->store ? store_max_acquire(m->store) : 0;
     m->eng.touched = cfg->n_routed_experts > 0 ? calloc((size_t)cfg->num_hidden_layers * cfg->n_routed_experts, 1) : NULL;
+    m->eng.gs_layer = -1;
     /* router prefetch of layer L+1 (issue 4): on when experts can be evicted (a RAM budget);
      * DF_PREFETCH=1/0 forces it on/off (measurements). Never changes numerics. */
     {
@@ -521,6 +523,7 @@ void df_model_close(df_model *m) {
     if (m->on_gpu) df_cuda_cache_clear();
     rope_free(&m->eng.rope);
     free(m->eng.touched);
+    free(m->eng.gs_votes);
     if (m->pool) df_pool_free(m->pool);
     if (m->store) store_close(m->store);
     if (m->stream) sst_close(m->stream);

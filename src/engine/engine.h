@@ -22,6 +22,8 @@ typedef struct {
     int (*request)(void *ctx, int layer, const int *experts, int n, store_prio prio);
     int (*acquire)(void *ctx, int layer, const int *experts, int n, df_expert *views, char *err, size_t errlen);
     void (*release)(void *ctx, int layer, const int *experts, int n);
+    /* optional (NULL: every member taken as present): which members have a slot now (store_present) */
+    void (*present)(void *ctx, int layer, const int *experts, int n, unsigned char *present);
 } df_expert_src;
 
 /* RoPE / YaRN constants resolved from the config (rope.c). */
@@ -77,6 +79,8 @@ typedef struct {
     int T;
 } df_seq_rows;
 
+enum { DF_GUESS_VOTES = 8 };
+
 /* Everything a forward pass needs. */
 typedef struct {
     const df_config *cfg;
@@ -100,6 +104,12 @@ typedef struct {
      * ffn_forward of that layer guesses la_layer's experts (NULL = none) */
     const float *la_x;
     int la_layer;
+    /* calibration of the prompt lookahead (moe_guess_prompt): per vote count v (1..DF_GUESS_VOTES, the last
+     * bucket = v or more rows picked the expert), the guesses made and how many the layer then needed; the
+     * votes of the last guess (gs_votes[n_routed_experts], of layer gs_layer; -1 = none to score) */
+    uint32_t gs_made[DF_GUESS_VOTES + 1], gs_needed[DF_GUESS_VOTES + 1];
+    int *gs_votes;
+    int gs_layer;
 } df_engine;
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
@@ -130,6 +140,14 @@ void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_
  * here with that layer's ffn_norm), into used[n_routed_experts], most-picked first (ascending id among
  * equals); returns how many (0 for a dense layer or on allocation failure). */
 int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used);
+
+/* Prompt-sized lookahead: moe_guess, cut to the guesses worth reading. A wrong guess is bytes read for
+ * nothing, so the most-voted guesses are kept while the expected wrong ones (by the precision measured for
+ * their vote count on earlier layers: e->gs_made / gs_needed, prior 1 - 0.3 / votes) stay within DF_GUESS_WASTE of the
+ * expected needed ones; the guess is remembered for scoring by the layer's own routing (moe_guess_score). */
+int moe_guess_prompt(df_engine *e, int layer, const float *x_resid, int T, int *used);
+/* Scores the remembered guess for `layer` against the experts its routing picked (count[x] > 0). */
+void moe_guess_score(df_engine *e, int layer, const int *count);
 
 /* T tokens through every layer. logits: NULL, [vocab] (last position) or [T, vocab] when all_logits.
  * progress called per layer (what = "layers"). */

@@ -178,7 +178,13 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
                 e->la_layer = l + 1;
             } else { /* a dense layer reads no experts: the guesses go out now, read during its MLP (when
                       * they fit the cache: else layer l+1's own set would evict them) */
-                moe_prefetch(e, l + 1, x, T, e->max_acquire > 0 ? e->max_acquire : cfg->num_experts_per_tok);
+                int *g = malloc(sizeof(int) * (size_t)cfg->n_routed_experts);
+                const int ng = g ? moe_guess_prompt(e, l + 1, x, T, g) : 0;
+                if (ng > 0 && ng <= (e->max_acquire > 0 ? e->max_acquire : cfg->num_experts_per_tok)) {
+                    e->experts.request(e->experts.ctx, l + 1, g, ng, STORE_PREFETCH);
+                    e->prefetch_issued += (uint64_t)ng;
+                }
+                free(g);
                 LAP(DF_PHASE_PREFETCH);
             }
         }

@@ -231,8 +231,9 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     int *guess = NULL, n_guess = 0; /* lookahead guesses for layer + 1 (prompt-sized calls) */
     int *rows_req = malloc(sizeof(int) * (size_t)E), *acq_ids = malloc(sizeof(int) * (size_t)(E + 1));
     int *pinned = calloc((size_t)E + 1, sizeof(int));
+    int *xo = malloc(sizeof(int) * (size_t)(E + 1)); /* the experts in the order of the chunks */
     df_expert *aviews = malloc(sizeof(df_expert) * (size_t)(E + 1));
-    if (!rows_req || !acq_ids || !pinned || !aviews || !logits || !ids || !wts || !count || !used || !rows || !rw || !start || !yall || !ye || !views || !bytes ||
+    if (!xo || !rows_req || !acq_ids || !pinned || !aviews || !logits || !ids || !wts || !count || !used || !rows || !rw || !start || !yall || !ye || !views || !bytes ||
         !rcs || (lw->has_shared && !sh) || (latent && (!hx || !acc))) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "MoE layer %d: out of memory for %d tokens", layer, T);
@@ -261,6 +262,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             }
         free(fill);
     }
+    moe_guess_score(e, layer, count);
     if (e->touched)
         for (int i = 0; i < n_used; i++) {
             unsigned char *t = &e->touched[(int64_t)layer * E + used[i]];
@@ -280,7 +282,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
      * cache, and guesses the next layer does not need are dropped by its demand request. */
     if (e->la_x && e->la_layer == layer + 1 && e->experts.request && (guess = malloc(sizeof(int) * (size_t)E))) {
         const double tg = df_now();
-        n_guess = moe_guess(e, layer + 1, e->la_x, T, guess);
+        n_guess = moe_guess_prompt(e, layer + 1, e->la_x, T, guess);
         /* a next layer whose set does not fit the cache would evict these guesses for its own members */
         if (n_guess > max_pin) n_guess = 0;
         if (n_guess > 0) {
@@ -291,24 +293,44 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     }
     if (latent) eng_matmul(e, &lw->lat_down, h, T, hx);
     memset(acc, 0, sizeof(float) * (size_t)T * Wd);
+    /* The order of the chunks: when the layer's set did not all get a slot at its request (a set larger than
+     * the cache), the members that have one (read or being read) come first, then the rest in ascending
+     * order, each group requested as the slots of the computed ones are released, so every member is read
+     * once and the next group is read while the current one computes; a member with a slot never waits
+     * behind one without (whose load could otherwise evict it unused). */
+    int n_missing = 0;
+    if (e->experts.present && n_used > 0) {
+        unsigned char *pres = malloc((size_t)n_used);
+        if (!pres) { rc = DF_ENOMEM; goto done; }
+        e->experts.present(e->experts.ctx, layer, used, n_used, pres);
+        for (int i = 0; i < n_used; i++) if (!pres[i] && !dev_resident(e, layer, used[i])) n_missing++;
+        if (n_missing) {
+            int k = 0;
+            for (int i = 0; i < n_used; i++) if (pres[i]) xo[k++] = used[i];
+            for (int i = 0; i < n_used; i++) if (!pres[i]) xo[k++] = used[i];
+        }
+        free(pres);
+    }
+    if (!n_missing) memcpy(xo, used, sizeof(int) * (size_t)n_used);
     /* chunks of experts: acquire, compute (items in parallel across the pool when there are enough of
-     * them and each is small; else one at a time with row-parallel matmuls), release, accumulate in
-     * ascending expert order (the same additions in the same order whatever the chunking) */
+     * them and each is small; else one at a time with row-parallel matmuls), release; the outputs are
+     * accumulated afterwards in ascending expert order (the same additions in the same order whatever the
+     * chunking and the order of the chunks) */
     for (int u0 = 0; u0 < n_used || (u0 == 0 && lw->has_shared); u0 += maxc) {
         const int nc = n_used - u0 < maxc ? n_used - u0 : maxc;
         const int with_shared = lw->has_shared && u0 + nc >= n_used; /* the last chunk carries the shared expert */
         int n_acq = 0; /* experts of the chunk taken from the store (the rest are pinned in device memory) */
         if (nc > 0) {
             for (int i = 0; i < nc; i++) {
-                pinned[i] = dev_pin_expert(e, layer, used[u0 + i], &views[i]);
-                if (!pinned[i]) acq_ids[n_acq++] = used[u0 + i];
+                pinned[i] = dev_pin_expert(e, layer, xo[u0 + i], &views[i]);
+                if (!pinned[i]) acq_ids[n_acq++] = xo[u0 + i];
             }
             if (n_acq > 0) {
                 double t0 = now_s();
                 rc = e->experts.acquire(e->experts.ctx, layer, acq_ids, n_acq, aviews, err, errlen);
                 e->io_wait_s += now_s() - t0;
                 if (rc) {
-                    for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, used[u0 + i]);
+                    for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, xo[u0 + i]);
                     goto done;
                 }
             }
@@ -316,15 +338,15 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
                 if (pinned[i]) continue;
                 views[i] = aviews[a++];
                 /* identities for device caches (the views' buffers are reused) */
-                views[i].gate.dev_key = DF_DEVKEY(layer, used[u0 + i], 0);
-                views[i].up.dev_key = DF_DEVKEY(layer, used[u0 + i], 1);
-                views[i].down.dev_key = DF_DEVKEY(layer, used[u0 + i], 2);
+                views[i].gate.dev_key = DF_DEVKEY(layer, xo[u0 + i], 0);
+                views[i].up.dev_key = DF_DEVKEY(layer, xo[u0 + i], 1);
+                views[i].down.dev_key = DF_DEVKEY(layer, xo[u0 + i], 2);
             }
         }
         int64_t biggest = 0;
         for (int i = 0; i < nc; i++) {
-            ye[i] = yall + (int64_t)start[used[u0 + i]] * Wd;
-            int64_t w = (int64_t)count[used[u0 + i]] * views[i].gate.rows * views[i].gate.cols;
+            ye[i] = yall + (int64_t)start[xo[u0 + i]] * Wd;
+            int64_t w = (int64_t)count[xo[u0 + i]] * views[i].gate.rows * views[i].gate.cols;
             if (w > biggest) biggest = w;
         }
         if (with_shared && (int64_t)T * lw->gate.rows * lw->gate.cols > biggest) biggest = (int64_t)T * lw->gate.rows * lw->gate.cols;
@@ -332,18 +354,35 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         /* item-parallel when the matmuls would run on one thread anyway (the driver's threshold) or
          * there are enough items to keep every thread busy */
         const int par = nthreads > 1 && items > 1 && (biggest < 131072 || items >= 2 * nthreads);
-        ex_job j = {e, par ? NULL : e->pool, lw, h, latent ? hx : h, T, D, Wd, nc, with_shared, used + u0, count, start,
+        ex_job j = {e, par ? NULL : e->pool, lw, h, latent ? hx : h, T, D, Wd, nc, with_shared, xo + u0, count, start,
                     rows, views, ye, sh, bytes, rcs};
         memset(rcs, 0, sizeof(int) * (size_t)(items + 1));
         memset(bytes, 0, sizeof(uint64_t) * (size_t)(items + 1));
         if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
         else ex_task(&j, 0, items, 0);
         if (n_acq > 0) e->experts.release(e->experts.ctx, layer, acq_ids, n_acq);
-        for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, used[u0 + i]);
-        /* only when this layer's whole set fits the cache (every member got a slot at its request): else a
-         * released slot is for this layer's members still to be read, not for a guess. After the last chunk
-         * too: the guesses then read during the next layer's attention */
-        if (n_guess > 0 && nc > 0 && n_used <= max_pin)
+        for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, xo[u0 + i]);
+        /* members still without a slot: the released slots go to them, in chunk order (read while the
+         * next chunk computes); once every member has one, n_missing = 0 */
+        if (n_missing && nc > 0 && u0 + nc < n_used) {
+            int n_rest = 0;
+            for (int i = u0 + nc; i < n_used; i++)
+                if (!dev_resident(e, layer, xo[i])) rows_req[n_rest++] = xo[i];
+            if (n_rest) {
+                e->experts.request(e->experts.ctx, layer, rows_req, n_rest, STORE_DEMAND);
+                unsigned char pres[64];
+                n_missing = 0;
+                for (int i0 = 0; i0 < n_rest; i0 += 64) {
+                    const int m = n_rest - i0 < 64 ? n_rest - i0 : 64;
+                    e->experts.present(e->experts.ctx, layer, rows_req + i0, m, pres);
+                    for (int i = 0; i < m; i++) n_missing += !pres[i];
+                }
+            } else n_missing = 0;
+        }
+        /* only when every member of this layer has a slot: else a released slot is for this layer's members
+         * still to be read, not for a guess. After the last chunk too: the guesses then read during the next
+         * layer's attention */
+        if (n_guess > 0 && nc > 0 && !n_missing)
             e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
         for (int i = 0; i < items; i++) {
             e->weight_bytes += bytes[i];
@@ -353,12 +392,13 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             if (err) snprintf(err, errlen, "MoE layer %d: out of memory for %d tokens", layer, T);
             goto done;
         }
-        for (int i = 0; i < nc; i++) {
-            const int x = used[u0 + i];
-            for (int r = 0; r < count[x]; r++)
-                e->be->axpy(acc + (int64_t)rows[start[x] + r] * Wd, rw[start[x] + r], ye[i] + (int64_t)r * Wd, Wd);
-        }
         if (nc == 0) break;
+    }
+    for (int i = 0; i < n_used; i++) {
+        const int x = used[i];
+        const float *y = yall + (int64_t)start[x] * Wd;
+        for (int r = 0; r < count[x]; r++)
+            e->be->axpy(acc + (int64_t)rows[start[x] + r] * Wd, rw[start[x] + r], y + (int64_t)r * Wd, Wd);
     }
     if (latent) {
         if (cfg->latent_norm)
@@ -371,12 +411,13 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
 done:
     free(logits); free(ids); free(wts); free(count); free(used); free(rows); free(rw); free(start);
     free(yall); free(ye); free(views); free(bytes); free(rcs); free(sh); free(hx); free(guess);
-    free(rows_req); free(acq_ids); free(pinned); free(aviews);
+    free(rows_req); free(acq_ids); free(pinned); free(aviews); free(xo);
     if (latent) free(acc);
     return rc;
 }
 
-int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
+/* moe_guess, with each expert's vote count (rows that picked it) in votes_out[E] when not NULL */
+static int guess_votes(df_engine *e, int layer, const float *x_resid, int T, int *used, int *votes_out) {
     const df_config *cfg = e->cfg;
     if (layer >= cfg->num_hidden_layers) return 0;
     const df_layer_weights *lw = &e->spine->layers[layer];
@@ -394,6 +435,7 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
         moe_route(cfg, logits, lw->router_bias, T, ids, w);
         for (int i = 0; i < T * K; i++) votes[ids[i]]++;
         for (int x = 0; x < E; x++) if (votes[x]) used[n++] = x;
+        if (votes_out) memcpy(votes_out, votes, sizeof(int) * (size_t)E);
         /* most-voted first (stable: ascending id among equals): the surest guesses are read first, and the
          * least sure are the likeliest to be still unread (dropped at no cost) when the layer's real set comes */
         for (int i = 1; i < n; i++) {
@@ -405,6 +447,50 @@ int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
     }
     free(h); free(logits); free(ids); free(w); free(votes);
     return n;
+}
+
+int moe_guess(df_engine *e, int layer, const float *x_resid, int T, int *used) {
+    return guess_votes(e, layer, x_resid, T, used, NULL);
+}
+
+/* measured precision of a guess that v rows voted for; prior 1 - 0.3 / v (0.7 for one vote, 0.96 for 8 or more:
+ * about the random synthetic models' measured precision, the least predictable routing) worth GUESS_PRIOR_N
+ * guesses */
+enum { GUESS_PRIOR_N = 5 };
+#define DF_GUESS_WASTE 0.02
+static double guess_precision(const df_engine *e, int v) {
+    const int b = v < DF_GUESS_VOTES ? v : DF_GUESS_VOTES;
+    return (e->gs_needed[b] + (1.0 - 0.3 / b) * GUESS_PRIOR_N) / (e->gs_made[b] + GUESS_PRIOR_N);
+}
+
+int moe_guess_prompt(df_engine *e, int layer, const float *x_resid, int T, int *used) {
+    const int E = e->cfg->n_routed_experts;
+    if (!e->gs_votes && !(e->gs_votes = malloc(sizeof(int) * (size_t)E))) return 0;
+    const int n = guess_votes(e, layer, x_resid, T, used, e->gs_votes);
+    e->gs_layer = n > 0 ? layer : -1;
+    /* used[] is most-voted first: keep a prefix whose expected wrong guesses stay within DF_GUESS_WASTE of
+     * the expected needed experts of all the guesses */
+    double need = 0, waste = 0;
+    for (int i = 0; i < n; i++) need += guess_precision(e, e->gs_votes[used[i]]);
+    int keep = 0;
+    for (; keep < n; keep++) {
+        const double w = 1.0 - guess_precision(e, e->gs_votes[used[keep]]);
+        if (waste + w > DF_GUESS_WASTE * need) break;
+        waste += w;
+    }
+    return keep;
+}
+
+void moe_guess_score(df_engine *e, int layer, const int *count) {
+    if (!e->gs_votes || e->gs_layer != layer) return;
+    for (int x = 0; x < e->cfg->n_routed_experts; x++) {
+        const int v = e->gs_votes[x];
+        if (v <= 0) continue;
+        const int b = v < DF_GUESS_VOTES ? v : DF_GUESS_VOTES;
+        e->gs_made[b]++;
+        e->gs_needed[b] += count[x] > 0;
+    }
+    e->gs_layer = -1;
 }
 
 void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_n) {

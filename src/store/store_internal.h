@@ -129,6 +129,11 @@ struct df_store {
     pthread_t verifiers[STORE_MAX_DRIVES];
     int n_verifiers, ver_stop;
 
+    /* prefault thread (a RAM budget only): allocates and touches the slot buffers ahead of their first read
+     * (store.c slot_alloc / prefault_main) */
+    pthread_t prefault;
+    int prefault_on, prefault_stop;
+
     store_stats stats;
     store_stats last_tok;       /* stats at the previous store_token_event */
     FILE *events;
