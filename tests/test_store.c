@@ -282,6 +282,42 @@ static void test_truncated(void) {
 }
 
 /* Hit / miss counting and eviction with 4 slots. */
+/* A demand set larger than the cache (issue 10): its present members are held, not evicted to load others
+ * (they would be read twice); store_present names the members with a slot, acquired first, then the rest in
+ * groups as slots are released: every member read once. */
+static void test_set_larger_than_cache(void) {
+    fixture fx;
+    make_fixture(&fx, "big", 1);
+    df_store *st = open_store(&fx, 4ull * STRIDE + 100, 1, 0, NULL, NULL);
+    df_expert v[4];
+    char err[512];
+    int pre[2] = {6, 7};
+    CHECK(store_acquire(st, 1, pre, 2, v, err, sizeof err) == 0, "%s", err);
+    store_release(st, 1, pre, 2);
+    int set[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    CHECK(store_request(st, 1, set, 8, STORE_DEMAND) == 0, "request");
+    unsigned char p[8];
+    store_present(st, 1, set, 8, p);
+    int n_p = 0;
+    for (int i = 0; i < 8; i++) n_p += p[i];
+    CHECK(n_p == 4 && p[6] && p[7] && p[0] && p[1] && !p[2], "present %d: %d%d%d%d%d%d%d%d", n_p, p[0], p[1], p[2],
+          p[3], p[4], p[5], p[6], p[7]);
+    /* the engine's order: present members first, then the rest, two at a time, re-requested on release */
+    int order[8] = {0, 1, 6, 7, 2, 3, 4, 5};
+    for (int g = 0; g < 8; g += 2) {
+        CHECK(store_acquire(st, 1, order + g, 2, v, err, sizeof err) == 0, "group %d: %s", g, err);
+        CHECK(views_ok(&v[0], 1, order[g]) && views_ok(&v[1], 1, order[g + 1]), "group %d bytes", g);
+        store_release(st, 1, order + g, 2);
+        if (g + 2 < 8) store_request(st, 1, order + g + 2, 8 - g - 2, STORE_DEMAND);
+    }
+    store_stats s;
+    store_get_stats(st, &s);
+    CHECK(s.bytes_demand == 8ull * STRIDE, "read %llu bytes for 8 experts of %u (a member read twice)",
+          (unsigned long long)s.bytes_demand, STRIDE);
+    store_close(st);
+    free_fixture(&fx);
+}
+
 static void test_eviction_counts(void) {
     fixture fx;
     make_fixture(&fx, "ev", 1);
@@ -509,6 +545,7 @@ int main(void) {
     test_corruption();
     test_truncated();
     test_eviction_counts();
+    test_set_larger_than_cache();
     test_policy();
     test_prefetch();
     test_budget();

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #define STORE_MAX_DRIVES 16
+#define STORE_PREFAULT_THREADS 2
 
 typedef enum { SLOT_FREE = 0, SLOT_LOADING, SLOT_READY, SLOT_ERROR } slot_state;
 
@@ -131,8 +132,9 @@ struct df_store {
 
     /* prefault thread (a RAM budget only): allocates and touches the slot buffers ahead of their first read
      * (store.c slot_alloc / prefault_main) */
-    pthread_t prefault;
-    int prefault_on, prefault_stop;
+    pthread_t prefault[STORE_PREFAULT_THREADS];
+    int prefault_on, prefault_stop;   /* threads started; stop asked (mu) */
+    int prefault_next;                /* next slot to prefault (mu) */
 
     store_stats stats;
     store_stats last_tok;       /* stats at the previous store_token_event */
