@@ -100,6 +100,9 @@ typedef struct {
     /* the CUDA backend (docs/cuda.md): */
     uint64_t gpu_budget;        /* backend cuda: GPU memory for the routed-expert cache (the first expert tier);
                                    0 = all free GPU memory less 1 GiB. The spine is cached beside it. */
+    int prefault;               /* with ram_budget: fault the expert cache's slot buffers in (huge pages, two
+                                   threads started at open) before their first read: 0 = auto (on), 1 = on, 2 = off.
+                                   Alias: env DF_PREFAULT=1|0 when this is 0. Never changes results. */
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);

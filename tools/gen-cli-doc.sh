@@ -7,7 +7,7 @@ B=${DF_BIN:-build/deltafin}
   echo "# deltafin command-line reference"; echo
   echo "Generated from each command's \`--help\` (\`tools/gen-cli-doc.sh\`). Sizes accept K, M, G, T suffixes (powers of 1024)."
   echo "\`run\`, \`serve\` and \`bench decode\` echo the resolved configuration on one line to stderr at start (\`run --quiet\` hides it)."
-  echo "Environment aliases: \`DF_PREFETCH=1|0\` (= \`--prefetch on|off\`), \`XDG_CACHE_HOME\` (default cache root),"
+  echo "Environment aliases: \`DF_PREFETCH=1|0\` (= \`--prefetch on|off\`), \`DF_PREFAULT=1|0\` (= \`--prefault on|off\`), \`XDG_CACHE_HOME\` (default cache root),"
   echo "\`HF_ENDPOINT\` (= \`setup --mirror\`), \`HF_TOKEN\` (the mirror's token), \`DELTAFIN_REGISTRY\` (= \`--registry\`: the installed-models"
   echo "registry that \`run\`, \`serve\`, \`bench decode\` and \`doctor\` read without \`--model\`; default \`\$XDG_DATA_HOME/deltafin/models.json\`)."
   for c in run convert tokenize serve bench synth doctor setup list warm; do

@@ -51,6 +51,8 @@ static void run_usage(FILE *f) {
             "                       an error with a native model dir (its spine was chosen by `deltafin convert`)\n"
             "  --events FILE        per-token JSONL I/O events\n"
             "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env DF_PREFETCH)\n"
+            "  --prefault MODE      auto (on) | on | off: fault the expert cache in before its first reads, with\n"
+            "                       --ram-budget (alias env DF_PREFAULT)\n"
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
             "  --backend NAME       auto (default: cuda when a CUDA device is present, else cpu) | cpu (best SIMD)\n"
             "                       | cpu-scalar | cuda (an error without a CUDA device); default env DF_BACKEND\n"
@@ -369,6 +371,14 @@ int cmd_run(int argc, char **argv) {
             else if (!strcmp(v, "on")) mo.prefetch = 1;
             else if (!strcmp(v, "off")) mo.prefetch = 2;
             else { fprintf(stderr, "deltafin run: --prefetch \"%s\": expected auto, on or off\n", v); return 2; }
+        }
+        else if (!strcmp(a, "--prefault")) {
+            const char *v = NEXT();
+            if (!v) return 2;
+            if (!strcmp(v, "auto")) mo.prefault = 0;
+            else if (!strcmp(v, "on")) mo.prefault = 1;
+            else if (!strcmp(v, "off")) mo.prefault = 2;
+            else { fprintf(stderr, "deltafin run: --prefault \"%s\": expected auto, on or off\n", v); return 2; }
         }
         else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
         else if (!strcmp(a, "--gpu-budget")) {

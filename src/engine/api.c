@@ -377,6 +377,12 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     so.expert_dirs = NULL; /* native_set_expert_dirs already re-pointed m->nat at opts.expert_dirs */
     so.events_path = opts.events_path;
     so.remote = opts.remote_source;
+    {
+        int mode = opts.prefault;
+        const char *pf = getenv("DF_PREFAULT");   /* documented alias of --prefault */
+        if (mode == 0 && pf && *pf) mode = atoi(pf) ? 1 : 2;
+        so.no_prefault = mode == 2;
+    }
     if (opts.heat_path && strcmp(opts.heat_path, "off") && *opts.heat_path)
         snprintf(m->heat_path, sizeof m->heat_path, "%s", opts.heat_path);
     else if (!opts.heat_path && opts.ram_budget)

@@ -320,7 +320,7 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
     rc = store_io_start(st, err, errlen);
     if (rc) goto fail;
     /* two threads: on the dev VM one thread first-touches huge pages at 0.5-1.1 GB/s, two at 1.3-2.0 */
-    if (st->o.cache_bytes > 0 && st->n_slots > 0 && !getenv("DF_NO_PREFAULT"))
+    if (st->o.cache_bytes > 0 && st->n_slots > 0 && !st->o.no_prefault)
         for (int i = 0; i < STORE_PREFAULT_THREADS && i < st->n_slots; i++)
             if (pthread_create(&st->prefault[st->prefault_on], NULL, prefault_main, st) == 0) st->prefault_on++;
     snprintf(st->stats.io_engine, sizeof st->stats.io_engine, "%s", st->uring_ok ? "io_uring" : "pread");

@@ -39,6 +39,7 @@ typedef struct {
     double decay;              /* policy 0: weight of an access per token of age (0 < decay <= 1; 1 = pure frequency);
                                   0 = default 0.8 */
     const struct store_remote_s *remote; /* experts not on local disk yet (see store_remote below); NULL = none */
+    int no_prefault;           /* 1 = slot buffers are not faulted in ahead of their first read (default 0: they are) */
 } store_opts;
 
 typedef struct {
