@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # setup_download.sh [SIZE_MB] — `deltafin setup --download-only` vs plain curl from the same loopback nginx
-# mirror (tests/hub/mirror.py): one SIZE_MB (default 2048) LFS shard of random bytes beside kimi-mini's
-# config.json. Prints MB/s of each (file written to the same disk, page cache dropped before each when root),
-# the ratio, and deltafin's peak RSS (/usr/bin/time). Figures go to bench/RESULTS.md.
+# mirror (tests/hub/mirror.py): SIZE_MB (default 2048) of random bytes in SHARDS (env, default 1) LFS shards
+# beside kimi-mini's config.json; curl fetches the shards one after another over one connection. Prints MB/s
+# of each (files written to the same disk, page cache dropped before each when root), the ratio, and deltafin's
+# peak RSS (/usr/bin/time). Figures go to bench/RESULTS.md.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${DF_BIN:-$ROOT/build/deltafin}
@@ -14,13 +15,21 @@ s=[socket.socket() for _ in range(2)]
 [x.bind(("127.0.0.1",0)) for x in s]; print(*[x.getsockname()[1] for x in s])')
 mkdir -p "$TMP/big-src"
 cp "$ROOT/models/kimi-mini/config.json" "$TMP/big-src/"
-head -c $((MB * 1048576)) /dev/urandom > "$TMP/big-src/model.safetensors"
+SHARDS=${SHARDS:-1}
+NAMES=()
+for k in $(seq 1 "$SHARDS"); do
+    nm=model.safetensors
+    [ "$SHARDS" = 1 ] || nm=$(printf 'model-%05d-of-%05d.safetensors' "$k" "$SHARDS")
+    head -c $((MB * 1048576 / SHARDS)) /dev/urandom > "$TMP/big-src/$nm"
+    NAMES+=("$nm")
+done
 DF_MIRROR_EXTRA="test/big=$TMP/big-src" python3 "$ROOT/tests/hub/mirror.py" build "$TMP" "$P1" "$P2"
 $(command -v nginx || echo /usr/sbin/nginx) -c "$TMP/nginx.conf" -p "$TMP"
-URL=http://127.0.0.1:$P1/test/big/resolve/main/model.safetensors
+CURLARGS=()
+for nm in "${NAMES[@]}"; do CURLARGS+=(-o "$TMP/curl.$nm" "http://127.0.0.1:$P1/test/big/resolve/main/$nm"); done
 drop() { [ "$(id -u)" = 0 ] && sync && echo 3 > /proc/sys/vm/drop_caches || true; }
-drop; t0=$(date +%s.%N); curl -s -o "$TMP/curl.out" "$URL"; t1=$(date +%s.%N)
-if command -v openssl >/dev/null; then openssl dgst -sha256 "$TMP/curl.out" >/dev/null; else sha256sum "$TMP/curl.out" >/dev/null; fi; t1h=$(date +%s.%N); rm -f "$TMP/curl.out"
+drop; t0=$(date +%s.%N); curl -s "${CURLARGS[@]}"; t1=$(date +%s.%N)
+if command -v openssl >/dev/null; then openssl dgst -sha256 "$TMP"/curl.* >/dev/null; else sha256sum "$TMP"/curl.* >/dev/null; fi; t1h=$(date +%s.%N); rm -f "$TMP"/curl.*
 drop; t2=$(date +%s.%N)
 TIMEV=(/usr/bin/time -f "%M" -o "$TMP/rss"); [ -x /usr/bin/time ] || { TIMEV=(); echo 0 >"$TMP/rss"; }
 "${TIMEV[@]}" "$BIN" setup test/big --mirror "http://127.0.0.1:$P1" --dir "$TMP/inst" --download-only \

@@ -80,6 +80,13 @@ sys.exit(a != b)
 PY
 [ $same = 1 ] && ok "full install == local convert: every native file byte-identical ($(ls "$TMP/local" | wc -l) files)"
 ls "$TMP/inst/kimi-mini/"*.safetensors >/dev/null 2>&1 && bad "downloaded shards kept without --keep-download" || ok "shards removed after the conversion"
+# several hashing threads (one shard each at a time): the same install
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst3" --hash-threads 3 --no-default --registry "$TMP/reg3.json" 2>&1); rc=$?
+same3=1
+for f in $(cd "$TMP/local" && ls | grep -v '^manifest.json$'); do cmp -s "$TMP/local/$f" "$TMP/inst3/native/$f" || same3=0; done
+[ $rc -eq 0 ] && [ $same3 = 1 ] && echo "$out" | grep -q "hash threads 3" && ok "--hash-threads 3: every native file byte-identical" \
+    || bad "--hash-threads 3: rc $rc same $same3: $(echo "$out" | tail -3)"
+rm -rf "$TMP/inst3"
 L=$("$BIN" run --model "$TMP/local" --prompt-ids $IDS --max-new 8 --print-ids --quiet 2>/dev/null | tail -1)
 out=$("$BIN" run --prompt-ids $IDS --max-new 8 --print-ids 2>&1)
 I=$(echo "$out" | tail -1)

@@ -46,6 +46,7 @@ static void usage(FILE *f) {
             "  --expert-dirs D1,D2    stripe the routed experts over these directories (one per drive)\n"
             "  --include-draft        also download the repo's draft/ model files\n"
             "  --connections N        parallel ranged requests (default 8)\n"
+            "  --hash-threads N       SHA-256 threads, one file each (default 0 = cores - 1, at most 4)\n"
             "  --chunk SIZE           bytes per ranged request (default 16M)\n"
             "  --retries N            extra tries of a failed request (default 4)\n"
             "  --threads N            conversion threads (default all cores)\n"
@@ -146,6 +147,7 @@ int cmd_setup(int argc, char **argv) {
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--verbose")) verbose = 1;
         else if (!strcmp(a, "--connections")) { const char *v = NEXT(); if (!v || parse_int(a, v, 1, 256, &dl.connections)) return 2; }
+        else if (!strcmp(a, "--hash-threads")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 4, &dl.hash_threads)) return 2; }
         else if (!strcmp(a, "--retries")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 100, &retries)) return 2; }
         else if (!strcmp(a, "--threads")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 4096, &threads)) return 2; }
         else if (!strcmp(a, "--disk-budget")) {
@@ -180,8 +182,10 @@ int cmd_setup(int argc, char **argv) {
     /* the checkpoint directory is named after the repo: convert names the model after it */
     snprintf(dl_dir, sizeof dl_dir, "%s/%s", dir, strchr(h.repo, '/') + 1);
     snprintf(nat_dir, sizeof nat_dir, "%s/native", dir);
-    fprintf(stderr, "setup: %s@%s from %s into %s, %s, %d connections x %.1f MiB ranges, retries %d, token %s, expert dirs %s, "
-                    "registry %s%s\n", h.repo, h.rev, h.mirror, dir, stream ? "stream" : "full", dl.connections, dl.chunk_bytes / 1048576.0, retries,
+    char hts[16] = "auto";
+    if (dl.hash_threads > 0) snprintf(hts, sizeof hts, "%d", dl.hash_threads);
+    fprintf(stderr, "setup: %s@%s from %s into %s, %s, %d connections x %.1f MiB ranges, hash threads %s, retries %d, token %s, expert dirs %s, "
+                    "registry %s%s\n", h.repo, h.rev, h.mirror, dir, stream ? "stream" : "full", dl.connections, dl.chunk_bytes / 1048576.0, hts, retries,
             h.token[0] ? "from HF_TOKEN" : "none", expert_dirs ? expert_dirs : "DIR/native", reg, no_default ? " (not made default)" : "");
     df_interrupt_install();
 

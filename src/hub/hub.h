@@ -80,6 +80,7 @@ typedef struct {
     int connections;         /* parallel ranged requests (default 8) */
     uint64_t chunk_bytes;    /* bytes per ranged request (default 16 MiB) */
     int quiet;               /* no progress lines */
+    int hash_threads;        /* SHA-256 threads, one file each at a time; 0 = auto (cores - 1, 1..4) */
     /* results */
     uint64_t bytes_fetched;  /* body bytes received this run */
     uint64_t bytes_present;  /* bytes already on disk from an earlier run (resumed or complete) */
