@@ -218,7 +218,7 @@ static void golden_case(const char *dir, const char *name) {
     df_drafter *ng_d = NULL, *ng1_d = NULL;
     CHECK(df_drafter_ngram_new(&ng_d, 0, 0, err, sizeof err) == 0, "ngram: %s", err);
     CHECK(df_drafter_ngram_new(&ng1_d, 3, 1, err, sizeof err) == 0, "ngram 3..1: %s", err);
-    oracle_drafter od = {{"oracle", 0, 0, oracle_draft, oracle_destroy}, ref, np + NG, V};
+    oracle_drafter od = {{"oracle", 0, 0, oracle_draft, oracle_destroy, 0}, ref, np + NG, V};
     df_spec_opts fixed, adapt, gated;
     df_spec_opts_default(&fixed);
     fixed.gate = 0;

@@ -21,6 +21,9 @@ struct df_drafter {
      * sampled from to q[i * n_vocab ..] (q [k, n_vocab]). */
     int (*draft)(df_drafter *d, const int32_t *hist, int n, int k, int32_t *out, float *q, char *err, size_t errlen);
     void (*destroy)(df_drafter *d);
+    int cheap;                 /* 1: a draft costs nothing next to a target step (n-gram lookup): while the gate
+                                  has drafting off, speculative.c still asks it for one token per plain step to
+                                  see whether drafting would pay again (shadow acceptance) */
 };
 
 /* The speculative-sampling decision for one draft x sampled from q (speculative.c): accept x with

@@ -50,6 +50,7 @@ int df_drafter_ngram_new(df_drafter **out, int n_max, int n_min, char *err, size
         return DF_ENOMEM;
     }
     g->base.kind = "ngram";
+    g->base.cheap = 1;
     g->base.draft = ngram_draft;
     g->base.destroy = ngram_destroy;
     g->n_max = n_max;

@@ -37,7 +37,10 @@
 #include <string.h>
 #include <time.h>
 
-enum { WARMUP = 16, MIN_WINDOW = 16, EARLY_CALLS = 2, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16, K_START = 2 };
+enum { WARMUP = 16, MIN_WINDOW = 16, EARLY_CALLS = 2, PROBE_WINDOW = 8, PROBE_EVERY = 8, BACKOFF_MAX = 16, K_START = 2,
+       SHADOW_WINDOW = 16 };
+#define SHADOW_RATIO 0.75 /* a cheap drafter off by the gate: back on when its one-token guesses matched this share
+                             of SHADOW_WINDOW plain tokens */
 #define EARLY_RATIO 0.7 /* after EARLY_CALLS verifications: off at once when below this share of the plain rate */
 
 typedef enum { G_PROBE = 0, G_SPEC, G_OFF } gate_mode;
@@ -64,6 +67,7 @@ struct df_spec {
     int backoff;
     int spec_windows;        /* full G_SPEC windows since the last plain probe */
     int probe_every;         /* windows between plain probes: 1, 2, 4 .. PROBE_EVERY (early rates are warm-up) */
+    int sh_n, sh_hit;        /* G_OFF with a cheap drafter: plain tokens seen, and how many its guess matched */
 };
 
 static double now_s(void) {
@@ -181,6 +185,7 @@ static void gate_update(df_spec *g, int n, double dt, int verified) {
             g->mode = G_OFF;
             g->off_left = g->o.retry * g->backoff;
             if (g->backoff < BACKOFF_MAX) g->backoff *= 2;
+            g->sh_n = g->sh_hit = 0;
             win_reset(g);
         } else if (g->win_tokens >= g->o.window) {
             g->st.spec_tok_s = rate;
@@ -196,6 +201,12 @@ static void gate_update(df_spec *g, int n, double dt, int verified) {
     case G_OFF:
         if (!g->d) break;
         g->off_left -= n;
+        if (g->d->cheap && g->sh_n >= SHADOW_WINDOW * (g->backoff > 2 ? g->backoff / 2 : 1)) {
+            /* the drafter's guesses would have been accepted often enough: try drafting again now (the
+             * window grows with the backoff, so a drafter that keeps failing the gate is re-tried less often) */
+            if (g->sh_hit >= SHADOW_RATIO * g->sh_n) g->off_left = 0;
+            g->sh_n = g->sh_hit = 0;
+        }
         if (g->off_left <= 0) {
             if (g->win_tokens >= MIN_WINDOW) g->st.plain_tok_s = rate; /* the latest plain rate */
             g->mode = G_SPEC;
@@ -245,6 +256,13 @@ int df_spec_step(df_spec *g, int32_t cur, int32_t *out, int cap, char *err, size
         for (int i = 0; i < nd; i++)
             if (g->batch[1 + i] < 0 || g->batch[1 + i] >= V) { nd = i; break; } /* not a target token: cut there */
     }
+    int32_t shadow = -2; /* G_OFF, cheap drafter: its one-token guess (-1: none) */
+    if (g->mode == G_OFF && g->d && g->d->cheap && !g->d->stochastic) {
+        int nh = make_hist(g, cur);
+        if (nh < 0) return set_err(err, errlen, DF_ENOMEM, "out of memory");
+        int32_t t;
+        shadow = g->d->draft(g->d, g->hist, nh, 1, &t, NULL, err, errlen) == 1 ? t : -1;
+    }
     double t1 = now_s();
     g->st.draft_s += t1 - t0;
     int rc, n_out = 0;
@@ -252,6 +270,7 @@ int df_spec_step(df_spec *g, int32_t cur, int32_t *out, int cap, char *err, size
         rc = df_eval(g->s, &cur, 1, g->logits, 0, NULL, NULL, err, errlen);
         if (rc) return rc;
         out[n_out++] = df_sample(g->smp, g->logits, V);
+        if (shadow != -2) { g->sh_n++; g->sh_hit += out[0] == shadow; }
         g->st.plain_steps++;
         g->st.plain_s += now_s() - t1;
     } else {
