@@ -19,7 +19,7 @@ awk '
         s = substr($0, RSTART, RLENGTH); sub(/^.*#/, "", s)
         k = s; sub(/:.*/, "", k); n = s; sub(/^[0-9]+: /, "", n)
         name[k] = n; order[++cnt] = k
-        status[k] = ($0 ~ /Passed/) ? "passed" : "FAILED"
+        status[k] = ($0 ~ /Passed/) ? "passed" : ($0 ~ /Skipped/) ? "skipped" : "FAILED"
         next
     }
     match($0, /^[0-9]+: /) {
@@ -33,11 +33,11 @@ awk '
         for (i = 1; i <= cnt; i++) {
             k = order[i]
             printf "  %-24s %s%s\n", name[k], (k in closing) ? closing[k] : "(no \"N passed, N failed\" line)",
-                   status[k] == "passed" ? "" : "   <- FAILED"
+                   status[k] == "passed" ? "" : status[k] == "skipped" ? "   (skipped: does not apply on this machine)" : "   <- FAILED"
         }
         for (i = 1; i <= cnt; i++) {
             k = order[i]
-            if (status[k] != "passed") printf "\n---- output of %s (FAILED):\n%s", name[k], out[k]
+            if (status[k] == "FAILED") printf "\n---- output of %s (FAILED):\n%s", name[k], out[k]
         }
         printf "\n%s", verdict
     }' "$LOG"

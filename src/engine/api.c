@@ -94,6 +94,19 @@ static int set_err(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
+/* An on/off environment alias (DF_PREFETCH, DF_PREFAULT): unset or empty = 0 (not given), "1"/"on" = 1,
+ * "0"/"off" = 2; anything else is an error naming the variable and its flag. */
+static int env_switch(const char *name, const char *flag, int *mode, char *err, size_t errlen) {
+    const char *v = getenv(name);
+    *mode = 0;
+    if (!v || !*v) return DF_OK;
+    if (!strcmp(v, "1") || !strcmp(v, "on")) *mode = 1;
+    else if (!strcmp(v, "0") || !strcmp(v, "off")) *mode = 2;
+    else return df_set_errc(err, errlen, DF_EINVAL, "environment variable %s=\"%s\": expected 1 or 0 (the alias of %s on|off); "
+                            "unset it or fix its value", name, v, flag);
+    return DF_OK;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -378,9 +391,10 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     so.events_path = opts.events_path;
     so.remote = opts.remote_source;
     {
-        int mode = opts.prefault;
-        const char *pf = getenv("DF_PREFAULT");   /* documented alias of --prefault */
-        if (mode == 0 && pf && *pf) mode = atoi(pf) ? 1 : 2;
+        int mode = opts.prefault, env = 0;
+        rc = env_switch("DF_PREFAULT", "--prefault", &env, err, errlen); /* documented alias of --prefault */
+        if (rc) goto fail;
+        if (mode == 0) mode = env;
         so.no_prefault = mode == 2;
     }
     if (opts.heat_path && strcmp(opts.heat_path, "off") && *opts.heat_path)
@@ -454,9 +468,10 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     /* router prefetch of layer L+1 (issue 4): on when experts can be evicted (a RAM budget);
      * DF_PREFETCH=1/0 forces it on/off (measurements). Never changes numerics. */
     {
-        int mode = opts.prefetch;
-        const char *pf = getenv("DF_PREFETCH");   /* documented alias of --prefetch */
-        if (mode == 0 && pf && *pf) mode = atoi(pf) ? 1 : 2;
+        int mode = opts.prefetch, env = 0;
+        rc = env_switch("DF_PREFETCH", "--prefetch", &env, err, errlen); /* documented alias of --prefetch */
+        if (rc) goto fail;
+        if (mode == 0) mode = env;
         m->eng.prefetch = m->store && (mode == 1 || (mode == 0 && opts.ram_budget > 0));
     }
     rc = rope_init(&m->eng.rope, cfg, err, errlen);
