@@ -196,5 +196,23 @@ for f in "$KM"/*; do [ "$(basename "$f")" = README.md ] || ln -s "$(cd "$(dirnam
 "$BIN" run --model "$TMP/km-nocard" --cache-dir "$TMP/cache" --prompt-file "$TMP/long.txt" --max-new 1 --quiet >/dev/null 2>"$TMP/nocard.err"
 ! grep -q "warning" "$TMP/nocard.err" && ok || bad "without a card (max_position_embeddings 131072): no warning: $(cat "$TMP/nocard.err")"
 
+# ---- fresh-user items: bench and a Hugging Face checkpoint, unknown flags last, a directory that is no model,
+# serve's help, the CUDA backend without a GPU, DF_BACKEND, the top-level help, doctor's model line
+for b in prefill batch decode; do
+    expect 2 "bench $b --model <HF checkpoint>" "^deltafin bench $b: $KM is a Hugging Face checkpoint; .*run \`deltafin convert $KM OUT\` first and pass --model OUT" -- \
+        "$BIN" bench $b --model "$KM"
+done
+mkdir -p "$TMP/nomodel"
+expect 1 "bench prefill --model <not a model>" "^deltafin bench prefill: $TMP/nomodel: neither manifest.json \(native model\) nor config.json" -- \
+    "$BIN" bench prefill --model "$TMP/nomodel"
+# bench decode without --model: the embedded kimi-mini (a Hugging Face checkpoint) through the conversion cache, as run
+expect 0 "bench decode without --model" "model \(no --model\): embedded kimi-mini.*converted into the conversion cache" -- \
+    env DELTAFIN_REGISTRY="$TMP/no-registry.json" XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench decode --tokens 2 --io-seconds 0.1 --no-drop
+for b in prefill batch project machine kernels decode cache store io; do
+    expect 2 "bench $b --bogus (last)" "^deltafin bench $b: unknown option --bogus \(see --help\)" -- "$BIN" bench $b --bogus
+done
+expect 2 "bench prefill --tokens without a value" "^deltafin bench prefill: --tokens needs a value" -- "$BIN" bench prefill --tokens
+expect 2 "bench kernels --T without a value" "^deltafin bench kernels: --T needs a value" -- "$BIN" bench kernels --T
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
