@@ -213,6 +213,8 @@ for b in prefill batch project machine kernels decode cache store io; do
 done
 expect 2 "bench prefill --tokens without a value" "^deltafin bench prefill: --tokens needs a value" -- "$BIN" bench prefill --tokens
 expect 2 "bench kernels --T without a value" "^deltafin bench kernels: --T needs a value" -- "$BIN" bench kernels --T
+expect 1 "run --model <not a model> --prompt" "^deltafin run: $TMP/nomodel: neither manifest.json \(native model\) nor config.json \(Hugging Face checkpoint\) found" -- \
+    "$BIN" run --model "$TMP/nomodel" --prompt hi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
