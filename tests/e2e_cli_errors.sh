@@ -215,6 +215,21 @@ expect 2 "bench prefill --tokens without a value" "^deltafin bench prefill: --to
 expect 2 "bench kernels --T without a value" "^deltafin bench kernels: --T needs a value" -- "$BIN" bench kernels --T
 expect 1 "run --model <not a model> --prompt" "^deltafin run: $TMP/nomodel: neither manifest.json \(native model\) nor config.json \(Hugging Face checkpoint\) found" -- \
     "$BIN" run --model "$TMP/nomodel" --prompt hi
+out=$("$BIN" run --model "$G" --cache-dir "$TMP/cache" --backend cuda --prompt-ids 1 --max-new 1 --quiet 2>&1); rc=$?
+if [ $rc -eq 0 ]; then echo "note: --backend cuda runs here: the no-GPU message is not checked"; ok; ok
+else
+    [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin run: backend \"cuda\": .*; use --backend cpu (or auto, which picks the CPU here)$" \
+        && ok || bad "run --backend cuda without a GPU: rc $rc $out"
+    out=$("$BIN" serve --model "$G" --backend cuda --port 0 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q "backend \"cuda\": .*; use --backend cpu (or auto, which picks the CPU here)$" \
+        && ! echo "$out" | grep -q "(invalid argument)" && ok || bad "serve --backend cuda without a GPU: rc $rc $out"
+fi
+expect 1 "DF_BACKEND=bogus run" "^deltafin run: backend \"bogus\" \(from the environment variable DF_BACKEND\): .*unset DF_BACKEND" -- \
+    env DF_BACKEND=bogus "${R[@]}" --prompt-ids 1 --max-new 1
+expect 0 "DF_BACKEND=bogus, --backend cpu decides" "" -- env DF_BACKEND=bogus "${R[@]}" --prompt-ids 1 --max-new 1 --backend cpu
+out=$(DF_BACKEND=bogus "$BIN" serve --model "$G" --port 0 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "backend \"bogus\" (from the environment variable DF_BACKEND)" && ! echo "$out" | grep -q "(invalid argument)" \
+    && ok || bad "DF_BACKEND=bogus serve: rc $rc $out"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
