@@ -215,6 +215,9 @@ expect 2 "bench prefill --tokens without a value" "^deltafin bench prefill: --to
 expect 2 "bench kernels --T without a value" "^deltafin bench kernels: --T needs a value" -- "$BIN" bench kernels --T
 expect 1 "run --model <not a model> --prompt" "^deltafin run: $TMP/nomodel: neither manifest.json \(native model\) nor config.json \(Hugging Face checkpoint\) found" -- \
     "$BIN" run --model "$TMP/nomodel" --prompt hi
+out=$("$BIN" serve --help 2>&1)
+! echo "$out" | grep -q -- "--draft-sample" && echo "$out" | grep -q -- "--draft-max" && ok || bad "serve --help lists --draft-sample"
+expect 0 "run --help lists --draft-sample" "--draft-sample on\|off" -- "$BIN" run --help
 out=$("$BIN" run --model "$G" --cache-dir "$TMP/cache" --backend cuda --prompt-ids 1 --max-new 1 --quiet 2>&1); rc=$?
 if [ $rc -eq 0 ]; then echo "note: --backend cuda runs here: the no-GPU message is not checked"; ok; ok
 else

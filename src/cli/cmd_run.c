@@ -62,7 +62,7 @@ static void run_usage(FILE *f) {
             "A prefill that takes over a second reports its progress (layers done) on stderr. A prompt longer than the\n"
             "positions the model was trained on (the model card's trained_positions in DIR/README.md, else the\n"
             "config's max_position_embeddings) gets a warning on stderr.\n",
-            cli_draft_usage());
+            cli_draft_usage(1));
 }
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
