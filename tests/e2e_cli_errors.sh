@@ -7,7 +7,10 @@
 # cache directory, the KV reserve of a text prompt, --max-new 0 stats, bench and
 # doctor option messages, dense-model description, progress lines ended before
 # errors; a mistyped --model path, prompts from a file or stdin, prefill progress
-# and the trained-positions warning (issue 11 items 11, 12). Uses
+# and the trained-positions warning (issue 11 items 11, 12); bench on a Hugging Face checkpoint and bench decode
+# without --model, an unknown flag as the last argument, a directory that is no model, serve --help without
+# --draft-sample, --backend cuda without a GPU and DF_BACKEND named in messages, the top-level help, doctor's
+# model line (fresh-user items). Uses
 # tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -233,6 +236,9 @@ expect 0 "DF_BACKEND=bogus, --backend cpu decides" "" -- env DF_BACKEND=bogus "$
 out=$(DF_BACKEND=bogus "$BIN" serve --model "$G" --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "backend \"bogus\" (from the environment variable DF_BACKEND)" && ! echo "$out" | grep -q "(invalid argument)" \
     && ok || bad "DF_BACKEND=bogus serve: rc $rc $out"
+expect 0 "deltafin --help lists bench batch" "bench .*decode, prefill, batch," -- "$BIN" --help
+out=$("$BIN" doctor --model "$TMP/draft" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^model: kimi-mini-draft (" && ! echo "$out" | grep -q "model: model" && ok || bad "doctor model line: rc $rc $out"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
