@@ -7,7 +7,10 @@
 # cache directory, the KV reserve of a text prompt, --max-new 0 stats, bench and
 # doctor option messages, dense-model description, progress lines ended before
 # errors; a mistyped --model path, prompts from a file or stdin, prefill progress
-# and the trained-positions warning (issue 11 items 11, 12). Uses
+# and the trained-positions warning (issue 11 items 11, 12); bench on a Hugging Face checkpoint and bench decode
+# without --model, an unknown flag as the last argument, a directory that is no model, serve --help without
+# --draft-sample, --backend cuda without a GPU and DF_BACKEND named in messages, the top-level help, doctor's
+# model line (fresh-user items). Uses
 # tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -195,6 +198,47 @@ mkdir -p "$TMP/km-nocard"
 for f in "$KM"/*; do [ "$(basename "$f")" = README.md ] || ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$TMP/km-nocard/"; done
 "$BIN" run --model "$TMP/km-nocard" --cache-dir "$TMP/cache" --prompt-file "$TMP/long.txt" --max-new 1 --quiet >/dev/null 2>"$TMP/nocard.err"
 ! grep -q "warning" "$TMP/nocard.err" && ok || bad "without a card (max_position_embeddings 131072): no warning: $(cat "$TMP/nocard.err")"
+
+# ---- fresh-user items: bench and a Hugging Face checkpoint, unknown flags last, a directory that is no model,
+# serve's help, the CUDA backend without a GPU, DF_BACKEND, the top-level help, doctor's model line
+for b in prefill batch decode; do
+    expect 2 "bench $b --model <HF checkpoint>" "^deltafin bench $b: $KM is a Hugging Face checkpoint; .*run \`deltafin convert $KM OUT\` first and pass --model OUT" -- \
+        "$BIN" bench $b --model "$KM"
+done
+mkdir -p "$TMP/nomodel"
+expect 1 "bench prefill --model <not a model>" "^deltafin bench prefill: $TMP/nomodel: neither manifest.json \(native model\) nor config.json" -- \
+    "$BIN" bench prefill --model "$TMP/nomodel"
+# bench decode without --model: the embedded kimi-mini (a Hugging Face checkpoint) through the conversion cache, as run
+expect 0 "bench decode without --model" "model \(no --model\): embedded kimi-mini.*converted into the conversion cache" -- \
+    env DELTAFIN_REGISTRY="$TMP/no-registry.json" XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench decode --tokens 2 --io-seconds 0.1 --no-drop
+for b in prefill batch project machine kernels decode cache store io; do
+    expect 2 "bench $b --bogus (last)" "^deltafin bench $b: unknown option --bogus \(see --help\)" -- "$BIN" bench $b --bogus
+done
+expect 2 "bench prefill --tokens without a value" "^deltafin bench prefill: --tokens needs a value" -- "$BIN" bench prefill --tokens
+expect 2 "bench kernels --T without a value" "^deltafin bench kernels: --T needs a value" -- "$BIN" bench kernels --T
+expect 1 "run --model <not a model> --prompt" "^deltafin run: $TMP/nomodel: neither manifest.json \(native model\) nor config.json \(Hugging Face checkpoint\) found" -- \
+    "$BIN" run --model "$TMP/nomodel" --prompt hi
+out=$("$BIN" serve --help 2>&1)
+! echo "$out" | grep -q -- "--draft-sample" && echo "$out" | grep -q -- "--draft-max" && ok || bad "serve --help lists --draft-sample"
+expect 0 "run --help lists --draft-sample" "--draft-sample on\|off" -- "$BIN" run --help
+out=$("$BIN" run --model "$G" --cache-dir "$TMP/cache" --backend cuda --prompt-ids 1 --max-new 1 --quiet 2>&1); rc=$?
+if [ $rc -eq 0 ]; then echo "note: --backend cuda runs here: the no-GPU message is not checked"; ok; ok
+else
+    [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin run: backend \"cuda\": .*; use --backend cpu (or auto, which picks the CPU here)$" \
+        && ok || bad "run --backend cuda without a GPU: rc $rc $out"
+    out=$("$BIN" serve --model "$G" --backend cuda --port 0 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q "backend \"cuda\": .*; use --backend cpu (or auto, which picks the CPU here)$" \
+        && ! echo "$out" | grep -q "(invalid argument)" && ok || bad "serve --backend cuda without a GPU: rc $rc $out"
+fi
+expect 1 "DF_BACKEND=bogus run" "^deltafin run: backend \"bogus\" \(from the environment variable DF_BACKEND\): .*unset DF_BACKEND" -- \
+    env DF_BACKEND=bogus "${R[@]}" --prompt-ids 1 --max-new 1
+expect 0 "DF_BACKEND=bogus, --backend cpu decides" "" -- env DF_BACKEND=bogus "${R[@]}" --prompt-ids 1 --max-new 1 --backend cpu
+out=$(DF_BACKEND=bogus "$BIN" serve --model "$G" --port 0 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "backend \"bogus\" (from the environment variable DF_BACKEND)" && ! echo "$out" | grep -q "(invalid argument)" \
+    && ok || bad "DF_BACKEND=bogus serve: rc $rc $out"
+expect 0 "deltafin --help lists bench batch" "bench .*decode, prefill, batch," -- "$BIN" --help
+out=$("$BIN" doctor --model "$TMP/draft" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^model: kimi-mini-draft (" && ! echo "$out" | grep -q "model: model" && ok || bad "doctor model line: rc $rc $out"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

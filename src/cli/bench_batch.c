@@ -141,6 +141,9 @@ int bench_batch(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
+        static const char *const vals[] = {"--model", "--backend", "--gpu-budget", "--ram-budget", "--seqs", "--tokens", "--prompt",
+                                           "--threads", "--seed", "--qd", "--io-seconds", NULL};
+        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench batch: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench batch: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
@@ -180,7 +183,9 @@ int bench_batch(int argc, char **argv) {
     if (!model) { fprintf(stderr, "deltafin bench batch: --model DIR is required (a native model: `deltafin convert` or `synth`)\n"); return 2; }
     char err[2048] = "";
     df_native *nat = NULL;
-    int rc = native_open(&nat, model, err, sizeof err);
+    int rc = bench_check_native("batch", model);
+    if (rc) return rc;
+    rc = native_open(&nat, model, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench batch: %s\n", err); return 1; }
     if (nat->n_moe_layers == 0) { fprintf(stderr, "deltafin bench batch: %s has no routed experts\n", model); native_close(nat); return 1; }
     const uint64_t stride = nat->stride, bank = (uint64_t)nat->n_moe_layers * nat->n_experts * nat->stride;

@@ -9,6 +9,10 @@
 
 #include <stddef.h>
 
+/* --model DIR of a benchmark that measures a native model's pack files: 0 when DIR holds manifest.json;
+ * else a message naming `deltafin bench CMD` and DIR and the exit status: 1 no such directory or no model
+ * there, 2 a Hugging Face checkpoint (config.json: convert it first and pass the output). */
+int bench_check_native(const char *cmd, const char *model);
 /* Drop the page cache (sync + /proc/sys/vm/drop_caches); 1 if done, 0 when not root or refused. */
 int bench_drop_caches(void);
 /* The directories of the model's expert packs (the stripes of its first MoE layer), comma-separated,

@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "bench_kernels.h"
+#include "cli.h"
 #include "kernels/backend.h"
 #include "model/weights.h"
 
@@ -422,6 +423,13 @@ int bench_kernels_main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout, name); return 0; }
         if (!strcmp(a, "--warm")) { warm = 1; continue; }
+        static const char *const vals_machine[] = {"--threads", "--dram-buffer", NULL};
+        static const char *const vals_kernels[] = {"--threads", "--dram-buffer", "--T", "--types", "--shapes", "--backend", "--seconds",
+                                                   "--buffer", NULL};
+        if (!cli_known_option(a, kernels ? vals_kernels : vals_machine)) {
+            fprintf(stderr, "deltafin bench %s: unknown option %s (see --help)\n", name, a);
+            return 2;
+        }
         if (!v) { fprintf(stderr, "deltafin bench %s: %s needs a value (see --help)\n", name, a); return 2; }
         i++;
         if (!strcmp(a, "--threads")) {

@@ -253,6 +253,12 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--no-drop")) { if (npass < 16) pass[npass++] = a; continue; }
+        static const char *const vals[] = {"--arch", "--from", "--model", "--drives", "--gbps", "--prompt-tokens", "--tokens",
+                                           "--ram-budget", "--threads", "--io-seconds", "--prompt-ids", "--qd", "--expert-dirs",
+                                           "--hit-rate", "--read-ratio", "--compute-ms-per-layer", "--stall", "--coverage",
+                                           "--prefill-ms-per-layer-token", "--bytes-per-token", "--layers", "--moe-layers",
+                                           "--experts", "--top-k", "--expert-bytes", NULL};
+        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench project: unknown option %s (see --help)\n", a); return 2; }
         if (!v) {
             fprintf(stderr, "deltafin bench project: %s needs a value (see --help)\n", a);
             return 2;

@@ -19,6 +19,9 @@ int cli_check_out_dirs(const char *cmd, const char *out, const char *expert_dirs
 /* cli_args.c: "4G", "512M", "100K", "1.5GiB", "12345" -> bytes (powers of 1024; an optional
  * "i" and "B" after the unit). 0, or -1 for anything else (trailing text, negative, overflow). */
 int cli_parse_size(const char *s, uint64_t *out);
+/* 1 when `a` is one of the NULL-terminated names: a parser asks it before saying "A needs a value", so a
+ * mistyped flag at the end of the command line is an unknown option, not a flag without its value. */
+int cli_known_option(const char *a, const char *const *names);
 /* 1 when dir/name is a regular file. */
 int cli_is_file(const char *dir, const char *name);
 /* --model PATH must be an existing directory: 0, else a message naming the flag

@@ -26,6 +26,12 @@ int cli_parse_size(const char *s, uint64_t *out) {
     return 0;
 }
 
+int cli_known_option(const char *a, const char *const *names) {
+    for (; *names; names++)
+        if (!strcmp(a, *names)) return 1;
+    return 0;
+}
+
 int cli_is_file(const char *dir, const char *name) {
     char p[8192];
     struct stat st;

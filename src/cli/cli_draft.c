@@ -23,20 +23,26 @@ void cli_draft_defaults(cli_draft_opts *o) {
     o->retok = -1;
 }
 
-const char *cli_draft_usage(void) {
-    return "  --draft DIR|ngram|off speculative decoding: drafts from a draft model DIR (native or Hugging Face dir),\n"
-           "                       from prompt lookup (ngram), or none (off, default); output is identical either way\n"
-           "  --draft-max K        most tokens drafted per verification, 1..64 (default 8)\n"
-           "  --draft-adaptive on|off  k follows the acceptance (default on) or is always --draft-max\n"
-           "  --draft-gate on|off  switch drafting off while it is slower than plain decoding, measured live (default on)\n"
-           "  --draft-window N     generated tokens per gate measurement window, >= 16 (default 32)\n"
-           "  --draft-retry N      tokens decoded plainly before drafting is retried after the gate stopped it (default 256)\n"
-           "  --draft-ngram MIN,MAX  n-gram lengths looked up by --draft ngram, 1 <= MIN <= MAX <= 16 (default 2,4)\n"
-           "  --draft-retok auto|on|off  draft through text re-tokenization (a draft model with another tokenizer);\n"
-           "                       auto (default): on when the draft model's vocabulary size differs from the target's\n"
-           "  --draft-sample on|off  with sampling (run only): the draft model samples its drafts and verification accepts\n"
-           "                       with min(1, p/q) (same distribution; not the same sample as plain decoding, and\n"
-           "                       reproducible only with --draft-gate off). off (default): greedy drafts, same sample\n";
+#define DRAFT_USAGE_COMMON \
+    "  --draft DIR|ngram|off speculative decoding: drafts from a draft model DIR (native or Hugging Face dir),\n" \
+    "                       from prompt lookup (ngram), or none (off, default); output is identical either way\n" \
+    "  --draft-max K        most tokens drafted per verification, 1..64 (default 8)\n" \
+    "  --draft-adaptive on|off  k follows the acceptance (default on) or is always --draft-max\n" \
+    "  --draft-gate on|off  switch drafting off while it is slower than plain decoding, measured live (default on)\n" \
+    "  --draft-window N     generated tokens per gate measurement window, >= 16 (default 32)\n" \
+    "  --draft-retry N      tokens decoded plainly before drafting is retried after the gate stopped it (default 256)\n" \
+    "  --draft-ngram MIN,MAX  n-gram lengths looked up by --draft ngram, 1 <= MIN <= MAX <= 16 (default 2,4)\n" \
+    "  --draft-retok auto|on|off  draft through text re-tokenization (a draft model with another tokenizer);\n" \
+    "                       auto (default): on when the draft model's vocabulary size differs from the target's\n"
+static const char cli_draft_usage_common[] = DRAFT_USAGE_COMMON;
+static const char cli_draft_usage_run[] = DRAFT_USAGE_COMMON \
+    "  --draft-sample on|off  with sampling: the draft model samples its drafts and verification accepts\n" \
+    "                       with min(1, p/q) (same distribution; not the same sample as plain decoding, and\n" \
+    "                       reproducible only with --draft-gate off). off (default): greedy drafts, same sample\n";
+
+const char *cli_draft_usage(int with_sample) {
+    if (!with_sample) return cli_draft_usage_common; /* serve drafts greedily: no --draft-sample */
+    return cli_draft_usage_run;
 }
 
 static int int_arg(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out) {

@@ -15,8 +15,8 @@ typedef struct {
 } cli_draft_opts;
 
 void cli_draft_defaults(cli_draft_opts *o);
-/* The usage lines of the flags. */
-const char *cli_draft_usage(void);
+/* The usage lines of the flags; with_sample: also --draft-sample (run; serve drafts greedily and refuses it). */
+const char *cli_draft_usage(int with_sample);
 /* argv[*i] is a --draft* flag: parse it and its value (advancing *i) and return 1; -1 after a usage
  * message naming the flag (`cmd` is the subcommand); 0 when argv[*i] is not one of them. */
 int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts *o);

@@ -14,6 +14,7 @@
 #include "hub/stream.h"
 #include "bench_common.h"
 #include "deltafin.h"
+#include "model/convert.h"
 #include "model/native.h"
 #include "store/store.h"
 #include "store/store_bench.h"
@@ -72,6 +73,21 @@ static int want_size(const char *cmd, const char *flag, const char *s, uint64_t 
 
 #define BENCH_MAX_QD 1024       /* reads in flight per directory (each holds one read buffer) */
 #define BENCH_MAX_SECONDS 86400.0
+
+int bench_check_native(const char *cmd, const char *model) {
+    char what[64];
+    snprintf(what, sizeof what, "bench %s", cmd);
+    if (cli_check_model_dir(what, model)) return 1;
+    if (cli_is_file(model, "manifest.json")) return 0;
+    if (cli_is_file(model, "config.json")) {
+        fprintf(stderr, "deltafin bench %s: %s is a Hugging Face checkpoint; bench measures a native model's pack files: "
+                        "run `deltafin convert %s OUT` first and pass --model OUT\n", cmd, model, model);
+        return 2;
+    }
+    fprintf(stderr, "deltafin bench %s: %s: neither manifest.json (native model) nor config.json (Hugging Face checkpoint) "
+                    "found\n", cmd, model);
+    return 1;
+}
 
 static int drop_caches(void) { return bench_drop_caches(); }
 int bench_drop_caches(void) {
@@ -205,7 +221,10 @@ static int bench_decode(int argc, char **argv) {
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
                    "       [--backend auto|cpu|cuda] [--gpu-budget SIZE]\n"
-                   "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n");
+                   "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n"
+                   "  --model DIR: a native model (a Hugging Face checkpoint: `deltafin convert` it first). Default: the\n"
+                   "  model `deltafin setup` installed, else the embedded models/kimi-mini, converted once into the\n"
+                   "  conversion cache as `run` does.\n");
             return 0;
         }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
@@ -226,10 +245,23 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--gpu-budget")) { if (want_size("decode", a, v, &gpu_budget)) return 2; }
         i++;
     }
-    char dflt_dir[4096], dflt_how[4600] = "";
+    char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], err[2048] = "";
     if (!model) {
         if (cli_default_model("bench decode", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
         model = dflt_dir;
+        /* the default model is a Hugging Face checkpoint (the embedded kimi-mini): converted once into the
+         * conversion cache, as `run` does, and measured there */
+        if (!cli_is_file(model, "manifest.json") && cli_is_file(model, "config.json")) {
+            df_model_opts co;
+            df_model_opts_default(&co);
+            if (convert_cached(model, co.cache_dir, co.spine, NULL, NULL, conv_dir, sizeof conv_dir, err, sizeof err)) {
+                fprintf(stderr, "deltafin bench decode: default model %s: %s\n", model, err);
+                return 1;
+            }
+            size_t n = strlen(dflt_how);
+            snprintf(dflt_how + n, sizeof dflt_how - n, ", %s, converted into the conversion cache", model);
+            model = conv_dir;
+        }
     }
     int32_t ids[256];
     int n_ids = 0;
@@ -245,20 +277,11 @@ static int bench_decode(int argc, char **argv) {
         if (!*end) break;
         p = end + 1;
     }
-    char err[2048] = "";
     /* the model's expert geometry and pack directories */
     df_native *nat = NULL;
-    {
-        char mf[4200], cf[4200];
-        snprintf(mf, sizeof mf, "%s/manifest.json", model);
-        snprintf(cf, sizeof cf, "%s/config.json", model);
-        if (access(mf, F_OK) != 0 && access(cf, F_OK) == 0) {
-            fprintf(stderr, "deltafin bench decode: %s is a Hugging Face checkpoint; bench measures a native model's "
-                            "pack files: run `deltafin convert %s MODEL_DIR` and pass --model MODEL_DIR\n", model, model);
-            return 2;
-        }
-    }
-    int rc = native_open(&nat, model, err, sizeof err);
+    int rc = bench_check_native("decode", model);
+    if (rc) return rc;
+    rc = native_open(&nat, model, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
     if (nat->n_moe_layers == 0) { fprintf(stderr, "deltafin bench decode: %s has no routed experts\n", model); native_close(nat); return 1; }
     uint64_t stride = nat->stride;
@@ -493,6 +516,8 @@ static int bench_cache(int argc, char **argv) {
     if (!model || !test) { fprintf(stderr, "deltafin bench cache: --model and --trace are required\n"); return 2; }
     char err[2048];
     df_native *nat = NULL;
+    int chk = bench_check_native("cache", model);
+    if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench cache: %s\n", err); return 1; }
     trace tt, tr;
     if (trace_load(test, &tt)) { fprintf(stderr, "deltafin bench cache: no acquire events in %s\n", test); native_close(nat); return 1; }
@@ -562,6 +587,8 @@ static int bench_store(int argc, char **argv) {
     if (!model || !test) { fprintf(stderr, "deltafin bench store: --model and --trace are required\n"); return 2; }
     char err[2048];
     df_native *nat = NULL;
+    int chk = bench_check_native("store", model);
+    if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench store: %s\n", err); return 1; }
     trace tt;
     if (trace_load(test, &tt)) { fprintf(stderr, "deltafin bench store: no acquire events in %s\n", test); native_close(nat); return 1; }

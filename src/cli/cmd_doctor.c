@@ -137,7 +137,9 @@ int cmd_doctor(int argc, char **argv) {
         if ((rc != DF_EFORMAT && rc != DF_EIO) || stat(model, &st) || !S_ISDIR(st.st_mode)) return 1;
         status = 1;
     } else {
-        printf("model: %s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
+        const char *desc = df_model_describe(m); /* "model NAME (...), ...": the line's key says "model" once */
+        if (!strncmp(desc, "model ", 6)) desc += 6;
+        printf("model: %s%s%s%s%s\n", desc, dflt_how[0] ? "; model (no --model): " : "",
                dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
         df_model_close(m); /* the check below reads the files itself */
     }

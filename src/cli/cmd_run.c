@@ -62,7 +62,7 @@ static void run_usage(FILE *f) {
             "A prefill that takes over a second reports its progress (layers done) on stderr. A prompt longer than the\n"
             "positions the model was trained on (the model card's trained_positions in DIR/README.md, else the\n"
             "config's max_position_embeddings) gets a warning on stderr.\n",
-            cli_draft_usage());
+            cli_draft_usage(1));
 }
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
@@ -409,6 +409,12 @@ int cmd_run(int argc, char **argv) {
     if (chat && prompt_ids) { fprintf(stderr, "deltafin run: --chat needs --prompt TEXT (ids are used as given)\n"); return 2; }
     /* a mistyped path is "no such directory", before anything looks inside it */
     if (cli_check_model_dir("run", model)) return 1;
+    /* a directory that is no model: the real cause, before a text prompt looks for its tokenizer */
+    if (!cli_is_file(model, "manifest.json") && !cli_is_file(model, "config.json")) {
+        fprintf(stderr, "deltafin run: %s: neither manifest.json (native model) nor config.json (Hugging Face checkpoint) "
+                        "found\n", model);
+        return 1;
+    }
     if (spine_given && cli_is_file(model, "manifest.json")) {
         fprintf(stderr, "deltafin run: --spine applies only when converting a Hugging Face checkpoint; %s is a native model "
                         "(its spine encoding was chosen by `deltafin convert --spine`): drop --spine\n", model);

@@ -38,7 +38,7 @@ static void serve_usage(FILE *f) {
             "  --mock-kimi              the test model as a Kimi model (<think> + a tool call)\n"
             "  --verbose                log every rejected request\n"
             "speculative decoding (requests without logprobs; the output is the same):\n%s",
-            cli_draft_usage());
+            cli_draft_usage(0));
 }
 
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {

@@ -13,7 +13,7 @@ static const struct {
     {"convert", cmd_convert, "convert a Hugging Face checkpoint to the native layout"},
     {"tokenize", cmd_tokenize, "encode text to token ids (or --decode ids to text)"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
-    {"bench", cmd_bench, "benchmarks: io, decode, prefill, project, machine, kernels, store, cache"},
+    {"bench", cmd_bench, "benchmarks: io, decode, prefill, batch, project, machine, kernels, store, cache"},
     {"doctor", cmd_doctor, "verify a model's files and checksums; report the machine"},
     {"setup", cmd_setup, "download a model from a Hugging Face mirror, convert it, make it the default"},
     {"list", cmd_list, "installed models (size, completeness) and the default"},

@@ -344,8 +344,15 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     const df_backend *be = df_backend_get(opts.backend);
     if (!be) {
         char why[300];
-        return set_err(err, errlen, DF_EINVAL, "backend \"%s\": %s", opts.backend,
-                       df_backend_why(opts.backend, why, sizeof why));
+        /* the CLI passes DF_BACKEND's own string when no --backend was given (cli_default_backend), the
+         * pointer getenv returns, as does the line above: then the message names the variable as the source */
+        const char *env = getenv("DF_BACKEND");
+        const int from_env = env && opts.backend == env, cuda = !strcmp(opts.backend, "cuda");
+        const char *fix = cuda ? (from_env ? "; unset DF_BACKEND or set DF_BACKEND=cpu (or auto, which picks the CPU here)"
+                                           : "; use --backend cpu (or auto, which picks the CPU here)")
+                               : (from_env ? "; unset DF_BACKEND or set it to one of those" : "");
+        return set_err(err, errlen, DF_EINVAL, "backend \"%s\"%s: %s%s", opts.backend,
+                       from_env ? " (from the environment variable DF_BACKEND)" : "", df_backend_why(opts.backend, why, sizeof why), fix);
     }
     const int on_gpu = !strcmp(be->name, "cuda");
     if (on_gpu) df_cuda_cache_clear(); /* a closed model's host addresses may be reused */

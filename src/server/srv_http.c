@@ -597,8 +597,8 @@ int srv_serve(const srv_config *cfg) {
         if (!rc && (rc = srv_backend_set_draft(S.be, &cfg->draft, &mo, err, sizeof err))) { S.be->close(S.be); S.be = NULL; }
     }
     if (rc) {
-        fprintf(stderr, "deltafin serve: cannot open model %s: %s (%s)\n", cfg->mock ? "mock" : cfg->model_path, err,
-                df_strerror(rc));
+        fprintf(stderr, "deltafin serve: cannot open model %s: %s\n", cfg->mock ? "mock" : cfg->model_path,
+                err[0] ? err : df_strerror(rc)); /* err says what and why; the code's name only when it is empty */
         DROP_PORT_FILE();
         return 1;
     }
