@@ -236,6 +236,11 @@ expect 0 "DF_BACKEND=bogus, --backend cpu decides" "" -- env DF_BACKEND=bogus "$
 out=$(DF_BACKEND=bogus "$BIN" serve --model "$G" --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "backend \"bogus\" (from the environment variable DF_BACKEND)" && ! echo "$out" | grep -q "(invalid argument)" \
     && ok || bad "DF_BACKEND=bogus serve: rc $rc $out"
+expect 1 "DF_PREFETCH=maybe" "environment variable DF_PREFETCH=\"maybe\": expected 1 or 0 \(the alias of --prefetch on\|off\)" -- \
+    env DF_PREFETCH=maybe "${R[@]}" --prompt-ids 1 --max-new 1
+expect 1 "DF_PREFAULT=yes" "environment variable DF_PREFAULT=\"yes\": expected 1 or 0" -- \
+    env DF_PREFAULT=yes "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M
+expect 2 "run --prefault maybe" "--prefault \"maybe\": expected auto, on or off" -- "${R[@]}" --prompt-ids 1 --prefault maybe
 expect 0 "deltafin --help lists bench batch" "bench .*decode, prefill, batch," -- "$BIN" --help
 out=$("$BIN" doctor --model "$TMP/draft" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "^model: kimi-mini-draft (" && ! echo "$out" | grep -q "model: model" && ok || bad "doctor model line: rc $rc $out"
