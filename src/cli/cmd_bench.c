@@ -212,29 +212,32 @@ static int bench_decode(int argc, char **argv) {
     const char *model = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
     const char *backend = cli_default_backend();
     uint64_t budget = 0, gpu_budget = 0;
-    int tokens = 16, threads = 0, qd = 16, nodrop = 0;
+    int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0;
     double io_seconds = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N (16)] [--threads N]\n"
+            printf("usage: deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N (16)] [--warmup N (0)] [--threads N]\n"
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
                    "       [--backend auto|cpu|cuda] [--gpu-budget SIZE]\n"
                    "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n"
+                   "  --warmup N: N decode tokens before the measured ones (not counted), e.g. to fill the caches\n"
+                   "  and measure a model held in memory.\n"
                    "  --model DIR: a native model (a Hugging Face checkpoint: `deltafin convert` it first). Default: the\n"
                    "  model `deltafin setup` installed, else the embedded models/kimi-mini, converted once into the\n"
                    "  conversion cache as `run` does.\n");
             return 0;
         }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
-        static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--threads", "--prompt-ids", "--io-seconds",
+        static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--warmup", "--threads", "--prompt-ids", "--io-seconds",
                                            "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", NULL};
         if (!known(a, vals)) { fprintf(stderr, "deltafin bench decode: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--ram-budget")) { if (want_size("decode", a, v, &budget)) return 2; }
         else if (!strcmp(a, "--tokens")) { if (want_int("decode", a, v, 1, 1 << 20, &tokens)) return 2; }
+        else if (!strcmp(a, "--warmup")) { if (want_int("decode", a, v, 0, 1 << 20, &warmup)) return 2; }
         else if (!strcmp(a, "--threads")) { if (want_int("decode", a, v, 0, 4096, &threads)) return 2; }
         else if (!strcmp(a, "--prompt-ids")) prompt_ids = v;
         else if (!strcmp(a, "--io-seconds")) { if (want_num("decode", a, v, 0, BENCH_MAX_SECONDS, 1, &io_seconds)) return 2; }
@@ -300,7 +303,7 @@ static int bench_decode(int argc, char **argv) {
     mo.expert_dirs = expert_dirs;
     mo.backend = backend;
     mo.gpu_budget = gpu_budget;
-    mo.kv_positions = n_ids + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
+    mo.kv_positions = n_ids + warmup + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
     stream_src *remote = NULL; /* a streamed install: experts not yet local are fetched on first use */
     if (stream_is_streamed(model)) {
         if (stream_open(&remote, model, 0, err, sizeof err)) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
@@ -320,7 +323,7 @@ static int bench_decode(int argc, char **argv) {
         }
     char bstr[32] = "unlimited";
     if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
-    printf("bench decode: %s, ram budget %s, %d tokens, page cache %s\n", model, bstr, tokens,
+    printf("bench decode: %s, ram budget %s, %d tokens (after %d warm-up tokens), page cache %s\n", model, bstr, tokens, warmup,
            dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
     printf("  %s%s%s\n  open %.1f s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how, open_s);
     /* B: drive bandwidth at the engine's read size, queue depth and extent */
@@ -345,6 +348,10 @@ static int bench_decode(int argc, char **argv) {
     int32_t tok = rc ? 0 : df_sample(smp, logits, n_vocab);
     df_stats st0; /* the prompt's eval (prefill), before the reset */
     df_model_stats(m, &st0);
+    for (int t = 0; t < warmup && !rc; t++) { /* not measured */
+        rc = df_eval(s, &tok, 1, logits, 0, NULL, NULL, err, sizeof err);
+        if (!rc) tok = df_sample(smp, logits, n_vocab);
+    }
     df_model_stats_reset(m);
     printf("  decode:");
     fflush(stdout);

@@ -70,7 +70,7 @@ case $PART in
     fi
     log "cuda decode, resident (8-layer synth, --gpu-budget 100G, page cache warm)"
     "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
-    timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --tokens 32 --no-drop \
+    timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --warmup 64 --tokens 32 --no-drop \
         --io-seconds 1 2>&1 | tail -25 >>"$S"
     rm -rf "$W"
     ;;
