@@ -49,10 +49,6 @@ static uint64_t next_rand(uint64_t *r) {
     return *r * 0x2545F4914F6CDD1Dull >> 33;
 }
 
-/* the backend and GPU expert tier of every run (--backend, --gpu-budget) */
-static const char *g_backend;
-static uint64_t g_gpu_budget;
-
 typedef struct {
     int S;
     double tps, decode_s, stall_s, read_per_tok, hit, bound;
@@ -62,8 +58,8 @@ typedef struct {
 } run_result;
 
 /* One S: open cold, prefill S prompts in one batch, `tokens` batched greedy steps. 0 or a DF_E* code. */
-static int run_one(const char *model, uint64_t budget, int threads, int S, int tokens, int prompt, uint64_t seed,
-                   int nodrop, run_result *out, char *err, size_t errlen) {
+static int run_one(const char *model, uint64_t budget, const char *backend, uint64_t gpu_budget, int threads, int S,
+                   int tokens, int prompt, uint64_t seed, int nodrop, run_result *out, char *err, size_t errlen) {
     if (!nodrop) bench_drop_caches();
     df_model_opts mo;
     df_model_opts_default(&mo);
@@ -71,8 +67,8 @@ static int run_one(const char *model, uint64_t budget, int threads, int S, int t
     mo.threads = threads;
     mo.kv_positions = prompt + tokens + 1;
     mo.n_seq = S;
-    mo.backend = g_backend;
-    mo.gpu_budget = g_gpu_budget;
+    mo.backend = backend;
+    mo.gpu_budget = gpu_budget;
     mo.heat_path = "off"; /* every S starts from the same empty cache */
     df_model *m = NULL;
     int rc = df_model_open(&m, model, &mo, err, errlen);
@@ -135,8 +131,8 @@ int bench_batch(int argc, char **argv) {
     int seqs[MAX_RUNS] = {1, 2, 4, 8}, n_runs = 4, tokens = 16, prompt = 8, threads = 0, qd = 16, nodrop = 0;
     long seed = 1;
     double io_seconds = 5;
-    g_backend = cli_default_backend();
-    g_gpu_budget = 0;
+    const char *backend = cli_default_backend();
+    uint64_t gpu_budget = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
@@ -149,9 +145,9 @@ int bench_batch(int argc, char **argv) {
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--backend")) {
             if (cli_check_backend("bench batch", v)) return 2;
-            g_backend = v;
+            backend = v;
         } else if (!strcmp(a, "--gpu-budget")) {
-            if (cli_parse_size(v, &g_gpu_budget)) { fprintf(stderr, "deltafin bench batch: --gpu-budget '%s': expected a size like 8G\n", v); return 2; }
+            if (cli_parse_size(v, &gpu_budget)) { fprintf(stderr, "deltafin bench batch: --gpu-budget '%s': expected a size like 8G\n", v); return 2; }
         }
         else if (!strcmp(a, "--ram-budget")) {
             if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench batch: --ram-budget '%s': expected a size like 8G\n", v); return 2; }
@@ -207,7 +203,7 @@ int bench_batch(int argc, char **argv) {
     run_result *res = calloc((size_t)n_runs, sizeof *res);
     if (!res) return 1;
     for (int k = 0; k < n_runs && !rc; k++) {
-        rc = run_one(model, budget, threads, seqs[k], tokens, prompt, (uint64_t)seed, nodrop, &res[k], err, sizeof err);
+        rc = run_one(model, budget, backend, gpu_budget, threads, seqs[k], tokens, prompt, (uint64_t)seed, nodrop, &res[k], err, sizeof err);
         if (rc) { fprintf(stderr, "deltafin bench batch: S = %d: %s\n", seqs[k], err); break; }
         printf("  S=%d: %.3f tok/s aggregate (%.3f per sequence) over %d tokens in %.2f s, io stall %.2f s, "
                "expert+spine bytes read %.1f MB/token, hit rate %.3f\n",

@@ -27,13 +27,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* 1 when `a` is one of the NULL-terminated names (the options that take a value) */
-static int known(const char *a, const char *const *names) {
-    for (; *names; names++)
-        if (!strcmp(a, *names)) return 1;
-    return 0;
-}
-
 /* a whole decimal integer in [lo, hi], else a usage message naming the command and flag, -1 */
 static int want_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out) {
     char *end;
@@ -178,7 +171,7 @@ static int bench_io(int argc, char **argv) {
         if (!strcmp(a, "--pread")) { o.use_uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) continue;
         static const char *const vals[] = {"--dir", "--size", "--run", "--group", "--qd", "--seconds", NULL};
-        if (!known(a, vals)) { fprintf(stderr, "deltafin bench io: unknown option %s (see --help)\n", a); return 2; }
+        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench io: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench io: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--dir")) o.dirs = v;
         else if (!strcmp(a, "--size")) { if (want_size("io", a, v, &o.io_bytes)) return 2; }
@@ -232,7 +225,7 @@ static int bench_decode(int argc, char **argv) {
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--warmup", "--threads", "--prompt-ids", "--io-seconds",
                                            "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", NULL};
-        if (!known(a, vals)) { fprintf(stderr, "deltafin bench decode: unknown option %s (see --help)\n", a); return 2; }
+        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench decode: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--ram-budget")) { if (want_size("decode", a, v, &budget)) return 2; }
@@ -510,7 +503,7 @@ static int bench_cache(int argc, char **argv) {
             return 0;
         }
         static const char *const vals[] = {"--model", "--trace", "--train", "--slots", "--hot-fraction", "--decay", NULL};
-        if (!known(a, vals)) { fprintf(stderr, "deltafin bench cache: unknown option %s (see --help)\n", a); return 2; }
+        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench cache: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench cache: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--trace")) test = v;
@@ -582,7 +575,7 @@ static int bench_store(int argc, char **argv) {
         if (!strcmp(a, "--pread")) { uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--trace", "--cache", "--qd", "--io-seconds", NULL};
-        if (!known(a, vals)) { fprintf(stderr, "deltafin bench store: unknown option %s (see --help)\n", a); return 2; }
+        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench store: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench store: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--trace")) test = v;

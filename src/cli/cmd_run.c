@@ -79,6 +79,15 @@ static int parse_int(const char *flag, const char *s, long long lo, long long hi
 }
 
 /* a finite number in [lo, hi] (in (lo, hi] when lo_open); else a usage message, -1 */
+/* auto|on|off of --prefetch / --prefault into df_model_opts' 0 / 1 / 2; -1 with a message naming the flag. */
+static int parse_auto_on_off(const char *flag, const char *v, int *out) {
+    if (!strcmp(v, "auto")) *out = 0;
+    else if (!strcmp(v, "on")) *out = 1;
+    else if (!strcmp(v, "off")) *out = 2;
+    else { fprintf(stderr, "deltafin run: %s \"%s\": expected auto, on or off\n", flag, v); return -1; }
+    return 0;
+}
+
 static int parse_num(const char *flag, const char *s, double lo, double hi, int lo_open, float *out) {
     char *end;
     errno = 0;
@@ -364,22 +373,8 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT())) return 2; }
         else if (!strcmp(a, "--events")) { if (!(mo.events_path = NEXT())) return 2; }
         else if (!strcmp(a, "--heat")) { if (!(mo.heat_path = NEXT())) return 2; }
-        else if (!strcmp(a, "--prefetch")) {
-            const char *v = NEXT();
-            if (!v) return 2;
-            if (!strcmp(v, "auto")) mo.prefetch = 0;
-            else if (!strcmp(v, "on")) mo.prefetch = 1;
-            else if (!strcmp(v, "off")) mo.prefetch = 2;
-            else { fprintf(stderr, "deltafin run: --prefetch \"%s\": expected auto, on or off\n", v); return 2; }
-        }
-        else if (!strcmp(a, "--prefault")) {
-            const char *v = NEXT();
-            if (!v) return 2;
-            if (!strcmp(v, "auto")) mo.prefault = 0;
-            else if (!strcmp(v, "on")) mo.prefault = 1;
-            else if (!strcmp(v, "off")) mo.prefault = 2;
-            else { fprintf(stderr, "deltafin run: --prefault \"%s\": expected auto, on or off\n", v); return 2; }
-        }
+        else if (!strcmp(a, "--prefetch")) { const char *v = NEXT(); if (!v || parse_auto_on_off(a, v, &mo.prefetch)) return 2; }
+        else if (!strcmp(a, "--prefault")) { const char *v = NEXT(); if (!v || parse_auto_on_off(a, v, &mo.prefault)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
         else if (!strcmp(a, "--gpu-budget")) {
             const char *v = NEXT(); if (!v) return 2;

@@ -130,7 +130,7 @@ struct df_store {
     pthread_t verifiers[STORE_MAX_DRIVES];
     int n_verifiers, ver_stop;
 
-    /* prefault thread (a RAM budget only): allocates and touches the slot buffers ahead of their first read
+    /* prefault threads (a RAM budget only): allocate and touch the slot buffers ahead of their first read
      * (store.c slot_alloc / prefault_main) */
     pthread_t prefault[STORE_PREFAULT_THREADS];
     int prefault_on, prefault_stop;   /* threads started; stop asked (mu) */

@@ -191,7 +191,7 @@ static int contains(jj_ctx *c, jv *hay, jv *needle) {
     }
 }
 
-static int compare(jj_ctx *c, int op, jv *l, jv *r) {
+int jj_compare(jj_ctx *c, int op, jv *l, jv *r) {
     int lt;
     switch (op) {
     case CMP_EQ: return jv_equal(l, r);
@@ -296,7 +296,7 @@ jv *jj_eval(jj_ctx *c, jj_frame *f, const jnode *e) {
             jv *r = jj_eval(c, f, e->list[i]);
             if (!r) return NULL;
             c->line = e->line;
-            int k = compare(c, e->ops[i], l, r);
+            int k = jj_compare(c, e->ops[i], l, r);
             if (k < 0) return NULL;
             if (!k) return &jv_false_c;
             l = r;

@@ -756,7 +756,6 @@ int jj_apply_test(jj_ctx *c, int id, const char *name, jv *v, jv **args, int nar
         jj_fail(c, DF_EINVAL, "TypeError: test '%s' needs an argument", name);
         return -1;
     }
-    int lt;
     switch (id) {
     case T_DEFINED: return v->t != JV_UNDEF;
     case T_UNDEFINED: return v->t == JV_UNDEF;
@@ -772,12 +771,12 @@ int jj_apply_test(jj_ctx *c, int id, const char *name, jv *v, jv **args, int nar
         if (v->flags & JV_F_ITER) return 0; /* no len() */
         return v->t == JV_STR || v->t == JV_LIST || v->t == JV_TUPLE || v->t == JV_DICT || v->t == JV_UNDEF;
     case T_CALLABLE: return v->t == JV_MACRO || v->t == JV_FUNC || v->t == JV_METHOD || v->t == JV_UNDEF;
-    case T_EQ: return jv_equal(v, x);
-    case T_NE: return !jv_equal(v, x);
-    case T_LT: return jv_less(c, v, x);
-    case T_GT: return jv_less(c, x, v);
-    case T_LE: lt = jv_less(c, v, x); return lt < 0 ? -1 : lt || jv_equal(v, x);
-    case T_GE: lt = jv_less(c, x, v); return lt < 0 ? -1 : lt || jv_equal(v, x);
+    case T_EQ: return jj_compare(c, CMP_EQ, v, x);
+    case T_NE: return jj_compare(c, CMP_NE, v, x);
+    case T_LT: return jj_compare(c, CMP_LT, v, x);
+    case T_GT: return jj_compare(c, CMP_GT, v, x);
+    case T_LE: return jj_compare(c, CMP_LE, v, x);
+    case T_GE: return jj_compare(c, CMP_GE, v, x);
     case T_IN: {
         jv *hay = x;
         if (hay->t == JV_STR) {

@@ -188,6 +188,8 @@ int ju_isspace(int32_t cp);
 /* ------------------------------------------------------- eval and builtins */
 
 jv *jj_eval(jj_ctx *c, jj_frame *f, const jnode *e);
+/* l OP r for a comparison operator CMP_* (Python semantics): 1 or 0, -1 with c's error set. */
+int jj_compare(jj_ctx *c, int op, jv *l, jv *r);
 jv *jj_lookup(jj_ctx *c, jj_frame *f, const char *name);
 jv *jj_getattr(jj_ctx *c, jv *obj, const char *name, size_t nlen);
 jv *jj_getitem(jj_ctx *c, jv *obj, jv *key);
