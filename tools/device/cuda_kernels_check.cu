@@ -5,8 +5,11 @@
  * the one-row-per-warp reference kernel, which test_cuda_kernels checks against the CPU; batch invariance (each
  * row of a T-row call equals the 1-row call); f32 / bf16 against a host double-precision product; then the
  * timings of `deltafin bench kernels --backend cuda` for each variant.
+ * MXFP4 (and BF16 with CKC_MMA=0x22) runs on the tensor-core kernel (cuda_mma.cu), whose variants are checked
+ * against its variant 1 and against a host double-precision product; `bench` also times MXFP4 / BF16 on the other
+ * kernel family ("fma" / "mma").
  * Build (repository root): nvcc -O3 -std=c++17 -arch=sm_90 -Isrc -Iinclude tools/device/cuda_kernels_check.cu \
- *     src/kernels/cuda/cuda_matmul.cu src/kernels/cuda/cuda_ops.cu -o /tmp/ckc
+ *     src/kernels/cuda/cuda_matmul.cu src/kernels/cuda/cuda_mma.cu src/kernels/cuda/cuda_ops.cu -o /tmp/ckc
  * Usage: /tmp/ckc [check] [bench TYPES SHAPES TS]   e.g. /tmp/ckc check bench mxfp4,bf16 2048x7168,32768x7168 1,8,512
  */
 #include "kernels/cuda/cuda_internal.h"
@@ -95,14 +98,19 @@ static void check_case(int t, int64_t R, int64_t C, bool wide) {
     for (int T : Ts) {
         run(t, R, C, T, 1, 1, ref); /* the reference kernel */
         if (T == 1 && t == 1) { /* warm: nothing */ }
-        if (t <= 1 && T == 130) { /* host double-precision product */
+        if ((t <= 1 || t == 5) && T == (t == 5 && R * C > 1000000 ? 9 : 130)) { /* host double-precision product */
             double worst = 0;
             for (int64_t r = 0; r < R; r++)
                 for (int tt = 0; tt < T; tt++) {
                     double a = 0, m = 0;
                     for (int64_t c = 0; c < C; c++) {
                         float w;
-                        if (t == 0) memcpy(&w, &d[4 * (r * C + c)], 4);
+                        if (t == 5) {
+                            static const float e2m1[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+                            const int e = s[(size_t)(r * C + c) / 32];
+                            const int code = (d[(size_t)(r * C + c) / 2] >> (4 * (c & 1))) & 15;
+                            w = e == 255 ? NAN : (float)ldexp((double)e2m1[code], e - 127);
+                        } else if (t == 0) memcpy(&w, &d[4 * (r * C + c)], 4);
                         else { uint32_t u = (uint32_t)d[2 * (r * C + c)] << 16 | (uint32_t)d[2 * (r * C + c) + 1] << 24; memcpy(&w, &u, 4); }
                         a += (double)w * x[(size_t)tt * C + c];
                         m += fabs((double)w * x[(size_t)tt * C + c]);
@@ -110,6 +118,7 @@ static void check_case(int t, int64_t R, int64_t C, bool wide) {
                     worst = fmax(worst, fabs(a - ref[(size_t)tt * R + r]) / (m + 1e-30));
                 }
             if (!(worst <= 1e-5)) { bad++; what += " host-ref(" + std::to_string(worst) + ")"; }
+            else what += " host-ref max " + std::to_string(worst);
         }
         const int vs[][2] = {{0, 0}, {2, 2}, {4, 4}, {8, 8}};
         for (auto &v : vs) {
@@ -162,6 +171,7 @@ static double bench(int t, int64_t R, int64_t C, int T, int mv, int tile) {
 
 int main(int argc, char **argv) {
     CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
+    if (getenv("CKC_MMA")) cu_set_mma((unsigned)strtoul(getenv("CKC_MMA"), NULL, 0)); /* e.g. 0x22: bf16 too */
     const size_t big = (size_t)32768 * 7168 * 4 + 4096;
     CK(cudaMalloc(&g_d, big)); CK(cudaMalloc(&g_s, big / 16)); CK(cudaMalloc(&g_x, sizeof(float) * 512 * 20000 + 4096));
     CK(cudaMalloc(&g_y, sizeof(float) * 512 * 32768 + 4096));
@@ -209,13 +219,18 @@ int main(int argc, char **argv) {
                         const int vs1[][3] = {{0, 0, 0}, {2, 0, 2}, {4, 0, 4}, {8, 0, 8}, {1, 1, 1}};
                         const int vsT[][3] = {{0, 0, 0}, {0, 2, 2}, {0, 4, 4}, {0, 8, 8}, {1, 1, 1}};
                         const int nv = ref ? 5 : 4; /* env CKC_REF=1: also the reference kernel */
-                        for (int k = 0; k < nv; k++) {
-                            const int *v = T == 1 ? vs1[k] : vsT[k];
+                        const unsigned mma0 = cu_get_mma(), alt = (t == 1 || t == 5);
+                        for (int k = 0; k < nv + (int)alt; k++) {
+                            /* the last row: MXFP4 / BF16 on the other kernel family (tensor-core / fp32-FMA) */
+                            const int other = k == nv;
+                            const int *v = other ? vs1[0] : T == 1 ? vs1[k] : vsT[k];
+                            if (other) cu_set_mma(mma0 ^ (1u << t));
                             const double m = bench(t, sh.first, sh.second, T, v[0], v[1]);
+                            cu_set_mma(mma0);
                             const double wb = (double)(data_bytes(t, sh.first, sh.second) + scale_bytes(t, sh.first, sh.second));
                             const char *kn[] = {"auto", "ref", "v2", "", "v4", "", "", "", "v8"};
                             printf("%-9s %5lldx%-6lld %-6s %5d %10.4f %9.1f %6.1f %9.2f\n", NAMES[t], (long long)sh.first,
-                                   (long long)sh.second, kn[v[2]], T, m, wb / (m * 1e-3) / 1e9, 100 * wb / (m * 1e-3) / bw,
+                                   (long long)sh.second, other ? ((mma0 >> t) & 1 ? "fma" : "mma") : kn[v[2]], T, m, wb / (m * 1e-3) / 1e9, 100 * wb / (m * 1e-3) / bw,
                                    2.0 * sh.first * sh.second * T / (m * 1e-3) / 1e12);
                             fflush(stdout);
                         }

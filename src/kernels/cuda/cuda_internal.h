@@ -20,6 +20,17 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
 void cu_set_matvec_rows(int n);
 void cu_set_tile(int n);
 
+/* MXFP4 or BF16 weights (cols % 32 == 0) on the tensor cores (cuda_mma.cu): exact bf16 operands (the weights;
+ * the activations split into three bf16 parts), fp32 accumulation in a canonical order of its own. variant
+ * (0 = automatic; 1, 2, 4, 8 = tile shapes, the same bits): 1 = 16 rows x 8 tokens per warp, 2 = 32 x 8,
+ * 4 = 16 x 16, 8 = 32 x 16. */
+cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
+                          const float *x, int T, float *y, int variant, cudaStream_t st);
+/* The encodings (bit mask 1 << df_wtype; only MXFP4 and BF16 count) whose matmuls run on the tensor-core kernel;
+ * the others run on the fp32-FMA kernels of cuda_matmul.cu (other bits). Default: MXFP4. */
+void cu_set_mma(unsigned mask);
+unsigned cu_get_mma(void);
+
 /* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);
 cudaError_t cu_silu_mul_launch(float *out, const float *g, const float *u, int64_t n, cudaStream_t st);

@@ -465,7 +465,7 @@ tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
 
 /* Kernel choice (cu_set_matvec_rows / cu_set_tile, cuda_internal.h): 0 = automatic; 1 = mm_kernel; others
  * force a tile shape. All give the same bits. */
-int g_mv_rows = 0, g_tile = 0;
+int g_mv_rows = 0, g_tile = 0, g_mma = 1 << DF_W_MXFP4;
 constexpr int SMEM_CAP = 48 * 1024;
 
 template <int ENC, int G, int RM, int RT, int NW, int MINB = 1, int PF = 1>
@@ -537,6 +537,10 @@ template <int ENC>
 cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const float *x, int T, float *y,
                    cudaStream_t st) {
     constexpr int G = Grp<ENC>::G;
+    /* the tensor-core kernel (cuda_mma.cu) for every T where chosen: its own canonical order */
+    if constexpr (ENC == DF_W_MXFP4 || ENC == DF_W_BF16)
+        if (((g_mma >> ENC) & 1) && cols % 32 == 0)
+            return cu_mma_launch((df_wtype)ENC, d, s, rows, cols, x, T, y, T == 1 ? g_mv_rows : g_tile, st);
     if constexpr (G > 1) if (cols % G == 0) return launch_g<ENC, G>(d, s, rows, cols, x, T, y, st);
     if constexpr (ENC == DF_W_INT4_G32 || ENC == DF_W_MXFP4) return cudaErrorInvalidValue;
     else /* cols % 32 != 0: not a valid weight */
@@ -547,6 +551,8 @@ cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t col
 
 void cu_set_matvec_rows(int n) { g_mv_rows = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
 void cu_set_tile(int n) { g_tile = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
+void cu_set_mma(unsigned mask) { g_mma = (int)(mask & ((1u << DF_W_MXFP4) | (1u << DF_W_BF16))); }
+unsigned cu_get_mma(void) { return (unsigned)g_mma; }
 
 cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                              const float *x, int T, float *y, cudaStream_t st) {

@@ -91,6 +91,8 @@ void probe_once() {
     if (mv && *mv) cu_set_matvec_rows(atoi(mv));
     const char *tl = getenv("DF_CUDA_TILE"); /* T >= 2 kernel variant */
     if (tl && *tl) cu_set_tile(atoi(tl));
+    const char *mm = getenv("DF_CUDA_MMA"); /* encodings on the tensor-core kernel: a mask of 1 << df_wtype */
+    if (mm && *mm) cu_set_mma((unsigned)strtoul(mm, NULL, 0));
 }
 
 int ready() {

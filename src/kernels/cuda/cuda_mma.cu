@@ -1,0 +1,361 @@
+/*
+ * cuda_mma.cu — y [T, rows] = x [T, cols] · W^T for MXFP4 (and BF16) weights on the tensor cores, with exact
+ * operands. MXFP4 matmuls use it by default (cu_set_mma, env DF_CUDA_MMA); BF16 stays on the fp32-FMA kernels,
+ * which are faster for one token (bench/RESULTS.md).
+ *
+ * Math (shared/notes/formats.md): w = E2M1(code) x 2^(e-127) per 32-element group. Every such w is exactly a
+ * bfloat16 (2 significant bits, fp32's exponent range), and every fp32 activation x is exactly the sum of
+ * three bfloat16 parts (x = hi + mid + lo: hi = x with its low 16 bits cleared, mid the same of x - hi, lo the
+ * rest, each step exact). So y = sum_k w_k hi_k + w_k mid_k + w_k lo_k is computed by bf16 tensor-core MMAs
+ * (mma.sync m16n8k16, fp32 accumulation) with no rounding of any operand: the products are exact and only the
+ * accumulation rounds (in the tensor core's fp32 adder).
+ *
+ * Decoding: two codes of a 32-bit word of packed E2M1 (elements k and k+4, 16 bits apart) are placed with
+ * three bit operations into the bf16 subnormal range (value x 2^-126, subnormal codes included) of one bf16x2
+ * word, then one bf16x2 multiply by 2^(e-1) (= the scale x 2^126, exact) gives both weights; scales above
+ * 2^1 take two multiplies (by 2^126, then by the scale; the same bits, an overflow to inf as in fp32).
+ *
+ * Canonical order (what makes results independent of T and of the launch shape): the columns are cut into
+ * rounds of 128 (4 groups); in round r the lane with t = lane & 3 owns group 4r + t, and its 32 elements are
+ * the MMA's k slots {2t, 2t+1, 2t+8, 2t+9} of 8 k-steps (pairs of elements (8w+p, 8w+p+4), w = word, p = pair),
+ * the activations' parts permuted the same way (split kernel below). A K-slice count KS that depends only on
+ * cols splits the rounds: slice s takes rounds s, s+KS, ..., accumulating per k-step hi, mid, lo in that order
+ * into one fp32 accumulator per (row, token); the KS partial sums are then added in slice order. Each output
+ * element's additions depend only on (rows' data, cols): a token's result is bitwise the same alone, in a prompt
+ * batch or in a served batch, and for every tile shape (variants). The MMA computes each column of its
+ * 16 x 8 output from that column's operands only.
+ */
+#include "cuda_internal.h"
+
+#include <stdint.h>
+#include <type_traits>
+
+namespace {
+
+/* a x b per bf16 half, rounded to nearest (exact here); fma with -0 keeps the sign of a zero product */
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
+}
+
+/* Elements K (low half) and K + 4 (high half) of the 8 E2M1 codes of u (code K at bits 4K..4K+3: m, e0, e1,
+ * sign) as bf16 subnormal-range values x 2^-126: magnitude bits to bf16 bits 6..8, sign to bit 15. */
+template <int K> __device__ __forceinline__ uint32_t e2m1_pair(uint32_t u) {
+    const uint32_t mag = K <= 1 ? u << (6 - 4 * K) : u >> (4 * K - 6);
+    return (mag & 0x01C001C0u) | ((u << (12 - 4 * K)) & 0x80008000u);
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int Q> __device__ __forceinline__ uint32_t word(const uint4 &v) {
+    if constexpr (Q == 0) return v.x;
+    else if constexpr (Q == 1) return v.y;
+    else if constexpr (Q == 2) return v.z;
+    else return v.w;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+/* Per encoding (BF16 weights are bf16 already: the A registers are their halves, permuted with prmt): one lane's group of 32 consecutive elements of one row (G), its load, and the A registers of
+ * k-step 2Q + H: lo = elements (8Q + 2H, 8Q + 2H + 4), hi = elements (8Q + 2H + 1, 8Q + 2H + 5) of the group. */
+template <int ENC> struct Op;
+
+template <> struct Op<DF_W_MXFP4> {
+    struct G { /* 16 bytes of codes and the bf16x2 multipliers (m2 == 0: one multiply suffices) */
+        uint4 v;
+        uint32_t m1, m2;
+    };
+    __device__ __forceinline__ static void load(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
+                                                int64_t rows, int64_t ng, int64_t R, int64_t gi, G &o) {
+        if (R < rows && gi < ng) {
+            o.v = reinterpret_cast<const uint4 *>(data)[R * ng + gi];
+            const uint32_t e = scale[R * ng + gi];
+            if (e <= 128) { /* 2^(e-1): bf16 exponent field e + 126 (e = 0 too: 2^-1) */
+                o.m1 = ((e + 126u) << 7) * 0x10001u;
+                o.m2 = 0;
+            } else { /* 2^126, then 2^(e-127) (e = 255: NaN) */
+                o.m1 = 0x7E807E80u;
+                o.m2 = (e == 255 ? 0x7FC0u : e << 7) * 0x10001u;
+            }
+        } else {
+            o.v = make_uint4(0, 0, 0, 0);
+            o.m1 = o.m2 = 0;
+        }
+    }
+    __device__ __forceinline__ static bool slow(const G &g) { return g.m2 != 0; }
+    template <int P, bool SLOW> __device__ __forceinline__ static uint32_t dec(uint32_t u, const G &g) {
+        uint32_t a = bf16x2_mul(e2m1_pair<P>(u), g.m1);
+        if constexpr (SLOW) a = g.m2 ? bf16x2_mul(a, g.m2) : a;
+        return a;
+    }
+    template <int Q, int H, bool SLOW> __device__ __forceinline__ static void frag(const G &g, uint32_t &lo, uint32_t &hi) {
+        lo = dec<2 * H, SLOW>(word<Q>(g.v), g);
+        hi = dec<2 * H + 1, SLOW>(word<Q>(g.v), g);
+    }
+};
+
+template <> struct Op<DF_W_BF16> {
+    struct G { /* 64 bytes: elements 8q .. 8q + 7 in v[q] */
+        uint4 v[4];
+    };
+    __device__ __forceinline__ static void load(const uint8_t *__restrict__ data, const uint8_t *__restrict__,
+                                                int64_t rows, int64_t ng, int64_t R, int64_t gi, G &o) {
+        const uint4 *p = reinterpret_cast<const uint4 *>(data) + (R * ng + gi) * 4;
+#pragma unroll
+        for (int q = 0; q < 4; q++) o.v[q] = R < rows && gi < ng ? p[q] : make_uint4(0, 0, 0, 0);
+    }
+    __device__ __forceinline__ static bool slow(const G &) { return false; }
+    template <int Q, int H, bool> __device__ __forceinline__ static void frag(const G &g, uint32_t &lo, uint32_t &hi) {
+        const uint32_t a = word<H>(g.v[Q]), b = word<H + 2>(g.v[Q]);
+        lo = prmt(a, b, 0x5410); /* low halves: elements 8Q + 2H, 8Q + 2H + 4 */
+        hi = prmt(a, b, 0x7632); /* high halves: elements 8Q + 2H + 1, 8Q + 2H + 5 */
+    }
+};
+
+template <int K, int N> struct Unroll {
+    template <class F> __device__ __forceinline__ static void run(F &&f) {
+        f(std::integral_constant<int, K>());
+        Unroll<K + 1, N>::run(f);
+    }
+};
+template <int N> struct Unroll<N, N> {
+    template <class F> __device__ __forceinline__ static void run(F &&) {}
+};
+
+/* The activations' bf16 parts in MMA operand order: xs[((tok * ng + gi) * 3 + part) * 16 + 2 s + h] is the
+ * bf16x2 B register h (0: k slots 2t, 2t+1; 1: 2t+8, 2t+9) of k-step s of group gi, part 0 = hi, 1 = mid,
+ * 2 = lo. One thread per (tok, gi, s). */
+__global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs) {
+    const int64_t ng = cols / 32;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)T * ng * 8) return;
+    const int s = (int)(i & 7);
+    const int64_t tg = i >> 3, tok = tg / ng, gi = tg % ng;
+    const float *xp = x + tok * cols + gi * 32 + (s >> 1) * 8 + (s & 1) * 2;
+    const float v[4] = {xp[0], xp[4], xp[1], xp[5]}; /* B0 low, B0 high, B1 low, B1 high */
+    uint32_t p[3][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t hb = __float_as_uint(v[k]) & 0xffff0000u;
+        const float r = v[k] - __uint_as_float(hb); /* exact */
+        const uint32_t mb = __float_as_uint(r) & 0xffff0000u;
+        const float l = r - __uint_as_float(mb); /* exact, at most 8 significant bits */
+        p[0][k] = hb >> 16;
+        p[1][k] = mb >> 16;
+        p[2][k] = __float_as_uint(l) >> 16;
+    }
+    uint32_t *o = xs + tg * 48 + s * 2;
+#pragma unroll
+    for (int q = 0; q < 3; q++) {
+        o[q * 16] = p[q][0] | (p[q][1] << 16);
+        o[q * 16 + 1] = p[q][2] | (p[q][3] << 16);
+    }
+}
+
+/* Block: KS warps, one per K slice, on the same RM m-tiles (16 rows each) x NT n-tiles (8 tokens each); the
+ * slices' accumulators are added in slice order through shared memory. */
+template <int ENC, int RM, int NT, int KS, int PF>
+__global__ void __launch_bounds__(KS * 32)
+mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
+           const uint4 *__restrict__ xs, int T, float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
+    const int64_t m0 = (int64_t)blockIdx.x * (16 * RM);
+    const int n0 = blockIdx.y * (8 * NT);
+    const int64_t ng = cols / 32, nrounds = (ng + 3) / 4;
+    float d[RM][NT][4];
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) d[i][j][c] = 0.0f;
+    /* weights PF rounds ahead of their use, in a ring of registers (bytes in flight hide HBM latency) */
+    using O = Op<ENC>;
+    using Grp = typename O::G;
+    Grp buf[PF][RM][2];
+    auto load_round = [&](int64_t r, Grp (&o)[RM][2]) {
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            O::load(data, scale, rows, ng, m0 + 16 * i + g, r * 4 + t, o[i][0]);
+            O::load(data, scale, rows, ng, m0 + 16 * i + g + 8, r * 4 + t, o[i][1]);
+        }
+    };
+    auto round = [&](int64_t r, const Grp (&cur)[RM][2]) {
+        const int64_t gi = r * 4 + t;
+        bool slow = false;
+#pragma unroll
+        for (int i = 0; i < RM; i++) slow |= O::slow(cur[i][0]) | O::slow(cur[i][1]);
+        slow = __any_sync(0xffffffffu, slow);
+        const uint4 *xb[NT];
+        bool live[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int tok = n0 + 8 * j + g;
+            live[j] = tok < T && gi < ng;
+            xb[j] = xs + ((int64_t)(live[j] ? tok : 0) * ng + (live[j] ? gi : 0)) * 12;
+        }
+        Unroll<0, 4>::run([&](auto Qc) {
+            constexpr int Q = decltype(Qc)::value;
+            uint4 b[NT][3];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int p = 0; p < 3; p++) b[j][p] = live[j] ? xb[j][p * 4 + Q] : make_uint4(0, 0, 0, 0);
+            Unroll<0, 2>::run([&](auto Hc) {
+                constexpr int H = decltype(Hc)::value;
+#pragma unroll
+                for (int i = 0; i < RM; i++) {
+                    uint32_t a0, a1, a2, a3; /* rows g, g + 8 x k slots {2t, 2t+1}, {2t+8, 2t+9} */
+                    if (slow) {
+                        O::template frag<Q, H, true>(cur[i][0], a0, a2);
+                        O::template frag<Q, H, true>(cur[i][1], a1, a3);
+                    } else {
+                        O::template frag<Q, H, false>(cur[i][0], a0, a2);
+                        O::template frag<Q, H, false>(cur[i][1], a1, a3);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int p = 0; p < 3; p++)
+                            mma16816(d[i][j], a0, a1, a2, a3, H ? b[j][p].z : b[j][p].x, H ? b[j][p].w : b[j][p].y);
+                }
+            });
+        });
+    };
+#pragma unroll
+    for (int k = 0; k < PF; k++)
+        if (ks + k * KS < nrounds) load_round(ks + k * KS, buf[k]);
+#pragma unroll 1
+    for (int64_t r0 = ks; r0 < nrounds; r0 += (int64_t)KS * PF) {
+        Unroll<0, PF>::run([&](auto Ic) {
+            constexpr int I = decltype(Ic)::value;
+            const int64_t r = r0 + (int64_t)I * KS;
+            if (r < nrounds) {
+                Grp cur[RM][2];
+#pragma unroll
+                for (int i = 0; i < RM; i++) cur[i][0] = buf[I][i][0], cur[i][1] = buf[I][i][1];
+                if (r + (int64_t)KS * PF < nrounds) load_round(r + (int64_t)KS * PF, buf[I]);
+                round(r, cur);
+            }
+        });
+    }
+    if constexpr (KS > 1) {
+        extern __shared__ float mma_red[]; /* [KS][RM*NT*4][32] */
+        constexpr int NV = RM * NT * 4;
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) mma_red[(ks * NV + (i * NT + j) * 4 + c) * 32 + lane] = d[i][j][c];
+        __syncthreads();
+        if (ks != 0) return;
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    float s = d[i][j][c];
+#pragma unroll 1
+                    for (int k = 1; k < KS; k++) s += mma_red[(k * NV + (i * NT + j) * 4 + c) * 32 + lane];
+                    d[i][j][c] = s;
+                }
+    }
+    /* D fragment: c0, c1 = row g, tokens 2t, 2t+1; c2, c3 = row g + 8 */
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int64_t row = m0 + 16 * i + g + (c >= 2 ? 8 : 0);
+                const int tok = n0 + 8 * j + 2 * t + (c & 1);
+                if (row < rows && tok < T) y[(int64_t)tok * rows + row] = d[i][j][c];
+            }
+}
+
+/* The activations' split for up to TC tokens at a time (device scratch, grown on demand). */
+constexpr int TC = 256;
+uint32_t *g_xs = nullptr;
+size_t g_xs_cap = 0;
+
+template <int ENC, int RM, int NT, int KS, int PF>
+cudaError_t launch_mma(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const uint4 *xs, int T, float *y,
+                       cudaStream_t st) {
+    const size_t smem = KS > 1 ? (size_t)KS * RM * NT * 4 * 32 * sizeof(float) : 0;
+    const dim3 grid((unsigned)((rows + 16 * RM - 1) / (16 * RM)), (unsigned)((T + 8 * NT - 1) / (8 * NT)));
+    mma_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(d, s, rows, cols, xs, T, y);
+    return cudaGetLastError();
+}
+
+/* K slices: from cols only (never T or the variant), so that the additions stay the same for every call.
+ * (16 slices for 7168 columns made the one-token 2048-row matvec 18% faster and the 512-token GEMM 25% slower
+ * on the H200: bench/RESULTS.md.) */
+template <int ENC, int RM, int NT, int PF>
+cudaError_t launch_ks(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const uint4 *xs, int T, float *y,
+                      cudaStream_t st) {
+    const int64_t nrounds = (cols / 32 + 3) / 4;
+    if (nrounds >= 32) return launch_mma<ENC, RM, NT, 8, PF>(d, s, rows, cols, xs, T, y, st);
+    if (nrounds >= 8) return launch_mma<ENC, RM, NT, 4, PF>(d, s, rows, cols, xs, T, y, st);
+    return launch_mma<ENC, RM, NT, 1, PF>(d, s, rows, cols, xs, T, y, st);
+}
+
+} // namespace
+
+namespace {
+/* variant -> tile shape (RM m-tiles x NT n-tiles per warp) and prefetch depth (bf16 groups are 4x larger) */
+template <int ENC>
+cudaError_t launch_v(int v, const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const uint4 *xs, int n,
+                     float *y, cudaStream_t st) {
+    constexpr int W = ENC == DF_W_BF16 ? 2 : 1;
+    switch (v) {
+    case 1: return launch_ks<ENC, 1, 1, 1>(d, s, rows, cols, xs, n, y, st); /* PF 2, 4 measured slower */
+    case 2: return launch_ks<ENC, 2, 1, 2 / W>(d, s, rows, cols, xs, n, y, st);
+    case 4: return launch_ks<ENC, 1, 2, 3 / W>(d, s, rows, cols, xs, n, y, st);
+    default: return launch_ks<ENC, 2 / W, 2, 1>(d, s, rows, cols, xs, n, y, st);
+    }
+}
+} // namespace
+
+cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
+                          const float *x, int T, float *y, int variant, cudaStream_t st) {
+    if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16)) return cudaErrorInvalidValue;
+    const uint8_t *d = static_cast<const uint8_t *>(data), *s = static_cast<const uint8_t *>(scale);
+    const int tc = T < TC ? T : TC;
+    const size_t need = (size_t)tc * (size_t)cols * 6;
+    if (need > g_xs_cap) {
+        cudaError_t e = cudaStreamSynchronize(st); /* the old buffer may still be read */
+        if (e != cudaSuccess) return e;
+        if (g_xs) cudaFree(g_xs);
+        g_xs = nullptr;
+        g_xs_cap = 0;
+        if ((e = cudaMalloc(&g_xs, need)) != cudaSuccess) return e;
+        g_xs_cap = need;
+    }
+    for (int t0 = 0; t0 < T; t0 += TC) {
+        const int n = T - t0 < TC ? T - t0 : TC;
+        const int64_t threads = (int64_t)n * (cols / 32) * 8;
+        split_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(x + (int64_t)t0 * cols, n, cols, g_xs);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+        const uint4 *xs = reinterpret_cast<const uint4 *>(g_xs);
+        float *yo = y + (int64_t)t0 * rows;
+        const int v = variant ? variant : n <= 8 ? 1 : 2;
+        e = type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, d, s, rows, cols, xs, n, yo, st)
+                              : launch_v<DF_W_MXFP4>(v, d, s, rows, cols, xs, n, yo, st);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
