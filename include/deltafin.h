@@ -283,6 +283,8 @@ typedef struct {
     uint64_t expert_union_count;
     /* appended: spine bytes read from disk by spine streaming (layers that do not fit the budget) */
     uint64_t spine_bytes_streamed;
+    /* appended: expert cache slots page-locked for the GPU's DMA (backend cuda), of the slots allocated */
+    int expert_slots_pinned, expert_slots;
 } df_stats;
 
 /* Phases of the forward pass timed in df_stats.phase_s (`run --stats --profile`). */

@@ -150,6 +150,7 @@ int bench_prefill(int argc, char **argv) {
     for (int p = 0; p < DF_PHASES; p++)
         if (st.phase_s[p] > 0) printf(" %s %.3f s", df_phase_name(p), st.phase_s[p]);
     printf("\n");
+    if (st.expert_slots_pinned) printf("  expert slots page-locked for the GPU: %d of %d\n", st.expert_slots_pinned, st.expert_slots);
 out:
     free(ids);
     free(logits);

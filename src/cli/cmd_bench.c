@@ -391,6 +391,7 @@ static int bench_decode(int argc, char **argv) {
                h, br.gbps, read_gbps, br.gbps > 0 ? 100 * read_gbps / br.gbps : 0);
     printf("  prefill: %llu tokens in %.2f s (io stall %.2f s)\n", (unsigned long long)st0.prefill_tokens, st0.prefill_s,
            st0.io_stall_s);
+    if (st.expert_slots_pinned) printf("  expert slots page-locked for the GPU: %d of %d\n", st.expert_slots_pinned, st.expert_slots);
     printf("  resident %.2f GiB, peak RSS %.2f GiB%s\n", st.resident_bytes / 1073741824.0, vm_hwm_kb() / 1048576.0,
            df_model_is_exact(m) ? "" : "  (NOT EXACT: int8 spine)");
     free(logits);

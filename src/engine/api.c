@@ -397,6 +397,8 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     so.expert_dirs = NULL; /* native_set_expert_dirs already re-pointed m->nat at opts.expert_dirs */
     so.events_path = opts.events_path;
     so.remote = opts.remote_source;
+    so.pin = be->host_pin; /* the GPU backend: slot buffers page-locked, experts copied to the GPU by DMA */
+    so.unpin = be->host_unpin;
     {
         int mode = opts.prefault, env = 0;
         rc = env_switch("DF_PREFAULT", "--prefault", &env, err, errlen); /* documented alias of --prefault */
@@ -889,6 +891,8 @@ void df_model_stats(const df_model *m, df_stats *o) {
         o->prefetch_useful = ss.prefetch_useful;
         o->prefetch_issued = ss.prefetch_issued;
         o->resident_bytes += ss.resident_bytes;
+        o->expert_slots_pinned = ss.n_slots_pinned;
+        o->expert_slots = ss.slot_bytes ? (int)(ss.resident_bytes / ss.slot_bytes) : 0;
         o->n_drives = ss.n_drives < 16 ? ss.n_drives : 16;
         for (int d = 0; d < o->n_drives; d++) {
             o->drive_bytes[d] = ss.drive_bytes[d];

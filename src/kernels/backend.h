@@ -56,6 +56,11 @@ typedef struct df_backend {
      * runs the three matmuls and the activation itself). */
     int (*mlp)(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
                const float *x, int T, float *out);
+    /* Optional: page-lock n bytes at p for the device's DMA (0 = done) / undo it (ignored for memory never
+     * pinned). The expert store pins its slot buffers with these, so experts are copied to the GPU at the
+     * bus's speed. */
+    int (*host_pin)(void *p, size_t n);
+    void (*host_unpin)(void *p);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

@@ -38,6 +38,8 @@ static void init_table(void) {
     g_cuda_be.dev_pin = df_cuda_pin;
     g_cuda_be.dev_unpin = df_cuda_unpin;
     g_cuda_be.mlp = df_cuda_mlp;
+    g_cuda_be.host_pin = df_cuda_host_pin;
+    g_cuda_be.host_unpin = df_cuda_host_unpin;
 }
 
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) {

@@ -15,6 +15,7 @@
 #define DF_STORE_H
 
 #include "../model/weights.h"
+#include <stddef.h>
 #include <stdint.h>
 
 struct df_native; /* src/model/native.h */
@@ -40,6 +41,11 @@ typedef struct {
                                   0 = default 0.8 */
     const struct store_remote_s *remote; /* experts not on local disk yet (see store_remote below); NULL = none */
     int no_prefault;           /* 1 = slot buffers are not faulted in ahead of their first read (default 0: they are) */
+    /* Optional: page-lock each slot buffer for a device's DMA (the CUDA backend: copies from it to the GPU run at
+     * the bus's speed and asynchronously); pin returns 0 when done (a buffer it refuses stays pageable: same
+     * bytes, slower copies); unpin before the buffer is freed. NULL = none. */
+    int (*pin)(void *p, size_t n);
+    void (*unpin)(void *p);
 } store_opts;
 
 typedef struct {
@@ -55,6 +61,8 @@ typedef struct {
     uint64_t drive_bytes[16];  /* bytes read per drive */
     double drive_busy_s[16];   /* seconds with >= 1 read in flight per drive; GB/s = bytes / busy */
     uint64_t bytes_verified;   /* bytes checksummed on first read */
+    int n_slots_pinned;        /* slot buffers page-locked by store_opts.pin */
+    uint64_t slot_bytes;       /* bytes of one slot buffer */
 } store_stats;
 
 void store_opts_default(store_opts *o);

@@ -101,6 +101,7 @@ struct df_store {
     uint64_t stride, slot_bytes, io_bytes;
     store_layer *layers;        /* [n_layers], n_files == 0 for dense layers */
     int n_slots, n_slots_alloc; /* slots usable / slots whose buffer was allocated */
+    int n_slots_pinned;         /* buffers page-locked by o.pin (atomic: the prefault threads allocate too) */
     store_slot *slots;
     int *free_stack, n_free;    /* slots never used or freed */
     int *slot_of;               /* [n_layers * n_experts] -> slot or -1 */

@@ -169,7 +169,7 @@ void drop(int idx) {
     int *pp = &g_bucket[bucket_of(e->key)];
     while (*pp != idx) pp = &g_ent[*pp].next;
     *pp = e->next;
-    cudaFree(e->dev);
+    cudaFreeAsync(e->dev, g_st); /* after the work queued on g_st that may still read it */
     (e->expert ? g_stats.expert_bytes : g_stats.spine_bytes) -= e->bytes;
     e->used = 0;
     e->next = g_free;
@@ -197,6 +197,8 @@ int room_for(size_t need, int expert) {
         if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
         if (fr >= need + RESERVE) return 0;
         if (!expert || !evict_one()) return -1;
+        /* a stream-ordered free returns its memory at the next synchronisation: make it count before looking again */
+        if (cudaStreamSynchronize(g_st) != cudaSuccess) return -1;
     }
 }
 
@@ -234,8 +236,9 @@ int weight_on_device(const df_weight *w, const void **data, const void **scale) 
         }
         if (expert) g_stats.expert_misses++;
         void *dev = NULL;
-        if (room_for(total, expert) == 0 && cudaMalloc(&dev, total) == cudaSuccess) {
-            if (upload(w, dev, db, soff, sb)) { cudaFree(dev); return -1; }
+        /* stream-ordered: no device-wide synchronisation per allocation (cudaMalloc) or eviction (cudaFree) */
+        if (room_for(total, expert) == 0 && cudaMallocAsync(&dev, total, g_st) == cudaSuccess) {
+            if (upload(w, dev, db, soff, sb)) { cudaFreeAsync(dev, g_st); return -1; }
             int idx;
             if (g_free >= 0) {
                 idx = g_free;
@@ -244,7 +247,7 @@ int weight_on_device(const df_weight *w, const void **data, const void **scale) 
                 if (g_nent == g_cap) {
                     int nc = g_cap ? 2 * g_cap : 1024;
                     Entry *ne = (Entry *)realloc(g_ent, sizeof(Entry) * (size_t)nc);
-                    if (!ne) { cudaFree(dev); snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
+                    if (!ne) { cudaFreeAsync(dev, g_st); snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
                     g_ent = ne;
                     g_cap = nc;
                 }
@@ -378,6 +381,24 @@ extern "C" void df_cuda_unpin(uint64_t dev_key) {
     Entry *e = find(dev_key);
     if (e && e->pins > 0) e->pins--;
     pthread_mutex_unlock(&g_mu);
+}
+
+/* Called from any thread (the store's prefault threads too); no shared state but the driver's. */
+extern "C" int df_cuda_host_pin(void *p, size_t n) {
+    if (!ready()) return -1;
+    static int off = -1; /* DF_CUDA_HOST_PIN=0: leave the buffers pageable (a developer comparison, docs/cuda.md) */
+    if (off < 0) off = getenv("DF_CUDA_HOST_PIN") && !strcmp(getenv("DF_CUDA_HOST_PIN"), "0");
+    if (off) return -1;
+    if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky; the buffer stays pageable */
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void df_cuda_host_unpin(void *p) {
+    if (!ready()) return;
+    if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError(); /* never registered */
 }
 
 extern "C" void df_cuda_get_stats(df_cuda_stats *out) {
