@@ -169,6 +169,7 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
     st->t0 = store_now();
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->done_cv, NULL);
+    pthread_cond_init(&st->prefault_cv, NULL);
     pthread_cond_init(&st->ver_cv, NULL);
     st->n_layers = nat->cfg.num_hidden_layers;
     st->n_experts = nat->n_experts;
@@ -320,9 +321,17 @@ int store_open(df_store **out, const struct df_native *nat, const store_opts *o,
     if (st->o.heat_path) store_heat_load(st);
     rc = store_io_start(st, err, errlen);
     if (rc) goto fail;
-    /* two threads: on the dev VM one thread first-touches huge pages at 0.5-1.1 GB/s, two at 1.3-2.0 */
-    if (st->o.cache_bytes > 0 && st->n_slots > 0 && !st->o.no_prefault)
-        for (int i = 0; i < STORE_PREFAULT_THREADS && i < st->n_slots; i++)
+    /* two threads: on the dev VM one thread first-touches huge pages at 0.5-1.1 GB/s, two at 1.3-2.0. Under a
+     * budget they fault in the whole cache (it is within the budget); without one (a slot per expert, most of
+     * them never used by a short run) they stay up to ~1 GiB (8..64 slots) ahead of the loads. */
+    if (st->o.cache_bytes == 0 && st->slot_bytes > 0) {
+        const uint64_t ahead = (1ull << 30) / st->slot_bytes;
+        st->prefault_ahead = ahead < 8 ? 8 : ahead > 64 ? 64 : (int)ahead;
+    }
+    int npf = STORE_PREFAULT_THREADS;
+    if (st->prefault_ahead && sysconf(_SC_NPROCESSORS_ONLN) <= 2) npf = 1; /* paced: leave a core to compute */
+    if (st->n_slots > 0 && !st->o.no_prefault)
+        for (int i = 0; i < npf && i < st->n_slots; i++)
             if (pthread_create(&st->prefault[st->prefault_on], NULL, prefault_main, st) == 0) st->prefault_on++;
     snprintf(st->stats.io_engine, sizeof st->stats.io_engine, "%s", st->uring_ok ? "io_uring" : "pread");
     st->stats.n_slots = st->n_slots;
@@ -373,6 +382,7 @@ void store_close(df_store *st) {
     for (int s = 0; s < st->n_slots && st->slots; s++)
         while (st->slots[s].job && st->slots[s].job->remote) pthread_cond_wait(&st->done_cv, &st->mu);
     st->prefault_stop = 1;
+    pthread_cond_broadcast(&st->prefault_cv);
     pthread_mutex_unlock(&st->mu);
     for (int i = 0; i < st->prefault_on; i++) pthread_join(st->prefault[i], NULL);
     store_io_stop(st);
@@ -407,6 +417,7 @@ void store_close(df_store *st) {
     free(st->pf_issued); free(st->pf_useful);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->done_cv);
+    pthread_cond_destroy(&st->prefault_cv);
     pthread_cond_destroy(&st->ver_cv);
     free(st);
 }
@@ -490,11 +501,16 @@ static int find_slot(df_store *st, int level, int for_prefetch) {
  * held member would then be read twice (e.g. a layer's set larger than the cache: its present members are
  * held, and the members that find no slot now are loaded by acquire as earlier ones are released). */
 static int take_slot(df_store *st, int for_prefetch, int may_take_held) {
+    const int from_free = st->n_free > 0; /* find_slot takes the free stack's top first */
     int s = find_slot(st, 0, for_prefetch);
     if (s < 0 && !for_prefetch) s = find_slot(st, 1, 0);
     if (s < 0 && !for_prefetch && may_take_held) s = find_slot(st, 2, 0);
     if (s < 0) return -1;
     store_slot *sl = &st->slots[s];
+    if (from_free && sl->buf && st->prefault_ready > 0) { /* a prefaulted slot: the threads may go on */
+        st->prefault_ready--;
+        if (st->prefault_ahead) pthread_cond_signal(&st->prefault_cv);
+    }
     if (sl->key >= 0) {
         if (sl->prefetched) store_event(st, "\"ev\":\"evict_unused_prefetch\",\"layer\":%d,\"expert\":%d",
                                         sl->key / st->n_experts, sl->key % st->n_experts);
@@ -521,6 +537,8 @@ static void *prefault_main(void *arg) {
     const long pg = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
     for (;;) {
         pthread_mutex_lock(&st->mu);
+        while (st->prefault_ahead && !st->prefault_stop && st->prefault_ready >= st->prefault_ahead)
+            pthread_cond_wait(&st->prefault_cv, &st->mu);
         const int s = st->prefault_next++;
         const int stop = st->prefault_stop || s >= st->n_slots;
         const int skip = !stop && st->slots[s].buf != NULL;
@@ -539,6 +557,7 @@ static void *prefault_main(void *arg) {
         }
         sl->buf = p;
         st->n_slots_alloc++;
+        st->prefault_ready++;
         for (int i = 0; i < st->n_free; i++) /* on top of the free stack: taken next */
             if (st->free_stack[i] == s) {
                 st->free_stack[i] = st->free_stack[st->n_free - 1];

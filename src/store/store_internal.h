@@ -136,6 +136,10 @@ struct df_store {
     pthread_t prefault[STORE_PREFAULT_THREADS];
     int prefault_on, prefault_stop;   /* threads started; stop asked (mu) */
     int prefault_next;                /* next slot to prefault (mu) */
+    /* Without a budget (every expert has a slot) the threads stay only prefault_ahead slots ahead of the loads:
+     * prefault_ready = prefaulted slots not taken yet (mu); they wait on prefault_cv while it is >= ahead. */
+    int prefault_ahead, prefault_ready;
+    pthread_cond_t prefault_cv;
 
     store_stats stats;
     store_stats last_tok;       /* stats at the previous store_token_event */
