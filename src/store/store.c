@@ -455,12 +455,13 @@ static void slot_reset(df_store *st, int s) {
  * costs about as much as reading the buffer (cudaHostRegister of 23 MB slots on the H200 host: ~1.3 GB/s), so only
  * the prefault threads pin (off the read path, for a cache that is reused); a slot allocated by a load is not.
  * NULL when out of memory. */
-static uint8_t *slot_alloc(df_store *st, int pin) {
+static uint8_t *slot_alloc(df_store *st, int pin, int *pinned) {
     const int huge = st->slot_bytes >= (4u << 20);
     void *p = NULL;
     if (posix_memalign(&p, huge ? (2u << 20) : 4096, st->slot_bytes)) return NULL;
     if (huge) madvise(p, st->slot_bytes, MADV_HUGEPAGE);
-    if (pin && st->o.pin && st->o.pin(p, st->slot_bytes) == 0) __atomic_add_fetch(&st->n_slots_pinned, 1, __ATOMIC_RELAXED);
+    *pinned = pin && st->o.pin && st->o.pin(p, st->slot_bytes) == 0;
+    if (*pinned) __atomic_add_fetch(&st->n_slots_pinned, 1, __ATOMIC_RELAXED);
     return p;
 }
 
@@ -501,13 +502,13 @@ static int find_slot(df_store *st, int level, int for_prefetch) {
  * held member would then be read twice (e.g. a layer's set larger than the cache: its present members are
  * held, and the members that find no slot now are loaded by acquire as earlier ones are released). */
 static int take_slot(df_store *st, int for_prefetch, int may_take_held) {
-    const int from_free = st->n_free > 0; /* find_slot takes the free stack's top first */
     int s = find_slot(st, 0, for_prefetch);
     if (s < 0 && !for_prefetch) s = find_slot(st, 1, 0);
     if (s < 0 && !for_prefetch && may_take_held) s = find_slot(st, 2, 0);
     if (s < 0) return -1;
     store_slot *sl = &st->slots[s];
-    if (from_free && sl->buf && st->prefault_ready > 0) { /* a prefaulted slot: the threads may go on */
+    if (sl->prefaulted) { /* the first load into a prefaulted slot: the threads may go on */
+        sl->prefaulted = 0;
         st->prefault_ready--;
         if (st->prefault_ahead) pthread_cond_signal(&st->prefault_cv);
     }
@@ -517,7 +518,8 @@ static int take_slot(df_store *st, int for_prefetch, int may_take_held) {
         slot_reset(st, s);
     }
     if (!sl->buf) {
-        if (!(sl->buf = slot_alloc(st, 0))) {
+        int pinned;
+        if (!(sl->buf = slot_alloc(st, 0, &pinned))) {
             st->free_stack[st->n_free++] = s;
             return -2;
         }
@@ -526,8 +528,9 @@ static int take_slot(df_store *st, int for_prefetch, int may_take_held) {
     return s;
 }
 
-/* The slot buffers' pages are faulted in ahead of their first read, by two threads started at open under a RAM
- * budget (the cache is within the budget, so touching all of it early costs no memory beyond it): a read into a
+/* The slot buffers' pages are faulted in ahead of their first read by threads started at open (two; one without a
+ * budget on a 2-core machine): under a RAM budget the whole cache (it is within the budget, so touching all of it
+ * early costs no memory beyond it); without one only prefault_ahead slots ahead of the loads. A read into a
  * fresh buffer otherwise faults its pages in on the drive's thread while the drive waits. On the dev VM that
  * first touch runs at ~1 GB/s and held the first prefill's reads to 0.2-0.7 GB/s (I/O wait 1.6-4.7 s of 5-8 s
  * for 64 tokens on the 5-layer K2 synth at 4G). A prefaulted slot is put on top of the free stack, so loads
@@ -545,19 +548,22 @@ static void *prefault_main(void *arg) {
         pthread_mutex_unlock(&st->mu);
         if (stop) break;
         if (skip) continue;
-        uint8_t *p = slot_alloc(st, 1);
+        int pinned;
+        uint8_t *p = slot_alloc(st, 1, &pinned);
         if (!p) break;
         for (uint64_t o = 0; o < st->slot_bytes; o += (uint64_t)pg) ((volatile uint8_t *)p)[o] = 0;
         pthread_mutex_lock(&st->mu);
         store_slot *sl = &st->slots[s];
-        if (sl->buf) {
+        if (sl->buf) { /* a load allocated this slot first: drop ours */
             pthread_mutex_unlock(&st->mu);
+            if (pinned) __atomic_sub_fetch(&st->n_slots_pinned, 1, __ATOMIC_RELAXED);
             slot_free(st, p);
             continue;
         }
         sl->buf = p;
         st->n_slots_alloc++;
         st->prefault_ready++;
+        sl->prefaulted = 1;
         for (int i = 0; i < st->n_free; i++) /* on top of the free stack: taken next */
             if (st->free_stack[i] == s) {
                 st->free_stack[i] = st->free_stack[st->n_free - 1];

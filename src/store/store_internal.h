@@ -30,6 +30,7 @@ typedef struct {
     int demand_hold;        /* requested on demand, not yet acquired: not evictable */
     int fresh;              /* loaded (or upgraded) by a demand read since the last acquire: a miss */
     int prefetched;         /* brought in by a prefetch and not yet acquired */
+    int prefaulted;         /* buffer faulted in by a prefault thread, slot not taken by a load yet (mu) */
     uint64_t last_use;      /* clock of the last acquire */
     struct store_job *job;  /* while LOADING */
     int err;                /* DF_E* when SLOT_ERROR */

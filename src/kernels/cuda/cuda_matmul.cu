@@ -464,7 +464,8 @@ tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
 }
 
 /* Kernel choice (cu_set_matvec_rows / cu_set_tile, cuda_internal.h): 0 = automatic; 1 = mm_kernel; others
- * force a tile shape. All give the same bits. */
+ * force a tile shape. All give the same bits. For the encodings on the tensor-core kernel (g_mma) the same
+ * numbers choose its tile shapes (cuda_mma.cu). */
 int g_mv_rows = 0, g_tile = 0, g_mma = 1 << DF_W_MXFP4;
 constexpr int SMEM_CAP = 48 * 1024;
 

@@ -8,7 +8,9 @@
  * three bfloat16 parts (x = hi + mid + lo: hi = x with its low 16 bits cleared, mid the same of x - hi, lo the
  * rest, each step exact). So y = sum_k w_k hi_k + w_k mid_k + w_k lo_k is computed by bf16 tensor-core MMAs
  * (mma.sync m16n8k16, fp32 accumulation) with no rounding of any operand: the products are exact and only the
- * accumulation rounds (in the tensor core's fp32 adder).
+ * accumulation rounds (in the tensor core's fp32 adder). Limits of the split: an activation below about 2^-109 in
+ * magnitude loses the bits of its lo part under bf16's smallest subnormal (2^-133), and an infinite activation
+ * gives NaN (inf - inf in the split) where the FMA kernels give inf.
  *
  * Decoding: two codes of a 32-bit word of packed E2M1 (elements k and k+4, 16 bits apart) are placed with
  * three bit operations into the bf16 subnormal range (value x 2^-126, subnormal codes included) of one bf16x2
@@ -301,8 +303,8 @@ cudaError_t launch_mma(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t
 }
 
 /* K slices: from cols only (never T or the variant), so that the additions stay the same for every call.
- * (16 slices for 7168 columns made the one-token 2048-row matvec 18% faster and the 512-token GEMM 25% slower
- * on the H200: bench/RESULTS.md.) */
+ * At most 8: 16 slices for 7168 columns trade a faster one-token 2048-row matvec for a slower 512-token GEMM
+ * (bench/RESULTS.md, "the tensor-core MXFP4 kernel"). */
 template <int ENC, int RM, int NT, int PF>
 cudaError_t launch_ks(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const uint4 *xs, int T, float *y,
                       cudaStream_t st) {
@@ -321,7 +323,7 @@ cudaError_t launch_v(int v, const uint8_t *d, const uint8_t *s, int64_t rows, in
                      float *y, cudaStream_t st) {
     constexpr int W = ENC == DF_W_BF16 ? 2 : 1;
     switch (v) {
-    case 1: return launch_ks<ENC, 1, 1, 1>(d, s, rows, cols, xs, n, y, st); /* PF 2, 4 measured slower */
+    case 1: return launch_ks<ENC, 1, 1, 1>(d, s, rows, cols, xs, n, y, st); /* deeper prefetch: fewer warps, slower */
     case 2: return launch_ks<ENC, 2, 1, 2 / W>(d, s, rows, cols, xs, n, y, st);
     case 4: return launch_ks<ENC, 1, 2, 3 / W>(d, s, rows, cols, xs, n, y, st);
     default: return launch_ks<ENC, 2 / W, 2, 1>(d, s, rows, cols, xs, n, y, st);

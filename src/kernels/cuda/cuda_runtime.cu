@@ -8,8 +8,10 @@
  * routed experts (DF_DEVKEY keys) live under the expert budget and are evicted
  * least recently used first. A weight that cannot be cached (no room, or
  * address caching off during spine streaming) is copied into a scratch buffer
- * for the call. Every entry point holds one mutex: calls from several host
- * threads run one after another on one stream.
+ * for the call. Cached weights are allocated and freed stream-ordered
+ * (cudaMallocAsync / cudaFreeAsync on the one stream). Every entry point but
+ * df_cuda_host_pin / df_cuda_host_unpin (driver calls only) holds one mutex:
+ * calls from several host threads run one after another on one stream.
  */
 #include "cuda_internal.h"
 
@@ -21,6 +23,7 @@
 namespace {
 
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+int g_pin_off; /* set once by probe_once */
 pthread_once_t g_once = PTHREAD_ONCE_INIT;
 int g_ndev = 0;
 char g_why[256];
@@ -91,6 +94,8 @@ void probe_once() {
     if (mv && *mv) cu_set_matvec_rows(atoi(mv));
     const char *tl = getenv("DF_CUDA_TILE"); /* T >= 2 kernel variant */
     if (tl && *tl) cu_set_tile(atoi(tl));
+    /* DF_CUDA_HOST_PIN=0: host buffers stay pageable (a developer comparison, docs/cuda.md) */
+    g_pin_off = getenv("DF_CUDA_HOST_PIN") && !strcmp(getenv("DF_CUDA_HOST_PIN"), "0");
     const char *mm = getenv("DF_CUDA_MMA"); /* encodings on the tensor-core kernel: a mask of 1 << df_wtype */
     if (mm && *mm) cu_set_mma((unsigned)strtoul(mm, NULL, 0));
 }
@@ -188,6 +193,7 @@ int evict_one() {
 
 /* Make room for `need` bytes (of an expert when `expert`); 0 = there is room. */
 int room_for(size_t need, int expert) {
+    int synced = 0;
     for (;;) {
         if (expert && g_budget && g_stats.expert_bytes + need > g_budget) {
             if (!evict_one()) return -1;
@@ -196,9 +202,15 @@ int room_for(size_t need, int expert) {
         size_t fr = 0, tot = 0;
         if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
         if (fr >= need + RESERVE) return 0;
+        /* a stream-ordered free (cudaFreeAsync) returns its memory at the next synchronisation: make the frees
+         * count before evicting (more) or giving up */
+        if (!synced) {
+            if (cudaStreamSynchronize(g_st) != cudaSuccess) return -1;
+            synced = 1;
+            continue;
+        }
         if (!expert || !evict_one()) return -1;
-        /* a stream-ordered free returns its memory at the next synchronisation: make it count before looking again */
-        if (cudaStreamSynchronize(g_st) != cudaSuccess) return -1;
+        synced = 0;
     }
 }
 
@@ -236,7 +248,7 @@ int weight_on_device(const df_weight *w, const void **data, const void **scale) 
         }
         if (expert) g_stats.expert_misses++;
         void *dev = NULL;
-        /* stream-ordered: no device-wide synchronisation per allocation (cudaMalloc) or eviction (cudaFree) */
+        /* stream-ordered: an allocation or an eviction does not wait for the device */
         if (room_for(total, expert) == 0 && cudaMallocAsync(&dev, total, g_st) == cudaSuccess) {
             if (upload(w, dev, db, soff, sb)) { cudaFreeAsync(dev, g_st); return -1; }
             int idx;
@@ -342,6 +354,7 @@ extern "C" void df_cuda_set_expert_budget(uint64_t bytes) {
     g_budget = bytes;
     if (g_ndev)
         while (g_budget && g_stats.expert_bytes > g_budget && evict_one()) {}
+    if (g_ndev) cudaStreamSynchronize(g_st);
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -355,6 +368,7 @@ extern "C" void df_cuda_cache_clear(void) {
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < g_nent; i++)
         if (g_ent[i].used) drop(i);
+    if (g_ndev) cudaStreamSynchronize(g_st); /* the stream-ordered frees count as free memory from here */
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -386,9 +400,7 @@ extern "C" void df_cuda_unpin(uint64_t dev_key) {
 /* Called from any thread (the store's prefault threads too); no shared state but the driver's. */
 extern "C" int df_cuda_host_pin(void *p, size_t n) {
     if (!ready()) return -1;
-    static int off = -1; /* DF_CUDA_HOST_PIN=0: leave the buffers pageable (a developer comparison, docs/cuda.md) */
-    if (off < 0) off = getenv("DF_CUDA_HOST_PIN") && !strcmp(getenv("DF_CUDA_HOST_PIN"), "0");
-    if (off) return -1;
+    if (g_pin_off) return -1;
     if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) {
         cudaGetLastError(); /* not sticky; the buffer stays pageable */
         return -1;
@@ -426,6 +438,7 @@ extern "C" int df_cuda_matmul(const df_weight *w, const float *x, int T, float *
     if (T <= 0 || w->rows <= 0) return 0;
     pthread_mutex_lock(&g_mu);
     int rc = matmul_locked(w, x, T, y);
+    if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
@@ -453,6 +466,7 @@ extern "C" int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_
     }
     pthread_mutex_lock(&g_mu);
     int rc = mlp_locked(gate, up, down, act, beta, lb, x, T, out);
+    if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
