@@ -2,7 +2,7 @@
  * libcurl multi handle.
  *
  * Every file is cut into chunks of chunk_bytes; up to `connections` chunks are in flight at
- * once, across files in listing order. Bytes are written with pwrite straight into
+ * once, round-robin over as many files (in listing order) as there are hashing threads. Bytes are written with pwrite straight into
  * FILE.partial at their offset (preallocated, so a full disk fails before the transfer); the
  * sidecar FILE.partial.state holds a header (magic "DFDL1", file size, chunk size, sha256) and
  * one u64 per chunk: the bytes of that chunk already written, updated after each write. A run
@@ -296,6 +296,13 @@ static uint64_t chunk_len(const dl_file *df, uint64_t i) {
 }
 
 /* All chunks written: fsync, check sha256, rename into place, drop the sidecar. */
+/* whether df has a chunk still to request (advancing next_chunk past chunks already complete) */
+static int issuable(dl_file *c) {
+    while (!c->finished && c->next_chunk < c->nchunks && c->done[c->next_chunk] >= chunk_len(c, c->next_chunk))
+        c->next_chunk++;
+    return !c->finished && c->next_chunk < c->nchunks;
+}
+
 static int finish_file(const hub_ctx *h, dl_file *df, char *err, size_t errlen) {
     if (fdatasync(df->fd) != 0)
         return df_set_errc(err, errlen, DF_EIO, "cannot sync %s: %s", df->part_path, strerror(errno));
@@ -443,6 +450,12 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
     }
     curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)o->connections);
     int file_cursor = 0, active = 0;
+    /* Chunks are issued across `window` files at once, one per hashing thread: a file's SHA-256 is one
+     * sequential stream that may run slower than the transfer, so files arriving side by side, each at a
+     * share of the rate, are hashed side by side and every digest is ready about when its last byte lands
+     * (with one file at a time the last file's hash would trail the transfer). */
+    const int window = hash_started;
+    unsigned rr = 0;
     for (;;) {
         if (df_interrupted()) {
             rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted; the partial files are kept: run the same setup again to resume");
@@ -463,12 +476,14 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
                 df = r->df; ci = r->ci; tries = r->tries;
                 free(r);
             } else {
-                while (file_cursor < n) {
-                    dl_file *c = &fs[file_cursor];
-                    while (!c->finished && c->next_chunk < c->nchunks && c->done[c->next_chunk] >= chunk_len(c, c->next_chunk))
-                        c->next_chunk++;
-                    if (!c->finished && c->next_chunk < c->nchunks) { df = c; ci = c->next_chunk++; break; }
-                    file_cursor++;
+                /* round-robin over the first `window` files with chunks left to issue */
+                while (file_cursor < n && !issuable(&fs[file_cursor])) file_cursor++;
+                int cand[HASH_THREADS_MAX], nc = 0;
+                for (int i = file_cursor; i < n && nc < window; i++)
+                    if (issuable(&fs[i])) cand[nc++] = i;
+                if (nc) {
+                    df = &fs[cand[rr++ % (unsigned)nc]];
+                    ci = df->next_chunk++;
                 }
             }
             if (!df) break;

@@ -11,11 +11,12 @@
 #          vs the storage bound, 512-token TTFT), batched decode of S = 1, 2, 4, 8 sequences on the CPU under a
 #          budget 4x smaller than the experts (issue 14), and a model resident in GPU memory (issue 12: decode
 #          vs the HBM bound).
-# Usage (device tool): tools/device/acceptance.sh 1|2 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
+#   part 3: setup's download vs curl on 1 and 8 shards (issue 13) and the GPU backend's phases (issue 12).
+# Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2 OUTDIR}
+PART=${1:?usage: acceptance.sh 1|2|3 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2|3 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
@@ -72,6 +73,36 @@ case $PART in
     "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
     timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --warmup 64 --tokens 32 --no-drop \
         --io-seconds 1 2>&1 | tail -25 >>"$S"
+    rm -rf "$W"
+    ;;
+3)
+    # issue 13: setup's download vs curl on one shard and on a multi-shard checkpoint (one hashing thread per
+    # shard in flight); the SHA-256 rate of this CPU for reference. Issue 12: where the GPU backend's time goes
+    # (phases of a 512-token prefill warm and streamed, and of a resident decode).
+    openssl speed -evp sha256 -bytes 1048576 -seconds 2 2>/dev/null | tail -1 | sed 's/^/openssl sha256, 1 MiB blocks, k bytes\/s: /' >>"$S"
+    if [ -x "$D/nginx" ] && command -v curl >/dev/null; then
+        for sh in 1 8 8; do
+            log "setup download vs curl, 2048 MiB in $sh shard(s) (issue 13)"
+            SHARDS=$sh DF_BIN=$BIN timeout 90 "$HERE/bench/setup_download.sh" 2048 2>&1 | tail -1 >>"$S"
+        done
+    fi
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, bf16 spine"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
+    log "cuda prefill 512, warm page cache, no budget"
+    timeout 100 "$BIN" bench prefill --model "$W/r" --backend cuda --tokens 512 --no-drop --io-seconds 1 2>&1 | tail -8 >>"$S"
+    log "cuda prefill 512, cold, --gpu-budget 1G --ram-budget 3G"
+    timeout 100 "$BIN" bench prefill --model "$W/r" --backend cuda --tokens 512 --gpu-budget 1G --ram-budget 3G \
+        --io-seconds 2 2>&1 | tail -8 >>"$S"
+    log "cpu prefill 512, warm page cache, no budget"
+    timeout 100 "$BIN" bench prefill --model "$W/r" --backend cpu --tokens 512 --no-drop --io-seconds 1 2>&1 | tail -8 >>"$S"
+    log "cuda decode, resident, --stats phases"
+    timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --warmup 64 --tokens 32 --no-drop \
+        --io-seconds 1 2>&1 | tail -25 >>"$S"
+    log "cuda run, resident, --stats --profile (96 tokens after a 64-token prompt)"
+    timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --prompt-ids "$(seq -s, 1 64)" --max-new 96 \
+        --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
     rm -rf "$W"
     ;;
 esac
