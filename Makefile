@@ -23,9 +23,10 @@ configure: deps
 # directory (an added / removed file changes its directory) is newer than the binary, the
 # build (about a second of make checking every target) is skipped; otherwise only the
 # deltafin target is built, without the "Built target" lines (compiler lines, warnings and
-# errors still show).
-SRC_NEWER = find src include cmake CMakeLists.txt \( -type d -o -name '*.[ch]' -o -name '*.txt' -o -name '*.cmake' \) \
-            -newer $(BUILD)/deltafin -print -quit 2>/dev/null
+# errors still show). Source files: every kind CMake builds or reads (C sources and headers,
+# the CUDA backend's .cu / .cuh, CMakeLists.txt and cmake/ files); tests/e2e_make.sh checks it.
+SRC_NEWER = find src include cmake CMakeLists.txt \( -type d -o -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' \
+            -o -name '*.txt' -o -name '*.cmake' \) -newer $(BUILD)/deltafin -print -quit 2>/dev/null
 run: configure
 	@if [ ! -x $(BUILD)/deltafin ] || [ -n "$$($(SRC_NEWER))" ]; then \
 	  set -o pipefail; cmake --build $(BUILD) -j $(JOBS) --target deltafin -- --no-print-directory 2>&1 | \

@@ -10,7 +10,8 @@
 # and the trained-positions warning (issue 11 items 11, 12); bench on a Hugging Face checkpoint and bench decode
 # without --model, an unknown flag as the last argument, a directory that is no model, serve --help without
 # --draft-sample, --backend cuda without a GPU and DF_BACKEND named in messages, the top-level help, doctor's
-# model line (fresh-user items). Uses
+# model line (fresh-user items); DF_PREFETCH / DF_PREFAULT values and the prefault setting on the configuration
+# line, `list` printing only its table (new-user trial). Uses
 # tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -236,14 +237,34 @@ expect 0 "DF_BACKEND=bogus, --backend cpu decides" "" -- env DF_BACKEND=bogus "$
 out=$(DF_BACKEND=bogus "$BIN" serve --model "$G" --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "backend \"bogus\" (from the environment variable DF_BACKEND)" && ! echo "$out" | grep -q "(invalid argument)" \
     && ok || bad "DF_BACKEND=bogus serve: rc $rc $out"
-expect 1 "DF_PREFETCH=maybe" "environment variable DF_PREFETCH=\"maybe\": expected 1 or 0 \(the alias of --prefetch on\|off\)" -- \
+expect 1 "DF_PREFETCH=maybe" "environment variable DF_PREFETCH=\"maybe\": expected 1, on, 0 or off \(the alias of --prefetch on\|off\)" -- \
     env DF_PREFETCH=maybe "${R[@]}" --prompt-ids 1 --max-new 1
-expect 1 "DF_PREFAULT=yes" "environment variable DF_PREFAULT=\"yes\": expected 1 or 0" -- \
+expect 1 "DF_PREFAULT=yes" "environment variable DF_PREFAULT=\"yes\": expected 1, on, 0 or off \(the alias of --prefault on\|off\)" -- \
     env DF_PREFAULT=yes "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M
 expect 2 "run --prefault maybe" "--prefault \"maybe\": expected auto, on or off" -- "${R[@]}" --prompt-ids 1 --prefault maybe
+# the configuration line shows the resolved prefault: on by default, off from --prefault off or DF_PREFAULT=0 / off,
+# --prefault on over DF_PREFAULT=off; every documented DF_PREFAULT value is accepted
+RC=("$BIN" run --model "$G" --cache-dir "$TMP/cache" --prompt-ids 1 --max-new 1 --ram-budget 64M)
+expect 0 "config line: prefault on (default)" ", prefetch o[nf]*, prefault on, " -- "${RC[@]}"
+expect 0 "config line: --prefault off" ", prefault off, " -- "${RC[@]}" --prefault off
+for v in 0 off; do expect 0 "config line: DF_PREFAULT=$v" ", prefault off, " -- env DF_PREFAULT=$v "${RC[@]}"; done
+for v in 1 on; do expect 0 "config line: DF_PREFAULT=$v" ", prefault on, " -- env DF_PREFAULT=$v "${RC[@]}"; done
+expect 0 "config line: --prefault on over DF_PREFAULT=off" ", prefault on, " -- env DF_PREFAULT=off "${RC[@]}" --prefault on
 expect 0 "deltafin --help lists bench batch" "bench .*decode, prefill, batch," -- "$BIN" --help
 out=$("$BIN" doctor --model "$TMP/draft" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "^model: kimi-mini-draft (" && ! echo "$out" | grep -q "model: model" && ok || bad "doctor model line: rc $rc $out"
+# list prints its table only: nothing on stderr (no configuration line), with installed models (a full one, a
+# streamed one) and the embedded model
+cp -r "$TMP/native" "$TMP/streamed"; echo '{}' >"$TMP/streamed/stream.json"
+cat >"$TMP/reg.json" <<EOF
+{"default": "test/full", "models": [
+ {"repo": "test/full", "revision": "main", "mirror": "http://127.0.0.1:1", "dir": "$TMP", "model": "$TMP/native", "mode": "full", "bytes": 1, "installed": 1},
+ {"repo": "test/streamed", "revision": "main", "mirror": "http://127.0.0.1:1", "dir": "$TMP", "model": "$TMP/streamed", "mode": "stream", "bytes": 1, "installed": 1}]}
+EOF
+out=$(DELTAFIN_REGISTRY="$TMP/reg.json" "$BIN" list 2>"$TMP/err"); rc=$?
+[ $rc -eq 0 ] && [ ! -s "$TMP/err" ] && echo "$out" | grep -q "^\* test/full  *full " && echo "$out" | grep -q "^  test/streamed  *streamed" \
+    && echo "$out" | grep -q "embedded kimi-mini" && ! echo "$out" | grep -q "backend" \
+    && ok || bad "list: rc $rc, stdout: $out; stderr: $(cat "$TMP/err")"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

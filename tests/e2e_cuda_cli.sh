@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # e2e_cuda_cli.sh — `--backend` of run / bench on any machine: `--backend cuda` either runs on the GPU (the
 # configuration line says "backend cuda" and the greedy ids equal the CPU's) or, without a CUDA device or a
-# CUDA build, exits 1 with the reason; `--backend auto` always runs; an unknown name is a usage error (2).
+# CUDA build, exits 1 with the reason; `--backend auto` always runs; an unknown name is a usage error (2);
+# an invalid DF_CUDA_MMA stops cuda and auto (exit 1, naming the variable and the accepted values), not cpu.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -30,5 +31,24 @@ else
 fi
 out=$(run --gpu-budget lots 2>&1); rc=$?
 [ $rc -eq 2 ] && ok "--gpu-budget lots -> usage error" || bad "--gpu-budget lots: rc $rc: $out"
+# DF_CUDA_MMA (the tensor-core encodings, docs/cuda.md): a value that is not a mask of them (decimal or 0x hex) stops
+# --backend cuda and auto with a message naming the variable and the accepted values, on any machine (never a silent
+# fallback); --backend cpu does not read it; valid values run
+for v in junk -1 32x 0x 0x2g " 32" 64 0x100 99999999999999999999999; do
+    for b in auto cuda; do
+        out=$(DF_CUDA_MMA="$v" run --backend $b 2>&1); rc=$?
+        [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin run: backend \"$b\": environment variable DF_CUDA_MMA=\"$v\": expected a bit mask .*0x20 (MXFP4, the default).*; unset it or fix its value" \
+            && ok "DF_CUDA_MMA='$v' --backend $b -> rc 1" || bad "DF_CUDA_MMA='$v' --backend $b: rc $rc: $out"
+    done
+done
+out=$(DF_CUDA_MMA=junk "$BIN" serve --model "$M" --port 0 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q 'environment variable DF_CUDA_MMA="junk": expected a bit mask' \
+    && ok "DF_CUDA_MMA=junk serve -> rc 1" || bad "DF_CUDA_MMA=junk serve: rc $rc: $out"
+ids=$(DF_CUDA_MMA=junk run --backend cpu 2>"$TMP/err"); rc=$?
+[ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA=junk --backend cpu runs" || bad "DF_CUDA_MMA=junk --backend cpu: rc $rc $(cat "$TMP/err")"
+for v in 0 2 32 34 0x0 0x2 0x20 0x22 0X22; do
+    ids=$(DF_CUDA_MMA=$v run 2>"$TMP/err"); rc=$?
+    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA=$v (auto): same ids" || bad "DF_CUDA_MMA=$v: rc $rc '$ids' $(cat "$TMP/err")"
+done
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

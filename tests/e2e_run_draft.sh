@@ -4,7 +4,8 @@
 # --draft-max 3, --draft-adaptive off) print exactly the ids of plain decoding, greedy and
 # seeded sampling, under --ram-budget too, and a draft model with another tokenizer (a 256-token byte-level
 # one, drafting through re-tokenization); --stats prints the draft line (drafted, accepted,
-# acceptance); bad draft flags exit 2 naming the flag, a missing draft dir exits 1.
+# acceptance) and a decode figure of generated tokens (not verified positions); bad draft flags exit 2 naming the
+# flag, a missing draft dir exits 1.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -42,6 +43,13 @@ done
 ids=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt "$P" --max-new 48 --print-ids --threads 1 --draft ngram --draft-gate off --stats 2>"$TMP/err"); rc=$?
 [ $rc -eq 0 ] && grep -q "^draft: ngram (n 2..4), k max 8 adaptive, gate off" "$TMP/err" && grep -q "stats: draft ngram: drafted [1-9][0-9]*, accepted [1-9][0-9]* (acceptance" "$TMP/err" \
     && ok "--stats prints the configuration and the draft line" || bad "--stats draft line: rc $rc ($(cat "$TMP/err"))"
+# the decode figure counts generated tokens (not verified positions, rejected drafts included) over the generation's
+# wall time: the tokens after the first, at the generation line's rate
+gen=$(sed -n 's/^stats: prompt [0-9]* tokens, generated \([0-9]*\);.*/\1/p' "$TMP/err")
+dec=$(sed -n 's/^stats: prompt .*; decode \([0-9.]*\) tok\/s (\([0-9]*\) tokens in .*, drafting included; the target verified [0-9]* positions.*/\1 \2/p' "$TMP/err")
+grate=$(sed -n 's/^stats: generation [0-9]* tokens in [0-9.]* s after the prompt: \([0-9.]*\) tok\/s.*/\1/p' "$TMP/err")
+[ -n "$gen" ] && [ "$dec" = "$grate $((gen - 1))" ] && ok "--stats decode with drafting: $dec (generated $gen, generation $grate tok/s)" \
+    || bad "--stats decode figure with drafting: decode '$dec', generated '$gen', generation '$grate' ($(cat "$TMP/err"))"
 
 # a draft model with a different tokenizer (--draft-retok auto): a tiny golden checkpoint (vocabulary 256) with a
 # byte-level BPE tokenizer.json of its 256 byte tokens; drafts are re-tokenized with kimi-mini's tokenizer

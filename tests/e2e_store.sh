@@ -3,8 +3,9 @@
 # (deltafin synth, 2 pack directories): greedy ids are identical with no
 # budget, with a budget of about 1/4 of the expert bytes, with the pread
 # engine's store and with --expert-dirs; a corrupted pack is a clear error
-# naming layer, expert and file; bench io and bench decode run. synth refuses
-# a non-empty OUT_DIR unless --force (which deletes the old model files).
+# naming layer, expert and file; bench io and bench decode run (the configuration line on
+# stderr, as bench prefill's). synth refuses a non-empty OUT_DIR unless --force (which
+# deletes the old model files).
 set -u
 BIN=${DF_BIN:?DF_BIN not set}
 T=$(mktemp -d /tmp/df_e2e_store.XXXXXX)
@@ -55,8 +56,15 @@ grep -q '"ev":"token"' "$T/ev.jsonl" && grep -q '"ev":"read"' "$T/ev.jsonl" && o
 cp -r "$T/m/d0" "$T/d0x"; cp -r "$T/m/d1" "$T/d1x"
 
 "$BIN" bench io --dir "$T/m/d0,$T/m/d1" --size 64K --seconds 0.3 --no-drop >"$T/io" 2>&1 && grep -q "GB/s" "$T/io" && ok || bad "bench io: $(cat "$T/io")"
-"$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 4 --io-seconds 0.3 --no-drop >"$T/bd" 2>&1 \
-  && grep -q "tok/s" "$T/bd" && grep -q "hit rate" "$T/bd" && grep -q "storage bound" "$T/bd" && ok || bad "bench decode: $(cat "$T/bd")"
+"$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 4 --io-seconds 0.3 --no-drop >"$T/bd" 2>"$T/bd.err" \
+  && grep -q "tok/s" "$T/bd" && grep -q "hit rate" "$T/bd" && grep -q "storage bound" "$T/bd" && ok \
+  || bad "bench decode: $(cat "$T/bd" "$T/bd.err")"
+# its resolved configuration: one line on stderr (as run and serve), none on stdout; bench prefill the same
+[ "$(grep -c "^model .*, backend .*, prefetch o[nf]*, prefault o[nf]*, " "$T/bd.err")" = 1 ] && ! grep -q "prefault" "$T/bd" \
+  && ok || bad "bench decode configuration line: stdout $(cat "$T/bd"); stderr $(cat "$T/bd.err")"
+"$BIN" bench prefill --model "$T/m" --ram-budget 6.25M --tokens 8 --io-seconds 0.2 --no-drop >"$T/bp" 2>"$T/bp.err" \
+  && [ "$(grep -c "^model .*, backend .*, prefault o[nf]*, " "$T/bp.err")" = 1 ] && ! grep -q "prefault" "$T/bp" \
+  && ok || bad "bench prefill configuration line: stdout $(cat "$T/bp"); stderr $(cat "$T/bp.err")"
 
 # trace replays: eviction policies (LRU / frequency / heat tier) and the store's I/O path without compute
 run --max-new 24 --events "$T/tr.jsonl" >/dev/null

@@ -6,10 +6,14 @@ B=${DF_BIN:-build/deltafin}
 {
   echo "# deltafin command-line reference"; echo
   echo "Generated from each command's \`--help\` (\`tools/gen-cli-doc.sh\`). Sizes accept K, M, G, T suffixes (powers of 1024)."
-  echo "\`run\`, \`serve\` and \`bench decode\` echo the resolved configuration on one line to stderr at start (\`run --quiet\` hides it)."
-  echo "Environment aliases: \`DF_PREFETCH=1|0\` (= \`--prefetch on|off\`), \`DF_PREFAULT=1|0\` (= \`--prefault on|off\`), \`XDG_CACHE_HOME\` (default cache root),"
+  echo "\`run\`, \`serve\`, \`bench decode\` and \`bench prefill\` echo the resolved configuration (backend, budget, I/O, prefetch, prefault,"
+  echo "heat, ...) on one line to stderr at start (\`run --quiet\` hides it); the results of \`bench\` go to stdout."
+  echo "Environment aliases: \`DF_PREFETCH=1|on|0|off\` (= \`--prefetch on|off\`), \`DF_PREFAULT=1|on|0|off\` (= \`--prefault on|off\`; the flag"
+  echo "wins; any other value is an error), \`DF_BACKEND\` (the default \`--backend\`), \`XDG_CACHE_HOME\` (default cache root),"
   echo "\`HF_ENDPOINT\` (= \`setup --mirror\`), \`HF_TOKEN\` (the mirror's token), \`DELTAFIN_REGISTRY\` (= \`--registry\`: the installed-models"
   echo "registry that \`run\`, \`serve\`, \`bench decode\` and \`doctor\` read without \`--model\`; default \`\$XDG_DATA_HOME/deltafin/models.json\`)."
+  echo "The CUDA backend's knobs (\`DF_CUDA_MMA\`: the encodings on the tensor-core kernel, an error when invalid;"
+  echo "\`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`, \`DF_CUDA_HOST_PIN\`): [docs/cuda.md](cuda.md)."
   for c in run convert tokenize serve bench synth doctor setup list warm; do
     echo; echo "## deltafin $c"; echo; echo '```'; "$B" $c --help 2>&1 || true; echo '```'
     if [ $c = bench ]; then

@@ -109,7 +109,8 @@ int bench_prefill(int argc, char **argv) {
     if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
     printf("bench prefill: %s, %ld tokens, ram budget %s, page cache %s\n", model, tokens, bstr,
            dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
-    printf("  %s\n", df_model_describe(m));
+    fflush(stdout); /* in a 2>&1 log the line follows the header above */
+    fprintf(stderr, "%s\n", df_model_describe(m)); /* the resolved configuration: one line on stderr, as bench decode */
     store_bench_opts bo;
     bench_expert_io_opts(&bo, dirs, (int)qd, stride, top_k, io_seconds);
     store_bench_result b1, b2;

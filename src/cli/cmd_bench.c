@@ -318,7 +318,10 @@ static int bench_decode(int argc, char **argv) {
     if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
     printf("bench decode: %s, ram budget %s, %d tokens (after %d warm-up tokens), page cache %s\n", model, bstr, tokens, warmup,
            dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
-    printf("  %s%s%s\n  open %.1f s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how, open_s);
+    /* the resolved configuration: one line on stderr, as run and serve echo it; the results stay on stdout */
+    fflush(stdout); /* in a 2>&1 log the line follows the header above */
+    fprintf(stderr, "%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how);
+    printf("  open %.1f s\n", open_s);
     /* B: drive bandwidth at the engine's read size, queue depth and extent */
     store_bench_opts bo;
     bench_expert_io_opts(&bo, dirs, qd, stride, top_k, io_seconds);

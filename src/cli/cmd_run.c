@@ -50,10 +50,11 @@ static void run_usage(FILE *f) {
             "  --spine MODE         source|bf16|int8 spine when converting an HF checkpoint (int8 is NOT exact);\n"
             "                       an error with a native model dir (its spine was chosen by `deltafin convert`)\n"
             "  --events FILE        per-token JSONL I/O events\n"
-            "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env DF_PREFETCH)\n"
+            "  --prefetch MODE      auto (on with --ram-budget) | on | off: router lookahead prefetch (alias env\n"
+            "                       DF_PREFETCH=1|on|0|off)\n"
             "  --prefault MODE      auto (on) | on | off: fault the expert cache in before its first reads (with\n"
             "                       --ram-budget the whole cache, without ~1 GiB ahead of the loads; alias env\n"
-            "                       DF_PREFAULT)\n"
+            "                       DF_PREFAULT=1|on|0|off)\n"
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
             "  --backend NAME       auto (default: cuda when a CUDA device is present, else cpu) | cpu (best SIMD)\n"
             "                       | cpu-scalar | cuda (an error without a CUDA device); default env DF_BACKEND\n"
@@ -585,15 +586,24 @@ int cmd_run(int argc, char **argv) {
     if (stats) {
         df_stats st;
         df_model_stats(m, &st);
-        /* weight bytes per generated token: the decode evals' bytes / their count (else the prefill's) */
-        double per_tok = st.decode_tokens ? (double)(st.weight_bytes_read - after_prefill.weight_bytes_read) / st.decode_tokens
-                                          : (double)after_prefill.weight_bytes_read;
+        /* decode: the tokens after the first (which comes from the prompt's logits) and their time. Plain decoding:
+         * the one-token evals. Speculative: the engine counts every verified position, rejected drafts included,
+         * and not the drafter's time; the real rate is the generated tokens over the generation's wall time. */
+        const uint64_t dec_tokens = drafter ? (uint64_t)(n_out > 1 ? n_out - 1 : 0) : st.decode_tokens;
+        const double dec_s = drafter ? gen_s : st.decode_s;
+        char dec_note[160] = "";
+        if (drafter)
+            snprintf(dec_note, sizeof dec_note, ", drafting included; the target verified %llu positions in %.3f s",
+                     (unsigned long long)st.decode_tokens, st.decode_s);
+        /* weight bytes per generated token: the decode evals' bytes / the tokens they gave (else the prefill's) */
+        double per_tok = dec_tokens ? (double)(st.weight_bytes_read - after_prefill.weight_bytes_read) / dec_tokens
+                                    : (double)after_prefill.weight_bytes_read;
         fprintf(stderr,
-                "stats: prompt %d tokens, generated %d; TTFT %.3f s; prefill %.2f tok/s; decode %.2f tok/s (%llu tokens in %.3f s); "
+                "stats: prompt %d tokens, generated %d; TTFT %.3f s; prefill %.2f tok/s; decode %.2f tok/s (%llu tokens in %.3f s%s); "
                 "weight bytes read %.1f MB/token; experts read %.1f MB (demand) + %.1f MB (prefetch), hits %llu, misses %llu, "
                 "I/O stall %.3f s; total %.3f s%s\n",
                 n_ids, n_out, st.ttft_s, st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0,
-                st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0, (unsigned long long)st.decode_tokens, st.decode_s,
+                dec_s > 0 ? dec_tokens / dec_s : 0.0, (unsigned long long)dec_tokens, dec_s, dec_note,
                 per_tok / 1e6,
                 st.expert_bytes_demand / 1e6, st.expert_bytes_prefetch / 1e6, (unsigned long long)st.expert_hits,
                 (unsigned long long)st.expert_misses, st.io_stall_s, total,
@@ -613,7 +623,7 @@ int cmd_run(int argc, char **argv) {
             /* prefill phases from the snapshot after the prompt; decode phases per generated token */
             double pre = 0, dec = 0;
             for (int p = 0; p < DF_PHASES; p++) { pre += after_prefill.phase_s[p]; dec += st.phase_s[p] - after_prefill.phase_s[p]; }
-            const double nd = st.decode_tokens ? (double)st.decode_tokens : 1;
+            const double nd = dec_tokens ? (double)dec_tokens : 1; /* per generated token, as the stats line */
             fprintf(stderr, "profile: phase            prefill s   share   decode ms/token   share\n");
             for (int p = 0; p < DF_PHASES; p++) {
                 const double a = after_prefill.phase_s[p], d = st.phase_s[p] - after_prefill.phase_s[p];

@@ -102,8 +102,8 @@ static int env_switch(const char *name, const char *flag, int *mode, char *err, 
     if (!v || !*v) return DF_OK;
     if (!strcmp(v, "1") || !strcmp(v, "on")) *mode = 1;
     else if (!strcmp(v, "0") || !strcmp(v, "off")) *mode = 2;
-    else return df_set_errc(err, errlen, DF_EINVAL, "environment variable %s=\"%s\": expected 1 or 0 (the alias of %s on|off); "
-                            "unset it or fix its value", name, v, flag);
+    else return df_set_errc(err, errlen, DF_EINVAL, "environment variable %s=\"%s\": expected 1, on, 0 or off (the alias of "
+                            "%s on|off); unset it or fix its value", name, v, flag);
     return DF_OK;
 }
 
@@ -523,13 +523,15 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     config_describe(cfg, adesc, sizeof adesc);
     snprintf(m->describe, sizeof m->describe,
              "model %s (%s), hidden %d, %d heads, %s%s, "
-             "experts %s, spine %s [%s]%s%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, heat %s, tokenizer %s",
+             "experts %s, spine %s [%s]%s%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, prefault %s, heat %s, "
+             "tokenizer %s",
              m->name, adesc, cfg->hidden_size, cfg->num_attention_heads, cfg->rope_yarn ? "yarn, " : "", edesc,
              m->nat->n_moe_layers ? df_wtype_name(m->nat->expert_type) : "none", m->nat->spine_mode, spine_encodings(m->nat, encs, sizeof encs),
              m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"), sdesc,
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
-             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->heat_path[0] ? m->heat_path : "off", tdesc);
+             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->store && !so.no_prefault ? "on" : "off",
+             m->heat_path[0] ? m->heat_path : "off", tdesc);
     if (on_gpu) { /* the GPU and its expert tier */
         char gdesc[160], b9[32];
         df_cuda_describe(gdesc, sizeof gdesc);

@@ -5,6 +5,7 @@
 #include "backend.h"
 #include "cpu/cpu_internal.h"
 #include "kernels/cuda.h"
+#include "kernels/cuda_env.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +35,10 @@ const df_backend *df_backend_get(const char *name) {
         if (have_avx2()) return &df_backend_cpu_avx2;
         return &df_backend_cpu_scalar;
     }
+    /* the CUDA backend's settings are checked before it is considered: an invalid DF_CUDA_MMA stops cuda and
+     * auto alike (never a silent fallback to the CPU), on machines with or without a GPU */
+    unsigned mma;
+    if ((!strcmp(name, "cuda") || !strcmp(name, "auto")) && df_cuda_env_mma(&mma, NULL, 0) < 0) return NULL;
     if (!strcmp(name, "cuda")) return df_cuda_backend();
     if (!strcmp(name, "auto")) {
         const df_backend *c = df_cuda_backend();
@@ -46,6 +51,8 @@ const df_backend *df_backend_get(const char *name) {
 }
 
 const char *df_backend_why(const char *name, char *buf, size_t len) {
+    unsigned mma;
+    if (name && (!strcmp(name, "cuda") || !strcmp(name, "auto")) && df_cuda_env_mma(&mma, buf, len) < 0) return buf;
     if (name && !strcmp(name, "cuda")) {
         if (df_cuda_probe(buf, len)) snprintf(buf, len, "available");
         return buf;

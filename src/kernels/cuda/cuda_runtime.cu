@@ -14,6 +14,7 @@
  * calls from several host threads run one after another on one stream.
  */
 #include "cuda_internal.h"
+#include "kernels/cuda_env.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -96,8 +97,12 @@ void probe_once() {
     if (tl && *tl) cu_set_tile(atoi(tl));
     /* DF_CUDA_HOST_PIN=0: host buffers stay pageable (a developer comparison, docs/cuda.md) */
     g_pin_off = getenv("DF_CUDA_HOST_PIN") && !strcmp(getenv("DF_CUDA_HOST_PIN"), "0");
-    const char *mm = getenv("DF_CUDA_MMA"); /* encodings on the tensor-core kernel: a mask of 1 << df_wtype */
-    if (mm && *mm) cu_set_mma((unsigned)strtoul(mm, NULL, 0));
+    /* DF_CUDA_MMA, encodings on the tensor-core kernel: a mask of 1 << df_wtype, decimal or 0x hex (cuda_env.h);
+     * an invalid value is no device, with the reason naming the variable (never silently the default) */
+    unsigned mma = 0;
+    const int mma_set = df_cuda_env_mma(&mma, g_why, sizeof g_why);
+    if (mma_set < 0) { g_ndev = 0; return; }
+    if (mma_set) cu_set_mma(mma);
 }
 
 int ready() {

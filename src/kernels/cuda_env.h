@@ -1,0 +1,44 @@
+/*
+ * cuda_env.h — DF_CUDA_MMA, the encodings whose matmuls the CUDA backend runs on its tensor-core kernel
+ * (docs/cuda.md), read the same way by the backend's choice (backend.c: --backend cuda / auto refuse an invalid
+ * value, on any machine) and by the CUDA runtime's probe (cuda_runtime.cu, which applies it and reports no device
+ * for an invalid value). Plain C, also compiled as C++ by nvcc.
+ */
+#ifndef DF_KERNELS_CUDA_ENV_H
+#define DF_KERNELS_CUDA_ENV_H
+
+#include "model/weights.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* the encodings the tensor-core kernel supports, as DF_CUDA_MMA bits (1 << df_wtype): 0x2 BF16, 0x20 MXFP4 */
+#define DF_CUDA_MMA_BITS ((1u << DF_W_MXFP4) | (1u << DF_W_BF16))
+
+/* DF_CUDA_MMA: unset or empty: 0 (the default, MXFP4). A bit mask of DF_CUDA_MMA_BITS, decimal or 0x hex: 1 with it
+ * in *mask. Anything else (not a number, a sign, trailing characters, other bits): -1 with a message naming the
+ * variable and the accepted values in why. */
+static inline int df_cuda_env_mma(unsigned *mask, char *why, size_t whylen) {
+    const char *v = getenv("DF_CUDA_MMA");
+    if (!v || !*v) return 0;
+    const char *p = v;
+    int base = 10;
+    if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) { base = 16; p += 2; }
+    const int digit = (*p >= '0' && *p <= '9') || (base == 16 && ((*p >= 'a' && *p <= 'f') || (*p >= 'A' && *p <= 'F')));
+    char *end = NULL;
+    errno = 0;
+    unsigned long m = digit ? strtoul(p, &end, base) : 0;
+    if (!digit || *end || errno || (m & ~(unsigned long)DF_CUDA_MMA_BITS)) {
+        if (why && whylen)
+            snprintf(why, whylen, "environment variable DF_CUDA_MMA=\"%.40s%s\": expected a bit mask of tensor-core "
+                     "encodings, decimal or 0x hex: 0 (none), 2 = 0x2 (BF16), 32 = 0x20 (MXFP4, the default) or 34 = 0x22 "
+                     "(both); unset it or fix its value", v, strlen(v) > 40 ? "..." : "");
+        return -1;
+    }
+    *mask = (unsigned)m;
+    return 1;
+}
+
+#endif
