@@ -351,8 +351,10 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
         const char *fix = cuda ? (from_env ? "; unset DF_BACKEND or set DF_BACKEND=cpu (or auto, which picks the CPU here)"
                                            : "; use --backend cpu (or auto, which picks the CPU here)")
                                : (from_env ? "; unset DF_BACKEND or set it to one of those" : "");
+        df_backend_why(opts.backend, why, sizeof why);
+        if (strstr(why, "DF_CUDA_")) fix = ""; /* a bad CUDA knob: its message says how to fix it (auto refuses too) */
         return set_err(err, errlen, DF_EINVAL, "backend \"%s\"%s: %s%s", opts.backend,
-                       from_env ? " (from the environment variable DF_BACKEND)" : "", df_backend_why(opts.backend, why, sizeof why), fix);
+                       from_env ? " (from the environment variable DF_BACKEND)" : "", why, fix);
     }
     const int on_gpu = !strcmp(be->name, "cuda");
     if (on_gpu) df_cuda_cache_clear(); /* a closed model's host addresses may be reused */
@@ -475,13 +477,16 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     m->eng.touched = cfg->n_routed_experts > 0 ? calloc((size_t)cfg->num_hidden_layers * cfg->n_routed_experts, 1) : NULL;
     m->eng.gs_layer = -1;
     /* router prefetch of layer L+1 (issue 4): on when experts can be evicted (a RAM budget);
-     * DF_PREFETCH=1/0 forces it on/off (measurements). Never changes numerics. */
+     * DF_PREFETCH=1/0 forces it on/off (measurements). Without a budget, auto keeps the prompt-sized
+     * lookahead only (a prompt's next layer read while this one computes; nothing is evicted, and the
+     * guesses are cut to a 2% expected waste). Never changes numerics. */
     {
         int mode = opts.prefetch, env = 0;
         rc = env_switch("DF_PREFETCH", "--prefetch", &env, err, errlen); /* documented alias of --prefetch */
         if (rc) goto fail;
         if (mode == 0) mode = env;
         m->eng.prefetch = m->store && (mode == 1 || (mode == 0 && opts.ram_budget > 0));
+        m->eng.prefetch_prompt = m->store && mode != 2;
     }
     rc = rope_init(&m->eng.rope, cfg, err, errlen);
     if (rc) goto fail;
@@ -530,7 +535,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
              m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"), sdesc,
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
-             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : "off", m->store && !so.no_prefault ? "on" : "off",
+             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : m->eng.prefetch_prompt ? "prompts" : "off", m->store && !so.no_prefault ? "on" : "off",
              m->heat_path[0] ? m->heat_path : "off", tdesc);
     if (on_gpu) { /* the GPU and its expert tier */
         char gdesc[160], b9[32];
