@@ -87,8 +87,10 @@ typedef struct {
     /* added by the engine (append-only): */
     int kv_positions;           /* with ram_budget: KV-cache positions reserved inside the budget, and the
                                    most a session may hold; 0 = min(4096, max_position_embeddings) */
-    int prefetch;               /* router lookahead prefetch: 0 = auto (on with a ram_budget), 1 = on, 2 = off.
-                                   Alias: env DF_PREFETCH=1|0 when this is 0. Never changes results. */
+    int prefetch;               /* router lookahead prefetch: 0 = auto (on with a ram_budget; without one, a
+                                   prompt's next layer only), 1 = on (for decode, kept only while timed decode
+                                   steps show it faster than off: a live A/B gate), 2 = off, 3 = ungated (always on). Alias: env DF_PREFETCH=1|on|0|off|ungated when this is 0.
+                                   Never changes results. */
     const char *heat_path;      /* persistent expert heat histogram: NULL = <native model dir>/heat.bin when a
                                    ram_budget is set; "off" = none. Learned across runs; never changes results. */
     int n_seq;                  /* with ram_budget: sessions whose KV caches (kv_positions each) the budget
@@ -285,6 +287,8 @@ typedef struct {
     uint64_t spine_bytes_streamed;
     /* appended: expert cache slots page-locked for the GPU's DMA (backend cuda), of the slots allocated */
     int expert_slots_pinned, expert_slots;
+    /* appended: decode steps run with the router lookahead on / off (its live A/B gate, --prefetch) */
+    uint64_t prefetch_steps_on, prefetch_steps_off;
 } df_stats;
 
 /* Phases of the forward pass timed in df_stats.phase_s (`run --stats --profile`). */

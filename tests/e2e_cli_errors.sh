@@ -237,7 +237,7 @@ expect 0 "DF_BACKEND=bogus, --backend cpu decides" "" -- env DF_BACKEND=bogus "$
 out=$(DF_BACKEND=bogus "$BIN" serve --model "$G" --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "backend \"bogus\" (from the environment variable DF_BACKEND)" && ! echo "$out" | grep -q "(invalid argument)" \
     && ok || bad "DF_BACKEND=bogus serve: rc $rc $out"
-expect 1 "DF_PREFETCH=maybe" "environment variable DF_PREFETCH=\"maybe\": expected 1, on, 0 or off \(the alias of --prefetch on\|off\)" -- \
+expect 1 "DF_PREFETCH=maybe" "environment variable DF_PREFETCH=\"maybe\": expected 1, on, 0, off or ungated \(the alias of --prefetch on\|off\|ungated\)" -- \
     env DF_PREFETCH=maybe "${R[@]}" --prompt-ids 1 --max-new 1
 expect 1 "DF_PREFAULT=yes" "environment variable DF_PREFAULT=\"yes\": expected 1, on, 0 or off \(the alias of --prefault on\|off\)" -- \
     env DF_PREFAULT=yes "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M

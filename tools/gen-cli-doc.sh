@@ -8,7 +8,7 @@ B=${DF_BIN:-build/deltafin}
   echo "Generated from each command's \`--help\` (\`tools/gen-cli-doc.sh\`). Sizes accept K, M, G, T suffixes (powers of 1024)."
   echo "\`run\`, \`serve\`, \`bench decode\` and \`bench prefill\` echo the resolved configuration (backend, budget, I/O, prefetch, prefault,"
   echo "heat, ...) on one line to stderr at start (\`run --quiet\` hides it); the results of \`bench\` go to stdout."
-  echo "Environment aliases: \`DF_PREFETCH=1|on|0|off\` (= \`--prefetch on|off\`), \`DF_PREFAULT=1|on|0|off\` (= \`--prefault on|off\`; the flag"
+  echo "Environment aliases: \`DF_PREFETCH=1|on|0|off|ungated\` (= \`--prefetch on|off|ungated\`), \`DF_PREFAULT=1|on|0|off\` (= \`--prefault on|off\`; the flag"
   echo "wins; any other value is an error), \`DF_BACKEND\` (the default \`--backend\`), \`XDG_CACHE_HOME\` (default cache root),"
   echo "\`HF_ENDPOINT\` (= \`setup --mirror\`), \`HF_TOKEN\` (the mirror's token), \`DELTAFIN_REGISTRY\` (= \`--registry\`: the installed-models"
   echo "registry that \`run\`, \`serve\`, \`bench decode\` and \`doctor\` read without \`--model\`; default \`\$XDG_DATA_HOME/deltafin/models.json\`)."

@@ -381,9 +381,10 @@ static int bench_decode(int argc, char **argv) {
     printf("  decode: %.3f tok/s over %llu tokens (%.2f s), io stall %.2f s\n", tps, (unsigned long long)st.decode_tokens,
            st.decode_s, st.io_stall_s);
     printf("  experts: %.1f MB needed/token, %.1f MB read/token (demand %.1f, prefetch %.1f MB total), hit rate %.3f, "
-           "prefetch useful %llu/%llu\n",
+           "prefetch useful %llu/%llu, lookahead on for %llu of %llu decode steps\n",
            need_tok / 1e6, read_tok / 1e6, st.expert_bytes_demand / 1e6, st.expert_bytes_prefetch / 1e6, h,
-           (unsigned long long)st.prefetch_useful, (unsigned long long)st.prefetch_issued);
+           (unsigned long long)st.prefetch_useful, (unsigned long long)st.prefetch_issued,
+           (unsigned long long)st.prefetch_steps_on, (unsigned long long)(st.prefetch_steps_on + st.prefetch_steps_off));
     if (bound > 0)
         printf("  storage bound B/((1-h)*expert_bytes_per_token + streamed_spine_bytes_per_token) = %.3f tok/s (B = %.3f GB/s, "
                "mean of before/after; spine streamed %.1f MB/token): achieved %.1f%% of the bound; expert reads %.3f GB/s = %.1f%% of B\n",

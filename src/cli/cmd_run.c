@@ -50,8 +50,10 @@ static void run_usage(FILE *f) {
             "  --spine MODE         source|bf16|int8 spine when converting an HF checkpoint (int8 is NOT exact);\n"
             "                       an error with a native model dir (its spine was chosen by `deltafin convert`)\n"
             "  --events FILE        per-token JSONL I/O events\n"
-            "  --prefetch MODE      auto (on with --ram-budget; without one, a prompt's next layer only) | on | off:\n"
-            "                       router lookahead prefetch (alias env DF_PREFETCH=1|on|0|off)\n"
+            "  --prefetch MODE      auto (on with --ram-budget; without one, a prompt's next layer only) | on | off |\n"
+            "                       ungated: router lookahead prefetch; on: decode steps are timed with it on and off\n"
+            "                       and the faster is kept (measured again now and then), ungated: always on (alias env\n"
+            "                       DF_PREFETCH=1|on|0|off|ungated)\n"
             "  --prefault MODE      auto (on) | on | off: fault the expert cache in before its first reads (with\n"
             "                       --ram-budget the whole cache, without ~1 GiB ahead of the loads; alias env\n"
             "                       DF_PREFAULT=1|on|0|off)\n"
@@ -86,7 +88,10 @@ static int parse_auto_on_off(const char *flag, const char *v, int *out) {
     if (!strcmp(v, "auto")) *out = 0;
     else if (!strcmp(v, "on")) *out = 1;
     else if (!strcmp(v, "off")) *out = 2;
-    else { fprintf(stderr, "deltafin run: %s \"%s\": expected auto, on or off\n", flag, v); return -1; }
+    else {
+        fprintf(stderr, "deltafin run: %s \"%s\": expected auto, on%s off\n", flag, v, strcmp(flag, "--prefetch") ? " or" : ", ungated or");
+        return -1;
+    }
     return 0;
 }
 
@@ -375,7 +380,11 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT())) return 2; }
         else if (!strcmp(a, "--events")) { if (!(mo.events_path = NEXT())) return 2; }
         else if (!strcmp(a, "--heat")) { if (!(mo.heat_path = NEXT())) return 2; }
-        else if (!strcmp(a, "--prefetch")) { const char *v = NEXT(); if (!v || parse_auto_on_off(a, v, &mo.prefetch)) return 2; }
+        else if (!strcmp(a, "--prefetch")) {
+            const char *v = NEXT();
+            if (v && !strcmp(v, "ungated")) mo.prefetch = 3;
+            else if (!v || parse_auto_on_off(a, v, &mo.prefetch)) return 2;
+        }
         else if (!strcmp(a, "--prefault")) { const char *v = NEXT(); if (!v || parse_auto_on_off(a, v, &mo.prefault)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
         else if (!strcmp(a, "--gpu-budget")) {
@@ -614,6 +623,9 @@ int cmd_run(int argc, char **argv) {
             if (st.prefetch_issued)
                 fprintf(stderr, "; prefetch recall %.1f%% (%llu of %llu guesses used)", 100.0 * st.prefetch_useful / (double)st.prefetch_issued,
                         (unsigned long long)st.prefetch_useful, (unsigned long long)st.prefetch_issued);
+            if (st.prefetch_steps_on + st.prefetch_steps_off)
+                fprintf(stderr, "; lookahead on for %llu of %llu decode steps (measured A/B)", (unsigned long long)st.prefetch_steps_on,
+                        (unsigned long long)(st.prefetch_steps_on + st.prefetch_steps_off));
             for (int d = 0; d < st.n_drives; d++)
                 fprintf(stderr, "; drive %d: %.1f MB at %.2f GB/s", d, st.drive_bytes[d] / 1e6,
                         st.drive_busy_s[d] > 0 ? st.drive_bytes[d] / st.drive_busy_s[d] / 1e9 : 0.0);

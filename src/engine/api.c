@@ -102,8 +102,9 @@ static int env_switch(const char *name, const char *flag, int *mode, char *err, 
     if (!v || !*v) return DF_OK;
     if (!strcmp(v, "1") || !strcmp(v, "on")) *mode = 1;
     else if (!strcmp(v, "0") || !strcmp(v, "off")) *mode = 2;
-    else return df_set_errc(err, errlen, DF_EINVAL, "environment variable %s=\"%s\": expected 1, on, 0 or off (the alias of "
-                            "%s on|off); unset it or fix its value", name, v, flag);
+    else return df_set_errc(err, errlen, DF_EINVAL, "environment variable %s=\"%s\": expected %s (the alias of %s on|off%s); "
+                            "unset it or fix its value", name, v, strcmp(name, "DF_PREFETCH") ? "1, on, 0 or off" : "1, on, 0, off or ungated",
+                            flag, strcmp(name, "DF_PREFETCH") ? "" : "|ungated");
     return DF_OK;
 }
 
@@ -482,11 +483,13 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
      * guesses are cut to a 2% expected waste). Never changes numerics. */
     {
         int mode = opts.prefetch, env = 0;
-        rc = env_switch("DF_PREFETCH", "--prefetch", &env, err, errlen); /* documented alias of --prefetch */
-        if (rc) goto fail;
+        const char *pv = getenv("DF_PREFETCH");
+        if (pv && !strcmp(pv, "ungated")) env = 3;
+        else if ((rc = env_switch("DF_PREFETCH", "--prefetch", &env, err, errlen))) goto fail; /* alias of --prefetch */
         if (mode == 0) mode = env;
-        m->eng.prefetch = m->store && (mode == 1 || (mode == 0 && opts.ram_budget > 0));
+        m->eng.prefetch = m->store && (mode == 1 || mode == 3 || (mode == 0 && opts.ram_budget > 0));
         m->eng.prefetch_prompt = m->store && mode != 2;
+        m->eng.prefetch_ungated = mode == 3; /* always on, without the A/B gate (forward.c) */
     }
     rc = rope_init(&m->eng.rope, cfg, err, errlen);
     if (rc) goto fail;
@@ -535,7 +538,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
              m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"), sdesc,
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
-             m->store ? ss.io_engine : "none", m->eng.prefetch ? "on" : m->eng.prefetch_prompt ? "prompts" : "off", m->store && !so.no_prefault ? "on" : "off",
+             m->store ? ss.io_engine : "none", m->eng.prefetch ? (m->eng.prefetch_ungated ? "ungated" : "on") : m->eng.prefetch_prompt ? "prompts" : "off", m->store && !so.no_prefault ? "on" : "off",
              m->heat_path[0] ? m->heat_path : "off", tdesc);
     if (on_gpu) { /* the GPU and its expert tier */
         char gdesc[160], b9[32];
@@ -910,6 +913,8 @@ void df_model_stats(const df_model *m, df_stats *o) {
     o->expert_union_count = m->eng.touched_n;
     o->spine_bytes_streamed = m->stream ? sst_bytes_read(m->stream) - m->spine_stream_base : 0;
     o->expert_union_bytes = m->eng.touched_n * m->nat->stride;
+    o->prefetch_steps_on = m->eng.pf_steps[0];
+    o->prefetch_steps_off = m->eng.pf_steps[1];
     pthread_mutex_unlock(mu);
 }
 
@@ -925,6 +930,7 @@ void df_model_stats_reset(df_model *m) {
     m->spine_stream_base = m->stream ? sst_bytes_read(m->stream) : 0;
     if (m->eng.touched) memset(m->eng.touched, 0, (size_t)m->nat->cfg.num_hidden_layers * m->nat->cfg.n_routed_experts);
     m->eng.touched_n = 0;
+    m->eng.pf_steps[0] = m->eng.pf_steps[1] = 0;
     if (m->store) store_reset_stats(m->store);
     pthread_mutex_unlock(&m->mu);
 }

@@ -111,6 +111,14 @@ typedef struct {
     uint32_t gs_made[DF_GUESS_VOTES + 1], gs_needed[DF_GUESS_VOTES + 1];
     int *gs_votes;
     int gs_layer;
+    /* the decode lookahead's live A/B gate (forward.c): decode steps are timed in windows with the lookahead
+     * on (arm 0) and off (arm 1); the faster arm then runs for pf_left steps before both are measured again.
+     * prefetch_ungated: always on (no gate). pf_steps: decode steps run with each arm since the last reset. */
+    int prefetch_ungated;
+    int pf_arm, pf_measuring, pf_n, pf_left, pf_exploit, pf_best;
+    double pf_sum[2];
+    uint64_t pf_rows[2];
+    uint64_t pf_steps[2];
 } df_engine;
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
@@ -133,8 +141,8 @@ void moe_route(const df_config *cfg, const float *logits, const float *bias, int
  * (post-attention-normalized); out: [T, hidden]. */
 int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char *err, size_t errlen);
 /* Prefetch hook: route h (layer's ffn-normalized residual) with layer's router and request the
- * predicted experts with STORE_PREFETCH, unless there are more than max_n of them (max_n <= 0: no
- * limit). No effect on numerics. */
+ * predicted experts a read would bring in (not in GPU memory, not already in a slot) with STORE_PREFETCH,
+ * unless there are more than max_n guesses (max_n <= 0: no limit). No effect on numerics. */
 void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_n);
 
 /* The experts layer `layer`'s router picks for any of the T rows of x_resid (the residual stream, normed

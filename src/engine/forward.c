@@ -33,6 +33,39 @@
  * per sequence) of at most PREFETCH_MAX_SEQ sequences. */
 enum { PREFETCH_MAX_T = 4, PREFETCH_MAX_SEQ = 16 };
 
+/* The decode lookahead's live A/B gate. Reading guesses ahead hides compute behind the drive, but a wrong
+ * guess costs a read (and a slot, and CPU time on small machines) for nothing; which wins depends on the
+ * machine, the budget and the routing. So decode steps (calls of the lookahead's size) are timed per row in
+ * windows of PF_WINDOW steps with the lookahead on, then off; the faster (off only when it is 3% faster) runs
+ * for an exploit period (PF_EXPLOIT_MIN steps, doubled each time the same arm wins again, at most
+ * PF_EXPLOIT_MAX), then both are measured again. Never changes numerics. */
+enum { PF_WINDOW = 8, PF_EXPLOIT_MIN = 32, PF_EXPLOIT_MAX = 512 };
+
+static void pf_gate_record(df_engine *e, double dt, int rows) {
+    e->pf_steps[e->pf_arm]++;
+    if (!e->pf_measuring) {
+        if (--e->pf_left <= 0) { /* measure both arms again, on first */
+            e->pf_measuring = 1;
+            e->pf_arm = e->pf_n = 0;
+            e->pf_sum[0] = e->pf_sum[1] = 0;
+            e->pf_rows[0] = e->pf_rows[1] = 0;
+        }
+        return;
+    }
+    e->pf_sum[e->pf_arm] += dt;
+    e->pf_rows[e->pf_arm] += (uint64_t)rows;
+    if (++e->pf_n < PF_WINDOW) return;
+    e->pf_n = 0;
+    if (e->pf_arm == 0) { e->pf_arm = 1; return; }
+    const double t_on = e->pf_sum[0] / (double)e->pf_rows[0], t_off = e->pf_sum[1] / (double)e->pf_rows[1];
+    const int best = t_off < 0.97 * t_on;
+    e->pf_exploit = e->pf_exploit && best == e->pf_best ? (2 * e->pf_exploit < PF_EXPLOIT_MAX ? 2 * e->pf_exploit : PF_EXPLOIT_MAX)
+                                                        : PF_EXPLOIT_MIN;
+    e->pf_best = e->pf_arm = best;
+    e->pf_left = e->pf_exploit;
+    e->pf_measuring = 0;
+}
+
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y) {
     e->be->matmul(e->pool, w, x, T, y);
     e->weight_bytes += df_weight_bytes(w);
@@ -117,7 +150,11 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         goto done;
     }
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
-    double lap = df_now();
+    /* a decode step: the lookahead runs when the gate's arm says so (always when ungated) */
+    const int dstep = e->prefetch && (T <= PREFETCH_MAX_T || decode_batch);
+    const int pf_on = dstep && (e->prefetch_ungated || e->pf_arm == 0);
+    const double t_call = df_now();
+    double lap = t_call;
 #define LAP(ph) do { double n_ = df_now(); e->phase_s[ph] += n_ - lap; lap = n_; } while (0)
     for (int t = 0; t < T; t++) e->be->decode_row(&sp->embed, ids[t], x + (int64_t)t * D);
     LAP(DF_PHASE_EMBED);
@@ -158,7 +195,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
         /* lookahead prefetch of layer l+1, decode-sized calls (one sequence or a decode batch): the guesses
          * go out now, before layer l's FFN */
-        if (e->prefetch && (T <= PREFETCH_MAX_T || decode_batch) && l + 1 < L) {
+        if (pf_on && l + 1 < L) {
             /* the router of a streamed layer l+1 is in its staging buffer (read since layer l began) */
             if (e->stream && (rc = sst_layer(e->stream, l + 1, &e->io_wait_s, err, errlen))) goto done;
             LAP(DF_PHASE_NORM);
@@ -231,6 +268,10 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         LAP(DF_PHASE_LM_HEAD);
     }
 #undef LAP
+    if (dstep) {
+        if (e->prefetch_ungated) e->pf_steps[0]++;
+        else pf_gate_record(e, df_now() - t_call, T);
+    }
 done:
     e->la_x = NULL; /* x is freed below */
     /* the next call's first streamed layer is read while the caller samples */

@@ -427,25 +427,28 @@ static int guess_votes(df_engine *e, int layer, const float *x_resid, int T, int
     int *ids = malloc(sizeof(int) * (size_t)T * K);
     float *w = malloc(sizeof(float) * (size_t)T * K);
     int *votes = calloc((size_t)E, sizeof(int));
+    float *wsum = calloc((size_t)E, sizeof(float));
     int n = 0;
-    if (h && logits && ids && w && votes) {
+    if (h && logits && ids && w && votes && wsum) {
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(h + (int64_t)t * D, x_resid + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
         eng_matmul(e, &lw->router, h, T, logits);
         moe_route(cfg, logits, lw->router_bias, T, ids, w);
-        for (int i = 0; i < T * K; i++) votes[ids[i]]++;
+        for (int i = 0; i < T * K; i++) { votes[ids[i]]++; wsum[ids[i]] += w[i]; }
         for (int x = 0; x < E; x++) if (votes[x]) used[n++] = x;
         if (votes_out) memcpy(votes_out, votes, sizeof(int) * (size_t)E);
-        /* most-voted first (stable: ascending id among equals): the surest guesses are read first, and the
-         * least sure are the likeliest to be still unread (dropped at no cost) when the layer's real set comes */
+        /* most-voted first, then by summed routing weight (stable: ascending id among equals): the surest
+         * guesses are read first, and the least sure are the likeliest to be still unread (dropped at no
+         * cost) when the layer's real set comes */
         for (int i = 1; i < n; i++) {
             const int x = used[i];
             int k = i;
-            for (; k > 0 && votes[used[k - 1]] < votes[x]; k--) used[k] = used[k - 1];
+            for (; k > 0 && (votes[used[k - 1]] < votes[x] || (votes[used[k - 1]] == votes[x] && wsum[used[k - 1]] < wsum[x])); k--)
+                used[k] = used[k - 1];
             used[k] = x;
         }
     }
-    free(h); free(logits); free(ids); free(w); free(votes);
+    free(h); free(logits); free(ids); free(w); free(votes); free(wsum);
     return n;
 }
 
@@ -493,14 +496,30 @@ void moe_guess_score(df_engine *e, int layer, const int *count) {
     e->gs_layer = -1;
 }
 
+/* Decode lookahead: guess layer `layer`'s experts from the residual stream and request those a read would
+ * bring in (not in GPU memory, not already in or on its way to a slot), surest first. */
 void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_n) {
     if (layer >= e->cfg->num_hidden_layers || !e->experts.request) return;
-    int *used = malloc(sizeof(int) * (size_t)e->cfg->n_routed_experts);
-    if (!used) return;
+    const int E = e->cfg->n_routed_experts;
+    int *used = malloc(sizeof(int) * (size_t)E);
+    unsigned char *pres = malloc((size_t)E);
+    if (!used || !pres) { free(used); free(pres); return; }
     const int n = moe_guess(e, layer, x_resid, T, used);
     if (n > 0 && (max_n <= 0 || n <= max_n)) {
-        e->experts.request(e->experts.ctx, layer, used, n, STORE_PREFETCH);
-        e->prefetch_issued += (uint64_t)n;
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (!dev_resident(e, layer, used[i])) used[m++] = used[i];
+        if (m > 0 && e->experts.present) {
+            e->experts.present(e->experts.ctx, layer, used, m, pres);
+            int k = 0;
+            for (int i = 0; i < m; i++)
+                if (!pres[i]) used[k++] = used[i];
+            m = k;
+        }
+        if (m > 0) {
+            e->experts.request(e->experts.ctx, layer, used, m, STORE_PREFETCH);
+            e->prefetch_issued += (uint64_t)m;
+        }
     }
-    free(used);
+    free(used); free(pres);
 }
