@@ -12,16 +12,18 @@
 #          budget 4x smaller than the experts (issue 14), and a model resident in GPU memory (issue 12: decode
 #          vs the HBM bound).
 #   part 3: setup's download vs curl on 1 and 8 shards (issue 13) and the GPU backend's phases (issue 12).
+#   part 4: streamed decode with the lookahead gated / ungated / off (GPU and CPU) and a streamed GPU prefill.
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2|3 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2|3 OUTDIR}
+PART=${1:?usage: acceptance.sh 1|2|3|4 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2|3|4 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
 export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ -x "$D/fio" ] && export PATH="$D:$PATH"
+[ -x "$D/nginx" ] && export PATH="$D:$PATH"
 BIN=$D/deltafin
 mkdir -p "$OUT"
 S=$OUT/summary.txt
@@ -103,6 +105,28 @@ case $PART in
     log "cuda run, resident, --stats --profile (96 tokens after a 64-token prompt)"
     timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --prompt-ids "$(seq -s, 1 64)" --max-new 96 \
         --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+    rm -rf "$W"
+    ;;
+4)
+    # streamed decode under budgets 4x smaller than the model, with the lookahead's A/B gate (default), always
+    # on (ungated) and off: GPU (issue 12: >= 90% of the storage bound) and 16 CPU threads (issue 10); then a
+    # streamed 512-token prefill on the GPU with the spine resident (issue 12: TTFT <= 1.2 x union read).
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, fp8 spine, 12.9 GB; budgets 2816M + 256M = 3.2 GB"
+    "$BIN" synth "$W/m" --layers 8 --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -1 >>"$S"
+    sync; sleep 3
+    for be in cuda cpu; do
+        for pf in "" ungated 0; do
+            [ $be = cpu ] && [ "$pf" = 0 ] && continue
+            log "$be decode, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M}, DF_PREFETCH=$pf, 17 warm-up + 24 tokens"
+            DF_PREFETCH=$pf timeout 100 "$BIN" bench decode --model "$W/m" --backend $be --ram-budget "${HOST_BUDGET:-2816M}" \
+                --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 2>&1 | grep -E "decode: [0-9.]+ tok|experts:|storage bound|spine" | cut -c1-400 >>"$S"
+        done
+    done
+    log "cuda prefill 512, cold, same budgets"
+    timeout 100 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-256M}" \
+        --ram-budget "${HOST_BUDGET:-2816M}" --io-seconds 2 2>&1 | tail -8 >>"$S"
     rm -rf "$W"
     ;;
 esac
