@@ -290,6 +290,143 @@ static void test_mlp(void) {
     free_weight(&gate); free_weight(&up); free_weight(&down);
 }
 
+/* The CPU's MLP (cpu-scalar matmuls, the engine's SwiGLU / SiTU, eng_act) for the grouped-MLP test. */
+static void cpu_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+                    const float *x, int T, float *out) {
+    const df_backend *sc = df_backend_get("cpu-scalar");
+    const int64_t I = gate->rows;
+    float *g = malloc(sizeof(float) * (size_t)(T * I)), *u = malloc(sizeof(float) * (size_t)(T * I));
+    sc->matmul(NULL, gate, x, T, g);
+    sc->matmul(NULL, up, x, T, u);
+    for (int64_t i = 0; i < T * I; i++) {
+        const float gv = g[i], uv = act && lb != 0.0f ? lb * tanhf(u[i] / lb) : u[i];
+        g[i] = act ? beta * tanhf(gv / beta) * (1.0f / (1.0f + expf(-gv))) * uv : gv / (1.0f + expf(-gv)) * uv;
+    }
+    sc->matmul(NULL, down, g, T, out);
+    free(g); free(u);
+}
+
+/* The grouped MLP (df_cuda_mlp_group, df_backend.mlp_group): one group of items of different T (1, 3, 17),
+ * encodings (MXFP4 on the tensor cores, BF16, FP8, INT4, F32, mixed within an item) and widths (an odd one: 37),
+ * with the weights (a) cached by explicit keys, (b) resident and pinned (views without host data), (c) copied per
+ * call into the scratch buffer (address caching off), (d) keyed under an expert budget of one weight (evictions of
+ * weights the group's queued kernels still read); SwiGLU and SiTU (with and without the linear beta). Each item's
+ * output is bitwise equal to df_cuda_mlp on that item alone (also with the items in reverse order) and within
+ * tolerance of the CPU's MLP. */
+static void test_mlp_group(void) {
+    enum { N = 6 };
+    static const struct { df_wtype tg, td; int64_t D, I; int T; } it[N] = {
+        {DF_W_MXFP4, DF_W_MXFP4, 256, 96, 1},     {DF_W_BF16, DF_W_BF16, 256, 64, 3},
+        {DF_W_FP8_B128, DF_W_FP8_B128, 256, 160, 17}, {DF_W_MXFP4, DF_W_BF16, 192, 128, 3},
+        {DF_W_BF16, DF_W_F32, 37, 40, 17},         {DF_W_INT4_G32, DF_W_FP8_B128, 256, 64, 1},
+    };
+    df_weight host[N][3];
+    float *x[N], *ref[N][3], *o[N], *o1[N];
+    uint64_t biggest = 0;
+    for (int i = 0; i < N; i++) {
+        host[i][0] = make_weight(it[i].tg, it[i].I, it[i].D);
+        host[i][1] = make_weight(it[i].tg, it[i].I, it[i].D);
+        host[i][2] = make_weight(it[i].td, it[i].D, it[i].I);
+        for (int p = 0; p < 3; p++)
+            if (df_weight_bytes(&host[i][p]) > biggest) biggest = df_weight_bytes(&host[i][p]);
+        const int64_t nx = it[i].T * it[i].D;
+        x[i] = malloc(sizeof(float) * (size_t)nx);
+        for (int64_t k = 0; k < nx; k++) x[i][k] = rndf();
+        o[i] = malloc(sizeof(float) * (size_t)nx);
+        o1[i] = malloc(sizeof(float) * (size_t)nx);
+    }
+    static const struct { int act; float beta, lb; } acts[3] = {{0, 0, 0}, {1, 3.0f, 2.5f}, {1, 4.0f, 0.0f}};
+    for (int a = 0; a < 3; a++)
+        for (int i = 0; i < N; i++) {
+            ref[i][a] = malloc(sizeof(float) * (size_t)(it[i].T * it[i].D));
+            cpu_mlp(&host[i][0], &host[i][1], &host[i][2], acts[a].act, acts[a].beta, acts[a].lb, x[i], it[i].T, ref[i][a]);
+        }
+    static const char *const mode_name[4] = {"keyed", "pinned", "scratch", "budget"};
+    for (int mode = 0; mode < 4; mode++) {
+        df_cuda_cache_clear();
+        df_weight w[N][3];
+        int pinned = 1;
+        for (int i = 0; i < N; i++)
+            for (int p = 0; p < 3; p++) {
+                w[i][p] = host[i][p];
+                w[i][p].dev_key = mode == 2 ? 0 : DF_DEVKEY(7, i, p);
+                if (mode == 1) { /* resident: uploaded now, then only the pinned view (no host data) is used */
+                    df_weight v = w[i][p];
+                    pinned &= df_cuda_preload(&w[i][p]) == 0 && df_cuda_pin(w[i][p].dev_key, &v) == 1 && !v.data;
+                    w[i][p] = v;
+                }
+            }
+        CHECK(pinned, "mlp_group %s: preload / pin: %s", mode_name[mode], df_cuda_last_error());
+        if (mode == 2) df_cuda_set_cache_by_address(0);
+        if (mode == 3) df_cuda_set_expert_budget(biggest + 256);
+        const df_weight *gp[N], *up[N], *dp[N], *rgp[N], *rup[N], *rdp[N];
+        const float *xp[N], *rxp[N];
+        float *op[N], *rop[N];
+        int Tp[N], rTp[N];
+        for (int i = 0; i < N; i++) {
+            gp[i] = &w[i][0]; up[i] = &w[i][1]; dp[i] = &w[i][2]; xp[i] = x[i]; op[i] = o[i]; Tp[i] = it[i].T;
+            const int r = N - 1 - i;
+            rgp[r] = gp[i]; rup[r] = up[i]; rdp[r] = dp[i]; rxp[r] = x[i]; rop[r] = o1[i]; rTp[r] = it[i].T;
+        }
+        for (int a = 0; a < 3; a++) {
+            const int act = acts[a].act;
+            const float beta = acts[a].beta, lb = acts[a].lb;
+            int rc = df_cuda_mlp_group(N, gp, up, dp, act, beta, lb, xp, Tp, op);
+            CHECK(rc == 0, "mlp_group %s act %d: %s", mode_name[mode], a, df_cuda_last_error());
+            int rc2 = df_cuda_mlp_group(N, rgp, rup, rdp, act, beta, lb, rxp, rTp, rop);
+            CHECK(rc2 == 0, "mlp_group %s act %d (reversed): %s", mode_name[mode], a, df_cuda_last_error());
+            if (rc || rc2) continue;
+            for (int i = 0; i < N; i++) {
+                const int64_t no = it[i].T * it[i].D;
+                CHECK(!memcmp(o[i], o1[i], sizeof(float) * (size_t)no),
+                      "mlp_group %s act %d item %d: the reversed group differs", mode_name[mode], a, i);
+                float *one = malloc(sizeof(float) * (size_t)no);
+                const int r1 = df_cuda_mlp(gp[i], up[i], dp[i], act, beta, lb, x[i], it[i].T, one);
+                CHECK(r1 == 0, "mlp %s item %d: %s", mode_name[mode], i, df_cuda_last_error());
+                int64_t bad = 0;
+                for (int64_t k = 0; k < no; k++) bad += memcmp(&one[k], &o[i][k], sizeof(float)) != 0;
+                CHECK(r1 == 0 && bad == 0, "mlp_group %s act %d item %d (%s/%s, T=%d, %lldx%lld): %lld of %lld outputs "
+                      "differ from df_cuda_mlp", mode_name[mode], a, i, df_wtype_name(it[i].tg), df_wtype_name(it[i].td),
+                      it[i].T, (long long)it[i].I, (long long)it[i].D, (long long)bad, (long long)no);
+                double md = 0, mx = 0;
+                for (int64_t k = 0; k < no; k++) {
+                    md = fmax(md, fabs(o[i][k] - ref[i][a][k]));
+                    mx = fmax(mx, fabs(ref[i][a][k]));
+                }
+                CHECK(md <= 1e-4 * (1 + mx), "mlp_group %s act %d item %d vs the CPU: max diff %g (max %g)",
+                      mode_name[mode], a, i, md, mx);
+                free(one);
+            }
+        }
+        if (mode == 1)
+            for (int i = 0; i < N; i++)
+                for (int p = 0; p < 3; p++) df_cuda_unpin(DF_DEVKEY(7, i, p));
+        df_cuda_set_cache_by_address(1);
+        df_cuda_set_expert_budget(0);
+    }
+    /* items with T = 0 are skipped (their output untouched); a group of none is a no-op */
+    {
+        const df_weight *gp[2] = {&host[0][0], &host[1][0]}, *up[2] = {&host[0][1], &host[1][1]};
+        const df_weight *dp[2] = {&host[0][2], &host[1][2]};
+        const float *xp[2] = {x[0], x[1]};
+        float *op[2] = {o[0], o[1]};
+        int Tp[2] = {0, it[1].T};
+        for (int64_t k = 0; k < it[0].D; k++) o[0][k] = -7.0f;
+        CHECK(df_cuda_mlp_group(2, gp, up, dp, 0, 0, 0, xp, Tp, op) == 0 && o[0][0] == -7.0f && o[0][it[0].D - 1] == -7.0f,
+              "mlp_group: an item with T = 0 (%s)", df_cuda_last_error());
+        CHECK(df_cuda_mlp_group(0, gp, up, dp, 0, 0, 0, xp, Tp, op) == 0, "mlp_group of no items: %s", df_cuda_last_error());
+        /* shapes that do not chain: -1 */
+        const df_weight *bad[2] = {&host[0][0], &host[1][0]}; /* a gate as down: [I, D], not [D, I] */
+        CHECK(df_cuda_mlp_group(2, gp, up, bad, 0, 0, 0, xp, Tp, op) == -1, "mlp_group: unchained shapes accepted");
+    }
+    df_cuda_cache_clear();
+    for (int i = 0; i < N; i++) {
+        for (int p = 0; p < 3; p++) free_weight(&host[i][p]);
+        for (int a = 0; a < 3; a++) free(ref[i][a]);
+        free(x[i]); free(o[i]); free(o1[i]);
+    }
+}
+
 static void test_ops(void) {
     const df_backend *sc = df_backend_get("cpu-scalar");
     const int T = 5;
@@ -369,6 +506,7 @@ int main(void) {
     test_matmul();
     test_cache();
     test_mlp();
+    test_mlp_group();
     test_ops();
     return t_done();
 }

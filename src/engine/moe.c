@@ -188,6 +188,59 @@ static void ex_task(void *ctx, int64_t i0, int64_t i1, int tid) {
     }
 }
 
+/* The chunk's items (as ex_task computes them) in one df_backend.mlp_group call from the calling thread: one
+ * copy of every item's input to the device, the items' kernels back to back, one copy back, one synchronisation.
+ * The routed experts' rows of hx are gathered into one buffer (item i's input: its count[xs[i]] rows, width Wd);
+ * the outputs land where ex_task puts them (ye[i], sh), with the same bits (mlp_group gives each item mlp's bits),
+ * and bytes[] / rc[] are filled as ex_task fills them. 0, or -1 when it cannot (nothing usable was computed: the
+ * caller runs ex_task). */
+static int ex_group(ex_job *j, int items) {
+    df_engine *e = j->e;
+    const df_config *cfg = e->cfg;
+    int64_t tot = 0;
+    for (int i = 0; i < j->n; i++) tot += j->count[j->xs[i]];
+    const df_weight **wg = malloc(sizeof(df_weight *) * (size_t)items * 3);
+    const float **xin = malloc(sizeof(float *) * (size_t)items);
+    float **outs = malloc(sizeof(float *) * (size_t)items);
+    int *Ts = malloc(sizeof(int) * (size_t)items);
+    float *xg = malloc(sizeof(float) * (size_t)(tot > 0 ? tot : 1) * j->Wd);
+    int rc = -1;
+    if (wg && xin && outs && Ts && xg) {
+        const df_weight **wu = wg + items, **wdn = wg + 2 * items;
+        int64_t off = 0;
+        for (int i = 0; i < j->n; i++) {
+            const int x = j->xs[i], n = j->count[x];
+            float *xe = xg + off * j->Wd;
+            for (int r = 0; r < n; r++)
+                memcpy(xe + (int64_t)r * j->Wd, j->hx + (int64_t)j->rows[j->start[x] + r] * j->Wd, sizeof(float) * j->Wd);
+            off += n;
+            wg[i] = &j->views[i].gate;
+            wu[i] = &j->views[i].up;
+            wdn[i] = &j->views[i].down;
+            xin[i] = xe;
+            Ts[i] = n;
+            outs[i] = j->ye[i];
+        }
+        if (j->shared) { /* item n: the shared expert on all T rows of h */
+            wg[j->n] = &j->lw->gate;
+            wu[j->n] = &j->lw->up;
+            wdn[j->n] = &j->lw->down;
+            xin[j->n] = j->h;
+            Ts[j->n] = j->T;
+            outs[j->n] = j->sh;
+        }
+        const int situ = cfg->act == DF_ACT_SITU;
+        rc = e->be->mlp_group(items, wg, wu, wdn, situ, cfg->situ_beta, cfg->situ_linear_beta, xin, Ts, outs);
+        if (rc == 0)
+            for (int i = 0; i < items; i++) {
+                j->bytes[i] = df_weight_bytes(wg[i]) + df_weight_bytes(wu[i]) + df_weight_bytes(wdn[i]);
+                j->rc[i] = DF_OK;
+            }
+    }
+    free(wg); free(xin); free(outs); free(Ts); free(xg);
+    return rc == 0 ? 0 : -1;
+}
+
 int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char *err, size_t errlen) {
     const df_config *cfg = e->cfg;
     const df_layer_weights *lw = &e->spine->layers[layer];
@@ -358,8 +411,11 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
                     rows, views, ye, sh, bytes, rcs};
         memset(rcs, 0, sizeof(int) * (size_t)(items + 1));
         memset(bytes, 0, sizeof(uint64_t) * (size_t)(items + 1));
-        if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
-        else ex_task(&j, 0, items, 0);
+        /* a backend with a grouped MLP (the GPU): the whole chunk in one round trip from this thread */
+        if (!e->be->mlp_group || ex_group(&j, items)) {
+            if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
+            else ex_task(&j, 0, items, 0);
+        }
         if (n_acq > 0) e->experts.release(e->experts.ctx, layer, acq_ids, n_acq);
         for (int i = 0; i < nc; i++) if (pinned[i]) dev_unpin_expert(e, layer, xo[u0 + i]);
         /* members still without a slot: the released slots go to them, in chunk order (read while the

@@ -61,6 +61,16 @@ typedef struct df_backend {
      * bus's speed. */
     int (*host_pin)(void *p, size_t n);
     void (*host_unpin)(void *p);
+    /* Optional (NULL on the CPU): n independent MLPs ("items") in one call, as mlp does each, with one copy of all
+     * the inputs to the device, the items' kernels back to back, one copy back and one synchronisation. Item i:
+     * out[i] [T[i], down[i]->rows] = down[i](act(gate[i] x[i], up[i] x[i])) for x[i] [T[i], gate[i]->cols] (fp32,
+     * row-major; items may differ in weights, encodings, widths and T; T[i] <= 0: item skipped, out[i] untouched);
+     * act, beta, lb as mlp, for every item. Each item's out[i] is bit for bit what mlp gives for it alone. Weights
+     * as mlp takes them (host data, or a dev_pin view with no host data). Returns 0, or -1 when it cannot (shapes
+     * that do not chain, a device error: no out[i] is then to be trusted and the caller computes the items as it
+     * would without this op). */
+    int (*mlp_group)(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
+                     int act, float beta, float lb, const float *const *x, const int *T, float *const *out);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

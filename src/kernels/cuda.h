@@ -76,6 +76,11 @@ int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y);
 /* out [T, down.rows] = down(act(gate x, up x)) on the GPU, one round trip (df_backend.mlp). */
 int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
                 const float *x, int T, float *out);
+/* n MLPs in one round trip (df_backend.mlp_group): item i, out[i] [T[i], down[i]->rows] from x[i]
+ * [T[i], gate[i]->cols], bitwise equal to df_cuda_mlp on that item alone; one copy in (all the x[i]), every item's
+ * kernels on the stream, one copy out, one synchronisation. Weights found or cached like df_cuda_mlp's. */
+int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
+                      int act, float beta, float lb, const float *const *x, const int *T, float *const *out);
 /* out[t] = rmsnorm(x[t]) * w for T rows of n (fp64 sum of squares, like cpu_scalar_rmsnorm). */
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps);
 /* out[i] = silu(g[i]) * u[i] for n values. */

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static df_backend g_cuda_be;
 static const df_backend *g_cpu;
@@ -30,6 +31,19 @@ static void cuda_be_matmul(df_pool *pool, const df_weight *w, const float *x, in
     g_cpu->matmul(pool, w, x, T, y);
 }
 
+/* DF_CUDA_MLP_GROUP (a developer knob for A/B timing, docs/cuda.md): unset, empty or 1 = a MoE chunk's expert MLPs
+ * in one round trip (mlp_group); 0 = one round trip per expert, as before. Any other value is reported on stderr
+ * and grouping stays on. Read once, when the table is built. */
+static int mlp_group_on(void) {
+    const char *v = getenv("DF_CUDA_MLP_GROUP");
+    if (!v || !*v || !strcmp(v, "1")) return 1;
+    if (!strcmp(v, "0")) return 0;
+    fprintf(stderr, "deltafin: environment variable DF_CUDA_MLP_GROUP=\"%.40s%s\": expected 0 (one GPU round trip per "
+            "expert MLP) or 1 (a chunk's expert MLPs in one round trip, the default); using 1\n", v,
+            strlen(v) > 40 ? "..." : "");
+    return 1;
+}
+
 static void init_table(void) {
     g_cpu = df_backend_get("cpu");
     g_cuda_be = *g_cpu;
@@ -40,6 +54,7 @@ static void init_table(void) {
     g_cuda_be.mlp = df_cuda_mlp;
     g_cuda_be.host_pin = df_cuda_host_pin;
     g_cuda_be.host_unpin = df_cuda_host_unpin;
+    g_cuda_be.mlp_group = mlp_group_on() ? df_cuda_mlp_group : NULL;
 }
 
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) {

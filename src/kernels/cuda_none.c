@@ -32,6 +32,11 @@ const char *df_cuda_last_error(void) { return why_none; }
 int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y) { return -1; }
 int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
                 const float *x, int T, float *out) { return -1; }
+int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
+                      int act, float beta, float lb, const float *const *x, const int *T, float *const *out) {
+    (void)n; (void)gate; (void)up; (void)down; (void)act; (void)beta; (void)lb; (void)x; (void)T; (void)out;
+    return -1;
+}
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
 int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
 int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }

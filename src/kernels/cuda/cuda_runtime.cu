@@ -331,6 +331,77 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     return 0;
 }
 
+/* weight_on_device for an item of a group: the scratch buffer for an uncached weight is grown (cudaFree of the old
+ * one) only once the stream is idle, since earlier items' kernels queued on it may still read the old buffer. */
+int group_weight(const df_weight *w, const void **data, const void **scale) {
+    const size_t total = round_up(data_bytes(w->type, w->rows, w->cols), 256) +
+                         (w->scale ? scale_bytes(w->type, w->rows, w->cols) : 0);
+    const Entry *e = w->dev_key != 0 || g_by_addr ? find(key_of(w)) : NULL;
+    const int cached = e && (e->pins || (e->type == (int)w->type && e->rows == w->rows && e->cols == w->cols));
+    if (!cached && total > g_csw) CK(cudaStreamSynchronize(g_st));
+    return weight_on_device(w, data, scale);
+}
+
+/* df_cuda_mlp_group: every item's x packed into the pinned staging at 256-byte offsets and copied in at once; then,
+ * item after item, exactly mlp_locked's launches (gate, up, activation, down: the same kernels with the same
+ * weights, shapes and T, so the same bits); the items' outputs packed at 256-byte offsets and copied out at once;
+ * one synchronisation. The intermediates g, u are sized for the largest item and reused by each item in turn (one
+ * stream: an item's gate runs after the previous item's down). Each weight is used (its kernel queued) before the
+ * next is looked up, as in mlp_locked: an eviction's stream-ordered free or the next upload into the scratch
+ * buffer comes after that kernel. */
+int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
+                     int act, float beta, float lb, const float *const *x, const int *T, float *const *out) {
+    size_t xall = 0, oall = 0, ib = 0;
+    for (int i = 0; i < n; i++) {
+        if (T[i] <= 0) continue;
+        const size_t t = (size_t)T[i];
+        xall += round_up(sizeof(float) * t * (size_t)gate[i]->cols, 256);
+        oall += round_up(sizeof(float) * t * (size_t)down[i]->rows, 256);
+        const size_t b = sizeof(float) * t * (size_t)gate[i]->rows;
+        if (b > ib) ib = b;
+    }
+    if (!xall) return 0;
+    if (grow(&g_sx, &g_csx, xall) || grow(&g_sy, &g_csy, oall) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib))
+        return -1;
+    if (grow_host(&g_hx, &g_chx, xall) || grow_host(&g_hy, &g_chy, oall)) return -1;
+    for (size_t i = 0, off = 0; i < (size_t)n; i++) {
+        if (T[i] <= 0) continue;
+        const size_t xb = sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols;
+        memcpy((char *)g_hx + off, x[i], xb);
+        off += round_up(xb, 256);
+    }
+    CK(cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st));
+    size_t xo = 0, oo = 0;
+    for (int i = 0; i < n; i++) {
+        if (T[i] <= 0) continue;
+        const int Ti = T[i];
+        const int64_t D = gate[i]->cols, I = gate[i]->rows, O = down[i]->rows;
+        const float *dx = (const float *)((char *)g_sx + xo);
+        float *dy = (float *)((char *)g_sy + oo);
+        xo += round_up(sizeof(float) * (size_t)Ti * (size_t)D, 256);
+        oo += round_up(sizeof(float) * (size_t)Ti * (size_t)O, 256);
+        const void *d, *s;
+        if (group_weight(gate[i], &d, &s)) return -1;
+        CK(cu_matmul_launch(gate[i]->type, d, s, I, D, dx, Ti, (float *)g_sg, g_st));
+        if (group_weight(up[i], &d, &s)) return -1;
+        CK(cu_matmul_launch(up[i]->type, d, s, I, D, dx, Ti, (float *)g_su, g_st));
+        if (act) CK(cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)Ti * I, beta, lb, g_st));
+        else CK(cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)Ti * I, g_st));
+        if (group_weight(down[i], &d, &s)) return -1;
+        CK(cu_matmul_launch(down[i]->type, d, s, O, I, (const float *)g_sg, Ti, dy, g_st));
+    }
+    CK(cudaMemcpyAsync(g_hy, g_sy, oall, cudaMemcpyDeviceToHost, g_st));
+    CK(cudaStreamSynchronize(g_st));
+    oo = 0;
+    for (int i = 0; i < n; i++) {
+        if (T[i] <= 0) continue;
+        const size_t ob = sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows;
+        memcpy(out[i], (const char *)g_hy + oo, ob);
+        oo += round_up(ob, 256);
+    }
+    return 0;
+}
+
 /* Temporary device arrays for the op wrappers. */
 struct Tmp {
     void *p[4] = {NULL, NULL, NULL, NULL};
@@ -471,6 +542,24 @@ extern "C" int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_
     }
     pthread_mutex_lock(&g_mu);
     int rc = mlp_locked(gate, up, down, act, beta, lb, x, T, out);
+    if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+extern "C" int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *const *up,
+                                 const df_weight *const *down, int act, float beta, float lb, const float *const *x,
+                                 const int *T, float *const *out) {
+    if (!ready()) return -1;
+    for (int i = 0; i < n; i++) {
+        if (T[i] <= 0) continue;
+        if (up[i]->rows != gate[i]->rows || up[i]->cols != gate[i]->cols || down[i]->cols != gate[i]->rows) {
+            snprintf(g_err, sizeof g_err, "mlp_group: item %d: gate/up/down shapes do not chain", i);
+            return -1;
+        }
+    }
+    pthread_mutex_lock(&g_mu);
+    int rc = mlp_group_locked(n, gate, up, down, act, beta, lb, x, T, out);
     if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
     pthread_mutex_unlock(&g_mu);
     return rc;
