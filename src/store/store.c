@@ -750,7 +750,9 @@ int store_acquire(df_store *st, int layer, const int *experts, int n, df_expert 
             store_slot *sl = &st->slots[s];
             sl->pins++;
             slot[i] = s;
-            if (sl->state == SLOT_READY && !sl->fresh) hits++; else misses++;
+            /* a hit: in memory from an earlier use; a guess read for this use (prefetched, not yet used) is a
+             * miss, its bytes read for it like a demand read's (the storage bound's (1 - h) counts them) */
+            if (sl->state == SLOT_READY && !sl->fresh && !sl->prefetched) hits++; else misses++;
             if (sl->prefetched) { st->stats.prefetch_useful++; st->pf_useful[layer]++; sl->prefetched = 0; }
             if (sl->state == SLOT_LOADING && sl->job->prio == STORE_PREFETCH) {
                 sl->job->prio = STORE_DEMAND;
