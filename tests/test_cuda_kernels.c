@@ -11,7 +11,9 @@
  *     round of 32 groups, and activations in several shared-memory chunks;
  *   - the weight cache: a cleared cache sees new data at a reused address;
  *     explicit keys (routed experts) are cached by key;
- *   - RMSNorm, SwiGLU, SiTU, softmax, RoPE.
+ *   - RMSNorm, SwiGLU, SiTU, softmax, RoPE;
+ *   - the MLA attention core (df_cuda_mla_attend) against a double-precision host reference, every kv_b
+ *     encoding, rows of several sequences, batch invariance.
  * Without a CUDA device (or in a build without the backend) it prints why,
  * "skipped" and its closing line, and exits 77 (CTest: skipped). */
 #include "engine/engine.h"
@@ -492,6 +494,162 @@ static void test_ops(void) {
     free(x); free(w); free(g); free(o); free(ref);
 }
 
+/* ---- The MLA attention core (df_cuda_mla_attend, df_backend.mla_attend) ---- */
+
+/* The CPU attention math (engine/attention.c, absorbed form) in double precision from the exactly decoded kv_b
+ * (cpu-scalar decode_row): o_v [T, H*dv]; mag [T, H*dv] the error scale of each output, sum_k |V[e,k]| *
+ * sum_s p_s |c_s[k]| * (1 + S) with S = sum_s p_s (sum |q_lat c_s| + sum |q_pe kpe_s|) * scale (a score's rounding
+ * moves every p_s by about that relative amount). */
+static void ref_attend(const df_weight *kvb, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                       const float *const *c, const float *const *kpe, const int *npos, double *o_v, double *mag) {
+    const df_backend *sc = df_backend_get("cpu-scalar");
+    const int qd = dn + dr;
+    float *W = malloc(sizeof(float) * (size_t)kvb->rows * (size_t)kvl);
+    for (int64_t r = 0; r < kvb->rows; r++) sc->decode_row(kvb, r, W + r * kvl);
+    int maxn = 1;
+    for (int t = 0; t < T; t++) if (npos[t] > maxn) maxn = npos[t];
+    double *ql = malloc(sizeof(double) * (size_t)kvl), *ol = malloc(sizeof(double) * (size_t)kvl);
+    double *oa = malloc(sizeof(double) * (size_t)kvl), *p = malloc(sizeof(double) * (size_t)maxn);
+    double *sa = malloc(sizeof(double) * (size_t)maxn);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const float *qt = q + ((int64_t)t * H + h) * qd;
+            for (int k = 0; k < kvl; k++) {
+                double a = 0;
+                for (int d = 0; d < dn; d++) a += (double)qt[d] * W[((int64_t)h * (dn + dv) + d) * kvl + k];
+                ql[k] = a;
+            }
+            double m = -INFINITY;
+            for (int s = 0; s < npos[t]; s++) {
+                double a = 0, aa = 0;
+                for (int k = 0; k < kvl; k++) {
+                    a += ql[k] * c[t][(int64_t)s * kvl + k];
+                    aa += fabs(ql[k] * c[t][(int64_t)s * kvl + k]);
+                }
+                for (int i = 0; i < dr; i++) {
+                    a += (double)qt[dn + i] * kpe[t][(int64_t)s * dr + i];
+                    aa += fabs((double)qt[dn + i] * kpe[t][(int64_t)s * dr + i]);
+                }
+                p[s] = a * scale;
+                sa[s] = aa * scale;
+                if (p[s] > m) m = p[s];
+            }
+            double sum = 0, S = 0;
+            for (int s = 0; s < npos[t]; s++) { p[s] = exp(p[s] - m); sum += p[s]; }
+            for (int s = 0; s < npos[t]; s++) { p[s] /= sum; S += p[s] * sa[s]; }
+            for (int k = 0; k < kvl; k++) {
+                double a = 0, aa = 0;
+                for (int s = 0; s < npos[t]; s++) {
+                    a += p[s] * c[t][(int64_t)s * kvl + k];
+                    aa += p[s] * fabs(c[t][(int64_t)s * kvl + k]);
+                }
+                ol[k] = a;
+                oa[k] = aa;
+            }
+            for (int e = 0; e < dv; e++) {
+                const float *wr = W + ((int64_t)h * (dn + dv) + dn + e) * kvl;
+                double a = 0, aa = 0;
+                for (int k = 0; k < kvl; k++) { a += wr[k] * ol[k]; aa += fabs(wr[k]) * oa[k]; }
+                o_v[(int64_t)t * H * dv + (int64_t)h * dv + e] = a;
+                mag[(int64_t)t * H * dv + (int64_t)h * dv + e] = aa * (1 + S);
+            }
+        }
+    free(W); free(ql); free(ol); free(oa); free(p); free(sa);
+}
+
+/* df_cuda_mla_attend on random data against ref_attend (|gpu - ref| <= 1e-5 of the output's error scale) for
+ * one token and batches whose rows come from several sequences (different caches and npos, prompts, long
+ * contexts over many softmax chunks), every kv_b encoding (bf16 and fp8_b128 on the model's head shape), head
+ * counts that do not fill a block of 4 heads, kv_lora_rank from 64 to 1024 (not a multiple of 32 too), no rope
+ * part; batch invariance: each row alone (other kernel tiles and heads per block) is bitwise its row of the batch. */
+static void test_mla_attend(void) {
+    static const struct {
+        df_wtype enc;
+        int H, dn, dr, dv, kvl;
+        float qmul;       /* query magnitude: flatter (0.25) or more peaked (1) softmax */
+        int nseq, seqT[3], npast[3];
+    } cases[] = {
+        {DF_W_BF16, 2, 16, 8, 16, 64, 1.0f, 1, {1}, {0}},                          /* one token, one position */
+        {DF_W_FP8_B128, 4, 32, 16, 24, 96, 0.25f, 1, {1}, {99}},                   /* decode, 4 chunks (last partial) */
+        {DF_W_FP8_B128, 8, 128, 64, 128, 512, 0.5f, 3, {3, 2, 2}, {4, 39, 299}},   /* K2 head shape, 3 sequences */
+        {DF_W_BF16, 64, 128, 64, 128, 512, 0.25f, 1, {20}, {20}},                  /* K2 shape, prompt: 4 heads/block */
+        {DF_W_F32, 3, 8, 4, 8, 200, 1.0f, 1, {342}, {0}},                          /* H % 4 != 0, kvl % 32 != 0 */
+        {DF_W_F16, 2, 8, 0, 8, 64, 1.0f, 2, {1, 1}, {0, 5}},                       /* no rope part */
+        {DF_W_INT4_G32, 2, 16, 8, 16, 64, 1.0f, 1, {3}, {5}},
+        {DF_W_MXFP4, 2, 16, 8, 16, 64, 1.0f, 2, {2, 1}, {0, 40}},
+        {DF_W_INT8_ROW, 2, 16, 8, 16, 64, 1.0f, 2, {1, 2}, {2999, 10}},            /* a long context */
+        {DF_W_BF16, 2, 16, 8, 16, 1024, 1.0f, 1, {2}, {3}},                        /* the largest kv_lora_rank */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int H = cases[ci].H, dn = cases[ci].dn, dr = cases[ci].dr, dv = cases[ci].dv, kvl = cases[ci].kvl;
+        const int qd = dn + dr;
+        const float scale = 1.0f / sqrtf((float)qd);
+        df_weight kvb = make_weight(cases[ci].enc, (int64_t)H * (dn + dv), kvl);
+        int T = 0;
+        for (int s = 0; s < cases[ci].nseq; s++) T += cases[ci].seqT[s];
+        float *cs[3] = {NULL, NULL, NULL}, *ks[3] = {NULL, NULL, NULL};
+        const float **c = malloc(sizeof(float *) * (size_t)T), **kp = malloc(sizeof(float *) * (size_t)T);
+        int *npos = malloc(sizeof(int) * (size_t)T);
+        for (int s = 0, t = 0; s < cases[ci].nseq; s++) {
+            const int n = cases[ci].npast[s] + cases[ci].seqT[s];
+            cs[s] = malloc(sizeof(float) * (size_t)n * kvl);
+            ks[s] = malloc(sizeof(float) * ((size_t)n * dr + 1));
+            for (int64_t i = 0; i < (int64_t)n * kvl; i++) cs[s][i] = rndf();
+            for (int64_t i = 0; i < (int64_t)n * dr; i++) ks[s][i] = rndf();
+            for (int i = 0; i < cases[ci].seqT[s]; i++, t++) {
+                c[t] = cs[s];
+                kp[t] = ks[s];
+                npos[t] = cases[ci].npast[s] + i + 1;
+            }
+        }
+        float *q = malloc(sizeof(float) * (size_t)T * H * qd);
+        for (int64_t i = 0; i < (int64_t)T * H * qd; i++) q[i] = cases[ci].qmul * rndf();
+        float *o = malloc(sizeof(float) * (size_t)T * H * dv), *o1 = malloc(sizeof(float) * (size_t)H * dv);
+        double *ref = malloc(sizeof(double) * (size_t)T * H * dv), *mag = malloc(sizeof(double) * (size_t)T * H * dv);
+        char what[160];
+        snprintf(what, sizeof what, "mla_attend %s H=%d dn=%d dr=%d dv=%d kvl=%d T=%d", df_wtype_name(kvb.type), H, dn, dr,
+                 dv, kvl, T);
+        int rc = df_cuda_mla_attend(&kvb, T, H, dn, dr, dv, kvl, scale, q, c, kp, npos, o);
+        CHECK(rc == 0, "%s: %s", what, df_cuda_last_error());
+        if (rc == 0) {
+            ref_attend(&kvb, T, H, dn, dr, dv, kvl, scale, q, c, kp, npos, ref, mag);
+            double worst = 0, wd = 0;
+            int64_t wi = 0;
+            for (int64_t i = 0; i < (int64_t)T * H * dv; i++) {
+                const double d = fabs((double)o[i] - ref[i]), r = d / (mag[i] + 1e-30);
+                if (r > worst || r != r) { worst = r; wd = d; wi = i; }
+            }
+            CHECK(worst <= 1e-5, "%s: max diff %g at %lld (gpu %.9g ref %.9g; %.3g of the error scale)", what, wd,
+                  (long long)wi, o[wi], ref[wi], worst);
+            /* batch invariance: each row alone */
+            int same = 1, t_bad = -1;
+            for (int t = 0; t < T && same; t++) {
+                if (df_cuda_mla_attend(&kvb, 1, H, dn, dr, dv, kvl, scale, q + (int64_t)t * H * qd, c + t, kp + t,
+                                       npos + t, o1) ||
+                    memcmp(o1, o + (int64_t)t * H * dv, sizeof(float) * (size_t)H * dv)) {
+                    same = 0;
+                    t_bad = t;
+                }
+            }
+            CHECK(same, "%s: row %d alone differs from its row of the batch (batch invariance; %s)", what, t_bad,
+                  df_cuda_last_error());
+        }
+        free(q); free(o); free(o1); free(ref); free(mag); free(c); free(kp); free(npos);
+        for (int s = 0; s < 3; s++) { free(cs[s]); free(ks[s]); }
+        free_weight(&kvb);
+        df_cuda_cache_clear(); /* kv_b is cached by its host address, which the next case may reuse */
+    }
+    {   /* a kv_lora_rank above 1024: -1 (the caller computes it on the CPU) */
+        df_weight kvb = make_weight(DF_W_BF16, 2 * 16, 1056);
+        float q[2 * 16] = {0}, cc[1056] = {0}, kk[1] = {0}, o[2 * 8];
+        const float *c = cc, *kp = kk;
+        const int np = 1;
+        CHECK(df_cuda_mla_attend(&kvb, 1, 2, 8, 0, 8, 1056, 1.0f, q, &c, &kp, &np, o) == -1,
+              "mla_attend: kv_lora_rank 1056 is refused");
+        free_weight(&kvb);
+    }
+}
+
 int main(void) {
     char why[300];
     if (!df_cuda_probe(why, sizeof why)) {
@@ -508,5 +666,6 @@ int main(void) {
     test_mlp();
     test_mlp_group();
     test_ops();
+    test_mla_attend();
     return t_done();
 }

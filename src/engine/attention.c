@@ -11,6 +11,8 @@
  * (nope+rope)^-0.5; K3 (mla_use_output_gate): the head outputs are multiplied by
  * sigmoid(g_proj(x)) before o_proj (Moonshot's KimiMLAAttention).
  * kv_b rows are decoded on the fly from their encoding (never re-quantized).
+ * On a backend with mla_attend (cuda: src/kernels/cuda/cuda_attn.cu) the core (q_lat, scores, softmax, o_lat,
+ * o_v) runs there in one call; the tasks below are the CPU's (and the fallback when it returns -1).
  */
 #include "engine.h"
 #include "deltafin.h"
@@ -161,14 +163,22 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
             for (int hh = 0; hh < H; hh++) rope_apply(&e->rope, q + (int64_t)t * H * qd + hh * qd + dn, pos);
         }
     }
-    attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, rcache, rcache + T, npos, max_npos};
-    /* small problems run on the calling thread (waking the pool costs more than the work) */
-    const int64_t head_work = (int64_t)(dn + dv) * kvl * T;
-    const int64_t hgrain = head_work * H < 131072 ? H : 1;
-    const int64_t sgrain = score_work * (kvl + dr) * H < 131072 ? (int64_t)T * H : 1;
-    df_pool_run(e->pool, H, hgrain, absorb_q_task, &j);
-    df_pool_run(e->pool, (int64_t)T * H, sgrain, scores_task, &j);
-    df_pool_run(e->pool, H, hgrain, value_task, &j);
+    /* the attention core (absorb, scores + softmax, values) on the backend's device when it has one, for every T
+     * alike (a token's result is then the same alone or in a batch); without one, or when it cannot (-1), on the
+     * CPU */
+    const int on_device = e->be->mla_attend &&
+                          e->be->mla_attend(&lw->kv_b, T, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale, q, rcache,
+                                            rcache + T, npos, o_v) == 0;
+    if (!on_device) {
+        attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, rcache, rcache + T, npos, max_npos};
+        /* small problems run on the calling thread (waking the pool costs more than the work) */
+        const int64_t head_work = (int64_t)(dn + dv) * kvl * T;
+        const int64_t hgrain = head_work * H < 131072 ? H : 1;
+        const int64_t sgrain = score_work * (kvl + dr) * H < 131072 ? (int64_t)T * H : 1;
+        df_pool_run(e->pool, H, hgrain, absorb_q_task, &j);
+        df_pool_run(e->pool, (int64_t)T * H, sgrain, scores_task, &j);
+        df_pool_run(e->pool, H, hgrain, value_task, &j);
+    }
     e->weight_bytes += df_weight_bytes(&lw->kv_b);
     if (cfg->mla_output_gate) {
         /* K3: o_proj(attn * sigmoid(g_proj(x))), x the normalized layer input; q_lat */

@@ -71,6 +71,16 @@ typedef struct df_backend {
      * would without this op). */
     int (*mlp_group)(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                      int act, float beta, float lb, const float *const *x, const int *T, float *const *out);
+    /* Optional (NULL on the CPU): the MLA attention core of T rows in one call (engine/attention.c, absorbed form):
+     * kv_b [H*(dn+dv), kvl] (per head h: dn rows K_h, then dv rows V_h; any encoding); q [T, H*(dn+dr)] per head
+     * [nope | rope], RoPE already applied; row t attends to the positions 0..npos[t]-1 of its sequence's latent cache,
+     * c[t] [>= npos[t], kvl] (normalised c_kv) and kpe[t] [>= npos[t], dr] (k_pe); rows of one sequence share the
+     * pointers. o_v [T, H*dv] (fp32) = V_h o_lat with o_lat = sum_s p_s c_s, p = softmax((q_lat . c_s + q_pe .
+     * kpe_s) * scale) (fp32, max-subtracted), q_lat = K_h^T q_nope. Each row's result depends only on that row's
+     * inputs (the same bits alone or in any batch). Returns 0, or -1 when it cannot (a shape or encoding it does not
+     * support, a device error: o_v is then not to be trusted and the caller computes the attention itself). */
+    int (*mla_attend)(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                      const float *const *c, const float *const *kpe, const int *npos, float *o_v);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

@@ -49,9 +49,9 @@ void df_cuda_cache_clear(void);
 /* Upload w into the weight cache now (its key as df_cuda_matmul would use): 0 = cached, 1 = no room
  * (it will be copied per call), -1 = no device / CUDA error. */
 int df_cuda_preload(const df_weight *w);
-/* Upload every matmul weight of a resident spine (the layers' projections, routers, dense / shared MLPs and
- * lm_head; not the embedding or kv_b, which the CPU reads row by row) in layer order; stops at the first that
- * does not fit. Returns the weights' bytes now cached on the GPU; *all = 1 when every one is. */
+/* Upload every weight of a resident spine the GPU reads (the layers' projections, kv_b for the attention core,
+ * routers, dense / shared MLPs and lm_head; not the embedding, which the CPU reads row by row) in layer order;
+ * stops at the first that does not fit. Returns the weights' bytes now cached on the GPU; *all = 1 when every one is. */
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all);
 /* Pin a cached weight by its explicit key (df_backend.dev_pin): 1 and its type/shape in *w, or 0. */
 int df_cuda_pin(uint64_t dev_key, df_weight *w);
@@ -81,6 +81,13 @@ int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *dow
  * kernels on the stream, one copy out, one synchronisation. Weights found or cached like df_cuda_mlp's. */
 int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                       int act, float beta, float lb, const float *const *x, const int *T, float *const *out);
+/* The MLA attention core of T rows in one round trip (df_backend.mla_attend, same contract): kv_b from the weight
+ * cache (decoded exactly, every encoding); q, the distinct latent caches (rows sharing c[t]: [0, max npos) once)
+ * copied in, o_v out, one synchronisation. A fixed order of additions per (row, head) (docs/cuda.md), so a row's
+ * o_v is bitwise the same alone or in a batch. -1 (df_cuda_last_error says why) for kv_lora_rank > 1024, a kv_b
+ * shape that does not match, npos < 1, no device or a CUDA error. */
+int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                       const float *const *c, const float *const *kpe, const int *npos, float *o_v);
 /* out[t] = rmsnorm(x[t]) * w for T rows of n (fp64 sum of squares, like cpu_scalar_rmsnorm). */
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps);
 /* out[i] = silu(g[i]) * u[i] for n values. */

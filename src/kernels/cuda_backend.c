@@ -1,8 +1,9 @@
 /*
- * cuda_backend.c — the "cuda" backend table: matmul on the GPU (kernels/cuda.h,
- * src/kernels/cuda/), the small per-row ops (dot, axpy, RMSNorm, SwiGLU,
- * softmax, embedding rows) on the best CPU backend, where a GPU launch per call
- * would cost more than the work. Design: docs/cuda.md.
+ * cuda_backend.c — the "cuda" backend table: matmul, whole MLPs and the MLA
+ * attention core on the GPU (kernels/cuda.h, src/kernels/cuda/), the small
+ * per-row ops (dot, axpy, RMSNorm, SwiGLU, softmax, embedding rows) on the best
+ * CPU backend, where a GPU launch per call would cost more than the work.
+ * Design: docs/cuda.md.
  */
 #ifdef DF_HAVE_CUDA
 #include "kernels/cuda.h"
@@ -44,6 +45,31 @@ static int mlp_group_on(void) {
     return 1;
 }
 
+/* The MLA attention core on the GPU; on failure (a shape or encoding it does not support, a CUDA error) -1, and the
+ * caller computes it on the CPU: reported once on stderr. */
+static int g_attn_warned;
+static int cuda_be_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
+                              const float *q, const float *const *c, const float *const *kpe, const int *npos,
+                              float *o_v) {
+    if (df_cuda_mla_attend(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, o_v) == 0) return 0;
+    if (!__atomic_exchange_n(&g_attn_warned, 1, __ATOMIC_SEQ_CST))
+        fprintf(stderr, "deltafin: attention core not on the GPU (%s); computed on the CPU\n", df_cuda_last_error());
+    return -1;
+}
+
+/* DF_CUDA_ATTN (a developer knob for A/B timing, docs/cuda.md): unset, empty or 1 = the MLA attention core on the
+ * GPU (mla_attend); 0 = on the CPU, as before. Any other value is reported on stderr and the GPU path stays on.
+ * Read once, when the table is built. */
+static int g_attn_on;
+static int attn_on(void) {
+    const char *v = getenv("DF_CUDA_ATTN");
+    if (!v || !*v || !strcmp(v, "1")) return 1;
+    if (!strcmp(v, "0")) return 0;
+    fprintf(stderr, "deltafin: environment variable DF_CUDA_ATTN=\"%.40s%s\": expected 0 (the MLA attention core on the "
+            "CPU) or 1 (on the GPU, the default); using 1\n", v, strlen(v) > 40 ? "..." : "");
+    return 1;
+}
+
 static void init_table(void) {
     g_cpu = df_backend_get("cpu");
     g_cuda_be = *g_cpu;
@@ -55,18 +81,22 @@ static void init_table(void) {
     g_cuda_be.host_pin = df_cuda_host_pin;
     g_cuda_be.host_unpin = df_cuda_host_unpin;
     g_cuda_be.mlp_group = mlp_group_on() ? df_cuda_mlp_group : NULL;
+    g_attn_on = attn_on();
+    g_cuda_be.mla_attend = g_attn_on ? cuda_be_mla_attend : NULL;
 }
 
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) {
     uint64_t bytes = 0;
     *all = 0;
+    pthread_once(&g_init, init_table); /* kv_b only when the attention core runs on the GPU (DF_CUDA_ATTN) */
     for (int l = 0; l < n_layers; l++) {
         const df_layer_weights *lw = &sp->layers[l];
-        const df_weight *ws[] = {&lw->q_a, &lw->q_b, &lw->q, &lw->kv_a, &lw->o, &lw->gate, &lw->up, &lw->down,
+        const df_weight *ws[] = {&lw->q_a, &lw->q_b, &lw->q, &lw->kv_a, g_attn_on ? &lw->kv_b : NULL, &lw->o,
+                                 &lw->gate, &lw->up, &lw->down,
                                  &lw->router, &lw->attn_gate, &lw->kda_q, &lw->kda_k, &lw->kda_v, &lw->f_a, &lw->f_b,
                                  &lw->beta, &lw->g, &lw->g_a, &lw->g_b, &lw->lat_down, &lw->lat_up};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
-            if (!ws[i]->data) continue;
+            if (!ws[i] || !ws[i]->data) continue;
             if (df_cuda_preload(ws[i])) return bytes;
             bytes += df_weight_bytes(ws[i]);
         }

@@ -37,6 +37,12 @@ int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *cons
     (void)n; (void)gate; (void)up; (void)down; (void)act; (void)beta; (void)lb; (void)x; (void)T; (void)out;
     return -1;
 }
+int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                       const float *const *c, const float *const *kpe, const int *npos, float *o_v) {
+    (void)kv_b; (void)T; (void)H; (void)dn; (void)dr; (void)dv; (void)kvl; (void)scale; (void)q; (void)c; (void)kpe;
+    (void)npos; (void)o_v;
+    return -1;
+}
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
 int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
 int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }

@@ -43,4 +43,16 @@ cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const flo
 cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st);
 cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st);
 
+/* The runtime (cuda_runtime.cu) for the other sources' entry points (cuda_attn.cu): cu_rt_lock = 0 when a device is
+ * ready and the one mutex is now held (every entry point takes turns on it), -1 without a device (the reason in
+ * df_cuda_last_error); cu_rt_unlock releases it. With the mutex held: cu_rt_stream, the one stream; cu_rt_weight,
+ * the device copy of w's data / scale arrays from the weight cache (as matmul finds them: cached by dev_key or host
+ * address, else copied into a scratch buffer for this call; 0, or -1 with the error recorded); cu_rt_error records
+ * msg for df_cuda_last_error and returns -1. */
+int cu_rt_lock(void);
+void cu_rt_unlock(void);
+cudaStream_t cu_rt_stream(void);
+int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
+int cu_rt_error(const char *msg);
+
 #endif

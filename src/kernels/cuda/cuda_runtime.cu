@@ -725,3 +725,17 @@ extern "C" void df_cuda_fp32_peak(double *flops, int *sms, int *mhz) {
     *mhz = khz / 1000;
     *flops = (double)n * 128 * 2 * khz * 1e3;
 }
+
+/* ---- the runtime's mutex, stream and weight cache for the other CUDA sources (cuda_internal.h) ---- */
+int cu_rt_lock(void) {
+    if (!ready()) return -1;
+    pthread_mutex_lock(&g_mu);
+    return 0;
+}
+void cu_rt_unlock(void) { pthread_mutex_unlock(&g_mu); }
+cudaStream_t cu_rt_stream(void) { return g_st; }
+int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return weight_on_device(w, data, scale); }
+int cu_rt_error(const char *msg) {
+    snprintf(g_err, sizeof g_err, "%s", msg);
+    return -1;
+}
