@@ -46,6 +46,18 @@ out=$(DF_CUDA_MMA=junk "$BIN" serve --model "$M" --port 0 2>&1); rc=$?
     && ok "DF_CUDA_MMA=junk serve -> rc 1" || bad "DF_CUDA_MMA=junk serve: rc $rc: $out"
 ids=$(DF_CUDA_MMA=junk run --backend cpu 2>"$TMP/err"); rc=$?
 [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA=junk --backend cpu runs" || bad "DF_CUDA_MMA=junk --backend cpu: rc $rc $(cat "$TMP/err")"
+# the on/off knobs DF_CUDA_MLP_GROUP and DF_CUDA_ATTN: 1 / 0 / unset run, anything else stops cuda and auto
+for k in DF_CUDA_MLP_GROUP DF_CUDA_ATTN; do
+    for b in auto cuda; do
+        out=$(export "$k=yes"; run --backend $b 2>&1); rc=$?
+        [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable $k=\"yes\": expected 1 (on, the default) or 0 (off); unset it or fix its value" \
+            && ok "$k=yes --backend $b -> rc 1" || bad "$k=yes --backend $b: rc $rc: $out"
+    done
+    for v in 0 1; do
+        ids=$(export "$k=$v"; run 2>"$TMP/err"); rc=$?
+        [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "$k=$v (auto): same ids" || bad "$k=$v: rc $rc '$ids' $(cat "$TMP/err")"
+    done
+done
 for v in 0 2 32 34 0x0 0x2 0x20 0x22 0X22; do
     ids=$(DF_CUDA_MMA=$v run 2>"$TMP/err"); rc=$?
     [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA=$v (auto): same ids" || bad "DF_CUDA_MMA=$v: rc $rc '$ids' $(cat "$TMP/err")"

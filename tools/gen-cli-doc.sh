@@ -12,7 +12,8 @@ B=${DF_BIN:-build/deltafin}
   echo "wins; any other value is an error), \`DF_BACKEND\` (the default \`--backend\`), \`XDG_CACHE_HOME\` (default cache root),"
   echo "\`HF_ENDPOINT\` (= \`setup --mirror\`), \`HF_TOKEN\` (the mirror's token), \`DELTAFIN_REGISTRY\` (= \`--registry\`: the installed-models"
   echo "registry that \`run\`, \`serve\`, \`bench decode\` and \`doctor\` read without \`--model\`; default \`\$XDG_DATA_HOME/deltafin/models.json\`)."
-  echo "The CUDA backend's knobs (\`DF_CUDA_MMA\`: the encodings on the tensor-core kernel, an error when invalid;"
+  echo "The CUDA backend's knobs (\`DF_CUDA_MMA\`: the encodings on the tensor-core kernel; \`DF_CUDA_MLP_GROUP\`,"
+  echo "\`DF_CUDA_ATTN\`: 1 / 0, grouped expert MLPs and the attention core on the GPU; each an error when invalid;"
   echo "\`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`, \`DF_CUDA_HOST_PIN\`): [docs/cuda.md](cuda.md)."
   for c in run convert tokenize serve bench synth doctor setup list warm; do
     echo; echo "## deltafin $c"; echo; echo '```'; "$B" $c --help 2>&1 || true; echo '```'

@@ -35,10 +35,9 @@ const df_backend *df_backend_get(const char *name) {
         if (have_avx2()) return &df_backend_cpu_avx2;
         return &df_backend_cpu_scalar;
     }
-    /* the CUDA backend's settings are checked before it is considered: an invalid DF_CUDA_MMA stops cuda and
+    /* the CUDA backend's settings are checked before it is considered: an invalid DF_CUDA_* knob stops cuda and
      * auto alike (never a silent fallback to the CPU), on machines with or without a GPU */
-    unsigned mma;
-    if ((!strcmp(name, "cuda") || !strcmp(name, "auto")) && df_cuda_env_mma(&mma, NULL, 0) < 0) return NULL;
+    if ((!strcmp(name, "cuda") || !strcmp(name, "auto")) && df_cuda_env_check(NULL, 0) < 0) return NULL;
     if (!strcmp(name, "cuda")) return df_cuda_backend();
     if (!strcmp(name, "auto")) {
         const df_backend *c = df_cuda_backend();
@@ -51,8 +50,7 @@ const df_backend *df_backend_get(const char *name) {
 }
 
 const char *df_backend_why(const char *name, char *buf, size_t len) {
-    unsigned mma;
-    if (name && (!strcmp(name, "cuda") || !strcmp(name, "auto")) && df_cuda_env_mma(&mma, buf, len) < 0) return buf;
+    if (name && (!strcmp(name, "cuda") || !strcmp(name, "auto")) && df_cuda_env_check(buf, len) < 0) return buf;
     if (name && !strcmp(name, "cuda")) {
         if (df_cuda_probe(buf, len)) snprintf(buf, len, "available");
         return buf;

@@ -7,6 +7,7 @@
  */
 #ifdef DF_HAVE_CUDA
 #include "kernels/cuda.h"
+#include "kernels/cuda_env.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -32,18 +33,6 @@ static void cuda_be_matmul(df_pool *pool, const df_weight *w, const float *x, in
     g_cpu->matmul(pool, w, x, T, y);
 }
 
-/* DF_CUDA_MLP_GROUP (a developer knob for A/B timing, docs/cuda.md): unset, empty or 1 = a MoE chunk's expert MLPs
- * in one round trip (mlp_group); 0 = one round trip per expert, as before. Any other value is reported on stderr
- * and grouping stays on. Read once, when the table is built. */
-static int mlp_group_on(void) {
-    const char *v = getenv("DF_CUDA_MLP_GROUP");
-    if (!v || !*v || !strcmp(v, "1")) return 1;
-    if (!strcmp(v, "0")) return 0;
-    fprintf(stderr, "deltafin: environment variable DF_CUDA_MLP_GROUP=\"%.40s%s\": expected 0 (one GPU round trip per "
-            "expert MLP) or 1 (a chunk's expert MLPs in one round trip, the default); using 1\n", v,
-            strlen(v) > 40 ? "..." : "");
-    return 1;
-}
 
 /* The MLA attention core on the GPU; on failure (a shape or encoding it does not support, a CUDA error) -1, and the
  * caller computes it on the CPU: reported once on stderr. */
@@ -57,18 +46,7 @@ static int cuda_be_mla_attend(const df_weight *kv_b, int T, int H, int dn, int d
     return -1;
 }
 
-/* DF_CUDA_ATTN (a developer knob for A/B timing, docs/cuda.md): unset, empty or 1 = the MLA attention core on the
- * GPU (mla_attend); 0 = on the CPU, as before. Any other value is reported on stderr and the GPU path stays on.
- * Read once, when the table is built. */
 static int g_attn_on;
-static int attn_on(void) {
-    const char *v = getenv("DF_CUDA_ATTN");
-    if (!v || !*v || !strcmp(v, "1")) return 1;
-    if (!strcmp(v, "0")) return 0;
-    fprintf(stderr, "deltafin: environment variable DF_CUDA_ATTN=\"%.40s%s\": expected 0 (the MLA attention core on the "
-            "CPU) or 1 (on the GPU, the default); using 1\n", v, strlen(v) > 40 ? "..." : "");
-    return 1;
-}
 
 static void init_table(void) {
     g_cpu = df_backend_get("cpu");
@@ -80,8 +58,10 @@ static void init_table(void) {
     g_cuda_be.mlp = df_cuda_mlp;
     g_cuda_be.host_pin = df_cuda_host_pin;
     g_cuda_be.host_unpin = df_cuda_host_unpin;
-    g_cuda_be.mlp_group = mlp_group_on() ? df_cuda_mlp_group : NULL;
-    g_attn_on = attn_on();
+    /* developer knobs for A/B timing (docs/cuda.md; an invalid value never gets here: backend.c refuses it):
+     * DF_CUDA_MLP_GROUP=0, one round trip per expert MLP; DF_CUDA_ATTN=0, the MLA attention core on the CPU */
+    g_cuda_be.mlp_group = df_cuda_env_switch("DF_CUDA_MLP_GROUP", NULL, 0) != 0 ? df_cuda_mlp_group : NULL;
+    g_attn_on = df_cuda_env_switch("DF_CUDA_ATTN", NULL, 0) != 0;
     g_cuda_be.mla_attend = g_attn_on ? cuda_be_mla_attend : NULL;
 }
 

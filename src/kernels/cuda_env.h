@@ -1,8 +1,9 @@
 /*
- * cuda_env.h — DF_CUDA_MMA, the encodings whose matmuls the CUDA backend runs on its tensor-core kernel
- * (docs/cuda.md), read the same way by the backend's choice (backend.c: --backend cuda / auto refuse an invalid
- * value, on any machine) and by the CUDA runtime's probe (cuda_runtime.cu, which applies it and reports no device
- * for an invalid value). Plain C, also compiled as C++ by nvcc.
+ * cuda_env.h — the CUDA backend's environment knobs (docs/cuda.md): DF_CUDA_MMA, the encodings whose matmuls run
+ * on the tensor-core kernel, and the on/off switches DF_CUDA_MLP_GROUP and DF_CUDA_ATTN. Read the same way by the
+ * backend's choice (backend.c: --backend cuda / auto refuse an invalid value, on any machine), by the CUDA
+ * runtime's probe (cuda_runtime.cu: DF_CUDA_MMA) and by the backend table (cuda_backend.c: the switches). Plain C,
+ * also compiled as C++ by nvcc.
  */
 #ifndef DF_KERNELS_CUDA_ENV_H
 #define DF_KERNELS_CUDA_ENV_H
@@ -39,6 +40,28 @@ static inline int df_cuda_env_mma(unsigned *mask, char *why, size_t whylen) {
     }
     *mask = (unsigned)m;
     return 1;
+}
+
+/* The CUDA backend's on/off developer knobs (docs/cuda.md): DF_CUDA_MLP_GROUP (a MoE chunk's expert MLPs in one
+ * round trip) and DF_CUDA_ATTN (the MLA attention core on the GPU). Unset, empty or "1": 1 (on, the default);
+ * "0": 0; anything else: -1 with a message naming the variable and the accepted values in why. */
+static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen) {
+    const char *v = getenv(name);
+    if (!v || !*v || !strcmp(v, "1")) return 1;
+    if (!strcmp(v, "0")) return 0;
+    if (why && whylen)
+        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected 1 (on, the default) or 0 (off); unset it or "
+                 "fix its value", name, v, strlen(v) > 40 ? "..." : "");
+    return -1;
+}
+
+/* Every CUDA knob above checked: 0, or -1 with the first invalid one's message in why (may be NULL). */
+static inline int df_cuda_env_check(char *why, size_t whylen) {
+    unsigned mma;
+    if (df_cuda_env_mma(&mma, why, whylen) < 0) return -1;
+    if (df_cuda_env_switch("DF_CUDA_MLP_GROUP", why, whylen) < 0) return -1;
+    if (df_cuda_env_switch("DF_CUDA_ATTN", why, whylen) < 0) return -1;
+    return 0;
 }
 
 #endif
