@@ -102,9 +102,14 @@ case $PART in
     log "cuda decode, resident, --stats phases"
     timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --warmup 64 --tokens 32 --no-drop \
         --io-seconds 1 2>&1 | tail -25 >>"$S"
-    log "cuda run, resident, --stats --profile (96 tokens after a 64-token prompt)"
-    timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --prompt-ids "$(seq -s, 1 64)" --max-new 96 \
-        --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+    for knobs in "" "DF_CUDA_ATTN=0 DF_CUDA_MLP_GROUP=0"; do
+        log "cuda run, resident, --stats --profile (96 tokens after a 64-token prompt) ${knobs:-(attention core and grouped MLPs on the GPU)}"
+        env $knobs timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --prompt-ids "$(seq -s, 1 64)" \
+            --max-new 96 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+    done
+    log "cuda prefill 512, warm page cache, no budget, DF_CUDA_ATTN=0 DF_CUDA_MLP_GROUP=0"
+    DF_CUDA_ATTN=0 DF_CUDA_MLP_GROUP=0 timeout 100 "$BIN" bench prefill --model "$W/r" --backend cuda --tokens 512 --no-drop \
+        --io-seconds 1 2>&1 | tail -8 >>"$S"
     rm -rf "$W"
     ;;
 4)
