@@ -116,6 +116,7 @@ typedef struct {
      * prefetch_ungated: always on (no gate). pf_steps: decode steps run with each arm since the last reset. */
     int prefetch_ungated;
     int pf_arm, pf_measuring, pf_n, pf_left, pf_exploit, pf_best;
+    int pf_mrows;                    /* rows per step of the current measurement (0: not yet set) */
     double pf_sum[2];
     uint64_t pf_rows[2];
     uint64_t pf_steps[2];

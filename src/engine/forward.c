@@ -36,20 +36,33 @@ enum { PREFETCH_MAX_T = 4, PREFETCH_MAX_SEQ = 16 };
 /* The decode lookahead's live A/B gate. Reading guesses ahead hides compute behind the drive, but a wrong
  * guess costs a read (and a slot, and CPU time on small machines) for nothing; which wins depends on the
  * machine, the budget and the routing. So decode steps (calls of the lookahead's size) are timed per row in
- * windows of PF_WINDOW steps with the lookahead on, then off; the faster (off only when it is 3% faster) runs
+ * windows of PF_WINDOW steps of one size (rows per call) with the lookahead on, then off; the faster (off only
+ * when it is 3% faster) runs
  * for an exploit period (PF_EXPLOIT_MIN steps, doubled each time the same arm wins again, at most
  * PF_EXPLOIT_MAX), then both are measured again. Never changes numerics. */
 enum { PF_WINDOW = 8, PF_EXPLOIT_MIN = 32, PF_EXPLOIT_MAX = 512 };
 
+static void pf_measure_restart(df_engine *e) { /* measure both arms from the start, on first */
+    e->pf_measuring = 1;
+    e->pf_arm = e->pf_n = 0;
+    e->pf_mrows = 0;
+    e->pf_sum[0] = e->pf_sum[1] = 0;
+    e->pf_rows[0] = e->pf_rows[1] = 0;
+}
+
 static void pf_gate_record(df_engine *e, double dt, int rows) {
     e->pf_steps[e->pf_arm]++;
     if (!e->pf_measuring) {
-        if (--e->pf_left <= 0) { /* measure both arms again, on first */
-            e->pf_measuring = 1;
-            e->pf_arm = e->pf_n = 0;
-            e->pf_sum[0] = e->pf_sum[1] = 0;
-            e->pf_rows[0] = e->pf_rows[1] = 0;
-        }
+        if (--e->pf_left <= 0) pf_measure_restart(e);
+        return;
+    }
+    /* A step's time per row depends on the rows of the call (a decode batch of 4 costs far less per row than one
+     * row; a speculative verification is not a plain step): the arms are compared on steps of one size only. A
+     * step of another size restarts the measurement (not counted: it may have run with the other arm), so a
+     * workload whose step size keeps changing stays on the lookahead (arm 0) until it settles. */
+    if (!e->pf_mrows) e->pf_mrows = rows;
+    else if (rows != e->pf_mrows) {
+        pf_measure_restart(e);
         return;
     }
     e->pf_sum[e->pf_arm] += dt;

@@ -295,7 +295,6 @@ static uint64_t chunk_len(const dl_file *df, uint64_t i) {
     return i + 1 < df->nchunks ? df->chunk : df->f->size - i * df->chunk;
 }
 
-/* All chunks written: fsync, check sha256, rename into place, drop the sidecar. */
 /* whether df has a chunk still to request (advancing next_chunk past chunks already complete) */
 static int issuable(dl_file *c) {
     while (!c->finished && c->next_chunk < c->nchunks && c->done[c->next_chunk] >= chunk_len(c, c->next_chunk))
@@ -303,6 +302,7 @@ static int issuable(dl_file *c) {
     return !c->finished && c->next_chunk < c->nchunks;
 }
 
+/* All chunks written: fsync, check sha256, rename into place, drop the sidecar. */
 static int finish_file(const hub_ctx *h, dl_file *df, char *err, size_t errlen) {
     if (fdatasync(df->fd) != 0)
         return df_set_errc(err, errlen, DF_EIO, "cannot sync %s: %s", df->part_path, strerror(errno));
@@ -461,7 +461,7 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
             rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted; the partial files are kept: run the same setup again to resume");
             break;
         }
-        /* start transfers: due retries first, then new chunks in file order */
+        /* start transfers: due retries first, then new chunks round-robin over the window's files */
         double now = df_now();
         for (int s = 0; s < o->connections; s++) {
             if (xs[s].e) continue;
