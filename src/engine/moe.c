@@ -21,6 +21,10 @@
 #include <time.h>
 
 enum { PREFILL_CHUNK_T = 4 }; /* calls of more tokens than this acquire experts in small chunks */
+/* calls of at most this many tokens (decode steps, decode batches, draft verification) use the backend's grouped
+ * MLP; a 512-token prompt's experts phase on the H200 was 3.24 s grouped vs 2.11 s one expert per round trip
+ * (bench/RESULTS.md), so prompts keep the per-item path (both give the same bits) */
+enum { GROUP_MAX_T = 16 };
 
 static double now_s(void) {
     struct timespec ts;
@@ -412,7 +416,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         memset(rcs, 0, sizeof(int) * (size_t)(items + 1));
         memset(bytes, 0, sizeof(uint64_t) * (size_t)(items + 1));
         /* a backend with a grouped MLP (the GPU): the whole chunk in one round trip from this thread */
-        if (!e->be->mlp_group || ex_group(&j, items)) {
+        if (!e->be->mlp_group || T > GROUP_MAX_T || ex_group(&j, items)) {
             if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
             else ex_task(&j, 0, items, 0);
         }
