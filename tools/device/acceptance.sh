@@ -133,6 +133,12 @@ case $PART in
     timeout 100 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-256M}" \
         --ram-budget "${HOST_BUDGET:-2816M}" --io-seconds 2 2>&1 | tail -8 >>"$S"
     rm -rf "$W"
+    if [ -x "$D/nginx" ] && command -v curl >/dev/null; then
+        for sh in 8 1; do
+            log "setup download vs curl, 2048 MiB in $sh shard(s) (issue 13)"
+            SHARDS=$sh DF_BIN=$BIN timeout 90 "$HERE/bench/setup_download.sh" 2048 2>&1 | tail -1 >>"$S"
+        done
+    fi
     ;;
 esac
 log "done"
