@@ -624,8 +624,9 @@ int cmd_run(int argc, char **argv) {
                 fprintf(stderr, "; prefetch recall %.1f%% (%llu of %llu guesses used)", 100.0 * st.prefetch_useful / (double)st.prefetch_issued,
                         (unsigned long long)st.prefetch_useful, (unsigned long long)st.prefetch_issued);
             if (st.prefetch_steps_on + st.prefetch_steps_off)
-                fprintf(stderr, "; lookahead on for %llu of %llu decode steps (measured A/B)", (unsigned long long)st.prefetch_steps_on,
-                        (unsigned long long)(st.prefetch_steps_on + st.prefetch_steps_off));
+                fprintf(stderr, "; lookahead on for %llu of %llu decode steps%s", (unsigned long long)st.prefetch_steps_on,
+                        (unsigned long long)(st.prefetch_steps_on + st.prefetch_steps_off),
+                        strstr(df_model_describe(m), "prefetch ungated") ? " (ungated)" : " (measured A/B)");
             for (int d = 0; d < st.n_drives; d++)
                 fprintf(stderr, "; drive %d: %.1f MB at %.2f GB/s", d, st.drive_bytes[d] / 1e6,
                         st.drive_busy_s[d] > 0 ? st.drive_bytes[d] / st.drive_busy_s[d] / 1e9 : 0.0);

@@ -35,12 +35,14 @@ enum { PREFETCH_MAX_T = 4, PREFETCH_MAX_SEQ = 16 };
 
 /* The decode lookahead's live A/B gate. Reading guesses ahead hides compute behind the drive, but a wrong
  * guess costs a read (and a slot, and CPU time on small machines) for nothing; which wins depends on the
- * machine, the budget and the routing. So decode steps (calls of the lookahead's size) are timed per row in
- * windows of PF_WINDOW steps of one size (rows per call) with the lookahead on, then off; the faster (off only
- * when it is 3% faster) runs
- * for an exploit period (PF_EXPLOIT_MIN steps, doubled each time the same arm wins again, at most
- * PF_EXPLOIT_MAX), then both are measured again. Never changes numerics. */
+ * machine, the budget and the routing. So decode steps (calls of the lookahead's size) of one size (rows per
+ * call) are timed per row, PF_WINDOW with the lookahead on and PF_WINDOW off, in the order on, off, off, on
+ * (blocks of PF_WINDOW / 2 steps: a trend over the steps, such as a cache warming up or a context growing, weighs
+ * on both arms alike); the faster (off only when it is 3% faster) runs for an exploit period (PF_EXPLOIT_MIN
+ * steps, doubled each time the same arm wins again, at most PF_EXPLOIT_MAX), then both are measured again.
+ * Never changes numerics. */
 enum { PF_WINDOW = 8, PF_EXPLOIT_MIN = 32, PF_EXPLOIT_MAX = 512 };
+static const int pf_order[4] = {0, 1, 1, 0}; /* the arm of each block of PF_WINDOW / 2 measured steps */
 
 static void pf_measure_restart(df_engine *e) { /* measure both arms from the start, on first */
     e->pf_measuring = 1;
@@ -67,9 +69,11 @@ static void pf_gate_record(df_engine *e, double dt, int rows) {
     }
     e->pf_sum[e->pf_arm] += dt;
     e->pf_rows[e->pf_arm] += (uint64_t)rows;
-    if (++e->pf_n < PF_WINDOW) return;
+    if (++e->pf_n < 2 * PF_WINDOW) {
+        e->pf_arm = pf_order[e->pf_n / (PF_WINDOW / 2)];
+        return;
+    }
     e->pf_n = 0;
-    if (e->pf_arm == 0) { e->pf_arm = 1; return; }
     const double t_on = e->pf_sum[0] / (double)e->pf_rows[0], t_off = e->pf_sum[1] / (double)e->pf_rows[1];
     const int best = t_off < 0.97 * t_on;
     e->pf_exploit = e->pf_exploit && best == e->pf_best ? (2 * e->pf_exploit < PF_EXPLOIT_MAX ? 2 * e->pf_exploit : PF_EXPLOIT_MAX)
