@@ -166,9 +166,18 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     /* the attention core (absorb, scores + softmax, values) on the backend's device when it has one, for every T
      * alike (a token's result is then the same alone or in a batch); without one, or when it cannot (-1), on the
      * CPU */
-    const int on_device = e->be->mla_attend &&
-                          e->be->mla_attend(&lw->kv_b, T, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale, q, rcache,
-                                            rcache + T, npos, o_v) == 0;
+    int on_device = e->be->mla_attend &&
+                    e->be->mla_attend(&lw->kv_b, T, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale, q, rcache,
+                                      rcache + T, npos, o_v) == 0;
+    /* a batch the device could not take at once (e.g. its caches together do not fit the device's scratch) goes
+     * row by row, as each row would alone, so a token does not leave the device only because of its batch */
+    if (e->be->mla_attend && !on_device && T > 1) {
+        on_device = 1;
+        for (int t = 0; t < T && on_device; t++)
+            on_device = e->be->mla_attend(&lw->kv_b, 1, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale,
+                                          q + (int64_t)t * H * qd, rcache + t, rcache + T + t, npos + t,
+                                          o_v + (int64_t)t * H * dv) == 0;
+    }
     if (!on_device) {
         attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, rcache, rcache + T, npos, max_npos};
         /* small problems run on the calling thread (waking the pool costs more than the work) */
