@@ -340,8 +340,10 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     if (e->la_x && e->la_layer == layer + 1 && e->experts.request && (guess = malloc(sizeof(int) * (size_t)E))) {
         const double tg = df_now();
         n_guess = moe_guess_prompt(e, layer + 1, e->la_x, T, guess);
-        /* a next layer whose set does not fit the cache would evict these guesses for its own members */
-        if (n_guess > max_pin) n_guess = 0;
+        /* a next layer whose set does not fit the cache: its surest max_pin guesses only (they take the slots this
+         * layer releases once all its members have one; the next layer computes its members with a slot first, so
+         * a right guess is not evicted before its use) */
+        if (n_guess > max_pin) n_guess = max_pin;
         if (n_guess > 0) {
             e->experts.request(e->experts.ctx, layer + 1, guess, n_guess, STORE_PREFETCH);
             e->prefetch_issued += (uint64_t)n_guess;
