@@ -158,6 +158,20 @@ expect 1 "run --model typo, ids" "^deltafin run: --model $TMP/kimi-mnii: no such
 expect 1 "run --model a file" "^deltafin run: --model $TMP/notadir is not a directory" -- "$BIN" run --model "$TMP/notadir" --prompt hi
 expect 1 "serve --model typo" "^deltafin serve: --model $TMP/kimi-mnii: no such directory" -- \
     "$BIN" serve --model "$TMP/kimi-mnii" --port 0
+# serve: nothing silently changed (new-user trial item 1): --ctx 0 rejected, --ctx above the model maximum and
+# --keepalive above --timeout / 2 noted, --prefetch / --prefault as in run, a bad --draft named as the problem
+expect 2 "serve --ctx 0" "^deltafin serve: --ctx 0: expected an integer in \[1, " -- "$BIN" serve --model "$KM" --ctx 0 --port 0
+expect 2 "serve --prefetch bogus" '^deltafin serve: --prefetch "bogus": expected auto, on, ungated or off' -- \
+    "$BIN" serve --model "$KM" --prefetch bogus --port 0
+expect 2 "serve --prefault ungated" '^deltafin serve: --prefault "ungated": expected auto, on or off' -- \
+    "$BIN" serve --model "$KM" --prefault ungated --port 0
+out=$("$BIN" serve --model "$KM" --draft "$TMP/nope" --ctx 1000000 --prefetch ungated --prefault off --threads 1 --port 0 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin serve: cannot use the draft model: --draft $TMP/nope: " \
+    && ! echo "$out" | grep -q "cannot open model" && ok || bad "serve --draft /nope: rc $rc $out"
+echo "$out" | grep -qE "^deltafin serve: note: --ctx 1000000 is more than the model's maximum of [0-9]+ positions; using [0-9]+$" \
+    && ok || bad "serve --ctx 1000000: no note: $out"
+expect 1 "serve --keepalive above timeout/2" "^deltafin serve: note: --keepalive 40 is more than --timeout 10 / 2; keep-alives are sent every 5 s" -- \
+    "$BIN" serve --model "$TMP/kimi-mnii" --keepalive 40 --timeout 10 --port 0
 
 # ---- issue 11 item 12: prompts from a file or stdin, prefill progress, trained-positions warning
 printf 'The malloc() function\nallocates' >"$TMP/p.txt"
@@ -266,5 +280,22 @@ out=$(DELTAFIN_REGISTRY="$TMP/reg.json" "$BIN" list 2>"$TMP/err"); rc=$?
     && echo "$out" | grep -q "embedded kimi-mini" && ! echo "$out" | grep -q "backend" \
     && ok || bad "list: rc $rc, stdout: $out; stderr: $(cat "$TMP/err")"
 
+# ---- the registry's default model is missing (moved, deleted, unmounted): an error naming it, not the embedded model
+GONE="$TMP/gone-install"
+printf '{"default":"test/gone","models":[{"repo":"test/gone","revision":"main","mirror":"http://x","dir":"%s","model":"%s/native","mode":"full","bytes":1,"installed":1}]}' \
+    "$GONE" "$GONE" > "$TMP/gone.json"
+expect 1 "run: default model missing" "the default model test/gone .*is missing: $GONE/native has no manifest.json \(no such directory\).*deltafin setup test/gone" -- \
+    env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" run --prompt hi --max-new 1
+expect 1 "doctor: default model missing" "deltafin doctor: the default model test/gone" -- env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" doctor
+expect 1 "bench decode: default model missing" "deltafin bench decode: the default model test/gone" -- env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" bench decode
+# ---- a failed write to stdout is an error (exit 1, naming the cause), not a success
+if [ -w /dev/full ]; then
+    expect 1 "run --print-ids > /dev/full" "deltafin run: cannot write the output: No space left on device" -- \
+        sh -c '"$@" > /dev/full' sh "${R[@]}" --prompt-ids 1,2 --max-new 2 --print-ids
+    expect 1 "tokenize > /dev/full" "deltafin tokenize: cannot write the output: No space left on device" -- \
+        sh -c 'echo hi | "$@" > /dev/full' sh "$BIN" tokenize --model "$KM"
+    expect 1 "list > /dev/full" "deltafin list: cannot write the output: No space left on device" -- \
+        sh -c '"$@" > /dev/full' sh env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" list
+fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -61,6 +61,7 @@ LONGP=$(printf 'y%.0s' $(seq 1 100)) # longer than the mock's text: endless gree
 start_server q --mock --mock-delay-ms 5 || { cat "$TMP/q.log"; echo "server did not start"; exit 1; }
 curl -s "$B/health" >"$TMP/h"
 expect "default --queue is 16 (/health)" "$(json "$TMP/h" j.queue)" 16
+expect "an idle server has no request waiting (/health waiting)" "$(json "$TMP/h" j.waiting)" 0
 CP=()
 for i in 1 2 3; do
     curl -s -o "$TMP/c$i" -w '%{http_code}' "${H[@]}" -d "{\"prompt\":\"$LONGP\",\"temperature\":0,\"max_tokens\":60}" "$B/v1/completions" >"$TMP/c$i.code" &

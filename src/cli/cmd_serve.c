@@ -18,9 +18,14 @@ static void serve_usage(FILE *f) {
             "  --port-file PATH         write the bound port to PATH once listening (exit 1 if it cannot be written)\n"
             "  --ram-budget SIZE        bytes for weights + KV cache, e.g. 8G (default unlimited)\n"
             "  --threads N              compute threads (default all cores)\n"
-            "  --backend NAME           auto (default: cuda when a CUDA device is present) | cpu | cpu-scalar | cuda\n"
+            "  --backend NAME           auto (default: cuda when a CUDA device is present) | cpu (best SIMD) |\n"
+            "                           cpu-scalar | cpu-avx2 | cpu-avx512 | cuda\n"
             "  --gpu-budget SIZE        backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
-            "  --ctx N                  KV cache positions (default min(4096, model maximum))\n"
+            "  --ctx N                  KV cache positions (default min(4096, model maximum); more than the\n"
+            "                           model maximum is lowered to it, with a note on stderr)\n"
+            "  --prefetch MODE          auto (on with --ram-budget; without one, a prompt's next layer only) | on |\n"
+            "                           off | ungated: router lookahead prefetch, as in `deltafin run`\n"
+            "  --prefault MODE          auto (on) | on | off: fault the expert cache in before its first reads\n"
             "  --max-tokens N           cap on generated tokens per request (default: context room)\n"
             "  --max-request-bytes N    largest accepted request body (default 134217728)\n"
             "  --parallel N             generations running at once, their decode steps batched into one\n"
@@ -30,7 +35,7 @@ static void serve_usage(FILE *f) {
             "  --api-key KEY            require 'Authorization: Bearer KEY' (default: none)\n"
             "  --no-kv-reuse            always prefill the whole prompt (no prefix reuse)\n"
             "  --keepalive SECONDS      SSE comment period while a stream is silent, e.g. a long prefill\n"
-            "                           (default 5; at most --timeout / 2; 0 = off: a stream silent for\n"
+            "                           (default 5; above --timeout / 2 it is lowered to that, with a note; 0 = off: a stream silent for\n"
             "                           3/4 of --timeout then ends with an error event)\n"
             "  --timeout SECONDS        close idle or stalled connections after this (default 60)\n"
             "  --max-connections N      concurrent connections (default 256)\n"
@@ -49,6 +54,20 @@ static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) 
         return -1;
     }
     *out = (int)v;
+    return 0;
+}
+
+/* auto|on|off (and ungated for --prefetch) into df_model_opts' 0 / 1 / 2 (/ 3); -1 with a usage message. */
+static int parse_mode(const char *flag, const char *v, int *out) {
+    const int pf = !strcmp(flag, "--prefetch");
+    if (!strcmp(v, "auto")) *out = 0;
+    else if (!strcmp(v, "on")) *out = 1;
+    else if (!strcmp(v, "off")) *out = 2;
+    else if (pf && !strcmp(v, "ungated")) *out = 3;
+    else {
+        fprintf(stderr, "deltafin serve: %s \"%s\": expected auto, on%s off\n", flag, v, pf ? ", ungated or" : " or");
+        return -1;
+    }
     return 0;
 }
 
@@ -88,7 +107,15 @@ int cmd_serve(int argc, char **argv) {
             NEED();
             if (cli_parse_size(v, &c.gpu_budget) || !c.gpu_budget) { fprintf(stderr, "deltafin serve: --gpu-budget %s: expected a size like 40G\n", v); return 2; }
         }
-        else if (!strcmp(a, "--ctx")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.n_ctx)) return 2; }
+        else if (!strcmp(a, "--ctx")) {
+            NEED();
+            if (parse_int(a, v, 1, 1 << 30, &c.n_ctx)) {
+                fprintf(stderr, "  (leave --ctx out for the default, min(4096, model maximum))\n");
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--prefetch")) { NEED(); if (parse_mode(a, v, &c.prefetch)) return 2; }
+        else if (!strcmp(a, "--prefault")) { NEED(); if (parse_mode(a, v, &c.prefault)) return 2; }
         else if (!strcmp(a, "--max-tokens")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.max_tokens)) return 2; }
         else if (!strcmp(a, "--max-request-bytes")) {
             NEED();
@@ -123,6 +150,9 @@ int cmd_serve(int argc, char **argv) {
         c.model_path = dflt_dir;
         fprintf(stderr, "deltafin serve: model (no --model): %s, %s\n", dflt_dir, dflt_how);
     }
+    if (c.keepalive_s > 0 && c.keepalive_s > c.timeout_s / 2.0) /* said, not silently changed (srv_http.c lowers it) */
+        fprintf(stderr, "deltafin serve: note: --keepalive %g is more than --timeout %d / 2; keep-alives are sent every %g s\n",
+                c.keepalive_s, c.timeout_s, c.timeout_s / 2.0);
     if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
     if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
     c.draft.draft = dopt.draft;

@@ -255,7 +255,11 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     if (rc) { m_close(b); return rc; }
     int ctx_max = df_model_n_ctx_max(bm->m);
     if (n_ctx <= 0) n_ctx = ctx_max > 0 && ctx_max < 4096 ? ctx_max : 4096;
-    if (ctx_max > 0 && n_ctx > ctx_max) n_ctx = ctx_max;
+    if (ctx_max > 0 && n_ctx > ctx_max) { /* said, not silently changed */
+        fprintf(stderr, "deltafin serve: note: --ctx %d is more than the model's maximum of %d positions; using %d\n",
+                n_ctx, ctx_max, ctx_max);
+        n_ctx = ctx_max;
+    }
     for (int i = 0; i < n_sessions; i++) {
         rc = df_session_new(&bm->ss[i].s, bm->m, n_ctx, err, errlen);
         if (rc) { m_close(b); return rc; }

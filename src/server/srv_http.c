@@ -401,6 +401,8 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, const char *one) 
 static enum MHD_Result handle_health(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.mu);
     int busy = S.n_inflight, has = S.has_last, model_rc = S.model_rc;
+    int waiting = busy_locked() - S.n_workers; /* admitted requests not yet running (the count 429 is judged by) */
+    if (waiting < 0) waiting = 0;
     unsigned long served = S.n_served, rejected = S.n_rejected, n_err = S.n_model_errors;
     df_stats st = S.last;
     char merr[sizeof S.model_err];
@@ -420,7 +422,8 @@ static enum MHD_Result handle_health(struct MHD_Connection *c) {
     cJSON_AddStringToObject(o, "model", S.be->name);
     cJSON_AddBoolToObject(o, "exact", S.be->exact);
     cJSON_AddNumberToObject(o, "in_flight", busy);
-    cJSON_AddNumberToObject(o, "queue", S.cfg.queue);
+    cJSON_AddNumberToObject(o, "queue", S.cfg.queue); /* capacity: requests that may wait (--queue) */
+    cJSON_AddNumberToObject(o, "waiting", waiting);
     cJSON_AddNumberToObject(o, "parallel", S.n_workers);
     if (S.be->batch_stats) { /* decode steps of concurrent generations run as one forward pass */
         uint64_t steps = 0, rows = 0;
@@ -593,8 +596,17 @@ int srv_serve(const srv_config *cfg) {
         mo.remote_source = cfg->remote_source;
         mo.backend = cfg->backend;
         mo.gpu_budget = cfg->gpu_budget;
+        mo.prefetch = cfg->prefetch;
+        mo.prefault = cfg->prefault;
         rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, S.n_workers, err, sizeof err);
-        if (!rc && (rc = srv_backend_set_draft(S.be, &cfg->draft, &mo, err, sizeof err))) { S.be->close(S.be); S.be = NULL; }
+        if (!rc && (rc = srv_backend_set_draft(S.be, &cfg->draft, &mo, err, sizeof err))) {
+            S.be->close(S.be);
+            S.be = NULL;
+            /* the draft failed, not the main model: err already names --draft PATH */
+            fprintf(stderr, "deltafin serve: cannot use the draft model: %s\n", err[0] ? err : df_strerror(rc));
+            DROP_PORT_FILE();
+            return 1;
+        }
     }
     if (rc) {
         fprintf(stderr, "deltafin serve: cannot open model %s: %s\n", cfg->mock ? "mock" : cfg->model_path,
