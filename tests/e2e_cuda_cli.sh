@@ -2,7 +2,8 @@
 # e2e_cuda_cli.sh — `--backend` of run / bench on any machine: `--backend cuda` either runs on the GPU (the
 # configuration line says "backend cuda" and the greedy ids equal the CPU's) or, without a CUDA device or a
 # CUDA build, exits 1 with the reason; `--backend auto` always runs; an unknown name is a usage error (2);
-# an invalid DF_CUDA_MMA stops cuda and auto (exit 1, naming the variable and the accepted values), not cpu.
+# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS or DF_CUDA_TILE stops
+# cuda and auto (exit 1, naming the variable and the accepted values), not cpu; no NVIDIA driver is named as such.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -58,6 +59,39 @@ for k in DF_CUDA_MLP_GROUP DF_CUDA_ATTN; do
         [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "$k=$v (auto): same ids" || bad "$k=$v: rc $rc '$ids' $(cat "$TMP/err")"
     done
 done
+# DF_CUDA_HOST_PIN: 1 / on / 0 / off / unset run, anything else (e.g. "no") stops cuda and auto like the switches above
+for b in auto cuda; do
+    out=$(DF_CUDA_HOST_PIN=no run --backend $b 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q 'environment variable DF_CUDA_HOST_PIN="no": expected 1 (on, the default) or 0 (off); unset it or fix its value' \
+        && ok "DF_CUDA_HOST_PIN=no --backend $b -> rc 1" || bad "DF_CUDA_HOST_PIN=no --backend $b: rc $rc: $out"
+done
+for v in 0 1 on off; do
+    ids=$(DF_CUDA_HOST_PIN=$v run 2>"$TMP/err"); rc=$?
+    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_HOST_PIN=$v (auto): same ids" || bad "DF_CUDA_HOST_PIN=$v: rc $rc '$ids' $(cat "$TMP/err")"
+done
+# the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else (was: atoi, so
+# "abc" and "3" silently meant automatic) stops cuda and auto, naming the variable; --backend cpu ignores them
+for k in DF_CUDA_MV_ROWS DF_CUDA_TILE; do
+    for v in abc 3 16 -2 4x; do
+        for b in auto cuda; do
+            out=$(export "$k=$v"; run --backend $b 2>&1); rc=$?
+            [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable $k=\"$v\": expected a kernel variant 0 (automatic, the default), 1, 2, 4 or 8; unset it or fix its value" \
+                && ok "$k=$v --backend $b -> rc 1" || bad "$k=$v --backend $b: rc $rc: $out"
+        done
+    done
+    for v in 0 1 2 4 8; do
+        ids=$(export "$k=$v"; run 2>"$TMP/err"); rc=$?
+        [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "$k=$v (auto): same ids" || bad "$k=$v: rc $rc '$ids' $(cat "$TMP/err")"
+    done
+    ids=$(export "$k=junk"; run --backend cpu 2>"$TMP/err"); rc=$?
+    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "$k=junk --backend cpu runs" || bad "$k=junk --backend cpu: rc $rc $(cat "$TMP/err")"
+done
+# no NVIDIA driver at all: the reason says so, not "driver version is insufficient"
+if grep -q "no CUDA device (cudaGetDeviceCount: " "$TMP/err_cuda" && ! ls /usr/lib*/libcuda.so.1 /usr/lib/*/libcuda.so.1 >/dev/null 2>&1 \
+    && ! ldconfig -p 2>/dev/null | grep -q "libcuda.so.1 "; then
+    grep -q "no NVIDIA driver found (libcuda.so.1 not loadable)" "$TMP/err_cuda" && ! grep -q "insufficient" "$TMP/err_cuda" \
+        && ok "no driver: named" || bad "no driver: $(cat "$TMP/err_cuda")"
+fi
 for v in 0 2 32 34 0x0 0x2 0x20 0x22 0X22; do
     ids=$(DF_CUDA_MMA=$v run 2>"$TMP/err"); rc=$?
     [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA=$v (auto): same ids" || bad "DF_CUDA_MMA=$v: rc $rc '$ids' $(cat "$TMP/err")"

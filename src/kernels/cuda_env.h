@@ -1,8 +1,9 @@
 /*
  * cuda_env.h — the CUDA backend's environment knobs (docs/cuda.md): DF_CUDA_MMA, the encodings whose matmuls run
- * on the tensor-core kernel, and the on/off switches DF_CUDA_MLP_GROUP and DF_CUDA_ATTN. Read the same way by the
- * backend's choice (backend.c: --backend cuda / auto refuse an invalid value, on any machine), by the CUDA
- * runtime's probe (cuda_runtime.cu: DF_CUDA_MMA) and by the backend table (cuda_backend.c: the switches). Plain C,
+ * on the tensor-core kernel, the on/off switches DF_CUDA_MLP_GROUP, DF_CUDA_ATTN and DF_CUDA_HOST_PIN, and the
+ * kernel variants DF_CUDA_MV_ROWS and DF_CUDA_TILE. Read the same way by the backend's choice (backend.c: --backend
+ * cuda / auto refuse an invalid value, on any machine), by the CUDA runtime's probe (cuda_runtime.cu: DF_CUDA_MMA,
+ * the variants, DF_CUDA_HOST_PIN) and by the backend table (cuda_backend.c: the other switches). Plain C,
  * also compiled as C++ by nvcc.
  */
 #ifndef DF_KERNELS_CUDA_ENV_H
@@ -43,15 +44,33 @@ static inline int df_cuda_env_mma(unsigned *mask, char *why, size_t whylen) {
 }
 
 /* The CUDA backend's on/off developer knobs (docs/cuda.md): DF_CUDA_MLP_GROUP (a MoE chunk's expert MLPs in one
- * round trip) and DF_CUDA_ATTN (the MLA attention core on the GPU). Unset, empty or "1": 1 (on, the default);
- * "0": 0; anything else: -1 with a message naming the variable and the accepted values in why. */
+ * round trip), DF_CUDA_ATTN (the MLA attention core on the GPU) and DF_CUDA_HOST_PIN (page-locked host staging
+ * buffers). Unset, empty, "1" or "on": 1 (on, the default); "0" or "off": 0; anything else: -1 with a message naming
+ * the variable and the accepted values in why. */
 static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen) {
     const char *v = getenv(name);
-    if (!v || !*v || !strcmp(v, "1")) return 1;
-    if (!strcmp(v, "0")) return 0;
+    if (!v || !*v || !strcmp(v, "1") || !strcmp(v, "on")) return 1;
+    if (!strcmp(v, "0") || !strcmp(v, "off")) return 0;
     if (why && whylen)
         snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected 1 (on, the default) or 0 (off); unset it or "
                  "fix its value", name, v, strlen(v) > 40 ? "..." : "");
+    return -1;
+}
+
+/* The matmul kernel variant knobs (docs/cuda.md): DF_CUDA_MV_ROWS (one token) and DF_CUDA_TILE (T >= 2). Unset or
+ * empty: 0 (automatic); one of 0 (automatic), 1, 2, 4, 8 exactly: that value in *out; anything else (not a number,
+ * a sign, trailing characters, another number): -1 with a message naming the variable and the accepted values. */
+static inline int df_cuda_env_variant(const char *name, int *out, char *why, size_t whylen) {
+    const char *v = getenv(name);
+    *out = 0;
+    if (!v || !*v) return 0;
+    if (v[1] == 0 && (v[0] == '0' || v[0] == '1' || v[0] == '2' || v[0] == '4' || v[0] == '8')) {
+        *out = v[0] - '0';
+        return 0;
+    }
+    if (why && whylen)
+        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected a kernel variant 0 (automatic, the default), 1, "
+                 "2, 4 or 8; unset it or fix its value", name, v, strlen(v) > 40 ? "..." : "");
     return -1;
 }
 
@@ -61,6 +80,10 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_mma(&mma, why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_MLP_GROUP", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_ATTN", why, whylen) < 0) return -1;
+    if (df_cuda_env_switch("DF_CUDA_HOST_PIN", why, whylen) < 0) return -1;
+    int variant;
+    if (df_cuda_env_variant("DF_CUDA_MV_ROWS", &variant, why, whylen) < 0) return -1;
+    if (df_cuda_env_variant("DF_CUDA_TILE", &variant, why, whylen) < 0) return -1;
     return 0;
 }
 

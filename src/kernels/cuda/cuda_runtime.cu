@@ -16,6 +16,7 @@
 #include "cuda_internal.h"
 #include "kernels/cuda_env.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,7 +70,12 @@ void probe_once() {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-        snprintf(g_why, sizeof g_why, "no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+        /* "driver version is insufficient" also when there is no driver at all: say so when libcuda cannot load */
+        void *drv = e == cudaErrorInsufficientDriver ? dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) : NULL;
+        if (drv) dlclose(drv);
+        snprintf(g_why, sizeof g_why, "no CUDA device (cudaGetDeviceCount: %s)",
+                 e == cudaErrorInsufficientDriver && !drv ? "no NVIDIA driver found (libcuda.so.1 not loadable)"
+                                                          : cudaGetErrorString(e));
         return;
     }
     if (n <= 0) {
@@ -91,12 +97,17 @@ void probe_once() {
         return;
     }
     g_ndev = n;
-    const char *mv = getenv("DF_CUDA_MV_ROWS"); /* one-token kernel variant (docs/cuda.md) */
-    if (mv && *mv) cu_set_matvec_rows(atoi(mv));
-    const char *tl = getenv("DF_CUDA_TILE"); /* T >= 2 kernel variant */
-    if (tl && *tl) cu_set_tile(atoi(tl));
-    /* DF_CUDA_HOST_PIN=0: host buffers stay pageable (a developer comparison, docs/cuda.md) */
-    g_pin_off = getenv("DF_CUDA_HOST_PIN") && !strcmp(getenv("DF_CUDA_HOST_PIN"), "0");
+    /* the kernel variants (one token: DF_CUDA_MV_ROWS, T >= 2: DF_CUDA_TILE) and DF_CUDA_HOST_PIN=0|off (host
+     * buffers stay pageable, a developer comparison), docs/cuda.md, validated in cuda_env.h: an invalid value is no
+     * device, with the reason naming the variable (never silently the default) */
+    int mv = 0, tl = 0;
+    if (df_cuda_env_variant("DF_CUDA_MV_ROWS", &mv, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
+    if (df_cuda_env_variant("DF_CUDA_TILE", &tl, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
+    const int pin = df_cuda_env_switch("DF_CUDA_HOST_PIN", g_why, sizeof g_why);
+    if (pin < 0) { g_ndev = 0; return; }
+    if (mv) cu_set_matvec_rows(mv);
+    if (tl) cu_set_tile(tl);
+    g_pin_off = pin == 0;
     /* DF_CUDA_MMA, encodings on the tensor-core kernel: a mask of 1 << df_wtype, decimal or 0x hex (cuda_env.h);
      * an invalid value is no device, with the reason naming the variable (never silently the default) */
     unsigned mma = 0;
