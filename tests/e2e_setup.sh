@@ -97,6 +97,12 @@ out=$("$BIN" list 2>&1)
 echo "$out" | grep -q "^\* test/kimi-mini  *full .*$TMP/inst/native" && ok "list: installed, full, default" || bad "list: $out"
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "already installed" && ok "setup again: already installed" || bad "setup again: $out"
+# another revision of an installed repo is not "already installed": exit 1 naming both revisions, nothing changed
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --revision v2 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q 'installed in .* at revision "main", not the requested "v2"' && ! echo "$out" | grep -q "already installed" \
+    && ok "setup --revision v2 over main: a different revision is installed (exit 1)" || bad "setup other revision: rc $rc $out"
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --revision main 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "(revision main) is already installed" && ok "setup --revision main: already installed" || bad "setup --revision main: rc $rc $out"
 
 # ---- kill -9 during the download, then resume: no byte twice
 shards_bytes() { awk -v port="$1" '$1 == port && $3 ~ /kimi-mini\/resolve\/main\/.*safetensors$/ && $2 == "GET" { s += $5 } END { print s + 0 }' "$TMP/access.log"; }
@@ -126,6 +132,11 @@ GOT=$(( $(shards_bytes "$P1") - BEFORE ))
     || bad "resume fetched $GOT bytes, want $((TOTAL - DONE))"
 for f in spine.bin experts-L001.pack experts-L005.pack; do cmp -s "$TMP/local/$f" "$TMP/kill/native/$f" || bad "resumed install: $f differs"; done
 echo "$out" | grep -q "download: .*MB/s  ETA" && ok "progress line (bytes, rate, ETA)" || bad "no progress line: $out"
+# the repo recorded again from another directory: a note names the old one, whose files stay
+"$BIN" setup test/kimi-mini --dir "$TMP/inst" --registry "$TMP/reg7.json" --no-default >/dev/null 2>&1
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/kill" --registry "$TMP/reg7.json" --no-default 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "note: test/kimi-mini was installed in $(realpath "$TMP/inst"); the registry now points at $(realpath "$TMP/kill").*left in place.*rm -rf" \
+    && [ -e "$TMP/inst/native/manifest.json" ] && ok "reinstall into another --dir: note naming the old directory" || bad "reinstall note: rc $rc $out"
 
 # ---- a mirror without the listing API: the index is the listing
 out=$("$BIN" setup test/kimi-mini-noapi --dir "$TMP/noapi" --no-default --quiet 2>&1); rc=$?

@@ -86,7 +86,7 @@ static void test_registry(void) {
     snprintf(e.model, sizeof e.model, "%s/native", dir);
     e.bytes = 12345;
     CHECK(registry_record(path, &e, 1, err, sizeof err) == 0, "%s", err);
-    CHECK(registry_default(path, &d, err, sizeof err) == 0, "no manifest yet: no default");
+    CHECK(registry_default(path, &d, err, sizeof err) == 2 && !strcmp(d.repo, "a/b"), "no manifest yet: the default is reported missing (2)");
     snprintf(model, sizeof model, "%s/native", dir);
     mkdir(model, 0755);
     snprintf(model, sizeof model, "%s/native/manifest.json", dir);

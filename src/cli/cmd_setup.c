@@ -123,6 +123,28 @@ static int default_dir(const char *repo, char *out, size_t cap) {
     return 0;
 }
 
+/* The registry's entry of repo, if any: 1 and *out filled, else 0 (an unreadable registry is reported when recording). */
+static int prior_entry(const char *reg, const char *repo, reg_entry *out) {
+    reg_entry *es = NULL;
+    int n = 0, found = 0;
+    char err[512];
+    if (registry_load(reg, &es, &n, NULL, 0, err, sizeof err)) return 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(es[i].repo, repo)) { *out = es[i]; found = 1; break; }
+    free(es);
+    return found;
+}
+
+/* Recording repo in another install directory replaces its registry entry: the old directory's files stay
+ * where they are, so say which they are and how to delete them. */
+static void note_replaced_dir(const char *reg, const reg_entry *e) {
+    reg_entry old;
+    if (!prior_entry(reg, e->repo, &old) || !old.dir[0] || !strcmp(old.dir, e->dir)) return;
+    fprintf(stderr, "setup: note: %s was installed in %s; the registry now points at %s instead. The files in %s were left "
+                    "in place%s: delete them with `rm -rf %s` if you no longer need them\n",
+            e->repo, old.dir, e->dir, old.dir, df_path_exists(old.dir) ? "" : " (it no longer exists)", old.dir);
+}
+
 int cmd_setup(int argc, char **argv) {
     const char *repo = NULL, *rev = NULL, *mirror = NULL, *dir_flag = NULL, *expert_dirs = NULL, *reg_flag = NULL;
     int download_only = 0, include_draft = 0, keep = 0, no_default = 0, quiet = 0, verbose = 0, threads = 0, retries = 4, stream = 0;
@@ -203,10 +225,23 @@ int cmd_setup(int argc, char **argv) {
     snprintf(e.model, sizeof e.model, "%.1900s/native", e.dir);
     int was_streamed = stream_is_streamed(nat_dir);
     if (df_path_exists(man) && (stream || !was_streamed)) {
+        /* the revision installed here (the registry's entry of this directory): another one is not "installed" */
+        reg_entry old;
+        const char *have_rev = prior_entry(reg, h.repo, &old) && !strcmp(old.dir, e.dir) && old.revision[0] ? old.revision : NULL;
+        if (have_rev && rev && strcmp(have_rev, h.rev)) {
+            fprintf(stderr, "deltafin setup: %s is installed in %s at revision \"%s\", not the requested \"%s\"; nothing was changed. "
+                            "To replace it, delete that install (`rm -rf %s`) and run `deltafin setup %s --revision %s` again; "
+                            "to keep both, install the new revision elsewhere with --dir OTHER_DIR (the registry then points at it)\n",
+                    h.repo, dir, have_rev, h.rev, dir, h.repo, h.rev);
+            return 1;
+        }
+        if (have_rev) snprintf(e.revision, sizeof e.revision, "%s", have_rev);
         if (was_streamed) snprintf(e.mode, sizeof e.mode, "stream");
         e.bytes = disk_usage(dir);
+        note_replaced_dir(reg, &e);
         if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
-        printf("setup: %s is already installed in %s%s\n", h.repo, e.model, no_default ? "" : "; it is the default model");
+        printf("setup: %s (revision %s) is already installed in %s%s\n", h.repo, e.revision, e.model,
+               no_default ? "" : "; it is the default model");
         return 0;
     }
 
@@ -427,6 +462,7 @@ int cmd_setup(int argc, char **argv) {
     /* 6. record */
     e.bytes = disk_usage(dir);
     e.installed = (double)time(NULL);
+    note_replaced_dir(reg, &e);
     if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
     printf("setup: %s installed (%s, %.1f MB on disk) in %s%s\n", h.repo, stream ? "stream" : "full", e.bytes / 1e6, e.model,
            no_default ? "" : "; it is now the default model (run / serve without --model)");

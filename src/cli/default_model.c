@@ -61,6 +61,14 @@ int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t 
             snprintf(how, howcap, "installed %s (%s) from registry %s", e.repo, e.mode, reg);
             return 0;
         }
+        if (rc == 2) {
+            fprintf(stderr, "deltafin %s: the default model %s (installed by `deltafin setup`, registry %s) is missing: "
+                            "%s has no manifest.json%s. Restore or mount %s, install it again with `deltafin setup %s --dir %s`, "
+                            "pass --model DIR, or make another installed model the default with `deltafin setup OTHER/REPO` "
+                            "(`deltafin list` shows them)\n",
+                    cmd, e.repo, reg, e.model, df_path_exists(e.model) ? "" : " (no such directory)", e.dir, e.repo, e.dir);
+            return 1;
+        }
     }
     if (cli_embedded_model(out, cap, how, howcap) == 0) return 0;
     fprintf(stderr, "deltafin %s: no --model given, no installed model (registry %s) and no embedded models/kimi-mini "

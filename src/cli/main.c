@@ -1,8 +1,10 @@
 /* main.c — the `deltafin` program: dispatches to a subcommand. */
 #include "cli.h"
 #include "deltafin.h"
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static const struct {
     const char *name;
@@ -28,12 +30,29 @@ static void usage(FILE *f) {
     fprintf(f, "\nRun `deltafin COMMAND --help` for a command's options.\n");
 }
 
+/* Everything written to stdout must have reached it: a full disk (> /dev/full), a closed pipe or an I/O error
+ * turns a success into exit 1 (a closed pipe quietly, as `head` expects; SIGPIPE, when not ignored, ends the
+ * process first with the conventional 141). Returns the exit status. */
+static int close_stdout(const char *cmd, int rc) {
+    int err = ferror(stdout);
+    errno = 0;
+    if (fflush(stdout) != 0) err = 1;
+    int e = errno;
+    if (!err) return rc;
+    /* an error of an earlier flush left no errno: an empty write asks the file again (/dev/full: ENOSPC) */
+    if (!e && write(STDOUT_FILENO, "", 0) < 0) e = errno;
+    if (e != EPIPE)
+        fprintf(stderr, "deltafin%s%s: cannot write the output: %s\n", cmd ? " " : "", cmd ? cmd : "",
+                e ? strerror(e) : "write error on standard output");
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
-    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
-    if (!strcmp(argv[1], "--version")) { printf("deltafin %s\n", DELTAFIN_VERSION); return 0; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return close_stdout(NULL, 0); }
+    if (!strcmp(argv[1], "--version")) { printf("deltafin %s\n", DELTAFIN_VERSION); return close_stdout(NULL, 0); }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], cmds[i].name)) return close_stdout(cmds[i].name, cmds[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "deltafin: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -123,7 +123,7 @@ int registry_default(const char *path, reg_entry *out, char *err, size_t errlen)
     for (int i = 0; i < n && dflt[0]; i++) {
         char man[4200];
         snprintf(man, sizeof man, "%s/manifest.json", es[i].model);
-        if (!strcmp(es[i].repo, dflt) && df_path_exists(man)) { *out = es[i]; found = 1; break; }
+        if (!strcmp(es[i].repo, dflt)) { *out = es[i]; found = df_path_exists(man) ? 1 : 2; break; }
     }
     free(es);
     return found;

@@ -39,8 +39,9 @@ int registry_load(const char *path, reg_entry **entries, int *n, char *dflt, siz
  * file's directory. Atomic (tmp + fsync + rename). DF_EIO naming the file. */
 int registry_record(const char *path, const reg_entry *e, int make_default, char *err, size_t errlen);
 
-/* The default entry (the one "default" names, if its model directory has manifest.json):
- * 1 and *out filled, 0 when there is none, <0 DF_E* when the registry cannot be read. */
+/* The default entry (the one "default" names): 1 and *out filled when its model directory has
+ * manifest.json, 2 and *out filled when it has not (moved, deleted, unmounted: the caller says so
+ * rather than using another model), 0 when there is none, <0 DF_E* when the registry cannot be read. */
 int registry_default(const char *path, reg_entry *out, char *err, size_t errlen);
 
 #endif
