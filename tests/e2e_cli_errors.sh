@@ -170,6 +170,16 @@ out=$("$BIN" serve --model "$KM" --draft "$TMP/nope" --ctx 1000000 --prefetch un
     && ! echo "$out" | grep -q "cannot open model" && ok || bad "serve --draft /nope: rc $rc $out"
 echo "$out" | grep -qE "^deltafin serve: note: --ctx 1000000 is more than the model's maximum of [0-9]+ positions; using [0-9]+$" \
     && ok || bad "serve --ctx 1000000: no note: $out"
+# settings with no effect are said once (new-user trial item 4): --gpu-budget with a CPU backend, --threads above
+# the CPUs online
+ncpu=$(getconf _NPROCESSORS_ONLN)
+out=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --quiet --prompt-ids 1,2 --max-new 1 --backend cpu --gpu-budget 4G \
+      --threads $((ncpu + 1)) 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && [ "$(echo "$out" | grep -c "^deltafin: warning: --gpu-budget has no effect with backend cpu")" = 1 ] \
+    && [ "$(echo "$out" | grep -c "^deltafin: warning: --threads $((ncpu + 1)) is more than the $ncpu CPUs online; compute threads beyond the cores slow decoding$")" = 1 ] \
+    && ok || bad "no-effect warnings: rc $rc: $out"
+out=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --quiet --prompt-ids 1,2 --max-new 1 --backend cpu --threads 1 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && ! echo "$out" | grep -q "warning" && ok || bad "warning without cause: rc $rc: $out"
 expect 1 "serve --keepalive above timeout/2" "^deltafin serve: note: --keepalive 40 is more than --timeout 10 / 2; keep-alives are sent every 5 s" -- \
     "$BIN" serve --model "$TMP/kimi-mnii" --keepalive 40 --timeout 10 --port 0
 

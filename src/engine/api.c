@@ -359,6 +359,19 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     }
     const int on_gpu = !strcmp(be->name, "cuda");
     if (on_gpu) df_cuda_cache_clear(); /* a closed model's host addresses may be reused */
+    /* settings that have no effect, or a bad one, are said once per process (nothing silently ignored) */
+    static int warned_gpu_budget, warned_threads;
+    if (opts.gpu_budget && !on_gpu && !warned_gpu_budget) {
+        warned_gpu_budget = 1;
+        fprintf(stderr, "deltafin: warning: --gpu-budget has no effect with backend %s (it sizes the CUDA backend's "
+                        "expert cache)\n", be->name);
+    }
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (opts.threads > 0 && online > 0 && opts.threads > online && !warned_threads) {
+        warned_threads = 1;
+        fprintf(stderr, "deltafin: warning: --threads %d is more than the %ld CPUs online; compute threads beyond the "
+                        "cores slow decoding\n", opts.threads, online);
+    }
 
     char dir[4096];
     int converted = 0;
