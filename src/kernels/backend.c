@@ -55,7 +55,8 @@ const char *df_backend_why(const char *name, char *buf, size_t len) {
         if (df_cuda_probe(buf, len)) snprintf(buf, len, "available");
         return buf;
     }
-    snprintf(buf, len, "unknown or not supported by this CPU (use auto, cpu, cpu-scalar or cuda)");
+    snprintf(buf, len, "unknown or not supported by this CPU (use auto, cpu, cpu-scalar, cuda, or cpu-avx2 / cpu-avx512 "
+             "where this CPU has them: it has %s)", df_cpu_features());
     return buf;
 }
 
