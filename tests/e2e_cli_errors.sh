@@ -180,6 +180,11 @@ out=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --quiet --prompt-ids 1,2
     && ok || bad "no-effect warnings: rc $rc: $out"
 out=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --quiet --prompt-ids 1,2 --max-new 1 --backend cpu --threads 1 2>&1 >/dev/null); rc=$?
 [ $rc -eq 0 ] && ! echo "$out" | grep -q "warning" && ok || bad "warning without cause: rc $rc: $out"
+# convert on a directory that is already native: said so, with how to use it (new-user trial item 7)
+"$BIN" convert "$G" "$TMP/native_g" --quiet >/dev/null 2>&1
+expect 1 "convert <native dir>" "^deltafin convert: $TMP/native_g is already a native deltafin model directory \(manifest.json\): nothing to convert; use it directly with --model $TMP/native_g" -- \
+    "$BIN" convert "$TMP/native_g" "$TMP/native_g2"
+[ ! -e "$TMP/native_g2" ] && ok || bad "convert <native dir> created $TMP/native_g2"
 expect 1 "serve --keepalive above timeout/2" "^deltafin serve: note: --keepalive 40 is more than --timeout 10 / 2; keep-alives are sent every 5 s" -- \
     "$BIN" serve --model "$TMP/kimi-mnii" --keepalive 40 --timeout 10 --port 0
 

@@ -139,6 +139,16 @@ int cmd_convert(int argc, char **argv) {
             return 2;
         }
     }
+    {   /* a directory that is already native (manifest.json, no config.json) needs no conversion */
+        char mf[4200], cf[4200];
+        snprintf(mf, sizeof mf, "%s/manifest.json", pos[0]);
+        snprintf(cf, sizeof cf, "%s/config.json", pos[0]);
+        if (cli_path_exists(mf) && !cli_path_exists(cf)) {
+            fprintf(stderr, "deltafin convert: %s is already a native deltafin model directory (manifest.json): nothing to "
+                    "convert; use it directly with --model %s\n", pos[0], pos[0]);
+            return 1;
+        }
+    }
     {   /* the architecture first: an unsupported one stops here, before anything is written */
         char arch[320], aerr[1024] = "";
         int arc = df_checkpoint_describe(pos[0], arch, sizeof arch, aerr, sizeof aerr);
