@@ -231,10 +231,27 @@ for f in "$KM"/*; do [ "$(basename "$f")" = README.md ] || ln -s "$(cd "$(dirnam
 
 # ---- fresh-user items: bench and a Hugging Face checkpoint, unknown flags last, a directory that is no model,
 # serve's help, the CUDA backend without a GPU, DF_BACKEND, the top-level help, doctor's model line
-for b in prefill batch decode; do
-    expect 2 "bench $b --model <HF checkpoint>" "^deltafin bench $b: $KM is a Hugging Face checkpoint; .*run \`deltafin convert $KM OUT\` first and pass --model OUT" -- \
-        "$BIN" bench $b --model "$KM"
+expect 2 "bench batch --model <HF checkpoint>" "^deltafin bench batch: $KM is a Hugging Face checkpoint; .*run \`deltafin convert $KM OUT\` first and pass --model OUT" -- \
+    "$BIN" bench batch --model "$KM"
+# bench decode / prefill take a Hugging Face checkpoint as run does (converted once into the conversion cache),
+# and --prefetch / --prefault as run does
+expect 0 "bench decode --model <HF checkpoint> --prefetch off --prefault off" "storage bound" -- \
+    env XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench decode --model "$KM" --tokens 2 --io-seconds 0.1 --no-drop --prefetch off --prefault off
+out=$(XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench decode --model "$KM" --tokens 2 --io-seconds 0.1 --no-drop --prefetch off --prefault off 2>&1)
+echo "$out" | grep -q "prefetch off, prefault off, .*model: $KM converted into the conversion cache" && ok || bad "bench decode HF + flags: $out"
+expect 0 "bench prefill --model <HF checkpoint> --prefetch ungated" "TTFT" -- \
+    env XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench prefill --model "$KM" --tokens 4 --io-seconds 0.1 --no-drop --prefetch ungated --prefault on
+for b in decode prefill; do
+    expect 2 "bench $b --prefetch maybe" "^deltafin bench $b: --prefetch \"maybe\": expected auto, on, ungated or off" -- "$BIN" bench $b --prefetch maybe
+    expect 2 "bench $b --prefault ungated" "^deltafin bench $b: --prefault \"ungated\": expected auto, on or off" -- "$BIN" bench $b --prefault ungated
 done
+# --heat FILE: a directory, or a file in a directory that does not exist, is refused at open naming the flag
+expect 1 "run --heat <missing dir>/h.bin" "deltafin run: --heat $TMP/nodir/h.bin: the directory $TMP/nodir does not exist" -- \
+    "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M --heat "$TMP/nodir/h.bin"
+expect 1 "run --heat <directory>" "deltafin run: --heat $TMP is a directory: expected a file" -- \
+    "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M --heat "$TMP"
+expect 0 "run --heat <new file>" "" -- "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M --heat "$TMP/h.bin"
+[ -s "$TMP/h.bin" ] && ok || bad "run --heat $TMP/h.bin: not written"
 mkdir -p "$TMP/nomodel"
 expect 1 "bench prefill --model <not a model>" "^deltafin bench prefill: $TMP/nomodel: neither manifest.json \(native model\) nor config.json" -- \
     "$BIN" bench prefill --model "$TMP/nomodel"

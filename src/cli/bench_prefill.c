@@ -27,6 +27,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench prefill --model DIR [--tokens N (64)] [--ram-budget SIZE] [--threads N]\n"
                "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop] [--backend auto|cpu|cuda]\n"
                "       [--gpu-budget SIZE] [--events FILE (the store's JSONL events: every read, acquire, dropped guess)]\n"
+               "       [--prefetch auto|on|off|ungated] [--prefault auto|on|off (as in `deltafin run`)]\n"
+               "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
+               "  as `run` does.\n"
                "  Cold TTFT of an N-token prompt (random ids, seeded) in one evaluation; prints the expert bytes read\n"
                "  against the union of experts the prompt touches (amplification), the union's read time at\n"
                "  `bench io` speed, the compute time and TTFT / max(both).\n");
@@ -37,14 +40,14 @@ int bench_prefill(int argc, char **argv) {
     uint64_t budget = 0, gpu_budget = 0;
     long tokens = 64, threads = 0, seed = 1, qd = 16;
     double io_seconds = 5;
-    int nodrop = 0;
+    int nodrop = 0, prefetch = 0, prefault = 0;
     const char *events = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--events", "--ram-budget", "--tokens", "--threads", "--seed", "--qd",
-                                           "--backend", "--gpu-budget", "--io-seconds", NULL};
+                                           "--backend", "--gpu-budget", "--io-seconds", "--prefetch", "--prefault", NULL};
         if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench prefill: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench prefill: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
@@ -65,16 +68,20 @@ int bench_prefill(int argc, char **argv) {
             backend = v;
         } else if (!strcmp(a, "--gpu-budget")) {
             if (cli_parse_size(v, &gpu_budget)) { fprintf(stderr, "deltafin bench prefill: --gpu-budget '%s': expected a size like 8G\n", v); return 2; }
+        } else if (!strcmp(a, "--prefetch") || !strcmp(a, "--prefault")) {
+            if (cli_parse_mode("bench prefill", a, v, !strcmp(a, "--prefetch") ? &prefetch : &prefault)) return 2;
         } else if (!strcmp(a, "--io-seconds")) {
             io_seconds = strtod(v, &end);
             if (!*v || *end || !(io_seconds > 0 && io_seconds < 86400)) { fprintf(stderr, "deltafin bench prefill: --io-seconds '%s': expected seconds > 0\n", v); return 2; }
         } else { fprintf(stderr, "deltafin bench prefill: unknown option %s (see --help)\n", a); return 2; }
         i++;
     }
-    if (!model) { fprintf(stderr, "deltafin bench prefill: --model DIR is required (a native model: `deltafin convert` or `synth`)\n"); return 2; }
-    char err[2048] = "";
+    if (!model) { fprintf(stderr, "deltafin bench prefill: --model DIR is required (a native model or a Hugging Face checkpoint)\n"); return 2; }
+    char err[2048] = "", conv_dir[4096];
     df_native *nat = NULL;
-    int rc = bench_check_native("prefill", model);
+    int rc = bench_native_model("prefill", &model, conv_dir, sizeof conv_dir, NULL, 0);
+    if (rc) return rc;
+    rc = bench_check_native("prefill", model);
     if (rc) return rc;
     rc = native_open(&nat, model, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench prefill: %s\n", err); return 1; }
@@ -93,6 +100,8 @@ int bench_prefill(int argc, char **argv) {
     mo.backend = backend;
     mo.gpu_budget = gpu_budget;
     mo.kv_positions = (int)tokens + 1;
+    mo.prefetch = prefetch;
+    mo.prefault = prefault;
     mo.events_path = events;
     df_model *m = NULL;
     rc = df_model_open(&m, model, &mo, err, sizeof err);

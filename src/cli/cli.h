@@ -22,6 +22,9 @@ int cli_parse_size(const char *s, uint64_t *out);
 /* 1 when `a` is one of the NULL-terminated names: a parser asks it before saying "A needs a value", so a
  * mistyped flag at the end of the command line is an unknown option, not a flag without its value. */
 int cli_known_option(const char *a, const char *const *names);
+/* --prefetch auto|on|off|ungated / --prefault auto|on|off (by `flag`) into df_model_opts' 0 / 1 / 2 (/ 3 = ungated):
+ * 0, else a usage message naming the command, flag and value and -1. */
+int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out);
 /* 1 when dir/name is a regular file. */
 int cli_is_file(const char *dir, const char *name);
 /* --model PATH must be an existing directory: 0, else a message naming the flag

@@ -69,3 +69,16 @@ const char *cli_default_backend(void) {
     const char *e = getenv("DF_BACKEND");
     return e && *e ? e : "auto";
 }
+
+int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out) {
+    const int pf = !strcmp(flag, "--prefetch");
+    if (!strcmp(v, "auto")) *out = 0;
+    else if (!strcmp(v, "on")) *out = 1;
+    else if (!strcmp(v, "off")) *out = 2;
+    else if (pf && !strcmp(v, "ungated")) *out = 3;
+    else {
+        fprintf(stderr, "deltafin %s: %s \"%s\": expected auto, on%s off\n", cmd, flag, v, pf ? ", ungated or" : " or");
+        return -1;
+    }
+    return 0;
+}

@@ -82,6 +82,26 @@ int bench_check_native(const char *cmd, const char *model) {
     return 1;
 }
 
+int bench_native_model(const char *cmd, const char **model, char *conv, size_t cap, char *how, size_t howcap) {
+    char what[64], err[2048] = "";
+    snprintf(what, sizeof what, "bench %s", cmd);
+    if (cli_check_model_dir(what, *model)) return 1;
+    if (cli_is_file(*model, "manifest.json")) return 0;
+    if (!cli_is_file(*model, "config.json")) return bench_check_native(cmd, *model);
+    df_model_opts co;
+    df_model_opts_default(&co);
+    if (convert_cached(*model, co.cache_dir, co.spine, NULL, NULL, conv, cap, err, sizeof err)) {
+        fprintf(stderr, "deltafin bench %s: %s: %s\n", cmd, *model, err);
+        return 1;
+    }
+    if (how) {
+        size_t n = strlen(how);
+        snprintf(how + n, howcap - n, "%s%s converted into the conversion cache (%s)", n ? ", " : "", *model, conv);
+    }
+    *model = conv;
+    return 0;
+}
+
 static int drop_caches(void) { return bench_drop_caches(); }
 int bench_drop_caches(void) {
     if (geteuid() != 0) return 0;
@@ -205,7 +225,7 @@ static int bench_decode(int argc, char **argv) {
     const char *model = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
     const char *backend = cli_default_backend();
     uint64_t budget = 0, gpu_budget = 0;
-    int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0;
+    int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0, prefetch = 0, prefault = 0;
     double io_seconds = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -213,18 +233,19 @@ static int bench_decode(int argc, char **argv) {
             printf("usage: deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N (16)] [--warmup N (0)] [--threads N]\n"
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
-                   "       [--backend auto|cpu|cuda] [--gpu-budget SIZE]\n"
+                   "       [--backend auto|cpu|cuda] [--gpu-budget SIZE] [--prefetch auto|on|off|ungated] [--prefault auto|on|off]\n"
                    "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n"
                    "  --warmup N: N decode tokens before the measured ones (not counted), e.g. to fill the caches\n"
                    "  and measure a model held in memory.\n"
-                   "  --model DIR: a native model (a Hugging Face checkpoint: `deltafin convert` it first). Default: the\n"
-                   "  model `deltafin setup` installed, else the embedded models/kimi-mini, converted once into the\n"
-                   "  conversion cache as `run` does.\n");
+                   "  --prefetch / --prefault: as in `deltafin run` (DF_PREFETCH / DF_PREFAULT when auto).\n"
+                   "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
+                   "  as `run` does. Default: the model `deltafin setup` installed, else the embedded models/kimi-mini.\n");
             return 0;
         }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--warmup", "--threads", "--prompt-ids", "--io-seconds",
-                                           "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", NULL};
+                                           "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", "--prefetch",
+                                           "--prefault", NULL};
         if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench decode: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
@@ -239,26 +260,21 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--expert-dirs")) expert_dirs = v;
         else if (!strcmp(a, "--backend")) { if (cli_check_backend("bench decode", v)) return 2; backend = v; }
         else if (!strcmp(a, "--gpu-budget")) { if (want_size("decode", a, v, &gpu_budget)) return 2; }
+        else if (!strcmp(a, "--prefetch")) { if (cli_parse_mode("bench decode", a, v, &prefetch)) return 2; }
+        else if (!strcmp(a, "--prefault")) { if (cli_parse_mode("bench decode", a, v, &prefault)) return 2; }
         i++;
     }
     char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], err[2048] = "";
     if (!model) {
         if (cli_default_model("bench decode", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
         model = dflt_dir;
-        /* the default model is a Hugging Face checkpoint (the embedded kimi-mini): converted once into the
-         * conversion cache, as `run` does, and measured there */
-        if (!cli_is_file(model, "manifest.json") && cli_is_file(model, "config.json")) {
-            df_model_opts co;
-            df_model_opts_default(&co);
-            if (convert_cached(model, co.cache_dir, co.spine, NULL, NULL, conv_dir, sizeof conv_dir, err, sizeof err)) {
-                fprintf(stderr, "deltafin bench decode: default model %s: %s\n", model, err);
-                return 1;
-            }
-            size_t n = strlen(dflt_how);
-            snprintf(dflt_how + n, sizeof dflt_how - n, ", %s, converted into the conversion cache", model);
-            model = conv_dir;
-        }
     }
+    /* a Hugging Face checkpoint (the embedded kimi-mini, or --model): converted once into the conversion cache,
+     * as `run` does, and measured there */
+    char conv_how[4600] = "";
+    int crc = bench_native_model("decode", &model, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
+                                 dflt_how[0] ? sizeof dflt_how : sizeof conv_how);
+    if (crc) return crc;
     int32_t ids[256];
     int n_ids = 0;
     for (const char *p = prompt_ids;;) {
@@ -296,6 +312,8 @@ static int bench_decode(int argc, char **argv) {
     mo.expert_dirs = expert_dirs;
     mo.backend = backend;
     mo.gpu_budget = gpu_budget;
+    mo.prefetch = prefetch;
+    mo.prefault = prefault;
     mo.kv_positions = n_ids + warmup + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
     stream_src *remote = NULL; /* a streamed install: experts not yet local are fetched on first use */
     if (stream_is_streamed(model)) {
@@ -320,7 +338,8 @@ static int bench_decode(int argc, char **argv) {
            dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
     /* the resolved configuration: one line on stderr, as run and serve echo it; the results stay on stdout */
     fflush(stdout); /* in a 2>&1 log the line follows the header above */
-    fprintf(stderr, "%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how);
+    fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how,
+            conv_how[0] ? "; model: " : "", conv_how);
     printf("  open %.1f s\n", open_s);
     /* B: drive bandwidth at the engine's read size, queue depth and extent */
     store_bench_opts bo;

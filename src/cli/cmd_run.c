@@ -57,7 +57,8 @@ static void run_usage(FILE *f) {
             "  --prefault MODE      auto (on) | on | off: fault the expert cache in before its first reads (with\n"
             "                       --ram-budget the whole cache, without ~1 GiB ahead of the loads; alias env\n"
             "                       DF_PREFAULT=1|on|0|off)\n"
-            "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin)\n"
+            "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin); FILE is\n"
+            "                       created when missing, its directory must exist\n"
             "  --backend NAME       auto (default: cuda when a CUDA device is present, else cpu) | cpu (best SIMD)\n"
             "                       | cpu-scalar | cuda (an error without a CUDA device); default env DF_BACKEND\n"
             "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
@@ -83,18 +84,6 @@ static int parse_int(const char *flag, const char *s, long long lo, long long hi
 }
 
 /* a finite number in [lo, hi] (in (lo, hi] when lo_open); else a usage message, -1 */
-/* auto|on|off of --prefetch / --prefault into df_model_opts' 0 / 1 / 2; -1 with a message naming the flag. */
-static int parse_auto_on_off(const char *flag, const char *v, int *out) {
-    if (!strcmp(v, "auto")) *out = 0;
-    else if (!strcmp(v, "on")) *out = 1;
-    else if (!strcmp(v, "off")) *out = 2;
-    else {
-        fprintf(stderr, "deltafin run: %s \"%s\": expected auto, on%s off\n", flag, v, strcmp(flag, "--prefetch") ? " or" : ", ungated or");
-        return -1;
-    }
-    return 0;
-}
-
 static int parse_num(const char *flag, const char *s, double lo, double hi, int lo_open, float *out) {
     char *end;
     errno = 0;
@@ -382,10 +371,9 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--heat")) { if (!(mo.heat_path = NEXT())) return 2; }
         else if (!strcmp(a, "--prefetch")) {
             const char *v = NEXT();
-            if (v && !strcmp(v, "ungated")) mo.prefetch = 3;
-            else if (!v || parse_auto_on_off(a, v, &mo.prefetch)) return 2;
+            if (!v || cli_parse_mode("run", a, v, &mo.prefetch)) return 2;
         }
-        else if (!strcmp(a, "--prefault")) { const char *v = NEXT(); if (!v || parse_auto_on_off(a, v, &mo.prefault)) return 2; }
+        else if (!strcmp(a, "--prefault")) { const char *v = NEXT(); if (!v || cli_parse_mode("run", a, v, &mo.prefault)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
         else if (!strcmp(a, "--gpu-budget")) {
             const char *v = NEXT(); if (!v) return 2;

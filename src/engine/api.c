@@ -333,6 +333,25 @@ static int plan_spine_stream(df_model *m, uint64_t budget, uint64_t kvb, uint64_
     return rc;
 }
 
+/* --heat FILE: a file (created at close when missing) in an existing directory; anything else would be
+ * ignored silently when the histogram is loaded and saved, so it is refused at open, naming the flag. */
+static int check_heat_path(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            return set_err(err, errlen, DF_EINVAL, "--heat %s is a directory: expected a file (e.g. %s/heat.bin; it is "
+                           "created when missing), or --heat off", path, path);
+        return 0;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *d = dirname(dir);
+    if (stat(d, &st) != 0 || !S_ISDIR(st.st_mode))
+        return set_err(err, errlen, DF_EINVAL, "--heat %s: the directory %s does not exist (create it, or choose another "
+                       "file, or --heat off)", path, d);
+    return 0;
+}
+
 int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in, char *err, size_t errlen) {
     *out = NULL;
     df_model_opts opts;
@@ -422,8 +441,10 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
         if (mode == 0) mode = env;
         so.no_prefault = mode == 2;
     }
-    if (opts.heat_path && strcmp(opts.heat_path, "off") && *opts.heat_path)
+    if (opts.heat_path && strcmp(opts.heat_path, "off") && *opts.heat_path) {
+        if ((rc = check_heat_path(opts.heat_path, err, errlen))) goto fail;
         snprintf(m->heat_path, sizeof m->heat_path, "%s", opts.heat_path);
+    }
     else if (!opts.heat_path && opts.ram_budget)
         snprintf(m->heat_path, sizeof m->heat_path, "%s/heat.bin", m->nat->dir);
     so.heat_path = m->heat_path[0] ? m->heat_path : NULL;
