@@ -17,6 +17,8 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -261,6 +263,17 @@ typedef struct {
 
 static double now_s(void);
 
+/* SIGINT / SIGTERM during the prefill: end the progress line, say so, then die of the signal as before
+ * (exit status 128 + signal). Async-signal-safe: write(2), signal, raise. */
+static volatile sig_atomic_t g_prefill_line;
+static void prefill_signal(int sig) {
+    static const char nl[] = "\n", msg[] = "deltafin run: interrupted\n";
+    if (g_prefill_line) (void)!write(2, nl, sizeof nl - 1);
+    (void)!write(2, msg, sizeof msg - 1);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static int prefill_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     prefill_prog *p = user;
     double now = now_s();
@@ -271,6 +284,7 @@ static int prefill_progress(void *user, const char *what, uint64_t done, uint64_
             (unsigned long long)total, now - p->t0);
     fflush(stderr);
     progress_open = 1;
+    g_prefill_line = 1;
     return 0;
 }
 
@@ -515,7 +529,15 @@ int cmd_run(int argc, char **argv) {
     df_model_stats_reset(m);
     double t_start = now_s();
     prefill_prog pp = {.t0 = t_start, .n_tokens = n_ids};
+    struct sigaction sa_new, sa_int, sa_term;
+    memset(&sa_new, 0, sizeof sa_new);
+    sa_new.sa_handler = prefill_signal;
+    sigemptyset(&sa_new.sa_mask);
+    const int catch_sig = !quiet;
+    if (catch_sig) { sigaction(SIGINT, &sa_new, &sa_int); sigaction(SIGTERM, &sa_new, &sa_term); }
     rc = df_eval(s, ids, n_ids, logits, 0, quiet ? NULL : prefill_progress, &pp, err, sizeof err);
+    if (catch_sig) { sigaction(SIGINT, &sa_int, NULL); sigaction(SIGTERM, &sa_term, NULL); }
+    g_prefill_line = 0;
     if (pp.shown) {
         double dt = now_s() - t_start;
         fprintf(stderr, "\rprefill: %d tokens in %.1f s (%.1f tok/s)%30s\n", n_ids, dt, dt > 0 ? n_ids / dt : 0.0, "");
