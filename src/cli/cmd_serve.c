@@ -57,20 +57,6 @@ static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) 
     return 0;
 }
 
-/* auto|on|off (and ungated for --prefetch) into df_model_opts' 0 / 1 / 2 (/ 3); -1 with a usage message. */
-static int parse_mode(const char *flag, const char *v, int *out) {
-    const int pf = !strcmp(flag, "--prefetch");
-    if (!strcmp(v, "auto")) *out = 0;
-    else if (!strcmp(v, "on")) *out = 1;
-    else if (!strcmp(v, "off")) *out = 2;
-    else if (pf && !strcmp(v, "ungated")) *out = 3;
-    else {
-        fprintf(stderr, "deltafin serve: %s \"%s\": expected auto, on%s off\n", flag, v, pf ? ", ungated or" : " or");
-        return -1;
-    }
-    return 0;
-}
-
 int cmd_serve(int argc, char **argv) {
     srv_config c;
     memset(&c, 0, sizeof c);
@@ -114,8 +100,8 @@ int cmd_serve(int argc, char **argv) {
                 return 2;
             }
         }
-        else if (!strcmp(a, "--prefetch")) { NEED(); if (parse_mode(a, v, &c.prefetch)) return 2; }
-        else if (!strcmp(a, "--prefault")) { NEED(); if (parse_mode(a, v, &c.prefault)) return 2; }
+        else if (!strcmp(a, "--prefetch")) { NEED(); if (cli_parse_mode("serve", a, v, &c.prefetch)) return 2; }
+        else if (!strcmp(a, "--prefault")) { NEED(); if (cli_parse_mode("serve", a, v, &c.prefault)) return 2; }
         else if (!strcmp(a, "--max-tokens")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.max_tokens)) return 2; }
         else if (!strcmp(a, "--max-request-bytes")) {
             NEED();
