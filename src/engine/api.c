@@ -95,16 +95,18 @@ static int set_err(char *err, size_t errlen, int code, const char *fmt, ...) {
 }
 
 /* An on/off environment alias (DF_PREFETCH, DF_PREFAULT): unset or empty = 0 (not given), "1"/"on" = 1,
- * "0"/"off" = 2; anything else is an error naming the variable and its flag. */
-static int env_switch(const char *name, const char *flag, int *mode, char *err, size_t errlen) {
+ * "0"/"off" = 2, and with `ungated` (DF_PREFETCH) "ungated" = 3; anything else is an error naming the variable
+ * and its flag. */
+static int env_switch(const char *name, const char *flag, int ungated, int *mode, char *err, size_t errlen) {
     const char *v = getenv(name);
     *mode = 0;
     if (!v || !*v) return DF_OK;
     if (!strcmp(v, "1") || !strcmp(v, "on")) *mode = 1;
     else if (!strcmp(v, "0") || !strcmp(v, "off")) *mode = 2;
+    else if (ungated && !strcmp(v, "ungated")) *mode = 3;
     else return df_set_errc(err, errlen, DF_EINVAL, "environment variable %s=\"%s\": expected %s (the alias of %s on|off%s); "
-                            "unset it or fix its value", name, v, strcmp(name, "DF_PREFETCH") ? "1, on, 0 or off" : "1, on, 0, off or ungated",
-                            flag, strcmp(name, "DF_PREFETCH") ? "" : "|ungated");
+                            "unset it or fix its value", name, v, ungated ? "1, on, 0, off or ungated" : "1, on, 0 or off",
+                            flag, ungated ? "|ungated" : "");
     return DF_OK;
 }
 
@@ -436,7 +438,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     so.unpin = be->host_unpin;
     {
         int mode = opts.prefault, env = 0;
-        rc = env_switch("DF_PREFAULT", "--prefault", &env, err, errlen); /* documented alias of --prefault */
+        rc = env_switch("DF_PREFAULT", "--prefault", 0, &env, err, errlen); /* documented alias of --prefault */
         if (rc) goto fail;
         if (mode == 0) mode = env;
         so.no_prefault = mode == 2;
@@ -517,9 +519,8 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
      * guesses are cut to a 2% expected waste). Never changes numerics. */
     {
         int mode = opts.prefetch, env = 0;
-        const char *pv = getenv("DF_PREFETCH");
-        if (pv && !strcmp(pv, "ungated")) env = 3;
-        else if ((rc = env_switch("DF_PREFETCH", "--prefetch", &env, err, errlen))) goto fail; /* alias of --prefetch */
+        rc = env_switch("DF_PREFETCH", "--prefetch", 1, &env, err, errlen); /* documented alias of --prefetch */
+        if (rc) goto fail;
         if (mode == 0) mode = env;
         m->eng.prefetch = m->store && (mode == 1 || mode == 3 || (mode == 0 && opts.ram_budget > 0));
         m->eng.prefetch_prompt = m->store && mode != 2;

@@ -90,7 +90,7 @@ typedef struct {
     df_expert_src experts;
     df_rope rope;
     int prefetch;                    /* router-based prefetch of layer L+1 (issue 4) */
-    int prefetch_prompt;             /* the prompt-sized lookahead of layer L+1 (on with prefetch, and without a budget) */
+    int prefetch_prompt;             /* the prompt-sized lookahead of layer L+1 (on whenever prefetch is, and without a budget) */
     int max_acquire;                 /* most experts experts.acquire may pin at once; 0 = top-k */
     /* counters (added to by forward) */
     uint64_t weight_bytes;           /* weight bytes touched by compute */

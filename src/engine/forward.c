@@ -225,7 +225,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
          * streamed layer l+1: its router arrives with its staging read, and waiting for that here would hold
          * back layer l's own reads. */
         e->la_x = NULL;
-        if ((e->prefetch || e->prefetch_prompt) && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe &&
+        if (e->prefetch_prompt && T > PREFETCH_MAX_T && l + 1 < L && sp->layers[l + 1].is_moe &&
             (!e->stream || l + 1 < sst_first_streamed(e->stream))) {
             if (sp->layers[l].is_moe) {
                 e->la_x = x;

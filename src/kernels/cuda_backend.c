@@ -12,7 +12,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 static df_backend g_cuda_be;
 static const df_backend *g_cpu;
@@ -32,7 +31,6 @@ static void cuda_be_matmul(df_pool *pool, const df_weight *w, const float *x, in
                 df_cuda_last_error());
     g_cpu->matmul(pool, w, x, T, y);
 }
-
 
 /* The MLA attention core on the GPU; on failure (a shape or encoding it does not support, a CUDA error) -1, and the
  * caller computes it on the CPU: reported once on stderr. */
