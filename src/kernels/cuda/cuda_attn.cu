@@ -27,6 +27,7 @@
  * heads per block), which therefore give the same bits.
  */
 #include "cuda_internal.h"
+#include "cuda_decode.cuh"
 
 #include <math.h>
 #include <pthread.h>
@@ -45,39 +46,8 @@ constexpr int VW = 4;       /* value: warps per block */
 constexpr int VR = 16;      /* value: rows of V_h per block */
 constexpr int KMAX = 1024;  /* largest kv_lora_rank (NT x 8 accumulators per thread) */
 
-/* ---- exact element decoding, as the CPU's cpu_scalar_decode_range (kernels/dtype.h) ---- */
-__device__ __forceinline__ float bits_f32(uint32_t u) { return __uint_as_float(u); }
-__device__ __forceinline__ float bf16_f32(uint32_t h) { return bits_f32((h & 0xffffu) << 16); }
-__device__ __forceinline__ float f16_f32(uint32_t h) { /* df_f16_to_f32 */
-    h &= 0xffffu;
-    const uint32_t s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
-    if (e == 0) {
-        const float v = (float)m * (1.0f / 16777216.0f);
-        return s ? -v : v;
-    }
-    if (e == 31) return bits_f32(s | 0x7f800000u | (m << 13));
-    return bits_f32(s | ((e + 112u) << 23) | (m << 13));
-}
-__device__ __forceinline__ float fp8_f32(uint32_t b) { /* df_fp8e4m3_to_f32 */
-    b &= 0xffu;
-    const uint32_t s = b >> 7, e = (b >> 3) & 15u, m = b & 7u;
-    if (e == 15 && m == 7) return __int_as_float(0x7fc00000);
-    const float v = e == 0 ? (float)m * (1.0f / 512.0f) : bits_f32(((e + 120u) << 23) | (m << 20));
-    return s ? -v : v;
-}
-__device__ __forceinline__ float e8m0_f32(uint32_t e) { /* df_e8m0_to_f32 */
-    e &= 0xffu;
-    if (e == 255) return __int_as_float(0x7fc00000);
-    if (e == 0) return bits_f32(0x00400000u);
-    return bits_f32(e << 23);
-}
-__device__ __forceinline__ float e2m1_f32(uint32_t code) { /* df_e2m1_values */
-    const uint32_t m = code & 7u;
-    const float v = m < 2 ? 0.5f * (float)m : m < 4 ? 1.0f + 0.5f * (float)(m - 2) : m < 6 ? (float)(m - 2) : m == 6 ? 4.0f : 6.0f;
-    return (code & 8u) ? -v : v;
-}
-
-/* Element (r, c) of a weight [rows, cols] of encoding ENC. */
+/* Element (r, c) of a weight [rows, cols] of encoding ENC, exactly as the CPU's cpu_scalar_decode_range (the
+ * element decoders: cuda_decode.cuh). */
 template <int ENC>
 __device__ __forceinline__ float wdec(const uint8_t *__restrict__ d, const uint8_t *__restrict__ s, int64_t cols,
                                       int64_t r, int64_t c) {

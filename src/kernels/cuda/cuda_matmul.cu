@@ -14,6 +14,7 @@
  * invariance).
  */
 #include "cuda_internal.h"
+#include "cuda_decode.cuh"
 
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -23,34 +24,6 @@ namespace {
 
 constexpr int WARPS = 8; /* rows per block */
 
-__device__ __forceinline__ float bits_f32(uint32_t u) { return __uint_as_float(u); }
-__device__ __forceinline__ float bf16_f32(uint32_t h) { return bits_f32((h & 0xffffu) << 16); }
-/* IEEE binary16 -> fp32, as kernels/dtype.h df_f16_to_f32 */
-__device__ __forceinline__ float f16_f32(uint32_t h) {
-    h &= 0xffffu;
-    uint32_t s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
-    if (e == 0) {
-        float v = (float)m * (1.0f / 16777216.0f);
-        return s ? -v : v;
-    }
-    if (e == 31) return bits_f32(s | 0x7f800000u | (m << 13));
-    return bits_f32(s | ((e + 112u) << 23) | (m << 13));
-}
-/* float8 e4m3fn -> fp32, as df_fp8e4m3_to_f32 (bias 7, S.1111.111 = NaN, subnormals m/8 * 2^-6) */
-__device__ __forceinline__ float fp8_f32(uint32_t b) {
-    b &= 0xffu;
-    uint32_t s = b >> 7, e = (b >> 3) & 15u, m = b & 7u;
-    if (e == 15 && m == 7) return __int_as_float(0x7fc00000);
-    float v = e == 0 ? (float)m * (1.0f / 512.0f) : bits_f32(((e + 120u) << 23) | (m << 20));
-    return s ? -v : v;
-}
-/* E8M0 -> 2^(e-127); 255 = NaN; 0 = 2^-127 */
-__device__ __forceinline__ float e8m0_f32(uint32_t e) {
-    e &= 0xffu;
-    if (e == 255) return __int_as_float(0x7fc00000);
-    if (e == 0) return bits_f32(0x00400000u);
-    return bits_f32(e << 23);
-}
 /* Fast exact decoding of a packed element K of a 32-bit word (the whole group shares one scale):
  * the code's exponent and mantissa bits are placed at the top of an fp32 mantissa/exponent, which
  * gives value x 2^-126 (E2M1) or value x 2^-120 (E4M3) exactly, subnormal codes included; one

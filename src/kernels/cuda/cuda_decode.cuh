@@ -1,0 +1,50 @@
+/*
+ * cuda_decode.cuh — exact element decoders of the weight encodings on the device, the same values as the
+ * CPU's kernels/dtype.h (df_f16_to_f32, df_fp8e4m3_to_f32, df_e8m0_to_f32, df_e2m1_values). Shared by the
+ * matmul kernels (cuda_matmul.cu) and the attention core's kv_b decoding (cuda_attn.cu).
+ */
+#ifndef DF_KERNELS_CUDA_DECODE_CUH
+#define DF_KERNELS_CUDA_DECODE_CUH
+
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ float bits_f32(uint32_t u) { return __uint_as_float(u); }
+__device__ __forceinline__ float bf16_f32(uint32_t h) { return bits_f32((h & 0xffffu) << 16); }
+/* IEEE binary16 -> fp32, as df_f16_to_f32 */
+__device__ __forceinline__ float f16_f32(uint32_t h) {
+    h &= 0xffffu;
+    const uint32_t s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+    if (e == 0) {
+        const float v = (float)m * (1.0f / 16777216.0f);
+        return s ? -v : v;
+    }
+    if (e == 31) return bits_f32(s | 0x7f800000u | (m << 13));
+    return bits_f32(s | ((e + 112u) << 23) | (m << 13));
+}
+/* float8 e4m3fn -> fp32, as df_fp8e4m3_to_f32 (bias 7, S.1111.111 = NaN, subnormals m/8 * 2^-6) */
+__device__ __forceinline__ float fp8_f32(uint32_t b) {
+    b &= 0xffu;
+    const uint32_t s = b >> 7, e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 15 && m == 7) return __int_as_float(0x7fc00000);
+    const float v = e == 0 ? (float)m * (1.0f / 512.0f) : bits_f32(((e + 120u) << 23) | (m << 20));
+    return s ? -v : v;
+}
+/* E8M0 -> 2^(e-127); 255 = NaN; 0 = 2^-127, as df_e8m0_to_f32 */
+__device__ __forceinline__ float e8m0_f32(uint32_t e) {
+    e &= 0xffu;
+    if (e == 255) return __int_as_float(0x7fc00000);
+    if (e == 0) return bits_f32(0x00400000u);
+    return bits_f32(e << 23);
+}
+/* E2M1 code (low 4 bits) -> its value, as df_e2m1_values */
+__device__ __forceinline__ float e2m1_f32(uint32_t code) {
+    const uint32_t m = code & 7u;
+    const float v = m < 2 ? 0.5f * (float)m : m < 4 ? 1.0f + 0.5f * (float)(m - 2) : m < 6 ? (float)(m - 2) : m == 6 ? 4.0f : 6.0f;
+    return (code & 8u) ? -v : v;
+}
+
+} // namespace
+
+#endif
