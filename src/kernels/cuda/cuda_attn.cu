@@ -68,6 +68,25 @@ __device__ __forceinline__ float wdec(const uint8_t *__restrict__ d, const uint8
     else return __int_as_float(0x7fc00000);
 }
 
+/* One lane's part of the dot products of PP cached rows (src[cpos[u] * n ..], n elements) with HB query rows
+ * (q[j * n ..]): elements lane, lane + 32, ... into acc[u][j] by fma in that order. */
+template <int HB>
+__device__ __forceinline__ void lane_dots(const float *src, int n, const int64_t *cpos, const float *q, int lane,
+                                          float (&acc)[PP][HB]) {
+#pragma unroll 1
+    for (int i = lane; i < n; i += 32) {
+        float x[PP];
+#pragma unroll
+        for (int u = 0; u < PP; u++) x[u] = src[cpos[u] * n + i];
+#pragma unroll
+        for (int j = 0; j < HB; j++) {
+            const float qv = q[j * n + i];
+#pragma unroll
+            for (int u = 0; u < PP; u++) acc[u][j] = fmaf(qv, x[u], acc[u][j]);
+        }
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
@@ -157,30 +176,8 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
             for (int u = 0; u < PP; u++)
 #pragma unroll
                 for (int j = 0; j < HB; j++) a[u][j] = b[u][j] = 0.0f;
-#pragma unroll 1
-            for (int i = lane; i < kvl; i += 32) {
-                float x[PP];
-#pragma unroll
-                for (int u = 0; u < PP; u++) x[u] = c[cpos[u] * kvl + i];
-#pragma unroll
-                for (int j = 0; j < HB; j++) {
-                    const float qv = qs[j * kvl + i];
-#pragma unroll
-                    for (int u = 0; u < PP; u++) a[u][j] = fmaf(qv, x[u], a[u][j]);
-                }
-            }
-#pragma unroll 1
-            for (int i = lane; i < dr; i += 32) {
-                float x[PP];
-#pragma unroll
-                for (int u = 0; u < PP; u++) x[u] = kp[cpos[u] * dr + i];
-#pragma unroll
-                for (int j = 0; j < HB; j++) {
-                    const float qv = qp[j * dr + i];
-#pragma unroll
-                    for (int u = 0; u < PP; u++) b[u][j] = fmaf(qv, x[u], b[u][j]);
-                }
-            }
+            lane_dots<HB>(c, kvl, cpos, qs, lane, a);
+            lane_dots<HB>(kp, dr, cpos, qp, lane, b);
 #pragma unroll
             for (int u = 0; u < PP; u++)
 #pragma unroll
