@@ -2,8 +2,9 @@
 # e2e_cuda_cli.sh — `--backend` of run / bench on any machine: `--backend cuda` either runs on the GPU (the
 # configuration line says "backend cuda" and the greedy ids equal the CPU's) or, without a CUDA device or a
 # CUDA build, exits 1 with the reason; `--backend auto` always runs; an unknown name is a usage error (2);
-# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS or DF_CUDA_TILE stops
-# cuda and auto (exit 1, naming the variable and the accepted values), not cpu; no NVIDIA driver is named as such.
+# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS, DF_CUDA_TILE or
+# DF_CUDA_KV_MIRROR stops cuda and auto (exit 1, naming the variable and the accepted values), not cpu; no NVIDIA
+# driver is named as such.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -69,6 +70,21 @@ for v in 0 1 on off; do
     ids=$(DF_CUDA_HOST_PIN=$v run 2>"$TMP/err"); rc=$?
     [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_HOST_PIN=$v (auto): same ids" || bad "DF_CUDA_HOST_PIN=$v: rc $rc '$ids' $(cat "$TMP/err")"
 done
+# DF_CUDA_KV_MIRROR (the attention core's device mirrors of the KV cache): 1 / on / 0 / off / a size with a unit run;
+# anything else (a size without a unit, a sign, junk) stops cuda and auto, naming the variable; --backend cpu ignores it
+for v in lots 4096 -1G 4X 1.5 G; do
+    for b in auto cuda; do
+        out=$(DF_CUDA_KV_MIRROR="$v" run --backend $b 2>&1); rc=$?
+        [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable DF_CUDA_KV_MIRROR=\"$v\": expected 1 or on (the default: up to 1/8 of the GPU's memory), 0 or off, or a size with a unit such as 512M or 4G; unset it or fix its value" \
+            && ok "DF_CUDA_KV_MIRROR='$v' --backend $b -> rc 1" || bad "DF_CUDA_KV_MIRROR='$v' --backend $b: rc $rc: $out"
+    done
+done
+for v in 0 1 on off 512M 4G 1.5GiB 64kb; do
+    ids=$(DF_CUDA_KV_MIRROR=$v run 2>"$TMP/err"); rc=$?
+    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_KV_MIRROR=$v (auto): same ids" || bad "DF_CUDA_KV_MIRROR=$v: rc $rc '$ids' $(cat "$TMP/err")"
+done
+ids=$(DF_CUDA_KV_MIRROR=junk run --backend cpu 2>"$TMP/err"); rc=$?
+[ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_KV_MIRROR=junk --backend cpu runs" || bad "DF_CUDA_KV_MIRROR=junk --backend cpu: rc $rc $(cat "$TMP/err")"
 # the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else (was: atoi, so
 # "abc" and "3" silently meant automatic) stops cuda and auto, naming the variable; --backend cpu ignores them
 for k in DF_CUDA_MV_ROWS DF_CUDA_TILE; do

@@ -14,11 +14,14 @@
  *   - RMSNorm, SwiGLU, SiTU, softmax, RoPE;
  *   - the MLA attention core (df_cuda_mla_attend) against a double-precision host reference, every kv_b
  *     encoding, rows of several sequences, batch invariance.
+ *   - the attention core's device mirrors of latent caches (seq_key): decode, rollback, growth, several
+ *     sequences and unkeyed rows in one call, each bitwise equal to the unmirrored call; seq_forget.
  * Without a CUDA device (or in a build without the backend) it prints why,
  * "skipped" and its closing line, and exits 77 (CTest: skipped). */
 #include "engine/engine.h"
 #include "kernels/backend.h"
 #include "kernels/cuda.h"
+#include "kernels/cuda_env.h"
 #include "kernels/dtype.h"
 #include "test_util.h"
 
@@ -306,6 +309,77 @@ static void cpu_mlp(const df_weight *gate, const df_weight *up, const df_weight 
     }
     sc->matmul(NULL, down, g, T, out);
     free(g); free(u);
+}
+
+/* The grouped tensor-core launches inside df_cuda_mlp_group: 40 MXFP4 experts of one shape (T of 1..16, more items
+ * than one launch takes, so gate/up pairs and downs go in several launches) with a BF16 shared expert, an INT4 expert
+ * and an MXFP4 expert of another width beside them (those run one by one). The first call uploads the keyed weights
+ * (one by one), the second finds them cached and groups the 40 (df_cuda_stats.grouped_items); with resident pinned
+ * views the first call groups. Every item's output is bitwise equal to df_cuda_mlp on that item alone. */
+static void test_mlp_group_mma(void) {
+    enum { NG = 40, N = NG + 3, D = 256, I = 128 };
+    static const int Ts[8] = {1, 2, 1, 5, 16, 3, 1, 8};
+    df_weight host[N][3];
+    float *x[N], *o[N], *one[N];
+    int T[N];
+    for (int i = 0; i < N; i++) {
+        const df_wtype tg = i < NG ? DF_W_MXFP4 : i == NG ? DF_W_BF16 : i == NG + 1 ? DF_W_INT4_G32 : DF_W_MXFP4;
+        const int64_t Ii = i == NG ? 64 : i == NG + 2 ? 96 : I;
+        T[i] = i < NG ? Ts[i % 8] : 4;
+        host[i][0] = make_weight(tg, Ii, D);
+        host[i][1] = make_weight(tg, Ii, D);
+        host[i][2] = make_weight(tg, D, Ii);
+        x[i] = malloc(sizeof(float) * (size_t)T[i] * D);
+        for (int64_t k = 0; k < (int64_t)T[i] * D; k++) x[i][k] = rndf();
+        o[i] = malloc(sizeof(float) * (size_t)T[i] * D);
+        one[i] = malloc(sizeof(float) * (size_t)T[i] * D);
+    }
+    for (int mode = 0; mode < 2; mode++) { /* 0: keyed (uploaded by the first call), 1: resident pinned views */
+        df_cuda_cache_clear();
+        df_weight w[N][3];
+        int ok = 1;
+        for (int i = 0; i < N; i++)
+            for (int p = 0; p < 3; p++) {
+                w[i][p] = host[i][p];
+                w[i][p].dev_key = DF_DEVKEY(9, i, p);
+                if (mode == 1) {
+                    df_weight v = w[i][p];
+                    ok &= df_cuda_preload(&w[i][p]) == 0 && df_cuda_pin(w[i][p].dev_key, &v) == 1;
+                    w[i][p] = v;
+                }
+            }
+        CHECK(ok, "mlp_group (grouped) mode %d: preload / pin: %s", mode, df_cuda_last_error());
+        const df_weight *gp[N], *up[N], *dp[N];
+        const float *xp[N];
+        for (int i = 0; i < N; i++) { gp[i] = &w[i][0]; up[i] = &w[i][1]; dp[i] = &w[i][2]; xp[i] = x[i]; }
+        for (int call = 0; call < 2; call++) {
+            df_cuda_stats s0, s1;
+            df_cuda_get_stats(&s0);
+            const int rc = df_cuda_mlp_group(N, gp, up, dp, call, 3.0f, 2.5f, xp, T, o);
+            df_cuda_get_stats(&s1);
+            CHECK(rc == 0, "mlp_group (grouped) mode %d call %d: %s", mode, call, df_cuda_last_error());
+            const uint64_t want = mode == 0 && call == 0 ? 0 : NG;
+            CHECK(s1.grouped_items - s0.grouped_items == want, "mlp_group mode %d call %d: %llu items grouped, want %llu",
+                  mode, call, (unsigned long long)(s1.grouped_items - s0.grouped_items), (unsigned long long)want);
+            if (rc) continue;
+            int64_t bad = 0, tot = 0;
+            for (int i = 0; i < N; i++) {
+                const int r1 = df_cuda_mlp(gp[i], up[i], dp[i], call, 3.0f, 2.5f, x[i], T[i], one[i]);
+                CHECK(r1 == 0, "mlp mode %d item %d: %s", mode, i, df_cuda_last_error());
+                for (int64_t k = 0; k < (int64_t)T[i] * D; k++, tot++) bad += memcmp(&one[i][k], &o[i][k], sizeof(float)) != 0;
+            }
+            CHECK(bad == 0, "mlp_group (grouped) mode %d call %d: %lld of %lld outputs differ from df_cuda_mlp", mode, call,
+                  (long long)bad, (long long)tot);
+        }
+        if (mode == 1)
+            for (int i = 0; i < N; i++)
+                for (int p = 0; p < 3; p++) df_cuda_unpin(DF_DEVKEY(9, i, p));
+    }
+    df_cuda_cache_clear();
+    for (int i = 0; i < N; i++) {
+        for (int p = 0; p < 3; p++) free_weight(&host[i][p]);
+        free(x[i]); free(o[i]); free(one[i]);
+    }
 }
 
 /* The grouped MLP (df_cuda_mlp_group, df_backend.mlp_group): one group of items of different T (1, 3, 17),
@@ -609,7 +683,7 @@ static void test_mla_attend(void) {
         char what[160];
         snprintf(what, sizeof what, "mla_attend %s H=%d dn=%d dr=%d dv=%d kvl=%d T=%d", df_wtype_name(kvb.type), H, dn, dr,
                  dv, kvl, T);
-        int rc = df_cuda_mla_attend(&kvb, T, H, dn, dr, dv, kvl, scale, q, c, kp, npos, o);
+        int rc = df_cuda_mla_attend(&kvb, T, H, dn, dr, dv, kvl, scale, q, c, kp, npos, NULL, o);
         CHECK(rc == 0, "%s: %s", what, df_cuda_last_error());
         if (rc == 0) {
             ref_attend(&kvb, T, H, dn, dr, dv, kvl, scale, q, c, kp, npos, ref, mag);
@@ -625,7 +699,7 @@ static void test_mla_attend(void) {
             int same = 1, t_bad = -1;
             for (int t = 0; t < T && same; t++) {
                 if (df_cuda_mla_attend(&kvb, 1, H, dn, dr, dv, kvl, scale, q + (int64_t)t * H * qd, c + t, kp + t,
-                                       npos + t, o1) ||
+                                       npos + t, NULL, o1) ||
                     memcmp(o1, o + (int64_t)t * H * dv, sizeof(float) * (size_t)H * dv)) {
                     same = 0;
                     t_bad = t;
@@ -644,10 +718,137 @@ static void test_mla_attend(void) {
         float q[2 * 16] = {0}, cc[1056] = {0}, kk[1] = {0}, o[2 * 8];
         const float *c = cc, *kp = kk;
         const int np = 1;
-        CHECK(df_cuda_mla_attend(&kvb, 1, 2, 8, 0, 8, 1056, 1.0f, q, &c, &kp, &np, o) == -1,
+        CHECK(df_cuda_mla_attend(&kvb, 1, 2, 8, 0, 8, 1056, 1.0f, q, &c, &kp, &np, NULL, o) == -1,
               "mla_attend: kv_lora_rank 1056 is refused");
         free_weight(&kvb);
     }
+}
+
+/* ---- The device mirrors of latent caches (df_cuda_mla_attend's seq_key) ---- */
+
+enum { MH = 4, MDN = 32, MDR = 16, MDV = 24, MKVL = 96, MQD = MDN + MDR, MN = 300 };
+
+/* One sequence: its cache c [MN, MKVL], kpe [MN, MDR] and a query per position, q [MN, MH*MQD]. */
+typedef struct {
+    float *c, *kp, *q;
+} mseq;
+
+static void mseq_fill(mseq *s, int r0, int r1) {
+    for (int64_t i = (int64_t)r0 * MKVL; i < (int64_t)r1 * MKVL; i++) s->c[i] = rndf();
+    for (int64_t i = (int64_t)r0 * MDR; i < (int64_t)r1 * MDR; i++) s->kp[i] = rndf();
+    for (int64_t i = (int64_t)r0 * MH * MQD; i < (int64_t)r1 * MH * MQD; i++) s->q[i] = 0.5f * rndf();
+}
+
+/* One call of T rows: row t of sequence sq[t] at npos np[t] (its query: that sequence's q row np[t] - 1), with the
+ * keys key[t] into o [T, MH*MDV], and again with no keys (every cache staged whole) into o0. 1 when both succeed and
+ * o is bitwise o0. */
+static int mirror_call(const df_weight *kvb, int T, mseq *const *sq, const int *np, const uint64_t *key, float *o,
+                       float *o0, const char *what) {
+    float *q = malloc(sizeof(float) * (size_t)T * MH * MQD);
+    const float **c = malloc(sizeof(float *) * (size_t)T), **kp = malloc(sizeof(float *) * (size_t)T);
+    for (int t = 0; t < T; t++) {
+        memcpy(q + (int64_t)t * MH * MQD, sq[t]->q + (int64_t)(np[t] - 1) * MH * MQD, sizeof(float) * MH * MQD);
+        c[t] = sq[t]->c;
+        kp[t] = sq[t]->kp;
+    }
+    const float scale = 1.0f / sqrtf((float)MQD);
+    const int r1 = df_cuda_mla_attend(kvb, T, MH, MDN, MDR, MDV, MKVL, scale, q, c, kp, np, key, o);
+    CHECK(r1 == 0, "%s (keyed): %s", what, df_cuda_last_error());
+    const int r0 = df_cuda_mla_attend(kvb, T, MH, MDN, MDR, MDV, MKVL, scale, q, c, kp, np, NULL, o0);
+    CHECK(r0 == 0, "%s (no keys): %s", what, df_cuda_last_error());
+    free(q); free(c); free(kp);
+    return r1 == 0 && r0 == 0 && !memcmp(o, o0, sizeof(float) * (size_t)T * MH * MDV);
+}
+
+/* Mirrored caches give the bits of staged ones: a sequence A prompted (20 rows in one call) then decoded position
+ * by position to 300 (the mirror grows past its first 256 positions); a rollback (rows from 150 rewritten, then
+ * evaluated again from 150, and new rows decoded on to 200); a second sequence B beside A in one call (distinct
+ * keys, two rows of B), a row with key 0 among keyed ones, a 300-row prompt of a fresh key C in one call. With
+ * mirrors on (DF_CUDA_KV_MIRROR), a host row below the call's first written row changed against the contract is not
+ * seen (the mirror holds the old one) until df_cuda_seq_forget drops the sequence's mirrors; one key given for two
+ * caches is refused. */
+static void test_mla_mirror(void) {
+    /* the checks that need mirrors to be used: DF_CUDA_KV_MIRROR on with the default cap or one of 64 MiB and more
+     * (off, or a tiny cap, stages every cache: the bitwise checks still hold) */
+    unsigned long long cap = 0;
+    const int on = df_cuda_env_kv_mirror(&cap, NULL, 0) > 0 && (cap == 0 || cap >= (64ull << 20));
+    df_weight kvb = make_weight(DF_W_BF16, (int64_t)MH * (MDN + MDV), MKVL);
+    mseq sa, sb, sc;
+    mseq *all[3] = {&sa, &sb, &sc};
+    for (int i = 0; i < 3; i++) {
+        all[i]->c = malloc(sizeof(float) * MN * MKVL);
+        all[i]->kp = malloc(sizeof(float) * MN * MDR);
+        all[i]->q = malloc(sizeof(float) * MN * MH * MQD);
+        mseq_fill(all[i], 0, MN);
+    }
+    const uint64_t KA = (101ull << 8) | 3, KB = (102ull << 8) | 3, KC = (103ull << 8) | 5;
+    enum { OV = MH * MDV };
+    float *o = malloc(sizeof(float) * MN * OV), *o0 = malloc(sizeof(float) * MN * OV), last[OV];
+    mseq *rows[MN];
+    int np[MN];
+    uint64_t key[MN];
+    /* A: a prompt of 20 rows, then one position a call up to MN */
+    for (int t = 0; t < 20; t++) { rows[t] = &sa; np[t] = t + 1; key[t] = KA; }
+    CHECK(mirror_call(&kvb, 20, rows, np, key, o, o0, "mirror: A prompt of 20"), "mirror: A's 20-row prompt differs");
+    int bad = -1;
+    for (int n = 21; n <= MN; n++) {
+        rows[0] = &sa; np[0] = n; key[0] = KA;
+        if (!mirror_call(&kvb, 1, rows, np, key, o, o0, "mirror: A decode") && bad < 0) bad = n;
+    }
+    CHECK(bad < 0, "mirror: A decoded with a key differs from unkeyed at npos %d", bad);
+    /* rollback: rows [150, 160) rewritten and evaluated again in one call, then decode on to 200 */
+    mseq_fill(&sa, 150, 160);
+    for (int t = 0; t < 10; t++) { rows[t] = &sa; np[t] = 151 + t; key[t] = KA; }
+    CHECK(mirror_call(&kvb, 10, rows, np, key, o, o0, "mirror: A rollback"), "mirror: A after a rollback to 150 differs");
+    bad = -1;
+    for (int n = 161; n <= 200; n++) {
+        mseq_fill(&sa, n - 1, n); /* a new token's row (the old one is stale on the device) */
+        rows[0] = &sa; np[0] = n; key[0] = KA;
+        if (!mirror_call(&kvb, 1, rows, np, key, o, o0, "mirror: A decode after rollback") && bad < 0) bad = n;
+    }
+    CHECK(bad < 0, "mirror: A decoded after a rollback differs at npos %d", bad);
+    /* B (prompt of 40) beside A in one call: A at 201, B at 41 and 42 */
+    for (int t = 0; t < 40; t++) { rows[t] = &sb; np[t] = t + 1; key[t] = KB; }
+    CHECK(mirror_call(&kvb, 40, rows, np, key, o, o0, "mirror: B prompt"), "mirror: B's prompt differs");
+    rows[0] = &sa; np[0] = 201; key[0] = KA;
+    rows[1] = &sb; np[1] = 41; key[1] = KB;
+    rows[2] = &sb; np[2] = 42; key[2] = KB;
+    CHECK(mirror_call(&kvb, 3, rows, np, key, o, o0, "mirror: A and B"), "mirror: A and B in one call differ");
+    /* a row with key 0 (its cache staged whole) among keyed ones; C's 300-row prompt in one call */
+    rows[0] = &sb; np[0] = 43; key[0] = KB;
+    rows[1] = &sc; np[1] = 7; key[1] = 0;
+    rows[2] = &sa; np[2] = 202; key[2] = KA;
+    CHECK(mirror_call(&kvb, 3, rows, np, key, o, o0, "mirror: keys and key 0"), "mirror: key 0 among keyed rows differs");
+    for (int t = 0; t < MN; t++) { rows[t] = &sc; np[t] = t + 1; key[t] = KC; }
+    CHECK(mirror_call(&kvb, MN, rows, np, key, o, o0, "mirror: C prompt of 300"), "mirror: C's 300-row prompt differs");
+    /* the mirror is what is read: a host row below the call's first row changed (against the contract) */
+    rows[0] = &sa; np[0] = 202; key[0] = KA;
+    CHECK(mirror_call(&kvb, 1, rows, np, key, o, o0, "mirror: A again"), "mirror: A read again differs");
+    memcpy(last, o, sizeof last);
+    if (on) {
+        const float keep = sa.c[5];
+        sa.c[5] += 1.0f;
+        mirror_call(&kvb, 1, rows, np, key, o, o0, "mirror: A re-read");
+        CHECK(!memcmp(o, last, sizeof last), "mirror: rows below the first written one are read from the mirror");
+        CHECK(memcmp(o0, last, sizeof last), "mirror: (the changed host row changes an unkeyed result)");
+        df_cuda_seq_forget(101); /* A's mirrors gone: the next keyed call reads the host's rows again */
+        CHECK(mirror_call(&kvb, 1, rows, np, key, o, o0, "mirror: A after forget"), "mirror: A after seq_forget differs");
+        CHECK(memcmp(o, last, sizeof last), "mirror: seq_forget(101) dropped A's mirror");
+        sa.c[5] = keep;
+    }
+    if (on) { /* one key for two caches: refused */
+        const float *c2[2] = {sa.c, sb.c}, *k2[2] = {sa.kp, sb.kp};
+        const int n2[2] = {3, 3};
+        const uint64_t k[2] = {KA, KA};
+        float q[2 * MH * MQD] = {0};
+        CHECK(df_cuda_mla_attend(&kvb, 2, MH, MDN, MDR, MDV, MKVL, 1.0f, q, c2, k2, n2, k, o) == -1,
+              "mirror: one seq_key for two caches is refused");
+    }
+    df_cuda_seq_forget(0);
+    for (int i = 0; i < 3; i++) { free(all[i]->c); free(all[i]->kp); free(all[i]->q); }
+    free(o); free(o0);
+    free_weight(&kvb);
+    df_cuda_cache_clear();
 }
 
 int main(void) {
@@ -665,7 +866,9 @@ int main(void) {
     test_cache();
     test_mlp();
     test_mlp_group();
+    test_mlp_group_mma();
     test_ops();
     test_mla_attend();
+    test_mla_mirror();
     return t_done();
 }

@@ -90,5 +90,31 @@ int bench_kernels_cuda(int argc, char **argv, const int *types, int ntypes, int6
                 for (int v = 2; variants && v <= 8; v *= 2)
                     bench_one((df_wtype)types[ti], sh[si][0], sh[si][1], tl[k], v, bw, fp32_peak);
             }
+    /* a decode step's MoE layer: the top-k experts' matrices of one shape in one grouped launch (the engine's
+     * df_cuda_mlp_group), all reading the same x; 16 = 8 experts' gates and ups, 8 = their downs */
+    printf("\ngrouped launches (n weights of one shape in one tensor-core launch, as a decode step's MoE layer runs its "
+           "top-k experts;\nGB/s = the n weights' bytes per call / time, read from HBM: n x a weight > the L2 cache)\n");
+    printf("%-10s %-15s %5s %4s %10s %9s %6s\n", "encoding", "shape", "T", "n", "ms/call", "GB/s", "%HBM");
+    for (int ti = 0; ti < ntypes; ti++) {
+        const df_wtype t = (df_wtype)types[ti];
+        if (t != DF_W_MXFP4 && t != DF_W_BF16) continue;
+        for (int si = 0; si < nsh && si < 2; si++)
+            for (int k = 0; k < ntl; k++) {
+                if (tl[k] > 16) continue;
+                const int n = si == 0 ? 16 : 8;
+                const df_weight w = {t, sh[si][0], sh[si][1], NULL, NULL, 0};
+                const double ms = df_cuda_bench_group(t, sh[si][0], sh[si][1], tl[k], n, 50);
+                char shape[40];
+                snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh[si][0], (long long)sh[si][1]);
+                if (ms <= 0) {
+                    printf("%-10s %-15s %5d %4d  failed: %s\n", df_wtype_name(t), shape, tl[k], n, df_cuda_last_error());
+                    continue;
+                }
+                const double gbs = (double)df_weight_bytes(&w) * n / (ms * 1e-3) / 1e9;
+                printf("%-10s %-15s %5d %4d %10.4f %9.1f %6.1f\n", df_wtype_name(t), shape, tl[k], n, ms, gbs,
+                       bw > 0 ? 100 * gbs * 1e9 / bw : 0);
+                fflush(stdout);
+            }
+    }
     return 0;
 }

@@ -784,6 +784,8 @@ int df_session_new(df_session **out, df_model *m, int n_ctx, char *err, size_t e
 
 void df_session_free(df_session *s) {
     if (!s) return;
+    const df_backend *be = s->m->eng.be;
+    if (be && be->seq_forget) be->seq_forget(s->kv.uid); /* the device's mirrors of this cache */
     kv_free(&s->kv);
     free(s->tokens);
     free(s->snap);

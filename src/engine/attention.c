@@ -24,6 +24,7 @@
 
 #define QA_NORM_EPS 1e-6f /* transformers builds q_a_layernorm / kv_a_layernorm with the default eps */
 enum { ATTN_CHUNK = 256 }; /* most rows through one attention pass */
+_Static_assert(DF_MAX_LAYERS <= 256, "mla_attend's seq_key holds the layer in its low 8 bits");
 
 typedef struct {
     df_engine *e;
@@ -119,6 +120,7 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     }
     const float **rcache = malloc(sizeof(float *) * (size_t)T * 2);
     int *npos = malloc(sizeof(int) * (size_t)T);
+    uint64_t *seq_key = malloc(sizeof(uint64_t) * (size_t)T);
     int max_npos = 1;
     const size_t qn = (size_t)T * H * qd;
     float *q = malloc(sizeof(float) * qn);
@@ -127,7 +129,7 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     float *q_lat = malloc(sizeof(float) * (size_t)T * H * kvl);
     float *o_lat = malloc(sizeof(float) * (size_t)T * H * kvl);
     float *o_v = malloc(sizeof(float) * (size_t)T * H * dv);
-    if (!q || !kva || (cfg->q_lora_rank > 0 && !qa) || !q_lat || !o_lat || !o_v || !rcache || !npos) {
+    if (!q || !kva || (cfg->q_lora_rank > 0 && !qa) || !q_lat || !o_lat || !o_v || !rcache || !npos || !seq_key) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "attention layer %d: out of memory for %d tokens", layer, T);
         goto done;
@@ -156,6 +158,9 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
             rcache[t] = kv->c[layer];
             rcache[T + t] = kv->kpe[layer];
             npos[t] = (int)pos + 1; /* causal: positions 0..pos */
+            /* the cache's identity for the device's mirror (mla_attend); rows [0, n_past) are unchanged since the
+             * calls that read them: only this function writes them, each row at the position it is then read from */
+            seq_key[t] = kv->uid << 8 | (uint64_t)layer;
             if (npos[t] > max_npos) max_npos = npos[t];
             score_work += npos[t];
             if (cfg->mla_use_nope) continue; /* Kimi Linear / K3: the shared key part stays unrotated */
@@ -168,7 +173,7 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
      * CPU */
     int on_device = e->be->mla_attend &&
                     e->be->mla_attend(&lw->kv_b, T, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale, q, rcache,
-                                      rcache + T, npos, o_v) == 0;
+                                      rcache + T, npos, seq_key, o_v) == 0;
     /* a batch the device could not take at once (e.g. its caches together do not fit the device's scratch) goes
      * row by row, as each row would alone, so a token does not leave the device only because of its batch */
     if (e->be->mla_attend && !on_device && T > 1) {
@@ -176,7 +181,7 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         for (int t = 0; t < T && on_device; t++)
             on_device = e->be->mla_attend(&lw->kv_b, 1, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale,
                                           q + (int64_t)t * H * qd, rcache + t, rcache + T + t, npos + t,
-                                          o_v + (int64_t)t * H * dv) == 0;
+                                          seq_key + t, o_v + (int64_t)t * H * dv) == 0;
     }
     if (!on_device) {
         attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, rcache, rcache + T, npos, max_npos};
@@ -203,7 +208,7 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     }
     eng_matmul(e, &lw->o, o_v, T, out);
 done:
-    free(q); free(kva); free(qa); free(q_lat); free(o_lat); free(o_v); free(rcache); free(npos);
+    free(q); free(kva); free(qa); free(q_lat); free(o_lat); free(o_v); free(rcache); free(npos); free(seq_key);
     return rc;
 }
 

@@ -22,7 +22,8 @@ typedef struct {
     int (*request)(void *ctx, int layer, const int *experts, int n, store_prio prio);
     int (*acquire)(void *ctx, int layer, const int *experts, int n, df_expert *views, char *err, size_t errlen);
     void (*release)(void *ctx, int layer, const int *experts, int n);
-    /* optional (NULL: every member taken as present): which members have a slot now (store_present) */
+    /* optional (NULL: every member taken as in memory): which members are in memory (2), being read (1) or
+     * neither (0) now (store_present) */
     void (*present)(void *ctx, int layer, const int *experts, int n, unsigned char *present);
 } df_expert_src;
 
@@ -46,6 +47,8 @@ void rope_apply(const df_rope *r, float *x, int64_t pos);
  * KDA layers: the recurrent state S [heads, K, K] (fp32, S[h][k][v]) and the short-conv state: the last
  * W-1 pre-conv projections of q, k and v ([3][W-1][D], oldest first), both for the position n_past. */
 typedef struct {
+    uint64_t uid;            /* unique in the process, >= 1 (kv_init): names the cache's device mirrors
+                              * (df_backend.mla_attend seq_key = uid << 8 | layer, seq_forget) */
     int n_layers, kv_lora, rope;
     int n_ctx;               /* hard limit */
     int cap;                 /* allocated positions (grows by doubling up to n_ctx) */
@@ -57,7 +60,13 @@ typedef struct {
     float **kda_conv;        /* [n_layers][3*(W-1)*H*K]; NULL for MLA layers */
 } df_kvcache;
 
+/* An empty cache for cfg's layers with a fresh uid. Only attn_chunk (attention.c) writes the MLA rows c / kpe, at
+ * the positions it then attends from (the seq_key contract of df_backend.mla_attend); code that writes them
+ * otherwise must give the cache a fresh uid (kv_new_uid; the old one's device copies dropped with seq_forget). The
+ * owner of a cache calls be->seq_forget(uid), when the backend has it, before kv_free. */
 int kv_init(df_kvcache *kv, const df_config *cfg, int n_ctx);
+/* A fresh cache uid (a process-wide counter from 1). */
+uint64_t kv_new_uid(void);
 /* Make room for positions [0, n); DF_ECONTEXT past n_ctx, DF_ENOMEM. */
 int kv_reserve(df_kvcache *kv, int n);
 void kv_free(df_kvcache *kv);

@@ -3,6 +3,7 @@
  * MLA layers: per position the normalized latent c_kv [kv_lora_rank] and the
  * shared key part k_pe [qk_rope_head_dim], fp32; grows by doubling up to n_ctx,
  * so a session with a large context limit only pays for the positions it uses.
+ * Each cache has a process-unique uid, the identity of its device mirrors (engine.h).
  * KDA layers: a fixed-size recurrent state S [heads, K, K] and the short-conv
  * state (the last W-1 pre-conv projections of q, k, v), fp32, for position n_past.
  */
@@ -17,8 +18,14 @@ static size_t kda_conv_floats(const df_kvcache *kv) {
     return (size_t)3 * (kv->kda_W > 1 ? kv->kda_W - 1 : 0) * kv->kda_H * kv->kda_K;
 }
 
+uint64_t kv_new_uid(void) {
+    static uint64_t last;
+    return __atomic_add_fetch(&last, 1, __ATOMIC_RELAXED);
+}
+
 int kv_init(df_kvcache *kv, const df_config *cfg, int n_ctx) {
     memset(kv, 0, sizeof *kv);
+    kv->uid = kv_new_uid();
     kv->n_layers = cfg->num_hidden_layers;
     kv->kv_lora = cfg->kv_lora_rank;
     kv->rope = cfg->qk_rope_head_dim;

@@ -266,7 +266,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
      * so compute starts when the first ones arrive while the rest of the layer's reads (all requested above)
      * continue; decode-sized calls take as many as may be pinned (item-parallel over small experts). The sums
      * are the same whatever the chunking (accumulated in ascending expert order). */
-    const int maxc = T > PREFILL_CHUNK_T && df_pool_threads(e->pool) < max_pin ? df_pool_threads(e->pool) : max_pin;
+    int maxc = T > PREFILL_CHUNK_T && df_pool_threads(e->pool) < max_pin ? df_pool_threads(e->pool) : max_pin;
     const int nthreads = df_pool_threads(e->pool);
     int rc = DF_OK;
     float *logits = malloc(sizeof(float) * (size_t)T * E);
@@ -357,20 +357,27 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
      * order, each group requested as the slots of the computed ones are released, so every member is read
      * once and the next group is read while the current one computes; a member with a slot never waits
      * behind one without (whose load could otherwise evict it unused). */
-    int n_missing = 0;
+    int n_missing = 0, n_loading = 0;
     if (e->experts.present && n_used > 0) {
         unsigned char *pres = malloc((size_t)n_used);
         if (!pres) { rc = DF_ENOMEM; goto done; }
         e->experts.present(e->experts.ctx, layer, used, n_used, pres);
-        for (int i = 0; i < n_used; i++) if (!pres[i] && !dev_resident(e, layer, used[i])) n_missing++;
-        if (n_missing) {
-            int k = 0;
-            for (int i = 0; i < n_used; i++) if (pres[i]) xo[k++] = used[i];
-            for (int i = 0; i < n_used; i++) if (!pres[i]) xo[k++] = used[i];
+        for (int i = 0; i < n_used; i++) {
+            if (dev_resident(e, layer, used[i])) pres[i] = 2;
+            n_missing += !pres[i];
+            n_loading += pres[i] == 1;
         }
+        /* in memory first, then those being read (in the order of their requests), then those without a slot */
+        int k = 0;
+        for (int want = 2; want >= 0; want--)
+            for (int i = 0; i < n_used; i++) if (pres[i] == want) xo[k++] = used[i];
         free(pres);
+    } else {
+        memcpy(xo, used, sizeof(int) * (size_t)n_used);
     }
-    if (!n_missing) memcpy(xo, used, sizeof(int) * (size_t)n_used);
+    /* A decode step on the CPU (no grouped device op) whose members are still being read: chunks of one expert per
+     * thread, so the members in memory compute while the others are read (acquire waits only for its chunk). */
+    if (n_loading && T <= PREFILL_CHUNK_T && !e->be->mlp_group && nthreads < maxc) maxc = nthreads;
     /* chunks of experts: acquire, compute (items in parallel across the pool when there are enough of
      * them and each is small; else one at a time with row-parallel matmuls), release; the outputs are
      * accumulated afterwards in ascending expert order (the same additions in the same order whatever the

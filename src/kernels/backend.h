@@ -77,10 +77,22 @@ typedef struct df_backend {
      * c[t] [>= npos[t], kvl] (normalised c_kv) and kpe[t] [>= npos[t], dr] (k_pe); rows of one sequence share the
      * pointers. o_v [T, H*dv] (fp32) = V_h o_lat with o_lat = sum_s p_s c_s, p = softmax((q_lat . c_s + q_pe .
      * kpe_s) * scale) (fp32, max-subtracted), q_lat = K_h^T q_nope. Each row's result depends only on that row's
-     * inputs (the same bits alone or in any batch). Returns 0, or -1 when it cannot (a shape or encoding it does not
-     * support, a device error: o_v is then not to be trusted and the caller computes the attention itself). */
+     * inputs (the same bits alone or in any batch).
+     * seq_key (NULL = every key 0): per row t, the identity of its cache (its sequence's latent cache of this
+     * layer, engine: (df_kvcache.uid << 8) | layer) for a copy kept on the device between calls; 0 = none (the
+     * cache's rows [0, npos[t]) are read from the host in this call). Rows with one nonzero key share c[t] and
+     * kpe[t]. Contract for a nonzero key: with p = the smallest npos[t] - 1 over the call's rows with that key (the
+     * first position the call's rows write), the host rows [0, p) of c and kpe hold the values they held when
+     * earlier calls with that key read them; rows from p on may have changed (rewritten for this call, or after
+     * a rollback), and are read again from the host.
+     * Returns 0, or -1 when it cannot (a shape or encoding it does not support, a device error: o_v is then not to
+     * be trusted and the caller computes the attention itself). */
     int (*mla_attend)(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
-                      const float *const *c, const float *const *kpe, const int *npos, float *o_v);
+                      const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+                      float *o_v);
+    /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its
+     * caches (the mla_attend keys k with k >> 8 == uid); uid 0 = every sequence's. */
+    void (*seq_forget)(uint64_t uid);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

@@ -65,6 +65,7 @@ typedef struct {
     uint64_t spine_bytes, expert_bytes;   /* cached now */
     uint64_t expert_hits, expert_misses;  /* routed-expert cache lookups */
     uint64_t uploaded_bytes;              /* host -> GPU weight bytes since start */
+    uint64_t grouped_items;               /* MLP items run in grouped tensor-core launches (df_cuda_mlp_group) */
 } df_cuda_stats;
 void df_cuda_get_stats(df_cuda_stats *out);
 
@@ -81,13 +82,21 @@ int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *dow
  * kernels on the stream, one copy out, one synchronisation. Weights found or cached like df_cuda_mlp's. */
 int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                       int act, float beta, float lb, const float *const *x, const int *T, float *const *out);
-/* The MLA attention core of T rows in one round trip (df_backend.mla_attend, same contract): kv_b from the weight
- * cache (decoded exactly, every encoding); q, the distinct latent caches (rows sharing c[t]: [0, max npos) once)
- * copied in, o_v out, one synchronisation. A fixed order of additions per (row, head) (docs/cuda.md), so a row's
- * o_v is bitwise the same alone or in a batch. -1 (df_cuda_last_error says why) for kv_lora_rank > 1024, a kv_b
- * shape that does not match, npos < 1, no device or a CUDA error. */
+/* The MLA attention core of T rows in one round trip (df_backend.mla_attend, same contract, seq_key included): kv_b
+ * from the weight cache (decoded exactly, every encoding); q and the latent caches copied in, o_v out, one
+ * synchronisation. A cache with a nonzero seq_key is mirrored in GPU memory between calls (docs/cuda.md): only its
+ * rows from the first one the device copy lacks or the call rewrites (min over its rows of npos - 1) up to its
+ * largest npos are copied; a cache with key 0 (or that no mirror has room for: env DF_CUDA_KV_MIRROR, LRU eviction)
+ * is copied whole for the call ([0, max npos of its rows) once). A fixed order of additions per (row, head), so a
+ * row's o_v is bitwise the same alone or in a batch, mirrored or not. -1 (df_cuda_last_error says why) for
+ * kv_lora_rank > 1024, a kv_b shape that does not match, npos < 1, one nonzero key given for two different caches,
+ * an invalid DF_CUDA_KV_MIRROR, no device or a CUDA error (the call's mirrors are then dropped). */
 int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
-                       const float *const *c, const float *const *kpe, const int *npos, float *o_v);
+                       const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+                       float *o_v);
+/* Drop the device mirrors of the sequence uid (the df_cuda_mla_attend keys k with k >> 8 == uid; df_backend.seq_forget);
+ * uid 0: every mirror (a model was closed). Nothing to do without a device. */
+void df_cuda_seq_forget(uint64_t uid);
 /* out[t] = rmsnorm(x[t]) * w for T rows of n (fp64 sum of squares, like cpu_scalar_rmsnorm). */
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps);
 /* out[i] = silu(g[i]) * u[i] for n values. */
@@ -103,6 +112,11 @@ int df_cuda_rope(float *x, int T, int dim, const float *inv_freq, float attentio
 /* Benchmark: ms per call of the matmul kernel alone (weight and activations resident on the GPU,
  * CUDA events over iters calls) for a random weight of type t [rows, cols] and T rows; -1 on error. */
 double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int iters);
+/* Benchmark: ms per grouped tensor-core launch (as a decode step's MoE layer runs its experts) of n random weights
+ * of type t (MXFP4 or BF16) [rows, cols], each applied to the same x [T, cols] (T <= 256): CUDA events over iters
+ * calls, weights resident (n distinct weights: with n x the weight's bytes above the GPU's L2 cache, each call
+ * reads them from HBM); -1 on error (df_cuda_last_error). */
+double df_cuda_bench_group(df_wtype t, int64_t rows, int64_t cols, int T, int n, int iters);
 /* fp32 FMA peak (FLOP/s) = SMs x 128 lanes x 2 x boost clock; also the SM count and clock (MHz). */
 void df_cuda_fp32_peak(double *flops, int *sms, int *mhz);
 /* Measured device-memory bandwidth (bytes read + written per second) of a large device-to-device copy. */

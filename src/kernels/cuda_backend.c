@@ -37,8 +37,8 @@ static void cuda_be_matmul(df_pool *pool, const df_weight *w, const float *x, in
 static int g_attn_warned;
 static int cuda_be_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
                               const float *q, const float *const *c, const float *const *kpe, const int *npos,
-                              float *o_v) {
-    if (df_cuda_mla_attend(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, o_v) == 0) return 0;
+                              const uint64_t *seq_key, float *o_v) {
+    if (df_cuda_mla_attend(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, seq_key, o_v) == 0) return 0;
     if (!__atomic_exchange_n(&g_attn_warned, 1, __ATOMIC_SEQ_CST))
         fprintf(stderr, "deltafin: attention core not on the GPU (%s); computed on the CPU\n", df_cuda_last_error());
     return -1;
@@ -61,6 +61,8 @@ static void init_table(void) {
     g_cuda_be.mlp_group = df_cuda_env_switch("DF_CUDA_MLP_GROUP", NULL, 0) != 0 ? df_cuda_mlp_group : NULL;
     g_attn_on = df_cuda_env_switch("DF_CUDA_ATTN", NULL, 0) != 0;
     g_cuda_be.mla_attend = g_attn_on ? cuda_be_mla_attend : NULL;
+    /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
+    g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
 }
 
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) {

@@ -1,10 +1,11 @@
 /*
  * cuda_env.h — the CUDA backend's environment knobs (docs/cuda.md): DF_CUDA_MMA, the encodings whose matmuls run
- * on the tensor-core kernel, the on/off switches DF_CUDA_MLP_GROUP, DF_CUDA_ATTN and DF_CUDA_HOST_PIN, and the
- * kernel variants DF_CUDA_MV_ROWS and DF_CUDA_TILE. Read the same way by the backend's choice (backend.c: --backend
- * cuda / auto refuse an invalid value, on any machine), by the CUDA runtime's probe (cuda_runtime.cu: DF_CUDA_MMA,
- * the variants, DF_CUDA_HOST_PIN) and by the backend table (cuda_backend.c: the other switches). Plain C,
- * also compiled as C++ by nvcc.
+ * on the tensor-core kernel, the on/off switches DF_CUDA_MLP_GROUP, DF_CUDA_ATTN and DF_CUDA_HOST_PIN, the
+ * kernel variants DF_CUDA_MV_ROWS and DF_CUDA_TILE, and DF_CUDA_KV_MIRROR, the GPU memory of the attention core's
+ * latent-cache mirrors. Read the same way by the backend's choice (backend.c: --backend cuda / auto refuse an
+ * invalid value, on any machine), by the CUDA runtime's probe (cuda_runtime.cu: DF_CUDA_MMA, the variants,
+ * DF_CUDA_HOST_PIN), by the backend table (cuda_backend.c: the other switches) and by the attention core
+ * (cuda_attn.cu: DF_CUDA_KV_MIRROR, on its first call). Plain C, also compiled as C++ by nvcc.
  */
 #ifndef DF_KERNELS_CUDA_ENV_H
 #define DF_KERNELS_CUDA_ENV_H
@@ -74,6 +75,47 @@ static inline int df_cuda_env_variant(const char *name, int *out, char *why, siz
     return -1;
 }
 
+/* DF_CUDA_KV_MIRROR, the GPU memory all the attention core's device mirrors of latent KV caches may hold together
+ * (docs/cuda.md). Unset, empty, "1" or "on": 1 with *bytes = 0 (on, the default cap: 1/8 of the device's memory);
+ * "0" or "off": 0 (off: every call uploads its caches whole); a size, digits with an optional fraction and a unit
+ * K, M, G or T (powers of 1024, case-insensitive, optionally followed by "iB" or "B"; e.g. "512M", "4G", "1.5GiB"):
+ * 1 with that many bytes in *bytes (a size of 0 bytes is off: 0). Anything else (no unit, a sign, other characters):
+ * -1 with a message naming the variable and the accepted values in why. */
+static inline int df_cuda_env_kv_mirror(unsigned long long *bytes, char *why, size_t whylen) {
+    const char *v = getenv("DF_CUDA_KV_MIRROR");
+    *bytes = 0;
+    if (!v || !*v || !strcmp(v, "1") || !strcmp(v, "on")) return 1;
+    if (!strcmp(v, "0") || !strcmp(v, "off")) return 0;
+    const char *p = v;
+    double x = 0, f = 1;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) x = x * 10 + (*p - '0');
+    if (*p == '.')
+        for (p++; *p >= '0' && *p <= '9'; p++, digits++) x += (*p - '0') * (f /= 10);
+    double unit = 0;
+    switch (*p) {
+    case 'k': case 'K': unit = 1024.0; break;
+    case 'm': case 'M': unit = 1048576.0; break;
+    case 'g': case 'G': unit = 1073741824.0; break;
+    case 't': case 'T': unit = 1099511627776.0; break;
+    default: break;
+    }
+    if (unit > 0) {
+        p++;
+        if (*p == 'i' && (p[1] == 'B' || p[1] == 'b')) p++;
+        if (*p == 'B' || *p == 'b') p++;
+    }
+    if (!digits || unit == 0 || *p || x * unit >= 18446744073709551616.0) {
+        if (why && whylen)
+            snprintf(why, whylen, "environment variable DF_CUDA_KV_MIRROR=\"%.40s%s\": expected 1 or on (the default: "
+                     "up to 1/8 of the GPU's memory), 0 or off, or a size with a unit such as 512M or 4G; unset it or fix "
+                     "its value", v, strlen(v) > 40 ? "..." : "");
+        return -1;
+    }
+    *bytes = (unsigned long long)(x * unit);
+    return *bytes ? 1 : 0;
+}
+
 /* Every CUDA knob above checked: 0, or -1 with the first invalid one's message in why (may be NULL). */
 static inline int df_cuda_env_check(char *why, size_t whylen) {
     unsigned mma;
@@ -81,6 +123,8 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_switch("DF_CUDA_MLP_GROUP", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_ATTN", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_HOST_PIN", why, whylen) < 0) return -1;
+    unsigned long long mirror;
+    if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;
     int variant;
     if (df_cuda_env_variant("DF_CUDA_MV_ROWS", &variant, why, whylen) < 0) return -1;
     if (df_cuda_env_variant("DF_CUDA_TILE", &variant, why, whylen) < 0) return -1;

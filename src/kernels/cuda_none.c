@@ -38,17 +38,20 @@ int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *cons
     return -1;
 }
 int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
-                       const float *const *c, const float *const *kpe, const int *npos, float *o_v) {
+                       const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+                       float *o_v) {
     (void)kv_b; (void)T; (void)H; (void)dn; (void)dr; (void)dv; (void)kvl; (void)scale; (void)q; (void)c; (void)kpe;
-    (void)npos; (void)o_v;
+    (void)npos; (void)seq_key; (void)o_v;
     return -1;
 }
+void df_cuda_seq_forget(uint64_t uid) { (void)uid; }
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
 int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
 int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }
 int df_cuda_softmax(float *x, int T, int64_t n) { return -1; }
 int df_cuda_rope(float *x, int T, int dim, const float *inv_freq, float attention_factor, const int64_t *pos) { return -1; }
 double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int iters) { return -1; }
+double df_cuda_bench_group(df_wtype t, int64_t rows, int64_t cols, int T, int n, int iters) { return -1; }
 double df_cuda_bench_bandwidth(void) { return -1; }
 void df_cuda_fp32_peak(double *flops, int *sms, int *mhz) { *flops = 0; *sms = 0; *mhz = 0; }
 #endif

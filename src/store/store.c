@@ -704,7 +704,7 @@ void store_present(df_store *st, int layer, const int *experts, int n, unsigned 
     pthread_mutex_lock(&st->mu);
     for (int i = 0; i < n; i++) {
         int s = check_key(st, layer, experts[i]) ? st->slot_of[KEY(st, layer, experts[i])] : -1;
-        present[i] = s >= 0 && (st->slots[s].state == SLOT_LOADING || st->slots[s].state == SLOT_READY);
+        present[i] = s < 0 ? 0 : st->slots[s].state == SLOT_READY ? 2 : st->slots[s].state == SLOT_LOADING ? 1 : 0;
     }
     pthread_mutex_unlock(&st->mu);
 }

@@ -101,8 +101,9 @@ uint64_t store_slot_bytes(const struct df_native *nat);
 int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_bytes, uint64_t kv_bytes,
                  uint64_t other_bytes, uint64_t *cache_bytes, char *err, size_t errlen);
 
-/* present[i] = 1 when expert experts[i] of the layer has a slot now (read or being read), else 0. A hint for
- * the order of acquires (a set larger than the cache: its members with a slot first); no side effect. */
+/* present[i] = 2 when expert experts[i] of the layer is in memory now, 1 when it has a slot and is being read,
+ * else 0. A hint for the order of acquires (a set larger than the cache: its members with a slot first; a decode
+ * step computes the members in memory while the rest are read); no side effect. */
 void store_present(df_store *st, int layer, const int *experts, int n, unsigned char *present);
 
 /* Measured prefetch recall of one layer: guesses for `layer` later acquired /

@@ -13,11 +13,13 @@
 #          vs the HBM bound).
 #   part 3: setup's download vs curl on 1 and 8 shards (issue 13) and the GPU backend's phases (issue 12).
 #   part 4: streamed decode with the lookahead gated / ungated / off (GPU and CPU) and a streamed GPU prefill.
+#   part 5: the GPU's single and grouped kernel launches, resident decode (grouped MLP on / off), long-context
+#          resident decode (the KV mirror on / off), then test_cuda_kernels and test_golden on the GPU if carried.
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2|3|4 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2|3|4 OUTDIR}
+PART=${1:?usage: acceptance.sh 1|2|3|4|5 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2|3|4|5 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
@@ -138,6 +140,39 @@ case $PART in
             log "setup download vs curl, 2048 MiB in $sh shard(s) (issue 13)"
             SHARDS=$sh DF_BIN=$BIN timeout 90 "$HERE/bench/setup_download.sh" 2048 2>&1 | tail -1 >>"$S"
         done
+    fi
+    ;;
+5)
+    # issue 12: the grouped tensor-core launches of a MoE layer's experts and the device mirror of the latent KV
+    # cache: kernel tables (single and grouped launches), resident decode with its phases (grouped MLP on / off),
+    # and a long-context resident decode with the KV mirror on / off. Then the tests on the GPU when carried.
+    log "bench kernels --backend cuda (MXFP4, BF16; single and grouped launches)"
+    timeout 120 "$BIN" bench kernels --backend cuda --types mxfp4,bf16 --T 1,8,512 2>&1 | tail -30 >>"$S"
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, bf16 spine"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
+    for knobs in "" "DF_CUDA_MLP_GROUP=0"; do
+        log "cuda run, resident, --stats --profile (96 tokens after a 64-token prompt) ${knobs:-(defaults)}"
+        env $knobs timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --prompt-ids "$(seq -s, 1 64)" \
+            --max-new 96 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+    done
+    log "cuda decode, resident (bench decode --warmup 64 --tokens 32)"
+    timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --warmup 64 --tokens 32 --no-drop \
+        --io-seconds 1 2>&1 | tail -25 >>"$S"
+    for knobs in "" "DF_CUDA_KV_MIRROR=0"; do
+        log "cuda run, resident, ${CTX:-1536}-token prompt, 48 tokens, --stats --profile ${knobs:-(KV mirror on)}"
+        env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G \
+            --prompt-ids "$(seq -s, 1 "${CTX:-1536}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+    done
+    rm -rf "$W"
+    if [ -x "$D/test_cuda_kernels" ]; then
+        log "test_cuda_kernels"
+        (cd "$HERE" && timeout 150 "$D/test_cuda_kernels" 2>&1 | grep -E "FAIL|passed" | tail -15) >>"$S"
+    fi
+    if [ -x "$D/test_golden" ]; then
+        log "DF_BACKEND=cuda test_golden"
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/test_golden" 2>&1 | grep -E "FAIL|passed|diff" | tail -15) >>"$S"
     fi
     ;;
 esac

@@ -6,10 +6,15 @@
  *   o_lat[t,h,:] = sum_s p_s c_s                           (attn_kernel)
  *   o_v[t, h*dv + e] = V_h[e,:] . o_lat[t,h,:]             (value_kernel)
  * with kv_b rows per head h = [K_h (dn rows) ; V_h (dv rows)] over kvl columns, decoded element by element
- * exactly as the CPU's decode_row (every encoding of model/weights.h; kernels/dtype.h). One call: the rows' q
- * and the distinct latent caches (rows of one sequence share theirs: [0, max npos of its rows) once) go up in
- * one copy from pinned staging, three kernels, o_v comes back; one synchronisation. kv_b comes from the weight
- * cache of cuda_runtime.cu (keyed by host address, like a resident spine weight).
+ * exactly as the CPU's decode_row (every encoding of model/weights.h; kernels/dtype.h). One call: the rows' q,
+ * a row table and the latent cache rows the device lacks go up in one copy from pinned staging, a scatter kernel
+ * moves mirrored caches' new rows into place, three kernels, o_v comes back; one synchronisation. A cache with a
+ * nonzero seq_key has a device mirror kept between calls (only rows from the first one the call writes, or the
+ * mirror lacks, are copied: one row per sequence and layer in a decode step); a cache with key 0, or one no mirror
+ * has room for, is staged whole for the call (rows of one sequence share it: [0, max npos of its rows) once).
+ * The attention kernel reads each row's cache through a per-row device pointer, so both kinds mix in one call and
+ * give the same bits. kv_b comes from the weight cache of cuda_runtime.cu (keyed by host address, like a resident
+ * spine weight).
  *
  * Canonical order (batch invariance: an output depends only on its row's own data, never on T, the other
  * rows, the tiles or the grid):
@@ -28,6 +33,7 @@
  */
 #include "cuda_internal.h"
 #include "cuda_decode.cuh"
+#include "kernels/cuda_env.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -126,13 +132,13 @@ __global__ void __launch_bounds__(AT) absorb_kernel(const uint8_t *__restrict__ 
 }
 
 /* o_lat [T, H, kvl]: block = row t x HB heads (blockIdx.y * HB ..); thread tid owns the columns
- * k = tid + NT*kk, kk < KPT. cache: the uploaded latent caches; row t's c at cache + coff[t] ([npos, kvl]),
- * its k_pe at cache + poff[t] ([npos, dr]). */
+ * k = tid + NT*kk, kk < KPT. Row t's latent cache in device memory (a mirror, or this call's staging): c at
+ * cptr[t] ([npos[t], kvl]), k_pe at pptr[t] ([npos[t], dr]). */
 template <int HB, int KPT>
 __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, const float *__restrict__ q_lat,
-                                                  const float *__restrict__ cache, const int64_t *__restrict__ coff,
-                                                  const int64_t *__restrict__ poff, const int *__restrict__ npos, int H,
-                                                  int dn, int dr, int kvl, float scale, float *__restrict__ o_lat) {
+                                                  const float *const *__restrict__ cptr,
+                                                  const float *const *__restrict__ pptr, const int *__restrict__ npos,
+                                                  int H, int dn, int dr, int kvl, float scale, float *__restrict__ o_lat) {
     extern __shared__ float att_smem[];
     float *qs = att_smem;             /* [HB][kvl] q_lat */
     float *qp = qs + HB * kvl;        /* [HB][dr] q_pe */
@@ -154,7 +160,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
         st_m[tid] = -INFINITY;
         st_l[tid] = 0.0f;
     }
-    const float *c = cache + coff[t], *kp = cache + poff[t];
+    const float *c = cptr[t], *kp = pptr[t];
     const int n = npos[t];
     float acc[HB][KPT];
 #pragma unroll
@@ -324,31 +330,45 @@ cudaError_t launch_weight_kernel(df_wtype type, const void *data, const void *sc
     }
 }
 
+typedef const float *const *Ptrs; /* per row, a device pointer to its cache's c or k_pe rows */
+
 template <int HB, int KPT>
-cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, const float *cache, const int64_t *coff,
-                          const int64_t *poff, const int *npos, float *o_lat, cudaStream_t st) {
+cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
+                          float *o_lat, cudaStream_t st) {
     const size_t smem = sizeof(float) * ((size_t)HB * (sh.kvl + sh.dr + CH) + 3 * HB);
     const dim3 grid((unsigned)sh.T, (unsigned)((sh.H + HB - 1) / HB));
-    attn_kernel<HB, KPT><<<grid, NT, smem, st>>>(q, q_lat, cache, coff, poff, npos, sh.H, sh.dn, sh.dr, sh.kvl, sh.scale,
-                                                 o_lat);
+    attn_kernel<HB, KPT><<<grid, NT, smem, st>>>(q, q_lat, cptr, pptr, npos, sh.H, sh.dn, sh.dr, sh.kvl, sh.scale, o_lat);
     return cudaGetLastError();
 }
 
 /* Heads per block: 4 when there are blocks enough for the GPU (the latent cache is read once for 4 heads),
  * else 1; columns per thread from kvl. Neither changes a result's bits. */
 template <int HB>
-cudaError_t launch_attn_h(const Shape &sh, const float *q, const float *q_lat, const float *cache, const int64_t *coff,
-                          const int64_t *poff, const int *npos, float *o_lat, cudaStream_t st) {
-    if (sh.kvl <= NT) return launch_attn_k<HB, 1>(sh, q, q_lat, cache, coff, poff, npos, o_lat, st);
-    if (sh.kvl <= 2 * NT) return launch_attn_k<HB, 2>(sh, q, q_lat, cache, coff, poff, npos, o_lat, st);
-    if (sh.kvl <= 4 * NT) return launch_attn_k<HB, 4>(sh, q, q_lat, cache, coff, poff, npos, o_lat, st);
-    return launch_attn_k<HB, 8>(sh, q, q_lat, cache, coff, poff, npos, o_lat, st);
+cudaError_t launch_attn_h(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
+                          float *o_lat, cudaStream_t st) {
+    if (sh.kvl <= NT) return launch_attn_k<HB, 1>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
+    if (sh.kvl <= 2 * NT) return launch_attn_k<HB, 2>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
+    if (sh.kvl <= 4 * NT) return launch_attn_k<HB, 4>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
+    return launch_attn_k<HB, 8>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
 }
 
-cudaError_t launch_attn(const Shape &sh, const float *q, const float *q_lat, const float *cache, const int64_t *coff,
-                        const int64_t *poff, const int *npos, float *o_lat, cudaStream_t st) {
-    if ((int64_t)sh.T * sh.H >= 1024) return launch_attn_h<4>(sh, q, q_lat, cache, coff, poff, npos, o_lat, st);
-    return launch_attn_h<1>(sh, q, q_lat, cache, coff, poff, npos, o_lat, st);
+cudaError_t launch_attn(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
+                        float *o_lat, cudaStream_t st) {
+    if ((int64_t)sh.T * sh.H >= 1024) return launch_attn_h<4>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
+    return launch_attn_h<1>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
+}
+
+/* A copy of n floats within device memory (a mirror's new rows from the staging area). */
+struct Seg {
+    const float *src;
+    float *dst;
+    long long n;
+};
+
+/* Every segment's copy: block (x, y) copies part of segment y, element by element. */
+__global__ void __launch_bounds__(256) scatter_kernel(const Seg *__restrict__ seg) {
+    const Seg s = seg[blockIdx.y];
+    for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < s.n; i += (long long)gridDim.x * 256) s.dst[i] = s.src[i];
 }
 
 /* Device and pinned host buffers of this file (grow only; the runtime's mutex is held while they are used). */
@@ -356,6 +376,7 @@ void *g_dev, *g_host;
 size_t g_cdev, g_chost;
 
 size_t up256(size_t n) { return (n + 255) / 256 * 256; }
+size_t up4(size_t n) { return (n + 3) / 4 * 4; }
 
 int err_cuda(const char *what, cudaError_t e) {
     char b[256];
@@ -386,101 +407,333 @@ int grow_host(size_t need) {
     return 0;
 }
 
-/* The call with the runtime's mutex held. */
+/* ---- Device mirrors of latent caches (seq_key != 0), under the runtime's mutex.
+ * A mirror holds rows [0, valid) of one key's c and k_pe, equal to the host's as the last calls read them. A call
+ * lowers valid to its first written row (the seq_key contract), grows the arrays when its rows need more positions
+ * (capacity doubling, at least MIR_MIN, the valid rows copied over), and copies rows [valid, max npos) in through
+ * the staging. All mirrors together hold at most g_mcap bytes (DF_CUDA_KV_MIRROR); the least recently used ones
+ * not in the current call are dropped to make room; a cache no mirror has room for is staged whole (no error). */
+
+constexpr size_t MIR_RESERVE = (size_t)1 << 30; /* device memory left free by a mirror's growth (scratch, context) */
+constexpr int MIR_MIN = 256;                     /* smallest capacity (positions) */
+constexpr int MBUCKET = 4096;
+
+struct Mirror {
+    uint64_t key;
+    void *mem;        /* one allocation: c [cap, kvl] at mem, k_pe [cap, dr] at mem + pe_off */
+    size_t bytes, pe_off;
+    int cap, valid, kvl, dr;
+    uint64_t tick;    /* the last call that used it */
+    int next;         /* bucket chain / free list; -1 = end */
+    int used;
+};
+
+Mirror *g_mir;
+int g_nmir, g_capmir, g_mfree = -1;
+int g_mlive;          /* mirrors in the table (read without the mutex by mir_forget_keys: atomic) */
+int g_mbucket[MBUCKET];
+int g_minit;          /* DF_CUDA_KV_MIRROR read */
+int g_mon;            /* mirrors on */
+int g_mbad;           /* DF_CUDA_KV_MIRROR invalid (g_mwhy): every call fails */
+char g_mwhy[256];
+size_t g_mcap, g_mbytes;
+uint64_t g_mcall;     /* calls so far: the LRU clock */
+
+unsigned mir_bucket(uint64_t k) { return (unsigned)((k * 0x9E3779B97F4A7C15ull) >> 52) & (MBUCKET - 1); }
+
+/* DF_CUDA_KV_MIRROR (cuda_env.h) on the first call: the cap, default 1/8 of the device's memory. */
+void mir_setup() {
+    if (g_minit) return;
+    g_minit = 1;
+    for (int i = 0; i < MBUCKET; i++) g_mbucket[i] = -1;
+    unsigned long long b = 0;
+    const int r = df_cuda_env_kv_mirror(&b, g_mwhy, sizeof g_mwhy);
+    if (r < 0) { g_mbad = 1; return; }
+    if (r > 0 && !b) {
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) b = tot / 8;
+        else cudaGetLastError();
+    }
+    g_mcap = (size_t)b;
+    g_mon = r > 0 && g_mcap > 0;
+}
+
+int mir_find(uint64_t key) {
+    for (int i = g_mbucket[mir_bucket(key)]; i >= 0; i = g_mir[i].next)
+        if (g_mir[i].key == key) return i;
+    return -1;
+}
+
+/* An empty mirror for key (no device memory yet); -1 when the host is out of memory. */
+int mir_add(uint64_t key, int kvl, int dr) {
+    int i;
+    if (g_mfree >= 0) {
+        i = g_mfree;
+        g_mfree = g_mir[i].next;
+    } else {
+        if (g_nmir == g_capmir) {
+            const int nc = g_capmir ? 2 * g_capmir : 256;
+            Mirror *n = (Mirror *)realloc(g_mir, sizeof(Mirror) * (size_t)nc);
+            if (!n) return -1;
+            g_mir = n;
+            g_capmir = nc;
+        }
+        i = g_nmir++;
+    }
+    Mirror *m = &g_mir[i];
+    memset(m, 0, sizeof *m);
+    m->key = key;
+    m->kvl = kvl;
+    m->dr = dr;
+    m->used = 1;
+    const unsigned b = mir_bucket(key);
+    m->next = g_mbucket[b];
+    g_mbucket[b] = i;
+    __atomic_add_fetch(&g_mlive, 1, __ATOMIC_RELAXED);
+    return i;
+}
+
+/* Drop mirror i: its memory is freed stream-ordered (after the work queued that may still read it). */
+void mir_drop(int i) {
+    Mirror *m = &g_mir[i];
+    int *pp = &g_mbucket[mir_bucket(m->key)];
+    while (*pp != i) pp = &g_mir[*pp].next;
+    *pp = m->next;
+    if (m->mem) cudaFreeAsync(m->mem, cu_rt_stream());
+    g_mbytes -= m->bytes;
+    m->used = 0;
+    m->next = g_mfree;
+    g_mfree = i;
+    __atomic_sub_fetch(&g_mlive, 1, __ATOMIC_RELAXED);
+}
+
+/* Drop the least recently used mirror holding memory that the call `tick` does not use; 0 when there is none. */
+int mir_evict(uint64_t tick) {
+    int best = -1;
+    for (int i = 0; i < g_nmir; i++)
+        if (g_mir[i].used && g_mir[i].mem && g_mir[i].tick != tick && (best < 0 || g_mir[i].tick < g_mir[best].tick))
+            best = i;
+    if (best < 0) return 0;
+    mir_drop(best);
+    return 1;
+}
+
+/* Room for `need` positions in mirror i: 0 (grown if it had to, the valid rows copied to the new arrays), 1 when
+ * there is no room (under the cap after evicting, in free device memory, or the allocation failed: the caller
+ * stages the cache instead), -1 on a CUDA error (recorded). */
+int mir_reserve(int i, int need, uint64_t tick) {
+    Mirror *m = &g_mir[i];
+    if (need <= m->cap) return 0;
+    int cap = m->cap * 2 > need ? m->cap * 2 : need;
+    if (cap < MIR_MIN) cap = MIR_MIN;
+    const size_t pe_off = up256(sizeof(float) * (size_t)cap * m->kvl);
+    const size_t bytes = pe_off + up256(sizeof(float) * (size_t)cap * m->dr);
+    if (bytes > g_mcap) return 1;
+    while (g_mbytes - m->bytes + bytes > g_mcap)
+        if (!mir_evict(tick)) return 1;
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) { cudaGetLastError(); return 1; }
+    if (fr < bytes + MIR_RESERVE) return 1;
+    cudaStream_t st = cu_rt_stream();
+    void *mem = NULL;
+    if (cudaMallocAsync(&mem, bytes, st) != cudaSuccess) { cudaGetLastError(); return 1; }
+    if (m->valid > 0) {
+        cudaError_t e = cudaMemcpyAsync(mem, m->mem, sizeof(float) * (size_t)m->valid * m->kvl,
+                                        cudaMemcpyDeviceToDevice, st);
+        if (e == cudaSuccess && m->dr)
+            e = cudaMemcpyAsync((char *)mem + pe_off, (char *)m->mem + m->pe_off, sizeof(float) * (size_t)m->valid * m->dr,
+                                cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess) {
+            cudaFreeAsync(mem, st);
+            return err_cuda("cudaMemcpyAsync (growing a KV mirror)", e);
+        }
+    }
+    if (m->mem) cudaFreeAsync(m->mem, st);
+    g_mbytes += bytes - m->bytes;
+    m->mem = mem;
+    m->bytes = bytes;
+    m->pe_off = pe_off;
+    m->cap = cap;
+    return 0;
+}
+
+/* Drop the mirrors of the keys of a call that failed (their rows' state on the device is unknown). */
+void mir_forget_keys(int T, const uint64_t *key, int locked) {
+    if (!key || !__atomic_load_n(&g_mlive, __ATOMIC_RELAXED)) return;
+    if (!locked && cu_rt_lock()) return;
+    for (int t = 0; t < T; t++) {
+        const int i = key[t] ? mir_find(key[t]) : -1;
+        if (i >= 0) mir_drop(i);
+    }
+    if (!locked) cu_rt_unlock();
+}
+
+/* The distinct caches of a call. */
+struct Unit {
+    const float *c, *k; /* host rows */
+    uint64_t key;       /* 0: staged whole */
+    int first, need;    /* min (npos - 1) and max npos over its rows */
+    int mir;            /* its mirror, or -1: rows [0, need) staged for this call */
+    int lo;             /* first row copied in: the mirror's valid rows, 0 when staged */
+    size_t off_c, off_p;/* its copied rows in the staging's cache area (floats) */
+};
+
+/* Group the rows into units (u[slot[t]] is row t's): keyed rows by key (mirrors on), the others by their (c, kpe)
+ * pair, O(T x units); then each keyed unit's mirror found or made, its valid rows cut to the unit's first row and
+ * room made for its positions. Returns the number of units, or -1 (recorded). */
+int plan_units(int T, const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+               int kvl, int dr, Unit *u, int *slot) {
+    int nu = 0;
+    for (int t = 0; t < T; t++) {
+        const uint64_t key = g_mon && seq_key ? seq_key[t] : 0;
+        int j = 0;
+        while (j < nu && !(u[j].key == key && (key ? 1 : u[j].c == c[t] && u[j].k == kpe[t]))) j++;
+        if (j == nu) {
+            u[nu] = Unit{c[t], kpe[t], key, npos[t] - 1, 0, -1, 0, 0, 0};
+            nu++;
+        } else if (key && (u[j].c != c[t] || u[j].k != kpe[t])) {
+            char b[160];
+            snprintf(b, sizeof b, "mla_attend: row %d has seq_key %llx, as an earlier row with a different cache", t,
+                     (unsigned long long)key);
+            return cu_rt_error(b);
+        }
+        slot[t] = j;
+        if (npos[t] - 1 < u[j].first) u[j].first = npos[t] - 1;
+        if (npos[t] > u[j].need) u[j].need = npos[t];
+    }
+    const uint64_t tick = ++g_mcall;
+    for (int j = 0; j < nu; j++) { /* first every mirror of the call marked, so none is evicted for another */
+        if (!u[j].key) continue;
+        int i = mir_find(u[j].key);
+        if (i >= 0 && (g_mir[i].kvl != kvl || g_mir[i].dr != dr)) {
+            mir_drop(i);
+            i = -1;
+        }
+        if (i < 0) i = mir_add(u[j].key, kvl, dr);
+        if (i < 0) continue; /* no host memory for the entry: staged */
+        g_mir[i].tick = tick;
+        if (g_mir[i].valid > u[j].first) g_mir[i].valid = u[j].first;
+        u[j].mir = i;
+    }
+    for (int j = 0; j < nu; j++) {
+        if (u[j].mir < 0) continue;
+        const int r = mir_reserve(u[j].mir, u[j].need, tick);
+        if (r < 0) return -1;
+        if (r > 0) u[j].mir = -1;
+        else u[j].lo = g_mir[u[j].mir].valid;
+    }
+    return nu;
+}
+
+/* The call with the runtime's mutex held. Staging layout (bytes), the uploaded part first: q | cptr | pptr | npos |
+ * segs | the copied cache rows (per unit: c rows [lo, need), then k_pe rows); then device-only q_lat, o_lat, o_v. */
 int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const float *const *c,
-                  const float *const *kpe, const int *npos, float *o_v) {
+                  const float *const *kpe, const int *npos, const uint64_t *seq_key, float *o_v) {
     const int T = sh.T, H = sh.H, kvl = sh.kvl, dr = sh.dr, qd = sh.dn + sh.dr;
     cudaStream_t st = cu_rt_stream();
-    /* the distinct caches (a sequence's rows share one) and the positions each must hold */
-    int *slot = (int *)malloc(sizeof(int) * (size_t)T * 2);
-    if (!slot) return cu_rt_error("mla_attend: out of host memory");
-    int *umax = slot + T, nu = 0;
-    /* grouped by the pair (c, kpe): O(T x distinct) */
-    const float **uc = (const float **)malloc(sizeof(float *) * (size_t)T * 2);
-    if (!uc) { free(slot); return cu_rt_error("mla_attend: out of host memory"); }
-    const float **uk = uc + T;
-    for (int t = 0; t < T; t++) {
-        int u = 0;
-        while (u < nu && !(uc[u] == c[t] && uk[u] == kpe[t])) u++;
-        if (u == nu) { uc[nu] = c[t]; uk[nu] = kpe[t]; umax[nu] = 0; nu++; }
-        slot[t] = u;
-        if (npos[t] > umax[u]) umax[u] = npos[t];
-    }
-    /* layout (bytes), uploaded part first: q | coff | poff | npos | caches; then device-only q_lat, o_lat, o_v */
-    const size_t o_q = 0, o_coff = up256(sizeof(float) * (size_t)T * H * qd);
-    const size_t o_poff = o_coff + up256(sizeof(int64_t) * (size_t)T), o_np = o_poff + up256(sizeof(int64_t) * (size_t)T);
-    const size_t o_cache = o_np + up256(sizeof(int) * (size_t)T);
+    mir_setup();
+    if (g_mbad) return cu_rt_error(g_mwhy);
+    Unit *u = (Unit *)malloc(sizeof(Unit) * (size_t)T + sizeof(int) * (size_t)T);
+    if (!u) return cu_rt_error("mla_attend: out of host memory");
+    int *slot = (int *)(u + T);
+    const int nu = plan_units(T, c, kpe, npos, seq_key, kvl, dr, u, slot);
+    if (nu < 0) { free(u); return -1; }
     size_t cache_floats = 0;
-    for (int u = 0; u < nu; u++) cache_floats += ((size_t)umax[u] * kvl + 3) / 4 * 4 + ((size_t)umax[u] * dr + 3) / 4 * 4;
+    int nseg = 0;
+    long long seg_max = 0;
+    for (int j = 0; j < nu; j++) {
+        const size_t n = (size_t)(u[j].need - u[j].lo);
+        u[j].off_c = cache_floats;
+        cache_floats += up4(n * kvl);
+        u[j].off_p = cache_floats;
+        cache_floats += up4(n * dr);
+        if (u[j].mir >= 0) {
+            nseg += dr ? 2 : 1;
+            if ((long long)(n * kvl) > seg_max) seg_max = (long long)(n * kvl);
+        }
+    }
+    const size_t o_q = 0, o_cp = up256(sizeof(float) * (size_t)T * H * qd);
+    const size_t o_pp = o_cp + up256(sizeof(float *) * (size_t)T), o_np = o_pp + up256(sizeof(float *) * (size_t)T);
+    const size_t o_seg = o_np + up256(sizeof(int) * (size_t)T), o_cache = o_seg + up256(sizeof(Seg) * (size_t)nseg);
     const size_t up_bytes = o_cache + sizeof(float) * cache_floats;
     const size_t o_qlat = up256(up_bytes), o_olat = o_qlat + up256(sizeof(float) * (size_t)T * H * kvl);
     const size_t o_ov = o_olat + up256(sizeof(float) * (size_t)T * H * kvl);
     const size_t ov_bytes = sizeof(float) * (size_t)T * H * sh.dv;
     const size_t h_ov = up256(up_bytes); /* o_v's place in the host staging */
-    int rc = 0;
     const void *wd = NULL, *ws = NULL;
-    if (cu_rt_weight(kv_b, &wd, &ws) || grow_dev(o_ov + ov_bytes) || grow_host(h_ov + ov_bytes)) rc = -1;
-    if (rc == 0) {
-        char *hb = (char *)g_host;
-        memcpy(hb + o_q, q, sizeof(float) * (size_t)T * H * qd);
-        int64_t *coff = (int64_t *)(hb + o_coff), *poff = (int64_t *)(hb + o_poff);
-        int *np = (int *)(hb + o_np);
-        float *cb = (float *)(hb + o_cache);
-        int64_t *ucoff = (int64_t *)malloc(sizeof(int64_t) * (size_t)nu * 2);
-        if (!ucoff) {
-            rc = cu_rt_error("mla_attend: out of host memory");
+    if (cu_rt_weight(kv_b, &wd, &ws) || grow_dev(o_ov + ov_bytes) || grow_host(h_ov + ov_bytes)) { free(u); return -1; }
+    char *hb = (char *)g_host, *db = (char *)g_dev;
+    memcpy(hb + o_q, q, sizeof(float) * (size_t)T * H * qd);
+    const float **cp = (const float **)(hb + o_cp), **pp = (const float **)(hb + o_pp);
+    Seg *seg = (Seg *)(hb + o_seg);
+    float *hc = (float *)(hb + o_cache), *dc = (float *)(db + o_cache);
+    for (int j = 0, k = 0; j < nu; j++) {
+        const size_t lo = (size_t)u[j].lo, n = (size_t)(u[j].need - u[j].lo);
+        memcpy(hc + u[j].off_c, u[j].c + lo * kvl, sizeof(float) * n * kvl);
+        if (dr) memcpy(hc + u[j].off_p, u[j].k + lo * dr, sizeof(float) * n * dr);
+        if (u[j].mir < 0) continue;
+        const Mirror &m = g_mir[u[j].mir];
+        seg[k++] = Seg{dc + u[j].off_c, (float *)m.mem + lo * kvl, (long long)(n * kvl)};
+        if (dr) seg[k++] = Seg{dc + u[j].off_p, (float *)((char *)m.mem + m.pe_off) + lo * dr, (long long)(n * dr)};
+    }
+    for (int t = 0; t < T; t++) {
+        const Unit &v = u[slot[t]];
+        if (v.mir >= 0) {
+            const Mirror &m = g_mir[v.mir];
+            cp[t] = (const float *)m.mem;
+            pp[t] = (const float *)((const char *)m.mem + m.pe_off);
         } else {
-            int64_t *upoff = ucoff + nu;
-            size_t cur = 0;
-            for (int u = 0; u < nu; u++) {
-                ucoff[u] = (int64_t)cur;
-                memcpy(cb + cur, uc[u], sizeof(float) * (size_t)umax[u] * kvl);
-                cur += ((size_t)umax[u] * kvl + 3) / 4 * 4;
-                upoff[u] = (int64_t)cur;
-                if (dr) memcpy(cb + cur, uk[u], sizeof(float) * (size_t)umax[u] * dr);
-                cur += ((size_t)umax[u] * dr + 3) / 4 * 4;
-            }
-            for (int t = 0; t < T; t++) {
-                coff[t] = ucoff[slot[t]];
-                poff[t] = upoff[slot[t]];
-                np[t] = npos[t];
-            }
-            free(ucoff);
+            cp[t] = dc + v.off_c;
+            pp[t] = dc + v.off_p;
         }
     }
-    free(slot);
-    free(uc);
-    if (rc) return -1;
-    char *db = (char *)g_dev;
-    CKA(cudaMemcpyAsync(db, g_host, up_bytes, cudaMemcpyHostToDevice, st));
+    memcpy(hb + o_np, npos, sizeof(int) * (size_t)T);
+    cudaError_t e = cudaMemcpyAsync(db, hb, up_bytes, cudaMemcpyHostToDevice, st);
+    const long long bx = (seg_max + 1023) / 1024;
+    for (int s0 = 0; e == cudaSuccess && s0 < nseg; s0 += 65535) { /* grid.y: at most 65535 segments a launch */
+        const dim3 grid((unsigned)(bx < 1 ? 1 : bx > 64 ? 64 : bx), (unsigned)(nseg - s0 < 65535 ? nseg - s0 : 65535));
+        scatter_kernel<<<grid, 256, 0, st>>>((const Seg *)(db + o_seg) + s0);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) /* the mirrors' new rows are queued: they hold [0, need) from here on */
+        for (int j = 0; j < nu; j++)
+            if (u[j].mir >= 0) g_mir[u[j].mir].valid = u[j].need;
+    free(u);
+    if (e != cudaSuccess) return err_cuda("copying the caches in", e);
     const float *dq = (const float *)(db + o_q);
     float *dql = (float *)(db + o_qlat), *dol = (float *)(db + o_olat), *dov = (float *)(db + o_ov);
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, dq, dql, NULL, NULL, 0, st));
-    CKA(launch_attn(sh, dq, dql, (const float *)(db + o_cache), (const int64_t *)(db + o_coff),
-                    (const int64_t *)(db + o_poff), (const int *)(db + o_np), dol, st));
+    CKA(launch_attn(sh, dq, dql, (Ptrs)(db + o_cp), (Ptrs)(db + o_pp), (const int *)(db + o_np), dol, st));
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, NULL, NULL, dol, dov, 1, st));
-    CKA(cudaMemcpyAsync((char *)g_host + h_ov, dov, ov_bytes, cudaMemcpyDeviceToHost, st));
+    CKA(cudaMemcpyAsync(hb + h_ov, dov, ov_bytes, cudaMemcpyDeviceToHost, st));
     CKA(cudaStreamSynchronize(st));
-    memcpy(o_v, (char *)g_host + h_ov, ov_bytes);
+    memcpy(o_v, hb + h_ov, ov_bytes);
     return 0;
+}
+
+/* A call that fails before it runs: its keys' mirrors dropped (the host may have rewritten rows they hold), the
+ * reason recorded. */
+int refuse(int T, const uint64_t *seq_key, const char *msg) {
+    mir_forget_keys(T, seq_key, 0);
+    return cu_rt_error(msg);
 }
 
 } // namespace
 
 extern "C" int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
                                   const float *q, const float *const *c, const float *const *kpe, const int *npos,
-                                  float *o_v) {
+                                  const uint64_t *seq_key, float *o_v) {
     if (T <= 0) return 0;
     char b[200];
     if (H <= 0 || dn <= 0 || dr < 0 || dv <= 0 || kvl <= 0 || kv_b->rows != (int64_t)H * (dn + dv) || kv_b->cols != kvl) {
         snprintf(b, sizeof b, "mla_attend: kv_b [%lld, %lld] does not match %d heads x (%d + %d) rows, %d columns",
                  (long long)kv_b->rows, (long long)kv_b->cols, H, dn, dv, kvl);
-        return cu_rt_error(b);
+        return refuse(T, seq_key, b);
     }
     if ((int)kv_b->type < 0 || kv_b->type >= DF_W__COUNT ||
         ((kv_b->type == DF_W_INT4_G32 || kv_b->type == DF_W_MXFP4) && kvl % 32)) {
         snprintf(b, sizeof b, "mla_attend: kv_b encoding %d with %d columns not supported", (int)kv_b->type, kvl);
-        return cu_rt_error(b);
+        return refuse(T, seq_key, b);
     }
     /* kvl: NT x 8 accumulators per thread; shared memory: 48 KB per block for each kernel */
     const size_t smem_attn = sizeof(float) * ((size_t)4 * (kvl + dr + CH) + 12);
@@ -488,20 +741,28 @@ extern "C" int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, i
         sizeof(float) * 8 * (size_t)kvl > 48 * 1024 || T > 65535 * 8 || (int64_t)H * ((dv + VR - 1) / VR) > 0x7fffffff) {
         snprintf(b, sizeof b, "mla_attend: shape not supported on the GPU (T %d, kv_lora_rank %d, nope %d, rope %d)", T,
                  kvl, dn, dr);
-        return cu_rt_error(b);
+        return refuse(T, seq_key, b);
     }
     for (int t = 0; t < T; t++)
         if (npos[t] < 1 || !c[t] || (dr && !kpe[t])) {
             snprintf(b, sizeof b, "mla_attend: row %d attends to %d positions", t, npos[t]);
-            return cu_rt_error(b);
+            return refuse(T, seq_key, b);
         }
     if (cu_rt_lock()) return -1;
     const Shape sh = {T, H, dn, dr, dv, kvl, scale};
-    int rc = attend_locked(kv_b, sh, q, c, kpe, npos, o_v);
+    int rc = attend_locked(kv_b, sh, q, c, kpe, npos, seq_key, o_v);
     if (rc) {
         cudaStreamSynchronize(cu_rt_stream()); /* no queued copy may still read a host buffer after an error return */
         cudaGetLastError();
+        mir_forget_keys(T, seq_key, 1); /* what the device holds of these caches is unknown */
     }
     cu_rt_unlock();
     return rc;
+}
+
+extern "C" void df_cuda_seq_forget(uint64_t uid) {
+    if (!__atomic_load_n(&g_mlive, __ATOMIC_RELAXED) || cu_rt_lock()) return;
+    for (int i = 0; i < g_nmir; i++)
+        if (g_mir[i].used && (uid == 0 || g_mir[i].key >> 8 == uid)) mir_drop(i);
+    cu_rt_unlock();
 }

@@ -22,14 +22,28 @@ void cu_set_tile(int n);
 
 /* MXFP4 or BF16 weights (cols % 32 == 0) on the tensor cores (cuda_mma.cu): exact bf16 operands (the weights;
  * the activations split into three bf16 parts), fp32 accumulation in a canonical order of its own. variant
- * (0 = automatic; 1, 2, 4, 8 = tile shapes, the same bits): 1 = 16 rows x 8 tokens per warp, 2 = 32 x 8,
- * 4 = 16 x 16, 8 = 32 x 16. */
+ * (0 = automatic; 1, 2, 4, 8 = tile shapes, the same bits): 1 = 16 rows x 2 tokens per warp, 2 = 32 x 8,
+ * 4 = 16 x 8, 8 = 16 x 16 (automatic: 1 up to 2 tokens, 4 up to 8, else 2). */
 cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                           const float *x, int T, float *y, int variant, cudaStream_t st);
 /* The encodings (bit mask 1 << df_wtype; only MXFP4 and BF16 count) whose matmuls run on the tensor-core kernel;
  * the others run on the fp32-FMA kernels of cuda_matmul.cu (other bits). Default: MXFP4. */
 void cu_set_mma(unsigned mask);
 unsigned cu_get_mma(void);
+/* One weight of a grouped tensor-core launch: data / scale [rows, cols] (device), input x [T, cols] (device fp32),
+ * output y [T, rows] (device). */
+typedef struct {
+    const void *data, *scale;
+    const float *x;
+    float *y;
+    int T;
+} cu_mma_item;
+/* n matmuls of one encoding (MXFP4 or BF16) and one shape [rows, cols] (cols % 32 == 0, T <= 256 each) in a few
+ * launches: the distinct inputs (items sharing an x pointer must share T) split once, then one kernel over every
+ * item's tiles (32 items per launch). Each y is bitwise what cu_mma_launch gives for that item alone (the same tile
+ * code and K slices; the grouping only changes which block computes a tile). */
+cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n, const cu_mma_item *items,
+                                cudaStream_t st);
 
 /* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);

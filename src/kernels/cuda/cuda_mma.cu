@@ -20,12 +20,14 @@
  * Canonical order (what makes results independent of T and of the launch shape): the columns are cut into
  * rounds of 128 (4 groups); in round r the lane with t = lane & 3 owns group 4r + t, and its 32 elements are
  * the MMA's k slots {2t, 2t+1, 2t+8, 2t+9} of 8 k-steps (pairs of elements (8w+p, 8w+p+4), w = word, p = pair),
- * the activations' parts permuted the same way (split kernel below). A K-slice count KS that depends only on
- * cols splits the rounds: slice s takes rounds s, s+KS, ..., accumulating per k-step hi, mid, lo in that order
- * into one fp32 accumulator per (row, token); the KS partial sums are then added in slice order. Each output
- * element's additions depend only on (rows' data, cols): a token's result is bitwise the same alone, in a prompt
- * batch or in a served batch, and for every tile shape (variants). The MMA computes each column of its
- * 16 x 8 output from that column's operands only.
+ * the activations' parts permuted the same way (split kernel below). Each part of each token is its own MMA
+ * column (B operand), so a k-step is one MMA per 8 (token, part) columns and each part has its own fp32
+ * accumulator per (row, token): one token costs one MMA per k-step, not three. A K-slice count KS that depends
+ * only on cols splits the rounds: slice s takes rounds s, s+KS, ..., accumulating k-step after k-step; the KS
+ * partial sums of each part are added in slice order, then y = (hi + mid) + lo. Each output element's additions
+ * depend only on (rows' data, cols): a token's result is bitwise the same alone, in a prompt batch or in a served
+ * batch, and for every tile shape (variants). The MMA computes each column of its 16 x 8 output from that
+ * column's operands only.
  */
 #include "cuda_internal.h"
 
@@ -137,10 +139,10 @@ template <int N> struct Unroll<N, N> {
 
 /* The activations' bf16 parts in MMA operand order: xs[((tok * ng + gi) * 3 + part) * 16 + 2 s + h] is the
  * bf16x2 B register h (0: k slots 2t, 2t+1; 1: 2t+8, 2t+9) of k-step s of group gi, part 0 = hi, 1 = mid,
- * 2 = lo. One thread per (tok, gi, s). */
-__global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs) {
+ * 2 = lo. Thread i of T * ng * 8 handles (tok, gi, s). */
+__device__ __forceinline__ void split_one(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs,
+                                          int64_t i) {
     const int64_t ng = cols / 32;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)T * ng * 8) return;
     const int s = (int)(i & 7);
     const int64_t tg = i >> 3, tok = tg / ng, gi = tg % ng;
@@ -165,15 +167,50 @@ __global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, u
     }
 }
 
-/* Block: KS warps, one per K slice, on the same RM m-tiles (16 rows each) x NT n-tiles (8 tokens each); the
- * slices' accumulators are added in slice order through shared memory. */
+__global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs) {
+    split_one(x, T, cols, xs, (int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+/* Items of a grouped launch (cu_mma_group_launch) per kernel call: the parameter block stays under 4 KB. */
+constexpr int MAXG = 32;
+
+/* The split of up to MAXG separate inputs in one launch: input j (x[j] [T[j], cols], device) into the rows of xs
+ * from xrow[j] on; blockIdx.y = j. */
+struct SplitGroup {
+    const float *x[MAXG];
+    int T[MAXG], xrow[MAXG];
+};
+__global__ void split_group_kernel(const __grid_constant__ SplitGroup g, int64_t cols, uint32_t *__restrict__ xs) {
+    const int j = blockIdx.y;
+    split_one(g.x[j], g.T[j], cols, xs + (int64_t)g.xrow[j] * (cols / 32) * 48,
+              (int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+/* A grouped launch's items (blockIdx.z = item): weights d/s [rows, cols], input rows from xrow[i] of the split,
+ * T[i] tokens, output y[i] [T[i], rows]. */
+struct MmaGroup {
+    const uint8_t *d[MAXG], *s[MAXG];
+    float *y[MAXG];
+    int xrow[MAXG], T[MAXG];
+};
+
+/* Block: KS warps, one per K slice, on the same RM m-tiles (16 rows each) x NT n-tiles (8 columns each). The
+ * columns are (token, part) pairs: column 3k + p of the block is part p (0 = hi, 1 = mid, 2 = lo) of its k-th token
+ * (TPB = 8 NT / 3 tokens per block, the last 8 NT - 3 TPB columns unused), so each k-step is one MMA per n-tile and
+ * each part has its own fp32 accumulator. The slices' accumulators are added in slice order through shared memory,
+ * then a token's output is (hi + mid) + lo of its three columns. */
+template <int NT> struct Tpb { static constexpr int value = 8 * NT / 3; };
+
+template <int RM, int NT, int KS> constexpr size_t mma_smem() {
+    return sizeof(float) * ((KS > 1 ? (size_t)KS * RM * NT * 4 * 32 : 0) + (size_t)16 * RM * 8 * NT);
+}
+
 template <int ENC, int RM, int NT, int KS, int PF>
-__global__ void __launch_bounds__(KS * 32)
-mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
-           const uint4 *__restrict__ xs, int T, float *__restrict__ y) {
+__device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows,
+                                         int64_t cols, const uint4 *__restrict__ xs, int T, float *__restrict__ y,
+                                         const int64_t m0, const int tok0) {
+    constexpr int TPB = Tpb<NT>::value;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
-    const int64_t m0 = (int64_t)blockIdx.x * (16 * RM);
-    const int n0 = blockIdx.y * (8 * NT);
     const int64_t ng = cols / 32, nrounds = (ng + 3) / 4;
     float d[RM][NT][4];
 #pragma unroll
@@ -193,6 +230,15 @@ mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, 
             O::load(data, scale, rows, ng, m0 + 16 * i + g + 8, r * 4 + t, o[i][1]);
         }
     };
+    /* this lane's B column in each n-tile: token tok0 + vc / 3, part vc % 3 (vc = 8 j + g) */
+    int xoff[NT];
+    bool xlive[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int vc = 8 * j + g, tk = vc / 3;
+        xlive[j] = tk < TPB && tok0 + tk < T;
+        xoff[j] = xlive[j] ? vc % 3 * 4 : 0;
+    }
     auto round = [&](int64_t r, const Grp (&cur)[RM][2]) {
         const int64_t gi = r * 4 + t;
         bool slow = false;
@@ -203,17 +249,15 @@ mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, 
         bool live[NT];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const int tok = n0 + 8 * j + g;
-            live[j] = tok < T && gi < ng;
-            xb[j] = xs + ((int64_t)(live[j] ? tok : 0) * ng + (live[j] ? gi : 0)) * 12;
+            live[j] = xlive[j] && gi < ng;
+            const int tok = tok0 + (8 * j + g) / 3;
+            xb[j] = xs + ((int64_t)(live[j] ? tok : 0) * ng + (live[j] ? gi : 0)) * 12 + xoff[j];
         }
         Unroll<0, 4>::run([&](auto Qc) {
             constexpr int Q = decltype(Qc)::value;
-            uint4 b[NT][3];
+            uint4 b[NT];
 #pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int p = 0; p < 3; p++) b[j][p] = live[j] ? xb[j][p * 4 + Q] : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < NT; j++) b[j] = live[j] ? xb[j][Q] : make_uint4(0, 0, 0, 0);
             Unroll<0, 2>::run([&](auto Hc) {
                 constexpr int H = decltype(Hc)::value;
 #pragma unroll
@@ -228,9 +272,7 @@ mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, 
                     }
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int p = 0; p < 3; p++)
-                            mma16816(d[i][j], a0, a1, a2, a3, H ? b[j][p].z : b[j][p].x, H ? b[j][p].w : b[j][p].y);
+                        mma16816(d[i][j], a0, a1, a2, a3, H ? b[j].z : b[j].x, H ? b[j].w : b[j].y);
                 }
             });
         });
@@ -252,9 +294,9 @@ mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, 
             }
         });
     }
+    extern __shared__ float mma_red[]; /* [KS][RM*NT*4][32] when KS > 1, then the tile [16 RM][8 NT] */
+    constexpr int NV = RM * NT * 4;
     if constexpr (KS > 1) {
-        extern __shared__ float mma_red[]; /* [KS][RM*NT*4][32] */
-        constexpr int NV = RM * NT * 4;
 #pragma unroll
         for (int i = 0; i < RM; i++)
 #pragma unroll
@@ -275,17 +317,42 @@ mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, 
                     d[i][j][c] = s;
                 }
     }
-    /* D fragment: c0, c1 = row g, tokens 2t, 2t+1; c2, c3 = row g + 8 */
+    /* D fragment: c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g + 8; into the tile, then each token's parts */
+    float *tile = mma_red + (KS > 1 ? KS * NV * 32 : 0);
+    constexpr int TW = 8 * NT;
 #pragma unroll
     for (int i = 0; i < RM; i++)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int64_t row = m0 + 16 * i + g + (c >= 2 ? 8 : 0);
-                const int tok = n0 + 8 * j + 2 * t + (c & 1);
-                if (row < rows && tok < T) y[(int64_t)tok * rows + row] = d[i][j][c];
-            }
+            for (int c = 0; c < 4; c++) tile[(16 * i + g + (c >= 2 ? 8 : 0)) * TW + 8 * j + 2 * t + (c & 1)] = d[i][j][c];
+    __syncwarp();
+    for (int e = lane; e < 16 * RM * TPB; e += 32) {
+        const int rr = e / TPB, k = e % TPB;
+        const int64_t row = m0 + rr;
+        const int tok = tok0 + k;
+        const float *v = tile + rr * TW + 3 * k;
+        if (row < rows && tok < T) y[(int64_t)tok * rows + row] = (v[0] + v[1]) + v[2];
+    }
+}
+
+template <int ENC, int RM, int NT, int KS, int PF>
+__global__ void __launch_bounds__(KS * 32)
+mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
+           const uint4 *__restrict__ xs, int T, float *__restrict__ y) {
+    mma_tile<ENC, RM, NT, KS, PF>(data, scale, rows, cols, xs, T, y, (int64_t)blockIdx.x * (16 * RM),
+                                  (int)blockIdx.y * Tpb<NT>::value);
+}
+
+/* The same tile for item blockIdx.z of a group (every item: the same shape and encoding): the same code on the same
+ * values, so each output has the bits of its item's own mma_kernel launch. */
+template <int ENC, int RM, int NT, int KS, int PF>
+__global__ void __launch_bounds__(KS * 32)
+mma_group_kernel(const __grid_constant__ MmaGroup g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
+    const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value;
+    if (n0 >= g.T[i]) return; /* the whole block: past this item's tokens */
+    mma_tile<ENC, RM, NT, KS, PF>(g.d[i], g.s[i], rows, cols, xs + (int64_t)g.xrow[i] * (cols / 32) * 12, g.T[i], g.y[i],
+                                  (int64_t)blockIdx.x * (16 * RM), n0);
 }
 
 /* The activations' split for up to TC tokens at a time (device scratch, grown on demand). */
@@ -293,25 +360,48 @@ constexpr int TC = 256;
 uint32_t *g_xs = nullptr;
 size_t g_xs_cap = 0;
 
+cudaError_t xs_reserve(size_t need, cudaStream_t st) {
+    if (need <= g_xs_cap) return cudaSuccess;
+    cudaError_t e = cudaStreamSynchronize(st); /* the old buffer may still be read */
+    if (e != cudaSuccess) return e;
+    if (g_xs) cudaFree(g_xs);
+    g_xs = nullptr;
+    g_xs_cap = 0;
+    if ((e = cudaMalloc(&g_xs, need)) != cudaSuccess) return e;
+    g_xs_cap = need;
+    return cudaSuccess;
+}
+
+/* One launch: a single weight (g == NULL: d, s, y, T) or nz items of a group (g; T = the most tokens of an item). */
+struct Launch {
+    const uint8_t *d, *s;
+    const uint4 *xs;
+    float *y;
+    int T;
+    const MmaGroup *g;
+    int nz;
+};
+
 template <int ENC, int RM, int NT, int KS, int PF>
-cudaError_t launch_mma(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const uint4 *xs, int T, float *y,
-                       cudaStream_t st) {
-    const size_t smem = KS > 1 ? (size_t)KS * RM * NT * 4 * 32 * sizeof(float) : 0;
-    const dim3 grid((unsigned)((rows + 16 * RM - 1) / (16 * RM)), (unsigned)((T + 8 * NT - 1) / (8 * NT)));
-    mma_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(d, s, rows, cols, xs, T, y);
+cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
+    constexpr size_t smem = mma_smem<RM, NT, KS>();
+    constexpr int TPB = Tpb<NT>::value;
+    const dim3 grid((unsigned)((rows + 16 * RM - 1) / (16 * RM)), (unsigned)((a.T + TPB - 1) / TPB),
+                    a.g ? (unsigned)a.nz : 1u);
+    if (a.g) mma_group_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(*a.g, rows, cols, a.xs);
+    else mma_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(a.d, a.s, rows, cols, a.xs, a.T, a.y);
     return cudaGetLastError();
 }
 
-/* K slices: from cols only (never T or the variant), so that the additions stay the same for every call.
- * At most 8: 16 slices for 7168 columns trade a faster one-token 2048-row matvec for a slower 512-token GEMM
+/* K slices: from cols only (never T, the variant or the grouping), so that the additions stay the same for every
+ * call. At most 8: 16 slices for 7168 columns trade a faster one-token 2048-row matvec for a slower 512-token GEMM
  * (bench/RESULTS.md, "the tensor-core MXFP4 kernel"). */
 template <int ENC, int RM, int NT, int PF>
-cudaError_t launch_ks(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const uint4 *xs, int T, float *y,
-                      cudaStream_t st) {
+cudaError_t launch_ks(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     const int64_t nrounds = (cols / 32 + 3) / 4;
-    if (nrounds >= 32) return launch_mma<ENC, RM, NT, 8, PF>(d, s, rows, cols, xs, T, y, st);
-    if (nrounds >= 8) return launch_mma<ENC, RM, NT, 4, PF>(d, s, rows, cols, xs, T, y, st);
-    return launch_mma<ENC, RM, NT, 1, PF>(d, s, rows, cols, xs, T, y, st);
+    if (nrounds >= 32) return launch_mma<ENC, RM, NT, 8, PF>(a, rows, cols, st);
+    if (nrounds >= 8) return launch_mma<ENC, RM, NT, 4, PF>(a, rows, cols, st);
+    return launch_mma<ENC, RM, NT, 1, PF>(a, rows, cols, st);
 }
 
 } // namespace
@@ -319,14 +409,13 @@ cudaError_t launch_ks(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t 
 namespace {
 /* variant -> tile shape (RM m-tiles x NT n-tiles per warp) and prefetch depth (bf16 groups are 4x larger) */
 template <int ENC>
-cudaError_t launch_v(int v, const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const uint4 *xs, int n,
-                     float *y, cudaStream_t st) {
+cudaError_t launch_v(int v, const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     constexpr int W = ENC == DF_W_BF16 ? 2 : 1;
     switch (v) {
-    case 1: return launch_ks<ENC, 1, 1, 1>(d, s, rows, cols, xs, n, y, st); /* deeper prefetch: fewer warps, slower */
-    case 2: return launch_ks<ENC, 2, 1, 2 / W>(d, s, rows, cols, xs, n, y, st);
-    case 4: return launch_ks<ENC, 1, 2, 3 / W>(d, s, rows, cols, xs, n, y, st);
-    default: return launch_ks<ENC, 2 / W, 2, 1>(d, s, rows, cols, xs, n, y, st);
+    case 1: return launch_ks<ENC, 1, 1, 1>(a, rows, cols, st);      /* 16 rows x 2 tokens */
+    case 2: return launch_ks<ENC, 2, 3, 2 / W>(a, rows, cols, st);  /* 32 x 8 */
+    case 4: return launch_ks<ENC, 1, 3, 3 / W>(a, rows, cols, st);  /* 16 x 8 */
+    default: return launch_ks<ENC, 1, 6, 1>(a, rows, cols, st);     /* 16 x 16 */
     }
 }
 } // namespace
@@ -336,27 +425,64 @@ cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, in
     if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16)) return cudaErrorInvalidValue;
     const uint8_t *d = static_cast<const uint8_t *>(data), *s = static_cast<const uint8_t *>(scale);
     const int tc = T < TC ? T : TC;
-    const size_t need = (size_t)tc * (size_t)cols * 6;
-    if (need > g_xs_cap) {
-        cudaError_t e = cudaStreamSynchronize(st); /* the old buffer may still be read */
-        if (e != cudaSuccess) return e;
-        if (g_xs) cudaFree(g_xs);
-        g_xs = nullptr;
-        g_xs_cap = 0;
-        if ((e = cudaMalloc(&g_xs, need)) != cudaSuccess) return e;
-        g_xs_cap = need;
-    }
+    cudaError_t e = xs_reserve((size_t)tc * (size_t)cols * 6, st);
+    if (e != cudaSuccess) return e;
     for (int t0 = 0; t0 < T; t0 += TC) {
         const int n = T - t0 < TC ? T - t0 : TC;
         const int64_t threads = (int64_t)n * (cols / 32) * 8;
         split_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(x + (int64_t)t0 * cols, n, cols, g_xs);
-        cudaError_t e = cudaGetLastError();
+        e = cudaGetLastError();
         if (e != cudaSuccess) return e;
-        const uint4 *xs = reinterpret_cast<const uint4 *>(g_xs);
-        float *yo = y + (int64_t)t0 * rows;
-        const int v = variant ? variant : n <= 8 ? 1 : 2;
-        e = type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, d, s, rows, cols, xs, n, yo, st)
-                              : launch_v<DF_W_MXFP4>(v, d, s, rows, cols, xs, n, yo, st);
+        const Launch a = {d, s, reinterpret_cast<const uint4 *>(g_xs), y + (int64_t)t0 * rows, n, nullptr, 0};
+        const int v = variant ? variant : n <= 2 ? 1 : n <= 8 ? 4 : 2;
+        e = type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n, const cu_mma_item *items,
+                                cudaStream_t st) {
+    if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16)) return cudaErrorInvalidValue;
+    for (int i = 0; i < n; i++)
+        if (items[i].T > TC) return cudaErrorInvalidValue;
+    const int64_t ng = cols / 32;
+    for (int c0 = 0; c0 < n; c0 += MAXG) {
+        const int nc = n - c0 < MAXG ? n - c0 : MAXG;
+        /* the distinct inputs of the chunk, each split once into consecutive rows of the scratch */
+        SplitGroup sg;
+        MmaGroup mg;
+        int nx = 0, rows_x = 0, tmax = 0, sx_t = 0;
+        for (int j = 0; j < nc; j++) {
+            const cu_mma_item &it = items[c0 + j];
+            int u = 0;
+            while (u < nx && sg.x[u] != it.x) u++;
+            if (u == nx) {
+                sg.x[nx] = it.x;
+                sg.T[nx] = it.T;
+                sg.xrow[nx] = rows_x;
+                rows_x += it.T;
+                if (it.T > sx_t) sx_t = it.T;
+                nx++;
+            } else if (it.T > sg.T[u]) {
+                return cudaErrorInvalidValue; /* one input, two token counts */
+            }
+            mg.d[j] = static_cast<const uint8_t *>(items[c0 + j].data);
+            mg.s[j] = static_cast<const uint8_t *>(items[c0 + j].scale);
+            mg.y[j] = items[c0 + j].y;
+            mg.xrow[j] = sg.xrow[u];
+            mg.T[j] = it.T;
+            if (it.T > tmax) tmax = it.T;
+        }
+        if (tmax <= 0) continue;
+        cudaError_t e = xs_reserve((size_t)rows_x * (size_t)cols * 6, st);
+        if (e != cudaSuccess) return e;
+        const int64_t threads = (int64_t)sx_t * ng * 8;
+        split_group_kernel<<<dim3((unsigned)((threads + 255) / 256), (unsigned)nx), 256, 0, st>>>(sg, cols, g_xs);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, &mg, nc};
+        const int v = tmax <= 2 ? 1 : tmax <= 8 ? 4 : 2;
+        e = type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;

@@ -114,6 +114,10 @@ void probe_once() {
     const int mma_set = df_cuda_env_mma(&mma, g_why, sizeof g_why);
     if (mma_set < 0) { g_ndev = 0; return; }
     if (mma_set) cu_set_mma(mma);
+    /* DF_CUDA_KV_MIRROR (the attention core's KV mirror, cuda_attn.cu): validated here too, so an invalid value is no
+     * device for every caller */
+    unsigned long long kvm = 0;
+    if (df_cuda_env_kv_mirror(&kvm, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
 }
 
 int ready() {
@@ -353,15 +357,56 @@ int group_weight(const df_weight *w, const void **data, const void **scale) {
     return weight_on_device(w, data, scale);
 }
 
-/* df_cuda_mlp_group: every item's x packed into the pinned staging at 256-byte offsets and copied in at once; then,
- * item after item, exactly mlp_locked's launches (gate, up, activation, down: the same kernels with the same
- * weights, shapes and T, so the same bits); the items' outputs packed at 256-byte offsets and copied out at once;
- * one synchronisation. The intermediates g, u are sized for the largest item and reused by each item in turn (one
- * stream: an item's gate runs after the previous item's down). Each weight is used (its kernel queued) before the
- * next is looked up, as in mlp_locked: an eviction's stream-ordered free or the next upload into the scratch
- * buffer comes after that kernel. */
+/* The cache entry holding w's arrays now (as weight_on_device would find it), or NULL: no upload, no eviction. */
+const Entry *cached_entry(const df_weight *w) {
+    if (w->dev_key == 0 && !g_by_addr) return NULL;
+    const Entry *e = find(key_of(w));
+    return e && (e->pins || (e->type == (int)w->type && e->rows == w->rows && e->cols == w->cols)) ? e : NULL;
+}
+
+/* Whether item i of a group can join the grouped tensor-core launches (see mlp_group_locked): T of 1..256, gate and
+ * up of one encoding and down of one, both on the tensor-core kernel (DF_CUDA_MMA), widths that are multiples of 32,
+ * and all three weights in the device cache already (their addresses then stay valid until the launches are queued:
+ * collecting them allocates and evicts nothing). */
+int groupable(const df_weight *gate, const df_weight *up, const df_weight *down, int T) {
+    const unsigned mma = cu_get_mma();
+    return T > 0 && T <= 256 && gate->type == up->type && ((mma >> gate->type) & 1) && ((mma >> down->type) & 1) &&
+           gate->cols % 32 == 0 && gate->rows % 32 == 0 && cached_entry(gate) && cached_entry(up) && cached_entry(down);
+}
+
+/* df_cuda_mlp_group: every item's x packed into the pinned staging at 256-byte offsets and copied in at once.
+ * Items whose weights are all cached, of the encoding and shape of the first such item, on the tensor-core kernel
+ * (groupable), run together: one grouped launch for all their gates and ups (cu_mma_group_launch: each output has
+ * the bits of its own launch), one activation over all their rows (element-wise: the same bits), one grouped launch
+ * for their downs. Every other item then runs as mlp_locked runs it (gate, up, activation, down: the same kernels
+ * with the same weights, shapes and T, so the same bits); their intermediates g, u are sized for the largest item
+ * and reused by each in turn (one stream: an item's gate runs after the previous item's down), and each weight is
+ * used (its kernel queued) before the next is looked up, as in mlp_locked: an eviction's stream-ordered free or the
+ * next upload into the scratch buffer comes after that kernel. The items' outputs are packed at 256-byte offsets
+ * and copied out at once; one synchronisation. */
 int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                      int act, float beta, float lb, const float *const *x, const int *T, float *const *out) {
+    /* the grouped set: the first groupable item's encodings and shape, and every groupable item that matches them */
+    char *grp = (char *)calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!grp) { snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
+    int first = -1, ngrp = 0;
+    size_t grows = 0;
+    for (int i = 0; i < n; i++) {
+        if (!groupable(gate[i], up[i], down[i], T[i])) continue;
+        if (first < 0) first = i;
+        const df_weight *g0 = gate[first], *d0 = down[first];
+        if (gate[i]->type != g0->type || down[i]->type != d0->type || gate[i]->rows != g0->rows ||
+            gate[i]->cols != g0->cols || down[i]->rows != d0->rows)
+            continue;
+        grp[i] = 1;
+        ngrp++;
+        grows += (size_t)T[i];
+    }
+    if (ngrp < 2) { /* one item alone: its own launches are as fast */
+        memset(grp, 0, (size_t)(n > 0 ? n : 1));
+        ngrp = 0;
+        grows = 0;
+    }
     size_t xall = 0, oall = 0, ib = 0;
     for (int i = 0; i < n; i++) {
         if (T[i] <= 0) continue;
@@ -369,48 +414,119 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
         xall += round_up(sizeof(float) * t * (size_t)gate[i]->cols, 256);
         oall += round_up(sizeof(float) * t * (size_t)down[i]->rows, 256);
         const size_t b = sizeof(float) * t * (size_t)gate[i]->rows;
-        if (b > ib) ib = b;
+        if (!grp[i] && b > ib) ib = b;
     }
-    if (!xall) return 0;
-    if (grow(&g_sx, &g_csx, xall) || grow(&g_sy, &g_csy, oall) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib))
-        return -1;
-    if (grow_host(&g_hx, &g_chx, xall) || grow_host(&g_hy, &g_chy, oall)) return -1;
-    for (size_t i = 0, off = 0; i < (size_t)n; i++) {
-        if (T[i] <= 0) continue;
-        const size_t xb = sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols;
-        memcpy((char *)g_hx + off, x[i], xb);
-        off += round_up(xb, 256);
-    }
-    CK(cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st));
-    size_t xo = 0, oo = 0;
-    for (int i = 0; i < n; i++) {
-        if (T[i] <= 0) continue;
-        const int Ti = T[i];
-        const int64_t D = gate[i]->cols, I = gate[i]->rows, O = down[i]->rows;
-        const float *dx = (const float *)((char *)g_sx + xo);
-        float *dy = (float *)((char *)g_sy + oo);
-        xo += round_up(sizeof(float) * (size_t)Ti * (size_t)D, 256);
-        oo += round_up(sizeof(float) * (size_t)Ti * (size_t)O, 256);
-        const void *d, *s;
-        if (group_weight(gate[i], &d, &s)) return -1;
-        CK(cu_matmul_launch(gate[i]->type, d, s, I, D, dx, Ti, (float *)g_sg, g_st));
-        if (group_weight(up[i], &d, &s)) return -1;
-        CK(cu_matmul_launch(up[i]->type, d, s, I, D, dx, Ti, (float *)g_su, g_st));
-        if (act) CK(cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)Ti * I, beta, lb, g_st));
-        else CK(cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)Ti * I, g_st));
-        if (group_weight(down[i], &d, &s)) return -1;
-        CK(cu_matmul_launch(down[i]->type, d, s, O, I, (const float *)g_sg, Ti, dy, g_st));
-    }
-    CK(cudaMemcpyAsync(g_hy, g_sy, oall, cudaMemcpyDeviceToHost, g_st));
-    CK(cudaStreamSynchronize(g_st));
-    oo = 0;
-    for (int i = 0; i < n; i++) {
-        if (T[i] <= 0) continue;
-        const size_t ob = sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows;
-        memcpy(out[i], (const char *)g_hy + oo, ob);
-        oo += round_up(ob, 256);
-    }
-    return 0;
+    if (ngrp && sizeof(float) * grows * (size_t)gate[first]->rows > ib) ib = sizeof(float) * grows * (size_t)gate[first]->rows;
+    if (!xall) { free(grp); return 0; }
+    cu_mma_item *items = ngrp ? (cu_mma_item *)malloc(sizeof(cu_mma_item) * (size_t)ngrp * 2) : NULL;
+    if (ngrp && !items) { free(grp); snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
+    int rc = -1;
+    do {
+        if (grow(&g_sx, &g_csx, xall) || grow(&g_sy, &g_csy, oall) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib))
+            break;
+        if (grow_host(&g_hx, &g_chx, xall) || grow_host(&g_hy, &g_chy, oall)) break;
+        for (size_t i = 0, off = 0; i < (size_t)n; i++) {
+            if (T[i] <= 0) continue;
+            const size_t xb = sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols;
+            memcpy((char *)g_hx + off, x[i], xb);
+            off += round_up(xb, 256);
+        }
+        cudaError_t ce = cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st);
+        if (ce != cudaSuccess) { fail("cudaMemcpyAsync", ce); break; }
+        if (ngrp) {
+            /* gates and ups, item by item (an item's pair shares its split input), into rows of g / u */
+            const int64_t D = gate[first]->cols, I = gate[first]->rows, O = down[first]->rows;
+            size_t xo = 0, oo = 0, r = 0;
+            int k = 0;
+            for (int i = 0; i < n; i++) {
+                if (T[i] <= 0) continue;
+                const float *dx = (const float *)((char *)g_sx + xo);
+                xo += round_up(sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols, 256);
+                if (!grp[i]) continue;
+                const void *d, *s;
+                weight_on_device(gate[i], &d, &s); /* cache hits (groupable): no allocation, no error */
+                items[k++] = {d, s, dx, (float *)g_sg + r * (size_t)I, T[i]};
+                weight_on_device(up[i], &d, &s);
+                items[k++] = {d, s, dx, (float *)g_su + r * (size_t)I, T[i]};
+                r += (size_t)T[i];
+            }
+            if ((ce = cu_mma_group_launch(gate[first]->type, I, D, k, items, g_st)) != cudaSuccess) {
+                fail("cu_mma_group_launch (gate, up)", ce);
+                break;
+            }
+            const int64_t nel = (int64_t)grows * I;
+            ce = act ? cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, nel, beta, lb, g_st)
+                     : cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, nel, g_st);
+            if (ce != cudaSuccess) { fail("activation", ce); break; }
+            k = 0;
+            r = 0;
+            for (int i = 0; i < n; i++) {
+                if (T[i] <= 0) continue;
+                float *dy = (float *)((char *)g_sy + oo);
+                oo += round_up(sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows, 256);
+                if (!grp[i]) continue;
+                const void *d, *s;
+                weight_on_device(down[i], &d, &s);
+                items[k++] = {d, s, (const float *)g_sg + r * (size_t)I, dy, T[i]};
+                r += (size_t)T[i];
+            }
+            if ((ce = cu_mma_group_launch(down[first]->type, O, I, k, items, g_st)) != cudaSuccess) {
+                fail("cu_mma_group_launch (down)", ce);
+                break;
+            }
+            g_stats.grouped_items += (uint64_t)k;
+        }
+        size_t xo = 0, oo = 0;
+        int bad = 0;
+        for (int i = 0; i < n && !bad; i++) {
+            if (T[i] <= 0) continue;
+            const int Ti = T[i];
+            const int64_t D = gate[i]->cols, I = gate[i]->rows, O = down[i]->rows;
+            const float *dx = (const float *)((char *)g_sx + xo);
+            float *dy = (float *)((char *)g_sy + oo);
+            xo += round_up(sizeof(float) * (size_t)Ti * (size_t)D, 256);
+            oo += round_up(sizeof(float) * (size_t)Ti * (size_t)O, 256);
+            if (grp[i]) continue;
+            const void *d, *s;
+            bad = 1;
+            if (group_weight(gate[i], &d, &s)) break;
+            if ((ce = cu_matmul_launch(gate[i]->type, d, s, I, D, dx, Ti, (float *)g_sg, g_st)) != cudaSuccess) {
+                fail("cu_matmul_launch", ce);
+                break;
+            }
+            if (group_weight(up[i], &d, &s)) break;
+            if ((ce = cu_matmul_launch(up[i]->type, d, s, I, D, dx, Ti, (float *)g_su, g_st)) != cudaSuccess) {
+                fail("cu_matmul_launch", ce);
+                break;
+            }
+            ce = act ? cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)Ti * I, beta, lb, g_st)
+                     : cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)Ti * I, g_st);
+            if (ce != cudaSuccess) { fail("activation", ce); break; }
+            if (group_weight(down[i], &d, &s)) break;
+            if ((ce = cu_matmul_launch(down[i]->type, d, s, O, I, (const float *)g_sg, Ti, dy, g_st)) != cudaSuccess) {
+                fail("cu_matmul_launch", ce);
+                break;
+            }
+            bad = 0;
+        }
+        if (bad) break;
+        if ((ce = cudaMemcpyAsync(g_hy, g_sy, oall, cudaMemcpyDeviceToHost, g_st)) != cudaSuccess) {
+            fail("cudaMemcpyAsync", ce);
+            break;
+        }
+        if ((ce = cudaStreamSynchronize(g_st)) != cudaSuccess) { fail("cudaStreamSynchronize", ce); break; }
+        oo = 0;
+        for (int i = 0; i < n; i++) {
+            if (T[i] <= 0) continue;
+            const size_t ob = sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows;
+            memcpy(out[i], (const char *)g_hy + oo, ob);
+            oo += round_up(ob, 256);
+        }
+        rc = 0;
+    } while (0);
+    free(items);
+    free(grp);
+    return rc;
 }
 
 /* Temporary device arrays for the op wrappers. */
@@ -452,6 +568,7 @@ extern "C" void df_cuda_set_cache_by_address(int on) {
 }
 
 extern "C" void df_cuda_cache_clear(void) {
+    df_cuda_seq_forget(0); /* the attention core's KV-cache mirrors (cuda_attn.cu); takes the mutex itself */
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < g_nent; i++)
         if (g_ent[i].used) drop(i);
@@ -692,6 +809,49 @@ extern "C" double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, i
     } while (0);
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
+    cudaGetLastError();
+    pthread_mutex_unlock(&g_mu);
+    return ms;
+}
+
+extern "C" double df_cuda_bench_group(df_wtype t, int64_t rows, int64_t cols, int T, int n, int iters) {
+    if (!ready()) return -1;
+    if ((t != DF_W_MXFP4 && t != DF_W_BF16) || cols % 32 || n <= 0 || T <= 0 || T > 256) {
+        snprintf(g_err, sizeof g_err, "grouped launch: MXFP4 or BF16 only, cols %% 32 == 0, 1 <= T <= 256");
+        return -1;
+    }
+    pthread_mutex_lock(&g_mu);
+    double ms = -1;
+    Tmp m;
+    const size_t db = round_up(data_bytes(t, rows, cols), 256), sb = round_up(scale_bytes(t, rows, cols), 256);
+    cu_mma_item *items = (cu_mma_item *)malloc(sizeof(cu_mma_item) * (size_t)n);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    do {
+        if (!items) break;
+        if (cudaMalloc(&m.p[0], db * (size_t)n) != cudaSuccess) break;
+        if (sb && cudaMalloc(&m.p[1], sb * (size_t)n) != cudaSuccess) break;
+        if (cudaMalloc(&m.p[2], sizeof(float) * (size_t)T * cols + 256) != cudaSuccess) break;
+        if (cudaMalloc(&m.p[3], sizeof(float) * (size_t)T * rows * n + 256) != cudaSuccess) break;
+        if (cu_fill_random(m.p[0], db * (size_t)n, 1, g_st) != cudaSuccess) break;
+        if (sb) cudaMemsetAsync(m.p[1], t == DF_W_MXFP4 ? 0x7f : 0x3c, sb * (size_t)n, g_st);
+        if (cudaMemsetAsync(m.p[2], 0, sizeof(float) * (size_t)T * cols, g_st) != cudaSuccess) break;
+        for (int i = 0; i < n; i++)
+            items[i] = {(char *)m.p[0] + db * (size_t)i, sb ? (char *)m.p[1] + sb * (size_t)i : NULL, (const float *)m.p[2],
+                        (float *)m.p[3] + (size_t)T * rows * i, T};
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        if (cu_mma_group_launch(t, rows, cols, n, items, g_st) != cudaSuccess) break; /* warm-up */
+        cudaEventRecord(e0, g_st);
+        for (int i = 0; i < iters; i++) cu_mma_group_launch(t, rows, cols, n, items, g_st);
+        cudaEventRecord(e1, g_st);
+        if (cudaEventSynchronize(e1) != cudaSuccess) break;
+        float el = 0;
+        cudaEventElapsedTime(&el, e0, e1);
+        ms = el / iters;
+    } while (0);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    free(items);
     cudaGetLastError();
     pthread_mutex_unlock(&g_mu);
     return ms;
