@@ -25,7 +25,10 @@
  *     m = max(m, m_c), e_s = expf(s - m), the chunk's sum by the xor butterfly over its 32 lanes, running sum
  *     l = fma(l, alpha, chunk sum) and accumulator a = a * alpha with alpha = expf(m_old - m) (0 for the first
  *     chunk, and exactly 1 while the max does not change); a[k] += e_s c_s[k] by fma, positions in order;
- *     o_lat = a / l;
+ *     o_lat = a / l. Positions in segments of SEG = 256, a block each (so a long context is walked by many
+ *     blocks at once); a row with more than one segment combines the segments' (m_s, l_s, a_s) in segment order:
+ *     M = max m_s, w_s = expf(m_s - M), l = sum l_s w_s, o = sum a_s w_s (fma chains), o_lat = o / l. The
+ *     segments depend only on the row's own npos;
  *   - o_v[t,h,e]: the lane-partial chains over k = l, l+32, ... (fma) and the xor butterfly.
  * All arithmetic on fp32 values (nothing rounded below fp32) with explicit fmaf / __fmul_rn / __fadd_rn /
  * __fdiv_rn, so no contraction choice of the compiler can differ between the kernel variants (tokens per tile,
@@ -51,6 +54,7 @@ constexpr int PP = CH / NW; /* attention: positions per warp in a chunk's scores
 constexpr int VW = 4;       /* value: warps per block */
 constexpr int VR = 16;      /* value: rows of V_h per block */
 constexpr int KMAX = 1024;  /* largest kv_lora_rank (NT x 8 accumulators per thread) */
+constexpr int SEG = 256;    /* attention: positions per segment (a block each; more than one: partials combined) */
 
 /* Element (r, c) of a weight [rows, cols] of encoding ENC, exactly as the CPU's cpu_scalar_decode_range (the
  * element decoders: cuda_decode.cuh). */
@@ -138,7 +142,8 @@ template <int HB, int KPT>
 __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, const float *__restrict__ q_lat,
                                                   const float *const *__restrict__ cptr,
                                                   const float *const *__restrict__ pptr, const int *__restrict__ npos,
-                                                  int H, int dn, int dr, int kvl, float scale, float *__restrict__ o_lat) {
+                                                  int H, int dn, int dr, int kvl, float scale, float *__restrict__ o_lat,
+                                                  int t0, int nsegm, float *__restrict__ part) {
     extern __shared__ float att_smem[];
     float *qs = att_smem;             /* [HB][kvl] q_lat */
     float *qp = qs + HB * kvl;        /* [HB][dr] q_pe */
@@ -146,8 +151,10 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
     float *st_m = sc + HB * CH;       /* [HB] running max */
     float *st_l = st_m + HB;          /* [HB] running sum */
     float *st_a = st_l + HB;          /* [HB] this chunk's rescaling */
-    const int t = blockIdx.x, h0 = blockIdx.y * HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t = t0 + blockIdx.x, h0 = blockIdx.y * HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int qd = dn + dr;
+    const int n_all = npos[t], sb = blockIdx.z * SEG; /* this block's segment: positions [sb, min(n_all, sb + SEG)) */
+    if (sb >= n_all) return;
     for (int i = tid; i < HB * kvl; i += NT) {
         const int h = h0 + i / kvl;
         qs[i] = h < H ? q_lat[((int64_t)t * H + h) * kvl + i % kvl] : 0.0f;
@@ -160,8 +167,8 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
         st_m[tid] = -INFINITY;
         st_l[tid] = 0.0f;
     }
-    const float *c = cptr[t], *kp = pptr[t];
-    const int n = npos[t];
+    const float *c = cptr[t] + (int64_t)sb * kvl, *kp = pptr[t] + (int64_t)sb * dr;
+    const int n = n_all - sb < SEG ? n_all - sb : SEG;
     float acc[HB][KPT];
 #pragma unroll
     for (int j = 0; j < HB; j++)
@@ -237,16 +244,50 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
         }
         __syncthreads(); /* sc and the statistics are rewritten by the next chunk */
     }
+    /* one segment: the result; several: this segment's max, sum and accumulator for combine_kernel */
+    const bool whole = n_all <= SEG;
 #pragma unroll
     for (int j = 0; j < HB; j++) {
         if (h0 + j >= H) break;
         const float l = st_l[j];
-        float *o = o_lat + ((int64_t)t * H + h0 + j) * kvl;
+        float *o = whole ? o_lat + ((int64_t)t * H + h0 + j) * kvl
+                         : part + (((int64_t)(t - t0) * H + h0 + j) * nsegm + blockIdx.z) * (kvl + 2);
 #pragma unroll
         for (int kk = 0; kk < KPT; kk++) {
             const int k = tid + NT * kk;
-            if (k < kvl) o[k] = __fdiv_rn(acc[j][kk], l);
+            if (k < kvl) o[k] = whole ? __fdiv_rn(acc[j][kk], l) : acc[j][kk];
         }
+        if (!whole && tid == 0) {
+            o[kvl] = st_m[j];
+            o[kvl + 1] = l;
+        }
+    }
+}
+
+/* o_lat of the rows whose positions span several segments (block = row t0 + blockIdx.x, head blockIdx.y; thread =
+ * columns k, k + NT, ...): M = the segments' largest max; w_s = expf(m_s - M); l = sum_s l_s w_s and
+ * o = sum_s a_s w_s (fma, segments in order); o_lat = o / l. */
+__global__ void __launch_bounds__(NT) combine_kernel(const int *__restrict__ npos, int t0, int H, int kvl, int nsegm,
+                                                     const float *__restrict__ part, float *__restrict__ o_lat) {
+    const int t = t0 + blockIdx.x, h = blockIdx.y;
+    const int ns = (npos[t] + SEG - 1) / SEG;
+    if (ns <= 1) return;
+    const float *p = part + ((int64_t)blockIdx.x * H + h) * nsegm * (kvl + 2);
+    float M = -INFINITY;
+    for (int sg = 0; sg < ns; sg++) M = fmaxf(M, p[(int64_t)sg * (kvl + 2) + kvl]);
+    float l = 0.0f;
+    for (int sg = 0; sg < ns; sg++) {
+        const float *ps = p + (int64_t)sg * (kvl + 2);
+        l = fmaf(ps[kvl + 1], expf(__fadd_rn(ps[kvl], -M)), l);
+    }
+    float *o = o_lat + ((int64_t)t * H + h) * kvl;
+    for (int k = threadIdx.x; k < kvl; k += NT) {
+        float a = 0.0f;
+        for (int sg = 0; sg < ns; sg++) {
+            const float *ps = p + (int64_t)sg * (kvl + 2);
+            a = fmaf(ps[k], expf(__fadd_rn(ps[kvl], -M)), a);
+        }
+        o[k] = __fdiv_rn(a, l);
     }
 }
 
@@ -289,6 +330,7 @@ __global__ void __launch_bounds__(VW * 32) value_kernel(const uint8_t *__restric
 struct Shape {
     int T, H, dn, dr, dv, kvl;
     float scale;
+    int maxn; /* the most positions a row attends to */
 };
 
 template <int ENC, int TT>
@@ -332,13 +374,43 @@ cudaError_t launch_weight_kernel(df_wtype type, const void *data, const void *sc
 
 typedef const float *const *Ptrs; /* per row, a device pointer to its cache's c or k_pe rows */
 
+/* Partial results of the segmented rows (device, grown on demand; the runtime's mutex is held while in use), and the
+ * most bytes they may take: rows go through the attention kernel in groups that fit. */
+float *g_part;
+size_t g_cpart;
+constexpr size_t PART_MAX = (size_t)256 << 20;
+
+/* The attention kernel over rows [0, T) in groups of rows whose partials fit PART_MAX, each group's segmented rows
+ * combined after it. */
 template <int HB, int KPT>
 cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
                           float *o_lat, cudaStream_t st) {
     const size_t smem = sizeof(float) * ((size_t)HB * (sh.kvl + sh.dr + CH) + 3 * HB);
-    const dim3 grid((unsigned)sh.T, (unsigned)((sh.H + HB - 1) / HB));
-    attn_kernel<HB, KPT><<<grid, NT, smem, st>>>(q, q_lat, cptr, pptr, npos, sh.H, sh.dn, sh.dr, sh.kvl, sh.scale, o_lat);
-    return cudaGetLastError();
+    const int nsegm = (sh.maxn + SEG - 1) / SEG;
+    const size_t row_part = nsegm > 1 ? sizeof(float) * (size_t)sh.H * nsegm * (sh.kvl + 2) : 0;
+    int rows = row_part ? (int)(PART_MAX / row_part) : sh.T;
+    if (rows < 1) rows = 1;
+    if (rows > sh.T) rows = sh.T;
+    if (row_part && row_part * (size_t)rows > g_cpart) {
+        cudaError_t e = cudaStreamSynchronize(st); /* the old buffer may still be read */
+        if (e != cudaSuccess) return e;
+        if (g_part) cudaFree(g_part);
+        g_part = NULL;
+        g_cpart = 0;
+        if ((e = cudaMalloc(&g_part, row_part * (size_t)rows)) != cudaSuccess) return e;
+        g_cpart = row_part * (size_t)rows;
+    }
+    for (int t0 = 0; t0 < sh.T; t0 += rows) {
+        const int n = sh.T - t0 < rows ? sh.T - t0 : rows;
+        const dim3 grid((unsigned)n, (unsigned)((sh.H + HB - 1) / HB), (unsigned)nsegm);
+        attn_kernel<HB, KPT><<<grid, NT, smem, st>>>(q, q_lat, cptr, pptr, npos, sh.H, sh.dn, sh.dr, sh.kvl, sh.scale,
+                                                     o_lat, t0, nsegm, g_part);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess || nsegm <= 1) { if (e != cudaSuccess) return e; continue; }
+        combine_kernel<<<dim3((unsigned)n, (unsigned)sh.H), NT, 0, st>>>(npos, t0, sh.H, sh.kvl, nsegm, g_part, o_lat);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }
 
 /* Heads per block: 4 when there are blocks enough for the GPU (the latent cache is read once for 4 heads),
@@ -749,7 +821,9 @@ extern "C" int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, i
             return refuse(T, seq_key, b);
         }
     if (cu_rt_lock()) return -1;
-    const Shape sh = {T, H, dn, dr, dv, kvl, scale};
+    int maxn = 1;
+    for (int t = 0; t < T; t++) if (npos[t] > maxn) maxn = npos[t];
+    const Shape sh = {T, H, dn, dr, dv, kvl, scale, maxn};
     int rc = attend_locked(kv_b, sh, q, c, kpe, npos, seq_key, o_v);
     if (rc) {
         cudaStreamSynchronize(cu_rt_stream()); /* no queued copy may still read a host buffer after an error return */
