@@ -161,9 +161,9 @@ case $PART in
     timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --warmup 64 --tokens 32 --no-drop \
         --io-seconds 1 2>&1 | tail -25 >>"$S"
     for knobs in "" "DF_CUDA_KV_MIRROR=0"; do
-        log "cuda run, resident, ${CTX:-1536}-token prompt, 48 tokens, --stats --profile ${knobs:-(KV mirror on)}"
+        log "cuda run, resident, ${CTX:-3072}-token prompt, 48 tokens, --stats --profile ${knobs:-(KV mirror on)}"
         env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G \
-            --prompt-ids "$(seq -s, 1 "${CTX:-1536}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+            --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
     done
     rm -rf "$W"
     if [ -x "$D/test_cuda_kernels" ]; then

@@ -412,7 +412,7 @@ template <int ENC>
 cudaError_t launch_v(int v, const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     constexpr int W = ENC == DF_W_BF16 ? 2 : 1;
     switch (v) {
-    case 1: return launch_ks<ENC, 1, 1, 3 / W>(a, rows, cols, st);  /* 16 rows x 2 tokens */
+    case 1: return launch_ks<ENC, 1, 1, 1>(a, rows, cols, st);      /* 16 rows x 2 tokens */
     case 2: return launch_ks<ENC, 2, 3, 2 / W>(a, rows, cols, st);  /* 32 x 8 */
     case 4: return launch_ks<ENC, 1, 3, 3 / W>(a, rows, cols, st);  /* 16 x 8 */
     default: return launch_ks<ENC, 1, 6, 1>(a, rows, cols, st);     /* 16 x 16 */
