@@ -2,7 +2,7 @@
 # e2e_cuda_cli.sh — `--backend` of run / bench on any machine: `--backend cuda` either runs on the GPU (the
 # configuration line says "backend cuda" and the greedy ids equal the CPU's) or, without a CUDA device or a
 # CUDA build, exits 1 with the reason; `--backend auto` always runs; an unknown name is a usage error (2);
-# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS, DF_CUDA_TILE or
+# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS, DF_CUDA_TILE, DF_CUDA_MMA_KS or
 # DF_CUDA_KV_MIRROR stops cuda and auto (exit 1, naming the variable and the accepted values), not cpu; no NVIDIA
 # driver is named as such.
 set -u
@@ -87,7 +87,7 @@ ids=$(DF_CUDA_KV_MIRROR=junk run --backend cpu 2>"$TMP/err"); rc=$?
 [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_KV_MIRROR=junk --backend cpu runs" || bad "DF_CUDA_KV_MIRROR=junk --backend cpu: rc $rc $(cat "$TMP/err")"
 # the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else (was: atoi, so
 # "abc" and "3" silently meant automatic) stops cuda and auto, naming the variable; --backend cpu ignores them
-for k in DF_CUDA_MV_ROWS DF_CUDA_TILE; do
+for k in DF_CUDA_MV_ROWS DF_CUDA_TILE DF_CUDA_MMA_KS; do
     for v in abc 3 16 -2 4x; do
         for b in auto cuda; do
             out=$(export "$k=$v"; run --backend $b 2>&1); rc=$?

@@ -17,7 +17,8 @@ B=${DF_BIN:-build/deltafin}
   echo "registry that \`run\`, \`serve\`, \`bench decode\` and \`doctor\` read without \`--model\`; default \`\$XDG_DATA_HOME/deltafin/models.json\`)."
   echo "The CUDA backend's knobs (\`DF_CUDA_MMA\`: the encodings on the tensor-core kernel; \`DF_CUDA_MLP_GROUP\`,"
   echo "\`DF_CUDA_ATTN\`, \`DF_CUDA_HOST_PIN\`: 1|on / 0|off, grouped expert MLPs, the attention core on the GPU, pinned host"
-  echo "buffers; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8; \`DF_CUDA_KV_MIRROR\`:"
+  echo "buffers; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8; \`DF_CUDA_MMA_KS\`: the"
+  echo "tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits); \`DF_CUDA_KV_MIRROR\`:"
   echo "1|on / 0|off / a size such as 4G, the GPU memory of the attention core's KV-cache mirrors; each an error for"
   echo "\`--backend cuda\` / \`auto\` when invalid): [docs/cuda.md](cuda.md)."
   for c in run convert tokenize serve bench synth doctor setup list warm; do

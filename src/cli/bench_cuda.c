@@ -103,17 +103,22 @@ int bench_kernels_cuda(int argc, char **argv, const int *types, int ntypes, int6
                 if (tl[k] > 16) continue;
                 const int n = si == 0 ? 16 : 8;
                 const df_weight w = {t, sh[si][0], sh[si][1], NULL, NULL, 0};
-                const double ms = df_cuda_bench_group(t, sh[si][0], sh[si][1], tl[k], n, 50);
-                char shape[40];
-                snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh[si][0], (long long)sh[si][1]);
-                if (ms <= 0) {
-                    printf("%-10s %-15s %5d %4d  failed: %s\n", df_wtype_name(t), shape, tl[k], n, df_cuda_last_error());
-                    continue;
+                /* one token: the automatic tile (16 rows x 2 tokens per warp) and variant 8 (32 x 2) */
+                for (int v = 0; v <= (tl[k] == 1 ? 8 : 0); v += 8) {
+                    if (tl[k] == 1) df_cuda_set_matvec_rows(v);
+                    const double ms = df_cuda_bench_group(t, sh[si][0], sh[si][1], tl[k], n, 50);
+                    df_cuda_set_matvec_rows(0);
+                    char shape[40];
+                    snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)sh[si][0], (long long)sh[si][1], v ? "/32x2" : "");
+                    if (ms <= 0) {
+                        printf("%-10s %-15s %5d %4d  failed: %s\n", df_wtype_name(t), shape, tl[k], n, df_cuda_last_error());
+                        continue;
+                    }
+                    const double gbs = (double)df_weight_bytes(&w) * n / (ms * 1e-3) / 1e9;
+                    printf("%-10s %-15s %5d %4d %10.4f %9.1f %6.1f\n", df_wtype_name(t), shape, tl[k], n, ms, gbs,
+                           bw > 0 ? 100 * gbs * 1e9 / bw : 0);
+                    fflush(stdout);
                 }
-                const double gbs = (double)df_weight_bytes(&w) * n / (ms * 1e-3) / 1e9;
-                printf("%-10s %-15s %5d %4d %10.4f %9.1f %6.1f\n", df_wtype_name(t), shape, tl[k], n, ms, gbs,
-                       bw > 0 ? 100 * gbs * 1e9 / bw : 0);
-                fflush(stdout);
             }
     }
     return 0;

@@ -128,6 +128,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     int variant;
     if (df_cuda_env_variant("DF_CUDA_MV_ROWS", &variant, why, whylen) < 0) return -1;
     if (df_cuda_env_variant("DF_CUDA_TILE", &variant, why, whylen) < 0) return -1;
+    if (df_cuda_env_variant("DF_CUDA_MMA_KS", &variant, why, whylen) < 0) return -1;
     return 0;
 }
 

@@ -15,11 +15,12 @@
 #   part 4: streamed decode with the lookahead gated / ungated / off (GPU and CPU) and a streamed GPU prefill.
 #   part 5: the GPU's single and grouped kernel launches, resident decode (grouped MLP on / off), long-context
 #          resident decode (the KV mirror on / off), then test_cuda_kernels and test_golden on the GPU if carried.
+#   part 6: the streamed model of part 4: 512-token GPU prefill twice (TTFT / union read), one streamed GPU decode.
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2|3|4|5 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2|3|4|5 OUTDIR}
+PART=${1:?usage: acceptance.sh 1|2|3|4|5|6 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
@@ -174,6 +175,24 @@ case $PART in
         log "DF_BACKEND=cuda test_golden"
         (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/test_golden" 2>&1 | grep -E "FAIL|passed|diff" | tail -15) >>"$S"
     fi
+    ;;
+6)
+    # issue 12 on the streamed model (as part 4): the 512-token prefill's TTFT against the union read, twice, and a
+    # streamed GPU decode with the lookahead's gate.
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, fp8 spine, 12.9 GB; budgets 2816M + 256M = 3.2 GB"
+    "$BIN" synth "$W/m" --layers 8 --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -1 >>"$S"
+    sync; sleep 3
+    for i in 1 2; do
+        log "cuda prefill 512, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M} (run $i)"
+        timeout 100 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-256M}" \
+            --ram-budget "${HOST_BUDGET:-2816M}" --io-seconds 2 2>&1 | tail -8 >>"$S"
+    done
+    log "cuda decode, cold, same budgets, 17 warm-up + 24 tokens"
+    timeout 100 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
+        --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 2>&1 | grep -E "decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+    rm -rf "$W"
     ;;
 esac
 log "done"

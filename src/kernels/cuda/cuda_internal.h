@@ -19,17 +19,22 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
  * three blocks per SM). */
 void cu_set_matvec_rows(int n);
 void cu_set_tile(int n);
+/* The variant chosen for T rows (cu_set_matvec_rows for T = 1, cu_set_tile else); 0 = automatic. */
+int cu_get_variant(int T);
 
 /* MXFP4 or BF16 weights (cols % 32 == 0) on the tensor cores (cuda_mma.cu): exact bf16 operands (the weights;
  * the activations split into three bf16 parts), fp32 accumulation in a canonical order of its own. variant
  * (0 = automatic; 1, 2, 4, 8 = tile shapes, the same bits): 1 = 16 rows x 2 tokens per warp, 2 = 32 x 8,
- * 4 = 16 x 8, 8 = 16 x 16 (automatic: 1 up to 2 tokens, 4 up to 8, else 2). */
+ * 4 = 16 x 8, 8 = 32 x 2 (automatic: 1 up to 2 tokens, 4 up to 8, else 2). */
 cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                           const float *x, int T, float *y, int variant, cudaStream_t st);
 /* The encodings (bit mask 1 << df_wtype; only MXFP4 and BF16 count) whose matmuls run on the tensor-core kernel;
  * the others run on the fp32-FMA kernels of cuda_matmul.cu (other bits). Default: MXFP4. */
 void cu_set_mma(unsigned mask);
 unsigned cu_get_mma(void);
+/* The most K slices of the tensor-core kernel (1, 2 = the default, 4 or 8; env DF_CUDA_MMA_KS): part of its
+ * canonical order, so a different value gives different bits (for every T alike). */
+void cu_set_mma_ks(int n);
 /* One weight of a grouped tensor-core launch: data / scale [rows, cols] (device), input x [T, cols] (device fp32),
  * output y [T, rows] (device). */
 typedef struct {

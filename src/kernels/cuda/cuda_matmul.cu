@@ -525,6 +525,7 @@ cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t col
 
 void cu_set_matvec_rows(int n) { g_mv_rows = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
 void cu_set_tile(int n) { g_tile = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
+int cu_get_variant(int T) { return T == 1 ? g_mv_rows : g_tile; }
 void cu_set_mma(unsigned mask) { g_mma = (int)(mask & ((1u << DF_W_MXFP4) | (1u << DF_W_BF16))); }
 unsigned cu_get_mma(void) { return (unsigned)g_mma; }
 

@@ -394,14 +394,24 @@ cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t
 }
 
 /* K slices: from cols only (never T, the variant or the grouping), so that the additions stay the same for every
- * call. At most 8: 16 slices for 7168 columns trade a faster one-token 2048-row matvec for a slower 512-token GEMM
- * (bench/RESULTS.md, "the tensor-core MXFP4 kernel"). */
+ * call: 8 from 32 rounds of 128 columns up, 4 from 8, else 1, at most g_ks_max (default 2; DF_CUDA_MMA_KS, a
+ * developer knob for timing: it changes the canonical order, so every result's bits, alike for every T). On the
+ * H200 (bench/RESULTS.md) 2 slices gave the fastest grouped one-token launches (a decode step's experts: 41-44% of
+ * HBM against 36-39% with 8) and 512-token GEMMs (31-36 TFLOP/s against 17-30), while a single one-token
+ * 2048-row launch is slower (6% of HBM against 13%: too few warps for the GPU). */
+int g_ks_max = 2; /* cu_set_mma_ks */
+
 template <int ENC, int RM, int NT, int PF>
 cudaError_t launch_ks(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     const int64_t nrounds = (cols / 32 + 3) / 4;
-    if (nrounds >= 32) return launch_mma<ENC, RM, NT, 8, PF>(a, rows, cols, st);
-    if (nrounds >= 8) return launch_mma<ENC, RM, NT, 4, PF>(a, rows, cols, st);
-    return launch_mma<ENC, RM, NT, 1, PF>(a, rows, cols, st);
+    int ks = nrounds >= 32 ? 8 : nrounds >= 8 ? 4 : 1;
+    if (ks > g_ks_max) ks = g_ks_max;
+    switch (ks) {
+    case 8: return launch_mma<ENC, RM, NT, 8, PF>(a, rows, cols, st);
+    case 4: return launch_mma<ENC, RM, NT, 4, PF>(a, rows, cols, st);
+    case 2: return launch_mma<ENC, RM, NT, 2, PF>(a, rows, cols, st);
+    default: return launch_mma<ENC, RM, NT, 1, PF>(a, rows, cols, st);
+    }
 }
 
 } // namespace
@@ -415,10 +425,12 @@ cudaError_t launch_v(int v, const Launch &a, int64_t rows, int64_t cols, cudaStr
     case 1: return launch_ks<ENC, 1, 1, 1>(a, rows, cols, st);      /* 16 rows x 2 tokens */
     case 2: return launch_ks<ENC, 2, 3, 2 / W>(a, rows, cols, st);  /* 32 x 8 */
     case 4: return launch_ks<ENC, 1, 3, 3 / W>(a, rows, cols, st);  /* 16 x 8 */
-    default: return launch_ks<ENC, 1, 6, 1>(a, rows, cols, st);     /* 16 x 16 */
+    default: return launch_ks<ENC, 2 / W, 1, 1>(a, rows, cols, st); /* 32 x 2 */
     }
 }
 } // namespace
+
+void cu_set_mma_ks(int n) { g_ks_max = n == 1 || n == 2 || n == 4 || n == 8 ? n : 2; }
 
 cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                           const float *x, int T, float *y, int variant, cudaStream_t st) {
@@ -481,7 +493,7 @@ cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n
         split_group_kernel<<<dim3((unsigned)((threads + 255) / 256), (unsigned)nx), 256, 0, st>>>(sg, cols, g_xs);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, &mg, nc};
-        const int v = tmax <= 2 ? 1 : tmax <= 8 ? 4 : 2;
+        const int vf = cu_get_variant(tmax), v = vf ? vf : tmax <= 2 ? 1 : tmax <= 8 ? 4 : 2;
         e = type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
         if (e != cudaSuccess) return e;
     }
