@@ -224,16 +224,18 @@ static int load_spine(df_model *m, char *err, size_t errlen) {
                        n->spine_path, (long long)st.st_size, (unsigned long long)n->spine_bytes);
     }
     size_t len = n->spine_bytes ? n->spine_bytes : 1;
-    /* 2 MiB-aligned and backed by huge pages where the kernel allows (THP "madvise"): the reads fault in the
-     * buffer a 2 MiB page at a time instead of 512 4 KiB pages */
-    const size_t huge = (size_t)2 << 20, alen = (len + huge - 1) / huge * huge;
-    if (posix_memalign(&m->spine_buf, huge, alen)) {
+    /* a spine of 1 GiB or more: 2 MiB-aligned and backed by huge pages where the kernel allows (THP "madvise"), so
+     * the reads fault the buffer in a 2 MiB page at a time instead of 512 4 KiB pages (the rounding, under 0.2%
+     * of it, is not worth it for a small spine under a tight budget) */
+    const int use_huge = len >= ((size_t)1 << 30);
+    const size_t align = use_huge ? (size_t)2 << 20 : 4096, alen = (len + align - 1) / align * align;
+    if (posix_memalign(&m->spine_buf, align, alen)) {
         close(fd);
         m->spine_buf = NULL;
         return set_err(err, errlen, DF_ENOMEM, "cannot allocate %llu bytes for the spine (%s)", (unsigned long long)len, n->spine_path);
     }
 #ifdef MADV_HUGEPAGE
-    madvise(m->spine_buf, alen, MADV_HUGEPAGE); /* a hint: 4 KiB pages when refused */
+    if (use_huge) madvise(m->spine_buf, alen, MADV_HUGEPAGE); /* a hint: 4 KiB pages when refused */
 #endif
     spine_reader r = {.fd = fd, .buf = m->spine_buf, .size = n->spine_bytes};
     r.n_chunks = (int64_t)((n->spine_bytes + SPINE_CHUNK - 1) / SPINE_CHUNK);
