@@ -357,7 +357,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
      * order, each group requested as the slots of the computed ones are released, so every member is read
      * once and the next group is read while the current one computes; a member with a slot never waits
      * behind one without (whose load could otherwise evict it unused). */
-    int n_missing = 0, n_loading = 0;
+    int n_missing = 0, n_loading = 0, n_ready = 0;
     if (e->experts.present && n_used > 0) {
         unsigned char *pres = malloc((size_t)n_used);
         if (!pres) { rc = DF_ENOMEM; goto done; }
@@ -366,6 +366,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             if (dev_resident(e, layer, used[i])) pres[i] = 2;
             n_missing += !pres[i];
             n_loading += pres[i] == 1;
+            n_ready += pres[i] == 2;
         }
         /* in memory first, then those being read (in the order of their requests), then those without a slot */
         int k = 0;
@@ -375,15 +376,27 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     } else {
         memcpy(xo, used, sizeof(int) * (size_t)n_used);
     }
-    /* A decode step on the CPU (no grouped device op) whose members are still being read: chunks of one expert per
-     * thread, so the members in memory compute while the others are read (acquire waits only for its chunk). */
-    if (n_loading && T <= PREFILL_CHUNK_T && !e->be->mlp_group && nthreads < maxc) maxc = nthreads;
+    /* A decode step whose members are still being read: the members in memory first, as one chunk, then the others
+     * in small chunks (one per thread on the CPU; two with a grouped device op, whose cost is mostly copying the
+     * weights in), so each computes while the rest are read (acquire waits only for its chunk). A prompt on a
+     * device: chunks of 4, so slots are released (and the next reads start) sooner. */
+    int first_nc = 0;
+    if (n_loading && T <= PREFILL_CHUNK_T) {
+        const int step = e->be->mlp_group ? 2 : nthreads;
+        if (step < maxc) {
+            first_nc = n_ready < maxc ? n_ready : maxc;
+            maxc = step;
+        }
+    } else if (T > PREFILL_CHUNK_T && e->be->mlp_group && maxc > 4) {
+        maxc = 4;
+    }
     /* chunks of experts: acquire, compute (items in parallel across the pool when there are enough of
      * them and each is small; else one at a time with row-parallel matmuls), release; the outputs are
      * accumulated afterwards in ascending expert order (the same additions in the same order whatever the
      * chunking and the order of the chunks) */
-    for (int u0 = 0; u0 < n_used || (u0 == 0 && lw->has_shared); u0 += maxc) {
-        const int nc = n_used - u0 < maxc ? n_used - u0 : maxc;
+    for (int u0 = 0, nc = 0; u0 < n_used || (u0 == 0 && lw->has_shared); u0 += nc) {
+        const int want = u0 == 0 && first_nc > 0 ? first_nc : maxc;
+        nc = n_used - u0 < want ? n_used - u0 : want;
         const int with_shared = lw->has_shared && u0 + nc >= n_used; /* the last chunk carries the shared expert */
         int n_acq = 0; /* experts of the chunk taken from the store (the rest are pinned in device memory) */
         if (nc > 0) {
