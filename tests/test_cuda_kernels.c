@@ -257,6 +257,15 @@ static void test_cache(void) {
     CHECK(st.expert_hits >= 1 && st.expert_misses >= 2 && st.expert_bytes >= 2 * 8 * 64 * 4,
           "cache stats: hits %llu misses %llu bytes %llu", (unsigned long long)st.expert_hits,
           (unsigned long long)st.expert_misses, (unsigned long long)st.expert_bytes);
+    /* df_cuda_has: resident or not, without counting a use */
+    {
+        df_cuda_stats s1;
+        const int h5 = df_cuda_has(DF_DEVKEY(1, 5, 0)), h6 = df_cuda_has(DF_DEVKEY(1, 6, 0)), h7 = df_cuda_has(DF_DEVKEY(1, 7, 0));
+        df_cuda_get_stats(&s1);
+        CHECK(h5 == 1 && h6 == 1 && h7 == 0 && s1.expert_hits == st.expert_hits && s1.expert_misses == st.expert_misses,
+              "df_cuda_has: %d %d %d, hits %llu -> %llu", h5, h6, h7, (unsigned long long)st.expert_hits,
+              (unsigned long long)s1.expert_hits);
+    }
     /* a budget smaller than two experts evicts the older one */
     df_cuda_set_expert_budget(8 * 64 * 4 + 256);
     df_cuda_get_stats(&st);

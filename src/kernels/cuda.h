@@ -55,6 +55,9 @@ int df_cuda_preload(const df_weight *w);
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all);
 /* Pin a cached weight by its explicit key (df_backend.dev_pin): 1 and its type/shape in *w, or 0. */
 int df_cuda_pin(uint64_t dev_key, df_weight *w);
+/* 1 when the weight with this explicit key is cached on the GPU now (df_backend.dev_has: no pin, no recency or hit
+ * counted), else 0. */
+int df_cuda_has(uint64_t dev_key);
 /* Page-lock host memory [p, p + n) for DMA (cudaHostRegister; 0 = done, -1 with df_cuda_last_error) and undo it
  * (cudaHostUnregister; memory never registered is ignored). */
 int df_cuda_host_pin(void *p, size_t n);

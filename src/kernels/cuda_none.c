@@ -25,6 +25,7 @@ void df_cuda_set_matvec_rows(int n) { (void)n; }
 void df_cuda_set_tile(int n) { (void)n; }
 int df_cuda_pin(uint64_t dev_key, df_weight *w) { return 0; }
 void df_cuda_unpin(uint64_t dev_key) {}
+int df_cuda_has(uint64_t dev_key) { (void)dev_key; return 0; }
 int df_cuda_host_pin(void *p, size_t n) { (void)p; (void)n; return -1; }
 void df_cuda_host_unpin(void *p) { (void)p; }
 void df_cuda_get_stats(df_cuda_stats *out) { memset(out, 0, sizeof *out); }

@@ -597,6 +597,14 @@ extern "C" int df_cuda_pin(uint64_t dev_key, df_weight *w) {
     return e != NULL;
 }
 
+extern "C" int df_cuda_has(uint64_t dev_key) {
+    if (!g_ndev || !dev_key) return 0;
+    pthread_mutex_lock(&g_mu);
+    const int r = find(dev_key) != NULL;
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
 extern "C" void df_cuda_unpin(uint64_t dev_key) {
     pthread_mutex_lock(&g_mu);
     Entry *e = find(dev_key);
