@@ -78,6 +78,16 @@ etype() { node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]
   console.log(j.error.type)' "$TMP/body" 2>/dev/null || echo "not-an-openai-error"; }
 
 expect "GET /health without key" "$(code "$B/health")" 200
+# CORS (default --cors *): the preflight answered without the key, the origin header on every response
+hdr() { curl -s -o /dev/null -D - "$@" | tr -d '\r'; }
+PF=$(hdr -X OPTIONS -H "Origin: https://app.example" -H "Access-Control-Request-Method: POST" "$B/v1/chat/completions")
+echo "$PF" | grep -q '^HTTP/1.1 204' && echo "$PF" | grep -qi '^Access-Control-Allow-Origin: \*$' &&
+    echo "$PF" | grep -qi '^Access-Control-Allow-Methods: POST, OPTIONS$' && echo "$PF" | grep -qi '^Access-Control-Allow-Headers: .*Authorization' &&
+    ok "CORS preflight OPTIONS /v1/chat/completions -> 204 with the allow headers" || bad "CORS preflight: $PF"
+hdr -H "$AUTH" "$B/v1/models" | grep -qi '^Access-Control-Allow-Origin: \*$' && ok "CORS: GET /v1/models carries Access-Control-Allow-Origin" ||
+    bad "CORS: no Access-Control-Allow-Origin on GET /v1/models"
+hdr "$B/v1/models" | grep -qi '^Access-Control-Allow-Origin: \*$' && ok "CORS: a 401 carries Access-Control-Allow-Origin too" ||
+    bad "CORS: no Access-Control-Allow-Origin on the 401"
 expect "GET /v1/models without key -> 401" "$(code "$B/v1/models")" 401
 expect "401 error shape" "$(etype)" authentication_error
 expect "wrong key -> 401" "$(code -H "Authorization: Bearer nope" "$B/v1/models")" 401
@@ -209,6 +219,17 @@ stop_server mock
 wait $CPID
 if tail -c 14 "$TMP/term" | grep -q 'data: \[DONE\]' && grep -q 'shutting down' "$TMP/term"; then ok "SIGTERM: stream ended with an error event and [DONE]"
 else bad "SIGTERM stream end: $(tail -c 200 "$TMP/term")"; fi
+
+# --cors off: no CORS headers, and OPTIONS is not an allowed method; a bad origin is refused
+if start_server nocors --mock --cors off; then
+    B2="http://127.0.0.1:$PORT"
+    hdr "$B2/v1/models" | grep -qi '^Access-Control-Allow-Origin' && bad "--cors off: Access-Control-Allow-Origin sent" ||
+        ok "--cors off: no Access-Control-Allow-Origin"
+    expect "--cors off: OPTIONS /v1/models" "$(code -X OPTIONS "$B2/v1/models")" 405
+    stop_server nocors
+else bad "the --cors off server did not start"; fi
+out=$("$BIN" serve --mock --cors "$(printf 'a\nb')" 2>&1); rc=$?
+[ $rc = 2 ] && echo "$out" | grep -q 'expected an origin' && ok "--cors with a newline -> rc 2" || bad "--cors with a newline: rc $rc: $out"
 
 # Kimi reasoning_content + tool_calls through the openai client (mock speaking Kimi)
 if start_server kimi --mock-kimi; then

@@ -33,6 +33,8 @@ static void serve_usage(FILE *f) {
             "                           byte-identical to serving each alone; the RAM budget holds N KV caches (default 4)\n"
             "  --queue N                requests that may wait while --parallel run; more get 429 (default 16)\n"
             "  --api-key KEY            require 'Authorization: Bearer KEY' (default: none)\n"
+            "  --cors ORIGIN|off        Access-Control-Allow-Origin on every response, and answers to browsers'\n"
+            "                           preflight (OPTIONS) requests (default *: any origin; off: no CORS headers)\n"
             "  --no-kv-reuse            always prefill the whole prompt (no prefix reuse)\n"
             "  --keepalive SECONDS      SSE comment period while a stream is silent, e.g. a long prefill\n"
             "                           (default 5; above --timeout / 2 it is lowered to that, with a note; 0 = off: a stream silent for\n"
@@ -69,6 +71,7 @@ int cmd_serve(int argc, char **argv) {
     c.max_connections = 256;
     c.queue = 16;
     c.parallel = 4;
+    c.cors = "*";
     c.backend = cli_default_backend();
     cli_draft_opts dopt;
     cli_draft_defaults(&dopt);
@@ -110,6 +113,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--queue")) { NEED(); if (parse_int(a, v, 0, 100000, &c.queue)) return 2; }
         else if (!strcmp(a, "--parallel")) { NEED(); if (parse_int(a, v, 1, 64, &c.parallel)) return 2; }
         else if (!strcmp(a, "--api-key")) { NEED(); c.api_key = v; }
+        else if (!strcmp(a, "--cors")) { NEED(); c.cors = strcmp(v, "off") ? v : NULL; }
         else if (!strcmp(a, "--no-kv-reuse")) c.kv_reuse = 0;
         else if (!strcmp(a, "--keepalive")) {
             NEED();
@@ -140,6 +144,14 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "deltafin serve: note: --keepalive %g is more than --timeout %d / 2; keep-alives are sent every %g s\n",
                 c.keepalive_s, c.timeout_s, c.timeout_s / 2.0);
     if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
+    if (c.cors) {
+        int bad = !c.cors[0];
+        for (const char *q = c.cors; *q; q++) bad |= (unsigned char)*q < 0x20 || *q == 0x7f;
+        if (bad) {
+            fprintf(stderr, "deltafin serve: --cors \"%s\": expected an origin such as * or https://example.com, or off\n", c.cors);
+            return 2;
+        }
+    }
     if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
     c.draft.draft = dopt.draft;
     c.draft.ngram_min = dopt.ngram_min;

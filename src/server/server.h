@@ -31,6 +31,7 @@ typedef struct {
     size_t max_request_bytes; /* larger bodies -> 413 */
     int queue;                /* waiting requests allowed while one runs (cmd_serve default 16); more -> 429 */
     const char *api_key;      /* NULL = no key */
+    const char *cors;         /* Access-Control-Allow-Origin of every response and preflight; NULL = no CORS headers */
     int kv_reuse;             /* reuse the KV cache for a common prompt prefix */
     double keepalive_s;       /* SSE comment period while a stream is silent (at most timeout_s / 2); 0 = off */
     int timeout_s;            /* idle / stalled connection timeout */

@@ -106,6 +106,7 @@ static enum MHD_Result send_body(struct MHD_Connection *c, int status, const cha
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
+    if (S.cfg.cors) MHD_add_response_header(r, "Access-Control-Allow-Origin", S.cfg.cors);
     if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
@@ -368,6 +369,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    if (S.cfg.cors) MHD_add_response_header(r, "Access-Control-Allow-Origin", S.cfg.cors);
     enum MHD_Result ok = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);
     return ok;
@@ -454,6 +456,20 @@ static enum MHD_Result handle_health(struct MHD_Connection *c) {
     return ok;
 }
 
+/* The answer to a CORS preflight (OPTIONS): 204 with the allowed origin (--cors), the route's methods, the request
+ * headers a client may send (Authorization and X-Api-Key for --api-key, Content-Type) and a day's cache. */
+static enum MHD_Result send_preflight(struct MHD_Connection *c, int post) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", S.cfg.cors);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    enum MHD_Result ok = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
 /* --------------------------------------------------------------- routing */
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -481,6 +497,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_error(c, 404, m, NULL, "unknown_url");
         }
         int want_post = x->route == R_CHAT || x->route == R_COMPL;
+        /* a browser's CORS preflight (no credentials: answered before the API key check) */
+        if (S.cfg.cors && !strcmp(method, "OPTIONS")) return send_preflight(c, want_post);
         if (want_post ? !post : !(get || !strcmp(method, "HEAD"))) {
             char m[300];
             snprintf(m, sizeof m, "Method %s is not allowed on %.200s (use %s).", method, url, want_post ? "POST" : "GET");
@@ -666,10 +684,10 @@ int srv_serve(const srv_config *cfg) {
     if (S.be->draft_describe) fprintf(stderr, "draft: %s\n", S.be->draft_describe);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(S.d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : cfg->port;
-    fprintf(stderr, "deltafin serve: model %s (%s%s), context %d, listening on http://%s%s%s:%d/v1 (parallel %d, queue %d, max request %zu bytes%s)\n",
+    fprintf(stderr, "deltafin serve: model %s (%s%s), context %d, listening on http://%s%s%s:%d/v1 (parallel %d, queue %d, max request %zu bytes%s, CORS %s)\n",
             S.be->name, cfg->mock ? "mock" : "engine", S.be->exact ? "" : ", NOT exact: lossy spine", S.be->n_ctx,
             strchr(cfg->host, ':') ? "[" : "", cfg->host, strchr(cfg->host, ':') ? "]" : "", port, S.n_workers, cfg->queue,
-            cfg->max_request_bytes, cfg->api_key ? ", API key required" : "");
+            cfg->max_request_bytes, cfg->api_key ? ", API key required" : "", cfg->cors ? cfg->cors : "off");
     int sig = 0, status = 0;
     if (port_f) {
         int bad = fprintf(port_f, "%d\n", port) < 0 || fflush(port_f) != 0 || fsync(fileno(port_f)) != 0;
