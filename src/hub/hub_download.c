@@ -369,15 +369,24 @@ static void progress_line(dl_file *fs, int n, uint64_t total, const hub_dl_opts 
     double rate = el > 0 ? (double)o->bytes_fetched / el : 0;
     char eta[32];
     human_time(rate > 0 ? (double)(total - done) / rate : -1, eta, sizeof eta);
-    const dl_file *cur = NULL;
-    for (int i = 0; i < n && !cur; i++)
-        if (!fs[i].finished && fs[i].nchunks) cur = &fs[i];
+    /* the files in flight (started, not finished): the first two by name with their share, then how many more */
     char curs[700] = "";
-    if (cur) {
+    int shown = 0, more = 0;
+    for (int i = 0; i < n; i++) {
+        const dl_file *cur = &fs[i];
+        if (cur->finished || !cur->nchunks) continue;
         uint64_t d = 0;
-        for (uint64_t i = 0; i < cur->nchunks; i++) d += cur->done[i];
-        snprintf(curs, sizeof curs, " | %s %.1f/%.1f MB %3.0f%%", cur->f->name, d / 1e6, cur->f->size / 1e6,
-                 cur->f->size ? 100.0 * (double)d / (double)cur->f->size : 100.0);
+        for (uint64_t k = 0; k < cur->nchunks; k++) d += cur->done[k];
+        if (!d && shown) { more++; continue; } /* not started yet: counted once it has bytes */
+        if (shown == 2) { more++; continue; }
+        const size_t l = strlen(curs);
+        snprintf(curs + l, sizeof curs - l, "%s%s %.1f/%.1f MB %3.0f%%", shown ? ", " : " | ", cur->f->name, d / 1e6,
+                 cur->f->size / 1e6, cur->f->size ? 100.0 * (double)d / (double)cur->f->size : 100.0);
+        shown++;
+    }
+    if (more) {
+        const size_t l = strlen(curs);
+        snprintf(curs + l, sizeof curs - l, " (+%d more)", more);
     }
     fprintf(stderr, "\rdownload: %.1f/%.1f MB %5.1f%%  %.1f MB/s  ETA %s%s   ", done / 1e6, total / 1e6,
             total ? 100.0 * (double)done / (double)total : 100.0, rate / 1e6, eta, curs);
