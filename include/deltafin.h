@@ -328,6 +328,12 @@ int df_eval_batch(df_session *const *sessions, const int32_t *const *ids, const 
 /* Human-readable message for an error code. */
 const char *df_strerror(int code);
 
+/* Whether the compute backend `name` ("auto", "cpu", "cpu-scalar", "cpu-avx2", "cpu-avx512", "cuda") can run on this
+ * machine: 1 with what it runs on in buf (for cuda and an auto that picks it, the device, e.g. "cuda: NVIDIA H200,
+ * 139.8 GiB, sm_90"; else the backend's name, e.g. "cpu-avx512"), or 0 with the reason in buf (e.g. "no CUDA device
+ * (...)", an invalid DF_CUDA_* variable, "this build has no CUDA backend"). buf may be NULL. */
+int df_backend_available(const char *name, char *buf, size_t len);
+
 /* ------------------------------------------------------ speculative decoding */
 
 /* df_eval flag: the session's rollback snapshot becomes the state *before* this call's tokens

@@ -85,9 +85,22 @@ for v in 0 1 on off 512M 4G 1.5GiB 64kb; do
 done
 ids=$(DF_CUDA_KV_MIRROR=junk run --backend cpu 2>"$TMP/err"); rc=$?
 [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_KV_MIRROR=junk --backend cpu runs" || bad "DF_CUDA_KV_MIRROR=junk --backend cpu: rc $rc $(cat "$TMP/err")"
+# DF_CUDA_MMA_KS, the tensor-core kernel's most K slices: 1, 2, 4, 8 (or unset) run; anything else (0 too) stops
+# cuda and auto with its own message
+for v in 0 3 16 abc; do
+    for b in auto cuda; do
+        out=$(DF_CUDA_MMA_KS="$v" run --backend $b 2>&1); rc=$?
+        [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable DF_CUDA_MMA_KS=\"$v\": expected the tensor-core kernel's most K slices, 1, 2 (the default), 4 or 8; unset it or fix its value" \
+            && ok "DF_CUDA_MMA_KS=$v --backend $b -> rc 1" || bad "DF_CUDA_MMA_KS=$v --backend $b: rc $rc: $out"
+    done
+done
+for v in 1 2 4 8; do
+    ids=$(DF_CUDA_MMA_KS=$v run 2>"$TMP/err"); rc=$?
+    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA_KS=$v (auto): same ids" || bad "DF_CUDA_MMA_KS=$v: rc $rc '$ids' $(cat "$TMP/err")"
+done
 # the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else (was: atoi, so
 # "abc" and "3" silently meant automatic) stops cuda and auto, naming the variable; --backend cpu ignores them
-for k in DF_CUDA_MV_ROWS DF_CUDA_TILE DF_CUDA_MMA_KS; do
+for k in DF_CUDA_MV_ROWS DF_CUDA_TILE; do
     for v in abc 3 16 -2 4x; do
         for b in auto cuda; do
             out=$(export "$k=$v"; run --backend $b 2>&1); rc=$?

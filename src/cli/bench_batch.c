@@ -1,7 +1,7 @@
 /*
  * bench_batch.c — `deltafin bench batch`: aggregate decode speed of S sequences decoding together
  * (df_eval_batch: one row per sequence per forward pass, each expert a layer needs read once for all
- * of them) for each S of --seqs, cold (page cache dropped, model reopened) under --ram-budget.
+ * of them) for each S of --seqs, cold (the model's files evicted from the page cache, model reopened) under --ram-budget.
  * Per S: aggregate tok/s (S x tokens / decode time), expert bytes read per generated token, hit rate,
  * and the storage bound B / (expert bytes read per token) with B from the I/O benchmark on the same
  * packs (mean of before and after); also each S's aggregate against the single-sequence storage bound
@@ -23,10 +23,10 @@ enum { MAX_SEQS = 64, MAX_RUNS = 16 };
 static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench batch --model DIR [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N (16)]\n"
                "       [--prompt N (8)] [--threads N] [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop]\n"
-               "       [--backend auto|cpu|cuda] [--gpu-budget SIZE]\n"
+               "       [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda] [--gpu-budget SIZE]\n"
                "  For each S of --seqs: S sequences (random prompts of N tokens, seeded; sequence 0's is the same at\n"
                "  every S) prefilled in one batch, then --tokens greedy decode steps of S rows each in one forward pass;\n"
-               "  cold (model reopened, page cache dropped). Prints aggregate tok/s, expert bytes read per generated\n"
+               "  cold (model reopened, its files evicted from the page cache). Prints aggregate tok/s, expert bytes read per generated\n"
                "  token, hit rate, the storage bound B / bytes-per-token and the speed-up over S = 1.\n");
 }
 
@@ -60,7 +60,7 @@ typedef struct {
 /* One S: open cold, prefill S prompts in one batch, `tokens` batched greedy steps. 0 or a DF_E* code. */
 static int run_one(const char *model, uint64_t budget, const char *backend, uint64_t gpu_budget, int threads, int S,
                    int tokens, int prompt, uint64_t seed, int nodrop, run_result *out, char *err, size_t errlen) {
-    if (!nodrop) bench_drop_caches();
+    if (!nodrop) bench_drop_caches(model, NULL); /* the packs of a model converted with --expert-dirs: evicted by the caller once */
     df_model_opts mo;
     df_model_opts_default(&mo);
     mo.ram_budget = budget;
@@ -191,10 +191,10 @@ int bench_batch(int argc, char **argv) {
     native_close(nat);
     char bstr[32] = "unlimited";
     if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
-    const int root_drop = nodrop ? 0 : bench_drop_caches();
+    const int root_drop = nodrop ? 0 : bench_drop_caches(model, dirs);
     printf("bench batch: %s, ram budget %s (routed experts %.3f GiB), prompt %d, %d decode steps per S, page cache %s\n", model,
            bstr, bank / 1073741824.0, prompt, tokens,
-           root_drop ? "dropped before each S" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
+           root_drop ? "the model's files evicted before each S" : (nodrop ? "kept (--no-drop)" : "NOT evicted (a directory could not be read): numbers may be warm"));
     store_bench_opts bo;
     bench_expert_io_opts(&bo, dirs, qd, stride, top_k, io_seconds);
     store_bench_result b1, b2;

@@ -18,8 +18,11 @@ int bench_check_native(const char *cmd, const char *model);
  * converted directory (conv, cap bytes); how (if non-NULL) gets ", DIR converted into the conversion cache
  * (CACHE_DIR)" appended. 0, else a message naming `deltafin bench CMD` and the exit status (1). */
 int bench_native_model(const char *cmd, const char **model, char *conv, size_t cap, char *how, size_t howcap);
-/* Drop the page cache (sync + /proc/sys/vm/drop_caches); 1 if done, 0 when not root or refused. */
-int bench_drop_caches(void);
+/* Evict a model's files from the page cache, for a cold measurement without touching other processes' cached
+ * files and without root: every regular file of the model directory `model` and of each directory of the
+ * comma-separated `pack_dirs` (either may be NULL) written back and dropped (posix_fadvise POSIX_FADV_DONTNEED).
+ * 1 when every directory could be read, else 0. */
+int bench_drop_caches(const char *model, const char *pack_dirs);
 /* The directories of the model's expert packs (the stripes of its first MoE layer), comma-separated,
  * in stripe order, into dirs (cap bytes). */
 void bench_pack_dirs(const df_native *nat, char *dirs, size_t cap);

@@ -45,7 +45,8 @@ static void bench_one(df_wtype t, int64_t R, int64_t C, int T, int v, double bw,
 int bench_kernels_cuda(int argc, char **argv, const int *types, int ntypes, int64_t (*shapes)[2], int nshapes,
                        const int *Ts, int nT, int ts_given, int shapes_given) {
     char why[300];
-    if (!df_cuda_probe(why, sizeof why)) {
+    if (!df_backend_get("cuda")) { /* the knobs' validation (cuda_env.h) as for run / serve, then the device */
+        df_backend_why("cuda", why, sizeof why);
         fprintf(stderr, "deltafin bench kernels: --backend cuda: %s\n", why);
         return 1;
     }

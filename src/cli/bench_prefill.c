@@ -1,6 +1,6 @@
 /*
  * bench_prefill.c — `deltafin bench prefill`: the time to first token of an N-token prompt evaluated in one
- * call, cold (page cache dropped), against the two floors it cannot beat: reading the union of routed experts
+ * call, cold (the model's files evicted from the page cache), against the two floors it cannot beat: reading the union of routed experts
  * the prompt touches once at the drives' speed (B from the I/O benchmark on the same packs, before and after),
  * and the compute time (the forward pass's phases without I/O wait). Prints the read amplification (expert
  * bytes read / bytes of the touched union; 1.0 = each touched expert read exactly once) and
@@ -25,7 +25,7 @@ static double now_s(void) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench prefill --model DIR [--tokens N (64)] [--ram-budget SIZE] [--threads N]\n"
-               "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop] [--backend auto|cpu|cuda]\n"
+               "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop] [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda]\n"
                "       [--gpu-budget SIZE] [--events FILE (the store's JSONL events: every read, acquire, dropped guess)]\n"
                "       [--prefetch auto|on|off|ungated] [--prefault auto|on|off (as in `deltafin run`)]\n"
                "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
@@ -92,7 +92,7 @@ int bench_prefill(int argc, char **argv) {
     char dirs[4096];
     bench_pack_dirs(nat, dirs, sizeof dirs);
     native_close(nat);
-    int dropped = nodrop ? 0 : bench_drop_caches();
+    int dropped = nodrop ? 0 : bench_drop_caches(model, dirs);
     df_model_opts mo;
     df_model_opts_default(&mo);
     mo.ram_budget = budget;
@@ -117,7 +117,7 @@ int bench_prefill(int argc, char **argv) {
     char bstr[32] = "unlimited";
     if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
     printf("bench prefill: %s, %ld tokens, ram budget %s, page cache %s\n", model, tokens, bstr,
-           dropped ? "dropped" : (nodrop ? "kept (--no-drop)" : "NOT dropped (not root): numbers may be warm"));
+           dropped ? "evicted (the model's files)" : (nodrop ? "kept (--no-drop)" : "NOT evicted (a directory could not be read): numbers may be warm"));
     fflush(stdout); /* in a 2>&1 log the line follows the header above */
     fprintf(stderr, "%s\n", df_model_describe(m)); /* the resolved configuration: one line on stderr, as bench decode */
     store_bench_opts bo;
@@ -125,7 +125,7 @@ int bench_prefill(int argc, char **argv) {
     store_bench_result b1, b2;
     rc = store_bench_io(&bo, &b1, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench prefill: I/O benchmark: %s\n", err); goto out; }
-    if (!nodrop) bench_drop_caches();
+    if (!nodrop) bench_drop_caches(model, dirs);
     df_session *s = NULL;
     rc = df_session_new(&s, m, (int)tokens + 1, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench prefill: %s\n", err); goto out; }

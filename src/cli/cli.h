@@ -19,6 +19,10 @@ int cli_check_out_dirs(const char *cmd, const char *out, const char *expert_dirs
 /* cli_args.c: "4G", "512M", "100K", "1.5GiB", "12345" -> bytes (powers of 1024; an optional
  * "i" and "B" after the unit). 0, or -1 for anything else (trailing text, negative, overflow). */
 int cli_parse_size(const char *s, uint64_t *out);
+/* 1 when stderr is a terminal: progress lines are redrawn in place ("\r"); else (a log file, a pipe) only each
+ * progress's final line is written, without carriage returns. cli_cr() is "\r" or "" accordingly. */
+int cli_stderr_tty(void);
+const char *cli_cr(void);
 /* 1 when `a` is one of the NULL-terminated names: a parser asks it before saying "A needs a value", so a
  * mistyped flag at the end of the command line is an unknown option, not a flag without its value. */
 int cli_known_option(const char *a, const char *const *names);

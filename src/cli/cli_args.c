@@ -3,6 +3,7 @@
 #include "cli.h"
 #include <errno.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -82,3 +83,11 @@ int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out) {
     }
     return 0;
 }
+
+int cli_stderr_tty(void) {
+    static int tty = -1;
+    if (tty < 0) tty = isatty(2) != 0;
+    return tty;
+}
+
+const char *cli_cr(void) { return cli_stderr_tty() ? "\r" : ""; }

@@ -58,10 +58,10 @@ static int on_progress(void *user, const char *what, uint64_t done, uint64_t tot
     if (p->quiet) return 0;
     double t = now_s(), el = t - ((double)p->t0.tv_sec + 1e-9 * (double)p->t0.tv_nsec);
     int last = total && done >= total;
-    if (p->done || (!last && t - p->last < 0.2)) return 0;
+    if (p->done || (!last && (t - p->last < 0.2 || !cli_stderr_tty()))) return 0;
     p->last = t;
     double mb = (double)done / 1e6;
-    fprintf(stderr, "\rconvert: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", mb, (double)total / 1e6,
+    fprintf(stderr, "%sconvert: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", cli_cr(), mb, (double)total / 1e6,
             total ? 100.0 * (double)done / (double)total : 0.0, el > 0 ? mb / el : 0.0);
     p->open = !last;
     if (last) {

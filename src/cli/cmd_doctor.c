@@ -25,9 +25,9 @@ static int line_open; /* a progress line without its newline is on stderr */
 static int verify_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     static time_t last;
     time_t now = time(NULL);
-    if (total && (done == total || now != last)) {
+    if (total && (done == total || (now != last && cli_stderr_tty()))) {
         last = now;
-        fprintf(stderr, "\r%s: %.1f%% of %.1f MB%s", user ? (const char *)user : "verifying", 100.0 * done / total,
+        fprintf(stderr, "%s%s: %.1f%% of %.1f MB%s", cli_cr(), user ? (const char *)user : "verifying", 100.0 * done / total,
                 total / 1e6, done == total ? "\n" : "");
         line_open = done != total;
     }
@@ -109,6 +109,13 @@ int cmd_doctor(int argc, char **argv) {
     printf("RAM: %.1f GiB\n", ram / 1073741824.0);
     printf("SIMD: %s\n", simd_features());
     printf("io_uring: %s\n", uring_status());
+    {
+        char b[400];
+        const int ok = df_backend_available("cuda", b, sizeof b);
+        printf("GPU: %s\n", ok ? b + 6 /* past "cuda: " */ : b);
+        df_backend_available("auto", b, sizeof b);
+        printf("backend auto: %s\n", strncmp(b, "cuda:", 5) ? b : "cuda");
+    }
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {
         if (cli_default_model("doctor", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;

@@ -62,7 +62,8 @@ static void run_usage(FILE *f) {
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin); FILE is\n"
             "                       created when missing, its directory must exist\n"
             "  --backend NAME       auto (default: cuda when a CUDA device is present, else cpu) | cpu (best SIMD)\n"
-            "                       | cpu-scalar | cuda (an error without a CUDA device); default env DF_BACKEND\n"
+            "                       | cpu-scalar | cpu-avx2 | cpu-avx512 | cuda (an error without a CUDA device);\n"
+            "                       default env DF_BACKEND\n"
             "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --quiet              no configuration line or progress on stderr\n"
             "%s"
@@ -135,9 +136,9 @@ static int progress_cb(void *user, const char *what, uint64_t done, uint64_t tot
     time_t now = time(NULL);
     if (done < total) finished = 0;
     if (!total || finished) return 0;
-    if (done == total || now != last) {
+    if (done == total || (now != last && cli_stderr_tty())) {
         last = now;
-        fprintf(stderr, "\rconverting: %s %.1f%% (%llu / %llu)%s", what, 100.0 * done / total, (unsigned long long)done,
+        fprintf(stderr, "%sconverting: %s %.1f%% (%llu / %llu)%s", cli_cr(), what, 100.0 * done / total, (unsigned long long)done,
                 (unsigned long long)total, done == total ? "\n" : "");
         progress_open = done != total;
         if (done == total) finished = 1;
@@ -277,7 +278,7 @@ static void prefill_signal(int sig) {
 static int prefill_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     prefill_prog *p = user;
     double now = now_s();
-    if (now - p->t0 < 1.0 || (p->shown && now - p->last < 0.5)) return 0;
+    if (now - p->t0 < 1.0 || (p->shown && now - p->last < 0.5) || !cli_stderr_tty()) return 0;
     p->last = now;
     p->shown = 1;
     fprintf(stderr, "\rprefill: %d tokens, %s %llu / %llu, %.1f s", p->n_tokens, what, (unsigned long long)done,
@@ -514,7 +515,15 @@ int cmd_run(int argc, char **argv) {
         if (trained > 0 && n_ids > trained)
             fprintf(stderr, "deltafin run: warning: the prompt has %d tokens but %s was trained on %ld positions (%s); "
                             "past that its output is unreliable\n", n_ids, df_model_name(m), trained, src);
+        else if (trained > 0 && (long long)n_ids + max_new > trained && !quiet)
+            fprintf(stderr, "deltafin run: note: %d prompt tokens + --max-new %d go past the %ld positions %s was trained "
+                            "on (%s); the output may degrade after position %ld\n", n_ids, max_new, trained,
+                    df_model_name(m), src, trained);
     }
+    /* the lossy modes are labeled wherever results are printed, --quiet or not */
+    if (quiet && !df_model_is_exact(m))
+        fprintf(stderr, "deltafin run: NOT EXACT: %s\n",
+                strstr(df_model_describe(m), "spine int8") ? "int8 spine" : "lossy bf16 spine");
     int gen_max = max_new, ctx_limited = 0;
     if ((long long)max_new > (long long)n_ctx - n_ids + 1) { gen_max = n_ctx - n_ids + 1; ctx_limited = 1; }
     int32_t stop[16];
@@ -540,7 +549,7 @@ int cmd_run(int argc, char **argv) {
     g_prefill_line = 0;
     if (pp.shown) {
         double dt = now_s() - t_start;
-        fprintf(stderr, "\rprefill: %d tokens in %.1f s (%.1f tok/s)%30s\n", n_ids, dt, dt > 0 ? n_ids / dt : 0.0, "");
+        fprintf(stderr, "%sprefill: %d tokens in %.1f s (%.1f tok/s)%30s\n", cli_cr(), n_ids, dt, dt > 0 ? n_ids / dt : 0.0, "");
         progress_open = 0;
     }
     if (rc) { fprintf(stderr, "deltafin run: %s\n", err); goto done; }

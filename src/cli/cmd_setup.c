@@ -89,9 +89,9 @@ static int on_convert(void *user, const char *what, uint64_t done, uint64_t tota
     if (p->quiet || p->ended) return 0;
     double t = df_now();
     if (total && done >= total) p->ended = 1;
-    if (t - p->last < 0.5 && done < total) return 0;
+    if ((t - p->last < 0.5 || !cli_stderr_tty()) && done < total) return 0;
     p->last = t;
-    fprintf(stderr, "\rconvert: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", done / 1e6, total / 1e6,
+    fprintf(stderr, "%sconvert: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", cli_cr(), done / 1e6, total / 1e6,
             total ? 100.0 * (double)done / (double)total : 100.0, t > p->t0 ? done / 1e6 / (t - p->t0) : 0.0);
     p->open = 1;
     fflush(stderr);

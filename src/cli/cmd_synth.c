@@ -306,9 +306,9 @@ typedef struct {
 static void prog(progress *p, uint64_t add) {
     p->done += add;
     double t = now_s();
-    if (p->quiet || (t - p->t_last < 1.0 && p->done < p->total)) return;
+    if (p->quiet || ((t - p->t_last < 1.0 || !cli_stderr_tty()) && p->done < p->total)) return;
     p->t_last = t;
-    fprintf(stderr, "\rsynth: %.2f / %.2f GB (%.0f%%), %.2f GB/s   ", p->done / 1e9, p->total / 1e9,
+    fprintf(stderr, "%ssynth: %.2f / %.2f GB (%.0f%%), %.2f GB/s   ", cli_cr(), p->done / 1e9, p->total / 1e9,
             100.0 * p->done / (p->total ? p->total : 1), p->done / 1e9 / (t - p->t0 + 1e-9));
     p->open = 1;
     if (p->done >= p->total) { fputc('\n', stderr); p->open = 0; }

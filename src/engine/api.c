@@ -1109,3 +1109,21 @@ int df_eval_batch(df_session *const *ss, const int32_t *const *ids, const int *n
     if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
     return rc;
 }
+
+int df_backend_available(const char *name, char *buf, size_t len) {
+    char tmp[320];
+    if (!buf || !len) { buf = tmp; len = sizeof tmp; }
+    const df_backend *be = df_backend_get(name);
+    if (!be) {
+        df_backend_why(name, buf, len);
+        return 0;
+    }
+    if (!strcmp(be->name, "cuda")) {
+        char dev[160];
+        df_cuda_describe(dev, sizeof dev);
+        snprintf(buf, len, "cuda: %s", dev);
+    } else {
+        snprintf(buf, len, "%s", be->name);
+    }
+    return 1;
+}

@@ -75,6 +75,22 @@ static inline int df_cuda_env_variant(const char *name, int *out, char *why, siz
     return -1;
 }
 
+/* DF_CUDA_MMA_KS, the tensor-core kernel's most K slices (docs/cuda.md): unset or empty = 0 (the default, 2);
+ * "1", "2", "4" or "8" = that many. Anything else: -1 with a message naming the variable in why. */
+static inline int df_cuda_env_ks(int *out, char *why, size_t whylen) {
+    const char *v = getenv("DF_CUDA_MMA_KS");
+    *out = 0;
+    if (!v || !*v) return 0;
+    if (v[1] == 0 && (v[0] == '1' || v[0] == '2' || v[0] == '4' || v[0] == '8')) {
+        *out = v[0] - '0';
+        return 0;
+    }
+    if (why && whylen)
+        snprintf(why, whylen, "environment variable DF_CUDA_MMA_KS=\"%.40s%s\": expected the tensor-core kernel's most K "
+                 "slices, 1, 2 (the default), 4 or 8; unset it or fix its value", v, strlen(v) > 40 ? "..." : "");
+    return -1;
+}
+
 /* DF_CUDA_KV_MIRROR, the GPU memory all the attention core's device mirrors of latent KV caches may hold together
  * (docs/cuda.md). Unset, empty, "1" or "on": 1 with *bytes = 0 (on, the default cap: 1/8 of the device's memory);
  * "0" or "off": 0 (off: every call uploads its caches whole); a size, digits with an optional fraction and a unit
@@ -128,7 +144,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     int variant;
     if (df_cuda_env_variant("DF_CUDA_MV_ROWS", &variant, why, whylen) < 0) return -1;
     if (df_cuda_env_variant("DF_CUDA_TILE", &variant, why, whylen) < 0) return -1;
-    if (df_cuda_env_variant("DF_CUDA_MMA_KS", &variant, why, whylen) < 0) return -1;
+    if (df_cuda_env_ks(&variant, why, whylen) < 0) return -1;
     return 0;
 }
 

@@ -669,8 +669,11 @@ int srv_serve(const srv_config *cfg) {
                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
                            MHD_OPTION_END);
     if (!S.d) {
-        fprintf(stderr, "deltafin serve: cannot listen on %s:%d: %s (is the port in use? try --port)\n", cfg->host,
-                cfg->port, strerror(errno));
+        const int e = errno;
+        fprintf(stderr, "deltafin serve: cannot listen on %s:%d: %s (%s)\n", cfg->host, cfg->port, strerror(e),
+                e == EADDRNOTAVAIL ? "no interface of this machine has that address: try --host 127.0.0.1 or 0.0.0.0"
+                : e == EADDRINUSE  ? "the port is in use: try another --port, or --port 0 for any free one"
+                                   : "check --host and --port");
         pthread_mutex_lock(&S.mu);
         S.stopping = 1;
         pthread_cond_broadcast(&S.cv);
@@ -729,7 +732,8 @@ int srv_serve(const srv_config *cfg) {
     }
     pthread_mutex_unlock(&S.mu);
     MHD_stop_daemon(S.d);
-    fprintf(stderr, "deltafin serve: stopped after %lu requests (%lu rejected as busy)\n", S.n_served, S.n_rejected);
+    fprintf(stderr, "deltafin serve: stopped after %lu request%s (%lu rejected as busy)\n", S.n_served,
+            S.n_served == 1 ? "" : "s", S.n_rejected);
     S.be->close(S.be);
     pthread_mutex_destroy(&S.mu);
     pthread_cond_destroy(&S.cv);

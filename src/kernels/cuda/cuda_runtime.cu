@@ -115,7 +115,7 @@ void probe_once() {
     if (mma_set < 0) { g_ndev = 0; return; }
     if (mma_set) cu_set_mma(mma);
     int ks = 0;
-    if (df_cuda_env_variant("DF_CUDA_MMA_KS", &ks, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
+    if (df_cuda_env_ks(&ks, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (ks) cu_set_mma_ks(ks);
     /* DF_CUDA_KV_MIRROR (the attention core's KV mirror, cuda_attn.cu): validated here too, so an invalid value is no
      * device for every caller */
