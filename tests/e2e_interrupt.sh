@@ -201,6 +201,26 @@ else
         && ok || bad "synth OUT_DIR alone, little space: rc $rc $(cat "$TMP/bg.err")"
 fi
 
+# ---- run: SIGINT during generation stops after the current token, prints what was generated, the message and the
+# stats, and exits 130; SIGTERM the same with 143
+KM=$SRC/models/kimi-mini
+if [ -d "$KM" ]; then
+    "$BIN" run --model "$KM" --prompt-ids 1,2,3 --max-new 4 --quiet >/dev/null 2>&1   # converted once, outside the timing
+    for sig in INT TERM; do
+        "$BIN" run --model "$KM" --prompt-ids 1,2,3 --max-new 1000000 --print-ids --stats >"$TMP/gen.out" 2>"$TMP/gen.err" &
+        bg=$!; PIDS+=("$bg")
+        for _ in $(seq 100); do [ -s "$TMP/gen.err" ] && grep -q "kimi-mini" "$TMP/gen.err" && break; sleep 0.1; done
+        sleep 1
+        kill -$sig "$bg"; wait "$bg"; rc=$?
+        want=$([ $sig = INT ] && echo 130 || echo 143)
+        n=$(grep -o "after [0-9]* generated tokens" "$TMP/gen.err" | grep -o "[0-9]*")
+        ids=$(tr ',' '\n' <"$TMP/gen.out" | grep -c .)
+        [ "$rc" = "$want" ] && grep -q "^deltafin run: interrupted (SIG$sig) after [0-9]* generated tokens" "$TMP/gen.err" \
+            && grep -q "^stats: prompt 3 tokens, generated" "$TMP/gen.err" && [ -n "$n" ] && [ "$n" -gt 0 ] && [ "$ids" = "$n" ] \
+            && ok || bad "run SIG$sig during generation: rc $rc (want $want), $n tokens, $ids ids: $(tail -3 "$TMP/gen.err")"
+    done
+fi
+
 # ---- every synth usage error names the flag and the value (exit 2, nothing written)
 while IFS='|' read -r args re; do
     read -ra A <<<"$args"

@@ -275,6 +275,14 @@ static void prefill_signal(int sig) {
     raise(sig);
 }
 
+/* Generation: the first SIGINT / SIGTERM stops after the current token (what was generated is printed, with the
+ * stats when asked, and the exit status is 128 + the signal); a second one ends the process at once. */
+static volatile sig_atomic_t g_gen_sig;
+static void gen_signal(int sig) {
+    g_gen_sig = sig;
+    signal(sig, SIG_DFL);
+}
+
 static int prefill_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     prefill_prog *p = user;
     double now = now_s();
@@ -557,6 +565,13 @@ int cmd_run(int argc, char **argv) {
     df_model_stats(m, &after_prefill);
     char buf[1024];
     int stopped = 0;
+    struct sigaction sg_new, sg_int, sg_term;
+    memset(&sg_new, 0, sizeof sg_new);
+    sg_new.sa_handler = gen_signal;
+    sigemptyset(&sg_new.sa_mask);
+    g_gen_sig = 0;
+    sigaction(SIGINT, &sg_new, &sg_int);
+    sigaction(SIGTERM, &sg_new, &sg_term);
     const double t_gen = now_s(), cpu_gen = cpu_s();
     if (drafter) {
         /* speculative: the same tokens as the loop below, several per target eval */
@@ -578,7 +593,7 @@ int cmd_run(int argc, char **argv) {
                     if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); }
                 }
             }
-            if (stopped || n_out >= gen_max) break;
+            if (stopped || n_out >= gen_max || g_gen_sig) break;
             n_new = df_spec_step(spec, out_ids[n_out - 1], out_ids + n_out, gen_max - n_out, err, sizeof err);
             if (n_new < 0) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
         }
@@ -593,11 +608,14 @@ int cmd_run(int argc, char **argv) {
             if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); }
         }
         if (is_stop) { stopped = 1; break; }
-        if (k + 1 == gen_max) break;
+        if (k + 1 == gen_max || g_gen_sig) break;
         rc = df_eval(s, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
     const double gen_s = now_s() - t_gen, gen_cpu = cpu_s() - cpu_gen, total = now_s() - t_start;
+    const int gen_sig = g_gen_sig;
+    sigaction(SIGINT, &sg_int, NULL);
+    sigaction(SIGTERM, &sg_term, NULL);
     if (dt) {
         int w = df_detok_flush(dt, buf, sizeof buf);
         if (w > 0) fwrite(buf, 1, (size_t)w, stdout);
@@ -608,7 +626,10 @@ int cmd_run(int argc, char **argv) {
         printf("\n");
     }
     fflush(stdout);
-    if (ctx_limited && !stopped)
+    if (gen_sig)
+        fprintf(stderr, "deltafin run: interrupted (%s) after %d generated tokens\n", gen_sig == SIGINT ? "SIGINT" : "SIGTERM",
+                n_out);
+    else if (ctx_limited && !stopped)
         fprintf(stderr, "deltafin run: stopped: context full (%d positions); generated %d of --max-new %d tokens\n", n_ctx, n_out,
                 max_new);
     if (stats) {
@@ -675,7 +696,7 @@ int cmd_run(int argc, char **argv) {
     }
     if (stats && remote) stream_print_stats(remote, stderr);
     if (profile && !stats) fprintf(stderr, "deltafin run: --profile prints with --stats only\n");
-    status = 0;
+    status = gen_sig ? 128 + gen_sig : 0;
 done:
     df_spec_free(spec);
     df_drafter_free(drafter);
