@@ -231,8 +231,8 @@ for f in "$KM"/*; do [ "$(basename "$f")" = README.md ] || ln -s "$(cd "$(dirnam
 
 # ---- fresh-user items: bench and a Hugging Face checkpoint, unknown flags last, a directory that is no model,
 # serve's help, the CUDA backend without a GPU, DF_BACKEND, the top-level help, doctor's model line
-expect 2 "bench batch --model <HF checkpoint>" "^deltafin bench batch: $KM is a Hugging Face checkpoint; .*run \`deltafin convert $KM OUT\` first and pass --model OUT" -- \
-    "$BIN" bench batch --model "$KM"
+expect 0 "bench batch --model <HF checkpoint> (converted once into the conversion cache)" "sequence 0's tokens identical at every S: yes" -- \
+    env XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench batch --model "$KM" --seqs 1,2 --tokens 2 --io-seconds 0.1 --no-drop
 # bench decode / prefill take a Hugging Face checkpoint as run does (converted once into the conversion cache),
 # and --prefetch / --prefault as run does
 expect 0 "bench decode --model <HF checkpoint> --prefetch off --prefault off" "storage bound" -- \

@@ -21,13 +21,15 @@
 enum { MAX_SEQS = 64, MAX_RUNS = 16 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: deltafin bench batch --model DIR [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N (16)]\n"
+    fprintf(f, "usage: deltafin bench batch [--model DIR] [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N (16)]\n"
                "       [--prompt N (8)] [--threads N] [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop]\n"
                "       [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda] [--gpu-budget SIZE]\n"
                "  For each S of --seqs: S sequences (random prompts of N tokens, seeded; sequence 0's is the same at\n"
                "  every S) prefilled in one batch, then --tokens greedy decode steps of S rows each in one forward pass;\n"
                "  cold (model reopened, its files evicted from the page cache). Prints aggregate tok/s, expert bytes read per generated\n"
-               "  token, hit rate, the storage bound B / bytes-per-token and the speed-up over S = 1.\n");
+               "  token, hit rate, the storage bound B / bytes-per-token and the speed-up over S = 1.\n"
+               "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
+               "  (default: the installed default model, else the embedded models/kimi-mini, as `deltafin run`).\n");
 }
 
 static int parse_list(const char *s, int *out, int cap) {
@@ -176,11 +178,17 @@ int bench_batch(int argc, char **argv) {
         } else { fprintf(stderr, "deltafin bench batch: unknown option %s (see --help)\n", a); return 2; }
         i++;
     }
-    if (!model) { fprintf(stderr, "deltafin bench batch: --model DIR is required (a native model: `deltafin convert` or `synth`)\n"); return 2; }
-    char err[2048] = "";
+    char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], conv_how[4700] = "", err[2048] = "";
+    if (!model) { /* the default model, as bench decode */
+        if (cli_default_model("bench batch", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     df_native *nat = NULL;
-    int rc = bench_check_native("batch", model);
+    /* a Hugging Face checkpoint is converted once into the conversion cache, as for bench decode / prefill */
+    int rc = bench_native_model("batch", &model, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
+                                dflt_how[0] ? sizeof dflt_how : sizeof conv_how);
     if (rc) return rc;
+    if (dflt_how[0] || conv_how[0]) fprintf(stderr, "bench batch: model %s (%s)\n", model, dflt_how[0] ? dflt_how : conv_how);
     rc = native_open(&nat, model, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench batch: %s\n", err); return 1; }
     if (nat->n_moe_layers == 0) { fprintf(stderr, "deltafin bench batch: %s has no routed experts\n", model); native_close(nat); return 1; }
