@@ -72,6 +72,9 @@ int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t 
     }
     if (cli_embedded_model(out, cap, how, howcap) == 0) return 0;
     fprintf(stderr, "deltafin %s: no --model given, no installed model (registry %s) and no embedded models/kimi-mini "
-                    "found: pass --model DIR or install one with `deltafin setup REPO`\n", cmd, reg);
+                    "found (looked in models/kimi-mini beside the executable, in ../share/deltafin/models/kimi-mini under "
+                    "its install prefix%s%s): pass --model DIR, install one with `deltafin setup REPO`, or copy the "
+                    "repository's models/kimi-mini beside the executable\n",
+            cmd, reg, DF_SOURCE_DIR[0] ? " and in the source tree " : "", DF_SOURCE_DIR);
     return 1;
 }
