@@ -49,7 +49,7 @@ out=$(DF_CUDA_MMA=junk "$BIN" serve --model "$M" --port 0 2>&1); rc=$?
 ids=$(DF_CUDA_MMA=junk run --backend cpu 2>"$TMP/err"); rc=$?
 [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA=junk --backend cpu runs" || bad "DF_CUDA_MMA=junk --backend cpu: rc $rc $(cat "$TMP/err")"
 # the on/off knobs DF_CUDA_MLP_GROUP and DF_CUDA_ATTN: 1 / 0 / unset run, anything else stops cuda and auto
-for k in DF_CUDA_MLP_GROUP DF_CUDA_ATTN; do
+for k in DF_CUDA_MLP_GROUP DF_CUDA_ATTN DF_CUDA_MLA_PROJECT; do
     for b in auto cuda; do
         out=$(export "$k=yes"; run --backend $b 2>&1); rc=$?
         [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable $k=\"yes\": expected 1 (on, the default) or 0 (off); unset it or fix its value" \

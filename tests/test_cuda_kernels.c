@@ -320,6 +320,49 @@ static void cpu_mlp(const df_weight *gate, const df_weight *up, const df_weight 
     free(g); free(u);
 }
 
+/* df_cuda_mla_project: bitwise the same as its steps as separate GPU calls (df_cuda_matmul of q_a, df_cuda_rmsnorm,
+ * df_cuda_matmul of q_b, of kv_a; the same kernels), every row bitwise the same alone as in the batch, within
+ * tolerance of the CPU; and the q_proj form (no q_lora). */
+static void test_mla_project(void) {
+    enum { D = 256, R = 96, Q = 160, K = 72, T = 5 };
+    const float eps = 1e-6f;
+    static const df_wtype enc[3] = {DF_W_BF16, DF_W_MXFP4, DF_W_FP8_B128};
+    for (int ei = 0; ei < 3; ei++) {
+        df_weight qa = make_weight(enc[ei], R, D), qb = make_weight(enc[ei], Q, R), kva = make_weight(DF_W_BF16, K, D);
+        df_weight qp = make_weight(enc[ei], Q, D);
+        float nw[R], h[T * D], q[T * Q], kv[T * K], q1[Q], kv1[K], ra[T * R], rq[T * Q], rk[T * K];
+        for (int i = 0; i < R; i++) nw[i] = 0.5f + rndf();
+        for (int i = 0; i < T * D; i++) h[i] = rndf();
+        int rc = df_cuda_mla_project(&qa, nw, eps, &qb, NULL, &kva, h, T, q, kv);
+        CHECK(rc == 0, "mla_project %s: %s", df_wtype_name(enc[ei]), df_cuda_last_error());
+        rc |= df_cuda_matmul(&qa, h, T, ra) | df_cuda_rmsnorm(ra, ra, nw, T, R, eps) | df_cuda_matmul(&qb, ra, T, rq) |
+              df_cuda_matmul(&kva, h, T, rk);
+        CHECK(rc == 0 && !memcmp(q, rq, sizeof q) && !memcmp(kv, rk, sizeof kv),
+              "mla_project %s: differs from its steps as separate calls", df_wtype_name(enc[ei]));
+        int same = 1;
+        for (int t = 0; t < T; t++) {
+            same &= df_cuda_mla_project(&qa, nw, eps, &qb, NULL, &kva, h + t * D, 1, q1, kv1) == 0 &&
+                    !memcmp(q1, q + t * Q, sizeof q1) && !memcmp(kv1, kv + t * K, sizeof kv1);
+        }
+        CHECK(same, "mla_project %s: a row alone differs from the batch", df_wtype_name(enc[ei]));
+        /* against the CPU (scalar matmuls, the engine's RMSNorm formula) */
+        const df_backend *sc = df_backend_get("cpu-scalar");
+        float ca[T * R], cq[T * Q];
+        sc->matmul(NULL, &qa, h, T, ca);
+        for (int t = 0; t < T; t++) sc->rmsnorm(ca + t * R, ca + t * R, nw, R, eps);
+        sc->matmul(NULL, &qb, ca, T, cq);
+        double md = 0, mx = 0;
+        for (int i = 0; i < T * Q; i++) { md = fmax(md, fabs(cq[i] - q[i])); mx = fmax(mx, fabs(cq[i])); }
+        CHECK(md <= 1e-4 * (1 + mx), "mla_project %s vs the CPU: max diff %g (max %g)", df_wtype_name(enc[ei]), md, mx);
+        /* no q_lora: q = q_proj h */
+        rc = df_cuda_mla_project(NULL, NULL, eps, NULL, &qp, &kva, h, T, q, kv) | df_cuda_matmul(&qp, h, T, rq);
+        CHECK(rc == 0 && !memcmp(q, rq, sizeof q) && !memcmp(kv, rk, sizeof kv), "mla_project %s (q_proj): %s",
+              df_wtype_name(enc[ei]), df_cuda_last_error());
+        free_weight(&qa); free_weight(&qb); free_weight(&kva); free_weight(&qp);
+        df_cuda_cache_clear(); /* weights and the norm are cached by host address, which the next case may reuse */
+    }
+}
+
 /* The grouped tensor-core launches inside df_cuda_mlp_group: 40 MXFP4 experts of one shape (T of 1..16, more items
  * than one launch takes, so gate/up pairs and downs go in several launches) with a BF16 shared expert, an INT4 expert
  * and an MXFP4 expert of another width beside them (those run one by one). The first call uploads the keyed weights
@@ -876,6 +919,7 @@ int main(void) {
     test_mlp();
     test_mlp_group();
     test_mlp_group_mma();
+    test_mla_project();
     test_ops();
     test_mla_attend();
     test_mla_mirror();

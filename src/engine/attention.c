@@ -134,8 +134,16 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         if (err) snprintf(err, errlen, "attention layer %d: out of memory for %d tokens", layer, T);
         goto done;
     }
-    /* queries */
-    if (cfg->q_lora_rank > 0) {
+    /* queries and the latent KV: on a backend with mla_project (cuda) all four projections in one call; else (and
+     * when it cannot) one matmul at a time */
+    const int projected = e->be->mla_project &&
+                          e->be->mla_project(cfg->q_lora_rank > 0 ? &lw->q_a : NULL, lw->q_a_norm, QA_NORM_EPS,
+                                             cfg->q_lora_rank > 0 ? &lw->q_b : NULL, cfg->q_lora_rank > 0 ? NULL : &lw->q,
+                                             &lw->kv_a, h, T, q, kva) == 0;
+    if (projected)
+        e->weight_bytes += (cfg->q_lora_rank > 0 ? df_weight_bytes(&lw->q_a) + df_weight_bytes(&lw->q_b) : df_weight_bytes(&lw->q)) +
+                           df_weight_bytes(&lw->kv_a);
+    else if (cfg->q_lora_rank > 0) {
         eng_matmul(e, &lw->q_a, h, T, qa);
         for (int t = 0; t < T; t++)
             e->be->rmsnorm(qa + (int64_t)t * cfg->q_lora_rank, qa + (int64_t)t * cfg->q_lora_rank, lw->q_a_norm,
@@ -145,7 +153,7 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         eng_matmul(e, &lw->q, h, T, q);
     }
     /* latent KV into the cache */
-    eng_matmul(e, &lw->kv_a, h, T, kva);
+    if (!projected) eng_matmul(e, &lw->kv_a, h, T, kva);
     int64_t score_work = 0;
     for (int s = 0, t = 0; s < n_seq; s++) {
         df_kvcache *kv = seqs[s].kv;

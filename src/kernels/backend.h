@@ -74,6 +74,12 @@ typedef struct df_backend {
      * would without this op). */
     int (*mlp_group)(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                      int act, float beta, float lb, const float *const *x, const int *T, float *const *out);
+    /* Optional (NULL on the CPU): the MLA projections of T rows in one call (engine/attention.c): with q_a (q_lora_rank
+     * > 0) q [T, q_b.rows] = q_b(rmsnorm(q_a h) with weight q_a_norm [q_a.rows] and eps), else q = q_proj h; kva
+     * [T, kv_a.rows] = kv_a h; h [T, kv_a.cols] (fp32). Each row's results depend only on that row. Returns 0, or -1
+     * when it cannot (a device error: q and kva are then not to be trusted and the caller computes them itself). */
+    int (*mla_project)(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b,
+                       const df_weight *q_proj, const df_weight *kv_a, const float *h, int T, float *q, float *kva);
     /* Optional (NULL on the CPU): the MLA attention core of T rows in one call (engine/attention.c, absorbed form):
      * kv_b [H*(dn+dv), kvl] (per head h: dn rows K_h, then dv rows V_h; any encoding); q [T, H*(dn+dr)] per head
      * [nope | rope], RoPE already applied; row t attends to the positions 0..npos[t]-1 of its sequence's latent cache,

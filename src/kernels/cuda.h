@@ -85,6 +85,11 @@ int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *dow
  * kernels on the stream, one copy out, one synchronisation. Weights found or cached like df_cuda_mlp's. */
 int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                       int act, float beta, float lb, const float *const *x, const int *T, float *const *out);
+/* The MLA projections of T rows in one round trip (df_backend.mla_project, same contract): h copied in; q_a, the
+ * RMSNorm (cu_rmsnorm: fp64 sum of squares by a fixed tree), q_b (or q_proj) and kv_a on the stream; q and kva
+ * copied out; one synchronisation. Weights found or cached as for a matmul. */
+int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b,
+                        const df_weight *q_proj, const df_weight *kv_a, const float *h, int T, float *q, float *kva);
 /* The MLA attention core of T rows in one round trip (df_backend.mla_attend, same contract, seq_key included): kv_b
  * from the weight cache (decoded exactly, every encoding); q and the latent caches copied in, o_v out, one
  * synchronisation. A cache with a nonzero seq_key is mirrored in GPU memory between calls (docs/cuda.md): only its

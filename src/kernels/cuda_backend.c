@@ -55,6 +55,8 @@ static void init_table(void) {
     g_cuda_be.dev_unpin = df_cuda_unpin;
     g_cuda_be.dev_has = df_cuda_has;
     g_cuda_be.mlp = df_cuda_mlp;
+    /* DF_CUDA_MLA_PROJECT=0: the MLA projections one matmul (round trip) at a time, for A/B (developer knob) */
+    g_cuda_be.mla_project = df_cuda_env_switch("DF_CUDA_MLA_PROJECT", NULL, 0) != 0 ? df_cuda_mla_project : NULL;
     g_cuda_be.host_pin = df_cuda_host_pin;
     g_cuda_be.host_unpin = df_cuda_host_unpin;
     /* developer knobs for A/B timing (docs/cuda.md; an invalid value never gets here: backend.c refuses it):

@@ -138,6 +138,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_mma(&mma, why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_MLP_GROUP", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_ATTN", why, whylen) < 0) return -1;
+    if (df_cuda_env_switch("DF_CUDA_MLA_PROJECT", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_HOST_PIN", why, whylen) < 0) return -1;
     unsigned long long mirror;
     if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;

@@ -46,6 +46,11 @@ int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int 
     return -1;
 }
 void df_cuda_seq_forget(uint64_t uid) { (void)uid; }
+int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b,
+                        const df_weight *q_proj, const df_weight *kv_a, const float *h, int T, float *q, float *kva) {
+    (void)q_a; (void)q_a_norm; (void)eps; (void)q_b; (void)q_proj; (void)kv_a; (void)h; (void)T; (void)q; (void)kva;
+    return -1;
+}
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
 int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
 int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }

@@ -153,7 +153,7 @@ case $PART in
     mkdir -p "$W"
     log "synth 8 layers, bf16 spine"
     "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
-    for knobs in "" "DF_CUDA_MLP_GROUP=0"; do
+    for knobs in "" "DF_CUDA_MLA_PROJECT=0" "DF_CUDA_MLP_GROUP=0"; do
         log "cuda run, resident, --stats --profile (96 tokens after a 64-token prompt) ${knobs:-(defaults)}"
         env $knobs timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --prompt-ids "$(seq -s, 1 64)" \
             --max-new 96 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"

@@ -532,6 +532,42 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
     return rc;
 }
 
+/* df_cuda_mla_project: h in; [q_a, RMSNorm] q_b or q_proj into the output's q part, kv_a into its kva part; one copy
+ * out; one synchronisation. The norm's weight is cached like a spine weight (by host address). Each weight is used
+ * (its kernel queued) before the next is looked up (group_weight: the scratch buffer for an uncached one is reused in
+ * stream order). */
+int mla_project_locked(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b,
+                       const df_weight *q_proj, const df_weight *kv_a, const float *h, int T, float *q, float *kva) {
+    const int64_t D = kv_a->cols, Q = q_a ? q_b->rows : q_proj->rows, K = kv_a->rows, R = q_a ? q_a->rows : 0;
+    const size_t hb = sizeof(float) * (size_t)T * D, qb = sizeof(float) * (size_t)T * Q, kb = sizeof(float) * (size_t)T * K;
+    const size_t ab = sizeof(float) * (size_t)T * (R > 0 ? R : 1), ko = round_up(qb, 256);
+    if (grow(&g_sx, &g_csx, hb) || grow(&g_sy, &g_csy, ko + kb) || grow(&g_sg, &g_csg, ab)) return -1;
+    if (grow_host(&g_hx, &g_chx, hb) || grow_host(&g_hy, &g_chy, ko + kb)) return -1;
+    memcpy(g_hx, h, hb);
+    CK(cudaMemcpyAsync(g_sx, g_hx, hb, cudaMemcpyHostToDevice, g_st));
+    const void *d, *s;
+    float *dq = (float *)g_sy, *dk = (float *)((char *)g_sy + ko);
+    if (q_a) {
+        if (group_weight(q_a, &d, &s)) return -1;
+        CK(cu_matmul_launch(q_a->type, d, s, R, D, (const float *)g_sx, T, (float *)g_sg, g_st));
+        const df_weight nw = {DF_W_F32, 1, R, q_a_norm, NULL, 0};
+        if (group_weight(&nw, &d, &s)) return -1;
+        CK(cu_rmsnorm_launch((float *)g_sg, (const float *)g_sg, (const float *)d, T, R, eps, g_st));
+        if (group_weight(q_b, &d, &s)) return -1;
+        CK(cu_matmul_launch(q_b->type, d, s, Q, R, (const float *)g_sg, T, dq, g_st));
+    } else {
+        if (group_weight(q_proj, &d, &s)) return -1;
+        CK(cu_matmul_launch(q_proj->type, d, s, Q, D, (const float *)g_sx, T, dq, g_st));
+    }
+    if (group_weight(kv_a, &d, &s)) return -1;
+    CK(cu_matmul_launch(kv_a->type, d, s, K, D, (const float *)g_sx, T, dk, g_st));
+    CK(cudaMemcpyAsync(g_hy, g_sy, ko + kb, cudaMemcpyDeviceToHost, g_st));
+    CK(cudaStreamSynchronize(g_st));
+    memcpy(q, g_hy, qb);
+    memcpy(kva, (const char *)g_hy + ko, kb);
+    return 0;
+}
+
 /* Temporary device arrays for the op wrappers. */
 struct Tmp {
     void *p[4] = {NULL, NULL, NULL, NULL};
@@ -699,6 +735,22 @@ extern "C" int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_w
     }
     pthread_mutex_lock(&g_mu);
     int rc = mlp_group_locked(n, gate, up, down, act, beta, lb, x, T, out);
+    if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+extern "C" int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b,
+                                   const df_weight *q_proj, const df_weight *kv_a, const float *h, int T, float *q,
+                                   float *kva) {
+    if (!ready()) return -1;
+    if (T <= 0) return 0;
+    if (q_a ? (!q_b || !q_a_norm || q_b->cols != q_a->rows || q_a->cols != kv_a->cols) : (!q_proj || q_proj->cols != kv_a->cols)) {
+        snprintf(g_err, sizeof g_err, "mla_project: the projections' shapes do not chain");
+        return -1;
+    }
+    pthread_mutex_lock(&g_mu);
+    int rc = mla_project_locked(q_a, q_a_norm, eps, q_b, q_proj, kv_a, h, T, q, kva);
     if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
     pthread_mutex_unlock(&g_mu);
     return rc;
