@@ -747,6 +747,20 @@ static void test_mla_attend(void) {
             }
             CHECK(worst <= 1e-5, "%s: max diff %g at %lld (gpu %.9g ref %.9g; %.3g of the error scale)", what, wd,
                   (long long)wi, o[wi], ref[wi], worst);
+            /* the output projection in the same call: bitwise df_cuda_matmul of o_proj on this o_v */
+            {
+                df_weight ow = make_weight(ci % 2 ? DF_W_MXFP4 : DF_W_BF16, 48, (int64_t)H * dv);
+                float *po = malloc(sizeof(float) * (size_t)T * 48), *pr = malloc(sizeof(float) * (size_t)T * 48);
+                int r1 = -1, r2 = -1;
+                if ((H * dv) % 32 == 0 || !(ci % 2)) {
+                    r1 = df_cuda_mla_attend_o(&kvb, T, H, dn, dr, dv, kvl, scale, q, c, kp, npos, NULL, &ow, po);
+                    r2 = df_cuda_matmul(&ow, o, T, pr);
+                    CHECK(r1 == 0 && r2 == 0 && !memcmp(po, pr, sizeof(float) * (size_t)T * 48),
+                          "%s: mla_attend_o differs from mla_attend + matmul (%s)", what, df_cuda_last_error());
+                }
+                free(po); free(pr); free_weight(&ow);
+                df_cuda_cache_clear(); /* o_proj is cached by its host address, which the next weight may reuse */
+            }
             /* batch invariance: each row alone */
             int same = 1, t_bad = -1;
             for (int t = 0; t < T && same; t++) {

@@ -179,9 +179,13 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     /* the attention core (absorb, scores + softmax, values) on the backend's device when it has one, for every T
      * alike (a token's result is then the same alone or in a batch); without one, or when it cannot (-1), on the
      * CPU */
-    int on_device = e->be->mla_attend &&
-                    e->be->mla_attend(&lw->kv_b, T, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale, q, rcache,
-                                      rcache + T, npos, seq_key, o_v) == 0;
+    /* without an output gate, the output projection in the same call where the backend can (out written directly) */
+    const int fused = !cfg->mla_output_gate && e->be->mla_attend_o &&
+                      e->be->mla_attend_o(&lw->kv_b, T, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale, q, rcache,
+                                          rcache + T, npos, seq_key, &lw->o, out) == 0;
+    int on_device = fused || (e->be->mla_attend &&
+                              e->be->mla_attend(&lw->kv_b, T, H, dn, dr, dv, kvl, (float)e->rope.softmax_scale, q, rcache,
+                                                rcache + T, npos, seq_key, o_v) == 0);
     /* a batch the device could not take at once (e.g. its caches together do not fit the device's scratch) goes
      * row by row, as each row would alone, so a token does not leave the device only because of its batch */
     if (e->be->mla_attend && !on_device && T > 1) {
@@ -214,7 +218,8 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         for (int64_t i = 0; i < (int64_t)T * H * dv; i++) o_v[i] *= 1.0f / (1.0f + expf(-g[i]));
         free(g);
     }
-    eng_matmul(e, &lw->o, o_v, T, out);
+    if (fused) e->weight_bytes += df_weight_bytes(&lw->o);
+    else eng_matmul(e, &lw->o, o_v, T, out);
 done:
     free(q); free(kva); free(qa); free(q_lat); free(o_lat); free(o_v); free(rcache); free(npos); free(seq_key);
     return rc;

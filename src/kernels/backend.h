@@ -99,6 +99,11 @@ typedef struct df_backend {
     int (*mla_attend)(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
                       const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
                       float *o_v);
+    /* Optional (NULL on the CPU): mla_attend followed by the output projection on the device: out [T, o->rows] =
+     * o(o_v) (a model without an output gate); the same contract and return as mla_attend. */
+    int (*mla_attend_o)(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                        const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+                        const df_weight *o, float *out);
     /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its
      * caches (the mla_attend keys k with k >> 8 == uid); uid 0 = every sequence's. */
     void (*seq_forget)(uint64_t uid);

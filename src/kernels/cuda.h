@@ -105,6 +105,12 @@ int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int 
 /* Drop the device mirrors of the sequence uid (the df_cuda_mla_attend keys k with k >> 8 == uid; df_backend.seq_forget);
  * uid 0: every mirror (a model was closed). Nothing to do without a device. */
 void df_cuda_seq_forget(uint64_t uid);
+/* df_cuda_mla_attend followed by the output projection on the device (df_backend.mla_attend_o): out [T, o->rows] =
+ * o(o_v) by the matmul kernels' own launch (the bits of df_cuda_matmul on that o_v), one copy out of out instead of
+ * o_v; -1 also for an o whose columns are not H x dv. */
+int df_cuda_mla_attend_o(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                         const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+                         const df_weight *o, float *out);
 /* out[t] = rmsnorm(x[t]) * w for T rows of n (fp64 sum of squares, like cpu_scalar_rmsnorm). */
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps);
 /* out[i] = silu(g[i]) * u[i] for n values. */

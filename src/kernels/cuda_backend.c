@@ -64,6 +64,8 @@ static void init_table(void) {
     g_cuda_be.mlp_group = df_cuda_env_switch("DF_CUDA_MLP_GROUP", NULL, 0) != 0 ? df_cuda_mlp_group : NULL;
     g_attn_on = df_cuda_env_switch("DF_CUDA_ATTN", NULL, 0) != 0;
     g_cuda_be.mla_attend = g_attn_on ? cuda_be_mla_attend : NULL;
+    /* the output projection in the same round trip (DF_CUDA_MLA_PROJECT=0 turns both MLA fusions off, for A/B) */
+    g_cuda_be.mla_attend_o = g_attn_on && df_cuda_env_switch("DF_CUDA_MLA_PROJECT", NULL, 0) != 0 ? df_cuda_mla_attend_o : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
 }

@@ -46,6 +46,13 @@ int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int 
     return -1;
 }
 void df_cuda_seq_forget(uint64_t uid) { (void)uid; }
+int df_cuda_mla_attend_o(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                         const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+                         const df_weight *o, float *out) {
+    (void)kv_b; (void)T; (void)H; (void)dn; (void)dr; (void)dv; (void)kvl; (void)scale; (void)q; (void)c; (void)kpe;
+    (void)npos; (void)seq_key; (void)o; (void)out;
+    return -1;
+}
 int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b,
                         const df_weight *q_proj, const df_weight *kv_a, const float *h, int T, float *q, float *kva) {
     (void)q_a; (void)q_a_norm; (void)eps; (void)q_b; (void)q_proj; (void)kv_a; (void)h; (void)T; (void)q; (void)kva;

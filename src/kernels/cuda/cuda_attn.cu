@@ -700,7 +700,8 @@ int plan_units(int T, const float *const *c, const float *const *kpe, const int 
 /* The call with the runtime's mutex held. Staging layout (bytes), the uploaded part first: q | cptr | pptr | npos |
  * segs | the copied cache rows (per unit: c rows [lo, need), then k_pe rows); then device-only q_lat, o_lat, o_v. */
 int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const float *const *c,
-                  const float *const *kpe, const int *npos, const uint64_t *seq_key, float *o_v) {
+                  const float *const *kpe, const int *npos, const uint64_t *seq_key, float *o_v, const df_weight *o,
+                  float *out) {
     const int T = sh.T, H = sh.H, kvl = sh.kvl, dr = sh.dr, qd = sh.dn + sh.dr;
     cudaStream_t st = cu_rt_stream();
     mir_setup();
@@ -731,9 +732,11 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     const size_t o_qlat = up256(up_bytes), o_olat = o_qlat + up256(sizeof(float) * (size_t)T * H * kvl);
     const size_t o_ov = o_olat + up256(sizeof(float) * (size_t)T * H * kvl);
     const size_t ov_bytes = sizeof(float) * (size_t)T * H * sh.dv;
-    const size_t h_ov = up256(up_bytes); /* o_v's place in the host staging */
+    const size_t h_ov = up256(up_bytes); /* o_v's (or out's) place in the host staging */
+    const size_t o_out = o_ov + up256(ov_bytes), out_bytes = o ? sizeof(float) * (size_t)T * (size_t)o->rows : 0;
+    const size_t ret_bytes = o ? out_bytes : ov_bytes;
     const void *wd = NULL, *ws = NULL;
-    if (cu_rt_weight(kv_b, &wd, &ws) || grow_dev(o_ov + ov_bytes) || grow_host(h_ov + ov_bytes)) { free(u); return -1; }
+    if (cu_rt_weight(kv_b, &wd, &ws) || grow_dev(o_out + out_bytes) || grow_host(h_ov + ret_bytes)) { free(u); return -1; }
     char *hb = (char *)g_host, *db = (char *)g_dev;
     memcpy(hb + o_q, q, sizeof(float) * (size_t)T * H * qd);
     const float **cp = (const float **)(hb + o_cp), **pp = (const float **)(hb + o_pp);
@@ -777,9 +780,16 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, dq, dql, NULL, NULL, 0, st));
     CKA(launch_attn(sh, dq, dql, (Ptrs)(db + o_cp), (Ptrs)(db + o_pp), (const int *)(db + o_np), dol, st));
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, NULL, NULL, dol, dov, 1, st));
-    CKA(cudaMemcpyAsync(hb + h_ov, dov, ov_bytes, cudaMemcpyDeviceToHost, st));
+    if (o) { /* the output projection on the device: out = o(o_v), the matmul kernels' own launch */
+        const void *od = NULL, *os = NULL;
+        if (cu_rt_weight(o, &od, &os)) return -1;
+        CKA(cu_matmul_launch(o->type, od, os, o->rows, o->cols, dov, T, (float *)(db + o_out), st));
+        CKA(cudaMemcpyAsync(hb + h_ov, db + o_out, out_bytes, cudaMemcpyDeviceToHost, st));
+    } else {
+        CKA(cudaMemcpyAsync(hb + h_ov, dov, ov_bytes, cudaMemcpyDeviceToHost, st));
+    }
     CKA(cudaStreamSynchronize(st));
-    memcpy(o_v, hb + h_ov, ov_bytes);
+    memcpy(o ? out : o_v, hb + h_ov, ret_bytes);
     return 0;
 }
 
@@ -792,11 +802,16 @@ int refuse(int T, const uint64_t *seq_key, const char *msg) {
 
 } // namespace
 
-extern "C" int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
-                                  const float *q, const float *const *c, const float *const *kpe, const int *npos,
-                                  const uint64_t *seq_key, float *o_v) {
+static int mla_attend_impl(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
+                           const float *q, const float *const *c, const float *const *kpe, const int *npos,
+                           const uint64_t *seq_key, float *o_v, const df_weight *o, float *out) {
     if (T <= 0) return 0;
     char b[200];
+    if (o && o->cols != (int64_t)H * dv) {
+        snprintf(b, sizeof b, "mla_attend: o_proj [%lld, %lld] does not take %d heads x %d values", (long long)o->rows,
+                 (long long)o->cols, H, dv);
+        return refuse(T, seq_key, b);
+    }
     if (H <= 0 || dn <= 0 || dr < 0 || dv <= 0 || kvl <= 0 || kv_b->rows != (int64_t)H * (dn + dv) || kv_b->cols != kvl) {
         snprintf(b, sizeof b, "mla_attend: kv_b [%lld, %lld] does not match %d heads x (%d + %d) rows, %d columns",
                  (long long)kv_b->rows, (long long)kv_b->cols, H, dn, dv, kvl);
@@ -824,7 +839,7 @@ extern "C" int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, i
     int maxn = 1;
     for (int t = 0; t < T; t++) if (npos[t] > maxn) maxn = npos[t];
     const Shape sh = {T, H, dn, dr, dv, kvl, scale, maxn};
-    int rc = attend_locked(kv_b, sh, q, c, kpe, npos, seq_key, o_v);
+    int rc = attend_locked(kv_b, sh, q, c, kpe, npos, seq_key, o_v, o, out);
     if (rc) {
         cudaStreamSynchronize(cu_rt_stream()); /* no queued copy may still read a host buffer after an error return */
         cudaGetLastError();
@@ -832,6 +847,18 @@ extern "C" int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, i
     }
     cu_rt_unlock();
     return rc;
+}
+
+extern "C" int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
+                                  const float *q, const float *const *c, const float *const *kpe, const int *npos,
+                                  const uint64_t *seq_key, float *o_v) {
+    return mla_attend_impl(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, seq_key, o_v, NULL, NULL);
+}
+
+extern "C" int df_cuda_mla_attend_o(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
+                                    const float *q, const float *const *c, const float *const *kpe, const int *npos,
+                                    const uint64_t *seq_key, const df_weight *o, float *out) {
+    return mla_attend_impl(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, seq_key, NULL, o, out);
 }
 
 extern "C" void df_cuda_seq_forget(uint64_t uid) {
