@@ -2,8 +2,8 @@
 # e2e_cuda_cli.sh — `--backend` of run / bench on any machine: `--backend cuda` either runs on the GPU (the
 # configuration line says "backend cuda" and the greedy ids equal the CPU's) or, without a CUDA device or a
 # CUDA build, exits 1 with the reason; `--backend auto` always runs; an unknown name is a usage error (2);
-# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS, DF_CUDA_TILE, DF_CUDA_MMA_KS or
-# DF_CUDA_KV_MIRROR stops cuda and auto (exit 1, naming the variable and the accepted values), not cpu; no NVIDIA
+# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT, DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS,
+# DF_CUDA_TILE, DF_CUDA_MMA_KS or DF_CUDA_KV_MIRROR stops cuda and auto (exit 1, naming the variable and the accepted values), not cpu; no NVIDIA
 # driver is named as such.
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -16,6 +16,22 @@ trap 'rm -rf "$TMP"' EXIT
 M="$SRC/models/kimi-mini"
 [ -f "$M/config.json" ] || { echo "no $M: skipped"; echo "$pass passed, $fail failed"; exit 0; }
 run() { "$BIN" run --model "$M" --cache-dir "$TMP/cache" --prompt-ids 1,2,3,4 --max-new 6 --print-ids "$@"; }
+# refused VAR VALUE EXPECT: with VAR=VALUE, --backend auto and cuda exit 1 with "environment variable VAR="VALUE":
+# expected EXPECT; unset it or fix its value"
+refused() {
+    local k=$1 v=$2 msg=$3 b out rc
+    for b in auto cuda; do
+        out=$(export "$k=$v"; run --backend $b 2>&1); rc=$?
+        [ $rc -eq 1 ] && echo "$out" | grep -qF "environment variable $k=\"$v\": expected $msg; unset it or fix its value" \
+            && ok "$k='$v' --backend $b -> rc 1" || bad "$k='$v' --backend $b: rc $rc: $out"
+    done
+}
+# runs VAR VALUE [BACKEND]: with VAR=VALUE, `run` (--backend auto, or BACKEND) succeeds with the CPU's ids
+runs() {
+    local k=$1 v=$2 ids rc
+    ids=$(export "$k=$v"; run ${3:+--backend $3} 2>"$TMP/err"); rc=$?
+    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "$k=$v (${3:-auto}): same ids" || bad "$k=$v (${3:-auto}): rc $rc '$ids' $(cat "$TMP/err")"
+}
 
 out=$(run --backend bogus 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q 'expected auto, cpu' && ok "--backend bogus -> usage error" || bad "--backend bogus: rc $rc: $out"
@@ -46,74 +62,33 @@ done
 out=$(DF_CUDA_MMA=junk "$BIN" serve --model "$M" --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q 'environment variable DF_CUDA_MMA="junk": expected a bit mask' \
     && ok "DF_CUDA_MMA=junk serve -> rc 1" || bad "DF_CUDA_MMA=junk serve: rc $rc: $out"
-ids=$(DF_CUDA_MMA=junk run --backend cpu 2>"$TMP/err"); rc=$?
-[ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA=junk --backend cpu runs" || bad "DF_CUDA_MMA=junk --backend cpu: rc $rc $(cat "$TMP/err")"
-# the on/off knobs DF_CUDA_MLP_GROUP and DF_CUDA_ATTN: 1 / 0 / unset run, anything else stops cuda and auto
+runs DF_CUDA_MMA junk cpu
+# the on/off knobs DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT: 1 / 0 / unset run, anything else stops cuda
+# and auto
 for k in DF_CUDA_MLP_GROUP DF_CUDA_ATTN DF_CUDA_MLA_PROJECT; do
-    for b in auto cuda; do
-        out=$(export "$k=yes"; run --backend $b 2>&1); rc=$?
-        [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable $k=\"yes\": expected 1 (on, the default) or 0 (off); unset it or fix its value" \
-            && ok "$k=yes --backend $b -> rc 1" || bad "$k=yes --backend $b: rc $rc: $out"
-    done
-    for v in 0 1; do
-        ids=$(export "$k=$v"; run 2>"$TMP/err"); rc=$?
-        [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "$k=$v (auto): same ids" || bad "$k=$v: rc $rc '$ids' $(cat "$TMP/err")"
-    done
+    refused $k yes "1 (on, the default) or 0 (off)"
+    for v in 0 1; do runs $k $v; done
 done
 # DF_CUDA_HOST_PIN: 1 / on / 0 / off / unset run, anything else (e.g. "no") stops cuda and auto like the switches above
-for b in auto cuda; do
-    out=$(DF_CUDA_HOST_PIN=no run --backend $b 2>&1); rc=$?
-    [ $rc -eq 1 ] && echo "$out" | grep -q 'environment variable DF_CUDA_HOST_PIN="no": expected 1 (on, the default) or 0 (off); unset it or fix its value' \
-        && ok "DF_CUDA_HOST_PIN=no --backend $b -> rc 1" || bad "DF_CUDA_HOST_PIN=no --backend $b: rc $rc: $out"
-done
-for v in 0 1 on off; do
-    ids=$(DF_CUDA_HOST_PIN=$v run 2>"$TMP/err"); rc=$?
-    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_HOST_PIN=$v (auto): same ids" || bad "DF_CUDA_HOST_PIN=$v: rc $rc '$ids' $(cat "$TMP/err")"
-done
+refused DF_CUDA_HOST_PIN no "1 (on, the default) or 0 (off)"
+for v in 0 1 on off; do runs DF_CUDA_HOST_PIN $v; done
 # DF_CUDA_KV_MIRROR (the attention core's device mirrors of the KV cache): 1 / on / 0 / off / a size with a unit run;
 # anything else (a size without a unit, a sign, junk) stops cuda and auto, naming the variable; --backend cpu ignores it
 for v in lots 4096 -1G 4X 1.5 G; do
-    for b in auto cuda; do
-        out=$(DF_CUDA_KV_MIRROR="$v" run --backend $b 2>&1); rc=$?
-        [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable DF_CUDA_KV_MIRROR=\"$v\": expected 1 or on (the default: up to 1/8 of the GPU's memory), 0 or off, or a size with a unit such as 512M or 4G; unset it or fix its value" \
-            && ok "DF_CUDA_KV_MIRROR='$v' --backend $b -> rc 1" || bad "DF_CUDA_KV_MIRROR='$v' --backend $b: rc $rc: $out"
-    done
+    refused DF_CUDA_KV_MIRROR "$v" "1 or on (the default: up to 1/8 of the GPU's memory), 0 or off, or a size with a unit such as 512M or 4G"
 done
-for v in 0 1 on off 512M 4G 1.5GiB 64kb; do
-    ids=$(DF_CUDA_KV_MIRROR=$v run 2>"$TMP/err"); rc=$?
-    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_KV_MIRROR=$v (auto): same ids" || bad "DF_CUDA_KV_MIRROR=$v: rc $rc '$ids' $(cat "$TMP/err")"
-done
-ids=$(DF_CUDA_KV_MIRROR=junk run --backend cpu 2>"$TMP/err"); rc=$?
-[ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_KV_MIRROR=junk --backend cpu runs" || bad "DF_CUDA_KV_MIRROR=junk --backend cpu: rc $rc $(cat "$TMP/err")"
+for v in 0 1 on off 512M 4G 1.5GiB 64kb; do runs DF_CUDA_KV_MIRROR $v; done
+runs DF_CUDA_KV_MIRROR junk cpu
 # DF_CUDA_MMA_KS, the tensor-core kernel's most K slices: 1, 2, 4, 8 (or unset) run; anything else (0 too) stops
 # cuda and auto with its own message
-for v in 0 3 16 abc; do
-    for b in auto cuda; do
-        out=$(DF_CUDA_MMA_KS="$v" run --backend $b 2>&1); rc=$?
-        [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable DF_CUDA_MMA_KS=\"$v\": expected the tensor-core kernel's most K slices, 1, 2 (the default), 4 or 8; unset it or fix its value" \
-            && ok "DF_CUDA_MMA_KS=$v --backend $b -> rc 1" || bad "DF_CUDA_MMA_KS=$v --backend $b: rc $rc: $out"
-    done
-done
-for v in 1 2 4 8; do
-    ids=$(DF_CUDA_MMA_KS=$v run 2>"$TMP/err"); rc=$?
-    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA_KS=$v (auto): same ids" || bad "DF_CUDA_MMA_KS=$v: rc $rc '$ids' $(cat "$TMP/err")"
-done
-# the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else (was: atoi, so
-# "abc" and "3" silently meant automatic) stops cuda and auto, naming the variable; --backend cpu ignores them
+for v in 0 3 16 abc; do refused DF_CUDA_MMA_KS "$v" "the tensor-core kernel's most K slices, 1, 2 (the default), 4 or 8"; done
+for v in 1 2 4 8; do runs DF_CUDA_MMA_KS $v; done
+# the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else ("abc", "3", a
+# sign, trailing characters) stops cuda and auto, naming the variable; --backend cpu ignores them
 for k in DF_CUDA_MV_ROWS DF_CUDA_TILE; do
-    for v in abc 3 16 -2 4x; do
-        for b in auto cuda; do
-            out=$(export "$k=$v"; run --backend $b 2>&1); rc=$?
-            [ $rc -eq 1 ] && echo "$out" | grep -q "environment variable $k=\"$v\": expected a kernel variant 0 (automatic, the default), 1, 2, 4 or 8; unset it or fix its value" \
-                && ok "$k=$v --backend $b -> rc 1" || bad "$k=$v --backend $b: rc $rc: $out"
-        done
-    done
-    for v in 0 1 2 4 8; do
-        ids=$(export "$k=$v"; run 2>"$TMP/err"); rc=$?
-        [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "$k=$v (auto): same ids" || bad "$k=$v: rc $rc '$ids' $(cat "$TMP/err")"
-    done
-    ids=$(export "$k=junk"; run --backend cpu 2>"$TMP/err"); rc=$?
-    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "$k=junk --backend cpu runs" || bad "$k=junk --backend cpu: rc $rc $(cat "$TMP/err")"
+    for v in abc 3 16 -2 4x; do refused $k "$v" "a kernel variant 0 (automatic, the default), 1, 2, 4 or 8"; done
+    for v in 0 1 2 4 8; do runs $k $v; done
+    runs $k junk cpu
 done
 # no NVIDIA driver at all: the reason says so, not "driver version is insufficient"
 if grep -q "no CUDA device (cudaGetDeviceCount: " "$TMP/err_cuda" && ! ls /usr/lib*/libcuda.so.1 /usr/lib/*/libcuda.so.1 >/dev/null 2>&1 \
@@ -121,9 +96,6 @@ if grep -q "no CUDA device (cudaGetDeviceCount: " "$TMP/err_cuda" && ! ls /usr/l
     grep -q "no NVIDIA driver found (libcuda.so.1 not loadable)" "$TMP/err_cuda" && ! grep -q "insufficient" "$TMP/err_cuda" \
         && ok "no driver: named" || bad "no driver: $(cat "$TMP/err_cuda")"
 fi
-for v in 0 2 32 34 0x0 0x2 0x20 0x22 0X22; do
-    ids=$(DF_CUDA_MMA=$v run 2>"$TMP/err"); rc=$?
-    [ $rc -eq 0 ] && [ "$ids" = "$cpu" ] && ok "DF_CUDA_MMA=$v (auto): same ids" || bad "DF_CUDA_MMA=$v: rc $rc '$ids' $(cat "$TMP/err")"
-done
+for v in 0 2 32 34 0x0 0x2 0x20 0x22 0X22; do runs DF_CUDA_MMA $v; done
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -128,7 +128,6 @@ static int evict_dir(const char *dir) {
     return n;
 }
 
-static int drop_caches(const char *model, const char *pack_dirs) { return bench_drop_caches(model, pack_dirs); }
 int bench_drop_caches(const char *model, const char *pack_dirs) {
     int ok = model ? evict_dir(model) >= 0 : 1;
     char list[8192];
@@ -230,7 +229,7 @@ static int bench_io(int argc, char **argv) {
     }
     int nodrop = 0;
     for (int i = 0; i < argc; i++) nodrop |= !strcmp(argv[i], "--no-drop");
-    if (!nodrop) drop_caches(NULL, o.dirs);
+    if (!nodrop) bench_drop_caches(NULL, o.dirs);
     store_bench_result r;
     char err[1024];
     int rc = store_bench_io(&o, &r, err, sizeof err);
@@ -331,7 +330,7 @@ static int bench_decode(int argc, char **argv) {
     if (expert_dirs) snprintf(dirs, sizeof dirs, "%s", expert_dirs);
     else bench_pack_dirs(nat, dirs, sizeof dirs);
     native_close(nat);
-    int dropped = nodrop ? 0 : drop_caches(model, dirs);
+    int dropped = nodrop ? 0 : bench_drop_caches(model, dirs);
     /* open the model first (cold): a --ram-budget it cannot run under fails before the I/O benchmark */
     df_model_opts mo;
     df_model_opts_default(&mo);
@@ -378,7 +377,7 @@ static int bench_decode(int argc, char **argv) {
     if (rc) { fprintf(stderr, "deltafin bench decode: I/O benchmark: %s\n", err); df_model_close(m); return 1; }
     printf("  ");
     print_io(&bo, &br);
-    if (!nodrop) drop_caches(model, dirs);
+    if (!nodrop) bench_drop_caches(model, dirs);
 
     df_session *s = NULL;
     rc = df_session_new(&s, m, 0, err, sizeof err);
@@ -649,7 +648,7 @@ static int bench_store(int argc, char **argv) {
     if (!have_cache) cache = experts / 4;
     char dirs[4096];
     bench_pack_dirs(nat, dirs, sizeof dirs);
-    int dropped = nodrop ? 0 : drop_caches(model, dirs);
+    int dropped = nodrop ? 0 : bench_drop_caches(model, dirs);
     store_bench_opts bo;
     bench_expert_io_opts(&bo, dirs, qd, nat->stride, nat->cfg.num_experts_per_tok, io_seconds);
     bo.use_uring = uring;
@@ -659,7 +658,7 @@ static int bench_store(int argc, char **argv) {
     printf("bench store: %s, trace %s (%d acquisitions), cache %.2f GiB of %.2f GiB experts, page cache %s\n  ", model,
            test, tt.n_acq, cache / 1073741824.0, experts / 1073741824.0, dropped ? "evicted (the model's files)" : "not evicted");
     print_io(&bo, &br);
-    if (!nodrop) drop_caches(model, dirs);
+    if (!nodrop) bench_drop_caches(model, dirs);
     store_opts o;
     store_opts_default(&o);
     o.cache_bytes = cache;

@@ -124,15 +124,10 @@ static void dev_unpin_expert(const df_engine *e, int layer, int x) {
 }
 
 /* 1 when expert x of the layer is resident in device memory now (an I/O hint: it may be evicted later); asked
- * without counting a use (dev_has) where the backend can. */
+ * without pinning it or counting a use (dev_has). */
 static int dev_resident(const df_engine *e, int layer, int x) {
-    if (e->be->dev_has)
-        return e->be->dev_has(DF_DEVKEY(layer, x, 0)) && e->be->dev_has(DF_DEVKEY(layer, x, 1)) &&
-               e->be->dev_has(DF_DEVKEY(layer, x, 2));
-    df_expert v;
-    if (!dev_pin_expert(e, layer, x, &v)) return 0;
-    dev_unpin_expert(e, layer, x);
-    return 1;
+    return e->be->dev_has && e->be->dev_has(DF_DEVKEY(layer, x, 0)) && e->be->dev_has(DF_DEVKEY(layer, x, 1)) &&
+           e->be->dev_has(DF_DEVKEY(layer, x, 2));
 }
 
 /* out = down(act(gate x, up x)) for T rows (act: SwiGLU or SiTU, eng_act). pool NULL = on the calling thread (inside a pool task);

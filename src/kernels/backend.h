@@ -51,8 +51,9 @@ typedef struct df_backend {
      * return 1 with *w = its type and shape (data and scale NULL: matmul finds it by dev_key); else 0. */
     int (*dev_pin)(uint64_t dev_key, df_weight *w);
     void (*dev_unpin)(uint64_t dev_key);
-    /* Optional (NULL on the CPU): 1 when the weight with this dev_key is resident in device memory now, else 0; no
-     * side effect (neither pinned nor counted as a use in the device cache's recency or hit count). */
+    /* Optional (NULL on the CPU; set whenever dev_pin is): 1 when the weight with this dev_key is resident in device
+     * memory now, else 0; no side effect (neither pinned nor counted as a use in the device cache's recency or hit
+     * count). */
     int (*dev_has)(uint64_t dev_key);
     /* Optional: a whole MLP in one call, out [T, down.rows] = down(act(gate x, up x)) for x [T, gate.cols];
      * act 0 = SwiGLU silu(g)*u, 1 = SiTU (beta, lb as eng_act). Returns 0, or -1 when it cannot (the caller then

@@ -55,17 +55,17 @@ static void init_table(void) {
     g_cuda_be.dev_unpin = df_cuda_unpin;
     g_cuda_be.dev_has = df_cuda_has;
     g_cuda_be.mlp = df_cuda_mlp;
-    /* DF_CUDA_MLA_PROJECT=0: the MLA projections one matmul (round trip) at a time, for A/B (developer knob) */
-    g_cuda_be.mla_project = df_cuda_env_switch("DF_CUDA_MLA_PROJECT", NULL, 0) != 0 ? df_cuda_mla_project : NULL;
     g_cuda_be.host_pin = df_cuda_host_pin;
     g_cuda_be.host_unpin = df_cuda_host_unpin;
     /* developer knobs for A/B timing (docs/cuda.md; an invalid value never gets here: backend.c refuses it):
-     * DF_CUDA_MLP_GROUP=0, one round trip per expert MLP; DF_CUDA_ATTN=0, the MLA attention core on the CPU */
+     * DF_CUDA_MLP_GROUP=0, one round trip per expert MLP; DF_CUDA_ATTN=0, the MLA attention core on the CPU;
+     * DF_CUDA_MLA_PROJECT=0, the MLA projections one matmul (round trip) at a time and o_proj after the core */
     g_cuda_be.mlp_group = df_cuda_env_switch("DF_CUDA_MLP_GROUP", NULL, 0) != 0 ? df_cuda_mlp_group : NULL;
     g_attn_on = df_cuda_env_switch("DF_CUDA_ATTN", NULL, 0) != 0;
+    const int fuse_mla = df_cuda_env_switch("DF_CUDA_MLA_PROJECT", NULL, 0) != 0;
+    g_cuda_be.mla_project = fuse_mla ? df_cuda_mla_project : NULL;
     g_cuda_be.mla_attend = g_attn_on ? cuda_be_mla_attend : NULL;
-    /* the output projection in the same round trip (DF_CUDA_MLA_PROJECT=0 turns both MLA fusions off, for A/B) */
-    g_cuda_be.mla_attend_o = g_attn_on && df_cuda_env_switch("DF_CUDA_MLA_PROJECT", NULL, 0) != 0 ? df_cuda_mla_attend_o : NULL;
+    g_cuda_be.mla_attend_o = g_attn_on && fuse_mla ? df_cuda_mla_attend_o : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
 }

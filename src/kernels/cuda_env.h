@@ -58,37 +58,35 @@ static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen)
     return -1;
 }
 
-/* The matmul kernel variant knobs (docs/cuda.md): DF_CUDA_MV_ROWS (one token) and DF_CUDA_TILE (T >= 2). Unset or
- * empty: 0 (automatic); one of 0 (automatic), 1, 2, 4, 8 exactly: that value in *out; anything else (not a number,
- * a sign, trailing characters, another number): -1 with a message naming the variable and the accepted values. */
-static inline int df_cuda_env_variant(const char *name, int *out, char *why, size_t whylen) {
+/* A knob whose value is one digit of `allowed` (e.g. "01248"): unset or empty = 0; that digit's value in *out; anything
+ * else: -1 with "environment variable NAME="VALUE": expected EXPECT; unset it or fix its value" in why. */
+static inline int df_cuda_env_digit(const char *name, const char *allowed, const char *expect, int *out, char *why,
+                                    size_t whylen) {
     const char *v = getenv(name);
     *out = 0;
     if (!v || !*v) return 0;
-    if (v[1] == 0 && (v[0] == '0' || v[0] == '1' || v[0] == '2' || v[0] == '4' || v[0] == '8')) {
+    if (v[1] == 0 && strchr(allowed, v[0])) {
         *out = v[0] - '0';
         return 0;
     }
     if (why && whylen)
-        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected a kernel variant 0 (automatic, the default), 1, "
-                 "2, 4 or 8; unset it or fix its value", name, v, strlen(v) > 40 ? "..." : "");
+        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected %s; unset it or fix its value", name, v,
+                 strlen(v) > 40 ? "..." : "", expect);
     return -1;
+}
+
+/* The matmul kernel variant knobs (docs/cuda.md): DF_CUDA_MV_ROWS (one token) and DF_CUDA_TILE (T >= 2). Unset or
+ * empty: 0 (automatic); one of 0 (automatic), 1, 2, 4, 8 exactly: that value in *out; anything else (not a number,
+ * a sign, trailing characters, another number): -1 with a message naming the variable and the accepted values. */
+static inline int df_cuda_env_variant(const char *name, int *out, char *why, size_t whylen) {
+    return df_cuda_env_digit(name, "01248", "a kernel variant 0 (automatic, the default), 1, 2, 4 or 8", out, why, whylen);
 }
 
 /* DF_CUDA_MMA_KS, the tensor-core kernel's most K slices (docs/cuda.md): unset or empty = 0 (the default, 2);
  * "1", "2", "4" or "8" = that many. Anything else: -1 with a message naming the variable in why. */
 static inline int df_cuda_env_ks(int *out, char *why, size_t whylen) {
-    const char *v = getenv("DF_CUDA_MMA_KS");
-    *out = 0;
-    if (!v || !*v) return 0;
-    if (v[1] == 0 && (v[0] == '1' || v[0] == '2' || v[0] == '4' || v[0] == '8')) {
-        *out = v[0] - '0';
-        return 0;
-    }
-    if (why && whylen)
-        snprintf(why, whylen, "environment variable DF_CUDA_MMA_KS=\"%.40s%s\": expected the tensor-core kernel's most K "
-                 "slices, 1, 2 (the default), 4 or 8; unset it or fix its value", v, strlen(v) > 40 ? "..." : "");
-    return -1;
+    return df_cuda_env_digit("DF_CUDA_MMA_KS", "1248", "the tensor-core kernel's most K slices, 1, 2 (the default), 4 or 8",
+                             out, why, whylen);
 }
 
 /* DF_CUDA_KV_MIRROR, the GPU memory all the attention core's device mirrors of latent KV caches may hold together

@@ -428,6 +428,13 @@ cudaError_t launch_v(int v, const Launch &a, int64_t rows, int64_t cols, cudaStr
     default: return launch_ks<ENC, 2 / W, 1, 1>(a, rows, cols, st); /* 32 x 2 */
     }
 }
+
+/* The launch of a (one weight, or a group whose T is its most tokens) with the variant asked for, or 0: by tokens
+ * (1 up to 2, 4 up to 8, else 2; every variant gives the same bits). */
+cudaError_t launch_enc(df_wtype type, int asked, const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
+    const int v = asked ? asked : a.T <= 2 ? 1 : a.T <= 8 ? 4 : 2;
+    return type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
+}
 } // namespace
 
 void cu_set_mma_ks(int n) { g_ks_max = n == 1 || n == 2 || n == 4 || n == 8 ? n : 2; }
@@ -446,8 +453,7 @@ cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, in
         e = cudaGetLastError();
         if (e != cudaSuccess) return e;
         const Launch a = {d, s, reinterpret_cast<const uint4 *>(g_xs), y + (int64_t)t0 * rows, n, nullptr, 0};
-        const int v = variant ? variant : n <= 2 ? 1 : n <= 8 ? 4 : 2;
-        e = type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
+        e = launch_enc(type, variant, a, rows, cols, st);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -493,8 +499,7 @@ cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n
         split_group_kernel<<<dim3((unsigned)((threads + 255) / 256), (unsigned)nx), 256, 0, st>>>(sg, cols, g_xs);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, &mg, nc};
-        const int vf = cu_get_variant(tmax), v = vf ? vf : tmax <= 2 ? 1 : tmax <= 8 ? 4 : 2;
-        e = type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
+        e = launch_enc(type, cu_get_variant(tmax), a, rows, cols, st);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;

@@ -324,6 +324,11 @@ int matmul_locked(const df_weight *w, const float *x, int T, float *y) {
     return 0;
 }
 
+/* g = act(g, u) over n values: SwiGLU (act 0) or SiTU (act 1, beta, lb), in place on g. */
+cudaError_t act_launch(int act, float beta, float lb, float *g, const float *u, int64_t n) {
+    return act ? cu_situ_mul_launch(g, g, u, n, beta, lb, g_st) : cu_silu_mul_launch(g, g, u, n, g_st);
+}
+
 /* gate, up, activation, down with x and out in pinned staging: one copy each way, one synchronisation.
  * A weight in the scratch buffer is used before the next upload overwrites it (same stream). */
 int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
@@ -339,8 +344,7 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     CK(cu_matmul_launch(gate->type, d, s, I, D, (const float *)g_sx, T, (float *)g_sg, g_st));
     if (weight_on_device(up, &d, &s)) return -1;
     CK(cu_matmul_launch(up->type, d, s, I, D, (const float *)g_sx, T, (float *)g_su, g_st));
-    if (act) CK(cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)T * I, beta, lb, g_st));
-    else CK(cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)T * I, g_st));
+    CK(act_launch(act, beta, lb, (float *)g_sg, (const float *)g_su, (int64_t)T * I));
     if (weight_on_device(down, &d, &s)) return -1;
     CK(cu_matmul_launch(down->type, d, s, O, I, (const float *)g_sg, T, (float *)g_sy, g_st));
     CK(cudaMemcpyAsync(g_hy, g_sy, ob, cudaMemcpyDeviceToHost, g_st));
@@ -389,9 +393,14 @@ int groupable(const df_weight *gate, const df_weight *up, const df_weight *down,
  * and copied out at once; one synchronisation. */
 int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                      int act, float beta, float lb, const float *const *x, const int *T, float *const *out) {
+    /* per item: whether it is in the grouped set, and its input's and output's byte offsets in the staging */
+    const size_t nn = (size_t)(n > 0 ? n : 1);
+    size_t *xoff = (size_t *)malloc(nn * (2 * sizeof(size_t) + 1));
+    if (!xoff) { snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
+    size_t *ooff = xoff + nn;
+    char *grp = (char *)(ooff + nn);
+    memset(grp, 0, nn);
     /* the grouped set: the first groupable item's encodings and shape, and every groupable item that matches them */
-    char *grp = (char *)calloc((size_t)(n > 0 ? n : 1), 1);
-    if (!grp) { snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
     int first = -1, ngrp = 0;
     size_t grows = 0;
     for (int i = 0; i < n; i++) {
@@ -406,12 +415,14 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
         grows += (size_t)T[i];
     }
     if (ngrp < 2) { /* one item alone: its own launches are as fast */
-        memset(grp, 0, (size_t)(n > 0 ? n : 1));
+        memset(grp, 0, nn);
         ngrp = 0;
         grows = 0;
     }
     size_t xall = 0, oall = 0, ib = 0;
     for (int i = 0; i < n; i++) {
+        xoff[i] = xall;
+        ooff[i] = oall;
         if (T[i] <= 0) continue;
         const size_t t = (size_t)T[i];
         xall += round_up(sizeof(float) * t * (size_t)gate[i]->cols, 256);
@@ -420,32 +431,26 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
         if (!grp[i] && b > ib) ib = b;
     }
     if (ngrp && sizeof(float) * grows * (size_t)gate[first]->rows > ib) ib = sizeof(float) * grows * (size_t)gate[first]->rows;
-    if (!xall) { free(grp); return 0; }
+    if (!xall) { free(xoff); return 0; }
     cu_mma_item *items = ngrp ? (cu_mma_item *)malloc(sizeof(cu_mma_item) * (size_t)ngrp * 2) : NULL;
-    if (ngrp && !items) { free(grp); snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
+    if (ngrp && !items) { free(xoff); snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
     int rc = -1;
     do {
         if (grow(&g_sx, &g_csx, xall) || grow(&g_sy, &g_csy, oall) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib))
             break;
         if (grow_host(&g_hx, &g_chx, xall) || grow_host(&g_hy, &g_chy, oall)) break;
-        for (size_t i = 0, off = 0; i < (size_t)n; i++) {
-            if (T[i] <= 0) continue;
-            const size_t xb = sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols;
-            memcpy((char *)g_hx + off, x[i], xb);
-            off += round_up(xb, 256);
-        }
+        for (int i = 0; i < n; i++)
+            if (T[i] > 0) memcpy((char *)g_hx + xoff[i], x[i], sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols);
         cudaError_t ce = cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st);
         if (ce != cudaSuccess) { fail("cudaMemcpyAsync", ce); break; }
         if (ngrp) {
             /* gates and ups, item by item (an item's pair shares its split input), into rows of g / u */
             const int64_t D = gate[first]->cols, I = gate[first]->rows, O = down[first]->rows;
-            size_t xo = 0, oo = 0, r = 0;
+            size_t r = 0;
             int k = 0;
             for (int i = 0; i < n; i++) {
-                if (T[i] <= 0) continue;
-                const float *dx = (const float *)((char *)g_sx + xo);
-                xo += round_up(sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols, 256);
                 if (!grp[i]) continue;
+                const float *dx = (const float *)((char *)g_sx + xoff[i]);
                 const void *d, *s;
                 weight_on_device(gate[i], &d, &s); /* cache hits (groupable): no allocation, no error */
                 items[k++] = {d, s, dx, (float *)g_sg + r * (size_t)I, T[i]};
@@ -457,20 +462,17 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
                 fail("cu_mma_group_launch (gate, up)", ce);
                 break;
             }
-            const int64_t nel = (int64_t)grows * I;
-            ce = act ? cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, nel, beta, lb, g_st)
-                     : cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, nel, g_st);
-            if (ce != cudaSuccess) { fail("activation", ce); break; }
+            if ((ce = act_launch(act, beta, lb, (float *)g_sg, (const float *)g_su, (int64_t)grows * I)) != cudaSuccess) {
+                fail("activation", ce);
+                break;
+            }
             k = 0;
             r = 0;
             for (int i = 0; i < n; i++) {
-                if (T[i] <= 0) continue;
-                float *dy = (float *)((char *)g_sy + oo);
-                oo += round_up(sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows, 256);
                 if (!grp[i]) continue;
                 const void *d, *s;
                 weight_on_device(down[i], &d, &s);
-                items[k++] = {d, s, (const float *)g_sg + r * (size_t)I, dy, T[i]};
+                items[k++] = {d, s, (const float *)g_sg + r * (size_t)I, (float *)((char *)g_sy + ooff[i]), T[i]};
                 r += (size_t)T[i];
             }
             if ((ce = cu_mma_group_launch(down[first]->type, O, I, k, items, g_st)) != cudaSuccess) {
@@ -479,17 +481,13 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             }
             g_stats.grouped_items += (uint64_t)k;
         }
-        size_t xo = 0, oo = 0;
         int bad = 0;
         for (int i = 0; i < n && !bad; i++) {
-            if (T[i] <= 0) continue;
+            if (T[i] <= 0 || grp[i]) continue;
             const int Ti = T[i];
             const int64_t D = gate[i]->cols, I = gate[i]->rows, O = down[i]->rows;
-            const float *dx = (const float *)((char *)g_sx + xo);
-            float *dy = (float *)((char *)g_sy + oo);
-            xo += round_up(sizeof(float) * (size_t)Ti * (size_t)D, 256);
-            oo += round_up(sizeof(float) * (size_t)Ti * (size_t)O, 256);
-            if (grp[i]) continue;
+            const float *dx = (const float *)((char *)g_sx + xoff[i]);
+            float *dy = (float *)((char *)g_sy + ooff[i]);
             const void *d, *s;
             bad = 1;
             if (group_weight(gate[i], &d, &s)) break;
@@ -502,9 +500,10 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
                 fail("cu_matmul_launch", ce);
                 break;
             }
-            ce = act ? cu_situ_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)Ti * I, beta, lb, g_st)
-                     : cu_silu_mul_launch((float *)g_sg, (const float *)g_sg, (const float *)g_su, (int64_t)Ti * I, g_st);
-            if (ce != cudaSuccess) { fail("activation", ce); break; }
+            if ((ce = act_launch(act, beta, lb, (float *)g_sg, (const float *)g_su, (int64_t)Ti * I)) != cudaSuccess) {
+                fail("activation", ce);
+                break;
+            }
             if (group_weight(down[i], &d, &s)) break;
             if ((ce = cu_matmul_launch(down[i]->type, d, s, O, I, (const float *)g_sg, Ti, dy, g_st)) != cudaSuccess) {
                 fail("cu_matmul_launch", ce);
@@ -518,17 +517,12 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             break;
         }
         if ((ce = cudaStreamSynchronize(g_st)) != cudaSuccess) { fail("cudaStreamSynchronize", ce); break; }
-        oo = 0;
-        for (int i = 0; i < n; i++) {
-            if (T[i] <= 0) continue;
-            const size_t ob = sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows;
-            memcpy(out[i], (const char *)g_hy + oo, ob);
-            oo += round_up(ob, 256);
-        }
+        for (int i = 0; i < n; i++)
+            if (T[i] > 0) memcpy(out[i], (const char *)g_hy + ooff[i], sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows);
         rc = 0;
     } while (0);
     free(items);
-    free(grp);
+    free(xoff);
     return rc;
 }
 
@@ -835,13 +829,29 @@ extern "C" int df_cuda_rope(float *x, int T, int dim, const float *inv_freq, flo
     OP_BEGIN
 }
 
+/* ms per call of launch() (which queues work on the one stream and returns its launch error): one warm-up call,
+ * then CUDA events around iters back-to-back calls; -1 on an error. */
+template <class F> double time_launches(int iters, F &&launch) {
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double ms = -1;
+    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess && launch() == cudaSuccess) {
+        cudaEventRecord(e0, g_st);
+        for (int i = 0; i < iters; i++) launch();
+        cudaEventRecord(e1, g_st);
+        float el = 0;
+        if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&el, e0, e1) == cudaSuccess) ms = el / iters;
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return ms;
+}
+
 extern "C" double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int iters) {
     if (!ready()) return -1;
     pthread_mutex_lock(&g_mu);
     double ms = -1;
     Tmp m;
     const size_t db = data_bytes(t, rows, cols), sb = scale_bytes(t, rows, cols);
-    cudaEvent_t e0 = NULL, e1 = NULL;
     do {
         if (cudaMalloc(&m.p[0], db + 256) != cudaSuccess) break;
         if (sb && cudaMalloc(&m.p[1], sb + 256) != cudaSuccess) break;
@@ -857,21 +867,10 @@ extern "C" double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, i
         }
         /* activations: zeros (the kernel's work does not depend on the values) */
         if (cudaMemsetAsync(m.p[2], 0, sizeof(float) * (size_t)T * cols, g_st) != cudaSuccess) break;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        /* warm-up */
-        if (cu_matmul_launch(t, m.p[0], m.p[1], rows, cols, (const float *)m.p[2], T, (float *)m.p[3], g_st) != cudaSuccess) break;
-        cudaEventRecord(e0, g_st);
-        for (int i = 0; i < iters; i++)
-            cu_matmul_launch(t, m.p[0], m.p[1], rows, cols, (const float *)m.p[2], T, (float *)m.p[3], g_st);
-        cudaEventRecord(e1, g_st);
-        if (cudaEventSynchronize(e1) != cudaSuccess) break;
-        float el = 0;
-        cudaEventElapsedTime(&el, e0, e1);
-        ms = el / iters;
+        ms = time_launches(iters, [&] {
+            return cu_matmul_launch(t, m.p[0], m.p[1], rows, cols, (const float *)m.p[2], T, (float *)m.p[3], g_st);
+        });
     } while (0);
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
     cudaGetLastError();
     pthread_mutex_unlock(&g_mu);
     return ms;
@@ -888,7 +887,6 @@ extern "C" double df_cuda_bench_group(df_wtype t, int64_t rows, int64_t cols, in
     Tmp m;
     const size_t db = round_up(data_bytes(t, rows, cols), 256), sb = round_up(scale_bytes(t, rows, cols), 256);
     cu_mma_item *items = (cu_mma_item *)malloc(sizeof(cu_mma_item) * (size_t)n);
-    cudaEvent_t e0 = NULL, e1 = NULL;
     do {
         if (!items) break;
         if (cudaMalloc(&m.p[0], db * (size_t)n) != cudaSuccess) break;
@@ -901,19 +899,8 @@ extern "C" double df_cuda_bench_group(df_wtype t, int64_t rows, int64_t cols, in
         for (int i = 0; i < n; i++)
             items[i] = {(char *)m.p[0] + db * (size_t)i, sb ? (char *)m.p[1] + sb * (size_t)i : NULL, (const float *)m.p[2],
                         (float *)m.p[3] + (size_t)T * rows * i, T};
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        if (cu_mma_group_launch(t, rows, cols, n, items, g_st) != cudaSuccess) break; /* warm-up */
-        cudaEventRecord(e0, g_st);
-        for (int i = 0; i < iters; i++) cu_mma_group_launch(t, rows, cols, n, items, g_st);
-        cudaEventRecord(e1, g_st);
-        if (cudaEventSynchronize(e1) != cudaSuccess) break;
-        float el = 0;
-        cudaEventElapsedTime(&el, e0, e1);
-        ms = el / iters;
+        ms = time_launches(iters, [&] { return cu_mma_group_launch(t, rows, cols, n, items, g_st); });
     } while (0);
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
     free(items);
     cudaGetLastError();
     pthread_mutex_unlock(&g_mu);
@@ -926,24 +913,12 @@ extern "C" double df_cuda_bench_bandwidth(void) {
     double bw = -1;
     Tmp m;
     const size_t n = (size_t)4 << 30;
-    cudaEvent_t e0 = NULL, e1 = NULL;
     do {
         if (cudaMalloc(&m.p[0], n) != cudaSuccess || cudaMalloc(&m.p[1], n) != cudaSuccess) break;
         cudaMemsetAsync(m.p[0], 1, n, g_st);
-        cudaMemcpyAsync(m.p[1], m.p[0], n, cudaMemcpyDeviceToDevice, g_st);
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        const int reps = 10;
-        cudaEventRecord(e0, g_st);
-        for (int i = 0; i < reps; i++) cudaMemcpyAsync(m.p[1], m.p[0], n, cudaMemcpyDeviceToDevice, g_st);
-        cudaEventRecord(e1, g_st);
-        if (cudaEventSynchronize(e1) != cudaSuccess) break;
-        float el = 0;
-        cudaEventElapsedTime(&el, e0, e1);
-        bw = 2.0 * (double)n * reps / (el * 1e-3);
+        const double ms = time_launches(10, [&] { return cudaMemcpyAsync(m.p[1], m.p[0], n, cudaMemcpyDeviceToDevice, g_st); });
+        if (ms > 0) bw = 2.0 * (double)n / (ms * 1e-3);
     } while (0);
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
     cudaGetLastError();
     pthread_mutex_unlock(&g_mu);
     return bw;
