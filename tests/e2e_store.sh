@@ -56,6 +56,12 @@ grep -q '"ev":"token"' "$T/ev.jsonl" && grep -q '"ev":"read"' "$T/ev.jsonl" && o
 cp -r "$T/m/d0" "$T/d0x"; cp -r "$T/m/d1" "$T/d1x"
 
 "$BIN" bench io --dir "$T/m/d0,$T/m/d1" --size 64K --seconds 0.3 --no-drop >"$T/io" 2>&1 && grep -q "GB/s" "$T/io" && ok || bad "bench io: $(cat "$T/io")"
+# reads landing in turn in a pool of --buffer per directory (as the expert cache fills)
+"$BIN" bench io --dir "$T/m/d0,$T/m/d1" --size 64K --seconds 0.3 --buffer 40M --no-drop >"$T/io" 2>&1 \
+  && grep -q "into 40 MiB of buffers" "$T/io" && ok || bad "bench io --buffer: $(cat "$T/io")"
+"$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 2 --io-seconds 0.2 --io-buffer 33M --no-drop >"$T/bd" 2>"$T/bd.err" \
+  && [ "$(grep -c "GB/s into 33 MiB of buffers" "$T/bd")" = 2 ] && grep -q "storage bound with B into 33 MiB of buffers" "$T/bd" && ok \
+  || bad "bench decode --io-buffer: $(cat "$T/bd" "$T/bd.err")"
 "$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 4 --io-seconds 0.3 --no-drop >"$T/bd" 2>"$T/bd.err" \
   && grep -q "tok/s" "$T/bd" && grep -q "hit rate" "$T/bd" && grep -q "storage bound" "$T/bd" && ok \
   || bad "bench decode: $(cat "$T/bd" "$T/bd.err")"

@@ -174,6 +174,8 @@ static void print_io(const store_bench_opts *o, const store_bench_result *r) {
            r->io_engine, r->direct ? "O_DIRECT" : "buffered (O_DIRECT unavailable)",
            (unsigned long long)(o->io_bytes >> 10), (unsigned long long)((o->run_bytes ? o->run_bytes : o->io_bytes) >> 10),
            o->group > 1 ? " x group " : "", o->group > 1 ? o->group : 0, o->qd, r->seconds, r->gbps);
+    if (o->buffer_bytes > (uint64_t)o->qd * o->io_bytes)
+        printf(" into %.0f MiB of buffers", o->buffer_bytes / 1048576.0);
     if (r->n_dirs > 1) {
         printf(" (");
         for (int i = 0; i < r->n_dirs; i++) printf("%s%.3f", i ? ", " : "", r->dir_gbps[i]);
@@ -207,21 +209,24 @@ static int bench_io(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--run SIZE] [--qd 16 (1..1024)] [--seconds 10] "
-                   "[--group K (0..64)] [--pread] [--no-drop]\n"
+                   "[--group K (0..64)] [--buffer SIZE] [--pread] [--no-drop]\n"
                    "  O_DIRECT random reads over the files in each DIR (one queue per DIR).\n"
                    "  --run SIZE: bytes read back to back per random offset (the expert extent), default --size.\n"
                    "  --group K: runs in groups of K extents of one file, ascending (a layer's top-k experts).\n"
+                   "  --buffer SIZE: reads land in turn in a pool of SIZE per DIR (as the expert cache fills), not in\n"
+                   "  qd reused buffers (fio's way, the default); some virtual disks are much slower into gigabytes.\n"
                    "  The DIRs' files are evicted from the page cache first (--no-drop: kept).\n");
             return 0;
         }
         if (!strcmp(a, "--pread")) { o.use_uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) continue;
-        static const char *const vals[] = {"--dir", "--size", "--run", "--group", "--qd", "--seconds", NULL};
+        static const char *const vals[] = {"--dir", "--size", "--run", "--group", "--qd", "--seconds", "--buffer", NULL};
         if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench io: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench io: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--dir")) o.dirs = v;
         else if (!strcmp(a, "--size")) { if (want_size("io", a, v, &o.io_bytes)) return 2; }
         else if (!strcmp(a, "--run")) { if (want_size("io", a, v, &o.run_bytes)) return 2; }
+        else if (!strcmp(a, "--buffer")) { if (want_size("io", a, v, &o.buffer_bytes)) return 2; }
         else if (!strcmp(a, "--group")) { if (want_int("io", a, v, 0, 64, &o.group)) return 2; }
         else if (!strcmp(a, "--qd")) { if (want_int("io", a, v, 1, BENCH_MAX_QD, &o.qd)) return 2; }
         else if (!strcmp(a, "--seconds")) { if (want_num("io", a, v, 0, BENCH_MAX_SECONDS, 1, &o.seconds)) return 2; }
@@ -250,14 +255,14 @@ static double now_s(void) {
 static int bench_decode(int argc, char **argv) {
     const char *model = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
     const char *backend = cli_default_backend();
-    uint64_t budget = 0, gpu_budget = 0;
+    uint64_t budget = 0, gpu_budget = 0, io_buffer = 0;
     int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0, prefetch = 0, prefault = 0;
     double io_seconds = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N (16)] [--warmup N (0)] [--threads N]\n"
-                   "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--events FILE] [--expert-dirs D1,D2] "
+                   "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--io-buffer SIZE] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
                    "       [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda] [--gpu-budget SIZE] [--prefetch auto|on|off|ungated] [--prefault auto|on|off]\n"
                    "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n"
@@ -266,6 +271,8 @@ static int bench_decode(int argc, char **argv) {
                    "  --warmup N: N decode tokens before the measured ones (not counted), e.g. to fill the caches\n"
                    "  and measure a model held in memory.\n"
                    "  --prefetch / --prefault: as in `deltafin run` (DF_PREFETCH / DF_PREFAULT when auto).\n"
+                   "  --io-buffer SIZE: also measure B with the reads landing in a pool of SIZE (e.g. the budget), as\n"
+                   "  the expert cache fills, and print the bound for that B too (see `bench io --buffer`).\n"
                    "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
                    "  as `run` does. Default: the model `deltafin setup` installed, else the embedded models/kimi-mini.\n");
             return 0;
@@ -273,7 +280,7 @@ static int bench_decode(int argc, char **argv) {
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--warmup", "--threads", "--prompt-ids", "--io-seconds",
                                            "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", "--prefetch",
-                                           "--prefault", NULL};
+                                           "--prefault", "--io-buffer", NULL};
         if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench decode: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
@@ -290,6 +297,7 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--gpu-budget")) { if (want_size("decode", a, v, &gpu_budget)) return 2; }
         else if (!strcmp(a, "--prefetch")) { if (cli_parse_mode("bench decode", a, v, &prefetch)) return 2; }
         else if (!strcmp(a, "--prefault")) { if (cli_parse_mode("bench decode", a, v, &prefault)) return 2; }
+        else if (!strcmp(a, "--io-buffer")) { if (want_size("decode", a, v, &io_buffer)) return 2; }
         i++;
     }
     char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], err[2048] = "";
@@ -377,6 +385,17 @@ static int bench_decode(int argc, char **argv) {
     if (rc) { fprintf(stderr, "deltafin bench decode: I/O benchmark: %s\n", err); df_model_close(m); return 1; }
     printf("  ");
     print_io(&bo, &br);
+    /* B into a pool of --io-buffer (the drive as the expert cache sees it) */
+    store_bench_opts bp = bo;
+    bp.buffer_bytes = io_buffer;
+    store_bench_result bpr = {0};
+    if (io_buffer) {
+        if (!nodrop) bench_drop_caches(model, dirs);
+        rc = store_bench_io(&bp, &bpr, err, sizeof err);
+        if (rc) { fprintf(stderr, "deltafin bench decode: I/O benchmark (--io-buffer): %s\n", err); df_model_close(m); return 1; }
+        printf("  ");
+        print_io(&bp, &bpr);
+    }
     if (!nodrop) bench_drop_caches(model, dirs);
 
     df_session *s = NULL;
@@ -416,6 +435,11 @@ static int bench_decode(int argc, char **argv) {
         print_io(&bo, &br2);
         br.gbps = (br.gbps + br2.gbps) / 2;
     }
+    if (io_buffer && store_bench_io(&bp, &br2, err, sizeof err) == 0) {
+        printf("  after: ");
+        print_io(&bp, &br2);
+        bpr.gbps = (bpr.gbps + br2.gbps) / 2;
+    }
     double tps = st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0;
     uint64_t acq = st.expert_hits + st.expert_misses;
     double h = acq ? (double)st.expert_hits / acq : 0;
@@ -440,6 +464,12 @@ static int bench_decode(int argc, char **argv) {
         printf("  storage bound B/((1-h)*bytes_per_token): none, hit rate %.3f (B = %.3f GB/s, mean of before/after); "
                "expert reads %.3f GB/s = %.1f%% of B\n",
                h, br.gbps, read_gbps, br.gbps > 0 ? 100 * read_gbps / br.gbps : 0);
+    if (io_buffer && bound > 0 && bpr.gbps > 0) {
+        const double bound_p = bound * bpr.gbps / br.gbps;
+        printf("  storage bound with B into %.0f MiB of buffers = %.3f tok/s (B = %.3f GB/s, mean of before/after): achieved "
+               "%.1f%% of it; expert reads %.1f%% of that B\n",
+               io_buffer / 1048576.0, bound_p, bpr.gbps, 100 * tps / bound_p, 100 * read_gbps / bpr.gbps);
+    }
     printf("  prefill: %llu tokens in %.2f s (io stall %.2f s)\n", (unsigned long long)st0.prefill_tokens, st0.prefill_s,
            st0.io_stall_s);
     if (st.expert_slots_pinned) printf("  expert slots page-locked for the GPU: %d of %d\n", st.expert_slots_pinned, st.expert_slots);
@@ -621,7 +651,8 @@ static int bench_store(int argc, char **argv) {
             printf("usage: deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE (1/4 of the experts)]\n"
                    "       [--qd N] [--pread] [--io-seconds S] [--no-drop]\n"
                    "  Replays a decode trace through the expert store with real cold reads and no compute; prints\n"
-                   "  expert read GB/s as a share of bench io on the same directories in the same run.\n");
+                   "  expert read GB/s as a share of bench io on the same directories in the same run, with qd reused\n"
+                   "  buffers and into a pool the size of the cache (at most 4 GiB; see `bench io --buffer`).\n");
             return 0;
         }
         if (!strcmp(a, "--pread")) { uring = 0; continue; }
@@ -658,6 +689,15 @@ static int bench_store(int argc, char **argv) {
     printf("bench store: %s, trace %s (%d acquisitions), cache %.2f GiB of %.2f GiB experts, page cache %s\n  ", model,
            test, tt.n_acq, cache / 1073741824.0, experts / 1073741824.0, dropped ? "evicted (the model's files)" : "not evicted");
     print_io(&bo, &br);
+    /* and with the reads landing in a pool the size of the cache (at most 4 GiB), as the store's reads do */
+    store_bench_opts bp = bo;
+    bp.buffer_bytes = cache < ((uint64_t)4 << 30) ? cache : ((uint64_t)4 << 30);
+    store_bench_result bpr = {0};
+    if (!nodrop) bench_drop_caches(model, dirs);
+    if (store_bench_io(&bp, &bpr, err, sizeof err) == 0) {
+        printf("  ");
+        print_io(&bp, &bpr);
+    }
     if (!nodrop) bench_drop_caches(model, dirs);
     store_opts o;
     store_opts_default(&o);
@@ -693,11 +733,18 @@ static int bench_store(int argc, char **argv) {
         print_io(&bo, &br2);
         br.gbps = (br.gbps + br2.gbps) / 2;
     }
+    if (!rc && store_bench_io(&bp, &br2, err, sizeof err) == 0) {
+        printf("  after: ");
+        print_io(&bp, &br2);
+        bpr.gbps = (bpr.gbps + br2.gbps) / 2;
+    }
     if (rc) fprintf(stderr, "deltafin bench store: %s\n", err);
     double gbps = (s.bytes_demand + s.bytes_prefetch) / 1e9 / dt;
     printf("  replay: %.2f s, %.2f GB read, %.3f GB/s = %.1f%% of bench io (mean of before/after), hit rate %.3f, stall %.2f s, %s\n", dt,
            (s.bytes_demand + s.bytes_prefetch) / 1e9, gbps, br.gbps > 0 ? 100 * gbps / br.gbps : 0,
            s.hits + s.misses ? (double)s.hits / (s.hits + s.misses) : 0, s.stall_s, s.io_engine);
+    if (bpr.gbps > 0)
+        printf("  replay vs bench io into %.0f MiB of buffers: %.1f%%\n", bp.buffer_bytes / 1048576.0, 100 * gbps / bpr.gbps);
     trace_free(&tt);
     native_close(nat);
     return rc ? 1 : 0;

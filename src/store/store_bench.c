@@ -63,11 +63,44 @@ typedef struct {
     double t_begin, t_end, t_done; /* the timed window: after the queue's setup, until its last read ended */
     int grp_f, grp_n, grp_i, grp_next; /* group mode: file, extents, next extent, next file */
     uint64_t grp_off[64];
+    uint8_t *pool;           /* buffer_bytes > qd reads: the destination pool (n_slices of io_bytes), else NULL */
+    int n_slices, next_slice;
+    unsigned char *slice_busy;
     int cur_f;               /* pread pool: the run being handed out */
     uint64_t cur_off, cur_left;
     int err;
     char errmsg[1200];
 } bdir;
+
+/* The destination pool of buffer_bytes (rounded to whole reads; at least 2 x qd slices so a slice is never
+ * reused while in flight), on huge pages where the kernel gives them and touched now, before any clock starts.
+ * 0, or DF_ENOMEM. Without a pool (buffer_bytes <= qd reads) nothing is allocated. */
+static int pool_init(bdir *d) {
+    const store_bench_opts *o = d->o;
+    if (o->buffer_bytes <= (uint64_t)o->qd * o->io_bytes) return 0;
+    uint64_t n = o->buffer_bytes / o->io_bytes;
+    if (n < 2 * (uint64_t)o->qd) n = 2 * (uint64_t)o->qd;
+    const size_t bytes = (size_t)(n * o->io_bytes);
+    if (posix_memalign((void **)&d->pool, 2u << 20, bytes) || !(d->slice_busy = calloc(n, 1))) {
+        free(d->pool);
+        d->pool = NULL;
+        snprintf(d->errmsg, sizeof d->errmsg, "cannot allocate %zu bytes of read buffers (--buffer)", bytes);
+        return DF_ENOMEM;
+    }
+    madvise(d->pool, bytes, MADV_HUGEPAGE);
+    memset(d->pool, 0, bytes);
+    d->n_slices = (int)n;
+    return 0;
+}
+
+/* The next free slice of the pool, marked busy (the caller holds d->mu or is the queue's only thread). */
+static int pool_take(bdir *d) {
+    for (;;) {
+        const int s = d->next_slice;
+        d->next_slice = (d->next_slice + 1) % d->n_slices;
+        if (!d->slice_busy[s]) { d->slice_busy[s] = 1; return s; }
+    }
+}
 
 static uint64_t rnd(uint64_t *s) {
     uint64_t x = *s;
@@ -177,9 +210,11 @@ static void *pread_main(void *arg) {
         len = d->cur_left < o->io_bytes ? d->cur_left : o->io_bytes;
         d->cur_off += len;
         d->cur_left -= len;
+        const int slice = d->pool ? pool_take(d) : -1;
         pthread_mutex_unlock(&d->mu);
+        uint8_t *dst = slice >= 0 ? d->pool + (size_t)slice * o->io_bytes : t->buf;
         for (uint64_t done = 0; done < len;) {
-            ssize_t r = pread(d->files[f].fd, t->buf + done, len - done, (off_t)(off + done));
+            ssize_t r = pread(d->files[f].fd, dst + done, len - done, (off_t)(off + done));
             if (r <= 0) {
                 if (r < 0 && errno == EINTR) continue;
                 pthread_mutex_lock(&d->mu);
@@ -193,6 +228,7 @@ static void *pread_main(void *arg) {
         }
         pthread_mutex_lock(&d->mu);
         d->bytes += len;
+        if (slice >= 0) d->slice_busy[slice] = 0;
         pthread_mutex_unlock(&d->mu);
     }
     return NULL;
@@ -233,7 +269,9 @@ static void *uring_main(void *arg) {
         iov[i].iov_base = bufs[i];
         iov[i].iov_len = o->io_bytes;
     }
-    const int fixed_buf = io_uring_register_buffers(&ring, iov, (unsigned)o->qd) == 0;
+    /* with a destination pool (--buffer) the reads go to its slices, unregistered */
+    const int fixed_buf = !d->pool && io_uring_register_buffers(&ring, iov, (unsigned)o->qd) == 0;
+    int *slice_of = calloc(o->qd, sizeof(int));
     for (int f = 0; f < d->n_files; f++) fds[f] = d->files[f].fd;
     const int fixed_file = io_uring_register_files(&ring, fds, (unsigned)d->n_files) == 0;
     d->t_begin = now_s();
@@ -246,7 +284,9 @@ static void *uring_main(void *arg) {
         uint64_t len_ = cur_left < o->io_bytes ? cur_left : o->io_bytes; \
         struct io_uring_sqe *sqe_ = io_uring_get_sqe(&ring); \
         const int fd_ = fixed_file ? cur_f : d->files[cur_f].fd; \
-        if (fixed_buf) io_uring_prep_read_fixed(sqe_, fd_, bufs[i], (unsigned)len_, cur_off, (i)); \
+        if (d->pool) { slice_of[i] = pool_take(d); \
+            io_uring_prep_read(sqe_, fd_, d->pool + (size_t)slice_of[i] * o->io_bytes, (unsigned)len_, cur_off); } \
+        else if (fixed_buf) io_uring_prep_read_fixed(sqe_, fd_, bufs[i], (unsigned)len_, cur_off, (i)); \
         else io_uring_prep_read(sqe_, fd_, bufs[i], (unsigned)len_, cur_off); \
         if (fixed_file) sqe_->flags |= IOSQE_FIXED_FILE; \
         io_uring_sqe_set_data64(sqe_, (uint64_t)(i)); \
@@ -266,6 +306,7 @@ static void *uring_main(void *arg) {
             int i = (int)io_uring_cqe_get_data64(cqe);
             int res = cqe->res;
             inflight--;
+            if (d->pool) d->slice_busy[slice_of[i]] = 0;
             if (res <= 0) {
                 d->err = DF_EIO;
                 snprintf(d->errmsg, sizeof d->errmsg, "read in %s failed: %s", d->dir,
@@ -290,6 +331,7 @@ static void *uring_main(void *arg) {
     free(bufs);
     free(iov);
     free(fds);
+    free(slice_of);
     return NULL;
 }
 #endif
@@ -313,6 +355,7 @@ int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, 
         d->rng = (o->seed ? o->seed : 1) * 0x9E3779B97F4A7C15ull + nd;
         pthread_mutex_init(&d->mu, NULL);
         if ((rc = open_dir(d, run, err, errlen))) break;
+        if ((rc = pool_init(d))) { snprintf(err, errlen, "%s", d->errmsg); break; }
     }
     free(cp);
     int uring = 0;
@@ -367,6 +410,8 @@ int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, 
     for (int i = 0; i < nd; i++) {
         for (int f = 0; f < dirs[i].n_files; f++) close(dirs[i].files[f].fd);
         free(dirs[i].files);
+        free(dirs[i].pool);
+        free(dirs[i].slice_busy);
         pthread_mutex_destroy(&dirs[i].mu);
     }
     free(dirs);

@@ -21,6 +21,10 @@ typedef struct {
     int group;               /* >1: runs come in groups of `group` distinct run-aligned extents of one file, in
                                 ascending offset order (one MoE layer's top-k experts, as the engine reads them);
                                 0/1 = independent random runs */
+    uint64_t buffer_bytes;   /* the destination: reads land in consecutive read-sized slices of a pool this large
+                                (touched before the clock starts), as the store fills its expert cache; 0 = qd
+                                reads' worth, reused (fio's default). On some virtual machines the drive delivers
+                                much less into a pool of gigabytes than into a few reused megabytes. */
     const char *match;       /* fnmatch pattern of the file names to read (e.g. "experts-L*.pack": a model
                                 directory's packs, not its spine); NULL = every large enough file */
 } store_bench_opts;
