@@ -27,17 +27,19 @@ static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench prefill --model DIR [--tokens N (64)] [--ram-budget SIZE] [--threads N]\n"
                "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop] [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda]\n"
                "       [--gpu-budget SIZE] [--events FILE (the store's JSONL events: every read, acquire, dropped guess)]\n"
-               "       [--prefetch auto|on|off|ungated] [--prefault auto|on|off (as in `deltafin run`)]\n"
+               "       [--prefetch auto|on|off|ungated] [--prefault auto|on|off (as in `deltafin run`)] [--io-buffer SIZE]\n"
                "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
                "  as `run` does.\n"
                "  Cold TTFT of an N-token prompt (random ids, seeded) in one evaluation; prints the expert bytes read\n"
                "  against the union of experts the prompt touches (amplification), the union's read time at\n"
-               "  `bench io` speed, the compute time and TTFT / max(both).\n");
+               "  `bench io` speed, the compute time and TTFT / max(both).\n"
+               "  --io-buffer SIZE: also measure B with the reads landing in a pool of SIZE (as the expert cache fills;\n"
+               "  see `bench io --buffer`) and print the union's read time and the ratio for that B too.\n");
 }
 
 int bench_prefill(int argc, char **argv) {
     const char *model = NULL, *backend = cli_default_backend();
-    uint64_t budget = 0, gpu_budget = 0;
+    uint64_t budget = 0, gpu_budget = 0, io_buffer = 0;
     long tokens = 64, threads = 0, seed = 1, qd = 16;
     double io_seconds = 5;
     int nodrop = 0, prefetch = 0, prefault = 0;
@@ -47,7 +49,7 @@ int bench_prefill(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--events", "--ram-budget", "--tokens", "--threads", "--seed", "--qd",
-                                           "--backend", "--gpu-budget", "--io-seconds", "--prefetch", "--prefault", NULL};
+                                           "--backend", "--gpu-budget", "--io-seconds", "--prefetch", "--prefault", "--io-buffer", NULL};
         if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench prefill: unknown option %s (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "deltafin bench prefill: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
@@ -70,6 +72,8 @@ int bench_prefill(int argc, char **argv) {
             if (cli_parse_size(v, &gpu_budget)) { fprintf(stderr, "deltafin bench prefill: --gpu-budget '%s': expected a size like 8G\n", v); return 2; }
         } else if (!strcmp(a, "--prefetch") || !strcmp(a, "--prefault")) {
             if (cli_parse_mode("bench prefill", a, v, !strcmp(a, "--prefetch") ? &prefetch : &prefault)) return 2;
+        } else if (!strcmp(a, "--io-buffer")) {
+            if (cli_parse_size(v, &io_buffer) || !io_buffer) { fprintf(stderr, "deltafin bench prefill: --io-buffer '%s': expected a size like 1G\n", v); return 2; }
         } else if (!strcmp(a, "--io-seconds")) {
             io_seconds = strtod(v, &end);
             if (!*v || *end || !(io_seconds > 0 && io_seconds < 86400)) { fprintf(stderr, "deltafin bench prefill: --io-seconds '%s': expected seconds > 0\n", v); return 2; }
@@ -125,6 +129,14 @@ int bench_prefill(int argc, char **argv) {
     store_bench_result b1, b2;
     rc = store_bench_io(&bo, &b1, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench prefill: I/O benchmark: %s\n", err); goto out; }
+    store_bench_opts bp = bo;
+    bp.buffer_bytes = io_buffer;
+    store_bench_result p1 = {0}, p2 = {0};
+    if (io_buffer) {
+        if (!nodrop) bench_drop_caches(model, dirs);
+        rc = store_bench_io(&bp, &p1, err, sizeof err);
+        if (rc) { fprintf(stderr, "deltafin bench prefill: I/O benchmark (--io-buffer): %s\n", err); goto out; }
+    }
     if (!nodrop) bench_drop_caches(model, dirs);
     df_session *s = NULL;
     rc = df_session_new(&s, m, (int)tokens + 1, err, sizeof err);
@@ -139,6 +151,8 @@ int bench_prefill(int argc, char **argv) {
     df_model_stats(m, &st);
     double B = b1.gbps;
     if (store_bench_io(&bo, &b2, err, sizeof err) == 0) B = (b1.gbps + b2.gbps) / 2;
+    double Bp = p1.gbps;
+    if (io_buffer && store_bench_io(&bp, &p2, err, sizeof err) == 0) Bp = (p1.gbps + p2.gbps) / 2;
     const uint64_t read = st.expert_bytes_demand + st.expert_bytes_prefetch;
     const double amp = st.expert_union_bytes ? (double)read / st.expert_union_bytes : 0;
     const double t_union = B > 0 ? st.expert_union_bytes / (B * 1e9) : 0;
@@ -156,6 +170,12 @@ int bench_prefill(int argc, char **argv) {
     printf("  union read time at B: %.3f s; compute (phases without I/O wait): %.3f s; I/O wait %.3f s\n", t_union, compute,
            st.phase_s[DF_PHASE_IO_WAIT]);
     printf("  TTFT / max(union read, compute) = %.3f\n", floor_s > 0 ? ttft / floor_s : 0);
+    if (io_buffer && Bp > 0) {
+        const double t_union_p = st.expert_union_bytes / (Bp * 1e9), floor_p = t_union_p > compute ? t_union_p : compute;
+        printf("  with B into %.0f MiB of buffers: %.3f GB/s before, %.3f GB/s after (mean %.3f); union read time %.3f s; "
+               "TTFT / max(union read, compute) = %.3f\n",
+               io_buffer / 1048576.0, p1.gbps, p2.gbps, Bp, t_union_p, ttft / floor_p);
+    }
     printf("  phases:");
     for (int p = 0; p < DF_PHASES; p++)
         if (st.phase_s[p] > 0) printf(" %s %.3f s", df_phase_name(p), st.phase_s[p]);
