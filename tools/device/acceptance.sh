@@ -16,11 +16,13 @@
 #   part 5: the GPU's single and grouped kernel launches, resident decode (grouped MLP on / off), long-context
 #          resident decode (the KV mirror on / off), then test_cuda_kernels and test_golden on the GPU if carried.
 #   part 6: the streamed model of part 4: 512-token GPU prefill twice (TTFT / union read), one streamed GPU decode.
+#   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
+#          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2|3|4|5|6 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6 OUTDIR}
+PART=${1:?usage: acceptance.sh 1|2|3|4|5|6|7 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6|7 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
@@ -192,6 +194,35 @@ case $PART in
     log "cuda decode, cold, same budgets, 17 warm-up + 24 tokens"
     timeout 100 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
         --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 2>&1 | grep -E "decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+    rm -rf "$W"
+    ;;
+7)
+    # the drive into a cache-sized pool (bench io --buffer): the streamed model of part 6, bench io with qd reused
+    # buffers and into pools of 64M / the host budget, alternating; then the 512-token GPU prefill, the streamed
+    # GPU decode and a 16-thread CPU decode, each also against B into a pool of the host budget (--io-buffer).
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, fp8 spine, 12.9 GB"
+    "$BIN" synth "$W/m" --layers 8 --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -1 >>"$S"
+    sync; sleep 2
+    for i in 1 2; do
+        for b in "" "--buffer 64M" "--buffer ${HOST_BUDGET:-2816M}"; do
+            log "bench io $b (run $i)"
+            timeout 30 "$BIN" bench io --dir "$W/m" --run 22848K --group 8 --seconds 3 $b 2>&1 | tail -1 >>"$S"
+        done
+    done
+    for i in 1 2; do
+        log "cuda prefill 512, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M} --io-buffer (run $i)"
+        timeout 100 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-256M}" \
+            --ram-budget "${HOST_BUDGET:-2816M}" --io-seconds 2 --io-buffer "${HOST_BUDGET:-2816M}" 2>&1 | tail -9 >>"$S"
+    done
+    log "cuda decode, cold, same budgets, 17 warm-up + 24 tokens, --io-buffer"
+    timeout 120 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
+        --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 --io-buffer "${HOST_BUDGET:-2816M}" 2>&1 \
+        | grep -E "bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+    log "cpu decode, 16 threads, cold, --ram-budget 3G, 24 tokens, --io-buffer 3G"
+    timeout 120 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 --io-buffer 3G \
+        2>&1 | grep -E "open|bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
     rm -rf "$W"
     ;;
 esac
