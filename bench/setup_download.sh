@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# setup_download.sh [SIZE_MB] — `deltafin setup --download-only` vs plain curl from the same loopback nginx
-# mirror (tests/hub/mirror.py): SIZE_MB (default 2048) of random bytes in SHARDS (env, default 1) LFS shards
-# beside kimi-mini's config.json; curl fetches the shards one after another over one connection, and (SHARDS > 1)
-# again all at once (curl -Z, one connection per shard, at most 8), and once followed by sync (the bytes on the disk,
-# as deltafin leaves them: it fsyncs each file before its rename). Prints MB/s
-# of each (files written to the same disk, page cache dropped before each when root), the ratio, and deltafin's
-# peak RSS (/usr/bin/time). Figures go to bench/RESULTS.md.
+# setup_download.sh [SIZE_MB] [SETUP FLAGS...] — `deltafin setup --download-only` vs plain curl from the same
+# loopback nginx mirror (tests/hub/mirror.py): SIZE_MB (default 2048) of random bytes in SHARDS (env, default 1)
+# LFS shards beside kimi-mini's config.json. curl fetches the shards one after another over one connection (its
+# exit leaves the bytes in the page cache), again followed by `sync` (the bytes on the disk), and (SHARDS > 1) all at
+# once (curl -Z, one connection per shard, at most 8). deltafin's run is split in two from its own status lines:
+# the download phase (start to every file sha256-checked and at its final name, process start included) and the
+# final sync (`setup: synced ... in S s`: every file fdatasynced). Prints MB/s of each (files written to the same
+# disk, page cache dropped before each when root), the ratios download phase / curl and (download + sync) /
+# (curl + sync), and deltafin's peak RSS (/usr/bin/time). Figures go to bench/RESULTS.md.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${DF_BIN:-$ROOT/build/deltafin}
@@ -30,8 +32,7 @@ $(command -v nginx || echo /usr/sbin/nginx) -c "$TMP/nginx.conf" -p "$TMP"
 CURLARGS=()
 for nm in "${NAMES[@]}"; do CURLARGS+=(-o "$TMP/curl.$nm" "http://127.0.0.1:$P1/test/big/resolve/main/$nm"); done
 drop() { [ "$(id -u)" = 0 ] && sync && echo 3 > /proc/sys/vm/drop_caches || true; }
-# curl, then sync: the same bytes on the disk (deltafin fsyncs each file before its rename; curl's exit leaves
-# them in the page cache)
+# curl, then sync: the bytes on the disk, as deltafin's final sync leaves them
 drop; ts0=$(date +%s.%N); curl -s "${CURLARGS[@]}"; sync; ts1=$(date +%s.%N); rm -f "$TMP"/curl.*
 drop; t0=$(date +%s.%N); curl -s "${CURLARGS[@]}"; t1=$(date +%s.%N)
 if command -v openssl >/dev/null; then openssl dgst -sha256 "$TMP"/curl.* >/dev/null; else sha256sum "$TMP"/curl.* >/dev/null; fi; t1h=$(date +%s.%N); rm -f "$TMP"/curl.*
@@ -44,22 +45,26 @@ fi
 drop; t2=$(date +%s.%N)
 TIMEV=(/usr/bin/time -f "%M" -o "$TMP/rss"); [ -x /usr/bin/time ] || { TIMEV=(); echo 0 >"$TMP/rss"; }
 "${TIMEV[@]}" "$BIN" setup test/big --mirror "http://127.0.0.1:$P1" --dir "$TMP/inst" --download-only \
-    --registry "$TMP/reg.json" --quiet "$@" >/dev/null
+    --registry "$TMP/reg.json" --quiet "$@" >/dev/null 2>"$TMP/setup.err" || { cat "$TMP/setup.err" >&2; exit 1; }
 t3=$(date +%s.%N)
-python3 - "$MB" "$t0" "$t1" "$t1h" "$t2" "$t3" "$(cat "$TMP/rss")" "$tp0" "$tp1" "$SHARDS" "$ts0" "$ts1" <<'PY'
+SYNC=$(sed -n 's/^setup: synced [0-9.]* MB of the download to the disk in \([0-9.]*\) s$/\1/p' "$TMP/setup.err")
+python3 - "$MB" "$t0" "$t1" "$t1h" "$t2" "$t3" "$(cat "$TMP/rss")" "$tp0" "$tp1" "$SHARDS" "$ts0" "$ts1" "${SYNC:-0}" <<'PY'
 import sys
 mb, t0, t1, t1h, t2, t3, rss = float(sys.argv[1]), *map(float, sys.argv[2:7]), int(sys.argv[7])
 tp0, tp1, shards = float(sys.argv[8]), float(sys.argv[9]), int(sys.argv[10])
-ts0, ts1 = float(sys.argv[11]), float(sys.argv[12])
-cs = mb * 1.048576 / (ts1 - ts0)
-c, ch, d = (mb * 1.048576 / t for t in (t1 - t0, t1h - t0, t3 - t2))
-cp = mb * 1.048576 / (tp1 - tp0) if tp1 > tp0 else 0
-best = max(c, cp)
+ts0, ts1, sync = float(sys.argv[11]), float(sys.argv[12]), float(sys.argv[13])
+MB = mb * 1.048576
+cs = MB / (ts1 - ts0)
+c, ch = (MB / t for t in (t1 - t0, t1h - t0))
+dl = (t3 - t2) - sync
+d, dt = MB / dl, MB / (t3 - t2)
+cp = MB / (tp1 - tp0) if tp1 > tp0 else 0
 print(f"{shards} shard(s), {mb:.0f} MiB: " + (f"curl -Z (shards in parallel): {cp:.0f} MB/s ({tp1 - tp0:.2f} s); " if cp else "")
-      + f"curl: {c:.0f} MB/s ({t1 - t0:.2f} s); curl + openssl sha256: {ch:.0f} MB/s ({t1h - t0:.2f} s); "
-      f"deltafin setup --download-only (sha256 included): {d:.0f} MB/s ({t3 - t2:.2f} s); "
-      f"ratio to curl {d / c:.2f}" + (f", to curl -Z {d / cp:.2f}, to the faster curl {d / best:.2f}" if cp else "")
-      + f", to curl + sync ({cs:.0f} MB/s) {d / cs:.2f}"
-      + f", to curl + openssl sha256 {d / ch:.2f}; deltafin peak RSS "
+      + f"curl: {c:.0f} MB/s ({t1 - t0:.2f} s); curl + sync: {cs:.0f} MB/s ({ts1 - ts0:.2f} s); "
+      f"curl + openssl sha256: {ch:.0f} MB/s ({t1h - t0:.2f} s); "
+      f"deltafin setup --download-only: download phase (sha256-checked, in place) {d:.0f} MB/s ({dl:.2f} s), "
+      f"final sync {sync:.2f} s, download + sync {dt:.0f} MB/s ({t3 - t2:.2f} s); "
+      f"download phase / curl {d / c:.2f}" + (f", / curl -Z {d / cp:.2f}" if cp else "")
+      + f"; (download + sync) / (curl + sync) {dt / cs:.2f}; deltafin peak RSS "
       + (f"{rss / 1024:.1f} MB" if rss else "not measured (no /usr/bin/time)"))
 PY

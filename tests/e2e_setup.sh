@@ -7,6 +7,9 @@
 #     what a trace ranks first; setup --full completes a streamed install in place;
 #   - kill -9 during a throttled download, then resume: the second run fetches exactly the bytes the
 #     first did not write (nginx's log), nothing twice; the listing-less mirror (index as listing) works;
+#   - verified files renamed into place unsynced: --download-only / --keep-download sync at the end and leave
+#     byte-identical files; shards left verified-but-unsynced (a failed conversion) are re-hashed on the next run:
+#     one corrupted on the disk is fetched again (its bytes alone, nginx's log), the intact ones are kept;
 #   - dropped connections are retried; every fault gives its message and exit 1: no network, 401,
 #     404 (repo, revision, file), 500, no Range support, corrupt byte (sha256), disk full, unsupported
 #     architecture (before any weight is requested).
@@ -117,7 +120,7 @@ d = sys.argv[1]; s = 0
 for n in os.listdir(d):
     p = os.path.join(d, n)
     if n.endswith(".safetensors"): s += os.path.getsize(p)
-    elif n.endswith(".safetensors.partial.state"):
+    elif n.endswith(".safetensors.partial.state") and os.path.exists(p[:-6]):  # a verified file's sidecar: counted above
         b = open(p, "rb").read(); s += sum(struct.unpack("<%dQ" % ((len(b) - 88) // 8), b[88:]))
 print(s)
 PY
@@ -131,12 +134,64 @@ GOT=$(( $(shards_bytes "$P1") - BEFORE ))
 [ "$GOT" -eq $((TOTAL - DONE)) ] && ok "resume fetched exactly the missing $GOT bytes (nginx log; $DONE were kept): no byte twice" \
     || bad "resume fetched $GOT bytes, want $((TOTAL - DONE))"
 for f in spine.bin experts-L001.pack experts-L005.pack; do cmp -s "$TMP/local/$f" "$TMP/kill/native/$f" || bad "resumed install: $f differs"; done
+ls "$TMP/kill/kimi-mini/" | grep -q "partial" && bad "resumed install left partial files or sidecars: $(ls "$TMP/kill/kimi-mini/")" \
+    || ok "resumed install: no .partial file or sidecar left"
 echo "$out" | grep -q "download: .*MB/s  ETA" && ok "progress line (bytes, rate, ETA)" || bad "no progress line: $out"
 # the repo recorded again from another directory: a note names the old one, whose files stay
 "$BIN" setup test/kimi-mini --dir "$TMP/inst" --registry "$TMP/reg7.json" --no-default >/dev/null 2>&1
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/kill" --registry "$TMP/reg7.json" --no-default 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "note: test/kimi-mini was installed in $(realpath "$TMP/inst"); the registry now points at $(realpath "$TMP/kill").*left in place.*rm -rf" \
     && [ -e "$TMP/inst/native/manifest.json" ] && ok "reinstall into another --dir: note naming the old directory" || bad "reinstall note: rc $rc $out"
+
+# ---- verified files are renamed into place before they are synced; the sync comes once, at the end
+# --download-only: the shards byte-identical to the mirror's, synced at the end (its own status line), no sidecar left
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/dlo" --download-only --quiet 2>&1); rc=$?
+same=1
+for f in "$ROOT"/models/kimi-mini/*; do cmp -s "$f" "$TMP/dlo/kimi-mini/$(basename "$f")" || same=0; done
+[ $rc -eq 0 ] && [ $same = 1 ] && echo "$out" | grep -q "^setup: synced [0-9.]* MB of the download to the disk in [0-9.]* s$" \
+    && ! ls "$TMP/dlo/kimi-mini/" | grep -q partial && ok "--download-only: every file byte-identical to the mirror's, synced at the end, no sidecar left" \
+    || bad "--download-only: rc $rc same $same $(ls "$TMP/dlo/kimi-mini/") $out"
+# --keep-download: the shards kept and synced after the conversion
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/keep" --keep-download --no-default --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && cmp -s "$ROOT/models/kimi-mini/model-00002-of-00003.safetensors" "$TMP/keep/kimi-mini/model-00002-of-00003.safetensors" \
+    && cmp -s "$TMP/local/spine.bin" "$TMP/keep/native/spine.bin" && echo "$out" | grep -q "^setup: synced [0-9.]* MB of the download to the disk" \
+    && ! ls "$TMP/keep/kimi-mini/" | grep -q partial && ok "--keep-download: shards kept, synced after the conversion, no sidecar left" \
+    || bad "--keep-download: rc $rc $(ls "$TMP/keep/kimi-mini/") $out"
+# A conversion that fails (an expert dir under a regular file) leaves the shards verified at their final names, not
+# yet synced, each sidecar marked so. Then: one shard corrupted on the disk (as a power loss would leave it), one
+# put back to FILE.partial (a stop between the sidecar's mark and the rename): the next setup re-hashes all three,
+# fetches the corrupted one again (exactly its bytes in nginx's log) and nothing else, and installs the same model.
+: > "$TMP/notadir"
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/uns" --expert-dirs "$TMP/notadir/x" --no-default --quiet 2>&1); rc=$?
+SH1=model-00001-of-00003.safetensors; SH2=model-00002-of-00003.safetensors; SH3=model-00003-of-00003.safetensors
+marks=$(python3 - "$TMP/uns/kimi-mini" $SH1 $SH2 $SH3 <<'PY'
+import os, sys
+d = sys.argv[1]
+print(sum(os.path.exists(os.path.join(d, n)) and not os.path.exists(os.path.join(d, n + ".partial"))
+          and open(os.path.join(d, n + ".partial.state"), "rb").read(8) == b"DFDL1vu\0" for n in sys.argv[2:]))
+PY
+)
+[ $rc -eq 1 ] && [ "$marks" = 3 ] && ok "conversion failed: the 3 shards at their final names, sidecars marked verified, not yet synced" \
+    || bad "unsynced state: rc $rc marks '$marks' $(ls "$TMP/uns/kimi-mini/") $out"
+python3 - "$TMP/uns/kimi-mini/$SH2" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(5000000); c = f.read(1); f.seek(5000000); f.write(bytes([c[0] ^ 0x40]))
+PY
+mv "$TMP/uns/kimi-mini/$SH3" "$TMP/uns/kimi-mini/$SH3.partial"
+BEFORE=$(shards_bytes "$P1")
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/uns" --no-default 2>&1); rc=$?
+GOT=$(( $(shards_bytes "$P1") - BEFORE ))
+[ $rc -eq 0 ] && echo "$out" | grep -q "$SH2 .*sha256 on the disk does not match .*downloading it again" \
+    && echo "$out" | grep -q "$SH1 .*sha256 OK on the disk (kept)" && echo "$out" | grep -q "$SH3 .*sha256 OK on the disk (kept)" \
+    && echo "$out" | grep -q "re-checked 3 files an earlier run verified but did not sync: 2 kept, 1 downloaded again" \
+    && ok "resume re-hashes the unsynced shards: the corrupted one detected, the two intact ones kept" || bad "re-check: rc $rc $out"
+[ "$GOT" -eq "$(stat -c %s "$ROOT/models/kimi-mini/$SH2")" ] && ok "only the corrupted shard fetched again ($GOT bytes, nginx log); the intact ones not downloaded twice" \
+    || bad "re-check fetched $GOT shard bytes, want $(stat -c %s "$ROOT/models/kimi-mini/$SH2")"
+same=1
+for f in $(cd "$TMP/local" && ls | grep -v '^manifest.json$'); do cmp -s "$TMP/local/$f" "$TMP/uns/native/$f" || same=0; done
+[ $same = 1 ] && ! ls "$TMP/uns/kimi-mini/" | grep -q "safetensors$\|partial" \
+    && ok "after the re-check: native files = local convert; shards removed unsynced with their sidecars" || bad "after re-check: same $same $(ls "$TMP/uns/kimi-mini/")"
 
 # ---- a mirror without the listing API: the index is the listing
 out=$("$BIN" setup test/kimi-mini-noapi --dir "$TMP/noapi" --no-default --quiet 2>&1); rc=$?

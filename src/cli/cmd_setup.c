@@ -59,7 +59,10 @@ static void usage(FILE *f) {
             "  --verbose              log every request\n"
             "Resumable: files are written as FILE.partial with a sidecar of the bytes done; a run stopped in any way\n"
             "(kill -9, a dropped network, Ctrl-C) continues where it stopped when run again, fetching no byte twice.\n"
-            "A file gets its final name only after its sha256 matched the mirror's. Exit 1 on any error, 2 on usage.\n");
+            "A file gets its final name only after its sha256 matched the mirror's; verified files are synced to the\n"
+            "disk together at the end (--download-only, --keep-download; by default the shards are removed after the\n"
+            "conversion without being synced). A file a stop left verified but not yet synced is re-hashed by the next\n"
+            "run: kept if its bytes on the disk match, downloaded again if not. Exit 1 on any error, 2 on usage.\n");
 }
 
 static uint64_t du_total;
@@ -363,6 +366,8 @@ int cmd_setup(int argc, char **argv) {
     }
     uint64_t spine_fetched = 0;
     double ts0 = df_now();
+    /* a full install converts first: the shards it removes afterwards never need to reach the disk */
+    dl.defer_sync = !stream && !download_only;
     if (stream) {
         /* everything but the weight shards whole; of the shards, the headers and the spine tensors */
         int k = 0;
@@ -391,6 +396,11 @@ int cmd_setup(int argc, char **argv) {
     fprintf(stderr, "setup: downloaded %.1f MB in %.2f s (%.1f MB/s), %.1f MB were already on disk, %d retries\n",
             dl.bytes_fetched / 1e6, dl.seconds, dl.seconds > 0 ? dl.bytes_fetched / 1e6 / dl.seconds : 0.0,
             dl.bytes_present / 1e6, dl.retries_used);
+    if (dl.rechecked_ok || dl.rechecked_bad)
+        fprintf(stderr, "setup: re-checked %d file%s an earlier run verified but did not sync: %d kept, %d downloaded again\n",
+                dl.rechecked_ok + dl.rechecked_bad, dl.rechecked_ok + dl.rechecked_bad == 1 ? "" : "s", dl.rechecked_ok,
+                dl.rechecked_bad);
+    if (dl.synced_bytes) fprintf(stderr, "setup: synced %.1f MB of the download to the disk in %.2f s\n", dl.synced_bytes / 1e6, dl.sync_seconds);
     printf("setup: fetched_bytes %llu present_bytes %llu retries %d\n", (unsigned long long)dl.bytes_fetched,
            (unsigned long long)dl.bytes_present, dl.retries_used);
 
@@ -448,16 +458,17 @@ int cmd_setup(int argc, char **argv) {
         if (!quiet) fprintf(stderr, "setup: %.1f MB of spine dropped from the sparse checkpoint (kept in %s/spine.bin)\n", dropped / 1e6, nat_dir);
         keep = 1; /* the sparse shards are where fetched experts land */
     }
-    if (!keep)
-        for (int i = 0; i < n; i++) {
-            const char *nm = files[i].name;
-            if (strstr(nm, ".safetensors") && !strstr(nm, ".index.json")) {
-                char p[4200];
-                snprintf(p, sizeof p, "%s/%s", dl_dir, nm);
-                unlink(p);
-            }
-        }
+    /* the shards go unsynced (the native layout holds their bytes durably); what stays is synced */
+    for (int i = 0; i < n && !keep && !rc; i++) {
+        const char *nm = files[i].name;
+        if (strstr(nm, ".safetensors") && !strstr(nm, ".index.json")) rc = hub_remove_download(dl_dir, nm, err, sizeof err);
+    }
+    uint64_t synced = 0;
+    double sync_s = 0;
+    if (!rc) rc = hub_sync_verified(files, n, dl_dir, &synced, &sync_s, err, sizeof err);
     free(files);
+    if (rc) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+    if (synced) fprintf(stderr, "setup: synced %.1f MB of the download to the disk in %.2f s\n", synced / 1e6, sync_s);
 
     /* 6. record */
     e.bytes = disk_usage(dir);

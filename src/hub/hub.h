@@ -78,14 +78,20 @@ int hub_get_range(const hub_ctx *h, const char *file, uint64_t off, uint64_t len
 /* ---- downloads (hub_download.c) ---- */
 typedef struct {
     int connections;         /* parallel ranged requests (default 8) */
-    uint64_t chunk_bytes;    /* bytes per ranged request (default 16 MiB) */
+    uint64_t chunk_bytes;    /* bytes per ranged request (default 16M) */
     int quiet;               /* no progress lines */
     int hash_threads;        /* SHA-256 threads, one file each at a time; 0 = auto (cores - 1, 1..4) */
+    int defer_sync;          /* 1: leave the verified files unsynced (the caller calls hub_sync_verified or
+                                hub_remove_download for each); 0: hub_download syncs them before it returns */
     /* results */
     uint64_t bytes_fetched;  /* body bytes received this run */
     uint64_t bytes_present;  /* bytes already on disk from an earlier run (resumed or complete) */
     int retries_used;        /* failed requests retried */
-    double seconds;          /* wall time of the transfer */
+    int rechecked_ok;        /* files an earlier run verified but did not sync, re-hashed from the disk: kept */
+    int rechecked_bad;       /* ... whose sha256 on the disk did not match: downloaded again */
+    double seconds;          /* wall time of the download: every file verified and at its final name */
+    uint64_t synced_bytes;   /* without defer_sync: bytes made durable by the final sync */
+    double sync_seconds;     /* ... and its wall time */
 } hub_dl_opts;
 
 void hub_dl_opts_default(hub_dl_opts *o);
@@ -93,14 +99,28 @@ void hub_dl_opts_default(hub_dl_opts *o);
 /* Download files[0..n-1] into dir (subdirectories created) in parallel ranged requests.
  * Each file is written to FILE.partial with a sidecar FILE.partial.state (sizes + bytes done per
  * chunk, updated as bytes land), so a run killed at any point resumes where it stopped without
- * fetching a byte twice; a file gets its final name only after its sha256 (LFS) or git blob
- * blob id (small files: sha1 of "blob SIZE\0" + bytes, from the listing's blobId or the ETag) matched and it
- * was fsynced. A file already at its final
- * name with the right size is kept. A sha256 mismatch removes the partial file (DF_EFORMAT
- * naming file, expected and found hashes). Progress: one line per file when it completes and an
- * overall line (bytes, rate, ETA, current file) on stderr. */
+ * fetching a byte twice. A file gets its final name only after its sha256 (LFS) or git blob id
+ * (small files: sha1 of "blob SIZE\0" + bytes, from the listing's blobId or the ETag) matched.
+ * A file checked by its sha256 is renamed before its bytes are known to be on the disk: its sidecar,
+ * marked "verified, not yet synced" (durably, before the rename), stays until hub_sync_verified (or
+ * hub_remove_download); a run that finds such a file re-hashes it from the disk first and keeps it
+ * (not downloaded again) or, when the disk lost some of its bytes, downloads it again. Files checked
+ * by their git blob id are fsynced before their rename. A file already at its final name with the
+ * right size and no sidecar is kept. A sha256 mismatch removes the partial file (DF_EFORMAT naming
+ * file, expected and found hashes). Progress: one line per file when it completes and an overall
+ * line (bytes, rate, ETA, current files) on stderr. */
 int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir, hub_dl_opts *o, char *err,
                  size_t errlen);
+
+/* Make every file of files[] in dir that is marked "verified, not yet synced" durable: fdatasync of
+ * each (in parallel threads), an fsync of their directories, then their sidecars removed. *bytes /
+ * *seconds (either may be NULL): what was synced and how long it took. DF_EIO naming the file (its
+ * sidecar then stays, so the next setup re-checks it). */
+int hub_sync_verified(const hub_file *files, int n, const char *dir, uint64_t *bytes, double *seconds, char *err,
+                      size_t errlen);
+
+/* Remove dir/name and then its sidecar (a downloaded file no longer needed, synced or not). DF_EIO naming it. */
+int hub_remove_download(const char *dir, const char *name, char *err, size_t errlen);
 
 /* Turn the file at `path` (size bytes, already holding some of its bytes) into path.partial with a
  * sidecar saying which bytes are there: done[i] = bytes present from the start of chunk i (chunk bytes

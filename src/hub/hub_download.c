@@ -1,16 +1,24 @@
 /* hub_download.c — hub_download (hub.h): parallel ranged, resumable downloads through one
- * libcurl multi handle.
+ * libcurl multi handle, and the deferred sync of the verified files (hub_sync_verified).
  *
  * Every file is cut into chunks of chunk_bytes; up to `connections` chunks are in flight at
  * once, round-robin over as many files (in listing order) as there are hashing threads. Bytes are written with pwrite straight into
  * FILE.partial at their offset (preallocated, so a full disk fails before the transfer); the
- * sidecar FILE.partial.state holds a header (magic "DFDL1", file size, chunk size, sha256) and
+ * sidecar FILE.partial.state holds a header (magic, file size, chunk size, sha256) and
  * one u64 per chunk: the bytes of that chunk already written, updated after each write. A run
  * killed at any point (kill -9 included: both files are in the page cache) resumes every chunk
  * at its first missing byte. A hashing thread follows each file's contiguous written prefix
- * (reading it back from the page cache), so the sha256 is ready about when the last byte lands;
- * a finished file is fsynced, its sha256 compared with the mirror's, and only then renamed to
- * its final name (the sidecar is removed). */
+ * (reading it back from the page cache), so the sha256 is ready about when the last byte lands.
+ *
+ * A finished file whose sha256 matches is renamed to its final name without waiting for its
+ * bytes to reach the disk: first its sidecar's magic becomes "verified, not yet synced" and the
+ * sidecar is fsynced, then FILE.partial is renamed to FILE. The sidecar stays until the data is
+ * known durable (hub_sync_verified: every such file fdatasynced in parallel threads, then the
+ * sidecars removed) or the file is removed unsynced (hub_remove_download). A run that finds FILE
+ * (or FILE.partial) with a "verified, not yet synced" sidecar re-hashes it from the disk before
+ * anything is downloaded: a match is kept (not downloaded again), a mismatch (a power loss lost
+ * some of its pages) is downloaded again from scratch. Files without a sha256 (small git files,
+ * checked by their blob id) are fdatasynced before their rename. */
 #define _GNU_SOURCE
 #include "hub.h"
 #include "deltafin.h"
@@ -28,6 +36,10 @@
 #include <unistd.h>
 
 #define STATE_HDR 88 /* magic 8 + size 8 + chunk 8 + sha256 hex 64 */
+/* sidecar magics: a download in progress, and a whole file whose sha256 matched, renamed (or about to be)
+ * to its final name, whose bytes are not yet known to be on the disk */
+static const char MAGIC_PARTIAL[8] = {'D', 'F', 'D', 'L', '1', 0, 0, 0};
+static const char MAGIC_UNSYNCED[8] = {'D', 'F', 'D', 'L', '1', 'v', 'u', 0};
 
 void hub_dl_opts_default(hub_dl_opts *o) {
     memset(o, 0, sizeof *o);
@@ -68,6 +80,7 @@ typedef struct {
     uint64_t chunk, nchunks, next_chunk, remaining; /* remaining: chunks not complete */
     uint64_t *done;                                 /* [nchunks] bytes of each chunk written (atomic: the hasher reads) */
     int active, finished;
+    int recheck;                                    /* 1: FILE, 2: FILE.partial holds a verified, unsynced download to re-hash */
     /* sha256 of the written prefix [0, hashed), by the hashing thread */
     uint64_t hashed;
     int hash_state;                                 /* 0 pending, 1 digest ready, -1 read error (hash_msg) */
@@ -87,8 +100,7 @@ typedef struct {
 /* A hashing thread: claims the files one at a time, in order (several threads hash several files at
  * once: a file's SHA-256 is one sequential stream, slower than the download on some CPUs); for each,
  * the bytes from `hashed` up to the end of the written prefix, in 4 MiB reads; waits 1 ms when nothing
- * new is written. Each hashed range is handed to writeback at once (sync_file_range), overlapping the
- * drive's writes with the download. */
+ * new is written. */
 static void *hash_main(void *arg) {
     hasher *H = arg;
     size_t cap = (size_t)4 << 20;
@@ -118,9 +130,6 @@ static void *hash_main(void *arg) {
                 break;
             }
             EVP_DigestUpdate(c, buf, len);
-            /* start the writeback of the hashed range now, so the fdatasync before the rename waits for
-             * the last few MiB only (a hint: its failure changes nothing, the fdatasync still decides) */
-            (void)sync_file_range(df->fd, (off64_t)df->hashed, (off64_t)len, SYNC_FILE_RANGE_WRITE);
             df->hashed += len;
         }
         if (st == 1) {
@@ -214,7 +223,7 @@ static int open_partial(dl_file *df, char *err, size_t errlen) {
     const hub_file *f = df->f;
     unsigned char hdr[STATE_HDR];
     memset(hdr, 0, sizeof hdr);
-    memcpy(hdr, "DFDL1\0\0\0", 8);
+    memcpy(hdr, MAGIC_PARTIAL, 8);
     memcpy(hdr + 8, &f->size, 8);
     memcpy(hdr + 24, f->sha256, strlen(f->sha256));
     int resumed = 0;
@@ -277,7 +286,7 @@ int hub_seed_partial(const char *path, uint64_t size, const char *sha256, uint64
     snprintf(state, sizeof state, "%s.partial.state", path);
     unsigned char hdr[STATE_HDR];
     memset(hdr, 0, sizeof hdr);
-    memcpy(hdr, "DFDL1\0\0\0", 8);
+    memcpy(hdr, MAGIC_PARTIAL, 8);
     memcpy(hdr + 8, &size, 8);
     memcpy(hdr + 16, &chunk, 8);
     memcpy(hdr + 24, sha256, strlen(sha256) < 64 ? strlen(sha256) : 64);
@@ -302,28 +311,50 @@ static int issuable(dl_file *c) {
     return !c->finished && c->next_chunk < c->nchunks;
 }
 
-/* All chunks written: fsync, check sha256, rename into place, drop the sidecar. */
+/* All chunks written and checked. A file with a sha256 that matched: its sidecar is marked "verified,
+ * not yet synced" and fsynced (with its directory entry), then the file is renamed into place with its
+ * bytes possibly still in the page cache (hub_sync_verified or hub_remove_download settles it). A file
+ * without one: fdatasynced, its git blob id checked, renamed, the sidecar removed. */
 static int finish_file(const hub_ctx *h, dl_file *df, char *err, size_t errlen) {
-    if (fdatasync(df->fd) != 0)
-        return df_set_errc(err, errlen, DF_EIO, "cannot sync %s: %s", df->part_path, strerror(errno));
-    close(df->fd);
-    df->fd = -1;
-    close(df->sfd);
-    df->sfd = -1;
     if (df->f->sha256[0]) {
         const char *got = df->digest;
         if (df->hash_state < 0) return df_set_errc(err, errlen, DF_EIO, "%s", df->hash_msg);
+        close(df->fd);
+        df->fd = -1;
         if (strcmp(got, df->f->sha256)) {
             char url[2048];
             hub_file_url(h, df->f->name, url, sizeof url);
+            close(df->sfd);
+            df->sfd = -1;
             unlink(df->part_path);
             unlink(df->state_path);
             return df_set_errc(err, errlen, DF_EFORMAT, "sha256 mismatch for %s (%s): expected %s (the mirror's listing / ETag), "
                                "got %s; the download was removed: run setup again, or use another --mirror if it repeats",
                                df->f->name, url, df->f->sha256, got);
         }
+        int r = df_pwrite_all(df->sfd, MAGIC_UNSYNCED, 8, 0);
+        if (r || fsync(df->sfd) != 0) {
+            int e = r ? -r : errno;
+            close(df->sfd);
+            df->sfd = -1;
+            return df_set_errc(err, errlen, DF_EIO, "cannot write %s: %s", df->state_path, strerror(e));
+        }
+        close(df->sfd);
+        df->sfd = -1;
+        int rc = df_fsync_dir_of(df->state_path, err, errlen);
+        if (rc) return rc;
+        if (rename(df->part_path, df->final_path) != 0)
+            return df_set_errc(err, errlen, DF_EIO, "cannot rename %s to %s: %s", df->part_path, df->final_path, strerror(errno));
+        df->finished = 1;
+        return 0;
     }
-    if (!df->f->sha256[0] && df->f->sha1[0]) {
+    if (fdatasync(df->fd) != 0)
+        return df_set_errc(err, errlen, DF_EIO, "cannot sync %s: %s", df->part_path, strerror(errno));
+    close(df->fd);
+    df->fd = -1;
+    close(df->sfd);
+    df->sfd = -1;
+    if (df->f->sha1[0]) {
         /* a small git file: its blob id = sha1("blob SIZE\0" + bytes) */
         char *data = NULL;
         size_t len = 0;
@@ -394,11 +425,189 @@ static void progress_line(dl_file *fs, int n, uint64_t total, const hub_dl_opts 
     *open_line = 1;
 }
 
+/* 1 when the sidecar at state_path says "verified, not yet synced" for a file of this size and sha256. */
+static int sidecar_unsynced(const char *state_path, uint64_t size, const char *sha256) {
+    if (!sha256[0]) return 0;
+    int fd = open(state_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    unsigned char b[STATE_HDR], want[64];
+    int ok = df_pread_all(fd, b, STATE_HDR, 0) == 0;
+    close(fd);
+    memset(want, 0, sizeof want);
+    memcpy(want, sha256, strnlen(sha256, 64));
+    uint64_t sz;
+    memcpy(&sz, b + 8, 8);
+    return ok && !memcmp(b, MAGIC_UNSYNCED, 8) && sz == size && !memcmp(b + 24, want, 64);
+}
+
+typedef struct {
+    dl_file *fs;
+    const int *idx;
+    int n, next; /* next: the next entry of idx a thread claims (atomic) */
+} recheck_job;
+
+/* Re-hash whole files (fs[idx[k]], the file recheck names) into digest / hash_state / hash_msg. */
+static void *recheck_main(void *arg) {
+    recheck_job *J = arg;
+    for (;;) {
+        const int k = __atomic_fetch_add(&J->next, 1, __ATOMIC_ACQ_REL);
+        if (k >= J->n) break;
+        dl_file *df = &J->fs[J->idx[k]];
+        const char *p = df->recheck == 1 ? df->final_path : df->part_path;
+        df->hash_state = hub_sha256_file(p, df->digest, df->hash_msg, sizeof df->hash_msg) ? -1 : 1;
+    }
+    return NULL;
+}
+
+/* Files left verified but not yet synced by an earlier run (fs[idx[0..m-1]]): re-hashed from the disk in
+ * up to nthreads threads. A match is kept at its final name (its sidecar stays until the sync), a
+ * mismatch is removed with its sidecar, to be downloaded again from scratch. */
+static int recheck_unsynced(dl_file *fs, const int *idx, int m, int nthreads, hub_dl_opts *o, char *err, size_t errlen) {
+    recheck_job J = {fs, idx, m, 0};
+    pthread_t th[HASH_THREADS_MAX];
+    int started = 0;
+    uint64_t bytes = 0;
+    for (int k = 0; k < m; k++) bytes += fs[idx[k]].f->size;
+    if (!o->quiet)
+        fprintf(stderr, "setup: re-checking %d file%s (%.1f MB) verified by an earlier run but not yet synced to the disk\n", m,
+                m == 1 ? "" : "s", bytes / 1e6);
+    for (int t = 0; t < nthreads && t < m && t < HASH_THREADS_MAX; t++) {
+        if (pthread_create(&th[t], NULL, recheck_main, &J) != 0) break;
+        started++;
+    }
+    if (!started) recheck_main(&J);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    for (int k = 0; k < m; k++) {
+        dl_file *df = &fs[idx[k]];
+        const char *p = df->recheck == 1 ? df->final_path : df->part_path;
+        if (df->hash_state < 0)
+            return df_set_errc(err, errlen, DF_EIO, "cannot re-check %s (downloaded by an earlier run, not yet synced): %s", p,
+                               df->hash_msg);
+        if (!strcmp(df->digest, df->f->sha256)) {
+            if (df->recheck == 2 && rename(df->part_path, df->final_path) != 0)
+                return df_set_errc(err, errlen, DF_EIO, "cannot rename %s to %s: %s", df->part_path, df->final_path, strerror(errno));
+            df->finished = 1;
+            o->bytes_present += df->f->size;
+            o->rechecked_ok++;
+            if (!o->quiet)
+                fprintf(stderr, "  %-60s %10.1f MB  sha256 OK on the disk (kept)\n", df->f->name, df->f->size / 1e6);
+        } else {
+            if (unlink(p) != 0 && errno != ENOENT)
+                return df_set_errc(err, errlen, DF_EIO, "cannot remove %s (its sha256 on the disk does not match): %s", p, strerror(errno));
+            unlink(df->state_path);
+            df->hash_state = 0;
+            df->digest[0] = 0;
+            o->rechecked_bad++;
+            if (!o->quiet)
+                fprintf(stderr, "  %-60s %10.1f MB  sha256 on the disk does not match (bytes lost before they reached the disk): "
+                                "downloading it again\n", df->f->name, df->f->size / 1e6);
+        }
+        df->recheck = 0;
+    }
+    return 0;
+}
+
+typedef struct {
+    int *fds;
+    int *errs; /* errno of each fdatasync, 0 = synced */
+    int n, next;
+} sync_job;
+
+static void *sync_main(void *arg) {
+    sync_job *J = arg;
+    for (;;) {
+        const int k = __atomic_fetch_add(&J->next, 1, __ATOMIC_ACQ_REL);
+        if (k >= J->n) break;
+        J->errs[k] = fdatasync(J->fds[k]) == 0 ? 0 : errno;
+    }
+    return NULL;
+}
+
+enum { SYNC_THREADS_MAX = 8 };
+
+int hub_sync_verified(const hub_file *files, int n, const char *dir, uint64_t *bytes, double *seconds, char *err, size_t errlen) {
+    const double t0 = df_now();
+    if (bytes) *bytes = 0;
+    if (seconds) *seconds = 0;
+    int *which = calloc((size_t)(n ? n : 1), sizeof(int)), *fds = calloc((size_t)(n ? n : 1), sizeof(int)),
+        *errs = calloc((size_t)(n ? n : 1), sizeof(int));
+    int m = 0, rc = 0;
+    uint64_t total = 0;
+    char path[4096], state[4300];
+    if (!which || !fds || !errs) { rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
+    for (int i = 0; i < n; i++) {
+        if (df_path_join(path, sizeof path, dir, files[i].name)) { rc = df_set_errc(err, errlen, DF_EINVAL, "path too long: %s/%s", dir, files[i].name); goto out; }
+        snprintf(state, sizeof state, "%s.partial.state", path);
+        if (!sidecar_unsynced(state, files[i].size, files[i].sha256)) continue;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno == ENOENT) continue; /* removed unsynced: the sidecar goes with the next download of it */
+            rc = df_set_errc(err, errlen, DF_EIO, "cannot open %s to sync it: %s", path, strerror(errno));
+            goto out;
+        }
+        which[m] = i;
+        fds[m++] = fd;
+        total += files[i].size;
+    }
+    if (m) {
+        sync_job J = {fds, errs, m, 0};
+        pthread_t th[SYNC_THREADS_MAX];
+        int started = 0;
+        for (int t = 0; t < m && t < SYNC_THREADS_MAX; t++) {
+            if (pthread_create(&th[t], NULL, sync_main, &J) != 0) break;
+            started++;
+        }
+        if (!started) sync_main(&J);
+        for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+        for (int k = 0; k < m && !rc; k++)
+            if (errs[k]) {
+                df_path_join(path, sizeof path, dir, files[which[k]].name);
+                rc = df_set_errc(err, errlen, DF_EIO, "cannot sync %s to the disk: %s; it stays marked as not yet synced, so the next "
+                                 "setup re-checks its sha256 (and downloads it again if it does not match)", path, strerror(errs[k]));
+            }
+        /* the renames durable before the sidecars go (one fsync per run of files in the same directory) */
+        char last[4096] = "";
+        for (int k = 0; k < m && !rc; k++) {
+            df_path_join(path, sizeof path, dir, files[which[k]].name);
+            char *sl = strrchr(path, '/');
+            size_t dl = sl ? (size_t)(sl - path) : 0;
+            if (strlen(last) == dl && !strncmp(last, path, dl)) continue;
+            rc = df_fsync_dir_of(path, err, errlen);
+            snprintf(last, sizeof last, "%.*s", (int)dl, path);
+        }
+        for (int k = 0; k < m && !rc; k++) {
+            df_path_join(path, sizeof path, dir, files[which[k]].name);
+            snprintf(state, sizeof state, "%s.partial.state", path);
+            if (unlink(state) != 0 && errno != ENOENT)
+                rc = df_set_errc(err, errlen, DF_EIO, "cannot remove %s (its file is synced): %s", state, strerror(errno));
+        }
+    }
+out:
+    for (int k = 0; fds && k < m; k++) close(fds[k]);
+    free(which);
+    free(fds);
+    free(errs);
+    if (!rc && bytes) *bytes = total;
+    if (seconds) *seconds = df_now() - t0;
+    return rc;
+}
+
+int hub_remove_download(const char *dir, const char *name, char *err, size_t errlen) {
+    char path[4096], state[4300];
+    if (df_path_join(path, sizeof path, dir, name)) return df_set_errc(err, errlen, DF_EINVAL, "path too long: %s/%s", dir, name);
+    snprintf(state, sizeof state, "%s.partial.state", path);
+    /* the file before its sidecar: a sidecar left without its file is discarded by the next download of it */
+    if (unlink(path) != 0 && errno != ENOENT) return df_set_errc(err, errlen, DF_EIO, "cannot remove %s: %s", path, strerror(errno));
+    if (unlink(state) != 0 && errno != ENOENT) return df_set_errc(err, errlen, DF_EIO, "cannot remove %s: %s", state, strerror(errno));
+    return 0;
+}
+
 int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir, hub_dl_opts *o, char *err, size_t errlen) {
     if (o->connections < 1) o->connections = 1;
     if (o->chunk_bytes < 65536) o->chunk_bytes = 65536;
-    o->bytes_fetched = o->bytes_present = 0;
-    o->retries_used = 0;
+    o->bytes_fetched = o->bytes_present = o->synced_bytes = 0;
+    o->retries_used = o->rechecked_ok = o->rechecked_bad = 0;
+    o->seconds = o->sync_seconds = 0;
     int rc = 0, open_line = 0;
     double t0 = df_now(), last_print = 0;
     dl_file *fs = calloc((size_t)(n ? n : 1), sizeof(dl_file));
@@ -413,7 +622,14 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
     int hash_started = 0;
     if (!fs || !xs || !multi) { rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
     for (int i = 0; i < n; i++) { fs[i].fd = fs[i].sfd = -1; }
-    /* open every file: finished ones are skipped, partial ones resume */
+    /* one hashing thread per file being hashed, up to the cores less the transfer's, at most 4 */
+    long ncores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nh = ncores > 2 ? (int)(ncores - 1 < HASH_THREADS_MAX ? ncores - 1 : HASH_THREADS_MAX) : 1;
+    if (o->hash_threads > 0) nh = o->hash_threads < HASH_THREADS_MAX ? o->hash_threads : HASH_THREADS_MAX;
+    if (nh > n) nh = n > 0 ? n : 1;
+    /* paths; files an earlier run verified but did not sync are re-hashed from the disk first */
+    int *rechk = calloc((size_t)(n ? n : 1), sizeof(int)), nrechk = 0;
+    if (!rechk) { rc = df_set_errc(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
     for (int i = 0; i < n && !rc; i++) {
         dl_file *df = &fs[i];
         df->f = &files[i];
@@ -428,6 +644,19 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
         snprintf(sub, sizeof sub, "%s", df->final_path);
         char *sl = strrchr(sub, '/');
         if (sl) { *sl = 0; if ((rc = df_mkdir_p(sub, err, errlen))) break; }
+        if (!sidecar_unsynced(df->state_path, files[i].size, files[i].sha256)) continue;
+        struct stat st;
+        if (stat(df->final_path, &st) == 0 && (uint64_t)st.st_size == files[i].size) df->recheck = 1;
+        else if (stat(df->part_path, &st) == 0 && (uint64_t)st.st_size == files[i].size) df->recheck = 2; /* stopped before the rename */
+        else { unlink(df->state_path); continue; }
+        rechk[nrechk++] = i;
+    }
+    if (!rc && nrechk) rc = recheck_unsynced(fs, rechk, nrechk, nh, o, err, errlen);
+    free(rechk);
+    /* open every other file: finished ones are skipped, partial ones resume */
+    for (int i = 0; i < n && !rc; i++) {
+        dl_file *df = &fs[i];
+        if (df->finished) { df->hash_state = 1; continue; }
         struct stat st;
         if (stat(df->final_path, &st) == 0 && (uint64_t)st.st_size == files[i].size) {
             df->finished = df->hash_state = 1;
@@ -442,20 +671,13 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
     if (rc) goto out;
     H.fs = fs;
     H.n = n;
-    {
-        /* one hashing thread per file being hashed, up to the cores less the transfer's, at most 4 */
-        long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        int nh = nc > 2 ? (int)(nc - 1 < HASH_THREADS_MAX ? nc - 1 : HASH_THREADS_MAX) : 1;
-        if (o->hash_threads > 0) nh = o->hash_threads < HASH_THREADS_MAX ? o->hash_threads : HASH_THREADS_MAX;
-        if (nh > n) nh = n > 0 ? n : 1;
-        for (int t = 0; t < nh; t++) {
-            if (pthread_create(&hash_threads[t], NULL, hash_main, &H) != 0) break;
-            hash_started++;
-        }
-        if (!hash_started) {
-            rc = df_set_errc(err, errlen, DF_ENOMEM, "cannot start the hashing thread");
-            goto out;
-        }
+    for (int t = 0; t < nh; t++) {
+        if (pthread_create(&hash_threads[t], NULL, hash_main, &H) != 0) break;
+        hash_started++;
+    }
+    if (!hash_started) {
+        rc = df_set_errc(err, errlen, DF_ENOMEM, "cannot start the hashing thread");
+        goto out;
     }
     curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)o->connections);
     int file_cursor = 0, active = 0;
@@ -609,6 +831,8 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
         fprintf(stderr, "\n");
         open_line = 0;
     }
+    o->seconds = df_now() - t0;
+    if (!rc && !o->defer_sync) rc = hub_sync_verified(files, n, dir, &o->synced_bytes, &o->sync_seconds, err, errlen);
 out:
     if (hash_started) {
         __atomic_store_n(&H.stop, 1, __ATOMIC_RELEASE);
@@ -617,7 +841,7 @@ out:
     pthread_mutex_destroy(&H.mu);
     pthread_cond_destroy(&H.cv);
     if (open_line) fprintf(stderr, "\n");
-    o->seconds = df_now() - t0;
+    if (!o->seconds) o->seconds = df_now() - t0;
     for (int s = 0; xs && s < o->connections; s++)
         if (xs[s].e) {
             curl_multi_remove_handle(multi, xs[s].e);
