@@ -311,6 +311,21 @@ const char *df_phase_name(int phase);
 void df_model_stats(const df_model *m, df_stats *out);
 void df_model_stats_reset(df_model *m);
 
+/* What df_model_preload placed: routed experts of every MoE layer (total), those in GPU memory (backend cuda, up to
+ * --gpu-budget), those in the host expert cache only (up to the RAM budget's slots; all of them without a budget);
+ * the expert bytes read and the wall time. complete = 1 when every expert is in memory. */
+typedef struct {
+    int experts_total, on_device, in_host, complete;
+    uint64_t bytes_read;
+    double seconds;
+} df_preload_info;
+/* Read every routed expert into memory now, so decoding has no first-use reads (`run` / `serve` / `bench decode`
+ * --preload): layer by layer at the drive's speed, into GPU memory first with the cuda backend, then the host cache;
+ * nothing is evicted to make room (it stops when both are full). progress: what = "preload", experts placed of the
+ * total; non-zero cancels (DF_ECANCELLED). info may be NULL. Errors: DF_EIO / DF_EFORMAT (a read or a checksum, the
+ * file named), DF_EIO (a copy into GPU memory). Never changes results. */
+int df_model_preload(df_model *m, df_progress_fn progress, void *user, df_preload_info *info, char *err, size_t errlen);
+
 /* ------------------------------------------------------------ batched eval */
 
 /* Append tokens to several sessions of one model and evaluate them all in ONE forward pass: the rows of

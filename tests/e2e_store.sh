@@ -47,6 +47,14 @@ ref=$(run)
 # + 1/4 of the experts (1.31 MiB, 23 slots) -> 3.75 MiB budget; 3.2 MiB -> 13 slots
 b=$(run --ram-budget 3.75M)
 [ "$b" = "$ref" ] && ok || bad "budget 3.75M ids '$b' vs '$ref' ($(cat "$T/err"))"
+# --preload: every routed expert (3 layers x 32) read before the prompt; then no decode step misses; the same ids
+"$BIN" run --model "$T/m" --prompt-ids 5,17,42,99 --max-new 12 --print-ids --preload --stats >"$T/out" 2>"$T/err"
+[ "$(tail -1 "$T/out")" = "$ref" ] && grep -q "^preload: 96 of 96 routed experts in memory (0 in GPU memory, 96 in the host cache), " "$T/err" \
+  && grep -q "misses 0," "$T/err" && ok || bad "run --preload: $(cat "$T/out" "$T/err")"
+# under a budget of 13 slots: it stops when the cache is full (nothing evicted), and says so; the same ids
+"$BIN" run --model "$T/m" --prompt-ids 5,17,42,99 --max-new 12 --print-ids --preload --ram-budget 3.2M >"$T/out" 2>"$T/err"
+[ "$(tail -1 "$T/out")" = "$ref" ] && grep -Eq "^preload: [0-9]+ of 96 routed experts in memory \(0 in GPU memory, [0-9]+ in the host cache\): the budgets hold no more" "$T/err" \
+  && ok || bad "run --preload --ram-budget 3.2M: $(cat "$T/out" "$T/err")"
 ev=$(run --ram-budget 3.2M --events "$T/ev.jsonl")
 [ "$ev" = "$ref" ] && ok || bad "budget 3.2M ids '$ev' vs '$ref' ($(cat "$T/err"))"
 grep -q '"ev":"token"' "$T/ev.jsonl" && grep -q '"ev":"read"' "$T/ev.jsonl" && ok || bad "events file"

@@ -49,5 +49,9 @@ int cmd_warm(int argc, char **argv);
  * the command and 2. The default backend of run, serve and bench: env DF_BACKEND if set, else "auto"
  * (cuda when a CUDA device is present, else cpu). */
 int cli_check_backend(const char *cmd, const char *name);
+/* --preload: df_model_preload with a progress line and a closing line on stderr (none when quiet); 0, or 1 after
+ * printing "deltafin CMD: --preload: ..." */
+struct df_model;
+int cli_preload(const char *cmd, struct df_model *m, int quiet);
 const char *cli_default_backend(void);
 #endif

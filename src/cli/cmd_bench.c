@@ -256,7 +256,7 @@ static int bench_decode(int argc, char **argv) {
     const char *model = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
     const char *backend = cli_default_backend();
     uint64_t budget = 0, gpu_budget = 0, io_buffer = 0;
-    int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0, prefetch = 0, prefault = 0;
+    int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0, prefetch = 0, prefault = 0, preload = 0;
     double io_seconds = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -265,12 +265,14 @@ static int bench_decode(int argc, char **argv) {
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--io-buffer SIZE] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
                    "       [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda] [--gpu-budget SIZE] [--prefetch auto|on|off|ungated] [--prefault auto|on|off]\n"
+                   "       [--preload]\n"
                    "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n"
                    "  Cold: the model's files (its directory and pack directories) are evicted from the page cache\n"
                    "  before the model opens and after the I/O benchmark (other files stay cached); --no-drop keeps them.\n"
                    "  --warmup N: N decode tokens before the measured ones (not counted), e.g. to fill the caches\n"
                    "  and measure a model held in memory.\n"
-                   "  --prefetch / --prefault: as in `deltafin run` (DF_PREFETCH / DF_PREFAULT when auto).\n"
+                   "  --prefetch / --prefault / --preload: as in `deltafin run` (DF_PREFETCH / DF_PREFAULT when auto);\n"
+                   "  --preload reads every routed expert into memory before the prompt (untimed): a model held in memory.\n"
                    "  --io-buffer SIZE: also measure B with the reads landing in a pool of SIZE (e.g. the budget), as\n"
                    "  the expert cache fills, and print the bound for that B too (see `bench io --buffer`).\n"
                    "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
@@ -278,6 +280,7 @@ static int bench_decode(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
+        if (!strcmp(a, "--preload")) { preload = 1; continue; }
         static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--warmup", "--threads", "--prompt-ids", "--io-seconds",
                                            "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", "--prefetch",
                                            "--prefault", "--io-buffer", NULL};
@@ -377,6 +380,10 @@ static int bench_decode(int argc, char **argv) {
     fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how,
             conv_how[0] ? "; model: " : "", conv_how);
     printf("  open %.1f s\n", open_s);
+    if (preload) { /* untimed: the model held in memory before the prompt */
+        fflush(stdout);
+        if (cli_preload("bench decode", m, 0)) { df_model_close(m); return 1; }
+    }
     /* B: drive bandwidth at the engine's read size, queue depth and extent */
     store_bench_opts bo;
     bench_expert_io_opts(&bo, dirs, qd, stride, top_k, io_seconds);

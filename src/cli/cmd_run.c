@@ -59,6 +59,8 @@ static void run_usage(FILE *f) {
             "  --prefault MODE      auto (on) | on | off: fault the expert cache in before its first reads (with\n"
             "                       --ram-budget the whole cache, without ~1 GiB ahead of the loads; alias env\n"
             "                       DF_PREFAULT=1|on|0|off)\n"
+            "  --preload            read every routed expert into memory before the prompt (GPU memory first with\n"
+            "                       --backend cuda, then the host cache; nothing is evicted for it)\n"
             "  --heat FILE|off      persistent expert heat histogram (default with --ram-budget: MODEL/heat.bin); FILE is\n"
             "                       created when missing, its directory must exist\n"
             "  --backend NAME       auto (default: cuda when a CUDA device is present, else cpu) | cpu (best SIMD)\n"
@@ -332,7 +334,7 @@ int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *prompt_file = NULL;
     char *prompt_buf = NULL;
     size_t prompt_len = 0;
-    int max_new = 32, chat = 0, stats = 0, profile = 0, print_ids = 0, quiet = 0, spine_given = 0;
+    int max_new = 32, chat = 0, stats = 0, profile = 0, print_ids = 0, quiet = 0, spine_given = 0, preload = 0;
     long long iv;
     df_model_opts mo;
     df_model_opts_default(&mo);
@@ -360,6 +362,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--preload")) preload = 1;
         else if (!strcmp(a, "--threads")) {
             const char *v = NEXT();
             if (!v || parse_int(a, v, 0, 4096, &iv)) return 2;
@@ -501,6 +504,7 @@ int cmd_run(int argc, char **argv) {
     if (rc) { progress_end(); fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); goto done; }
     if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
                         dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
+    if (preload && cli_preload("run", m, quiet)) { status = 1; goto done; }
     if ((rc = cli_draft_open("run", &dopt, m, &mo, &draft_model, &drafter))) { status = rc; goto done; }
     if (!quiet && drafter) {
         char line[1024];

@@ -26,6 +26,8 @@ static void serve_usage(FILE *f) {
             "  --prefetch MODE          auto (on with --ram-budget; without one, a prompt's next layer only) | on |\n"
             "                           off | ungated: router lookahead prefetch, as in `deltafin run`\n"
             "  --prefault MODE          auto (on) | on | off: fault the expert cache in before its first reads\n"
+            "  --preload                read every routed expert into memory before serving (GPU memory first with\n"
+            "                           --backend cuda, then the host cache; nothing is evicted for it)\n"
             "  --max-tokens N           cap on generated tokens per request (default: context room)\n"
             "  --max-request-bytes N    largest accepted request body (default 134217728)\n"
             "  --parallel N             generations running at once, their decode steps batched into one\n"
@@ -115,6 +117,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key")) { NEED(); c.api_key = v; }
         else if (!strcmp(a, "--cors")) { NEED(); c.cors = strcmp(v, "off") ? v : NULL; }
         else if (!strcmp(a, "--no-kv-reuse")) c.kv_reuse = 0;
+        else if (!strcmp(a, "--preload")) c.preload = 1;
         else if (!strcmp(a, "--keepalive")) {
             NEED();
             char *end;

@@ -981,6 +981,28 @@ void df_model_stats_reset(df_model *m) {
     pthread_mutex_unlock(&m->mu);
 }
 
+int df_model_preload(df_model *m, df_progress_fn progress, void *user, df_preload_info *info, char *err, size_t errlen) {
+    df_preload_info tmp;
+    if (!info) info = &tmp;
+    memset(info, 0, sizeof *info);
+    if (!m) return set_err(err, errlen, DF_EINVAL, "df_model_preload: no model");
+    if (!m->store) { info->complete = 1; return DF_OK; } /* no routed experts */
+    pthread_mutex_lock(&m->mu);
+    store_stats ss;
+    store_get_stats(m->store, &ss);
+    const double t0 = df_now();
+    eng_preload_result r;
+    const int rc = eng_preload(&m->eng, ss.n_slots, progress, user, &r, err, errlen);
+    pthread_mutex_unlock(&m->mu);
+    info->experts_total = r.total;
+    info->on_device = r.on_device;
+    info->in_host = r.in_host;
+    info->bytes_read = r.bytes;
+    info->seconds = df_now() - t0;
+    info->complete = r.on_device + r.in_host >= r.total;
+    return rc;
+}
+
 /* ----------------------------------------------------------- architecture */
 
 int df_checkpoint_describe(const char *path, char *buf, size_t cap, char *err, size_t errlen) {

@@ -197,4 +197,17 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
  * (SwiGLU: silu(g)*u; SiTU: beta*tanh(g/beta)*sigmoid(g) * (lb*tanh(u/lb) or u)). */
 void eng_act(const df_engine *e, float *g, const float *u, int64_t n);
 
+/* What eng_preload held: experts of every MoE layer (total), those now in device memory, those in the host cache
+ * only; the weight bytes read; stopped = 1 when the host cache filled before every expert had a place. */
+typedef struct {
+    int total, on_device, in_host, stopped;
+    uint64_t bytes;
+} eng_preload_result;
+/* Read every routed expert into memory before the first token (preload.c): device memory first where the backend
+ * has it (dev_load; nothing evicted), then the host cache, up to host_slots experts there. progress: what =
+ * "preload", experts placed of total; non-zero cancels (DF_ECANCELLED). Errors: the source's (DF_EIO, DF_EFORMAT with
+ * its message), DF_EIO when a copy into device memory fails. Never changes results. */
+int eng_preload(df_engine *e, int host_slots, df_progress_fn progress, void *user, eng_preload_result *res, char *err,
+                size_t errlen);
+
 #endif

@@ -55,6 +55,9 @@ typedef struct df_backend {
      * memory now, else 0; no side effect (neither pinned nor counted as a use in the device cache's recency or hit
      * count). */
     int (*dev_has)(uint64_t dev_key);
+    /* Optional (NULL on the CPU): upload a routed-expert weight (host data, dev_key set) into device memory now,
+     * without evicting anything: 0 = resident, 1 = no room for it (nothing evicted), -1 = error. (--preload) */
+    int (*dev_load)(const df_weight *w);
     /* Optional: a whole MLP in one call, out [T, down.rows] = down(act(gate x, up x)) for x [T, gate.cols];
      * act 0 = SwiGLU silu(g)*u, 1 = SiTU (beta, lb as eng_act). Returns 0, or -1 when it cannot (the caller then
      * runs the three matmuls and the activation itself). */

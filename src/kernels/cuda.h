@@ -49,6 +49,10 @@ void df_cuda_cache_clear(void);
 /* Upload w into the weight cache now (its key as df_cuda_matmul would use): 0 = cached, 1 = no room
  * (it will be copied per call), -1 = no device / CUDA error. */
 int df_cuda_preload(const df_weight *w);
+/* df_backend.dev_load: upload the routed-expert weight w (host data, dev_key set) into the expert cache unless it
+ * is there: 0 = resident, 1 = it does not fit without evicting a cached expert (the GPU budget or the free memory
+ * less the 1 GiB reserve), -1 = no device / CUDA error / no host data or key. */
+int df_cuda_dev_load(const df_weight *w);
 /* Upload every weight of a resident spine the GPU reads (the layers' projections, kv_b for the attention core,
  * routers, dense / shared MLPs and lm_head; not the embedding, which the CPU reads row by row) in layer order;
  * stops at the first that does not fit. Returns the weights' bytes now cached on the GPU; *all = 1 when every one is. */

@@ -54,6 +54,7 @@ static void init_table(void) {
     g_cuda_be.dev_pin = df_cuda_pin;
     g_cuda_be.dev_unpin = df_cuda_unpin;
     g_cuda_be.dev_has = df_cuda_has;
+    g_cuda_be.dev_load = df_cuda_dev_load;
     g_cuda_be.mlp = df_cuda_mlp;
     g_cuda_be.host_pin = df_cuda_host_pin;
     g_cuda_be.host_unpin = df_cuda_host_unpin;

@@ -210,7 +210,7 @@ struct srv_backend {
 
 /* n_sessions: generations that may run at once (>= 1); the RAM budget (mo->ram_budget) reserves a KV
  * cache of n_ctx positions for each. */
-int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx, int n_sessions,
+int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx, int n_sessions, int preload,
                            char *err, size_t errlen);
 /* Mock model: vocabulary = 256 bytes + EOS (256); the greedy continuation of
  * a prompt follows a fixed UTF-8 text (EOS at its end for prompts shorter than

@@ -225,7 +225,7 @@ static void m_close(srv_backend *b) {
     free(b);
 }
 
-int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx, int n_sessions,
+int srv_backend_open_model(srv_backend **out, const char *path, const df_model_opts *mo, int n_ctx, int n_sessions, int preload,
                            char *err, size_t errlen) {
     *out = NULL;
     if (n_sessions < 1 || n_sessions > SRV_MAX_PARALLEL) {
@@ -253,6 +253,14 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
                      "lower --parallel or --ctx, or raise --ram-budget", n_sessions);
     }
     if (rc) { m_close(b); return rc; }
+    if (preload) { /* --preload: every routed expert in memory before the first request */
+        df_preload_info in;
+        rc = df_model_preload(bm->m, NULL, NULL, &in, err, errlen);
+        if (rc) { m_close(b); return rc; }
+        fprintf(stderr, "preload: %d of %d routed experts in memory (%d in GPU memory, %d in the host cache)%s, %.2f GB read "
+                "in %.1f s\n", in.on_device + in.in_host, in.experts_total, in.on_device, in.in_host,
+                in.complete ? "" : ": the budgets hold no more", in.bytes_read / 1e9, in.seconds);
+    }
     int ctx_max = df_model_n_ctx_max(bm->m);
     if (n_ctx <= 0) n_ctx = ctx_max > 0 && ctx_max < 4096 ? ctx_max : 4096;
     if (ctx_max > 0 && n_ctx > ctx_max) { /* said, not silently changed */

@@ -616,7 +616,7 @@ int srv_serve(const srv_config *cfg) {
         mo.gpu_budget = cfg->gpu_budget;
         mo.prefetch = cfg->prefetch;
         mo.prefault = cfg->prefault;
-        rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, S.n_workers, err, sizeof err);
+        rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, S.n_workers, cfg->preload, err, sizeof err);
         if (!rc && (rc = srv_backend_set_draft(S.be, &cfg->draft, &mo, err, sizeof err))) {
             S.be->close(S.be);
             S.be = NULL;

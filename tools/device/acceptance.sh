@@ -160,6 +160,12 @@ case $PART in
         env $knobs timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --prompt-ids "$(seq -s, 1 64)" \
             --max-new 96 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
     done
+    log "cuda run --preload, resident, --stats --profile (96 tokens after a 64-token prompt)"
+    timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload --prompt-ids "$(seq -s, 1 64)" \
+        --max-new 96 --stats --profile 2>&1 | grep -E "^(preload|profile|stats):" >>"$S"
+    log "cuda decode --preload, resident (bench decode --tokens 64)"
+    timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --preload --tokens 64 --no-drop \
+        --io-seconds 1 2>&1 | grep -E "preload|decode: [0-9.]+ tok|storage" >>"$S"
     log "cuda decode, resident (bench decode --warmup 64 --tokens 32)"
     timeout 100 "$BIN" bench decode --model "$W/r" --backend cuda --gpu-budget 100G --warmup 64 --tokens 32 --no-drop \
         --io-seconds 1 2>&1 | tail -25 >>"$S"

@@ -701,6 +701,29 @@ extern "C" int df_cuda_preload(const df_weight *w) {
     return rc;
 }
 
+extern "C" int df_cuda_dev_load(const df_weight *w) {
+    if (!ready()) return -1;
+    if (!w->data || !w->dev_key || w->rows <= 0 || w->cols <= 0) return -1;
+    pthread_mutex_lock(&g_mu);
+    int rc = 0;
+    if (!find(w->dev_key)) {
+        const size_t db = data_bytes(w->type, w->rows, w->cols);
+        const size_t need = round_up(db, 256) + (w->scale ? scale_bytes(w->type, w->rows, w->cols) : 0);
+        size_t fr = 0, tot = 0;
+        if (g_budget && g_stats.expert_bytes + need > g_budget) rc = 1;
+        /* stream-ordered frees count only after a synchronisation */
+        else if (cudaStreamSynchronize(g_st) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) rc = -1;
+        else if (fr < need + RESERVE) rc = 1;
+        if (rc == 0) {
+            const void *d, *sc;
+            rc = weight_on_device(w, &d, &sc);
+            if (rc == 0) rc = cudaStreamSynchronize(g_st) == cudaSuccess ? 0 : -1;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
 extern "C" int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta,
                            float lb, const float *x, int T, float *out) {
     if (!ready()) return -1;
