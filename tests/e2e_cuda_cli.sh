@@ -72,6 +72,9 @@ done
 # DF_CUDA_HOST_PIN: 1 / on / 0 / off / unset run, anything else (e.g. "no") stops cuda and auto like the switches above
 refused DF_CUDA_HOST_PIN no "1 (on, the default) or 0 (off)"
 for v in 0 1 on off; do runs DF_CUDA_HOST_PIN $v; done
+# DF_CUDA_TRACE (off by default): 1 / on / 0 / off / unset run, anything else stops cuda and auto
+refused DF_CUDA_TRACE yes "1 (on) or 0 (off, the default)"
+for v in 0 1 on off; do runs DF_CUDA_TRACE $v; done
 # DF_CUDA_KV_MIRROR (the attention core's device mirrors of the KV cache): 1 / on / 0 / off / a size with a unit run;
 # anything else (a size without a unit, a sign, junk) stops cuda and auto, naming the variable; --backend cpu ignores it
 for v in lots 4096 -1G 4X 1.5 G; do

@@ -49,6 +49,9 @@ void df_cuda_cache_clear(void);
 /* Upload w into the weight cache now (its key as df_cuda_matmul would use): 0 = cached, 1 = no room
  * (it will be copied per call), -1 = no device / CUDA error. */
 int df_cuda_preload(const df_weight *w);
+/* DF_CUDA_TRACE=1 (cuda_trace.c): wrap the table's GPU calls with wall-time counters printed at exit. */
+struct df_backend;
+void df_cuda_trace_wrap(struct df_backend *be);
 /* df_backend.dev_load: upload the routed-expert weight w (host data, dev_key set) into the expert cache unless it
  * is there: 0 = resident, 1 = it does not fit without evicting a cached expert (the GPU budget or the free memory
  * less the 1 GiB reserve), -1 = no device / CUDA error / no host data or key. */

@@ -130,6 +130,18 @@ static inline int df_cuda_env_kv_mirror(unsigned long long *bytes, char *why, si
     return *bytes ? 1 : 0;
 }
 
+/* DF_CUDA_TRACE (cuda_trace.c, off by default): unset, empty, "0" or "off": 0; "1" or "on": 1; anything else: -1 with a
+ * message in why. */
+static inline int df_cuda_env_trace(char *why, size_t whylen) {
+    const char *v = getenv("DF_CUDA_TRACE");
+    if (!v || !*v || !strcmp(v, "0") || !strcmp(v, "off")) return 0;
+    if (!strcmp(v, "1") || !strcmp(v, "on")) return 1;
+    if (why && whylen)
+        snprintf(why, whylen, "environment variable DF_CUDA_TRACE=\"%.40s%s\": expected 1 (on) or 0 (off, the default); unset "
+                 "it or fix its value", v, strlen(v) > 40 ? "..." : "");
+    return -1;
+}
+
 /* Every CUDA knob above checked: 0, or -1 with the first invalid one's message in why (may be NULL). */
 static inline int df_cuda_env_check(char *why, size_t whylen) {
     unsigned mma;
@@ -138,6 +150,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_switch("DF_CUDA_ATTN", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_MLA_PROJECT", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_HOST_PIN", why, whylen) < 0) return -1;
+    if (df_cuda_env_trace(why, whylen) < 0) return -1;
     unsigned long long mirror;
     if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;
     int variant;

@@ -1,0 +1,105 @@
+/*
+ * cuda_trace.c — DF_CUDA_TRACE=1 (a developer knob, docs/cuda.md): the wall time of every GPU call the engine makes
+ * through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o), from the call to
+ * its return (each ends with a synchronisation, so this is the device work plus the launches, copies and the
+ * synchronisation itself), summed per operation and printed as a table on stderr at exit. Comparing a call's mean
+ * with its kernels' time (bench kernels --backend cuda) gives the per-call overhead a layer-resident forward removes.
+ * Timing only: the calls and their results are unchanged.
+ */
+#ifdef DF_HAVE_CUDA
+#include "kernels/backend.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_N };
+static const char *const tr_name[TR_N] = {"matmul", "mlp", "mlp_group", "mla_project", "mla_attend", "mla_attend_o"};
+static struct {
+    unsigned long long calls, rows, items;
+    double s;
+} g_tr[TR_N];
+static pthread_mutex_t g_tr_mu = PTHREAD_MUTEX_INITIALIZER;
+static df_backend g_orig;
+
+static double tr_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void tr_add(int op, double t0, long rows, int items) {
+    const double dt = tr_now() - t0;
+    pthread_mutex_lock(&g_tr_mu);
+    g_tr[op].calls++;
+    g_tr[op].rows += (unsigned long long)(rows > 0 ? rows : 0);
+    g_tr[op].items += (unsigned long long)items;
+    g_tr[op].s += dt;
+    pthread_mutex_unlock(&g_tr_mu);
+}
+
+static void tr_print(void) {
+    fprintf(stderr, "cuda trace: op             calls     total ms    mean us   rows/call  items/call\n");
+    for (int i = 0; i < TR_N; i++)
+        if (g_tr[i].calls)
+            fprintf(stderr, "cuda trace: %-12s %9llu %12.3f %10.1f %11.1f %11.1f\n", tr_name[i], g_tr[i].calls,
+                    g_tr[i].s * 1e3, g_tr[i].s * 1e6 / g_tr[i].calls, (double)g_tr[i].rows / g_tr[i].calls,
+                    (double)g_tr[i].items / g_tr[i].calls);
+}
+
+static void tr_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
+    const double t0 = tr_now();
+    g_orig.matmul(pool, w, x, T, y);
+    tr_add(TR_MATMUL, t0, T, 1);
+}
+static int tr_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
+                  const float *x, int T, float *out) {
+    const double t0 = tr_now();
+    const int rc = g_orig.mlp(gate, up, down, act, beta, lb, x, T, out);
+    tr_add(TR_MLP, t0, T, 1);
+    return rc;
+}
+static int tr_group(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down, int act,
+                    float beta, float lb, const float *const *x, const int *T, float *const *out) {
+    const double t0 = tr_now();
+    const int rc = g_orig.mlp_group(n, gate, up, down, act, beta, lb, x, T, out);
+    long rows = 0;
+    for (int i = 0; i < n; i++) rows += T[i] > 0 ? T[i] : 0;
+    tr_add(TR_GROUP, t0, rows, n);
+    return rc;
+}
+static int tr_project(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b, const df_weight *q_proj,
+                      const df_weight *kv_a, const float *h, int T, float *q, float *kva) {
+    const double t0 = tr_now();
+    const int rc = g_orig.mla_project(q_a, q_a_norm, eps, q_b, q_proj, kv_a, h, T, q, kva);
+    tr_add(TR_PROJECT, t0, T, 1);
+    return rc;
+}
+static int tr_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                     const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key, float *o_v) {
+    const double t0 = tr_now();
+    const int rc = g_orig.mla_attend(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, seq_key, o_v);
+    tr_add(TR_ATTEND, t0, T, 1);
+    return rc;
+}
+static int tr_attend_o(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                       const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+                       const df_weight *o, float *out) {
+    const double t0 = tr_now();
+    const int rc = g_orig.mla_attend_o(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, seq_key, o, out);
+    tr_add(TR_ATTEND_O, t0, T, 1);
+    return rc;
+}
+
+void df_cuda_trace_wrap(df_backend *be) {
+    g_orig = *be;
+    be->matmul = tr_matmul;
+    if (be->mlp) be->mlp = tr_mlp;
+    if (be->mlp_group) be->mlp_group = tr_group;
+    if (be->mla_project) be->mla_project = tr_project;
+    if (be->mla_attend) be->mla_attend = tr_attend;
+    if (be->mla_attend_o) be->mla_attend_o = tr_attend_o;
+    atexit(tr_print);
+}
+#endif
