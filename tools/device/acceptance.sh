@@ -16,13 +16,14 @@
 #   part 5: the GPU's single and grouped kernel launches, resident decode (grouped MLP on / off), long-context
 #          resident decode (the KV mirror on / off), then test_cuda_kernels and test_golden on the GPU if carried.
 #   part 6: the streamed model of part 4: 512-token GPU prefill twice (TTFT / union read), one streamed GPU decode.
+#   part 8: DF_CUDA_TRACE of a preloaded resident decode (issue 12), the drafting gate in RAM (issue 14).
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2|3|4|5|6|7 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6|7 OUTDIR}
+PART=${1:?usage: acceptance.sh 1|2|3|4|5|6|7|8 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6|7|8 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
@@ -230,6 +231,24 @@ case $PART in
     timeout 120 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 --io-buffer 3G \
         2>&1 | grep -E "open|bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
     rm -rf "$W"
+    ;;
+8)
+    # issue 12: where a resident decode step's GPU time goes (DF_CUDA_TRACE=1: each GPU call's wall time) with every
+    # expert preloaded; issue 14: the drafting gate on kimi-mini in RAM (bench_spec.sh, SPEC_PROMPTS, REPS 3).
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, bf16 spine"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
+    log "cuda run --preload, DF_CUDA_TRACE=1 (prompt 64, 96 tokens)"
+    DF_CUDA_TRACE=1 timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+        --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile 2>&1 | grep -E "^(preload|profile|stats|cuda trace):" >>"$S"
+    log "cuda run --preload, DF_CUDA_TRACE=1 (prompt 64, 1 token: the prompt's calls alone)"
+    DF_CUDA_TRACE=1 timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+        --prompt-ids "$(seq -s, 1 64)" --max-new 1 2>&1 | grep -E "^cuda trace:" >>"$S"
+    rm -rf "$W"
+    log "bench_spec.sh (MEMS=ram, PROMPTS=${SPEC_PROMPTS:-text rep}, REPS=${SPEC_REPS:-3})"
+    MEMS=ram PROMPTS="${SPEC_PROMPTS:-text rep}" REPS=${SPEC_REPS:-3} timeout 400 "$HERE/tools/device/bench_spec.sh" "$OUT/spec" >/dev/null 2>&1
+    cat "$OUT/spec/spec.txt" >>"$S" 2>/dev/null
     ;;
 esac
 log "done"
