@@ -2,12 +2,14 @@
  * cuda_trace.c — DF_CUDA_TRACE=1 (a developer knob, docs/cuda.md): the wall time of every GPU call the engine makes
  * through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o), from the call to
  * its return (each ends with a synchronisation, so this is the device work plus the launches, copies and the
- * synchronisation itself), summed per operation and printed as a table on stderr at exit. Comparing a call's mean
+ * synchronisation itself), and its device time (df_cuda_last_gpu_s: events from the start of its stream work to
+ * its closing synchronisation), per operation, printed as a table on stderr at exit. Comparing a call's mean
  * with its kernels' time (bench kernels --backend cuda) gives the per-call overhead a layer-resident forward removes.
  * Timing only: the calls and their results are unchanged.
  */
 #ifdef DF_HAVE_CUDA
 #include "kernels/backend.h"
+#include "kernels/cuda.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -17,8 +19,8 @@
 enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_N };
 static const char *const tr_name[TR_N] = {"matmul", "mlp", "mlp_group", "mla_project", "mla_attend", "mla_attend_o"};
 static struct {
-    unsigned long long calls, rows, items;
-    double s;
+    unsigned long long calls, rows, items, gpu_calls;
+    double s, gpu_s;
 } g_tr[TR_N];
 static pthread_mutex_t g_tr_mu = PTHREAD_MUTEX_INITIALIZER;
 static df_backend g_orig;
@@ -30,8 +32,12 @@ static double tr_now(void) {
 }
 
 static void tr_add(int op, double t0, long rows, int items) {
-    const double dt = tr_now() - t0;
+    const double dt = tr_now() - t0, g = df_cuda_last_gpu_s();
     pthread_mutex_lock(&g_tr_mu);
+    if (g >= 0) {
+        g_tr[op].gpu_calls++;
+        g_tr[op].gpu_s += g;
+    }
     g_tr[op].calls++;
     g_tr[op].rows += (unsigned long long)(rows > 0 ? rows : 0);
     g_tr[op].items += (unsigned long long)items;
@@ -40,11 +46,12 @@ static void tr_add(int op, double t0, long rows, int items) {
 }
 
 static void tr_print(void) {
-    fprintf(stderr, "cuda trace: op             calls     total ms    mean us   rows/call  items/call\n");
+    fprintf(stderr, "cuda trace: op             calls     total ms    mean us  device us   rows/call  items/call\n");
     for (int i = 0; i < TR_N; i++)
         if (g_tr[i].calls)
-            fprintf(stderr, "cuda trace: %-12s %9llu %12.3f %10.1f %11.1f %11.1f\n", tr_name[i], g_tr[i].calls,
-                    g_tr[i].s * 1e3, g_tr[i].s * 1e6 / g_tr[i].calls, (double)g_tr[i].rows / g_tr[i].calls,
+            fprintf(stderr, "cuda trace: %-12s %9llu %12.3f %10.1f %10.1f %11.1f %11.1f\n", tr_name[i], g_tr[i].calls,
+                    g_tr[i].s * 1e3, g_tr[i].s * 1e6 / g_tr[i].calls,
+                    g_tr[i].gpu_calls ? g_tr[i].gpu_s * 1e6 / g_tr[i].gpu_calls : -1.0, (double)g_tr[i].rows / g_tr[i].calls,
                     (double)g_tr[i].items / g_tr[i].calls);
 }
 

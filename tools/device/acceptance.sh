@@ -246,6 +246,7 @@ case $PART in
     DF_CUDA_TRACE=1 timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
         --prompt-ids "$(seq -s, 1 64)" --max-new 1 2>&1 | grep -E "^cuda trace:" >>"$S"
     rm -rf "$W"
+    [ "${SPEC:-1}" = 0 ] && { log "done"; exit 0; }
     log "bench_spec.sh (MEMS=ram, PROMPTS=${SPEC_PROMPTS:-text rep}, REPS=${SPEC_REPS:-3})"
     MEMS=ram PROMPTS="${SPEC_PROMPTS:-text rep}" REPS=${SPEC_REPS:-3} timeout 400 "$HERE/tools/device/bench_spec.sh" "$OUT/spec" >/dev/null 2>&1
     cat "$OUT/spec/spec.txt" >>"$S" 2>/dev/null

@@ -788,7 +788,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     } else {
         CKA(cudaMemcpyAsync(hb + h_ov, dov, ov_bytes, cudaMemcpyDeviceToHost, st));
     }
-    CKA(cudaStreamSynchronize(st));
+    CKA(cu_rt_sync());
     memcpy(o ? out : o_v, hb + h_ov, ret_bytes);
     return 0;
 }

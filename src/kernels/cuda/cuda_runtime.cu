@@ -237,6 +237,23 @@ int room_for(size_t need, int expert) {
     }
 }
 
+/* DF_CUDA_TRACE (cuda_trace.c): the device time of the last entry point's work, from an event recorded when it
+ * took the mutex to one recorded just before its closing synchronisation (cu_rt_sync). */
+int g_trace = -1; /* -1: not yet read from the environment */
+cudaEvent_t g_tev0, g_tev1;
+int g_tev_set; /* bit 0: tev0 recorded in this entry point, bit 1: tev1 */
+double g_last_gpu_s = -1;
+
+void trace_begin() {
+    if (g_trace < 0) {
+        const char *v = getenv("DF_CUDA_TRACE");
+        g_trace = v && (!strcmp(v, "1") || !strcmp(v, "on")) &&
+                  cudaEventCreate(&g_tev0) == cudaSuccess && cudaEventCreate(&g_tev1) == cudaSuccess;
+    }
+    g_tev_set = 0;
+    if (g_trace && cudaEventRecord(g_tev0, g_st) == cudaSuccess) g_tev_set = 1;
+}
+
 int upload(const df_weight *w, void *dev, size_t dbytes, size_t soff, size_t sbytes) {
     CK(cudaMemcpyAsync(dev, w->data, dbytes, cudaMemcpyHostToDevice, g_st));
     if (sbytes) CK(cudaMemcpyAsync((char *)dev + soff, w->scale, sbytes, cudaMemcpyHostToDevice, g_st));
@@ -319,7 +336,7 @@ int matmul_locked(const df_weight *w, const float *x, int T, float *y) {
     CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
     CK(cu_matmul_launch(w->type, d, s, w->rows, w->cols, (const float *)g_sx, T, (float *)g_sy, g_st));
     CK(cudaMemcpyAsync(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
-    CK(cudaStreamSynchronize(g_st));
+    CK(cu_rt_sync());
     memcpy(y, g_hy, yb);
     return 0;
 }
@@ -348,7 +365,7 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     if (weight_on_device(down, &d, &s)) return -1;
     CK(cu_matmul_launch(down->type, d, s, O, I, (const float *)g_sg, T, (float *)g_sy, g_st));
     CK(cudaMemcpyAsync(g_hy, g_sy, ob, cudaMemcpyDeviceToHost, g_st));
-    CK(cudaStreamSynchronize(g_st));
+    CK(cu_rt_sync());
     memcpy(out, g_hy, ob);
     return 0;
 }
@@ -516,7 +533,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             fail("cudaMemcpyAsync", ce);
             break;
         }
-        if ((ce = cudaStreamSynchronize(g_st)) != cudaSuccess) { fail("cudaStreamSynchronize", ce); break; }
+        if ((ce = cu_rt_sync()) != cudaSuccess) { fail("cudaStreamSynchronize", ce); break; }
         for (int i = 0; i < n; i++)
             if (T[i] > 0) memcpy(out[i], (const char *)g_hy + ooff[i], sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows);
         rc = 0;
@@ -556,7 +573,7 @@ int mla_project_locked(const df_weight *q_a, const float *q_a_norm, float eps, c
     if (group_weight(kv_a, &d, &s)) return -1;
     CK(cu_matmul_launch(kv_a->type, d, s, K, D, (const float *)g_sx, T, dk, g_st));
     CK(cudaMemcpyAsync(g_hy, g_sy, ko + kb, cudaMemcpyDeviceToHost, g_st));
-    CK(cudaStreamSynchronize(g_st));
+    CK(cu_rt_sync());
     memcpy(q, g_hy, qb);
     memcpy(kva, (const char *)g_hy + ko, kb);
     return 0;
@@ -682,6 +699,7 @@ extern "C" int df_cuda_matmul(const df_weight *w, const float *x, int T, float *
     if (!ready()) return -1;
     if (T <= 0 || w->rows <= 0) return 0;
     pthread_mutex_lock(&g_mu);
+    trace_begin();
     int rc = matmul_locked(w, x, T, y);
     if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
     pthread_mutex_unlock(&g_mu);
@@ -733,6 +751,7 @@ extern "C" int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_
         return -1;
     }
     pthread_mutex_lock(&g_mu);
+    trace_begin();
     int rc = mlp_locked(gate, up, down, act, beta, lb, x, T, out);
     if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
     pthread_mutex_unlock(&g_mu);
@@ -751,6 +770,7 @@ extern "C" int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_w
         }
     }
     pthread_mutex_lock(&g_mu);
+    trace_begin();
     int rc = mlp_group_locked(n, gate, up, down, act, beta, lb, x, T, out);
     if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
     pthread_mutex_unlock(&g_mu);
@@ -767,6 +787,7 @@ extern "C" int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, 
         return -1;
     }
     pthread_mutex_lock(&g_mu);
+    trace_begin();
     int rc = mla_project_locked(q_a, q_a_norm, eps, q_b, q_proj, kv_a, h, T, q, kva);
     if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
     pthread_mutex_unlock(&g_mu);
@@ -962,10 +983,24 @@ extern "C" void df_cuda_fp32_peak(double *flops, int *sms, int *mhz) {
 int cu_rt_lock(void) {
     if (!ready()) return -1;
     pthread_mutex_lock(&g_mu);
+    trace_begin();
     return 0;
 }
 void cu_rt_unlock(void) { pthread_mutex_unlock(&g_mu); }
 cudaStream_t cu_rt_stream(void) { return g_st; }
+cudaError_t cu_rt_sync(void) {
+    if (g_trace > 0 && (g_tev_set & 1) && cudaEventRecord(g_tev1, g_st) == cudaSuccess) g_tev_set |= 2;
+    return cudaStreamSynchronize(g_st);
+}
+/* The device time of the entry point that just returned (both events recorded, stream idle), else -1. */
+extern "C" double df_cuda_last_gpu_s(void) {
+    pthread_mutex_lock(&g_mu);
+    float ms = -1;
+    if (g_trace > 0 && g_tev_set == 3 && cudaEventElapsedTime(&ms, g_tev0, g_tev1) != cudaSuccess) ms = -1;
+    g_tev_set = 0;
+    pthread_mutex_unlock(&g_mu);
+    return ms < 0 ? -1 : ms * 1e-3;
+}
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return weight_on_device(w, data, scale); }
 int cu_rt_error(const char *msg) {
     snprintf(g_err, sizeof g_err, "%s", msg);
