@@ -151,6 +151,9 @@ for f in "$ROOT"/models/kimi-mini/*; do cmp -s "$f" "$TMP/dlo/kimi-mini/$(basena
 [ $rc -eq 0 ] && [ $same = 1 ] && echo "$out" | grep -q "^setup: synced [0-9.]* MB of the download to the disk in [0-9.]* s$" \
     && ! ls "$TMP/dlo/kimi-mini/" | grep -q partial && ok "--download-only: every file byte-identical to the mirror's, synced at the end, no sidecar left" \
     || bad "--download-only: rc $rc same $same $(ls "$TMP/dlo/kimi-mini/") $out"
+out=$(DF_SETUP_WRITEBACK=maybe "$BIN" setup test/kimi-mini --dir "$TMP/dlo2" --download-only 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q 'DF_SETUP_WRITEBACK="maybe": expected 1, on, 0 or off' && [ ! -e "$TMP/dlo2" ] \
+    && ok "DF_SETUP_WRITEBACK=maybe: usage error (exit 2), nothing downloaded" || bad "DF_SETUP_WRITEBACK=maybe: rc $rc $out"
 # --keep-download: the shards kept and synced after the conversion
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/keep" --keep-download --no-default --quiet 2>&1); rc=$?
 [ $rc -eq 0 ] && cmp -s "$ROOT/models/kimi-mini/model-00002-of-00003.safetensors" "$TMP/keep/kimi-mini/model-00002-of-00003.safetensors" \

@@ -62,7 +62,9 @@ static void usage(FILE *f) {
             "A file gets its final name only after its sha256 matched the mirror's; verified files are synced to the\n"
             "disk together at the end (--download-only, --keep-download; by default the shards are removed after the\n"
             "conversion without being synced). A file a stop left verified but not yet synced is re-hashed by the next\n"
-            "run: kept if its bytes on the disk match, downloaded again if not. Exit 1 on any error, 2 on usage.\n");
+            "run: kept if its bytes on the disk match, downloaded again if not. With --download-only each verified range\n"
+            "is handed to the drive's writeback as it is hashed, so the final sync is short (DF_SETUP_WRITEBACK=1|0\n"
+            "forces it on or off). Exit 1 on any error, 2 on usage.\n");
 }
 
 static uint64_t du_total;
@@ -194,6 +196,16 @@ int cmd_setup(int argc, char **argv) {
 #undef NEXT
     }
     if (!repo) { fprintf(stderr, "deltafin setup: REPO is required (e.g. moonshotai/Kimi-K2-Instruct)\n\n"); usage(stderr); return 2; }
+    int writeback = -1; /* DF_SETUP_WRITEBACK: 1|on / 0|off, else automatic (on when the sync follows the download) */
+    const char *wb = getenv("DF_SETUP_WRITEBACK");
+    if (wb && *wb) {
+        if (!strcmp(wb, "1") || !strcmp(wb, "on")) writeback = 1;
+        else if (!strcmp(wb, "0") || !strcmp(wb, "off")) writeback = 0;
+        else {
+            fprintf(stderr, "deltafin setup: DF_SETUP_WRITEBACK=\"%s\": expected 1, on, 0 or off (or unset: on with --download-only)\n", wb);
+            return 2;
+        }
+    }
     char err[2048] = "";
     hub_ctx h;
     if (hub_init(&h, mirror, repo, rev, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 2; }
@@ -368,6 +380,8 @@ int cmd_setup(int argc, char **argv) {
     double ts0 = df_now();
     /* a full install converts first: the shards it removes afterwards never need to reach the disk */
     dl.defer_sync = !stream && !download_only;
+    /* when the sync follows the download at once, the drive's writes overlap the transfer */
+    dl.writeback = writeback >= 0 ? writeback : !dl.defer_sync;
     if (stream) {
         /* everything but the weight shards whole; of the shards, the headers and the spine tensors */
         int k = 0;

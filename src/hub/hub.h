@@ -83,6 +83,8 @@ typedef struct {
     int hash_threads;        /* SHA-256 threads, one file each at a time; 0 = auto (cores - 1, 1..4) */
     int defer_sync;          /* 1: leave the verified files unsynced (the caller calls hub_sync_verified or
                                 hub_remove_download for each); 0: hub_download syncs them before it returns */
+    int writeback;           /* hand each hashed range to writeback at once (sync_file_range): the final sync then
+                                finds the bytes (nearly) on the disk, at some cost to the download's own speed */
     /* results */
     uint64_t bytes_fetched;  /* body bytes received this run */
     uint64_t bytes_present;  /* bytes already on disk from an earlier run (resumed or complete) */
