@@ -992,7 +992,9 @@ int df_model_preload(df_model *m, df_progress_fn progress, void *user, df_preloa
     store_get_stats(m->store, &ss);
     const double t0 = df_now();
     eng_preload_result r;
+    store_set_heat_counting(m->store, 0); /* reading everything once says nothing about which experts are hot */
     const int rc = eng_preload(&m->eng, ss.n_slots, progress, user, &r, err, errlen);
+    store_set_heat_counting(m->store, 1);
     pthread_mutex_unlock(&m->mu);
     info->experts_total = r.total;
     info->on_device = r.on_device;

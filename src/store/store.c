@@ -716,8 +716,9 @@ int store_max_acquire(const df_store *st) {
 
 /* One access of key: recency-weighted count (LRFU): c = c * decay^age + 1. */
 static void touch(df_store *st, int key) {
-    st->freq[key] = st->freq[key] * decay_to(st, key) + 1.0f;
     st->t_last[key] = st->lclock[key / st->n_experts];
+    if (st->no_heat) return;
+    st->freq[key] = st->freq[key] * decay_to(st, key) + 1.0f;
     st->count_run[key] += 1.0;
     st->acq_total++;
 }
@@ -964,6 +965,12 @@ void store_get_stats(const df_store *st, store_stats *out) {
         out->drive_busy_s[d] = busy;
     }
     pthread_mutex_unlock(&m->mu);
+}
+
+void store_set_heat_counting(df_store *st, int on) {
+    pthread_mutex_lock(&st->mu);
+    st->no_heat = !on;
+    pthread_mutex_unlock(&st->mu);
 }
 
 void store_reset_stats(df_store *st) {

@@ -81,6 +81,9 @@ void store_release(df_store *st, int layer, const int *experts, int n);
 void store_cancel_prefetch(df_store *st);
 void store_get_stats(const df_store *st, store_stats *out);
 void store_reset_stats(df_store *st);
+/* on = 0: acquisitions from now on update only recency, not the eviction frequency nor the heat histogram saved at
+ * close (e.g. a preload that touches every expert once); on = 1 (the default): counted again. */
+void store_set_heat_counting(df_store *st, int on);
 
 /* --- added by the store owner (issue 4) --- */
 

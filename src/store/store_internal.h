@@ -116,6 +116,7 @@ struct df_store {
     float *heat;                /* [n_layers * n_experts] persistent heat (loaded), NULL if none */
     double *count_run;          /* [n_layers * n_experts] acquisitions this run */
     uint64_t acq_total, clock;
+    int no_heat;                /* store_set_heat_counting(st, 0): acquisitions update recency only */
     uint32_t *pf_issued, *pf_useful; /* [n_layers] prefetch guesses issued / later acquired */
     int hot_limit, hot_loaded;
 
