@@ -55,6 +55,8 @@ void df_cuda_trace_wrap(struct df_backend *be);
 /* With DF_CUDA_TRACE=1: the device time (seconds) of the GPU entry point that returned last, from taking the runtime's
  * mutex to its closing synchronisation (events on its stream); -1 when not traced or not measured. */
 double df_cuda_last_gpu_s(void);
+/* With DF_CUDA_TRACE=1: the device time per stage of the entry points (copies in and out, each kernel), on stderr. */
+void df_cuda_trace_stages(void);
 /* df_backend.dev_load: upload the routed-expert weight w (host data, dev_key set) into the expert cache unless it
  * is there: 0 = resident, 1 = it does not fit without evicting a cached expert (the GPU budget or the free memory
  * less the 1 GiB reserve), -1 = no device / CUDA error / no host data or key. */

@@ -22,6 +22,7 @@ void df_cuda_cache_clear(void) {}
 int df_cuda_preload(const df_weight *w) { return -1; }
 int df_cuda_dev_load(const df_weight *w) { (void)w; return -1; }
 double df_cuda_last_gpu_s(void) { return -1; }
+void df_cuda_trace_stages(void) {}
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) { *all = 0; return 0; }
 void df_cuda_set_matvec_rows(int n) { (void)n; }
 void df_cuda_set_tile(int n) { (void)n; }

@@ -53,6 +53,7 @@ static void tr_print(void) {
                     g_tr[i].s * 1e3, g_tr[i].s * 1e6 / g_tr[i].calls,
                     g_tr[i].gpu_calls ? g_tr[i].gpu_s * 1e6 / g_tr[i].gpu_calls : -1.0, (double)g_tr[i].rows / g_tr[i].calls,
                     (double)g_tr[i].items / g_tr[i].calls);
+    df_cuda_trace_stages();
 }
 
 static void tr_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {

@@ -764,12 +764,14 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     }
     memcpy(hb + o_np, npos, sizeof(int) * (size_t)T);
     cudaError_t e = cudaMemcpyAsync(db, hb, up_bytes, cudaMemcpyHostToDevice, st);
+    cu_rt_mark("attn: copy in");
     const long long bx = (seg_max + 1023) / 1024;
     for (int s0 = 0; e == cudaSuccess && s0 < nseg; s0 += 65535) { /* grid.y: at most 65535 segments a launch */
         const dim3 grid((unsigned)(bx < 1 ? 1 : bx > 64 ? 64 : bx), (unsigned)(nseg - s0 < 65535 ? nseg - s0 : 65535));
         scatter_kernel<<<grid, 256, 0, st>>>((const Seg *)(db + o_seg) + s0);
         e = cudaGetLastError();
     }
+    cu_rt_mark("attn: cache rows into the mirrors");
     if (e == cudaSuccess) /* the mirrors' new rows are queued: they hold [0, need) from here on */
         for (int j = 0; j < nu; j++)
             if (u[j].mir >= 0) g_mir[u[j].mir].valid = u[j].need;
@@ -778,17 +780,21 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     const float *dq = (const float *)(db + o_q);
     float *dql = (float *)(db + o_qlat), *dol = (float *)(db + o_olat), *dov = (float *)(db + o_ov);
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, dq, dql, NULL, NULL, 0, st));
+    cu_rt_mark("attn: q absorbed (K_h^T q_nope)");
     CKA(launch_attn(sh, dq, dql, (Ptrs)(db + o_cp), (Ptrs)(db + o_pp), (const int *)(db + o_np), dol, st));
+    cu_rt_mark("attn: core");
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, NULL, NULL, dol, dov, 1, st));
+    cu_rt_mark("attn: V_h o_lat");
     if (o) { /* the output projection on the device: out = o(o_v), the matmul kernels' own launch */
         const void *od = NULL, *os = NULL;
         if (cu_rt_weight(o, &od, &os)) return -1;
         CKA(cu_matmul_launch(o->type, od, os, o->rows, o->cols, dov, T, (float *)(db + o_out), st));
+        cu_rt_mark("attn: o_proj");
         CKA(cudaMemcpyAsync(hb + h_ov, db + o_out, out_bytes, cudaMemcpyDeviceToHost, st));
     } else {
         CKA(cudaMemcpyAsync(hb + h_ov, dov, ov_bytes, cudaMemcpyDeviceToHost, st));
     }
-    CKA(cu_rt_sync());
+    CKA(cu_rt_sync("attn: copy out"));
     memcpy(o ? out : o_v, hb + h_ov, ret_bytes);
     return 0;
 }

@@ -71,9 +71,11 @@ cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st);
 int cu_rt_lock(void);
 void cu_rt_unlock(void);
 cudaStream_t cu_rt_stream(void);
-/* An entry point's closing synchronisation of the stream (with DF_CUDA_TRACE, an event recorded first: the end of
- * its device time). */
-cudaError_t cu_rt_sync(void);
+/* An entry point's closing synchronisation of the stream; with DF_CUDA_TRACE, an event recorded first, ending the
+ * stage `stage` (a string literal) and the entry point's device time. cu_rt_mark: a stage of the current entry point
+ * ends here (DF_CUDA_TRACE only; string literal). */
+cudaError_t cu_rt_sync(const char *stage);
+void cu_rt_mark(const char *name);
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
 int cu_rt_error(const char *msg);
 

@@ -238,21 +238,38 @@ int room_for(size_t need, int expert) {
 }
 
 /* DF_CUDA_TRACE (cuda_trace.c): the device time of the last entry point's work, from an event recorded when it
- * took the mutex to one recorded just before its closing synchronisation (cu_rt_sync). */
+ * took the mutex (trace_begin) to one recorded just before its closing synchronisation (cu_rt_sync), with events
+ * between its stages (cu_rt_mark); after the synchronisation each stage's time (from the previous mark) is added to
+ * a table by stage name (printed at exit by df_cuda_trace_stages). */
+enum { TR_MARKS = 16, TR_STAGES = 48 };
 int g_trace = -1; /* -1: not yet read from the environment */
-cudaEvent_t g_tev0, g_tev1;
-int g_tev_set; /* bit 0: tev0 recorded in this entry point, bit 1: tev1 */
-double g_last_gpu_s = -1;
+cudaEvent_t g_tev[TR_MARKS];
+const char *g_tname[TR_MARKS];
+int g_nmark, g_tev_done;
+struct TrStage { const char *name; double s; unsigned long long n; } g_tst[TR_STAGES];
+int g_ntst;
 
 void trace_begin() {
     if (g_trace < 0) {
         const char *v = getenv("DF_CUDA_TRACE");
-        g_trace = v && (!strcmp(v, "1") || !strcmp(v, "on")) &&
-                  cudaEventCreate(&g_tev0) == cudaSuccess && cudaEventCreate(&g_tev1) == cudaSuccess;
+        g_trace = v && (!strcmp(v, "1") || !strcmp(v, "on"));
+        for (int i = 0; g_trace && i < TR_MARKS; i++)
+            if (cudaEventCreate(&g_tev[i]) != cudaSuccess) g_trace = 0;
     }
-    g_tev_set = 0;
-    if (g_trace && cudaEventRecord(g_tev0, g_st) == cudaSuccess) g_tev_set = 1;
+    g_nmark = 0;
+    g_tev_done = 0;
+    if (g_trace && cudaEventRecord(g_tev[0], g_st) == cudaSuccess) { g_tname[0] = "start"; g_nmark = 1; }
 }
+
+} // namespace
+
+/* A stage of the current entry point ends here (DF_CUDA_TRACE; name: a string literal). */
+void cu_rt_mark(const char *name) {
+    if (g_trace > 0 && g_nmark > 0 && g_nmark < TR_MARKS && cudaEventRecord(g_tev[g_nmark], g_st) == cudaSuccess)
+        g_tname[g_nmark++] = name;
+}
+
+namespace {
 
 int upload(const df_weight *w, void *dev, size_t dbytes, size_t soff, size_t sbytes) {
     CK(cudaMemcpyAsync(dev, w->data, dbytes, cudaMemcpyHostToDevice, g_st));
@@ -334,9 +351,11 @@ int matmul_locked(const df_weight *w, const float *x, int T, float *y) {
     if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, yb)) return -1;
     memcpy(g_hx, x, xb);
     CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    cu_rt_mark("matmul: copy in");
     CK(cu_matmul_launch(w->type, d, s, w->rows, w->cols, (const float *)g_sx, T, (float *)g_sy, g_st));
+    cu_rt_mark("matmul: kernel");
     CK(cudaMemcpyAsync(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
-    CK(cu_rt_sync());
+    CK(cu_rt_sync("matmul: copy out"));
     memcpy(y, g_hy, yb);
     return 0;
 }
@@ -356,6 +375,7 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, ob)) return -1;
     memcpy(g_hx, x, xb);
     CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    cu_rt_mark("mlp: copy in");
     const void *d, *s;
     if (weight_on_device(gate, &d, &s)) return -1;
     CK(cu_matmul_launch(gate->type, d, s, I, D, (const float *)g_sx, T, (float *)g_sg, g_st));
@@ -364,8 +384,9 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     CK(act_launch(act, beta, lb, (float *)g_sg, (const float *)g_su, (int64_t)T * I));
     if (weight_on_device(down, &d, &s)) return -1;
     CK(cu_matmul_launch(down->type, d, s, O, I, (const float *)g_sg, T, (float *)g_sy, g_st));
+    cu_rt_mark("mlp: gate, up, act, down");
     CK(cudaMemcpyAsync(g_hy, g_sy, ob, cudaMemcpyDeviceToHost, g_st));
-    CK(cu_rt_sync());
+    CK(cu_rt_sync("mlp: copy out"));
     memcpy(out, g_hy, ob);
     return 0;
 }
@@ -460,6 +481,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             if (T[i] > 0) memcpy((char *)g_hx + xoff[i], x[i], sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols);
         cudaError_t ce = cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st);
         if (ce != cudaSuccess) { fail("cudaMemcpyAsync", ce); break; }
+        cu_rt_mark("group: copy in");
         if (ngrp) {
             /* gates and ups, item by item (an item's pair shares its split input), into rows of g / u */
             const int64_t D = gate[first]->cols, I = gate[first]->rows, O = down[first]->rows;
@@ -479,10 +501,12 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
                 fail("cu_mma_group_launch (gate, up)", ce);
                 break;
             }
+            cu_rt_mark("group: grouped gate+up");
             if ((ce = act_launch(act, beta, lb, (float *)g_sg, (const float *)g_su, (int64_t)grows * I)) != cudaSuccess) {
                 fail("activation", ce);
                 break;
             }
+            cu_rt_mark("group: grouped activation");
             k = 0;
             r = 0;
             for (int i = 0; i < n; i++) {
@@ -496,6 +520,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
                 fail("cu_mma_group_launch (down)", ce);
                 break;
             }
+            cu_rt_mark("group: grouped down");
             g_stats.grouped_items += (uint64_t)k;
         }
         int bad = 0;
@@ -529,11 +554,12 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             bad = 0;
         }
         if (bad) break;
+        cu_rt_mark("group: other items (shared expert)");
         if ((ce = cudaMemcpyAsync(g_hy, g_sy, oall, cudaMemcpyDeviceToHost, g_st)) != cudaSuccess) {
             fail("cudaMemcpyAsync", ce);
             break;
         }
-        if ((ce = cu_rt_sync()) != cudaSuccess) { fail("cudaStreamSynchronize", ce); break; }
+        if ((ce = cu_rt_sync("group: copy out")) != cudaSuccess) { fail("cudaStreamSynchronize", ce); break; }
         for (int i = 0; i < n; i++)
             if (T[i] > 0) memcpy(out[i], (const char *)g_hy + ooff[i], sizeof(float) * (size_t)T[i] * (size_t)down[i]->rows);
         rc = 0;
@@ -556,24 +582,29 @@ int mla_project_locked(const df_weight *q_a, const float *q_a_norm, float eps, c
     if (grow_host(&g_hx, &g_chx, hb) || grow_host(&g_hy, &g_chy, ko + kb)) return -1;
     memcpy(g_hx, h, hb);
     CK(cudaMemcpyAsync(g_sx, g_hx, hb, cudaMemcpyHostToDevice, g_st));
+    cu_rt_mark("project: copy in");
     const void *d, *s;
     float *dq = (float *)g_sy, *dk = (float *)((char *)g_sy + ko);
     if (q_a) {
         if (group_weight(q_a, &d, &s)) return -1;
         CK(cu_matmul_launch(q_a->type, d, s, R, D, (const float *)g_sx, T, (float *)g_sg, g_st));
+        cu_rt_mark("project: q_a");
         const df_weight nw = {DF_W_F32, 1, R, q_a_norm, NULL, 0};
         if (group_weight(&nw, &d, &s)) return -1;
         CK(cu_rmsnorm_launch((float *)g_sg, (const float *)g_sg, (const float *)d, T, R, eps, g_st));
+        cu_rt_mark("project: q_a norm");
         if (group_weight(q_b, &d, &s)) return -1;
         CK(cu_matmul_launch(q_b->type, d, s, Q, R, (const float *)g_sg, T, dq, g_st));
+        cu_rt_mark("project: q_b");
     } else {
         if (group_weight(q_proj, &d, &s)) return -1;
         CK(cu_matmul_launch(q_proj->type, d, s, Q, D, (const float *)g_sx, T, dq, g_st));
     }
     if (group_weight(kv_a, &d, &s)) return -1;
     CK(cu_matmul_launch(kv_a->type, d, s, K, D, (const float *)g_sx, T, dk, g_st));
+    cu_rt_mark("project: kv_a");
     CK(cudaMemcpyAsync(g_hy, g_sy, ko + kb, cudaMemcpyDeviceToHost, g_st));
-    CK(cu_rt_sync());
+    CK(cu_rt_sync("project: copy out"));
     memcpy(q, g_hy, qb);
     memcpy(kva, (const char *)g_hy + ko, kb);
     return 0;
@@ -988,18 +1019,39 @@ int cu_rt_lock(void) {
 }
 void cu_rt_unlock(void) { pthread_mutex_unlock(&g_mu); }
 cudaStream_t cu_rt_stream(void) { return g_st; }
-cudaError_t cu_rt_sync(void) {
-    if (g_trace > 0 && (g_tev_set & 1) && cudaEventRecord(g_tev1, g_st) == cudaSuccess) g_tev_set |= 2;
-    return cudaStreamSynchronize(g_st);
+cudaError_t cu_rt_sync(const char *stage) {
+    cu_rt_mark(stage);
+    const cudaError_t e = cudaStreamSynchronize(g_st);
+    if (e == cudaSuccess && g_trace > 0 && g_nmark > 1) g_tev_done = 1;
+    return e;
 }
-/* The device time of the entry point that just returned (both events recorded, stream idle), else -1. */
+/* The device time of the entry point that just returned (its marks recorded, stream idle), else -1; its stages
+ * are added to the stage table. */
 extern "C" double df_cuda_last_gpu_s(void) {
     pthread_mutex_lock(&g_mu);
-    float ms = -1;
-    if (g_trace > 0 && g_tev_set == 3 && cudaEventElapsedTime(&ms, g_tev0, g_tev1) != cudaSuccess) ms = -1;
-    g_tev_set = 0;
+    double total = -1;
+    if (g_trace > 0 && g_tev_done) {
+        total = 0;
+        for (int i = 1; i < g_nmark; i++) {
+            float ms = 0;
+            if (cudaEventElapsedTime(&ms, g_tev[i - 1], g_tev[i]) != cudaSuccess) { total = -1; break; }
+            total += ms * 1e-3;
+            int k = 0;
+            while (k < g_ntst && g_tst[k].name != g_tname[i]) k++;
+            if (k == g_ntst && g_ntst < TR_STAGES) g_tst[g_ntst++] = {g_tname[i], 0, 0};
+            if (k < TR_STAGES) { g_tst[k].s += ms * 1e-3; g_tst[k].n++; }
+        }
+    }
+    g_tev_done = 0;
+    g_nmark = 0;
     pthread_mutex_unlock(&g_mu);
-    return ms < 0 ? -1 : ms * 1e-3;
+    return total;
+}
+extern "C" void df_cuda_trace_stages(void) {
+    if (g_ntst) fprintf(stderr, "cuda trace: stage (device time from the previous mark)   calls   total ms    mean us\n");
+    for (int k = 0; k < g_ntst; k++)
+        fprintf(stderr, "cuda trace:   %-40s %9llu %10.3f %10.1f\n", g_tst[k].name, g_tst[k].n, g_tst[k].s * 1e3,
+                g_tst[k].s * 1e6 / (double)(g_tst[k].n ? g_tst[k].n : 1));
 }
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return weight_on_device(w, data, scale); }
 int cu_rt_error(const char *msg) {
