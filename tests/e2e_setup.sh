@@ -155,6 +155,15 @@ out=$(DF_SETUP_WRITEBACK=maybe "$BIN" setup test/kimi-mini --dir "$TMP/dlo2" --d
 [ $rc -eq 2 ] && echo "$out" | grep -q 'DF_SETUP_WRITEBACK="maybe": expected 1, on, 0 or off' && [ ! -e "$TMP/dlo2" ] \
     && ok "DF_SETUP_WRITEBACK=maybe: usage error (exit 2), nothing downloaded" || bad "DF_SETUP_WRITEBACK=maybe: rc $rc $out"
 # --keep-download: the shards kept and synced after the conversion
+# a streamed install's shards are sparse: never handed over (--download-only) or kept (--keep-download) as a checkpoint
+for extra in --download-only --keep-download; do
+    out=$("$BIN" setup test/kimi-mini --dir "$TMP/sx" --stream $extra 2>&1); rc=$?
+    [ $rc -eq 2 ] && echo "$out" | grep -q -- "--stream and $extra cannot be combined" && [ ! -e "$TMP/sx" ] \
+        && ok "--stream $extra refused" || bad "--stream $extra: rc $rc $out"
+done
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/sx" --disk-budget 3M 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q -- "--disk-budget applies to --stream installs only" && ok "--disk-budget without --stream refused" \
+    || bad "--disk-budget without --stream: rc $rc $out"
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/keep" --keep-download --no-default --quiet 2>&1); rc=$?
 [ $rc -eq 0 ] && cmp -s "$ROOT/models/kimi-mini/model-00002-of-00003.safetensors" "$TMP/keep/kimi-mini/model-00002-of-00003.safetensors" \
     && cmp -s "$TMP/local/spine.bin" "$TMP/keep/native/spine.bin" && echo "$out" | grep -q "^setup: synced [0-9.]* MB of the download to the disk" \

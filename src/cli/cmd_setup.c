@@ -196,6 +196,23 @@ int cmd_setup(int argc, char **argv) {
 #undef NEXT
     }
     if (!repo) { fprintf(stderr, "deltafin setup: REPO is required (e.g. moonshotai/Kimi-K2-Instruct)\n\n"); usage(stderr); return 2; }
+    /* a streamed install's shards hold only headers, the spine and the experts fetched so far (the rest are holes):
+     * they are never a checkpoint of their own to hand over or keep */
+    if (stream && download_only) {
+        fprintf(stderr, "deltafin setup: --stream and --download-only cannot be combined: a streamed install fetches only the "
+                        "spine and, later, the experts a token needs; use --download-only alone for the whole checkpoint\n");
+        return 2;
+    }
+    if (stream && keep) {
+        fprintf(stderr, "deltafin setup: --stream and --keep-download cannot be combined: a streamed install's shards are "
+                        "sparse (only the experts fetched so far) and stay inside the install; use --full --keep-download to "
+                        "keep complete shards\n");
+        return 2;
+    }
+    if (disk_budget && !stream) {
+        fprintf(stderr, "deltafin setup: --disk-budget applies to --stream installs only (a --full install holds every expert)\n");
+        return 2;
+    }
     int writeback = -1; /* DF_SETUP_WRITEBACK: 1|on / 0|off, else automatic (on when the sync follows the download) */
     const char *wb = getenv("DF_SETUP_WRITEBACK");
     if (wb && *wb) {
