@@ -72,6 +72,10 @@ done
 # DF_CUDA_HOST_PIN: 1 / on / 0 / off / unset run, anything else (e.g. "no") stops cuda and auto like the switches above
 refused DF_CUDA_HOST_PIN no "1 (on, the default) or 0 (off)"
 for v in 0 1 on off; do runs DF_CUDA_HOST_PIN $v; done
+# doctor with an invalid knob: it says the default backend cannot start and exits 1 (run / serve would stop on it)
+out=$(DF_CUDA_TRACE=bogus "$BIN" doctor --model "$M" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q 'the default backend (auto) cannot start: environment variable DF_CUDA_TRACE="bogus"' \
+    && ok "doctor with DF_CUDA_TRACE=bogus -> rc 1" || bad "doctor with DF_CUDA_TRACE=bogus: rc $rc: $out"
 # DF_CUDA_TRACE (off by default): 1 / on / 0 / off / unset run, anything else stops cuda and auto
 refused DF_CUDA_TRACE yes "1 (on) or 0 (off, the default)"
 for v in 0 1 on off; do runs DF_CUDA_TRACE $v; done

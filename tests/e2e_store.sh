@@ -67,6 +67,11 @@ cp -r "$T/m/d0" "$T/d0x"; cp -r "$T/m/d1" "$T/d1x"
 # reads landing in turn in a pool of --buffer per directory (as the expert cache fills)
 "$BIN" bench io --dir "$T/m/d0,$T/m/d1" --size 64K --seconds 0.3 --buffer 40M --no-drop >"$T/io" 2>&1 \
   && grep -q "into 40 MiB of buffers" "$T/io" && ok || bad "bench io --buffer: $(cat "$T/io")"
+# a pool no larger than the qd reused buffers would measure nothing new: refused, the minimum named
+"$BIN" bench io --dir "$T/m/d0" --buffer 4K --no-drop >"$T/io" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "a pool must be larger than --qd x --size (16384 KiB here)" "$T/io" && ok || bad "bench io --buffer 4K: rc $rc $(cat "$T/io")"
+"$BIN" bench decode --model "$T/m" --io-buffer 16M --no-drop >"$T/io" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "a pool must be larger than --qd x 1 MiB reads (16 MiB here)" "$T/io" && ok || bad "bench decode --io-buffer 16M: rc $rc $(cat "$T/io")"
 "$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 2 --io-seconds 0.2 --io-buffer 33M --no-drop >"$T/bd" 2>"$T/bd.err" \
   && [ "$(grep -c "GB/s into 33 MiB of buffers" "$T/bd")" = 2 ] && grep -q "storage bound with B into 33 MiB of buffers" "$T/bd" && ok \
   || bad "bench decode --io-buffer: $(cat "$T/bd" "$T/bd.err")"

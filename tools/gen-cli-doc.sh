@@ -20,7 +20,8 @@ B=${DF_BIN:-build/deltafin}
   echo "the GPU, the MLA projections in one round trip, pinned host"
   echo "buffers; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8; \`DF_CUDA_MMA_KS\`: the"
   echo "tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits); \`DF_CUDA_KV_MIRROR\`:"
-  echo "1|on / 0|off / a size such as 4G, the GPU memory of the attention core's KV-cache mirrors; each an error for"
+  echo "1|on / 0|off / a size such as 4G, the GPU memory of the attention core's KV-cache mirrors; \`DF_CUDA_TRACE\`: 1|on /"
+  echo "0|off (default), each GPU call's wall and device time per stage on stderr at exit; each an error for"
   echo "\`--backend cuda\` / \`auto\` when invalid): [docs/cuda.md](cuda.md)."
   for c in run convert tokenize serve bench synth doctor setup list warm; do
     echo; echo "## deltafin $c"; echo; echo '```'; "$B" $c --help 2>&1 || true; echo '```'

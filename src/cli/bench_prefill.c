@@ -73,7 +73,7 @@ int bench_prefill(int argc, char **argv) {
         } else if (!strcmp(a, "--prefetch") || !strcmp(a, "--prefault")) {
             if (cli_parse_mode("bench prefill", a, v, !strcmp(a, "--prefetch") ? &prefetch : &prefault)) return 2;
         } else if (!strcmp(a, "--io-buffer")) {
-            if (cli_parse_size(v, &io_buffer) || !io_buffer) { fprintf(stderr, "deltafin bench prefill: --io-buffer '%s': expected a size like 1G\n", v); return 2; }
+            if (cli_parse_size(v, &io_buffer) || !io_buffer) { fprintf(stderr, "deltafin bench prefill: --io-buffer \"%s\": expected a size like 1G (more than 0)\n", v); return 2; }
         } else if (!strcmp(a, "--io-seconds")) {
             io_seconds = strtod(v, &end);
             if (!*v || *end || !(io_seconds > 0 && io_seconds < 86400)) { fprintf(stderr, "deltafin bench prefill: --io-seconds '%s': expected seconds > 0\n", v); return 2; }
@@ -81,6 +81,11 @@ int bench_prefill(int argc, char **argv) {
         i++;
     }
     if (!model) { fprintf(stderr, "deltafin bench prefill: --model DIR is required (a native model or a Hugging Face checkpoint)\n"); return 2; }
+    if (io_buffer && io_buffer <= (uint64_t)qd << 20) {
+        fprintf(stderr, "deltafin bench prefill: --io-buffer %.0f KiB: a pool must be larger than --qd x 1 MiB reads (%ld MiB "
+                "here), which are the reused buffers of the default B\n", io_buffer / 1024.0, qd);
+        return 2;
+    }
     char err[2048] = "", conv_dir[4096];
     df_native *nat = NULL;
     int rc = bench_native_model("prefill", &model, conv_dir, sizeof conv_dir, NULL, 0);

@@ -60,7 +60,7 @@ static int want_num(const char *cmd, const char *flag, const char *s, double lo,
 static int want_size(const char *cmd, const char *flag, const char *s, uint64_t *out) {
     uint64_t v = 0;
     if (cli_parse_size(s, &v) || !v) {
-        fprintf(stderr, "deltafin bench %s: %s \"%s\": expected a size like 1M or 64K\n", cmd, flag, s);
+        fprintf(stderr, "deltafin bench %s: %s \"%s\": expected a size like 1M or 64K (more than 0)\n", cmd, flag, s);
         return -1;
     }
     *out = v;
@@ -232,6 +232,11 @@ static int bench_io(int argc, char **argv) {
         else if (!strcmp(a, "--seconds")) { if (want_num("io", a, v, 0, BENCH_MAX_SECONDS, 1, &o.seconds)) return 2; }
         i++;
     }
+    if (o.buffer_bytes && o.buffer_bytes <= (uint64_t)o.qd * o.io_bytes) {
+        fprintf(stderr, "deltafin bench io: --buffer %.0f KiB: a pool must be larger than --qd x --size (%.0f KiB here), which "
+                "are the reused buffers measured without --buffer\n", o.buffer_bytes / 1024.0, (double)o.qd * o.io_bytes / 1024.0);
+        return 2;
+    }
     int nodrop = 0;
     for (int i = 0; i < argc; i++) nodrop |= !strcmp(argv[i], "--no-drop");
     if (!nodrop) bench_drop_caches(NULL, o.dirs);
@@ -302,6 +307,11 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--prefault")) { if (cli_parse_mode("bench decode", a, v, &prefault)) return 2; }
         else if (!strcmp(a, "--io-buffer")) { if (want_size("decode", a, v, &io_buffer)) return 2; }
         i++;
+    }
+    if (io_buffer && io_buffer <= (uint64_t)qd << 20) {
+        fprintf(stderr, "deltafin bench decode: --io-buffer %.0f KiB: a pool must be larger than --qd x 1 MiB reads (%d MiB here), "
+                "which are the reused buffers of the default B\n", io_buffer / 1024.0, qd);
+        return 2;
     }
     char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], err[2048] = "";
     if (!model) {

@@ -102,6 +102,7 @@ int cmd_doctor(int argc, char **argv) {
         } else { fprintf(stderr, "deltafin doctor: unknown option '%s'\n", a); return 2; }
     }
     if (cache_dir && !model) { fprintf(stderr, "deltafin doctor: --cache-dir needs --model DIR\n"); return 2; }
+    int auto_ok = 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     printf("deltafin %s\n", DELTAFIN_VERSION);
@@ -113,8 +114,10 @@ int cmd_doctor(int argc, char **argv) {
         char b[400];
         const int ok = df_backend_available("cuda", b, sizeof b);
         printf("GPU: %s\n", ok ? b + 6 /* past "cuda: " */ : b);
-        df_backend_available("auto", b, sizeof b);
+        auto_ok = df_backend_available("auto", b, sizeof b);
         printf("backend auto: %s\n", strncmp(b, "cuda:", 5) ? b : "cuda");
+        /* auto fails only on a setting (e.g. an invalid CUDA knob): run / serve would stop on it */
+        if (!auto_ok) fprintf(stderr, "deltafin doctor: the default backend (auto) cannot start: %s\n", b);
     }
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {
@@ -175,7 +178,7 @@ int cmd_doctor(int argc, char **argv) {
                "checked against their shard's sha256 ETag)\n", (unsigned long long)ok, (unsigned long long)bad);
         if (bad) { fprintf(stderr, "deltafin doctor: verification FAILED: %llu streamed experts corrupt\n", (unsigned long long)bad); return 1; }
         printf("checksums: all OK\n");
-        return status;
+        return auto_ok ? status : 1;
     }
     /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
     char verr[2048] = "";
@@ -199,5 +202,5 @@ int cmd_doctor(int argc, char **argv) {
         return 1;
     }
     printf("checksums: all OK\n");
-    return status;
+    return auto_ok ? status : 1;
 }
