@@ -235,6 +235,10 @@ S1=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
 [ $rc -eq 0 ] && [ "$S1" = "$L" ] && ok "streamed run under --ram-budget 20M: greedy ids = full install ($S1)" || bad "stream ids '$S1' want '$L': $out"
 net=$(echo "$out" | sed -n 's/^stream: network \([0-9.]*\) MB in \([0-9]*\) expert fetches.*/\1 \2/p')
 [ -n "$net" ] && [ "${net#* }" -gt 0 ] && ok "--stats: stream network MB / fetches: $net" || bad "no stream stats: $out"
+# --preload on a streamed install would fetch the whole model over the network: refused, with what to do instead
+out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 2 --preload 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "this is a streamed install: preloading would fetch every routed expert" \
+    && ok "--preload on a streamed install refused" || bad "--preload on a streamed install: rc $rc $out"
 out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids --stats --ram-budget 20M 2>&1)
 S2=$(echo "$out" | grep "^[0-9,]*$" | tail -1)
 echo "$out" | grep -q "^stream: network 0.00 MB in 0 expert fetches.*local hits [1-9]" && [ "$S2" = "$L" ] \

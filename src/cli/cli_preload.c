@@ -33,6 +33,10 @@ int cli_preload(const char *cmd, df_model *m, int quiet) {
         fprintf(stderr, "deltafin %s: --preload: %s\n", cmd, err[0] ? err : df_strerror(rc));
         return 1;
     }
+    if (!quiet && in.experts_total == 0) {
+        fprintf(stderr, "preload: the model has no routed experts (nothing to read)\n");
+        return 0;
+    }
     if (!quiet)
         fprintf(stderr, "preload: %d of %d routed experts in memory (%d in GPU memory, %d in the host cache)%s, %.2f GB read in "
                 "%.1f s (%.2f GB/s)\n",

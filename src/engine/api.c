@@ -64,6 +64,7 @@ struct df_model {
     int on_gpu;                  /* backend cuda: weights cached in GPU memory (kernels/cuda.h) */
     uint64_t gpu_spine;          /* spine matmul bytes uploaded to the GPU at open */
     int gpu_spine_all;           /* 1: all of them (else the rest are copied per call) */
+    int streamed;                /* routed experts come from a remote source (a `setup --stream` install) */
 };
 
 /* A session's tokens [0, n_past). The sequence state (KV cache, KDA recurrent state) holds
@@ -443,6 +444,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     so.expert_dirs = NULL; /* native_set_expert_dirs already re-pointed m->nat at opts.expert_dirs */
     so.events_path = opts.events_path;
     so.remote = opts.remote_source;
+    m->streamed = opts.remote_source != NULL;
     so.pin = be->host_pin; /* the GPU backend: slot buffers page-locked, experts copied to the GPU by DMA */
     so.unpin = be->host_unpin;
     {
@@ -987,6 +989,10 @@ int df_model_preload(df_model *m, df_progress_fn progress, void *user, df_preloa
     memset(info, 0, sizeof *info);
     if (!m) return set_err(err, errlen, DF_EINVAL, "df_model_preload: no model");
     if (!m->store) { info->complete = 1; return DF_OK; } /* no routed experts */
+    if (m->streamed)
+        return set_err(err, errlen, DF_EUNSUPPORTED, "this is a streamed install: preloading would fetch every routed expert "
+                       "over the network (the whole model); complete it with `deltafin setup REPO --full`, or fetch the "
+                       "likely ones ahead with `deltafin warm`");
     pthread_mutex_lock(&m->mu);
     store_stats ss;
     store_get_stats(m->store, &ss);
