@@ -383,8 +383,9 @@ static int bench_decode(int argc, char **argv) {
         }
     char bstr[32] = "unlimited";
     if (budget) snprintf(bstr, sizeof bstr, "%.3f GiB", budget / 1073741824.0);
-    printf("bench decode: %s, ram budget %s, %d tokens (after %d warm-up tokens), page cache %s\n", model, bstr, tokens, warmup,
-           dropped ? "evicted (the model's files)" : (nodrop ? "kept (--no-drop)" : "NOT evicted (a directory could not be read): numbers may be warm"));
+    printf("bench decode: %s, ram budget %s, %d tokens (after %d warm-up tokens), page cache %s%s\n", model, bstr, tokens, warmup,
+           dropped ? "evicted (the model's files)" : (nodrop ? "kept (--no-drop)" : "NOT evicted (a directory could not be read): numbers may be warm"),
+           preload ? "; experts preloaded (--preload): a model held in memory, not a cold one" : "");
     /* the resolved configuration: one line on stderr, as run and serve echo it; the results stay on stdout */
     fflush(stdout); /* in a 2>&1 log the line follows the header above */
     fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how,
