@@ -58,8 +58,9 @@ double df_cuda_last_gpu_s(void);
 /* With DF_CUDA_TRACE=1: the device time per stage of the entry points (copies in and out, each kernel), on stderr. */
 void df_cuda_trace_stages(void);
 /* df_backend.dev_load: upload the routed-expert weight w (host data, dev_key set) into the expert cache unless it
- * is there: 0 = resident, 1 = it does not fit without evicting a cached expert (the GPU budget or the free memory
- * less the 1 GiB reserve), -1 = no device / CUDA error / no host data or key. */
+ * is there: 0 = resident, 1 = it does not fit without evicting a cached expert (the GPU budget, or the free memory
+ * less the 1 GiB reserve and the room the attention's KV mirrors may still take, DF_CUDA_KV_MIRROR), -1 = no device /
+ * CUDA error / no host data or key. */
 int df_cuda_dev_load(const df_weight *w);
 /* Upload every weight of a resident spine the GPU reads (the layers' projections, kv_b for the attention core,
  * routers, dense / shared MLPs and lm_head; not the embedding, which the CPU reads row by row) in layer order;

@@ -808,6 +808,14 @@ int refuse(int T, const uint64_t *seq_key, const char *msg) {
 
 } // namespace
 
+/* Device memory the attention core's KV mirrors may still take (their cap less what they hold; 0 when mirrors are
+ * off or the knob is invalid). With the runtime's mutex held. */
+size_t cu_attn_mirror_room(void) {
+    mir_setup();
+    if (g_mbad || !g_mon) return 0;
+    return g_mcap > g_mbytes ? g_mcap - g_mbytes : 0;
+}
+
 static int mla_attend_impl(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
                            const float *q, const float *const *c, const float *const *kpe, const int *npos,
                            const uint64_t *seq_key, float *o_v, const df_weight *o, float *out) {

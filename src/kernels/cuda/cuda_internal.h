@@ -75,6 +75,8 @@ cudaStream_t cu_rt_stream(void);
  * stage `stage` (a string literal) and the entry point's device time. cu_rt_mark: a stage of the current entry point
  * ends here (DF_CUDA_TRACE only; string literal). */
 cudaError_t cu_rt_sync(const char *stage);
+/* cuda_attn.cu: the device memory the KV mirrors may still take (DF_CUDA_KV_MIRROR's cap less their bytes); mutex held. */
+size_t cu_attn_mirror_room(void);
 void cu_rt_mark(const char *name);
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
 int cu_rt_error(const char *msg);

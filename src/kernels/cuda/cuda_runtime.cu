@@ -762,7 +762,8 @@ extern "C" int df_cuda_dev_load(const df_weight *w) {
         if (g_budget && g_stats.expert_bytes + need > g_budget) rc = 1;
         /* stream-ordered frees count only after a synchronisation */
         else if (cudaStreamSynchronize(g_st) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) rc = -1;
-        else if (fr < need + RESERVE) rc = 1;
+        /* the KV mirrors' room stays free: a preloaded cache must not leave long contexts without them */
+        else if (fr < need + RESERVE + cu_attn_mirror_room()) rc = 1;
         if (rc == 0) {
             const void *d, *sc;
             rc = weight_on_device(w, &d, &sc);
