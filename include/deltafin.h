@@ -325,6 +325,9 @@ typedef struct {
  * total; non-zero cancels (DF_ECANCELLED). info may be NULL. Errors: DF_EIO / DF_EFORMAT (a read or a checksum, the
  * file named), DF_EIO (a copy into GPU memory). Never changes results. */
 int df_model_preload(df_model *m, df_progress_fn progress, void *user, df_preload_info *info, char *err, size_t errlen);
+/* One line (no newline) saying where df_model_preload put the experts, e.g. "preload: 448 of 448 routed experts in
+ * memory (448 in GPU memory, 0 in the host cache), 10.48 GB read in 6.5 s (1.61 GB/s)"; returns out. */
+const char *df_preload_describe(const df_preload_info *info, char *out, size_t cap);
 
 /* ------------------------------------------------------------ batched eval */
 

@@ -29,5 +29,8 @@ void bench_pack_dirs(const df_native *nat, char *dirs, size_t cap);
 /* I/O benchmark options that read like the engine's expert loads: whole extents of `stride` bytes, top_k of
  * them at once, at queue depth qd, over the pack files only (a model directory also holds spine.bin). */
 void bench_expert_io_opts(store_bench_opts *bo, const char *dirs, int qd, uint64_t stride, int top_k, double seconds);
+/* --io-buffer of bench decode / prefill: 0 (none) or a pool larger than the qd reused 1 MiB buffers of the default
+ * B; else prints "deltafin bench CMD: --io-buffer ..." naming the minimum and returns 2. */
+int bench_check_io_buffer(const char *cmd, uint64_t io_buffer, int qd);
 
 #endif

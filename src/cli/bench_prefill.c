@@ -81,11 +81,7 @@ int bench_prefill(int argc, char **argv) {
         i++;
     }
     if (!model) { fprintf(stderr, "deltafin bench prefill: --model DIR is required (a native model or a Hugging Face checkpoint)\n"); return 2; }
-    if (io_buffer && io_buffer <= (uint64_t)qd << 20) {
-        fprintf(stderr, "deltafin bench prefill: --io-buffer %.0f KiB: a pool must be larger than --qd x 1 MiB reads (%ld MiB "
-                "here), which are the reused buffers of the default B\n", io_buffer / 1024.0, qd);
-        return 2;
-    }
+    if (bench_check_io_buffer("prefill", io_buffer, (int)qd)) return 2;
     char err[2048] = "", conv_dir[4096];
     df_native *nat = NULL;
     int rc = bench_native_model("prefill", &model, conv_dir, sizeof conv_dir, NULL, 0);

@@ -33,15 +33,7 @@ int cli_preload(const char *cmd, df_model *m, int quiet) {
         fprintf(stderr, "deltafin %s: --preload: %s\n", cmd, err[0] ? err : df_strerror(rc));
         return 1;
     }
-    if (!quiet && in.experts_total == 0) {
-        fprintf(stderr, "preload: the model has no routed experts (nothing to read)\n");
-        return 0;
-    }
-    if (!quiet)
-        fprintf(stderr, "preload: %d of %d routed experts in memory (%d in GPU memory, %d in the host cache)%s, %.2f GB read in "
-                "%.1f s (%.2f GB/s)\n",
-                in.on_device + in.in_host, in.experts_total, in.on_device, in.in_host,
-                in.complete ? "" : ": the budgets hold no more", in.bytes_read / 1e9, in.seconds,
-                in.seconds > 0 ? in.bytes_read / 1e9 / in.seconds : 0);
+    char line[256];
+    if (!quiet) fprintf(stderr, "%s\n", df_preload_describe(&in, line, sizeof line));
     return 0;
 }

@@ -158,6 +158,13 @@ void bench_expert_io_opts(store_bench_opts *bo, const char *dirs, int qd, uint64
     bo->match = "experts-L*.pack"; /* the packs only: a model directory also holds spine.bin */
 }
 
+int bench_check_io_buffer(const char *cmd, uint64_t io_buffer, int qd) {
+    if (!io_buffer || io_buffer > (uint64_t)qd << 20) return 0;
+    fprintf(stderr, "deltafin bench %s: --io-buffer %.0f KiB: a pool must be larger than --qd x 1 MiB reads (%d MiB here), "
+            "which are the reused buffers of the default B\n", cmd, io_buffer / 1024.0, qd);
+    return 2;
+}
+
 static long vm_hwm_kb(void) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return -1;
@@ -308,11 +315,7 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--io-buffer")) { if (want_size("decode", a, v, &io_buffer)) return 2; }
         i++;
     }
-    if (io_buffer && io_buffer <= (uint64_t)qd << 20) {
-        fprintf(stderr, "deltafin bench decode: --io-buffer %.0f KiB: a pool must be larger than --qd x 1 MiB reads (%d MiB here), "
-                "which are the reused buffers of the default B\n", io_buffer / 1024.0, qd);
-        return 2;
-    }
+    if (bench_check_io_buffer("decode", io_buffer, qd)) return 2;
     char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], err[2048] = "";
     if (!model) {
         if (cli_default_model("bench decode", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;

@@ -1011,6 +1011,17 @@ int df_model_preload(df_model *m, df_progress_fn progress, void *user, df_preloa
     return rc;
 }
 
+const char *df_preload_describe(const df_preload_info *in, char *out, size_t cap) {
+    if (in->experts_total == 0)
+        snprintf(out, cap, "preload: the model has no routed experts (nothing to read)");
+    else
+        snprintf(out, cap, "preload: %d of %d routed experts in memory (%d in GPU memory, %d in the host cache)%s, %.2f GB read "
+                 "in %.1f s (%.2f GB/s)", in->on_device + in->in_host, in->experts_total, in->on_device, in->in_host,
+                 in->complete ? "" : ": the budgets hold no more", in->bytes_read / 1e9, in->seconds,
+                 in->seconds > 0 ? in->bytes_read / 1e9 / in->seconds : 0);
+    return out;
+}
+
 /* ----------------------------------------------------------- architecture */
 
 int df_checkpoint_describe(const char *path, char *buf, size_t cap, char *err, size_t errlen) {

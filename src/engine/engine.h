@@ -197,6 +197,10 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
  * (SwiGLU: silu(g)*u; SiTU: beta*tanh(g/beta)*sigmoid(g) * (lb*tanh(u/lb) or u)). */
 void eng_act(const df_engine *e, float *g, const float *u, int64_t n);
 
+/* 1 when routed expert x of the layer is resident in device memory now (all three weights; an I/O hint: it may be
+ * evicted later), asked without pinning it or counting a use (df_backend.dev_has); 0 on a backend without one (moe.c). */
+int eng_dev_resident(const df_engine *e, int layer, int x);
+
 /* What eng_preload held: experts of every MoE layer (total), those now in device memory, those in the host cache
  * only; the weight bytes read; stopped = 1 when the host cache filled before every expert had a place. */
 typedef struct {

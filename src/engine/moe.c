@@ -125,7 +125,7 @@ static void dev_unpin_expert(const df_engine *e, int layer, int x) {
 
 /* 1 when expert x of the layer is resident in device memory now (an I/O hint: it may be evicted later); asked
  * without pinning it or counting a use (dev_has). */
-static int dev_resident(const df_engine *e, int layer, int x) {
+int eng_dev_resident(const df_engine *e, int layer, int x) {
     return e->be->dev_has && e->be->dev_has(DF_DEVKEY(layer, x, 0)) && e->be->dev_has(DF_DEVKEY(layer, x, 1)) &&
            e->be->dev_has(DF_DEVKEY(layer, x, 2));
 }
@@ -328,7 +328,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         /* experts resident in device memory (the backend's first tier) are not read from the store */
         int n_req = 0;
         for (int i = 0; i < n_used; i++)
-            if (!dev_resident(e, layer, used[i])) rows_req[n_req++] = used[i];
+            if (!eng_dev_resident(e, layer, used[i])) rows_req[n_req++] = used[i];
         if (n_req) e->experts.request(e->experts.ctx, layer, rows_req, n_req, STORE_DEMAND);
     }
     /* prompt-sized lookahead: the next layer's likely experts, queued behind this layer's demand reads so
@@ -362,7 +362,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         if (!pres) { rc = DF_ENOMEM; goto done; }
         e->experts.present(e->experts.ctx, layer, used, n_used, pres);
         for (int i = 0; i < n_used; i++) {
-            if (dev_resident(e, layer, used[i])) pres[i] = 2;
+            if (eng_dev_resident(e, layer, used[i])) pres[i] = 2;
             n_missing += !pres[i];
             n_loading += pres[i] == 1;
             n_ready += pres[i] == 2;
@@ -448,7 +448,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         if (n_missing && nc > 0 && u0 + nc < n_used) {
             int n_rest = 0;
             for (int i = u0 + nc; i < n_used; i++)
-                if (!dev_resident(e, layer, xo[i])) rows_req[n_rest++] = xo[i];
+                if (!eng_dev_resident(e, layer, xo[i])) rows_req[n_rest++] = xo[i];
             if (n_rest) {
                 e->experts.request(e->experts.ctx, layer, rows_req, n_rest, STORE_DEMAND);
                 unsigned char pres[64];
@@ -589,7 +589,7 @@ void moe_prefetch(df_engine *e, int layer, const float *x_resid, int T, int max_
     if (n > 0 && (max_n <= 0 || n <= max_n)) {
         int m = 0;
         for (int i = 0; i < n; i++)
-            if (!dev_resident(e, layer, used[i])) used[m++] = used[i];
+            if (!eng_dev_resident(e, layer, used[i])) used[m++] = used[i];
         if (m > 0 && e->experts.present) {
             e->experts.present(e->experts.ctx, layer, used, m, pres);
             int k = 0;

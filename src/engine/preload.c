@@ -16,6 +16,21 @@
 
 enum { PRELOAD_CHUNK_MAX = 16 };
 
+/* The next chunk (at most `chunk`) of layer l's experts from *x on, into out; experts already in device memory
+ * (dev) are counted in *on_device and skipped. Returns the chunk's size. */
+static int next_chunk(const df_engine *e, int l, int E, int chunk, int dev, int *x, int *out, int *on_device) {
+    int n = 0;
+    for (; *x < E && n < chunk; (*x)++) {
+        const int k = *x;
+        if (dev && eng_dev_resident(e, l, k)) {
+            (*on_device)++;
+            continue;
+        }
+        out[n++] = k;
+    }
+    return n;
+}
+
 int eng_preload(df_engine *e, int host_slots, df_progress_fn progress, void *user, eng_preload_result *res, char *err,
                 size_t errlen) {
     memset(res, 0, sizeof *res);
@@ -31,29 +46,17 @@ int eng_preload(df_engine *e, int host_slots, df_progress_fn progress, void *use
     int dev = e->be->dev_load != NULL; /* cleared when the device tier is full */
     df_expert views[PRELOAD_CHUNK_MAX];
     int ids[PRELOAD_CHUNK_MAX], nxt[PRELOAD_CHUNK_MAX];
-    uint64_t done = 0;
     int rc = DF_OK;
     for (int l = 0; l < L && rc == DF_OK; l++) {
         if (!config_layer_is_moe(cfg, l)) continue;
         /* the experts still to read, in chunks; chunk c + 1 is requested before chunk c is taken */
-        int x = 0;
-        int n = 0, nn = 0;
-        /* next chunk of ids from x on: experts already in device memory are counted and skipped */
-#define NEXT_CHUNK(out, cnt)                                                                                       \
-        do {                                                                                                       \
-            cnt = 0;                                                                                               \
-            while (x < E && cnt < chunk) {                                                                         \
-                if (dev && e->be->dev_has(DF_DEVKEY(l, x, 0)) && e->be->dev_has(DF_DEVKEY(l, x, 1)) &&            \
-                    e->be->dev_has(DF_DEVKEY(l, x, 2))) { res->on_device++; x++; continue; }                      \
-                out[cnt++] = x++;                                                                                  \
-            }                                                                                                      \
-        } while (0)
-        NEXT_CHUNK(ids, n);
+        int x = 0, nn = 0;
+        int n = next_chunk(e, l, E, chunk, dev, &x, ids, &res->on_device);
         if (n) e->experts.request(e->experts.ctx, l, ids, n, STORE_DEMAND);
         while (n > 0) {
             if (!dev && res->in_host + n > host_slots) n = host_slots - res->in_host; /* what the host cache holds */
             if (n <= 0) { res->stopped = 1; break; }
-            NEXT_CHUNK(nxt, nn);
+            nn = next_chunk(e, l, E, chunk, dev, &x, nxt, &res->on_device);
             if (nn && (dev || res->in_host + n + nn <= host_slots)) e->experts.request(e->experts.ctx, l, nxt, nn, STORE_DEMAND);
             rc = e->experts.acquire(e->experts.ctx, l, ids, n, views, err, errlen);
             if (rc) break;
@@ -77,9 +80,7 @@ int eng_preload(df_engine *e, int host_slots, df_progress_fn progress, void *use
             e->experts.release(e->experts.ctx, l, ids, n);
             if (rc) break;
             for (int i = 0; i < n; i++)
-                done += (uint64_t)(df_weight_bytes(&views[i].gate) + df_weight_bytes(&views[i].up) +
-                                   df_weight_bytes(&views[i].down));
-            res->bytes = done;
+                res->bytes += df_weight_bytes(&views[i].gate) + df_weight_bytes(&views[i].up) + df_weight_bytes(&views[i].down);
             if (progress && progress(user, "preload", (uint64_t)(res->on_device + res->in_host), (uint64_t)res->total)) {
                 rc = DF_ECANCELLED;
                 if (err && errlen) snprintf(err, errlen, "preload cancelled");
@@ -88,7 +89,6 @@ int eng_preload(df_engine *e, int host_slots, df_progress_fn progress, void *use
             memcpy(ids, nxt, sizeof(int) * (size_t)nn);
             n = nn;
         }
-#undef NEXT_CHUNK
         if (res->stopped) break;
     }
     return rc;

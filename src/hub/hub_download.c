@@ -467,19 +467,12 @@ static void *recheck_main(void *arg) {
  * mismatch is removed with its sidecar, to be downloaded again from scratch. */
 static int recheck_unsynced(dl_file *fs, const int *idx, int m, int nthreads, hub_dl_opts *o, char *err, size_t errlen) {
     recheck_job J = {fs, idx, m, 0};
-    pthread_t th[HASH_THREADS_MAX];
-    int started = 0;
     uint64_t bytes = 0;
     for (int k = 0; k < m; k++) bytes += fs[idx[k]].f->size;
     if (!o->quiet)
         fprintf(stderr, "setup: re-checking %d file%s (%.1f MB) verified by an earlier run but not yet synced to the disk\n", m,
                 m == 1 ? "" : "s", bytes / 1e6);
-    for (int t = 0; t < nthreads && t < m && t < HASH_THREADS_MAX; t++) {
-        if (pthread_create(&th[t], NULL, recheck_main, &J) != 0) break;
-        started++;
-    }
-    if (!started) recheck_main(&J);
-    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    df_run_workers(nthreads < m ? (nthreads < HASH_THREADS_MAX ? nthreads : HASH_THREADS_MAX) : m, recheck_main, &J);
     for (int k = 0; k < m; k++) {
         dl_file *df = &fs[idx[k]];
         const char *p = df->recheck == 1 ? df->final_path : df->part_path;
@@ -554,14 +547,7 @@ int hub_sync_verified(const hub_file *files, int n, const char *dir, uint64_t *b
     }
     if (m) {
         sync_job J = {fds, errs, m, 0};
-        pthread_t th[SYNC_THREADS_MAX];
-        int started = 0;
-        for (int t = 0; t < m && t < SYNC_THREADS_MAX; t++) {
-            if (pthread_create(&th[t], NULL, sync_main, &J) != 0) break;
-            started++;
-        }
-        if (!started) sync_main(&J);
-        for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+        df_run_workers(m < SYNC_THREADS_MAX ? m : SYNC_THREADS_MAX, sync_main, &J);
         for (int k = 0; k < m && !rc; k++)
             if (errs[k]) {
                 df_path_join(path, sizeof path, dir, files[which[k]].name);

@@ -210,11 +210,7 @@ int stream_fetch_spine(const void *hub, const char *dir, const char *file, uint6
     if (!rc && J.n) {
         int nt = connections < 1 ? 1 : connections > 32 ? 32 : connections;
         if ((uint64_t)nt > J.n) nt = (int)J.n;
-        pthread_t th[32];
-        int started = 0;
-        for (int t = 0; t < nt; t++) if (pthread_create(&th[t], NULL, spine_worker, &J) == 0) started++;
-        if (!started) spine_worker(&J);
-        for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+        df_run_workers(nt, spine_worker, &J);
         if (J.rc) rc = df_set_errc(err, errlen, J.rc, "%s", J.err);
         *fetched += J.fetched;
     }

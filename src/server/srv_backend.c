@@ -257,12 +257,8 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
         df_preload_info in;
         rc = df_model_preload(bm->m, NULL, NULL, &in, err, errlen);
         if (rc) { m_close(b); return rc; }
-        if (in.experts_total == 0) fprintf(stderr, "preload: the model has no routed experts (nothing to read)\n");
-        else
-            fprintf(stderr, "preload: %d of %d routed experts in memory (%d in GPU memory, %d in the host cache)%s, %.2f GB read "
-                    "in %.1f s (%.2f GB/s)\n", in.on_device + in.in_host, in.experts_total, in.on_device, in.in_host,
-                    in.complete ? "" : ": the budgets hold no more", in.bytes_read / 1e9, in.seconds,
-                    in.seconds > 0 ? in.bytes_read / 1e9 / in.seconds : 0);
+        char line[256];
+        fprintf(stderr, "%s\n", df_preload_describe(&in, line, sizeof line));
     }
     int ctx_max = df_model_n_ctx_max(bm->m);
     if (n_ctx <= 0) n_ctx = ctx_max > 0 && ctx_max < 4096 ? ctx_max : 4096;

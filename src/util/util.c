@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,17 @@ double df_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void df_run_workers(int n, void *(*fn)(void *), void *arg) {
+    pthread_t th[64];
+    int started = 0;
+    for (int t = 0; t < n && t < 64; t++) {
+        if (pthread_create(&th[t], NULL, fn, arg) != 0) break;
+        started++;
+    }
+    if (!started) fn(arg);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
 }
 
 int df_n_cpus(void) {

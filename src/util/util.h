@@ -100,6 +100,9 @@ int df_progress_print(void *user, const char *what, uint64_t done, uint64_t tota
 double df_now(void);
 /* Number of online CPUs (>= 1). */
 int df_n_cpus(void);
+/* Run fn(arg) on up to n threads (at most 64) at once and wait for all of them; fn shares the work through arg
+ * (e.g. an atomic index), so one thread suffices: when none can be started, fn runs on the calling thread. */
+void df_run_workers(int n, void *(*fn)(void *), void *arg);
 
 /* ------------------------------------------------- interruption (interrupt.c) */
 

@@ -37,6 +37,27 @@ log() { echo "== $(date -u +%T) $*" | tee -a "$S"; }
 { date -u; nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1
   ldd "$BIN" | grep "not found"; } >>"$S"
 if ldd "$BIN" | grep -q "not found"; then echo "deltafin lacks libraries here: $(ldd "$BIN" | grep "not found" | awk '{print $1}' | tr '\n' ' ')" | tee -a "$S"; exit 1; fi
+# the streamed model of parts 4, 6 and 7 in $W/m: 8 layers, fp8 spine, 12.9 GB (4x the budgets 2816M + 256M)
+streamed_model() {
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, fp8 spine, 12.9 GB; budgets ${HOST_BUDGET:-2816M} + ${GPU_BUDGET:-256M}"
+    "$BIN" synth "$W/m" --layers 8 --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -1 >>"$S"
+    sync; sleep 3
+}
+# on it, the budgets above, cold: the 512-token GPU prefill twice (TTFT / union read), then a streamed GPU decode
+# (17 warm-up + 24 tokens, the lookahead's gate); arguments (e.g. --io-buffer SIZE) go to both benchmarks
+streamed_gpu_runs() {
+    for i in 1 2; do
+        log "cuda prefill 512, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M} $* (run $i)"
+        timeout 100 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-256M}" \
+            --ram-budget "${HOST_BUDGET:-2816M}" --io-seconds 2 "$@" 2>&1 | grep -vE "^(model |bench prefill:)" >>"$S"
+    done
+    log "cuda decode, cold, same budgets, 17 warm-up + 24 tokens $*"
+    timeout 120 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
+        --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 "$@" 2>&1 \
+        | grep -E "bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+}
 case $PART in
 1)
     log "bench_spec.sh (kimi-mini, REPS=${SPEC_REPS:-3}, 4 threads)"
@@ -122,11 +143,7 @@ case $PART in
     # streamed decode under budgets 4x smaller than the model, with the lookahead's A/B gate (default), always
     # on (ungated) and off: GPU (issue 12: >= 90% of the storage bound) and 16 CPU threads (issue 10); then a
     # streamed 512-token prefill on the GPU with the spine resident (issue 12: TTFT <= 1.2 x union read).
-    W=/tmp/df-acc
-    mkdir -p "$W"
-    log "synth 8 layers, fp8 spine, 12.9 GB; budgets 2816M + 256M = 3.2 GB"
-    "$BIN" synth "$W/m" --layers 8 --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -1 >>"$S"
-    sync; sleep 3
+    streamed_model
     for be in cuda cpu; do
         for pf in "" ungated 0; do
             [ $be = cpu ] && [ "$pf" = 0 ] && continue
@@ -188,45 +205,22 @@ case $PART in
 6)
     # issue 12 on the streamed model (as part 4): the 512-token prefill's TTFT against the union read, twice, and a
     # streamed GPU decode with the lookahead's gate.
-    W=/tmp/df-acc
-    mkdir -p "$W"
-    log "synth 8 layers, fp8 spine, 12.9 GB; budgets 2816M + 256M = 3.2 GB"
-    "$BIN" synth "$W/m" --layers 8 --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -1 >>"$S"
-    sync; sleep 3
-    for i in 1 2; do
-        log "cuda prefill 512, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M} (run $i)"
-        timeout 100 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-256M}" \
-            --ram-budget "${HOST_BUDGET:-2816M}" --io-seconds 2 2>&1 | tail -8 >>"$S"
-    done
-    log "cuda decode, cold, same budgets, 17 warm-up + 24 tokens"
-    timeout 100 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
-        --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 2>&1 | grep -E "decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+    streamed_model
+    streamed_gpu_runs
     rm -rf "$W"
     ;;
 7)
     # the drive into a cache-sized pool (bench io --buffer): the streamed model of part 6, bench io with qd reused
     # buffers and into pools of 64M / the host budget, alternating; then the 512-token GPU prefill, the streamed
     # GPU decode and a 16-thread CPU decode, each also against B into a pool of the host budget (--io-buffer).
-    W=/tmp/df-acc
-    mkdir -p "$W"
-    log "synth 8 layers, fp8 spine, 12.9 GB"
-    "$BIN" synth "$W/m" --layers 8 --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -1 >>"$S"
-    sync; sleep 2
+    streamed_model
     for i in 1 2; do
         for b in "" "--buffer 64M" "--buffer ${HOST_BUDGET:-2816M}"; do
             log "bench io $b (run $i)"
             timeout 30 "$BIN" bench io --dir "$W/m" --run 22848K --group 8 --seconds 3 $b 2>&1 | tail -1 >>"$S"
         done
     done
-    for i in 1 2; do
-        log "cuda prefill 512, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M} --io-buffer (run $i)"
-        timeout 100 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-256M}" \
-            --ram-budget "${HOST_BUDGET:-2816M}" --io-seconds 2 --io-buffer "${HOST_BUDGET:-2816M}" 2>&1 | tail -9 >>"$S"
-    done
-    log "cuda decode, cold, same budgets, 17 warm-up + 24 tokens, --io-buffer"
-    timeout 120 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
-        --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 --io-buffer "${HOST_BUDGET:-2816M}" 2>&1 \
-        | grep -E "bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+    streamed_gpu_runs --io-buffer "${HOST_BUDGET:-2816M}"
     log "cpu decode, 16 threads, cold, --ram-budget 3G, 24 tokens, --io-buffer 3G"
     timeout 120 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 --io-buffer 3G \
         2>&1 | grep -E "open|bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"

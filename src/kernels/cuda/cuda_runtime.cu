@@ -251,8 +251,7 @@ int g_ntst;
 
 void trace_begin() {
     if (g_trace < 0) {
-        const char *v = getenv("DF_CUDA_TRACE");
-        g_trace = v && (!strcmp(v, "1") || !strcmp(v, "on"));
+        g_trace = df_cuda_env_trace(NULL, 0) == 1;
         for (int i = 0; g_trace && i < TR_MARKS; i++)
             if (cudaEventCreate(&g_tev[i]) != cudaSuccess) g_trace = 0;
     }
@@ -726,15 +725,21 @@ extern "C" void df_cuda_set_tile(int n) {
 
 extern "C" const char *df_cuda_last_error(void) { return g_err; }
 
+/* An entry point's body (a *_locked function) with the runtime's mutex held and the trace started; after an error
+ * return the stream is drained first, so no queued copy still reads a host buffer the caller may free. */
+template <class F> int locked_op(F body) {
+    pthread_mutex_lock(&g_mu);
+    trace_begin();
+    const int rc = body();
+    if (rc) cudaStreamSynchronize(g_st);
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
 extern "C" int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y) {
     if (!ready()) return -1;
     if (T <= 0 || w->rows <= 0) return 0;
-    pthread_mutex_lock(&g_mu);
-    trace_begin();
-    int rc = matmul_locked(w, x, T, y);
-    if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
-    pthread_mutex_unlock(&g_mu);
-    return rc;
+    return locked_op([&] { return matmul_locked(w, x, T, y); });
 }
 
 extern "C" int df_cuda_preload(const df_weight *w) {
@@ -782,12 +787,7 @@ extern "C" int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_
         snprintf(g_err, sizeof g_err, "mlp: gate/up/down shapes do not chain");
         return -1;
     }
-    pthread_mutex_lock(&g_mu);
-    trace_begin();
-    int rc = mlp_locked(gate, up, down, act, beta, lb, x, T, out);
-    if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
-    pthread_mutex_unlock(&g_mu);
-    return rc;
+    return locked_op([&] { return mlp_locked(gate, up, down, act, beta, lb, x, T, out); });
 }
 
 extern "C" int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_weight *const *up,
@@ -801,12 +801,7 @@ extern "C" int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_w
             return -1;
         }
     }
-    pthread_mutex_lock(&g_mu);
-    trace_begin();
-    int rc = mlp_group_locked(n, gate, up, down, act, beta, lb, x, T, out);
-    if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
-    pthread_mutex_unlock(&g_mu);
-    return rc;
+    return locked_op([&] { return mlp_group_locked(n, gate, up, down, act, beta, lb, x, T, out); });
 }
 
 extern "C" int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b,
@@ -818,12 +813,7 @@ extern "C" int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, 
         snprintf(g_err, sizeof g_err, "mla_project: the projections' shapes do not chain");
         return -1;
     }
-    pthread_mutex_lock(&g_mu);
-    trace_begin();
-    int rc = mla_project_locked(q_a, q_a_norm, eps, q_b, q_proj, kv_a, h, T, q, kva);
-    if (rc) cudaStreamSynchronize(g_st); /* no queued copy may still read a host buffer after an error return */
-    pthread_mutex_unlock(&g_mu);
-    return rc;
+    return locked_op([&] { return mla_project_locked(q_a, q_a_norm, eps, q_b, q_proj, kv_a, h, T, q, kva); });
 }
 
 #define OP_BEGIN \
