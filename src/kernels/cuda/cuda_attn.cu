@@ -83,7 +83,7 @@ __device__ __forceinline__ float wdec(const uint8_t *__restrict__ d, const uint8
 template <int HB>
 __device__ __forceinline__ void lane_dots(const float *src, int n, const int64_t *cpos, const float *q, int lane,
                                           float (&acc)[PP][HB]) {
-#pragma unroll 1
+#pragma unroll 4
     for (int i = lane; i < n; i += 32) {
         float x[PP];
 #pragma unroll
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(AT) absorb_kernel(const uint8_t *__restrict__ 
 #pragma unroll
     for (int tt = 0; tt < TT; tt++) acc[tt] = 0.0f;
     const int64_t r0 = (int64_t)h * (dn + dv);
-#pragma unroll 4
+#pragma unroll 16
     for (int d = 0; d < dn; d++) {
         const float w = wdec<ENC>(wd, ws, kvl, r0 + d, k);
 #pragma unroll
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(VW * 32) value_kernel(const uint8_t *__restric
         float acc[TT];
 #pragma unroll
         for (int tt = 0; tt < TT; tt++) acc[tt] = 0.0f;
-#pragma unroll 4
+#pragma unroll 16
         for (int k = lane; k < kvl; k += 32) {
             const float w = wdec<ENC>(wd, ws, kvl, r, k);
 #pragma unroll
