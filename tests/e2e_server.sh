@@ -78,6 +78,8 @@ etype() { node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]
   console.log(j.error.type)' "$TMP/body" 2>/dev/null || echo "not-an-openai-error"; }
 
 expect "GET /health without key" "$(code "$B/health")" 200
+expect "GET /metrics without key (Prometheus text)" "$(code "$B/metrics")" 200
+grep -q "^deltafin_requests_rejected_total 0$" "$TMP/body" && ok "/metrics: the exposition names its counters" || bad "/metrics body: $(head -c 200 "$TMP/body")"
 # CORS (default --cors *): the preflight answered without the key, the origin header on every response
 hdr() { curl -s -o /dev/null -D - "$@" | tr -d '\r'; }
 PF=$(hdr -X OPTIONS -H "Origin: https://app.example" -H "Access-Control-Request-Method: POST" "$B/v1/chat/completions")

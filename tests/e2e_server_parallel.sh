@@ -6,7 +6,8 @@
 #  1. one at a time on --parallel 1 (the reference);
 #  2. 4 at once on --parallel 4, while a 5th streamed request hangs up after 3 chunks;
 #  3. 8 at once on --parallel 8 (and k3_a: under --ram-budget at 1/4 of the expert bytes);
-# each: ids, text and finish reason equal the reference, and /health shows batched decode steps
+# each: ids, text and finish reason equal the reference, /health shows batched decode steps, and /metrics
+# (Prometheus text) counts the requests, the generated tokens and the batched rows
 # (decode_batch_rows > decode_batches). Env: DF_BIN, DF_SRC.
 set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -47,7 +48,48 @@ run() {
     local steps rows
     steps=$(health decode_batches)
     rows=$(health decode_batch_rows)
+    curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/$name.metrics"
     stop_server
+    # /metrics: a well-formed exposition; 8 finished requests (9 with the one that hangs up); generated tokens = the
+    # outputs' ids (plus, there, what the hung-up one got); the decode steps' rows as /health says; engine counters
+    local mres
+    mres=$(python3 - "$TMP/$name.metrics" "$TMP/$name.out" "$cancel" "$rows" <<'PY'
+import json, re, sys
+text, out, cancel, rows = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3], int(sys.argv[4] or 0)
+m, types = {}, {}
+for ln in text.splitlines():
+    if ln.startswith("# TYPE "):
+        _, _, name, kind = ln.split(" ", 3)
+        types[name] = kind
+        continue
+    if ln.startswith("#") or not ln:
+        continue
+    g = re.fullmatch(r'([a-z_]+)(\{[^}]*\})? (\S+)', ln)
+    if not g:
+        sys.exit(f"malformed line: {ln!r}")
+    m[g.group(1) + (g.group(2) or "")] = float(g.group(3))
+def total(prefix):
+    return sum(v for k, v in m.items() if k == prefix or k.startswith(prefix + "{"))
+gen = [len(json.loads(l)["ids"] or []) for l in open(out)]
+want = sum(gen)
+req = total("deltafin_requests_total")
+got = m.get("deltafin_generation_tokens_total", -1)
+bad = []
+nreq = 9 if cancel == "CANCEL" else 8  # the run that hangs up a 5th, streamed request
+if req != nreq: bad.append(f"requests_total {req}, want {nreq}")
+if (cancel == "CANCEL" and got < want) or (cancel != "CANCEL" and got != want):
+    bad.append(f"generation_tokens_total {got}, outputs {want}")
+if m.get("deltafin_decode_batch_rows_total", -1) != rows: bad.append(f"decode_batch_rows_total vs /health {rows}")
+if total("deltafin_expert_hits_total") + total("deltafin_expert_misses_total") <= 0: bad.append("no expert lookups")
+if m.get("deltafin_engine_decode_tokens_total", 0) <= 0: bad.append("no engine decode tokens")
+if m.get('deltafin_time_to_first_token_seconds_bucket{le="+Inf"}') != m.get("deltafin_time_to_first_token_seconds_count"):
+    bad.append("ttft histogram +Inf bucket != count")
+if types.get("deltafin_requests_total") != "counter" or types.get("deltafin_request_duration_seconds") != "histogram":
+    bad.append("TYPE lines")
+print("; ".join(bad) if bad else f"ok {int(req)} requests, {int(got)} generated tokens, {rows} batched rows")
+PY
+)
+    case "$mres" in ok*) ok "$name: /metrics ${mres#ok }" ;; *) bad "$name: /metrics: $mres" ;; esac
     if [ -n "$REF" ]; then
         if cmp -s "$TMP/$REF.out" "$TMP/$name.out" && [ -s "$TMP/$name.out" ]; then ok "$name: 8 outputs byte-identical to one at a time"
         else bad "$name: outputs differ from one at a time: $(diff "$TMP/$REF.out" "$TMP/$name.out" | head -4)"; fi

@@ -289,4 +289,41 @@ void srv_job_unref(srv_job *j);
 /* Append produced bytes and wake the consumer (takes the job lock). */
 void srv_job_emit(srv_job *j, const char *s, size_t n);
 
+/* ---------------------------------------------------------------- metrics */
+/* The server's cumulative figures for GET /metrics (srv_metrics.c; Prometheus text format 0.0.4). The caller
+ * serializes every call (the server's mutex). */
+enum { SRV_METRIC_BUCKETS = 13, SRV_METRIC_CODES = 32 };
+typedef struct {
+    uint64_t le[SRV_METRIC_BUCKETS]; /* observations <= each bound (cumulative, as exposed) */
+    uint64_t count;
+    double sum;
+} srv_hist;
+typedef struct {
+    struct { int chat, status; uint64_t n; } codes[SRV_METRIC_CODES];
+    int n_codes;
+    uint64_t prompt_tokens, cached_tokens, completion_tokens;
+    srv_hist ttft, duration;   /* seconds */
+    df_stats engine;           /* engine counters summed over reset epochs (resident_bytes: the latest) */
+    df_stats cap;              /* the last snapshot folded, of epoch cap_epoch */
+    unsigned epoch, cap_epoch;
+} srv_metrics;
+/* What the exposition reads from the server at scrape time. */
+typedef struct {
+    const char *model;
+    int exact, healthy, parallel, queue, in_flight, waiting, has_batches;
+    unsigned long rejected, model_errors;
+    uint64_t decode_batches, decode_batch_rows;
+} srv_metrics_live;
+/* One finished generation request: chat (1) or completions (0), its HTTP status, its token counts, the seconds to
+ * its first token (not counted when it generated nothing) and the worker's seconds on it. */
+void srv_metrics_request(srv_metrics *m, int chat, int status, int prompt_tokens, int cached_tokens,
+                         int completion_tokens, double ttft_s, double duration_s);
+/* A df_stats snapshot of the current reset epoch (counters since the engine's last reset): adds its growth since
+ * the previous snapshot of that epoch. */
+void srv_metrics_fold(srv_metrics *m, const df_stats *st);
+/* The engine's statistics are about to be reset: fold `before` (their last value), then start a new epoch. */
+void srv_metrics_reset_epoch(srv_metrics *m, const df_stats *before);
+/* Append the exposition of m and live to b. */
+void srv_metrics_text(srv_buf *b, const srv_metrics *m, const srv_metrics_live *live);
+
 #endif

@@ -2,8 +2,8 @@
  * key, body size limit (413), admission (--parallel generations running plus --queue
  * waiting, default 16; more -> 429 with Retry-After), the --parallel worker threads
  * that run generations, SSE responses with keep-alive comments, client-disconnect detection,
- * /health (including a model that failed: a corrupt expert pack), and
- * SIGTERM/SIGINT shutdown.
+ * /health (including a model that failed: a corrupt expert pack), /metrics (Prometheus text,
+ * srv_metrics.c), and SIGTERM/SIGINT shutdown.
  *
  * Threads: MHD runs one thread per connection; a handler blocks while its job
  * waits and runs (polling the socket for a hang-up every 100 ms). Each worker runs
@@ -47,11 +47,12 @@ typedef struct {
     int model_rc;             /* a model failure seen by a generation (DF_EFORMAT / DF_EIO), sticky */
     char model_err[600];
     unsigned long n_model_errors;
+    srv_metrics met;          /* cumulative figures for /metrics */
 } server;
 
 static server S;
 
-enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL_ONE, R_CHAT, R_COMPL };
+enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL_ONE, R_CHAT, R_COMPL };
 
 typedef struct {
     int route;
@@ -169,7 +170,15 @@ static void *worker_main(void *arg) {
             pthread_cond_broadcast(&j->cv);
             pthread_mutex_unlock(&j->mu);
         } else {
-            if (S.be->stats_reset && !others) S.be->stats_reset(S.be);
+            if (S.be->stats_reset && !others) { /* /metrics keeps what the reset drops */
+                df_stats before;
+                memset(&before, 0, sizeof before);
+                if (S.be->stats) S.be->stats(S.be, &before);
+                pthread_mutex_lock(&S.mu);
+                srv_metrics_reset_epoch(&S.met, &before);
+                pthread_mutex_unlock(&S.mu);
+                S.be->stats_reset(S.be);
+            }
             srv_gen_run(&S.gen, j);
         }
         double dt = srv_now() - t0;
@@ -187,6 +196,9 @@ static void *worker_main(void *arg) {
                 j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "");
         pthread_mutex_lock(&S.mu);
         if (st.prefill_tokens || st.decode_tokens) { S.last = st; S.has_last = 1; }
+        if (S.be->stats && !j->cancel) srv_metrics_fold(&S.met, &st);
+        srv_metrics_request(&S.met, j->req.kind == SRV_CHAT, j->http_status, j->prompt_tokens, j->cached_tokens,
+                            j->completion_tokens, j->ttft_s, dt);
         if (j->engine_rc == DF_EFORMAT || j->engine_rc == DF_EIO) { /* the model's files fail: /health says so */
             S.model_rc = j->engine_rc;
             snprintf(S.model_err, sizeof S.model_err, "%s", j->engine_err);
@@ -400,6 +412,34 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, const char *one) 
     return ok;
 }
 
+/* GET /metrics: the Prometheus text exposition (no API key, like /health). */
+static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
+    srv_metrics_live live;
+    memset(&live, 0, sizeof live);
+    live.model = S.be->name;
+    live.exact = S.be->exact;
+    live.parallel = S.n_workers;
+    live.queue = S.cfg.queue;
+    if (S.be->batch_stats) {
+        live.has_batches = 1;
+        S.be->batch_stats(S.be, &live.decode_batches, &live.decode_batch_rows);
+    }
+    srv_buf b;
+    srv_buf_init(&b);
+    pthread_mutex_lock(&S.mu);
+    live.healthy = !S.model_rc;
+    live.in_flight = S.n_inflight;
+    live.waiting = busy_locked() - S.n_workers;
+    if (live.waiting < 0) live.waiting = 0;
+    live.rejected = S.n_rejected;
+    live.model_errors = S.n_model_errors;
+    srv_metrics_text(&b, &S.met, &live);
+    pthread_mutex_unlock(&S.mu);
+    enum MHD_Result ok = send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p ? b.p : "", NULL);
+    srv_buf_free(&b);
+    return ok;
+}
+
 static enum MHD_Result handle_health(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.mu);
     int busy = S.n_inflight, has = S.has_last, model_rc = S.model_rc;
@@ -487,6 +527,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
         const char *one = NULL;
         if (!strcmp(p, "/health")) x->route = R_HEALTH;
+        else if (!strcmp(url, "/metrics")) x->route = R_METRICS;
         else if (!strcmp(p, "/models")) x->route = R_MODELS;
         else if (!strncmp(p, "/models/", 8) && p[8]) { x->route = R_MODEL_ONE; one = p + 8; }
         else if (!strcmp(p, "/chat/completions")) x->route = R_CHAT;
@@ -505,6 +546,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_error(c, 405, m, NULL, "method_not_allowed");
         }
         if (x->route == R_HEALTH) return handle_health(c);
+        if (x->route == R_METRICS) return handle_metrics(c);
         if (!key_ok(c))
             return send_error(c, 401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.", NULL, "invalid_api_key");
         if (x->route == R_MODELS) return handle_models(c, NULL);
