@@ -86,7 +86,8 @@ typedef struct {
     void *progress_user;
     /* added by the engine (append-only): */
     int kv_positions;           /* with ram_budget: KV-cache positions reserved inside the budget, and the
-                                   most a session may hold; 0 = min(4096, max_position_embeddings) */
+                                   most a session may hold; 0 = min(4096, max_position_embeddings); more than
+                                   max_position_embeddings: that maximum */
     int prefetch;               /* router lookahead prefetch: 0 = auto (on with a ram_budget; without one, a
                                    prompt's next layer only), 1 = on (for decode, kept only while timed decode
                                    steps show it faster than off: a live A/B gate), 2 = off, 3 = ungated (always on). Alias: env DF_PREFETCH=1|on|0|off|ungated when this is 0.

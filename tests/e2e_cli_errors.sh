@@ -170,6 +170,13 @@ out=$("$BIN" serve --model "$KM" --draft "$TMP/nope" --ctx 1000000 --prefetch un
     && ! echo "$out" | grep -q "cannot open model" && ok || bad "serve --draft /nope: rc $rc $out"
 echo "$out" | grep -qE "^deltafin serve: note: --ctx 1000000 is more than the model's maximum of [0-9]+ positions; using [0-9]+$" \
     && ok || bad "serve --ctx 1000000: no note: $out"
+# under a RAM budget, --ctx at the model's maximum is kept as asked, and above it lowered to that maximum
+mx=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["max_position_embeddings"])' "$KM/config.json")
+out=$(timeout 20 "$BIN" serve --model "$KM" --ram-budget 2G --ctx "$mx" --port 0 2>&1 | grep -m1 "listening on" ; true)
+echo "$out" | grep -q ", context $mx, listening on" && ok || bad "serve --ram-budget 2G --ctx $mx: $out"
+out=$(timeout 20 "$BIN" serve --model "$KM" --ram-budget 2G --ctx $((mx + 1)) --port 0 2>&1 | grep -m1 -E "note: --ctx|listening on" ; true)
+echo "$out" | grep -q "^deltafin serve: note: --ctx $((mx + 1)) is more than the model's maximum of $mx positions; using $mx$" \
+    && ok || bad "serve --ram-budget 2G --ctx $((mx + 1)): $out"
 # settings with no effect are said once (new-user trial item 4): --gpu-budget with a CPU backend, --threads above
 # the CPUs online
 ncpu=$(getconf _NPROCESSORS_ONLN)
@@ -214,6 +221,11 @@ t0=$(date +%s%N)
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ $rc -eq 0 ] && [ "$n_long" -gt 512 ] && grep -q "^deltafin run: warning: the prompt has $n_long tokens but km-card was trained on 512 positions (model card $TMP/km-card/README.md" "$TMP/long.err" \
     && ok || bad "trained-positions warning ($n_long tokens): rc $rc, $(cat "$TMP/long.err")"
+# the model card travels with a conversion: the native directory warns the same
+"$BIN" convert "$TMP/km-card" "$TMP/km-card-native" >/dev/null 2>&1 && cmp -s "$TMP/km-card/README.md" "$TMP/km-card-native/README.md" \
+    && "$BIN" run --model "$TMP/km-card-native" --prompt-file "$TMP/long.txt" --max-new 1 --quiet >/dev/null 2>"$TMP/long2.err" \
+    && grep -q "^deltafin run: warning: the prompt has $n_long tokens but km-card was trained on 512 positions (model card $TMP/km-card-native/README.md" "$TMP/long2.err" \
+    && ok || bad "trained-positions warning on the converted model: $(cat "$TMP/long2.err")"
 # the prefill of ~1400 tokens on one thread takes seconds (3 s on the 2-core dev VM): progress lines, then the total
 if [ "$ms" -ge 2000 ]; then
     grep -q "prefill: $n_long tokens, layers [0-9]* / [0-9]*, [0-9.]* s" "$TMP/long.err" &&
@@ -287,6 +299,9 @@ expect 1 "DF_PREFETCH=maybe" "environment variable DF_PREFETCH=\"maybe\": expect
     env DF_PREFETCH=maybe "${R[@]}" --prompt-ids 1 --max-new 1
 expect 1 "DF_PREFAULT=yes" "environment variable DF_PREFAULT=\"yes\": expected 1, on, 0 or off \(the alias of --prefault on\|off\)" -- \
     env DF_PREFAULT=yes "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M
+# the flag wins: with --prefetch / --prefault given, their environment aliases are not read
+env DF_PREFETCH=maybe DF_PREFAULT=yes "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M --prefetch on --prefault off \
+    >/dev/null 2>"$TMP/flagwins.err" && ok || bad "the flags with bad env aliases: $(cat "$TMP/flagwins.err")"
 expect 2 "run --prefault maybe" "--prefault \"maybe\": expected auto, on or off" -- "${R[@]}" --prompt-ids 1 --prefault maybe
 # the configuration line shows the resolved prefault: on by default, off from --prefault off or DF_PREFAULT=0 / off,
 # --prefault on over DF_PREFAULT=off; every documented DF_PREFAULT value is accepted

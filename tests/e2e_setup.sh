@@ -98,6 +98,13 @@ I=$(echo "$out" | tail -1)
 serve_check "serve without --model after setup" "installed test/kimi-mini"
 out=$("$BIN" list 2>&1)
 echo "$out" | grep -q "^\* test/kimi-mini  *full .*$TMP/inst/native" && ok "list: installed, full, default" || bad "list: $out"
+# a pack gone from the full install: list says DAMAGED and names it (put back afterwards)
+pk=$(ls "$TMP/inst/native"/experts-L*.pack | head -1)
+mv "$pk" "$TMP/pack.away"
+out=$("$BIN" list 2>&1)
+echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "expert pack $pk .*No such file" \
+    && ok "list: a full install missing a pack is DAMAGED, the pack named" || bad "list with a pack missing: $out"
+mv "$TMP/pack.away" "$pk"
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "already installed" && ok "setup again: already installed" || bad "setup again: $out"
 # another revision of an installed repo is not "already installed": exit 1 naming both revisions, nothing changed
@@ -161,6 +168,9 @@ for extra in --download-only --keep-download; do
     [ $rc -eq 2 ] && echo "$out" | grep -q -- "--stream and $extra cannot be combined" && [ ! -e "$TMP/sx" ] \
         && ok "--stream $extra refused" || bad "--stream $extra: rc $rc $out"
 done
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/sx" --stream --full 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q -- "--full and --stream cannot be combined" && [ ! -e "$TMP/sx" ] \
+    && ok "--stream --full refused" || bad "--stream --full: rc $rc $out"
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/sx" --disk-budget 3M 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q -- "--disk-budget applies to --stream installs only" && ok "--disk-budget without --stream refused" \
     || bad "--disk-budget without --stream: rc $rc $out"

@@ -364,6 +364,9 @@ int bench_project(int argc, char **argv, decode_fn decode) {
             if (!ev.slot_bytes) ev.slot_bytes = nat->stride;
             geom = "manifest";
             native_close(nat);
+        } else if (ev.ok && cli_is_file(model, "config.json") && !cli_is_file(model, "manifest.json")) {
+            fprintf(stderr, "deltafin bench project: note: %s is a Hugging Face checkpoint, not a native model: layer and "
+                            "expert counts taken from the events (pass its converted directory to use its manifest)\n", model);
         } else if (ev.ok) {
             fprintf(stderr, "deltafin bench project: note: %s (layer and expert counts taken from the events)\n", err);
         }

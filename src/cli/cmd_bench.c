@@ -602,7 +602,8 @@ static int bench_cache(int argc, char **argv) {
                    "       [--hot-fraction F] [--decay D]\n"
                    "  Replays the expert acquisitions of an events file (deltafin run --events) through the store with\n"
                    "  LRU, frequency-aware eviction, and frequency + the heat tier learned from --train (default: the\n"
-                   "  trace itself = in-sample; another run's events = held-out). Prints hit rates.\n");
+                   "  trace itself = in-sample; another run's events = held-out). Prints hit rates. --model DIR: a\n"
+                   "  native model, or a Hugging Face checkpoint converted once into the conversion cache.\n");
             return 0;
         }
         static const char *const vals[] = {"--model", "--trace", "--train", "--slots", "--hot-fraction", "--decay", NULL};
@@ -619,7 +620,8 @@ static int bench_cache(int argc, char **argv) {
     if (!model || !test) { fprintf(stderr, "deltafin bench cache: --model and --trace are required\n"); return 2; }
     char err[2048];
     df_native *nat = NULL;
-    int chk = bench_check_native("cache", model);
+    char conv_dir[4096];
+    int chk = bench_native_model("cache", &model, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench cache: %s\n", err); return 1; }
     trace tt, tr;
@@ -673,7 +675,8 @@ static int bench_store(int argc, char **argv) {
                    "       [--qd N] [--pread] [--io-seconds S] [--no-drop]\n"
                    "  Replays a decode trace through the expert store with real cold reads and no compute; prints\n"
                    "  expert read GB/s as a share of bench io on the same directories in the same run, with qd reused\n"
-                   "  buffers and into a pool the size of the cache (at most 4 GiB; see `bench io --buffer`).\n");
+                   "  buffers and into a pool the size of the cache (at most 4 GiB; see `bench io --buffer`). --model\n"
+                   "  DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache.\n");
             return 0;
         }
         if (!strcmp(a, "--pread")) { uring = 0; continue; }
@@ -691,7 +694,8 @@ static int bench_store(int argc, char **argv) {
     if (!model || !test) { fprintf(stderr, "deltafin bench store: --model and --trace are required\n"); return 2; }
     char err[2048];
     df_native *nat = NULL;
-    int chk = bench_check_native("store", model);
+    char conv_dir[4096];
+    int chk = bench_native_model("store", &model, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench store: %s\n", err); return 1; }
     trace tt;

@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "hub/registry.h"
 #include "hub/stream.h"
+#include "model/native.h"
 
 #include <ftw.h>
 #include <stdio.h>
@@ -32,7 +33,8 @@ int cmd_list(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: deltafin list [--registry FILE]\n"
                    "  the models `deltafin setup` installed: repo, mode, size on disk, completeness (full, or streamed\n"
-                   "  with the share of routed experts present locally), directory; `*` marks the default model that\n"
+                   "  with the share of routed experts present locally; DAMAGED, with the reason, when a full install's\n"
+                   "  files no longer match its manifest), directory; `*` marks the default model that\n"
                    "  run / serve / bench decode / doctor use without --model. Then the embedded model.\n"
                    "  --registry FILE  the registry (default $DELTAFIN_REGISTRY, else $XDG_DATA_HOME/deltafin/models.json,\n"
                    "                   else ~/.local/share/deltafin/models.json)\n");
@@ -60,8 +62,21 @@ int cmd_list(int argc, char **argv) {
             else snprintf(state, sizeof state, "streamed");
         }
         else snprintf(state, sizeof state, "full");
+        /* a full install whose files no longer match its manifest (a pack missing or cut short): not complete */
+        char why[1400] = "";
+        if (!strcmp(state, "full")) {
+            df_native *nat = NULL;
+            if (native_open(&nat, e->model, why, sizeof why)) snprintf(state, sizeof state, "DAMAGED");
+            else if (nat->pack_error[0]) {
+                snprintf(state, sizeof state, "DAMAGED");
+                snprintf(why, sizeof why, "%s", nat->pack_error);
+            } else why[0] = 0;
+            native_close(nat);
+        }
         printf("%c %-40s %-16s %9.2f GB  %s@%s  %s\n", !strcmp(e->repo, dflt) ? '*' : ' ', e->repo, state,
                disk_usage(e->dir) / 1e9, e->mirror, e->revision, e->model);
+        if (why[0]) printf("    %s: %s (`deltafin doctor --model %s` checks every file)\n",
+                           e->repo, why, e->model);
     }
     free(es);
     char emb[4096], how[256];

@@ -70,9 +70,10 @@ static void run_usage(FILE *f) {
             "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --quiet              no configuration line or progress on stderr\n"
             "%s"
-            "A prefill that takes over a second reports its progress (layers done) on stderr. A prompt longer than the\n"
-            "positions the model was trained on (the model card's trained_positions in DIR/README.md, else the\n"
-            "config's max_position_embeddings) gets a warning on stderr.\n",
+            "A prefill that takes over a second reports its progress (layers done) on stderr: one line rewritten in\n"
+            "place on a terminal, else a line every 5 s. A prompt longer than the positions the model was trained on\n"
+            "(the model card's trained_positions in DIR/README.md, which convert and setup copy beside the native\n"
+            "files, else the config's max_position_embeddings) gets a warning on stderr.\n",
             cli_draft_usage(1));
 }
 
@@ -289,14 +290,16 @@ static void gen_signal(int sig) {
 static int prefill_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     prefill_prog *p = user;
     double now = now_s();
-    if (now - p->t0 < 1.0 || (p->shown && now - p->last < 0.5) || !cli_stderr_tty()) return 0;
+    /* from 1 s on: a terminal gets one line rewritten every 0.5 s; a file or pipe a line every 5 s */
+    const int tty = cli_stderr_tty();
+    if (now - p->t0 < 1.0 || (p->shown && now - p->last < (tty ? 0.5 : 5.0))) return 0;
     p->last = now;
     p->shown = 1;
-    fprintf(stderr, "\rprefill: %d tokens, %s %llu / %llu, %.1f s", p->n_tokens, what, (unsigned long long)done,
-            (unsigned long long)total, now - p->t0);
+    fprintf(stderr, "%sprefill: %d tokens, %s %llu / %llu, %.1f s%s", cli_cr(), p->n_tokens, what,
+            (unsigned long long)done, (unsigned long long)total, now - p->t0, tty ? "" : "\n");
     fflush(stderr);
-    progress_open = 1;
-    g_prefill_line = 1;
+    progress_open = tty;
+    g_prefill_line = tty;
     return 0;
 }
 

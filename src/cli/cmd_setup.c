@@ -153,6 +153,7 @@ static void note_replaced_dir(const char *reg, const reg_entry *e) {
 int cmd_setup(int argc, char **argv) {
     const char *repo = NULL, *rev = NULL, *mirror = NULL, *dir_flag = NULL, *expert_dirs = NULL, *reg_flag = NULL;
     int download_only = 0, include_draft = 0, keep = 0, no_default = 0, quiet = 0, verbose = 0, threads = 0, retries = 4, stream = 0;
+    int said_full = 0, said_stream = 0;
     hub_dl_opts dl;
     hub_dl_opts_default(&dl);
     uint64_t disk_budget = 0;
@@ -160,8 +161,8 @@ int cmd_setup(int argc, char **argv) {
         const char *a = argv[i];
 #define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "deltafin setup: %s needs a value\n", a), (char *)NULL))
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--full")) stream = 0;
-        else if (!strcmp(a, "--stream")) stream = 1;
+        else if (!strcmp(a, "--full")) { stream = 0; said_full = 1; }
+        else if (!strcmp(a, "--stream")) { stream = 1; said_stream = 1; }
         else if (!strcmp(a, "--revision")) { if (!(rev = NEXT())) return 2; }
         else if (!strcmp(a, "--mirror")) { if (!(mirror = NEXT())) return 2; }
         else if (!strcmp(a, "--dir")) { if (!(dir_flag = NEXT())) return 2; }
@@ -196,6 +197,11 @@ int cmd_setup(int argc, char **argv) {
 #undef NEXT
     }
     if (!repo) { fprintf(stderr, "deltafin setup: REPO is required (e.g. moonshotai/Kimi-K2-Instruct)\n\n"); usage(stderr); return 2; }
+    if (said_full && said_stream) {
+        fprintf(stderr, "deltafin setup: --full and --stream cannot be combined: choose one (--full downloads every file; "
+                        "--stream the spine only, the experts on first use; --full later completes a streamed install)\n");
+        return 2;
+    }
     /* a streamed install's shards hold only headers, the spine and the experts fetched so far (the rest are holes):
      * they are never a checkpoint of their own to hand over or keep */
     if (stream && download_only) {

@@ -912,7 +912,7 @@ static void usage(FILE *f) {
             "                    top-16, 2 shared, dense layer 0 of 33792, vocab 163840, AttnRes) with fewer layers\n"
             "                    (--layers, default 2, or --size); 1-based layers 4, 8, ... and the last are MLA, the\n"
             "                    rest KDA; prints the spine and expert bytes of every layer. Every size option below\n"
-            "                    still overrides (e.g. --experts 8 --hidden 512 for a small test model)\n"
+            "                    still overrides (e.g. --experts 8 --top-k 4 --hidden 512 for a small test model)\n"
             "  --latent N        kimi_k3: routed_expert_hidden_size, the experts' width (3584)\n"
             "  --kda-heads N --kda-head-dim N  kimi_k3: linear_attn_config num_heads (= --heads), head_dim (128)\n"
             "  --hidden N        hidden size (7168)            --moe-inter N   expert width (2048)\n"

@@ -449,9 +449,11 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     so.unpin = be->host_unpin;
     {
         int mode = opts.prefault, env = 0;
-        rc = env_switch("DF_PREFAULT", "--prefault", 0, &env, err, errlen); /* documented alias of --prefault */
-        if (rc) goto fail;
-        if (mode == 0) mode = env;
+        if (mode == 0) { /* the documented alias of --prefault, read only when the flag was not given */
+            rc = env_switch("DF_PREFAULT", "--prefault", 0, &env, err, errlen);
+            if (rc) goto fail;
+            mode = env;
+        }
         so.no_prefault = mode == 2;
     }
     if (opts.heat_path && strcmp(opts.heat_path, "off") && *opts.heat_path) {
@@ -465,7 +467,8 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     m->kv_positions = cfg->max_position_embeddings;
     if (opts.ram_budget) {
         int ctx = cfg->max_position_embeddings < 4096 ? cfg->max_position_embeddings : 4096;
-        if (opts.kv_positions > 0 && opts.kv_positions < cfg->max_position_embeddings) ctx = opts.kv_positions;
+        if (opts.kv_positions > 0) /* the model's maximum at most (a caller asking for more says so itself) */
+            ctx = opts.kv_positions < cfg->max_position_embeddings ? opts.kv_positions : cfg->max_position_embeddings;
         m->kv_positions = ctx;
         /* MLA layers hold a latent row per position; KDA layers a fixed state (+ one prompt snapshot) */
         int n_mla = 0, n_kda = 0;
@@ -530,9 +533,11 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
      * guesses are cut to a 2% expected waste). Never changes numerics. */
     {
         int mode = opts.prefetch, env = 0;
-        rc = env_switch("DF_PREFETCH", "--prefetch", 1, &env, err, errlen); /* documented alias of --prefetch */
-        if (rc) goto fail;
-        if (mode == 0) mode = env;
+        if (mode == 0) { /* the documented alias of --prefetch, read only when the flag was not given */
+            rc = env_switch("DF_PREFETCH", "--prefetch", 1, &env, err, errlen);
+            if (rc) goto fail;
+            mode = env;
+        }
         m->eng.prefetch = m->store && (mode == 1 || mode == 3 || (mode == 0 && opts.ram_budget > 0));
         m->eng.prefetch_prompt = m->store && mode != 2;
         m->eng.prefetch_ungated = mode == 3; /* always on, without the A/B gate (forward.c) */

@@ -909,8 +909,10 @@ static char *build_manifest(conv *c) {
 
 /* ----------------------------------------------------------------- driver */
 
+/* copied beside the native files when the checkpoint has them: the tokenizer's, the generation config, and the model
+ * card (README.md: `run` reads its trained_positions) */
 static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja",
-                                        "special_tokens_map.json", "generation_config.json"};
+                                        "special_tokens_map.json", "generation_config.json", "README.md"};
 
 /* After a failure or cancellation: remove every file this conversion wrote, the *.tmp files
  * and those it already gave their final names (tokenizer copies, renamed spine / packs:
@@ -1041,7 +1043,7 @@ int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *o
     /* the last point where the progress callback can cancel (SIGINT in `deltafin convert`):
      * nothing has its final name yet */
     if ((rc = progress_add(c, 0))) goto done;
-    /* tokenizer files (atomic copies) */
+    /* tokenizer files, generation config, model card (atomic copies) */
     for (size_t i = 0; i < sizeof tok_files / sizeof tok_files[0]; i++) {
         char s[4200];
         snprintf(s, sizeof s, "%s/%s", hf_dir, tok_files[i]);
