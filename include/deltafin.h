@@ -312,6 +312,16 @@ const char *df_phase_name(int phase);
 void df_model_stats(const df_model *m, df_stats *out);
 void df_model_stats_reset(df_model *m);
 
+/* Live view of the routed experts' tiers (what `serve`'s /store.json and web page show). For MoE layer i (0 ..
+ * *moe_layers - 1, in model order; layer_ids[i], optional, receives its index among all layers) and expert e:
+ * state[i * *experts + e] = 0 on the drives only, 1 being read, 2 in the host's expert cache, plus 4 when a copy is
+ * in GPU memory (backend cuda); heat (optional, same shape) = the store's eviction score (recency-weighted use
+ * count plus the heat tier: higher stays longer). state NULL: only the shape is returned. Returns the entries
+ * (*moe_layers x *experts), or -1 for a model without routed experts or a cap below that. Safe while other threads
+ * evaluate (it reads the store under its lock); no side effect. */
+int df_model_expert_map(const df_model *m, unsigned char *state, float *heat, int cap, int *moe_layers,
+                        int *experts, int *layer_ids);
+
 /* What df_model_preload placed: routed experts of every MoE layer (total), those in GPU memory (backend cuda, up to
  * --gpu-budget), those in the host expert cache only (up to the RAM budget's slots; all of them without a budget);
  * the expert bytes read and the wall time. complete = 1 when every expert is in memory. */

@@ -290,6 +290,18 @@ else
         echo "--- KV reuse (server log):"
         grep 'completion json' "$TMP/model.log" | tail -2 | sed 's/^/    /'
     fi
+    # the live view: /store.json (a digit and two hex digits per expert, one entry per MoE layer) and the page
+    # itself, run against this server, counting the same tiers
+    curl -s "$B/store.json" >"$TMP/store.json"
+    sj=$(node -e 'const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));
+      const ok=s.object==="expert_map"&&s.layers.length===s.moe_layers&&s.layers.every(l=>l.state.length===s.experts&&
+        /^[0-7]+$/.test(l.state)&&l.heat.length===2*s.experts&&/^[0-9a-f]+$/.test(l.heat));
+      const n=[0,0,0,0];for(const l of s.layers)for(const c of l.state){const v=+c;v&4?n[3]++:n[v&3]++}
+      console.log(ok?`${s.moe_layers} layers x ${s.experts} experts: drives only ${n[0]}, being read ${n[1]}, host cache ${n[2]}, GPU ${n[3]}`:"bad")' "$TMP/store.json")
+    [ "$sj" != bad ] && [ -n "$sj" ] && ok "/store.json: $sj" || bad "/store.json: $(head -c 300 "$TMP/store.json")"
+    ui=$(timeout 30 node "$SRC/tests/server/ui_check.mjs" "$B" 2>&1)
+    echo "$ui" | grep -qF "\"tiers\":\"$sj\"" && echo "$ui" | grep -qF "\"model\":\"$NAME (exact)\"" \
+        && ok "GET / (live view) runs and shows the store's tiers" || bad "live view: $ui (store.json: $sj)"
     stop_server model
 fi
 

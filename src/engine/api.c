@@ -971,6 +971,31 @@ void df_model_stats(const df_model *m, df_stats *o) {
     pthread_mutex_unlock(mu);
 }
 
+int df_model_expert_map(const df_model *m, unsigned char *state, float *heat, int cap, int *moe_layers,
+                        int *experts, int *layer_ids) {
+    if (!m || !m->nat || m->nat->n_moe_layers <= 0 || m->nat->n_experts <= 0) return -1;
+    const int nl = m->nat->n_moe_layers, ne = m->nat->n_experts;
+    if (moe_layers) *moe_layers = nl;
+    if (experts) *experts = ne;
+    if (!state) return nl * ne;
+    if (cap < nl * ne) return -1;
+    for (int i = 0; i < nl; i++) {
+        const int layer = m->nat->moe_layers[i].layer;
+        if (layer_ids) layer_ids[i] = layer;
+        unsigned char *st = state + (size_t)i * ne;
+        float *ht = heat ? heat + (size_t)i * ne : NULL;
+        if (m->store) store_map(m->store, layer, st, ht);
+        else {
+            memset(st, 0, (size_t)ne);
+            if (ht) memset(ht, 0, sizeof(float) * (size_t)ne);
+        }
+        if (m->eng.be && m->eng.be->dev_has) /* the GPU tier: its own flag beside the host state */
+            for (int e = 0; e < ne; e++)
+                if (eng_dev_resident(&m->eng, layer, e)) st[e] |= 4;
+    }
+    return nl * ne;
+}
+
 void df_model_stats_reset(df_model *m) {
     if (!m) return;
     pthread_mutex_lock(&m->mu);

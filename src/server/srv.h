@@ -198,6 +198,9 @@ struct srv_backend {
     void (*stats_reset)(srv_backend *b);
     /* batched decode steps so far: forward passes and the rows they held (rows / steps = mean batch); NULL for the mock */
     void (*batch_stats)(srv_backend *b, uint64_t *steps, uint64_t *rows);
+    /* the routed experts' tiers now (df_model_expert_map; same arguments); NULL for the mock */
+    int (*expert_map)(srv_backend *b, unsigned char *state, float *heat, int cap, int *moe_layers, int *experts,
+                      int *layer_ids);
     void (*close)(srv_backend *b);
     /* speculative decoding (srv_backend_set_draft); NULL without a drafter: spec_new(b, sess, sampler) makes
      * a generator over an acquired session (with that session's drafter) and the request's sampler,
@@ -325,5 +328,12 @@ void srv_metrics_fold(srv_metrics *m, const df_stats *st);
 void srv_metrics_reset_epoch(srv_metrics *m, const df_stats *before);
 /* Append the exposition of m and live to b. */
 void srv_metrics_text(srv_buf *b, const srv_metrics *m, const srv_metrics_live *live);
+
+/* ------------------------------------------------------------- live view */
+/* GET /store.json: the routed experts' tiers as JSON (srv_ui.c; malloc'd; *http_status 200, or 500 with an OpenAI
+ * error body); a backend without expert_map (the mock) gives an empty map. */
+char *srv_store_json(srv_backend *be, int *http_status);
+/* GET /: the live view page (static HTML and script; it polls /health, /metrics and /store.json). */
+const char *srv_ui_html(void);
 
 #endif

@@ -207,6 +207,10 @@ static void m_batch_stats(srv_backend *b, uint64_t *steps, uint64_t *rows) {
     *rows = bm->n_batch_rows;
     pthread_mutex_unlock(&bm->mu);
 }
+static int m_expert_map(srv_backend *b, unsigned char *state, float *heat, int cap, int *moe_layers, int *experts,
+                        int *layer_ids) {
+    return df_model_expert_map(BM(b)->m, state, heat, cap, moe_layers, experts, layer_ids);
+}
 static void m_close(srv_backend *b) {
     if (!b) return;
     if (BM(b)) {
@@ -311,6 +315,7 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
     b->stats = m_stats;
     b->stats_reset = m_stats_reset;
     b->batch_stats = m_batch_stats;
+    b->expert_map = m_expert_map;
     if (b->n_vocab <= 0) {
         snprintf(err, errlen, "model %s reports %d vocabulary entries", path, b->n_vocab);
         m_close(b);

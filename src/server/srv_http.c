@@ -3,7 +3,7 @@
  * waiting, default 16; more -> 429 with Retry-After), the --parallel worker threads
  * that run generations, SSE responses with keep-alive comments, client-disconnect detection,
  * /health (including a model that failed: a corrupt expert pack), /metrics (Prometheus text,
- * srv_metrics.c), and SIGTERM/SIGINT shutdown.
+ * srv_metrics.c), the live view (/ and /store.json, srv_ui.c), and SIGTERM/SIGINT shutdown.
  *
  * Threads: MHD runs one thread per connection; a handler blocks while its job
  * waits and runs (polling the socket for a hang-up every 100 ms). Each worker runs
@@ -52,7 +52,7 @@ typedef struct {
 
 static server S;
 
-enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL_ONE, R_CHAT, R_COMPL };
+enum { R_NONE, R_HEALTH, R_METRICS, R_UI, R_STORE, R_MODELS, R_MODEL_ONE, R_CHAT, R_COMPL };
 
 typedef struct {
     int route;
@@ -528,6 +528,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const char *one = NULL;
         if (!strcmp(p, "/health")) x->route = R_HEALTH;
         else if (!strcmp(url, "/metrics")) x->route = R_METRICS;
+        else if (!strcmp(url, "/")) x->route = R_UI;
+        else if (!strcmp(url, "/store.json")) x->route = R_STORE;
         else if (!strcmp(p, "/models")) x->route = R_MODELS;
         else if (!strncmp(p, "/models/", 8) && p[8]) { x->route = R_MODEL_ONE; one = p + 8; }
         else if (!strcmp(p, "/chat/completions")) x->route = R_CHAT;
@@ -547,6 +549,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         if (x->route == R_HEALTH) return handle_health(c);
         if (x->route == R_METRICS) return handle_metrics(c);
+        if (x->route == R_UI) return send_body(c, 200, "text/html; charset=utf-8", srv_ui_html(), NULL);
+        if (x->route == R_STORE) {
+            int status = 200;
+            char *j = srv_store_json(S.be, &status);
+            enum MHD_Result ok = send_body(c, status, "application/json", j ? j : "{}", NULL);
+            free(j);
+            return ok;
+        }
         if (!key_ok(c))
             return send_error(c, 401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.", NULL, "invalid_api_key");
         if (x->route == R_MODELS) return handle_models(c, NULL);

@@ -709,6 +709,20 @@ void store_present(df_store *st, int layer, const int *experts, int n, unsigned 
     pthread_mutex_unlock(&st->mu);
 }
 
+void store_map(df_store *st, int layer, unsigned char *state, float *heat) {
+    pthread_mutex_lock(&st->mu);
+    const int ok = layer >= 0 && layer < st->n_layers && st->layers[layer].n_files > 0;
+    for (int e = 0; e < st->n_experts; e++) {
+        const int s = ok ? st->slot_of[KEY(st, layer, e)] : -1;
+        state[e] = s < 0 ? 0 : st->slots[s].state == SLOT_READY ? 2 : st->slots[s].state == SLOT_LOADING ? 1 : 0;
+        if (heat) {
+            const int key = KEY(st, layer, e);
+            heat[e] = ok ? (float)(st->freq[key] * decay_to(st, key) + (st->heat ? st->heat[key] : 0.0f)) : 0.0f;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
 int store_max_acquire(const df_store *st) {
     int m = st->n_slots - st->hot_limit;
     return m < st->top_k ? st->top_k : m;

@@ -109,6 +109,11 @@ int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_by
  * step computes the members in memory while the rest are read); no side effect. */
 void store_present(df_store *st, int layer, const int *experts, int n, unsigned char *present);
 
+/* The tiers of every expert of one (MoE) layer at this moment, for a live view: state[e] = 2 in memory, 1 being read,
+ * 0 on the drives only; heat[e] (optional) = its eviction score (recency-weighted use count, plus the heat tier's
+ * weight when one is loaded: higher stays longer). n_experts entries each; no side effect. */
+void store_map(df_store *st, int layer, unsigned char *state, float *heat);
+
 /* Measured prefetch recall of one layer: guesses for `layer` later acquired /
  * guesses issued for it (since open), or -1 when fewer than min_issued guesses
  * were made. The engine can stop predicting layers whose recall is low. */
