@@ -193,7 +193,9 @@ static void ex_task(void *ctx, int64_t i0, int64_t i1, int tid) {
 
 /* The chunk's items (as ex_task computes them) in one df_backend.mlp_group call from the calling thread: one
  * copy of every item's input to the device, the items' kernels back to back, one copy back, one synchronisation.
- * The routed experts' rows of hx are gathered into one buffer (item i's input: its count[xs[i]] rows, width Wd);
+ * The routed experts' rows of hx are gathered into one buffer (item i's input: its count[xs[i]] rows, width Wd),
+ * except for an expert that all T rows route to, whose input is hx itself (mlp_group stages an input shared by
+ * several items once);
  * the outputs land where ex_task puts them (ye[i], sh), with the same bits (mlp_group gives each item mlp's bits),
  * and bytes[] / rc[] are filled as ex_task fills them. 0, or -1 when it cannot (nothing usable was computed: the
  * caller runs ex_task). */
@@ -213,14 +215,19 @@ static int ex_group(ex_job *j, int items) {
         int64_t off = 0;
         for (int i = 0; i < j->n; i++) {
             const int x = j->xs[i], n = j->count[x];
+            /* an expert that every row routes to, in order (always so for one token): hx itself, so that the backend
+             * sees one input shared by these items (and the shared expert when hx is h) and stages it once */
+            int all = n == j->T;
+            for (int r = 0; r < n && all; r++) all = j->rows[j->start[x] + r] == r;
             float *xe = xg + off * j->Wd;
-            for (int r = 0; r < n; r++)
-                memcpy(xe + (int64_t)r * j->Wd, j->hx + (int64_t)j->rows[j->start[x] + r] * j->Wd, sizeof(float) * j->Wd);
+            if (!all)
+                for (int r = 0; r < n; r++)
+                    memcpy(xe + (int64_t)r * j->Wd, j->hx + (int64_t)j->rows[j->start[x] + r] * j->Wd, sizeof(float) * j->Wd);
             off += n;
             wg[i] = &j->views[i].gate;
             wu[i] = &j->views[i].up;
             wdn[i] = &j->views[i].down;
-            xin[i] = xe;
+            xin[i] = all ? j->hx : xe;
             Ts[i] = n;
             outs[i] = j->ye[i];
         }

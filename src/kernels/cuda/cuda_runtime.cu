@@ -418,7 +418,8 @@ int groupable(const df_weight *gate, const df_weight *up, const df_weight *down,
            gate->cols % 32 == 0 && gate->rows % 32 == 0 && cached_entry(gate) && cached_entry(up) && cached_entry(down);
 }
 
-/* df_cuda_mlp_group: every item's x packed into the pinned staging at 256-byte offsets and copied in at once.
+/* df_cuda_mlp_group: every distinct x (items with the same input share it) packed into the pinned staging at
+ * 256-byte offsets and copied in at once.
  * Items whose weights are all cached, of the encoding and shape of the first such item, on the tensor-core kernel
  * (groupable), run together: one grouped launch for all their gates and ups (cu_mma_group_launch: each output has
  * the bits of its own launch), one activation over all their rows (element-wise: the same bits), one grouped launch
@@ -462,7 +463,13 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
         ooff[i] = oall;
         if (T[i] <= 0) continue;
         const size_t t = (size_t)T[i];
-        xall += round_up(sizeof(float) * t * (size_t)gate[i]->cols, 256);
+        /* an input that an earlier item has too (a decode step's experts and shared expert all read the token's
+         * row): staged and copied once, the items share its device copy (and so its split, cu_mma_group_launch) */
+        int dup = -1;
+        for (int j = 0; j < i && dup < 0; j++)
+            if (x[j] == x[i] && T[j] == T[i] && gate[j]->cols == gate[i]->cols) dup = j;
+        if (dup >= 0) xoff[i] = xoff[dup];
+        else xall += round_up(sizeof(float) * t * (size_t)gate[i]->cols, 256);
         oall += round_up(sizeof(float) * t * (size_t)down[i]->rows, 256);
         const size_t b = sizeof(float) * t * (size_t)gate[i]->rows;
         if (!grp[i] && b > ib) ib = b;
@@ -476,8 +483,13 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
         if (grow(&g_sx, &g_csx, xall) || grow(&g_sy, &g_csy, oall) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib))
             break;
         if (grow_host(&g_hx, &g_chx, xall) || grow_host(&g_hy, &g_chy, oall)) break;
+        size_t next = 0; /* each distinct input once, in offset order */
         for (int i = 0; i < n; i++)
-            if (T[i] > 0) memcpy((char *)g_hx + xoff[i], x[i], sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols);
+            if (T[i] > 0 && xoff[i] == next) {
+                const size_t b = sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols;
+                memcpy((char *)g_hx + xoff[i], x[i], b);
+                next = xoff[i] + round_up(b, 256);
+            }
         cudaError_t ce = cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st);
         if (ce != cudaSuccess) { fail("cudaMemcpyAsync", ce); break; }
         cu_rt_mark("group: copy in");
