@@ -80,6 +80,9 @@ etype() { node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]
 expect "GET /health without key" "$(code "$B/health")" 200
 expect "GET /metrics without key (Prometheus text)" "$(code "$B/metrics")" 200
 grep -q "^deltafin_requests_rejected_total 0$" "$TMP/body" && ok "/metrics: the exposition names its counters" || bad "/metrics body: $(head -c 200 "$TMP/body")"
+expect "GET /v1/metrics" "$(code "$B/v1/metrics")" 200
+curl -s -o /dev/null -D - -X POST "$B/metrics" | tr -d '\r' | grep -qi '^Allow: GET, HEAD, OPTIONS$' \
+    && ok "405 on POST /metrics names the allowed methods (Allow)" || bad "405 on POST /metrics without Allow"
 # CORS (default --cors *): the preflight answered without the key, the origin header on every response
 hdr() { curl -s -o /dev/null -D - "$@" | tr -d '\r'; }
 PF=$(hdr -X OPTIONS -H "Origin: https://app.example" -H "Access-Control-Request-Method: POST" "$B/v1/chat/completions")
@@ -125,6 +128,19 @@ expect "stop \"\" -> 200" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"
 expect "stop [\"\"] -> 200" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0,"stop":[""]}' "$B/v1/completions")" 200
 expect "stop [\"\"]: text not cut" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0].text)' "$TMP/body")" "lo,"
 expect "max_tokens 1e11 -> 400" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":100000000000}' "$B/v1/completions")" 400
+# /metrics counts a generation's tokens while it runs (the mock: 5 ms a token), and all of them once it is done
+gen_total() { curl -s "$B/metrics" | sed -n 's/^deltafin_generation_tokens_total //p'; }
+g0=$(gen_total)
+curl -s -o "$TMP/live.json" "${P[@]}" -d '{"prompt":"abc","max_tokens":150,"temperature":0,"ignore_eos":true}' "$B/v1/completions" &
+gp=$!
+sleep 0.15
+g1=$(gen_total)
+wait $gp
+g2=$(gen_total)
+n=$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).usage.completion_tokens)' "$TMP/live.json" 2>/dev/null)
+[ "${n:-0}" -gt 20 ] && [ "$g1" -gt "$g0" ] 2>/dev/null && [ "$g1" -lt $((g0 + n)) ] && [ "$g2" = $((g0 + n)) ] \
+    && ok "/metrics: generated tokens counted while the generation runs ($g0 -> $g1 -> $g2, $n generated)" \
+    || bad "/metrics live tokens: $g0 -> $g1 -> $g2 ($n generated: want between, then +$n)"
 case "$(eparam)" in "max_tokens | "*"too large"*"between 1 and 1000000000"*) ok "max_tokens 1e11: message";;
     *) bad "max_tokens 1e11: message: $(eparam)";; esac
 expect "still serving after bad input" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0}' "$B/v1/completions")" 200

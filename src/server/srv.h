@@ -281,6 +281,7 @@ struct srv_job {
     srv_job *next;            /* queue link */
     /* results (for the log) */
     int prompt_tokens, cached_tokens, completion_tokens;
+    int live_tokens;          /* tokens generated so far (atomic; read by /metrics while the job runs) */
     double ttft_s;
     uint64_t seed;            /* the sampling seed used (the request's, else srv_random_u64) */
     int engine_rc;            /* df_eval's error code when evaluation failed (else 0) */
@@ -307,22 +308,25 @@ typedef struct {
     uint64_t prompt_tokens, cached_tokens, completion_tokens;
     srv_hist ttft, duration;   /* seconds */
     df_stats engine;           /* engine counters summed over reset epochs (resident_bytes: the latest) */
-    df_stats cap;              /* the last snapshot folded, of epoch cap_epoch */
+    df_stats cap;              /* per field, the largest snapshot value folded in epoch cap_epoch */
     unsigned epoch, cap_epoch;
+    unsigned reset_seq;        /* odd while the engine's statistics are being reset (srv_http.c's worker) */
 } srv_metrics;
 /* What the exposition reads from the server at scrape time. */
 typedef struct {
     const char *model;
+    uint64_t live_tokens;      /* tokens generated so far by the generations still running */
     int exact, healthy, parallel, queue, in_flight, waiting, has_batches;
     unsigned long rejected, model_errors;
     uint64_t decode_batches, decode_batch_rows;
 } srv_metrics_live;
 /* One finished generation request: chat (1) or completions (0), its HTTP status, its token counts, the seconds to
- * its first token (not counted when it generated nothing) and the worker's seconds on it. */
+ * its first token (not counted when it generated nothing) and the worker's seconds on it (duration_s < 0: it never
+ * ran, e.g. its client left while it waited: not in the duration histogram). */
 void srv_metrics_request(srv_metrics *m, int chat, int status, int prompt_tokens, int cached_tokens,
                          int completion_tokens, double ttft_s, double duration_s);
-/* A df_stats snapshot of the current reset epoch (counters since the engine's last reset): adds its growth since
- * the previous snapshot of that epoch. */
+/* A df_stats snapshot of the current reset epoch (counters since the engine's last reset): adds, per field, its growth
+ * beyond the largest value folded in that epoch (snapshots may come out of order). */
 void srv_metrics_fold(srv_metrics *m, const df_stats *st);
 /* The engine's statistics are about to be reset: fold `before` (their last value), then start a new epoch. */
 void srv_metrics_reset_epoch(srv_metrics *m, const df_stats *before);

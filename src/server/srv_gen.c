@@ -672,6 +672,7 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         if (is_stop) { fin = FIN_STOP; break; }
         if (r->logprobs) record_logprob(g, logits, id);
         g->gen_ids[g->n_gen++] = id;
+        __atomic_store_n(&j->live_tokens, g->n_gen, __ATOMIC_RELAXED); /* /metrics while it runs */
         const char *mtext = NULL;
         for (int i = 0; i < g->n_markers; i++) if (id == g->markers[i]) mtext = g->marker_text[i];
         int k, hit = 0;

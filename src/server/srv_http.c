@@ -102,17 +102,24 @@ static int busy_locked(void) {
     return n;
 }
 
-static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *type, const char *body,
-                                 const char *retry_after) {
+/* A whole body; retry_after (429) and allow (405: the methods the URL takes) add those headers when not NULL. */
+static enum MHD_Result send_body_h(struct MHD_Connection *c, int status, const char *type, const char *body,
+                                   const char *retry_after, const char *allow) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
     if (S.cfg.cors) MHD_add_response_header(r, "Access-Control-Allow-Origin", S.cfg.cors);
     if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    if (allow) MHD_add_response_header(r, "Allow", allow);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *type, const char *body,
+                                 const char *retry_after) {
+    return send_body_h(c, status, type, body, retry_after, NULL);
 }
 
 static enum MHD_Result send_error(struct MHD_Connection *c, int status, const char *msg, const char *param,
@@ -154,6 +161,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&S.mu);
 
         double t0 = srv_now();
+        const int ran = !j->cancel; /* a job cancelled while it waited never runs: no duration */
         if (j->cancel) {
             if (j->shutdown) {
                 char *e = srv_error_json("The server is shutting down.", "server_error", NULL, NULL);
@@ -176,15 +184,21 @@ static void *worker_main(void *arg) {
                 if (S.be->stats) S.be->stats(S.be, &before);
                 pthread_mutex_lock(&S.mu);
                 srv_metrics_reset_epoch(&S.met, &before);
+                S.met.reset_seq++; /* odd: a scrape's snapshot taken now is not folded */
                 pthread_mutex_unlock(&S.mu);
                 S.be->stats_reset(S.be);
+                pthread_mutex_lock(&S.mu);
+                S.met.reset_seq++;
+                pthread_mutex_unlock(&S.mu);
             }
             srv_gen_run(&S.gen, j);
         }
         double dt = srv_now() - t0;
         df_stats st;
         memset(&st, 0, sizeof st);
-        if (S.be->stats && !j->cancel) S.be->stats(S.be, &st);
+        if (S.be->stats) S.be->stats(S.be, &st); /* for /metrics always; for the log line and /health not when cancelled */
+        const df_stats st_all = st;
+        if (j->cancel) memset(&st, 0, sizeof st);
         char extra[256] = "";
         if (st.prefill_tokens || st.decode_tokens)
             snprintf(extra, sizeof extra, "; prefill %.1f tok/s, decode %.1f tok/s, experts %llu hits / %llu misses",
@@ -196,9 +210,9 @@ static void *worker_main(void *arg) {
                 j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "");
         pthread_mutex_lock(&S.mu);
         if (st.prefill_tokens || st.decode_tokens) { S.last = st; S.has_last = 1; }
-        if (S.be->stats && !j->cancel) srv_metrics_fold(&S.met, &st);
+        if (S.be->stats) srv_metrics_fold(&S.met, &st_all);
         srv_metrics_request(&S.met, j->req.kind == SRV_CHAT, j->http_status, j->prompt_tokens, j->cached_tokens,
-                            j->completion_tokens, j->ttft_s, dt);
+                            j->completion_tokens, j->ttft_s, ran ? dt : -1.0);
         if (j->engine_rc == DF_EFORMAT || j->engine_rc == DF_EIO) { /* the model's files fail: /health says so */
             S.model_rc = j->engine_rc;
             snprintf(S.model_err, sizeof S.model_err, "%s", j->engine_err);
@@ -424,9 +438,20 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
         live.has_batches = 1;
         S.be->batch_stats(S.be, &live.decode_batches, &live.decode_batch_rows);
     }
+    /* the engine's counters now (a generation still running included), folded unless a reset of the engine's
+     * statistics began or ended while they were read (then the next scrape has them) */
+    df_stats now;
+    memset(&now, 0, sizeof now);
+    pthread_mutex_lock(&S.mu);
+    const unsigned seq = S.met.reset_seq;
+    pthread_mutex_unlock(&S.mu);
+    if (S.be->stats && !(seq & 1)) S.be->stats(S.be, &now);
     srv_buf b;
     srv_buf_init(&b);
     pthread_mutex_lock(&S.mu);
+    if (S.be->stats && !(seq & 1) && S.met.reset_seq == seq) srv_metrics_fold(&S.met, &now);
+    for (int w = 0; w < S.n_workers; w++)
+        if (S.running[w]) live.live_tokens += (uint64_t)__atomic_load_n(&S.running[w]->live_tokens, __ATOMIC_RELAXED);
     live.healthy = !S.model_rc;
     live.in_flight = S.n_inflight;
     live.waiting = busy_locked() - S.n_workers;
@@ -527,9 +552,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
         const char *one = NULL;
         if (!strcmp(p, "/health")) x->route = R_HEALTH;
-        else if (!strcmp(url, "/metrics")) x->route = R_METRICS;
+        else if (!strcmp(p, "/metrics")) x->route = R_METRICS;
         else if (!strcmp(url, "/")) x->route = R_UI;
-        else if (!strcmp(url, "/store.json")) x->route = R_STORE;
+        else if (!strcmp(p, "/store.json")) x->route = R_STORE;
         else if (!strcmp(p, "/models")) x->route = R_MODELS;
         else if (!strncmp(p, "/models/", 8) && p[8]) { x->route = R_MODEL_ONE; one = p + 8; }
         else if (!strcmp(p, "/chat/completions")) x->route = R_CHAT;
@@ -545,7 +570,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (want_post ? !post : !(get || !strcmp(method, "HEAD"))) {
             char m[300];
             snprintf(m, sizeof m, "Method %s is not allowed on %.200s (use %s).", method, url, want_post ? "POST" : "GET");
-            return send_error(c, 405, m, NULL, "method_not_allowed");
+            char *e = srv_error_json(m, srv_error_type(405), NULL, "method_not_allowed");
+            enum MHD_Result ok = send_body_h(c, 405, "application/json", e ? e : "{}", NULL,
+                                             want_post ? (S.cfg.cors ? "POST, OPTIONS" : "POST")
+                                                       : (S.cfg.cors ? "GET, HEAD, OPTIONS" : "GET, HEAD"));
+            free(e);
+            return ok;
         }
         if (x->route == R_HEALTH) return handle_health(c);
         if (x->route == R_METRICS) return handle_metrics(c);

@@ -4,7 +4,8 @@
  * request duration histograms) come from each finished generation. Engine figures (expert hits / misses, bytes read
  * on demand / by prefetch, weight bytes touched, I/O stall, prefill / decode time) come from df_stats, which the
  * server resets when a generation starts alone; srv_metrics_fold adds what a df_stats snapshot holds beyond the
- * previous snapshot of the same reset epoch, so generations that overlap are counted once.
+ * largest snapshot of the same reset epoch, so generations that overlap are counted once; /metrics folds a snapshot
+ * at every scrape too, so a running generation's work shows while it runs.
  * Format: https://prometheus.io/docs/instrumenting/exposition_formats/ (text format 0.0.4). */
 #include "srv.h"
 #include <stdio.h>
@@ -35,32 +36,39 @@ void srv_metrics_request(srv_metrics *m, int chat, int status, int prompt_tokens
     m->cached_tokens += cached_tokens > 0 ? (uint64_t)cached_tokens : 0;
     m->completion_tokens += completion_tokens > 0 ? (uint64_t)completion_tokens : 0;
     if (completion_tokens > 0 && ttft_s > 0) hist_add(&m->ttft, ttft_s);
-    hist_add(&m->duration, duration_s);
+    if (duration_s >= 0) hist_add(&m->duration, duration_s);
 }
 
-/* a - b for a counter that only grows within an epoch (0 where a snapshot went backwards) */
-#define DELTA_U(f) (st->f >= m->cap.f ? st->f - m->cap.f : 0)
-#define DELTA_D(f) (st->f >= m->cap.f ? st->f - m->cap.f : 0.0)
+/* Snapshots may arrive out of order (each is read outside the server's lock): per field, only growth beyond the
+ * largest value seen in this epoch is added, and that largest value is kept. */
+#define GROW(f)                                                                                                       \
+    do {                                                                                                              \
+        if (st->f > m->cap.f) {                                                                                       \
+            a->f += st->f - m->cap.f;                                                                                 \
+            m->cap.f = st->f;                                                                                         \
+        }                                                                                                             \
+    } while (0)
 
 void srv_metrics_fold(srv_metrics *m, const df_stats *st) {
-    if (m->cap_epoch != m->epoch) memset(&m->cap, 0, sizeof m->cap);
+    if (m->cap_epoch != m->epoch) {
+        memset(&m->cap, 0, sizeof m->cap);
+        m->cap_epoch = m->epoch;
+    }
     df_stats *a = &m->engine;
-    a->prefill_tokens += DELTA_U(prefill_tokens);
-    a->decode_tokens += DELTA_U(decode_tokens);
-    a->prefill_s += DELTA_D(prefill_s);
-    a->decode_s += DELTA_D(decode_s);
-    a->weight_bytes_read += DELTA_U(weight_bytes_read);
-    a->expert_bytes_demand += DELTA_U(expert_bytes_demand);
-    a->expert_bytes_prefetch += DELTA_U(expert_bytes_prefetch);
-    a->expert_hits += DELTA_U(expert_hits);
-    a->expert_misses += DELTA_U(expert_misses);
-    a->prefetch_useful += DELTA_U(prefetch_useful);
-    a->prefetch_issued += DELTA_U(prefetch_issued);
-    a->io_stall_s += DELTA_D(io_stall_s);
-    a->spine_bytes_streamed += DELTA_U(spine_bytes_streamed);
-    a->resident_bytes = st->resident_bytes; /* a gauge: the latest */
-    m->cap = *st;
-    m->cap_epoch = m->epoch;
+    GROW(prefill_tokens);
+    GROW(decode_tokens);
+    GROW(prefill_s);
+    GROW(decode_s);
+    GROW(weight_bytes_read);
+    GROW(expert_bytes_demand);
+    GROW(expert_bytes_prefetch);
+    GROW(expert_hits);
+    GROW(expert_misses);
+    GROW(prefetch_useful);
+    GROW(prefetch_issued);
+    GROW(io_stall_s);
+    GROW(spine_bytes_streamed);
+    if (st->resident_bytes) a->resident_bytes = st->resident_bytes; /* a gauge: the latest */
 }
 
 void srv_metrics_reset_epoch(srv_metrics *m, const df_stats *before) {
@@ -103,7 +111,8 @@ void srv_metrics_text(srv_buf *b, const srv_metrics *m, const srv_metrics_live *
     gauge(b, "deltafin_queue_capacity", "Requests that may wait for a worker (--queue).", live->queue);
     gauge(b, "deltafin_requests_running", "Generations admitted and not finished (running or waiting).", live->in_flight);
     gauge(b, "deltafin_requests_waiting", "Admitted generations waiting for a worker.", live->waiting);
-    srv_buf_adds(b, "# HELP deltafin_requests_total Finished generation requests by endpoint and HTTP status.\n"
+    srv_buf_adds(b, "# HELP deltafin_requests_total Finished generation requests by endpoint and HTTP status (499: the "
+                    "client left before the response began; a stream keeps the 200 it was sent).\n"
                     "# TYPE deltafin_requests_total counter\n");
     for (int i = 0; i < m->n_codes; i++)
         srv_buf_printf(b, "deltafin_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
@@ -116,9 +125,11 @@ void srv_metrics_text(srv_buf *b, const srv_metrics *m, const srv_metrics_live *
             (double)m->prompt_tokens);
     counter(b, "deltafin_prompt_tokens_reused_total", "Prompt tokens taken from a session's KV cache (not evaluated).",
             (double)m->cached_tokens);
-    counter(b, "deltafin_generation_tokens_total", "Tokens generated.", (double)m->completion_tokens);
+    counter(b, "deltafin_generation_tokens_total", "Tokens generated (those of running generations included).",
+            (double)(m->completion_tokens + live->live_tokens));
     hist_print(b, "deltafin_time_to_first_token_seconds", "Time from a worker starting the generation (prompt evaluation included) to its first token.", &m->ttft);
-    hist_print(b, "deltafin_request_duration_seconds", "Time a worker spent on a generation request.", &m->duration);
+    hist_print(b, "deltafin_request_duration_seconds", "Time a worker spent on a generation request (those that never "
+               "ran not counted).", &m->duration);
     const df_stats *e = &m->engine;
     counter(b, "deltafin_engine_prefill_tokens_total", "Tokens evaluated in multi-token (prompt) evaluations.",
             (double)e->prefill_tokens);
