@@ -102,6 +102,12 @@ static int busy_locked(void) {
     return n;
 }
 
+/* Admitted generations not yet running (the count 429 is judged by; S.mu held). */
+static int waiting_locked(void) {
+    const int w = busy_locked() - S.n_workers;
+    return w > 0 ? w : 0;
+}
+
 /* A whole body; retry_after (429) and allow (405: the methods the URL takes) add those headers when not NULL. */
 static enum MHD_Result send_body_h(struct MHD_Connection *c, int status, const char *type, const char *body,
                                    const char *retry_after, const char *allow) {
@@ -454,8 +460,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
         if (S.running[w]) live.live_tokens += (uint64_t)__atomic_load_n(&S.running[w]->live_tokens, __ATOMIC_RELAXED);
     live.healthy = !S.model_rc;
     live.in_flight = S.n_inflight;
-    live.waiting = busy_locked() - S.n_workers;
-    if (live.waiting < 0) live.waiting = 0;
+    live.waiting = waiting_locked();
     live.rejected = S.n_rejected;
     live.model_errors = S.n_model_errors;
     srv_metrics_text(&b, &S.met, &live);
@@ -468,8 +473,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
 static enum MHD_Result handle_health(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.mu);
     int busy = S.n_inflight, has = S.has_last, model_rc = S.model_rc;
-    int waiting = busy_locked() - S.n_workers; /* admitted requests not yet running (the count 429 is judged by) */
-    if (waiting < 0) waiting = 0;
+    const int waiting = waiting_locked();
     unsigned long served = S.n_served, rejected = S.n_rejected, n_err = S.n_model_errors;
     df_stats st = S.last;
     char merr[sizeof S.model_err];
