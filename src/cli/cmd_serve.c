@@ -47,6 +47,9 @@ static void serve_usage(FILE *f) {
             "  --mock [--mock-delay-ms N]  serve a built-in byte-level test model instead of --model\n"
             "  --mock-kimi              the test model as a Kimi model (<think> + a tool call)\n"
             "  --verbose                log every rejected request\n"
+            "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models; without the API key:\n"
+            "  GET /health (state as JSON), GET /metrics (Prometheus text), GET /store.json (each routed expert's\n"
+            "  tier) and GET / (a live view in the browser); docs/server.md\n"
             "speculative decoding (requests without logprobs; the output is the same):\n%s",
             cli_draft_usage(0));
 }
