@@ -66,11 +66,9 @@ int cmd_list(int argc, char **argv) {
         char why[1400] = "";
         if (!strcmp(state, "full")) {
             df_native *nat = NULL;
-            if (native_open(&nat, e->model, why, sizeof why)) snprintf(state, sizeof state, "DAMAGED");
-            else if (nat->pack_error[0]) {
-                snprintf(state, sizeof state, "DAMAGED");
-                snprintf(why, sizeof why, "%s", nat->pack_error);
-            } else why[0] = 0;
+            const int bad = native_open(&nat, e->model, why, sizeof why) != 0;
+            if (!bad && nat->pack_error[0]) snprintf(why, sizeof why, "%s", nat->pack_error);
+            if (bad || why[0]) snprintf(state, sizeof state, "DAMAGED");
             native_close(nat);
         }
         printf("%c %-40s %-16s %9.2f GB  %s@%s  %s\n", !strcmp(e->repo, dflt) ? '*' : ' ', e->repo, state,

@@ -911,13 +911,13 @@ static char *build_manifest(conv *c) {
 
 /* copied beside the native files when the checkpoint has them: the tokenizer's, the generation config, and the model
  * card (README.md: `run` reads its trained_positions) */
-static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja",
+static const char *const side_files[] = {"tokenizer.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja",
                                         "special_tokens_map.json", "generation_config.json", "README.md"};
 
 /* After a failure or cancellation: remove every file this conversion wrote, the *.tmp files
- * and those it already gave their final names (tokenizer copies, renamed spine / packs:
+ * and those it already gave their final names (copied side files, renamed spine / packs:
  * without a manifest they are not a model), so that nothing of it is left behind. */
-static void cleanup_tmp(conv *c, const char *spine_tmp, const int *tok_copied, int spine_renamed, int packs_renamed) {
+static void cleanup_tmp(conv *c, const char *spine_tmp, const int *side_copied, int spine_renamed, int packs_renamed) {
     char p[4200];
     if (spine_tmp) unlink(spine_tmp);
     if (spine_renamed) {
@@ -930,11 +930,11 @@ static void cleanup_tmp(conv *c, const char *spine_tmp, const int *tok_copied, i
             if (c->ex[i].tmp && c->ex[i].tmp[d]) unlink(c->ex[i].tmp[d]);
             if (k < packs_renamed && c->ex[i].final && c->ex[i].final[d]) unlink(c->ex[i].final[d]);
         }
-    for (size_t i = 0; i < sizeof tok_files / sizeof tok_files[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s.tmp", c->out_dir, tok_files[i]);
+    for (size_t i = 0; i < sizeof side_files / sizeof side_files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s.tmp", c->out_dir, side_files[i]);
         unlink(p);
-        if (tok_copied[i]) {
-            snprintf(p, sizeof p, "%s/%s", c->out_dir, tok_files[i]);
+        if (side_copied[i]) {
+            snprintf(p, sizeof p, "%s/%s", c->out_dir, side_files[i]);
             unlink(p);
         }
     }
@@ -1013,7 +1013,7 @@ int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *o
     char *txt = NULL, *man = NULL;
     int rc;
     int wrote = 0;
-    int tok_copied[sizeof tok_files / sizeof tok_files[0]] = {0}, spine_renamed = 0, packs_renamed = 0;
+    int side_copied[sizeof side_files / sizeof side_files[0]] = {0}, spine_renamed = 0, packs_renamed = 0;
 
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", hf_dir);
     if ((rc = df_read_file(cfg_path, &txt, NULL, err, errlen))) {
@@ -1044,13 +1044,13 @@ int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *o
      * nothing has its final name yet */
     if ((rc = progress_add(c, 0))) goto done;
     /* tokenizer files, generation config, model card (atomic copies) */
-    for (size_t i = 0; i < sizeof tok_files / sizeof tok_files[0]; i++) {
+    for (size_t i = 0; i < sizeof side_files / sizeof side_files[0]; i++) {
         char s[4200];
-        snprintf(s, sizeof s, "%s/%s", hf_dir, tok_files[i]);
+        snprintf(s, sizeof s, "%s/%s", hf_dir, side_files[i]);
         if (!df_path_exists(s)) continue;
-        snprintf(p, sizeof p, "%s/%s", c->out_dir, tok_files[i]);
+        snprintf(p, sizeof p, "%s/%s", c->out_dir, side_files[i]);
         if ((rc = df_copy_file_atomic(s, p, err, errlen))) goto done;
-        tok_copied[i] = 1;
+        side_copied[i] = 1;
     }
     /* every data file complete and fsynced: rename into place, then the manifest */
     snprintf(p, sizeof p, "%s/spine.bin", c->out_dir);
@@ -1073,7 +1073,7 @@ int df_convert(const char *hf_dir, const char *out_dir, const df_convert_opts *o
     rc = df_write_file_atomic(p, man, strlen(man), err, errlen);
     if (!rc && c->opts->progress) c->opts->progress(c->opts->progress_user, "bytes", c->total, c->total);
 done:
-    if (rc && wrote) cleanup_tmp(c, spine_tmp[0] ? spine_tmp : NULL, tok_copied, spine_renamed, packs_renamed);
+    if (rc && wrote) cleanup_tmp(c, spine_tmp[0] ? spine_tmp : NULL, side_copied, spine_renamed, packs_renamed);
     free(txt);
     free(man);
     free_conv(c);

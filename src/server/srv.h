@@ -308,9 +308,10 @@ typedef struct {
     uint64_t prompt_tokens, cached_tokens, completion_tokens;
     srv_hist ttft, duration;   /* seconds */
     df_stats engine;           /* engine counters summed over reset epochs (resident_bytes: the latest) */
-    df_stats cap;              /* per field, the largest snapshot value folded in epoch cap_epoch */
-    unsigned epoch, cap_epoch;
-    unsigned reset_seq;        /* odd while the engine's statistics are being reset (srv_http.c's worker) */
+    df_stats cap;              /* per field, the largest snapshot value folded while seq was cap_seq */
+    unsigned seq;              /* +1 when a reset of the engine's statistics begins, +1 when it ends: odd during
+                                  one, and each even value is one reset epoch */
+    unsigned cap_seq;
 } srv_metrics;
 /* What the exposition reads from the server at scrape time. */
 typedef struct {
@@ -325,11 +326,14 @@ typedef struct {
  * ran, e.g. its client left while it waited: not in the duration histogram). */
 void srv_metrics_request(srv_metrics *m, int chat, int status, int prompt_tokens, int cached_tokens,
                          int completion_tokens, double ttft_s, double duration_s);
-/* A df_stats snapshot of the current reset epoch (counters since the engine's last reset): adds, per field, its growth
- * beyond the largest value folded in that epoch (snapshots may come out of order). */
-void srv_metrics_fold(srv_metrics *m, const df_stats *st);
-/* The engine's statistics are about to be reset: fold `before` (their last value), then start a new epoch. */
-void srv_metrics_reset_epoch(srv_metrics *m, const df_stats *before);
+/* A df_stats snapshot read while m->seq was `seq` (counters since the engine's last reset): adds, per field, its
+ * growth beyond the largest value folded in that epoch (snapshots may come out of order). Nothing when a reset was
+ * under way then or has begun since (the snapshot may straddle it): returns 0, else 1. */
+int srv_metrics_fold(srv_metrics *m, const df_stats *st, unsigned seq);
+/* Around a reset of the engine's statistics: begin folds `before` (their last value) and marks the reset under way;
+ * end starts the new epoch. */
+void srv_metrics_reset_begin(srv_metrics *m, const df_stats *before);
+void srv_metrics_reset_end(srv_metrics *m);
 /* Append the exposition of m and live to b. */
 void srv_metrics_text(srv_buf *b, const srv_metrics *m, const srv_metrics_live *live);
 

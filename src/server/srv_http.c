@@ -189,12 +189,11 @@ static void *worker_main(void *arg) {
                 memset(&before, 0, sizeof before);
                 if (S.be->stats) S.be->stats(S.be, &before);
                 pthread_mutex_lock(&S.mu);
-                srv_metrics_reset_epoch(&S.met, &before);
-                S.met.reset_seq++; /* odd: a scrape's snapshot taken now is not folded */
+                srv_metrics_reset_begin(&S.met, &before); /* a scrape's snapshot read from now on is not folded */
                 pthread_mutex_unlock(&S.mu);
                 S.be->stats_reset(S.be);
                 pthread_mutex_lock(&S.mu);
-                S.met.reset_seq++;
+                srv_metrics_reset_end(&S.met);
                 pthread_mutex_unlock(&S.mu);
             }
             srv_gen_run(&S.gen, j);
@@ -216,7 +215,8 @@ static void *worker_main(void *arg) {
                 j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "");
         pthread_mutex_lock(&S.mu);
         if (st.prefill_tokens || st.decode_tokens) { S.last = st; S.has_last = 1; }
-        if (S.be->stats) srv_metrics_fold(&S.met, &st_all);
+        /* no reset runs while this job is counted as running, so the snapshot is of the current epoch */
+        if (S.be->stats) srv_metrics_fold(&S.met, &st_all, S.met.seq);
         srv_metrics_request(&S.met, j->req.kind == SRV_CHAT, j->http_status, j->prompt_tokens, j->cached_tokens,
                             j->completion_tokens, j->ttft_s, ran ? dt : -1.0);
         if (j->engine_rc == DF_EFORMAT || j->engine_rc == DF_EIO) { /* the model's files fail: /health says so */
@@ -449,13 +449,13 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
     df_stats now;
     memset(&now, 0, sizeof now);
     pthread_mutex_lock(&S.mu);
-    const unsigned seq = S.met.reset_seq;
+    const unsigned seq = S.met.seq;
     pthread_mutex_unlock(&S.mu);
     if (S.be->stats && !(seq & 1)) S.be->stats(S.be, &now);
     srv_buf b;
     srv_buf_init(&b);
     pthread_mutex_lock(&S.mu);
-    if (S.be->stats && !(seq & 1) && S.met.reset_seq == seq) srv_metrics_fold(&S.met, &now);
+    if (S.be->stats) srv_metrics_fold(&S.met, &now, seq);
     for (int w = 0; w < S.n_workers; w++)
         if (S.running[w]) live.live_tokens += (uint64_t)__atomic_load_n(&S.running[w]->live_tokens, __ATOMIC_RELAXED);
     live.healthy = !S.model_rc;

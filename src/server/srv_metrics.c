@@ -49,10 +49,11 @@ void srv_metrics_request(srv_metrics *m, int chat, int status, int prompt_tokens
         }                                                                                                             \
     } while (0)
 
-void srv_metrics_fold(srv_metrics *m, const df_stats *st) {
-    if (m->cap_epoch != m->epoch) {
+int srv_metrics_fold(srv_metrics *m, const df_stats *st, unsigned seq) {
+    if ((seq & 1) || seq != m->seq) return 0;
+    if (m->cap_seq != m->seq) {
         memset(&m->cap, 0, sizeof m->cap);
-        m->cap_epoch = m->epoch;
+        m->cap_seq = m->seq;
     }
     df_stats *a = &m->engine;
     GROW(prefill_tokens);
@@ -69,12 +70,15 @@ void srv_metrics_fold(srv_metrics *m, const df_stats *st) {
     GROW(io_stall_s);
     GROW(spine_bytes_streamed);
     if (st->resident_bytes) a->resident_bytes = st->resident_bytes; /* a gauge: the latest */
+    return 1;
 }
 
-void srv_metrics_reset_epoch(srv_metrics *m, const df_stats *before) {
-    srv_metrics_fold(m, before);
-    m->epoch++;
+void srv_metrics_reset_begin(srv_metrics *m, const df_stats *before) {
+    srv_metrics_fold(m, before, m->seq);
+    m->seq++;
 }
+
+void srv_metrics_reset_end(srv_metrics *m) { m->seq++; }
 
 static void hist_print(srv_buf *b, const char *name, const char *help, const srv_hist *h) {
     srv_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);

@@ -40,9 +40,10 @@ char *srv_store_json(srv_backend *be, int *http_status) {
         srv_buf_add(&b, line, (size_t)ne);
         srv_buf_adds(&b, "\",\"heat\":\"");
         for (int e = 0; e < ne; e++) {
-            const int q = hmax > 0 ? (int)(h[e] / hmax * 255.0f + 0.5f) : 0;
-            line[2 * e] = hex[(q > 255 ? 255 : q < 0 ? 0 : q) >> 4];
-            line[2 * e + 1] = hex[(q > 255 ? 255 : q < 0 ? 0 : q) & 15];
+            int q = hmax > 0 ? (int)(h[e] / hmax * 255.0f + 0.5f) : 0;
+            q = q > 255 ? 255 : q < 0 ? 0 : q;
+            line[2 * e] = hex[q >> 4];
+            line[2 * e + 1] = hex[q & 15];
         }
         srv_buf_add(&b, line, (size_t)ne * 2);
         srv_buf_adds(&b, "\"}");

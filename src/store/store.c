@@ -431,11 +431,16 @@ static float decay_to(const df_store *st, int key) {
     return age < 64 ? st->decay_pow[age] : 0;
 }
 
+/* An expert's frequency-aware eviction score: its recency-weighted count plus the heat tier (higher stays longer). */
+static double key_score(const df_store *st, int key) {
+    double sc = st->freq[key] * decay_to(st, key);
+    if (st->heat) sc += st->heat[key];
+    return sc;
+}
+
 static double slot_score(const df_store *st, const store_slot *s) {
     if (st->o.policy == 1) return 0; /* LRU: tie-break on last_use only */
-    double sc = st->freq[s->key] * decay_to(st, s->key);
-    if (st->heat) sc += st->heat[s->key];
-    return sc;
+    return key_score(st, s->key);
 }
 
 static void slot_reset(df_store *st, int s) {
@@ -700,25 +705,24 @@ int store_request(df_store *st, int layer, const int *experts, int n, store_prio
     return rc;
 }
 
+/* 2 when expert e of the layer is in memory, 1 when its slot is being read, else 0 (st->mu held). */
+static unsigned char key_present(const df_store *st, int layer, int e) {
+    const int s = check_key(st, layer, e) ? st->slot_of[KEY(st, layer, e)] : -1;
+    return s < 0 ? 0 : st->slots[s].state == SLOT_READY ? 2 : st->slots[s].state == SLOT_LOADING ? 1 : 0;
+}
+
 void store_present(df_store *st, int layer, const int *experts, int n, unsigned char *present) {
     pthread_mutex_lock(&st->mu);
-    for (int i = 0; i < n; i++) {
-        int s = check_key(st, layer, experts[i]) ? st->slot_of[KEY(st, layer, experts[i])] : -1;
-        present[i] = s < 0 ? 0 : st->slots[s].state == SLOT_READY ? 2 : st->slots[s].state == SLOT_LOADING ? 1 : 0;
-    }
+    for (int i = 0; i < n; i++) present[i] = key_present(st, layer, experts[i]);
     pthread_mutex_unlock(&st->mu);
 }
 
 void store_map(df_store *st, int layer, unsigned char *state, float *heat) {
     pthread_mutex_lock(&st->mu);
-    const int ok = layer >= 0 && layer < st->n_layers && st->layers[layer].n_files > 0;
+    const int ok = check_key(st, layer, 0);
     for (int e = 0; e < st->n_experts; e++) {
-        const int s = ok ? st->slot_of[KEY(st, layer, e)] : -1;
-        state[e] = s < 0 ? 0 : st->slots[s].state == SLOT_READY ? 2 : st->slots[s].state == SLOT_LOADING ? 1 : 0;
-        if (heat) {
-            const int key = KEY(st, layer, e);
-            heat[e] = ok ? (float)(st->freq[key] * decay_to(st, key) + (st->heat ? st->heat[key] : 0.0f)) : 0.0f;
-        }
+        state[e] = key_present(st, layer, e);
+        if (heat) heat[e] = ok ? (float)key_score(st, KEY(st, layer, e)) : 0.0f;
     }
     pthread_mutex_unlock(&st->mu);
 }
