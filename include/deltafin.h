@@ -309,6 +309,9 @@ enum {
 /* "embed", "norm+residual", "mla", "kda", "router", "experts", "dense-mlp", "io-wait", "prefetch", "lm-head". */
 const char *df_phase_name(int phase);
 
+/* The model's counters since open or the last reset. Never waits for a forward pass running on another thread:
+ * the expert store's counters (hits, misses, bytes read, prefetch, drives) are live; the others are those of the
+ * last finished df_eval / df_eval_batch / df_model_preload. Thread-safe. */
 void df_model_stats(const df_model *m, df_stats *out);
 void df_model_stats_reset(df_model *m);
 

@@ -12,6 +12,7 @@
 #include "model/native.h"
 #include "store/store.h"
 #include <dirent.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -42,6 +43,43 @@ static int prompt_of(const char *case_dir, int32_t *ids, int cap) {
     return k;
 }
 
+/* A df_model_stats call from another thread while a forward pass holds the model (from its progress callback):
+ * it must return at once (a /metrics scrape during a long prompt), with the counters of the last finished call. */
+typedef struct {
+    df_model *m;
+    volatile int done;
+    df_stats st;
+} stats_probe;
+
+static void *stats_thread(void *arg) {
+    stats_probe *p = arg;
+    df_model_stats(p->m, &p->st);
+    __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+typedef struct {
+    df_model *m;
+    int asked, returned, started;
+    uint64_t prefill_tokens;
+    pthread_t th;
+    stats_probe p;
+} probe_result;
+
+static int probe_progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    probe_result *r = user;
+    (void)total;
+    if (r->asked || strcmp(what, "layers") || done < 1) return 0;
+    r->asked = 1;
+    r->p.m = r->m;
+    if (pthread_create(&r->th, NULL, stats_thread, &r->p)) return 0;
+    r->started = 1;
+    for (int i = 0; i < 500 && !__atomic_load_n(&r->p.done, __ATOMIC_ACQUIRE); i++) usleep(10000); /* up to 5 s */
+    r->returned = __atomic_load_n(&r->p.done, __ATOMIC_ACQUIRE);
+    if (r->returned) r->prefill_tokens = r->p.st.prefill_tokens;
+    return 0; /* joined after df_eval: a thread blocked on the model returns once this pass releases it */
+}
+
 static int run(const char *dir, uint64_t budget, const int32_t *prompt, int np, result *r, char *err, size_t errlen) {
     df_model_opts mo;
     df_model_opts_default(&mo);
@@ -56,7 +94,16 @@ static int run(const char *dir, uint64_t budget, const int32_t *prompt, int np, 
     if (!rc) {
         r->plog = malloc(sizeof(float) * (size_t)np * V);
         float *lg = malloc(sizeof(float) * V);
-        rc = df_eval(s, prompt, np, r->plog, DF_EVAL_ALL_LOGITS, NULL, NULL, err, errlen);
+        probe_result pr;
+        memset(&pr, 0, sizeof pr);
+        pr.m = m;
+        rc = df_eval(s, prompt, np, r->plog, DF_EVAL_ALL_LOGITS, budget ? probe_progress : NULL, &pr, err, errlen);
+        if (pr.started) pthread_join(pr.th, NULL);
+        if (budget) {
+            CHECK(pr.asked && pr.returned, "df_model_stats during a forward pass returned within 5 s (asked %d)", pr.asked);
+            CHECK(pr.prefill_tokens == 0, "stats during the first pass: prefill tokens %llu (expected 0: none finished)",
+                  (unsigned long long)pr.prefill_tokens);
+        }
         int32_t t = 0;
         if (!rc) {
             float *last = r->plog + (size_t)(np - 1) * V;

@@ -52,6 +52,8 @@ struct df_model {
     char tok_error[512];          /* why the model's tokenizer file could not be opened, or "" */
     char cache_dir[4096];        /* the conversion cache directory when opened from an HF checkpoint, else "" */
     pthread_mutex_t mu;          /* one df_eval at a time per model */
+    pthread_mutex_t stats_mu;    /* guards pub */
+    df_stats pub;                /* the engine's counters as of the last call that held mu (stats_publish) */
     /* stats */
     int stats_first_done;
     double ttft_s, prefill_s, decode_s;
@@ -364,6 +366,9 @@ static int check_heat_path(const char *path, char *err, size_t errlen) {
     return 0;
 }
 
+static void stats_publish(df_model *m);
+static void model_unlock(df_model *m);
+
 int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in, char *err, size_t errlen) {
     *out = NULL;
     df_model_opts opts;
@@ -419,6 +424,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     df_model *m = calloc(1, sizeof *m);
     if (!m) return set_err(err, errlen, DF_ENOMEM, "out of memory");
     pthread_mutex_init(&m->mu, NULL);
+    pthread_mutex_init(&m->stats_mu, NULL);
     if (converted) snprintf(m->cache_dir, sizeof m->cache_dir, "%s", dir);
     int n_res = -1;              /* >= 0: spine streaming with that many resident layers */
     int rc = native_open(&m->nat, dir, err, errlen);
@@ -601,6 +607,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
                  m->gpu_spine_all ? "" : " (the rest copied per call)",
                  opts.gpu_budget ? fmt_bytes(b9, sizeof b9, opts.gpu_budget) : "all free");
     }
+    stats_publish(m);
     *out = m;
     return DF_OK;
 fail:
@@ -623,6 +630,7 @@ void df_model_close(df_model *m) {
     if (m->tok) df_tokenizer_free(m->tok);
     if (m->nat) native_close(m->nat);
     pthread_mutex_destroy(&m->mu);
+    pthread_mutex_destroy(&m->stats_mu);
     free(m);
 }
 
@@ -924,27 +932,52 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         m->kv_bytes = kv_bytes(&s->kv);
         if (m->store) store_token_event(m->store, s->n_past - 1);
     }
-    pthread_mutex_unlock(&m->mu);
+    model_unlock(m);
     if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
     return rc;
 }
 
 /* -------------------------------------------------------------------- stats */
 
+/* The engine's counters (everything df_stats holds but the store's) copied into m->pub, with m->mu held: called
+ * before every release of m->mu, so df_model_stats reads them without waiting for a running forward pass (a
+ * /metrics scrape during a long prompt gets the counters of the last completed call and the store's live ones). */
+static void stats_publish(df_model *m) {
+    df_stats o;
+    memset(&o, 0, sizeof o);
+    o.ttft_s = m->ttft_s;
+    o.prefill_s = m->prefill_s;
+    o.decode_s = m->decode_s;
+    o.prefill_tokens = m->prefill_tokens;
+    o.decode_tokens = m->decode_tokens;
+    o.weight_bytes_read = m->eng.weight_bytes - m->weight_bytes_base;
+    o.io_stall_s = m->eng.io_wait_s - m->io_wait_base;
+    o.resident_bytes = (m->stream ? sst_memory_bytes(m->stream) : m->nat->spine_bytes) + m->kv_bytes;
+    for (int i = 0; i < DF_PHASES && i < 16; i++) o.phase_s[i] = m->eng.phase_s[i] - m->phase_base[i];
+    o.expert_union_count = m->eng.touched_n;
+    o.spine_bytes_streamed = m->stream ? sst_bytes_read(m->stream) - m->spine_stream_base : 0;
+    o.expert_union_bytes = m->eng.touched_n * m->nat->stride;
+    o.prefetch_steps_on = m->eng.pf_steps[0];
+    o.prefetch_steps_off = m->eng.pf_steps[1];
+    pthread_mutex_lock(&m->stats_mu);
+    m->pub = o;
+    pthread_mutex_unlock(&m->stats_mu);
+}
+
+/* Release m->mu after publishing the counters the holder may have moved. */
+static void model_unlock(df_model *m) {
+    stats_publish(m);
+    pthread_mutex_unlock(&m->mu);
+}
+
 void df_model_stats(const df_model *m, df_stats *o) {
     memset(o, 0, sizeof *o);
     if (!m) return;
-    pthread_mutex_t *mu = (pthread_mutex_t *)&m->mu; /* not during a forward pass of another thread */
-    pthread_mutex_lock(mu);
-    o->ttft_s = m->ttft_s;
-    o->prefill_s = m->prefill_s;
-    o->decode_s = m->decode_s;
-    o->prefill_tokens = m->prefill_tokens;
-    o->decode_tokens = m->decode_tokens;
-    o->weight_bytes_read = m->eng.weight_bytes - m->weight_bytes_base;
-    o->io_stall_s = m->eng.io_wait_s - m->io_wait_base;
-    o->resident_bytes = (m->stream ? sst_memory_bytes(m->stream) : m->nat->spine_bytes) + m->kv_bytes;
-    if (m->store) {
+    pthread_mutex_t *smu = (pthread_mutex_t *)&m->stats_mu;
+    pthread_mutex_lock(smu);
+    *o = m->pub;
+    pthread_mutex_unlock(smu);
+    if (m->store) { /* live: the store keeps its own lock */
         store_stats ss;
         store_get_stats(m->store, &ss);
         o->expert_bytes_demand = ss.bytes_demand;
@@ -962,13 +995,6 @@ void df_model_stats(const df_model *m, df_stats *o) {
             o->drive_busy_s[d] = ss.drive_busy_s[d];
         }
     }
-    for (int i = 0; i < DF_PHASES && i < 16; i++) o->phase_s[i] = m->eng.phase_s[i] - m->phase_base[i];
-    o->expert_union_count = m->eng.touched_n;
-    o->spine_bytes_streamed = m->stream ? sst_bytes_read(m->stream) - m->spine_stream_base : 0;
-    o->expert_union_bytes = m->eng.touched_n * m->nat->stride;
-    o->prefetch_steps_on = m->eng.pf_steps[0];
-    o->prefetch_steps_off = m->eng.pf_steps[1];
-    pthread_mutex_unlock(mu);
 }
 
 int df_model_expert_map(const df_model *m, unsigned char *state, float *heat, int cap, int *moe_layers,
@@ -1010,7 +1036,7 @@ void df_model_stats_reset(df_model *m) {
     m->eng.touched_n = 0;
     m->eng.pf_steps[0] = m->eng.pf_steps[1] = 0;
     if (m->store) store_reset_stats(m->store);
-    pthread_mutex_unlock(&m->mu);
+    model_unlock(m);
 }
 
 int df_model_preload(df_model *m, df_progress_fn progress, void *user, df_preload_info *info, char *err, size_t errlen) {
@@ -1031,7 +1057,7 @@ int df_model_preload(df_model *m, df_progress_fn progress, void *user, df_preloa
     store_set_heat_counting(m->store, 0); /* reading everything once says nothing about which experts are hot */
     const int rc = eng_preload(&m->eng, ss.n_slots, progress, user, &r, err, errlen);
     store_set_heat_counting(m->store, 1);
-    pthread_mutex_unlock(&m->mu);
+    model_unlock(m);
     info->experts_total = r.total;
     info->on_device = r.on_device;
     info->in_host = r.in_host;
@@ -1174,7 +1200,7 @@ int df_eval_batch(df_session *const *ss, const int32_t *const *ids, const int *n
         for (int i = 0; i < n_seq; i++)
             if (ss[i]->recurrent) session_rewind(ss[i], ss[i]->n_past); /* a failed pass may have moved the state */
     }
-    pthread_mutex_unlock(&m->mu);
+    model_unlock(m);
     free(rows);
     free(seq);
     if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
