@@ -14,7 +14,7 @@
  * Speed: the weights are decoded in registers (no row buffer) and each weight
  * byte is read once per call for all T tokens:
  *  - T = 1: four rows at a time (four independent accumulator chains);
- *  - MXFP4 / INT4, 2 <= T <= 8: R rows decoded in registers per 16 columns and
+ *  - MXFP4 / INT4, 2 <= T <= 8, and F32 / BF16 / F16, 2 <= T <= 6: R rows decoded in registers per 16 columns and
  *    FMA'd against all T tokens (R x T accumulators, R = 8..3);
  *  - otherwise T > 1: a task decodes a tile of 8 rows x 512 columns into an L1
  *    buffer once, then FMAs it against the tokens three at a time (24 accumulators
@@ -410,6 +410,58 @@ typedef void (*q4_small_fn)(const df_weight *, const float *, float *, int64_t, 
 static const q4_small_fn mm_mx_small[9] = {NULL, NULL, mm_mx_2, mm_mx_3, mm_mx_4, mm_mx_5, mm_mx_6, mm_mx_7, mm_mx_8};
 static const q4_small_fn mm_i4_small[9] = {NULL, NULL, mm_i4_2, mm_i4_3, mm_i4_4, mm_i4_5, mm_i4_6, mm_i4_7, mm_i4_8};
 
+/* Rows [r0, r1) of an F32 / BF16 / F16 weight, 2 <= T <= DENSE_SMALL_MAX tokens (x: T rows, `cols` apart): as mm_q4_small, R rows
+ * decoded in registers once per 16 columns and FMA'd against all T tokens (R x T accumulators, no tile buffer: each
+ * weight byte is read once per call, the activations come from L1 / L2). The chain per (row, token) is the canonical
+ * one: 16-column chunks in order, the reduction, then finish's scalar tail. */
+AVX512_INLINE __m512 dense16(const char *row, int64_t c, const df_wtype t) {
+    if (t == DF_W_F32) return _mm512_loadu_ps((const float *)row + c);
+    if (t == DF_W_BF16) return bf16x16((const uint16_t *)row + c);
+    return f16x16((const uint16_t *)row + c);
+}
+AVX512_INLINE void mm_dense_small(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const df_wtype t,
+                                  const int T, const int R) {
+    const int64_t cols = w->cols, rows = w->rows, c16 = cols / 16 * 16, es = t == DF_W_F32 ? 4 : 2;
+    for (int64_t r = r0; r < r1; r += R) {
+        const int nr = r1 - r < R ? (int)(r1 - r) : R;
+        const char *p[8];
+        UNROLL for (int k = 0; k < R; k++) p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
+        __m512 a[8][8];
+        UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < T; u++) a[k][u] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < c16; c += 16) {
+            if (((c * es) & 63) == 0) UNROLL for (int k = 0; k < R; k++) PF_DENSE(p[k] + c * es);
+            __m512 wv[8];
+            UNROLL for (int k = 0; k < R; k++) wv[k] = dense16(p[k], c, t);
+            UNROLL for (int u = 0; u < T; u++) {
+                const __m512 xv = _mm512_loadu_ps(x + u * cols + c);
+                UNROLL for (int k = 0; k < R; k++) a[k][u] = _mm512_fmadd_ps(wv[k], xv, a[k][u]);
+            }
+        }
+        UNROLL for (int k = 0; k < R; k++)
+            if (k < nr)
+                UNROLL for (int u = 0; u < T; u++)
+                    y[(int64_t)u * rows + r + k] = finish(w, r + k, a[k][u], c16, x + (int64_t)u * cols);
+    }
+}
+/* The token counts that take mm_dense_small (from 7 tokens on, whose R = 3 rows read every activation from L2 for
+ * each 3 rows, the tiles of mm_tiles were faster on the dev VM: bench/RESULTS.md), and its rows per pass for
+ * T = 0..DENSE_SMALL_MAX (R x T accumulators + R weights + 1 activation <= 32 registers; as DENSE_SMALL below). */
+#define DENSE_SMALL_MAX 6
+static const int dense_small_rows[DENSE_SMALL_MAX + 1] = {4, 4, 8, 6, 5, 4, 4};
+#define DENSE_SMALL(T, R)                                                                                               \
+    AVX512 static void mm_dense_##T(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {             \
+        if (w->type == DF_W_F32) mm_dense_small(w, x, y, r0, r1, DF_W_F32, T, R);                                       \
+        else if (w->type == DF_W_BF16) mm_dense_small(w, x, y, r0, r1, DF_W_BF16, T, R);                                \
+        else mm_dense_small(w, x, y, r0, r1, DF_W_F16, T, R);                                                           \
+    }
+DENSE_SMALL(2, 8)
+DENSE_SMALL(3, 6)
+DENSE_SMALL(4, 5)
+DENSE_SMALL(5, 4)
+DENSE_SMALL(6, 4)
+static const q4_small_fn mm_dense_smallT[DENSE_SMALL_MAX + 1] = {NULL, NULL, mm_dense_2, mm_dense_3, mm_dense_4, mm_dense_5,
+                                                                mm_dense_6};
+
 /* Rows [r0, r1) of an FP8 weight, one token. */
 VBMI_INLINE __m512 fp8_row64(const uint8_t *p, const fp8_consts *K, float s, __m512 x0, __m512 x1, __m512 x2, __m512 x3,
                              __m512 a) {
@@ -668,6 +720,8 @@ AVX512 static void mm_tiles(const df_weight *w, int q4, const float *xs, const f
 
 /* ------------------------------------------------------------ driver */
 
+static inline int is_dense(df_wtype t) { return t == DF_W_F32 || t == DF_W_BF16 || t == DF_W_F16; }
+
 typedef struct {
     const df_weight *w;
     const float *x, *xs;   /* xs: x in q4 lane order when q4 */
@@ -687,6 +741,10 @@ static void mm_task(void *ctx, int64_t r0, int64_t r1, int tid) {
         }
     if (j->q4 && j->T >= 2 && j->T <= Q4_SMALL_MAX) {
         (w->type == DF_W_MXFP4 ? mm_mx_small : mm_i4_small)[j->T](w, j->xs, j->y, r0, r1);
+        return;
+    }
+    if (is_dense(w->type) && j->T >= 2 && j->T <= DENSE_SMALL_MAX) {
+        mm_dense_smallT[j->T](w, j->x, j->y, r0, r1);
         return;
     }
     mm_tiles(w, j->q4, j->xs, j->x, j->T, j->y, r0, r1);
@@ -719,7 +777,8 @@ static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int
         const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
         if (grain > fair) grain = fair;
         /* whole row blocks of the kernel that runs: MXFP4 / INT4 with 1..8 tokens R rows, else tiles of TR */
-        const int64_t rb = j.q4 && T <= Q4_SMALL_MAX ? q4_small_rows[T] : T == 1 ? 4 : TR;
+        const int64_t rb = j.q4 && T <= Q4_SMALL_MAX ? q4_small_rows[T]
+                           : is_dense(w->type) && T <= DENSE_SMALL_MAX ? dense_small_rows[T] : T == 1 ? 4 : TR;
         grain = (grain + rb - 1) / rb * rb;
     }
     df_pool_run(pool, w->rows, grain, mm_task, &j);
