@@ -145,6 +145,15 @@ case "$(eparam)" in "max_tokens | "*"too large"*"between 1 and 1000000000"*) ok 
     *) bad "max_tokens 1e11: message: $(eparam)";; esac
 expect "still serving after bad input" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0}' "$B/v1/completions")" 200
 expect "greedy completion text" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0].text)' "$TMP/body")" "lo,"
+# without max_tokens /v1/completions generates 16 tokens (OpenAI's default; finish_reason "length"); chat keeps its default
+# (what fits in the context: the mock's text to its end)
+summary() { node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]));
+  console.log(j.usage.completion_tokens, j.choices[0].finish_reason, j.choices[0].text ?? "")' "$TMP/body"; }
+expect "completions without max_tokens -> 200" "$(code "${P[@]}" -d '{"prompt":"abc","temperature":0}' "$B/v1/completions")" 200
+expect "completions without max_tokens: 16 tokens (OpenAI's default)" "$(summary)" "16 length lo, world! The q"
+expect "chat without max_tokens -> 200" "$(code "${P[@]}" -d '{"messages":[{"role":"user","content":"hi"}],"temperature":0}' "$B/v1/chat/completions")" 200
+case "$(summary)" in "16 "*|[0-9]" "*|1[0-5]" "*) bad "chat without max_tokens: capped at 16 or fewer: $(summary)";; *" stop "*) ok "chat without max_tokens: generates to the end ($(summary | cut -d' ' -f1) tokens)";;
+    *) bad "chat without max_tokens: $(summary)";; esac
 
 # raw SSE framing (curl): headers, events, usage chunk, [DONE]
 curl -sN -D "$TMP/h" "${P[@]}" -d '{"prompt":"abc","max_tokens":30,"temperature":0,"stream":true,"stream_options":{"include_usage":true},"stop":"quick"}' \

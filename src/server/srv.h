@@ -106,6 +106,7 @@ enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };
 #define SRV_MAX_STOP_LEN 1024    /* bytes per stop sequence (bounds the hold-back work per token) */
 #define SRV_MAX_TOP_LOGPROBS 20
 #define SRV_MAX_MAX_TOKENS 1000000000 /* largest max_tokens / top_k a request may name */
+#define SRV_COMPLETION_DEFAULT_MAX_TOKENS 16 /* /v1/completions without max_tokens (OpenAI's default); chat: the room */
 
 typedef struct {
     int kind;                 /* SRV_CHAT / SRV_COMPLETION */

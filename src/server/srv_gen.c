@@ -579,7 +579,12 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
     g->echo_chars = srv_utf8_chars(echo.p ? echo.p : "", echo.len);
     g->n_prompt = n;
     int room = be->n_ctx - n;
-    int max_new = r->max_tokens > 0 || r->max_tokens_set ? r->max_tokens : (o->max_tokens > 0 ? o->max_tokens : room);
+    /* without max_tokens: completions generate SRV_COMPLETION_DEFAULT_MAX_TOKENS (the OpenAI default), chat what fits
+     * (or --max-tokens); --max-tokens and the context's room cap either */
+    int max_new = r->max_tokens > 0 || r->max_tokens_set ? r->max_tokens
+                  : r->kind == SRV_COMPLETION                ? SRV_COMPLETION_DEFAULT_MAX_TOKENS
+                  : o->max_tokens > 0                        ? o->max_tokens
+                                                             : room;
     if (o->max_tokens > 0 && max_new > o->max_tokens) max_new = o->max_tokens;
     if (max_new > room) max_new = room;
 
