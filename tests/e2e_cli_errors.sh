@@ -127,8 +127,8 @@ expect 1 "--cache-dir that is a file" "not a directory \(the conversion cache ro
 # ---- doctor and bench option messages (items 14, 22)
 expect 2 "doctor --model without a value" "--model needs a value" -- "$BIN" doctor --model
 expect 2 "doctor --cache-dir without --model" "needs --model" -- "$BIN" doctor --cache-dir /tmp
-expect 2 "bench io --bogus" "unknown option --bogus" -- "$BIN" bench io --bogus
-expect 2 "bench decode --bogus" "unknown option --bogus" -- "$BIN" bench decode --bogus
+expect 2 "bench io --bogus" "unknown option '--bogus'" -- "$BIN" bench io --bogus
+expect 2 "bench decode --bogus" "unknown option '--bogus'" -- "$BIN" bench decode --bogus
 expect 2 "bench foo" "io, decode, prefill, batch, machine, kernels, cache, store" -- "$BIN" bench foo
 expect 2 "bench io --qd 100000" "--qd \"100000\": expected an integer in \[1, 1024\]" -- "$BIN" bench io --dir "$TMP" --qd 100000
 expect 2 "bench io --seconds nan" "--seconds" -- "$BIN" bench io --dir "$TMP" --seconds nan
@@ -271,7 +271,7 @@ expect 1 "bench prefill --model <not a model>" "^deltafin bench prefill: $TMP/no
 expect 0 "bench decode without --model" "model \(no --model\): embedded kimi-mini.*converted into the conversion cache" -- \
     env DELTAFIN_REGISTRY="$TMP/no-registry.json" XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench decode --tokens 2 --io-seconds 0.1 --no-drop
 for b in prefill batch project machine kernels decode cache store io; do
-    expect 2 "bench $b --bogus (last)" "^deltafin bench $b: unknown option --bogus \(see --help\)" -- "$BIN" bench $b --bogus
+    expect 2 "bench $b --bogus (last)" "^deltafin bench $b: unknown option '--bogus' \(see deltafin bench $b --help\)$" -- "$BIN" bench $b --bogus
 done
 expect 2 "bench prefill --tokens without a value" "^deltafin bench prefill: --tokens needs a value" -- "$BIN" bench prefill --tokens
 expect 2 "bench kernels --T without a value" "^deltafin bench kernels: --T needs a value" -- "$BIN" bench kernels --T
@@ -344,5 +344,96 @@ if [ -w /dev/full ]; then
     expect 1 "list > /dev/full" "deltafin list: cannot write the output: No space left on device" -- \
         sh -c '"$@" > /dev/full' sh env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" list
 fi
+
+# ---- review of user-facing defects: --profile implies --stats (checked at parsing, nothing after generation);
+# --opt=value in every command; an unknown option is one line (with a did-you-mean); --ram-budget 0 = no budget;
+# notes for flags without effect; tokenize / bench prefill without --model; `help COMMAND`; help texts
+out=$("${R[@]}" --prompt-ids 1,2 --max-new 2 --profile 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^stats: prompt 2 tokens, generated 2;" && echo "$out" | grep -q "^profile: total" \
+    && ! echo "$out" | grep -q "with --stats only" && ok || bad "run --profile without --stats: rc $rc $out"
+expect 0 "run --help: --profile implies --stats" "implies --stats" -- "$BIN" run --help
+a=$("${R[@]}" --prompt-ids=1,2,3 --max-new=4 --print-ids --temperature=0.8 --top-k=20 --seed=7 2>&1)
+b=$("${R[@]}" --prompt-ids 1,2,3 --max-new 4 --print-ids --temperature 0.8 --top-k 20 --seed 7 2>&1)
+[[ "$a" =~ ^[0-9]+(,[0-9]+){3}$ ]] && [ "$a" = "$b" ] && ok || bad "run --opt=value: '$a' vs '$b'"
+expect 2 "run --max-new=abc" '^deltafin run: --max-new "abc": expected an integer' -- "${R[@]}" --prompt-ids 1 --max-new=abc
+expect 2 "run --max-new= (empty value)" '^deltafin run: --max-new "": expected an integer' -- "${R[@]}" --prompt-ids 1 --max-new=
+# the value of --prompt is free text: "--x=1" stays whole (the same ids as its tokens given as ids)
+xids=$(printf -- '--x=1' | "$BIN" tokenize --model "$KM")
+a=$("${RK[@]}" --prompt "--x=1" 2>&1); b=$("${RK[@]}" --prompt-ids "$xids" 2>&1)
+[ -n "$xids" ] && [[ "$a" =~ ^[0-9]+(,[0-9]+){5}$ ]] && [ "$a" = "$b" ] && ok || bad "--prompt '--x=1': '$a' vs ids $xids: '$b'"
+expect 2 "bench io --dir=D --size=6000" "^deltafin bench io: --size 6000 bytes: O_DIRECT reads must be a multiple of 4096" -- \
+    "$BIN" bench io --dir="$TMP" --size=6000
+expect 2 "serve --ctx=0" "^deltafin serve: --ctx 0: expected an integer" -- "$BIN" serve --model="$KM" --ctx=0 --port=0
+out=$("${R[@]}" --prompt-ids 1 --foo 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = "deltafin run: unknown option '--foo' (see deltafin run --help)" ] && ok || bad "run --foo: rc $rc: $out"
+out=$("${R[@]}" --prompt-ids 1 --tempreature 0.5 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = "deltafin run: unknown option '--tempreature', did you mean '--temperature'? (see deltafin run --help)" ] \
+    && ok || bad "run --tempreature: rc $rc: $out"
+out=$("${R[@]}" --prompt-ids 1 --draft-mx 4 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = "deltafin run: unknown option '--draft-mx', did you mean '--draft-max'? (see deltafin run --help)" ] \
+    && ok || bad "run --draft-mx: rc $rc: $out"
+out=$("$BIN" serve --mock --prot 8000 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = "deltafin serve: unknown option '--prot', did you mean '--port'? (see deltafin serve --help)" ] \
+    && ok || bad "serve --prot: rc $rc: $out"
+out=$("$BIN" tokenize --bogus </dev/null 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = "deltafin tokenize: unknown option '--bogus' (see deltafin tokenize --help)" ] && ok || bad "tokenize --bogus: rc $rc: $out"
+for c in convert doctor list setup warm synth; do
+    out=$("$BIN" $c --bogus 2>&1); rc=$?
+    [ $rc -eq 2 ] && [ "$out" = "deltafin $c: unknown option '--bogus' (see deltafin $c --help)" ] && ok || bad "$c --bogus: rc $rc: $out"
+done
+# --ram-budget 0: no budget (as leaving it out), said so on the configuration line; a bad size names the forms
+expect 0 "run --ram-budget 0" ", budget unlimited," -- "$BIN" run --model "$G" --cache-dir "$TMP/cache" --prompt-ids 1 --max-new 1 --ram-budget 0
+expect 2 "run --ram-budget 0x" '^deltafin run: --ram-budget "0x": expected a size such as 4G or 512M .*or 0 for no budget' -- \
+    "${R[@]}" --prompt-ids 1 --ram-budget 0x
+expect 0 "run --help: --ram-budget default 0" "--ram-budget SIZE .*default 0: unlimited" -- "$BIN" run --help
+expect 0 "bench decode --ram-budget 0" "ram budget unlimited" -- \
+    "$BIN" bench decode --model "$TMP/native" --ram-budget 0 --tokens 2 --io-seconds 0.1 --no-drop
+# flags that change nothing: one note each on stderr, the run still succeeds; none when they apply
+out=$("${R[@]}" --prompt-ids 1 --max-new 1 --top-k 5 --seed 3 --draft-max 4 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && [ "$(echo "$out" | grep -c "note")" = 2 ] \
+    && echo "$out" | grep -q "^deltafin run: note: --top-k, --seed have no effect at --temperature 0 (greedy decoding" \
+    && echo "$out" | grep -q "^deltafin run: note: --draft-max has no effect without --draft DIR|ngram (speculative decoding is off)$" \
+    && ok || bad "no-effect notes: rc $rc: $out"
+out=$("${R[@]}" --prompt-ids 1 --max-new 1 --top-p 0.9 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^deltafin run: note: --top-p has no effect at --temperature 0" && ok || bad "--top-p note: rc $rc: $out"
+out=$("${R[@]}" --prompt-ids 1 --max-new 2 --top-k 5 --seed 3 --temperature 0.7 --draft ngram --draft-max 4 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && ! echo "$out" | grep -q "note" && ok || bad "notes where the flags apply: rc $rc: $out"
+expect 1 "serve --draft-window without --draft: a note" "^deltafin serve: note: --draft-window has no effect without --draft" -- \
+    "$BIN" serve --model "$TMP/kimi-mnii" --draft-window 64 --port 0
+# tokenize without --model: the default model, as run (the embedded kimi-mini here); --help on stdout, exit 0
+a=$(printf 'Hello, world' | env DELTAFIN_REGISTRY="$TMP/no-registry.json" "$BIN" tokenize 2>&1)
+b=$(printf 'Hello, world' | "$BIN" tokenize --model "$KM" 2>&1)
+[[ "$a" =~ ^[0-9]+(,[0-9]+)+$ ]] && [ "$a" = "$b" ] && ok || bad "tokenize without --model: '$a' vs --model kimi-mini '$b'"
+expect 1 "tokenize: default model missing" "^deltafin tokenize: the default model test/gone" -- \
+    env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" tokenize
+out=$("$BIN" tokenize --help 2>/dev/null); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^usage: deltafin tokenize" && ok || bad "tokenize --help on stdout: rc $rc: $out"
+# bench prefill without --model: the default model, as bench decode / batch; bench --help says so
+expect 0 "bench prefill without --model" "model \(no --model\): embedded kimi-mini.*converted into the conversion cache" -- \
+    env DELTAFIN_REGISTRY="$TMP/no-registry.json" XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench prefill --tokens 4 --io-seconds 0.1 --no-drop
+out=$("$BIN" bench --help 2>&1)
+echo "$out" | grep -q "bench prefill \[--model DIR\]" && echo "$out" | grep -q "bench batch \[--model DIR\]" \
+    && echo "$out" | grep -q "bench io --dir DIR\[,DIR2...\]" && ok || bad "bench --help: $out"
+# bench io: each problem named with its flag and value
+expect 2 "bench io without --dir" "^deltafin bench io: --dir DIR is required" -- "$BIN" bench io
+expect 2 "bench io --dir a,,b" "^deltafin bench io: --dir \"$TMP,,$TMP\": an empty directory name" -- "$BIN" bench io --dir "$TMP,,$TMP"
+expect 2 "bench io --dir <missing>" "^deltafin bench io: --dir $TMP/nope: No such file or directory" -- "$BIN" bench io --dir "$TMP/nope"
+mkdir -p "$TMP/emptydir"
+expect 2 "bench io --dir <no files>" "^deltafin bench io: $TMP/emptydir has no file of at least" -- \
+    "$BIN" bench io --dir "$TMP/emptydir" --seconds 0.1 --no-drop
+# help COMMAND = COMMAND --help; documented behaviours of serve --max-tokens 0 and run --events
+[ "$("$BIN" help run 2>&1)" = "$("$BIN" run --help 2>&1)" ] && [ "$("$BIN" help bench io 2>&1)" = "$("$BIN" bench io --help 2>&1)" ] \
+    && ok || bad "help run / help bench io differ from --help"
+expect 0 "serve --help: --max-tokens default 0 = no cap" "default 0: no cap but the context's room" -- "$BIN" serve --help
+expect 0 "run --help: --events appends" "--events FILE .*appended to FILE" -- "$BIN" run --help
+rm -f "$TMP/ev.jsonl"
+"${R[@]}" --prompt-ids 1 --max-new 1 --events "$TMP/ev.jsonl" >/dev/null 2>&1; n1=$(wc -l <"$TMP/ev.jsonl")
+"${R[@]}" --prompt-ids 1 --max-new 1 --events "$TMP/ev.jsonl" >/dev/null 2>&1; n2=$(wc -l <"$TMP/ev.jsonl")
+[ "$n1" -gt 0 ] && [ "$n2" -gt "$n1" ] && ok || bad "run --events appends: $n1 then $n2 lines"
+# "1 prompt token" (singular) in the note about the trained positions
+cp -r "$TMP/draft" "$TMP/draft-card"
+printf -- '---\ntrained_positions: 2\n---\n' >"$TMP/draft-card/README.md"
+expect 0 "1 prompt token (singular)" "note: 1 prompt token \+ --max-new 2 go past the 2 positions" -- \
+    "$BIN" run --model "$TMP/draft-card" --prompt-ids 1 --max-new 2
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -251,7 +251,7 @@ done <<'EOF'
 --stripe-weights 1,2|--stripe-weights "1,2" needs --expert-dirs
 --expert-dirs a,,b|--expert-dirs "a,,b"
 --hidden --dry-run|--hidden needs a value (found the option --dry-run
---bogus 1|unknown option --bogus
+--bogus 1|unknown option '--bogus' (see deltafin synth --help)
 extra|unexpected argument "extra"
 EOF
 out=$("$BIN" synth "$TMP/u" --layers 2>&1); rc=$?

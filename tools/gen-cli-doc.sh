@@ -2,7 +2,7 @@
 # Regenerates docs/cli.md from the commands' --help output (run after changing flags).
 set -eu
 cd "$(dirname "$0")/.."
-B=${DF_BIN:-build/deltafin}
+B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build directory
 {
   echo "# deltafin command-line reference"; echo
   echo "Generated from each command's \`--help\` (\`tools/gen-cli-doc.sh\`). Sizes accept K, M, G, T suffixes (powers of 1024)."
@@ -14,7 +14,11 @@ B=${DF_BIN:-build/deltafin}
   echo "Environment aliases: \`DF_PREFETCH=1|on|0|off|ungated\` (= \`--prefetch on|off|ungated\`), \`DF_PREFAULT=1|on|0|off\` (= \`--prefault on|off\`; the flag"
   echo "wins; any other value is an error), \`DF_BACKEND\` (the default \`--backend\`), \`XDG_CACHE_HOME\` (default cache root),"
   echo "\`HF_ENDPOINT\` (= \`setup --mirror\`), \`HF_TOKEN\` (the mirror's token), \`DELTAFIN_REGISTRY\` (= \`--registry\`: the installed-models"
-  echo "registry that \`run\`, \`serve\`, \`bench decode\` and \`doctor\` read without \`--model\`; default \`\$XDG_DATA_HOME/deltafin/models.json\`)."
+  echo "registry that \`run\`, \`serve\`, \`tokenize\`, \`bench decode\` / \`prefill\` / \`batch\` and \`doctor\` read without \`--model\`; default"
+  echo "\`\$XDG_DATA_HOME/deltafin/models.json\`)."
+  echo "An option's value may follow it (\`--max-new 64\`) or be joined to it with \`=\` (\`--max-new=64\`), in every command; an"
+  echo "unknown option is one line naming it (with the closest option when one is near) and exit status 2."
+  echo "\`deltafin help COMMAND\` is \`deltafin COMMAND --help\`."
   echo "The CUDA backend's knobs (\`DF_CUDA_MMA\`: the encodings on the tensor-core kernel; \`DF_CUDA_MLP_GROUP\`,"
   echo "\`DF_CUDA_ATTN\`, \`DF_CUDA_MLA_PROJECT\`, \`DF_CUDA_HOST_PIN\`: 1|on / 0|off, grouped expert MLPs, the attention core on"
   echo "the GPU, the MLA projections in one round trip, pinned host"

@@ -141,7 +141,8 @@ int bench_batch(int argc, char **argv) {
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--backend", "--gpu-budget", "--ram-budget", "--seqs", "--tokens", "--prompt",
                                            "--threads", "--seed", "--qd", "--io-seconds", NULL};
-        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench batch: unknown option %s (see --help)\n", a); return 2; }
+        static const char *const bench_flags[] = {"--help", "--no-drop", NULL};
+        if (!cli_known_option(a, vals)) return cli_unknown_option("bench batch", a, vals, bench_flags);
         if (!v) { fprintf(stderr, "deltafin bench batch: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
@@ -175,7 +176,7 @@ int bench_batch(int argc, char **argv) {
         } else if (!strcmp(a, "--io-seconds")) {
             io_seconds = strtod(v, &end);
             if (!*v || *end || !(io_seconds > 0 && io_seconds < 86400)) { fprintf(stderr, "deltafin bench batch: --io-seconds '%s': expected seconds > 0\n", v); return 2; }
-        } else { fprintf(stderr, "deltafin bench batch: unknown option %s (see --help)\n", a); return 2; }
+        } else return cli_unknown_option("bench batch", a, vals, bench_flags);
         i++;
     }
     char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], conv_how[4700] = "", err[2048] = "";

@@ -426,10 +426,11 @@ int bench_kernels_main(int argc, char **argv) {
         static const char *const vals_machine[] = {"--threads", "--dram-buffer", NULL};
         static const char *const vals_kernels[] = {"--threads", "--dram-buffer", "--T", "--types", "--shapes", "--backend", "--seconds",
                                                    "--buffer", NULL};
-        if (!cli_known_option(a, kernels ? vals_kernels : vals_machine)) {
-            fprintf(stderr, "deltafin bench %s: unknown option %s (see --help)\n", name, a);
-            return 2;
-        }
+        static const char *const bench_flags[] = {"--help", "--warm", NULL};
+        char what[32];
+        snprintf(what, sizeof what, "bench %s", name);
+        if (!cli_known_option(a, kernels ? vals_kernels : vals_machine))
+            return cli_unknown_option(what, a, kernels ? vals_kernels : vals_machine, kernels ? bench_flags : NULL);
         if (!v) { fprintf(stderr, "deltafin bench %s: %s needs a value (see --help)\n", name, a); return 2; }
         i++;
         if (!strcmp(a, "--threads")) {
@@ -481,10 +482,7 @@ int bench_kernels_main(int argc, char **argv) {
             if (parse_size(v, &buffer)) { fprintf(stderr, "deltafin bench %s: --buffer \"%s\": expected a size like 512M\n", name, v); return 2; }
         } else if (!strcmp(a, "--dram-buffer")) {
             if (parse_size(v, &dram_buffer)) { fprintf(stderr, "deltafin bench %s: --dram-buffer \"%s\": expected a size like 1G\n", name, v); return 2; }
-        } else {
-            fprintf(stderr, "deltafin bench %s: unknown option %s (see --help)\n", name, a);
-            return 2;
-        }
+        } else return cli_unknown_option(what, a, kernels ? vals_kernels : vals_machine, kernels ? bench_flags : NULL);
     }
     if (!nthr) {
         if (kernels) { threads[nthr++] = 1; if (ncpu > 1) threads[nthr++] = ncpu; }

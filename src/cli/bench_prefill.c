@@ -24,12 +24,12 @@ static double now_s(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: deltafin bench prefill --model DIR [--tokens N (64)] [--ram-budget SIZE] [--threads N]\n"
+    fprintf(f, "usage: deltafin bench prefill [--model DIR] [--tokens N (64)] [--ram-budget SIZE] [--threads N]\n"
                "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop] [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda]\n"
                "       [--gpu-budget SIZE] [--events FILE (the store's JSONL events: every read, acquire, dropped guess)]\n"
                "       [--prefetch auto|on|off|ungated] [--prefault auto|on|off (as in `deltafin run`)] [--io-buffer SIZE]\n"
                "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
-               "  as `run` does.\n"
+               "  as `run` does. Default: the model `deltafin setup` installed, else the embedded models/kimi-mini.\n"
                "  Cold TTFT of an N-token prompt (random ids, seeded) in one evaluation; prints the expert bytes read\n"
                "  against the union of experts the prompt touches (amplification), the union's read time at\n"
                "  `bench io` speed, the compute time and TTFT / max(both).\n"
@@ -50,7 +50,8 @@ int bench_prefill(int argc, char **argv) {
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--events", "--ram-budget", "--tokens", "--threads", "--seed", "--qd",
                                            "--backend", "--gpu-budget", "--io-seconds", "--prefetch", "--prefault", "--io-buffer", NULL};
-        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench prefill: unknown option %s (see --help)\n", a); return 2; }
+        static const char *const bench_flags[] = {"--help", "--no-drop", NULL};
+        if (!cli_known_option(a, vals)) return cli_unknown_option("bench prefill", a, vals, bench_flags);
         if (!v) { fprintf(stderr, "deltafin bench prefill: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
@@ -77,14 +78,18 @@ int bench_prefill(int argc, char **argv) {
         } else if (!strcmp(a, "--io-seconds")) {
             io_seconds = strtod(v, &end);
             if (!*v || *end || !(io_seconds > 0 && io_seconds < 86400)) { fprintf(stderr, "deltafin bench prefill: --io-seconds '%s': expected seconds > 0\n", v); return 2; }
-        } else { fprintf(stderr, "deltafin bench prefill: unknown option %s (see --help)\n", a); return 2; }
+        } else return cli_unknown_option("bench prefill", a, vals, bench_flags);
         i++;
     }
-    if (!model) { fprintf(stderr, "deltafin bench prefill: --model DIR is required (a native model or a Hugging Face checkpoint)\n"); return 2; }
     if (bench_check_io_buffer("prefill", io_buffer, (int)qd)) return 2;
-    char err[2048] = "", conv_dir[4096];
+    char err[2048] = "", conv_dir[4096], dflt_dir[4096], dflt_how[4600] = "", conv_how[4600] = "";
+    if (!model) { /* the default model, as bench decode */
+        if (cli_default_model("bench prefill", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     df_native *nat = NULL;
-    int rc = bench_native_model("prefill", &model, conv_dir, sizeof conv_dir, NULL, 0);
+    int rc = bench_native_model("prefill", &model, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
+                                dflt_how[0] ? sizeof dflt_how : sizeof conv_how);
     if (rc) return rc;
     rc = bench_check_native("prefill", model);
     if (rc) return rc;
@@ -124,7 +129,9 @@ int bench_prefill(int argc, char **argv) {
     printf("bench prefill: %s, %ld tokens, ram budget %s, page cache %s\n", model, tokens, bstr,
            dropped ? "evicted (the model's files)" : (nodrop ? "kept (--no-drop)" : "NOT evicted (a directory could not be read): numbers may be warm"));
     fflush(stdout); /* in a 2>&1 log the line follows the header above */
-    fprintf(stderr, "%s\n", df_model_describe(m)); /* the resolved configuration: one line on stderr, as bench decode */
+    /* the resolved configuration: one line on stderr, as bench decode */
+    fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "", dflt_how,
+            conv_how[0] ? "; model: " : "", conv_how);
     store_bench_opts bo;
     bench_expert_io_opts(&bo, dirs, (int)qd, stride, top_k, io_seconds);
     store_bench_result b1, b2;

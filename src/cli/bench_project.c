@@ -258,7 +258,8 @@ int bench_project(int argc, char **argv, decode_fn decode) {
                                            "--hit-rate", "--read-ratio", "--compute-ms-per-layer", "--stall", "--coverage",
                                            "--prefill-ms-per-layer-token", "--bytes-per-token", "--layers", "--moe-layers",
                                            "--experts", "--top-k", "--expert-bytes", NULL};
-        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench project: unknown option %s (see --help)\n", a); return 2; }
+        static const char *const bench_flags[] = {"--help", "--no-drop", NULL};
+        if (!cli_known_option(a, vals)) return cli_unknown_option("bench project", a, vals, bench_flags);
         if (!v) {
             fprintf(stderr, "deltafin bench project: %s needs a value (see --help)\n", a);
             return 2;
@@ -300,8 +301,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         NUM("--top-k", 1, 4096, &K, "(--top-k)")
         NUM("--expert-bytes", 1, 1e13, &S, "(--expert-bytes)")
 #undef NUM
-        fprintf(stderr, "deltafin bench project: unknown option %s (see --help)\n", a);
-        return 2;
+        return cli_unknown_option("bench project", a, vals, bench_flags);
     }
     const proj_arch *A = NULL;
     for (size_t i = 0; i < sizeof ARCHES / sizeof *ARCHES; i++)

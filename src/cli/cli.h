@@ -26,6 +26,14 @@ const char *cli_cr(void);
 /* 1 when `a` is one of the NULL-terminated names: a parser asks it before saying "A needs a value", so a
  * mistyped flag at the end of the command line is an unknown option, not a flag without its value. */
 int cli_known_option(const char *a, const char *const *names);
+/* Every "--name=value" of argv (name: letters, digits and dashes) as the two arguments "--name" "value", so each
+ * command's parser accepts both forms; the value after --prompt or --api-key (free text) is kept whole. *out gets
+ * the new argv (NULL-terminated; argv itself when out of memory); returns its count. */
+int cli_split_option_values(int argc, char **argv, char ***out);
+/* An unknown option `a` of `cmd` ("run", "bench io"): one line on stderr, "deltafin CMD: unknown option 'A' (see
+ * deltafin CMD --help)", with "did you mean" when one of the NULL-terminated `names` / `names2` (either may be NULL)
+ * is within 2 edits of A or the only option A is a prefix of; "unexpected argument" when A is no option. Returns 2. */
+int cli_unknown_option(const char *cmd, const char *a, const char *const *names, const char *const *names2);
 /* --prefetch auto|on|off|ungated / --prefault auto|on|off (by `flag`) into df_model_opts' 0 / 1 / 2 (/ 3 = ungated):
  * 0, else a usage message naming the command, flag and value and -1. */
 int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out);

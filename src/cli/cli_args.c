@@ -91,3 +91,64 @@ int cli_stderr_tty(void) {
 }
 
 const char *cli_cr(void) { return cli_stderr_tty() ? "\r" : ""; }
+
+int cli_split_option_values(int argc, char **argv, char ***out) {
+    char **v = malloc(sizeof(char *) * (size_t)(2 * argc + 1));
+    if (!v) { *out = argv; return argc; }
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        /* the value of --prompt / --api-key is free text: "--prompt --x=1" keeps "--x=1" whole */
+        const int is_value = i > 0 && (!strcmp(argv[i - 1], "--prompt") || !strcmp(argv[i - 1], "--api-key"));
+        size_t k = 2;
+        if (eq && !is_value && a[0] == '-' && a[1] == '-')
+            while (k < (size_t)(eq - a) && (a[k] == '-' || (a[k] >= 'a' && a[k] <= 'z') || (a[k] >= 'A' && a[k] <= 'Z') ||
+                                           (a[k] >= '0' && a[k] <= '9')))
+                k++;
+        if (eq && !is_value && a[0] == '-' && a[1] == '-' && k > 2 && k == (size_t)(eq - a)) {
+            char *name = strndup(a, k);
+            if (!name) { v[n++] = argv[i]; continue; }
+            v[n++] = name;              /* lives as long as the process, as argv does */
+            v[n++] = (char *)(eq + 1);
+        } else v[n++] = argv[i];
+    }
+    v[n] = NULL;
+    *out = v;
+    return n;
+}
+
+/* Levenshtein distance of a and b (each cut at 63 bytes) */
+static int edit_distance(const char *a, const char *b) {
+    int la = (int)strnlen(a, 63), lb = (int)strnlen(b, 63), d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+int cli_unknown_option(const char *cmd, const char *a, const char *const *names, const char *const *names2) {
+    const char *best = NULL, *prefix_of = NULL;
+    int best_d = 3, n_prefix = 0;
+    const size_t la = strlen(a);
+    if (a[0] == '-') {
+        for (int l = 0; l < 2; l++)
+            for (const char *const *p = l ? names2 : names; p && *p; p++) {
+                int d = edit_distance(a, *p);
+                if (d < best_d) { best_d = d; best = *p; }
+                if (la >= 4 && !strncmp(*p, a, la)) { prefix_of = *p; n_prefix++; }
+            }
+        if (!best && n_prefix == 1) best = prefix_of;
+    }
+    if (a[0] != '-')
+        fprintf(stderr, "deltafin %s: unexpected argument '%s' (see deltafin %s --help)\n", cmd, a, cmd);
+    else if (best)
+        fprintf(stderr, "deltafin %s: unknown option '%s', did you mean '%s'? (see deltafin %s --help)\n", cmd, a, best, cmd);
+    else fprintf(stderr, "deltafin %s: unknown option '%s' (see deltafin %s --help)\n", cmd, a, cmd);
+    return 2;
+}

@@ -67,20 +67,22 @@ static int onoff_arg(const char *cmd, const char *flag, const char *v, int *out)
     return 0;
 }
 
+const char *const cli_draft_flags[] = {"--draft", "--draft-max", "--draft-adaptive", "--draft-gate", "--draft-window",
+                                       "--draft-retry", "--draft-ngram", "--draft-retok", "--draft-sample", NULL};
+
 int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts *o) {
     const char *a = argv[*i];
     if (strncmp(a, "--draft", 7)) return 0;
-    static const char *const flags[] = {"--draft", "--draft-max", "--draft-adaptive", "--draft-gate", "--draft-window",
-                                        "--draft-retry", "--draft-ngram", "--draft-retok", "--draft-sample"};
     int which = -1;
-    for (int k = 0; k < (int)(sizeof flags / sizeof flags[0]); k++)
-        if (!strcmp(a, flags[k])) which = k;
+    for (int k = 0; cli_draft_flags[k]; k++)
+        if (!strcmp(a, cli_draft_flags[k])) which = k;
     if (which < 0) return 0;
     if (*i + 1 >= argc) {
         fprintf(stderr, "deltafin %s: %s needs a value\n", cmd, a);
         return -1;
     }
     const char *v = argv[++*i];
+    if (which > 0) o->tuned = cli_draft_flags[which];
     switch (which) {
     case 0:
         if (!*v) { fprintf(stderr, "deltafin %s: --draft needs a draft model directory, ngram or off\n", cmd); return -1; }
@@ -111,6 +113,12 @@ int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts
 }
 
 int cli_draft_enabled(const cli_draft_opts *o) { return o->draft && strcmp(o->draft, "off"); }
+
+void cli_draft_note_unused(const char *cmd, const cli_draft_opts *o) {
+    if (o->tuned && !cli_draft_enabled(o))
+        fprintf(stderr, "deltafin %s: note: %s has no effect without --draft DIR|ngram (speculative decoding is off)\n", cmd,
+                o->tuned);
+}
 
 int cli_draft_open(const char *cmd, const cli_draft_opts *o, df_model *target, const df_model_opts *target_opts,
                    df_model **draft_model, df_drafter **out) {

@@ -12,6 +12,7 @@ typedef struct {
     int ngram_min, ngram_max;   /* default 2, 4 */
     int retok;                  /* -1 auto, 0 off, 1 on */
     int sample;                 /* --draft-sample: the draft model samples its drafts (min(1, p/q) rule) */
+    const char *tuned;          /* the last --draft-* flag given other than --draft itself (NULL: none) */
 } cli_draft_opts;
 
 void cli_draft_defaults(cli_draft_opts *o);
@@ -21,6 +22,11 @@ const char *cli_draft_usage(int with_sample);
  * message naming the flag (`cmd` is the subcommand); 0 when argv[*i] is not one of them. */
 int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts *o);
 int cli_draft_enabled(const cli_draft_opts *o);
+/* The flags cli_draft_arg parses, NULL-terminated. */
+extern const char *const cli_draft_flags[];
+/* A --draft-* tuning flag given while drafting is off: a one-line note on stderr ("deltafin CMD: note: --draft-max
+ * has no effect without --draft ..."), not an error. */
+void cli_draft_note_unused(const char *cmd, const cli_draft_opts *o);
 /* The drafter the options name for `target` (NULL when off); a draft model directory is opened into
  * *draft_model (closed by the caller after the drafter is freed) with the target's threads, cache
  * dir, backend and KV positions. 0, or the exit status (1 runtime, 2 usage) after a message. */

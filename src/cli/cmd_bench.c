@@ -228,7 +228,8 @@ static int bench_io(int argc, char **argv) {
         if (!strcmp(a, "--pread")) { o.use_uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) continue;
         static const char *const vals[] = {"--dir", "--size", "--run", "--group", "--qd", "--seconds", "--buffer", NULL};
-        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench io: unknown option %s (see --help)\n", a); return 2; }
+        static const char *const flags[] = {"--help", "--pread", "--no-drop", NULL};
+        if (!cli_known_option(a, vals)) return cli_unknown_option("bench io", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench io: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--dir")) o.dirs = v;
         else if (!strcmp(a, "--size")) { if (want_size("io", a, v, &o.io_bytes)) return 2; }
@@ -238,6 +239,44 @@ static int bench_io(int argc, char **argv) {
         else if (!strcmp(a, "--qd")) { if (want_int("io", a, v, 1, BENCH_MAX_QD, &o.qd)) return 2; }
         else if (!strcmp(a, "--seconds")) { if (want_num("io", a, v, 0, BENCH_MAX_SECONDS, 1, &o.seconds)) return 2; }
         i++;
+    }
+    /* what store_bench_io needs, said here with the flag and the value at fault */
+    if (!o.dirs) {
+        fprintf(stderr, "deltafin bench io: --dir DIR is required: the directory (or comma-separated directories, one per drive) "
+                        "whose files are read, e.g. a model directory from `deltafin convert` or `deltafin synth DIR`\n");
+        return 2;
+    }
+    if (o.io_bytes % 4096) {
+        fprintf(stderr, "deltafin bench io: --size %llu bytes: O_DIRECT reads must be a multiple of 4096 bytes; use e.g. 4K, "
+                        "64K or 1M (the default)\n", (unsigned long long)o.io_bytes);
+        return 2;
+    }
+    {
+        int nd = 0;
+        for (const char *p = o.dirs;; p++) {
+            const char *e = strchr(p, ',');
+            size_t len = e ? (size_t)(e - p) : strlen(p);
+            if (!len) {
+                fprintf(stderr, "deltafin bench io: --dir \"%s\": an empty directory name in the list; separate directories "
+                                "with one comma (D1,D2)\n", o.dirs);
+                return 2;
+            }
+            char d[4096];
+            snprintf(d, sizeof d, "%.*s", (int)len, p);
+            struct stat sb;
+            if (stat(d, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+                fprintf(stderr, "deltafin bench io: --dir %s: %s (expected a directory of files to read, e.g. one written by "
+                                "`deltafin synth %s`)\n", d, stat(d, &sb) != 0 ? strerror(errno) : "not a directory", d);
+                return 2;
+            }
+            nd++;
+            if (!e) break;
+            p = e;
+        }
+        if (nd > 16) {
+            fprintf(stderr, "deltafin bench io: --dir: %d directories; at most 16 are measured together\n", nd);
+            return 2;
+        }
     }
     if (o.buffer_bytes && o.buffer_bytes <= (uint64_t)o.qd * o.io_bytes) {
         fprintf(stderr, "deltafin bench io: --buffer %.0f KiB: a pool must be larger than --qd x --size (%.0f KiB here), which "
@@ -296,10 +335,16 @@ static int bench_decode(int argc, char **argv) {
         static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--warmup", "--threads", "--prompt-ids", "--io-seconds",
                                            "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", "--prefetch",
                                            "--prefault", "--io-buffer", NULL};
-        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench decode: unknown option %s (see --help)\n", a); return 2; }
+        static const char *const flags[] = {"--help", "--no-drop", "--preload", NULL};
+        if (!cli_known_option(a, vals)) return cli_unknown_option("bench decode", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--ram-budget")) { if (want_size("decode", a, v, &budget)) return 2; }
+        else if (!strcmp(a, "--ram-budget")) { /* 0 = no budget, as leaving the flag out */
+            if (cli_parse_size(v, &budget)) {
+                fprintf(stderr, "deltafin bench decode: --ram-budget \"%s\": expected a size like 8G or 512M, or 0 for no budget\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--tokens")) { if (want_int("decode", a, v, 1, 1 << 20, &tokens)) return 2; }
         else if (!strcmp(a, "--warmup")) { if (want_int("decode", a, v, 0, 1 << 20, &warmup)) return 2; }
         else if (!strcmp(a, "--threads")) { if (want_int("decode", a, v, 0, 4096, &threads)) return 2; }
@@ -607,7 +652,7 @@ static int bench_cache(int argc, char **argv) {
             return 0;
         }
         static const char *const vals[] = {"--model", "--trace", "--train", "--slots", "--hot-fraction", "--decay", NULL};
-        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench cache: unknown option %s (see --help)\n", a); return 2; }
+        if (!cli_known_option(a, vals)) return cli_unknown_option("bench cache", a, vals, NULL);
         if (!v) { fprintf(stderr, "deltafin bench cache: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--trace")) test = v;
@@ -682,7 +727,8 @@ static int bench_store(int argc, char **argv) {
         if (!strcmp(a, "--pread")) { uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--trace", "--cache", "--qd", "--io-seconds", NULL};
-        if (!cli_known_option(a, vals)) { fprintf(stderr, "deltafin bench store: unknown option %s (see --help)\n", a); return 2; }
+        static const char *const flags[] = {"--help", "--pread", "--no-drop", NULL};
+        if (!cli_known_option(a, vals)) return cli_unknown_option("bench store", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench store: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--trace")) test = v;
@@ -786,16 +832,18 @@ int bench_batch(int argc, char **argv);
 int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
-                "usage: deltafin bench io --dir DIR [--size 1M] [--qd 16] [--seconds 10]\n"
+                "usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--qd 16] [--seconds 10]\n"
                 "       deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N]\n"
-                "       deltafin bench prefill --model DIR [--tokens N] [--ram-budget SIZE]\n"
-                "       deltafin bench batch --model DIR [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N]\n"
-                "       deltafin bench machine | kernels [--threads N]   (DRAM bandwidth, FMA peak; kernel GB/s)\n"
+                "       deltafin bench prefill [--model DIR] [--tokens N] [--ram-budget SIZE]\n"
+                "       deltafin bench batch [--model DIR] [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N]\n"
+                "       deltafin bench machine | kernels [--threads 1,2,...]   (DRAM bandwidth, FMA peak; kernel GB/s)\n"
                 "       deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,...]\n"
                 "       deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
                 "       deltafin bench project --drives N --gbps B [--arch kimi_k3] [--from EVENTS.jsonl | --model DIR |\n"
                 "                              --hit-rate H --compute-ms-per-layer C ...]\n"
-                "  Each benchmark's options: deltafin bench <io|decode|prefill|batch|machine|kernels|cache|store|project> --help\n");
+                "  Each benchmark's options: deltafin bench <io|decode|prefill|batch|machine|kernels|cache|store|project> --help\n"
+                "  Without --model, decode, prefill and batch use the model `deltafin setup` installed, else the embedded\n"
+                "  models/kimi-mini (as `deltafin run`).\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);

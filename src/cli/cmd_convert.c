@@ -127,7 +127,9 @@ int cmd_convert(int argc, char **argv) {
             }
             continue;
         }
-        if (a[0] == '-' && a[1]) { fprintf(stderr, "deltafin convert: unknown option '%s'\n\n", a); usage(stderr); return 2; }
+        static const char *const opts[] = {"--help", "--quiet", "--force", "--spine", "--expert-dirs", "--threads",
+                                           "--stripe-weights", NULL};
+        if (a[0] == '-' && a[1]) return cli_unknown_option("convert", a, opts, NULL);
         if (npos == 2) { fprintf(stderr, "deltafin convert: unexpected argument '%s'\n\n", a); usage(stderr); return 2; }
         pos[npos++] = a;
     }

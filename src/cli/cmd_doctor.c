@@ -99,7 +99,10 @@ int cmd_doctor(int argc, char **argv) {
             if (i + 1 >= argc) { fprintf(stderr, "deltafin doctor: %s needs a value\n", a); return 2; }
             if (!strcmp(a, "--model")) model = argv[++i];
             else cache_dir = argv[++i];
-        } else { fprintf(stderr, "deltafin doctor: unknown option '%s'\n", a); return 2; }
+        } else {
+            static const char *const opts[] = {"--help", "--model", "--cache-dir", NULL};
+            return cli_unknown_option("doctor", a, opts, NULL);
+        }
     }
     if (cache_dir && !model) { fprintf(stderr, "deltafin doctor: --cache-dir needs --model DIR\n"); return 2; }
     int auto_ok = 1;

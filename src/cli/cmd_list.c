@@ -34,15 +34,18 @@ int cmd_list(int argc, char **argv) {
             printf("usage: deltafin list [--registry FILE]\n"
                    "  the models `deltafin setup` installed: repo, mode, size on disk, completeness (full, or streamed\n"
                    "  with the share of routed experts present locally; DAMAGED, with the reason, when a full install's\n"
-                   "  files no longer match its manifest), directory; `*` marks the default model that\n"
-                   "  run / serve / bench decode / doctor use without --model. Then the embedded model.\n"
+                   "  files no longer match its manifest), directory; `*` marks the default model that run / serve /\n"
+                   "  tokenize / bench decode, prefill, batch / doctor use without --model. Then the embedded model.\n"
                    "  --registry FILE  the registry (default $DELTAFIN_REGISTRY, else $XDG_DATA_HOME/deltafin/models.json,\n"
                    "                   else ~/.local/share/deltafin/models.json)\n");
             return 0;
         }
         if (!strcmp(argv[i], "--registry") && i + 1 < argc) reg_flag = argv[++i];
         else if (!strcmp(argv[i], "--registry")) { fprintf(stderr, "deltafin list: --registry needs a value\n"); return 2; }
-        else { fprintf(stderr, "deltafin list: unknown option '%s'\n", argv[i]); return 2; }
+        else {
+            static const char *const opts[] = {"--help", "--registry", NULL};
+            return cli_unknown_option("list", argv[i], opts, NULL);
+        }
     }
     char reg[4096], err[1024], dflt[256];
     if (registry_path(reg_flag, reg, sizeof reg, err, sizeof err)) { fprintf(stderr, "deltafin list: %s\n", err); return 1; }

@@ -39,19 +39,21 @@ static void run_usage(FILE *f) {
             "  --chat               wrap the prompt as one user message in the model's chat format\n"
             "  --print-ids          print the generated ids comma-separated on one line (instead of text)\n"
             "  --stats              print TTFT, prefill/decode tok/s and weight bytes per token to stderr\n"
-            "  --profile            with --stats: time per phase of the forward pass (attention, KDA, router,\n"
-            "                       experts, I/O wait, ...) for the prefill and per decoded token\n"
+            "  --profile            time per phase of the forward pass (attention, KDA, router, experts, I/O wait,\n"
+            "                       ...) for the prefill and per decoded token, after the --stats lines (implies --stats)\n"
             "  --threads N          compute threads, 0..4096 (default 0: all cores)\n"
             "  --temperature T      0..2; 0 = greedy (default)\n"
             "  --top-p P            nucleus sampling, in (0, 1] (default 1: off)\n"
             "  --top-k K            sample among the K most likely tokens (default 0: off)\n"
             "  --seed S             sampling seed, 0..2^64-1 (default 0: the same output on every run)\n"
-            "  --ram-budget SIZE    bytes for weights + KV cache, e.g. 4G, 512M (default unlimited)\n"
+            "                       (--top-p, --top-k and --seed apply with --temperature > 0; at 0 a note says so)\n"
+            "  --ram-budget SIZE    bytes for weights + KV cache, e.g. 4G, 512M (default 0: unlimited)\n"
             "  --expert-dirs D1,D2  where the expert packs live (override)\n"
             "  --cache-dir DIR      where an HF checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n"
             "  --spine MODE         source|bf16|int8 spine when converting an HF checkpoint (int8 is NOT exact);\n"
             "                       an error with a native model dir (its spine was chosen by `deltafin convert`)\n"
-            "  --events FILE        per-token JSONL I/O events\n"
+            "  --events FILE        per-token JSONL I/O events, appended to FILE (created when missing; remove it\n"
+            "                       first for a trace of one run)\n"
             "  --prefetch MODE      auto (on with --ram-budget; without one, a prompt's next layer only) | on | off |\n"
             "                       ungated: router lookahead prefetch; on: decode steps are timed with it on and off\n"
             "                       and the faster is kept (measured again now and then), ungated: always on (alias env\n"
@@ -76,6 +78,13 @@ static void run_usage(FILE *f) {
             "files, else the config's max_position_embeddings) gets a warning on stderr.\n",
             cli_draft_usage(1));
 }
+
+/* run's options (the --draft* ones are cli_draft_flags): what an unknown option is compared with */
+static const char *const run_options[] = {
+    "--help", "--model", "--prompt", "--prompt-ids", "--prompt-file", "--max-new", "--chat", "--stats", "--profile",
+    "--print-ids", "--quiet", "--preload", "--threads", "--temperature", "--top-p", "--top-k", "--seed", "--ram-budget",
+    "--expert-dirs", "--cache-dir", "--events", "--heat", "--prefetch", "--prefault", "--backend", "--gpu-budget",
+    "--spine", NULL};
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
 static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
@@ -339,6 +348,11 @@ int cmd_run(int argc, char **argv) {
     char *prompt_buf = NULL;
     size_t prompt_len = 0;
     int max_new = 32, chat = 0, stats = 0, profile = 0, print_ids = 0, quiet = 0, spine_given = 0, preload = 0;
+    char sampling_flags[64] = ""; /* those of --top-p, --top-k and --seed given, ", "-separated */
+    int n_sampling_flags = 0;
+#define SAMPLING_FLAG(f) do { if (!strstr(sampling_flags, f)) { \
+        size_t l_ = strlen(sampling_flags); \
+        snprintf(sampling_flags + l_, sizeof sampling_flags - l_, "%s%s", l_ ? ", " : "", f); n_sampling_flags++; } } while (0)
     long long iv;
     df_model_opts mo;
     df_model_opts_default(&mo);
@@ -363,7 +377,7 @@ int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--stats")) stats = 1;
-        else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--profile")) profile = stats = 1;
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--preload")) preload = 1;
@@ -373,15 +387,21 @@ int cmd_run(int argc, char **argv) {
             mo.threads = (int)iv;
         }
         else if (!strcmp(a, "--temperature")) { const char *v = NEXT(); if (!v || parse_num(a, v, 0, 2, 0, &so.temperature)) return 2; }
-        else if (!strcmp(a, "--top-p")) { const char *v = NEXT(); if (!v || parse_num(a, v, 0, 1, 1, &so.top_p)) return 2; }
+        else if (!strcmp(a, "--top-p")) {
+            const char *v = NEXT();
+            if (!v || parse_num(a, v, 0, 1, 1, &so.top_p)) return 2;
+            SAMPLING_FLAG("--top-p");
+        }
         else if (!strcmp(a, "--top-k")) {
             const char *v = NEXT();
             if (!v || parse_int(a, v, 0, INT_MAX, &iv)) return 2;
             so.top_k = (int)iv;
+            SAMPLING_FLAG("--top-k");
         }
         else if (!strcmp(a, "--seed")) {
             const char *v = NEXT();
             if (!v) return 2;
+            SAMPLING_FLAG("--seed");
             char *end;
             errno = 0;
             unsigned long long sd = strtoull(v, &end, 10);
@@ -393,7 +413,12 @@ int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--ram-budget")) {
             const char *v = NEXT(); if (!v) return 2;
-            if (cli_parse_size(v, &mo.ram_budget) || !mo.ram_budget) { fprintf(stderr, "deltafin run: --ram-budget \"%s\" is not a size (e.g. 4G, 512M)\n", v); return 2; }
+            /* 0 = no budget, as leaving the flag out */
+            if (cli_parse_size(v, &mo.ram_budget)) {
+                fprintf(stderr, "deltafin run: --ram-budget \"%s\": expected a size such as 4G or 512M (K, M, G, T: powers of "
+                                "1024), or 0 for no budget\n", v);
+                return 2;
+            }
         }
         else if (!strcmp(a, "--expert-dirs")) { if (!(mo.expert_dirs = NEXT())) return 2; }
         else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT())) return 2; }
@@ -418,9 +443,15 @@ int cmd_run(int argc, char **argv) {
             spine_given = 1;
         }
         else if ((dr = cli_draft_arg("run", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
-        else { fprintf(stderr, "deltafin run: unknown option '%s'\n\n", a); run_usage(stderr); return 2; }
+        else return cli_unknown_option("run", a, run_options, cli_draft_flags);
 #undef NEXT
     }
+    /* flags that change nothing in this run: said once, not an error */
+#undef SAMPLING_FLAG
+    if (n_sampling_flags && so.temperature == 0)
+        fprintf(stderr, "deltafin run: note: %s %s no effect at --temperature 0 (greedy decoding takes the most likely "
+                        "token); give --temperature > 0 to sample\n", sampling_flags, n_sampling_flags > 1 ? "have" : "has");
+    cli_draft_note_unused("run", &dopt);
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {
         if (cli_default_model("run", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
@@ -532,8 +563,8 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "deltafin run: warning: the prompt has %d tokens but %s was trained on %ld positions (%s); "
                             "past that its output is unreliable\n", n_ids, df_model_name(m), trained, src);
         else if (trained > 0 && (long long)n_ids + max_new > trained && !quiet)
-            fprintf(stderr, "deltafin run: note: %d prompt tokens + --max-new %d go past the %ld positions %s was trained "
-                            "on (%s); the output may degrade after position %ld\n", n_ids, max_new, trained,
+            fprintf(stderr, "deltafin run: note: %d prompt token%s + --max-new %d go past the %ld positions %s was trained "
+                            "on (%s); the output may degrade after position %ld\n", n_ids, n_ids == 1 ? "" : "s", max_new, trained,
                     df_model_name(m), src, trained);
     }
     /* the lossy modes are labeled wherever results are printed, --quiet or not */
@@ -703,7 +734,6 @@ int cmd_run(int argc, char **argv) {
         cli_draft_print_stats(stderr, &sst, drafter);
     }
     if (stats && remote) stream_print_stats(remote, stderr);
-    if (profile && !stats) fprintf(stderr, "deltafin run: --profile prints with --stats only\n");
     status = gen_sig ? 128 + gen_sig : 0;
 done:
     df_spec_free(spec);

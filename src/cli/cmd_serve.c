@@ -16,7 +16,7 @@ static void serve_usage(FILE *f) {
             "  --host ADDR              numeric address to bind (default 127.0.0.1)\n"
             "  --port N                 TCP port (default 8000; 0 = any free port)\n"
             "  --port-file PATH         write the bound port to PATH once listening (exit 1 if it cannot be written)\n"
-            "  --ram-budget SIZE        bytes for weights + KV cache, e.g. 8G (default unlimited)\n"
+            "  --ram-budget SIZE        bytes for weights + KV cache, e.g. 8G (default 0: unlimited)\n"
             "  --threads N              compute threads (default all cores)\n"
             "  --backend NAME           auto (default: cuda when a CUDA device is present) | cpu (best SIMD) |\n"
             "                           cpu-scalar | cpu-avx2 | cpu-avx512 | cuda\n"
@@ -29,7 +29,8 @@ static void serve_usage(FILE *f) {
             "  --preload                read every routed expert into memory before serving (GPU memory first with\n"
             "                           --backend cuda, then the host cache; nothing is evicted for it; refused on\n"
             "                           a streamed install, where it would fetch the whole model)\n"
-            "  --max-tokens N           cap on generated tokens per request (default: context room)\n"
+            "  --max-tokens N           cap on generated tokens per request: a request's max_tokens above it is\n"
+            "                           lowered to it (default 0: no cap but the context's room)\n"
             "  --max-request-bytes N    largest accepted request body (default 134217728)\n"
             "  --parallel N             generations running at once, their decode steps batched into one\n"
             "                           forward pass (each expert read once per step for all); outputs are\n"
@@ -53,6 +54,13 @@ static void serve_usage(FILE *f) {
             "speculative decoding (requests without logprobs; the output is the same):\n%s",
             cli_draft_usage(0));
 }
+
+/* serve's options (the --draft* ones are cli_draft_flags): what an unknown option is compared with */
+static const char *const serve_options[] = {
+    "--help", "--model", "--host", "--port", "--port-file", "--ram-budget", "--threads", "--backend", "--gpu-budget",
+    "--ctx", "--prefetch", "--prefault", "--preload", "--max-tokens", "--max-request-bytes", "--parallel", "--queue",
+    "--api-key", "--cors", "--no-kv-reuse", "--keepalive", "--timeout", "--max-connections", "--mock", "--mock-delay-ms",
+    "--mock-kimi", "--verbose", NULL};
 
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {
     char *end;
@@ -95,7 +103,10 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port-file")) { NEED(); c.port_file = v; }
         else if (!strcmp(a, "--ram-budget")) {
             NEED();
-            if (cli_parse_size(v, &c.ram_budget)) { fprintf(stderr, "deltafin serve: --ram-budget %s: expected a size like 8G or 512M\n", v); return 2; }
+            if (cli_parse_size(v, &c.ram_budget)) {
+                fprintf(stderr, "deltafin serve: --ram-budget %s: expected a size like 8G or 512M, or 0 for no budget\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--threads")) { NEED(); if (parse_int(a, v, 0, 4096, &c.threads)) return 2; }
         else if (!strcmp(a, "--backend")) { NEED(); if (cli_check_backend("serve", v)) return 2; c.backend = v; }
         else if (!strcmp(a, "--gpu-budget")) {
@@ -138,9 +149,10 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--mock-delay-ms")) { NEED(); if (parse_int(a, v, 0, 60000, &c.mock_delay_ms)) return 2; }
         else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) c.verbose = 1;
         else if ((dr = cli_draft_arg("serve", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
-        else { fprintf(stderr, "deltafin serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
+        else return cli_unknown_option("serve", a, serve_options, cli_draft_flags);
         (void)tmp;
     }
+    cli_draft_note_unused("serve", &dopt);
     char dflt_dir[4096], dflt_how[4600];
     if (!c.model_path && !c.mock) {
         if (cli_default_model("serve", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;

@@ -24,7 +24,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: deltafin setup REPO [options]\n\n"
             "Download the Hugging Face model REPO (OWNER/NAME) from a mirror, verify it, convert it to deltafin's\n"
-            "native layout and make it the default model of run / serve / bench decode / doctor (see `deltafin list`).\n"
+            "native layout and make it the default model of run / serve / tokenize / bench decode, prefill, batch / doctor\n"
+            "(see `deltafin list`).\n"
             "Any server with the hub's HTTP layout works: MIRROR/REPO/resolve/REV/FILE with Range requests, the\n"
             "X-Linked-Size / ETag (sha256) headers of LFS files, and the listing MIRROR/api/models/REPO/revision/REV\n"
             "(else model.safetensors.index.json is the listing). config.json is checked BEFORE anything large is\n"
@@ -191,7 +192,13 @@ int cmd_setup(int argc, char **argv) {
                 return 2;
             }
         }
-        else if (a[0] == '-') { fprintf(stderr, "deltafin setup: unknown option '%s'\n\n", a); usage(stderr); return 2; }
+        else if (a[0] == '-') {
+            static const char *const opts[] = {"--help", "--full", "--stream", "--revision", "--mirror", "--dir", "--expert-dirs",
+                                               "--registry", "--include-draft", "--keep-download", "--download-only",
+                                               "--no-default", "--quiet", "--verbose", "--connections", "--hash-threads",
+                                               "--retries", "--threads", "--disk-budget", "--chunk", NULL};
+            return cli_unknown_option("setup", a, opts, NULL);
+        }
         else if (!repo) repo = a;
         else { fprintf(stderr, "deltafin setup: one REPO only (got \"%s\" and \"%s\")\n", repo, a); return 2; }
 #undef NEXT

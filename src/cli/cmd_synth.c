@@ -1054,7 +1054,14 @@ int cmd_synth(int argc, char **argv) {
         int ix = -1;
         for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
             if (!strcmp(a, ints[k].flag)) ix = (int)k;
-        if (!known && ix < 0) { fprintf(stderr, "deltafin synth: unknown option %s\n\n", a); usage(stderr); return 2; }
+        if (!known && ix < 0) {
+            static const char *const opts[] = {
+                "--help", "--quiet", "--force", "--dry-run", "--arch", "--encoding", "--spine-encoding", "--size", "--expert-dirs",
+                "--stripe-weights", "--seed", "--skew", "--name", "--hidden", "--moe-inter", "--inter", "--experts", "--layers",
+                "--dense", "--top-k", "--vocab", "--heads", "--q-lora", "--kv-lora", "--shared", "--n-group", "--topk-group",
+                "--nope", "--rope", "--v-dim", "--latent", "--kda-heads", "--kda-head-dim", NULL};
+            return cli_unknown_option("synth", a, opts, NULL);
+        }
         if (i + 1 >= argc) { fprintf(stderr, "deltafin synth: %s needs a value\n", a); return 2; }
         const char *v = argv[++i];
         if (v[0] == '-' && v[1] == '-') {

@@ -14,13 +14,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: deltafin tokenize (--model DIR | --tokenizer FILE [--config tokenizer_config.json])\n"
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: deltafin tokenize [--model DIR | --tokenizer FILE [--config tokenizer_config.json]]\n"
             "                         [--decode] [--chat [--render] [--tools FILE] [--thinking | --no-thinking]\n"
             "                         [--no-gen-prompt]] [--no-parse-special] [--add-bos]\n"
             "  reads text (or ids with --decode, or a JSON list of messages with --chat) on stdin;\n"
             "  prints ids comma-separated on one line (or the text).\n"
+            "  --model DIR: the tokenizer of a model directory (tokenizer.json or tiktoken.model); without --model\n"
+            "  or --tokenizer: the model `deltafin setup` installed, else the embedded models/kimi-mini (as `run`).\n"
             "  special-token strings in the text (<|im_end|>, ...) are special tokens, as transformers'\n"
             "  tokenizers do by default; --no-parse-special encodes them as plain text (--parse-special,\n"
             "  the default, is still accepted).\n"
@@ -28,6 +30,11 @@ static void usage(void) {
             "  enable_thinking: Qwen3 thinks); --thinking / --no-thinking pass enable_thinking True / False.\n"
             "  --render, --tools, --thinking, --no-thinking and --no-gen-prompt apply only with --chat.\n");
 }
+
+/* tokenize's options: what an unknown option is compared with */
+static const char *const value_options[] = {"--model", "--tokenizer", "--config", "--tools", NULL};
+static const char *const flag_options[] = {"--decode", "--chat", "--render", "--thinking", "--no-thinking", "--no-gen-prompt",
+                                           "--parse-special", "--no-parse-special", "--add-bos", "--help", NULL};
 
 static char *read_all(FILE *f, size_t *n) {
     size_t cap = 1 << 16, len = 0;
@@ -73,12 +80,21 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--parse-special")) { flags |= DF_TOK_PARSE_SPECIAL; no_special = 0; }
         else if (!strcmp(a, "--no-parse-special")) { flags &= ~DF_TOK_PARSE_SPECIAL; no_special = 1; }
         else if (!strcmp(a, "--add-bos")) flags |= DF_TOK_ADD_BOS;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
-        else { fprintf(stderr, "deltafin tokenize: unknown or incomplete option '%s'\n", a); usage(); return 2; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (cli_known_option(a, value_options)) { fprintf(stderr, "deltafin tokenize: %s needs a value\n", a); return 2; }
+        else return cli_unknown_option("tokenize", a, value_options, flag_options);
     }
-    if (!!model + !!tokfile != 1) { fprintf(stderr, "deltafin tokenize: give exactly one of --model or --tokenizer\n"); usage(); return 2; }
+    if (model && tokfile) { fprintf(stderr, "deltafin tokenize: give one of --model DIR or --tokenizer FILE, not both\n"); return 2; }
+    char dflt_dir[4096], dflt_how[4600];
+    if (!model && !tokfile) { /* the default model, as `run` without --model */
+        if (cli_default_model("tokenize", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        model = dflt_dir;
+    }
     if (decode && chat) { fprintf(stderr, "deltafin tokenize: --decode and --chat do not combine\n"); return 2; }
-    if (chat_only && !chat) { fprintf(stderr, "deltafin tokenize: %s applies only with --chat\n", chat_only); usage(); return 2; }
+    if (chat_only && !chat) {
+        fprintf(stderr, "deltafin tokenize: %s applies only with --chat (see deltafin tokenize --help)\n", chat_only);
+        return 2;
+    }
     if ((cflags & DF_CHAT_THINKING) && (cflags & DF_CHAT_NO_THINKING)) {
         fprintf(stderr, "deltafin tokenize: --thinking and --no-thinking do not combine\n");
         return 2;

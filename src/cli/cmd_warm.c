@@ -46,7 +46,10 @@ int cmd_warm(int argc, char **argv) {
             else if (!strcmp(a, "--trace")) trace = v;
             else if (!strcmp(a, "--prompts")) prompts = v;
             else if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin warm: --budget \"%s\": expected a size (e.g. 20G)\n", v); return 2; }
-        } else { fprintf(stderr, "deltafin warm: unknown option '%s'\n\n", a); usage(stderr); return 2; }
+        } else {
+            static const char *const opts[] = {"--help", "--model", "--trace", "--prompts", "--budget", NULL};
+            return cli_unknown_option("warm", a, opts, NULL);
+        }
     }
     if (!!trace + !!prompts != 1) { fprintf(stderr, "deltafin warm: give one of --trace EVENTS.jsonl or --prompts FILE\n"); return 2; }
     char dflt[4096], how[4600];

@@ -27,7 +27,8 @@ static void usage(FILE *f) {
     fprintf(f, "deltafin %s — exact MoE inference with streamed experts\n\nusage: deltafin COMMAND [options]\n\n",
             DELTAFIN_VERSION);
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-9s %s\n", cmds[i].name, cmds[i].help);
-    fprintf(f, "\nRun `deltafin COMMAND --help` for a command's options.\n");
+    fprintf(f, "\nRun `deltafin COMMAND --help` (or `deltafin help COMMAND`) for a command's options; an option's value\n"
+                "may follow it (--max-new 64) or be joined with = (--max-new=64).\n");
 }
 
 /* Everything written to stdout must have reached it: a full disk (> /dev/full), a closed pipe or an I/O error
@@ -49,7 +50,20 @@ static int close_stdout(const char *cmd, int rc) {
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
+    /* `deltafin help COMMAND [SUB]` is `deltafin COMMAND [SUB] --help` */
+    char *help_argv[8];
+    if (!strcmp(argv[1], "help") && argc >= 3 && argc <= 4) {
+        int n = 0;
+        for (int i = 0; i < argc; i++)
+            if (i != 1) help_argv[n++] = argv[i];
+        help_argv[n++] = "--help";
+        help_argv[n] = NULL;
+        argc = n;
+        argv = help_argv;
+    }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return close_stdout(NULL, 0); }
+    /* --opt=value is --opt value, for every command's options */
+    argc = cli_split_option_values(argc, argv, &argv);
     if (!strcmp(argv[1], "--version")) { printf("deltafin %s\n", DELTAFIN_VERSION); return close_stdout(NULL, 0); }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name)) return close_stdout(cmds[i].name, cmds[i].fn(argc - 1, argv + 1));
