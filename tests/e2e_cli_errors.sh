@@ -418,6 +418,12 @@ echo "$out" | grep -q "bench prefill \[--model DIR\]" && echo "$out" | grep -q "
 expect 2 "bench io without --dir" "^deltafin bench io: --dir DIR is required" -- "$BIN" bench io
 expect 2 "bench io --dir a,,b" "^deltafin bench io: --dir \"$TMP,,$TMP\": an empty directory name" -- "$BIN" bench io --dir "$TMP,,$TMP"
 expect 2 "bench io --dir <missing>" "^deltafin bench io: --dir $TMP/nope: No such file or directory" -- "$BIN" bench io --dir "$TMP/nope"
+# an empty item in a comma-separated list is refused everywhere, as run --prompt-ids 1,,2 is
+expect 2 "bench kernels --types f32,,bf16" '^deltafin bench kernels: --types "f32,,bf16": an empty item in the list' -- \
+    "$BIN" bench kernels --types f32,,bf16
+expect 2 "bench kernels --shapes 64x64," '^deltafin bench kernels: --shapes "64x64,": an empty item in the list' -- \
+    "$BIN" bench kernels --shapes 64x64,
+expect 2 "bench kernels --threads ,,1" '^deltafin bench kernels: --threads ",,1"' -- "$BIN" bench kernels --threads ,,1
 mkdir -p "$TMP/emptydir"
 expect 2 "bench io --dir <no files>" "^deltafin bench io: $TMP/emptydir has no file of at least" -- \
     "$BIN" bench io --dir "$TMP/emptydir" --seconds 0.1 --no-drop

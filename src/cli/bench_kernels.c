@@ -447,6 +447,10 @@ int bench_kernels_main(int argc, char **argv) {
             char buf[256];
             snprintf(buf, sizeof buf, "%s", v);
             ntypes = 0;
+            if (cli_list_has_empty(v)) {
+                fprintf(stderr, "deltafin bench %s: --types \"%s\": an empty item in the list; expected e.g. f32,bf16,mxfp4\n", name, v);
+                return 2;
+            }
             for (char *sv, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
                 int t = df_wtype_from_name(tok);
                 if (t < 0 || ntypes == DF_W__COUNT) {
@@ -459,6 +463,11 @@ int bench_kernels_main(int argc, char **argv) {
             char buf[512];
             snprintf(buf, sizeof buf, "%s", v);
             nshapes = 0;
+            if (cli_list_has_empty(v)) {
+                fprintf(stderr, "deltafin bench %s: --shapes \"%s\": an empty item in the list; expected e.g. 2048x7168,7168x2048\n",
+                        name, v);
+                return 2;
+            }
             for (char *sv, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
                 long long r, c;
                 char x, extra;

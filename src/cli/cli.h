@@ -26,6 +26,8 @@ const char *cli_cr(void);
 /* 1 when `a` is one of the NULL-terminated names: a parser asks it before saying "A needs a value", so a
  * mistyped flag at the end of the command line is an unknown option, not a flag without its value. */
 int cli_known_option(const char *a, const char *const *names);
+/* 1 when the comma-separated list s has an empty item ("a,,b", ",a", "a," or ""): lists are refused so everywhere. */
+int cli_list_has_empty(const char *s);
 /* Every "--name=value" of argv (name: letters, digits and dashes) as the two arguments "--name" "value", so each
  * command's parser accepts both forms; the value after --prompt or --api-key (free text) is kept whole. *out gets
  * the new argv (NULL-terminated; argv itself when out of memory); returns its count. */

@@ -33,6 +33,11 @@ int cli_known_option(const char *a, const char *const *names) {
     return 0;
 }
 
+int cli_list_has_empty(const char *s) {
+    size_t n = strlen(s);
+    return !n || s[0] == ',' || s[n - 1] == ',' || strstr(s, ",,") != NULL;
+}
+
 int cli_is_file(const char *dir, const char *name) {
     char p[8192];
     struct stat st;

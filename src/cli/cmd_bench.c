@@ -251,16 +251,16 @@ static int bench_io(int argc, char **argv) {
                         "64K or 1M (the default)\n", (unsigned long long)o.io_bytes);
         return 2;
     }
+    if (cli_list_has_empty(o.dirs)) {
+        fprintf(stderr, "deltafin bench io: --dir \"%s\": an empty directory name in the list; separate directories with one "
+                        "comma (D1,D2)\n", o.dirs);
+        return 2;
+    }
     {
         int nd = 0;
         for (const char *p = o.dirs;; p++) {
             const char *e = strchr(p, ',');
             size_t len = e ? (size_t)(e - p) : strlen(p);
-            if (!len) {
-                fprintf(stderr, "deltafin bench io: --dir \"%s\": an empty directory name in the list; separate directories "
-                                "with one comma (D1,D2)\n", o.dirs);
-                return 2;
-            }
             char d[4096];
             snprintf(d, sizeof d, "%.*s", (int)len, p);
             struct stat sb;
