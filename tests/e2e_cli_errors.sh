@@ -372,6 +372,11 @@ out=$("${R[@]}" --prompt-ids 1 --tempreature 0.5 2>&1); rc=$?
 out=$("${R[@]}" --prompt-ids 1 --draft-mx 4 2>&1); rc=$?
 [ $rc -eq 2 ] && [ "$out" = "deltafin run: unknown option '--draft-mx', did you mean '--draft-max'? (see deltafin run --help)" ] \
     && ok || bad "run --draft-mx: rc $rc: $out"
+out=$("${R[@]}" --prompt-ids 1 --temp 0.5 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = "deltafin run: unknown option '--temp', did you mean '--temperature'? (see deltafin run --help)" ] \
+    && ok || bad "run --temp (a prefix of one option): rc $rc: $out"
+out=$("$BIN" runn --prompt-ids 1 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = "deltafin: unknown command 'runn', did you mean 'run'? (see deltafin --help)" ] && ok || bad "deltafin runn: rc $rc: $out"
 out=$("$BIN" serve --mock --prot 8000 2>&1); rc=$?
 [ $rc -eq 2 ] && [ "$out" = "deltafin serve: unknown option '--prot', did you mean '--port'? (see deltafin serve --help)" ] \
     && ok || bad "serve --prot: rc $rc: $out"

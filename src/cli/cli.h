@@ -33,9 +33,11 @@ int cli_list_has_empty(const char *s);
  * the new argv (NULL-terminated; argv itself when out of memory); returns its count. */
 int cli_split_option_values(int argc, char **argv, char ***out);
 /* An unknown option `a` of `cmd` ("run", "bench io"): one line on stderr, "deltafin CMD: unknown option 'A' (see
- * deltafin CMD --help)", with "did you mean" when one of the NULL-terminated `names` / `names2` (either may be NULL)
- * is within 2 edits of A or the only option A is a prefix of; "unexpected argument" when A is no option. Returns 2. */
+ * deltafin CMD --help)", with "did you mean" when A is a prefix of only one of the NULL-terminated `names` / `names2`
+ * (either may be NULL), or one of them is within 2 edits of A; "unexpected argument" when A is no option. Returns 2. */
 int cli_unknown_option(const char *cmd, const char *a, const char *const *names, const char *const *names2);
+/* An unknown command: "deltafin: unknown command 'A' (see deltafin --help)", with "did you mean" as above. Returns 2. */
+int cli_unknown_command(const char *a, const char *const *names);
 /* --prefetch auto|on|off|ungated / --prefault auto|on|off (by `flag`) into df_model_opts' 0 / 1 / 2 (/ 3 = ungated):
  * 0, else a usage message naming the command, flag and value and -1. */
 int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out);

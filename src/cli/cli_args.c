@@ -137,19 +137,30 @@ static int edit_distance(const char *a, const char *b) {
     return d[la][lb];
 }
 
-int cli_unknown_option(const char *cmd, const char *a, const char *const *names, const char *const *names2) {
+/* the only name of names / names2 that a is a prefix of (a of 4 or more characters), else the closest within 2
+ * edits of a, else NULL */
+static const char *closest(const char *a, const char *const *names, const char *const *names2) {
     const char *best = NULL, *prefix_of = NULL;
     int best_d = 3, n_prefix = 0;
     const size_t la = strlen(a);
-    if (a[0] == '-') {
-        for (int l = 0; l < 2; l++)
-            for (const char *const *p = l ? names2 : names; p && *p; p++) {
-                int d = edit_distance(a, *p);
-                if (d < best_d) { best_d = d; best = *p; }
-                if (la >= 4 && !strncmp(*p, a, la)) { prefix_of = *p; n_prefix++; }
-            }
-        if (!best && n_prefix == 1) best = prefix_of;
-    }
+    for (int l = 0; l < 2; l++)
+        for (const char *const *p = l ? names2 : names; p && *p; p++) {
+            int d = edit_distance(a, *p);
+            if (d < best_d) { best_d = d; best = *p; }
+            if (la >= 4 && !strncmp(*p, a, la)) { prefix_of = *p; n_prefix++; }
+        }
+    return n_prefix == 1 ? prefix_of : best;
+}
+
+int cli_unknown_command(const char *a, const char *const *names) {
+    const char *best = closest(a, names, NULL);
+    if (best) fprintf(stderr, "deltafin: unknown command '%s', did you mean '%s'? (see deltafin --help)\n", a, best);
+    else fprintf(stderr, "deltafin: unknown command '%s' (see deltafin --help)\n", a);
+    return 2;
+}
+
+int cli_unknown_option(const char *cmd, const char *a, const char *const *names, const char *const *names2) {
+    const char *best = a[0] == '-' ? closest(a, names, names2) : NULL;
     if (a[0] != '-')
         fprintf(stderr, "deltafin %s: unexpected argument '%s' (see deltafin %s --help)\n", cmd, a, cmd);
     else if (best)

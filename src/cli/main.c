@@ -67,7 +67,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--version")) { printf("deltafin %s\n", DELTAFIN_VERSION); return close_stdout(NULL, 0); }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name)) return close_stdout(cmds[i].name, cmds[i].fn(argc - 1, argv + 1));
-    fprintf(stderr, "deltafin: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
-    return 2;
+    const char *names[sizeof cmds / sizeof cmds[0] + 1];
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) names[i] = cmds[i].name;
+    names[sizeof cmds / sizeof cmds[0]] = NULL;
+    return cli_unknown_command(argv[1], names);
 }
