@@ -4,10 +4,12 @@
 # budget, with a budget of about 1/4 of the expert bytes, with the pread
 # engine's store and with --expert-dirs; a corrupted pack is a clear error
 # naming layer, expert and file; bench io and bench decode run (the configuration line on
-# stderr, as bench prefill's). synth refuses a non-empty OUT_DIR unless --force (which
+# stderr, as bench prefill's); the events file has the drives' busy / idle transitions and the requests,
+# which tools/drive-idle.py reads. synth refuses a non-empty OUT_DIR unless --force (which
 # deletes the old model files).
 set -u
 BIN=${DF_BIN:?DF_BIN not set}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 T=$(mktemp -d /tmp/df_e2e_store.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 pass=0; fail=0
@@ -58,6 +60,14 @@ b=$(run --ram-budget 3.75M)
 ev=$(run --ram-budget 3.2M --events "$T/ev.jsonl")
 [ "$ev" = "$ref" ] && ok || bad "budget 3.2M ids '$ev' vs '$ref' ($(cat "$T/err"))"
 grep -q '"ev":"token"' "$T/ev.jsonl" && grep -q '"ev":"read"' "$T/ev.jsonl" && ok || bad "events file"
+# the drive's busy / idle transitions pair up, every request names its priority, and tools/drive-idle.py splits
+# the decode steps' idle drive time
+nb=$(grep -c '"ev":"drive_busy","drive":0' "$T/ev.jsonl"); ni=$(grep -c '"ev":"drive_idle","drive":0' "$T/ev.jsonl")
+[ "$nb" -gt 0 ] && [ "$nb" = "$ni" ] && grep -Eq '"ev":"request","layer":[0-9]+,"n":[0-9]+,"prio":"(demand|prefetch)","started":[0-9]+' "$T/ev.jsonl" \
+  && ok || bad "drive / request events: busy $nb idle $ni"
+"$ROOT/tools/drive-idle.py" "$T/ev.jsonl" >"$T/idle" 2>&1 && grep -q "decode steps" "$T/idle" \
+  && grep -Eq "^  drive 0: idle [0-9.]+% of the decode time .* boundary [0-9.]+% .* in-layer [0-9.]+%" "$T/idle" \
+  && ok || bad "drive-idle.py: $(cat "$T/idle")"
 "$BIN" run --model "$T/m" --prompt-ids 1,2 --max-new 1 --ram-budget 1M --quiet >/dev/null 2>"$T/err"
 [ $? -ne 0 ] && grep -q "too small" "$T/err" && grep -q "at least" "$T/err" && ok || bad "tiny budget error: $(cat "$T/err")"
 

@@ -661,7 +661,7 @@ static void drop_stale_guesses(df_store *st, int layer) {
 
 int store_request(df_store *st, int layer, const int *experts, int n, store_prio prio) {
     pthread_mutex_lock(&st->mu);
-    int rc = 0;
+    int rc = 0, started = 0;
     /* a demand set first holds every member already present, so that loading one member cannot take
      * the slot of another (e.g. a guess for it that has not been acquired yet) */
     if (prio == STORE_DEMAND)
@@ -691,6 +691,7 @@ int store_request(df_store *st, int layer, const int *experts, int n, store_prio
         s = start_load(st, layer, experts[i], prio, 0);
         if (s == -2) { rc = DF_ENOMEM; continue; }
         if (s < 0) continue; /* no slot free now: acquire will load it */
+        started++;
         if (prio == STORE_DEMAND) {
             st->slots[s].demand_hold = 1;
             st->slots[s].fresh = 1;
@@ -701,6 +702,8 @@ int store_request(df_store *st, int layer, const int *experts, int n, store_prio
         }
     }
     if (prio == STORE_DEMAND) drop_stale_guesses(st, layer);
+    store_event(st, "\"ev\":\"request\",\"layer\":%d,\"n\":%d,\"prio\":\"%s\",\"started\":%d", layer, n,
+                prio == STORE_DEMAND ? "demand" : "prefetch", started);
     pthread_mutex_unlock(&st->mu);
     return rc;
 }

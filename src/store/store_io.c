@@ -51,7 +51,10 @@ int store_take_chunk(df_store *st, int d, store_chunk *c) {
                     j->in_list = 0;
                 }
                 store_drive *dr = &st->drives[d];
-                if (dr->inflight++ == 0) dr->busy_since = store_now();
+                if (dr->inflight++ == 0) {
+                    dr->busy_since = store_now();
+                    store_event(st, "\"ev\":\"drive_busy\",\"drive\":%d", d);
+                }
                 return 1;
             }
         }
@@ -65,7 +68,10 @@ void store_chunk_done(df_store *st, int d, store_chunk *c, int res, const char *
     pthread_mutex_lock(&st->mu);
     store_drive *dr = &st->drives[d];
     if (res == 0) dr->bytes += c->len;
-    if (--dr->inflight == 0) dr->busy_s += store_now() - dr->busy_since;
+    if (--dr->inflight == 0) {
+        dr->busy_s += store_now() - dr->busy_since;
+        store_event(st, "\"ev\":\"drive_idle\",\"drive\":%d", d);
+    }
     j->chunks_out--;
     if (res < 0 && !j->err) {
         j->err = res;
