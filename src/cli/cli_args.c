@@ -97,6 +97,10 @@ int cli_stderr_tty(void) {
 
 const char *cli_cr(void) { return cli_stderr_tty() ? "\r" : ""; }
 
+/* the split argument vector (and the option names it points to) live as long as the process, as argv does; held
+ * here so that they stay reachable until exit */
+static char **split_argv;
+
 int cli_split_option_values(int argc, char **argv, char ***out) {
     char **v = malloc(sizeof(char *) * (size_t)(2 * argc + 1));
     if (!v) { *out = argv; return argc; }
@@ -113,11 +117,13 @@ int cli_split_option_values(int argc, char **argv, char ***out) {
         if (eq && !is_value && a[0] == '-' && a[1] == '-' && k > 2 && k == (size_t)(eq - a)) {
             char *name = strndup(a, k);
             if (!name) { v[n++] = argv[i]; continue; }
-            v[n++] = name;              /* lives as long as the process, as argv does */
+            v[n++] = name;
             v[n++] = (char *)(eq + 1);
         } else v[n++] = argv[i];
     }
     v[n] = NULL;
+    free(split_argv);
+    split_argv = v;
     *out = v;
     return n;
 }

@@ -17,13 +17,14 @@
 #          resident decode (the KV mirror on / off), then test_cuda_kernels and test_golden on the GPU if carried.
 #   part 6: the streamed model of part 4: 512-token GPU prefill twice (TTFT / union read), one streamed GPU decode.
 #   part 8: DF_CUDA_TRACE of a preloaded resident decode (issue 12), the drafting gate in RAM (issue 14).
+#   part 9: where the drive waits in a streamed decode (GPU gated / ungated, 16-thread CPU): tools/drive-idle.py.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2|3|4|5|6|7|8 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6|7|8 OUTDIR}
+PART=${1:?usage: acceptance.sh 1|2|3|4|5|6|7|8|9 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6|7|8|9 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
@@ -244,6 +245,30 @@ case $PART in
     log "bench_spec.sh (MEMS=ram, PROMPTS=${SPEC_PROMPTS:-text rep}, REPS=${SPEC_REPS:-3})"
     MEMS=ram PROMPTS="${SPEC_PROMPTS:-text rep}" REPS=${SPEC_REPS:-3} timeout 400 "$HERE/tools/device/bench_spec.sh" "$OUT/spec" >/dev/null 2>&1
     cat "$OUT/spec/spec.txt" >>"$S" 2>/dev/null
+    ;;
+9)
+    # where the drive waits during a streamed decode (tools/drive-idle.py on the store's events): the streamed model
+    # of part 6, bench io into reused buffers and into a pool of the host budget, then the streamed GPU decode with
+    # the lookahead gated and ungated, and a 16-thread CPU decode, each with --events.
+    streamed_model
+    for b in "" "--buffer ${HOST_BUDGET:-2816M}"; do
+        log "bench io $b"
+        timeout 30 "$BIN" bench io --dir "$W/m" --run 22848K --group 8 --seconds 3 $b 2>&1 | tail -1 >>"$S"
+    done
+    for pf in auto ungated; do
+        log "cuda decode, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M}, --prefetch $pf, 17 warm-up + 24 tokens, --events"
+        timeout 150 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
+            --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 --io-buffer "${HOST_BUDGET:-2816M}" \
+            --prefetch $pf --events "$OUT/ev-cuda-$pf.jsonl" 2>&1 \
+            | grep -E "bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+        python3 "$HERE/tools/drive-idle.py" "$OUT/ev-cuda-$pf.jsonl" >>"$S" 2>&1
+    done
+    log "cpu decode, 16 threads, cold, --ram-budget 3G, 24 tokens, --io-buffer 3G, --events"
+    timeout 150 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 --io-buffer 3G \
+        --events "$OUT/ev-cpu.jsonl" 2>&1 | grep -E "bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+    python3 "$HERE/tools/drive-idle.py" "$OUT/ev-cpu.jsonl" >>"$S" 2>&1
+    xz -T2 "$OUT"/ev-*.jsonl 2>/dev/null
+    rm -rf "$W"
     ;;
 esac
 log "done"
