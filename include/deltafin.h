@@ -106,6 +106,9 @@ typedef struct {
     int prefault;               /* with ram_budget: fault the expert cache's slot buffers in (huge pages, two
                                    threads started at open) before their first read: 0 = auto (on), 1 = on, 2 = off.
                                    Alias: env DF_PREFAULT=1|0 when this is 0. Never changes results. */
+    int io_depth;               /* expert reads in flight per drive (1..1024); 0 = 16. Never changes results. */
+    uint64_t io_size;           /* bytes of one expert read request (a multiple of 4096, 4 KiB..64 MiB); 0 = 1 MiB.
+                                   Never changes results. */
 } df_model_opts;
 
 void df_model_opts_default(df_model_opts *o);

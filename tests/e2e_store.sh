@@ -65,6 +65,13 @@ grep -q '"ev":"token"' "$T/ev.jsonl" && grep -q '"ev":"read"' "$T/ev.jsonl" && o
 nb=$(grep -c '"ev":"drive_busy","drive":0' "$T/ev.jsonl"); ni=$(grep -c '"ev":"drive_idle","drive":0' "$T/ev.jsonl")
 [ "$nb" -gt 0 ] && [ "$nb" = "$ni" ] && grep -Eq '"ev":"request","layer":[0-9]+,"n":[0-9]+,"prio":"(demand|prefetch)","started":[0-9]+' "$T/ev.jsonl" \
   && ok || bad "drive / request events: busy $nb idle $ni"
+# --io-depth / --io-size: the store's reads in flight and read size; the same ids, echoed on the configuration line
+"$BIN" run --model "$T/m" --prompt-ids 5,17,42,99 --max-new 12 --print-ids --ram-budget 3.2M --io-depth 3 --io-size=12K >"$T/out" 2>"$T/err"
+[ "$(tail -1 "$T/out")" = "$ref" ] && grep -Eq ", I/O (io_uring|pread) 3 x 12 KiB, " "$T/err" && ok || bad "run --io-depth 3 --io-size 12K: $(cat "$T/out" "$T/err")"
+for bad_io in "--io-depth 0" "--io-depth 2000" "--io-size 1000" "--io-size 128M"; do
+  "$BIN" run --model "$T/m" --prompt-ids 5 --max-new 1 $bad_io >/dev/null 2>"$T/err"
+  [ $? -eq 2 ] && grep -q "expected" "$T/err" && ok || bad "run $bad_io: $(cat "$T/err")"
+done
 "$ROOT/tools/drive-idle.py" "$T/ev.jsonl" >"$T/idle" 2>&1 && grep -q "decode steps" "$T/idle" \
   && grep -Eq "^  drive 0: idle [0-9.]+% of the decode time .* boundary [0-9.]+% .* in-layer [0-9.]+%" "$T/idle" \
   && ok || bad "drive-idle.py: $(cat "$T/idle")"

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
                "  every S) prefilled in one batch, then --tokens greedy decode steps of S rows each in one forward pass;\n"
                "  cold (model reopened, its files evicted from the page cache). Prints aggregate tok/s, expert bytes read per generated\n"
                "  token, hit rate, the storage bound B / bytes-per-token and the speed-up over S = 1.\n"
+               "  --qd N: expert reads in flight per drive, for the store (as `run --io-depth`) and the I/O benchmark.\n"
                "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
                "  (default: the installed default model, else the embedded models/kimi-mini, as `deltafin run`).\n");
 }
@@ -60,7 +61,7 @@ typedef struct {
 } run_result;
 
 /* One S: open cold, prefill S prompts in one batch, `tokens` batched greedy steps. 0 or a DF_E* code. */
-static int run_one(const char *model, uint64_t budget, const char *backend, uint64_t gpu_budget, int threads, int S,
+static int run_one(const char *model, uint64_t budget, const char *backend, uint64_t gpu_budget, int threads, int qd, int S,
                    int tokens, int prompt, uint64_t seed, int nodrop, run_result *out, char *err, size_t errlen) {
     if (!nodrop) bench_drop_caches(model, NULL); /* the packs of a model converted with --expert-dirs: evicted by the caller once */
     df_model_opts mo;
@@ -71,6 +72,7 @@ static int run_one(const char *model, uint64_t budget, const char *backend, uint
     mo.n_seq = S;
     mo.backend = backend;
     mo.gpu_budget = gpu_budget;
+    mo.io_depth = qd; /* the store reads at the depth B is measured at */
     mo.heat_path = "off"; /* every S starts from the same empty cache */
     df_model *m = NULL;
     int rc = df_model_open(&m, model, &mo, err, errlen);
@@ -212,7 +214,7 @@ int bench_batch(int argc, char **argv) {
     run_result *res = calloc((size_t)n_runs, sizeof *res);
     if (!res) return 1;
     for (int k = 0; k < n_runs && !rc; k++) {
-        rc = run_one(model, budget, backend, gpu_budget, threads, seqs[k], tokens, prompt, (uint64_t)seed, nodrop, &res[k], err, sizeof err);
+        rc = run_one(model, budget, backend, gpu_budget, threads, qd, seqs[k], tokens, prompt, (uint64_t)seed, nodrop, &res[k], err, sizeof err);
         if (rc) { fprintf(stderr, "deltafin bench batch: S = %d: %s\n", seqs[k], err); break; }
         printf("  S=%d: %.3f tok/s aggregate (%.3f per sequence) over %d tokens in %.2f s, io stall %.2f s, "
                "expert+spine bytes read %.1f MB/token, hit rate %.3f\n",

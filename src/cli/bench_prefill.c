@@ -33,6 +33,7 @@ static void usage(FILE *f) {
                "  Cold TTFT of an N-token prompt (random ids, seeded) in one evaluation; prints the expert bytes read\n"
                "  against the union of experts the prompt touches (amplification), the union's read time at\n"
                "  `bench io` speed, the compute time and TTFT / max(both).\n"
+               "  --qd N: expert reads in flight per drive, for the store (as `run --io-depth`) and the I/O benchmark.\n"
                "  --io-buffer SIZE: also measure B with the reads landing in a pool of SIZE (as the expert cache fills;\n"
                "  see `bench io --buffer`) and print the union's read time and the ratio for that B too.\n");
 }
@@ -112,6 +113,7 @@ int bench_prefill(int argc, char **argv) {
     mo.kv_positions = (int)tokens + 1;
     mo.prefetch = prefetch;
     mo.prefault = prefault;
+    mo.io_depth = (int)qd; /* the store reads at the depth B is measured at */
     mo.events_path = events;
     df_model *m = NULL;
     rc = df_model_open(&m, model, &mo, err, sizeof err);

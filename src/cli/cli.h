@@ -41,6 +41,10 @@ int cli_unknown_command(const char *a, const char *const *names);
 /* --prefetch auto|on|off|ungated / --prefault auto|on|off (by `flag`) into df_model_opts' 0 / 1 / 2 (/ 3 = ungated):
  * 0, else a usage message naming the command, flag and value and -1. */
 int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out);
+/* --io-depth N (expert reads in flight per drive, 1..1024) into *depth, --io-size SIZE (bytes of one read, a multiple
+ * of 4 KiB up to 64 MiB) into *size (df_model_opts.io_depth / io_size): 0, else a usage message naming the command,
+ * flag and value and -1. */
+int cli_parse_io(const char *cmd, const char *flag, const char *v, int *depth, uint64_t *size);
 /* 1 when dir/name is a regular file. */
 int cli_is_file(const char *dir, const char *name);
 /* --model PATH must be an existing directory: 0, else a message naming the flag

@@ -89,6 +89,27 @@ int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out) {
     return 0;
 }
 
+int cli_parse_io(const char *cmd, const char *flag, const char *v, int *depth, uint64_t *size) {
+    if (!strcmp(flag, "--io-depth")) {
+        char *end;
+        errno = 0;
+        const long x = strtol(v, &end, 10);
+        if (end == v || *end || errno || x < 1 || x > 1024) {
+            fprintf(stderr, "deltafin %s: --io-depth \"%s\": expected 1..1024 expert reads in flight per drive\n", cmd, v);
+            return -1;
+        }
+        *depth = (int)x;
+        return 0;
+    }
+    uint64_t b;
+    if (cli_parse_size(v, &b) || b < 4096 || b % 4096 || b > (64u << 20)) {
+        fprintf(stderr, "deltafin %s: --io-size \"%s\": expected a multiple of 4K from 4K to 64M (e.g. 1M)\n", cmd, v);
+        return -1;
+    }
+    *size = b;
+    return 0;
+}
+
 int cli_stderr_tty(void) {
     static int tty = -1;
     if (tty < 0) tty = isatty(2) != 0;

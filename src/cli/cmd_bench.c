@@ -324,6 +324,7 @@ static int bench_decode(int argc, char **argv) {
                    "  and measure a model held in memory.\n"
                    "  --prefetch / --prefault / --preload: as in `deltafin run` (DF_PREFETCH / DF_PREFAULT when auto);\n"
                    "  --preload reads every routed expert into memory before the prompt (untimed): a model held in memory.\n"
+                   "  --qd N: expert reads in flight per drive, for the store (as `run --io-depth`) and the I/O benchmark (16).\n"
                    "  --io-buffer SIZE: also measure B with the reads landing in a pool of SIZE (e.g. the budget), as\n"
                    "  the expert cache fills, and print the bound for that B too (see `bench io --buffer`).\n"
                    "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
@@ -411,6 +412,7 @@ static int bench_decode(int argc, char **argv) {
     mo.gpu_budget = gpu_budget;
     mo.prefetch = prefetch;
     mo.prefault = prefault;
+    mo.io_depth = qd; /* the store reads at the depth B is measured at */
     mo.kv_positions = n_ids + warmup + tokens + 1; /* reserve the KV cache this run needs, not the whole context */
     stream_src *remote = NULL; /* a streamed install: experts not yet local are fetched on first use */
     if (stream_is_streamed(model)) {

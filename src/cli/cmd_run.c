@@ -61,6 +61,8 @@ static void run_usage(FILE *f) {
             "  --prefault MODE      auto (on) | on | off: fault the expert cache in before its first reads (with\n"
             "                       --ram-budget the whole cache, without ~1 GiB ahead of the loads; alias env\n"
             "                       DF_PREFAULT=1|on|0|off)\n"
+            "  --io-depth N         expert reads in flight per drive (16)\n"
+            "  --io-size SIZE       bytes of one expert read request, a multiple of 4K (1M)\n"
             "  --preload            read every routed expert into memory before the prompt (GPU memory first with\n"
             "                       --backend cuda, then the host cache; nothing is evicted for it; refused on a\n"
             "                       streamed install, where it would fetch the whole model)\n"
@@ -84,7 +86,7 @@ static const char *const run_options[] = {
     "--help", "--model", "--prompt", "--prompt-ids", "--prompt-file", "--max-new", "--chat", "--stats", "--profile",
     "--print-ids", "--quiet", "--preload", "--threads", "--temperature", "--top-p", "--top-k", "--seed", "--ram-budget",
     "--expert-dirs", "--cache-dir", "--events", "--heat", "--prefetch", "--prefault", "--backend", "--gpu-budget",
-    "--spine", NULL};
+    "--spine", "--io-depth", "--io-size", NULL};
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
 static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
@@ -429,6 +431,10 @@ int cmd_run(int argc, char **argv) {
             if (!v || cli_parse_mode("run", a, v, &mo.prefetch)) return 2;
         }
         else if (!strcmp(a, "--prefault")) { const char *v = NEXT(); if (!v || cli_parse_mode("run", a, v, &mo.prefault)) return 2; }
+        else if (!strcmp(a, "--io-depth") || !strcmp(a, "--io-size")) {
+            const char *v = NEXT();
+            if (!v || cli_parse_io("run", a, v, &mo.io_depth, &mo.io_size)) return 2;
+        }
         else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
         else if (!strcmp(a, "--gpu-budget")) {
             const char *v = NEXT(); if (!v) return 2;

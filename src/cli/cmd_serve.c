@@ -26,6 +26,8 @@ static void serve_usage(FILE *f) {
             "  --prefetch MODE          auto (on with --ram-budget; without one, a prompt's next layer only) | on |\n"
             "                           off | ungated: router lookahead prefetch, as in `deltafin run`\n"
             "  --prefault MODE          auto (on) | on | off: fault the expert cache in before its first reads\n"
+            "  --io-depth N             expert reads in flight per drive (16)\n"
+            "  --io-size SIZE           bytes of one expert read request, a multiple of 4K (1M)\n"
             "  --preload                read every routed expert into memory before serving (GPU memory first with\n"
             "                           --backend cuda, then the host cache; nothing is evicted for it; refused on\n"
             "                           a streamed install, where it would fetch the whole model)\n"
@@ -58,7 +60,7 @@ static void serve_usage(FILE *f) {
 /* serve's options (the --draft* ones are cli_draft_flags): what an unknown option is compared with */
 static const char *const serve_options[] = {
     "--help", "--model", "--host", "--port", "--port-file", "--ram-budget", "--threads", "--backend", "--gpu-budget",
-    "--ctx", "--prefetch", "--prefault", "--preload", "--max-tokens", "--max-request-bytes", "--parallel", "--queue",
+    "--ctx", "--prefetch", "--prefault", "--io-depth", "--io-size", "--preload", "--max-tokens", "--max-request-bytes", "--parallel", "--queue",
     "--api-key", "--cors", "--no-kv-reuse", "--keepalive", "--timeout", "--max-connections", "--mock", "--mock-delay-ms",
     "--mock-kimi", "--verbose", NULL};
 
@@ -122,6 +124,10 @@ int cmd_serve(int argc, char **argv) {
         }
         else if (!strcmp(a, "--prefetch")) { NEED(); if (cli_parse_mode("serve", a, v, &c.prefetch)) return 2; }
         else if (!strcmp(a, "--prefault")) { NEED(); if (cli_parse_mode("serve", a, v, &c.prefault)) return 2; }
+        else if (!strcmp(a, "--io-depth") || !strcmp(a, "--io-size")) {
+            NEED();
+            if (cli_parse_io("serve", a, v, &c.io_depth, &c.io_size)) return 2;
+        }
         else if (!strcmp(a, "--max-tokens")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.max_tokens)) return 2; }
         else if (!strcmp(a, "--max-request-bytes")) {
             NEED();

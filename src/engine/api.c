@@ -377,6 +377,12 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     struct stat st;
     if (stat(path, &st) != 0) return set_err(err, errlen, DF_EIO, "%s: %s", path, strerror(errno));
     if (!S_ISDIR(st.st_mode)) return set_err(err, errlen, DF_EINVAL, "%s: not a directory (expected a model directory with manifest.json or config.json)", path);
+    if (opts.io_depth < 0 || opts.io_depth > 1024)
+        return set_err(err, errlen, DF_EINVAL, "I/O depth %d: expected 1..1024 expert reads in flight per drive (0 = 16)",
+                       opts.io_depth);
+    if (opts.io_size && (opts.io_size % 4096 || opts.io_size > (64u << 20)))
+        return set_err(err, errlen, DF_EINVAL, "I/O read size %llu bytes: expected a multiple of 4096 up to 64 MiB (0 = 1 MiB)",
+                       (unsigned long long)opts.io_size);
     if (!opts.backend && getenv("DF_BACKEND") && *getenv("DF_BACKEND")) opts.backend = getenv("DF_BACKEND");
     const df_backend *be = df_backend_get(opts.backend);
     if (!be) {
@@ -450,6 +456,8 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     so.expert_dirs = NULL; /* native_set_expert_dirs already re-pointed m->nat at opts.expert_dirs */
     so.events_path = opts.events_path;
     so.remote = opts.remote_source;
+    so.io_depth = opts.io_depth;
+    so.io_bytes = opts.io_size;
     m->streamed = opts.remote_source != NULL;
     so.pin = be->host_pin; /* the GPU backend: slot buffers page-locked, experts copied to the GPU by DMA */
     so.unpin = be->host_unpin;
@@ -584,8 +592,13 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
                  cfg->num_experts_per_tok, cfg->n_shared_experts, cfg->n_group, cfg->topk_group);
     else
         snprintf(edesc, sizeof edesc, "no routed experts (dense)");
-    char adesc[320];
+    char adesc[320], iodesc[64];
     config_describe(cfg, adesc, sizeof adesc);
+    if (m->store) /* the engine, then reads in flight per drive x read size */
+        snprintf(iodesc, sizeof iodesc, "%s %d x %llu KiB", ss.io_engine, so.io_depth > 0 ? so.io_depth : 16,
+                 (unsigned long long)(so.io_bytes ? (so.io_bytes + 4095) / 4096 * 4 : 1024));
+    else
+        snprintf(iodesc, sizeof iodesc, "none");
     snprintf(m->describe, sizeof m->describe,
              "model %s (%s), hidden %d, %d heads, %s%s, "
              "experts %s, spine %s [%s]%s%s, %d threads, backend %s, budget %s, I/O %s, prefetch %s, prefault %s, heat %s, "
@@ -595,7 +608,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
              m->exact ? "" : (!strcmp(m->nat->spine_mode, "int8") ? " NOT EXACT (int8 spine)" : " NOT EXACT (lossy bf16 re-encoding)"), sdesc,
              df_pool_threads(m->pool), be->name,
              opts.ram_budget ? fmt_bytes(b1, sizeof b1, opts.ram_budget) : "unlimited",
-             m->store ? ss.io_engine : "none", m->eng.prefetch ? (m->eng.prefetch_ungated ? "ungated" : "on") : m->eng.prefetch_prompt ? "prompts" : "off", m->store && !so.no_prefault ? "on" : "off",
+             iodesc, m->eng.prefetch ? (m->eng.prefetch_ungated ? "ungated" : "on") : m->eng.prefetch_prompt ? "prompts" : "off", m->store && !so.no_prefault ? "on" : "off",
              m->heat_path[0] ? m->heat_path : "off", tdesc);
     if (on_gpu) { /* the GPU and its expert tier */
         char gdesc[160], b9[32];

@@ -45,6 +45,8 @@ typedef struct {
     uint64_t gpu_budget;      /* backend cuda: routed-expert cache bytes; 0 = all free GPU memory less 1 GiB */
     int prefetch;             /* df_model_opts.prefetch: 0 auto, 1 on, 2 off, 3 ungated */
     int prefault;             /* df_model_opts.prefault: 0 auto, 1 on, 2 off */
+    int io_depth;             /* df_model_opts.io_depth: expert reads in flight per drive; 0 = 16 */
+    uint64_t io_size;         /* df_model_opts.io_size: bytes of one expert read; 0 = 1 MiB */
     int preload;              /* 1: every routed expert read into memory at start (df_model_preload) */
     srv_draft_config draft;   /* speculative decoding; draft.draft NULL = off */
 } srv_config;

@@ -17,14 +17,15 @@
 #          resident decode (the KV mirror on / off), then test_cuda_kernels and test_golden on the GPU if carried.
 #   part 6: the streamed model of part 4: 512-token GPU prefill twice (TTFT / union read), one streamed GPU decode.
 #   part 8: DF_CUDA_TRACE of a preloaded resident decode (issue 12), the drafting gate in RAM (issue 14).
+#   part 10: the store's read depth (--qd 8 / 16): bench io, streamed GPU and 16-thread CPU decode.
 #   part 9: where the drive waits in a streamed decode (GPU gated / ungated, 16-thread CPU): tools/drive-idle.py.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2|3|4|5|6|7|8|9 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6|7|8|9 OUTDIR}
+PART=${1:?usage: acceptance.sh 1|2|3|4|5|6|7|8|9|10 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6|7|8|9|10 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
@@ -268,6 +269,28 @@ case $PART in
         --events "$OUT/ev-cpu.jsonl" 2>&1 | grep -E "bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
     python3 "$HERE/tools/drive-idle.py" "$OUT/ev-cpu.jsonl" >>"$S" 2>&1
     xz -T2 "$OUT"/ev-*.jsonl 2>/dev/null
+    rm -rf "$W"
+    ;;
+10)
+    # the store's read depth (--qd: the store's expert reads in flight per drive and its bench io): the streamed
+    # model of part 6, bench io at QD 8 / 16 / 32, then the streamed GPU decode and a 16-thread CPU decode at QD 16
+    # and 8, alternating (QD: "16 8 16 8").
+    streamed_model
+    for q in 16 8 32; do
+        log "bench io --qd $q"
+        timeout 30 "$BIN" bench io --dir "$W/m" --run 22848K --group 8 --seconds 3 --qd $q 2>&1 | tail -1 >>"$S"
+    done
+    for q in ${QD:-16 8 16 8}; do
+        log "cuda decode, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M}, --qd $q, 17 warm-up + 24 tokens"
+        timeout 150 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
+            --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 --qd $q 2>&1 \
+            | grep -E "decode: [0-9.]+ tok|storage bound" | cut -c1-300 >>"$S"
+    done
+    for q in 16 8; do
+        log "cpu decode, 16 threads, cold, --ram-budget 3G, 24 tokens, --qd $q"
+        timeout 150 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 --qd $q \
+            2>&1 | grep -E "decode: [0-9.]+ tok|storage bound" | cut -c1-300 >>"$S"
+    done
     rm -rf "$W"
     ;;
 esac
