@@ -293,6 +293,10 @@ typedef struct {
     int expert_slots_pinned, expert_slots;
     /* appended: decode steps run with the router lookahead on / off (its live A/B gate, --prefetch) */
     uint64_t prefetch_steps_on, prefetch_steps_off;
+    /* appended: the router's picks (rows x top-k, summed over MoE layer evaluations) and the distinct experts those
+     * picks named in each evaluation (summed): routed_picks / routed_union = rows served per expert read (1 for one
+     * token; up to rows x top-k / experts for a batch whose rows route alike) */
+    uint64_t routed_picks, routed_union;
 } df_stats;
 
 /* Phases of the forward pass timed in df_stats.phase_s (`run --stats --profile`). */

@@ -245,6 +245,9 @@ for f in "$KM"/*; do [ "$(basename "$f")" = README.md ] || ln -s "$(cd "$(dirnam
 # serve's help, the CUDA backend without a GPU, DF_BACKEND, the top-level help, doctor's model line
 expect 0 "bench batch --model <HF checkpoint> (converted once into the conversion cache)" "sequence 0's tokens identical at every S: yes" -- \
     env XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench batch --model "$KM" --seqs 1,2 --tokens 2 --io-seconds 0.1 --no-drop
+# one sequence: every expert read serves one row (top-k picks, k distinct experts)
+expect 0 "bench batch: rows per expert read at S=1" "S=1: .*, rows per expert read 1\.00$" -- \
+    env XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench batch --model "$KM" --seqs 1 --tokens 2 --io-seconds 0.1 --no-drop
 # bench decode / prefill take a Hugging Face checkpoint as run does (converted once into the conversion cache),
 # and --prefetch / --prefault as run does
 expect 0 "bench decode --model <HF checkpoint> --prefetch off --prefault off" "storage bound" -- \

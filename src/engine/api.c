@@ -972,6 +972,8 @@ static void stats_publish(df_model *m) {
     o.expert_union_bytes = m->eng.touched_n * m->nat->stride;
     o.prefetch_steps_on = m->eng.pf_steps[0];
     o.prefetch_steps_off = m->eng.pf_steps[1];
+    o.routed_picks = m->eng.routed_picks;
+    o.routed_union = m->eng.routed_union;
     pthread_mutex_lock(&m->stats_mu);
     m->pub = o;
     pthread_mutex_unlock(&m->stats_mu);
@@ -1048,6 +1050,7 @@ void df_model_stats_reset(df_model *m) {
     if (m->eng.touched) memset(m->eng.touched, 0, (size_t)m->nat->cfg.num_hidden_layers * m->nat->cfg.n_routed_experts);
     m->eng.touched_n = 0;
     m->eng.pf_steps[0] = m->eng.pf_steps[1] = 0;
+    m->eng.routed_picks = m->eng.routed_union = 0;
     if (m->store) store_reset_stats(m->store);
     model_unlock(m);
 }

@@ -129,6 +129,9 @@ typedef struct {
     double pf_sum[2];
     uint64_t pf_rows[2];
     uint64_t pf_steps[2];
+    /* routed picks (rows x top-k) and the distinct experts they name, summed over MoE layer calls since the last
+     * reset: picks / union = how many rows each expert read serves */
+    uint64_t routed_picks, routed_union;
 } df_engine;
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */

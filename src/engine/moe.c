@@ -314,6 +314,8 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         start[x + 1] = start[x] + count[x];
         if (count[x]) used[n_used++] = x;
     }
+    e->routed_picks += (uint64_t)T * (uint64_t)K;
+    e->routed_union += (uint64_t)n_used;
     {
         int *fill = calloc((size_t)E, sizeof(int));
         if (!fill) { rc = DF_ENOMEM; goto done; }
