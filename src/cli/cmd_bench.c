@@ -264,9 +264,10 @@ static int bench_io(int argc, char **argv) {
             char d[4096];
             snprintf(d, sizeof d, "%.*s", (int)len, p);
             struct stat sb;
-            if (stat(d, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            const int missing = stat(d, &sb) != 0;
+            if (missing || !S_ISDIR(sb.st_mode)) {
                 fprintf(stderr, "deltafin bench io: --dir %s: %s (expected a directory of files to read, e.g. one written by "
-                                "`deltafin synth %s`)\n", d, stat(d, &sb) != 0 ? strerror(errno) : "not a directory", d);
+                                "`deltafin synth %s`)\n", d, missing ? strerror(errno) : "not a directory", d);
                 return 2;
             }
             nd++;

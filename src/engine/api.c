@@ -595,8 +595,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     char adesc[320], iodesc[64];
     config_describe(cfg, adesc, sizeof adesc);
     if (m->store) /* the engine, then reads in flight per drive x read size */
-        snprintf(iodesc, sizeof iodesc, "%s %d x %llu KiB", ss.io_engine, so.io_depth > 0 ? so.io_depth : 16,
-                 (unsigned long long)(so.io_bytes ? (so.io_bytes + 4095) / 4096 * 4 : 1024));
+        snprintf(iodesc, sizeof iodesc, "%s %d x %llu KiB", ss.io_engine, ss.io_depth, (unsigned long long)(ss.io_bytes / 1024));
     else
         snprintf(iodesc, sizeof iodesc, "none");
     snprintf(m->describe, sizeof m->describe,

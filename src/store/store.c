@@ -978,6 +978,8 @@ void store_get_stats(const df_store *st, store_stats *out) {
     out->resident_bytes = (uint64_t)st->n_slots_alloc * st->slot_bytes;
     out->n_slots_pinned = __atomic_load_n(&st->n_slots_pinned, __ATOMIC_RELAXED);
     out->slot_bytes = st->slot_bytes;
+    out->io_depth = st->o.io_depth;
+    out->io_bytes = st->io_bytes;
     out->n_drives = st->n_drives;
     for (int d = 0; d < st->n_drives && d < 16; d++) {
         out->drive_bytes[d] = st->drives[d].bytes;

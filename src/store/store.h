@@ -63,6 +63,8 @@ typedef struct {
     uint64_t bytes_verified;   /* bytes checksummed on first read */
     int n_slots_pinned;        /* slot buffers page-locked by store_opts.pin */
     uint64_t slot_bytes;       /* bytes of one slot buffer */
+    int io_depth;              /* reads in flight per drive (store_opts.io_depth resolved) */
+    uint64_t io_bytes;         /* bytes of one read request (store_opts.io_bytes resolved) */
 } store_stats;
 
 void store_opts_default(store_opts *o);
