@@ -253,6 +253,18 @@ AVX512_INLINE float finish(const df_weight *w, int64_t r, __m512 acc, int64_t c,
  * the 4-bit encodings (slow streams, 4 rows + scales) into L2/L3 4 KiB ahead. */
 #define PF_DENSE(p) _mm_prefetch((const char *)(p) + 1024, _MM_HINT_T0)
 #define PF_FP8(p) _mm_prefetch((const char *)(p) + 512, _MM_HINT_T0)
+/* The next pass's rows of a T = 1 dense / FP8 kernel: one contiguous run of bytes [p, end), taken
+ * into L2 a line per row-line the current pass reads, so that a pass's first loads do not wait
+ * for DRAM while the hardware prefetcher picks up R new streams (short rows gain most: 7168x2048
+ * BF16 / FP8 read 20 / 15-17 GB/s without it, 29-30 / 24-26 with it on an AMD EPYC VM, 2 threads). */
+typedef struct { const char *p, *end; } next_run;
+static inline next_run next_run_of(const df_weight *w, int64_t r, int64_t r1, int R, int64_t row_bytes) {
+    const int64_t nn = r + R < r1 ? (r1 - r - R < R ? r1 - r - R : R) : 0;
+    next_run n = {(const char *)w->data + (r + R) * row_bytes, NULL};
+    n.end = n.p + nn * row_bytes;
+    return n;
+}
+#define PF_NEXT(n, lines) do { for (int q_ = 0; q_ < (lines) && (n).p < (n).end; q_++, (n).p += 64) _mm_prefetch((n).p, _MM_HINT_T1); } while (0)
 #ifndef Q4_PF_DIST
 #define Q4_PF_DIST 4096
 #define Q4_PF_HINT _MM_HINT_T2
@@ -269,10 +281,11 @@ AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_
         for (int k = 0; k < 4; k++) p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int64_t c = 0;
+        next_run nx = next_run_of(w, r, r1, 4, cols * es);
 #define DENSE_LOOP(LOAD)                                                                                  \
     for (; c < c16; c += 16) {                                                                            \
         __m512 xv = _mm512_loadu_ps(x + c);                                                               \
-        if (((c * es) & 63) == 0) { PF_DENSE(p[0] + c * es); PF_DENSE(p[1] + c * es); PF_DENSE(p[2] + c * es); PF_DENSE(p[3] + c * es); } \
+        if (((c * es) & 63) == 0) { PF_DENSE(p[0] + c * es); PF_DENSE(p[1] + c * es); PF_DENSE(p[2] + c * es); PF_DENSE(p[3] + c * es); PF_NEXT(nx, 4); } \
         a0 = _mm512_fmadd_ps(LOAD(p[0], c), xv, a0);                                                      \
         a1 = _mm512_fmadd_ps(LOAD(p[1], c), xv, a1);                                                      \
         a2 = _mm512_fmadd_ps(LOAD(p[2], c), xv, a2);                                                      \
@@ -428,8 +441,12 @@ AVX512_INLINE void mm_dense_small(const df_weight *w, const float *x, float *y, 
         UNROLL for (int k = 0; k < R; k++) p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
         __m512 a[8][8];
         UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < T; u++) a[k][u] = _mm512_setzero_ps();
+        next_run nx = next_run_of(w, r, r1, R, cols * es);
         for (int64_t c = 0; c < c16; c += 16) {
-            if (((c * es) & 63) == 0) UNROLL for (int k = 0; k < R; k++) PF_DENSE(p[k] + c * es);
+            if (((c * es) & 63) == 0) {
+                UNROLL for (int k = 0; k < R; k++) PF_DENSE(p[k] + c * es);
+                PF_NEXT(nx, R);
+            }
             __m512 wv[8];
             UNROLL for (int k = 0; k < R; k++) wv[k] = dense16(p[k], c, t);
             UNROLL for (int u = 0; u < T; u++) {
@@ -484,9 +501,11 @@ VBMI static void mv_fp8_vbmi(const df_weight *w, const float *x, float *y, int64
                       *p2 = (const uint8_t *)w->data + rr[2] * cols, *p3 = (const uint8_t *)w->data + rr[3] * cols;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int64_t c = 0;
+        next_run nx = next_run_of(w, r, r1, 4, cols);
         for (; c < c64; c += 64) {
             const __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16), x2 = _mm512_loadu_ps(x + c + 32),
                          x3 = _mm512_loadu_ps(x + c + 48);
+            PF_NEXT(nx, 4);
             a0 = fp8_row64(p0 + c, &K, fp8_scale(w, rr[0], c), x0, x1, x2, x3, a0);
             a1 = fp8_row64(p1 + c, &K, fp8_scale(w, rr[1], c), x0, x1, x2, x3, a1);
             a2 = fp8_row64(p2 + c, &K, fp8_scale(w, rr[2], c), x0, x1, x2, x3, a2);
