@@ -70,7 +70,7 @@ int main(void) {
     const int nb = df_backend_list(bes, 8);
     df_pool *pools[3] = {df_pool_new(1), df_pool_new(2), df_pool_new(3)};
     const df_wtype types[] = {DF_W_F32, DF_W_BF16, DF_W_F16, DF_W_FP8_B128, DF_W_INT4_G32, DF_W_MXFP4};
-    const int Ts[] = {1, 2, 3, 4, 6, 8, 17, 64};
+    const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 17, 64};
     /* (rows, cols): big enough for the pool and several column tiles; tiny (runs serially) */
     const int64_t shapes[2][2] = {{300, 1061}, {13, 40}};
     printf("cpu features: %s; backends:", df_cpu_features());

@@ -19,13 +19,14 @@
 #   part 8: DF_CUDA_TRACE of a preloaded resident decode (issue 12), the drafting gate in RAM (issue 14).
 #   part 10: the store's read depth (--qd 8 / 16): bench io, streamed GPU and 16-thread CPU decode.
 #   part 9: where the drive waits in a streamed decode (GPU gated / ungated, 16-thread CPU): tools/drive-idle.py.
+#   part 11: host CPU kernels and decode (in RAM, capped), this binary vs a carried deltafin.base; GPU tests.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
 #        HOST_BUDGET (3G), SPEC_REPS (3), CPU_PREFILL ("64 256").
 set -u
-PART=${1:?usage: acceptance.sh 1|2|3|4|5|6|7|8|9|10 OUTDIR}
-OUT=${2:?usage: acceptance.sh 1|2|3|4|5|6|7|8|9|10 OUTDIR}
+PART=${1:?usage: acceptance.sh 1..11 OUTDIR}
+OUT=${2:?usage: acceptance.sh 1..11 OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 D=$(mktemp -d)
 tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
@@ -289,6 +290,43 @@ case $PART in
     for q in 16 8; do
         log "cpu decode, 16 threads, cold, --ram-budget 3G, 24 tokens, --qd $q"
         timeout 150 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 --qd $q \
+            2>&1 | grep -E "decode: [0-9.]+ tok|storage bound" | cut -c1-300 >>"$S"
+    done
+    rm -rf "$W"
+    ;;
+11)
+    # the host CPU's kernels and decode, this binary against a carried deltafin.base (A/B, alternating): bench kernels
+    # at 1 and 16 threads, the streamed model in RAM (--preload, 16 threads, 48 tokens), then a 16-thread CPU decode
+    # under --ram-budget 3G (issue 10's 90% of the bound); before them the GPU tests, if carried.
+    B0=$D/deltafin.base
+    [ -x "$B0" ] || B0=$BIN
+    if [ -x "$D/test_cuda_kernels" ]; then
+        log "test_cuda_kernels"
+        (cd "$HERE" && timeout 150 "$D/test_cuda_kernels" 2>&1 | grep -E "FAIL|passed" | tail -15) >>"$S"
+    fi
+    for t in test_golden test_batch; do
+        [ -x "$D/$t" ] || continue
+        log "DF_BACKEND=cuda $t"
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed|diff" | tail -15) >>"$S"
+    done
+    for r in ${KROUNDS:-1}; do
+        for b in "$B0" "$BIN"; do
+            log "bench kernels --threads 1,16, $(basename "$b") (round $r)"
+            timeout 120 "$b" bench kernels --threads 1,16 --types bf16,fp8_b128,mxfp4 --T 1,8 \
+                --shapes 2048x7168,7168x2048 2>&1 | grep -E "^ *(threads|[0-9]+ )|^(bf16|fp8|mxfp4)" >>"$S"
+        done
+    done
+    streamed_model
+    for r in 1 2; do
+        for b in "$B0" "$BIN"; do
+            log "in RAM, run --threads 16 --preload, 48 tokens, $(basename "$b") (round $r)"
+            timeout 150 "$b" run --model "$W/m" --threads 16 --preload --prompt-ids 1,2,3,4,5,6,7,8 --max-new 48 \
+                --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+        done
+    done
+    for b in "$BIN" "$B0"; do
+        log "cpu decode, 16 threads, cold, --ram-budget 3G, 24 tokens, $(basename "$b")"
+        timeout 150 "$b" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 \
             2>&1 | grep -E "decode: [0-9.]+ tok|storage bound" | cut -c1-300 >>"$S"
     done
     rm -rf "$W"

@@ -15,7 +15,8 @@
  * byte is read once per call for all T tokens:
  *  - T = 1: four rows at a time (four independent accumulator chains);
  *  - MXFP4 / INT4, 2 <= T <= 8, and F32 / BF16 / F16, 2 <= T <= 6: R rows decoded in registers per 16 columns and
- *    FMA'd against all T tokens (R x T accumulators, R = 8..3);
+ *    FMA'd against all T tokens (R x T accumulators, R = 8..3); FP8 (with VBMI), 2 <= T <= 5: R rows' next 64
+ *    columns decoded in registers one row at a time and FMA'd against all T tokens (R = 8..3);
  *  - otherwise T > 1: a task decodes a tile of 8 rows x 512 columns into an L1
  *    buffer once, then FMAs it against the tokens three at a time (24 accumulators
  *    in registers, spilled between tiles: the chain per (row, token) is unchanged);
@@ -524,6 +525,68 @@ VBMI static void mv_fp8_vbmi(const df_weight *w, const float *x, float *y, int64
     }
 }
 
+/* Rows [r0, r1) of an FP8 weight, 2 <= T <= FP8_SMALL_MAX tokens (x: T rows, `cols` apart): each row's next 64
+ * columns are decoded once in registers (fp8x64, times the block scale: the weights of the T = 1 kernel) and FMA'd
+ * against every token, 16 columns at a time in column order (R x T accumulators; the activations come from L1). The
+ * chain per (row, token) is the canonical one: 16-column chunks in order, the reduction, then finish's scalar tail. */
+VBMI_INLINE void mm_fp8_small(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const int T,
+                              const int R) {
+    const int64_t cols = w->cols, rows = w->rows, c64 = cols / 64 * 64, c16 = cols / 16 * 16;
+    const fp8_consts K = fp8_consts_load();
+    for (int64_t r = r0; r < r1; r += R) {
+        const int nr = r1 - r < R ? (int)(r1 - r) : R;
+        const uint8_t *p[8];
+        int64_t rr[8];
+        UNROLL for (int k = 0; k < R; k++) {
+            rr[k] = k < nr ? r + k : r;
+            p[k] = (const uint8_t *)w->data + rr[k] * cols;
+        }
+        __m512 a[8][8];
+        UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < T; u++) a[k][u] = _mm512_setzero_ps();
+        next_run nx = next_run_of(w, r, r1, R, cols);
+        int64_t c = 0;
+        for (; c < c64; c += 64) {
+            PF_NEXT(nx, R);
+            UNROLL for (int k = 0; k < R; k++) {
+                __m512 v[4];
+                PF_FP8(p[k] + c);
+                fp8x64(p[k] + c, &K, v);
+                const __m512 sv = _mm512_set1_ps(fp8_scale(w, rr[k], c));
+                UNROLL for (int q = 0; q < 4; q++) {
+                    const __m512 wq = _mm512_mul_ps(v[q], sv);
+                    UNROLL for (int u = 0; u < T; u++)
+                        a[k][u] = _mm512_fmadd_ps(wq, _mm512_loadu_ps(x + (int64_t)u * cols + c + 16 * q), a[k][u]);
+                }
+            }
+        }
+        for (; c < c16; c += 16)
+            for (int k = 0; k < R; k++) {
+                float t[16];
+                cpu_scalar_decode_range(w, rr[k], c, c + 16, t - c);
+                const __m512 wq = _mm512_loadu_ps(t);
+                for (int u = 0; u < T; u++) a[k][u] = _mm512_fmadd_ps(wq, _mm512_loadu_ps(x + (int64_t)u * cols + c), a[k][u]);
+            }
+        UNROLL for (int k = 0; k < R; k++)
+            if (k < nr)
+                UNROLL for (int u = 0; u < T; u++)
+                    y[(int64_t)u * rows + r + k] = finish(w, r + k, a[k][u], c16, x + (int64_t)u * cols);
+    }
+}
+/* The token counts that take mm_fp8_small (from 6 tokens on, whose R <= 3 rows reload every activation for each
+ * row, the tiles of mm_tiles were as fast or faster on the dev VM: bench/RESULTS.md), and its rows per pass for
+ * T = 0..FP8_SMALL_MAX (R x T accumulators + the decoded 64 columns + the decoder's tables within 32 registers). */
+#define FP8_SMALL_MAX 5
+static const int fp8_small_rows[FP8_SMALL_MAX + 1] = {4, 4, 8, 6, 4, 3}; /* as FP8_SMALL below */
+#define FP8_SMALL(T, R)                                                                                                 \
+    VBMI static void mm_fp8_##T(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {                 \
+        mm_fp8_small(w, x, y, r0, r1, T, R);                                                                            \
+    }
+FP8_SMALL(2, 8)
+FP8_SMALL(3, 6)
+FP8_SMALL(4, 4)
+FP8_SMALL(5, 3)
+static const q4_small_fn mm_fp8_smallT[FP8_SMALL_MAX + 1] = {NULL, NULL, mm_fp8_2, mm_fp8_3, mm_fp8_4, mm_fp8_5};
+
 /* ------------------------------------------------------------ T > 1: tiles */
 
 #define TR 8     /* rows per tile */
@@ -762,6 +825,10 @@ static void mm_task(void *ctx, int64_t r0, int64_t r1, int tid) {
         (w->type == DF_W_MXFP4 ? mm_mx_small : mm_i4_small)[j->T](w, j->xs, j->y, r0, r1);
         return;
     }
+    if (w->type == DF_W_FP8_B128 && have_vbmi && j->T >= 2 && j->T <= FP8_SMALL_MAX) {
+        mm_fp8_smallT[j->T](w, j->x, j->y, r0, r1);
+        return;
+    }
     if (is_dense(w->type) && j->T >= 2 && j->T <= DENSE_SMALL_MAX) {
         mm_dense_smallT[j->T](w, j->x, j->y, r0, r1);
         return;
@@ -797,7 +864,9 @@ static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int
         if (grain > fair) grain = fair;
         /* whole row blocks of the kernel that runs: MXFP4 / INT4 with 1..8 tokens R rows, else tiles of TR */
         const int64_t rb = j.q4 && T <= Q4_SMALL_MAX ? q4_small_rows[T]
-                           : is_dense(w->type) && T <= DENSE_SMALL_MAX ? dense_small_rows[T] : T == 1 ? 4 : TR;
+                           : is_dense(w->type) && T <= DENSE_SMALL_MAX ? dense_small_rows[T]
+                           : w->type == DF_W_FP8_B128 && have_vbmi && T <= FP8_SMALL_MAX ? fp8_small_rows[T]
+                           : T == 1 ? 4 : TR;
         grain = (grain + rb - 1) / rb * rb;
     }
     df_pool_run(pool, w->rows, grain, mm_task, &j);
