@@ -14,8 +14,8 @@
  * Speed: the weights are decoded in registers (no row buffer) and each weight
  * byte is read once per call for all T tokens:
  *  - T = 1: four rows at a time (four independent accumulator chains);
- *  - MXFP4 / INT4, 2 <= T <= 8, and F32 / BF16 / F16, 2 <= T <= 6: R rows decoded in registers per 16 columns and
- *    FMA'd against all T tokens (R x T accumulators, R = 8..3); FP8 (with VBMI), 2 <= T <= 5: R rows' next 64
+ *  - MXFP4 / INT4 and F32 / BF16 / F16, 2 <= T <= 8: R rows decoded in registers per 16 columns and
+ *    FMA'd against the tokens in groups of up to 8 (R x G accumulators, R = 8..3); FP8 (with VBMI), 2 <= T <= 5: R rows' next 64
  *    columns decoded in registers one row at a time and FMA'd against all T tokens (R = 8..3);
  *  - otherwise T > 1: a task decodes a tile of 8 rows x 512 columns into an L1
  *    buffer once, then FMAs it against the tokens three at a time (24 accumulators
@@ -425,47 +425,59 @@ static const q4_small_fn mm_mx_small[9] = {NULL, NULL, mm_mx_2, mm_mx_3, mm_mx_4
 static const q4_small_fn mm_i4_small[9] = {NULL, NULL, mm_i4_2, mm_i4_3, mm_i4_4, mm_i4_5, mm_i4_6, mm_i4_7, mm_i4_8};
 
 /* Rows [r0, r1) of an F32 / BF16 / F16 weight, 2 <= T <= DENSE_SMALL_MAX tokens (x: T rows, `cols` apart): as mm_q4_small, R rows
- * decoded in registers once per 16 columns and FMA'd against all T tokens (R x T accumulators, no tile buffer: each
- * weight byte is read once per call, the activations come from L1 / L2). The chain per (row, token) is the canonical
- * one: 16-column chunks in order, the reduction, then finish's scalar tail. */
+ * decoded in registers once per 16 columns and FMA'd against G tokens at a time (R x G accumulators, no tile buffer;
+ * the token groups of one row block run back to back, so each weight byte is read from DRAM once per call and the
+ * later groups' from L1 / L2; the activations come from L1 / L2). The chain per (row, token) is the canonical one:
+ * 16-column chunks in order, the reduction, then finish's scalar tail. */
 AVX512_INLINE __m512 dense16(const char *row, int64_t c, const df_wtype t) {
     if (t == DF_W_F32) return _mm512_loadu_ps((const float *)row + c);
     if (t == DF_W_BF16) return bf16x16((const uint16_t *)row + c);
     return f16x16((const uint16_t *)row + c);
 }
-AVX512_INLINE void mm_dense_small(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const df_wtype t,
-                                  const int T, const int R) {
+AVX512_INLINE void mm_dense_small_g(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const df_wtype t,
+                                    const int T, const int G, const int R) {
     const int64_t cols = w->cols, rows = w->rows, c16 = cols / 16 * 16, es = t == DF_W_F32 ? 4 : 2;
     for (int64_t r = r0; r < r1; r += R) {
         const int nr = r1 - r < R ? (int)(r1 - r) : R;
         const char *p[8];
         UNROLL for (int k = 0; k < R; k++) p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
-        __m512 a[8][8];
-        UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < T; u++) a[k][u] = _mm512_setzero_ps();
         next_run nx = next_run_of(w, r, r1, R, cols * es);
+        for (int g = 0; g < T; g += G) {
+        const int GG = T - g < G ? T - g : G;
+        const float *xg = x + (int64_t)g * cols;
+        float *yg = y + (int64_t)g * rows;
+        __m512 a[8][8];
+        UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < G; u++) a[k][u] = _mm512_setzero_ps();
         for (int64_t c = 0; c < c16; c += 16) {
-            if (((c * es) & 63) == 0) {
+            if (g == 0 && ((c * es) & 63) == 0) {
                 UNROLL for (int k = 0; k < R; k++) PF_DENSE(p[k] + c * es);
                 PF_NEXT(nx, R);
             }
             __m512 wv[8];
             UNROLL for (int k = 0; k < R; k++) wv[k] = dense16(p[k], c, t);
-            UNROLL for (int u = 0; u < T; u++) {
-                const __m512 xv = _mm512_loadu_ps(x + u * cols + c);
+            UNROLL for (int u = 0; u < G; u++) if (u < GG) {
+                const __m512 xv = _mm512_loadu_ps(xg + u * cols + c);
                 UNROLL for (int k = 0; k < R; k++) a[k][u] = _mm512_fmadd_ps(wv[k], xv, a[k][u]);
             }
         }
         UNROLL for (int k = 0; k < R; k++)
             if (k < nr)
-                UNROLL for (int u = 0; u < T; u++)
-                    y[(int64_t)u * rows + r + k] = finish(w, r + k, a[k][u], c16, x + (int64_t)u * cols);
+                UNROLL for (int u = 0; u < G; u++) if (u < GG)
+                    yg[(int64_t)u * rows + r + k] = finish(w, r + k, a[k][u], c16, xg + (int64_t)u * cols);
+        }
     }
 }
-/* The token counts that take mm_dense_small (from 7 tokens on, whose R = 3 rows read every activation from L2 for
- * each 3 rows, the tiles of mm_tiles were faster on the dev VM: bench/RESULTS.md), and its rows per pass for
- * T = 0..DENSE_SMALL_MAX (R x T accumulators + R weights + 1 activation <= 32 registers; as DENSE_SMALL below). */
-#define DENSE_SMALL_MAX 6
-static const int dense_small_rows[DENSE_SMALL_MAX + 1] = {4, 4, 8, 6, 5, 4, 4};
+AVX512_INLINE void mm_dense_small(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const df_wtype t,
+                                  const int T, const int R) {
+    mm_dense_small_g(w, x, y, r0, r1, t, T, T, R);
+}
+/* The token counts that take mm_dense_small (up to 6 tokens in one group; 7 and 8 in groups of 4 tokens over 5 rows,
+ * the second group's weights from L1: 8 tokens over 3 rows in one group read every activation from L2 for each 3
+ * rows and were slower than the tiles of mm_tiles, the groups of 4 faster, on the dev VM: bench/RESULTS.md), and its
+ * rows per pass for T = 0..DENSE_SMALL_MAX (R x G accumulators + R weights + 1 activation <= 32 registers; as
+ * DENSE_SMALL / DENSE_SMALL_G below). */
+#define DENSE_SMALL_MAX 8
+static const int dense_small_rows[DENSE_SMALL_MAX + 1] = {4, 4, 8, 6, 5, 4, 4, 5, 5};
 #define DENSE_SMALL(T, R)                                                                                               \
     AVX512 static void mm_dense_##T(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {             \
         if (w->type == DF_W_F32) mm_dense_small(w, x, y, r0, r1, DF_W_F32, T, R);                                       \
@@ -477,8 +489,16 @@ DENSE_SMALL(3, 6)
 DENSE_SMALL(4, 5)
 DENSE_SMALL(5, 4)
 DENSE_SMALL(6, 4)
+#define DENSE_SMALL_G(T, G, R)                                                                                               \
+    AVX512 static void mm_dense_##T(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {             \
+        if (w->type == DF_W_F32) mm_dense_small_g(w, x, y, r0, r1, DF_W_F32, T, G, R);                                       \
+        else if (w->type == DF_W_BF16) mm_dense_small_g(w, x, y, r0, r1, DF_W_BF16, T, G, R);                                \
+        else mm_dense_small_g(w, x, y, r0, r1, DF_W_F16, T, G, R);                                                           \
+    }
+DENSE_SMALL_G(7, 4, 5)
+DENSE_SMALL_G(8, 4, 5)
 static const q4_small_fn mm_dense_smallT[DENSE_SMALL_MAX + 1] = {NULL, NULL, mm_dense_2, mm_dense_3, mm_dense_4, mm_dense_5,
-                                                                mm_dense_6};
+                                                                mm_dense_6, mm_dense_7, mm_dense_8};
 
 /* Rows [r0, r1) of an FP8 weight, one token. */
 VBMI_INLINE __m512 fp8_row64(const uint8_t *p, const fp8_consts *K, float s, __m512 x0, __m512 x1, __m512 x2, __m512 x3,
