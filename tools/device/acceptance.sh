@@ -297,19 +297,20 @@ case $PART in
 11)
     # the host CPU's kernels and decode, this binary against a carried deltafin.base (A/B, alternating): bench kernels
     # at 1 and 16 threads, the streamed model in RAM (--preload, 16 threads, 48 tokens), then a 16-thread CPU decode
-    # under --ram-budget 3G (issue 10's 90% of the bound); before them the GPU tests, if carried.
+    # under --ram-budget 3G (issue 10's 90% of the bound); before them the GPU tests, if carried. Knobs: NO_TESTS=1,
+    # KROUNDS="" (no kernel tables), CAPPED_ROUNDS (1), CAPPED_FIRST=base (the carried base runs first in each pair), NO_RAM=1.
     B0=$D/deltafin.base
     [ -x "$B0" ] || B0=$BIN
-    if [ -x "$D/test_cuda_kernels" ]; then
+    if [ -x "$D/test_cuda_kernels" ] && [ -z "${NO_TESTS:-}" ]; then
         log "test_cuda_kernels"
         (cd "$HERE" && timeout 150 "$D/test_cuda_kernels" 2>&1 | grep -E "FAIL|passed" | tail -15) >>"$S"
     fi
-    for t in test_golden test_batch; do
+    [ -n "${NO_TESTS:-}" ] || for t in test_golden test_batch; do
         [ -x "$D/$t" ] || continue
         log "DF_BACKEND=cuda $t"
         (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed|diff" | tail -15) >>"$S"
     done
-    for r in ${KROUNDS:-1}; do
+    for r in ${KROUNDS-1}; do
         for b in "$B0" "$BIN"; do
             log "bench kernels --threads 1,16, $(basename "$b") (round $r)"
             timeout 120 "$b" bench kernels --threads 1,16 --types bf16,fp8_b128,mxfp4 --T 1,8 \
@@ -317,14 +318,16 @@ case $PART in
         done
     done
     streamed_model
-    for r in 1 2; do
+    [ -n "${NO_RAM:-}" ] || for r in 1 2; do
         for b in "$B0" "$BIN"; do
             log "in RAM, run --threads 16 --preload, 48 tokens, $(basename "$b") (round $r)"
-            timeout 150 "$b" run --model "$W/m" --threads 16 --preload --prompt-ids 1,2,3,4,5,6,7,8 --max-new 48 \
+            timeout 150 "$b" run --model "$W/m" --backend cpu --threads 16 --preload --prompt-ids 1,2,3,4,5,6,7,8 --max-new 48 \
                 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
         done
     done
-    for b in "$BIN" "$B0"; do
+    PAIR="$BIN $B0"
+    [ "${CAPPED_FIRST:-}" = base ] && PAIR="$B0 $BIN"
+    for b in $(for r in $(seq "${CAPPED_ROUNDS:-1}"); do echo "$PAIR"; done); do
         log "cpu decode, 16 threads, cold, --ram-budget 3G, 24 tokens, $(basename "$b")"
         timeout 150 "$b" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 \
             2>&1 | grep -E "decode: [0-9.]+ tok|storage bound" | cut -c1-300 >>"$S"
