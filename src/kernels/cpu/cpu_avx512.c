@@ -259,13 +259,16 @@ AVX512_INLINE float finish(const df_weight *w, int64_t r, __m512 acc, int64_t c,
  * for DRAM while the hardware prefetcher picks up R new streams (short rows gain most: 7168x2048
  * BF16 / FP8 read 20 / 15-17 GB/s without it, 29-30 / 24-26 with it on an AMD EPYC VM, 2 threads). */
 typedef struct { const char *p, *end; } next_run;
-static inline next_run next_run_of(const df_weight *w, int64_t r, int64_t r1, int R, int64_t row_bytes) {
+/* The run of rows [r + R, min(r + 2R, r1)) of an array of `row_bytes`-byte rows at base (a weight's data, or its
+ * per-row scales). */
+static inline next_run next_run_of(const void *base, int64_t r, int64_t r1, int R, int64_t row_bytes) {
     const int64_t nn = r + R < r1 ? (r1 - r - R < R ? r1 - r - R : R) : 0;
-    next_run n = {(const char *)w->data + (r + R) * row_bytes, NULL};
+    next_run n = {(const char *)base + (r + R) * row_bytes, NULL};
     n.end = n.p + nn * row_bytes;
     return n;
 }
-#define PF_NEXT(n, lines) do { for (int q_ = 0; q_ < (lines) && (n).p < (n).end; q_++, (n).p += 64) _mm_prefetch((n).p, _MM_HINT_T1); } while (0)
+/* Prefetch the next `lines` cache lines of run n (none past its end) with the given hint. */
+#define PF_NEXT(n, lines, hint) do { for (int64_t q_ = 0; q_ < (lines) && (n).p < (n).end; q_++, (n).p += 64) _mm_prefetch((n).p, hint); } while (0)
 #ifndef Q4_PF_DIST
 #define Q4_PF_DIST 4096
 #define Q4_PF_HINT _MM_HINT_T2
@@ -282,11 +285,11 @@ AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_
         for (int k = 0; k < 4; k++) p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int64_t c = 0;
-        next_run nx = next_run_of(w, r, r1, 4, cols * es);
+        next_run nx = next_run_of(w->data, r, r1, 4, cols * es);
 #define DENSE_LOOP(LOAD)                                                                                  \
     for (; c < c16; c += 16) {                                                                            \
         __m512 xv = _mm512_loadu_ps(x + c);                                                               \
-        if (((c * es) & 63) == 0) { PF_DENSE(p[0] + c * es); PF_DENSE(p[1] + c * es); PF_DENSE(p[2] + c * es); PF_DENSE(p[3] + c * es); PF_NEXT(nx, 4); } \
+        if (((c * es) & 63) == 0) { PF_DENSE(p[0] + c * es); PF_DENSE(p[1] + c * es); PF_DENSE(p[2] + c * es); PF_DENSE(p[3] + c * es); PF_NEXT(nx, 4, _MM_HINT_T1); } \
         a0 = _mm512_fmadd_ps(LOAD(p[0], c), xv, a0);                                                      \
         a1 = _mm512_fmadd_ps(LOAD(p[1], c), xv, a1);                                                      \
         a2 = _mm512_fmadd_ps(LOAD(p[2], c), xv, a2);                                                      \
@@ -329,16 +332,14 @@ AVX512_INLINE void mv_q4_impl(const df_weight *w, const float *xq, float *y, int
             s[k] = rr * nb;
             a[k] = _mm512_setzero_ps();
         }
-        /* the next pass's bytes [pd, pe) and scales [ps, pse), `per` lines per block */
-        const int64_t nn = r + R < r1 ? (r1 - r - R < R ? r1 - r - R : R) : 0;
-        const char *pd = (const char *)w->data + (r + R) * rowb, *pe = pd + nn * rowb;
-        const char *ps = (const char *)w->scale + (r + R) * sclb, *pse = ps + nn * sclb;
-        const int64_t per = (nn * rowb / 64 + nb - 1) / nb;
+        /* the next pass's bytes and scales, `per` lines of bytes per block */
+        next_run nd = next_run_of(w->data, r, r1, R, rowb), ns = next_run_of(w->scale, r, r1, R, sclb);
+        const int64_t per = ((nd.end - nd.p) / 64 + nb - 1) / nb;
         for (int64_t b = 0; b < nb; b++) {
             const __m512 x0 = _mm512_loadu_ps(xq + 32 * b), x1 = _mm512_loadu_ps(xq + 32 * b + 16);
             const int64_t o = 16 * b;
-            for (int64_t i = 0; i < per && pd < pe; i++, pd += 64) _mm_prefetch(pd, Q4_NEXT_HINT);
-            if (ps < pse) { _mm_prefetch(ps, Q4_NEXT_HINT); ps += 64; }
+            PF_NEXT(nd, per, Q4_NEXT_HINT);
+            PF_NEXT(ns, 1, Q4_NEXT_HINT);
             UNROLL for (int k = 0; k < R; k++) {
                 const __m512 tb = q4_table(t, w->scale, s[k] + b);
                 a[k] = _mm512_fmadd_ps(q4x16(p[k] + o, tb, sh), x0, a[k]);
@@ -434,69 +435,59 @@ AVX512_INLINE __m512 dense16(const char *row, int64_t c, const df_wtype t) {
     if (t == DF_W_BF16) return bf16x16((const uint16_t *)row + c);
     return f16x16((const uint16_t *)row + c);
 }
-AVX512_INLINE void mm_dense_small_g(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const df_wtype t,
-                                    const int T, const int G, const int R) {
+AVX512_INLINE void mm_dense_small(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const df_wtype t,
+                                  const int T, const int G, const int R) {
     const int64_t cols = w->cols, rows = w->rows, c16 = cols / 16 * 16, es = t == DF_W_F32 ? 4 : 2;
     for (int64_t r = r0; r < r1; r += R) {
         const int nr = r1 - r < R ? (int)(r1 - r) : R;
         const char *p[8];
         UNROLL for (int k = 0; k < R; k++) p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
-        next_run nx = next_run_of(w, r, r1, R, cols * es);
+        next_run nx = next_run_of(w->data, r, r1, R, cols * es);
         for (int g = 0; g < T; g += G) {
-        const int GG = T - g < G ? T - g : G;
-        const float *xg = x + (int64_t)g * cols;
-        float *yg = y + (int64_t)g * rows;
-        __m512 a[8][8];
-        UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < G; u++) a[k][u] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < c16; c += 16) {
-            if (g == 0 && ((c * es) & 63) == 0) {
-                UNROLL for (int k = 0; k < R; k++) PF_DENSE(p[k] + c * es);
-                PF_NEXT(nx, R);
+            const int gn = T - g < G ? T - g : G; /* tokens in this group */
+            const float *xg = x + (int64_t)g * cols;
+            float *yg = y + (int64_t)g * rows;
+            __m512 a[8][8];
+            UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < G; u++) a[k][u] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < c16; c += 16) {
+                if (g == 0 && ((c * es) & 63) == 0) {
+                    UNROLL for (int k = 0; k < R; k++) PF_DENSE(p[k] + c * es);
+                    PF_NEXT(nx, R, _MM_HINT_T1);
+                }
+                __m512 wv[8];
+                UNROLL for (int k = 0; k < R; k++) wv[k] = dense16(p[k], c, t);
+                UNROLL for (int u = 0; u < G; u++) if (u < gn) {
+                    const __m512 xv = _mm512_loadu_ps(xg + u * cols + c);
+                    UNROLL for (int k = 0; k < R; k++) a[k][u] = _mm512_fmadd_ps(wv[k], xv, a[k][u]);
+                }
             }
-            __m512 wv[8];
-            UNROLL for (int k = 0; k < R; k++) wv[k] = dense16(p[k], c, t);
-            UNROLL for (int u = 0; u < G; u++) if (u < GG) {
-                const __m512 xv = _mm512_loadu_ps(xg + u * cols + c);
-                UNROLL for (int k = 0; k < R; k++) a[k][u] = _mm512_fmadd_ps(wv[k], xv, a[k][u]);
-            }
-        }
-        UNROLL for (int k = 0; k < R; k++)
-            if (k < nr)
-                UNROLL for (int u = 0; u < G; u++) if (u < GG)
-                    yg[(int64_t)u * rows + r + k] = finish(w, r + k, a[k][u], c16, xg + (int64_t)u * cols);
+            UNROLL for (int k = 0; k < R; k++)
+                if (k < nr)
+                    UNROLL for (int u = 0; u < G; u++) if (u < gn)
+                        yg[(int64_t)u * rows + r + k] = finish(w, r + k, a[k][u], c16, xg + (int64_t)u * cols);
         }
     }
-}
-AVX512_INLINE void mm_dense_small(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const df_wtype t,
-                                  const int T, const int R) {
-    mm_dense_small_g(w, x, y, r0, r1, t, T, T, R);
 }
 /* The token counts that take mm_dense_small (up to 6 tokens in one group; 7 and 8 in groups of 4 tokens over 5 rows,
  * the second group's weights from L1: 8 tokens over 3 rows in one group read every activation from L2 for each 3
  * rows and were slower than the tiles of mm_tiles, the groups of 4 faster, on the dev VM: bench/RESULTS.md), and its
  * rows per pass for T = 0..DENSE_SMALL_MAX (R x G accumulators + R weights + 1 activation <= 32 registers; as
- * DENSE_SMALL / DENSE_SMALL_G below). */
+ * DENSE_SMALL below). */
 #define DENSE_SMALL_MAX 8
 static const int dense_small_rows[DENSE_SMALL_MAX + 1] = {4, 4, 8, 6, 5, 4, 4, 5, 5};
-#define DENSE_SMALL(T, R)                                                                                               \
+#define DENSE_SMALL(T, G, R)                                                                                            \
     AVX512 static void mm_dense_##T(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {             \
-        if (w->type == DF_W_F32) mm_dense_small(w, x, y, r0, r1, DF_W_F32, T, R);                                       \
-        else if (w->type == DF_W_BF16) mm_dense_small(w, x, y, r0, r1, DF_W_BF16, T, R);                                \
-        else mm_dense_small(w, x, y, r0, r1, DF_W_F16, T, R);                                                           \
+        if (w->type == DF_W_F32) mm_dense_small(w, x, y, r0, r1, DF_W_F32, T, G, R);                                    \
+        else if (w->type == DF_W_BF16) mm_dense_small(w, x, y, r0, r1, DF_W_BF16, T, G, R);                             \
+        else mm_dense_small(w, x, y, r0, r1, DF_W_F16, T, G, R);                                                        \
     }
-DENSE_SMALL(2, 8)
-DENSE_SMALL(3, 6)
-DENSE_SMALL(4, 5)
-DENSE_SMALL(5, 4)
-DENSE_SMALL(6, 4)
-#define DENSE_SMALL_G(T, G, R)                                                                                               \
-    AVX512 static void mm_dense_##T(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {             \
-        if (w->type == DF_W_F32) mm_dense_small_g(w, x, y, r0, r1, DF_W_F32, T, G, R);                                       \
-        else if (w->type == DF_W_BF16) mm_dense_small_g(w, x, y, r0, r1, DF_W_BF16, T, G, R);                                \
-        else mm_dense_small_g(w, x, y, r0, r1, DF_W_F16, T, G, R);                                                           \
-    }
-DENSE_SMALL_G(7, 4, 5)
-DENSE_SMALL_G(8, 4, 5)
+DENSE_SMALL(2, 2, 8)
+DENSE_SMALL(3, 3, 6)
+DENSE_SMALL(4, 4, 5)
+DENSE_SMALL(5, 5, 4)
+DENSE_SMALL(6, 6, 4)
+DENSE_SMALL(7, 4, 5)
+DENSE_SMALL(8, 4, 5)
 static const q4_small_fn mm_dense_smallT[DENSE_SMALL_MAX + 1] = {NULL, NULL, mm_dense_2, mm_dense_3, mm_dense_4, mm_dense_5,
                                                                 mm_dense_6, mm_dense_7, mm_dense_8};
 
@@ -522,11 +513,11 @@ VBMI static void mv_fp8_vbmi(const df_weight *w, const float *x, float *y, int64
                       *p2 = (const uint8_t *)w->data + rr[2] * cols, *p3 = (const uint8_t *)w->data + rr[3] * cols;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int64_t c = 0;
-        next_run nx = next_run_of(w, r, r1, 4, cols);
+        next_run nx = next_run_of(w->data, r, r1, 4, cols);
         for (; c < c64; c += 64) {
             const __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16), x2 = _mm512_loadu_ps(x + c + 32),
                          x3 = _mm512_loadu_ps(x + c + 48);
-            PF_NEXT(nx, 4);
+            PF_NEXT(nx, 4, _MM_HINT_T1);
             a0 = fp8_row64(p0 + c, &K, fp8_scale(w, rr[0], c), x0, x1, x2, x3, a0);
             a1 = fp8_row64(p1 + c, &K, fp8_scale(w, rr[1], c), x0, x1, x2, x3, a1);
             a2 = fp8_row64(p2 + c, &K, fp8_scale(w, rr[2], c), x0, x1, x2, x3, a2);
@@ -563,10 +554,10 @@ VBMI_INLINE void mm_fp8_small(const df_weight *w, const float *x, float *y, int6
         }
         __m512 a[8][8];
         UNROLL for (int k = 0; k < R; k++) UNROLL for (int u = 0; u < T; u++) a[k][u] = _mm512_setzero_ps();
-        next_run nx = next_run_of(w, r, r1, R, cols);
+        next_run nx = next_run_of(w->data, r, r1, R, cols);
         int64_t c = 0;
         for (; c < c64; c += 64) {
-            PF_NEXT(nx, R);
+            PF_NEXT(nx, R, _MM_HINT_T1);
             UNROLL for (int k = 0; k < R; k++) {
                 __m512 v[4];
                 PF_FP8(p[k] + c);
@@ -882,7 +873,8 @@ static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int
         grain = (target + per_row - 1) / per_row;
         const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
         if (grain > fair) grain = fair;
-        /* whole row blocks of the kernel that runs: MXFP4 / INT4 with 1..8 tokens R rows, else tiles of TR */
+        /* whole row blocks of the kernel that runs: the small-T kernels' R rows (MXFP4 / INT4 and dense up to 8
+         * tokens, FP8 up to FP8_SMALL_MAX), T = 1's 4 rows, else tiles of TR */
         const int64_t rb = j.q4 && T <= Q4_SMALL_MAX ? q4_small_rows[T]
                            : is_dense(w->type) && T <= DENSE_SMALL_MAX ? dense_small_rows[T]
                            : w->type == DF_W_FP8_B128 && have_vbmi && T <= FP8_SMALL_MAX ? fp8_small_rows[T]
