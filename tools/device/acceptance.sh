@@ -20,6 +20,10 @@
 #   part 10: the store's read depth (--qd 8 / 16): bench io, streamed GPU and 16-thread CPU decode.
 #   part 9: where the drive waits in a streamed decode (GPU gated / ungated, 16-thread CPU): tools/drive-idle.py.
 #   part 11: host CPU kernels and decode (in RAM, capped), this binary vs a carried deltafin.base; GPU tests.
+#   part 12: where a streamed 512-token GPU prefill's time goes (--stats --profile, DF_CUDA_TRACE=1), bench prefill;
+#          then FP8 / MXFP4 host CPU kernels of this binary against a carried deltafin.base, and the CPU kernel tests.
+#   part 13: the streamed 512-token GPU prefill with `run --events` (OUT/ev-*.jsonl) at the host budget and at 8G,
+#          between bench io runs into reused buffers and into a pool of the host budget.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
@@ -332,6 +336,47 @@ case $PART in
         timeout 150 "$b" bench decode --model "$W/m" --backend cpu --ram-budget 3G --tokens 24 --io-seconds 2 \
             2>&1 | grep -E "decode: [0-9.]+ tok|storage bound" | cut -c1-300 >>"$S"
     done
+    rm -rf "$W"
+    ;;
+12)
+    streamed_model
+    for i in 1 2; do
+        log "cuda run, 512-token prompt, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M}, DF_CUDA_TRACE=1 (run $i)"
+        DF_CUDA_TRACE=1 timeout 100 "$BIN" run --model "$W/m" --backend cuda --gpu-budget "${GPU_BUDGET:-256M}" \
+            --ram-budget "${HOST_BUDGET:-2816M}" --prompt-ids "$(seq -s, 1 512)" --max-new 1 --stats --profile 2>&1 \
+            | grep -E "^(profile|stats|cuda trace):" >>"$S"
+        log "cuda bench prefill 512 (run $i)"
+        timeout 100 "$BIN" bench prefill --model "$W/m" --backend cuda --tokens 512 --gpu-budget "${GPU_BUDGET:-256M}" \
+            --ram-budget "${HOST_BUDGET:-2816M}" --io-seconds 2 2>&1 | grep -vE "^(model |bench prefill:)" >>"$S"
+    done
+    rm -rf "$W"
+    B0=$D/deltafin.base
+    [ -x "$B0" ] || B0=$BIN
+    for t in test_kernels test_kernels_invariance; do
+        [ -x "$D/$t" ] && { log "$t"; (cd "$HERE" && timeout 120 "$D/$t" 2>&1 | grep -E "FAIL|passed" | tail -5) >>"$S"; }
+    done
+    for r in 1 2; do
+        for b in "$B0" "$BIN"; do
+            log "bench kernels --threads 1,16 fp8/mxfp4 T 1,4,8, $(basename "$b") (round $r)"
+            timeout 120 "$b" bench kernels --threads 1,16 --types fp8_b128,mxfp4 --T 1,4,8 --shapes 2048x7168,7168x2048 \
+                2>&1 | grep -E "^ *(threads|[0-9]+ )|^(fp8|mxfp4)" >>"$S"
+        done
+    done
+    ;;
+13)
+    streamed_model
+    for b in "" "--buffer ${HOST_BUDGET:-2816M}"; do
+        log "bench io $b"
+        timeout 30 "$BIN" bench io --dir "$W/m" --run 22848K --group 8 --seconds 3 $b 2>&1 | tail -1 >>"$S"
+    done
+    for rb in "${HOST_BUDGET:-2816M}" 8G "${HOST_BUDGET:-2816M}"; do
+        log "cuda run, 512-token prompt, cold, --ram-budget $rb --gpu-budget ${GPU_BUDGET:-256M} --events"
+        timeout 100 "$BIN" run --model "$W/m" --backend cuda --gpu-budget "${GPU_BUDGET:-256M}" --ram-budget "$rb" \
+            --prompt-ids "$(seq -s, 1 512)" --max-new 1 --stats --events "$OUT/ev-$rb-$SECONDS.jsonl" 2>&1 \
+            | grep -E "^stats:" >>"$S"
+    done
+    log "bench io"
+    timeout 30 "$BIN" bench io --dir "$W/m" --run 22848K --group 8 --seconds 3 2>&1 | tail -1 >>"$S"
     rm -rf "$W"
     ;;
 esac
