@@ -821,36 +821,53 @@ AVX512 static void mm_tiles(const df_weight *w, int q4, const float *xs, const f
 
 static inline int is_dense(df_wtype t) { return t == DF_W_F32 || t == DF_W_BF16 || t == DF_W_F16; }
 
+/* The kernel a call runs, chosen once per call (mm_kernel_of) for the dispatch (mm_task) and the work split
+ * (avx512_matmul: chunks of whole passes of its rows). */
+typedef enum { MK_MV_DENSE, MK_MV_MXFP4, MK_MV_INT4, MK_MV_FP8, MK_Q4_SMALL, MK_FP8_SMALL, MK_DENSE_SMALL, MK_TILES } mm_kernel;
+
+/* The kernel for T tokens of w (q4: x is staged in q4 lane order, i.e. a 4-bit weight with cols % 32 == 0) and, in
+ * *rows, the rows of one of its passes. */
+static mm_kernel mm_kernel_of(const df_weight *w, int T, int q4, int *rows) {
+    if (T == 1) {
+        *rows = 4;
+        if (is_dense(w->type)) return MK_MV_DENSE;
+        if (q4) return w->type == DF_W_MXFP4 ? MK_MV_MXFP4 : MK_MV_INT4;
+        if (w->type == DF_W_FP8_B128 && have_vbmi) return MK_MV_FP8;
+    } else if (q4 && T <= Q4_SMALL_MAX) {
+        *rows = q4_small_rows[T];
+        return MK_Q4_SMALL;
+    } else if (w->type == DF_W_FP8_B128 && have_vbmi && T <= FP8_SMALL_MAX) {
+        *rows = fp8_small_rows[T];
+        return MK_FP8_SMALL;
+    } else if (is_dense(w->type) && T <= DENSE_SMALL_MAX) {
+        *rows = dense_small_rows[T];
+        return MK_DENSE_SMALL;
+    }
+    *rows = TR;
+    return MK_TILES;
+}
+
 typedef struct {
     const df_weight *w;
     const float *x, *xs;   /* xs: x in q4 lane order when q4 */
     float *y;
     int T, q4;
+    mm_kernel k;
 } mm_job;
 
 static void mm_task(void *ctx, int64_t r0, int64_t r1, int tid) {
     const mm_job *j = ctx;
     const df_weight *w = j->w;
-    if (j->T == 1) switch (w->type) {
-        case DF_W_F32: case DF_W_BF16: case DF_W_F16: mv_dense(w, j->x, j->y, r0, r1); return;
-        case DF_W_MXFP4: if (j->q4) { mv_mxfp4(w, j->xs, j->y, r0, r1); return; } break;
-        case DF_W_INT4_G32: if (j->q4) { mv_int4(w, j->xs, j->y, r0, r1); return; } break;
-        case DF_W_FP8_B128: if (have_vbmi) { mv_fp8_vbmi(w, j->x, j->y, r0, r1); return; } break;
-        default: break;
-        }
-    if (j->q4 && j->T >= 2 && j->T <= Q4_SMALL_MAX) {
-        (w->type == DF_W_MXFP4 ? mm_mx_small : mm_i4_small)[j->T](w, j->xs, j->y, r0, r1);
-        return;
+    switch (j->k) {
+    case MK_MV_DENSE: mv_dense(w, j->x, j->y, r0, r1); return;
+    case MK_MV_MXFP4: mv_mxfp4(w, j->xs, j->y, r0, r1); return;
+    case MK_MV_INT4: mv_int4(w, j->xs, j->y, r0, r1); return;
+    case MK_MV_FP8: mv_fp8_vbmi(w, j->x, j->y, r0, r1); return;
+    case MK_Q4_SMALL: (w->type == DF_W_MXFP4 ? mm_mx_small : mm_i4_small)[j->T](w, j->xs, j->y, r0, r1); return;
+    case MK_FP8_SMALL: mm_fp8_smallT[j->T](w, j->x, j->y, r0, r1); return;
+    case MK_DENSE_SMALL: mm_dense_smallT[j->T](w, j->x, j->y, r0, r1); return;
+    case MK_TILES: mm_tiles(w, j->q4, j->xs, j->x, j->T, j->y, r0, r1); return;
     }
-    if (w->type == DF_W_FP8_B128 && have_vbmi && j->T >= 2 && j->T <= FP8_SMALL_MAX) {
-        mm_fp8_smallT[j->T](w, j->x, j->y, r0, r1);
-        return;
-    }
-    if (is_dense(w->type) && j->T >= 2 && j->T <= DENSE_SMALL_MAX) {
-        mm_dense_smallT[j->T](w, j->x, j->y, r0, r1);
-        return;
-    }
-    mm_tiles(w, j->q4, j->xs, j->x, j->T, j->y, r0, r1);
 }
 
 AVX512 static void stage_q4(const float *x, int T, int64_t cols, float *xs) {
@@ -860,7 +877,7 @@ AVX512 static void stage_q4(const float *x, int T, int64_t cols, float *xs) {
 
 static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
     if (T <= 0 || w->rows <= 0) return;
-    mm_job j = {w, x, x, y, T, 0};
+    mm_job j = {w, x, x, y, T, 0, MK_TILES};
     if ((w->type == DF_W_MXFP4 || w->type == DF_W_INT4_G32) && w->cols % 32 == 0) {
         float *xs = cpu_scratch(CPU_SCRATCH_X, sizeof(float) * (size_t)T * (size_t)w->cols);
         if (!xs) abort(); /* nothing sensible to do without it */
@@ -868,23 +885,19 @@ static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int
         j.xs = xs;
         j.q4 = 1;
     }
+    int rb;
+    j.k = mm_kernel_of(w, T, j.q4, &rb);
     const int64_t work = w->rows * w->cols * (int64_t)T;
     const int nt = df_pool_threads(pool);
     int64_t grain = w->rows;
     if (work >= CPU_SERIAL_WORK && nt > 1) {
         /* ~128K weights x tokens per chunk (T = 1: 512K weights, so that the first pass of a chunk,
-         * whose bytes the kernel cannot prefetch, is a small share of it), whole tiles of TR rows,
+         * whose bytes the kernel cannot prefetch, is a small share of it), whole passes of the kernel's rows,
          * >= 4 chunks per thread when possible */
         const int64_t per_row = w->cols * (T < 8 ? T : 8), target = T == 1 ? 524288 : 131072;
         grain = (target + per_row - 1) / per_row;
         const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
         if (grain > fair) grain = fair;
-        /* whole row blocks of the kernel that runs: the small-T kernels' R rows (MXFP4 / INT4 and dense up to 8
-         * tokens, FP8 up to FP8_SMALL_MAX), T = 1's 4 rows, else tiles of TR */
-        const int64_t rb = j.q4 && T <= Q4_SMALL_MAX ? q4_small_rows[T]
-                           : is_dense(w->type) && T <= DENSE_SMALL_MAX ? dense_small_rows[T]
-                           : w->type == DF_W_FP8_B128 && have_vbmi && T <= FP8_SMALL_MAX ? fp8_small_rows[T]
-                           : T == 1 ? 4 : TR;
         grain = (grain + rb - 1) / rb * rb;
     }
     df_pool_run(pool, w->rows, grain, mm_task, &j);
