@@ -365,7 +365,7 @@ if ! skipped ram; then
     run "ram-llama-$r" 0 ": generation run 1/" EXIT -- "${LB[@]}" -m "$GGUF" -p 0 -n "$TOKENS"
     # deltafin: no budget = every expert cached once read; the 64-token prompt is the warm-up that reads them
     rm -f "$NAT/heat.bin"
-    run "ram-deltafin-$r" 0 "  decode:" "COUNT:$TOKENS" -- "$DELTAFIN" bench decode --model "$NAT" --tokens "$TOKENS" \
+    run "ram-deltafin-$r" 0 "  decoded token ids:" "COUNT:$TOKENS" -- "$DELTAFIN" bench decode --model "$NAT" --tokens "$TOKENS" \
       --threads "$THREADS" --prompt-ids "$(ids 64)" --no-drop --io-seconds 1
   done
 fi
@@ -376,7 +376,7 @@ if ! skipped cap; then
     run "cap-decode-llama-$r" 1 ": generation run 1/" EXIT -- env LLAMA_BENCH_NO_REPACK=1 "${LB[@]}" -m "$GGUF" \
       -p 0 -n "$TOKENS"
     drop_cache
-    run "cap-decode-deltafin-$r" 1 "  decode:" "COUNT:$TOKENS" -- "$DELTAFIN" bench decode --model "$NAT" --tokens "$TOKENS" \
+    run "cap-decode-deltafin-$r" 1 "  decoded token ids:" "COUNT:$TOKENS" -- "$DELTAFIN" bench decode --model "$NAT" --tokens "$TOKENS" \
       --threads "$THREADS" --ram-budget "$BUDGET_M" --io-seconds "$INNER_IO_S" ${IO_BUFFER_ARG[@]+"${IO_BUFFER_ARG[@]}"}
   done
 fi

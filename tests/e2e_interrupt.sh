@@ -6,6 +6,8 @@
 #  - kill -9 mid-write, then a re-run into the same directory: the killed run's *.tmp files (no manifest.json) are
 #    recognised and removed, the re-run succeeds (also in --expert-dirs); a directory holding other files as well
 #    is still refused unless --force; a directory another run is writing into right now is refused (its lock);
+#  - `run` on a Hugging Face checkpoint: SIGINT during its first-use conversion into the cache leaves nothing there
+#    (exit 130, one line), and a second run of the same conversion meanwhile says it waits for the first;
 #  - `synth OUT_DIR` alone writes the documented default model (the figures of --help = --dry-run's; started and
 #    interrupted when the disk has room, else refused for lack of space before writing), OUT_DIR may come last;
 #    every synth usage error names its flag and value; docs/cli.md shows the --help of convert, synth and doctor.
@@ -148,6 +150,23 @@ EOF
             wait "$bg"; bad "convert ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
         fi
     done
+    # run's first-use conversion into the cache, SIGINT mid-write: exit 130, one line, nothing left in the cache
+    # (no *.tmp, no directory, no lock file); a second process converting the same key while the first holds the
+    # lock says it waits
+    start "$BIN" run --model "$TMP/hf" --cache-dir "$TMP/cache" --prompt-ids 1 --max-new 1 --threads 1
+    if wait_tmp "$TMP/cache/*/experts-*.tmp"; then
+        "$BIN" run --model "$TMP/hf" --cache-dir "$TMP/cache" --prompt-ids 1 --max-new 1 >"$TMP/w.out" 2>&1 &
+        w=$!; PIDS+=("$w")
+        for _ in $(seq 1 200); do grep -q "waiting for another process converting" "$TMP/w.out" && break; sleep 0.01; done
+        grep -q "^deltafin: waiting for another process converting $TMP/hf into $TMP/cache/" "$TMP/w.out" && ok \
+            || bad "run while another converts: $(head -2 "$TMP/w.out")"
+        kill -KILL "$w" 2>/dev/null; wait "$w" 2>/dev/null
+        kill -INT "$bg"; wait "$bg"; rc=$?
+        [ $rc -eq 130 ] && grep -q "^deltafin: interrupted by SIGINT: the conversion into $TMP/cache/hf-.* stopped and removed every file it had written" "$TMP/bg.err" \
+            && [ -z "$(ls -A "$TMP/cache")" ] && ok || bad "run's conversion SIGINT: rc $rc, left: $(ls -A "$TMP/cache"), $(tr '\r' '\n' <"$TMP/bg.err" | tail -1)"
+    else
+        wait "$bg"; bad "run's conversion ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
+    fi
     # SIGINT into an existing directory with --force: the directory stays, emptied of what this run wrote
     mkdir -p "$TMP/c-f"; : >"$TMP/c-f/keep.txt"
     start "$BIN" convert "$TMP/hf" "$TMP/c-f" --threads 1 --quiet --force

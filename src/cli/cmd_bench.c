@@ -484,7 +484,7 @@ static int bench_decode(int argc, char **argv) {
         if (!rc) tok = df_sample(smp, logits, n_vocab);
     }
     df_model_stats_reset(m);
-    printf("  decode:");
+    printf("  decoded token ids:");
     fflush(stdout);
     for (int t = 0; t < tokens && !rc; t++) {
         rc = df_eval(s, &tok, 1, logits, 0, NULL, NULL, err, sizeof err);

@@ -3,9 +3,12 @@
 #include "convert.h"
 #include "util/util.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -25,15 +28,110 @@ static int relevant(const char *n) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* The progress callback of a cached conversion: the caller's, and a stop when SIGINT / SIGTERM / SIGHUP arrived. */
+typedef struct {
+    df_progress_fn fn;
+    void *user;
+} cache_progress;
+
+static int cache_progress_cb(void *user, const char *what, uint64_t done, uint64_t total) {
+    const cache_progress *p = user;
+    if (df_interrupted()) return 1;
+    return p->fn ? p->fn(p->user, what, done, total) : 0;
+}
+
+/* Bytes of the regular files directly in dir; -1 when it holds anything else (then it is not removed). */
+static int64_t conversion_bytes(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int64_t total = 0;
+    struct dirent *de;
+    char p[4700];
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        struct stat st;
+        snprintf(p, sizeof p, "%.4400s/%.255s", dir, de->d_name);
+        if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) { total = -1; break; }
+        total += (int64_t)st.st_size;
+    }
+    closedir(d);
+    return total;
+}
+
+/* Remove the regular files of dir (manifest.json first, so that no reader takes it for a model meanwhile), then
+ * dir itself. */
+static void remove_conversion(const char *dir) {
+    char p[4700];
+    snprintf(p, sizeof p, "%.4600s/manifest.json", dir);
+    unlink(p);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%.4400s/%.255s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* After a new conversion of the checkpoint at abs into root/name: the earlier conversions of that same directory
+ * with the same spine mode (manifest.json "source"."dir" and "spine_mode"), made before its files changed, are
+ * stale (no run can ask for their key again): removed, each reported on stderr. Conversions of other paths, ones
+ * holding anything but regular files, and ones whose lock another process holds are left alone. */
+static void prune_stale(const char *root, const char *name, const char *abs, const char *mode) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    const size_t ml = strlen(mode);
+    struct dirent *de;
+    char dir[4700], man[4800], lock[4800];
+    while ((de = readdir(d))) {
+        const size_t l = strlen(de->d_name);
+        if (!strcmp(de->d_name, name) || l < ml + 19 || de->d_name[l - ml - 1] != '-' || strcmp(de->d_name + l - ml, mode))
+            continue;
+        snprintf(dir, sizeof dir, "%s/%s", root, de->d_name);
+        snprintf(man, sizeof man, "%s/manifest.json", dir);
+        char *buf = NULL;
+        size_t len = 0;
+        if (df_read_file(man, &buf, &len, NULL, 0) != 0) continue;
+        cJSON *m = cJSON_ParseWithLength(buf, len);
+        free(buf);
+        const cJSON *src = cJSON_GetObjectItemCaseSensitive(m, "source");
+        const cJSON *sd = cJSON_GetObjectItemCaseSensitive(src, "dir");
+        const cJSON *sm = cJSON_GetObjectItemCaseSensitive(m, "spine_mode");
+        const int same = cJSON_IsString(sd) && !strcmp(sd->valuestring, abs) && cJSON_IsString(sm) && !strcmp(sm->valuestring, mode);
+        cJSON_Delete(m);
+        if (!same) continue;
+        const int64_t bytes = conversion_bytes(dir);
+        if (bytes < 0) continue;
+        snprintf(lock, sizeof lock, "%s.lock", dir);
+        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            remove_conversion(dir);
+            unlink(lock);
+            fprintf(stderr, "deltafin: removed %s (%.2f GB), the conversion of %s before its files changed\n", dir,
+                    (double)bytes / 1e9, abs);
+        }
+        close(fd);
+    }
+    closedir(d);
+}
+
 int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
                    char *out_dir, size_t out_len, char *err, size_t errlen) {
     char abs[4096], root[3000], name[512], path[4600];
     if (!realpath(hf_dir, abs)) return df_set_errc(err, errlen, DF_EIO, "model directory %s: %s", hf_dir, strerror(errno));
+    /* XDG_CACHE_HOME only when absolute (the XDG base directory specification: a relative one is ignored) */
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     if (cache_root && *cache_root) snprintf(root, sizeof root, "%s", cache_root);
-    else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME")) snprintf(root, sizeof root, "%s/deltafin", getenv("XDG_CACHE_HOME"));
-    else if (getenv("HOME") && *getenv("HOME")) snprintf(root, sizeof root, "%s/.cache/deltafin", getenv("HOME"));
-    else return df_set_errc(err, errlen, DF_EINVAL, "no cache directory: set cache_dir, XDG_CACHE_HOME or HOME");
-
+    else if (xdg && xdg[0] == '/') snprintf(root, sizeof root, "%s/deltafin", xdg);
+    else if (home && *home) snprintf(root, sizeof root, "%s/.cache/deltafin", home);
+    else
+        return df_set_errc(err, errlen, DF_EINVAL,
+                           "no directory for the conversion cache: pass --cache-dir DIR, or set HOME or XDG_CACHE_HOME "
+                           "(an absolute path)");
     /* key: absolute path + (name, size, mtime) of each source file + spine mode */
     DIR *d = opendir(abs);
     if (!d) return df_set_errc(err, errlen, DF_EIO, "cannot open directory %s: %s", abs, strerror(errno));
@@ -76,6 +174,16 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     base = base && base[1] ? base + 1 : "model";
     snprintf(name, sizeof name, "%.200s-%s-%s", base, hx, convert_spine_mode_name(spine));
 
+    snprintf(path, sizeof path, "%.3000s/%.512s", root, name);
+    if (strlen(path) + 1 > out_len) return df_set_errc(err, errlen, DF_EINVAL, "cache path too long: %s", path);
+    snprintf(out_dir, out_len, "%s", path);
+    char lock[4700], man[4700];
+    snprintf(lock, sizeof lock, "%s.lock", path);
+    snprintf(man, sizeof man, "%s/manifest.json", path);
+    /* a complete conversion (its manifest is written last) is only read: no lock, nothing written (a cache the
+     * user can read but not write still serves it) */
+    if (df_path_exists(man)) return DF_OK;
+
     int rc = df_mkdir_p(root, err, errlen);
     if (rc) {
         /* name the setting that chose this directory */
@@ -84,25 +192,60 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
             snprintf(err + l, errlen - l, " (the conversion cache root; choose another with --cache-dir or XDG_CACHE_HOME)");
         return rc;
     }
-    snprintf(path, sizeof path, "%.3000s/%.512s", root, name);
-    if (strlen(path) + 1 > out_len) return df_set_errc(err, errlen, DF_EINVAL, "cache path too long: %s", path);
-    snprintf(out_dir, out_len, "%s", path);
-
-    char lock[4700], man[4700];
-    snprintf(lock, sizeof lock, "%s.lock", path);
-    snprintf(man, sizeof man, "%s/manifest.json", path);
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return df_set_errc(err, errlen, DF_EIO, "cannot create lock file %s: %s", lock, strerror(errno));
-    while (flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
+    /* The lock file serialises conversions of this key. Its holder removes it when done, so a process that waited
+     * on a lock file no longer at that path takes the new one. */
+    int fd = -1, waited = 0;
+    for (;;) {
+        fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return df_set_errc(err, errlen, DF_EIO, "cannot create the lock file %s: %s (convert into a writable cache with "
+                               "--cache-dir DIR)", lock, strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            if (errno != EWOULDBLOCK) {
+                rc = df_set_errc(err, errlen, DF_EIO, "cannot lock %s: %s", lock, strerror(errno));
+                close(fd);
+                return rc;
+            }
+            if (!waited++)
+                fprintf(stderr, "deltafin: waiting for another process converting %s into %s (lock %s)\n", abs, path, lock);
+            while (flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(lock, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) break;
+        close(fd);
+    }
+    int converted = 0;
     if (!df_path_exists(man)) {
         df_convert_opts o;
         df_convert_opts_default(&o);
         o.spine = spine;
-        o.progress = progress;
-        o.progress_user = user;
+        cache_progress cp = {progress, user};
+        o.progress = cache_progress_cb;
+        o.progress_user = &cp;
+        /* SIGINT / SIGTERM / SIGHUP stop the conversion, which then removes what it wrote; the previous handlers
+         * come back afterwards, and a signal that arrived is raised again under them */
+        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+        struct sigaction old[3];
+        for (int i = 0; i < 3; i++) sigaction(sigs[i], NULL, &old[i]);
+        df_interrupt_install();
         rc = df_convert(abs, path, &o, err, errlen);
+        for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
+        const int sig = df_interrupted();
+        df_interrupt_clear();
+        converted = rc == DF_OK;
+        if (rc) rmdir(path); /* df_convert removed its files; the directory too when nothing else is in it */
+        if (sig && rc == DF_ECANCELLED) {
+            rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s: the conversion into %s stopped and removed "
+                             "every file it had written", df_signal_name(sig), path);
+            unlink(lock);
+            close(fd);
+            fprintf(stderr, "deltafin: %s\n", err ? err : "interrupted");
+            raise(sig); /* under the caller's disposition (by default: the process ends as by the signal) */
+            return rc;
+        }
     }
-    flock(fd, LOCK_UN);
+    unlink(lock);
     close(fd);
+    if (converted) prune_stale(root, name, abs, convert_spine_mode_name(spine));
     return rc;
 }

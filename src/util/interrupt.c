@@ -40,6 +40,8 @@ void df_interrupt_install(void) {
 
 int df_interrupted(void) { return (int)g_signal; }
 
+void df_interrupt_clear(void) { g_signal = 0; }
+
 const char *df_signal_name(int sig) {
     switch (sig) {
     case SIGINT: return "SIGINT";

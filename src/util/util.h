@@ -114,6 +114,9 @@ void df_run_workers(int n, void *(*fn)(void *), void *arg);
 void df_interrupt_install(void);
 /* The signal received since df_interrupt_install (SIGINT, ...), or 0. Async-signal-safe. */
 int df_interrupted(void);
+/* Forget a signal recorded by the handlers of df_interrupt_install (after its writer has stopped and the
+ * caller has dealt with it, e.g. re-raised it under the previous disposition). */
+void df_interrupt_clear(void);
 /* "SIGINT", "SIGTERM", "SIGHUP" (else "a signal"). */
 const char *df_signal_name(int sig);
 /* Writer lock on a directory: an exclusive, non-blocking flock on the directory itself,

@@ -83,7 +83,7 @@ case $PART in
     sync; sleep 5
     log "cpu decode, cold, budget ${BUDGET:-6G} (issue 10: >= 90% of the storage bound on 16 cores)"
     timeout 120 "$BIN" bench decode --model "$W/m" --backend cpu --ram-budget "${BUDGET:-6G}" --tokens 32 \
-        --io-seconds 3 2>&1 | grep -v "^  decode: [0-9]" | tail -12 >>"$S"
+        --io-seconds 3 2>&1 | grep -v "^  decoded token ids:" | tail -12 >>"$S"
     for n in ${CPU_PREFILL:-64 256}; do
         log "cpu prefill $n tokens, cold, budget ${BUDGET:-6G}"
         timeout 120 "$BIN" bench prefill --model "$W/m" --backend cpu --tokens "$n" --ram-budget "${BUDGET:-6G}" \
