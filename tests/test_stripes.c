@@ -231,9 +231,9 @@ int main(void) {
     CHECK(rc == 0 && strstr(out, "--stripe-weights"), "convert --help documents --stripe-weights");
     rc = run(out, sizeof out, "%s convert tests/golden/bf16_kimi %s/bad1 --expert-dirs %s/x0,%s/x1 --stripe-weights 1,2,3 --quiet", bin,
              tmpdir, tmpdir, tmpdir);
-    CHECK(rc == 1 && strstr(out, "--stripe-weights"), "convert: weight count mismatch (rc %d): %s", rc, out);
+    CHECK(rc == 2 && strstr(out, "--stripe-weights"), "convert: weight count mismatch (rc %d): %s", rc, out);
     rc = run(out, sizeof out, "%s convert tests/golden/bf16_kimi %s/bad2 --stripe-weights 3,1 --quiet", bin, tmpdir);
-    CHECK(rc == 1 && strstr(out, "--expert-dirs"), "convert: weights without --expert-dirs (rc %d): %s", rc, out);
+    CHECK(rc == 2 && strstr(out, "--expert-dirs"), "convert: weights without --expert-dirs (rc %d): %s", rc, out);
 
     test_manifest_checks();
 

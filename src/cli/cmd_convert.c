@@ -187,7 +187,7 @@ int cmd_convert(int argc, char **argv) {
             return 128 + sig;
         }
         fprintf(stderr, "deltafin convert: %s (%s)\n", err[0] ? err : "failed", df_strerror(rc));
-        return 1;
+        return rc == DF_EINVAL ? 2 : 1; /* a bad option value (e.g. --stripe-weights) is a usage error */
     }
     if (sig) { /* too late to stop: the last file was being written when the signal came */
         if (p.open) fputc('\n', stderr);

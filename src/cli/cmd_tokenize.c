@@ -146,7 +146,10 @@ int cmd_tokenize(int argc, char **argv) {
             if (tools_path) {
                 FILE *f = fopen(tools_path, "rb");
                 size_t tn;
-                if (!f || !(tools = read_all(f, &tn))) { fprintf(stderr, "deltafin tokenize: cannot read --tools %s\n", tools_path); status = 1; }
+                if (!f || !(tools = read_all(f, &tn))) {
+                    fprintf(stderr, "deltafin tokenize: cannot read --tools %s: %s\n", tools_path, strerror(errno));
+                    status = 1;
+                }
                 if (f) fclose(f);
             }
             if (!status) {

@@ -5,11 +5,16 @@
  * File (little-endian binary, written tmp + fsync + rename):
  *   "DFHEAT1\0", u32 n_layers, u32 n_experts, u64 model_id, f64 acquisitions,
  *   f32 heat[n_layers * n_experts]
- * model_id = XXH64 of the expert checksum table, so a histogram of another
- * model is never used. On close: heat = heat * 2^(-run_acquisitions / half_life)
- * + this run's acquisition counts. On open the top hot_fraction * n_slots
- * experts by heat form the hot tier (evicted only when nothing else can be),
- * and heat, scaled to a mean of 1 over experts, seeds the eviction score.
+ * model_id = XXH64 of the expert checksum table. Only this model's heat file
+ * (same layers, experts and model_id, exact size) is read and rewritten; a
+ * missing or empty file is created at close. Anything else at the path (not a
+ * regular file, unreadable, not a heat file, another model's, damaged) is
+ * neither used nor written: one warning on stderr at open says so. On close:
+ * heat = heat * 2^(-run_acquisitions / half_life) + this run's acquisition
+ * counts; a failed save is one warning on stderr, the old file unchanged and
+ * no temporary file left. On open the top hot_fraction * n_slots experts by
+ * heat form the hot tier (evicted only when nothing else can be), and heat,
+ * scaled to a mean of 1 over experts, seeds the eviction score.
  * The heat only changes which experts stay in RAM, never any result.
  */
 #define _GNU_SOURCE
@@ -20,10 +25,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 static const char MAGIC[8] = "DFHEAT1";
+enum { HEADER = 32 }; /* magic, u32 layers, u32 experts, u64 model id, f64 acquisitions */
 
 static uint64_t model_id(const df_store *st) {
     XXH64_state_t *h = XXH64_createState();
@@ -37,22 +44,131 @@ static uint64_t model_id(const df_store *st) {
     return r;
 }
 
-static float *read_heat(const df_store *st, double *acq) {
-    FILE *f = fopen(st->o.heat_path, "rb");
-    if (!f) return NULL;
-    char magic[8];
+/* Reads up to n bytes (fewer only at the end of the file); -1 with errno on a read error. */
+static ssize_t read_full(int fd, void *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* Writes all n bytes; 0, or -1 with errno. */
+static int write_full(int fd, const void *buf, size_t n) {
+    size_t put = 0;
+    while (put < n) {
+        ssize_t r = write(fd, (const char *)buf + put, n - put);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) { errno = EIO; return -1; }
+        put += (size_t)r;
+    }
+    return 0;
+}
+
+/* The first n bytes as a C string literal's contents (printable ASCII as is, the rest escaped). */
+static void quote_bytes(const unsigned char *b, size_t n, char *out, size_t outlen) {
+    size_t k = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < n && k + 5 < outlen; i++) {
+        if (b[i] == '"' || b[i] == '\\') k += (size_t)snprintf(out + k, outlen - k, "\\%c", b[i]);
+        else if (b[i] == '\n') k += (size_t)snprintf(out + k, outlen - k, "\\n");
+        else if (b[i] >= 0x20 && b[i] < 0x7f) k += (size_t)snprintf(out + k, outlen - k, "%c", b[i]);
+        else k += (size_t)snprintf(out + k, outlen - k, "\\x%02x", b[i]);
+    }
+}
+
+/* What is at o.heat_path. 1: this model's heat file, *heat = its n_layers * n_experts values (malloc'd) and *acq
+ * its acquisitions; 0: nothing to read (no file, or an empty one: created at close); -1: something else, not to be
+ * used nor overwritten, why = what it is (for "--heat PATH <why>"). Never blocks on a FIFO or device. */
+static int read_heat(const df_store *st, float **heat, double *acq, char *why, size_t whylen) {
+    const char *path = st->o.heat_path;
+    *heat = NULL;
+    *acq = 0;
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return 0; /* the save reports when it cannot create it */
+        snprintf(why, whylen, "cannot be examined (%s)", strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(why, whylen, "is not a regular file");
+        return -1;
+    }
+    if (sb.st_size == 0) return 0;
+    size_t n = (size_t)st->n_layers * st->n_experts;
+    const long long want = HEADER + (long long)(n * sizeof(float));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, whylen, "cannot be read (%s)", strerror(errno));
+        return -1;
+    }
+    unsigned char hdr[HEADER];
+    ssize_t got = read_full(fd, hdr, HEADER);
+    int rc = -1;
+    if (got < 0) {
+        snprintf(why, whylen, "cannot be read (%s)", strerror(errno));
+        goto out;
+    }
+    if (got < 8 || memcmp(hdr, MAGIC, 8)) {
+        char q[48];
+        quote_bytes(hdr, got < 8 ? (size_t)got : 8, q, sizeof q);
+        snprintf(why, whylen, "is not a deltafin heat file (it starts with \"%s\")", q);
+        goto out;
+    }
     uint32_t nl = 0, ne = 0;
     uint64_t id = 0;
-    size_t n = (size_t)st->n_layers * st->n_experts;
-    float *heat = NULL;
-    if (fread(magic, 8, 1, f) == 1 && !memcmp(magic, MAGIC, 8) && fread(&nl, 4, 1, f) == 1 && fread(&ne, 4, 1, f) == 1 &&
-        fread(&id, 8, 1, f) == 1 && fread(acq, 8, 1, f) == 1 && nl == (uint32_t)st->n_layers &&
-        ne == (uint32_t)st->n_experts && id == model_id(st)) {
-        heat = malloc(n * sizeof(float));
-        if (heat && fread(heat, sizeof(float), n, f) != n) { free(heat); heat = NULL; }
+    if (got == HEADER) {
+        memcpy(&nl, hdr + 8, 4);
+        memcpy(&ne, hdr + 12, 4);
+        memcpy(&id, hdr + 16, 8);
+        memcpy(acq, hdr + 24, 8);
     }
-    fclose(f);
-    return heat;
+    if (got == HEADER && (nl != (uint32_t)st->n_layers || ne != (uint32_t)st->n_experts)) {
+        snprintf(why, whylen, "is the heat file of another model (%u layers x %u experts; this model has %d x %d)", nl,
+                 ne, st->n_layers, st->n_experts);
+        goto out;
+    }
+    if (got == HEADER && id != model_id(st)) {
+        snprintf(why, whylen, "is the heat file of another model (other expert checksums)");
+        goto out;
+    }
+    if ((long long)sb.st_size != want) {
+        snprintf(why, whylen, "is a damaged heat file (%lld bytes, %lld expected for this model)",
+                 (long long)sb.st_size, want);
+        goto out;
+    }
+    *heat = malloc(n * sizeof(float));
+    if (!*heat) {
+        snprintf(why, whylen, "cannot be read (%s)", strerror(ENOMEM));
+        goto out;
+    }
+    got = read_full(fd, *heat, n * sizeof(float));
+    if (got != (ssize_t)(n * sizeof(float))) {
+        snprintf(why, whylen, "cannot be read (%s)", got < 0 ? strerror(errno) : "it shrank while being read");
+        free(*heat);
+        *heat = NULL;
+        goto out;
+    }
+    rc = 1;
+out:
+    close(fd);
+    if (rc < 0) *acq = 0;
+    return rc;
+}
+
+static void warn_kept(const df_store *st, const char *why) {
+    fprintf(stderr, "deltafin: warning: --heat %s %s; it is left untouched and this run's expert heat is not saved: "
+                    "pass another path (or --heat off)\n", st->o.heat_path, why);
+}
+
+static void warn_unsaved(const df_store *st, int err) {
+    fprintf(stderr, "deltafin: warning: could not save the expert heat to %s: %s (use --heat PATH to save it "
+                    "elsewhere)\n", st->o.heat_path, strerror(err));
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -62,8 +178,14 @@ static int cmp_desc(const void *a, const void *b) {
 
 int store_heat_load(df_store *st) {
     double acq = 0;
-    float *heat = read_heat(st, &acq);
-    if (!heat) {
+    float *heat = NULL;
+    char why[256];
+    int r = read_heat(st, &heat, &acq, why, sizeof why);
+    if (r < 0) {
+        st->heat_keep = 1;
+        warn_kept(st, why);
+    }
+    if (r <= 0) {
         store_event(st, "\"ev\":\"heat\",\"path\":\"%s\",\"loaded\":0", st->o.heat_path);
         return 0;
     }
@@ -104,28 +226,45 @@ int store_heat_load(df_store *st) {
 }
 
 void store_heat_save(df_store *st) {
+    if (st->heat_keep) return;
     size_t n = (size_t)st->n_layers * st->n_experts;
     double run = 0;
     for (size_t i = 0; i < n; i++) run += st->count_run[i];
     if (run <= 0) return;
+    /* read again: another run may have saved since this one opened (or put something else there) */
     double acq = 0;
-    float *old = read_heat(st, &acq);
+    float *old = NULL;
+    char why[256];
+    if (read_heat(st, &old, &acq, why, sizeof why) < 0) {
+        warn_kept(st, why);
+        return;
+    }
     float *heat = calloc(n, sizeof(float));
-    if (!heat) { free(old); return; }
+    if (!heat) { free(old); warn_unsaved(st, ENOMEM); return; }
     double decay = pow(2.0, -run / st->o.heat_half_life);
     for (size_t i = 0; i < n; i++) heat[i] = (float)((old ? old[i] * decay : 0) + st->count_run[i]);
     free(old);
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", st->o.heat_path, (long)getpid()); /* concurrent runs */
+    char tmp[4200];
+    int len = snprintf(tmp, sizeof tmp, "%s.%ld.tmp", st->o.heat_path, (long)getpid()); /* concurrent runs */
+    if (len < 0 || (size_t)len >= sizeof tmp) { free(heat); warn_unsaved(st, ENAMETOOLONG); return; }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { free(heat); return; }
+    if (fd < 0) { int e = errno; free(heat); warn_unsaved(st, e); return; }
+    unsigned char hdr[HEADER];
     uint32_t nl = (uint32_t)st->n_layers, ne = (uint32_t)st->n_experts;
     uint64_t id = model_id(st);
     double total = acq + run;
-    int ok = write(fd, MAGIC, 8) == 8 && write(fd, &nl, 4) == 4 && write(fd, &ne, 4) == 4 && write(fd, &id, 8) == 8 &&
-             write(fd, &total, 8) == 8 && write(fd, heat, n * sizeof(float)) == (ssize_t)(n * sizeof(float));
-    ok = ok && fsync(fd) == 0;
-    close(fd);
+    memcpy(hdr, MAGIC, 8);
+    memcpy(hdr + 8, &nl, 4);
+    memcpy(hdr + 12, &ne, 4);
+    memcpy(hdr + 16, &id, 8);
+    memcpy(hdr + 24, &total, 8);
+    int err = 0;
+    if (write_full(fd, hdr, HEADER) || write_full(fd, heat, n * sizeof(float)) || fsync(fd)) err = errno;
+    if (close(fd) && !err) err = errno;
     free(heat);
-    if (!ok || rename(tmp, st->o.heat_path) != 0) unlink(tmp);
+    if (!err && rename(tmp, st->o.heat_path)) err = errno;
+    if (err) {
+        unlink(tmp);
+        warn_unsaved(st, err);
+    }
 }

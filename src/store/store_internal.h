@@ -117,6 +117,7 @@ struct df_store {
     double *count_run;          /* [n_layers * n_experts] acquisitions this run */
     uint64_t acq_total, clock;
     int no_heat;                /* store_set_heat_counting(st, 0): acquisitions update recency only */
+    int heat_keep;              /* heat_path holds something other than this model's heat file: never written */
     uint32_t *pf_issued, *pf_useful; /* [n_layers] prefetch guesses issued / later acquired */
     int hot_limit, hot_loaded;
 
@@ -162,7 +163,15 @@ void store_chunk_done(df_store *st, int d, store_chunk *c, int res, const char *
 /* store.c: job finished (mu NOT held); verifies and publishes. */
 void store_job_finish(df_store *st, store_job *j);
 /* store_heat.c */
+/* Loads o.heat_path at open: this model's heat file seeds the eviction score and forms the hot tier; a missing or
+ * empty file is created at close. Anything else there (not a regular file, unreadable, not a heat file, another
+ * model's, damaged) is not used and never written (heat_keep): one "deltafin: warning:" line on stderr says so.
+ * Returns 0 (no case is an error). */
 int store_heat_load(df_store *st);
+/* Saves this run's acquisitions into o.heat_path at close (decayed old heat + counts; tmp + fsync + rename). Not
+ * when heat_keep is set, or when the file has become something other than this model's heat file since (a warning,
+ * as at load). A failed write, fsync or rename prints one warning naming the path and strerror and removes the
+ * temporary file; the old file stays as it was. */
 void store_heat_save(df_store *st);
 void store_event(df_store *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
