@@ -10,7 +10,9 @@ BIN=${DF_BIN:-$ROOT/${BUILD:-build}/deltafin}
 [ -x "$BIN" ] || { echo "run-default.sh: $BIN not built (run make)" >&2; exit 1; }
 for d in "$ROOT"/models/kimi-mini/ "$ROOT"/models/*/; do
     if [ -f "$d/config.json" ] || [ -f "$d/manifest.json" ]; then
-        echo "+ deltafin run --model ${d%/} --prompt \"$PROMPT\" --max-new $MAXNEW --stats" >&2
+        # the command as a shell would take it back: the prompt in single quotes ($( ), backquotes and quotes literal)
+        sq="'\\''"
+        echo "+ deltafin run --model ${d%/} --prompt '${PROMPT//\'/$sq}' --max-new $MAXNEW --stats" >&2
         exec "$BIN" run --model "${d%/}" --prompt "$PROMPT" --max-new "$MAXNEW" --stats
     fi
 done

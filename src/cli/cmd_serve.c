@@ -177,6 +177,10 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
+    if (!c.mock && c.mock_delay_ms) {
+        fprintf(stderr, "deltafin serve: --mock-delay-ms applies to --mock only (the built-in test model)\n");
+        return 2;
+    }
     if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
     c.draft.draft = dopt.draft;
     c.draft.ngram_min = dopt.ngram_min;

@@ -409,7 +409,12 @@ void store_close(df_store *st) {
     if (st->events) {
         store_event(st, "\"ev\":\"close\",\"hits\":%llu,\"misses\":%llu", (unsigned long long)st->stats.hits,
                     (unsigned long long)st->stats.misses);
-        fclose(st->events);
+        /* a write that failed on the way (a full disk, /dev/full) shows in the stream's error flag or at fclose */
+        const int bad = ferror(st->events);
+        const int e = errno;
+        if (fclose(st->events) != 0 || bad)
+            fprintf(stderr, "deltafin: warning: the events file %s is incomplete: %s\n", st->o.events_path,
+                    strerror(bad ? e : errno));
     }
     for (int d = 0; d < st->n_drives; d++) pthread_cond_destroy(&st->drives[d].cv);
     free(st->layers); free(st->slots); free(st->free_stack); free(st->slot_of); free(st->verified);
