@@ -7,6 +7,8 @@
 #include "deltafin.h"
 #include "util/util.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,9 +197,26 @@ int cmd_convert(int argc, char **argv) {
                 df_signal_name(sig), pos[1]);
         return 128 + sig;
     }
-    if (!quiet)
+    if (!quiet) {
+        /* --spine bf16: exact only when every re-encoded value was a bf16 already (manifest.json records it) */
+        char note[160] = "";
+        if (o.spine == DF_SPINE_INT8) snprintf(note, sizeof note, ", NOT EXACT");
+        else if (o.spine == DF_SPINE_BF16) {
+            char man[4200], *buf = NULL;
+            size_t len = 0;
+            snprintf(man, sizeof man, "%.4000s/manifest.json", pos[1]);
+            cJSON *m = df_read_file(man, &buf, &len, NULL, 0) == 0 ? cJSON_ParseWithLength(buf, len) : NULL;
+            free(buf);
+            const cJSON *ll = cJSON_GetObjectItemCaseSensitive(m, "spine_bf16_lossless");
+            const cJSON *nl = cJSON_GetObjectItemCaseSensitive(m, "spine_lossy_tensors");
+            if (cJSON_IsTrue(ll)) snprintf(note, sizeof note, ", lossless: exact");
+            else if (cJSON_IsFalse(ll))
+                snprintf(note, sizeof note, ", NOT EXACT: %d spine tensors had values that are not bf16 (use --spine source)",
+                         cJSON_IsNumber(nl) ? nl->valueint : 0);
+            cJSON_Delete(m);
+        }
         fprintf(stderr, "deltafin convert: wrote %s (spine %s%s)\n", pos[1],
-                o.spine == DF_SPINE_SOURCE ? "source" : o.spine == DF_SPINE_BF16 ? "bf16" : "int8",
-                o.spine == DF_SPINE_INT8 ? ", NOT EXACT" : "");
+                o.spine == DF_SPINE_SOURCE ? "source" : o.spine == DF_SPINE_BF16 ? "bf16" : "int8", note);
+    }
     return 0;
 }
