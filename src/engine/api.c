@@ -149,15 +149,18 @@ static int file_exists(const char *dir, const char *name) {
 }
 
 /* A model converted into the cache: errors about its native files say to delete that cache directory
- * (the user never ran `deltafin convert`). Rewrites "re-run `deltafin convert`" or appends the hint. */
+ * (the user never ran `deltafin convert`). Rewrites "re-run `deltafin convert`" or "convert again", or appends the
+ * hint. */
 static void cache_hint(const char *cache_dir, char *err, size_t errlen) {
-    static const char rerun[] = "re-run `deltafin convert`";
+    static const char rerun[] = "re-run `deltafin convert`", again[] = "convert again";
     if (!cache_dir || !cache_dir[0] || !err || !errlen || !err[0]) return;
     char hint[4400], tmp[4096];
     snprintf(hint, sizeof hint, "delete the conversion cache %s and run again to re-convert", cache_dir);
     char *p = strstr(err, rerun);
+    size_t pl = sizeof rerun - 1;
+    if (!p && (p = strstr(err, again))) pl = sizeof again - 1;
     if (p) {
-        snprintf(tmp, sizeof tmp, "%s", p + strlen(rerun));
+        snprintf(tmp, sizeof tmp, "%s", p + pl);
         *p = 0;
         size_t l = strlen(err);
         snprintf(err + l, errlen - l, "%s%s", hint, tmp);
@@ -742,6 +745,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
     }
     sum->spine_ok = !msg[0] && !cancelled;
     if (msg[0]) {
+        if (converted) cache_hint(dir, msg, sizeof msg);
         df_verify_problem p = {-1, -1, n->spine_path, 0, n->spine_bytes, msg};
         if (report) report(user, &p);
         snprintf(first[n_first++], sizeof first[0], "spine.bin");
@@ -759,6 +763,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
             else close(tfd);
         }
         if (msg[0]) {
+            if (converted) cache_hint(dir, msg, sizeof msg);
             df_verify_problem p = {L->layer, -1, L->files[0], 0, (uint64_t)n->n_experts * L->stripe_bytes, msg};
             if (report) report(user, &p);
             if (n_first < 3) snprintf(first[n_first++], sizeof first[0], "layer %d", L->layer);
@@ -773,6 +778,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
             int r = native_read_expert(n, L->layer, e, buf, msg, sizeof msg);
             if (!r) r = native_verify_expert(n, L->layer, e, buf, msg, sizeof msg);
             if (r) {
+                if (converted) cache_hint(dir, msg, sizeof msg);
                 df_verify_problem p = {L->layer, e, L->files[0], (uint64_t)e * native_stripe_size(L, 0), native_stripe_size(L, 0), msg};
                 if (report) report(user, &p);
                 if (n_first < 3) snprintf(first[n_first++], sizeof first[0], "layer %d expert %d", L->layer, e);
