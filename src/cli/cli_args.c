@@ -121,10 +121,22 @@ const char *cli_cr(void) { return cli_stderr_tty() ? "\r" : ""; }
 /* the split argument vector (and the option names it points to) live as long as the process, as argv does; held
  * here so that they stay reachable until exit */
 static char **split_argv;
+/* which entries of split_argv are values split off an --option=value (split_val[i] for split_argv[i]) */
+static char *split_val;
+/* 1 with *opt = its option when a is a value split off an --option=value */
+static int split_is_value(const char *a, const char **opt) {
+    for (int i = 1; split_argv && split_val && split_argv[i]; i++)
+        if (split_argv[i] == a && split_val[i]) {
+            *opt = split_argv[i - 1];
+            return 1;
+        }
+    return 0;
+}
 
 int cli_split_option_values(int argc, char **argv, char ***out) {
     char **v = malloc(sizeof(char *) * (size_t)(2 * argc + 1));
-    if (!v) { *out = argv; return argc; }
+    char *isv = calloc((size_t)(2 * argc + 1), 1);
+    if (!v || !isv) { free(v); free(isv); *out = argv; return argc; }
     int n = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *eq = strchr(a, '=');
@@ -139,12 +151,15 @@ int cli_split_option_values(int argc, char **argv, char ***out) {
             char *name = strndup(a, k);
             if (!name) { v[n++] = argv[i]; continue; }
             v[n++] = name;
+            isv[n] = 1;
             v[n++] = (char *)(eq + 1);
         } else v[n++] = argv[i];
     }
     v[n] = NULL;
     free(split_argv);
+    free(split_val);
     split_argv = v;
+    split_val = isv;
     *out = v;
     return n;
 }
@@ -188,7 +203,10 @@ int cli_unknown_command(const char *a, const char *const *names) {
 
 int cli_unknown_option(const char *cmd, const char *a, const char *const *names, const char *const *names2) {
     const char *best = a[0] == '-' ? closest(a, names, names2) : NULL;
-    if (a[0] != '-')
+    const char *opt = NULL;
+    if (a[0] != '-' && split_is_value(a, &opt)) /* --flag=value for a flag that takes none */
+        fprintf(stderr, "deltafin %s: %s takes no value (given '%s=%s'; see deltafin %s --help)\n", cmd, opt, opt, a, cmd);
+    else if (a[0] != '-')
         fprintf(stderr, "deltafin %s: unexpected argument '%s' (see deltafin %s --help)\n", cmd, a, cmd);
     else if (best)
         fprintf(stderr, "deltafin %s: unknown option '%s', did you mean '%s'? (see deltafin %s --help)\n", cmd, a, best, cmd);
