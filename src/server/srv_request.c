@@ -244,6 +244,20 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
     cJSON *v;
     if (!root) {
         size_t off = end && end >= body ? (size_t)(end - body) : 0;
+        /* cJSON stops at CJSON_NESTING_LIMIT levels of arrays / objects: say so rather than point at valid JSON */
+        int depth = 0, in_str = 0;
+        for (size_t i = 0; i < off && i < len; i++) {
+            const char c = body[i];
+            if (in_str) {
+                if (c == '\\') i++;
+                else if (c == '"') in_str = 0;
+            } else if (c == '"') in_str = 1;
+            else if (c == '[' || c == '{') depth++;
+            else if (c == ']' || c == '}') depth--;
+        }
+        if (depth >= CJSON_NESTING_LIMIT)
+            FAIL(NULL, "The JSON body of your request nests arrays / objects more than %d levels deep (at byte %zu); "
+                       "this server accepts at most %d.", CJSON_NESTING_LIMIT, off, CJSON_NESTING_LIMIT);
         FAIL(NULL, "We could not parse the JSON body of your request (error near byte %zu). "
                    "The OpenAI API expects a JSON payload.", off);
     }
