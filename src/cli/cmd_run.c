@@ -62,7 +62,7 @@ static void run_usage(FILE *f) {
             "                       --ram-budget the whole cache, without ~1 GiB ahead of the loads; alias env\n"
             "                       DF_PREFAULT=1|on|0|off)\n"
             "  --io-depth N         expert reads in flight per drive (16)\n"
-            "  --io-size SIZE       bytes of one expert read request, a multiple of 4K (1M)\n"
+            "  --io-size SIZE       bytes of one expert read request, a multiple of 4K, at most 64M (1M)\n"
             "  --preload            read every routed expert into memory before the prompt (GPU memory first with\n"
             "                       --backend cuda, then the host cache; nothing is evicted for it; refused on a\n"
             "                       streamed install, where it would fetch the whole model)\n"
