@@ -177,6 +177,11 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
+    if (c.mock && c.model_path) {
+        fprintf(stderr, "deltafin serve: --mock serves the built-in byte-level test model: drop --model %s, or drop --mock\n",
+                c.model_path);
+        return 2;
+    }
     if (!c.mock && c.mock_delay_ms) {
         fprintf(stderr, "deltafin serve: --mock-delay-ms applies to --mock only (the built-in test model)\n");
         return 2;
