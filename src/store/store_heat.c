@@ -244,8 +244,11 @@ void store_heat_save(df_store *st) {
     double decay = pow(2.0, -run / st->o.heat_half_life);
     for (size_t i = 0; i < n; i++) heat[i] = (float)((old ? old[i] * decay : 0) + st->count_run[i]);
     free(old);
+    /* a heat path that is a symbolic link is saved into the file it names (the link stays a link) */
+    char target[4096];
+    if (!realpath(st->o.heat_path, target)) snprintf(target, sizeof target, "%s", st->o.heat_path);
     char tmp[4200];
-    int len = snprintf(tmp, sizeof tmp, "%s.%ld.tmp", st->o.heat_path, (long)getpid()); /* concurrent runs */
+    int len = snprintf(tmp, sizeof tmp, "%s.%ld.tmp", target, (long)getpid()); /* concurrent runs */
     if (len < 0 || (size_t)len >= sizeof tmp) { free(heat); warn_unsaved(st, ENAMETOOLONG); return; }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) { int e = errno; free(heat); warn_unsaved(st, e); return; }
@@ -262,7 +265,7 @@ void store_heat_save(df_store *st) {
     if (write_full(fd, hdr, HEADER) || write_full(fd, heat, n * sizeof(float)) || fsync(fd)) err = errno;
     if (close(fd) && !err) err = errno;
     free(heat);
-    if (!err && rename(tmp, st->o.heat_path)) err = errno;
+    if (!err && rename(tmp, target)) err = errno;
     if (err) {
         unlink(tmp);
         warn_unsaved(st, err);
