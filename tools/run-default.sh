@@ -11,8 +11,8 @@ BIN=${DF_BIN:-$ROOT/${BUILD:-build}/deltafin}
 for d in "$ROOT"/models/kimi-mini/ "$ROOT"/models/*/; do
     if [ -f "$d/config.json" ] || [ -f "$d/manifest.json" ]; then
         # the command as a shell would take it back: the prompt in single quotes ($( ), backquotes and quotes literal)
-        sq="'\\''"
-        echo "+ deltafin run --model ${d%/} --prompt '${PROMPT//\'/$sq}' --max-new $MAXNEW --stats" >&2
+        sq="'\\''" m=${d%/}
+        echo "+ deltafin run --model '${m//\'/$sq}' --prompt '${PROMPT//\'/$sq}' --max-new '${MAXNEW//\'/$sq}' --stats" >&2
         exec "$BIN" run --model "${d%/}" --prompt "$PROMPT" --max-new "$MAXNEW" --stats
     fi
 done

@@ -13,16 +13,20 @@
  * XXH64 of the absolute source path and the name, size and mtime of every
  * source file (config.json, *.safetensors, the index, tokenizer files) and the
  * spine mode; a directory whose manifest.json exists is reused as is, read only
- * (no lock, nothing written). A lock file <dir>.lock serialises concurrent
+ * (no lock file, nothing written). A lock file <dir>.lock serialises concurrent
  * conversions of the same key (a process that has to wait says so on stderr; the
  * holder removes it when done). SIGINT / SIGTERM / SIGHUP during the conversion
- * stop it: every file it wrote and its directory are removed, one line says so on
- * stderr, and the signal is raised again under the caller's previous handler
- * (DF_ECANCELLED if that returns). After a new conversion, the earlier conversions
- * of the same source directory and mode (made before its files changed) are
- * removed, each reported on stderr. On success out_dir holds the native model
- * directory. cache_root NULL -> $XDG_CACHE_HOME/deltafin (when absolute) or
- * $HOME/.cache/deltafin. */
+ * (unblocked in the calling thread meanwhile) stop it: every file it wrote and its
+ * directory are removed, one line says so on stderr, and the signal is raised again
+ * under the caller's previous disposition (DF_ECANCELLED if that returns); one that
+ * comes after the last point where it can stop keeps the complete conversion and is
+ * raised again the same way. The process then holds a shared flock on the
+ * conversion's directory until it ends. After a new conversion, while the source's
+ * key is unchanged, the cache's stale conversions of it are removed, each reported on
+ * stderr: complete ones of the same source directory and mode made before its files
+ * changed, and unfinished ones a killed run left; never one a process holds (that
+ * shared flock) or is writing. On success out_dir holds the native model directory.
+ * cache_root NULL -> $XDG_CACHE_HOME/deltafin (when absolute) or $HOME/.cache/deltafin. */
 int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
                    char *out_dir, size_t out_len, char *err, size_t errlen);
 

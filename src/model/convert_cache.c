@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,14 +77,28 @@ static void remove_conversion(const char *dir) {
     rmdir(dir);
 }
 
-/* After a new conversion of the checkpoint at abs into root/name: the earlier conversions of that same directory
- * with the same spine mode (manifest.json "source"."dir" and "spine_mode"), made before its files changed, are
- * stale (no run can ask for their key again): removed, each reported on stderr. Conversions of other paths, ones
- * holding anything but regular files, and ones whose lock another process holds are left alone. */
-static void prune_stale(const char *root, const char *name, const char *abs, const char *mode) {
+/* A process using a conversion holds a shared flock on its directory until it ends, so that no other process
+ * removes the conversion under it (prune_stale takes an exclusive one first). Best effort: a failure only loses that
+ * protection. */
+static void hold_reader(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0) close(fd);
+    /* else the descriptor stays open (and locked) for the life of the process */
+}
+
+/* After a new conversion of the checkpoint at abs into root/name (key still current: its files did not change again
+ * meanwhile), the cache's other conversions of it with the same spine mode are stale (no run can ask for their key):
+ *   - complete ones whose manifest.json names abs as "source"."dir" and the same "spine_mode", made before its files
+ *     changed;
+ *   - partial ones (no manifest.json) of a checkpoint with the same directory name, left by a killed run (no process
+ *     holds their lock file).
+ * Each is removed and reported on stderr unless a process is using it (a shared lock on the directory: hold_reader),
+ * is writing it (its lock file), or it holds anything but regular files. */
+static void prune_stale(const char *root, const char *name, const char *abs, const char *base, const char *mode) {
     DIR *d = opendir(root);
     if (!d) return;
-    const size_t ml = strlen(mode);
+    const size_t ml = strlen(mode), bl = strlen(base);
     struct dirent *de;
     char dir[4700], man[4800], lock[4800];
     while ((de = readdir(d))) {
@@ -92,49 +107,49 @@ static void prune_stale(const char *root, const char *name, const char *abs, con
             continue;
         snprintf(dir, sizeof dir, "%s/%s", root, de->d_name);
         snprintf(man, sizeof man, "%s/manifest.json", dir);
+        int same = 0, partial = 0;
         char *buf = NULL;
         size_t len = 0;
-        if (df_read_file(man, &buf, &len, NULL, 0) != 0) continue;
-        cJSON *m = cJSON_ParseWithLength(buf, len);
+        if (df_read_file(man, &buf, &len, NULL, 0) == 0) {
+            cJSON *m = cJSON_ParseWithLength(buf, len);
+            const cJSON *src = cJSON_GetObjectItemCaseSensitive(m, "source");
+            const cJSON *sd = cJSON_GetObjectItemCaseSensitive(src, "dir");
+            const cJSON *sm = cJSON_GetObjectItemCaseSensitive(m, "spine_mode");
+            same = cJSON_IsString(sd) && !strcmp(sd->valuestring, abs) && cJSON_IsString(sm) && !strcmp(sm->valuestring, mode);
+            cJSON_Delete(m);
+        } else if (df_is_dir(dir)) {
+            partial = l == bl + 1 + 16 + 1 + ml && !strncmp(de->d_name, base, bl) && de->d_name[bl] == '-';
+        }
         free(buf);
-        const cJSON *src = cJSON_GetObjectItemCaseSensitive(m, "source");
-        const cJSON *sd = cJSON_GetObjectItemCaseSensitive(src, "dir");
-        const cJSON *sm = cJSON_GetObjectItemCaseSensitive(m, "spine_mode");
-        const int same = cJSON_IsString(sd) && !strcmp(sd->valuestring, abs) && cJSON_IsString(sm) && !strcmp(sm->valuestring, mode);
-        cJSON_Delete(m);
-        if (!same) continue;
+        if (!same && !partial) continue;
         const int64_t bytes = conversion_bytes(dir);
         if (bytes < 0) continue;
         snprintf(lock, sizeof lock, "%s.lock", dir);
         int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0) continue;
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-            remove_conversion(dir);
-            unlink(lock);
-            fprintf(stderr, "deltafin: removed %s (%.2f GB), the conversion of %s before its files changed\n", dir,
-                    (double)bytes / 1e9, abs);
+        int dfd = -1;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) { /* nobody is writing it */
+            if ((dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0 && flock(dfd, LOCK_EX | LOCK_NB) == 0) {
+                remove_conversion(dir);
+                fprintf(stderr, "deltafin: removed %s (%.2f GB), %s\n", dir, (double)bytes / 1e9,
+                        same ? "a conversion made before the checkpoint's files changed"
+                             : "a conversion that a killed run left unfinished");
+            }
+            unlink(lock); /* held: no writer waits on it */
         }
+        if (dfd >= 0) close(dfd);
         close(fd);
     }
     closedir(d);
 }
 
-int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
-                   char *out_dir, size_t out_len, char *err, size_t errlen) {
-    char abs[4096], root[3000], name[512], path[4600];
-    if (!realpath(hf_dir, abs)) return df_set_errc(err, errlen, DF_EIO, "model directory %s: %s", hf_dir, strerror(errno));
-    /* XDG_CACHE_HOME only when absolute (the XDG base directory specification: a relative one is ignored) */
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (cache_root && *cache_root) snprintf(root, sizeof root, "%s", cache_root);
-    else if (xdg && xdg[0] == '/') snprintf(root, sizeof root, "%s/deltafin", xdg);
-    else if (home && *home) snprintf(root, sizeof root, "%s/.cache/deltafin", home);
-    else
-        return df_set_errc(err, errlen, DF_EINVAL,
-                           "no directory for the conversion cache: pass --cache-dir DIR, or set HOME or XDG_CACHE_HOME "
-                           "(an absolute path)");
+/* The cache key of the checkpoint at abs (absolute): XXH64 of the layout version, the path, the spine mode and the
+ * (name, size, mtime) of each source file, names in order. */
+static uint64_t source_key(const char *abs, df_spine_mode spine) {
+    char path[4600];
     /* key: absolute path + (name, size, mtime) of each source file + spine mode */
     DIR *d = opendir(abs);
-    if (!d) return df_set_errc(err, errlen, DF_EIO, "cannot open directory %s: %s", abs, strerror(errno));
+    if (!d) return 0; /* unreadable: the conversion reports it */
     char **names = NULL;
     int n = 0;
     struct dirent *de;
@@ -166,8 +181,25 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
         free(names[i]);
     }
     free(names);
-    uint64_t key = XXH64_digest(h);
+    const uint64_t key = XXH64_digest(h);
     XXH64_freeState(h);
+    return key;
+}
+
+int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
+                   char *out_dir, size_t out_len, char *err, size_t errlen) {
+    char abs[4096], root[3000], name[512], path[4600];
+    if (!realpath(hf_dir, abs)) return df_set_errc(err, errlen, DF_EIO, "model directory %s: %s", hf_dir, strerror(errno));
+    /* XDG_CACHE_HOME only when absolute (the XDG base directory specification: a relative one is ignored) */
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (cache_root && *cache_root) snprintf(root, sizeof root, "%s", cache_root);
+    else if (xdg && xdg[0] == '/') snprintf(root, sizeof root, "%s/deltafin", xdg);
+    else if (home && *home) snprintf(root, sizeof root, "%s/.cache/deltafin", home);
+    else
+        return df_set_errc(err, errlen, DF_EINVAL,
+                           "no directory for the conversion cache: pass --cache-dir DIR, or set HOME or XDG_CACHE_HOME "
+                           "(an absolute path)");
+    const uint64_t key = source_key(abs, spine);
     char hx[17];
     df_xxh64_hex(key, hx);
     const char *base = strrchr(abs, '/');
@@ -182,7 +214,10 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     snprintf(man, sizeof man, "%s/manifest.json", path);
     /* a complete conversion (its manifest is written last) is only read: no lock, nothing written (a cache the
      * user can read but not write still serves it) */
-    if (df_path_exists(man)) return DF_OK;
+    if (df_path_exists(man)) {
+        hold_reader(path);
+        return DF_OK;
+    }
 
     int rc = df_mkdir_p(root, err, errlen);
     if (rc) {
@@ -227,25 +262,41 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
         static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
         struct sigaction old[3];
         for (int i = 0; i < 3; i++) sigaction(sigs[i], NULL, &old[i]);
+        /* a caller that blocks these signals (the server, which takes them in a thread of its own) still gets this
+         * conversion stopped by them: unblocked in this thread meanwhile */
+        sigset_t ss, old_mask;
+        sigemptyset(&ss);
+        for (int i = 0; i < 3; i++) sigaddset(&ss, sigs[i]);
+        pthread_sigmask(SIG_UNBLOCK, &ss, &old_mask);
         df_interrupt_install();
         rc = df_convert(abs, path, &o, err, errlen);
         for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
+        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
         const int sig = df_interrupted();
         df_interrupt_clear();
         converted = rc == DF_OK;
         if (rc) rmdir(path); /* df_convert removed its files; the directory too when nothing else is in it */
-        if (sig && rc == DF_ECANCELLED) {
-            rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s: the conversion into %s stopped and removed "
-                             "every file it had written", df_signal_name(sig), path);
+        if (sig) { /* stopped (its files removed), or too late to stop: the conversion is complete and kept */
+            if (rc == DF_ECANCELLED)
+                rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s: the conversion into %s stopped and removed "
+                                 "every file it had written", df_signal_name(sig), path);
+            else if (rc == DF_OK)
+                rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s after the conversion into %s had finished: "
+                                 "it is complete and was kept", df_signal_name(sig), path);
             unlink(lock);
             close(fd);
-            fprintf(stderr, "deltafin: %s\n", err ? err : "interrupted");
-            raise(sig); /* under the caller's disposition (by default: the process ends as by the signal) */
-            return rc;
+            if (rc == DF_ECANCELLED) {
+                fprintf(stderr, "deltafin: %s\n", err ? err : "interrupted");
+                raise(sig); /* under the caller's disposition (by default: the process ends as by the signal) */
+            }
+            return rc; /* DF_ECANCELLED when the caller's handler returned, or the conversion's own error */
         }
     }
     unlink(lock);
     close(fd);
-    if (converted) prune_stale(root, name, abs, convert_spine_mode_name(spine));
+    if (rc == DF_OK) hold_reader(path);
+    /* only while the checkpoint's files are still those of this conversion (a run of older files that finishes after
+     * a newer one must not remove the newer one) */
+    if (converted && source_key(abs, spine) == key) prune_stale(root, name, abs, base, convert_spine_mode_name(spine));
     return rc;
 }
