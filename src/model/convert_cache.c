@@ -267,8 +267,8 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
         sigset_t ss, old_mask;
         sigemptyset(&ss);
         for (int i = 0; i < 3; i++) sigaddset(&ss, sigs[i]);
+        df_interrupt_install(); /* first: one pending while blocked is then taken by this handler at the unblock */
         pthread_sigmask(SIG_UNBLOCK, &ss, &old_mask);
-        df_interrupt_install();
         rc = df_convert(abs, path, &o, err, errlen);
         for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
         pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
