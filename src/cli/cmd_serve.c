@@ -28,6 +28,7 @@ static void serve_usage(FILE *f) {
             "  --prefault MODE          auto (on) | on | off: fault the expert cache in before its first reads\n"
             "  --io-depth N             expert reads in flight per drive (16)\n"
             "  --io-size SIZE           bytes of one expert read request, a multiple of 4K, at most 64M (1M)\n"
+            "  --cache-dir DIR          where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n"
             "  --preload                read every routed expert into memory before serving (GPU memory first with\n"
             "                           --backend cuda, then the host cache; nothing is evicted for it; refused on\n"
             "                           a streamed install, where it would fetch the whole model)\n"
@@ -59,7 +60,7 @@ static void serve_usage(FILE *f) {
 
 /* serve's options (the --draft* ones are cli_draft_flags): what an unknown option is compared with */
 static const char *const serve_options[] = {
-    "--help", "--model", "--host", "--port", "--port-file", "--ram-budget", "--threads", "--backend", "--gpu-budget",
+    "--help", "--model", "--cache-dir", "--host", "--port", "--port-file", "--ram-budget", "--threads", "--backend", "--gpu-budget",
     "--ctx", "--prefetch", "--prefault", "--io-depth", "--io-size", "--preload", "--max-tokens", "--max-request-bytes", "--parallel", "--queue",
     "--api-key", "--cors", "--no-kv-reuse", "--keepalive", "--timeout", "--max-connections", "--mock", "--mock-delay-ms",
     "--mock-kimi", "--verbose", NULL};
@@ -100,6 +101,7 @@ int cmd_serve(int argc, char **argv) {
 #define NEED() do { if (!v) { fprintf(stderr, "deltafin serve: %s needs a value\n", a); return 2; } i++; } while (0)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { serve_usage(stdout); return 0; }
         else if (!strcmp(a, "--model")) { NEED(); c.model_path = v; }
+        else if (!strcmp(a, "--cache-dir")) { NEED(); c.cache_dir = v; }
         else if (!strcmp(a, "--host")) { NEED(); c.host = v; }
         else if (!strcmp(a, "--port")) { NEED(); if (parse_int(a, v, 0, 65535, &c.port)) return 2; }
         else if (!strcmp(a, "--port-file")) { NEED(); c.port_file = v; }

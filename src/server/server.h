@@ -48,6 +48,7 @@ typedef struct {
     int io_depth;             /* df_model_opts.io_depth: expert reads in flight per drive; 0 = 16 */
     uint64_t io_size;         /* df_model_opts.io_size: bytes of one expert read; 0 = 1 MiB */
     int preload;              /* 1: every routed expert read into memory at start (df_model_preload) */
+    const char *cache_dir;    /* df_model_opts.cache_dir: where a Hugging Face checkpoint is converted; NULL = default */
     srv_draft_config draft;   /* speculative decoding; draft.draft NULL = off */
 } srv_config;
 

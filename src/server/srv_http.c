@@ -704,6 +704,7 @@ int srv_serve(const srv_config *cfg) {
         mo.prefault = cfg->prefault;
         mo.io_depth = cfg->io_depth;
         mo.io_size = cfg->io_size;
+        mo.cache_dir = cfg->cache_dir;
         rc = srv_backend_open_model(&S.be, cfg->model_path, &mo, cfg->n_ctx, S.n_workers, cfg->preload, err, sizeof err);
         if (!rc && (rc = srv_backend_set_draft(S.be, &cfg->draft, &mo, err, sizeof err))) {
             S.be->close(S.be);
