@@ -16,6 +16,7 @@
 #include "deltafin.h"
 #include "model/convert.h"
 #include "model/native.h"
+#include "util/util.h"
 #include "store/store.h"
 #include "store/store_bench.h"
 #include <errno.h>
@@ -93,7 +94,10 @@ int bench_native_model(const char *cmd, const char **model, char *conv, size_t c
     if (!cli_is_file(*model, "config.json")) return bench_check_native(cmd, *model);
     df_model_opts co;
     df_model_opts_default(&co);
-    if (convert_cached(*model, co.cache_dir, co.spine, NULL, NULL, conv, cap, err, sizeof err)) {
+    df_progress_printer pp; /* a first-use conversion shows its progress on stderr, as run's does */
+    df_progress_printer_init(&pp, stderr, "converting");
+    if (convert_cached(*model, co.cache_dir, co.spine, df_progress_print, &pp, conv, cap, err, sizeof err)) {
+        if (pp.t_last > pp.t_start && !pp.finished) fputc('\n', stderr);
         fprintf(stderr, "deltafin bench %s: %s: %s\n", cmd, *model, err);
         return 1;
     }
