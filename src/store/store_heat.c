@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #include "store_internal.h"
 #include "deltafin.h"
+#include "util/util.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -42,32 +43,6 @@ static uint64_t model_id(const df_store *st) {
     uint64_t r = XXH64_digest(h);
     XXH64_freeState(h);
     return r;
-}
-
-/* Reads up to n bytes (fewer only at the end of the file); -1 with errno on a read error. */
-static ssize_t read_full(int fd, void *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return -1;
-        if (r == 0) break;
-        got += (size_t)r;
-    }
-    return (ssize_t)got;
-}
-
-/* Writes all n bytes; 0, or -1 with errno. */
-static int write_full(int fd, const void *buf, size_t n) {
-    size_t put = 0;
-    while (put < n) {
-        ssize_t r = write(fd, (const char *)buf + put, n - put);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return -1;
-        if (r == 0) { errno = EIO; return -1; }
-        put += (size_t)r;
-    }
-    return 0;
 }
 
 /* The first n bytes as a C string literal's contents (printable ASCII as is, the rest escaped). */
@@ -108,15 +83,15 @@ static int read_heat(const df_store *st, float **heat, double *acq, char *why, s
         return -1;
     }
     unsigned char hdr[HEADER];
-    ssize_t got = read_full(fd, hdr, HEADER);
-    int rc = -1;
-    if (got < 0) {
-        snprintf(why, whylen, "cannot be read (%s)", strerror(errno));
+    const size_t got = sb.st_size < HEADER ? (size_t)sb.st_size : HEADER; /* a short file: its bytes, for the message */
+    int rc = -1, e = df_pread_all(fd, hdr, got, 0);
+    if (e) {
+        snprintf(why, whylen, "cannot be read (%s)", strerror(-e));
         goto out;
     }
     if (got < 8 || memcmp(hdr, MAGIC, 8)) {
         char q[48];
-        quote_bytes(hdr, got < 8 ? (size_t)got : 8, q, sizeof q);
+        quote_bytes(hdr, got < 8 ? got : 8, q, sizeof q);
         snprintf(why, whylen, "is not a deltafin heat file (it starts with \"%s\")", q);
         goto out;
     }
@@ -147,9 +122,8 @@ static int read_heat(const df_store *st, float **heat, double *acq, char *why, s
         snprintf(why, whylen, "cannot be read (%s)", strerror(ENOMEM));
         goto out;
     }
-    got = read_full(fd, *heat, n * sizeof(float));
-    if (got != (ssize_t)(n * sizeof(float))) {
-        snprintf(why, whylen, "cannot be read (%s)", got < 0 ? strerror(errno) : "it shrank while being read");
+    if ((e = df_pread_all(fd, *heat, n * sizeof(float), HEADER))) {
+        snprintf(why, whylen, "cannot be read (%s)", e == -EIO ? "it shrank while being read" : strerror(-e));
         free(*heat);
         *heat = NULL;
         goto out;
@@ -261,8 +235,9 @@ void store_heat_save(df_store *st) {
     memcpy(hdr + 12, &ne, 4);
     memcpy(hdr + 16, &id, 8);
     memcpy(hdr + 24, &total, 8);
-    int err = 0;
-    if (write_full(fd, hdr, HEADER) || write_full(fd, heat, n * sizeof(float)) || fsync(fd)) err = errno;
+    int err = -df_pwrite_all(fd, hdr, HEADER, 0);
+    if (!err) err = -df_pwrite_all(fd, heat, n * sizeof(float), HEADER);
+    if (!err && fsync(fd)) err = errno;
     if (close(fd) && !err) err = errno;
     free(heat);
     if (!err && rename(tmp, target)) err = errno;
