@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "test_util.h"
+#include "test_store_fixture.h"
 #include "deltafin.h"
 #include "model/native.h"
 #include "store/store.h"
@@ -23,9 +24,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-enum { NL = 3, NE = 8, H = 64, I = 40 };
-#define STRIDE 16384u
-#define EXTENT 15360u
 #define HEAT_BYTES (32 + NL * NE * 4)
 
 typedef struct {
@@ -44,27 +42,7 @@ static void make_fixture(fixture *fx, const char *tag, unsigned seed) {
     snprintf(fx->root, sizeof fx->root, "%s/%s", g_dir, tag);
     if (mkdir(fx->root, 0755)) { perror(fx->root); exit(1); }
     df_native *n = &fx->nat;
-    snprintf(n->dir, sizeof n->dir, "%s", fx->root);
-    snprintf(n->name, sizeof n->name, "%s", tag);
-    n->cfg.num_hidden_layers = NL;
-    n->cfg.num_experts_per_tok = 2;
-    n->cfg.n_routed_experts = NE;
-    n->cfg.hidden_size = H;
-    n->cfg.moe_intermediate_size = I;
-    n->expert_type = DF_W_BF16;
-    n->n_experts = NE;
-    n->extent_bytes = EXTENT;
-    n->stride = STRIDE;
-    const char *pn[3] = {"gate", "up", "down"};
-    for (int p = 0; p < 3; p++) {
-        snprintf(n->parts[p].name, sizeof n->parts[p].name, "%s", pn[p]);
-        n->parts[p].rows = p == 2 ? H : I;
-        n->parts[p].cols = p == 2 ? I : H;
-        n->parts[p].offset = (uint64_t)p * 5120;
-        n->parts[p].bytes = 5120;
-    }
-    n->n_moe_layers = 2;
-    n->moe_layers = fx->layers;
+    fixture_native_init(n, fx->layers, fx->root, tag);
     uint8_t *pack = calloc(NE, STRIDE);
     for (int li = 0; li < 2; li++) {
         native_expert_layer *L = &fx->layers[li];

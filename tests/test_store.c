@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include "test_util.h"
+#include "test_store_fixture.h"
 #include "deltafin.h"
 #include "model/native.h"
 #include "store/store.h"
@@ -30,9 +31,6 @@ __attribute__((weak)) void native_expert_views(const df_native *n, const void *e
     }
 }
 
-enum { NL = 3, NE = 8, H = 64, I = 40 };
-#define STRIDE 16384u
-#define EXTENT 15360u
 
 static uint8_t pattern(int l, int e, uint64_t i) {
     if (i >= EXTENT) return 0;
@@ -63,27 +61,7 @@ static void make_fixture(fixture *fx, const char *tag, int n_dirs) {
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/d0 %s/d1 %s/d2", fx->root, fx->root, fx->root, fx->root);
     if (system(cmd)) exit(1);
     df_native *n = &fx->nat;
-    snprintf(n->dir, sizeof n->dir, "%s", fx->root);
-    snprintf(n->name, sizeof n->name, "fixture");
-    n->cfg.num_hidden_layers = NL;
-    n->cfg.num_experts_per_tok = 2;
-    n->cfg.n_routed_experts = NE;
-    n->cfg.hidden_size = H;
-    n->cfg.moe_intermediate_size = I;
-    n->expert_type = DF_W_BF16;
-    n->n_experts = NE;
-    n->extent_bytes = EXTENT;
-    n->stride = STRIDE;
-    const char *pn[3] = {"gate", "up", "down"};
-    for (int p = 0; p < 3; p++) {
-        snprintf(n->parts[p].name, sizeof n->parts[p].name, "%s", pn[p]);
-        n->parts[p].rows = p == 2 ? H : I;
-        n->parts[p].cols = p == 2 ? I : H;
-        n->parts[p].offset = (uint64_t)p * 5120;
-        n->parts[p].bytes = 5120;
-    }
-    n->n_moe_layers = 2;
-    n->moe_layers = fx->layers;
+    fixture_native_init(n, fx->layers, fx->root, "fixture");
     uint64_t stripe = n_dirs == 1 ? STRIDE : ((STRIDE / n_dirs + 4095) / 4096 * 4096);
     static uint8_t ext[STRIDE];
     for (int li = 0; li < 2; li++) {
