@@ -16,6 +16,8 @@
  *     encoding, rows of several sequences, batch invariance.
  *   - the attention core's device mirrors of latent caches (seq_key): decode, rollback, growth, several
  *     sequences and unkeyed rows in one call, each bitwise equal to the unmirrored call; seq_forget.
+ *   - the whole MLA block (df_cuda_mla_block) bitwise equal to its steps as separate calls, alone or batched,
+ *     mirrored or not.
  * Without a CUDA device (or in a build without the backend) it prints why,
  * "skipped" and its closing line, and exits 77 (CTest: skipped). */
 #include "engine/engine.h"
@@ -917,6 +919,149 @@ static void test_mla_mirror(void) {
     df_cuda_cache_clear();
 }
 
+/* ---- The whole MLA block (df_cuda_mla_block) ---- */
+
+enum { BD = 128, BH = 4, BDN = 32, BDR = 16, BDV = 24, BKVL = 96, BR = 64, BE = 16, BQD = BDN + BDR, BNC = 64 };
+
+/* rope(v, cs) as df_backend.mla_block defines it (engine/rope.c rope_apply with its cos/sin table). */
+static void host_rope(const float *v, const float *cs, int dim, float *out) {
+    const int half = dim / 2;
+    for (int i = 0; i < half; i++) {
+        const float a = v[2 * i], b = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+        out[i] = a * c - b * s;
+        out[i + half] = b * c + a * s;
+    }
+}
+
+/* The block's steps as separate GPU calls (and the RoPE and residual on the host), T rows; the cache rows written. */
+static int ref_block(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c, float *const *kpe,
+                     const int *npos, float *xo, float *h2, float *lg) {
+    enum { MT = 8 };
+    static float h[MT * BD], q[MT * BH * BQD], kva[MT * (BKVL + BDR)], a[MT * BD];
+    if (T > MT) return -1;
+    int rc = df_cuda_rmsnorm(h, x, b->attn_norm, T, BD, b->eps) |
+             df_cuda_mla_project(b->q_a, b->q_a_norm, b->lora_eps, b->q_b, b->q_proj, b->kv_a, h, T, q, kva);
+    for (int t = 0; t < T && !rc; t++) {
+        const float *row = kva + t * (BKVL + BDR);
+        rc |= df_cuda_rmsnorm(c[t] + (npos[t] - 1) * BKVL, row, b->kv_a_norm, 1, BKVL, b->lora_eps);
+        float *kp = kpe[t] + (npos[t] - 1) * BDR, qr[BDR];
+        if (cs) host_rope(row + BKVL, cs + t * BDR, BDR, kp);
+        else memcpy(kp, row + BKVL, sizeof(float) * BDR);
+        for (int hh = 0; hh < BH && cs; hh++) {
+            float *qp = q + (t * BH + hh) * BQD + BDN;
+            host_rope(qp, cs + t * BDR, BDR, qr);
+            memcpy(qp, qr, sizeof qr);
+        }
+    }
+    rc |= df_cuda_mla_attend_o(b->kv_b, T, BH, BDN, BDR, BDV, BKVL, b->scale, q, (const float *const *)c,
+                               (const float *const *)kpe, npos, NULL, b->o, a);
+    for (int i = 0; i < T * BD; i++) xo[i] = x[i] + a[i];
+    rc |= df_cuda_rmsnorm(h2, xo, b->ffn_norm, T, BD, b->eps);
+    if (b->router) rc |= df_cuda_matmul(b->router, h2, T, lg);
+    return rc;
+}
+
+/* One cache set: sequence A (rows at positions 5..7 of a prompt) and B (a decode row at 40). */
+typedef struct { float c[2][BNC * BKVL], p[2][BNC * BDR]; } bcaches;
+
+/* df_cuda_mla_block: bitwise its steps as separate GPU calls (ref_block), the cache rows it writes included, for a
+ * call with two sequences (a 3-row prompt and a decode row); the same bits for each sequence alone and for the
+ * prompt's rows one call each; mirrored caches (seq_key) as unkeyed ones, over a prompt and two decode steps; the
+ * q_proj form with an fp8 kv_b, and a layer without rotary or router. */
+static void test_mla_block(void) {
+    const float eps = 1e-5f, leps = 1e-6f;
+    static bcaches base, ca, cb, cc;
+    for (int form = 0; form < 3; form++) {
+        df_weight qa = make_weight(DF_W_BF16, BR, BD), qb = make_weight(form ? DF_W_BF16 : DF_W_MXFP4, BH * BQD, BR);
+        df_weight qp = make_weight(DF_W_BF16, BH * BQD, BD), kva = make_weight(DF_W_BF16, BKVL + BDR, BD);
+        df_weight kvb = make_weight(form == 1 ? DF_W_FP8_B128 : DF_W_BF16, BH * (BDN + BDV), BKVL);
+        df_weight ow = make_weight(DF_W_MXFP4, BD, BH * BDV), rw = make_weight(DF_W_BF16, BE, BD);
+        static float an[BD], fn[BD], qan[BR], kvn[BKVL];
+        for (int i = 0; i < BD; i++) { an[i] = 0.5f + rndf(); fn[i] = 0.5f + rndf(); }
+        for (int i = 0; i < BR; i++) qan[i] = 0.5f + rndf();
+        for (int i = 0; i < BKVL; i++) kvn[i] = 0.5f + rndf();
+        const df_mla_block b = {an, fn, eps, form == 1 ? NULL : &qa, form == 1 ? NULL : &qb, form == 1 ? &qp : NULL,
+                                &kva, &kvb, &ow, form == 2 ? NULL : &rw, form == 1 ? NULL : qan, kvn, leps,
+                                BH, BDN, BDR, BDV, BKVL, 0.125f};
+        for (int s = 0; s < 2; s++) {
+            for (int i = 0; i < BNC * BKVL; i++) base.c[s][i] = rndf();
+            for (int i = 0; i < BNC * BDR; i++) base.p[s][i] = rndf();
+        }
+        enum { T = 4 };
+        float x[T * BD], cs[T * BDR], xo[T * BD], h2[T * BD], lg[T * BE], rxo[T * BD], rh2[T * BD], rlg[T * BE];
+        for (int i = 0; i < T * BD; i++) x[i] = rndf();
+        for (int i = 0; i < T * BDR; i++) cs[i] = 1.2f * rndf();
+        const float *csp = form == 2 ? NULL : cs;
+        const int npos[T] = {6, 7, 8, 41};
+        char what[64];
+        snprintf(what, sizeof what, "mla_block form %d", form);
+        /* the batch, unkeyed */
+        ca = base;
+        float *c4[T] = {ca.c[0], ca.c[0], ca.c[0], ca.c[1]}, *p4[T] = {ca.p[0], ca.p[0], ca.p[0], ca.p[1]};
+        int rc = df_cuda_mla_block(&b, T, x, csp, c4, p4, npos, NULL, xo, h2, lg);
+        CHECK(rc == 0, "%s: %s", what, df_cuda_last_error());
+        /* the reference: each sequence alone, the steps as separate calls */
+        cb = base;
+        float *r4c[T] = {cb.c[0], cb.c[0], cb.c[0], cb.c[1]}, *r4p[T] = {cb.p[0], cb.p[0], cb.p[0], cb.p[1]};
+        rc = ref_block(&b, 3, x, csp, r4c, r4p, npos, rxo, rh2, rlg) |
+             ref_block(&b, 1, x + 3 * BD, csp ? csp + 3 * BDR : NULL, r4c + 3, r4p + 3, npos + 3, rxo + 3 * BD, rh2 + 3 * BD,
+                       rlg + 3 * BE);
+        CHECK(rc == 0, "%s: the reference steps: %s", what, df_cuda_last_error());
+        CHECK(!memcmp(xo, rxo, sizeof xo) && !memcmp(h2, rh2, sizeof h2) && (form == 2 || !memcmp(lg, rlg, sizeof lg)),
+              "%s: x_out / h2 / logits differ from the steps as separate calls", what);
+        CHECK(!memcmp(&ca, &cb, sizeof ca), "%s: the cache rows written differ from the steps as separate calls", what);
+        /* the prompt's rows one call each, then B's row: the same bits */
+        cc = base;
+        int same = 1;
+        float x1[BD], h1[BD], l1[BE];
+        for (int t = 0; t < T; t++) {
+            float *c1 = cc.c[t < 3 ? 0 : 1], *p1 = cc.p[t < 3 ? 0 : 1];
+            same &= df_cuda_mla_block(&b, 1, x + t * BD, csp ? csp + t * BDR : NULL, &c1, &p1, npos + t, NULL, x1, h1, l1) == 0 &&
+                    !memcmp(x1, xo + t * BD, sizeof x1) && !memcmp(h1, h2 + t * BD, sizeof h1) &&
+                    (form == 2 || !memcmp(l1, lg + t * BE, sizeof l1));
+        }
+        CHECK(same && !memcmp(&cc, &ca, sizeof ca), "%s: rows one call each differ from the batch", what);
+        /* mirrored caches (keys of sequences 1 and 2, layer `form`): the prompt, then two decode steps of both, each
+         * bitwise the unkeyed call on a copy of the same host caches; x_out in place (x_out = x) */
+        cc = base;
+        ca = base;
+        const uint64_t key[T] = {1u << 8 | (unsigned)form, 1u << 8 | (unsigned)form, 1u << 8 | (unsigned)form,
+                                 2u << 8 | (unsigned)form};
+        float *k4c[T] = {cc.c[0], cc.c[0], cc.c[0], cc.c[1]}, *k4p[T] = {cc.p[0], cc.p[0], cc.p[0], cc.p[1]};
+        float xk[T * BD], xu[T * BD];
+        memcpy(xk, x, sizeof xk);
+        memcpy(xu, x, sizeof xu);
+        same = df_cuda_mla_block(&b, T, xk, csp, k4c, k4p, npos, key, xk, h2, lg) == 0 &&
+               df_cuda_mla_block(&b, T, xu, csp, c4, p4, npos, NULL, xu, rh2, rlg) == 0 && !memcmp(xk, xu, sizeof xk) &&
+               !memcmp(h2, rh2, sizeof h2);
+        for (int step = 0; step < 2 && same; step++) {
+            const int np2[2] = {9 + step, 42 + step};
+            const uint64_t k2[2] = {key[0], key[3]};
+            float *kc[2] = {cc.c[0], cc.c[1]}, *kp[2] = {cc.p[0], cc.p[1]}, *uc[2] = {ca.c[0], ca.c[1]},
+                  *up[2] = {ca.p[0], ca.p[1]};
+            float xs[2 * BD], xs2[2 * BD];
+            for (int i = 0; i < 2 * BD; i++) xs[i] = xs2[i] = rndf();
+            same = df_cuda_mla_block(&b, 2, xs, csp, kc, kp, np2, k2, xs, h2, lg) == 0 &&
+                   df_cuda_mla_block(&b, 2, xs2, csp, uc, up, np2, NULL, xs2, rh2, rlg) == 0 && !memcmp(xs, xs2, sizeof xs) &&
+                   !memcmp(h2, rh2, sizeof(float) * 2 * BD) && (form == 2 || !memcmp(lg, rlg, sizeof(float) * 2 * BE));
+        }
+        CHECK(same && !memcmp(&cc, &ca, sizeof ca), "%s: mirrored caches differ from unkeyed ones (%s)", what,
+              df_cuda_last_error());
+        df_cuda_seq_forget(1);
+        df_cuda_seq_forget(2);
+        /* rows of one cache at positions that are not consecutive: refused */
+        {
+            const int gap[2] = {6, 8};
+            float *gc[2] = {ca.c[0], ca.c[0]}, *gp[2] = {ca.p[0], ca.p[0]};
+            CHECK(df_cuda_mla_block(&b, 2, x, csp, gc, gp, gap, NULL, xo, h2, lg) == -1,
+                  "%s: rows at positions 5 and 7 of one cache are refused", what);
+        }
+        free_weight(&qa); free_weight(&qb); free_weight(&qp); free_weight(&kva); free_weight(&kvb); free_weight(&ow);
+        free_weight(&rw);
+        df_cuda_cache_clear(); /* weights and norms are cached by host address, which the next form may reuse */
+    }
+}
+
 int main(void) {
     char why[300];
     if (!df_cuda_probe(why, sizeof why)) {
@@ -937,5 +1082,6 @@ int main(void) {
     test_ops();
     test_mla_attend();
     test_mla_mirror();
+    test_mla_block();
     return t_done();
 }

@@ -251,3 +251,83 @@ int attn_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
     }
     return DF_OK;
 }
+
+/* One chunk of attn_block_batch (the rows of n_seq sequences, at most ATTN_CHUNK unless one sequence's): the
+ * backend's mla_block, or when it cannot (-1; the backend says why), the same steps as separate calls. */
+static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, float *x, float *h2, float *logits,
+                       char *err, size_t errlen) {
+    const df_config *cfg = e->cfg;
+    const df_layer_weights *lw = &e->spine->layers[layer];
+    const int H = cfg->num_attention_heads, dn = cfg->qk_nope_head_dim, dr = cfg->qk_rope_head_dim,
+              dv = cfg->v_head_dim, kvl = cfg->kv_lora_rank, D = cfg->hidden_size, lora = cfg->q_lora_rank > 0;
+    const int rope = !cfg->mla_use_nope && dr > 0;
+    int rc = DF_OK, T = 0;
+    for (int s = 0; s < n_seq; s++) {
+        rc = kv_reserve(seqs[s].kv, seqs[s].n_past + seqs[s].T);
+        if (rc) {
+            if (err) snprintf(err, errlen, "KV cache: cannot hold %d positions (limit %d)%s", seqs[s].n_past + seqs[s].T,
+                              seqs[s].kv->n_ctx, rc == DF_ENOMEM ? ": out of memory" : "");
+            return rc;
+        }
+        T += seqs[s].T;
+    }
+    float **cache = malloc(sizeof(float *) * (size_t)T * 2);
+    int *npos = malloc(sizeof(int) * (size_t)T);
+    uint64_t *seq_key = malloc(sizeof(uint64_t) * (size_t)T);
+    float *cs = rope ? malloc(sizeof(float) * (size_t)T * dr) : NULL;
+    float *hh = NULL, *a = NULL;
+    if (!cache || !npos || !seq_key || (rope && !cs)) goto oom;
+    for (int s = 0, t = 0; s < n_seq; s++)
+        for (int i = 0; i < seqs[s].T; i++, t++) {
+            const int64_t pos = seqs[s].n_past + i;
+            cache[t] = seqs[s].kv->c[layer];
+            cache[T + t] = seqs[s].kv->kpe[layer];
+            npos[t] = (int)pos + 1;
+            seq_key[t] = seqs[s].kv->uid << 8 | (uint64_t)layer; /* as attn_chunk keys the caches */
+            if (rope) rope_cs(&e->rope, pos, cs + (int64_t)t * dr);
+        }
+    const df_mla_block b = {lw->attn_norm, lw->ffn_norm, cfg->rms_norm_eps, lora ? &lw->q_a : NULL, lora ? &lw->q_b : NULL,
+                            lora ? NULL : &lw->q, &lw->kv_a, &lw->kv_b, &lw->o, logits ? &lw->router : NULL,
+                            lora ? lw->q_a_norm : NULL, lw->kv_a_norm, QA_NORM_EPS, H, dn, dr, dv, kvl,
+                            (float)e->rope.softmax_scale};
+    if (e->be->mla_block(&b, T, x, cs, cache, cache + T, npos, seq_key, x, h2, logits) == 0) {
+        e->weight_bytes += (lora ? df_weight_bytes(&lw->q_a) + df_weight_bytes(&lw->q_b) : df_weight_bytes(&lw->q)) +
+                           df_weight_bytes(&lw->kv_a) + df_weight_bytes(&lw->kv_b) + df_weight_bytes(&lw->o) +
+                           (logits ? df_weight_bytes(&lw->router) : 0);
+        goto done;
+    }
+    /* the steps one by one, as forward_batch runs them for a layer without mla_block */
+    hh = malloc(sizeof(float) * (size_t)T * D);
+    a = malloc(sizeof(float) * (size_t)T * D);
+    if (!hh || !a) goto oom;
+    for (int t = 0; t < T; t++) e->be->rmsnorm(hh + (int64_t)t * D, x + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
+    rc = attn_chunk(e, layer, seqs, n_seq, hh, a, err, errlen);
+    if (rc) goto done;
+    for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
+    for (int t = 0; t < T; t++) e->be->rmsnorm(h2 + (int64_t)t * D, x + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
+    if (logits) eng_matmul(e, &lw->router, h2, T, logits);
+    goto done;
+oom:
+    rc = DF_ENOMEM;
+    if (err) snprintf(err, errlen, "attention layer %d: out of memory for %d tokens", layer, T);
+done:
+    free(cache); free(npos); free(seq_key); free(cs); free(hh); free(a);
+    return rc;
+}
+
+int attn_block_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, float *x, float *h2, float *logits,
+                     char *err, size_t errlen) {
+    int T = 0;
+    for (int s = 0; s < n_seq; s++) T += seqs[s].T;
+    if (n_seq > 1 && T <= ATTN_CHUNK) return block_chunk(e, layer, seqs, n_seq, x, h2, logits, err, errlen);
+    /* long prompts: each sequence on its own, in chunks (a chunk's cache rows are written before the next attends) */
+    const int64_t D = e->cfg->hidden_size, E = e->cfg->n_routed_experts;
+    for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++)
+        for (int t0 = 0; t0 < seqs[s].T; t0 += ATTN_CHUNK) {
+            const df_seq_rows one = {seqs[s].kv, seqs[s].n_past + t0, seqs[s].T - t0 < ATTN_CHUNK ? seqs[s].T - t0 : ATTN_CHUNK};
+            const int64_t r = r0 + t0;
+            int rc = block_chunk(e, layer, &one, 1, x + r * D, h2 + r * D, logits ? logits + r * E : NULL, err, errlen);
+            if (rc) return rc;
+        }
+    return DF_OK;
+}

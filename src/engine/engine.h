@@ -41,6 +41,9 @@ void rope_free(df_rope *r);
  * order); output in transformers' de-interleaved order: out[i], out[i + dim/2]. Both q and k
  * use it, so dot products equal the reference's. */
 void rope_apply(const df_rope *r, float *x, int64_t pos);
+/* The rotation rope_apply uses at position pos: cs[2i] = cos(inv_freq[i] pos) * attention_factor, cs[2i+1] = the
+ * sine, for i < dim/2 (fp32, the same bits as rope_apply's); the table a backend's mla_block takes per row. */
+void rope_cs(const df_rope *r, int64_t pos, float *cs);
 
 /* Per-session sequence state.
  * MLA layers: normalized latent c_kv [kv_lora] and k_pe [rope] (roped unless mla_use_nope) per token (fp32).
@@ -114,6 +117,9 @@ typedef struct {
      * ffn_forward of that layer guesses la_layer's experts (NULL = none) */
     const float *la_x;
     int la_layer;
+    /* router logits [T, n_routed_experts] of the next ffn_forward's rows, computed with the layer's MLA block
+     * (df_backend.mla_block); NULL: ffn_forward runs the router itself */
+    const float *ffn_logits;
     /* calibration of the prompt lookahead (moe_guess_prompt): per vote count v (1..DF_GUESS_VOTES, the last
      * bucket = v or more rows picked the expert), the guesses made and how many the layer then needed; the
      * votes of the last guess (gs_votes[n_routed_experts], of layer gs_layer; -1 = none to score) */
@@ -147,6 +153,14 @@ int attn_forward(df_engine *e, int layer, df_kvcache *kv, int n_past, const floa
  * longer batches one sequence at a time. Each row's result equals attn_forward on its sequence alone. */
 int attn_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out,
                        char *err, size_t errlen);
+
+/* Layer `layer`'s whole MLA mixer with its residual and the FFN's input, for the rows of n_seq sequences (as
+ * attn_forward_batch chunks them), on a backend with mla_block (a model without an output gate or attention
+ * residuals): x [sum T, hidden] += attention(rmsnorm(x)); h2 [sum T, hidden] = rmsnorm(x, ffn_norm); logits
+ * [sum T, n_routed_experts] = router(h2) when logits is not NULL (a MoE layer). A chunk the backend cannot take is
+ * computed with the separate steps (norm, attn_forward_batch's chunk, residual, norm, router). */
+int attn_block_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, float *x, float *h2, float *logits,
+                     char *err, size_t errlen);
 
 /* noaux_tc routing of T rows of router logits [T, E] -> ids/weights [T, top_k] (moe.c). */
 void moe_route(const df_config *cfg, const float *logits, const float *bias, int T, int *ids, float *weights);

@@ -11,6 +11,8 @@
  * restarts at zero; p += mixer out; the FFN input is mix(blocks, p); p += FFN out.
  * After the last layer the output mix (output_attn_res_*) gives the final norm's input.
  *   mix(v_0..v_n) = sum_i softmax_i(<v_i * rsqrt(mean(v_i^2) + eps), norm.w * proj.w>) v_i
+ * On a backend with mla_block (cuda) and a model without AttnRes or an output gate, an MLA layer's mixer, its
+ * residual, the FFN's norm and the router's logits are one backend call (attention.c attn_block_batch).
  * Batches (forward_batch): rows of several sequences in one pass; every per-row step (embedding, norms,
  * AttnRes, router, experts, lm_head, MLA projections) runs over all rows at once, so each expert a layer
  * needs is read once for the batch, while each row attends to its own sequence's KV cache at its own
@@ -161,7 +163,11 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
           *a = malloc(sizeof(float) * (size_t)T * D);
     float *blocks = B > 0 ? malloc(sizeof(float) * (size_t)T * nbmax * D) : NULL;
     float *mx = B > 0 ? malloc(sizeof(float) * (size_t)T * D) : NULL;
-    if (!x || !h || !a || (B > 0 && (!blocks || !mx))) {
+    /* layers whose MLA mixer, residual, FFN norm and router run as one backend call (mla_block): a model without
+     * attention residuals or an output gate */
+    const int use_block = e->be->mla_block && B == 0 && !cfg->mla_output_gate;
+    float *rlog = use_block && cfg->n_routed_experts > 0 ? malloc(sizeof(float) * (size_t)T * cfg->n_routed_experts) : NULL;
+    if (!x || !h || !a || (B > 0 && (!blocks || !mx)) || (use_block && cfg->n_routed_experts > 0 && !rlog)) {
         rc = DF_ENOMEM;
         if (err) snprintf(err, errlen, "forward: out of memory for %d tokens", T);
         goto done;
@@ -185,6 +191,12 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         }
         LAP(DF_PHASE_IO_WAIT);
         const df_layer_weights *lw = &sp->layers[l];
+        const int block = use_block && cfg->mixer[l] == DF_MIXER_MLA;
+        if (block) { /* x += mixer(RMSNorm(x)); h = RMSNorm(x) for the FFN; the router's logits */
+            rc = attn_block_batch(e, l, seqs, n_seq, x, h, lw->is_moe ? rlog : NULL, err, errlen);
+            LAP(DF_PHASE_MLA);
+            if (rc) goto done;
+        }
         const float *ain = x;
         int restart = 0;
         if (B > 0) {
@@ -199,17 +211,19 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
                 restart = 1;
             }
         }
-        for (int t = 0; t < T; t++)
-            e->be->rmsnorm(h + (int64_t)t * D, ain + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
-        LAP(DF_PHASE_NORM);
-        /* projections over all rows at once; each row attends to its own sequence's KV cache (MLA) or
-         * continues its own sequence's recurrent state (KDA) */
-        if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
-        else rc = attn_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
-        LAP(cfg->mixer[l] == DF_MIXER_KDA ? DF_PHASE_KDA : DF_PHASE_MLA);
-        if (rc) goto done;
-        if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
-        else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
+        if (!block) {
+            for (int t = 0; t < T; t++)
+                e->be->rmsnorm(h + (int64_t)t * D, ain + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
+            LAP(DF_PHASE_NORM);
+            /* projections over all rows at once; each row attends to its own sequence's KV cache (MLA) or
+             * continues its own sequence's recurrent state (KDA) */
+            if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
+            else rc = attn_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
+            LAP(cfg->mixer[l] == DF_MIXER_KDA ? DF_PHASE_KDA : DF_PHASE_MLA);
+            if (rc) goto done;
+            if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
+            else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
+        }
         /* lookahead prefetch of layer l+1, decode-sized calls (one sequence or a decode batch): the guesses
          * go out now, before layer l's FFN */
         if (pf_on && l + 1 < L) {
@@ -242,17 +256,21 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
                 LAP(DF_PHASE_PREFETCH);
             }
         }
-        const float *fin = x;
-        if (B > 0) {
-            attn_res_mix(mx, blocks, nb, nbmax, x, lw->mlp_res_norm, lw->mlp_res_proj, T, D, cfg->rms_norm_eps);
-            fin = mx;
+        if (!block) {
+            const float *fin = x;
+            if (B > 0) {
+                attn_res_mix(mx, blocks, nb, nbmax, x, lw->mlp_res_norm, lw->mlp_res_proj, T, D, cfg->rms_norm_eps);
+                fin = mx;
+            }
+            for (int t = 0; t < T; t++)
+                e->be->rmsnorm(h + (int64_t)t * D, fin + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
+            LAP(DF_PHASE_NORM);
         }
-        for (int t = 0; t < T; t++)
-            e->be->rmsnorm(h + (int64_t)t * D, fin + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
-        LAP(DF_PHASE_NORM);
         {
             const double io0 = e->io_wait_s, r0 = e->phase_s[DF_PHASE_ROUTER];
+            e->ffn_logits = block && lw->is_moe ? rlog : NULL;
             rc = ffn_forward(e, l, h, T, a, err, errlen);
+            e->ffn_logits = NULL;
             e->la_x = NULL;
             const double now = df_now(), dio = e->io_wait_s - io0, dr = e->phase_s[DF_PHASE_ROUTER] - r0;
             e->phase_s[lw->is_moe ? DF_PHASE_EXPERTS : DF_PHASE_DENSE] += now - lap - dio - dr;
@@ -298,5 +316,6 @@ done:
     free(a);
     free(blocks);
     free(mx);
+    free(rlog);
     return rc;
 }

@@ -303,7 +303,8 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         goto done;
     }
     double tr = df_now();
-    eng_matmul(e, &lw->router, h, T, logits);
+    if (e->ffn_logits) memcpy(logits, e->ffn_logits, sizeof(float) * (size_t)T * E); /* from the layer's MLA block */
+    else eng_matmul(e, &lw->router, h, T, logits);
     moe_route(cfg, logits, lw->router_bias, T, ids, wts);
     e->phase_s[DF_PHASE_ROUTER] += df_now() - tr;
     /* group rows by expert (ascending expert id; tokens ascending within an expert) */

@@ -81,12 +81,20 @@ void rope_free(df_rope *r) {
     r->inv_freq = NULL;
 }
 
+void rope_cs(const df_rope *r, int64_t pos, float *cs) {
+    for (int i = 0; i < r->dim / 2; i++) {
+        float f = r->inv_freq[i] * (float)pos; /* fp32 product, as torch */
+        cs[2 * i] = cosf(f) * r->attention_factor;
+        cs[2 * i + 1] = sinf(f) * r->attention_factor;
+    }
+}
+
 void rope_apply(const df_rope *r, float *x, int64_t pos) {
     const int half = r->dim / 2;
-    float tmp[half > 0 ? 2 * half : 1];
+    float tmp[half > 0 ? 2 * half : 1], cs[half > 0 ? 2 * half : 1];
+    rope_cs(r, pos, cs);
     for (int i = 0; i < half; i++) {
-        float f = r->inv_freq[i] * (float)pos; /* fp32 product, as torch */
-        float c = cosf(f) * r->attention_factor, s = sinf(f) * r->attention_factor;
+        float c = cs[2 * i], s = cs[2 * i + 1];
         float a = x[2 * i], b = x[2 * i + 1];
         tmp[i] = a * c - b * s;
         tmp[i + half] = b * c + a * s;

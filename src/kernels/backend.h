@@ -31,6 +31,21 @@ void df_pool_run(df_pool *p, int64_t n, int64_t grain, df_task_fn fn, void *ctx)
 
 /* --------------------------------------------------------------- backend */
 
+/* The weights and shape of one layer's MLA mixer with its residual and the FFN's input (df_backend.mla_block;
+ * engine/attention.c, the absorbed form). */
+typedef struct df_mla_block {
+    const float *attn_norm, *ffn_norm;  /* [D] the layer's input and post-attention RMSNorm weights */
+    float eps;                          /* their epsilon (rms_norm_eps) */
+    const df_weight *q_a, *q_b;         /* q_lora_rank > 0: q = q_b(rmsnorm(q_a h, q_a_norm)); else NULL */
+    const df_weight *q_proj;            /* q_lora_rank == 0: q = q_proj h; else NULL */
+    const df_weight *kv_a, *kv_b, *o;   /* kv_a [kvl + dr, D], kv_b [H*(dn+dv), kvl], o [D, H*dv] */
+    const df_weight *router;            /* [E, D], or NULL (a dense FFN: no router logits) */
+    const float *q_a_norm, *kv_a_norm;  /* [q_a.rows] (or NULL), [kvl] */
+    float lora_eps;                     /* epsilon of q_a_norm and kv_a_norm */
+    int H, dn, dr, dv, kvl;             /* heads, nope / rope / value head dims, kv_lora_rank */
+    float scale;                        /* softmax scale */
+} df_mla_block;
+
 typedef struct df_backend {
     const char *name;   /* "cpu-avx512", "cpu-avx2", "cpu-scalar" */
     /* y[t*rows + r] = sum_c W[r,c] * x[t*cols + c] for t < T (x: [T, cols], y: [T, rows]).
@@ -108,6 +123,23 @@ typedef struct df_backend {
     int (*mla_attend_o)(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
                         const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
                         const df_weight *o, float *out);
+    /* Optional (NULL on the CPU): one layer's whole MLA mixer of T rows, its residual and the FFN's input in one
+     * device call (a model without an output gate or attention residuals; engine/attention.c mla_block_chunk):
+     *   h = rmsnorm(x, attn_norm); q, kva as mla_project(h); per row t at position p = npos[t] - 1:
+     *   c_new = rmsnorm(kva[:kvl], kv_a_norm), kpe_new = rope(kva[kvl:], cs[t]), q_pe of every head = rope(q_pe,
+     *   cs[t]); the cache rows p of c[t] / kpe[t] := c_new / kpe_new (written on the device, then into the host
+     *   arrays before the return); a = o(attention core as mla_attend); x_out = x + a; h2 = rmsnorm(x_out,
+     *   ffn_norm); logits = router(h2) when b->router is set.
+     * rope(v, cs)[i] = v[2i] cs[2i] - v[2i+1] cs[2i+1], rope(v, cs)[i + dr/2] = v[2i+1] cs[2i] + v[2i] cs[2i+1]
+     * (engine/rope.c rope_apply with cs = its cos, sin times the attention factor, rope_cs); cs NULL: no rotary.
+     * x, x_out [T, D] (may be the same array), h2 [T, D], logits [T, router rows] (fp32, row-major); c, kpe, npos and
+     * seq_key as mla_attend, with the rows of each cache in one call at consecutive positions ending at its largest
+     * npos. Each row's results depend only on that row's inputs and its cache's earlier rows (the same bits alone or
+     * in any batch). Returns 0, or -1 when it cannot (a shape it does not support, a device error: nothing it
+     * returns is to be trusted, the host cache rows it would write may be half written, and the caller computes the
+     * whole block with the other ops). */
+    int (*mla_block)(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c, float *const *kpe,
+                     const int *npos, const uint64_t *seq_key, float *x_out, float *h2, float *logits);
     /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its
      * caches (the mla_attend keys k with k >> 8 == uid); uid 0 = every sequence's. */
     void (*seq_forget)(uint64_t uid);

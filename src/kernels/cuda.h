@@ -124,6 +124,17 @@ void df_cuda_seq_forget(uint64_t uid);
 int df_cuda_mla_attend_o(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
                          const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
                          const df_weight *o, float *out);
+/* One layer's MLA mixer, its residual and the FFN's input norm and router in one round trip (df_backend.mla_block, same
+ * contract): x and the cos/sin table copied in with the latent cache rows the device lacks (as df_cuda_mla_attend,
+ * mirrors included; the call's own rows are computed and written on the device); the input RMSNorm, the projections
+ * (as df_cuda_mla_project), the latent KV rows' RMSNorm and RoPE and the queries' RoPE (one kernel), the attention core
+ * and o_proj (as df_cuda_mla_attend_o), the residual with the FFN's RMSNorm and the router (df_cuda_matmul's kernels)
+ * on the stream; x_out, h2, the logits and the new cache rows copied out; one synchronisation. The norms' sums are
+ * those of df_cuda_rmsnorm, so each step has the bits of its own GPU call. -1 (df_cuda_last_error says why) for weights
+ * that do not chain, a shape mla_attend refuses, rows of one cache at positions that are not consecutive, no device
+ * or a CUDA error (the call's mirrors are then dropped). */
+int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c, float *const *kpe,
+                      const int *npos, const uint64_t *seq_key, float *x_out, float *h2, float *logits);
 /* out[t] = rmsnorm(x[t]) * w for T rows of n (fp64 sum of squares, like cpu_scalar_rmsnorm). */
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps);
 /* out[i] = silu(g[i]) * u[i] for n values. */

@@ -1,6 +1,6 @@
 /*
- * cuda_backend.c — the "cuda" backend table: matmul, whole MLPs and the MLA
- * attention core on the GPU (kernels/cuda.h, src/kernels/cuda/), the small
+ * cuda_backend.c — the "cuda" backend table: matmul, whole MLPs, the MLA
+ * attention core and whole MLA blocks on the GPU (kernels/cuda.h, src/kernels/cuda/), the small
  * per-row ops (dot, axpy, RMSNorm, SwiGLU, softmax, embedding rows) on the best
  * CPU backend, where a GPU launch per call would cost more than the work.
  * Design: docs/cuda.md.
@@ -44,6 +44,18 @@ static int cuda_be_mla_attend(const df_weight *kv_b, int T, int H, int dn, int d
     return -1;
 }
 
+/* The whole MLA block on the GPU; on failure -1 (the engine then runs its steps as separate calls): reported once. */
+static int g_block_warned;
+static int cuda_be_mla_block(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c,
+                             float *const *kpe, const int *npos, const uint64_t *seq_key, float *x_out, float *h2,
+                             float *logits) {
+    if (df_cuda_mla_block(b, T, x, cs, c, kpe, npos, seq_key, x_out, h2, logits) == 0) return 0;
+    if (!__atomic_exchange_n(&g_block_warned, 1, __ATOMIC_SEQ_CST))
+        fprintf(stderr, "deltafin: MLA block not in one GPU call (%s); its steps run as separate calls\n",
+                df_cuda_last_error());
+    return -1;
+}
+
 static int g_attn_on;
 
 static void init_table(void) {
@@ -67,6 +79,10 @@ static void init_table(void) {
     g_cuda_be.mla_project = fuse_mla ? df_cuda_mla_project : NULL;
     g_cuda_be.mla_attend = g_attn_on ? cuda_be_mla_attend : NULL;
     g_cuda_be.mla_attend_o = g_attn_on && fuse_mla ? df_cuda_mla_attend_o : NULL;
+    /* DF_CUDA_MLA_BLOCK=0: the layer's MLA mixer as mla_project + mla_attend_o with the norms, RoPE, residual and
+     * router between them on the host (mla_block fuses them into one round trip) */
+    g_cuda_be.mla_block = g_attn_on && fuse_mla && df_cuda_env_switch("DF_CUDA_MLA_BLOCK", NULL, 0) != 0 ? cuda_be_mla_block
+                                                                                                        : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */

@@ -61,6 +61,11 @@ int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, float eps, 
     (void)q_a; (void)q_a_norm; (void)eps; (void)q_b; (void)q_proj; (void)kv_a; (void)h; (void)T; (void)q; (void)kva;
     return -1;
 }
+int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c, float *const *kpe,
+                      const int *npos, const uint64_t *seq_key, float *x_out, float *h2, float *logits) {
+    (void)b; (void)T; (void)x; (void)cs; (void)c; (void)kpe; (void)npos; (void)seq_key; (void)x_out; (void)h2; (void)logits;
+    return -1;
+}
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
 int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
 int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }

@@ -1,6 +1,6 @@
 /*
  * cuda_trace.c — DF_CUDA_TRACE=1 (a developer knob, docs/cuda.md): the wall time of every GPU call the engine makes
- * through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o), from the call to
+ * through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o, mla_block), from the call to
  * its return (each ends with a synchronisation, so this is the device work plus the launches, copies and the
  * synchronisation itself), and its device time (df_cuda_last_gpu_s: events from the start of its stream work to
  * its closing synchronisation), per operation, printed as a table on stderr at exit. Comparing a call's mean
@@ -16,8 +16,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_N };
-static const char *const tr_name[TR_N] = {"matmul", "mlp", "mlp_group", "mla_project", "mla_attend", "mla_attend_o"};
+enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_BLOCK, TR_N };
+static const char *const tr_name[TR_N] = {"matmul", "mlp", "mlp_group", "mla_project", "mla_attend", "mla_attend_o",
+                                          "mla_block"};
 static struct {
     unsigned long long calls, rows, items, gpu_calls;
     double s, gpu_s;
@@ -100,6 +101,14 @@ static int tr_attend_o(const df_weight *kv_b, int T, int H, int dn, int dr, int 
     return rc;
 }
 
+static int tr_block(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c, float *const *kpe,
+                    const int *npos, const uint64_t *seq_key, float *x_out, float *h2, float *logits) {
+    const double t0 = tr_now();
+    const int rc = g_orig.mla_block(b, T, x, cs, c, kpe, npos, seq_key, x_out, h2, logits);
+    tr_add(TR_BLOCK, t0, T, 1);
+    return rc;
+}
+
 void df_cuda_trace_wrap(df_backend *be) {
     g_orig = *be;
     be->matmul = tr_matmul;
@@ -108,6 +117,7 @@ void df_cuda_trace_wrap(df_backend *be) {
     if (be->mla_project) be->mla_project = tr_project;
     if (be->mla_attend) be->mla_attend = tr_attend;
     if (be->mla_attend_o) be->mla_attend_o = tr_attend_o;
+    if (be->mla_block) be->mla_block = tr_block;
     atexit(tr_print);
 }
 #endif

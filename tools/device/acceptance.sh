@@ -24,6 +24,8 @@
 #          then FP8 / MXFP4 host CPU kernels of this binary against a carried deltafin.base, and the CPU kernel tests.
 #   part 13: the streamed 512-token GPU prefill with `run --events` (OUT/ev-*.jsonl) at the host budget and at 8G,
 #          between bench io runs into reused buffers and into a pool of the host budget.
+#   part 14: a layer's whole MLA block in one GPU call vs separate calls (DF_CUDA_MLA_BLOCK): GPU tests, preloaded
+#          resident decode A/B, traced, and after a 3072-token prompt.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
@@ -251,6 +253,37 @@ case $PART in
     log "bench_spec.sh (MEMS=ram, PROMPTS=${SPEC_PROMPTS:-text rep}, REPS=${SPEC_REPS:-3})"
     MEMS=ram PROMPTS="${SPEC_PROMPTS:-text rep}" REPS=${SPEC_REPS:-3} timeout 400 "$HERE/tools/device/bench_spec.sh" "$OUT/spec" >/dev/null 2>&1
     cat "$OUT/spec/spec.txt" >>"$S" 2>/dev/null
+    ;;
+14)
+    # issue 12: a layer's whole MLA block in one GPU call (df_backend.mla_block) against the separate calls
+    # (DF_CUDA_MLA_BLOCK=0): the GPU tests first, then the preloaded resident decode alternated (block, separate,
+    # block, separate), then one traced run of each, and the resident decode after a 3072-token prompt.
+    for t in test_cuda_kernels test_golden test_batch; do
+        [ -x "$D/$t" ] || continue
+        log "DF_BACKEND=cuda $t"
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed|diff" | tail -12) >>"$S"
+    done
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, bf16 spine"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
+    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0 DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
+        log "cuda run --preload, resident, 64-token prompt + 96 tokens, --stats --profile, $knobs"
+        env $knobs timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile --print-ids 2>&1 \
+            | grep -E "^(profile|stats):|^[0-9]+(,[0-9]+)+$" | cut -c1-300 >>"$S"
+    done
+    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
+        log "cuda run --preload, DF_CUDA_TRACE=1, $knobs"
+        env $knobs DF_CUDA_TRACE=1 timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 64)" --max-new 96 2>&1 | grep -E "^cuda trace:" >>"$S"
+    done
+    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
+        log "cuda run --preload, ${CTX:-3072}-token prompt, 48 tokens, --stats --profile, $knobs"
+        env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+    done
+    rm -rf "$W"
     ;;
 9)
     # where the drive waits during a streamed decode (tools/drive-idle.py on the store's events): the streamed model

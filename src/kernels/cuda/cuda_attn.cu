@@ -697,11 +697,41 @@ int plan_units(int T, const float *const *c, const float *const *kpe, const int 
     return nu;
 }
 
-/* The call with the runtime's mutex held. Staging layout (bytes), the uploaded part first: q | cptr | pptr | npos |
- * segs | the copied cache rows (per unit: c rows [lo, need), then k_pe rows); then device-only q_lat, o_lat, o_v. */
+/* The MLA block's own inputs and outputs (df_backend.mla_block; attend_locked's block mode). */
+struct BlockIn {
+    const df_mla_block *b;
+    const float *x, *cs;           /* host: x [T, D], cs [T, dr] or NULL */
+    float *const *c, *const *kpe;  /* host caches: row npos[t] - 1 of each written before the return */
+    float *x_out, *h2, *logits;    /* host outputs */
+    int64_t D, E, R;               /* hidden size, router rows (0: no router), q_lora_rank (0: q_proj) */
+};
+
+/* A weight's device arrays (cu_rt_weight) and the matmul y [T, w.rows] = x [T, w.cols] W^T queued on st. */
+int matmul_dev(const df_weight *w, const float *x, int T, float *y, cudaStream_t st) {
+    const void *d = NULL, *s = NULL;
+    if (cu_rt_weight(w, &d, &s)) return -1;
+    CKA(cu_matmul_launch(w->type, d, s, w->rows, w->cols, x, T, y, st));
+    return 0;
+}
+
+/* The device copy of an fp32 vector of n values (a norm's weight), cached like a spine weight (cu_rt_weight). */
+int vec_dev(const float *v, int64_t n, const float **dv) {
+    const df_weight w = {DF_W_F32, 1, n, v, NULL, 0};
+    const void *d = NULL, *s = NULL;
+    if (cu_rt_weight(&w, &d, &s)) return -1;
+    *dv = (const float *)d;
+    return 0;
+}
+
+/* The call with the runtime's mutex held. Staging layout (256-byte aligned regions), the uploaded part first:
+ * [x | cs] (block) or q | cptr | pptr | npos | [dst_c | dst_p] (block) | segs | the copied cache rows (per unit: c rows
+ * [lo, need) then k_pe rows; copied from the host: [lo, need), or [lo, first) in block mode, where the device writes
+ * the call's own rows); then device-only q_lat, o_lat, o_v, the output projection's result, [h, q_a, q_raw, kva, q]
+ * (block); then the returned part (block: x_out | h2 | logits | c_new | kpe_new; else o_v or out), mirrored at the
+ * same offsets from h_ret in the host staging. */
 int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const float *const *c,
                   const float *const *kpe, const int *npos, const uint64_t *seq_key, float *o_v, const df_weight *o,
-                  float *out) {
+                  float *out, const BlockIn *bk) {
     const int T = sh.T, H = sh.H, kvl = sh.kvl, dr = sh.dr, qd = sh.dn + sh.dr;
     cudaStream_t st = cu_rt_stream();
     mir_setup();
@@ -711,42 +741,77 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     int *slot = (int *)(u + T);
     const int nu = plan_units(T, c, kpe, npos, seq_key, kvl, dr, u, slot);
     if (nu < 0) { free(u); return -1; }
+    if (bk) { /* the device writes each unit's rows [first, need): the call's rows must be exactly those */
+        int *cnt = (int *)calloc((size_t)nu, sizeof(int));
+        if (!cnt) { free(u); return cu_rt_error("mla_block: out of host memory"); }
+        for (int t = 0; t < T; t++) cnt[slot[t]]++;
+        int j = 0;
+        while (j < nu && cnt[j] == u[j].need - u[j].first) j++;
+        free(cnt);
+        if (j < nu) { free(u); return cu_rt_error("mla_block: the rows of one cache are not at consecutive positions"); }
+    }
     size_t cache_floats = 0;
     int nseg = 0;
     long long seg_max = 0;
     for (int j = 0; j < nu; j++) {
-        const size_t n = (size_t)(u[j].need - u[j].lo);
+        const size_t n = (size_t)(u[j].need - u[j].lo), nc = bk ? (size_t)(u[j].first - u[j].lo) : n;
         u[j].off_c = cache_floats;
         cache_floats += up4(n * kvl);
         u[j].off_p = cache_floats;
         cache_floats += up4(n * dr);
-        if (u[j].mir >= 0) {
+        if (u[j].mir >= 0 && nc) {
             nseg += dr ? 2 : 1;
-            if ((long long)(n * kvl) > seg_max) seg_max = (long long)(n * kvl);
+            if ((long long)(nc * kvl) > seg_max) seg_max = (long long)(nc * kvl);
         }
     }
-    const size_t o_q = 0, o_cp = up256(sizeof(float) * (size_t)T * H * qd);
-    const size_t o_pp = o_cp + up256(sizeof(float *) * (size_t)T), o_np = o_pp + up256(sizeof(float *) * (size_t)T);
-    const size_t o_seg = o_np + up256(sizeof(int) * (size_t)T), o_cache = o_seg + up256(sizeof(Seg) * (size_t)nseg);
-    const size_t up_bytes = o_cache + sizeof(float) * cache_floats;
-    const size_t o_qlat = up256(up_bytes), o_olat = o_qlat + up256(sizeof(float) * (size_t)T * H * kvl);
-    const size_t o_ov = o_olat + up256(sizeof(float) * (size_t)T * H * kvl);
-    const size_t ov_bytes = sizeof(float) * (size_t)T * H * sh.dv;
-    const size_t h_ov = up256(up_bytes); /* o_v's (or out's) place in the host staging */
-    const size_t o_out = o_ov + up256(ov_bytes), out_bytes = o ? sizeof(float) * (size_t)T * (size_t)o->rows : 0;
-    const size_t ret_bytes = o ? out_bytes : ov_bytes;
-    const void *wd = NULL, *ws = NULL;
-    if (cu_rt_weight(kv_b, &wd, &ws) || grow_dev(o_out + out_bytes) || grow_host(h_ov + ret_bytes)) { free(u); return -1; }
+    size_t off = 0;
+    auto take = [&off](size_t bytes) { const size_t at = off; off = up256(off + bytes); return at; };
+    const size_t fl = sizeof(float);
+    const int64_t D = bk ? bk->D : 0, E = bk ? bk->E : 0, R = bk ? bk->R : 0;
+    const size_t o_x = bk ? take(fl * (size_t)T * D) : 0, o_cs = bk && bk->cs ? take(fl * (size_t)T * dr) : 0;
+    const size_t o_q = bk ? 0 : take(fl * (size_t)T * H * qd);
+    const size_t o_cp = take(sizeof(float *) * (size_t)T), o_pp = take(sizeof(float *) * (size_t)T);
+    const size_t o_np = take(sizeof(int) * (size_t)T);
+    const size_t o_dc = bk ? take(sizeof(float *) * (size_t)T) : 0, o_dp = bk ? take(sizeof(float *) * (size_t)T) : 0;
+    const size_t o_seg = take(sizeof(Seg) * (size_t)nseg), o_cache = off;
+    const size_t up_bytes = o_cache + fl * cache_floats;
+    off = up256(up_bytes);
+    const size_t o_qlat = take(fl * (size_t)T * H * kvl), o_olat = take(fl * (size_t)T * H * kvl);
+    const size_t o_ov = take(fl * (size_t)T * H * sh.dv), o_out = bk ? take(fl * (size_t)T * (size_t)o->rows) : 0;
+    const size_t o_h = bk ? take(fl * (size_t)T * D) : 0, o_qa = bk && R ? take(fl * (size_t)T * R) : 0;
+    const size_t o_qraw = bk ? take(fl * (size_t)T * H * qd) : 0, o_kva = bk ? take(fl * (size_t)T * (kvl + dr)) : 0;
+    const size_t o_qd = bk ? take(fl * (size_t)T * H * qd) : 0;
+    /* the returned part: offsets from o_ret (device) and h_ret (host) */
+    const size_t o_ret = off, h_ret = up256(up_bytes);
+    size_t r_x = 0, r_h = 0, r_l = 0, r_c = 0, r_p = 0, ret_bytes;
+    if (bk) {
+        off = 0;
+        r_x = take(fl * (size_t)T * D);
+        r_h = take(fl * (size_t)T * D);
+        r_l = take(fl * (size_t)T * (E ? E : 1));
+        r_c = take(fl * (size_t)T * kvl);
+        r_p = take(fl * (size_t)T * (dr ? dr : 1));
+        ret_bytes = off;
+    } else {
+        ret_bytes = o ? fl * (size_t)T * (size_t)o->rows : fl * (size_t)T * H * sh.dv;
+    }
+    if (grow_dev(o_ret + ret_bytes) || grow_host(h_ret + ret_bytes)) { free(u); return -1; }
     char *hb = (char *)g_host, *db = (char *)g_dev;
-    memcpy(hb + o_q, q, sizeof(float) * (size_t)T * H * qd);
+    if (bk) {
+        memcpy(hb + o_x, bk->x, fl * (size_t)T * D);
+        if (bk->cs) memcpy(hb + o_cs, bk->cs, fl * (size_t)T * dr);
+    } else {
+        memcpy(hb + o_q, q, fl * (size_t)T * H * qd);
+    }
     const float **cp = (const float **)(hb + o_cp), **pp = (const float **)(hb + o_pp);
+    float **dcw = bk ? (float **)(hb + o_dc) : NULL, **dpw = bk ? (float **)(hb + o_dp) : NULL;
     Seg *seg = (Seg *)(hb + o_seg);
     float *hc = (float *)(hb + o_cache), *dc = (float *)(db + o_cache);
     for (int j = 0, k = 0; j < nu; j++) {
-        const size_t lo = (size_t)u[j].lo, n = (size_t)(u[j].need - u[j].lo);
-        memcpy(hc + u[j].off_c, u[j].c + lo * kvl, sizeof(float) * n * kvl);
-        if (dr) memcpy(hc + u[j].off_p, u[j].k + lo * dr, sizeof(float) * n * dr);
-        if (u[j].mir < 0) continue;
+        const size_t lo = (size_t)u[j].lo, n = (size_t)((bk ? u[j].first : u[j].need) - u[j].lo);
+        memcpy(hc + u[j].off_c, u[j].c + lo * kvl, fl * n * kvl);
+        if (dr) memcpy(hc + u[j].off_p, u[j].k + lo * dr, fl * n * dr);
+        if (u[j].mir < 0 || !n) continue;
         const Mirror &m = g_mir[u[j].mir];
         seg[k++] = Seg{dc + u[j].off_c, (float *)m.mem + lo * kvl, (long long)(n * kvl)};
         if (dr) seg[k++] = Seg{dc + u[j].off_p, (float *)((char *)m.mem + m.pe_off) + lo * dr, (long long)(n * dr)};
@@ -757,9 +822,13 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
             const Mirror &m = g_mir[v.mir];
             cp[t] = (const float *)m.mem;
             pp[t] = (const float *)((const char *)m.mem + m.pe_off);
-        } else {
+        } else { /* staged: rows from lo = 0, so indexed by position as a mirror */
             cp[t] = dc + v.off_c;
             pp[t] = dc + v.off_p;
+        }
+        if (bk) {
+            dcw[t] = (float *)cp[t] + (size_t)(npos[t] - 1) * kvl;
+            dpw[t] = (float *)pp[t] + (size_t)(npos[t] - 1) * dr;
         }
     }
     memcpy(hb + o_np, npos, sizeof(int) * (size_t)T);
@@ -772,30 +841,70 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         e = cudaGetLastError();
     }
     cu_rt_mark("attn: cache rows into the mirrors");
-    if (e == cudaSuccess) /* the mirrors' new rows are queued: they hold [0, need) from here on */
+    if (e == cudaSuccess) /* the mirrors' rows are queued (in block mode the call's own rows follow): [0, need) from here on */
         for (int j = 0; j < nu; j++)
             if (u[j].mir >= 0) g_mir[u[j].mir].valid = u[j].need;
     free(u);
     if (e != cudaSuccess) return err_cuda("copying the caches in", e);
-    const float *dq = (const float *)(db + o_q);
     float *dql = (float *)(db + o_qlat), *dol = (float *)(db + o_olat), *dov = (float *)(db + o_ov);
+    const float *dq = (const float *)(db + (bk ? o_qd : o_q));
+    if (bk) { /* the input norm, the projections, the latent KV rows into the caches and the queries' RoPE */
+        const df_mla_block *b = bk->b;
+        const float *dx = (const float *)(db + o_x), *nw = NULL;
+        float *dh = (float *)(db + o_h), *dqa = (float *)(db + o_qa), *dqr = (float *)(db + o_qraw);
+        float *dkva = (float *)(db + o_kva);
+        if (vec_dev(b->attn_norm, D, &nw)) return -1;
+        CKA(cu_rmsnorm_launch(dh, dx, nw, T, D, b->eps, st));
+        cu_rt_mark("block: input norm");
+        if (R) {
+            if (matmul_dev(b->q_a, dh, T, dqa, st) || vec_dev(b->q_a_norm, R, &nw)) return -1;
+            CKA(cu_rmsnorm_launch(dqa, dqa, nw, T, R, b->lora_eps, st));
+            if (matmul_dev(b->q_b, dqa, T, dqr, st)) return -1;
+        } else if (matmul_dev(b->q_proj, dh, T, dqr, st)) {
+            return -1;
+        }
+        if (matmul_dev(b->kv_a, dh, T, dkva, st) || vec_dev(b->kv_a_norm, kvl, &nw)) return -1;
+        cu_rt_mark("block: projections");
+        CKA(cu_kv_rows_launch(dkva, T, kvl, dr, nw, b->lora_eps, bk->cs ? (const float *)(db + o_cs) : NULL,
+                              (float *const *)(db + o_dc), (float *const *)(db + o_dp), (float *)(db + o_ret + r_c),
+                              (float *)(db + o_ret + r_p), dqr, (float *)dq, H, sh.dn, st));
+        cu_rt_mark("block: latent KV rows, RoPE");
+    }
+    const void *wd = NULL, *ws = NULL;
+    if (cu_rt_weight(kv_b, &wd, &ws)) return -1;
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, dq, dql, NULL, NULL, 0, st));
     cu_rt_mark("attn: q absorbed (K_h^T q_nope)");
     CKA(launch_attn(sh, dq, dql, (Ptrs)(db + o_cp), (Ptrs)(db + o_pp), (const int *)(db + o_np), dol, st));
     cu_rt_mark("attn: core");
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, NULL, NULL, dol, dov, 1, st));
     cu_rt_mark("attn: V_h o_lat");
-    if (o) { /* the output projection on the device: out = o(o_v), the matmul kernels' own launch */
-        const void *od = NULL, *os = NULL;
-        if (cu_rt_weight(o, &od, &os)) return -1;
-        CKA(cu_matmul_launch(o->type, od, os, o->rows, o->cols, dov, T, (float *)(db + o_out), st));
+    if (o) { /* the output projection on the device: o(o_v), the matmul kernels' own launch */
+        if (matmul_dev(o, dov, T, (float *)(db + (bk ? o_out : o_ret)), st)) return -1;
         cu_rt_mark("attn: o_proj");
-        CKA(cudaMemcpyAsync(hb + h_ov, db + o_out, out_bytes, cudaMemcpyDeviceToHost, st));
-    } else {
-        CKA(cudaMemcpyAsync(hb + h_ov, dov, ov_bytes, cudaMemcpyDeviceToHost, st));
     }
+    if (bk) { /* the residual, the FFN's input norm and the router */
+        const float *nw = NULL;
+        float *dxo = (float *)(db + o_ret + r_x), *dh2 = (float *)(db + o_ret + r_h);
+        if (vec_dev(bk->b->ffn_norm, D, &nw)) return -1;
+        CKA(cu_add_rmsnorm_launch(dxo, (const float *)(db + o_x), (const float *)(db + o_out), nw, T, D, bk->b->eps, dh2,
+                                  st));
+        if (E && matmul_dev(bk->b->router, dh2, T, (float *)(db + o_ret + r_l), st)) return -1;
+        cu_rt_mark("block: residual, norm, router");
+    }
+    CKA(cudaMemcpyAsync(hb + h_ret, bk || o ? db + o_ret : (char *)dov, ret_bytes, cudaMemcpyDeviceToHost, st));
     CKA(cu_rt_sync("attn: copy out"));
-    memcpy(o ? out : o_v, hb + h_ov, ret_bytes);
+    if (!bk) {
+        memcpy(o ? out : o_v, hb + h_ret, ret_bytes);
+        return 0;
+    }
+    const char *hr = hb + h_ret;
+    memcpy(bk->x_out, hr + r_x, fl * (size_t)T * D);
+    memcpy(bk->h2, hr + r_h, fl * (size_t)T * D);
+    if (E) memcpy(bk->logits, hr + r_l, fl * (size_t)T * E);
+    for (int t = 0; t < T; t++) {
+        memcpy(bk->c[t] + (size_t)(npos[t] - 1) * kvl, hr + r_c + fl * (size_t)t * kvl, fl * kvl);
+        if (dr) memcpy(bk->kpe[t] + (size_t)(npos[t] - 1) * dr, hr + r_p + fl * (size_t)t * dr, fl * dr);
+    }
     return 0;
 }
 
@@ -853,7 +962,7 @@ static int mla_attend_impl(const df_weight *kv_b, int T, int H, int dn, int dr, 
     int maxn = 1;
     for (int t = 0; t < T; t++) if (npos[t] > maxn) maxn = npos[t];
     const Shape sh = {T, H, dn, dr, dv, kvl, scale, maxn};
-    int rc = attend_locked(kv_b, sh, q, c, kpe, npos, seq_key, o_v, o, out);
+    int rc = attend_locked(kv_b, sh, q, c, kpe, npos, seq_key, o_v, o, out, NULL);
     if (rc) {
         cudaStreamSynchronize(cu_rt_stream()); /* no queued copy may still read a host buffer after an error return */
         cudaGetLastError();
@@ -873,6 +982,59 @@ extern "C" int df_cuda_mla_attend_o(const df_weight *kv_b, int T, int H, int dn,
                                     const float *q, const float *const *c, const float *const *kpe, const int *npos,
                                     const uint64_t *seq_key, const df_weight *o, float *out) {
     return mla_attend_impl(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, seq_key, NULL, o, out);
+}
+
+extern "C" int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c,
+                                 float *const *kpe, const int *npos, const uint64_t *seq_key, float *x_out, float *h2,
+                                 float *logits) {
+    if (T <= 0) return 0;
+    const uint64_t *key = seq_key;
+    char m[240];
+    const int H = b->H, dn = b->dn, dr = b->dr, dv = b->dv, kvl = b->kvl;
+    const int64_t D = b->kv_a ? b->kv_a->cols : 0, Q = (int64_t)H * (dn + dr);
+    const df_weight *qw = b->q_a ? b->q_b : b->q_proj;
+    const int64_t R = b->q_a ? b->q_a->rows : 0;
+    if (!b->kv_a || !b->kv_b || !b->o || !qw || !b->attn_norm || !b->ffn_norm || !b->kv_a_norm || (b->q_a && !b->q_a_norm) ||
+        b->kv_a->rows != (int64_t)kvl + dr || qw->rows != Q || (b->q_a ? b->q_a->cols != D || qw->cols != R : qw->cols != D) ||
+        b->o->rows != D || (b->router && b->router->cols != D)) {
+        snprintf(m, sizeof m, "mla_block: the weights do not chain (kv_a [%lld, %lld], %d heads x (%d + %d), kv_lora_rank %d)",
+                 b->kv_a ? (long long)b->kv_a->rows : 0LL, (long long)D, H, dn, dr, kvl);
+        return refuse(T, key, m);
+    }
+    if (b->o->cols != (int64_t)H * dv) {
+        snprintf(m, sizeof m, "mla_block: o_proj [%lld, %lld] does not take %d heads x %d values", (long long)b->o->rows,
+                 (long long)b->o->cols, H, dv);
+        return refuse(T, key, m);
+    }
+    /* the attention core's own limits, as mla_attend checks them */
+    if (H <= 0 || dn <= 0 || dr < 0 || dv <= 0 || kvl <= 0 || b->kv_b->rows != (int64_t)H * (dn + dv) || b->kv_b->cols != kvl ||
+        (int)b->kv_b->type < 0 || b->kv_b->type >= DF_W__COUNT ||
+        ((b->kv_b->type == DF_W_INT4_G32 || b->kv_b->type == DF_W_MXFP4) && kvl % 32) || kvl > KMAX ||
+        sizeof(float) * ((size_t)4 * (kvl + dr + CH) + 12) > 48 * 1024 || sizeof(float) * 8 * (size_t)dn > 48 * 1024 ||
+        sizeof(float) * 8 * (size_t)kvl > 48 * 1024 || T > 65535 * 8 || (int64_t)H * ((dv + VR - 1) / VR) > 0x7fffffff) {
+        snprintf(m, sizeof m, "mla_block: shape not supported on the GPU (T %d, kv_b encoding %d [%lld, %lld], kv_lora_rank %d, "
+                 "nope %d, rope %d)", T, (int)b->kv_b->type, (long long)b->kv_b->rows, (long long)b->kv_b->cols, kvl, dn, dr);
+        return refuse(T, key, m);
+    }
+    for (int t = 0; t < T; t++)
+        if (npos[t] < 1 || !c[t] || (dr && !kpe[t])) {
+            snprintf(m, sizeof m, "mla_block: row %d attends to %d positions", t, npos[t]);
+            return refuse(T, key, m);
+        }
+    if (cu_rt_lock()) return -1;
+    int maxn = 1;
+    for (int t = 0; t < T; t++) if (npos[t] > maxn) maxn = npos[t];
+    const Shape sh = {T, H, dn, dr, dv, kvl, b->scale, maxn};
+    const BlockIn bk = {b, x, cs, c, kpe, x_out, h2, logits, D, b->router ? b->router->rows : 0, R};
+    int rc = attend_locked(b->kv_b, sh, NULL, (const float *const *)c, (const float *const *)kpe, npos, key, NULL, b->o,
+                           NULL, &bk);
+    if (rc) {
+        cudaStreamSynchronize(cu_rt_stream()); /* no queued copy may still read a host buffer after an error return */
+        cudaGetLastError();
+        mir_forget_keys(T, key, 1); /* what the device holds of these caches is unknown */
+    }
+    cu_rt_unlock();
+    return rc;
 }
 
 extern "C" void df_cuda_seq_forget(uint64_t uid) {

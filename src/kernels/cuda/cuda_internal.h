@@ -58,6 +58,16 @@ cudaError_t cu_situ_mul_launch(float *out, const float *g, const float *u, int64
 cudaError_t cu_softmax_launch(float *x, int T, int64_t n, cudaStream_t st);
 cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const float *inv_freq, float attention_factor,
                            const int64_t *pos, cudaStream_t st);
+/* df_backend.mla_block's row steps (cuda_ops.cu), T rows each: x_out = x + a, h = rmsnorm(x_out) * w (n per row; x_out
+ * may be x); and the latent KV rows: c_new = rmsnorm(kva[t][:kvl]) * kv_norm into dst_c[t] and ret_c [T, kvl],
+ * kpe_new = rope(kva[t][kvl:], cs[t]) into dst_p[t] and ret_p [T, dr] (cs [T, dr] cos/sin pairs; NULL: no rotary),
+ * q [T, H, dn + dr] = q_raw with each head's rope part roped by cs[t]. dst_c / dst_p: device arrays of T device
+ * pointers. */
+cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, const float *w, int T, int64_t n,
+                                  float eps, float *h, cudaStream_t st);
+cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const float *kv_norm, float eps, const float *cs,
+                              float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
+                              float *q, int H, int dn, cudaStream_t st);
 /* Fill n bytes with a fixed pseudo-random pattern (benchmark weights); AND every 32-bit word with mask. */
 cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st);
 cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st);
@@ -66,7 +76,8 @@ cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st);
  * ready and the one mutex is now held (every entry point takes turns on it), -1 without a device (the reason in
  * df_cuda_last_error); cu_rt_unlock releases it. With the mutex held: cu_rt_stream, the one stream; cu_rt_weight,
  * the device copy of w's data / scale arrays from the weight cache (as matmul finds them: cached by dev_key or host
- * address, else copied into a scratch buffer for this call; 0, or -1 with the error recorded); cu_rt_error records
+ * address, else copied into a scratch buffer for this call, which the next uncached weight reuses in stream order:
+ * use each weight, its kernels queued, before looking up the next; 0, or -1 with the error recorded); cu_rt_error records
  * msg for df_cuda_last_error and returns -1. */
 int cu_rt_lock(void);
 void cu_rt_unlock(void);

@@ -1,6 +1,7 @@
 /*
  * cuda_ops.cu — the per-row and element-wise ops of the forward pass on the
- * GPU: RMSNorm, SwiGLU (silu_mul), SiTU, softmax, RoPE. Same math as the CPU
+ * GPU: RMSNorm, SwiGLU (silu_mul), SiTU, softmax, RoPE, and the MLA block's row steps (residual + RMSNorm; the
+ * latent KV rows: RMSNorm, RoPE into the cache, the queries' RoPE). Same math as the CPU
  * reference (src/kernels/cpu/cpu_scalar.c, src/engine/rope.c, moe.c eng_act):
  * fp32 values, fp64 sums for RMSNorm/softmax combined by a fixed shared-memory
  * tree (so a row's result never depends on how many rows are in the call).
@@ -89,6 +90,67 @@ __global__ void rope_kernel(float *out, const float *x, int T, int dim, const fl
     }
 }
 
+/* x_out = x + a (one fp32 add per element), h = rmsnorm(x_out) * w: rmsnorm_kernel's sum and arithmetic on x_out. */
+__global__ void add_rmsnorm_kernel(float *xo, const float *x, const float *a, const float *w, int64_t n, float eps,
+                                   float *h) {
+    __shared__ double sh[NT];
+    const int64_t base = (int64_t)blockIdx.x * n;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += NT) {
+        const float v = __fadd_rn(x[base + i], a[base + i]);
+        xo[base + i] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int64_t i = threadIdx.x; i < n; i += NT) h[base + i] = xo[base + i] * r * w[i];
+}
+
+/* Element i of rope(v, cs) (df_backend.mla_block; engine/rope.c rope_apply without contraction); cs NULL: v[i]. */
+__device__ __forceinline__ float rope_elem(const float *v, int i, int dim, const float *cs) {
+    const int half = dim / 2;
+    if (!cs || i >= 2 * half) return v[i];
+    const int k = i < half ? i : i - half;
+    const float a = v[2 * k], b = v[2 * k + 1], c = cs[2 * k], s = cs[2 * k + 1];
+    return i < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+/* Block t: row t of kva [T, kvl + dr] -> c_new = rmsnorm(kva[:kvl]) * kvn (rmsnorm_kernel's sum and arithmetic),
+ * kpe_new = rope(kva[kvl:], cs[t]), each written to dst_c[t] / dst_p[t] and to ret_c [T, kvl] / ret_p [T, dr];
+ * q [T, H, dn + dr] = q_raw with every head's rope part roped by cs[t]. */
+__global__ void kv_rows_kernel(const float *kva, int kvl, int dr, const float *kvn, float eps, const float *cs,
+                               float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
+                               float *q, int H, int dn) {
+    __shared__ double sh[NT];
+    const int t = blockIdx.x;
+    const float *row = kva + (int64_t)t * (kvl + dr), *cst = cs ? cs + (int64_t)t * dr : nullptr;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < kvl; i += NT) ss += (double)row[i] * row[i];
+    ss = block_sum(ss, sh);
+    const float r = (float)(1.0 / sqrt(ss / (double)kvl + (double)eps));
+    float *dc = dst_c[t];
+    for (int i = threadIdx.x; i < kvl; i += NT) {
+        const float v = row[i] * r * kvn[i];
+        dc[i] = v;
+        ret_c[(int64_t)t * kvl + i] = v;
+    }
+    if (dr) {
+        float *dp = dst_p[t];
+        for (int i = threadIdx.x; i < dr; i += NT) {
+            const float v = rope_elem(row + kvl, i, dr, cst);
+            dp[i] = v;
+            ret_p[(int64_t)t * dr + i] = v;
+        }
+    }
+    const int qd = dn + dr;
+    const float *qs = q_raw + (int64_t)t * H * qd;
+    float *qo = q + (int64_t)t * H * qd;
+    for (int j = threadIdx.x; j < H * qd; j += NT) {
+        const int h = j / qd, d = j % qd;
+        qo[j] = d < dn ? qs[j] : rope_elem(qs + h * qd + dn, d - dn, dr, cst);
+    }
+}
+
 __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t v = (uint32_t)i * 2654435761u ^ seed;
@@ -133,6 +195,21 @@ cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const flo
                            const int64_t *pos, cudaStream_t st) {
     if (T <= 0 || dim < 2) return cudaSuccess;
     rope_kernel<<<grid_for((int64_t)T * (dim / 2)), 256, 0, st>>>(out, x, T, dim, inv_freq, attention_factor, pos);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, const float *w, int T, int64_t n,
+                                  float eps, float *h, cudaStream_t st) {
+    if (T <= 0) return cudaSuccess;
+    add_rmsnorm_kernel<<<T, NT, 0, st>>>(x_out, x, a, w, n, eps, h);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const float *kv_norm, float eps, const float *cs,
+                              float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
+                              float *q, int H, int dn, cudaStream_t st) {
+    if (T <= 0) return cudaSuccess;
+    kv_rows_kernel<<<T, NT, 0, st>>>(kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
     return cudaGetLastError();
 }
 

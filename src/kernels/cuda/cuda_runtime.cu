@@ -1056,7 +1056,7 @@ extern "C" void df_cuda_trace_stages(void) {
         fprintf(stderr, "cuda trace:   %-40s %9llu %10.3f %10.1f\n", g_tst[k].name, g_tst[k].n, g_tst[k].s * 1e3,
                 g_tst[k].s * 1e6 / (double)(g_tst[k].n ? g_tst[k].n : 1));
 }
-int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return weight_on_device(w, data, scale); }
+int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return group_weight(w, data, scale); }
 int cu_rt_error(const char *msg) {
     snprintf(g_err, sizeof g_err, "%s", msg);
     return -1;
