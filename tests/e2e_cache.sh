@@ -7,7 +7,9 @@
 #    unless a process still holds it (a shared flock on its directory), which keeps it;
 #  - an unfinished conversion left by a killed run (no manifest, lock file free) is removed by the next new
 #    conversion of that checkpoint; no lock file is left in the cache;
-#  - another spine mode's conversion of the same checkpoint is never removed.
+#  - another spine mode's conversion of the same checkpoint is never removed;
+#  - every bench command that opens a model (decode, prefill, batch, cache, store, and project's bench decode run)
+#    converts into its --cache-dir DIR, not into the default cache; their --help and docs/cli.md list the flag.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -72,6 +74,34 @@ run --spine bf16 >/dev/null; rc=$?
 touch "$TMP/ck/config.json"
 run >/dev/null
 [ $rc -eq 0 ] && [ "$(ls -d "$C"/ck-*-bf16 2>/dev/null | wc -l)" -eq 1 ] && ok || bad "bf16 conversion: rc $rc, $(ls "$C")"
+
+# bench: --cache-dir DIR for each command that opens a model (the default cache, $XDG_CACHE_HOME, stays untouched)
+XC=$TMP/xdg
+bench() { # NAME ARGS...: bench NAME on the checkpoint with --cache-dir $TMP/b-NAME; output in $TMP/bench.out
+    local n=$1; shift
+    XDG_CACHE_HOME=$XC "$BIN" bench "$n" --model "$TMP/ck" --cache-dir "$TMP/b-$n" "$@" >"$TMP/bench.out" 2>&1
+}
+IO=(--io-seconds 0.05)
+for c in "decode --tokens 2 --events $TMP/ev.jsonl" "prefill --tokens 4" "batch --seqs 1,2 --tokens 2 --prompt 2" \
+         "cache --trace $TMP/ev.jsonl --slots 4" "store --trace $TMP/ev.jsonl" "project --drives 1 --gbps 1 --tokens 2"; do
+    read -ra A <<<"$c"
+    n=${A[0]}
+    io=("${IO[@]}"); [ "$n" = cache ] && io=()
+    bench "${A[@]}" "${io[@]}"; rc=$?
+    conv=$(ls -d "$TMP/b-$n"/ck-*-source 2>/dev/null)
+    [ $rc -eq 0 ] && [ -n "$conv" ] && [ -f "$conv/manifest.json" ] && [ ! -e "$XC" ] && grep -qF "$conv" "$TMP/bench.out" && ok \
+        || bad "bench $n --cache-dir: rc $rc, cache: $(ls "$TMP/b-$n" 2>&1), default cache: $(ls -R "$XC" 2>&1 | head -3), $(tr '\r' '\n' <"$TMP/bench.out" | tail -3)"
+    "$BIN" bench "$n" --help | grep -q -- "--cache-dir DIR" && ok || bad "bench $n --help does not list --cache-dir"
+    doc=$(awk -v h="### deltafin bench $n" '$0==h{f=1;next} f&&/^```$/{if(++k==2)exit;next} f&&k==1' "$SRC/docs/cli.md")
+    [ -n "$doc" ] && [ "$doc" = "$("$BIN" bench "$n" --help 2>&1)" ] && ok || bad "docs/cli.md '### deltafin bench $n' differs from its --help"
+done
+# a second decode reuses its conversion (nothing converted again), and --cache-dir without a value is a usage error
+bench decode --tokens 1 "${IO[@]}"; rc=$?
+[ $rc -eq 0 ] && ! grep -q "converting" "$TMP/bench.out" && ok || bad "bench decode reuse: rc $rc, $(tail -2 "$TMP/bench.out")"
+for n in decode prefill batch cache store project; do
+    out=$("$BIN" bench $n --cache-dir 2>&1); rc=$?
+    [ $rc -eq 2 ] && echo "$out" | grep -q -- "--cache-dir needs a value" && ok || bad "bench $n --cache-dir (no value): rc $rc $out"
+done
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

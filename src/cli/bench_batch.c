@@ -23,14 +23,15 @@ enum { MAX_SEQS = 64, MAX_RUNS = 16 };
 static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench batch [--model DIR] [--ram-budget SIZE] [--seqs 1,2,4,8] [--tokens N (16)]\n"
                "       [--prompt N (8)] [--threads N] [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop]\n"
-               "       [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda] [--gpu-budget SIZE]\n"
+               "       [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda] [--gpu-budget SIZE] [--cache-dir DIR]\n"
                "  For each S of --seqs: S sequences (random prompts of N tokens, seeded; sequence 0's is the same at\n"
                "  every S) prefilled in one batch, then --tokens greedy decode steps of S rows each in one forward pass;\n"
                "  cold (model reopened, its files evicted from the page cache). Prints aggregate tok/s, expert bytes read per generated\n"
                "  token, hit rate, the storage bound B / bytes-per-token and the speed-up over S = 1.\n"
                "  --qd N: expert reads in flight per drive, for the store (as `run --io-depth`) and the I/O benchmark.\n"
                "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
-               "  (default: the installed default model, else the embedded models/kimi-mini, as `deltafin run`).\n");
+               "  (default: the installed default model, else the embedded models/kimi-mini, as `deltafin run`).\n"
+               "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
 }
 
 static int parse_list(const char *s, int *out, int cap) {
@@ -131,7 +132,7 @@ out:
 }
 
 int bench_batch(int argc, char **argv) {
-    const char *model = NULL;
+    const char *model = NULL, *cache_dir = NULL;
     uint64_t budget = 0;
     int seqs[MAX_RUNS] = {1, 2, 4, 8}, n_runs = 4, tokens = 16, prompt = 8, threads = 0, qd = 16, nodrop = 0;
     long seed = 1;
@@ -143,12 +144,13 @@ int bench_batch(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--backend", "--gpu-budget", "--ram-budget", "--seqs", "--tokens", "--prompt",
-                                           "--threads", "--seed", "--qd", "--io-seconds", NULL};
+                                           "--threads", "--seed", "--qd", "--io-seconds", "--cache-dir", NULL};
         static const char *const bench_flags[] = {"--help", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench batch", a, vals, bench_flags);
         if (!v) { fprintf(stderr, "deltafin bench batch: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
         else if (!strcmp(a, "--backend")) {
             if (cli_check_backend("bench batch", v)) return 2;
             backend = v;
@@ -189,7 +191,7 @@ int bench_batch(int argc, char **argv) {
     }
     df_native *nat = NULL;
     /* a Hugging Face checkpoint is converted once into the conversion cache, as for bench decode / prefill */
-    int rc = bench_native_model("batch", &model, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
+    int rc = bench_native_model("batch", &model, cache_dir, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
                                 dflt_how[0] ? sizeof dflt_how : sizeof conv_how);
     if (rc) return rc;
     if (dflt_how[0] || conv_how[0]) fprintf(stderr, "bench batch: model %s (%s)\n", model, dflt_how[0] ? dflt_how : conv_how);

@@ -13,11 +13,13 @@
  * else a message naming `deltafin bench CMD` and DIR and the exit status: 1 no such directory or no model
  * there, 2 a Hugging Face checkpoint (config.json: convert it first and pass the output). */
 int bench_check_native(const char *cmd, const char *model);
-/* --model DIR of `bench decode` / `bench prefill`, which run the engine: a native model is used as it is; a Hugging
- * Face checkpoint (config.json) is converted once into the conversion cache, as `run` does, and *model points at the
- * converted directory (conv, cap bytes); how (if non-NULL) gets ", DIR converted into the conversion cache
- * (CACHE_DIR)" appended. 0, else a message naming `deltafin bench CMD` and the exit status (1). */
-int bench_native_model(const char *cmd, const char **model, char *conv, size_t cap, char *how, size_t howcap);
+/* --model DIR of the benchmarks that open a model (decode, prefill, batch, cache, store): a native model is used as it
+ * is; a Hugging Face checkpoint (config.json) is converted once into the conversion cache under cache_dir (--cache-dir;
+ * NULL = the default, $XDG_CACHE_HOME/deltafin), as `run` does, and *model points at the converted directory (conv,
+ * cap bytes); how (if non-NULL) gets ", DIR converted into the conversion cache (CONVERTED_DIR)" appended. 0, else a
+ * message naming `deltafin bench CMD` and the exit status (1). */
+int bench_native_model(const char *cmd, const char **model, const char *cache_dir, char *conv, size_t cap, char *how,
+                       size_t howcap);
 /* Evict a model's files from the page cache, for a cold measurement without touching other processes' cached
  * files and without root: every regular file of the model directory `model` and of each directory of the
  * comma-separated `pack_dirs` (either may be NULL) written back and dropped (posix_fadvise POSIX_FADV_DONTNEED).

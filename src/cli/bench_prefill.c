@@ -28,8 +28,10 @@ static void usage(FILE *f) {
                "       [--seed N (1)] [--io-seconds S (5)] [--qd N (16)] [--no-drop] [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda]\n"
                "       [--gpu-budget SIZE] [--events FILE (the store's JSONL events: every read, acquire, dropped guess)]\n"
                "       [--prefetch auto|on|off|ungated] [--prefault auto|on|off (as in `deltafin run`)] [--io-buffer SIZE]\n"
+               "       [--cache-dir DIR]\n"
                "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
                "  as `run` does. Default: the model `deltafin setup` installed, else the embedded models/kimi-mini.\n"
+               "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n"
                "  Cold TTFT of an N-token prompt (random ids, seeded) in one evaluation; prints the expert bytes read\n"
                "  against the union of experts the prompt touches (amplification), the union's read time at\n"
                "  `bench io` speed, the compute time and TTFT / max(both).\n"
@@ -39,7 +41,7 @@ static void usage(FILE *f) {
 }
 
 int bench_prefill(int argc, char **argv) {
-    const char *model = NULL, *backend = cli_default_backend();
+    const char *model = NULL, *cache_dir = NULL, *backend = cli_default_backend();
     uint64_t budget = 0, gpu_budget = 0, io_buffer = 0;
     long tokens = 64, threads = 0, seed = 1, qd = 16;
     double io_seconds = 5;
@@ -50,12 +52,14 @@ int bench_prefill(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--events", "--ram-budget", "--tokens", "--threads", "--seed", "--qd",
-                                           "--backend", "--gpu-budget", "--io-seconds", "--prefetch", "--prefault", "--io-buffer", NULL};
+                                           "--backend", "--gpu-budget", "--io-seconds", "--prefetch", "--prefault", "--io-buffer",
+                                           "--cache-dir", NULL};
         static const char *const bench_flags[] = {"--help", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench prefill", a, vals, bench_flags);
         if (!v) { fprintf(stderr, "deltafin bench prefill: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
         else if (!strcmp(a, "--events")) events = v;
         else if (!strcmp(a, "--ram-budget")) {
             if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench prefill: --ram-budget '%s': expected a size like 8G\n", v); return 2; }
@@ -89,7 +93,7 @@ int bench_prefill(int argc, char **argv) {
         model = dflt_dir;
     }
     df_native *nat = NULL;
-    int rc = bench_native_model("prefill", &model, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
+    int rc = bench_native_model("prefill", &model, cache_dir, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
                                 dflt_how[0] ? sizeof dflt_how : sizeof conv_how);
     if (rc) return rc;
     rc = bench_check_native("prefill", model);

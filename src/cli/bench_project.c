@@ -226,7 +226,8 @@ static void usage(FILE *f) {
             "                     ratio, compute ms per layer, stall, expert coverage (with --model DIR: that model's\n"
             "                     layer and expert counts; else inferred from the events)\n"
             "  --model DIR        without --from: runs `bench decode --model DIR --events TMP` first (--tokens N (16),\n"
-            "                     --ram-budget, --threads, --io-seconds, --prompt-ids, --no-drop are passed on)\n"
+            "                     --ram-budget, --threads, --io-seconds, --prompt-ids, --qd, --expert-dirs, --no-drop\n"
+            "                     and --cache-dir DIR (where a Hugging Face DIR is converted) are passed on)\n"
             "  --hit-rate H       expert cache hit rate h (default: measured, else 0 = cold)\n"
             "  --read-ratio R     expert bytes read / bytes needed (default: measured, else 1 - h)\n"
             "  --compute-ms-per-layer C  compute per layer per token, I/O stall excluded (default: measured, else 0)\n"
@@ -246,15 +247,16 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     double drives = 0, gbps = 0, prompt_t = 512;
     input h = {0}, rr = {0}, cms = {0}, stall = {0}, cov = {0}, pms = {0}, bpt = {0};
     input L = {0}, M = {0}, E = {0}, K = {0}, S = {0};
-    const char *pass[16];
+    const char *pass[20];
     int npass = 0, tokens = 16;
     int tokens_set = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        if (!strcmp(a, "--no-drop")) { if (npass < 16) pass[npass++] = a; continue; }
+        if (!strcmp(a, "--no-drop")) { if (npass < 20) pass[npass++] = a; continue; }
         static const char *const vals[] = {"--arch", "--from", "--model", "--drives", "--gbps", "--prompt-tokens", "--tokens",
                                            "--ram-budget", "--threads", "--io-seconds", "--prompt-ids", "--qd", "--expert-dirs",
+                                           "--cache-dir",
                                            "--hit-rate", "--read-ratio", "--compute-ms-per-layer", "--stall", "--coverage",
                                            "--prefill-ms-per-layer-token", "--bytes-per-token", "--layers", "--moe-layers",
                                            "--experts", "--top-k", "--expert-bytes", NULL};
@@ -284,8 +286,8 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         if (!strcmp(a, "--prompt-tokens")) { if (num_arg(a, v, 1, 1 << 24, &prompt_t)) return 2; continue; }
         if (!strcmp(a, "--tokens")) { double t; if (num_arg(a, v, 1, 1 << 20, &t)) return 2; tokens = (int)t; tokens_set = 1; continue; }
         if (!strcmp(a, "--ram-budget") || !strcmp(a, "--threads") || !strcmp(a, "--io-seconds") || !strcmp(a, "--prompt-ids") ||
-            !strcmp(a, "--qd") || !strcmp(a, "--expert-dirs")) {
-            if (npass < 14) { pass[npass++] = a; pass[npass++] = v; }
+            !strcmp(a, "--qd") || !strcmp(a, "--expert-dirs") || !strcmp(a, "--cache-dir")) {
+            if (npass < 19) { pass[npass++] = a; pass[npass++] = v; }
             continue;
         }
         NUM("--hit-rate", 0, 1, &h, "(--hit-rate)")
@@ -313,7 +315,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     }
     if ((npass || tokens_set) && (!model || from)) {
         fprintf(stderr, "deltafin bench project: --tokens, --ram-budget, --threads, --io-seconds, --prompt-ids, --qd, "
-                        "--expert-dirs, --no-drop are for the bench decode run of --model DIR (without --from)\n");
+                        "--expert-dirs, --no-drop, --cache-dir are for the bench decode run of --model DIR (without --from)\n");
         return 2;
     }
 

@@ -86,7 +86,8 @@ int bench_check_native(const char *cmd, const char *model) {
     return 1;
 }
 
-int bench_native_model(const char *cmd, const char **model, char *conv, size_t cap, char *how, size_t howcap) {
+int bench_native_model(const char *cmd, const char **model, const char *cache_dir, char *conv, size_t cap, char *how,
+                       size_t howcap) {
     char what[64], err[2048] = "";
     snprintf(what, sizeof what, "bench %s", cmd);
     if (cli_check_model_dir(what, *model)) return 1;
@@ -96,6 +97,7 @@ int bench_native_model(const char *cmd, const char **model, char *conv, size_t c
     df_model_opts_default(&co);
     df_progress_printer pp; /* a first-use conversion shows its progress on stderr, as run's does */
     df_progress_printer_init(&pp, stderr, "converting");
+    if (cache_dir) co.cache_dir = cache_dir;
     if (convert_cached(*model, co.cache_dir, co.spine, df_progress_print, &pp, conv, cap, err, sizeof err)) {
         if (pp.t_last > pp.t_start && !pp.finished) fputc('\n', stderr);
         fprintf(stderr, "deltafin bench %s: %s: %s\n", cmd, *model, err);
@@ -309,7 +311,7 @@ static double now_s(void) {
 }
 
 static int bench_decode(int argc, char **argv) {
-    const char *model = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
+    const char *model = NULL, *cache_dir = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
     const char *backend = cli_default_backend();
     uint64_t budget = 0, gpu_budget = 0, io_buffer = 0;
     int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0, prefetch = 0, prefault = 0, preload = 0;
@@ -321,7 +323,7 @@ static int bench_decode(int argc, char **argv) {
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--io-buffer SIZE] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
                    "       [--backend auto|cpu|cpu-scalar|cpu-avx2|cpu-avx512|cuda] [--gpu-budget SIZE] [--prefetch auto|on|off|ungated] [--prefault auto|on|off]\n"
-                   "       [--preload]\n"
+                   "       [--preload] [--cache-dir DIR]\n"
                    "  Cold-cache greedy decode; prints tok/s, bytes/token, hit rate and the storage-bound ratio.\n"
                    "  Cold: the model's files (its directory and pack directories) are evicted from the page cache\n"
                    "  before the model opens and after the I/O benchmark (other files stay cached); --no-drop keeps them.\n"
@@ -333,18 +335,20 @@ static int bench_decode(int argc, char **argv) {
                    "  --io-buffer SIZE: also measure B with the reads landing in a pool of SIZE (e.g. the budget), as\n"
                    "  the expert cache fills, and print the bound for that B too (see `bench io --buffer`).\n"
                    "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
-                   "  as `run` does. Default: the model `deltafin setup` installed, else the embedded models/kimi-mini.\n");
+                   "  as `run` does. Default: the model `deltafin setup` installed, else the embedded models/kimi-mini.\n"
+                   "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         if (!strcmp(a, "--preload")) { preload = 1; continue; }
         static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--warmup", "--threads", "--prompt-ids", "--io-seconds",
                                            "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", "--prefetch",
-                                           "--prefault", "--io-buffer", NULL};
+                                           "--prefault", "--io-buffer", "--cache-dir", NULL};
         static const char *const flags[] = {"--help", "--no-drop", "--preload", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench decode", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
         else if (!strcmp(a, "--ram-budget")) { /* 0 = no budget, as leaving the flag out */
             if (cli_parse_size(v, &budget)) {
                 fprintf(stderr, "deltafin bench decode: --ram-budget \"%s\": expected a size like 8G or 512M, or 0 for no budget\n", v);
@@ -375,7 +379,7 @@ static int bench_decode(int argc, char **argv) {
     /* a Hugging Face checkpoint (the embedded kimi-mini, or --model): converted once into the conversion cache,
      * as `run` does, and measured there */
     char conv_how[4600] = "";
-    int crc = bench_native_model("decode", &model, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
+    int crc = bench_native_model("decode", &model, cache_dir, conv_dir, sizeof conv_dir, dflt_how[0] ? dflt_how : conv_how,
                                  dflt_how[0] ? sizeof dflt_how : sizeof conv_how);
     if (crc) return crc;
     int32_t ids[256];
@@ -645,23 +649,26 @@ static double replay(const df_native *nat, const trace *t, int slots, int policy
 }
 
 static int bench_cache(int argc, char **argv) {
-    const char *model = NULL, *test = NULL, *train = NULL, *slots_s = "64";
+    const char *model = NULL, *cache_dir = NULL, *test = NULL, *train = NULL, *slots_s = "64";
     double hot = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,N2,...]\n"
-                   "       [--hot-fraction F] [--decay D]\n"
+                   "       [--hot-fraction F] [--decay D] [--cache-dir DIR]\n"
                    "  Replays the expert acquisitions of an events file (deltafin run --events) through the store with\n"
                    "  LRU, frequency-aware eviction, and frequency + the heat tier learned from --train (default: the\n"
                    "  trace itself = in-sample; another run's events = held-out). Prints hit rates. --model DIR: a\n"
-                   "  native model, or a Hugging Face checkpoint converted once into the conversion cache.\n");
+                   "  native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
+                   "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
-        static const char *const vals[] = {"--model", "--trace", "--train", "--slots", "--hot-fraction", "--decay", NULL};
+        static const char *const vals[] = {"--model", "--trace", "--train", "--slots", "--hot-fraction", "--decay", "--cache-dir",
+                                           NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench cache", a, vals, NULL);
         if (!v) { fprintf(stderr, "deltafin bench cache: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
         else if (!strcmp(a, "--trace")) test = v;
         else if (!strcmp(a, "--train")) train = v;
         else if (!strcmp(a, "--slots")) slots_s = v;
@@ -673,7 +680,7 @@ static int bench_cache(int argc, char **argv) {
     char err[2048];
     df_native *nat = NULL;
     char conv_dir[4096];
-    int chk = bench_native_model("cache", &model, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
+    int chk = bench_native_model("cache", &model, cache_dir, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench cache: %s\n", err); return 1; }
     trace tt, tr;
@@ -716,7 +723,7 @@ static int bench_cache(int argc, char **argv) {
  * layer as the engine does it (request all of the layer's experts on demand,
  * then acquire / release each), against bench io measured in the same run. */
 static int bench_store(int argc, char **argv) {
-    const char *model = NULL, *test = NULL;
+    const char *model = NULL, *cache_dir = NULL, *test = NULL;
     uint64_t cache = 0;
     int qd = 16, uring = 1, nodrop = 0, have_cache = 0;
     double io_seconds = 5;
@@ -724,20 +731,22 @@ static int bench_store(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE (1/4 of the experts)]\n"
-                   "       [--qd N] [--pread] [--io-seconds S] [--no-drop]\n"
+                   "       [--qd N] [--pread] [--io-seconds S] [--no-drop] [--cache-dir DIR]\n"
                    "  Replays a decode trace through the expert store with real cold reads and no compute; prints\n"
                    "  expert read GB/s as a share of bench io on the same directories in the same run, with qd reused\n"
                    "  buffers and into a pool the size of the cache (at most 4 GiB; see `bench io --buffer`). --model\n"
-                   "  DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache.\n");
+                   "  DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
+                   "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
         if (!strcmp(a, "--pread")) { uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
-        static const char *const vals[] = {"--model", "--trace", "--cache", "--qd", "--io-seconds", NULL};
+        static const char *const vals[] = {"--model", "--trace", "--cache", "--qd", "--io-seconds", "--cache-dir", NULL};
         static const char *const flags[] = {"--help", "--pread", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench store", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench store: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
         else if (!strcmp(a, "--trace")) test = v;
         else if (!strcmp(a, "--cache")) { if (want_size("store", a, v, &cache)) return 2; have_cache = 1; }
         else if (!strcmp(a, "--qd")) { if (want_int("store", a, v, 1, BENCH_MAX_QD, &qd)) return 2; }
@@ -748,7 +757,7 @@ static int bench_store(int argc, char **argv) {
     char err[2048];
     df_native *nat = NULL;
     char conv_dir[4096];
-    int chk = bench_native_model("store", &model, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
+    int chk = bench_native_model("store", &model, cache_dir, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench store: %s\n", err); return 1; }
     trace tt;
@@ -850,7 +859,8 @@ int cmd_bench(int argc, char **argv) {
                 "                              --hit-rate H --compute-ms-per-layer C ...]\n"
                 "  Each benchmark's options: deltafin bench <io|decode|prefill|batch|machine|kernels|cache|store|project> --help\n"
                 "  Without --model, decode, prefill and batch use the model `deltafin setup` installed, else the embedded\n"
-                "  models/kimi-mini (as `deltafin run`).\n");
+                "  models/kimi-mini (as `deltafin run`). A Hugging Face checkpoint given to decode, prefill, batch, cache,\n"
+                "  store or project is converted once into the conversion cache: $XDG_CACHE_HOME/deltafin, or --cache-dir DIR.\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "io")) return bench_io(argc - 2, argv + 2);
