@@ -55,6 +55,10 @@ void df_cuda_trace_wrap(struct df_backend *be);
 /* With DF_CUDA_TRACE=1: the device time (seconds) of the GPU entry point that returned last, from taking the runtime's
  * mutex to its closing synchronisation (events on its stream); -1 when not traced or not measured. */
 double df_cuda_last_gpu_s(void);
+/* With DF_CUDA_TRACE=1 or 2: the host time of the entry point that returned last, from taking the runtime's mutex to
+ * calling its closing synchronisation (*queue: preparing and queueing its work) and inside that synchronisation
+ * (*wait: the device finishing it); 0, or -1 when not traced or not measured. */
+int df_cuda_last_host_split(double *queue, double *wait);
 /* With DF_CUDA_TRACE=1: the device time per stage of the entry points (copies in and out, each kernel), on stderr. */
 void df_cuda_trace_stages(void);
 /* df_backend.dev_load: upload the routed-expert weight w (host data, dev_key set) into the expert cache unless it

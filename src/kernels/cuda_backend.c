@@ -85,8 +85,8 @@ static void init_table(void) {
                                                                                                         : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
-    /* DF_CUDA_TRACE=1: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */
-    if (df_cuda_env_trace(NULL, 0) == 1) df_cuda_trace_wrap(&g_cuda_be);
+    /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */
+    if (df_cuda_env_trace(NULL, 0) > 0) df_cuda_trace_wrap(&g_cuda_be);
 }
 
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) {

@@ -132,15 +132,16 @@ static inline int df_cuda_env_kv_mirror(unsigned long long *bytes, char *why, si
     return *bytes ? 1 : 0;
 }
 
-/* DF_CUDA_TRACE (cuda_trace.c, off by default): unset, empty, "0" or "off": 0; "1" or "on": 1; anything else: -1 with a
- * message in why. */
+/* DF_CUDA_TRACE (cuda_trace.c, off by default): unset, empty, "0" or "off": 0; "1" or "on": 1 (host clocks and device
+ * events); "2": 2 (host clocks only); anything else: -1 with a message in why. */
 static inline int df_cuda_env_trace(char *why, size_t whylen) {
     const char *v = getenv("DF_CUDA_TRACE");
     if (!v || !*v || !strcmp(v, "0") || !strcmp(v, "off")) return 0;
     if (!strcmp(v, "1") || !strcmp(v, "on")) return 1;
+    if (!strcmp(v, "2")) return 2;
     if (why && whylen)
-        snprintf(why, whylen, "environment variable DF_CUDA_TRACE=\"%.40s%s\": expected 1 (on) or 0 (off, the default); unset "
-                 "it or fix its value", v, strlen(v) > 40 ? "..." : "");
+        snprintf(why, whylen, "environment variable DF_CUDA_TRACE=\"%.40s%s\": expected 1 (on), 2 (host clocks only) or 0 "
+                 "(off, the default); unset it or fix its value", v, strlen(v) > 40 ? "..." : "");
     return -1;
 }
 

@@ -66,6 +66,7 @@ int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, const float 
     (void)b; (void)T; (void)x; (void)cs; (void)c; (void)kpe; (void)npos; (void)seq_key; (void)x_out; (void)h2; (void)logits;
     return -1;
 }
+int df_cuda_last_host_split(double *queue, double *wait) { (void)queue; (void)wait; return -1; }
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
 int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
 int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }

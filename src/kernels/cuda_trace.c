@@ -1,10 +1,14 @@
 /*
- * cuda_trace.c — DF_CUDA_TRACE=1 (a developer knob, docs/cuda.md): the wall time of every GPU call the engine makes
- * through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o, mla_block), from the call to
- * its return (each ends with a synchronisation, so this is the device work plus the launches, copies and the
- * synchronisation itself), and its device time (df_cuda_last_gpu_s: events from the start of its stream work to
- * its closing synchronisation), per operation, printed as a table on stderr at exit. Comparing a call's mean
- * with its kernels' time (bench kernels --backend cuda) gives the per-call overhead a layer-resident forward removes.
+ * cuda_trace.c — DF_CUDA_TRACE=1 or 2 (a developer knob, docs/cuda.md): the wall time of every GPU call the engine
+ * makes through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o, mla_block),
+ * from the call to its return (each ends with a synchronisation, so this is the device work plus the launches,
+ * copies and the synchronisation itself); its host time split into queueing (from taking the runtime's mutex to
+ * calling the closing synchronisation: staging, launches) and waiting inside that synchronisation
+ * (df_cuda_last_host_split); and with DF_CUDA_TRACE=1 its device time (df_cuda_last_gpu_s: events from the start of
+ * its stream work to its closing synchronisation, and per stage). Printed per operation as a table on stderr at
+ * exit. DF_CUDA_TRACE=2 records no device events, so the calls run as they do untraced: a queue time near the
+ * call's time means the GPU waits for the host. Comparing a call's mean with its kernels' time (bench kernels
+ * --backend cuda) gives the per-call overhead a layer-resident forward removes.
  * Timing only: the calls and their results are unchanged.
  */
 #ifdef DF_HAVE_CUDA
@@ -20,8 +24,8 @@ enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_BLOCK
 static const char *const tr_name[TR_N] = {"matmul", "mlp", "mlp_group", "mla_project", "mla_attend", "mla_attend_o",
                                           "mla_block"};
 static struct {
-    unsigned long long calls, rows, items, gpu_calls;
-    double s, gpu_s;
+    unsigned long long calls, rows, items, gpu_calls, host_calls;
+    double s, gpu_s, queue_s, wait_s;
 } g_tr[TR_N];
 static pthread_mutex_t g_tr_mu = PTHREAD_MUTEX_INITIALIZER;
 static df_backend g_orig;
@@ -34,10 +38,17 @@ static double tr_now(void) {
 
 static void tr_add(int op, double t0, long rows, int items) {
     const double dt = tr_now() - t0, g = df_cuda_last_gpu_s();
+    double q = 0, w = 0;
+    const int hs = df_cuda_last_host_split(&q, &w) == 0;
     pthread_mutex_lock(&g_tr_mu);
     if (g >= 0) {
         g_tr[op].gpu_calls++;
         g_tr[op].gpu_s += g;
+    }
+    if (hs) {
+        g_tr[op].host_calls++;
+        g_tr[op].queue_s += q;
+        g_tr[op].wait_s += w;
     }
     g_tr[op].calls++;
     g_tr[op].rows += (unsigned long long)(rows > 0 ? rows : 0);
@@ -47,13 +58,16 @@ static void tr_add(int op, double t0, long rows, int items) {
 }
 
 static void tr_print(void) {
-    fprintf(stderr, "cuda trace: op             calls     total ms    mean us  device us   rows/call  items/call\n");
+    fprintf(stderr, "cuda trace: op             calls     total ms    mean us  device us   queue us    wait us   rows/call  "
+                    "items/call\n");
     for (int i = 0; i < TR_N; i++)
         if (g_tr[i].calls)
-            fprintf(stderr, "cuda trace: %-12s %9llu %12.3f %10.1f %10.1f %11.1f %11.1f\n", tr_name[i], g_tr[i].calls,
-                    g_tr[i].s * 1e3, g_tr[i].s * 1e6 / g_tr[i].calls,
-                    g_tr[i].gpu_calls ? g_tr[i].gpu_s * 1e6 / g_tr[i].gpu_calls : -1.0, (double)g_tr[i].rows / g_tr[i].calls,
-                    (double)g_tr[i].items / g_tr[i].calls);
+            fprintf(stderr, "cuda trace: %-12s %9llu %12.3f %10.1f %10.1f %10.1f %10.1f %11.1f %11.1f\n", tr_name[i],
+                    g_tr[i].calls, g_tr[i].s * 1e3, g_tr[i].s * 1e6 / g_tr[i].calls,
+                    g_tr[i].gpu_calls ? g_tr[i].gpu_s * 1e6 / g_tr[i].gpu_calls : -1.0,
+                    g_tr[i].host_calls ? g_tr[i].queue_s * 1e6 / g_tr[i].host_calls : -1.0,
+                    g_tr[i].host_calls ? g_tr[i].wait_s * 1e6 / g_tr[i].host_calls : -1.0,
+                    (double)g_tr[i].rows / g_tr[i].calls, (double)g_tr[i].items / g_tr[i].calls);
     df_cuda_trace_stages();
 }
 

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 namespace {
 
@@ -242,29 +243,40 @@ int room_for(size_t need, int expert) {
  * between its stages (cu_rt_mark); after the synchronisation each stage's time (from the previous mark) is added to
  * a table by stage name (printed at exit by df_cuda_trace_stages). */
 enum { TR_MARKS = 16, TR_STAGES = 48 };
-int g_trace = -1; /* -1: not yet read from the environment */
+int g_trace = -1; /* -1: not yet read from the environment; 1: events and host clocks; 2: host clocks only */
+double g_h0, g_h1, g_h2; /* host clock: the mutex taken, the closing synchronisation called, and returned */
+int g_hdone;
 cudaEvent_t g_tev[TR_MARKS];
 const char *g_tname[TR_MARKS];
 int g_nmark, g_tev_done;
 struct TrStage { const char *name; double s; unsigned long long n; } g_tst[TR_STAGES];
 int g_ntst;
 
+double host_now() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 void trace_begin() {
     if (g_trace < 0) {
-        g_trace = df_cuda_env_trace(NULL, 0) == 1;
-        for (int i = 0; g_trace && i < TR_MARKS; i++)
-            if (cudaEventCreate(&g_tev[i]) != cudaSuccess) g_trace = 0;
+        const int v = df_cuda_env_trace(NULL, 0);
+        g_trace = v > 0 ? v : 0;
+        for (int i = 0; g_trace == 1 && i < TR_MARKS; i++)
+            if (cudaEventCreate(&g_tev[i]) != cudaSuccess) g_trace = 2;
     }
     g_nmark = 0;
     g_tev_done = 0;
-    if (g_trace && cudaEventRecord(g_tev[0], g_st) == cudaSuccess) { g_tname[0] = "start"; g_nmark = 1; }
+    g_hdone = 0;
+    if (g_trace > 0) g_h0 = host_now();
+    if (g_trace == 1 && cudaEventRecord(g_tev[0], g_st) == cudaSuccess) { g_tname[0] = "start"; g_nmark = 1; }
 }
 
 } // namespace
 
 /* A stage of the current entry point ends here (DF_CUDA_TRACE; name: a string literal). */
 void cu_rt_mark(const char *name) {
-    if (g_trace > 0 && g_nmark > 0 && g_nmark < TR_MARKS && cudaEventRecord(g_tev[g_nmark], g_st) == cudaSuccess)
+    if (g_trace == 1 && g_nmark > 0 && g_nmark < TR_MARKS && cudaEventRecord(g_tev[g_nmark], g_st) == cudaSuccess)
         g_tname[g_nmark++] = name;
 }
 
@@ -1024,9 +1036,28 @@ void cu_rt_unlock(void) { pthread_mutex_unlock(&g_mu); }
 cudaStream_t cu_rt_stream(void) { return g_st; }
 cudaError_t cu_rt_sync(const char *stage) {
     cu_rt_mark(stage);
+    if (g_trace > 0) g_h1 = host_now();
     const cudaError_t e = cudaStreamSynchronize(g_st);
-    if (e == cudaSuccess && g_trace > 0 && g_nmark > 1) g_tev_done = 1;
+    if (g_trace > 0) {
+        g_h2 = host_now();
+        g_hdone = e == cudaSuccess;
+    }
+    if (e == cudaSuccess && g_trace == 1 && g_nmark > 1) g_tev_done = 1;
     return e;
+}
+/* With DF_CUDA_TRACE: the host time of the entry point that returned last from taking the mutex to calling its
+ * closing synchronisation (*queue: preparing and queueing its work) and inside that synchronisation (*wait); 0 when
+ * measured, -1 else. */
+extern "C" int df_cuda_last_host_split(double *queue, double *wait) {
+    pthread_mutex_lock(&g_mu);
+    const int ok = g_trace > 0 && g_hdone;
+    if (ok) {
+        *queue = g_h1 - g_h0;
+        *wait = g_h2 - g_h1;
+    }
+    g_hdone = 0;
+    pthread_mutex_unlock(&g_mu);
+    return ok ? 0 : -1;
 }
 /* The device time of the entry point that just returned (its marks recorded, stream idle), else -1; its stages
  * are added to the stage table. */
