@@ -10,7 +10,10 @@
 #   9. an unwritable --port-file is an error (exit 1);
 #   7. /health names a model whose expert pack failed its checksum (503, status "error");
 #  10. max_tokens 0 with echo scores the prompt (its logprobs, nothing generated);
-#   5. two requests without a seed sample different texts.
+#   5. two requests without a seed sample different texts;
+#  11. --ctx N: the mock answers as the engine does on a golden model with the same --ctx (context_length, the 400
+#      for a prompt of N tokens, finish_reason and usage when prompt + max_tokens pass N, plain and streamed);
+#      above the mock's maximum (4096) --ctx is lowered to it with the engine's note.
 # Env: DF_BIN (deltafin binary), DF_SRC (repo root).
 set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -168,6 +171,44 @@ if "$BIN" convert "$G" "$TMP/nat" >"$TMP/conv.log" 2>&1; then
         stop_server bad
     else bad "serve on the converted model did not start: $(tail -3 "$TMP/bad.log")"; fi
 else bad "convert $G: $(tail -2 "$TMP/conv.log")"; fi
+
+# ---- 11. --ctx N: the mock as the engine (token-id prompts: the golden model has no tokenizer)
+ctx_case() { # ctx_case NAME ARGS...: the answers of a --ctx 32 server, one line each, into $TMP/NAME.ctx
+    local name=$1; shift
+    if ! start_server "$name" --ctx 32 "$@"; then bad "serve $* --ctx 32 did not start: $(tail -2 "$TMP/$name.log")"; return; fi
+    local i32 i20
+    i32=$(seq -s, 1 32); i20=$(seq -s, 1 20)
+    {
+        curl -s "$B/v1/models" >"$TMP/m"; json "$TMP/m" 'j.data[0].context_length'
+        curl -s -o "$TMP/r" -w '%{http_code} ' "${H[@]}" -d "{\"prompt\":[$i32],\"max_tokens\":1,\"temperature\":0}" "$B/v1/completions"
+        json "$TMP/r" 'j.error.message + " " + j.error.param'
+        curl -s -o "$TMP/r" -w '%{http_code} ' "${H[@]}" -d "{\"prompt\":[$i20],\"max_tokens\":100,\"temperature\":0}" "$B/v1/completions"
+        json "$TMP/r" 'j.choices[0].finish_reason + " " + JSON.stringify(j.usage)'
+        curl -s "${H[@]}" -d "{\"prompt\":[$i20],\"max_tokens\":100,\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" \
+            "$B/v1/completions" | grep '^data: {' | sed 's/^data: //' | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{
+                const ev=s.trim().split("\n").map(l=>JSON.parse(l)); let f="", u=null;
+                for (const e of ev) { if (e.choices.length) { if (e.choices[0].finish_reason) f=e.choices[0].finish_reason; } else u=e.usage; }
+                console.log("stream " + f + " " + JSON.stringify(u)); })'
+    } >"$TMP/$name.ctx" 2>&1
+    grep -q "context 32, listening" "$TMP/$name.log" && ok "$name: serve --ctx 32 says context 32" || bad "$name: startup line: $(tail -1 "$TMP/$name.log")"
+    stop_server "$name"
+}
+ctx_case ctxmock --mock
+ctx_case ctxreal --model "$SRC/tests/golden/bf16_kimi" --cache-dir "$TMP/cache"
+want_ctx="32
+400 This model's context is 32 tokens; the prompt has 32 tokens. prompt
+200 length {\"prompt_tokens\":20,\"completion_tokens\":12,\"total_tokens\":32,\"prompt_tokens_details\":{\"cached_tokens\":0}}
+stream length {\"prompt_tokens\":20,\"completion_tokens\":12,\"total_tokens\":32,\"prompt_tokens_details\":{\"cached_tokens\":19}}"
+expect "engine --ctx 32: context_length, 400 for a 32-token prompt, 12 of max_tokens 100 then length (plain, streamed reusing 19)" \
+    "$(cat "$TMP/ctxreal.ctx")" "$want_ctx"
+expect "mock --ctx 32 answers as the engine" "$(cat "$TMP/ctxmock.ctx")" "$(cat "$TMP/ctxreal.ctx")"
+if start_server ctxbig --mock --ctx 5000; then
+    curl -s "$B/v1/models" >"$TMP/m"
+    expect "mock --ctx 5000: lowered to the mock's maximum" "$(json "$TMP/m" 'j.data[0].context_length')" 4096
+    grep -q "^deltafin serve: note: --ctx 5000 is more than the model's maximum of 4096 positions; using 4096" "$TMP/ctxbig.log" \
+        && ok "mock --ctx 5000: the engine's note" || bad "mock --ctx 5000 note: $(head -2 "$TMP/ctxbig.log")"
+    stop_server ctxbig
+else bad "serve --mock --ctx 5000 did not start: $(tail -2 "$TMP/ctxbig.log")"; fi
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

@@ -4,7 +4,7 @@
  * sequences across tokens, UTF-8-safe chunks, logprobs (text_offset in characters,
  * partial characters as bytes:\xNN, chat bytes, distinct top_logprobs keys), seeds
  * (per-request entropy without one), max_tokens 0 with echo, KV prefix reuse,
- * cancellation and prompt errors. */
+ * cancellation, prompt errors and a context smaller than the default (serve --mock --ctx). */
 #include "server/srv.h"
 #include "test_util.h"
 #include <string.h>
@@ -260,9 +260,66 @@ static void test_issue11(void) {
     free(ej);
 }
 
+/* serve --mock --ctx N: the mock's sessions hold N positions, and the generator treats them as the engine's: a prompt of
+ * N tokens or more is a 400 naming the context, generation stops at the context with finish_reason "length" (also a
+ * chat without max_tokens), a KV-reused session too; 0 is the mock's maximum (4096), more is lowered to it. */
+static void test_mock_ctx(void) {
+    char err[256];
+    srv_backend *saved = be, *m16 = NULL;
+    CHECK(srv_backend_open_mock(&m16, 0, 0, 16, 1, err, sizeof err) == 0 && m16 && m16->n_ctx == 16, "mock --ctx 16 opens");
+    if (!m16) return;
+    be = go.be = m16;
+    srv_job *j = run(SRV_COMPLETION, "{\"prompt\":\"abcdefghijklmnop\",\"max_tokens\":1,\"temperature\":0}");
+    CHECK(j->http_status == 400 && strstr(j->out.p, "This model's context is 16 tokens; the prompt has 16 tokens.") &&
+          strstr(j->out.p, "\"param\":\"prompt\""), "16-token prompt in a 16-position context: 400: %s", j->out.p);
+    srv_job_unref(j);
+    /* 10 prompt tokens + max_tokens 100: the 6 that fit, then "length" (the mock's text from offset 10) */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abcdefghij\",\"max_tokens\":100,\"temperature\":0}");
+    cJSON *r = body_json(j);
+    CHECK(j->http_status == 200 && !strcmp(choice_str(r, "text"), "ld! Th") && !strcmp(choice_str(r, "finish_reason"), "length"),
+          "prompt + max_tokens past the context: the room, finish length: %d '%s' %s", j->http_status, choice_str(r, "text"),
+          choice_str(r, "finish_reason"));
+    CHECK(usage_int(cJSON_GetObjectItem(r, "usage"), "completion_tokens") == 6, "6 completion tokens");
+    cJSON_Delete(r);
+    srv_job_unref(j);
+    /* the same streamed, and extending the cached tokens (KV reuse): the room is the context's, not the new part's */
+    j = run(SRV_COMPLETION, "{\"prompt\":\"abcdefghijld\",\"max_tokens\":100,\"temperature\":0,\"stream\":true}");
+    sse_t s;
+    parse_sse(j->out.p, &s, 0);
+    CHECK(!strcmp(s.text, "! Th") && !strcmp(s.finish, "length") && s.done, "streamed, reused: '%s' %s", s.text, s.finish);
+    srv_job_unref(j);
+    /* chat without max_tokens: what fits ("user: hi\nassistant:" is 19 tokens: not in 16) */
+    j = run(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":0}");
+    CHECK(j->http_status == 400 && strstr(j->out.p, "the prompt has 19 tokens") && strstr(j->out.p, "\"param\":\"messages\""),
+          "chat prompt past the context: 400: %s", j->out.p);
+    srv_job_unref(j);
+    m16->close(m16);
+    srv_backend *m = NULL;
+    CHECK(srv_backend_open_mock(&m, 0, 0, 24, 1, err, sizeof err) == 0 && m, "mock --ctx 24 opens");
+    if (m) {
+        be = go.be = m;
+        j = run(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":0}");
+        r = body_json(j);
+        cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "message");
+        cJSON *ct = cJSON_GetObjectItem(msg, "content");
+        CHECK(j->http_status == 200 && cJSON_IsString(ct) && !strcmp(ct->valuestring, "uick ") &&
+              !strcmp(choice_str(r, "finish_reason"), "length"), "chat without max_tokens: the 5 that fit in 24: %s", j->out.p);
+        cJSON_Delete(r);
+        srv_job_unref(j);
+        m->close(m);
+    }
+    m = NULL;
+    CHECK(srv_backend_open_mock(&m, 0, 0, 0, 1, err, sizeof err) == 0 && m && m->n_ctx == 4096, "--ctx 0: the maximum, 4096");
+    if (m) m->close(m);
+    m = NULL;
+    CHECK(srv_backend_open_mock(&m, 0, 0, 5000, 1, err, sizeof err) == 0 && m && m->n_ctx == 4096, "--ctx 5000: lowered to 4096");
+    if (m) m->close(m);
+    be = go.be = saved;
+}
+
 int main(void) {
     char err[256];
-    CHECK(srv_backend_open_mock(&be, 0, 0, 1, err, sizeof err) == 0, "mock opens");
+    CHECK(srv_backend_open_mock(&be, 0, 0, 0, 1, err, sizeof err) == 0, "mock opens");
     go.be = be;
     go.kv_reuse = 1;
     go.keepalive_s = 5;
@@ -426,10 +483,11 @@ int main(void) {
     srv_job_unref(j);
 
     test_issue11();
+    test_mock_ctx();
     be->close(be);
 
     /* 9. Kimi: <think> -> reasoning_content, tool-call section -> tool_calls */
-    CHECK(srv_backend_open_mock(&be, 0, 1, 1, err, sizeof err) == 0, "kimi mock opens");
+    CHECK(srv_backend_open_mock(&be, 0, 1, 0, 1, err, sizeof err) == 0, "kimi mock opens");
     go.be = be;
     const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{}}}]";
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"temperature\":0,%s}", tools);

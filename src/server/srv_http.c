@@ -691,7 +691,8 @@ int srv_serve(const srv_config *cfg) {
         DROP_PORT_FILE();
         return 2;
     }
-    if (cfg->mock) rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, cfg->mock_kimi, S.n_workers, err, sizeof err);
+    if (cfg->mock)
+        rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, cfg->mock_kimi, cfg->n_ctx, S.n_workers, err, sizeof err);
     else {
         df_model_opts mo;
         df_model_opts_default(&mo);

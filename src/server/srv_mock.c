@@ -33,7 +33,7 @@ static const char *const MOCK_MARKERS[] = {"<|tool_calls_section_begin|>", "<|to
                                            "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
 #define MOCK_N_MARKERS 5
 #define MOCK_VOCAB (257 + MOCK_N_MARKERS)
-#define MOCK_CTX 4096
+#define MOCK_CTX 4096 /* the mock's maximum context, as a model's max_position_embeddings */
 
 typedef struct {
     int32_t toks[MOCK_CTX];
@@ -45,6 +45,7 @@ typedef struct {
 typedef struct {
     mock_sess *ss;
     int n_ss;
+    int n_ctx;                        /* positions of each session (serve --ctx), at most MOCK_CTX */
     pthread_mutex_t mu;               /* session_acquire / release */
     int delay_ms;
     int kimi;
@@ -177,8 +178,9 @@ static int k_eval(srv_backend *b, void *sess, const int32_t *ids, int n, float *
                   df_progress_fn progress, void *u, char *err, size_t errlen) {
     mock *k = MK(b);
     mock_sess *ms = sess;
-    if (ms->n_past + n > MOCK_CTX) {
-        snprintf(err, errlen, "mock context full (%d + %d > %d)", ms->n_past, n, MOCK_CTX);
+    if (ms->n_past + n > k->n_ctx) {
+        snprintf(err, errlen, "context full: %d tokens in the session + %d new exceed its %d positions", ms->n_past, n,
+                 k->n_ctx);
         return DF_ECONTEXT;
     }
     for (int i = 0; i < n; i++) {
@@ -272,7 +274,7 @@ static void k_close(srv_backend *b) {
     free(b);
 }
 
-int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_sessions, char *err, size_t errlen) {
+int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_ctx, int n_sessions, char *err, size_t errlen) {
     if (n_sessions < 1 || n_sessions > SRV_MAX_PARALLEL) {
         snprintf(err, errlen, "mock: %d sessions (1..%d)", n_sessions, SRV_MAX_PARALLEL);
         return DF_EINVAL;
@@ -283,6 +285,15 @@ int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_sessi
     if (!b || !k || !ss) { free(b); free(k); free(ss); return DF_ENOMEM; }
     k->ss = ss;
     k->n_ss = n_sessions;
+    /* --ctx as srv_backend_open_model takes it: 0 = the maximum (MOCK_CTX = 4096, the engine's default cap too);
+     * more than the maximum is lowered to it, with the same note */
+    if (n_ctx <= 0) n_ctx = MOCK_CTX;
+    if (n_ctx > MOCK_CTX) {
+        fprintf(stderr, "deltafin serve: note: --ctx %d is more than the model's maximum of %d positions; using %d\n",
+                n_ctx, MOCK_CTX, MOCK_CTX);
+        n_ctx = MOCK_CTX;
+    }
+    k->n_ctx = n_ctx;
     pthread_mutex_init(&k->mu, NULL);
     k->delay_ms = delay_ms;
     k->kimi = kimi;
@@ -299,7 +310,7 @@ int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_sessi
                        : "mock: built-in test model (bytes + EOS, fixed UTF-8 text)";
     b->is_kimi = kimi;
     b->n_vocab = MOCK_VOCAB;
-    b->n_ctx = MOCK_CTX;
+    b->n_ctx = n_ctx;
     b->has_tokenizer = 1;
     b->exact = 1;
     b->tokenize = k_tokenize;
