@@ -7,7 +7,8 @@
 #    recognised and removed, the re-run succeeds (also in --expert-dirs); a directory holding other files as well
 #    is still refused unless --force; a directory another run is writing into right now is refused (its lock);
 #  - `run` on a Hugging Face checkpoint: SIGINT during its first-use conversion into the cache leaves nothing there
-#    (exit 130, one line), and a second run of the same conversion meanwhile says it waits for the first;
+#    (exit 130, one line), and a second run of the same conversion meanwhile says it waits for the first; `bench
+#    decode` the same; `serve` the same, ending by the signal too (SIGINT 130, SIGTERM 143), with no port file left;
 #  - `synth OUT_DIR` alone writes the documented default model (the figures of --help = --dry-run's; started and
 #    interrupted when the disk has room, else refused for lack of space before writing), OUT_DIR may come last;
 #    every synth usage error names its flag and value; docs/cli.md shows the --help of convert, synth and doctor.
@@ -166,6 +167,32 @@ EOF
             && [ -z "$(ls -A "$TMP/cache")" ] && ok || bad "run's conversion SIGINT: rc $rc, left: $(ls -A "$TMP/cache"), $(tr '\r' '\n' <"$TMP/bg.err" | tail -1)"
     else
         wait "$bg"; bad "run's conversion ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
+    fi
+    # serve's first-use conversion, SIGINT / SIGTERM mid-write: the same cleanup and message, serve's line, no port
+    # file, and serve ends by the signal as run does (exit 130 / 143)
+    for sig in INT TERM; do
+        want=$([ $sig = INT ] && echo 130 || echo 143)
+        start "$BIN" serve --model "$TMP/hf" --cache-dir "$TMP/scache" --threads 1 --port 0 --port-file "$TMP/s.port"
+        if wait_tmp "$TMP/scache/*/experts-*.tmp"; then
+            kill -$sig "$bg"; wait "$bg"; rc=$?
+            [ $rc -eq "$want" ] \
+                && grep -q "^deltafin: interrupted by SIG$sig: the conversion into $TMP/scache/hf-.* stopped and removed every file it had written" "$TMP/bg.err" \
+                && grep -q "^deltafin serve: cannot open model $TMP/hf: interrupted by SIG$sig" "$TMP/bg.err" \
+                && [ -z "$(ls -A "$TMP/scache")" ] && [ ! -e "$TMP/s.port" ] && [ ! -e "$TMP/s.port.tmp" ] && ok \
+                || bad "serve's conversion SIG$sig: rc $rc (want $want), left: $(ls -A "$TMP/scache") $(ls "$TMP" | grep s.port), $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
+        else
+            wait "$bg"; bad "serve's conversion ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
+        fi
+    done
+    # bench decode's first-use conversion, SIGINT mid-write: the same cleanup and message, ended by the signal (130)
+    start "$BIN" bench decode --model "$TMP/hf" --cache-dir "$TMP/bcache" --threads 1 --tokens 1
+    if wait_tmp "$TMP/bcache/*/experts-*.tmp"; then
+        kill -INT "$bg"; wait "$bg"; rc=$?
+        [ $rc -eq 130 ] \
+            && grep -q "^deltafin: interrupted by SIGINT: the conversion into $TMP/bcache/hf-.* stopped and removed every file it had written" "$TMP/bg.err" \
+            && [ -z "$(ls -A "$TMP/bcache")" ] && ok || bad "bench decode's conversion SIGINT: rc $rc, left: $(ls -A "$TMP/bcache"), $(tr '\r' '\n' <"$TMP/bg.err" | tail -1)"
+    else
+        wait "$bg"; bad "bench decode's conversion ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
     fi
     # SIGINT into an existing directory with --force: the directory stays, emptied of what this run wrote
     mkdir -p "$TMP/c-f"; : >"$TMP/c-f/keep.txt"

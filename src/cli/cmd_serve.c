@@ -4,6 +4,8 @@
 #include "cli_draft.h"
 #include "hub/stream.h"
 #include "server/server.h"
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,5 +208,16 @@ int cmd_serve(int argc, char **argv) {
     int rc = srv_serve(&c);
     if (remote) stream_print_stats(remote, stderr);
     stream_close(remote);
+    if (rc == 128 + SIGINT || rc == 128 + SIGTERM) {
+        /* the signal stopped a first-use conversion (its files removed, said on stderr): end by it, as run and bench
+         * do; it is pending, blocked by srv_serve, and delivered under the default disposition at the unblock */
+        const int sig = rc - 128;
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, sig);
+        signal(sig, SIG_DFL);
+        pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+        raise(sig);
+    }
     return rc;
 }

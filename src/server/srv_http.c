@@ -658,6 +658,14 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ------------------------------------------------------------------ main */
 
+/* The SIGINT or SIGTERM pending in this thread (both are blocked here), else 0: after a model open that returned
+ * DF_ECANCELLED, the signal that stopped its first-use conversion (convert_cached raises it again under this mask). */
+static int pending_stop_signal(void) {
+    sigset_t p;
+    if (sigpending(&p) != 0) return 0;
+    return sigismember(&p, SIGINT) == 1 ? SIGINT : sigismember(&p, SIGTERM) == 1 ? SIGTERM : 0;
+}
+
 int srv_serve(const srv_config *cfg) {
     memset(&S, 0, sizeof S);
     S.cfg = *cfg;
@@ -713,14 +721,16 @@ int srv_serve(const srv_config *cfg) {
             /* the draft failed, not the main model: err already names --draft PATH */
             fprintf(stderr, "deltafin serve: cannot use the draft model: %s\n", err[0] ? err : df_strerror(rc));
             DROP_PORT_FILE();
-            return 1;
+            const int sig = rc == DF_ECANCELLED ? pending_stop_signal() : 0;
+            return sig ? 128 + sig : 1;
         }
     }
     if (rc) {
         fprintf(stderr, "deltafin serve: cannot open model %s: %s\n", cfg->mock ? "mock" : cfg->model_path,
                 err[0] ? err : df_strerror(rc)); /* err says what and why; the code's name only when it is empty */
         DROP_PORT_FILE();
-        return 1;
+        const int sig = rc == DF_ECANCELLED ? pending_stop_signal() : 0;
+        return sig ? 128 + sig : 1;
     }
     S.gen.be = S.be;
     S.gen.max_tokens = cfg->max_tokens;
