@@ -4,7 +4,8 @@
 # step drafts), text prompts greedy and seeded, streaming, a second turn that extends the first
 # (prefix reuse after speculative steps), a request with logprobs (served without drafting) and 3
 # concurrent requests (serve --parallel: one drafter per session);
-# a KDA model (tests/golden/kl_bf16) with ngram drafting keeps the golden greedy ids.
+# a KDA model (tests/golden/kl_bf16) with ngram drafting keeps the golden greedy ids; --cache-dir holds the
+# draft model's conversion as the target's.
 # Env: DF_BIN, DF_SRC.
 set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -51,7 +52,11 @@ stream() {
 
 KM=$SRC/models/kimi-mini
 start_server plain --model "$KM" && P0=$PORT || { bad "plain server did not start: $(cat "$TMP/plain.log")"; echo "$PASS passed, $FAIL failed"; exit 1; }
-start_server draft --model "$KM" --draft "$SRC/models/kimi-mini-draft" --draft-gate off && P1=$PORT || bad "draft server did not start: $(cat "$TMP/draft.log")"
+start_server draft --model "$KM" --draft "$SRC/models/kimi-mini-draft" --draft-gate off --cache-dir "$TMP/cd" && P1=$PORT || bad "draft server did not start: $(cat "$TMP/draft.log")"
+# --cache-dir holds the draft model's conversion too (not the default cache)
+ls -d "$TMP/cd"/kimi-mini-draft-*-source >/dev/null 2>&1 && ! ls -d "$XDG_CACHE_HOME"/deltafin/kimi-mini-draft-* >/dev/null 2>&1 \
+    && ok "serve --draft DIR converts the draft into --cache-dir" \
+    || bad "draft conversion not in --cache-dir: $(ls "$TMP/cd" 2>&1) / default: $(ls "$XDG_CACHE_HOME"/deltafin 2>&1)"
 start_server ngram --model "$KM" --draft ngram --draft-gate off --draft-ngram 1,3 && P2=$PORT || bad "ngram server did not start: $(cat "$TMP/ngram.log")"
 grep -q "^draft: model .*kimi-mini-draft, k max 8 adaptive, gate off" "$TMP/draft.log" && ok "draft server echoes its drafting configuration" \
     || bad "no draft line: $(cat "$TMP/draft.log")"

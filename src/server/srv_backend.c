@@ -351,7 +351,11 @@ int srv_backend_set_draft(srv_backend *b, const srv_draft_config *dc, const df_m
     if (!ngram) {
         df_model_opts o;
         df_model_opts_default(&o);
-        o.threads = mo->threads;
+        o.threads = mo->threads; /* the target's threads, cache, backend and progress, as run's --draft */
+        o.cache_dir = mo->cache_dir;
+        o.backend = mo->backend;
+        o.progress = mo->progress;
+        o.progress_user = mo->progress_user;
         o.kv_positions = b->n_ctx;
         o.heat_path = "off";
         rc = df_model_open(&bm->dm, dc->draft, &o, e2, sizeof e2);
