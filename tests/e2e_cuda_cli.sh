@@ -2,9 +2,9 @@
 # e2e_cuda_cli.sh — `--backend` of run / bench on any machine: `--backend cuda` either runs on the GPU (the
 # configuration line says "backend cuda" and the greedy ids equal the CPU's) or, without a CUDA device or a
 # CUDA build, exits 1 with the reason; `--backend auto` always runs; an unknown name is a usage error (2);
-# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT, DF_CUDA_MLA_BLOCK, DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS,
-# DF_CUDA_TILE, DF_CUDA_MMA_KS or DF_CUDA_KV_MIRROR stops cuda and auto (exit 1, naming the variable and the accepted values), not cpu; no NVIDIA
-# driver is named as such.
+# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT, DF_CUDA_MLA_BLOCK, DF_CUDA_HOST_PIN,
+# DF_CUDA_MV_ROWS, DF_CUDA_TILE, DF_CUDA_MMA_KS or DF_CUDA_KV_MIRROR stops cuda and auto (exit 1,
+# naming the variable and the accepted values), not cpu; no NVIDIA driver is named as such.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}

@@ -20,13 +20,14 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "unknown option is one line naming it (with the closest option when one is near) and exit status 2."
   echo "\`deltafin help COMMAND\` is \`deltafin COMMAND --help\`."
   echo "The CUDA backend's knobs (\`DF_CUDA_MMA\`: the encodings on the tensor-core kernel; \`DF_CUDA_MLP_GROUP\`,"
-  echo "\`DF_CUDA_ATTN\`, \`DF_CUDA_MLA_PROJECT\`, \`DF_CUDA_HOST_PIN\`: 1|on / 0|off, grouped expert MLPs, the attention core on"
-  echo "the GPU, the MLA projections in one round trip, pinned host"
-  echo "buffers; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8; \`DF_CUDA_MMA_KS\`: the"
-  echo "tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits); \`DF_CUDA_KV_MIRROR\`:"
-  echo "1|on / 0|off / a size such as 4G, the GPU memory of the attention core's KV-cache mirrors; \`DF_CUDA_TRACE\`: 1|on /"
-  echo "0|off (default), each GPU call's wall and device time per stage on stderr at exit; each an error for"
-  echo "\`--backend cuda\` / \`auto\` when invalid): [docs/cuda.md](cuda.md)."
+  echo "\`DF_CUDA_ATTN\`, \`DF_CUDA_MLA_PROJECT\`, \`DF_CUDA_MLA_BLOCK\`, \`DF_CUDA_HOST_PIN\`: 1|on / 0|off, grouped expert MLPs,"
+  echo "the attention core on the GPU, the MLA projections in one round trip, a layer's whole MLA block in one round trip,"
+  echo "pinned host buffers; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8;"
+  echo "\`DF_CUDA_MMA_KS\`: the tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits);"
+  echo "\`DF_CUDA_KV_MIRROR\`: 1|on / 0|off / a size such as 4G, the GPU memory of the attention core's"
+  echo "KV-cache mirrors; \`DF_CUDA_TRACE\`: 1|on / 2 (host clocks only) / 0|off (default), each GPU call's wall, queue, wait"
+  echo "and device time per stage on stderr at exit; each an error for \`--backend cuda\` / \`auto\` when invalid):"
+  echo "[docs/cuda.md](cuda.md)."
   for c in run convert tokenize serve bench synth doctor setup list warm; do
     echo; echo "## deltafin $c"; echo; echo '```'; "$B" $c --help 2>&1 || true; echo '```'
     if [ $c = bench ]; then

@@ -26,6 +26,8 @@
 #          between bench io runs into reused buffers and into a pool of the host budget.
 #   part 14: a layer's whole MLA block in one GPU call vs separate calls (DF_CUDA_MLA_BLOCK): GPU tests, preloaded
 #          resident decode A/B, traced, and after a 3072-token prompt.
+#   part 15: host vs device time of a preloaded resident decode (DF_CUDA_TRACE=2, MLA block on / off), GPU tests
+#          first; ncu kernel durations with NCU_RUN=1.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
@@ -283,6 +285,49 @@ case $PART in
         env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
             --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
     done
+    rm -rf "$W"
+    ;;
+15)
+    # issue 12: where a preloaded resident decode step's time goes between host and device: the GPU tests;
+    # DF_CUDA_TRACE=2 (host clocks only: queueing vs waiting in each call's synchronisation) with the MLA block on and
+    # off; the resident decode, block on / off alternated twice; after a 3072-token prompt, block on / off; with
+    # NCU_RUN=1 and Nsight Compute installed, the kernels' own durations (no cache flush, no clock lock) over 600
+    # decode launches.
+    { command -v nsys; command -v ncu; ls /usr/local/cuda*/bin 2>/dev/null | grep -E "^(nsys|ncu)$"; } >>"$S" 2>&1
+    for t in test_cuda_kernels test_golden test_batch; do
+        [ -x "$D/$t" ] || continue
+        log "DF_BACKEND=cuda $t"
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed" | tail -6) >>"$S"
+    done
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, bf16 spine"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
+    rp() { # KNOBS... : the preloaded resident run (64-token prompt + 96 tokens) with those environment settings
+        env "$@" timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile --print-ids 2>&1
+    }
+    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
+        log "cuda run --preload, DF_CUDA_TRACE=2, $knobs"
+        rp $knobs DF_CUDA_TRACE=2 | grep -E "^(stats: prompt|cuda trace: [a-z_]+ +[0-9]|cuda trace: op)" >>"$S"
+    done
+    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0 DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
+        log "cuda run --preload, $knobs"
+        rp $knobs | grep -E "^(stats:|profile: (mla|experts|total))|^[0-9]+(,[0-9]+)+$" | cut -c1-200 >>"$S"
+    done
+    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
+        log "cuda run --preload, ${CTX:-3072}-token prompt, 48 tokens, --stats --profile, $knobs"
+        env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(stats: prompt|profile: (mla|experts|total))" >>"$S"
+    done
+    NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [ "${NCU_RUN:-0}" = 1 ] && [ -n "$NCU" ]; then
+        log "ncu: kernel durations of 600 decode launches (after 3000)"
+        timeout 300 "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --launch-skip 3000 \
+            --launch-count 600 --csv --page raw "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 64)" --max-new 40 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+        tail -3 "$OUT/ncu.err" >>"$S"
+    fi
     rm -rf "$W"
     ;;
 9)
