@@ -449,5 +449,27 @@ cp -r "$TMP/draft" "$TMP/draft-card"
 printf -- '---\ntrained_positions: 2\n---\n' >"$TMP/draft-card/README.md"
 expect 0 "1 prompt token (singular)" "note: 1 prompt token \+ --max-new 2 go past the 2 positions" -- \
     "$BIN" run --model "$TMP/draft-card" --prompt-ids 1 --max-new 2
+# ---- new-user trial 2
+# bench cache --slots: a usage error for anything but integers >= 1 (it hung on abc), an error naming the range
+# for sizes the model cannot have (fewer than top-k, more than its routed experts)
+for s in abc 1.5 8,abc -1 0 8,,16; do
+    expect 2 "bench cache --slots $s" "^deltafin bench cache: --slots \"$s\": expected up to 64 comma-separated integers >= 1" -- \
+        timeout 20 "$BIN" bench cache --model "$KM" --trace "$TMP/ev.jsonl" --slots "$s"
+done
+"$BIN" run --model "$KM" --prompt-ids 1,2 --max-new 2 --quiet --events "$TMP/km-ev.jsonl" >/dev/null 2>&1
+for s in 4 400 8,321; do
+    expect 2 "bench cache --slots $s (kimi-mini: top-8, 5 x 64 experts)" "^deltafin bench cache: --slots [0-9]+: expected a count in \[8, 320\]" -- \
+        timeout 20 "$BIN" bench cache --model "$KM" --trace "$TMP/km-ev.jsonl" --slots "$s"
+done
+expect 0 "bench cache --slots 8,320" "^ +320 +100.0%" -- "$BIN" bench cache --model "$KM" --trace "$TMP/km-ev.jsonl" --slots 8,320
+# a missing trace file: named, with strerror
+for c in cache store; do
+    expect 1 "bench $c --trace <missing>" "^deltafin bench $c: cannot open $TMP/nope.jsonl: No such file or directory" -- \
+        "$BIN" bench $c --model "$KM" --trace "$TMP/nope.jsonl"
+done
+expect 1 "bench cache --train <missing>" "^deltafin bench cache: cannot open $TMP/nope.jsonl: No such file or directory" -- \
+    "$BIN" bench cache --model "$KM" --trace "$TMP/km-ev.jsonl" --train "$TMP/nope.jsonl"
+expect 1 "drive-idle.py <missing>" "^drive-idle.py: cannot open $TMP/nope.jsonl: No such file or directory$" -- \
+    python3 "$SRC/tools/drive-idle.py" "$TMP/nope.jsonl"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -85,5 +85,11 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         sys.exit(0 if len(sys.argv) >= 2 else 2)
+    rc = 0
     for p in sys.argv[1:]:
-        analyse(p)
+        try:
+            analyse(p)
+        except OSError as e:
+            print(f"drive-idle.py: cannot open {p}: {e.strerror}", file=sys.stderr)
+            rc = 1
+    sys.exit(rc)

@@ -20,6 +20,7 @@
 #include "store/store.h"
 #include "store/store_bench.h"
 #include <errno.h>
+#include <limits.h>
 #include <libgen.h>
 #include <math.h>
 #include <dirent.h>
@@ -579,11 +580,13 @@ typedef struct {
     int n_acq, cap, n_ids, cap_ids;
 } trace;
 
+static void trace_free(trace *t);
+
 /* Acquire events ({"ev":"acquire","layer":L,...,"ids":[...]}) of a JSONL events file. */
 static int trace_load(const char *path, trace *t) {
     memset(t, 0, sizeof *t);
     FILE *f = fopen(path, "r");
-    if (!f) return -1;
+    if (!f) return -1; /* errno says why */
     char *line = NULL;
     size_t cap = 0;
     while (getline(&line, &cap, f) > 0) {
@@ -612,7 +615,18 @@ static int trace_load(const char *path, trace *t) {
     }
     free(line);
     fclose(f);
-    return t->n_acq > 0 ? 0 : -1;
+    return t->n_acq > 0 ? 0 : -2;
+}
+
+/* trace_load with its message: "cannot open FILE: strerror" or "no acquire events in FILE"; 0 or 1 (the exit status) */
+static int trace_load_msg(const char *cmd, const char *path, trace *t) {
+    int r = trace_load(path, t);
+    if (r == -1) fprintf(stderr, "deltafin bench %s: cannot open %s: %s\n", cmd, path, strerror(errno));
+    else if (r) {
+        fprintf(stderr, "deltafin bench %s: no acquire events in %s (an events file of deltafin run --events)\n", cmd, path);
+        trace_free(t);
+    }
+    return r ? 1 : 0;
 }
 
 static void trace_free(trace *t) { free(t->layer); free(t->off); free(t->n); free(t->ids); }
@@ -648,8 +662,24 @@ static double replay(const df_native *nat, const trace *t, int slots, int policy
     return s.hits + s.misses ? (double)s.hits / (s.hits + s.misses) : 0;
 }
 
+#define MAX_SLOTS 64
+/* --slots N,N2,...: up to cap integers >= 1, nothing else; the count, else -1 */
+static int parse_slots(const char *s, int *out, int cap) {
+    int n = 0;
+    for (const char *p = s;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || *p == ' ' || *p == '+' || errno || v < 1 || v > INT_MAX || n == cap || (*end && *end != ',')) return -1;
+        out[n++] = (int)v;
+        if (!*end) return n;
+        p = end + 1;
+    }
+}
+
 static int bench_cache(int argc, char **argv) {
-    const char *model = NULL, *cache_dir = NULL, *test = NULL, *train = NULL, *slots_s = "64";
+    const char *model = NULL, *cache_dir = NULL, *test = NULL, *train = NULL;
+    int slots[MAX_SLOTS] = {64}, n_slots = 1;
     double hot = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -660,6 +690,8 @@ static int bench_cache(int argc, char **argv) {
                    "  LRU, frequency-aware eviction, and frequency + the heat tier learned from --train (default: the\n"
                    "  trace itself = in-sample; another run's events = held-out). Prints hit rates. --model DIR: a\n"
                    "  native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
+                   "  --slots: cache sizes in expert slots (default 64), each from the model's experts per token to its\n"
+                   "  routed experts (MoE layers x experts); another is an error.\n"
                    "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
@@ -671,7 +703,12 @@ static int bench_cache(int argc, char **argv) {
         else if (!strcmp(a, "--cache-dir")) cache_dir = v;
         else if (!strcmp(a, "--trace")) test = v;
         else if (!strcmp(a, "--train")) train = v;
-        else if (!strcmp(a, "--slots")) slots_s = v;
+        else if (!strcmp(a, "--slots")) {
+            if ((n_slots = parse_slots(v, slots, MAX_SLOTS)) < 0) {
+                fprintf(stderr, "deltafin bench cache: --slots \"%s\": expected up to %d comma-separated integers >= 1\n", v, MAX_SLOTS);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--hot-fraction")) { if (want_num("cache", a, v, 0, 1, 0, &hot)) return 2; }
         else if (!strcmp(a, "--decay")) { if (want_num("cache", a, v, 0, 1, 1, &g_decay)) return 2; }
         i++;
@@ -683,32 +720,36 @@ static int bench_cache(int argc, char **argv) {
     int chk = bench_native_model("cache", &model, cache_dir, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench cache: %s\n", err); return 1; }
-    trace tt, tr;
-    if (trace_load(test, &tt)) { fprintf(stderr, "deltafin bench cache: no acquire events in %s\n", test); native_close(nat); return 1; }
-    if (trace_load(train ? train : test, &tr)) {
-        fprintf(stderr, "deltafin bench cache: no acquire events in %s\n", train);
-        trace_free(&tt); native_close(nat); return 1;
+    const int total = nat->n_moe_layers * nat->n_experts, topk = nat->cfg.num_experts_per_tok;
+    for (int k = 0; k < n_slots; k++) {
+        if (slots[k] < topk || slots[k] > total) {
+            fprintf(stderr, "deltafin bench cache: --slots %d: expected a count in [%d, %d] for this model (at least its %d experts "
+                    "per token, at most its %d routed experts: %d MoE layers x %d)\n", slots[k], topk, total, topk, total,
+                    nat->n_moe_layers, nat->n_experts);
+            native_close(nat);
+            return 2;
+        }
     }
+    trace tt, tr;
+    if (trace_load_msg("cache", test, &tt)) { native_close(nat); return 1; }
+    if (trace_load_msg("cache", train ? train : test, &tr)) { trace_free(&tt); native_close(nat); return 1; }
     char heat[64];
     snprintf(heat, sizeof heat, "/tmp/df_bench_heat_%d.bin", (int)getpid());
     int rc = 0;
     printf("bench cache: %s, trace %s (%d acquisitions), heat from %s (%s)\n", model, test, tt.n_acq,
            train ? train : test, train ? "held-out" : "in-sample");
     printf("  %8s %8s %10s %10s %12s\n", "slots", "of all", "LRU", "LRFU", "LRFU+heat");
-    int total = nat->n_moe_layers * nat->n_experts;
-    for (const char *p = slots_s; *p && !rc;) {
-        int slots = (int)strtol(p, (char **)&p, 10);
-        while (*p == ',') p++;
-        if (slots < nat->cfg.num_experts_per_tok) continue;
+    for (int k = 0; k < n_slots && !rc; k++) {
+        const int slot = slots[k];
         unlink(heat);
         /* learn the heat: replay the training trace once with the heat file set (saved on close) */
-        double r0 = replay(nat, &tr, slots, 0, heat, 0, err, sizeof err);
-        double lru = replay(nat, &tt, slots, 1, NULL, -1, err, sizeof err);
-        double fr = replay(nat, &tt, slots, 0, NULL, -1, err, sizeof err);
+        double r0 = replay(nat, &tr, slot, 0, heat, 0, err, sizeof err);
+        double lru = replay(nat, &tt, slot, 1, NULL, -1, err, sizeof err);
+        double fr = replay(nat, &tt, slot, 0, NULL, -1, err, sizeof err);
         /* a fresh copy of the learned heat for the measured run (its close updates the file) */
-        double fh = replay(nat, &tt, slots, 0, heat, hot, err, sizeof err);
+        double fh = replay(nat, &tt, slot, 0, heat, hot, err, sizeof err);
         if (r0 < 0 || lru < 0 || fr < 0 || fh < 0) { fprintf(stderr, "deltafin bench cache: %s\n", err); rc = 1; break; }
-        printf("  %8d %7.1f%% %9.1f%% %9.1f%% %11.1f%%\n", slots, 100.0 * slots / total, 100 * lru, 100 * fr, 100 * fh);
+        printf("  %8d %7.1f%% %9.1f%% %9.1f%% %11.1f%%\n", slot, 100.0 * slot / total, 100 * lru, 100 * fr, 100 * fh);
     }
     unlink(heat);
     trace_free(&tt);
@@ -761,7 +802,7 @@ static int bench_store(int argc, char **argv) {
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench store: %s\n", err); return 1; }
     trace tt;
-    if (trace_load(test, &tt)) { fprintf(stderr, "deltafin bench store: no acquire events in %s\n", test); native_close(nat); return 1; }
+    if (trace_load_msg("store", test, &tt)) { native_close(nat); return 1; }
     uint64_t experts = (uint64_t)nat->n_moe_layers * nat->n_experts * store_slot_bytes(nat);
     if (!have_cache) cache = experts / 4;
     char dirs[4096];
