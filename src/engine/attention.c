@@ -234,6 +234,7 @@ int attn_forward(df_engine *e, int layer, df_kvcache *kv, int n_past, const floa
         const df_seq_rows one = {kv, n_past + t0, T - t0 < ATTN_CHUNK ? T - t0 : ATTN_CHUNK};
         int rc = attn_chunk(e, layer, &one, 1, h + (int64_t)t0 * D, out + (int64_t)t0 * D, err, errlen);
         if (rc) return rc;
+        if (t0 + ATTN_CHUNK < T) eng_tick(e);
     }
     return DF_OK;
 }
@@ -328,6 +329,7 @@ int attn_block_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq
             const int64_t r = r0 + t0;
             int rc = block_chunk(e, layer, &one, 1, x + r * D, h2 + r * D, logits ? logits + r * E : NULL, err, errlen);
             if (rc) return rc;
+            if (t0 + ATTN_CHUNK < seqs[s].T) eng_tick(e);
         }
     return DF_OK;
 }

@@ -117,6 +117,12 @@ typedef struct {
      * ffn_forward of that layer guesses la_layer's experts (NULL = none) */
     const float *la_x;
     int la_layer;
+    /* the forward call's progress callback (NULL: none) and the layers it has finished: eng_tick reports them again
+     * from inside a layer (a long prompt's attention chunks and expert chunks), so a caller that prints progress by
+     * time sees a layer that takes long */
+    int (*progress)(void *, const char *, uint64_t, uint64_t);
+    void *progress_user;
+    int progress_layers;
     /* router logits [T, n_routed_experts] of the next ffn_forward's rows, computed with the layer's MLA block
      * (df_backend.mla_block); NULL: ffn_forward runs the router itself */
     const float *ffn_logits;
@@ -139,6 +145,10 @@ typedef struct {
      * reset: picks / union = how many rows each expert read serves */
     uint64_t routed_picks, routed_union;
 } df_engine;
+
+/* Progress from inside a layer of the current forward call: its callback with ("layers", the layers finished, all
+ * layers); its answer is not a stop request here (the call stops only between layers, forward_batch). */
+void eng_tick(df_engine *e);
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y);

@@ -85,6 +85,11 @@ static void pf_gate_record(df_engine *e, double dt, int rows) {
     e->pf_measuring = 0;
 }
 
+void eng_tick(df_engine *e) {
+    if (e->progress)
+        (void)e->progress(e->progress_user, "layers", (uint64_t)e->progress_layers, (uint64_t)e->cfg->num_hidden_layers);
+}
+
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y) {
     e->be->matmul(e->pool, w, x, T, y);
     e->weight_bytes += df_weight_bytes(w);
@@ -172,6 +177,9 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         if (err) snprintf(err, errlen, "forward: out of memory for %d tokens", T);
         goto done;
     }
+    e->progress = progress;
+    e->progress_user = user;
+    e->progress_layers = 0;
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
     /* a decode step: the lookahead runs when the gate's arm says so (always when ungated) */
     const int dstep = e->prefetch && (T <= PREFETCH_MAX_T || decode_batch);
@@ -279,6 +287,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         }
         if (rc) goto done;
         for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
+        e->progress_layers = l + 1;
         if (progress && progress(user, "layers", (uint64_t)l + 1, (uint64_t)L)) {
             rc = DF_ECANCELLED;
             if (err) snprintf(err, errlen, "evaluation cancelled at layer %d", l);
@@ -309,6 +318,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
     }
 done:
     e->la_x = NULL; /* x is freed below */
+    e->progress = NULL;
     /* the next call's first streamed layer is read while the caller samples */
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream));
     free(x);

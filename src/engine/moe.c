@@ -484,6 +484,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             goto done;
         }
         if (nc == 0) break;
+        if (u0 + nc < n_used) eng_tick(e);
     }
     for (int i = 0; i < n_used; i++) {
         const int x = used[i];
