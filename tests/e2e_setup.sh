@@ -3,6 +3,7 @@
 # in the hub's URL layout, tests/hub/mirror.py) and a fault proxy in front of it:
 #   - run / serve without --model use the embedded kimi-mini before setup and the installed model after;
 #   - a full install equals a local `deltafin convert` (bytes of every native file, greedy ids); `list`;
+#   - the commands messages suggest (list's doctor, setup's rm -rf / setup --dir) quote a path with a space and a ';
 #   - a streamed install gives the full install's ids under a RAM budget, fetching each expert once; warm fetches
 #     what a trace ranks first; setup --full completes a streamed install in place;
 #   - kill -9 during a throttled download, then resume: the second run fetches exactly the bytes the
@@ -113,6 +114,37 @@ out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --revision v2 2>&1); rc=$?
     && ok "setup --revision v2 over main: a different revision is installed (exit 1)" || bad "setup other revision: rc $rc $out"
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --revision main 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "(revision main) is already installed" && ok "setup --revision main: already installed" || bad "setup --revision main: rc $rc $out"
+
+# ---- suggested commands quote their paths: an install whose directory has a space and a single quote (a copy of
+# the full install, recorded in a registry of its own); each command a message suggests, pasted into a shell, gets
+# the path as one argument (eval), and the doctor command it suggests runs as is
+QD="$TMP/inst dir's"
+cp -r "$TMP/inst" "$QD"
+words() { eval "set -- $1"'; echo "$#|${'"$2"'}"' 2>/dev/null; } # words CMDLINE N: "argument count|argument N"
+out=$("$BIN" setup test/kimi-mini --dir "$QD" --registry "$TMP/regq.json" --no-default 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "already installed in $QD/native" && ok "setup --dir with a space and a quote: recorded" || bad "setup into [$QD]: rc $rc $out"
+out=$("$BIN" setup test/kimi-mini --dir "$QD" --registry "$TMP/regq.json" --revision v2 2>&1)
+sugg=$(echo "$out" | sed -n 's/.*delete that install (`\(rm -rf .*\)`) and run.*/\1/p')
+sugg2=$(echo "$out" | sed -n 's/.* and run `\(deltafin setup .*\)` again;.*/\1/p')
+[ "$(words "$sugg" 3)" = "3|$QD" ] && [ "$(words "$sugg2" 7)" = "7|$QD" ] && ok "setup --revision v2: the suggested rm -rf and setup --dir quote the directory" \
+    || bad "revision suggestions [$sugg] [$sugg2]: $out"
+mv "$QD/native/experts-L003.pack" "$TMP/packq.away"
+out=$("$BIN" list --registry "$TMP/regq.json" 2>&1)
+sugg=$(echo "$out" | sed -n 's/.*(`\(deltafin doctor --model .*\)` checks every file)$/\1/p')
+[ "$(words "$sugg" 4)" = "4|$QD/native" ] && ok "list: the suggested doctor command quotes the path ($sugg)" || bad "list's doctor command [$sugg]: $out"
+out=$(eval "\"\$BIN\" ${sugg#deltafin }" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "$QD/native/experts-L003.pack" && ok "the suggested doctor command, pasted, checks that install" || bad "pasted doctor: rc $rc $out"
+mv "$TMP/packq.away" "$QD/native/experts-L003.pack"
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --registry "$TMP/regq.json" --no-default 2>&1)
+sugg=$(echo "$out" | sed -n 's/.*delete them with `\(rm -rf .*\)` if you no longer need them$/\1/p')
+[ "$(words "$sugg" 3)" = "3|$QD" ] && ok "setup's note: the suggested rm -rf quotes the old directory ($sugg)" || bad "rm -rf suggestion [$sugg]: $out"
+"$BIN" setup test/kimi-mini --dir "$QD" --registry "$TMP/regq.json" >/dev/null 2>&1 || bad "setup --dir [$QD] as the default"
+mv "$QD/native/manifest.json" "$TMP/manq.away"
+out=$(DELTAFIN_REGISTRY="$TMP/regq.json" "$BIN" run --prompt-ids $IDS --max-new 1 2>&1); rc=$?
+sugg=$(echo "$out" | sed -n 's/.*install it again with `\(deltafin setup .*\)`, pass --model DIR.*/\1/p')
+[ $rc -eq 1 ] && [ "$(words "$sugg" 5)" = "5|$QD" ] && ok "run with the default install missing: the suggested setup --dir quotes the directory ($sugg)" \
+    || bad "missing default's setup suggestion [$sugg]: rc $rc $out"
+rm -rf "$QD"
 
 # ---- kill -9 during the download, then resume: no byte twice
 shards_bytes() { awk -v port="$1" '$1 == port && $3 ~ /kimi-mini\/resolve\/main\/.*safetensors$/ && $2 == "GET" { s += $5 } END { print s + 0 }' "$TMP/access.log"; }

@@ -5,7 +5,8 @@
 # engine's store and with --expert-dirs; a corrupted pack is a clear error
 # naming layer, expert and file; bench io and bench decode run (the configuration line on
 # stderr, as bench prefill's); the events file has the drives' busy / idle transitions and the requests,
-# which tools/drive-idle.py reads. synth refuses a non-empty OUT_DIR unless --force (which
+# which tools/drive-idle.py reads; bench io's suggested synth command quotes a directory with a space or a
+# single quote. synth refuses a non-empty OUT_DIR unless --force (which
 # deletes the old model files).
 set -u
 BIN=${DF_BIN:?DF_BIN not set}
@@ -84,6 +85,15 @@ cp -r "$T/m/d0" "$T/d0x"; cp -r "$T/m/d1" "$T/d1x"
 # reads landing in turn in a pool of --buffer per directory (as the expert cache fills)
 "$BIN" bench io --dir "$T/m/d0,$T/m/d1" --size 64K --seconds 0.3 --buffer 40M --no-drop >"$T/io" 2>&1 \
   && grep -q "into 40 MiB of buffers" "$T/io" && ok || bad "bench io --buffer: $(cat "$T/io")"
+# a directory with nothing to read: the suggested `deltafin synth DIR ...` quotes DIR (a space, a single quote), so that
+# pasted into a shell it writes into that directory, not into its first word
+for d in "$T/syn small" "$T/it's here"; do
+  mkdir -p "$d"
+  "$BIN" bench io --dir "$d" --seconds 0.1 --no-drop >"$T/io" 2>&1; rc=$?
+  sugg=$(sed -n 's/.*(write one with `\(deltafin synth .*\) \.\.\.`)$/\1/p' "$T/io")
+  words=$(eval "set -- $sugg"'; echo "$#|$3"' 2>/dev/null)
+  [ $rc -ne 0 ] && [ "$words" = "3|$d" ] && ok || bad "bench io in [$d]: the suggested command is not one word per argument ($words): rc $rc $(cat "$T/io")"
+done
 # a pool no larger than the qd reused buffers would measure nothing new: refused, the minimum named
 "$BIN" bench io --dir "$T/m/d0" --buffer 4K --no-drop >"$T/io" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "a pool must be larger than --qd x --size (16384 KiB here)" "$T/io" && ok || bad "bench io --buffer 4K: rc $rc $(cat "$T/io")"

@@ -5,6 +5,7 @@
 #include "hub/registry.h"
 #include "hub/stream.h"
 #include "model/native.h"
+#include "util/util.h"
 
 #include <ftw.h>
 #include <stdio.h>
@@ -76,8 +77,9 @@ int cmd_list(int argc, char **argv) {
         }
         printf("%c %-40s %-16s %9.2f GB  %s@%s  %s\n", !strcmp(e->repo, dflt) ? '*' : ' ', e->repo, state,
                disk_usage(e->dir) / 1e9, e->mirror, e->revision, e->model);
+        char qmodel[8300]; /* pasted into a shell: quoted as one word */
         if (why[0]) printf("    %s: %s (`deltafin doctor --model %s` checks every file)\n",
-                           e->repo, why, e->model);
+                           e->repo, why, df_shell_quote(e->model, qmodel, sizeof qmodel));
     }
     free(es);
     char emb[4096], how[256];

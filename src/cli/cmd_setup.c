@@ -146,9 +146,11 @@ static int prior_entry(const char *reg, const char *repo, reg_entry *out) {
 static void note_replaced_dir(const char *reg, const reg_entry *e) {
     reg_entry old;
     if (!prior_entry(reg, e->repo, &old) || !old.dir[0] || !strcmp(old.dir, e->dir)) return;
+    char qold[8300]; /* pasted into a shell: quoted as one word */
     fprintf(stderr, "setup: note: %s was installed in %s; the registry now points at %s instead. The files in %s were left "
                     "in place%s: delete them with `rm -rf %s` if you no longer need them\n",
-            e->repo, old.dir, e->dir, old.dir, df_path_exists(old.dir) ? "" : " (it no longer exists)", old.dir);
+            e->repo, old.dir, e->dir, old.dir, df_path_exists(old.dir) ? "" : " (it no longer exists)",
+            df_shell_quote(old.dir, qold, sizeof qold));
 }
 
 int cmd_setup(int argc, char **argv) {
@@ -274,10 +276,13 @@ int cmd_setup(int argc, char **argv) {
         reg_entry old;
         const char *have_rev = prior_entry(reg, h.repo, &old) && !strcmp(old.dir, e.dir) && old.revision[0] ? old.revision : NULL;
         if (have_rev && rev && strcmp(have_rev, h.rev)) {
+            char qdir[8300], qrepo[1100], qrev[1100]; /* the suggested commands are pasted into a shell: each word quoted */
+            df_shell_quote(dir, qdir, sizeof qdir);
             fprintf(stderr, "deltafin setup: %s is installed in %s at revision \"%s\", not the requested \"%s\"; nothing was changed. "
-                            "To replace it, delete that install (`rm -rf %s`) and run `deltafin setup %s --revision %s` again; "
+                            "To replace it, delete that install (`rm -rf %s`) and run `deltafin setup %s --revision %s%s%s` again; "
                             "to keep both, install the new revision elsewhere with --dir OTHER_DIR (the registry then points at it)\n",
-                    h.repo, dir, have_rev, h.rev, dir, h.repo, h.rev);
+                    h.repo, dir, have_rev, h.rev, qdir, df_shell_quote(h.repo, qrepo, sizeof qrepo),
+                    df_shell_quote(h.rev, qrev, sizeof qrev), dir_flag ? " --dir " : "", dir_flag ? qdir : "");
             return 1;
         }
         if (have_rev) snprintf(e.revision, sizeof e.revision, "%s", have_rev);

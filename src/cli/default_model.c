@@ -62,11 +62,13 @@ int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t 
             return 0;
         }
         if (rc == 2) {
+            char qrepo[1100], qdir[8300]; /* the suggested command is pasted into a shell: each word quoted */
             fprintf(stderr, "deltafin %s: the default model %s (installed by `deltafin setup`, registry %s) is missing: "
                             "%s has no manifest.json%s. Restore or mount %s, install it again with `deltafin setup %s --dir %s`, "
                             "pass --model DIR, or make another installed model the default with `deltafin setup OTHER/REPO` "
                             "(`deltafin list` shows them)\n",
-                    cmd, e.repo, reg, e.model, df_path_exists(e.model) ? "" : " (no such directory)", e.dir, e.repo, e.dir);
+                    cmd, e.repo, reg, e.model, df_path_exists(e.model) ? "" : " (no such directory)", e.dir,
+                    df_shell_quote(e.repo, qrepo, sizeof qrepo), df_shell_quote(e.dir, qdir, sizeof qdir));
             return 1;
         }
     }

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "store_bench.h"
 #include "deltafin.h"
+#include "util/util.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -182,9 +183,11 @@ static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
     closedir(dp);
     if (d->n_files) qsort(d->files, d->n_files, sizeof *d->files, cmp_bfile);
     if (!d->n_files) {
+        char qdir[4200]; /* the suggested command is pasted into a shell: the directory quoted as one word */
         snprintf(err, errlen,
                  "%s has no file%s%s of at least %llu bytes to read (write one with `deltafin synth %s ...`)",
-                 d->dir, d->o->match ? " named " : "", d->o->match ? d->o->match : "", (unsigned long long)(run + 4096), d->dir);
+                 d->dir, d->o->match ? " named " : "", d->o->match ? d->o->match : "", (unsigned long long)(run + 4096),
+                 df_shell_quote(d->dir, qdir, sizeof qdir));
         return DF_EINVAL;
     }
     return 0;

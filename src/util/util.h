@@ -104,6 +104,14 @@ int df_n_cpus(void);
  * (e.g. an atomic index), so one thread suffices: when none can be started, fn runs on the calling thread. */
 void df_run_workers(int n, void *(*fn)(void *), void *arg);
 
+/* ------------------------------------------------ shell quoting (shquote.c) */
+
+/* `s` as one word of a POSIX shell command line, for the commands messages suggest (`rm -rf DIR`,
+ * `deltafin doctor --model DIR`): s itself when every character is plain (letters, digits, _@%+=:,./-),
+ * else s in single quotes with each embedded ' written '\''. Writes into out (cap bytes) and returns out;
+ * when the quoted word does not fit, out gets '(path too long)' (never a truncated word). */
+const char *df_shell_quote(const char *s, char *out, size_t cap);
+
 /* ------------------------------------------------- interruption (interrupt.c) */
 
 /* Commands that write a model: SIGINT, SIGTERM and SIGHUP become a request to stop.

@@ -1,0 +1,40 @@
+/* shquote.c — quoting a word for a POSIX shell, for the commands that messages suggest
+ * (see util.h: df_shell_quote). */
+#include "util.h"
+
+#include <string.h>
+
+/* characters that never need quoting in a shell word (nor start a special meaning anywhere in one) */
+static int sh_plain(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("_@%+=:,./-", c);
+}
+
+const char *df_shell_quote(const char *s, char *out, size_t cap) {
+    if (!out || !cap) return "";
+    if (!s) s = "";
+    int plain = *s != 0;
+    for (const char *p = s; *p && plain; p++) plain = sh_plain((unsigned char)*p);
+    size_t o = 0;
+#define PUT(c) do { if (o + 1 >= cap) goto cut; out[o++] = (c); } while (0)
+    if (plain) {
+        for (const char *p = s; *p; p++) PUT(*p);
+    } else {
+        /* '...' with every embedded ' written as '\'' (close, escaped quote, reopen) */
+        PUT('\'');
+        for (const char *p = s; *p; p++) {
+            if (*p == '\'') {
+                if (o + 4 >= cap) goto cut;
+                memcpy(out + o, "'\\''", 4);
+                o += 4;
+            } else PUT(*p);
+        }
+        PUT('\'');
+    }
+#undef PUT
+    out[o] = 0;
+    return out;
+cut:
+    /* never hand out a truncated word a shell would read differently: say it did not fit */
+    snprintf(out, cap, "%s", cap > strlen("'(path too long)'") ? "'(path too long)'" : cap > 2 ? "''" : "");
+    return out;
+}
