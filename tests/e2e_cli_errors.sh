@@ -126,7 +126,6 @@ expect 1 "--cache-dir that is a file" "not a directory \(the conversion cache ro
 
 # ---- doctor and bench option messages (items 14, 22)
 expect 2 "doctor --model without a value" "--model needs a value" -- "$BIN" doctor --model
-expect 2 "doctor --cache-dir without --model" "needs --model" -- "$BIN" doctor --cache-dir /tmp
 expect 2 "bench io --bogus" "unknown option '--bogus'" -- "$BIN" bench io --bogus
 expect 2 "bench decode --bogus" "unknown option '--bogus'" -- "$BIN" bench decode --bogus
 expect 2 "bench foo" "io, decode, prefill, batch, machine, kernels, cache, store" -- "$BIN" bench foo
@@ -471,5 +470,18 @@ expect 1 "bench cache --train <missing>" "^deltafin bench cache: cannot open $TM
     "$BIN" bench cache --model "$KM" --trace "$TMP/km-ev.jsonl" --train "$TMP/nope.jsonl"
 expect 1 "drive-idle.py <missing>" "^drive-idle.py: cannot open $TMP/nope.jsonl: No such file or directory$" -- \
     python3 "$SRC/tools/drive-idle.py" "$TMP/nope.jsonl"
+# --cache-dir "": a usage error in every command that takes it; doctor takes --cache-dir without --model (the default
+# model is converted there, as run does); bench project converts a Hugging Face --model also with --from
+for c in "run --prompt hi" doctor "bench decode" "bench prefill" "bench batch" "bench cache" "bench store" \
+         "bench project --drives 1 --gbps 1"; do
+    expect 2 "$c --cache-dir ''" "--cache-dir \"\": expected a directory" -- "$BIN" $c --cache-dir ""
+done
+expect 0 "doctor --cache-dir without --model" "checksums: all OK" -- env DELTAFIN_REGISTRY="$TMP/no-registry.json" \
+    "$BIN" doctor --cache-dir "$TMP/dcache"
+ls -d "$TMP/dcache"/kimi-mini-*-source >/dev/null 2>&1 && ok || bad "doctor --cache-dir: nothing converted into it: $(ls -R "$TMP/dcache" 2>&1 | head -3)"
+expect 0 "bench project --from EV --model HF --cache-dir" "measured on $TMP/pcache/kimi-mini-[0-9a-f]+-source .*\[manifest\]" -- \
+    "$BIN" bench project --drives 1 --gbps 1 --from "$TMP/km-ev.jsonl" --model "$KM" --cache-dir "$TMP/pcache"
+expect 2 "bench project --cache-dir without --model" "^deltafin bench project: --cache-dir needs --model DIR" -- \
+    "$BIN" bench project --drives 1 --gbps 1 --from "$TMP/km-ev.jsonl" --cache-dir "$TMP/pcache"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

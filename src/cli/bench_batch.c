@@ -150,7 +150,7 @@ int bench_batch(int argc, char **argv) {
         if (!v) { fprintf(stderr, "deltafin bench batch: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
+        else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench batch", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--backend")) {
             if (cli_check_backend("bench batch", v)) return 2;
             backend = v;

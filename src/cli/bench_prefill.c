@@ -59,7 +59,7 @@ int bench_prefill(int argc, char **argv) {
         if (!v) { fprintf(stderr, "deltafin bench prefill: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
+        else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench prefill", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--events")) events = v;
         else if (!strcmp(a, "--ram-budget")) {
             if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench prefill: --ram-budget '%s': expected a size like 8G\n", v); return 2; }

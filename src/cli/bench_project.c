@@ -22,6 +22,7 @@
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "bench_common.h"
 #include "deltafin.h"
 #include "model/native.h"
 #include "model/weights.h"
@@ -227,7 +228,8 @@ static void usage(FILE *f) {
             "                     layer and expert counts; else inferred from the events)\n"
             "  --model DIR        without --from: runs `bench decode --model DIR --events TMP` first (--tokens N (16),\n"
             "                     --ram-budget, --threads, --io-seconds, --prompt-ids, --qd, --expert-dirs, --no-drop\n"
-            "                     and --cache-dir DIR (where a Hugging Face DIR is converted) are passed on)\n"
+            "                     are passed on); a Hugging Face DIR is converted once into the conversion cache\n"
+            "                     (with or without --from; --cache-dir DIR: where, default $XDG_CACHE_HOME/deltafin)\n"
             "  --hit-rate H       expert cache hit rate h (default: measured, else 0 = cold)\n"
             "  --read-ratio R     expert bytes read / bytes needed (default: measured, else 1 - h)\n"
             "  --compute-ms-per-layer C  compute per layer per token, I/O stall excluded (default: measured, else 0)\n"
@@ -243,7 +245,7 @@ typedef int (*decode_fn)(int argc, char **argv);
 
 /* `deltafin bench project ...` (argv[0] is the first option); decode runs `bench decode` for --model. */
 int bench_project(int argc, char **argv, decode_fn decode) {
-    const char *arch_name = "kimi_k3", *from = NULL, *model = NULL;
+    const char *arch_name = "kimi_k3", *from = NULL, *model = NULL, *cache_dir = NULL;
     double drives = 0, gbps = 0, prompt_t = 512;
     input h = {0}, rr = {0}, cms = {0}, stall = {0}, cov = {0}, pms = {0}, bpt = {0};
     input L = {0}, M = {0}, E = {0}, K = {0}, S = {0};
@@ -276,6 +278,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         }
         if (!strcmp(a, "--arch")) { arch_name = v; continue; }
         if (!strcmp(a, "--from")) { from = v; continue; }
+        if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench project", v)) return 2; cache_dir = v; continue; }
         if (!strcmp(a, "--model")) { model = v; continue; }
         if (!strcmp(a, "--drives")) {
             if (num_arg(a, v, 1, 64, &drives)) return 2;
@@ -286,7 +289,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         if (!strcmp(a, "--prompt-tokens")) { if (num_arg(a, v, 1, 1 << 24, &prompt_t)) return 2; continue; }
         if (!strcmp(a, "--tokens")) { double t; if (num_arg(a, v, 1, 1 << 20, &t)) return 2; tokens = (int)t; tokens_set = 1; continue; }
         if (!strcmp(a, "--ram-budget") || !strcmp(a, "--threads") || !strcmp(a, "--io-seconds") || !strcmp(a, "--prompt-ids") ||
-            !strcmp(a, "--qd") || !strcmp(a, "--expert-dirs") || !strcmp(a, "--cache-dir")) {
+            !strcmp(a, "--qd") || !strcmp(a, "--expert-dirs")) {
             if (npass < 19) { pass[npass++] = a; pass[npass++] = v; }
             continue;
         }
@@ -315,9 +318,14 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     }
     if ((npass || tokens_set) && (!model || from)) {
         fprintf(stderr, "deltafin bench project: --tokens, --ram-budget, --threads, --io-seconds, --prompt-ids, --qd, "
-                        "--expert-dirs, --no-drop, --cache-dir are for the bench decode run of --model DIR (without --from)\n");
+                        "--expert-dirs, --no-drop are for the bench decode run of --model DIR (without --from)\n");
         return 2;
     }
+    if (cache_dir && !model) { fprintf(stderr, "deltafin bench project: --cache-dir needs --model DIR\n"); return 2; }
+    /* a Hugging Face checkpoint: converted once into the conversion cache (as the bench decode run and run do), then
+     * used as that native model (its manifest's layer and expert counts) */
+    char conv_dir[4096];
+    if (model && bench_native_model("project", &model, cache_dir, conv_dir, sizeof conv_dir, NULL, 0)) return 1;
 
     /* ---- measure: a bench decode run (--model without --from), then its events */
     char tmp_events[128] = "";
@@ -366,9 +374,6 @@ int bench_project(int argc, char **argv, decode_fn decode) {
             if (!ev.slot_bytes) ev.slot_bytes = nat->stride;
             geom = "manifest";
             native_close(nat);
-        } else if (ev.ok && cli_is_file(model, "config.json") && !cli_is_file(model, "manifest.json")) {
-            fprintf(stderr, "deltafin bench project: note: %s is a Hugging Face checkpoint, not a native model: layer and "
-                            "expert counts taken from the events (pass its converted directory to use its manifest)\n", model);
         } else if (ev.ok) {
             fprintf(stderr, "deltafin bench project: note: %s (layer and expert counts taken from the events)\n", err);
         }

@@ -45,6 +45,8 @@ int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out);
  * of 4 KiB up to 64 MiB) into *size (df_model_opts.io_depth / io_size): 0, else a usage message naming the command,
  * flag and value and -1. */
 int cli_parse_io(const char *cmd, const char *flag, const char *v, int *depth, uint64_t *size);
+/* --cache-dir DIR: 0 when DIR is not empty, else a usage message naming the command and -1. */
+int cli_check_cache_dir(const char *cmd, const char *v);
 /* 1 when dir/name is a regular file. */
 int cli_is_file(const char *dir, const char *name);
 /* --model PATH must be an existing directory: 0, else a message naming the flag

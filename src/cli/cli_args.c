@@ -213,3 +213,10 @@ int cli_unknown_option(const char *cmd, const char *a, const char *const *names,
     else fprintf(stderr, "deltafin %s: unknown option '%s' (see deltafin %s --help)\n", cmd, a, cmd);
     return 2;
 }
+
+int cli_check_cache_dir(const char *cmd, const char *v) {
+    if (v && *v) return 0;
+    fprintf(stderr, "deltafin %s: --cache-dir \"\": expected a directory (an empty name is none; leave the option out "
+                    "for the default cache)\n", cmd);
+    return -1;
+}

@@ -349,7 +349,7 @@ static int bench_decode(int argc, char **argv) {
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench decode", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
+        else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench decode", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--ram-budget")) { /* 0 = no budget, as leaving the flag out */
             if (cli_parse_size(v, &budget)) {
                 fprintf(stderr, "deltafin bench decode: --ram-budget \"%s\": expected a size like 8G or 512M, or 0 for no budget\n", v);
@@ -700,7 +700,7 @@ static int bench_cache(int argc, char **argv) {
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench cache", a, vals, NULL);
         if (!v) { fprintf(stderr, "deltafin bench cache: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
+        else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench cache", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--trace")) test = v;
         else if (!strcmp(a, "--train")) train = v;
         else if (!strcmp(a, "--slots")) {
@@ -787,7 +787,7 @@ static int bench_store(int argc, char **argv) {
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench store", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench store: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--cache-dir")) cache_dir = v;
+        else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench store", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--trace")) test = v;
         else if (!strcmp(a, "--cache")) { if (want_size("store", a, v, &cache)) return 2; have_cache = 1; }
         else if (!strcmp(a, "--qd")) { if (want_int("store", a, v, 1, BENCH_MAX_QD, &qd)) return 2; }

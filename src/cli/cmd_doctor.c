@@ -1,5 +1,5 @@
 /*
- * cmd_doctor.c — `deltafin doctor [--model DIR [--cache-dir DIR]]`: machine facts
+ * cmd_doctor.c — `deltafin doctor [--model DIR] [--cache-dir DIR]`: machine facts
  * (cores, RAM, SIMD features, io_uring availability) and, with --model, a full
  * checksum verification of the model's native files (df_model_verify_all: every
  * corrupt expert is named with its layer, file and offset, and the spine's state
@@ -88,23 +88,23 @@ int cmd_doctor(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: deltafin doctor [--model DIR [--cache-dir DIR]]\n"
+            printf("usage: deltafin doctor [--model DIR] [--cache-dir DIR]\n"
                    "  prints machine facts, then verifies every checksum of the model and that its tokenizer opens\n"
                    "  (without --model: the model `deltafin setup` installed, else the embedded models/kimi-mini):\n"
                    "  every corrupt expert is named (layer, expert, file, offset), then the spine's state; any problem: exit 1\n"
                    "  --model DIR      native model dir, or Hugging Face dir (converted once into the cache, as `run` does)\n"
-                   "  --cache-dir DIR  where an HF checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
+                   "  --cache-dir DIR  where an HF checkpoint (--model DIR or the default model) is converted (default\n"
+                   "                   $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         } else if (!strcmp(a, "--model") || !strcmp(a, "--cache-dir")) {
             if (i + 1 >= argc) { fprintf(stderr, "deltafin doctor: %s needs a value\n", a); return 2; }
             if (!strcmp(a, "--model")) model = argv[++i];
-            else cache_dir = argv[++i];
+            else if (cli_check_cache_dir("doctor", cache_dir = argv[++i])) return 2;
         } else {
             static const char *const opts[] = {"--help", "--model", "--cache-dir", NULL};
             return cli_unknown_option("doctor", a, opts, NULL);
         }
     }
-    if (cache_dir && !model) { fprintf(stderr, "deltafin doctor: --cache-dir needs --model DIR\n"); return 2; }
     int auto_ok = 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);

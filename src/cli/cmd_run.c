@@ -427,7 +427,7 @@ int cmd_run(int argc, char **argv) {
             }
         }
         else if (!strcmp(a, "--expert-dirs")) { if (!(mo.expert_dirs = NEXT())) return 2; }
-        else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT())) return 2; }
+        else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT()) || cli_check_cache_dir("run", mo.cache_dir)) return 2; }
         else if (!strcmp(a, "--events")) { if (!(mo.events_path = NEXT())) return 2; }
         else if (!strcmp(a, "--heat")) { if (!(mo.heat_path = NEXT())) return 2; }
         else if (!strcmp(a, "--prefetch")) {
