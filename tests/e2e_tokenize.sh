@@ -53,5 +53,17 @@ out="$(printf 'x' | "$BIN" tokenize --tokenizer /nonexistent/tokenizer.json 2>&1
 [ $rc -ne 0 ] && [[ "$out" == *"/nonexistent"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL missing file: rc $rc '$out'"; }
 out="$(printf '5,abc' | "$BIN" tokenize --model "$C/qwen3" --decode 2>&1)"; rc=$?
 [ $rc -ne 0 ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL bad --decode input accepted"; }
+# --chat: the messages are checked by the server's rule (a 400 there): an empty list, a message without content
+# (only an assistant message may leave it out), a role that is none; exit 1 with the message's index
+for m in '[]|messages: an empty list' '{"messages":[]}|messages: an empty list' \
+         '[{"role":"user"}]|messages[0].content: missing' '[{"role":"user","content":"a"},{"role":"bob","content":"b"}]|messages[1].role' \
+         '[{"content":"x"}]|messages[0].role: missing'; do
+    out="$(printf '%s' "${m%%|*}" | "$BIN" tokenize --model "$C/qwen3" --chat --render 2>&1)"; rc=$?
+    [ $rc -eq 1 ] && [[ "$out" == "deltafin tokenize: --chat: ${m#*|}"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --chat ${m%%|*}: rc $rc '$out'"; }
+done
+# "content": null renders as "" (the server does so: OpenAI clients send it on assistant messages with tool calls)
+a="$(printf '%s' '[{"role":"user","content":"a"},{"role":"assistant","content":null},{"role":"user","content":"b"}]' | "$BIN" tokenize --model "$C/qwen3" --chat --render 2>&1)"; rc=$?
+b="$(printf '%s' '[{"role":"user","content":"a"},{"role":"assistant","content":""},{"role":"user","content":"b"}]' | "$BIN" tokenize --model "$C/qwen3" --chat --render 2>&1)"
+[ $rc -eq 0 ] && [ "$a" = "$b" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --chat: content null: rc $rc '$a' vs '$b'"; }
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -9,6 +9,7 @@
  * --thinking / --no-thinking pass True / False). */
 #include "cli.h"
 #include "deltafin.h"
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +29,9 @@ static void usage(FILE *f) {
             "  the default, is still accepted).\n"
             "  --chat renders with the template's own thinking default (apply_chat_template without\n"
             "  enable_thinking: Qwen3 thinks); --thinking / --no-thinking pass enable_thinking True / False.\n"
-            "  --render, --tools, --thinking, --no-thinking and --no-gen-prompt apply only with --chat.\n");
+            "  --render, --tools, --thinking, --no-thinking and --no-gen-prompt apply only with --chat.\n"
+            "  --chat checks the messages as `deltafin serve` does (an error, exit 1): a non-empty list, each with a\n"
+            "  role and a content (only an assistant message may leave it out; null is rendered as \"\").\n");
 }
 
 /* tokenize's options: what an unknown option is compared with */
@@ -52,6 +55,53 @@ static char *read_all(FILE *f, size_t *n) {
     b[len] = 0;
     *n = len;
     return b;
+}
+
+/* The messages of --chat, checked by the rule the server's /v1/chat/completions applies (src/server/srv_request.c
+ * parse_messages, replicated here: that file is the server's): a non-empty list; each message an object with a string
+ * role (system, developer, user, assistant, tool, function) and a "content" (a string, null or a list of parts), which
+ * only an assistant message may leave out. A null content is rendered as "" (as the server does: OpenAI clients send it
+ * on assistant messages with tool_calls): *norm then gets the JSON to render instead (malloc'd). 0, else a message in
+ * err and -1. JSON that does not parse is left to the renderer's own message. */
+static int check_messages(const char *in, char **norm, char *err, size_t errlen) {
+    *norm = NULL;
+    cJSON *root = cJSON_Parse(in);
+    if (!root) return 0;
+    int rc = -1, nulls = 0;
+    cJSON *msgs = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "messages") : root;
+    if (!msgs) { snprintf(err, errlen, "no \"messages\": expected a JSON list of messages, or {\"messages\": [...]}"); goto out; }
+    if (!cJSON_IsArray(msgs)) { snprintf(err, errlen, "messages: expected a list of message objects"); goto out; }
+    if (!cJSON_GetArraySize(msgs)) { snprintf(err, errlen, "messages: an empty list (at least one message is needed)"); goto out; }
+    int i = 0;
+    cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        if (!cJSON_IsObject(m)) { snprintf(err, errlen, "messages[%d]: expected an object", i); goto out; }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) { snprintf(err, errlen, "messages[%d].role: missing or not a string", i); goto out; }
+        static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", "function"};
+        int ok = 0;
+        for (size_t k = 0; k < sizeof roles / sizeof *roles; k++) ok |= !strcmp(role->valuestring, roles[k]);
+        if (!ok) {
+            snprintf(err, errlen, "messages[%d].role: '%s' (expected system, developer, user, assistant or tool)", i, role->valuestring);
+            goto out;
+        }
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!c && strcmp(role->valuestring, "assistant")) {
+            snprintf(err, errlen, "messages[%d].content: missing (only an assistant message may leave it out)", i);
+            goto out;
+        }
+        if (c && !cJSON_IsString(c) && !cJSON_IsNull(c) && !cJSON_IsArray(c)) {
+            snprintf(err, errlen, "messages[%d].content: expected a string, a list of content parts or null", i);
+            goto out;
+        }
+        if (cJSON_IsNull(c)) { cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString("")); nulls++; }
+        i++;
+    }
+    if (nulls) *norm = cJSON_PrintUnformatted(root);
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    return rc;
 }
 
 static int print_ids(const int32_t *ids, size_t n) {
@@ -152,11 +202,17 @@ int cmd_tokenize(int argc, char **argv) {
                 }
                 if (f) fclose(f);
             }
+            char *norm = NULL;
+            if (!status && check_messages(in, &norm, err, sizeof err)) {
+                fprintf(stderr, "deltafin tokenize: --chat: %s\n", err);
+                status = 1;
+            }
             if (!status) {
-                rc = df_chat_render(t, in, tools, cflags, &rendered, err, sizeof err);
+                rc = df_chat_render(t, norm ? norm : in, tools, cflags, &rendered, err, sizeof err);
                 if (rc) { fprintf(stderr, "deltafin tokenize: %s\n", err); status = 1; }
                 else { text = rendered; tl = strlen(rendered); flags |= DF_TOK_PARSE_SPECIAL; }
             }
+            free(norm);
         }
         if (!status && chat && render) fwrite(text, 1, tl, stdout);
         else if (!status) {
