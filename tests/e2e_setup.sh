@@ -3,6 +3,9 @@
 # in the hub's URL layout, tests/hub/mirror.py) and a fault proxy in front of it:
 #   - run / serve without --model use the embedded kimi-mini before setup and the installed model after;
 #   - a full install equals a local `deltafin convert` (bytes of every native file, greedy ids); `list`;
+#   - setup run again over a damaged full install verifies it and repairs it: a pack gone, a corrupt spine.bin (downloaded
+#     and converted again), a corrupt expert of a --keep-download install (from the kept shards, nothing fetched), a
+#     tokenizer.json gone (copied again); an intact one is verified and "already installed";
 #   - the commands messages suggest (list's doctor, setup's rm -rf / setup --dir) quote a path with a space and a ';
 #   - a streamed install gives the full install's ids under a RAM budget, fetching each expert once; warm fetches
 #     what a trace ranks first; setup --full completes a streamed install in place;
@@ -53,6 +56,8 @@ for _ in $(seq 1 50); do curl -s -o /dev/null "$PX/ok/api/models/test/kimi-mini"
 export DELTAFIN_REGISTRY=$TMP/registry.json HF_ENDPOINT=$M
 unset HF_TOKEN
 IDS=1,2,3,4,5,6
+shards_bytes() { awk -v port="$1" '$1 == port && $3 ~ /kimi-mini\/resolve\/main\/.*safetensors$/ && $2 == "GET" { s += $5 } END { print s + 0 }' "$TMP/access.log"; }
+TOTAL=$(cat "$ROOT"/models/kimi-mini/*.safetensors | wc -c)
 
 # ---- before setup: the embedded model
 out=$("$BIN" run --prompt-ids $IDS --max-new 8 --print-ids 2>&1); rc=$?
@@ -115,6 +120,44 @@ out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --revision v2 2>&1); rc=$?
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --revision main 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "(revision main) is already installed" && ok "setup --revision main: already installed" || bad "setup --revision main: rc $rc $out"
 
+# ---- setup over a damaged full install re-verifies it and repairs it (as a pull would), never "already installed"
+# a pack gone: run fails; setup (as first run) names the pack, downloads the checkpoint again, converts, says "repaired"
+rm "$TMP/inst/native/experts-L003.pack"
+"$BIN" run --prompt-ids $IDS --max-new 2 >/dev/null 2>&1 && bad "run with a pack gone succeeded"
+BEFORE=$(shards_bytes "$P1")
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
+GOT=$(( $(shards_bytes "$P1") - BEFORE ))
+[ $rc -eq 0 ] && ! echo "$out" | grep -q "already installed" && echo "$out" | grep -q "install in $TMP/inst is DAMAGED: experts-L003.pack (layer 3, unreadable); repairing it" \
+    && echo "$out" | grep -q "^setup: test/kimi-mini repaired (full, .*) in .*/inst/native: rebuilt experts-L003.pack (layer 3, unreadable) by .*; it is the default model$" \
+    && ok "setup over a full install missing a pack: DAMAGED named, repaired (exit 0)" || bad "repair a missing pack: rc $rc $out"
+[ "$GOT" -eq "$TOTAL" ] && echo "$out" | grep -q "MB downloaded, 0.[0-9] MB reused from the disk" && ok "repair: the shards fetched again ($GOT bytes), the small files reused" \
+    || bad "repair fetched $GOT shard bytes, want $TOTAL: $out"
+same=1
+for f in $(cd "$TMP/local" && ls | grep -v '^manifest.json$'); do cmp -s "$TMP/local/$f" "$TMP/inst/native/$f" || same=0; done
+I=$("$BIN" run --prompt-ids $IDS --max-new 8 --print-ids --quiet 2>/dev/null | tail -1)
+[ $same = 1 ] && [ "$I" = "$L" ] && "$BIN" list | grep -q "^\* test/kimi-mini  *full " && ! ls "$TMP/inst/kimi-mini/" | grep -q "safetensors$" \
+    && ok "after the repair: native files = local convert, list says full, run gives the same ids, shards removed again" \
+    || bad "after the repair: same $same ids '$I' want '$L': $("$BIN" list) $(ls "$TMP/inst/kimi-mini/")"
+# a corrupt byte in spine.bin (found by its checksum only), with --full: repaired
+python3 - "$TMP/inst/native/spine.bin" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(1000); c = f.read(1); f.seek(1000); f.write(bytes([c[0] ^ 4]))
+PY
+out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/inst" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^setup: damaged: checksum mismatch: .*spine.bin" && echo "$out" | grep -q "repaired (full, .*: rebuilt spine.bin by" \
+    && cmp -s "$TMP/local/spine.bin" "$TMP/inst/native/spine.bin" && ok "setup --full over a corrupt spine.bin: repaired" || bad "repair spine: rc $rc $out"
+# a side file gone (tokenizer.json): copied again from the checkpoint's copy, nothing downloaded or converted
+rm "$TMP/inst/native/tokenizer.json"
+BEFORE=$(shards_bytes "$P1")
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(shards_bytes "$P1")" = "$BEFORE" ] && cmp -s "$TMP/local/tokenizer.json" "$TMP/inst/native/tokenizer.json" \
+    && echo "$out" | grep -q "was damaged and is repaired: tokenizer.json copied again from" && ! echo "$out" | grep -q "converted into" \
+    && ok "setup over a full install missing tokenizer.json: copied again, nothing downloaded" || bad "repair tokenizer.json: rc $rc $out"
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "already installed in .* (verified: every checksum matches); it is the default model" \
+    && ok "setup over the repaired install: verified, already installed" || bad "setup after repairs: rc $rc $out"
+
 # ---- suggested commands quote their paths: an install whose directory has a space and a single quote (a copy of
 # the full install, recorded in a registry of its own); each command a message suggests, pasted into a shell, gets
 # the path as one argument (eval), and the doctor command it suggests runs as is
@@ -130,11 +173,18 @@ sugg2=$(echo "$out" | sed -n 's/.* and run `\(deltafin setup .*\)` again;.*/\1/p
     || bad "revision suggestions [$sugg] [$sugg2]: $out"
 mv "$QD/native/experts-L003.pack" "$TMP/packq.away"
 out=$("$BIN" list --registry "$TMP/regq.json" 2>&1)
-sugg=$(echo "$out" | sed -n 's/.*(`\(deltafin doctor --model .*\)` checks every file)$/\1/p')
+sugg=$(echo "$out" | sed -n 's/.*(`\(deltafin doctor --model .*\)` checks every file; .*/\1/p')
+fix=$(echo "$out" | sed -n 's/.* checks every file; `\(deltafin setup .*\)` repairs the install)$/\1/p')
 [ "$(words "$sugg" 4)" = "4|$QD/native" ] && ok "list: the suggested doctor command quotes the path ($sugg)" || bad "list's doctor command [$sugg]: $out"
 out=$(eval "\"\$BIN\" ${sugg#deltafin }" 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "$QD/native/experts-L003.pack" && ok "the suggested doctor command, pasted, checks that install" || bad "pasted doctor: rc $rc $out"
-mv "$TMP/packq.away" "$QD/native/experts-L003.pack"
+[ "$(words "$fix" 5)" = "8|$QD" ] && [ "$(words "$fix" 7)" = "8|$TMP/regq.json" ] && [ "$(words "$fix" 8)" = "8|--no-default" ] \
+    && ok "list: the suggested repair (setup --dir DIR --registry FILE --no-default) quotes its paths ($fix)" || bad "list's repair command [$fix]: $out"
+out=$(eval "\"\$BIN\" ${fix#deltafin }" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "repaired (full, " && cmp -s "$TMP/packq.away" "$QD/native/experts-L003.pack" \
+    && "$BIN" list --registry "$TMP/regq.json" | grep -q "^  test/kimi-mini  *full .*$QD/native" \
+    && ok "the suggested repair, pasted, restores the pack (the model still not the default)" || bad "pasted repair: rc $rc $out $("$BIN" list --registry "$TMP/regq.json")"
+rm -f "$TMP/packq.away"
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --registry "$TMP/regq.json" --no-default 2>&1)
 sugg=$(echo "$out" | sed -n 's/.*delete them with `\(rm -rf .*\)` if you no longer need them$/\1/p')
 [ "$(words "$sugg" 3)" = "3|$QD" ] && ok "setup's note: the suggested rm -rf quotes the old directory ($sugg)" || bad "rm -rf suggestion [$sugg]: $out"
@@ -147,8 +197,6 @@ sugg=$(echo "$out" | sed -n 's/.*install it again with `\(deltafin setup .*\)`, 
 rm -rf "$QD"
 
 # ---- kill -9 during the download, then resume: no byte twice
-shards_bytes() { awk -v port="$1" '$1 == port && $3 ~ /kimi-mini\/resolve\/main\/.*safetensors$/ && $2 == "GET" { s += $5 } END { print s + 0 }' "$TMP/access.log"; }
-TOTAL=$(cat "$ROOT"/models/kimi-mini/*.safetensors | wc -c)
 "$BIN" setup test/kimi-mini --mirror "$SLOW" --dir "$TMP/kill" --connections 4 --chunk 8M --no-default --quiet >/dev/null 2>&1 & KP=$!
 sleep 2.5
 kill -9 $KP; wait $KP 2>/dev/null
@@ -211,6 +259,18 @@ out=$("$BIN" setup test/kimi-mini --dir "$TMP/keep" --keep-download --no-default
     && cmp -s "$TMP/local/spine.bin" "$TMP/keep/native/spine.bin" && echo "$out" | grep -q "^setup: synced [0-9.]* MB of the download to the disk" \
     && ! ls "$TMP/keep/kimi-mini/" | grep -q partial && ok "--keep-download: shards kept, synced after the conversion, no sidecar left" \
     || bad "--keep-download: rc $rc $(ls "$TMP/keep/kimi-mini/") $out"
+python3 - "$TMP/keep/native/experts-L002.pack" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(70000); c = f.read(1); f.seek(70000); f.write(bytes([c[0] ^ 1]))
+PY
+BEFORE=$(shards_bytes "$P1")
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/keep" --no-default 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(shards_bytes "$P1")" = "$BEFORE" ] && cmp -s "$TMP/local/experts-L002.pack" "$TMP/keep/native/experts-L002.pack" \
+    && echo "$out" | grep -q "repaired (full, .*: rebuilt experts-L002.pack (layer 2 expert 1) by .*(0.0 MB downloaded" \
+    && cmp -s "$ROOT/models/kimi-mini/model-00002-of-00003.safetensors" "$TMP/keep/kimi-mini/model-00002-of-00003.safetensors" \
+    && ok "repair of a --keep-download install: a corrupt expert rebuilt from the kept shards (nothing fetched), shards still kept" \
+    || bad "repair with kept shards: rc $rc $(ls "$TMP/keep/kimi-mini/") $out"
 # A conversion that fails (an expert dir under a regular file) leaves the shards verified at their final names, not
 # yet synced, each sidecar marked so. Then: one shard corrupted on the disk (as a power loss would leave it), one
 # put back to FILE.partial (a stop between the sidecar's mark and the rename): the next setup re-hashes all three,

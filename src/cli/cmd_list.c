@@ -77,9 +77,22 @@ int cmd_list(int argc, char **argv) {
         }
         printf("%c %-40s %-16s %9.2f GB  %s@%s  %s\n", !strcmp(e->repo, dflt) ? '*' : ' ', e->repo, state,
                disk_usage(e->dir) / 1e9, e->mirror, e->revision, e->model);
-        char qmodel[8300]; /* pasted into a shell: quoted as one word */
-        if (why[0]) printf("    %s: %s (`deltafin doctor --model %s` checks every file)\n",
-                           e->repo, why, df_shell_quote(e->model, qmodel, sizeof qmodel));
+        if (why[0]) {
+            /* the suggested commands are pasted into a shell: each word quoted; setup run again repairs the install
+             * (from the mirror and revision it came from, into its directory, recorded in this registry, the default
+             * model staying the default) */
+            char qmodel[8300], qrepo[1100], qdir[8300], qmirror[8300], qrev[600], qreg[16400];
+            const char *env = getenv("HF_ENDPOINT"), *dmirror = env && *env ? env : "https://huggingface.co";
+            const int other_mirror = e->mirror[0] && strcmp(e->mirror, dmirror);
+            const int other_rev = e->revision[0] && strcmp(e->revision, "main");
+            printf("    %s: %s (`deltafin doctor --model %s` checks every file; `deltafin setup %s --dir %s%s%s%s%s%s%s%s` "
+                   "repairs the install)\n",
+                   e->repo, why, df_shell_quote(e->model, qmodel, sizeof qmodel), df_shell_quote(e->repo, qrepo, sizeof qrepo),
+                   df_shell_quote(e->dir, qdir, sizeof qdir), other_mirror ? " --mirror " : "",
+                   other_mirror ? df_shell_quote(e->mirror, qmirror, sizeof qmirror) : "", other_rev ? " --revision " : "",
+                   other_rev ? df_shell_quote(e->revision, qrev, sizeof qrev) : "", reg_flag ? " --registry " : "",
+                   reg_flag ? df_shell_quote(reg, qreg, sizeof qreg) : "", strcmp(e->repo, dflt) ? " --no-default" : "");
+        }
     }
     free(es);
     char emb[4096], how[256];

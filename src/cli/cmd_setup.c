@@ -7,6 +7,7 @@
 #include "hub/hub.h"
 #include "hub/registry.h"
 #include "hub/stream.h"
+#include "model/native.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
@@ -153,6 +154,136 @@ static void note_replaced_dir(const char *reg, const reg_entry *e) {
             df_shell_quote(old.dir, qold, sizeof qold));
 }
 
+/* ---- re-verifying an existing full install (setup run again over it) ---- */
+
+/* the files convert copies beside the native files when the checkpoint has them (src/model/convert.c) */
+static const char *const side_files[] = {"tokenizer.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja",
+                                        "special_tokens_map.json", "generation_config.json", "README.md"};
+
+typedef struct {
+    int n;              /* problems found */
+    char what[1200];    /* the first ones, named for the closing line */
+    int quiet;
+    conv_prog *prog;
+} damage;
+
+static void damage_add(damage *d, const char *fmt, const char *a, long x, long y) {
+    char one[400];
+    snprintf(one, sizeof one, fmt, a, x, y);
+    d->n++;
+    size_t L = strlen(d->what);
+    if (d->n <= 4) snprintf(d->what + L, sizeof d->what - L, "%s%s", L ? ", " : "", one);
+    else if (d->n == 5) snprintf(d->what + L, sizeof d->what - L, " and more");
+}
+
+static void on_problem(void *user, const df_verify_problem *p) {
+    damage *d = user;
+    if (d->prog && d->prog->open) { fprintf(stderr, "\n"); d->prog->open = 0; }
+    fprintf(stderr, "setup: damaged: %s\n", p->message);
+    const char *base = strrchr(p->file, '/') ? strrchr(p->file, '/') + 1 : p->file;
+    if (p->layer < 0) damage_add(d, "%s", base, 0, 0);
+    else if (p->expert < 0) damage_add(d, "%s (layer %ld, unreadable)", base, p->layer, 0);
+    else damage_add(d, "%s (layer %ld expert %ld)", base, p->layer, p->expert);
+}
+
+static int on_verify(void *user, const char *what, uint64_t done, uint64_t total) {
+    conv_prog *p = user;
+    (void)what;
+    if (df_interrupted()) return 1;
+    if (p->quiet || p->ended) return 0;
+    double t = df_now();
+    if (total && done >= total) p->ended = 1;
+    if ((t - p->last < 0.5 || !cli_stderr_tty()) && done < total) return 0;
+    p->last = t;
+    fprintf(stderr, "%sverify: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", cli_cr(), done / 1e6, total / 1e6,
+            total ? 100.0 * (double)done / (double)total : 100.0, t > p->t0 ? done / 1e6 / (t - p->t0) : 0.0);
+    p->open = 1;
+    fflush(stderr);
+    return 0;
+}
+
+/* 1 when files a and b both exist with the same bytes (small files: read whole) */
+static int same_file(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    int same = !df_read_file(a, &x, &nx, NULL, 0) && !df_read_file(b, &y, &ny, NULL, 0) && nx == ny && !memcmp(x, y, nx);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* The directories a full install's expert packs are in, as --expert-dirs would name them ("" when they are in
+ * nat_dir itself, the default): from the manifest, so that a repair writes them where they were. */
+static void install_expert_dirs(const char *nat_dir, char *out, size_t cap) {
+    out[0] = 0;
+    df_native *nat = NULL;
+    char err[1400], absn[4096];
+    if (native_open(&nat, nat_dir, err, sizeof err) || !nat->n_moe_layers || !realpath(nat_dir, absn)) { native_close(nat); return; }
+    const native_expert_layer *L = &nat->moe_layers[0];
+    int in_nat = L->n_files == 1;
+    size_t o = 0;
+    for (int f = 0; f < L->n_files; f++) {
+        char d[4200];
+        snprintf(d, sizeof d, "%s", L->files[f]);
+        char *sl = strrchr(d, '/');
+        if (sl) *sl = 0; else snprintf(d, sizeof d, "%s", nat_dir);
+        char absd[4096];
+        const char *dd = realpath(d, absd) ? absd : d;
+        if (strcmp(dd, absn)) in_nat = 0;
+        if (o < cap) o += (size_t)snprintf(out + o, cap - o, "%s%s", f ? "," : "", dd);
+    }
+    if (in_nat || o >= cap) out[0] = 0;
+    native_close(nat);
+}
+
+/* Re-verify the full install nat_dir (converted from the checkpoint directory dl_dir): every checksum of
+ * spine.bin and the routed experts (df_model_verify_all), and the side files (tokenizer, ...) against the
+ * copies setup keeps in dl_dir. A side file missing or changed is copied again from dl_dir at once (*side_fixed
+ * counts them, named in fixed). Returns the number of problems only a new conversion repairs (named in d->what),
+ * 0 when the install is intact, DF_ECANCELLED on Ctrl-C. */
+static int verify_full_install(const char *nat_dir, const char *dl_dir, int quiet, damage *d, int *side_fixed, char *fixed,
+                               size_t fcap) {
+    *side_fixed = 0;
+    fixed[0] = 0;
+    for (size_t i = 0; i < sizeof side_files / sizeof side_files[0]; i++) {
+        char src[4200], dst[4200], err[1024];
+        snprintf(src, sizeof src, "%s/%s", dl_dir, side_files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", nat_dir, side_files[i]);
+        if (!df_path_exists(src) || same_file(src, dst)) continue;
+        const int missing = !df_path_exists(dst);
+        if (df_copy_file_atomic(src, dst, err, sizeof err)) {
+            fprintf(stderr, "setup: damaged: %s %s and cannot be copied again from %s: %s\n", dst, missing ? "is missing" : "differs from the checkpoint's",
+                    src, err);
+            damage_add(d, "%s", side_files[i], 0, 0);
+            continue;
+        }
+        fprintf(stderr, "setup: damaged: %s %s: copied again from %s\n", dst, missing ? "was missing" : "differed from the checkpoint's", src);
+        size_t L = strlen(fixed);
+        snprintf(fixed + L, fcap - L, "%s%s", L ? ", " : "", side_files[i]);
+        (*side_fixed)++;
+    }
+    df_model_opts o;
+    df_model_opts_default(&o);
+    conv_prog vp = {df_now(), 0, 0, quiet, 0};
+    o.progress = on_verify;
+    o.progress_user = &vp;
+    d->prog = &vp;
+    char err[2048] = "";
+    df_verify_summary sum;
+    int nbad = df_model_verify_all(nat_dir, &o, on_problem, d, &sum, err, sizeof err);
+    if (vp.open) fprintf(stderr, "\n");
+    d->prog = NULL;
+    if (nbad == DF_ECANCELLED) return DF_ECANCELLED;
+    if (nbad < 0) { /* the files cannot be checked at all (the manifest unreadable, a pack cut short): err says which */
+        fprintf(stderr, "setup: damaged: %s\n", err);
+        damage_add(d, "%s", err, 0, 0);
+    }
+    if (!quiet && nbad >= 0)
+        fprintf(stderr, "setup: verified %s: spine.bin %s, %d routed experts: %d OK, %d corrupt or unreadable (%.1f s)\n", nat_dir,
+                sum.spine_ok ? "OK" : "DAMAGED", sum.n_experts, sum.n_experts - sum.n_bad_experts, sum.n_bad_experts, df_now() - vp.t0);
+    return d->n;
+}
+
 int cmd_setup(int argc, char **argv) {
     const char *repo = NULL, *rev = NULL, *mirror = NULL, *dir_flag = NULL, *expert_dirs = NULL, *reg_flag = NULL;
     int download_only = 0, include_draft = 0, keep = 0, no_default = 0, quiet = 0, verbose = 0, threads = 0, retries = 4, stream = 0;
@@ -271,6 +402,10 @@ int cmd_setup(int argc, char **argv) {
     snprintf(e.dir, sizeof e.dir, "%.1900s", realpath(dir, absd) ? absd : dir);
     snprintf(e.model, sizeof e.model, "%.1900s/native", e.dir);
     int was_streamed = stream_is_streamed(nat_dir);
+    int repairing = 0, rc0 = 0;
+    damage dmg;
+    memset(&dmg, 0, sizeof dmg);
+    char repair_dirs[4096] = "";
     if (df_path_exists(man) && (stream || !was_streamed)) {
         /* the revision installed here (the registry's entry of this directory): another one is not "installed" */
         reg_entry old;
@@ -287,12 +422,41 @@ int cmd_setup(int argc, char **argv) {
         }
         if (have_rev) snprintf(e.revision, sizeof e.revision, "%s", have_rev);
         if (was_streamed) snprintf(e.mode, sizeof e.mode, "stream");
-        e.bytes = disk_usage(dir);
-        note_replaced_dir(reg, &e);
-        if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
-        printf("setup: %s (revision %s) is already installed in %s%s\n", h.repo, e.revision, e.model,
-               no_default ? "" : "; it is the default model");
-        return 0;
+        /* a full install is verified again (as a pull would): a side file that went missing is copied again from the
+         * checkpoint's copy; a damaged spine.bin or expert pack sends setup on to download and convert again */
+        if (!was_streamed && !download_only) {
+            if (!quiet) fprintf(stderr, "setup: %s is installed in %s: verifying every file\n", h.repo, nat_dir);
+            int side_fixed = 0;
+            char fixed[600];
+            rc0 = verify_full_install(nat_dir, dl_dir, quiet, &dmg, &side_fixed, fixed, sizeof fixed);
+            if (rc0 == DF_ECANCELLED) { fprintf(stderr, "deltafin setup: verification interrupted; nothing was changed\n"); return 130; }
+            if (rc0 > 0) {
+                repairing = 1;
+                /* the packs go back where they were (--expert-dirs of the first install) unless told otherwise */
+                if (!expert_dirs) {
+                    install_expert_dirs(nat_dir, repair_dirs, sizeof repair_dirs);
+                    if (repair_dirs[0]) expert_dirs = repair_dirs;
+                }
+                fprintf(stderr, "setup: the install in %s is DAMAGED: %s; repairing it: the checkpoint is downloaded again "
+                                "(files still on disk in %s are reused) and converted again%s%s\n",
+                        dir, dmg.what, dl_dir, expert_dirs ? ", experts into " : "", expert_dirs ? expert_dirs : "");
+            } else if (side_fixed) {
+                e.bytes = disk_usage(dir);
+                note_replaced_dir(reg, &e);
+                if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+                printf("setup: %s (revision %s) in %s was damaged and is repaired: %s copied again from %s; every checksum "
+                       "matches%s\n", h.repo, e.revision, e.model, fixed, dl_dir, no_default ? "" : "; it is the default model");
+                return 0;
+            }
+        }
+        if (!repairing) {
+            e.bytes = disk_usage(dir);
+            note_replaced_dir(reg, &e);
+            if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+            printf("setup: %s (revision %s) is already installed in %s%s%s\n", h.repo, e.revision, e.model,
+                   was_streamed || download_only ? "" : " (verified: every checksum matches)", no_default ? "" : "; it is the default model");
+            return 0;
+        }
     }
 
     /* 1. config.json first: an architecture deltafin cannot run stops before any large download */
@@ -382,10 +546,28 @@ int cmd_setup(int argc, char **argv) {
             if (stat(p, &st) == 0 && (uint64_t)st.st_size == files[i].size) have += files[i].size; /* already allocated */
         }
     }
+    if (repairing && !keep) {
+        /* the first install kept its shards (--keep-download): the repair converts from them and keeps them too */
+        int kept_shards = 0;
+        for (int i = 0; i < n; i++) {
+            char p[4200];
+            struct stat st;
+            snprintf(p, sizeof p, "%s/%s", dl_dir, files[i].name);
+            if (strstr(files[i].name, ".safetensors") && !strstr(files[i].name, ".index.json") && stat(p, &st) == 0 &&
+                (uint64_t)st.st_size == files[i].size)
+                kept_shards++;
+        }
+        if (kept_shards == n_shards) {
+            keep = 1;
+            if (!quiet) fprintf(stderr, "setup: the %d shards are still in %s (--keep-download): the repair converts from them and keeps them\n",
+                                n_shards, dl_dir);
+        }
+    }
     struct statvfs vfs;
     if (statvfs(dl_dir, &vfs) == 0) {
         uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
         uint64_t need = stream ? 0 : (total - have) + (expert_dirs || download_only ? 0 : weights);
+        if (repairing) avail += disk_usage(nat_dir); /* the damaged native files are removed before the conversion */
         if (need > avail) {
             fprintf(stderr, "deltafin setup: not enough disk space in %s: the download needs %.2f GB more and the native layout "
                             "about %.2f GB, %.2f GB are free; free space, or choose --dir (and --expert-dirs for the experts)\n",
@@ -524,6 +706,12 @@ int cmd_setup(int argc, char **argv) {
     e.installed = (double)time(NULL);
     note_replaced_dir(reg, &e);
     if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+    if (repairing) {
+        printf("setup: %s repaired (full, %.1f MB on disk) in %s: rebuilt %s by converting the checkpoint again "
+               "(%.1f MB downloaded, %.1f MB reused from the disk)%s\n", h.repo, e.bytes / 1e6, e.model, dmg.what,
+               dl.bytes_fetched / 1e6, dl.bytes_present / 1e6, no_default ? "" : "; it is the default model");
+        return 0;
+    }
     printf("setup: %s installed (%s, %.1f MB on disk) in %s%s\n", h.repo, stream ? "stream" : "full", e.bytes / 1e6, e.model,
            no_default ? "" : "; it is now the default model (run / serve without --model)");
     return 0;
