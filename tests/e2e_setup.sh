@@ -5,7 +5,8 @@
 #   - a full install equals a local `deltafin convert` (bytes of every native file, greedy ids); `list`;
 #   - setup run again over a damaged full install verifies it and repairs it: a pack gone, a corrupt spine.bin (downloaded
 #     and converted again), a corrupt expert of a --keep-download install (from the kept shards, nothing fetched), a
-#     tokenizer.json gone (copied again); an intact one is verified and "already installed";
+#     tokenizer.json gone (copied again); an intact one is verified and "already installed"; setup --stream over a
+#     streamed install with a corrupt fetched expert fetches it again;
 #   - the commands messages suggest (list's doctor, setup's rm -rf / setup --dir) quote a path with a space and a ';
 #   - a streamed install gives the full install's ids under a RAM budget, fetching each expert once; warm fetches
 #     what a trace ranks first; setup --full completes a streamed install in place;
@@ -374,6 +375,18 @@ out=$("$BIN" doctor --model "$TMP/stream/native" 2>&1); rc=$?
 out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "checksum mismatch in layer ${le% *} expert ${le#* }" && ok "run refuses the corrupt fetched expert (XXH64 recorded at fetch)" \
     || bad "run on corrupt stream: rc $rc $out"
+# setup --stream run again over it: every fetched expert checked, the corrupt one fetched again (not "already installed")
+out=$("$BIN" setup test/kimi-mini --stream --dir "$TMP/stream" --no-default 2>&1); rc=$?
+[ $rc -eq 0 ] && ! echo "$out" | grep -q "already installed" && echo "$out" | grep -q "^setup: damaged: streamed expert layer ${le% *} expert ${le#* } in .*: XXH64" \
+    && echo "$out" | grep -q "was damaged and is repaired: 1 corrupt fetched expert (layer ${le% *} expert ${le#* }) fetched again; [1-9][0-9]* intact ones kept" \
+    && ok "setup --stream over the corrupt fetched expert: fetched again (exit 0)" || bad "repair streamed: rc $rc $out"
+out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids --ram-budget 20M 2>&1); rc=$?
+d=$("$BIN" doctor --model "$TMP/stream/native" 2>&1); drc=$?
+[ $rc -eq 0 ] && [ "$(echo "$out" | tail -1)" = "$L" ] && [ $drc -eq 0 ] && ok "after the streamed repair: doctor OK, run gives the full install's ids" \
+    || bad "after the streamed repair: run rc $rc $(echo "$out" | tail -1) want $L; doctor rc $drc $d"
+out=$("$BIN" setup test/kimi-mini --stream --dir "$TMP/stream" --no-default 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "already installed in .* (verified: every fetched expert matches its checksum)" \
+    && ok "setup --stream over the intact streamed install: verified, already installed" || bad "setup --stream again: rc $rc $out"
 BEFORE=$(shards_bytes "$P1")
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
 GOT=$(( $(shards_bytes "$P1") - BEFORE ))

@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -284,6 +285,71 @@ static int verify_full_install(const char *nat_dir, const char *dl_dir, int quie
     return d->n;
 }
 
+/* Re-verify a streamed install (setup --stream run again over it): every expert fetched so far against the XXH64
+ * recorded when it was fetched (stream_verify_local, as doctor). A corrupt one is marked not present in
+ * stream-state.bin (as an eviction does) and fetched again now. *n_ok / *n_fixed get the counts, what names the
+ * first repaired ones. 0 when every fetched expert is intact or was fetched again, else DF_E* with err. */
+static int verify_streamed_install(const char *nat_dir, uint64_t *n_ok, int *n_fixed, char *what, size_t cap, char *err,
+                                   size_t errlen) {
+    *n_ok = 0;
+    *n_fixed = 0;
+    what[0] = 0;
+    stream_src *ss = NULL;
+    int rc = stream_open(&ss, nat_dir, 0, err, errlen);
+    if (rc) return rc;
+    char *txt = NULL;
+    size_t tlen = 0;
+    FILE *mf = open_memstream(&txt, &tlen);
+    uint64_t bad = 0;
+    int vr = mf ? stream_verify_local(ss, n_ok, &bad, mf) : DF_ENOMEM;
+    if (mf) fclose(mf);
+    stream_close(ss);
+    ss = NULL;
+    if (vr < 0) { free(txt); return df_set_errc(err, errlen, vr, "cannot check the fetched experts of %s: %s", nat_dir, df_strerror(vr)); }
+    if (!bad) { free(txt); return 0; }
+    /* the corrupt ones: named by stream_verify_local's lines ("... streamed expert layer L expert E ...") */
+    int (*le)[2] = calloc(bad, sizeof *le), nle = 0;
+    for (char *line = txt ? strtok(txt, "\n") : NULL; line && le; line = strtok(NULL, "\n")) {
+        const char *m = strstr(line, "streamed expert layer ");
+        const char *msg = strncmp(line, "deltafin doctor: ", 17) ? line : line + 17;
+        fprintf(stderr, "setup: damaged: %s\n", msg);
+        if (m && (uint64_t)nle < bad && sscanf(m, "streamed expert layer %d expert %d", &le[nle][0], &le[nle][1]) == 2) nle++;
+    }
+    free(txt);
+    if (!le || (uint64_t)nle != bad) { free(le); return df_set_errc(err, errlen, DF_EFORMAT, "%llu fetched experts are corrupt and could not be named", (unsigned long long)bad); }
+    /* not present any more (stream-state.bin: "DFSTRM1\0", u32 layers, u32 experts, u8 present[layers x experts], ...) */
+    char sp[4200];
+    snprintf(sp, sizeof sp, "%s/stream-state.bin", nat_dir);
+    int fd = open(sp, O_RDWR | O_CLOEXEC);
+    uint8_t hdr[16];
+    uint32_t E = 0;
+    if (fd < 0 || df_pread_all(fd, hdr, sizeof hdr, 0)) {
+        if (fd >= 0) close(fd);
+        free(le);
+        return df_set_errc(err, errlen, DF_EIO, "cannot update %s: %s", sp, strerror(errno));
+    }
+    memcpy(&E, hdr + 12, 4);
+    const uint8_t zero = 0;
+    for (int i = 0; i < nle && !rc; i++)
+        if (df_pwrite_all(fd, &zero, 1, 16 + (uint64_t)le[i][0] * E + (uint64_t)le[i][1]))
+            rc = df_set_errc(err, errlen, DF_EIO, "cannot update %s: %s", sp, strerror(errno));
+    if (!rc && fsync(fd)) rc = df_set_errc(err, errlen, DF_EIO, "cannot sync %s: %s", sp, strerror(errno));
+    close(fd);
+    /* and fetched again now (from the mirror, checked as any fetch) */
+    if (!rc && (rc = stream_open(&ss, nat_dir, 0, err, errlen))) ss = NULL;
+    for (int i = 0; i < nle && !rc; i++) {
+        int fr = stream_fetch_now(ss, le[i][0], le[i][1], err, errlen);
+        if (fr < 0) { rc = fr; break; }
+        (*n_fixed)++;
+        size_t L = strlen(what);
+        if (i < 4) snprintf(what + L, cap - L, "%slayer %d expert %d", L ? ", " : "", le[i][0], le[i][1]);
+        else if (i == 4) snprintf(what + L, cap - L, " and %d more", nle - 4);
+    }
+    if (ss) stream_close(ss);
+    free(le);
+    return rc;
+}
+
 int cmd_setup(int argc, char **argv) {
     const char *repo = NULL, *rev = NULL, *mirror = NULL, *dir_flag = NULL, *expert_dirs = NULL, *reg_flag = NULL;
     int download_only = 0, include_draft = 0, keep = 0, no_default = 0, quiet = 0, verbose = 0, threads = 0, retries = 4, stream = 0;
@@ -449,12 +515,34 @@ int cmd_setup(int argc, char **argv) {
                 return 0;
             }
         }
+        /* a streamed install: each expert fetched so far is checked; a corrupt one is fetched again */
+        if (was_streamed && stream && !download_only) {
+            uint64_t n_ok = 0;
+            int n_fixed = 0;
+            char fixed[600];
+            if (verify_streamed_install(nat_dir, &n_ok, &n_fixed, fixed, sizeof fixed, err, sizeof err)) {
+                fprintf(stderr, "deltafin setup: the streamed install in %s is damaged and could not be repaired: %s; "
+                                "`deltafin doctor --model %s` names each corrupt expert\n",
+                        dir, err, df_shell_quote(nat_dir, repair_dirs, sizeof repair_dirs));
+                return 1;
+            }
+            if (n_fixed) {
+                e.bytes = disk_usage(dir);
+                note_replaced_dir(reg, &e);
+                if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+                printf("setup: %s (revision %s) in %s was damaged and is repaired: %d corrupt fetched expert%s (%s) fetched again; "
+                       "%llu intact ones kept%s\n", h.repo, e.revision, e.model, n_fixed, n_fixed == 1 ? "" : "s", fixed,
+                       (unsigned long long)n_ok, no_default ? "" : "; it is the default model");
+                return 0;
+            }
+        }
         if (!repairing) {
             e.bytes = disk_usage(dir);
             note_replaced_dir(reg, &e);
             if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
             printf("setup: %s (revision %s) is already installed in %s%s%s\n", h.repo, e.revision, e.model,
-                   was_streamed || download_only ? "" : " (verified: every checksum matches)", no_default ? "" : "; it is the default model");
+                   download_only ? "" : was_streamed ? " (verified: every fetched expert matches its checksum)" : " (verified: every checksum matches)",
+                   no_default ? "" : "; it is the default model");
             return 0;
         }
     }
