@@ -72,7 +72,7 @@ if command -v python3 >/dev/null; then
 fi
 
 # ---- --max-new 0 --stats (item 13): the prompt counts as prefill, no decode tokens
-expect 0 "--max-new 0 stats" "generated 0; .*prefill (0\.0*[1-9]|[1-9])[0-9.]* tok/s; decode 0.00 tok/s \(0 tokens" -- \
+expect 0 "--max-new 0 stats" "generated 0; .*prefill (0\.0*[1-9]|[1-9])[0-9.]* tok/s; decode: no decode steps;" -- \
     "${R[@]}" --prompt-ids 5 --max-new 0 --stats
 
 # ---- native model: --spine (item 7), a broken tokenizer.json (item 9), dense description (item 18)
@@ -483,5 +483,39 @@ expect 0 "bench project --from EV --model HF --cache-dir" "measured on $TMP/pcac
     "$BIN" bench project --drives 1 --gbps 1 --from "$TMP/km-ev.jsonl" --model "$KM" --cache-dir "$TMP/pcache"
 expect 2 "bench project --cache-dir without --model" "^deltafin bench project: --cache-dir needs --model DIR" -- \
     "$BIN" bench project --drives 1 --gbps 1 --from "$TMP/km-ev.jsonl" --cache-dir "$TMP/pcache"
+# small items: synth --encoding f32 in its --help as in its error; run --top-k -1 = off (as the server's top_k);
+# --draft-sample on at temperature 0 says it has no effect; --max-new 1 --stats has no decode rate; tokenize
+# --decode escapes a newline; convert without MODEL_DIR is one line; one conversion progress line (run's format)
+# in run, bench and doctor; no degrade note when the context ends at the trained positions
+expect 0 "synth --help lists f32" "--encoding E .*fp8_b128, f32" -- "$BIN" synth --help
+expect 2 "synth --encoding int8 lists f32" "not supported \(mxfp4, bf16, int4_g32, fp8_b128, f32\)" -- "$BIN" synth "$TMP/s" --encoding int8
+a=$("${R[@]}" --prompt-ids 1,2,3 --max-new 4 --print-ids --temperature 0.8 --top-k -1 --seed 7 2>&1); rc=$?
+b=$("${R[@]}" --prompt-ids 1,2,3 --max-new 4 --print-ids --temperature 0.8 --top-k 0 --seed 7 2>&1)
+[ $rc -eq 0 ] && [ "$a" = "$b" ] && ok || bad "run --top-k -1: rc $rc '$a' vs --top-k 0 '$b'"
+expect 2 "run --top-k -2" '^deltafin run: --top-k "-2": expected an integer in \[-1,' -- "${R[@]}" --prompt-ids 1 --top-k -2
+expect 0 "run --help: --top-k -1" "--top-k K .*-1: off too" -- "$BIN" run --help
+expect 0 "--draft-sample on at temperature 0" "^deltafin run: note: --draft-sample on has no effect at --temperature 0" -- \
+    "${R[@]}" --prompt-ids 1,2 --max-new 2 --draft ngram --draft-sample on
+out=$("${R[@]}" --prompt-ids 1,2 --max-new 2 --draft ngram --draft-sample on --temperature 0.5 2>&1 >/dev/null)
+echo "$out" | grep -q "draft-sample on has no effect" && bad "--draft-sample note at temperature 0.5: $out" || ok
+expect 0 "--max-new 1 --stats" "generated 1; .*; decode: no decode steps; weight bytes" -- "${R[@]}" --prompt-ids 5 --max-new 1 --stats
+out=$(printf '5,abc\n' | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
+[ $rc -eq 1 ] && [ "$out" = "deltafin tokenize --decode: not an id near 'abc\\n'" ] && ok || bad "tokenize --decode newline: rc $rc '$out'"
+out=$("$BIN" convert "$G" 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "^deltafin convert: the output directory MODEL_DIR is missing" \
+    && ok || bad "convert HF_DIR alone: rc $rc '$out'"
+for c in "run --prompt-ids 1 --max-new 1" doctor "bench cache --trace $TMP/km-ev.jsonl --slots 8"; do
+    rm -rf "$TMP/pc1"
+    m=(--model "$G"); [ "$c" = doctor ] || [[ "$c" == bench* ]] && m=(--model "$G")
+    [[ "$c" == bench* ]] && m=(--model "$KM")
+    out=$("$BIN" $c "${m[@]}" --cache-dir "$TMP/pc1" 2>&1 >/dev/null)
+    n=$(echo "$out" | grep -c "^converting: bytes 100.0% ([0-9]* / [0-9]*)$")
+    [ "$n" = 1 ] && [ "$(echo "$out" | grep -c "^converting")" = 1 ] && ok || bad "$c: conversion progress lines: $out"
+done
+cp -r "$G" "$TMP/g4096"
+python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["max_position_embeddings"]=8; json.dump(c,open(p,"w"))' "$TMP/g4096/config.json"
+printf -- '---\ntrained_positions: 8\n---\n' >"$TMP/g4096/README.md"
+out=$("$BIN" run --model "$TMP/g4096" --cache-dir "$TMP/cache" --prompt-ids 1,2,3 --max-new 10 2>&1 >/dev/null)
+echo "$out" | grep -q "stopped: context full" && ! echo "$out" | grep -q "may degrade" && ok || bad "context = trained positions: $out"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -45,6 +45,12 @@ int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out);
  * of 4 KiB up to 64 MiB) into *size (df_model_opts.io_depth / io_size): 0, else a usage message naming the command,
  * flag and value and -1. */
 int cli_parse_io(const char *cmd, const char *flag, const char *v, int *depth, uint64_t *size);
+/* The progress of a first-use conversion (a df_progress_fn for df_model_opts.progress or convert_cached; user unused):
+ * "converting: WHAT P% (DONE / TOTAL)" on stderr, rewritten in place on a terminal, and its final line once however
+ * often the converter reports completion. cli_convert_progress_end() ends an unfinished line (before an error
+ * message) and returns 1 when there was one. Used by run, bench and doctor alike. */
+int cli_convert_progress(void *user, const char *what, uint64_t done, uint64_t total);
+int cli_convert_progress_end(void);
 /* --cache-dir DIR: 0 when DIR is not empty, else a usage message naming the command and -1. */
 int cli_check_cache_dir(const char *cmd, const char *v);
 /* 1 when dir/name is a regular file. */

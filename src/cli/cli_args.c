@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 int cli_parse_size(const char *s, uint64_t *out) {
     char *end;
@@ -219,4 +220,31 @@ int cli_check_cache_dir(const char *cmd, const char *v) {
     fprintf(stderr, "deltafin %s: --cache-dir \"\": expected a directory (an empty name is none; leave the option out "
                     "for the default cache)\n", cmd);
     return -1;
+}
+
+/* the conversion progress line: one format for run, bench and doctor (run's), each conversion's final line once */
+static int conv_open;     /* a progress line without its newline is on stderr */
+static int conv_finished; /* the final (100%) line was printed: repeats of it are not */
+static time_t conv_last;
+
+int cli_convert_progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    (void)user;
+    time_t now = time(NULL);
+    if (done < total) conv_finished = 0;
+    if (!total || conv_finished) return 0;
+    if (done == total || (now != conv_last && cli_stderr_tty())) {
+        conv_last = now;
+        fprintf(stderr, "%sconverting: %s %.1f%% (%llu / %llu)%s", cli_cr(), what ? what : "bytes", 100.0 * done / total,
+                (unsigned long long)done, (unsigned long long)total, done == total ? "\n" : "");
+        conv_open = done != total;
+        if (done == total) conv_finished = 1;
+    }
+    return 0;
+}
+
+int cli_convert_progress_end(void) {
+    int was = conv_open;
+    if (conv_open) fputc('\n', stderr);
+    conv_open = 0;
+    return was;
 }

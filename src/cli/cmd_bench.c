@@ -96,11 +96,10 @@ int bench_native_model(const char *cmd, const char **model, const char *cache_di
     if (!cli_is_file(*model, "config.json")) return bench_check_native(cmd, *model);
     df_model_opts co;
     df_model_opts_default(&co);
-    df_progress_printer pp; /* a first-use conversion shows its progress on stderr, as run's does */
-    df_progress_printer_init(&pp, stderr, "converting");
     if (cache_dir) co.cache_dir = cache_dir;
-    if (convert_cached(*model, co.cache_dir, co.spine, df_progress_print, &pp, conv, cap, err, sizeof err)) {
-        if (pp.t_last > pp.t_start && !pp.finished) fputc('\n', stderr);
+    /* a first-use conversion shows its progress on stderr, in run's format */
+    if (convert_cached(*model, co.cache_dir, co.spine, cli_convert_progress, NULL, conv, cap, err, sizeof err)) {
+        cli_convert_progress_end();
         fprintf(stderr, "deltafin bench %s: %s: %s\n", cmd, *model, err);
         return 1;
     }

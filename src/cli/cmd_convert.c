@@ -135,7 +135,12 @@ int cmd_convert(int argc, char **argv) {
         if (npos == 2) { fprintf(stderr, "deltafin convert: unexpected argument '%s'\n\n", a); usage(stderr); return 2; }
         pos[npos++] = a;
     }
-    if (npos != 2) { usage(stderr); return 2; }
+    if (npos != 2) {
+        if (npos == 1) fprintf(stderr, "deltafin convert: the output directory MODEL_DIR is missing (usage: deltafin convert HF_DIR "
+                                       "MODEL_DIR [options]; see deltafin convert --help)\n");
+        else usage(stderr);
+        return 2;
+    }
     {
         char a[4096], b[4096];
         if (realpath(pos[0], a) && realpath(pos[1], b) && !strcmp(a, b)) {

@@ -34,9 +34,9 @@ static int verify_progress(void *user, const char *what, uint64_t done, uint64_t
     return 0;
 }
 
-/* end an unfinished progress line before an error message */
+/* end an unfinished progress line (the conversion's or the verification's) before an error message */
 static void line_end(void) {
-    if (line_open) fputc('\n', stderr);
+    if (!cli_convert_progress_end() && line_open) fputc('\n', stderr);
     line_open = 0;
 }
 
@@ -131,8 +131,8 @@ int cmd_doctor(int argc, char **argv) {
     df_model_opts o;
     df_model_opts_default(&o);
     o.cache_dir = cache_dir;
-    o.progress = verify_progress;
-    o.progress_user = (void *)"converting";
+    o.progress = cli_convert_progress; /* a first-use conversion: run's progress line, once */
+    o.progress_user = NULL;
     df_model *m = NULL;
     /* a streamed install (`setup --stream`): opened with its remote source; its local experts are checked below */
     stream_src *remote = NULL;
@@ -186,6 +186,7 @@ int cmd_doctor(int argc, char **argv) {
     /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
     char verr[2048] = "";
     df_verify_summary sum;
+    o.progress = verify_progress;
     o.progress_user = NULL;
     int nbad = df_model_verify_all(model, &o, report_problem, NULL, &sum, verr, sizeof verr);
     line_end();

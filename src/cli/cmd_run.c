@@ -44,7 +44,7 @@ static void run_usage(FILE *f) {
             "  --threads N          compute threads, 0..4096 (default 0: all cores)\n"
             "  --temperature T      0..2; 0 = greedy (default)\n"
             "  --top-p P            nucleus sampling, in (0, 1] (default 1: off)\n"
-            "  --top-k K            sample among the K most likely tokens (default 0: off)\n"
+            "  --top-k K            sample among the K most likely tokens (default 0: off; -1: off too, as the server's top_k)\n"
             "  --seed S             sampling seed, 0..2^64-1 (default 0: the same output on every run)\n"
             "                       (--top-p, --top-k and --seed apply with --temperature > 0; at 0 a note says so)\n"
             "  --ram-budget SIZE    bytes for weights + KV cache, e.g. 4G, 512M (default 0: unlimited)\n"
@@ -149,25 +149,9 @@ static int parse_ids(const char *s, int32_t **out, int *n_out) {
 
 static int progress_open; /* a progress line without its newline is on stderr */
 
-static int progress_cb(void *user, const char *what, uint64_t done, uint64_t total) {
-    static time_t last;
-    static int finished;
-    time_t now = time(NULL);
-    if (done < total) finished = 0;
-    if (!total || finished) return 0;
-    if (done == total || (now != last && cli_stderr_tty())) {
-        last = now;
-        fprintf(stderr, "%sconverting: %s %.1f%% (%llu / %llu)%s", cli_cr(), what, 100.0 * done / total, (unsigned long long)done,
-                (unsigned long long)total, done == total ? "\n" : "");
-        progress_open = done != total;
-        if (done == total) finished = 1;
-    }
-    return 0;
-}
-
-/* end an unfinished progress line before an error message */
+/* end an unfinished progress line (the conversion's or the prefill's) before an error message */
 static void progress_end(void) {
-    if (progress_open) fputc('\n', stderr);
+    if (!cli_convert_progress_end() && progress_open) fputc('\n', stderr);
     progress_open = 0;
 }
 
@@ -400,8 +384,8 @@ int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--top-k")) {
             const char *v = NEXT();
-            if (!v || parse_int(a, v, 0, INT_MAX, &iv)) return 2;
-            so.top_k = (int)iv;
+            if (!v || parse_int(a, v, -1, INT_MAX, &iv)) return 2;
+            so.top_k = iv < 0 ? 0 : (int)iv; /* -1 = off, as the server's top_k */
             SAMPLING_FLAG("--top-k");
         }
         else if (!strcmp(a, "--seed")) {
@@ -462,6 +446,9 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deltafin run: note: %s %s no effect at --temperature 0 (greedy decoding takes the most likely "
                         "token); give --temperature > 0 to sample\n", sampling_flags, n_sampling_flags > 1 ? "have" : "has");
     cli_draft_note_unused("run", &dopt);
+    if (dopt.sample && so.temperature == 0 && cli_draft_enabled(&dopt))
+        fprintf(stderr, "deltafin run: note: --draft-sample on has no effect at --temperature 0 (greedy decoding: the drafts "
+                        "are greedy); give --temperature > 0 to sample\n");
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {
         if (cli_default_model("run", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
@@ -485,7 +472,7 @@ int cmd_run(int argc, char **argv) {
                         "(its spine encoding was chosen by `deltafin convert --spine`): drop --spine\n", model);
         return 2;
     }
-    if (!quiet) { mo.progress = progress_cb; mo.progress_user = NULL; }
+    if (!quiet) { mo.progress = cli_convert_progress; mo.progress_user = NULL; }
     if (prompt_file || (prompt && !strcmp(prompt, "-"))) {
         if (!(prompt_buf = read_prompt(prompt_file ? prompt_file : "-", &prompt_len))) return 1;
         prompt = prompt_buf;
@@ -572,7 +559,7 @@ int cmd_run(int argc, char **argv) {
         if (trained > 0 && n_ids > trained)
             fprintf(stderr, "deltafin run: warning: the prompt has %d tokens but %s was trained on %ld positions (%s); "
                             "past that its output is unreliable\n", n_ids, df_model_name(m), trained, src);
-        else if (trained > 0 && (long long)n_ids + max_new > trained && !quiet)
+        else if (trained > 0 && trained < n_ctx && (long long)n_ids + max_new > trained && !quiet) /* else the context stops first */
             fprintf(stderr, "deltafin run: note: %d prompt token%s + --max-new %d go past the %ld positions %s was trained "
                             "on (%s); the output may degrade after position %ld\n", n_ids, n_ids == 1 ? "" : "s", max_new, trained,
                     df_model_name(m), src, trained);
@@ -696,13 +683,17 @@ int cmd_run(int argc, char **argv) {
         /* weight bytes per generated token: the decode evals' bytes / the tokens they gave (else the prefill's) */
         double per_tok = dec_tokens ? (double)(st.weight_bytes_read - after_prefill.weight_bytes_read) / dec_tokens
                                     : (double)after_prefill.weight_bytes_read;
+        /* no decode step (--max-new 1, or a stop at the first token): no rate to print */
+        char dec[400];
+        if (dec_tokens) snprintf(dec, sizeof dec, "decode %.2f tok/s (%llu tokens in %.3f s%s)", dec_s > 0 ? dec_tokens / dec_s : 0.0,
+                                 (unsigned long long)dec_tokens, dec_s, dec_note);
+        else snprintf(dec, sizeof dec, "decode: no decode steps");
         fprintf(stderr,
-                "stats: prompt %d tokens, generated %d; TTFT %.3f s; prefill %.2f tok/s; decode %.2f tok/s (%llu tokens in %.3f s%s); "
+                "stats: prompt %d tokens, generated %d; TTFT %.3f s; prefill %.2f tok/s; %s; "
                 "weight bytes read %.1f MB/token; experts read %.1f MB (demand) + %.1f MB (prefetch), hits %llu, misses %llu, "
                 "I/O stall %.3f s; total %.3f s%s\n",
                 n_ids, n_out, st.ttft_s, st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0,
-                dec_s > 0 ? dec_tokens / dec_s : 0.0, (unsigned long long)dec_tokens, dec_s, dec_note,
-                per_tok / 1e6,
+                dec, per_tok / 1e6,
                 st.expert_bytes_demand / 1e6, st.expert_bytes_prefetch / 1e6, (unsigned long long)st.expert_hits,
                 (unsigned long long)st.expert_misses, st.io_stall_s, total,
                 df_model_is_exact(m) ? "" : strstr(df_model_describe(m), "spine int8") ? " (NOT EXACT: int8 spine)"

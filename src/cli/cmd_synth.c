@@ -919,7 +919,7 @@ static void usage(FILE *f) {
             "  --experts N       routed experts per layer (64) --top-k N       experts per token (8)\n"
             "  --layers N        total layers (8)              --dense N       leading dense layers (1)\n"
             "  --size SIZE       choose --layers so the experts take about SIZE (e.g. 40G)\n"
-            "  --encoding E      expert encoding: mxfp4 (default), bf16, int4_g32, fp8_b128\n"
+            "  --encoding E      expert encoding: mxfp4 (default), bf16, int4_g32, fp8_b128, f32\n"
             "  --spine-encoding E  bf16 (default) or fp8_b128 for spine matrices\n"
             "  --vocab N (32000) --heads N (64) --q-lora N (1536, 0 = plain q_proj) --kv-lora N (512)\n"
             "  --inter N         dense MLP width (18432)       --shared N      shared experts (1)\n"

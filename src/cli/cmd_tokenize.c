@@ -172,7 +172,23 @@ int cmd_tokenize(int argc, char **argv) {
             char *e;
             errno = 0;
             long long v = strtoll(p, &e, 10);
-            if (e == p) { fprintf(stderr, "deltafin tokenize --decode: not an id near '%.20s'\n", p); status = 1; break; }
+            if (e == p) {
+                /* up to 20 bytes of the input, control characters escaped (\n, \xNN): the message stays one line */
+                char near[100];
+                size_t m = 0;
+                for (const char *q = p; *q && q < p + 20 && m + 5 < sizeof near; q++) {
+                    unsigned char c = (unsigned char)*q;
+                    if (c == '\n') m += (size_t)snprintf(near + m, sizeof near - m, "\\n");
+                    else if (c == '\r') m += (size_t)snprintf(near + m, sizeof near - m, "\\r");
+                    else if (c == '\t') m += (size_t)snprintf(near + m, sizeof near - m, "\\t");
+                    else if (c < 0x20 || c == 0x7f) m += (size_t)snprintf(near + m, sizeof near - m, "\\x%02x", c);
+                    else near[m++] = (char)c;
+                }
+                near[m] = 0;
+                fprintf(stderr, "deltafin tokenize --decode: not an id near '%s'\n", near);
+                status = 1;
+                break;
+            }
             if (errno == ERANGE || v < INT32_MIN || v > INT32_MAX) {
                 fprintf(stderr, "deltafin tokenize --decode: id %.*s at position %zu is out of range\n", (int)(e - p), p, k);
                 status = 1;
