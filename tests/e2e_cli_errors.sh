@@ -470,6 +470,8 @@ expect 1 "bench cache --train <missing>" "^deltafin bench cache: cannot open $TM
     "$BIN" bench cache --model "$KM" --trace "$TMP/km-ev.jsonl" --train "$TMP/nope.jsonl"
 expect 1 "drive-idle.py <missing>" "^drive-idle.py: cannot open $TMP/nope.jsonl: No such file or directory$" -- \
     python3 "$SRC/tools/drive-idle.py" "$TMP/nope.jsonl"
+head -c 4096 /dev/urandom >"$TMP/binary.jsonl"; printf '\xff\xfe\n' >>"$TMP/binary.jsonl"
+expect 1 "drive-idle.py <binary>" "^drive-idle.py: $TMP/binary.jsonl: not a text file" -- python3 "$SRC/tools/drive-idle.py" "$TMP/binary.jsonl"
 # --cache-dir "": a usage error in every command that takes it; doctor takes --cache-dir without --model (the default
 # model is converted there, as run does); bench project converts a Hugging Face --model also with --from
 for c in "run --prompt hi" doctor "bench decode" "bench prefill" "bench batch" "bench cache" "bench store" \

@@ -26,9 +26,11 @@ def analyse(path):
     with open(path) as f:
         for line in f:
             try:
-                ev.append(json.loads(line))
+                e = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(e, dict):  # anything else is no event
+                ev.append(e)
     # decode windows: (previous token's t, this token's t] when pos advanced by one
     windows, prev = [], None
     for e in ev:
@@ -91,5 +93,8 @@ if __name__ == "__main__":
             analyse(p)
         except OSError as e:
             print(f"drive-idle.py: cannot open {p}: {e.strerror}", file=sys.stderr)
+            rc = 1
+        except UnicodeDecodeError:
+            print(f"drive-idle.py: {p}: not a text file (expected the JSON lines of deltafin run --events)", file=sys.stderr)
             rc = 1
     sys.exit(rc)
