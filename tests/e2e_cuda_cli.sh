@@ -2,8 +2,8 @@
 # e2e_cuda_cli.sh — `--backend` of run / bench on any machine: `--backend cuda` either runs on the GPU (the
 # configuration line says "backend cuda" and the greedy ids equal the CPU's) or, without a CUDA device or a
 # CUDA build, exits 1 with the reason; `--backend auto` always runs; an unknown name is a usage error (2);
-# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT, DF_CUDA_MLA_BLOCK, DF_CUDA_HOST_PIN,
-# DF_CUDA_MV_ROWS, DF_CUDA_TILE, DF_CUDA_MMA_KS or DF_CUDA_KV_MIRROR stops cuda and auto (exit 1,
+# an invalid DF_CUDA_MMA, DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT, DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID,
+# DF_CUDA_HOST_PIN, DF_CUDA_MV_ROWS, DF_CUDA_TILE, DF_CUDA_MMA_KS or DF_CUDA_KV_MIRROR stops cuda and auto (exit 1,
 # naming the variable and the accepted values), not cpu; no NVIDIA driver is named as such.
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -63,9 +63,9 @@ out=$(DF_CUDA_MMA=junk "$BIN" serve --model "$M" --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q 'environment variable DF_CUDA_MMA="junk": expected a bit mask' \
     && ok "DF_CUDA_MMA=junk serve -> rc 1" || bad "DF_CUDA_MMA=junk serve: rc $rc: $out"
 runs DF_CUDA_MMA junk cpu
-# the on/off knobs DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT, DF_CUDA_MLA_BLOCK: 1 / 0 / unset run, anything else stops cuda
+# the on/off knobs DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT, DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID: 1 / 0 / unset run, anything else stops cuda
 # and auto
-for k in DF_CUDA_MLP_GROUP DF_CUDA_ATTN DF_CUDA_MLA_PROJECT DF_CUDA_MLA_BLOCK; do
+for k in DF_CUDA_MLP_GROUP DF_CUDA_ATTN DF_CUDA_MLA_PROJECT DF_CUDA_MLA_BLOCK DF_CUDA_MOE_RESID; do
     refused $k yes "1 (on, the default) or 0 (off)"
     for v in 0 1; do runs $k $v; done
 done

@@ -290,11 +290,17 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
     const df_mla_block b = {lw->attn_norm, lw->ffn_norm, cfg->rms_norm_eps, lora ? &lw->q_a : NULL, lora ? &lw->q_b : NULL,
                             lora ? NULL : &lw->q, &lw->kv_a, &lw->kv_b, &lw->o, logits ? &lw->router : NULL,
                             lora ? lw->q_a_norm : NULL, lw->kv_a_norm, QA_NORM_EPS, H, dn, dr, dv, kvl,
-                            (float)e->rope.softmax_scale};
-    if (e->be->mla_block(&b, T, x, cs, cache, cache + T, npos, seq_key, x, h2, logits) == 0) {
+                            (float)e->rope.softmax_scale, e->be->moe_resid ? (uint64_t)(uintptr_t)e : 0};
+    if (e->be->mla_block(&b, T, e->x_dev ? NULL : x, cs, cache, cache + T, npos, seq_key, x, h2, logits) == 0) {
+        e->x_dev = 0;
         e->weight_bytes += (lora ? df_weight_bytes(&lw->q_a) + df_weight_bytes(&lw->q_b) : df_weight_bytes(&lw->q)) +
                            df_weight_bytes(&lw->kv_a) + df_weight_bytes(&lw->kv_b) + df_weight_bytes(&lw->o) +
                            (logits ? df_weight_bytes(&lw->router) : 0);
+        goto done;
+    }
+    if (e->x_dev) { /* the host's x lacks the last MoE output, which only the device holds */
+        rc = DF_EUNSUPPORTED;
+        if (err) snprintf(err, errlen, "attention layer %d: the GPU call failed with the residual stream on the device", layer);
         goto done;
     }
     /* the steps one by one, as forward_batch runs them for a layer without mla_block */

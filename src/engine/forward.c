@@ -180,6 +180,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
     e->progress = progress;
     e->progress_user = user;
     e->progress_layers = 0;
+    e->x_dev = e->defer_ok = e->ffn_deferred = 0;
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
     /* a decode step: the lookahead runs when the gate's arm says so (always when ungated) */
     const int dstep = e->prefetch && (T <= PREFETCH_MAX_T || decode_batch);
@@ -277,8 +278,15 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         {
             const double io0 = e->io_wait_s, r0 = e->phase_s[DF_PHASE_ROUTER];
             e->ffn_logits = block && lw->is_moe ? rlog : NULL;
+            /* a decode step's MoE may stay on the device when the next layer's block continues from there (not with a
+             * streamed spine: the shared expert's host copy is a staging buffer the next reads reuse while the
+             * queued upload may still read it) */
+            e->defer_ok = block && lw->is_moe && T == 1 && n_seq == 1 && l + 1 < L && cfg->mixer[l + 1] == DF_MIXER_MLA &&
+                          e->be->moe_resid && D % 16 == 0 && !e->stream;
+            e->ffn_deferred = 0;
             rc = ffn_forward(e, l, h, T, a, err, errlen);
             e->ffn_logits = NULL;
+            e->defer_ok = 0;
             e->la_x = NULL;
             const double now = df_now(), dio = e->io_wait_s - io0, dr = e->phase_s[DF_PHASE_ROUTER] - r0;
             e->phase_s[lw->is_moe ? DF_PHASE_EXPERTS : DF_PHASE_DENSE] += now - lap - dio - dr;
@@ -286,7 +294,8 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
             lap = now;
         }
         if (rc) goto done;
-        for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
+        if (e->ffn_deferred) e->x_dev = 1; /* x += a happened on the device; the next block reads it there */
+        else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
         e->progress_layers = l + 1;
         if (progress && progress(user, "layers", (uint64_t)l + 1, (uint64_t)L)) {
             rc = DF_ECANCELLED;
@@ -319,6 +328,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
 done:
     e->la_x = NULL; /* x is freed below */
     e->progress = NULL;
+    e->x_dev = e->defer_ok = e->ffn_deferred = 0;
     /* the next call's first streamed layer is read while the caller samples */
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream));
     free(x);

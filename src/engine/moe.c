@@ -251,6 +251,40 @@ static int ex_group(ex_job *j, int items) {
     return rc == 0 ? 0 : -1;
 }
 
+/* The chunk's items (every routed expert of a one-token layer, in ascending expert order as the combine below takes
+ * them, then the shared expert) in one df_backend.moe_resid call: their weighted sum and the shared expert's output
+ * added into the device residual (the bits of the host combine and forward's residual add), nothing copied back.
+ * bytes[] / rc[] as ex_group fills them. 0, or -1 when it cannot (nothing was added: the caller runs ex_group). */
+static int resid_group(ex_job *j, int items, const int *used, const int *start, const float *rw) {
+    df_engine *e = j->e;
+    const df_config *cfg = e->cfg;
+    if (items > 33) return -1;
+    for (int i = 0; i < j->n; i++)
+        if (j->xs[i] != used[i]) return -1; /* the combine's order: ascending expert ids */
+    const df_weight *wg[33], *wu[33], *wdn[33];
+    float w[33];
+    for (int i = 0; i < j->n; i++) {
+        wg[i] = &j->views[i].gate;
+        wu[i] = &j->views[i].up;
+        wdn[i] = &j->views[i].down;
+        w[i] = rw[start[used[i]]];
+    }
+    if (j->shared) {
+        wg[j->n] = &j->lw->gate;
+        wu[j->n] = &j->lw->up;
+        wdn[j->n] = &j->lw->down;
+    }
+    const int situ = cfg->act == DF_ACT_SITU;
+    if (e->be->moe_resid(items, wg, wu, wdn, situ, cfg->situ_beta, cfg->situ_linear_beta, j->h, w, j->shared,
+                         (uint64_t)(uintptr_t)e) != 0)
+        return -1;
+    for (int i = 0; i < items; i++) {
+        j->bytes[i] = df_weight_bytes(wg[i]) + df_weight_bytes(wu[i]) + df_weight_bytes(wdn[i]);
+        j->rc[i] = DF_OK;
+    }
+    return 0;
+}
+
 int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char *err, size_t errlen) {
     const df_config *cfg = e->cfg;
     const df_layer_weights *lw = &e->spine->layers[layer];
@@ -446,8 +480,12 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
                     rows, views, ye, sh, bytes, rcs};
         memset(rcs, 0, sizeof(int) * (size_t)(items + 1));
         memset(bytes, 0, sizeof(uint64_t) * (size_t)(items + 1));
-        /* a backend with a grouped MLP (the GPU): the whole chunk in one round trip from this thread */
-        if (!e->be->mlp_group || T > GROUP_MAX_T || ex_group(&j, items)) {
+        /* one token's whole layer, every expert in device memory, with the next layer's block continuing on the
+         * device (forward's defer_ok): the MoE output goes into the device residual, no round trip */
+        if (e->defer_ok && T == 1 && !latent && u0 == 0 && nc == n_used && with_shared == lw->has_shared && n_acq == 0 &&
+            resid_group(&j, items, used, start, rw) == 0) {
+            e->ffn_deferred = 1;
+        } else if (!e->be->mlp_group || T > GROUP_MAX_T || ex_group(&j, items)) {
             if (par) df_pool_run(e->pool, items, 1, ex_task, &j);
             else ex_task(&j, 0, items, 0);
         }
@@ -486,6 +524,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         if (nc == 0) break;
         if (u0 + nc < n_used) eng_tick(e);
     }
+    if (e->ffn_deferred) goto done; /* added into the device residual */
     for (int i = 0; i < n_used; i++) {
         const int x = used[i];
         const float *y = yall + (int64_t)start[x] * Wd;

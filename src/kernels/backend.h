@@ -44,6 +44,7 @@ typedef struct df_mla_block {
     float lora_eps;                     /* epsilon of q_a_norm and kv_a_norm */
     int H, dn, dr, dv, kvl;             /* heads, nope / rope / value head dims, kv_lora_rank */
     float scale;                        /* softmax scale */
+    uint64_t resid_key;                 /* the caller's residual stream on the device (an engine's address; 0: none) */
 } df_mla_block;
 
 typedef struct df_backend {
@@ -132,7 +133,9 @@ typedef struct df_backend {
      *   ffn_norm); logits = router(h2) when b->router is set.
      * rope(v, cs)[i] = v[2i] cs[2i] - v[2i+1] cs[2i+1], rope(v, cs)[i + dr/2] = v[2i+1] cs[2i] + v[2i] cs[2i+1]
      * (engine/rope.c rope_apply with cs = its cos, sin times the attention factor, rope_cs); cs NULL: no rotary.
-     * x, x_out [T, D] (may be the same array), h2 [T, D], logits [T, router rows] (fp32, row-major); c, kpe, npos and
+     * x, x_out [T, D] (may be the same array; x NULL, for T = 1: x is the caller's device residual row, b->resid_key's,
+     * as its last mla_block left it with moe_resid's output added), h2 [T, D], logits [T, router rows] (fp32,
+     * row-major); with b->resid_key, x_out also stays on the device as that caller's residual; c, kpe, npos and
      * seq_key as mla_attend, with the rows of each cache in one call at consecutive positions ending at its largest
      * npos. Each row's results depend only on that row's inputs and its cache's earlier rows (the same bits alone or
      * in any batch). Returns 0, or -1 when it cannot (a shape it does not support, a device error: nothing it
@@ -140,6 +143,15 @@ typedef struct df_backend {
      * whole block with the other ops). */
     int (*mla_block)(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c, float *const *kpe,
                      const int *npos, const uint64_t *seq_key, float *x_out, float *h2, float *logits);
+    /* Optional (NULL on the CPU): one token's MoE added into the device's residual row without a round trip (the next
+     * mla_block, given x NULL, continues from it): n items as mlp_group's with T = 1, every one on the same input x
+     * [gate.cols] (host), each down.rows = gate.cols; resid += (sum over the first n - shared items, in order, of
+     * w[i] * out_i by fused multiply-adds from 0) + out of the last item when shared (the shared expert), then the
+     * residual add: the bits of moe.c's axpy combine and forward's x += out with an FMA axpy; into the residual of
+     * resid_key (as mla_block's b->resid_key; its last mla_block wrote it). Queued, not waited for. Returns 0, or -1
+     * when it cannot (nothing was added: the caller computes the items with mlp_group). */
+    int (*moe_resid)(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
+                     int act, float beta, float lb, const float *x, const float *w, int shared, uint64_t resid_key);
     /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its
      * caches (the mla_attend keys k with k >> 8 == uid); uid 0 = every sequence's. */
     void (*seq_forget)(uint64_t uid);

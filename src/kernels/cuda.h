@@ -139,6 +139,12 @@ int df_cuda_mla_attend_o(const df_weight *kv_b, int T, int H, int dn, int dr, in
  * or a CUDA error (the call's mirrors are then dropped). */
 int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c, float *const *kpe,
                       const int *npos, const uint64_t *seq_key, float *x_out, float *h2, float *logits);
+/* One token's MoE into the device residual (df_backend.moe_resid, same contract): the items as df_cuda_mlp_group
+ * runs them (one copy in), then one kernel adds their weighted sum and the shared item into the residual row the
+ * last df_cuda_mla_block left; no copy out, no synchronisation. -1 (df_cuda_last_error) for shapes that do not chain,
+ * more than 32 routed items, no residual row yet, no device or a CUDA error. */
+int df_cuda_moe_resid(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
+                      int act, float beta, float lb, const float *x, const float *w, int shared, uint64_t resid_key);
 /* out[t] = rmsnorm(x[t]) * w for T rows of n (fp64 sum of squares, like cpu_scalar_rmsnorm). */
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps);
 /* out[i] = silu(g[i]) * u[i] for n values. */

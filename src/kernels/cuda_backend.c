@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static df_backend g_cuda_be;
 static const df_backend *g_cpu;
@@ -83,6 +84,12 @@ static void init_table(void) {
      * router between them on the host (mla_block fuses them into one round trip) */
     g_cuda_be.mla_block = g_attn_on && fuse_mla && df_cuda_env_switch("DF_CUDA_MLA_BLOCK", NULL, 0) != 0 ? cuda_be_mla_block
                                                                                                         : NULL;
+    /* one token's MoE into the device residual: with the block, and only where the host's axpy (the combine it
+     * replaces) uses fused multiply-adds, as the device's does */
+    g_cuda_be.moe_resid = g_cuda_be.mla_block && g_cuda_be.mlp_group && strncmp(g_cpu->name, "cpu-avx", 7) == 0 &&
+                                  df_cuda_env_switch("DF_CUDA_MOE_RESID", NULL, 0) != 0
+                              ? df_cuda_moe_resid
+                              : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */

@@ -67,6 +67,12 @@ int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, const float 
     return -1;
 }
 int df_cuda_last_host_split(double *queue, double *wait) { (void)queue; (void)wait; return -1; }
+int df_cuda_moe_resid(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
+                      int act, float beta, float lb, const float *x, const float *w, int shared, uint64_t resid_key) {
+    (void)n; (void)gate; (void)up; (void)down; (void)act; (void)beta; (void)lb; (void)x; (void)w; (void)shared;
+    (void)resid_key;
+    return -1;
+}
 int df_cuda_rmsnorm(float *out, const float *x, const float *w, int T, int64_t n, float eps) { return -1; }
 int df_cuda_silu_mul(float *out, const float *g, const float *u, int64_t n) { return -1; }
 int df_cuda_situ_mul(float *out, const float *g, const float *u, int64_t n, float beta, float lb) { return -1; }

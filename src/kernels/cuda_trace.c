@@ -1,8 +1,8 @@
 /*
  * cuda_trace.c — DF_CUDA_TRACE=1 or 2 (a developer knob, docs/cuda.md): the wall time of every GPU call the engine
- * makes through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o, mla_block),
- * from the call to its return (each ends with a synchronisation, so this is the device work plus the launches,
- * copies and the synchronisation itself); its host time split into queueing (from taking the runtime's mutex to
+ * makes through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o, mla_block,
+ * moe_resid), from the call to its return (each but moe_resid ends with a synchronisation, so this is the device
+ * work plus the launches, copies and the synchronisation itself); its host time split into queueing (from taking the runtime's mutex to
  * calling the closing synchronisation: staging, launches) and waiting inside that synchronisation
  * (df_cuda_last_host_split); and with DF_CUDA_TRACE=1 its device time (df_cuda_last_gpu_s: events from the start of
  * its stream work to its closing synchronisation, and per stage). Printed per operation as a table on stderr at
@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_BLOCK, TR_N };
+enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_BLOCK, TR_RESID, TR_N };
 static const char *const tr_name[TR_N] = {"matmul", "mlp", "mlp_group", "mla_project", "mla_attend", "mla_attend_o",
-                                          "mla_block"};
+                                          "mla_block", "moe_resid"};
 static struct {
     unsigned long long calls, rows, items, gpu_calls, host_calls;
     double s, gpu_s, queue_s, wait_s;
@@ -123,6 +123,14 @@ static int tr_block(const df_mla_block *b, int T, const float *x, const float *c
     return rc;
 }
 
+static int tr_resid(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down, int act,
+                    float beta, float lb, const float *x, const float *w, int shared, uint64_t resid_key) {
+    const double t0 = tr_now();
+    const int rc = g_orig.moe_resid(n, gate, up, down, act, beta, lb, x, w, shared, resid_key);
+    tr_add(TR_RESID, t0, 1, n);
+    return rc;
+}
+
 void df_cuda_trace_wrap(df_backend *be) {
     g_orig = *be;
     be->matmul = tr_matmul;
@@ -132,6 +140,7 @@ void df_cuda_trace_wrap(df_backend *be) {
     if (be->mla_attend) be->mla_attend = tr_attend;
     if (be->mla_attend_o) be->mla_attend_o = tr_attend_o;
     if (be->mla_block) be->mla_block = tr_block;
+    if (be->moe_resid) be->moe_resid = tr_resid;
     atexit(tr_print);
 }
 #endif

@@ -28,6 +28,7 @@
 #          resident decode A/B, traced, and after a 3072-token prompt.
 #   part 15: host vs device time of a preloaded resident decode (DF_CUDA_TRACE=2, MLA block on / off), GPU tests
 #          first; ncu kernel durations with NCU_RUN=1.
+#   part 16: a decode step's MoE into the device residual (DF_CUDA_MOE_RESID on / off): GPU tests, resident decode.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
@@ -328,6 +329,38 @@ case $PART in
             --prompt-ids "$(seq -s, 1 64)" --max-new 40 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
         tail -3 "$OUT/ncu.err" >>"$S"
     fi
+    rm -rf "$W"
+    ;;
+16)
+    # issue 12: a decode step's MoE added into the device residual without a round trip (df_backend.moe_resid)
+    # against the round trip (DF_CUDA_MOE_RESID=0): the GPU tests, then the preloaded resident decode alternated
+    # twice (with the ids), DF_CUDA_TRACE=2 of each, and after a 3072-token prompt.
+    for t in test_cuda_kernels test_golden test_batch; do
+        [ -x "$D/$t" ] || continue
+        log "DF_BACKEND=cuda $t"
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed" | tail -8) >>"$S"
+    done
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, bf16 spine"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
+    rp() { # KNOBS... : the preloaded resident run (64-token prompt + 96 tokens) with those environment settings
+        env "$@" timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile --print-ids 2>&1
+    }
+    for knobs in DF_CUDA_MOE_RESID=1 DF_CUDA_MOE_RESID=0 DF_CUDA_MOE_RESID=1 DF_CUDA_MOE_RESID=0; do
+        log "cuda run --preload, $knobs"
+        rp $knobs | grep -E "^(stats:|profile: (mla|experts|router|total))|^[0-9]+(,[0-9]+)+$" | cut -c1-200 >>"$S"
+    done
+    for knobs in DF_CUDA_MOE_RESID=1 DF_CUDA_MOE_RESID=0; do
+        log "cuda run --preload, DF_CUDA_TRACE=2, $knobs"
+        rp $knobs DF_CUDA_TRACE=2 | grep -E "^(stats: prompt|cuda trace: [a-z_]+ +[0-9]|cuda trace: op)" >>"$S"
+    done
+    for knobs in DF_CUDA_MOE_RESID=1 DF_CUDA_MOE_RESID=0; do
+        log "cuda run --preload, ${CTX:-3072}-token prompt, 48 tokens, $knobs"
+        env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(stats: prompt|profile: (mla|experts|total))" >>"$S"
+    done
     rm -rf "$W"
     ;;
 9)

@@ -700,7 +700,7 @@ int plan_units(int T, const float *const *c, const float *const *kpe, const int 
 /* The MLA block's own inputs and outputs (df_backend.mla_block; attend_locked's block mode). */
 struct BlockIn {
     const df_mla_block *b;
-    const float *x, *cs;           /* host: x [T, D], cs [T, dr] or NULL */
+    const float *x, *cs;           /* host: x [T, D] (NULL: the device residual, one row), cs [T, dr] or NULL */
     float *const *c, *const *kpe;  /* host caches: row npos[t] - 1 of each written before the return */
     float *x_out, *h2, *logits;    /* host outputs */
     int64_t D, E, R;               /* hidden size, router rows (0: no router), q_lora_rank (0: q_proj) */
@@ -797,8 +797,16 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     }
     if (grow_dev(o_ret + ret_bytes) || grow_host(h_ret + ret_bytes)) { free(u); return -1; }
     char *hb = (char *)g_host, *db = (char *)g_dev;
+    /* the caller's device residual: this call's x_out, the next call's x when that gives none */
+    int *resid_valid = NULL;
+    float *resid = bk && bk->b->resid_key ? cu_rt_resid(bk->b->resid_key, (size_t)T * D, !bk->x, &resid_valid) : NULL;
+    if (bk && !bk->x && (T != 1 || !resid)) {
+        free(u);
+        return resid ? cu_rt_error("mla_block: x from the device residual for one row only") : -1;
+    }
+    if (bk && bk->b->resid_key && !resid) { free(u); return -1; }
     if (bk) {
-        memcpy(hb + o_x, bk->x, fl * (size_t)T * D);
+        if (bk->x) memcpy(hb + o_x, bk->x, fl * (size_t)T * D);
         if (bk->cs) memcpy(hb + o_cs, bk->cs, fl * (size_t)T * dr);
     } else {
         memcpy(hb + o_q, q, fl * (size_t)T * H * qd);
@@ -850,7 +858,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     const float *dq = (const float *)(db + (bk ? o_qd : o_q));
     if (bk) { /* the input norm, the projections, the latent KV rows into the caches and the queries' RoPE */
         const df_mla_block *b = bk->b;
-        const float *dx = (const float *)(db + o_x), *nw = NULL;
+        const float *dx = bk->x ? (const float *)(db + o_x) : resid, *nw = NULL;
         float *dh = (float *)(db + o_h), *dqa = (float *)(db + o_qa), *dqr = (float *)(db + o_qraw);
         float *dkva = (float *)(db + o_kva);
         if (vec_dev(b->attn_norm, D, &nw)) return -1;
@@ -886,8 +894,12 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         const float *nw = NULL;
         float *dxo = (float *)(db + o_ret + r_x), *dh2 = (float *)(db + o_ret + r_h);
         if (vec_dev(bk->b->ffn_norm, D, &nw)) return -1;
-        CKA(cu_add_rmsnorm_launch(dxo, (const float *)(db + o_x), (const float *)(db + o_out), nw, T, D, bk->b->eps, dh2,
-                                  st));
+        CKA(cu_add_rmsnorm_launch(dxo, bk->x ? (const float *)(db + o_x) : resid, (const float *)(db + o_out), nw, T, D,
+                                  bk->b->eps, dh2, st));
+        if (resid) {
+            CKA(cudaMemcpyAsync(resid, dxo, fl * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
+            if (resid_valid) *resid_valid = 1;
+        }
         if (E && matmul_dev(bk->b->router, dh2, T, (float *)(db + o_ret + r_l), st)) return -1;
         cu_rt_mark("block: residual, norm, router");
     }

@@ -68,6 +68,12 @@ cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, 
 cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const float *kv_norm, float eps, const float *cs,
                               float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
                               float *q, int H, int dn, cudaStream_t st);
+/* resid[d] += (sum over i < n of fma chains w[i] y[i][d] from 0, in order) + sh[d] (sh NULL: nothing) for d < D: the
+ * host's MoE combine (moe.c: axpy per expert in ascending order, then the shared expert, then the residual add) with
+ * fused multiply-adds as the AVX2 / AVX-512 axpy does them. n <= CU_COMBINE_MAX. */
+#define CU_COMBINE_MAX 32
+cudaError_t cu_combine_resid_launch(float *resid, int64_t D, int n, const float *const *y, const float *w, const float *sh,
+                                    cudaStream_t st);
 /* Fill n bytes with a fixed pseudo-random pattern (benchmark weights); AND every 32-bit word with mask. */
 cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st);
 cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st);
@@ -90,6 +96,13 @@ cudaError_t cu_rt_sync(const char *stage);
 size_t cu_attn_mirror_room(void);
 void cu_rt_mark(const char *name);
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
+/* With the mutex held: the device residual stream of the caller with this key (an engine), at least n floats, or
+ * NULL (error recorded). need_valid: it must exist, hold n floats and have been written by an mla_block call (its
+ * x_out), else NULL; otherwise it is made or grown as needed (then not valid) and *valid (when not NULL) points at
+ * its flag, which the caller sets once it has queued the write. mla_block writes each call's x_out there and reads
+ * its x from there when given none; moe_resid adds a token's MoE output into it. At most 16 callers' streams are
+ * kept (the least recently used one goes). */
+float *cu_rt_resid(uint64_t key, size_t n, int need_valid, int **valid);
 int cu_rt_error(const char *msg);
 
 #endif

@@ -151,6 +151,22 @@ __global__ void kv_rows_kernel(const float *kva, int kvl, int dr, const float *k
     }
 }
 
+struct CombineArgs {
+    const float *y[CU_COMBINE_MAX];
+    float w[CU_COMBINE_MAX];
+    const float *sh;
+    int n;
+};
+
+__global__ void combine_resid_kernel(const __grid_constant__ CombineArgs a, float *resid, int64_t D) {
+    for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D; d += (int64_t)gridDim.x * blockDim.x) {
+        float acc = 0.0f;
+        for (int i = 0; i < a.n; i++) acc = fmaf(a.w[i], a.y[i][d], acc);
+        const float v = a.sh ? __fadd_rn(acc, a.sh[d]) : acc;
+        resid[d] = __fadd_rn(resid[d], v);
+    }
+}
+
 __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t v = (uint32_t)i * 2654435761u ^ seed;
@@ -210,6 +226,17 @@ cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const fl
                               float *q, int H, int dn, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
     kv_rows_kernel<<<T, NT, 0, st>>>(kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_combine_resid_launch(float *resid, int64_t D, int n, const float *const *y, const float *w, const float *sh,
+                                    cudaStream_t st) {
+    if (n < 0 || n > CU_COMBINE_MAX) return cudaErrorInvalidValue;
+    CombineArgs a;
+    for (int i = 0; i < n; i++) { a.y[i] = y[i]; a.w[i] = w[i]; }
+    a.sh = sh;
+    a.n = n;
+    combine_resid_kernel<<<grid_for(D), 256, 0, st>>>(a, resid, D);
     return cudaGetLastError();
 }
 

@@ -60,6 +60,17 @@ df_cuda_stats g_stats;
 /* scratch: x, y, an uncached weight (device); x and y staging in pinned host memory (asynchronous copies) */
 void *g_sx, *g_sy, *g_sw, *g_hx, *g_hy, *g_sg, *g_su;
 size_t g_csx, g_csy, g_csw, g_chx, g_chy, g_csg, g_csu;
+/* The device residual streams (df_backend.moe_resid / mla_block with x NULL), one per caller key (an engine): an
+ * engine's rows stay its own when several engines (a target and its draft model) take turns on the device. */
+struct Resid {
+    uint64_t key, tick;
+    void *p;
+    size_t cap; /* bytes */
+    int valid;  /* an mla_block call wrote it (x_out) */
+};
+constexpr int NRESID = 16;
+Resid g_resid[NRESID];
+uint64_t g_resid_tick;
 
 int fail(const char *what, cudaError_t e) {
     snprintf(g_err, sizeof g_err, "%s: %s", what, cudaGetErrorString(e));
@@ -441,8 +452,12 @@ int groupable(const df_weight *gate, const df_weight *up, const df_weight *down,
  * used (its kernel queued) before the next is looked up, as in mlp_locked: an eviction's stream-ordered free or the
  * next upload into the scratch buffer comes after that kernel. The items' outputs are packed at 256-byte offsets
  * and copied out at once; one synchronisation. */
+/* Resid mode (rw not NULL; every T[i] = 1, one shared input): instead of copying the outputs back, the combine
+ * kernel adds the weighted sum of the first n - shared items' outputs (weights rw, in item order) plus the last
+ * item's (shared) into the device residual row resid; nothing is synchronised (df_cuda_moe_resid). */
 int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
-                     int act, float beta, float lb, const float *const *x, const int *T, float *const *out) {
+                     int act, float beta, float lb, const float *const *x, const int *T, float *const *out,
+                     const float *rw = NULL, int shared = 0, float *resid = NULL) {
     /* per item: whether it is in the grouped set, and its input's and output's byte offsets in the staging */
     const size_t nn = (size_t)(n > 0 ? n : 1);
     size_t *xoff = (size_t *)malloc(nn * (2 * sizeof(size_t) + 1));
@@ -578,6 +593,19 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
         }
         if (bad) break;
         cu_rt_mark("group: other items (shared expert)");
+        if (rw) { /* into the device residual: no copy out, no synchronisation */
+            const int nr = n - shared;
+            const float *ys[CU_COMBINE_MAX];
+            for (int i = 0; i < nr; i++) ys[i] = (const float *)((char *)g_sy + ooff[i]);
+            const float *sh = shared ? (const float *)((char *)g_sy + ooff[n - 1]) : NULL;
+            if ((ce = cu_combine_resid_launch(resid, down[0]->rows, nr, ys, rw, sh, g_st)) != cudaSuccess) {
+                fail("combine", ce);
+                break;
+            }
+            cu_rt_mark("group: combined into the residual");
+            rc = 0;
+            break;
+        }
         if ((ce = cudaMemcpyAsync(g_hy, g_sy, oall, cudaMemcpyDeviceToHost, g_st)) != cudaSuccess) {
             fail("cudaMemcpyAsync", ce);
             break;
@@ -826,6 +854,37 @@ extern "C" int df_cuda_mlp_group(int n, const df_weight *const *gate, const df_w
         }
     }
     return locked_op([&] { return mlp_group_locked(n, gate, up, down, act, beta, lb, x, T, out); });
+}
+
+extern "C" int df_cuda_moe_resid(int n, const df_weight *const *gate, const df_weight *const *up,
+                                 const df_weight *const *down, int act, float beta, float lb, const float *x,
+                                 const float *rw, int shared, uint64_t resid_key) {
+    if (!ready()) return -1;
+    if (!resid_key) { snprintf(g_err, sizeof g_err, "moe_resid: no residual key"); return -1; }
+    const int nr = n - (shared ? 1 : 0);
+    if (n < 1 || nr > CU_COMBINE_MAX || nr < 0) {
+        snprintf(g_err, sizeof g_err, "moe_resid: %d items (at most %d routed ones)", n, CU_COMBINE_MAX);
+        return -1;
+    }
+    const int64_t D = gate[0]->cols;
+    for (int i = 0; i < n; i++)
+        if (up[i]->rows != gate[i]->rows || up[i]->cols != gate[i]->cols || down[i]->cols != gate[i]->rows ||
+            gate[i]->cols != D || down[i]->rows != D) {
+            snprintf(g_err, sizeof g_err, "moe_resid: item %d: shapes do not chain into [%lld] rows", i, (long long)D);
+            return -1;
+        }
+    const float **xs = (const float **)malloc(sizeof(float *) * (size_t)n);
+    int *T = (int *)malloc(sizeof(int) * (size_t)n);
+    if (!xs || !T) { free(xs); free(T); snprintf(g_err, sizeof g_err, "out of host memory"); return -1; }
+    for (int i = 0; i < n; i++) { xs[i] = x; T[i] = 1; }
+    const int rc = locked_op([&] {
+        float *resid = cu_rt_resid(resid_key, (size_t)D, 1, NULL);
+        if (!resid) return -1;
+        return mlp_group_locked(n, gate, up, down, act, beta, lb, xs, T, NULL, rw, shared ? 1 : 0, resid);
+    });
+    free(xs);
+    free(T);
+    return rc;
 }
 
 extern "C" int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, float eps, const df_weight *q_b,
@@ -1088,6 +1147,28 @@ extern "C" void df_cuda_trace_stages(void) {
                 g_tst[k].s * 1e6 / (double)(g_tst[k].n ? g_tst[k].n : 1));
 }
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return group_weight(w, data, scale); }
+float *cu_rt_resid(uint64_t key, size_t n, int need_valid, int **valid) {
+    Resid *r = NULL;
+    for (int i = 0; i < NRESID && !r; i++)
+        if (g_resid[i].key == key && g_resid[i].p) r = &g_resid[i];
+    if (!r) {
+        if (need_valid) { snprintf(g_err, sizeof g_err, "no device residual for this caller (evicted or never written)"); return NULL; }
+        r = &g_resid[0]; /* a free entry, else the least recently used one */
+        for (int i = 1; i < NRESID && r->p; i++)
+            if (!g_resid[i].p || g_resid[i].tick < r->tick) r = &g_resid[i];
+        r->key = key;
+        r->valid = 0;
+    }
+    if (need_valid && !r->valid) { snprintf(g_err, sizeof g_err, "the device residual holds no row yet"); return NULL; }
+    if (sizeof(float) * n > r->cap) {
+        if (need_valid) { snprintf(g_err, sizeof g_err, "the device residual holds fewer rows than asked for"); return NULL; }
+        r->valid = 0;
+        if (grow(&r->p, &r->cap, sizeof(float) * n)) return NULL;
+    }
+    r->tick = ++g_resid_tick;
+    if (valid) *valid = &r->valid;
+    return (float *)r->p;
+}
 int cu_rt_error(const char *msg) {
     snprintf(g_err, sizeof g_err, "%s", msg);
     return -1;
