@@ -44,7 +44,9 @@ typedef struct {
     unsigned long n_served, n_rejected;
     df_stats last;            /* engine statistics of the last finished generation */
     int has_last;
-    int model_rc;             /* a model failure seen by a generation (DF_EFORMAT / DF_EIO), sticky */
+    int model_rc;             /* a model failure seen by a generation: DF_EFORMAT (corrupt data) sticky; DF_EIO (a read
+                               * or a streamed install's fetch failed) until a generation started after it succeeds */
+    double model_err_t;       /* srv_now() when model_rc was last set */
     char model_err[600];
     unsigned long n_model_errors;
     srv_metrics met;          /* cumulative figures for /metrics */
@@ -220,9 +222,18 @@ static void *worker_main(void *arg) {
         srv_metrics_request(&S.met, j->req.kind == SRV_CHAT, j->http_status, j->prompt_tokens, j->cached_tokens,
                             j->completion_tokens, j->ttft_s, ran ? dt : -1.0);
         if (j->engine_rc == DF_EFORMAT || j->engine_rc == DF_EIO) { /* the model's files fail: /health says so */
-            S.model_rc = j->engine_rc;
-            snprintf(S.model_err, sizeof S.model_err, "%s", j->engine_err);
+            if (S.model_rc != DF_EFORMAT) { /* corrupt data stays the reason shown */
+                S.model_rc = j->engine_rc;
+                snprintf(S.model_err, sizeof S.model_err, "%s", j->engine_err);
+            }
+            S.model_err_t = srv_now();
             S.n_model_errors++;
+        } else if (S.model_rc == DF_EIO && ran && !j->engine_rc && j->http_status == 200 && t0 > S.model_err_t &&
+                   !j->cancel && j->prompt_tokens > 0) {
+            /* an I/O failure (a read error, a streamed install's mirror out of reach) is transient: a generation
+             * that started after it and evaluated without error shows the model's reads work again */
+            S.model_rc = 0;
+            S.model_err[0] = 0;
         }
         S.running[self] = NULL;
         S.n_inflight--;

@@ -109,7 +109,7 @@ void srv_metrics_text(srv_buf *b, const srv_metrics *m, const srv_metrics_live *
     srv_buf_adds(b, "# HELP deltafin_info The served model (value 1).\n# TYPE deltafin_info gauge\ndeltafin_info{model=\"");
     label_value(b, live->model);
     srv_buf_printf(b, "\",exact=\"%s\",version=\"%s\"} 1\n", live->exact ? "true" : "false", DELTAFIN_VERSION);
-    gauge(b, "deltafin_model_healthy", "1 while no generation has seen the model's files fail (see /health), else 0.",
+    gauge(b, "deltafin_model_healthy", "0 while /health reports the model's files failing (corrupt data: until restart; an I/O error: until a later generation succeeds), else 1.",
           live->healthy);
     gauge(b, "deltafin_parallel", "Generations that may run at once (--parallel).", live->parallel);
     gauge(b, "deltafin_queue_capacity", "Requests that may wait for a worker (--queue).", live->queue);
