@@ -677,6 +677,8 @@ static int pending_stop_signal(void) {
     return sigismember(&p, SIGINT) == 1 ? SIGINT : sigismember(&p, SIGTERM) == 1 ? SIGTERM : 0;
 }
 
+static const char *stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
 int srv_serve(const srv_config *cfg) {
     memset(&S, 0, sizeof S);
     S.cfg = *cfg;
@@ -730,17 +732,22 @@ int srv_serve(const srv_config *cfg) {
             S.be->close(S.be);
             S.be = NULL;
             /* the draft failed, not the main model: err already names --draft PATH */
-            fprintf(stderr, "deltafin serve: cannot use the draft model: %s\n", err[0] ? err : df_strerror(rc));
-            DROP_PORT_FILE();
             const int sig = rc == DF_ECANCELLED ? pending_stop_signal() : 0;
+            if (sig) /* its first-use conversion was stopped: that said why and what it removed, on its own line */
+                fprintf(stderr, "deltafin serve: cannot use the draft model: interrupted by %s\n", stop_signal_name(sig));
+            else fprintf(stderr, "deltafin serve: cannot use the draft model: %s\n", err[0] ? err : df_strerror(rc));
+            DROP_PORT_FILE();
             return sig ? 128 + sig : 1;
         }
     }
     if (rc) {
-        fprintf(stderr, "deltafin serve: cannot open model %s: %s\n", cfg->mock ? "mock" : cfg->model_path,
-                err[0] ? err : df_strerror(rc)); /* err says what and why; the code's name only when it is empty */
-        DROP_PORT_FILE();
         const int sig = rc == DF_ECANCELLED ? pending_stop_signal() : 0;
+        if (sig) /* its first-use conversion was stopped: that printed why and what it removed; not said twice */
+            fprintf(stderr, "deltafin serve: cannot open model %s: interrupted by %s\n", cfg->model_path, stop_signal_name(sig));
+        else
+            fprintf(stderr, "deltafin serve: cannot open model %s: %s\n", cfg->mock ? "mock" : cfg->model_path,
+                    err[0] ? err : df_strerror(rc)); /* err says what and why; the code's name only when it is empty */
+        DROP_PORT_FILE();
         return sig ? 128 + sig : 1;
     }
     S.gen.be = S.be;
