@@ -13,7 +13,8 @@
 #   5. two requests without a seed sample different texts;
 #  11. --ctx N: the mock answers as the engine does on a golden model with the same --ctx (context_length, the 400
 #      for a prompt of N tokens, finish_reason and usage when prompt + max_tokens pass N, plain and streamed);
-#      above the mock's maximum (4096) --ctx is lowered to it with the engine's note.
+#      above the mock's maximum (4096) --ctx is lowered to it with the engine's note;
+#  12. --mock with --model, --ram-budget or --preload: a usage error (exit 2, one line).
 # Env: DF_BIN (deltafin binary), DF_SRC (repo root).
 set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -209,6 +210,23 @@ if start_server ctxbig --mock --ctx 5000; then
         && ok "mock --ctx 5000: the engine's note" || bad "mock --ctx 5000 note: $(head -2 "$TMP/ctxbig.log")"
     stop_server ctxbig
 else bad "serve --mock --ctx 5000 did not start: $(tail -2 "$TMP/ctxbig.log")"; fi
+
+# ---- 12. --mock serves the built-in test model: flags about a real model's weights are usage errors (exit 2, one
+# line, nothing served), never silently ignored; --ram-budget 0 means no budget, as leaving it out
+usage2() { # usage2 WHAT PATTERN ARGS...
+    local what=$1 pat=$2; shift 2
+    local out rc; out=$(timeout 20 "$BIN" serve --port 0 "$@" 2>&1); rc=$?
+    [ $rc -eq 2 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && printf '%s\n' "$out" | grep -q -- "$pat" && ok "$what" \
+        || bad "$what: rc $rc (want 2, one line /$pat/): $out"
+}
+usage2 "serve --mock --model: usage error" "^deltafin serve: --mock serves the built-in byte-level test model: drop --model" \
+    --mock --model "$SRC/models/kimi-mini"
+usage2 "serve --mock --ram-budget 8G: usage error" "^deltafin serve: --ram-budget applies to a real model, not --mock" --mock --ram-budget 8G
+usage2 "serve --ram-budget 8G --mock-kimi: usage error" "^deltafin serve: --ram-budget applies to a real model, not --mock" \
+    --ram-budget 8G --mock-kimi
+usage2 "serve --mock --preload: usage error" "^deltafin serve: --preload applies to a real model, not --mock" --mock --preload
+if start_server rb0 --mock --ram-budget 0; then ok "serve --mock --ram-budget 0 (no budget) starts"; stop_server rb0
+else bad "serve --mock --ram-budget 0 did not start: $(tail -2 "$TMP/rb0.log")"; fi
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

@@ -186,6 +186,11 @@ int cmd_serve(int argc, char **argv) {
                 c.model_path);
         return 2;
     }
+    if (c.mock && (c.ram_budget || c.preload)) { /* the test model has no weights to budget or preload */
+        fprintf(stderr, "deltafin serve: %s applies to a real model, not --mock (the built-in byte-level test model)\n",
+                c.ram_budget ? "--ram-budget" : "--preload");
+        return 2;
+    }
     if (!c.mock && c.mock_delay_ms) {
         fprintf(stderr, "deltafin serve: --mock-delay-ms applies to --mock only (the built-in test model)\n");
         return 2;
