@@ -933,7 +933,14 @@ void store_job_finish(df_store *st, store_job *j) {
     double ms = (store_now() - j->t_start) * 1e3;
     pthread_mutex_lock(&st->mu);
     st->stats.bytes_verified += nverified;
-    if (j->err) {
+    if (j->err && !sl->pins) {
+        /* nobody waits for it now (a guess, a load whose acquire already failed on another expert, a demand load not
+         * yet acquired): drop the slot, so that the next need loads the expert again (a streamed install: fetches it
+         * again once the mirror is back) instead of getting this error, kept from an earlier failure */
+        store_event(st, "\"ev\":\"read_error\",\"layer\":%d,\"expert\":%d,\"code\":%d", j->layer, j->expert, j->err);
+        slot_reset(st, j->slot);
+        st->free_stack[st->n_free++] = j->slot;
+    } else if (j->err) {
         sl->state = SLOT_ERROR;
         sl->err = j->err;
         sl->errmsg = strdup(j->errmsg);
