@@ -474,7 +474,7 @@ head -c 4096 /dev/urandom >"$TMP/binary.jsonl"; printf '\xff\xfe\n' >>"$TMP/bina
 expect 1 "drive-idle.py <binary>" "^drive-idle.py: $TMP/binary.jsonl: not a text file" -- python3 "$SRC/tools/drive-idle.py" "$TMP/binary.jsonl"
 # --cache-dir "": a usage error in every command that takes it; doctor takes --cache-dir without --model (the default
 # model is converted there, as run does); bench project converts a Hugging Face --model also with --from
-for c in "run --prompt hi" doctor "bench decode" "bench prefill" "bench batch" "bench cache" "bench store" \
+for c in "run --prompt hi" doctor serve "bench decode" "bench prefill" "bench batch" "bench cache" "bench store" \
          "bench project --drives 1 --gbps 1"; do
     expect 2 "$c --cache-dir ''" "--cache-dir \"\": expected a directory" -- "$BIN" $c --cache-dir ""
 done

@@ -103,7 +103,7 @@ int cmd_serve(int argc, char **argv) {
 #define NEED() do { if (!v) { fprintf(stderr, "deltafin serve: %s needs a value\n", a); return 2; } i++; } while (0)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { serve_usage(stdout); return 0; }
         else if (!strcmp(a, "--model")) { NEED(); c.model_path = v; }
-        else if (!strcmp(a, "--cache-dir")) { NEED(); c.cache_dir = v; }
+        else if (!strcmp(a, "--cache-dir")) { NEED(); if (cli_check_cache_dir("serve", v)) return 2; c.cache_dir = v; }
         else if (!strcmp(a, "--host")) { NEED(); c.host = v; }
         else if (!strcmp(a, "--port")) { NEED(); if (parse_int(a, v, 0, 65535, &c.port)) return 2; }
         else if (!strcmp(a, "--port-file")) { NEED(); c.port_file = v; }
