@@ -533,7 +533,14 @@ int cmd_run(int argc, char **argv) {
         mo.remote_source = stream_remote(remote);
     }
     rc = df_model_open(&m, model, &mo, err, sizeof err);
-    if (rc) { progress_end(); fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc)); goto done; }
+    if (rc) {
+        progress_end();
+        fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc));
+        if (!strncmp(dflt_how, "installed ", 10) && (rc == DF_EIO || rc == DF_EFORMAT))
+            fprintf(stderr, "deltafin run: the default model is an install of `deltafin setup`: `deltafin list` checks it "
+                            "and prints the command that repairs it (setup run again verifies and repairs an install)\n");
+        goto done;
+    }
     if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
                         dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
     if (preload && cli_preload("run", m, quiet)) { status = 1; goto done; }
