@@ -82,20 +82,6 @@ void df_xxh64_hex(uint64_t h, char out[17]);
 /* Parse 16 hex digits; 0 ok, DF_EFORMAT otherwise. */
 int df_xxh64_parse(const char *s, uint64_t *h);
 
-/* ---------------------------------------------------------------- progress */
-
-/* A df_progress_fn-compatible printer: one self-overwriting line on `out`
- * (stderr by default) with done/total (MB when `what` is "bytes"), percent and
- * rate, at most ~10 updates per second, a newline when done == total. */
-typedef struct {
-    FILE *out;          /* NULL = stderr */
-    const char *label;  /* e.g. "convert" */
-    double t_start, t_last;
-    int finished;
-} df_progress_printer;
-void df_progress_printer_init(df_progress_printer *p, FILE *out, const char *label);
-int df_progress_print(void *user, const char *what, uint64_t done, uint64_t total);
-
 /* Monotonic seconds. */
 double df_now(void);
 /* Number of online CPUs (>= 1). */
