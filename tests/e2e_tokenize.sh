@@ -56,8 +56,9 @@ out="$(printf '5,abc' | "$BIN" tokenize --model "$C/qwen3" --decode 2>&1)"; rc=$
 # --chat: the messages are checked by the server's rule (a 400 there): an empty list, a message without content
 # (only an assistant message may leave it out), a role that is none; exit 1 with the message's index
 for m in '[]|messages: an empty list' '{"messages":[]}|messages: an empty list' \
-         '[{"role":"user"}]|messages[0].content: missing' '[{"role":"user","content":"a"},{"role":"bob","content":"b"}]|messages[1].role' \
-         '[{"content":"x"}]|messages[0].role: missing'; do
+         '[{"role":"user"}]|messages[0].content: Missing required parameter' \
+         '[{"role":"user","content":"a"},{"role":"bob","content":"b"}]|messages[1].role: Invalid value' \
+         '[{"content":"x"}]|messages[0].role: Missing or invalid'; do
     out="$(printf '%s' "${m%%|*}" | "$BIN" tokenize --model "$C/qwen3" --chat --render 2>&1)"; rc=$?
     [ $rc -eq 1 ] && [[ "$out" == "deltafin tokenize: --chat: ${m#*|}"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --chat ${m%%|*}: rc $rc '$out'"; }
 done

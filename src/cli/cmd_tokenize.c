@@ -9,6 +9,7 @@
  * --thinking / --no-thinking pass True / False). */
 #include "cli.h"
 #include "deltafin.h"
+#include "server/server.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -57,10 +58,10 @@ static char *read_all(FILE *f, size_t *n) {
     return b;
 }
 
-/* The messages of --chat, checked by the rule the server's /v1/chat/completions applies (src/server/srv_request.c
- * parse_messages, replicated here: that file is the server's): a non-empty list; each message an object with a string
- * role (system, developer, user, assistant, tool, function) and a "content" (a string, null or a list of parts), which
- * only an assistant message may leave out. A null content is rendered as "" (as the server does: OpenAI clients send it
+/* The messages of --chat, checked by the rule the server's /v1/chat/completions applies: a non-empty list, each
+ * message as srv_check_message (server/server.h: an object with a string role among system, developer, user,
+ * assistant, tool, function and a "content", which only an assistant message may leave out), the content a string,
+ * null or a list of parts. A null content is rendered as "" (as the server does: OpenAI clients send it
  * on assistant messages with tool_calls): *norm then gets the JSON to render instead (malloc'd). 0, else a message in
  * err and -1. JSON that does not parse is left to the renderer's own message. */
 static int check_messages(const char *in, char **norm, char *err, size_t errlen) {
@@ -75,21 +76,12 @@ static int check_messages(const char *in, char **norm, char *err, size_t errlen)
     int i = 0;
     cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
-        if (!cJSON_IsObject(m)) { snprintf(err, errlen, "messages[%d]: expected an object", i); goto out; }
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        if (!cJSON_IsString(role)) { snprintf(err, errlen, "messages[%d].role: missing or not a string", i); goto out; }
-        static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", "function"};
-        int ok = 0;
-        for (size_t k = 0; k < sizeof roles / sizeof *roles; k++) ok |= !strcmp(role->valuestring, roles[k]);
-        if (!ok) {
-            snprintf(err, errlen, "messages[%d].role: '%s' (expected system, developer, user, assistant or tool)", i, role->valuestring);
+        char param[64], msg[400];
+        if (srv_check_message(m, i, param, sizeof param, msg, sizeof msg)) {
+            snprintf(err, errlen, "%s: %s", param, msg);
             goto out;
         }
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (!c && strcmp(role->valuestring, "assistant")) {
-            snprintf(err, errlen, "messages[%d].content: missing (only an assistant message may leave it out)", i);
-            goto out;
-        }
         if (c && !cJSON_IsString(c) && !cJSON_IsNull(c) && !cJSON_IsArray(c)) {
             snprintf(err, errlen, "messages[%d].content: expected a string, a list of content parts or null", i);
             goto out;

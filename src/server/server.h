@@ -61,4 +61,11 @@ typedef struct {
  * cleanup (cmd_serve: exit status 128 + signal, as `run`). */
 int srv_serve(const srv_config *c);
 
+/* The rule /v1/chat/completions applies to message i (m, a JSON value) of "messages", shared with `tokenize --chat`:
+ * an object with a string role (system, developer, user, assistant, tool, function) and a "content", which only an
+ * assistant message may leave out. 0, or -1 with the offending parameter ("messages[i].role") in param and OpenAI's
+ * wording of the error in msg. */
+struct cJSON;
+int srv_check_message(const struct cJSON *m, int i, char *param, size_t plen, char *msg, size_t mlen);
+
 #endif

@@ -72,6 +72,28 @@ fail:
     return 400;
 }
 
+int srv_check_message(const cJSON *m, int i, char *param, size_t plen, char *msg, size_t mlen) {
+    snprintf(param, plen, "messages[%d]", i);
+    if (!cJSON_IsObject(m)) { snprintf(msg, mlen, "Invalid type for '%s': expected an object.", param); return -1; }
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    snprintf(param, plen, "messages[%d].role", i);
+    if (!cJSON_IsString(role)) { snprintf(msg, mlen, "Missing or invalid '%s': expected a string.", param); return -1; }
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", "function"};
+    int ok = 0;
+    for (size_t k = 0; k < sizeof roles / sizeof *roles; k++) ok |= !strcmp(role->valuestring, roles[k]);
+    if (!ok) {
+        snprintf(msg, mlen, "Invalid value for '%s': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool'.",
+                 param, role->valuestring);
+        return -1;
+    }
+    if (!cJSON_GetObjectItemCaseSensitive(m, "content") && strcmp(role->valuestring, "assistant")) {
+        snprintf(param, plen, "messages[%d].content", i);
+        snprintf(msg, mlen, "Missing required parameter: '%s'.", param);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
     cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs) FAIL("messages", "Missing required parameter: 'messages'.");
@@ -81,22 +103,9 @@ static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
     int i = 0;
     cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
-        char param[64];
-        snprintf(param, sizeof param, "messages[%d]", i);
-        if (!cJSON_IsObject(m)) FAIL(param, "Invalid type for '%s': expected an object.", param);
-        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        snprintf(param, sizeof param, "messages[%d].role", i);
-        if (!cJSON_IsString(role)) FAIL(param, "Missing or invalid '%s': expected a string.", param);
-        static const char *roles[] = {"system", "developer", "user", "assistant", "tool", "function"};
-        int ok = 0;
-        for (size_t k = 0; k < sizeof roles / sizeof *roles; k++) ok |= !strcmp(role->valuestring, roles[k]);
-        if (!ok) FAIL(param, "Invalid value for '%s': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool'.",
-                      param, role->valuestring);
+        char param[64], msg[400];
+        if (srv_check_message(m, i, param, sizeof param, msg, sizeof msg)) FAIL(param, "%s", msg);
         cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (!c && strcmp(role->valuestring, "assistant")) {
-            snprintf(param, sizeof param, "messages[%d].content", i);
-            FAIL(param, "Missing required parameter: '%s'.", param);
-        }
         /* OpenAI clients send "content": null on assistant messages that carry tool_calls: render it as "" (chat
          * templates that iterate over content would fail on None) */
         if (cJSON_IsNull(c)) cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString(""));
