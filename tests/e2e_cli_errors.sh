@@ -501,6 +501,9 @@ expect 0 "--draft-sample on at temperature 0" "^deltafin run: note: --draft-samp
 out=$("${R[@]}" --prompt-ids 1,2 --max-new 2 --draft ngram --draft-sample on --temperature 0.5 2>&1 >/dev/null)
 echo "$out" | grep -q "draft-sample on has no effect" && bad "--draft-sample note at temperature 0.5: $out" || ok
 expect 0 "--max-new 1 --stats" "generated 1; .*; decode: no decode steps; weight bytes" -- "${R[@]}" --prompt-ids 5 --max-new 1 --stats
+expect 0 "--max-new 1 --stats: the generation line" "stats: generation 1 token, no decode steps \(draft off\)" -- "${R[@]}" --prompt-ids 5 --max-new 1 --stats
+expect 2 "convert with an empty MODEL_DIR" "MODEL_DIR \"\": expected a directory" -- "$BIN" convert "$G" ""
+expect 1 "tokenize --chat: not JSON" "the messages are not valid JSON" -- sh -c "printf '[{\"role\":\"user\",\"content\":\"hi\"}] trailing' | \"$BIN\" tokenize --chat --render"
 out=$(printf '5,abc\n' | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
 [ $rc -eq 1 ] && [ "$out" = "deltafin tokenize --decode: not an id near 'abc\\n'" ] && ok || bad "tokenize --decode newline: rc $rc '$out'"
 out=$("$BIN" convert "$G" 2>&1); rc=$?

@@ -125,8 +125,8 @@ out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --revision main 2>&1); rc=$?
 # a pack gone: run fails; setup (as first run) names the pack, downloads the checkpoint again, converts, says "repaired"
 rm "$TMP/inst/native/experts-L003.pack"
 out=$("$BIN" run --prompt-ids $IDS --max-new 2 2>&1 >/dev/null); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "the default model is an install of .deltafin setup.: .deltafin list. checks it" \
-    && ok "run with a pack gone: exit 1, points at list / setup for the repair" || bad "run with a pack gone: rc $rc $out"
+[ $rc -eq 1 ] && echo "$out" | grep -q "the default model is an install of .deltafin setup.: run that .deltafin setup. again to verify and repair it" \
+    && ok "run with a pack gone: exit 1, points at setup for the repair" || bad "run with a pack gone: rc $rc $out"
 BEFORE=$(shards_bytes "$P1")
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 GOT=$(( $(shards_bytes "$P1") - BEFORE ))

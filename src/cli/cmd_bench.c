@@ -272,8 +272,10 @@ static int bench_io(int argc, char **argv) {
             struct stat sb;
             const int missing = stat(d, &sb) != 0;
             if (missing || !S_ISDIR(sb.st_mode)) {
+                char qd[8300];
                 fprintf(stderr, "deltafin bench io: --dir %s: %s (expected a directory of files to read, e.g. one written by "
-                                "`deltafin synth %s`)\n", d, missing ? strerror(errno) : "not a directory", d);
+                                "`deltafin synth %s`)\n", d, missing ? strerror(errno) : "not a directory",
+                        df_shell_quote(d, qd, sizeof qd));
                 return 2;
             }
             nd++;

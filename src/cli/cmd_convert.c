@@ -141,6 +141,11 @@ int cmd_convert(int argc, char **argv) {
         else usage(stderr);
         return 2;
     }
+    if (!*pos[0] || !*pos[1]) {
+        fprintf(stderr, "deltafin convert: %s \"\": expected a directory (usage: deltafin convert HF_DIR MODEL_DIR)\n",
+                !*pos[0] ? "HF_DIR" : "MODEL_DIR");
+        return 2;
+    }
     {
         char a[4096], b[4096];
         if (realpath(pos[0], a) && realpath(pos[1], b) && !strcmp(a, b)) {

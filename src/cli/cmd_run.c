@@ -537,8 +537,8 @@ int cmd_run(int argc, char **argv) {
         progress_end();
         fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc));
         if (!strncmp(dflt_how, "installed ", 10) && (rc == DF_EIO || rc == DF_EFORMAT))
-            fprintf(stderr, "deltafin run: the default model is an install of `deltafin setup`: `deltafin list` checks it "
-                            "and prints the command that repairs it (setup run again verifies and repairs an install)\n");
+            fprintf(stderr, "deltafin run: the default model is an install of `deltafin setup`: run that `deltafin setup` "
+                            "again to verify and repair it (`deltafin list` shows the install, its directory and mirror)\n");
         goto done;
     }
     if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
@@ -733,9 +733,12 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "profile: %-16s %10.3f          %16.3f\n", "total", pre, 1e3 * dec / nd);
         }
     }
-    if (stats) /* tokens after the first (which comes from the prompt's logits) per second of generation */
+    if (stats && n_out < 2) /* the first token comes from the prompt's logits: no generation step to time */
+        fprintf(stderr, "stats: generation %d token%s, no decode steps (draft %s)\n", n_out, n_out == 1 ? "" : "s",
+                drafter ? df_drafter_kind(drafter) : "off");
+    else if (stats) /* tokens after the first (which comes from the prompt's logits) per second of generation */
         fprintf(stderr, "stats: generation %d tokens in %.3f s after the prompt: %.2f tok/s, CPU time %.3f s (draft %s)\n", n_out,
-                gen_s, n_out > 1 && gen_s > 0 ? (n_out - 1) / gen_s : 0.0, gen_cpu, drafter ? df_drafter_kind(drafter) : "off");
+                gen_s, gen_s > 0 ? (n_out - 1) / gen_s : 0.0, gen_cpu, drafter ? df_drafter_kind(drafter) : "off");
     if (stats && spec) {
         df_spec_stats sst;
         df_spec_get_stats(spec, &sst);

@@ -63,11 +63,16 @@ static char *read_all(FILE *f, size_t *n) {
  * assistant, tool, function and a "content", which only an assistant message may leave out), the content a string,
  * null or a list of parts. A null content is rendered as "" (as the server does: OpenAI clients send it
  * on assistant messages with tool_calls): *norm then gets the JSON to render instead (malloc'd). 0, else a message in
- * err and -1. JSON that does not parse is left to the renderer's own message. */
+ * err and -1 (also for input that is not JSON). */
 static int check_messages(const char *in, char **norm, char *err, size_t errlen) {
     *norm = NULL;
-    cJSON *root = cJSON_Parse(in);
-    if (!root) return 0;
+    const char *at = NULL;
+    cJSON *root = cJSON_ParseWithOpts(in, &at, 1); /* the whole input: nothing may follow the messages */
+    if (!root) {
+        snprintf(err, errlen, "the messages are not valid JSON (near byte %ld): expected a JSON list of messages, or "
+                              "{\"messages\": [...]}", at && at >= in ? (long)(at - in) : 0L);
+        return -1;
+    }
     int rc = -1, nulls = 0;
     cJSON *msgs = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "messages") : root;
     if (!msgs) { snprintf(err, errlen, "no \"messages\": expected a JSON list of messages, or {\"messages\": [...]}"); goto out; }
