@@ -172,7 +172,8 @@ out=$("$BIN" setup test/kimi-mini --dir "$QD" --registry "$TMP/regq.json" --no-d
 out=$("$BIN" setup test/kimi-mini --dir "$QD" --registry "$TMP/regq.json" --revision v2 2>&1)
 sugg=$(echo "$out" | sed -n 's/.*delete that install (`\(rm -rf .*\)`) and run.*/\1/p')
 sugg2=$(echo "$out" | sed -n 's/.* and run `\(deltafin setup .*\)` again;.*/\1/p')
-[ "$(words "$sugg" 3)" = "3|$QD" ] && [ "$(words "$sugg2" 7)" = "7|$QD" ] && ok "setup --revision v2: the suggested rm -rf and setup --dir quote the directory" \
+[ "$(words "$sugg" 3)" = "3|$QD" ] && [ "$(words "$sugg2" 7)" = "9|$QD" ] && [ "$(words "$sugg2" 9)" = "9|$TMP/regq.json" ] \
+    && ok "setup --revision v2: the suggested rm -rf and setup --dir (and --registry) quote their paths" \
     || bad "revision suggestions [$sugg] [$sugg2]: $out"
 mv "$QD/native/experts-L003.pack" "$TMP/packq.away"
 out=$("$BIN" list --registry "$TMP/regq.json" 2>&1)

@@ -446,9 +446,11 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deltafin run: note: %s %s no effect at --temperature 0 (greedy decoding takes the most likely "
                         "token); give --temperature > 0 to sample\n", sampling_flags, n_sampling_flags > 1 ? "have" : "has");
     cli_draft_note_unused("run", &dopt);
-    if (dopt.sample && so.temperature == 0 && cli_draft_enabled(&dopt))
+    if (dopt.sample && so.temperature == 0 && cli_draft_enabled(&dopt)) {
         fprintf(stderr, "deltafin run: note: --draft-sample on has no effect at --temperature 0 (greedy decoding: the drafts "
                         "are greedy); give --temperature > 0 to sample\n");
+        dopt.sample = 0; /* as the drafter runs: greedy drafts (the draft line says so) */
+    }
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {
         if (cli_default_model("run", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;

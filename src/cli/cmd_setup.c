@@ -477,13 +477,15 @@ int cmd_setup(int argc, char **argv) {
         reg_entry old;
         const char *have_rev = prior_entry(reg, h.repo, &old) && !strcmp(old.dir, e.dir) && old.revision[0] ? old.revision : NULL;
         if (have_rev && rev && strcmp(have_rev, h.rev)) {
-            char qdir[8300], qrepo[1100], qrev[1100]; /* the suggested commands are pasted into a shell: each word quoted */
+            char qdir[8300], qrepo[1100], qrev[1100], qreg[8300]; /* pasted into a shell: each word quoted */
             df_shell_quote(dir, qdir, sizeof qdir);
             fprintf(stderr, "deltafin setup: %s is installed in %s at revision \"%s\", not the requested \"%s\"; nothing was changed. "
-                            "To replace it, delete that install (`rm -rf %s`) and run `deltafin setup %s --revision %s%s%s` again; "
-                            "to keep both, install the new revision elsewhere with --dir OTHER_DIR (the registry then points at it)\n",
+                            "To replace it, delete that install (`rm -rf %s`) and run `deltafin setup %s --revision %s%s%s%s%s` "
+                            "again; to keep both, install the new revision elsewhere with --dir OTHER_DIR (the registry then "
+                            "points at it)\n",
                     h.repo, dir, have_rev, h.rev, qdir, df_shell_quote(h.repo, qrepo, sizeof qrepo),
-                    df_shell_quote(h.rev, qrev, sizeof qrev), dir_flag ? " --dir " : "", dir_flag ? qdir : "");
+                    df_shell_quote(h.rev, qrev, sizeof qrev), dir_flag ? " --dir " : "", dir_flag ? qdir : "",
+                    reg_flag ? " --registry " : "", reg_flag ? df_shell_quote(reg_flag, qreg, sizeof qreg) : "");
             return 1;
         }
         if (have_rev) snprintf(e.revision, sizeof e.revision, "%s", have_rev);
