@@ -99,6 +99,22 @@ static void value_task(void *ctx, int64_t h0, int64_t h1, int tid) {
     free(row);
 }
 
+/* Room in each sequence's KV cache for its rows of the call; *T = the rows of all sequences. DF_OK, or the error of
+ * kv_reserve with a message. */
+static int reserve_rows(const df_seq_rows *seqs, int n_seq, int *T, char *err, size_t errlen) {
+    *T = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const int rc = kv_reserve(seqs[s].kv, seqs[s].n_past + seqs[s].T);
+        if (rc) {
+            if (err) snprintf(err, errlen, "KV cache: cannot hold %d positions (limit %d)%s", seqs[s].n_past + seqs[s].T,
+                              seqs[s].kv->n_ctx, rc == DF_ENOMEM ? ": out of memory" : "");
+            return rc;
+        }
+        *T += seqs[s].T;
+    }
+    return DF_OK;
+}
+
 /* At most ATTN_CHUNK rows at once (bounds the per-head scratch for long prompts): the rows of n_seq
  * sequences (seqs[i].T consecutive rows each), every projection over all rows, each row attending to its
  * own sequence's cache. */
@@ -108,16 +124,8 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int H = cfg->num_attention_heads, dn = cfg->qk_nope_head_dim, dr = cfg->qk_rope_head_dim,
               dv = cfg->v_head_dim, kvl = cfg->kv_lora_rank, qd = dn + dr;
-    int rc = DF_OK, T = 0;
-    for (int s = 0; s < n_seq; s++) {
-        rc = kv_reserve(seqs[s].kv, seqs[s].n_past + seqs[s].T);
-        if (rc) {
-            if (err) snprintf(err, errlen, "KV cache: cannot hold %d positions (limit %d)%s", seqs[s].n_past + seqs[s].T,
-                              seqs[s].kv->n_ctx, rc == DF_ENOMEM ? ": out of memory" : "");
-            return rc;
-        }
-        T += seqs[s].T;
-    }
+    int T = 0, rc = reserve_rows(seqs, n_seq, &T, err, errlen);
+    if (rc) return rc;
     const float **rcache = malloc(sizeof(float *) * (size_t)T * 2);
     int *npos = malloc(sizeof(int) * (size_t)T);
     uint64_t *seq_key = malloc(sizeof(uint64_t) * (size_t)T);
@@ -225,32 +233,48 @@ done:
     return rc;
 }
 
+/* One chunk of a call's rows: the sequences seqs (their rows [r0, r0 + their rows) of the call's arrays). */
+typedef int (*chunk_fn)(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, int64_t r0, void *ctx, char *err,
+                        size_t errlen);
+
+/* The rows of n_seq sequences in chunks: all in one when several sequences fit ATTN_CHUNK rows together; else each
+ * sequence on its own in chunks of ATTN_CHUNK rows (a long prompt: the cache rows of a chunk are written before the
+ * next chunk attends to them, so the result equals one pass), with progress ticks between them. */
+static int for_chunks(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, chunk_fn fn, void *ctx, char *err,
+                      size_t errlen) {
+    int T = 0;
+    for (int s = 0; s < n_seq; s++) T += seqs[s].T;
+    if (n_seq > 1 && T <= ATTN_CHUNK) return fn(e, layer, seqs, n_seq, 0, ctx, err, errlen);
+    for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++)
+        for (int t0 = 0; t0 < seqs[s].T; t0 += ATTN_CHUNK) {
+            const df_seq_rows one = {seqs[s].kv, seqs[s].n_past + t0, seqs[s].T - t0 < ATTN_CHUNK ? seqs[s].T - t0 : ATTN_CHUNK};
+            int rc = fn(e, layer, &one, 1, (int64_t)r0 + t0, ctx, err, errlen);
+            if (rc) return rc;
+            if (t0 + ATTN_CHUNK < seqs[s].T) eng_tick(e);
+        }
+    return DF_OK;
+}
+
+typedef struct { const float *h; float *out; } attn_io;
+
+static int attn_chunk_fn(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, int64_t r0, void *ctx, char *err,
+                         size_t errlen) {
+    const attn_io *io = ctx;
+    const int64_t D = e->cfg->hidden_size;
+    return attn_chunk(e, layer, seqs, n_seq, io->h + r0 * D, io->out + r0 * D, err, errlen);
+}
+
 int attn_forward(df_engine *e, int layer, df_kvcache *kv, int n_past, const float *h, int T, float *out,
                  char *err, size_t errlen) {
-    /* Long prompts go through in chunks: the cache rows of a chunk are written before the next
-     * chunk attends to them, so the result equals one pass (each token's arithmetic is the same). */
-    const int D = e->cfg->hidden_size;
-    for (int t0 = 0; t0 < T; t0 += ATTN_CHUNK) {
-        const df_seq_rows one = {kv, n_past + t0, T - t0 < ATTN_CHUNK ? T - t0 : ATTN_CHUNK};
-        int rc = attn_chunk(e, layer, &one, 1, h + (int64_t)t0 * D, out + (int64_t)t0 * D, err, errlen);
-        if (rc) return rc;
-        if (t0 + ATTN_CHUNK < T) eng_tick(e);
-    }
-    return DF_OK;
+    if (T <= 0) return DF_OK;
+    const df_seq_rows one = {kv, n_past, T};
+    return attn_forward_batch(e, layer, &one, 1, h, out, err, errlen);
 }
 
 int attn_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out,
                        char *err, size_t errlen) {
-    int T = 0;
-    for (int s = 0; s < n_seq; s++) T += seqs[s].T;
-    if (n_seq > 1 && T <= ATTN_CHUNK) return attn_chunk(e, layer, seqs, n_seq, h, out, err, errlen);
-    const int D = e->cfg->hidden_size; /* long prompts: each sequence on its own, in chunks */
-    for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++) {
-        int rc = attn_forward(e, layer, seqs[s].kv, seqs[s].n_past, h + (int64_t)r0 * D, seqs[s].T, out + (int64_t)r0 * D,
-                              err, errlen);
-        if (rc) return rc;
-    }
-    return DF_OK;
+    attn_io io = {h, out};
+    return for_chunks(e, layer, seqs, n_seq, attn_chunk_fn, &io, err, errlen);
 }
 
 /* One chunk of attn_block_batch (the rows of n_seq sequences, at most ATTN_CHUNK unless one sequence's): the
@@ -262,16 +286,8 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
     const int H = cfg->num_attention_heads, dn = cfg->qk_nope_head_dim, dr = cfg->qk_rope_head_dim,
               dv = cfg->v_head_dim, kvl = cfg->kv_lora_rank, D = cfg->hidden_size, lora = cfg->q_lora_rank > 0;
     const int rope = !cfg->mla_use_nope && dr > 0;
-    int rc = DF_OK, T = 0;
-    for (int s = 0; s < n_seq; s++) {
-        rc = kv_reserve(seqs[s].kv, seqs[s].n_past + seqs[s].T);
-        if (rc) {
-            if (err) snprintf(err, errlen, "KV cache: cannot hold %d positions (limit %d)%s", seqs[s].n_past + seqs[s].T,
-                              seqs[s].kv->n_ctx, rc == DF_ENOMEM ? ": out of memory" : "");
-            return rc;
-        }
-        T += seqs[s].T;
-    }
+    int T = 0, rc = reserve_rows(seqs, n_seq, &T, err, errlen);
+    if (rc) return rc;
     float **cache = malloc(sizeof(float *) * (size_t)T * 2);
     int *npos = malloc(sizeof(int) * (size_t)T);
     uint64_t *seq_key = malloc(sizeof(uint64_t) * (size_t)T);
@@ -322,20 +338,18 @@ done:
     return rc;
 }
 
+typedef struct { float *x, *h2, *logits; } block_io;
+
+static int block_chunk_fn(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, int64_t r0, void *ctx, char *err,
+                          size_t errlen) {
+    const block_io *io = ctx;
+    const int64_t D = e->cfg->hidden_size, E = e->cfg->n_routed_experts;
+    return block_chunk(e, layer, seqs, n_seq, io->x + r0 * D, io->h2 + r0 * D, io->logits ? io->logits + r0 * E : NULL,
+                       err, errlen);
+}
+
 int attn_block_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, float *x, float *h2, float *logits,
                      char *err, size_t errlen) {
-    int T = 0;
-    for (int s = 0; s < n_seq; s++) T += seqs[s].T;
-    if (n_seq > 1 && T <= ATTN_CHUNK) return block_chunk(e, layer, seqs, n_seq, x, h2, logits, err, errlen);
-    /* long prompts: each sequence on its own, in chunks (a chunk's cache rows are written before the next attends) */
-    const int64_t D = e->cfg->hidden_size, E = e->cfg->n_routed_experts;
-    for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++)
-        for (int t0 = 0; t0 < seqs[s].T; t0 += ATTN_CHUNK) {
-            const df_seq_rows one = {seqs[s].kv, seqs[s].n_past + t0, seqs[s].T - t0 < ATTN_CHUNK ? seqs[s].T - t0 : ATTN_CHUNK};
-            const int64_t r = r0 + t0;
-            int rc = block_chunk(e, layer, &one, 1, x + r * D, h2 + r * D, logits ? logits + r * E : NULL, err, errlen);
-            if (rc) return rc;
-            if (t0 + ATTN_CHUNK < seqs[s].T) eng_tick(e);
-        }
-    return DF_OK;
+    block_io io = {x, h2, logits};
+    return for_chunks(e, layer, seqs, n_seq, block_chunk_fn, &io, err, errlen);
 }

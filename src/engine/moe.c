@@ -191,6 +191,30 @@ static void ex_task(void *ctx, int64_t i0, int64_t i1, int tid) {
     }
 }
 
+/* The weights of a chunk's items in ex_task's order: item i < n is expert xs[i] (its view), item n the shared expert
+ * when the chunk carries it. */
+static void item_weights(const ex_job *j, const df_weight **wg, const df_weight **wu, const df_weight **wdn) {
+    for (int i = 0; i < j->n; i++) {
+        wg[i] = &j->views[i].gate;
+        wu[i] = &j->views[i].up;
+        wdn[i] = &j->views[i].down;
+    }
+    if (j->shared) {
+        wg[j->n] = &j->lw->gate;
+        wu[j->n] = &j->lw->up;
+        wdn[j->n] = &j->lw->down;
+    }
+}
+
+/* The items were computed by one backend call: their weight bytes and status, as ex_task fills them. */
+static void items_done(ex_job *j, int items, const df_weight *const *wg, const df_weight *const *wu,
+                       const df_weight *const *wdn) {
+    for (int i = 0; i < items; i++) {
+        j->bytes[i] = df_weight_bytes(wg[i]) + df_weight_bytes(wu[i]) + df_weight_bytes(wdn[i]);
+        j->rc[i] = DF_OK;
+    }
+}
+
 /* The chunk's items (as ex_task computes them) in one df_backend.mlp_group call from the calling thread: one
  * copy of every item's input to the device, the items' kernels back to back, one copy back, one synchronisation.
  * The routed experts' rows of hx are gathered into one buffer (item i's input: its count[xs[i]] rows, width Wd),
@@ -224,28 +248,19 @@ static int ex_group(ex_job *j, int items) {
                 for (int r = 0; r < n; r++)
                     memcpy(xe + (int64_t)r * j->Wd, j->hx + (int64_t)j->rows[j->start[x] + r] * j->Wd, sizeof(float) * j->Wd);
             off += n;
-            wg[i] = &j->views[i].gate;
-            wu[i] = &j->views[i].up;
-            wdn[i] = &j->views[i].down;
             xin[i] = all ? j->hx : xe;
             Ts[i] = n;
             outs[i] = j->ye[i];
         }
+        item_weights(j, wg, wu, wdn);
         if (j->shared) { /* item n: the shared expert on all T rows of h */
-            wg[j->n] = &j->lw->gate;
-            wu[j->n] = &j->lw->up;
-            wdn[j->n] = &j->lw->down;
             xin[j->n] = j->h;
             Ts[j->n] = j->T;
             outs[j->n] = j->sh;
         }
         const int situ = cfg->act == DF_ACT_SITU;
         rc = e->be->mlp_group(items, wg, wu, wdn, situ, cfg->situ_beta, cfg->situ_linear_beta, xin, Ts, outs);
-        if (rc == 0)
-            for (int i = 0; i < items; i++) {
-                j->bytes[i] = df_weight_bytes(wg[i]) + df_weight_bytes(wu[i]) + df_weight_bytes(wdn[i]);
-                j->rc[i] = DF_OK;
-            }
+        if (rc == 0) items_done(j, items, wg, wu, wdn);
     }
     free(wg); free(xin); free(outs); free(Ts); free(xg);
     return rc == 0 ? 0 : -1;
@@ -263,25 +278,13 @@ static int resid_group(ex_job *j, int items, const int *used, const int *start, 
         if (j->xs[i] != used[i]) return -1; /* the combine's order: ascending expert ids */
     const df_weight *wg[33], *wu[33], *wdn[33];
     float w[33];
-    for (int i = 0; i < j->n; i++) {
-        wg[i] = &j->views[i].gate;
-        wu[i] = &j->views[i].up;
-        wdn[i] = &j->views[i].down;
-        w[i] = rw[start[used[i]]];
-    }
-    if (j->shared) {
-        wg[j->n] = &j->lw->gate;
-        wu[j->n] = &j->lw->up;
-        wdn[j->n] = &j->lw->down;
-    }
+    item_weights(j, wg, wu, wdn);
+    for (int i = 0; i < j->n; i++) w[i] = rw[start[used[i]]];
     const int situ = cfg->act == DF_ACT_SITU;
     if (e->be->moe_resid(items, wg, wu, wdn, situ, cfg->situ_beta, cfg->situ_linear_beta, j->h, w, j->shared,
                          (uint64_t)(uintptr_t)e) != 0)
         return -1;
-    for (int i = 0; i < items; i++) {
-        j->bytes[i] = df_weight_bytes(wg[i]) + df_weight_bytes(wu[i]) + df_weight_bytes(wdn[i]);
-        j->rc[i] = DF_OK;
-    }
+    items_done(j, items, wg, wu, wdn);
     return 0;
 }
 
