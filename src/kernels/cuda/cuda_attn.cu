@@ -937,6 +937,55 @@ size_t cu_attn_mirror_room(void) {
     return g_mcap > g_mbytes ? g_mcap - g_mbytes : 0;
 }
 
+/* The attention core's limits (mla_attend's and mla_block's): kv_b [H*(dn+dv), kvl] in a decodable encoding, the
+ * kernels' register and shared-memory bounds, rows that attend to at least one position of a cache. 0, or -1 with
+ * the reason in b (starting with op). */
+static int core_refusal(const char *op, const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl,
+                        const float *const *c, const float *const *kpe, const int *npos, char *b, size_t bl) {
+    if (H <= 0 || dn <= 0 || dr < 0 || dv <= 0 || kvl <= 0 || kv_b->rows != (int64_t)H * (dn + dv) || kv_b->cols != kvl) {
+        snprintf(b, bl, "%s: kv_b [%lld, %lld] does not match %d heads x (%d + %d) rows, %d columns", op,
+                 (long long)kv_b->rows, (long long)kv_b->cols, H, dn, dv, kvl);
+        return -1;
+    }
+    if ((int)kv_b->type < 0 || kv_b->type >= DF_W__COUNT ||
+        ((kv_b->type == DF_W_INT4_G32 || kv_b->type == DF_W_MXFP4) && kvl % 32)) {
+        snprintf(b, bl, "%s: kv_b encoding %d with %d columns not supported", op, (int)kv_b->type, kvl);
+        return -1;
+    }
+    /* kvl: NT x 8 accumulators per thread; shared memory: 48 KB per block for each kernel */
+    const size_t smem_attn = sizeof(float) * ((size_t)4 * (kvl + dr + CH) + 12);
+    if (kvl > KMAX || smem_attn > 48 * 1024 || sizeof(float) * 8 * (size_t)dn > 48 * 1024 ||
+        sizeof(float) * 8 * (size_t)kvl > 48 * 1024 || T > 65535 * 8 || (int64_t)H * ((dv + VR - 1) / VR) > 0x7fffffff) {
+        snprintf(b, bl, "%s: shape not supported on the GPU (T %d, kv_lora_rank %d, nope %d, rope %d)", op, T, kvl, dn, dr);
+        return -1;
+    }
+    for (int t = 0; t < T; t++)
+        if (npos[t] < 1 || !c[t] || (dr && !kpe[t])) {
+            snprintf(b, bl, "%s: row %d attends to %d positions", op, t, npos[t]);
+            return -1;
+        }
+    return 0;
+}
+
+/* A checked call of attend_locked under the runtime's mutex; after an error the stream is drained (no queued copy may
+ * still read a host buffer) and the call's mirrors dropped (what the device holds of those caches is unknown). */
+static int core_call(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
+                     const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
+                     float *o_v, const df_weight *o, float *out, const BlockIn *bk) {
+    if (cu_rt_lock()) return -1;
+    int maxn = 1;
+    for (int t = 0; t < T; t++) if (npos[t] > maxn) maxn = npos[t];
+    const Shape sh = {T, H, dn, dr, dv, kvl, scale, maxn};
+    const int rc = attend_locked(kv_b, sh, q, c, kpe, npos, seq_key, o_v, o, out, bk);
+    if (rc) {
+        cudaStreamSynchronize(cu_rt_stream());
+        cudaGetLastError();
+        mir_forget_keys(T, seq_key, 1);
+    }
+    cu_rt_unlock();
+    return rc;
+}
+
 static int mla_attend_impl(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
                            const float *q, const float *const *c, const float *const *kpe, const int *npos,
                            const uint64_t *seq_key, float *o_v, const df_weight *o, float *out) {
@@ -947,41 +996,8 @@ static int mla_attend_impl(const df_weight *kv_b, int T, int H, int dn, int dr, 
                  (long long)o->cols, H, dv);
         return refuse(T, seq_key, b);
     }
-    if (H <= 0 || dn <= 0 || dr < 0 || dv <= 0 || kvl <= 0 || kv_b->rows != (int64_t)H * (dn + dv) || kv_b->cols != kvl) {
-        snprintf(b, sizeof b, "mla_attend: kv_b [%lld, %lld] does not match %d heads x (%d + %d) rows, %d columns",
-                 (long long)kv_b->rows, (long long)kv_b->cols, H, dn, dv, kvl);
-        return refuse(T, seq_key, b);
-    }
-    if ((int)kv_b->type < 0 || kv_b->type >= DF_W__COUNT ||
-        ((kv_b->type == DF_W_INT4_G32 || kv_b->type == DF_W_MXFP4) && kvl % 32)) {
-        snprintf(b, sizeof b, "mla_attend: kv_b encoding %d with %d columns not supported", (int)kv_b->type, kvl);
-        return refuse(T, seq_key, b);
-    }
-    /* kvl: NT x 8 accumulators per thread; shared memory: 48 KB per block for each kernel */
-    const size_t smem_attn = sizeof(float) * ((size_t)4 * (kvl + dr + CH) + 12);
-    if (kvl > KMAX || smem_attn > 48 * 1024 || sizeof(float) * 8 * (size_t)dn > 48 * 1024 ||
-        sizeof(float) * 8 * (size_t)kvl > 48 * 1024 || T > 65535 * 8 || (int64_t)H * ((dv + VR - 1) / VR) > 0x7fffffff) {
-        snprintf(b, sizeof b, "mla_attend: shape not supported on the GPU (T %d, kv_lora_rank %d, nope %d, rope %d)", T,
-                 kvl, dn, dr);
-        return refuse(T, seq_key, b);
-    }
-    for (int t = 0; t < T; t++)
-        if (npos[t] < 1 || !c[t] || (dr && !kpe[t])) {
-            snprintf(b, sizeof b, "mla_attend: row %d attends to %d positions", t, npos[t]);
-            return refuse(T, seq_key, b);
-        }
-    if (cu_rt_lock()) return -1;
-    int maxn = 1;
-    for (int t = 0; t < T; t++) if (npos[t] > maxn) maxn = npos[t];
-    const Shape sh = {T, H, dn, dr, dv, kvl, scale, maxn};
-    int rc = attend_locked(kv_b, sh, q, c, kpe, npos, seq_key, o_v, o, out, NULL);
-    if (rc) {
-        cudaStreamSynchronize(cu_rt_stream()); /* no queued copy may still read a host buffer after an error return */
-        cudaGetLastError();
-        mir_forget_keys(T, seq_key, 1); /* what the device holds of these caches is unknown */
-    }
-    cu_rt_unlock();
-    return rc;
+    if (core_refusal("mla_attend", kv_b, T, H, dn, dr, dv, kvl, c, kpe, npos, b, sizeof b)) return refuse(T, seq_key, b);
+    return core_call(kv_b, T, H, dn, dr, dv, kvl, scale, q, c, kpe, npos, seq_key, o_v, o, out, NULL);
 }
 
 extern "C" int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale,
@@ -1018,35 +1034,12 @@ extern "C" int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, c
                  (long long)b->o->cols, H, dv);
         return refuse(T, key, m);
     }
-    /* the attention core's own limits, as mla_attend checks them */
-    if (H <= 0 || dn <= 0 || dr < 0 || dv <= 0 || kvl <= 0 || b->kv_b->rows != (int64_t)H * (dn + dv) || b->kv_b->cols != kvl ||
-        (int)b->kv_b->type < 0 || b->kv_b->type >= DF_W__COUNT ||
-        ((b->kv_b->type == DF_W_INT4_G32 || b->kv_b->type == DF_W_MXFP4) && kvl % 32) || kvl > KMAX ||
-        sizeof(float) * ((size_t)4 * (kvl + dr + CH) + 12) > 48 * 1024 || sizeof(float) * 8 * (size_t)dn > 48 * 1024 ||
-        sizeof(float) * 8 * (size_t)kvl > 48 * 1024 || T > 65535 * 8 || (int64_t)H * ((dv + VR - 1) / VR) > 0x7fffffff) {
-        snprintf(m, sizeof m, "mla_block: shape not supported on the GPU (T %d, kv_b encoding %d [%lld, %lld], kv_lora_rank %d, "
-                 "nope %d, rope %d)", T, (int)b->kv_b->type, (long long)b->kv_b->rows, (long long)b->kv_b->cols, kvl, dn, dr);
+    if (core_refusal("mla_block", b->kv_b, T, H, dn, dr, dv, kvl, (const float *const *)c, (const float *const *)kpe, npos,
+                     m, sizeof m))
         return refuse(T, key, m);
-    }
-    for (int t = 0; t < T; t++)
-        if (npos[t] < 1 || !c[t] || (dr && !kpe[t])) {
-            snprintf(m, sizeof m, "mla_block: row %d attends to %d positions", t, npos[t]);
-            return refuse(T, key, m);
-        }
-    if (cu_rt_lock()) return -1;
-    int maxn = 1;
-    for (int t = 0; t < T; t++) if (npos[t] > maxn) maxn = npos[t];
-    const Shape sh = {T, H, dn, dr, dv, kvl, b->scale, maxn};
     const BlockIn bk = {b, x, cs, c, kpe, x_out, h2, logits, D, b->router ? b->router->rows : 0, R};
-    int rc = attend_locked(b->kv_b, sh, NULL, (const float *const *)c, (const float *const *)kpe, npos, key, NULL, b->o,
-                           NULL, &bk);
-    if (rc) {
-        cudaStreamSynchronize(cu_rt_stream()); /* no queued copy may still read a host buffer after an error return */
-        cudaGetLastError();
-        mir_forget_keys(T, key, 1); /* what the device holds of these caches is unknown */
-    }
-    cu_rt_unlock();
-    return rc;
+    return core_call(b->kv_b, T, H, dn, dr, dv, kvl, b->scale, NULL, (const float *const *)c, (const float *const *)kpe,
+                     npos, key, NULL, b->o, NULL, &bk);
 }
 
 extern "C" void df_cuda_seq_forget(uint64_t uid) {
