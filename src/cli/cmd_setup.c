@@ -88,9 +88,10 @@ static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *
     return 0;
 }
 
-typedef struct { double t0, last; int open, quiet, ended; } conv_prog;
+/* progress of a long local step (the conversion, the verification of an install): one rewritten line on a terminal */
+typedef struct { const char *label; double t0, last; int open, quiet, ended; } conv_prog;
 
-static int on_convert(void *user, const char *what, uint64_t done, uint64_t total) {
+static int on_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     conv_prog *p = user;
     (void)what;
     if (df_interrupted()) return 1;
@@ -99,7 +100,7 @@ static int on_convert(void *user, const char *what, uint64_t done, uint64_t tota
     if (total && done >= total) p->ended = 1;
     if ((t - p->last < 0.5 || !cli_stderr_tty()) && done < total) return 0;
     p->last = t;
-    fprintf(stderr, "%sconvert: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", cli_cr(), done / 1e6, total / 1e6,
+    fprintf(stderr, "%s%s: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", cli_cr(), p->label, done / 1e6, total / 1e6,
             total ? 100.0 * (double)done / (double)total : 100.0, t > p->t0 ? done / 1e6 / (t - p->t0) : 0.0);
     p->open = 1;
     fflush(stderr);
@@ -187,22 +188,6 @@ static void on_problem(void *user, const df_verify_problem *p) {
     else damage_add(d, "%s (layer %ld expert %ld)", base, p->layer, p->expert);
 }
 
-static int on_verify(void *user, const char *what, uint64_t done, uint64_t total) {
-    conv_prog *p = user;
-    (void)what;
-    if (df_interrupted()) return 1;
-    if (p->quiet || p->ended) return 0;
-    double t = df_now();
-    if (total && done >= total) p->ended = 1;
-    if ((t - p->last < 0.5 || !cli_stderr_tty()) && done < total) return 0;
-    p->last = t;
-    fprintf(stderr, "%sverify: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", cli_cr(), done / 1e6, total / 1e6,
-            total ? 100.0 * (double)done / (double)total : 100.0, t > p->t0 ? done / 1e6 / (t - p->t0) : 0.0);
-    p->open = 1;
-    fflush(stderr);
-    return 0;
-}
-
 /* 1 when files a and b both exist with the same bytes (small files: read whole) */
 static int same_file(const char *a, const char *b) {
     char *x = NULL, *y = NULL;
@@ -265,8 +250,8 @@ static int verify_full_install(const char *nat_dir, const char *dl_dir, int quie
     }
     df_model_opts o;
     df_model_opts_default(&o);
-    conv_prog vp = {df_now(), 0, 0, quiet, 0};
-    o.progress = on_verify;
+    conv_prog vp = {"verify", df_now(), 0, 0, quiet, 0};
+    o.progress = on_progress;
     o.progress_user = &vp;
     d->prog = &vp;
     char err[2048] = "";
@@ -739,8 +724,8 @@ int cmd_setup(int argc, char **argv) {
     co.expert_dirs = expert_dirs;
     co.threads = threads;
     co.sparse_experts = stream; /* experts not fetched yet stay holes in the packs */
-    conv_prog cp = {df_now(), 0, 0, quiet, 0};
-    co.progress = on_convert;
+    conv_prog cp = {"convert", df_now(), 0, 0, quiet, 0};
+    co.progress = on_progress;
     co.progress_user = &cp;
     rc = df_convert(dl_dir, nat_dir, &co, err, sizeof err);
     if (cp.open) fprintf(stderr, "\n");
