@@ -16,12 +16,8 @@ ok() { PASS=$((PASS + 1)); echo "ok   $*"; }
 bad() { FAIL=$((FAIL + 1)); echo "FAIL $*"; }
 finish() { echo "$PASS passed, $FAIL failed"; [ $FAIL -eq 0 ]; exit $?; }
 [ -x "$BIN" ] || { echo "e2e_server_stream: no deltafin binary at $BIN (set DF_BIN)"; exit 1; }
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-if [ ! -x "$NGINX" ] && [ "$(id -u)" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null 2>&1
-    NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-fi
-if [ ! -x "$NGINX" ]; then echo "e2e_server_stream: SKIP: nginx is not installed and cannot be (apt-get install nginx-light)"; finish; fi
+. "$ROOT/tests/hub/nginx.sh"
+find_nginx e2e_server_stream
 command -v python3 >/dev/null && command -v curl >/dev/null || { echo "e2e_server_stream: python3 and curl are required"; exit 1; }
 
 TMP=$(mktemp -d /tmp/df_e2e_server_stream.XXXXXX)
