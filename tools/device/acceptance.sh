@@ -57,6 +57,43 @@ streamed_model() {
     "$BIN" synth "$W/m" --layers 8 --spine-encoding fp8_b128 --quiet --force 2>&1 | tail -1 >>"$S"
     sync; sleep 3
 }
+# the GPU tests of the carried binaries (test_cuda_kernels, test_golden, test_batch) with DF_BACKEND=cuda
+gpu_tests() {
+    for t in test_cuda_kernels test_golden test_batch; do
+        [ -x "$D/$t" ] || continue
+        log "DF_BACKEND=cuda $t"
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed|diff" | tail -12) >>"$S"
+    done
+}
+# the resident model of parts 14-16 in $W/r: 8 layers, bf16 spine, 14.4 GB
+resident_model() {
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, bf16 spine"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
+}
+# rp KNOBS...: the preloaded resident run (64-token prompt + 96 tokens, stats, profile, ids) with those settings
+rp() {
+    env "$@" timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+        --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile --print-ids 2>&1
+}
+# knob_ab KNOB: the resident run with KNOB=1 / 0 alternated twice, one DF_CUDA_TRACE=2 run of each (host clocks:
+# queueing vs waiting per call), then each after a ${CTX:-3072}-token prompt (48 tokens)
+knob_ab() {
+    for v in 1 0 1 0; do
+        log "cuda run --preload, $1=$v"
+        rp "$1=$v" | grep -E "^(profile|stats):|^[0-9]+(,[0-9]+)+$" | cut -c1-300 >>"$S"
+    done
+    for v in 1 0; do
+        log "cuda run --preload, DF_CUDA_TRACE=2, $1=$v"
+        rp "$1=$v" DF_CUDA_TRACE=2 | grep -E "^(stats: prompt|cuda trace: [a-z_]+ +[0-9]|cuda trace: op)" >>"$S"
+    done
+    for v in 1 0; do
+        log "cuda run --preload, ${CTX:-3072}-token prompt, 48 tokens, $1=$v"
+        env "$1=$v" timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+    done
+}
 # on it, the budgets above, cold: the 512-token GPU prefill twice (TTFT / union read), then a streamed GPU decode
 # (17 warm-up + 24 tokens, the lookahead's gate); arguments (e.g. --io-buffer SIZE) go to both benchmarks
 streamed_gpu_runs() {
@@ -259,68 +296,24 @@ case $PART in
     ;;
 14)
     # issue 12: a layer's whole MLA block in one GPU call (df_backend.mla_block) against the separate calls
-    # (DF_CUDA_MLA_BLOCK=0): the GPU tests first, then the preloaded resident decode alternated (block, separate,
-    # block, separate), then one traced run of each, and the resident decode after a 3072-token prompt.
-    for t in test_cuda_kernels test_golden test_batch; do
-        [ -x "$D/$t" ] || continue
-        log "DF_BACKEND=cuda $t"
-        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed|diff" | tail -12) >>"$S"
-    done
-    W=/tmp/df-acc
-    mkdir -p "$W"
-    log "synth 8 layers, bf16 spine"
-    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
-    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0 DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
-        log "cuda run --preload, resident, 64-token prompt + 96 tokens, --stats --profile, $knobs"
-        env $knobs timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-            --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile --print-ids 2>&1 \
-            | grep -E "^(profile|stats):|^[0-9]+(,[0-9]+)+$" | cut -c1-300 >>"$S"
-    done
+    # (DF_CUDA_MLA_BLOCK=0): knob_ab, then one DF_CUDA_TRACE=1 run of each (device time per stage).
+    gpu_tests
+    resident_model
+    knob_ab DF_CUDA_MLA_BLOCK
     for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
         log "cuda run --preload, DF_CUDA_TRACE=1, $knobs"
-        env $knobs DF_CUDA_TRACE=1 timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-            --prompt-ids "$(seq -s, 1 64)" --max-new 96 2>&1 | grep -E "^cuda trace:" >>"$S"
-    done
-    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
-        log "cuda run --preload, ${CTX:-3072}-token prompt, 48 tokens, --stats --profile, $knobs"
-        env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-            --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(profile|stats):" >>"$S"
+        rp $knobs DF_CUDA_TRACE=1 | grep -E "^cuda trace:" >>"$S"
     done
     rm -rf "$W"
     ;;
 15)
-    # issue 12: where a preloaded resident decode step's time goes between host and device: the GPU tests;
-    # DF_CUDA_TRACE=2 (host clocks only: queueing vs waiting in each call's synchronisation) with the MLA block on and
-    # off; the resident decode, block on / off alternated twice; after a 3072-token prompt, block on / off; with
-    # NCU_RUN=1 and Nsight Compute installed, the kernels' own durations (no cache flush, no clock lock) over 600
-    # decode launches.
+    # issue 12: where a preloaded resident decode step's time goes between host and device: knob_ab of the MLA block
+    # (its DF_CUDA_TRACE=2 runs: queueing vs waiting in each call's synchronisation); with NCU_RUN=1 and Nsight Compute
+    # installed, the kernels' own durations (no cache flush, no clock lock) over 600 decode launches.
     { command -v nsys; command -v ncu; ls /usr/local/cuda*/bin 2>/dev/null | grep -E "^(nsys|ncu)$"; } >>"$S" 2>&1
-    for t in test_cuda_kernels test_golden test_batch; do
-        [ -x "$D/$t" ] || continue
-        log "DF_BACKEND=cuda $t"
-        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed" | tail -6) >>"$S"
-    done
-    W=/tmp/df-acc
-    mkdir -p "$W"
-    log "synth 8 layers, bf16 spine"
-    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
-    rp() { # KNOBS... : the preloaded resident run (64-token prompt + 96 tokens) with those environment settings
-        env "$@" timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-            --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile --print-ids 2>&1
-    }
-    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
-        log "cuda run --preload, DF_CUDA_TRACE=2, $knobs"
-        rp $knobs DF_CUDA_TRACE=2 | grep -E "^(stats: prompt|cuda trace: [a-z_]+ +[0-9]|cuda trace: op)" >>"$S"
-    done
-    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0 DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
-        log "cuda run --preload, $knobs"
-        rp $knobs | grep -E "^(stats:|profile: (mla|experts|total))|^[0-9]+(,[0-9]+)+$" | cut -c1-200 >>"$S"
-    done
-    for knobs in DF_CUDA_MLA_BLOCK=1 DF_CUDA_MLA_BLOCK=0; do
-        log "cuda run --preload, ${CTX:-3072}-token prompt, 48 tokens, --stats --profile, $knobs"
-        env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-            --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(stats: prompt|profile: (mla|experts|total))" >>"$S"
-    done
+    gpu_tests
+    resident_model
+    knob_ab DF_CUDA_MLA_BLOCK
     NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     if [ "${NCU_RUN:-0}" = 1 ] && [ -n "$NCU" ]; then
         log "ncu: kernel durations of 600 decode launches (after 3000)"
@@ -333,34 +326,10 @@ case $PART in
     ;;
 16)
     # issue 12: a decode step's MoE added into the device residual without a round trip (df_backend.moe_resid)
-    # against the round trip (DF_CUDA_MOE_RESID=0): the GPU tests, then the preloaded resident decode alternated
-    # twice (with the ids), DF_CUDA_TRACE=2 of each, and after a 3072-token prompt.
-    for t in test_cuda_kernels test_golden test_batch; do
-        [ -x "$D/$t" ] || continue
-        log "DF_BACKEND=cuda $t"
-        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed" | tail -8) >>"$S"
-    done
-    W=/tmp/df-acc
-    mkdir -p "$W"
-    log "synth 8 layers, bf16 spine"
-    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --quiet --force 2>&1 | tail -1 >>"$S"
-    rp() { # KNOBS... : the preloaded resident run (64-token prompt + 96 tokens) with those environment settings
-        env "$@" timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-            --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile --print-ids 2>&1
-    }
-    for knobs in DF_CUDA_MOE_RESID=1 DF_CUDA_MOE_RESID=0 DF_CUDA_MOE_RESID=1 DF_CUDA_MOE_RESID=0; do
-        log "cuda run --preload, $knobs"
-        rp $knobs | grep -E "^(stats:|profile: (mla|experts|router|total))|^[0-9]+(,[0-9]+)+$" | cut -c1-200 >>"$S"
-    done
-    for knobs in DF_CUDA_MOE_RESID=1 DF_CUDA_MOE_RESID=0; do
-        log "cuda run --preload, DF_CUDA_TRACE=2, $knobs"
-        rp $knobs DF_CUDA_TRACE=2 | grep -E "^(stats: prompt|cuda trace: [a-z_]+ +[0-9]|cuda trace: op)" >>"$S"
-    done
-    for knobs in DF_CUDA_MOE_RESID=1 DF_CUDA_MOE_RESID=0; do
-        log "cuda run --preload, ${CTX:-3072}-token prompt, 48 tokens, $knobs"
-        env $knobs timeout 150 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-            --prompt-ids "$(seq -s, 1 "${CTX:-3072}")" --max-new 48 --stats --profile 2>&1 | grep -E "^(stats: prompt|profile: (mla|experts|total))" >>"$S"
-    done
+    # against the round trip (DF_CUDA_MOE_RESID=0): knob_ab.
+    gpu_tests
+    resident_model
+    knob_ab DF_CUDA_MOE_RESID
     rm -rf "$W"
     ;;
 9)
