@@ -152,7 +152,7 @@ static void test_decode_exact(void) {
     }
 }
 
-static void test_matmul(void) {
+static void test_matmul_kernels(const char *split) {
     const df_backend *sc = df_backend_get("cpu-scalar");
     static const struct { df_wtype t; int64_t rows, cols; } cases[] = {
         {DF_W_F32, 67, 256}, {DF_W_F32, 9, 101}, {DF_W_BF16, 130, 512}, {DF_W_BF16, 33, 70}, {DF_W_F16, 64, 384},
@@ -186,14 +186,14 @@ static void test_matmul(void) {
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             const int T = Ts[ti];
             int rc = df_cuda_matmul(&w, x, T, y);
-            CHECK(rc == 0, "matmul %s: %s", df_wtype_name(w.type), df_cuda_last_error());
+            CHECK(rc == 0, "matmul (%s) %s: %s", split, df_wtype_name(w.type), df_cuda_last_error());
             if (rc) continue;
             double md = 0, worst = 0; /* max |gpu - cpu| / (sum |w||x|) */
             for (int64_t i = 0; i < T * R; i++) {
                 double d = fabs((double)y[i] - ref[i]) / (mag[i] + 1e-30);
                 if (d > worst || d != d) { worst = d; md = fabs((double)y[i] - ref[i]); }
             }
-            CHECK(worst <= 1e-5, "matmul %s [%lld x %lld] T=%d: max diff %g (%.3g of sum |w x|)", df_wtype_name(w.type),
+            CHECK(worst <= 1e-5, "matmul (%s) %s [%lld x %lld] T=%d: max diff %g (%.3g of sum |w x|)", split, df_wtype_name(w.type),
                   (long long)R, (long long)C, T, md, worst);
             /* batch invariance: each row equals the 1-row call bit for bit */
             int same = 1;
@@ -201,8 +201,8 @@ static void test_matmul(void) {
                 if (df_cuda_matmul(&w, x + (int64_t)t * C, 1, y1)) { same = 0; break; }
                 if (memcmp(y1, y + (int64_t)t * R, sizeof(float) * (size_t)R)) same = 0;
             }
-            CHECK(same, "matmul %s [%lld x %lld] T=%d: a row differs from the 1-row call (batch invariance)",
-                  df_wtype_name(w.type), (long long)R, (long long)C, T);
+            CHECK(same, "matmul (%s) %s [%lld x %lld] T=%d: a row differs from the 1-row call (batch invariance)",
+                  split, df_wtype_name(w.type), (long long)R, (long long)C, T);
             /* every one-token kernel (the reference with one row per warp, the tiled one with 2, 4, 8 rows per
              * warp) and every T-row kernel (reference, tiles of 8x8, 32x8, 16x8): the same bits as the automatic
              * T-row call above */
@@ -215,20 +215,29 @@ static void test_matmul(void) {
                     if (memcmp(y1, y + (int64_t)t * R, sizeof(float) * (size_t)R)) same = 0;
                 }
                 df_cuda_set_matvec_rows(0);
-                CHECK(same, "matmul %s [%lld x %lld] T=%d: the one-token kernel %d differs from the T-row call",
-                      df_wtype_name(w.type), (long long)R, (long long)C, T, variants[vi]);
+                CHECK(same, "matmul (%s) %s [%lld x %lld] T=%d: the one-token kernel %d differs from the T-row call",
+                      split, df_wtype_name(w.type), (long long)R, (long long)C, T, variants[vi]);
                 if (T < 2) continue;
                 df_cuda_set_tile(variants[vi]);
                 int rc2 = df_cuda_matmul(&w, x, T, y2);
                 df_cuda_set_tile(0);
                 CHECK(rc2 == 0 && !memcmp(y2, y, sizeof(float) * (size_t)(T * R)),
-                      "matmul %s [%lld x %lld] T=%d: the T-row kernel %d differs from the automatic one (%s)",
-                      df_wtype_name(w.type), (long long)R, (long long)C, T, variants[vi], rc2 ? df_cuda_last_error() : "bits");
+                      "matmul (%s) %s [%lld x %lld] T=%d: the T-row kernel %d differs from the automatic one (%s)",
+                      split, df_wtype_name(w.type), (long long)R, (long long)C, T, variants[vi], rc2 ? df_cuda_last_error() : "bits");
             }
         }
         free(x); free(y); free(ref); free(y1); free(y2); free(mag); free(row);
         free_weight(&w);
     }
+}
+
+/* Both kernel families for the matrices of at most 2048 rows: the K-split kernel (the default) and, with it off,
+ * the one-row-per-warp and tiled kernels (their variants checked against each other). */
+static void test_matmul(void) {
+    test_matmul_kernels("split");
+    df_cuda_set_split(0);
+    test_matmul_kernels("no split");
+    df_cuda_set_split(1);
 }
 
 static void test_cache(void) {

@@ -43,6 +43,9 @@ void df_cuda_set_cache_by_address(int on);
  * T >= 2 (env DF_CUDA_TILE): the tiled kernel's block, 2 = 8 rows x 8 tokens, 4 = 32 x 8, 8 = 16 x 8. */
 void df_cuda_set_matvec_rows(int n);
 void df_cuda_set_tile(int n);
+/* 1 (the default; env DF_CUDA_SPLIT): matrices of at most 2048 rows off the tensor cores run the K-split kernel, a
+ * canonical order of its own for every T; 0: the kernels above. The two give different bits; for tests. */
+void df_cuda_set_split(int on);
 /* Drop every cached weight (a model was closed: its host addresses may be reused). */
 void df_cuda_cache_clear(void);
 

@@ -26,6 +26,7 @@ void df_cuda_trace_stages(void) {}
 uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) { *all = 0; return 0; }
 void df_cuda_set_matvec_rows(int n) { (void)n; }
 void df_cuda_set_tile(int n) { (void)n; }
+void df_cuda_set_split(int on) { (void)on; }
 int df_cuda_pin(uint64_t dev_key, df_weight *w) { return 0; }
 void df_cuda_unpin(uint64_t dev_key) {}
 int df_cuda_has(uint64_t dev_key) { (void)dev_key; return 0; }

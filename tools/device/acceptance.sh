@@ -29,6 +29,8 @@
 #   part 15: host vs device time of a preloaded resident decode (DF_CUDA_TRACE=2, MLA block on / off), GPU tests
 #          first; ncu kernel durations with NCU_RUN=1.
 #   part 16: a decode step's MoE into the device residual (DF_CUDA_MOE_RESID on / off): GPU tests, resident decode.
+#   part 17: every kernel of a preloaded resident decode (ncu durations).
+#   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
 # Usage (device tool): tools/device/acceptance.sh 1|2|3 "$OUT"     Env: SIZE (24G), BUDGET (6G), GPU_BUDGET (2G),
@@ -106,6 +108,34 @@ streamed_gpu_runs() {
     timeout 120 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
         --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 "$@" 2>&1 \
         | grep -E "bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+}
+# ncu_decode: Nsight Compute's durations (no cache flush, no clock lock) of 600 kernel launches of the resident
+# run's decode (after NCU_SKIP, default 10000, launches: past the prompt), as OUT/ncu-kernels.txt (id|kernel|grid|
+# block|ns|registers), and the sum per kernel name into the summary.
+ncu_decode() {
+    local NCU
+    NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    [ -n "$NCU" ] || { log "ncu: not installed"; return; }
+    log "ncu: kernel durations of 600 decode launches (after ${NCU_SKIP:-10000})"
+    timeout 300 "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+        --launch-skip "${NCU_SKIP:-10000}" --launch-count 600 --csv --page raw "$BIN" run --model "$W/r" --backend cuda \
+        --gpu-budget 100G --preload --prompt-ids "$(seq -s, 1 64)" --max-new 96 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+    tail -2 "$OUT/ncu.err" >>"$S"
+    awk 'f{print} /^"ID"/{f=1; print}' "$OUT/ncu.csv" | python3 -c '
+import csv, re, sys, collections
+rows = [r for r in csv.DictReader(sys.stdin) if r["ID"].isdigit()]
+tot = collections.defaultdict(float); cnt = collections.Counter()
+with open(sys.argv[1], "w") as f:
+    for r in rows:
+        n = re.sub(r"\(.*", "", r["Kernel Name"]).replace("<unnamed>::", "")
+        ns = float(r["gpu__time_duration.sum"].replace(",", ""))
+        print(r["ID"], n, r["Grid Size"], r["Block Size"], int(ns), r["launch__registers_per_thread"], sep="|", file=f)
+        k = n + " " + r["Grid Size"]; tot[k] += ns; cnt[k] += 1
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1]):
+    print("ncu: %-60s x%-4d %8.1f us each" % (k[:60], cnt[k], v / cnt[k] / 1e3))
+print("ncu: %d launches, %.1f us in all" % (len(rows), sum(tot.values()) / 1e3))
+' "$OUT/ncu-kernels.txt" >>"$S" 2>&1
+    rm -f "$OUT/ncu.csv"
 }
 case $PART in
 1)
@@ -317,7 +347,7 @@ case $PART in
     NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     if [ "${NCU_RUN:-0}" = 1 ] && [ -n "$NCU" ]; then
         log "ncu: kernel durations of 600 decode launches (after 3000)"
-        timeout 300 "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --launch-skip 3000 \
+        timeout 300 "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --launch-skip ${NCU_SKIP:-3000} \
             --launch-count 600 --csv --page raw "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
             --prompt-ids "$(seq -s, 1 64)" --max-new 40 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
         tail -3 "$OUT/ncu.err" >>"$S"
@@ -330,6 +360,24 @@ case $PART in
     gpu_tests
     resident_model
     knob_ab DF_CUDA_MOE_RESID
+    rm -rf "$W"
+    ;;
+17)
+    # issue 12: every kernel of a preloaded resident decode with its device duration (ncu_decode); the run's own
+    # tok/s first.
+    resident_model
+    log "cuda run --preload"
+    rp | grep -E "^(profile|stats):" >>"$S"
+    ncu_decode
+    rm -rf "$W"
+    ;;
+18)
+    # issue 12: matrices of at most 2048 rows split over K (DF_CUDA_SPLIT on / off: knob_ab), with the row kernels'
+    # batched loads and the attention's short segments in both; GPU tests first, every decode kernel's duration last.
+    gpu_tests
+    resident_model
+    knob_ab DF_CUDA_SPLIT
+    ncu_decode
     rm -rf "$W"
     ;;
 9)

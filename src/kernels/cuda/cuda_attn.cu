@@ -25,8 +25,9 @@
  *     m = max(m, m_c), e_s = expf(s - m), the chunk's sum by the xor butterfly over its 32 lanes, running sum
  *     l = fma(l, alpha, chunk sum) and accumulator a = a * alpha with alpha = expf(m_old - m) (0 for the first
  *     chunk, and exactly 1 while the max does not change); a[k] += e_s c_s[k] by fma, positions in order;
- *     o_lat = a / l. Positions in segments of SEG = 256, a block each (so a long context is walked by many
- *     blocks at once); a row with more than one segment combines the segments' (m_s, l_s, a_s) in segment order:
+ *     o_lat = a / l. Positions in segments of seg_len(npos) positions (32, doubled while a row would have
+ *     more than 8 segments, up to 256), a block each (so a short context is walked by several blocks per head and a
+ *     long one by many blocks at once); a row with more than one segment combines the segments' (m_s, l_s, a_s) in segment order:
  *     M = max m_s, w_s = expf(m_s - M), l = sum l_s w_s, o = sum a_s w_s (fma chains), o_lat = o / l. The
  *     segments depend only on the row's own npos;
  *   - o_v[t,h,e]: the lane-partial chains over k = l, l+32, ... (fma) and the xor butterfly.
@@ -52,9 +53,23 @@ constexpr int NW = NT / 32; /* attention: warps per block */
 constexpr int CH = 32;      /* attention: positions per softmax chunk (one per lane in the chunk statistics) */
 constexpr int PP = CH / NW; /* attention: positions per warp in a chunk's scores */
 constexpr int VW = 4;       /* value: warps per block */
-constexpr int VR = 16;      /* value: rows of V_h per block */
+constexpr int VR = 16;      /* value: rows of V_h per block (one token: VR1, a row per warp) */
+constexpr int VR1 = 4;
 constexpr int KMAX = 1024;  /* largest kv_lora_rank (NT x 8 accumulators per thread) */
-constexpr int SEG = 256;    /* attention: positions per segment (a block each; more than one: partials combined) */
+constexpr int SEG = 256;    /* attention: most positions per segment (a block each; more than one: partials combined) */
+
+/* Positions per segment of a row of npos positions (part of the canonical order: a function of the row's own npos
+ * only): 32, doubled while that makes more than 8 segments, at most SEG. */
+__host__ __device__ __forceinline__ int seg_len(int npos) {
+    int L = CH;
+    while (L < SEG && (npos + L - 1) / L > 8) L *= 2;
+    return L;
+}
+/* The most segments of any row of at most maxn positions. */
+inline int nseg_bound(int maxn) {
+    const int a = (maxn + CH - 1) / CH, b = (maxn + SEG - 1) / SEG;
+    return a < (b > 8 ? b : 8) ? a : (b > 8 ? b : 8);
+}
 
 /* Element (r, c) of a weight [rows, cols] of encoding ENC, exactly as the CPU's cpu_scalar_decode_range (the
  * element decoders: cuda_decode.cuh). */
@@ -124,7 +139,7 @@ __global__ void __launch_bounds__(AT) absorb_kernel(const uint8_t *__restrict__ 
 #pragma unroll
     for (int tt = 0; tt < TT; tt++) acc[tt] = 0.0f;
     const int64_t r0 = (int64_t)h * (dn + dv);
-#pragma unroll 16
+#pragma unroll 32
     for (int d = 0; d < dn; d++) {
         const float w = wdec<ENC>(wd, ws, kvl, r0 + d, k);
 #pragma unroll
@@ -153,7 +168,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
     float *st_a = st_l + HB;          /* [HB] this chunk's rescaling */
     const int t = t0 + blockIdx.x, h0 = blockIdx.y * HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int qd = dn + dr;
-    const int n_all = npos[t], sb = blockIdx.z * SEG; /* this block's segment: positions [sb, min(n_all, sb + SEG)) */
+    const int n_all = npos[t], L = seg_len(n_all), sb = blockIdx.z * L; /* this block's segment: [sb, min(n_all, sb + L)) */
     if (sb >= n_all) return;
     for (int i = tid; i < HB * kvl; i += NT) {
         const int h = h0 + i / kvl;
@@ -168,7 +183,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
         st_l[tid] = 0.0f;
     }
     const float *c = cptr[t] + (int64_t)sb * kvl, *kp = pptr[t] + (int64_t)sb * dr;
-    const int n = n_all - sb < SEG ? n_all - sb : SEG;
+    const int n = n_all - sb < L ? n_all - sb : L;
     float acc[HB][KPT];
 #pragma unroll
     for (int j = 0; j < HB; j++)
@@ -245,7 +260,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
         __syncthreads(); /* sc and the statistics are rewritten by the next chunk */
     }
     /* one segment: the result; several: this segment's max, sum and accumulator for combine_kernel */
-    const bool whole = n_all <= SEG;
+    const bool whole = n_all <= L;
 #pragma unroll
     for (int j = 0; j < HB; j++) {
         if (h0 + j >= H) break;
@@ -270,7 +285,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
 __global__ void __launch_bounds__(NT) combine_kernel(const int *__restrict__ npos, int t0, int H, int kvl, int nsegm,
                                                      const float *__restrict__ part, float *__restrict__ o_lat) {
     const int t = t0 + blockIdx.x, h = blockIdx.y;
-    const int ns = (npos[t] + SEG - 1) / SEG;
+    const int ns = (npos[t] + seg_len(npos[t]) - 1) / seg_len(npos[t]);
     if (ns <= 1) return;
     const float *p = part + ((int64_t)blockIdx.x * H + h) * nsegm * (kvl + 2);
     float M = -INFINITY;
@@ -291,23 +306,23 @@ __global__ void __launch_bounds__(NT) combine_kernel(const int *__restrict__ npo
     }
 }
 
-/* o_v [T, H*dv]: block = (head h, VR rows of V_h) x (TT tokens); warp w the rows w, w+VW, ... of its VR.
+/* o_v [T, H*dv]: block = (head h, NR rows of V_h) x (TT tokens); warp w the rows w, w+VW, ... of its NR.
  * Shared: the tile's o_lat of head h [TT][kvl]. */
-template <int ENC, int TT>
+template <int ENC, int TT, int NR>
 __global__ void __launch_bounds__(VW * 32) value_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                         int H, int dn, int dv, int kvl, const float *__restrict__ o_lat,
                                                         int T, float *__restrict__ o_v) {
     extern __shared__ float val_smem[];
     float *ol = val_smem;
-    const int rb = (dv + VR - 1) / VR;
-    const int h = blockIdx.x / rb, e0 = (blockIdx.x % rb) * VR;
+    const int rb = (dv + NR - 1) / NR;
+    const int h = blockIdx.x / rb, e0 = (blockIdx.x % rb) * NR;
     const int t0 = blockIdx.y * TT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int i = threadIdx.x; i < TT * kvl; i += VW * 32) {
         const int t = t0 + i / kvl;
         ol[i] = t < T ? o_lat[((int64_t)t * H + h) * kvl + i % kvl] : 0.0f;
     }
     __syncthreads();
-    const int e1 = e0 + VR < dv ? e0 + VR : dv;
+    const int e1 = e0 + NR < dv ? e0 + NR : dv;
     for (int e = e0 + warp; e < e1; e += VW) {
         const int64_t r = (int64_t)h * (dn + dv) + dn + e;
         float acc[TT];
@@ -342,9 +357,11 @@ cudaError_t launch_wk(const uint8_t *d, const uint8_t *s, const Shape &sh, const
         absorb_kernel<ENC, TT><<<grid, AT, sizeof(float) * TT * sh.dn, st>>>(d, s, sh.H, sh.dn, sh.dr, sh.dv, sh.kvl, q,
                                                                              sh.T, q_lat);
     } else {
-        const dim3 grid((unsigned)(sh.H * ((sh.dv + VR - 1) / VR)), ty);
-        value_kernel<ENC, TT><<<grid, VW * 32, sizeof(float) * TT * sh.kvl, st>>>(d, s, sh.H, sh.dn, sh.dv, sh.kvl, o_lat,
-                                                                                 sh.T, o_v);
+        /* one token: a row per warp (more blocks in flight); a tile of tokens: 16 rows per block share its o_lat */
+        constexpr int NR = TT == 1 ? VR1 : VR;
+        const dim3 grid((unsigned)(sh.H * ((sh.dv + NR - 1) / NR)), ty);
+        value_kernel<ENC, TT, NR><<<grid, VW * 32, sizeof(float) * TT * sh.kvl, st>>>(d, s, sh.H, sh.dn, sh.dv, sh.kvl,
+                                                                                     o_lat, sh.T, o_v);
     }
     return cudaGetLastError();
 }
@@ -386,7 +403,7 @@ template <int HB, int KPT>
 cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
                           float *o_lat, cudaStream_t st) {
     const size_t smem = sizeof(float) * ((size_t)HB * (sh.kvl + sh.dr + CH) + 3 * HB);
-    const int nsegm = (sh.maxn + SEG - 1) / SEG;
+    const int nsegm = nseg_bound(sh.maxn);
     const size_t row_part = nsegm > 1 ? sizeof(float) * (size_t)sh.H * nsegm * (sh.kvl + 2) : 0;
     int rows = row_part ? (int)(PART_MAX / row_part) : sh.T;
     if (rows < 1) rows = 1;
@@ -955,7 +972,7 @@ static int core_refusal(const char *op, const df_weight *kv_b, int T, int H, int
     /* kvl: NT x 8 accumulators per thread; shared memory: 48 KB per block for each kernel */
     const size_t smem_attn = sizeof(float) * ((size_t)4 * (kvl + dr + CH) + 12);
     if (kvl > KMAX || smem_attn > 48 * 1024 || sizeof(float) * 8 * (size_t)dn > 48 * 1024 ||
-        sizeof(float) * 8 * (size_t)kvl > 48 * 1024 || T > 65535 * 8 || (int64_t)H * ((dv + VR - 1) / VR) > 0x7fffffff) {
+        sizeof(float) * 8 * (size_t)kvl > 48 * 1024 || T > 65535 * 8 || (int64_t)H * ((dv + VR1 - 1) / VR1) > 0x7fffffff) {
         snprintf(b, bl, "%s: shape not supported on the GPU (T %d, kv_lora_rank %d, nope %d, rope %d)", op, T, kvl, dn, dr);
         return -1;
     }

@@ -22,6 +22,12 @@ void cu_set_tile(int n);
 /* The variant chosen for T rows (cu_set_matvec_rows for T = 1, cu_set_tile else); 0 = automatic. */
 int cu_get_variant(int T);
 
+/* Matrices of at most 2048 rows (not on the tensor-core kernel) walk each row with several warps, K split in a
+ * canonical order of their own for every T (cuda_matmul.cu mm_split_kernel); off (env DF_CUDA_SPLIT=0): the kernels
+ * above, whose order differs, so the switch changes bits (for every T alike). Default on. */
+void cu_set_split(int on);
+int cu_get_split(void);
+
 /* MXFP4 or BF16 weights (cols % 32 == 0) on the tensor cores (cuda_mma.cu): exact bf16 operands (the weights;
  * the activations split into three bf16 parts), fp32 accumulation in a canonical order of its own. variant
  * (0 = automatic; 1, 2, 4, 8 = tile shapes, the same bits): 1 = 16 rows x 2 tokens per warp, 2 = 32 x 8,

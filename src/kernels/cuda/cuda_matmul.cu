@@ -191,6 +191,75 @@ mm_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, i
             if (t0 + k < T) y[(int64_t)(t0 + k) * rows + r] = acc[k];
 }
 
+/* ---- Small matrices: rows split over K (every T) ----
+ * A matrix of at most SPLIT_ROWS rows has too few rows to keep the GPU's memory busy with one warp per row (a 64-row
+ * router: 64 warps; a 576-row kv_a: 576), so its rows are walked by KS warps each, for every T (the order below is
+ * the canonical one of such a matrix, whatever T, the token tile or the grid). Block = row r x TT tokens, KS warps;
+ * the nr = ceil(ng / 32) rounds of 32 groups are cut into KS runs, warp s taking rounds [s nr / KS, (s + 1) nr / KS):
+ * lane l the group 32 rd + l of each round in order (fma chain from 0, as mm_kernel), the 32 lane sums combined by
+ * the xor butterfly (16, 8, 4, 2, 1), then the KS warp sums added in warp order (((w0 + w1) + w2) + ...). KS depends
+ * only on (rows, cols): split_ks. */
+constexpr int SPLIT_ROWS = 2048, SPLIT_KS = 16;
+
+int split_ks(int64_t rows, int64_t cols, int G) {
+    const int64_t nr = (cols / G + 31) / 32;
+    int64_t ks = (8192 + rows - 1) / rows; /* about 8192 warps in all: 64 per SM */
+    if (ks > SPLIT_KS) ks = SPLIT_KS;
+    if (ks > nr) ks = nr;
+    return ks < 1 ? 1 : (int)ks;
+}
+
+template <int ENC, int G, int TT>
+__global__ void __launch_bounds__(SPLIT_KS * 32)
+mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
+                const float *__restrict__ x, int T, float *__restrict__ y, int ks) {
+    __shared__ float part[SPLIT_KS][TT];
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const int64_t r = blockIdx.x;
+    const int t0 = blockIdx.y * TT;
+    const int64_t ng = cols / G, nr = (ng + 31) / 32;
+    const int64_t rb = wp * nr / ks, re = (wp + 1) * nr / ks;
+    float acc[TT];
+#pragma unroll
+    for (int k = 0; k < TT; k++) acc[k] = 0.0f;
+    /* one round (group g of this lane) into acc */
+    auto round = [&](int64_t g) {
+        float w[G];
+        decode_group<ENC>(data, scale, cols, r, g, w);
+#pragma unroll
+        for (int k = 0; k < TT; k++) {
+            if (t0 + k >= T) break;
+            const float *xp = x + (int64_t)(t0 + k) * cols + g * G;
+#pragma unroll
+            for (int j = 0; j < G; j += 4) {
+                const float4 xv = *reinterpret_cast<const float4 *>(xp + j);
+                acc[k] = fmaf(w[j], xv.x, acc[k]);
+                acc[k] = fmaf(w[j + 1], xv.y, acc[k]);
+                acc[k] = fmaf(w[j + 2], xv.z, acc[k]);
+                acc[k] = fmaf(w[j + 3], xv.w, acc[k]);
+            }
+        }
+    };
+    /* the full rounds without a bounds check (their loads issued together), then a partial last round */
+    const int64_t rf = re < ng / 32 ? re : ng / 32;
+#pragma unroll 4
+    for (int64_t rd = rb; rd < rf; rd++) round(rd * 32 + lane);
+    for (int64_t rd = rf > rb ? rf : rb; rd < re; rd++)
+        if (rd * 32 + lane < ng) round(rd * 32 + lane);
+#pragma unroll
+    for (int k = 0; k < TT; k++) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], off);
+        if (lane == 0) part[wp][k] = acc[k];
+    }
+    __syncthreads();
+    if (threadIdx.x < TT && t0 + (int)threadIdx.x < T) {
+        float v = part[0][threadIdx.x];
+        for (int i = 1; i < ks; i++) v = __fadd_rn(v, part[i][threadIdx.x]);
+        y[(int64_t)(t0 + threadIdx.x) * rows + r] = v;
+    }
+}
+
 /* ---- The tiled kernel (every T) ----
  * The same additions in the same order as mm_kernel, computed with a register tile: a warp holds RM rows x RT
  * tokens, lane l still owns the groups l, l+32, ... of each of its rows (partial sum chain per (row, token),
@@ -439,7 +508,7 @@ tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
 /* Kernel choice (cu_set_matvec_rows / cu_set_tile, cuda_internal.h): 0 = automatic; 1 = mm_kernel; others
  * force a tile shape. All give the same bits. For the encodings on the tensor-core kernel (g_mma) the same
  * numbers choose its tile shapes (cuda_mma.cu). */
-int g_mv_rows = 0, g_tile = 0, g_mma = 1 << DF_W_MXFP4;
+int g_mv_rows = 0, g_tile = 0, g_mma = 1 << DF_W_MXFP4, g_split = 1;
 constexpr int SMEM_CAP = 48 * 1024;
 
 template <int ENC, int G, int RM, int RT, int NW, int MINB = 1, int PF = 1>
@@ -515,7 +584,15 @@ cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t col
     if constexpr (ENC == DF_W_MXFP4 || ENC == DF_W_BF16)
         if (((g_mma >> ENC) & 1) && cols % 32 == 0)
             return cu_mma_launch((df_wtype)ENC, d, s, rows, cols, x, T, y, T == 1 ? g_mv_rows : g_tile, st);
-    if constexpr (G > 1) if (cols % G == 0) return launch_g<ENC, G>(d, s, rows, cols, x, T, y, st);
+    if constexpr (G > 1) {
+        if (g_split && rows <= SPLIT_ROWS && cols % G == 0) {
+            const int ks = split_ks(rows, cols, G);
+            if (T == 1) mm_split_kernel<ENC, G, 1><<<dim3((unsigned)rows, 1), ks * 32, 0, st>>>(d, s, rows, cols, x, T, y, ks);
+            else mm_split_kernel<ENC, G, 8><<<dim3((unsigned)rows, (unsigned)((T + 7) / 8)), ks * 32, 0, st>>>(d, s, rows, cols, x, T, y, ks);
+            return cudaGetLastError();
+        }
+        if (cols % G == 0) return launch_g<ENC, G>(d, s, rows, cols, x, T, y, st);
+    }
     if constexpr (ENC == DF_W_INT4_G32 || ENC == DF_W_MXFP4) return cudaErrorInvalidValue;
     else /* cols % 32 != 0: not a valid weight */
     return launch_g<ENC, 1>(d, s, rows, cols, x, T, y, st);
@@ -526,6 +603,8 @@ cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t col
 void cu_set_matvec_rows(int n) { g_mv_rows = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
 void cu_set_tile(int n) { g_tile = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
 int cu_get_variant(int T) { return T == 1 ? g_mv_rows : g_tile; }
+void cu_set_split(int on) { g_split = on != 0; }
+int cu_get_split(void) { return g_split; }
 void cu_set_mma(unsigned mask) { g_mma = (int)(mask & ((1u << DF_W_MXFP4) | (1u << DF_W_BF16))); }
 unsigned cu_get_mma(void) { return (unsigned)g_mma; }
 

@@ -28,15 +28,35 @@ __device__ double block_sum(double v, double *sh) {
     return r;
 }
 
+/* Thread threadIdx.x's elements i = threadIdx.x, + NT, + 2 NT, ... (< n) visited in order, UB at a time: get(i)
+ * loads (all UB loads of a batch issued before any is used), use(i, v) consumes in index order. */
+constexpr int UB = 8;
+template <class Get, class Use> __device__ __forceinline__ void strided(int64_t n, Get get, Use use) {
+    for (int64_t i0 = threadIdx.x; i0 < n; i0 += (int64_t)NT * UB) {
+        float v[UB];
+#pragma unroll
+        for (int u = 0; u < UB; u++) {
+            const int64_t i = i0 + (int64_t)u * NT;
+            v[u] = i < n ? get(i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < UB; u++) {
+            const int64_t i = i0 + (int64_t)u * NT;
+            if (i < n) use(i, v[u]);
+        }
+    }
+}
+
+/* Block t: row t. The sum of squares in fp64, each thread's elements in index order, then block_sum's tree. */
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int64_t n, float eps) {
     __shared__ double sh[NT];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += NT) ss += (double)xr[i] * xr[i];
+    strided(n, [&](int64_t i) { return xr[i]; }, [&](int64_t, float v) { ss += (double)v * v; });
     ss = block_sum(ss, sh);
     const float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-    for (int64_t i = threadIdx.x; i < n; i += NT) o[i] = xr[i] * r * w[i];
+    strided(n, [&](int64_t i) { return xr[i] * r * w[i]; }, [&](int64_t i, float v) { o[i] = v; });
 }
 
 __global__ void softmax_kernel(float *x, int64_t n) {
@@ -96,14 +116,13 @@ __global__ void add_rmsnorm_kernel(float *xo, const float *x, const float *a, co
     __shared__ double sh[NT];
     const int64_t base = (int64_t)blockIdx.x * n;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += NT) {
-        const float v = __fadd_rn(x[base + i], a[base + i]);
+    strided(n, [&](int64_t i) { return __fadd_rn(x[base + i], a[base + i]); }, [&](int64_t i, float v) {
         xo[base + i] = v;
         ss += (double)v * v;
-    }
+    });
     ss = block_sum(ss, sh);
     const float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-    for (int64_t i = threadIdx.x; i < n; i += NT) h[base + i] = xo[base + i] * r * w[i];
+    strided(n, [&](int64_t i) { return xo[base + i] * r * w[i]; }, [&](int64_t i, float v) { h[base + i] = v; });
 }
 
 /* Element i of rope(v, cs) (df_backend.mla_block; engine/rope.c rope_apply without contraction); cs NULL: v[i]. */
@@ -115,15 +134,27 @@ __device__ __forceinline__ float rope_elem(const float *v, int i, int dim, const
     return i < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
 }
 
-/* Block t: row t of kva [T, kvl + dr] -> c_new = rmsnorm(kva[:kvl]) * kvn (rmsnorm_kernel's sum and arithmetic),
- * kpe_new = rope(kva[kvl:], cs[t]), each written to dst_c[t] / dst_p[t] and to ret_c [T, kvl] / ret_p [T, dr];
- * q [T, H, dn + dr] = q_raw with every head's rope part roped by cs[t]. */
+/* Block (t, 0): row t of kva [T, kvl + dr] -> c_new = rmsnorm(kva[:kvl]) * kvn (rmsnorm_kernel's sum and
+ * arithmetic), kpe_new = rope(kva[kvl:], cs[t]), each written to dst_c[t] / dst_p[t] and to ret_c [T, kvl] / ret_p
+ * [T, dr]. Blocks (t, 1 ..): q [T, H, dn + dr] = q_raw with every head's rope part roped by cs[t], block (t, 1 + b)
+ * the elements b NT + tid, + (gridDim.y - 1) NT, ... of row t. */
 __global__ void kv_rows_kernel(const float *kva, int kvl, int dr, const float *kvn, float eps, const float *cs,
                                float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
                                float *q, int H, int dn) {
     __shared__ double sh[NT];
     const int t = blockIdx.x;
     const float *row = kva + (int64_t)t * (kvl + dr), *cst = cs ? cs + (int64_t)t * dr : nullptr;
+    if (blockIdx.y > 0) {
+        const int qd = dn + dr, qb = (int)gridDim.y - 1;
+        const float *qs = q_raw + (int64_t)t * H * qd;
+        float *qo = q + (int64_t)t * H * qd;
+#pragma unroll 4
+        for (int j = ((int)blockIdx.y - 1) * NT + threadIdx.x; j < H * qd; j += qb * NT) {
+            const int h = j / qd, d = j % qd;
+            qo[j] = d < dn ? qs[j] : rope_elem(qs + h * qd + dn, d - dn, dr, cst);
+        }
+        return;
+    }
     double ss = 0.0;
     for (int i = threadIdx.x; i < kvl; i += NT) ss += (double)row[i] * row[i];
     ss = block_sum(ss, sh);
@@ -141,13 +172,6 @@ __global__ void kv_rows_kernel(const float *kva, int kvl, int dr, const float *k
             dp[i] = v;
             ret_p[(int64_t)t * dr + i] = v;
         }
-    }
-    const int qd = dn + dr;
-    const float *qs = q_raw + (int64_t)t * H * qd;
-    float *qo = q + (int64_t)t * H * qd;
-    for (int j = threadIdx.x; j < H * qd; j += NT) {
-        const int h = j / qd, d = j % qd;
-        qo[j] = d < dn ? qs[j] : rope_elem(qs + h * qd + dn, d - dn, dr, cst);
     }
 }
 
@@ -225,7 +249,9 @@ cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const fl
                               float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
                               float *q, int H, int dn, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
-    kv_rows_kernel<<<T, NT, 0, st>>>(kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
+    /* the queries' RoPE over blocks of about 4 elements per thread (a decode row: 64 heads x 192 -> 12 blocks) */
+    const int qb = (int)(((int64_t)H * (dn + dr) + 8 * NT - 1) / (8 * NT));
+    kv_rows_kernel<<<dim3((unsigned)T, (unsigned)(1 + qb)), NT, 0, st>>>(kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
     return cudaGetLastError();
 }
 

@@ -117,6 +117,9 @@ void probe_once() {
     if (df_cuda_env_variant("DF_CUDA_TILE", &tl, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     const int pin = df_cuda_env_switch("DF_CUDA_HOST_PIN", g_why, sizeof g_why);
     if (pin < 0) { g_ndev = 0; return; }
+    const int split = df_cuda_env_switch("DF_CUDA_SPLIT", g_why, sizeof g_why);
+    if (split < 0) { g_ndev = 0; return; }
+    if (!split) cu_set_split(0);
     if (mv) cu_set_matvec_rows(mv);
     if (tl) cu_set_tile(tl);
     g_pin_off = pin == 0;
@@ -766,6 +769,12 @@ extern "C" void df_cuda_get_stats(df_cuda_stats *out) {
 extern "C" void df_cuda_set_matvec_rows(int n) {
     pthread_mutex_lock(&g_mu);
     cu_set_matvec_rows(n);
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void df_cuda_set_split(int on) {
+    pthread_mutex_lock(&g_mu);
+    cu_set_split(on);
     pthread_mutex_unlock(&g_mu);
 }
 
