@@ -30,6 +30,7 @@
 #          first; ncu kernel durations with NCU_RUN=1.
 #   part 16: a decode step's MoE into the device residual (DF_CUDA_MOE_RESID on / off): GPU tests, resident decode.
 #   part 17: every kernel of a preloaded resident decode (ncu durations).
+#   part 19: this binary against a carried deltafin.b: GPU tests, resident decode alternated, ncu of each.
 #   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
@@ -378,6 +379,25 @@ case $PART in
     resident_model
     knob_ab DF_CUDA_SPLIT
     ncu_decode
+    rm -rf "$W"
+    ;;
+19)
+    # A/B of two builds: this binary against a carried deltafin.b (EXTRA_BINS=deltafin.b in pack.sh), the resident
+    # decode alternated twice, then each binary's decode kernels (ncu_decode; the second's in OUT/b/). GPU tests first.
+    gpu_tests
+    resident_model
+    for i in 1 2; do
+        for b in "$BIN" "$D/deltafin.b"; do
+            log "cuda run --preload, $(basename "$b")"
+            BIN=$b rp | grep -E "^(profile: (mla|experts|total)|stats:)|^[0-9]+(,[0-9]+)+$" | cut -c1-300 >>"$S"
+        done
+    done
+    ncu_decode
+    B0=$BIN OUT0=$OUT
+    BIN=$D/deltafin.b OUT=$OUT/b
+    mkdir -p "$OUT"
+    ncu_decode
+    BIN=$B0 OUT=$OUT0
     rm -rf "$W"
     ;;
 9)

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(AT) absorb_kernel(const uint8_t *__restrict__ 
 #pragma unroll
     for (int tt = 0; tt < TT; tt++) acc[tt] = 0.0f;
     const int64_t r0 = (int64_t)h * (dn + dv);
-#pragma unroll 32
+#pragma unroll 16
     for (int d = 0; d < dn; d++) {
         const float w = wdec<ENC>(wd, ws, kvl, r0 + d, k);
 #pragma unroll

@@ -222,8 +222,10 @@ mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ sc
     float acc[TT];
 #pragma unroll
     for (int k = 0; k < TT; k++) acc[k] = 0.0f;
-    /* one round (group g of this lane) into acc */
-    auto round = [&](int64_t g) {
+#pragma unroll 2
+    for (int64_t rd = rb; rd < re; rd++) {
+        const int64_t g = rd * 32 + lane;
+        if (g >= ng) break;
         float w[G];
         decode_group<ENC>(data, scale, cols, r, g, w);
 #pragma unroll
@@ -239,13 +241,7 @@ mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ sc
                 acc[k] = fmaf(w[j + 3], xv.w, acc[k]);
             }
         }
-    };
-    /* the full rounds without a bounds check (their loads issued together), then a partial last round */
-    const int64_t rf = re < ng / 32 ? re : ng / 32;
-#pragma unroll 4
-    for (int64_t rd = rb; rd < rf; rd++) round(rd * 32 + lane);
-    for (int64_t rd = rf > rb ? rf : rb; rd < re; rd++)
-        if (rd * 32 + lane < ng) round(rd * 32 + lane);
+    }
 #pragma unroll
     for (int k = 0; k < TT; k++) {
 #pragma unroll
