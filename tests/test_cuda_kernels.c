@@ -992,7 +992,7 @@ static void test_mla_block(void) {
         for (int i = 0; i < BKVL; i++) kvn[i] = 0.5f + rndf();
         const df_mla_block b = {an, fn, eps, form == 1 ? NULL : &qa, form == 1 ? NULL : &qb, form == 1 ? &qp : NULL,
                                 &kva, &kvb, &ow, form == 2 ? NULL : &rw, form == 1 ? NULL : qan, kvn, leps,
-                                BH, BDN, BDR, BDV, BKVL, 0.125f, 0};
+                                BH, BDN, BDR, BDV, BKVL, 0.125f, 0, NULL, NULL, NULL, 0, 0.0f, 0.0f};
         for (int s = 0; s < 2; s++) {
             for (int i = 0; i < BNC * BKVL; i++) base.c[s][i] = rndf();
             for (int i = 0; i < BNC * BDR; i++) base.p[s][i] = rndf();
@@ -1076,7 +1076,7 @@ static void test_mla_block(void) {
  * added into it (weights in item order); the next block given x NULL continues from there, bitwise as the same block
  * given x_out + the host combine (df_cuda_mlp_group's outputs, fmaf chains from 0 in item order, + the shared
  * expert) on a copy of the same cache. */
-static void test_moe_resid(void) {
+static void test_moe_resid_mode(int early) {
     enum { BI = 64, NX = 3 };
     const float eps = 1e-5f, leps = 1e-6f;
     df_weight qa = make_weight(DF_W_BF16, BR, BD), qb = make_weight(DF_W_BF16, BH * BQD, BR);
@@ -1087,8 +1087,6 @@ static void test_moe_resid(void) {
     for (int i = 0; i < BR; i++) qan[i] = 0.5f + rndf();
     for (int i = 0; i < BKVL; i++) kvn[i] = 0.5f + rndf();
     const uint64_t key = 0x5eed;
-    const df_mla_block b = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, &rw, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL, 0.125f,
-                            key};
     df_weight g[NX + 1], u[NX + 1], d[NX + 1];
     for (int i = 0; i <= NX; i++) {
         const df_wtype t = i < NX ? DF_W_MXFP4 : DF_W_BF16;
@@ -1097,6 +1095,11 @@ static void test_moe_resid(void) {
         d[i] = make_weight(t, BD, BI);
         if (i < NX) { g[i].dev_key = DF_DEVKEY(1, i, 0); u[i].dev_key = DF_DEVKEY(1, i, 1); d[i].dev_key = DF_DEVKEY(1, i, 2); }
     }
+    /* early: the block also starts the shared expert (item NX), which moe_resid then takes */
+    df_mla_block b = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, &rw, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL, 0.125f,
+                      key, NULL, NULL, NULL, 0, 0.0f, 0.0f};
+    const df_mla_block b0 = b;
+    if (early) { b.sh_gate = &g[NX]; b.sh_up = &u[NX]; b.sh_down = &d[NX]; }
     static float c1[BNC * BKVL], p1[BNC * BDR], c2[BNC * BKVL], p2[BNC * BDR];
     for (int i = 0; i < BNC * BKVL; i++) c1[i] = c2[i] = rndf();
     for (int i = 0; i < BNC * BDR; i++) p1[i] = p2[i] = rndf();
@@ -1106,8 +1109,7 @@ static void test_moe_resid(void) {
     for (int i = 0; i < 2 * BDR; i++) cs[i] = 1.2f * rndf();
     const int np1 = 10, np2 = 11;
     /* the first block (x given): x_out becomes the device residual; the second cache copy gets the same row */
-    int rc = df_cuda_mla_block(&b, 1, x, cs, &cp2, &pp2, &np1, NULL, xo, h2, lg) |
-             df_cuda_mla_block(&b, 1, x, cs, &cp1, &pp1, &np1, NULL, xo, h2, lg);
+    int rc = df_cuda_mla_block(&b, 1, x, cs, &cp2, &pp2, &np1, NULL, xo, h2, lg);
     /* the reference: the items' outputs back on the host, combined there */
     const df_weight *gp[NX + 1], *up[NX + 1], *dp[NX + 1];
     const float *xs[NX + 1];
@@ -1115,6 +1117,10 @@ static void test_moe_resid(void) {
     int Ts[NX + 1];
     for (int i = 0; i <= NX; i++) { gp[i] = &g[i]; up[i] = &u[i]; dp[i] = &d[i]; xs[i] = h2; yp[i] = ys[i]; Ts[i] = 1; }
     rc |= df_cuda_mlp_group(NX + 1, gp, up, dp, 0, 0, 0, xs, Ts, yp);
+    /* the block again on the other cache copy (the same row): its x_out is the residual, its shared expert started */
+    rc |= df_cuda_mla_block(&b, 1, x, cs, &cp1, &pp1, &np1, NULL, xo, h2, lg);
+    df_cuda_stats st0, st1;
+    df_cuda_get_stats(&st0);
     float xr[BD];
     for (int k = 0; k < BD; k++) {
         float acc = 0.0f;
@@ -1123,19 +1129,30 @@ static void test_moe_resid(void) {
     }
     /* the device path (the residual now holds the second call's x_out, the same values) */
     rc |= df_cuda_moe_resid(NX + 1, gp, up, dp, 0, 0, 0, h2, w, 1, key);
-    CHECK(rc == 0, "moe_resid: %s", df_cuda_last_error());
+    df_cuda_get_stats(&st1);
+    CHECK(rc == 0, "moe_resid%s: %s", early ? " (shared expert started by the block)" : "", df_cuda_last_error());
+    CHECK(st1.shared_early - st0.shared_early == (uint64_t)early, "moe_resid%s: took %llu started shared experts",
+          early ? " (shared expert started by the block)" : "", (unsigned long long)(st1.shared_early - st0.shared_early));
     CHECK(df_cuda_moe_resid(NX + 1, gp, up, dp, 0, 0, 0, h2, w, 1, key + 1) == -1,
           "moe_resid: a key no mla_block wrote is refused");
     float x2[BD], h22[BD], lg2[BE], x3[BD], h23[BD], lg3[BE], cs2[BDR];
     for (int i = 0; i < BDR; i++) cs2[i] = cs[BDR + i];
-    rc = df_cuda_mla_block(&b, 1, NULL, cs2, &cp1, &pp1, &np2, NULL, x2, h22, lg2) |
-         df_cuda_mla_block(&b, 1, xr, cs2, &cp2, &pp2, &np2, NULL, x3, h23, lg3);
+    rc = df_cuda_mla_block(&b0, 1, NULL, cs2, &cp1, &pp1, &np2, NULL, x2, h22, lg2) |
+         df_cuda_mla_block(&b0, 1, xr, cs2, &cp2, &pp2, &np2, NULL, x3, h23, lg3);
     CHECK(rc == 0 && !memcmp(x2, x3, sizeof x2) && !memcmp(h22, h23, sizeof h22) && !memcmp(lg2, lg3, sizeof lg2) &&
               !memcmp(c1, c2, sizeof c1) && !memcmp(p1, p2, sizeof p1),
-          "moe_resid + mla_block(x NULL) differs from the host combine + mla_block(x) (%s)", df_cuda_last_error());
+          "moe_resid%s + mla_block(x NULL) differs from the host combine + mla_block(x) (%s)",
+          early ? " (shared expert started by the block)" : "", df_cuda_last_error());
     for (int i = 0; i <= NX; i++) { free_weight(&g[i]); free_weight(&u[i]); free_weight(&d[i]); }
     free_weight(&qa); free_weight(&qb); free_weight(&kva); free_weight(&kvb); free_weight(&ow); free_weight(&rw);
     df_cuda_cache_clear();
+}
+
+/* df_cuda_moe_resid after an mla_block: the shared expert computed in the call, and started by the block (b.sh_*);
+ * both bitwise the host combine of mlp_group's outputs. */
+static void test_moe_resid(void) {
+    test_moe_resid_mode(0);
+    test_moe_resid_mode(1);
 }
 
 int main(void) {

@@ -303,10 +303,19 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
             seq_key[t] = seqs[s].kv->uid << 8 | (uint64_t)layer; /* as attn_chunk keys the caches */
             if (rope) rope_cs(&e->rope, pos, cs + (int64_t)t * dr);
         }
-    const df_mla_block b = {lw->attn_norm, lw->ffn_norm, cfg->rms_norm_eps, lora ? &lw->q_a : NULL, lora ? &lw->q_b : NULL,
-                            lora ? NULL : &lw->q, &lw->kv_a, &lw->kv_b, &lw->o, logits ? &lw->router : NULL,
-                            lora ? lw->q_a_norm : NULL, lw->kv_a_norm, QA_NORM_EPS, H, dn, dr, dv, kvl,
-                            (float)e->rope.softmax_scale, e->be->moe_resid ? (uint64_t)(uintptr_t)e : 0};
+    df_mla_block b = {lw->attn_norm, lw->ffn_norm, cfg->rms_norm_eps, lora ? &lw->q_a : NULL, lora ? &lw->q_b : NULL,
+                      lora ? NULL : &lw->q, &lw->kv_a, &lw->kv_b, &lw->o, logits ? &lw->router : NULL,
+                      lora ? lw->q_a_norm : NULL, lw->kv_a_norm, QA_NORM_EPS, H, dn, dr, dv, kvl,
+                      (float)e->rope.softmax_scale, e->be->moe_resid ? (uint64_t)(uintptr_t)e : 0,
+                      NULL, NULL, NULL, 0, 0.0f, 0.0f};
+    if (e->sh_early && T == 1 && logits && b.resid_key) { /* the FFN's shared expert, started by the block (moe.c) */
+        b.sh_gate = &lw->gate;
+        b.sh_up = &lw->up;
+        b.sh_down = &lw->down;
+        b.sh_act = cfg->act == DF_ACT_SITU;
+        b.sh_beta = cfg->situ_beta;
+        b.sh_lb = cfg->situ_linear_beta;
+    }
     if (e->be->mla_block(&b, T, e->x_dev ? NULL : x, cs, cache, cache + T, npos, seq_key, x, h2, logits) == 0) {
         e->x_dev = 0;
         e->weight_bytes += (lora ? df_weight_bytes(&lw->q_a) + df_weight_bytes(&lw->q_b) : df_weight_bytes(&lw->q)) +

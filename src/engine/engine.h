@@ -125,8 +125,10 @@ typedef struct {
     int progress_layers;
     /* one token's MoE into the backend's device residual (moe_resid): defer_ok, set by forward for an FFN call whose
      * next layer is an MLA block (which can take x from the device); ffn_deferred, set by ffn_forward when it did so
-     * (its out was not written); x_dev, the host's x lacks that MoE output: the next block takes x from the device */
-    int defer_ok, ffn_deferred, x_dev;
+     * (its out was not written); x_dev, the host's x lacks that MoE output: the next block takes x from the device;
+     * sh_early, set by forward for a block whose FFN will be such an MoE with a shared expert: the block may start
+     * that shared expert on the device (df_mla_block.sh_gate) */
+    int defer_ok, ffn_deferred, x_dev, sh_early;
     /* router logits [T, n_routed_experts] of the next ffn_forward's rows, computed with the layer's MLA block
      * (df_backend.mla_block); NULL: ffn_forward runs the router itself */
     const float *ffn_logits;

@@ -180,7 +180,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
     e->progress = progress;
     e->progress_user = user;
     e->progress_layers = 0;
-    e->x_dev = e->defer_ok = e->ffn_deferred = 0;
+    e->x_dev = e->defer_ok = e->ffn_deferred = e->sh_early = 0;
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
     /* a decode step: the lookahead runs when the gate's arm says so (always when ungated) */
     const int dstep = e->prefetch && (T <= PREFETCH_MAX_T || decode_batch);
@@ -201,6 +201,12 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         LAP(DF_PHASE_IO_WAIT);
         const df_layer_weights *lw = &sp->layers[l];
         const int block = use_block && cfg->mixer[l] == DF_MIXER_MLA;
+        /* a decode step's MoE may stay on the device when the next layer's block continues from there (not with a
+         * streamed spine: the shared expert's host copy is a staging buffer the next reads reuse while the queued
+         * upload may still read it); then the block may start the shared expert before it returns */
+        const int defer = block && lw->is_moe && T == 1 && n_seq == 1 && l + 1 < L && cfg->mixer[l + 1] == DF_MIXER_MLA &&
+                          e->be->moe_resid && D % 16 == 0 && !e->stream;
+        e->sh_early = defer && lw->has_shared && cfg->latent_dim == 0;
         if (block) { /* x += mixer(RMSNorm(x)); h = RMSNorm(x) for the FFN; the router's logits */
             rc = attn_block_batch(e, l, seqs, n_seq, x, h, lw->is_moe ? rlog : NULL, err, errlen);
             LAP(DF_PHASE_MLA);
@@ -278,11 +284,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         {
             const double io0 = e->io_wait_s, r0 = e->phase_s[DF_PHASE_ROUTER];
             e->ffn_logits = block && lw->is_moe ? rlog : NULL;
-            /* a decode step's MoE may stay on the device when the next layer's block continues from there (not with a
-             * streamed spine: the shared expert's host copy is a staging buffer the next reads reuse while the
-             * queued upload may still read it) */
-            e->defer_ok = block && lw->is_moe && T == 1 && n_seq == 1 && l + 1 < L && cfg->mixer[l + 1] == DF_MIXER_MLA &&
-                          e->be->moe_resid && D % 16 == 0 && !e->stream;
+            e->defer_ok = defer;
             e->ffn_deferred = 0;
             rc = ffn_forward(e, l, h, T, a, err, errlen);
             e->ffn_logits = NULL;
@@ -328,7 +330,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
 done:
     e->la_x = NULL; /* x is freed below */
     e->progress = NULL;
-    e->x_dev = e->defer_ok = e->ffn_deferred = 0;
+    e->x_dev = e->defer_ok = e->ffn_deferred = e->sh_early = 0;
     /* the next call's first streamed layer is read while the caller samples */
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream));
     free(x);

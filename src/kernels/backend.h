@@ -45,6 +45,12 @@ typedef struct df_mla_block {
     int H, dn, dr, dv, kvl;             /* heads, nope / rope / value head dims, kv_lora_rank */
     float scale;                        /* softmax scale */
     uint64_t resid_key;                 /* the caller's residual stream on the device (an engine's address; 0: none) */
+    /* Optional (T = 1 with resid_key): the next FFN's shared expert, which the backend may start on h2 right after the
+     * router, before the call returns, for the moe_resid call that follows with the same weights (so the device
+     * works on it while the host routes); NULL: none. sh_act, sh_beta, sh_lb as moe_resid's act, beta, lb. */
+    const df_weight *sh_gate, *sh_up, *sh_down;
+    int sh_act;
+    float sh_beta, sh_lb;
 } df_mla_block;
 
 typedef struct df_backend {
@@ -148,8 +154,10 @@ typedef struct df_backend {
      * [gate.cols] (host), each down.rows = gate.cols; resid += (sum over the first n - shared items, in order, of
      * w[i] * out_i by fused multiply-adds from 0) + out of the last item when shared (the shared expert), then the
      * residual add: the bits of moe.c's axpy combine and forward's x += out with an FMA axpy; into the residual of
-     * resid_key (as mla_block's b->resid_key; its last mla_block wrote it). Queued, not waited for. Returns 0, or -1
-     * when it cannot (nothing was added: the caller computes the items with mlp_group). */
+     * resid_key (as mla_block's b->resid_key; its last mla_block wrote it). Queued, not waited for. When that
+     * mla_block was given this shared expert (b->sh_gate / sh_up / sh_down and its activation), the output it
+     * started is used (the same kernels on the same h2: the same bits). Returns 0, or -1 when it cannot (nothing was
+     * added: the caller computes the items with mlp_group). */
     int (*moe_resid)(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                      int act, float beta, float lb, const float *x, const float *w, int shared, uint64_t resid_key);
     /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its

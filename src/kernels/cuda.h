@@ -89,6 +89,7 @@ typedef struct {
     uint64_t expert_hits, expert_misses;  /* routed-expert cache lookups */
     uint64_t uploaded_bytes;              /* host -> GPU weight bytes since start */
     uint64_t grouped_items;               /* MLP items run in grouped tensor-core launches (df_cuda_mlp_group) */
+    uint64_t shared_early;                /* moe_resid calls that took the shared expert their mla_block started */
 } df_cuda_stats;
 void df_cuda_get_stats(df_cuda_stats *out);
 

@@ -1,7 +1,7 @@
 /*
  * cuda_env.h — the CUDA backend's environment knobs (docs/cuda.md): DF_CUDA_MMA, the encodings whose matmuls run
  * on the tensor-core kernel, the on/off switches DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT,
- * DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID, DF_CUDA_HOST_PIN and DF_CUDA_SPLIT, the
+ * DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID, DF_CUDA_HOST_PIN, DF_CUDA_SPLIT and DF_CUDA_SHARED_EARLY, the
  * kernel variants DF_CUDA_MV_ROWS and DF_CUDA_TILE, and DF_CUDA_KV_MIRROR, the GPU memory of the attention core's
  * latent-cache mirrors. Read the same way by the backend's choice (backend.c: --backend cuda / auto refuse an
  * invalid value, on any machine), by the CUDA runtime's probe (cuda_runtime.cu: DF_CUDA_MMA, the variants,
@@ -49,8 +49,9 @@ static inline int df_cuda_env_mma(unsigned *mask, char *why, size_t whylen) {
  * round trip), DF_CUDA_ATTN (the MLA attention core on the GPU), DF_CUDA_MLA_PROJECT (the MLA projections in one
  * round trip, and o_proj with the core), DF_CUDA_MLA_BLOCK (a layer's whole MLA mixer, residual, FFN norm and router
  * in one round trip), DF_CUDA_MOE_RESID (a decode step's MoE added into the device residual without a round trip),
- * DF_CUDA_HOST_PIN (page-locked host staging buffers) and DF_CUDA_SPLIT (matrices of at most 2048 rows split over K:
- * a canonical order of their own, so the switch changes bits). Unset, empty, "1" or "on": 1 (on, the default); "0" or "off": 0; anything else: -1 with a message naming
+ * DF_CUDA_HOST_PIN (page-locked host staging buffers), DF_CUDA_SPLIT (matrices of at most 2048 rows split over K:
+ * a canonical order of their own, so the switch changes bits) and DF_CUDA_SHARED_EARLY (an MLA block starts the
+ * next MoE's shared expert before it returns). Unset, empty, "1" or "on": 1 (on, the default); "0" or "off": 0; anything else: -1 with a message naming
  * the variable and the accepted values in why. */
 static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen) {
     const char *v = getenv(name);
@@ -158,6 +159,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_switch("DF_CUDA_MOE_RESID", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_HOST_PIN", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_SPLIT", why, whylen) < 0) return -1;
+    if (df_cuda_env_switch("DF_CUDA_SHARED_EARLY", why, whylen) < 0) return -1;
     if (df_cuda_env_trace(why, whylen) < 0) return -1;
     unsigned long long mirror;
     if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;

@@ -31,6 +31,7 @@
 #   part 16: a decode step's MoE into the device residual (DF_CUDA_MOE_RESID on / off): GPU tests, resident decode.
 #   part 17: every kernel of a preloaded resident decode (ncu durations).
 #   part 19: this binary against a carried deltafin.b: GPU tests, resident decode alternated, ncu of each.
+#   part 20: the block starts the shared expert (DF_CUDA_SHARED_EARLY on / off): GPU tests, resident decode.
 #   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
@@ -398,6 +399,14 @@ case $PART in
     mkdir -p "$OUT"
     ncu_decode
     BIN=$B0 OUT=$OUT0
+    rm -rf "$W"
+    ;;
+20)
+    # issue 12: an MLA block starts the next MoE's shared expert before it returns (DF_CUDA_SHARED_EARLY on / off:
+    # knob_ab); GPU tests first.
+    gpu_tests
+    resident_model
+    knob_ab DF_CUDA_SHARED_EARLY
     rm -rf "$W"
     ;;
 9)

@@ -822,6 +822,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         return resid ? cu_rt_error("mla_block: x from the device residual for one row only") : -1;
     }
     if (bk && bk->b->resid_key && !resid) { free(u); return -1; }
+    if (bk && resid) cu_rt_shared_drop(bk->b->resid_key); /* an earlier call's started shared expert is not this one's */
     if (bk) {
         if (bk->x) memcpy(hb + o_x, bk->x, fl * (size_t)T * D);
         if (bk->cs) memcpy(hb + o_cs, bk->cs, fl * (size_t)T * dr);
@@ -921,7 +922,18 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         cu_rt_mark("block: residual, norm, router");
     }
     CKA(cudaMemcpyAsync(hb + h_ret, bk || o ? db + o_ret : (char *)dov, ret_bytes, cudaMemcpyDeviceToHost, st));
-    CKA(cu_rt_sync("attn: copy out"));
+    /* the next FFN's shared expert on h2, queued behind the copy-out: the device runs it while the host routes */
+    int started = 0;
+    cudaEvent_t ev = NULL;
+    if (bk && bk->b->resid_key) {
+        const df_mla_block *b = bk->b;
+        if (b->sh_gate && b->sh_up && b->sh_down && T == 1 && resid && b->sh_gate->cols == D && b->sh_down->rows == D &&
+            (started = cu_rt_shared_start(b->resid_key, b->sh_gate, b->sh_up, b->sh_down, b->sh_act, b->sh_beta,
+                                          b->sh_lb, (const float *)(db + o_ret + r_h), &ev)) < 0)
+            return -1;
+        if (!started) cu_rt_shared_drop(b->resid_key);
+    }
+    CKA(started ? cu_rt_sync_event("attn: copy out", ev) : cu_rt_sync("attn: copy out"));
     if (!bk) {
         memcpy(o ? out : o_v, hb + h_ret, ret_bytes);
         return 0;

@@ -109,6 +109,16 @@ int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
  * its x from there when given none; moe_resid adds a token's MoE output into it. At most 16 callers' streams are
  * kept (the least recently used one goes). */
 float *cu_rt_resid(uint64_t key, size_t n, int need_valid, int **valid);
+/* With the mutex held, in an mla_block call after its copy-out is queued: the shared expert of the moe_resid call
+ * that follows (gate, up, down, act / beta / lb as moe_resid's) on h2 [gate.cols] (device), queued after an event
+ * recorded now, its output kept with the key's residual until that call takes it. 1: started, *ev the event (the
+ * call's closing synchronisation waits for it, not for the shared expert); 0: not (no residual for the key, or
+ * DF_CUDA_TRACE=1); -1: a CUDA error (recorded). cu_rt_shared_drop: the key's next moe_resid has no started one. */
+int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, const df_weight *d, int act, float beta,
+                       float lb, const float *h2, cudaEvent_t *ev);
+void cu_rt_shared_drop(uint64_t key);
+/* cu_rt_sync, waiting for the event ev (recorded on the stream) instead of the whole stream. */
+cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev);
 int cu_rt_error(const char *msg);
 
 #endif

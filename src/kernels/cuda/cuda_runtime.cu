@@ -67,10 +67,24 @@ struct Resid {
     void *p;
     size_t cap; /* bytes */
     int valid;  /* an mla_block call wrote it (x_out) */
+    /* the shared expert an mla_block started for the next moe_resid (cu_rt_shared_start): its output sh_out and
+     * intermediates, the weights and activation it ran with; sh_valid: started, not yet taken */
+    void *sh_out, *sh_g, *sh_u;
+    size_t sh_oc, sh_gc, sh_uc;
+    const df_weight *sh_w[3];
+    int sh_act, sh_valid;
+    float sh_beta, sh_lb;
 };
 constexpr int NRESID = 16;
 Resid g_resid[NRESID];
 uint64_t g_resid_tick;
+int g_sh_early_off; /* DF_CUDA_SHARED_EARLY=0: mla_block starts no shared expert (cu_rt_shared_start) */
+/* The key's residual entry, or NULL. */
+Resid *resid_of(uint64_t key) {
+    for (int i = 0; i < NRESID; i++)
+        if (g_resid[i].key == key && g_resid[i].p) return &g_resid[i];
+    return NULL;
+}
 
 int fail(const char *what, cudaError_t e) {
     snprintf(g_err, sizeof g_err, "%s: %s", what, cudaGetErrorString(e));
@@ -119,6 +133,9 @@ void probe_once() {
     if (pin < 0) { g_ndev = 0; return; }
     const int split = df_cuda_env_switch("DF_CUDA_SPLIT", g_why, sizeof g_why);
     if (split < 0) { g_ndev = 0; return; }
+    const int early = df_cuda_env_switch("DF_CUDA_SHARED_EARLY", g_why, sizeof g_why);
+    if (early < 0) { g_ndev = 0; return; }
+    g_sh_early_off = early == 0;
     if (!split) cu_set_split(0);
     if (mv) cu_set_matvec_rows(mv);
     if (tl) cu_set_tile(tl);
@@ -457,10 +474,11 @@ int groupable(const df_weight *gate, const df_weight *up, const df_weight *down,
  * and copied out at once; one synchronisation. */
 /* Resid mode (rw not NULL; every T[i] = 1, one shared input): instead of copying the outputs back, the combine
  * kernel adds the weighted sum of the first n - shared items' outputs (weights rw, in item order) plus the last
- * item's (shared) into the device residual row resid; nothing is synchronised (df_cuda_moe_resid). */
+ * item's (shared; else sh_dev, a shared expert's output already on the device, when not NULL) into the device
+ * residual row resid; nothing is synchronised (df_cuda_moe_resid). */
 int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                      int act, float beta, float lb, const float *const *x, const int *T, float *const *out,
-                     const float *rw = NULL, int shared = 0, float *resid = NULL) {
+                     const float *rw = NULL, int shared = 0, float *resid = NULL, const float *sh_dev = NULL) {
     /* per item: whether it is in the grouped set, and its input's and output's byte offsets in the staging */
     const size_t nn = (size_t)(n > 0 ? n : 1);
     size_t *xoff = (size_t *)malloc(nn * (2 * sizeof(size_t) + 1));
@@ -600,7 +618,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             const int nr = n - shared;
             const float *ys[CU_COMBINE_MAX];
             for (int i = 0; i < nr; i++) ys[i] = (const float *)((char *)g_sy + ooff[i]);
-            const float *sh = shared ? (const float *)((char *)g_sy + ooff[n - 1]) : NULL;
+            const float *sh = shared ? (const float *)((char *)g_sy + ooff[n - 1]) : sh_dev;
             if ((ce = cu_combine_resid_launch(resid, down[0]->rows, nr, ys, rw, sh, g_st)) != cudaSuccess) {
                 fail("combine", ce);
                 break;
@@ -889,7 +907,14 @@ extern "C" int df_cuda_moe_resid(int n, const df_weight *const *gate, const df_w
     const int rc = locked_op([&] {
         float *resid = cu_rt_resid(resid_key, (size_t)D, 1, NULL);
         if (!resid) return -1;
-        return mlp_group_locked(n, gate, up, down, act, beta, lb, xs, T, NULL, rw, shared ? 1 : 0, resid);
+        /* the shared expert its mla_block started, when it ran these weights: taken (the same kernels on the same h2) */
+        Resid *r = resid_of(resid_key);
+        const int took = shared && r && r->sh_valid && r->sh_w[0] == gate[n - 1] && r->sh_w[1] == up[n - 1] &&
+                         r->sh_w[2] == down[n - 1] && r->sh_act == act && r->sh_beta == beta && r->sh_lb == lb;
+        if (r) r->sh_valid = 0;
+        if (took) g_stats.shared_early++;
+        return took ? mlp_group_locked(n - 1, gate, up, down, act, beta, lb, xs, T, NULL, rw, 0, resid, (const float *)r->sh_out)
+                    : mlp_group_locked(n, gate, up, down, act, beta, lb, xs, T, NULL, rw, shared ? 1 : 0, resid);
     });
     free(xs);
     free(T);
@@ -1113,6 +1138,16 @@ cudaError_t cu_rt_sync(const char *stage) {
     if (e == cudaSuccess && g_trace == 1 && g_nmark > 1) g_tev_done = 1;
     return e;
 }
+cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev) {
+    cu_rt_mark(stage);
+    if (g_trace > 0) g_h1 = host_now();
+    const cudaError_t e = cudaEventSynchronize(ev);
+    if (g_trace > 0) {
+        g_h2 = host_now();
+        g_hdone = e == cudaSuccess;
+    }
+    return e;
+}
 /* With DF_CUDA_TRACE: the host time of the entry point that returned last from taking the mutex to calling its
  * closing synchronisation (*queue: preparing and queueing its work) and inside that synchronisation (*wait); 0 when
  * measured, -1 else. */
@@ -1156,6 +1191,42 @@ extern "C" void df_cuda_trace_stages(void) {
                 g_tst[k].s * 1e6 / (double)(g_tst[k].n ? g_tst[k].n : 1));
 }
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return group_weight(w, data, scale); }
+cudaEvent_t g_sh_ev;
+int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, const df_weight *d, int act, float beta,
+                       float lb, const float *h2, cudaEvent_t *ev) {
+    Resid *r = resid_of(key);
+    if (r) r->sh_valid = 0;
+    /* not with DF_CUDA_TRACE=1 (it times the entry point's device work up to its synchronisation) */
+    if (!r || g_trace == 1 || g_sh_early_off) return 0;
+    const int64_t D = g->cols, I = g->rows, O = d->rows;
+    if (!g_sh_ev) CK(cudaEventCreateWithFlags(&g_sh_ev, cudaEventDisableTiming));
+    if (grow(&r->sh_out, &r->sh_oc, sizeof(float) * (size_t)O) || grow(&r->sh_g, &r->sh_gc, sizeof(float) * (size_t)I) ||
+        grow(&r->sh_u, &r->sh_uc, sizeof(float) * (size_t)I))
+        return -1;
+    CK(cudaEventRecord(g_sh_ev, g_st));
+    /* mlp_group_locked's shared item (gate, up, activation, down; T = 1): the same kernels, the same bits */
+    const void *dd, *ss;
+    if (group_weight(g, &dd, &ss)) return -1;
+    CK(cu_matmul_launch(g->type, dd, ss, I, D, h2, 1, (float *)r->sh_g, g_st));
+    if (group_weight(u, &dd, &ss)) return -1;
+    CK(cu_matmul_launch(u->type, dd, ss, I, D, h2, 1, (float *)r->sh_u, g_st));
+    CK(act_launch(act, beta, lb, (float *)r->sh_g, (const float *)r->sh_u, I));
+    if (group_weight(d, &dd, &ss)) return -1;
+    CK(cu_matmul_launch(d->type, dd, ss, O, I, (const float *)r->sh_g, 1, (float *)r->sh_out, g_st));
+    r->sh_w[0] = g;
+    r->sh_w[1] = u;
+    r->sh_w[2] = d;
+    r->sh_act = act;
+    r->sh_beta = beta;
+    r->sh_lb = lb;
+    r->sh_valid = 1;
+    *ev = g_sh_ev;
+    return 1;
+}
+void cu_rt_shared_drop(uint64_t key) {
+    Resid *r = resid_of(key);
+    if (r) r->sh_valid = 0;
+}
 float *cu_rt_resid(uint64_t key, size_t n, int need_valid, int **valid) {
     Resid *r = NULL;
     for (int i = 0; i < NRESID && !r; i++)
@@ -1167,6 +1238,7 @@ float *cu_rt_resid(uint64_t key, size_t n, int need_valid, int **valid) {
             if (!g_resid[i].p || g_resid[i].tick < r->tick) r = &g_resid[i];
         r->key = key;
         r->valid = 0;
+        r->sh_valid = 0;
     }
     if (need_valid && !r->valid) { snprintf(g_err, sizeof g_err, "the device residual holds no row yet"); return NULL; }
     if (sizeof(float) * n > r->cap) {
