@@ -18,7 +18,8 @@
  *
  * Canonical order (batch invariance: an output depends only on its row's own data, never on T, the other
  * rows, the tiles or the grid):
- *   - q_lat[t,h,k]: one fp32 chain over d = 0..dn-1, fma(q_nope[d], K[d,k], acc) from 0;
+ *   - q_lat[t,h,k]: AS = 4 fp32 chains over the slices d in [s dn / 4, (s + 1) dn / 4) in order, fma(q_nope[d],
+ *     K[d,k], acc) from 0, added in slice order ((c0 + c1) + c2) + c3;
  *   - a score: two dots, each lane l of a warp taking the elements l, l+32, ... in order (fma chain from 0),
  *     the 32 lane sums combined by the xor butterfly (16, 8, 4, 2, 1); score = (dot_c + dot_pe) * scale;
  *   - softmax over the positions in chunks of 32 (online, chunks in order): chunk max m_c (exact), running max
@@ -47,7 +48,8 @@
 
 namespace {
 
-constexpr int AT = 128;     /* absorb: threads per block (one column k each) */
+constexpr int AT = 128;     /* absorb: columns per block */
+constexpr int AS = 4;       /* absorb: slices of q_nope's dn elements, a thread each per column */
 constexpr int NT = 128;     /* attention: threads per block */
 constexpr int NW = NT / 32; /* attention: warps per block */
 constexpr int CH = 32;      /* attention: positions per softmax chunk (one per lane in the chunk statistics) */
@@ -118,36 +120,47 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* q_lat [T, H, kvl]: block (h, a tile of AT columns) x (a tile of TT tokens); thread = one column k.
- * q [T, H, dn + dr]; kv_b [H*(dn+dv), kvl]. Shared: the tile's q_nope [TT][dn]. */
+/* q_lat [T, H, kvl]: block (h, a tile of AT columns) x (a tile of TT tokens); AS threads per column k, thread
+ * (s, k) the chain over d in slice s = [s dn / AS, (s + 1) dn / AS), the AS partial sums then added in slice order.
+ * q [T, H, dn + dr]; kv_b [H*(dn+dv), kvl]. Shared: the tile's q_nope [TT][dn], the partials [AS][TT][AT]. */
 template <int ENC, int TT>
-__global__ void __launch_bounds__(AT) absorb_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
-                                                    int H, int dn, int dr, int dv, int kvl, const float *__restrict__ q,
-                                                    int T, float *__restrict__ q_lat) {
+__global__ void __launch_bounds__(AT * AS) absorb_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
+                                                         int H, int dn, int dr, int dv, int kvl,
+                                                         const float *__restrict__ q, int T, float *__restrict__ q_lat) {
     extern __shared__ float abs_smem[];
-    float *qn = abs_smem;
-    const int kb = (kvl + AT - 1) / AT;
-    const int h = blockIdx.x / kb, k = (blockIdx.x % kb) * AT + threadIdx.x;
+    float *qn = abs_smem, *part = abs_smem + TT * dn;
+    const int kb = (kvl + AT - 1) / AT, sl = threadIdx.x / AT, kk = threadIdx.x % AT;
+    const int h = blockIdx.x / kb, k = (blockIdx.x % kb) * AT + kk;
     const int t0 = blockIdx.y * TT, qd = dn + dr;
-    for (int i = threadIdx.x; i < TT * dn; i += AT) {
+    for (int i = threadIdx.x; i < TT * dn; i += AT * AS) {
         const int t = t0 + i / dn;
         qn[i] = t < T ? q[((int64_t)t * H + h) * qd + i % dn] : 0.0f;
     }
     __syncthreads();
-    if (k >= kvl) return;
     float acc[TT];
 #pragma unroll
     for (int tt = 0; tt < TT; tt++) acc[tt] = 0.0f;
-    const int64_t r0 = (int64_t)h * (dn + dv);
+    if (k < kvl) {
+        const int64_t r0 = (int64_t)h * (dn + dv);
+        const int d0 = sl * dn / AS, d1 = (sl + 1) * dn / AS;
 #pragma unroll 16
-    for (int d = 0; d < dn; d++) {
-        const float w = wdec<ENC>(wd, ws, kvl, r0 + d, k);
+        for (int d = d0; d < d1; d++) {
+            const float w = wdec<ENC>(wd, ws, kvl, r0 + d, k);
 #pragma unroll
-        for (int tt = 0; tt < TT; tt++) acc[tt] = fmaf(qn[tt * dn + d], w, acc[tt]);
+            for (int tt = 0; tt < TT; tt++) acc[tt] = fmaf(qn[tt * dn + d], w, acc[tt]);
+        }
     }
 #pragma unroll
-    for (int tt = 0; tt < TT; tt++)
-        if (t0 + tt < T) q_lat[((int64_t)(t0 + tt) * H + h) * kvl + k] = acc[tt];
+    for (int tt = 0; tt < TT; tt++) part[(sl * TT + tt) * AT + kk] = acc[tt];
+    __syncthreads();
+    if (sl != 0 || k >= kvl) return;
+#pragma unroll
+    for (int tt = 0; tt < TT; tt++) {
+        float v = part[tt * AT + kk];
+#pragma unroll
+        for (int j = 1; j < AS; j++) v = __fadd_rn(v, part[(j * TT + tt) * AT + kk]);
+        if (t0 + tt < T) q_lat[((int64_t)(t0 + tt) * H + h) * kvl + k] = v;
+    }
 }
 
 /* o_lat [T, H, kvl]: block = row t x HB heads (blockIdx.y * HB ..); thread tid owns the columns
@@ -354,7 +367,7 @@ cudaError_t launch_wk(const uint8_t *d, const uint8_t *s, const Shape &sh, const
     const unsigned ty = (unsigned)((sh.T + TT - 1) / TT);
     if (which == 0) {
         const dim3 grid((unsigned)(sh.H * ((sh.kvl + AT - 1) / AT)), ty);
-        absorb_kernel<ENC, TT><<<grid, AT, sizeof(float) * TT * sh.dn, st>>>(d, s, sh.H, sh.dn, sh.dr, sh.dv, sh.kvl, q,
+        absorb_kernel<ENC, TT><<<grid, AT * AS, sizeof(float) * TT * (sh.dn + AS * AT), st>>>(d, s, sh.H, sh.dn, sh.dr, sh.dv, sh.kvl, q,
                                                                              sh.T, q_lat);
     } else {
         /* one token: a row per warp (more blocks in flight); a tile of tokens: 16 rows per block share its o_lat */
@@ -983,7 +996,7 @@ static int core_refusal(const char *op, const df_weight *kv_b, int T, int H, int
     }
     /* kvl: NT x 8 accumulators per thread; shared memory: 48 KB per block for each kernel */
     const size_t smem_attn = sizeof(float) * ((size_t)4 * (kvl + dr + CH) + 12);
-    if (kvl > KMAX || smem_attn > 48 * 1024 || sizeof(float) * 8 * (size_t)dn > 48 * 1024 ||
+    if (kvl > KMAX || smem_attn > 48 * 1024 || sizeof(float) * 8 * ((size_t)dn + AS * AT) > 48 * 1024 ||
         sizeof(float) * 8 * (size_t)kvl > 48 * 1024 || T > 65535 * 8 || (int64_t)H * ((dv + VR1 - 1) / VR1) > 0x7fffffff) {
         snprintf(b, bl, "%s: shape not supported on the GPU (T %d, kv_lora_rank %d, nope %d, rope %d)", op, T, kvl, dn, dr);
         return -1;
