@@ -3,8 +3,9 @@
  * GPU: RMSNorm, SwiGLU (silu_mul), SiTU, softmax, RoPE, and the MLA block's row steps (residual + RMSNorm; the
  * latent KV rows: RMSNorm, RoPE into the cache, the queries' RoPE). Same math as the CPU
  * reference (src/kernels/cpu/cpu_scalar.c, src/engine/rope.c, moe.c eng_act):
- * fp32 values, fp64 sums for RMSNorm/softmax combined by a fixed shared-memory
- * tree (so a row's result never depends on how many rows are in the call).
+ * fp32 values, fp64 sums for RMSNorm/softmax combined in a fixed order (RMSNorm: 1024 threads per row, each warp's
+ * butterfly, then the warp sums in order; softmax: a shared-memory tree), so a row's result never depends on how many
+ * rows are in the call.
  */
 #include "cuda_internal.h"
 
@@ -28,33 +29,50 @@ __device__ double block_sum(double v, double *sh) {
     return r;
 }
 
-/* Thread threadIdx.x's elements i = threadIdx.x, + NT, + 2 NT, ... (< n) visited in order, UB at a time: get(i)
+constexpr int NN = 1024; /* threads per row of the RMSNorms (rmsnorm, add_rmsnorm) */
+
+/* Sum of one double per thread of an NN-thread block, every thread gets the result: each warp's 32 values by the
+ * xor butterfly (16, 8, 4, 2, 1), then the NN / 32 warp sums added in warp order (sh: NN / 32 doubles). */
+__device__ double block_sum_nn(double v, double *sh) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double r = sh[0];
+#pragma unroll
+    for (int i = 1; i < NN / 32; i++) r += sh[i];
+    __syncthreads();
+    return r;
+}
+
+/* Thread threadIdx.x's elements i = threadIdx.x, + NN, + 2 NN, ... (< n) visited in order, UB at a time: get(i)
  * loads (all UB loads of a batch issued before any is used), use(i, v) consumes in index order. */
-constexpr int UB = 8;
+constexpr int UB = 4;
 template <class Get, class Use> __device__ __forceinline__ void strided(int64_t n, Get get, Use use) {
-    for (int64_t i0 = threadIdx.x; i0 < n; i0 += (int64_t)NT * UB) {
+    for (int64_t i0 = threadIdx.x; i0 < n; i0 += (int64_t)NN * UB) {
         float v[UB];
 #pragma unroll
         for (int u = 0; u < UB; u++) {
-            const int64_t i = i0 + (int64_t)u * NT;
+            const int64_t i = i0 + (int64_t)u * NN;
             v[u] = i < n ? get(i) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < UB; u++) {
-            const int64_t i = i0 + (int64_t)u * NT;
+            const int64_t i = i0 + (int64_t)u * NN;
             if (i < n) use(i, v[u]);
         }
     }
 }
 
-/* Block t: row t. The sum of squares in fp64, each thread's elements in index order, then block_sum's tree. */
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int64_t n, float eps) {
-    __shared__ double sh[NT];
+/* Block t (NN threads): row t. The sum of squares in fp64, each thread's elements in index order, then
+ * block_sum_nn. */
+__global__ void __launch_bounds__(NN) rmsnorm_kernel(float *out, const float *x, const float *w, int64_t n, float eps) {
+    __shared__ double sh[NN / 32];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
     double ss = 0.0;
     strided(n, [&](int64_t i) { return xr[i]; }, [&](int64_t, float v) { ss += (double)v * v; });
-    ss = block_sum(ss, sh);
+    ss = block_sum_nn(ss, sh);
     const float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
     strided(n, [&](int64_t i) { return xr[i] * r * w[i]; }, [&](int64_t i, float v) { o[i] = v; });
 }
@@ -111,16 +129,16 @@ __global__ void rope_kernel(float *out, const float *x, int T, int dim, const fl
 }
 
 /* x_out = x + a (one fp32 add per element), h = rmsnorm(x_out) * w: rmsnorm_kernel's sum and arithmetic on x_out. */
-__global__ void add_rmsnorm_kernel(float *xo, const float *x, const float *a, const float *w, int64_t n, float eps,
-                                   float *h) {
-    __shared__ double sh[NT];
+__global__ void __launch_bounds__(NN) add_rmsnorm_kernel(float *xo, const float *x, const float *a, const float *w,
+                                                          int64_t n, float eps, float *h) {
+    __shared__ double sh[NN / 32];
     const int64_t base = (int64_t)blockIdx.x * n;
     double ss = 0.0;
     strided(n, [&](int64_t i) { return __fadd_rn(x[base + i], a[base + i]); }, [&](int64_t i, float v) {
         xo[base + i] = v;
         ss += (double)v * v;
     });
-    ss = block_sum(ss, sh);
+    ss = block_sum_nn(ss, sh);
     const float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
     strided(n, [&](int64_t i) { return xo[base + i] * r * w[i]; }, [&](int64_t i, float v) { h[base + i] = v; });
 }
@@ -137,11 +155,12 @@ __device__ __forceinline__ float rope_elem(const float *v, int i, int dim, const
 /* Block (t, 0): row t of kva [T, kvl + dr] -> c_new = rmsnorm(kva[:kvl]) * kvn (rmsnorm_kernel's sum and
  * arithmetic), kpe_new = rope(kva[kvl:], cs[t]), each written to dst_c[t] / dst_p[t] and to ret_c [T, kvl] / ret_p
  * [T, dr]. Blocks (t, 1 ..): q [T, H, dn + dr] = q_raw with every head's rope part roped by cs[t], block (t, 1 + b)
- * the elements b NT + tid, + (gridDim.y - 1) NT, ... of row t. */
-__global__ void kv_rows_kernel(const float *kva, int kvl, int dr, const float *kvn, float eps, const float *cs,
-                               float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
-                               float *q, int H, int dn) {
-    __shared__ double sh[NT];
+ * the elements b NN + tid, + (gridDim.y - 1) NN, ... of row t. NN threads per block. */
+__global__ void __launch_bounds__(NN) kv_rows_kernel(const float *kva, int kvl, int dr, const float *kvn, float eps,
+                                                      const float *cs, float *const *dst_c, float *const *dst_p,
+                                                      float *ret_c, float *ret_p, const float *q_raw, float *q, int H,
+                                                      int dn) {
+    __shared__ double sh[NN / 32];
     const int t = blockIdx.x;
     const float *row = kva + (int64_t)t * (kvl + dr), *cst = cs ? cs + (int64_t)t * dr : nullptr;
     if (blockIdx.y > 0) {
@@ -149,25 +168,25 @@ __global__ void kv_rows_kernel(const float *kva, int kvl, int dr, const float *k
         const float *qs = q_raw + (int64_t)t * H * qd;
         float *qo = q + (int64_t)t * H * qd;
 #pragma unroll 4
-        for (int j = ((int)blockIdx.y - 1) * NT + threadIdx.x; j < H * qd; j += qb * NT) {
+        for (int j = ((int)blockIdx.y - 1) * NN + threadIdx.x; j < H * qd; j += qb * NN) {
             const int h = j / qd, d = j % qd;
             qo[j] = d < dn ? qs[j] : rope_elem(qs + h * qd + dn, d - dn, dr, cst);
         }
         return;
     }
     double ss = 0.0;
-    for (int i = threadIdx.x; i < kvl; i += NT) ss += (double)row[i] * row[i];
-    ss = block_sum(ss, sh);
+    strided(kvl, [&](int64_t i) { return row[i]; }, [&](int64_t, float v) { ss += (double)v * v; });
+    ss = block_sum_nn(ss, sh);
     const float r = (float)(1.0 / sqrt(ss / (double)kvl + (double)eps));
     float *dc = dst_c[t];
-    for (int i = threadIdx.x; i < kvl; i += NT) {
+    for (int i = threadIdx.x; i < kvl; i += NN) {
         const float v = row[i] * r * kvn[i];
         dc[i] = v;
         ret_c[(int64_t)t * kvl + i] = v;
     }
     if (dr) {
         float *dp = dst_p[t];
-        for (int i = threadIdx.x; i < dr; i += NT) {
+        for (int i = threadIdx.x; i < dr; i += NN) {
             const float v = rope_elem(row + kvl, i, dr, cst);
             dp[i] = v;
             ret_p[(int64_t)t * dr + i] = v;
@@ -208,7 +227,7 @@ unsigned grid_for(int64_t n) {
 
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
-    rmsnorm_kernel<<<T, NT, 0, st>>>(out, x, w, n, eps);
+    rmsnorm_kernel<<<T, NN, 0, st>>>(out, x, w, n, eps);
     return cudaGetLastError();
 }
 
@@ -241,7 +260,7 @@ cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const flo
 cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, const float *w, int T, int64_t n,
                                   float eps, float *h, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
-    add_rmsnorm_kernel<<<T, NT, 0, st>>>(x_out, x, a, w, n, eps, h);
+    add_rmsnorm_kernel<<<T, NN, 0, st>>>(x_out, x, a, w, n, eps, h);
     return cudaGetLastError();
 }
 
@@ -249,9 +268,9 @@ cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const fl
                               float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
                               float *q, int H, int dn, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
-    /* the queries' RoPE over blocks of about 4 elements per thread (a decode row: 64 heads x 192 -> 12 blocks) */
-    const int qb = (int)(((int64_t)H * (dn + dr) + 8 * NT - 1) / (8 * NT));
-    kv_rows_kernel<<<dim3((unsigned)T, (unsigned)(1 + qb)), NT, 0, st>>>(kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
+    /* the queries' RoPE over blocks of about 2 elements per thread (a decode row: 64 heads x 192 -> 6 blocks) */
+    const int qb = (int)(((int64_t)H * (dn + dr) + 2 * NN - 1) / (2 * NN));
+    kv_rows_kernel<<<dim3((unsigned)T, (unsigned)(1 + qb)), NN, 0, st>>>(kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
     return cudaGetLastError();
 }
 
