@@ -26,7 +26,6 @@ int cu_get_variant(int T);
  * canonical order of their own for every T (cuda_matmul.cu mm_split_kernel); off (env DF_CUDA_SPLIT=0): the kernels
  * above, whose order differs, so the switch changes bits (for every T alike). Default on. */
 void cu_set_split(int on);
-int cu_get_split(void);
 
 /* MXFP4 or BF16 weights (cols % 32 == 0) on the tensor cores (cuda_mma.cu): exact bf16 operands (the weights;
  * the activations split into three bf16 parts), fp32 accumulation in a canonical order of its own. variant

@@ -600,7 +600,6 @@ void cu_set_matvec_rows(int n) { g_mv_rows = n == 1 || n == 2 || n == 4 || n == 
 void cu_set_tile(int n) { g_tile = n == 1 || n == 2 || n == 4 || n == 8 ? n : 0; }
 int cu_get_variant(int T) { return T == 1 ? g_mv_rows : g_tile; }
 void cu_set_split(int on) { g_split = on != 0; }
-int cu_get_split(void) { return g_split; }
 void cu_set_mma(unsigned mask) { g_mma = (int)(mask & ((1u << DF_W_MXFP4) | (1u << DF_W_BF16))); }
 unsigned cu_get_mma(void) { return (unsigned)g_mma; }
 
