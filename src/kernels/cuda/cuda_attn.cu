@@ -935,16 +935,16 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         cu_rt_mark("block: residual, norm, router");
     }
     CKA(cudaMemcpyAsync(hb + h_ret, bk || o ? db + o_ret : (char *)dov, ret_bytes, cudaMemcpyDeviceToHost, st));
-    /* the next FFN's shared expert on h2, queued behind the copy-out: the device runs it while the host routes */
+    /* the next FFN's shared expert on h2, queued behind the copy-out: the device runs it while the host routes (the
+     * key's earlier one was dropped when this call began) */
     int started = 0;
     cudaEvent_t ev = NULL;
-    if (bk && bk->b->resid_key) {
+    if (bk && resid) {
         const df_mla_block *b = bk->b;
-        if (b->sh_gate && b->sh_up && b->sh_down && T == 1 && resid && b->sh_gate->cols == D && b->sh_down->rows == D &&
+        if (b->sh_gate && b->sh_up && b->sh_down && T == 1 && b->sh_gate->cols == D && b->sh_down->rows == D &&
             (started = cu_rt_shared_start(b->resid_key, b->sh_gate, b->sh_up, b->sh_down, b->sh_act, b->sh_beta,
                                           b->sh_lb, (const float *)(db + o_ret + r_h), &ev)) < 0)
             return -1;
-        if (!started) cu_rt_shared_drop(b->resid_key);
     }
     CKA(started ? cu_rt_sync_event("attn: copy out", ev) : cu_rt_sync("attn: copy out"));
     if (!bk) {
