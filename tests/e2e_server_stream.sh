@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # e2e_server_stream.sh — `deltafin serve` on a streamed install (`deltafin setup --stream`: routed experts fetched
 # from the mirror on first use) when the mirror goes away and comes back:
-#   - mirror stopped: a request that needs experts not yet local fails with HTTP 500 naming the mirror; /health is
-#     503 "model_io_error" and deltafin_model_healthy 0;
+#   - mirror stopped: a request that needs experts not yet local fails with HTTP 500 naming the mirror and saying to
+#     retry once it answers (not setup's "resumes" advice); /health is 503 "model_io_error" and deltafin_model_healthy 0;
 #   - mirror started again: the very next request succeeds (a failed fetch is tried again at the next need: no
 #     failure kept per expert), /health is 200 "ok" and deltafin_model_healthy 1 again (an I/O error is transient;
 #     corrupt data stays sticky: e2e_server_robust.sh), and the following requests succeed too.
@@ -67,6 +67,11 @@ mirror_down
 code=$(chat "$TMP/r0.json")
 [ "$code" = 500 ] && grep -q "streaming expert [0-9]* of layer [0-9]* from $M: cannot reach the mirror" "$TMP/r0.json" \
     && ok "mirror stopped: 500 naming the mirror" || bad "mirror stopped: HTTP $code $(head -c 400 "$TMP/r0.json")"
+# what to do, for a server: retry once the mirror answers (the expert is fetched again); not setup's advice (nothing for
+# setup to resume; the mirror is the install's, not --mirror / HF_ENDPOINT), and the message is whole (not cut short)
+grep -q "cannot reach the mirror $M ([^)]*): no network, or the mirror is down? check the connection; the expert is fetched again the next time it is needed: retry once the mirror answers (I/O error)\"" "$TMP/r0.json" \
+    && ! grep -q "setup\|HF_ENDPOINT\|--mirror" "$TMP/r0.json" \
+    && ok "mirror stopped: the message says to retry once the mirror answers, nothing about setup" || bad "mirror stopped, advice: $(cat "$TMP/r0.json")"
 code=$(health)
 [ "$code" = 503 ] && grep -q '"code":"model_io_error"' "$TMP/health.json" && [ "$(healthy_metric)" = 0 ] \
     && ok "mirror stopped: /health 503 model_io_error, deltafin_model_healthy 0" || bad "/health while the mirror is down: HTTP $code $(head -c 300 "$TMP/health.json")"

@@ -26,6 +26,11 @@ typedef struct {
     char token[1024];   /* "" = none */
     int retries;        /* extra tries of a failed request (network error, 5xx) */
     int verbose;
+    /* "" for setup's downloads; for the expert fetches of a streamed install (stream.h: run, serve, bench, warm), its
+     * native directory: the error messages then say what to do in that case (retry once the mirror answers: a failed
+     * fetch is tried again at the next need; nothing is left for setup to resume, and the mirror is the one the install
+     * recorded, not --mirror / HF_ENDPOINT) */
+    char streamed[1024];
 } hub_ctx;
 
 typedef struct {

@@ -44,8 +44,38 @@ void hub_file_url(const hub_ctx *h, const char *file, char *out, size_t cap) {
     snprintf(out, cap, "%s/%s/resolve/%s/%s", h->mirror, h->repo, h->rev, file);
 }
 
+/* hub_http_error for the expert fetches of a streamed install (h->streamed): run / serve / bench / warm asked for an
+ * expert the install does not hold yet. Nothing was left half-done for setup to resume, and the mirror is the one the
+ * install recorded (stream.json), not --mirror / HF_ENDPOINT: the expert is fetched again the next time a token needs
+ * it, so the user retries (the request, or the command) once the mirror answers. Short: the store keeps 512 bytes of
+ * a fetch's message, after "streaming expert E of layer L from MIRROR: ". 1 for the statuses setup's messages fit. */
+static int streamed_http_error(const hub_ctx *h, long status, int cc, const char *cmsg, const char *url, const char *what,
+                               char *err, size_t errlen) {
+    static const char again[] = "the expert is fetched again the next time it is needed: retry once the mirror answers";
+    if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST || cc == CURLE_COULDNT_RESOLVE_PROXY)
+        return df_set_errc(err, errlen, DF_EIO, "cannot reach the mirror %s (%s): no network, or the mirror is down? check the "
+                           "connection; %s", h->mirror, cmsg && *cmsg ? cmsg : curl_easy_strerror((CURLcode)cc), again);
+    if (cc == CURLE_WRITE_ERROR && cmsg && *cmsg)
+        return df_set_errc(err, errlen, DF_EIO, "%s", cmsg);
+    if (cc)
+        return df_set_errc(err, errlen, DF_EIO, "fetching from %s failed after %d tries: %s; %s", what, h->retries + 1,
+                           cmsg && *cmsg ? cmsg : curl_easy_strerror((CURLcode)cc), again);
+    if (status == 404)
+        return df_set_errc(err, errlen, DF_EINVAL, "%s: 404 Not Found: %s is no longer in %s at revision %s on this mirror: "
+                           "the experts this streamed install does not hold cannot be fetched until it is back", url, what,
+                           h->repo, h->rev);
+    if (status >= 500)
+        return df_set_errc(err, errlen, DF_EIO, "%s: the mirror answered HTTP %ld after %d tries; %s", url, status, h->retries + 1,
+                           again);
+    return 1;
+}
+
 int hub_http_error(const hub_ctx *h, long status, int cc, const char *cmsg, const char *url, const char *what, char *err,
                    size_t errlen) {
+    if (h->streamed[0]) {
+        int rc = streamed_http_error(h, status, cc, cmsg, url, what, err, errlen);
+        if (rc <= 0) return rc;
+    }
     if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST || cc == CURLE_COULDNT_RESOLVE_PROXY)
         return df_set_errc(err, errlen, DF_EIO, "cannot reach the mirror %s (%s, for %s): no network, or the wrong mirror? "
                            "check the connection, --mirror or HF_ENDPOINT; `deltafin setup` resumes where it stopped", h->mirror,
@@ -485,6 +515,11 @@ int hub_get_range(const hub_ctx *h, const char *file, uint64_t off, uint64_t len
     else if (hd.redirects <= 1) etag_bare(hd.etag, tag, sizeof tag);
     if (sha256 && sha256[0] && is_hex(tag, 64) && strcmp(tag, sha256)) {
         free(b.buf);
+        if (h->streamed[0]) /* setup --stream again over it would only check what it holds: a new install is needed */
+            return df_set_errc(err, errlen, DF_EFORMAT, "%s changed on the mirror (sha256 %.12s..., the install's %.12s...): this "
+                               "streamed install cannot fetch its missing experts from it; install it again elsewhere: "
+                               "`deltafin setup %s --stream --dir NEW_DIR` (--revision COMMIT pins a version)", url, tag, sha256,
+                               h->repo);
         return df_set_errc(err, errlen, DF_EFORMAT, "%s changed on the mirror: its sha256 is now %s, the install was made from %s; "
                            "run `deltafin setup %s` again", url, tag, sha256, h->repo);
     }

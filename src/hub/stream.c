@@ -480,6 +480,7 @@ int stream_open(stream_src **out, const char *model_dir, int threads, char *err,
         goto fail;
     }
     if ((rc = hub_init(&s->h, mir->valuestring, repo->valuestring, rev->valuestring, err, errlen))) goto fail;
+    snprintf(s->h.streamed, sizeof s->h.streamed, "%s", model_dir); /* the fetch errors say what to do with a streamed install */
     if ((rc = native_open(&s->nat, model_dir, err, errlen))) goto fail;
     if ((rc = st_open_dir(&s->st, ck->valuestring, err, errlen))) goto fail;
     snprintf(p, sizeof p, "%s/config.json", ck->valuestring);
