@@ -3,6 +3,8 @@
 # in the hub's URL layout, tests/hub/mirror.py) and a fault proxy in front of it:
 #   - run / serve without --model use the embedded kimi-mini before setup and the installed model after;
 #   - a full install equals a local `deltafin convert` (bytes of every native file, greedy ids); `list`;
+#   - a damaged full install (a pack gone, a corrupt spine.bin, tokenizer.json gone): list says DAMAGED naming the file
+#     and the setup command that repairs it;
 #   - setup run again over a damaged full install verifies it and repairs it: a pack gone, a corrupt spine.bin (downloaded
 #     and converted again), a corrupt expert of a --keep-download install (from the kept shards, nothing fetched), a
 #     tokenizer.json gone (copied again); an intact one is verified and "already installed"; setup --stream over a
@@ -120,6 +122,8 @@ out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" --revision main 2>&1); rc=$?
 # ---- setup over a damaged full install re-verifies it and repairs it (as a pull would), never "already installed"
 # a pack gone: run fails; setup (as first run) names the pack, downloads the checkpoint again, converts, says "repaired"
 rm "$TMP/inst/native/experts-L003.pack"
+INSTR=$(realpath "$TMP/inst")
+FIX="deltafin setup test/kimi-mini --dir $INSTR" # the repair command each message names (HF_ENDPOINT is the install's mirror)
 out=$("$BIN" run --prompt-ids $IDS --max-new 2 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "the default model is an install of .deltafin setup.: run that .deltafin setup. again to verify and repair it" \
     && ok "run with a pack gone: exit 1, points at setup for the repair" || bad "run with a pack gone: rc $rc $out"
@@ -143,11 +147,19 @@ import sys
 with open(sys.argv[1], "r+b") as f:
     f.seek(1000); c = f.read(1); f.seek(1000); f.write(bytes([c[0] ^ 4]))
 PY
+# list checks spine.bin's checksum (a small spine): DAMAGED, the file and the repair named
+out=$("$BIN" list 2>&1)
+echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "test/kimi-mini: checksum mismatch: $INSTR/native/spine.bin .*the spine is corrupt (.deltafin doctor --model $INSTR/native. checks every file; .$FIX. repairs the install)$" \
+    && ok "list: a corrupt spine.bin is DAMAGED, with its checksum and the repair command" || bad "list with a corrupt spine.bin: $out"
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "^setup: damaged: checksum mismatch: .*spine.bin" && echo "$out" | grep -q "repaired (full, .*: rebuilt spine.bin by" \
     && cmp -s "$TMP/local/spine.bin" "$TMP/inst/native/spine.bin" && ok "setup --full over a corrupt spine.bin: repaired" || bad "repair spine: rc $rc $out"
-# a side file gone (tokenizer.json): copied again from the checkpoint's copy, nothing downloaded or converted
+# a side file gone (tokenizer.json): list says DAMAGED (against the checkpoint's copy); setup copies
+# it again from the checkpoint's copy, nothing downloaded or converted
 rm "$TMP/inst/native/tokenizer.json"
+out=$("$BIN" list 2>&1)
+echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "test/kimi-mini: $INSTR/native/tokenizer.json is missing; the checkpoint's copy is $INSTR/kimi-mini/tokenizer.json (.*; .$FIX. repairs the install)$" \
+    && ok "list: a full install missing tokenizer.json is DAMAGED, the file and the repair named" || bad "list with tokenizer.json gone: $out"
 BEFORE=$(shards_bytes "$P1")
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && [ "$(shards_bytes "$P1")" = "$BEFORE" ] && cmp -s "$TMP/local/tokenizer.json" "$TMP/inst/native/tokenizer.json" \
@@ -156,6 +168,9 @@ out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "already installed in .* (verified: every checksum matches); it is the default model" \
     && ok "setup over the repaired install: verified, already installed" || bad "setup after repairs: rc $rc $out"
+out=$("$BIN" list 2>&1)
+echo "$out" | grep -q "^\* test/kimi-mini  *full " && ! echo "$out" | grep -q "DAMAGED" \
+    && ok "after the repairs: list says full" || bad "after the repairs: list $out"
 
 # ---- suggested commands quote their paths: an install whose directory has a space and a single quote (a copy of
 # the full install, recorded in a registry of its own); each command a message suggests, pasted into a shell, gets

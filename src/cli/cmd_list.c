@@ -2,9 +2,9 @@
  * (src/hub/registry.h) with their size on disk and completeness, and the embedded model. */
 #define _XOPEN_SOURCE 700
 #include "cli.h"
+#include "hub/install.h"
 #include "hub/registry.h"
 #include "hub/stream.h"
-#include "model/native.h"
 #include "util/util.h"
 
 #include <ftw.h>
@@ -33,10 +33,13 @@ int cmd_list(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: deltafin list [--registry FILE]\n"
-                   "  the models `deltafin setup` installed: repo, mode, size on disk, completeness (full, or streamed\n"
-                   "  with the share of routed experts present locally; DAMAGED, with the reason, when a full install's\n"
-                   "  files no longer match its manifest), directory; `*` marks the default model that run / serve /\n"
-                   "  tokenize / bench decode, prefill, batch / doctor use without --model. Then the embedded model.\n"
+                   "  the models `deltafin setup` installed: repo, mode, size on disk, completeness, directory. Completeness:\n"
+                   "  full; streamed x%% (the share of routed experts present locally); or DAMAGED, with the reason and the\n"
+                   "  `deltafin setup` command that repairs it, when a full install fails a quick check: spine.bin or an\n"
+                   "  expert pack missing or of another size, spine.bin's checksum (when at most 256 MiB), a tokenizer or\n"
+                   "  other file convert copied missing or not the checkpoint's copy (`deltafin doctor` checks every checksum).\n"
+                   "  `*` marks the default model that run / serve / tokenize / bench decode, prefill, batch / doctor use\n"
+                   "  without --model. Then the embedded model.\n"
                    "  --registry FILE  the registry (default $DELTAFIN_REGISTRY, else $XDG_DATA_HOME/deltafin/models.json,\n"
                    "                   else ~/.local/share/deltafin/models.json)\n");
             return 0;
@@ -66,14 +69,15 @@ int cmd_list(int argc, char **argv) {
             else snprintf(state, sizeof state, "streamed");
         }
         else snprintf(state, sizeof state, "full");
-        /* a full install whose files no longer match its manifest (a pack missing or cut short): not complete */
+        /* a full install whose files no longer match its manifest (spine.bin or a pack missing or cut short, a corrupt
+         * spine.bin) or whose side files are not the checkpoint's (tokenizer.json gone): not complete. The quick check
+         * (src/hub/install.h): every size, the side files, spine.bin's checksum when small; the experts' contents are
+         * doctor's (and setup's) */
         char why[1400] = "";
         if (!strcmp(state, "full")) {
-            df_native *nat = NULL;
-            const int bad = native_open(&nat, e->model, why, sizeof why) != 0;
-            if (!bad && nat->pack_error[0]) snprintf(why, sizeof why, "%s", nat->pack_error);
-            if (bad || why[0]) snprintf(state, sizeof state, "DAMAGED");
-            native_close(nat);
+            char ck[4200];
+            install_checkpoint_dir(e->dir, e->repo, ck, sizeof ck);
+            if (install_quick_check(e->model, ck, why, sizeof why)) snprintf(state, sizeof state, "DAMAGED");
         }
         printf("%c %-40s %-16s %9.2f GB  %s@%s  %s\n", !strcmp(e->repo, dflt) ? '*' : ' ', e->repo, state,
                disk_usage(e->dir) / 1e9, e->mirror, e->revision, e->model);
@@ -81,17 +85,10 @@ int cmd_list(int argc, char **argv) {
             /* the suggested commands are pasted into a shell: each word quoted; setup run again repairs the install
              * (from the mirror and revision it came from, into its directory, recorded in this registry, the default
              * model staying the default) */
-            char qmodel[8300], qrepo[1100], qdir[8300], qmirror[8300], qrev[600], qreg[16400];
-            const char *env = getenv("HF_ENDPOINT"), *dmirror = env && *env ? env : "https://huggingface.co";
-            const int other_mirror = e->mirror[0] && strcmp(e->mirror, dmirror);
-            const int other_rev = e->revision[0] && strcmp(e->revision, "main");
-            printf("    %s: %s (`deltafin doctor --model %s` checks every file; `deltafin setup %s --dir %s%s%s%s%s%s%s%s` "
-                   "repairs the install)\n",
-                   e->repo, why, df_shell_quote(e->model, qmodel, sizeof qmodel), df_shell_quote(e->repo, qrepo, sizeof qrepo),
-                   df_shell_quote(e->dir, qdir, sizeof qdir), other_mirror ? " --mirror " : "",
-                   other_mirror ? df_shell_quote(e->mirror, qmirror, sizeof qmirror) : "", other_rev ? " --revision " : "",
-                   other_rev ? df_shell_quote(e->revision, qrev, sizeof qrev) : "", reg_flag ? " --registry " : "",
-                   reg_flag ? df_shell_quote(reg, qreg, sizeof qreg) : "", strcmp(e->repo, dflt) ? " --no-default" : "");
+            char qmodel[8300], fix[40000];
+            registry_repair_command(e, reg_flag ? reg : NULL, strcmp(e->repo, dflt) != 0, fix, sizeof fix);
+            printf("    %s: %s (`deltafin doctor --model %s` checks every file; `%s` repairs the install)\n", e->repo, why,
+                   df_shell_quote(e->model, qmodel, sizeof qmodel), fix);
         }
     }
     free(es);

@@ -5,6 +5,7 @@
 #include "cli.h"
 #include "deltafin.h"
 #include "hub/hub.h"
+#include "hub/install.h"
 #include "hub/registry.h"
 #include "hub/stream.h"
 #include "model/native.h"
@@ -158,10 +159,6 @@ static void note_replaced_dir(const char *reg, const reg_entry *e) {
 
 /* ---- re-verifying an existing full install (setup run again over it) ---- */
 
-/* the files convert copies beside the native files when the checkpoint has them (src/model/convert.c) */
-static const char *const side_files[] = {"tokenizer.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja",
-                                        "special_tokens_map.json", "generation_config.json", "README.md"};
-
 typedef struct {
     int n;              /* problems found */
     char what[1200];    /* the first ones, named for the closing line */
@@ -188,16 +185,6 @@ static void on_problem(void *user, const df_verify_problem *p) {
     else damage_add(d, "%s (layer %ld expert %ld)", base, p->layer, p->expert);
 }
 
-/* 1 when files a and b both exist with the same bytes (small files: read whole) */
-static int same_file(const char *a, const char *b) {
-    char *x = NULL, *y = NULL;
-    size_t nx = 0, ny = 0;
-    int same = !df_read_file(a, &x, &nx, NULL, 0) && !df_read_file(b, &y, &ny, NULL, 0) && nx == ny && !memcmp(x, y, nx);
-    free(x);
-    free(y);
-    return same;
-}
-
 /* The directories a full install's expert packs are in, as --expert-dirs would name them ("" when they are in
  * nat_dir itself, the default): from the manifest, so that a repair writes them where they were. */
 static void install_expert_dirs(const char *nat_dir, char *out, size_t cap) {
@@ -222,6 +209,25 @@ static void install_expert_dirs(const char *nat_dir, char *out, size_t cap) {
     native_close(nat);
 }
 
+/* a side file missing or changed (install_check_side_files): copied again from the checkpoint's copy at once */
+typedef struct { damage *d; int n_fixed; char *fixed; size_t fcap; } side_repair;
+
+static void on_side_problem(void *user, const install_side_problem *p) {
+    side_repair *r = user;
+    char err[1024];
+    if (df_copy_file_atomic(p->checkpoint, p->installed, err, sizeof err)) {
+        fprintf(stderr, "setup: damaged: %s %s and cannot be copied again from %s: %s\n", p->installed,
+                p->missing ? "is missing" : "differs from the checkpoint's", p->checkpoint, err);
+        damage_add(r->d, "%s", p->name, 0, 0);
+        return;
+    }
+    fprintf(stderr, "setup: damaged: %s %s: copied again from %s\n", p->installed, p->missing ? "was missing" : "differed from the checkpoint's",
+            p->checkpoint);
+    size_t L = strlen(r->fixed);
+    snprintf(r->fixed + L, r->fcap - L, "%s%s", L ? ", " : "", p->name);
+    r->n_fixed++;
+}
+
 /* Re-verify the full install nat_dir (converted from the checkpoint directory dl_dir): every checksum of
  * spine.bin and the routed experts (df_model_verify_all), and the side files (tokenizer, ...) against the
  * copies setup keeps in dl_dir. A side file missing or changed is copied again from dl_dir at once (*side_fixed
@@ -229,25 +235,10 @@ static void install_expert_dirs(const char *nat_dir, char *out, size_t cap) {
  * 0 when the install is intact, DF_ECANCELLED on Ctrl-C. */
 static int verify_full_install(const char *nat_dir, const char *dl_dir, int quiet, damage *d, int *side_fixed, char *fixed,
                                size_t fcap) {
-    *side_fixed = 0;
     fixed[0] = 0;
-    for (size_t i = 0; i < sizeof side_files / sizeof side_files[0]; i++) {
-        char src[4200], dst[4200], err[1024];
-        snprintf(src, sizeof src, "%s/%s", dl_dir, side_files[i]);
-        snprintf(dst, sizeof dst, "%s/%s", nat_dir, side_files[i]);
-        if (!df_path_exists(src) || same_file(src, dst)) continue;
-        const int missing = !df_path_exists(dst);
-        if (df_copy_file_atomic(src, dst, err, sizeof err)) {
-            fprintf(stderr, "setup: damaged: %s %s and cannot be copied again from %s: %s\n", dst, missing ? "is missing" : "differs from the checkpoint's",
-                    src, err);
-            damage_add(d, "%s", side_files[i], 0, 0);
-            continue;
-        }
-        fprintf(stderr, "setup: damaged: %s %s: copied again from %s\n", dst, missing ? "was missing" : "differed from the checkpoint's", src);
-        size_t L = strlen(fixed);
-        snprintf(fixed + L, fcap - L, "%s%s", L ? ", " : "", side_files[i]);
-        (*side_fixed)++;
-    }
+    side_repair sr = {d, 0, fixed, fcap};
+    install_check_side_files(nat_dir, dl_dir, on_side_problem, &sr);
+    *side_fixed = sr.n_fixed;
     df_model_opts o;
     df_model_opts_default(&o);
     conv_prog vp = {"verify", df_now(), 0, 0, quiet, 0};
@@ -431,7 +422,7 @@ int cmd_setup(int argc, char **argv) {
     else if (default_dir(h.repo, dir, sizeof dir)) { fprintf(stderr, "deltafin setup: no install directory: pass --dir DIR (HOME is not set)\n"); return 2; }
     if (registry_path(reg_flag, reg, sizeof reg, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 2; }
     /* the checkpoint directory is named after the repo: convert names the model after it */
-    snprintf(dl_dir, sizeof dl_dir, "%s/%s", dir, strchr(h.repo, '/') + 1);
+    install_checkpoint_dir(dir, h.repo, dl_dir, sizeof dl_dir);
     snprintf(nat_dir, sizeof nat_dir, "%s/native", dir);
     char hts[16] = "auto";
     if (dl.hash_threads > 0) snprintf(hts, sizeof hts, "%d", dl.hash_threads);

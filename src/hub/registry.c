@@ -128,3 +128,15 @@ int registry_default(const char *path, reg_entry *out, char *err, size_t errlen)
     free(es);
     return found;
 }
+
+void registry_repair_command(const reg_entry *e, const char *registry, int not_default, char *out, size_t cap) {
+    char qrepo[1100], qdir[8300], qmirror[2100], qrev[600], qreg[16400];
+    const char *env = getenv("HF_ENDPOINT"), *dmirror = env && *env ? env : "https://huggingface.co";
+    const int other_mirror = e->mirror[0] && strcmp(e->mirror, dmirror);
+    const int other_rev = e->revision[0] && strcmp(e->revision, "main");
+    snprintf(out, cap, "deltafin setup %s%s --dir %s%s%s%s%s%s%s%s", df_shell_quote(e->repo, qrepo, sizeof qrepo),
+             !strcmp(e->mode, "stream") ? " --stream" : "", df_shell_quote(e->dir, qdir, sizeof qdir), other_mirror ? " --mirror " : "",
+             other_mirror ? df_shell_quote(e->mirror, qmirror, sizeof qmirror) : "", other_rev ? " --revision " : "",
+             other_rev ? df_shell_quote(e->revision, qrev, sizeof qrev) : "", registry ? " --registry " : "",
+             registry ? df_shell_quote(registry, qreg, sizeof qreg) : "", not_default ? " --no-default" : "");
+}

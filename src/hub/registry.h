@@ -44,4 +44,13 @@ int registry_record(const char *path, const reg_entry *e, int make_default, char
  * rather than using another model), 0 when there is none, <0 DF_E* when the registry cannot be read. */
 int registry_default(const char *path, reg_entry *out, char *err, size_t errlen);
 
+/* The command that verifies and repairs e's install (`deltafin setup` run again over it: from the mirror and revision it
+ * came from, into its directory), every word shell-quoted, ready to paste: "deltafin setup REPO --dir DIR" ("REPO
+ * --stream --dir DIR" for a streamed install: setup --stream checks its fetched experts and fetches a corrupt one again), then
+ * --mirror URL when e's mirror is not the one setup would use by default ($HF_ENDPOINT, else https://huggingface.co),
+ * --revision R when it is not main, --registry FILE when `registry` is non-NULL (a registry the user named; NULL: the
+ * default location, which setup finds by itself) and --no-default when not_default (a repair keeps another model the
+ * default). */
+void registry_repair_command(const reg_entry *e, const char *registry, int not_default, char *out, size_t cap);
+
 #endif
