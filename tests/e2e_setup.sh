@@ -4,7 +4,8 @@
 #   - run / serve without --model use the embedded kimi-mini before setup and the installed model after;
 #   - a full install equals a local `deltafin convert` (bytes of every native file, greedy ids); `list`;
 #   - a damaged full install (a pack gone, a corrupt spine.bin, tokenizer.json gone): list says DAMAGED naming the file
-#     and the setup command that repairs it;
+#     and the setup command that repairs it; run / serve / bench decode, prefill, batch without --model name that
+#     command;
 #   - setup run again over a damaged full install verifies it and repairs it: a pack gone, a corrupt spine.bin (downloaded
 #     and converted again), a corrupt expert of a --keep-download install (from the kept shards, nothing fetched), a
 #     tokenizer.json gone (copied again); an intact one is verified and "already installed"; setup --stream over a
@@ -125,8 +126,18 @@ rm "$TMP/inst/native/experts-L003.pack"
 INSTR=$(realpath "$TMP/inst")
 FIX="deltafin setup test/kimi-mini --dir $INSTR" # the repair command each message names (HF_ENDPOINT is the install's mirror)
 out=$("$BIN" run --prompt-ids $IDS --max-new 2 2>&1 >/dev/null); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "the default model is an install of .deltafin setup.: run that .deltafin setup. again to verify and repair it" \
-    && ok "run with a pack gone: exit 1, points at setup for the repair" || bad "run with a pack gone: rc $rc $out"
+[ $rc -eq 1 ] && echo "$out" | grep -q "the default model test/kimi-mini is an install of .deltafin setup. (in $INSTR): .$FIX. verifies and repairs it" \
+    && ok "run with a pack gone: exit 1, names the setup command that repairs it" || bad "run with a pack gone: rc $rc $out"
+# serve and bench without --model name the same command (one shared message)
+rm -f "$TMP/port"
+out=$(timeout 60 "$BIN" serve --port 0 --port-file "$TMP/port" 2>&1); rc=$?
+[ $rc -eq 1 ] && [ ! -s "$TMP/port" ] && echo "$out" | grep -q "^deltafin serve: the default model test/kimi-mini (installed by .deltafin setup. in $INSTR) is DAMAGED: expert pack .*experts-L003.pack (layer 3): No such file.*; .$FIX. verifies and repairs it" \
+    && ok "serve with a pack gone: exit 1, names the pack and the setup command that repairs it" || bad "serve with a pack gone: rc $rc $out"
+for b in decode prefill batch; do
+    out=$("$BIN" bench $b --tokens 2 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin bench $b: the default model test/kimi-mini (installed by .deltafin setup. in $INSTR) is DAMAGED: expert pack .*experts-L003.pack .*; .$FIX. verifies and repairs it" \
+        && ok "bench $b with a pack gone: exit 1, names the setup command that repairs it" || bad "bench $b with a pack gone: rc $rc $out"
+done
 BEFORE=$(shards_bytes "$P1")
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 GOT=$(( $(shards_bytes "$P1") - BEFORE ))
@@ -147,10 +158,21 @@ import sys
 with open(sys.argv[1], "r+b") as f:
     f.seek(1000); c = f.read(1); f.seek(1000); f.write(bytes([c[0] ^ 4]))
 PY
-# list checks spine.bin's checksum (a small spine): DAMAGED, the file and the repair named
+# list checks spine.bin's checksum (a small spine): DAMAGED, the file and the repair named; run / serve / bench
+# without --model name the same repair command
 out=$("$BIN" list 2>&1)
 echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "test/kimi-mini: checksum mismatch: $INSTR/native/spine.bin .*the spine is corrupt (.deltafin doctor --model $INSTR/native. checks every file; .$FIX. repairs the install)$" \
     && ok "list: a corrupt spine.bin is DAMAGED, with its checksum and the repair command" || bad "list with a corrupt spine.bin: $out"
+out=$("$BIN" run --prompt-ids $IDS --max-new 2 2>&1 >/dev/null); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "spine.bin: checksum mismatch" && echo "$out" | grep -q ": .$FIX. verifies and repairs it" \
+    && ok "run with a corrupt spine.bin: names the setup command that repairs it" || bad "run with a corrupt spine.bin: rc $rc $out"
+out=$(timeout 60 "$BIN" serve --port 0 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "cannot open model .*spine.bin: checksum mismatch" \
+    && echo "$out" | grep -q "^deltafin serve: the default model test/kimi-mini .* is DAMAGED: checksum mismatch: .*spine.bin.*; .$FIX. verifies and repairs it" \
+    && ok "serve with a corrupt spine.bin: exit 1, names the setup command that repairs it" || bad "serve with a corrupt spine.bin: rc $rc $out"
+out=$("$BIN" bench decode --tokens 2 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin bench decode: the default model test/kimi-mini .* is DAMAGED: checksum mismatch: .*spine.bin.*; .$FIX. verifies and repairs it" \
+    && ok "bench decode with a corrupt spine.bin: names the setup command that repairs it" || bad "bench decode with a corrupt spine.bin: rc $rc $out"
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "^setup: damaged: checksum mismatch: .*spine.bin" && echo "$out" | grep -q "repaired (full, .*: rebuilt spine.bin by" \
     && cmp -s "$TMP/local/spine.bin" "$TMP/inst/native/spine.bin" && ok "setup --full over a corrupt spine.bin: repaired" || bad "repair spine: rc $rc $out"

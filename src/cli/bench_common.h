@@ -16,8 +16,10 @@ int bench_check_native(const char *cmd, const char *model);
 /* --model DIR of the benchmarks that open a model (decode, prefill, batch, cache, store): a native model is used as it
  * is; a Hugging Face checkpoint (config.json) is converted once into the conversion cache under cache_dir (--cache-dir;
  * NULL = the default, $XDG_CACHE_HOME/deltafin), as `run` does, and *model points at the converted directory (conv,
- * cap bytes); how (if non-NULL) gets ", DIR converted into the conversion cache (CONVERTED_DIR)" appended. 0, else a
- * message naming `deltafin bench CMD` and the exit status (1). */
+ * cap bytes); how (if non-NULL) gets ", DIR converted into the conversion cache (CONVERTED_DIR)" appended. The installed
+ * default model (how from cli_default_model: "installed ...") is checked first as `deltafin list` checks it: damaged,
+ * the message names it and the setup command that repairs it (cli_default_model_repair). 0, else a message naming
+ * `deltafin bench CMD` and the exit status (1). */
 int bench_native_model(const char *cmd, const char **model, const char *cache_dir, char *conv, size_t cap, char *how,
                        size_t howcap);
 /* Evict a model's files from the page cache, for a cold measurement without touching other processes' cached

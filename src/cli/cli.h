@@ -66,6 +66,13 @@ int cli_check_model_dir(const char *cmd, const char *path);
 int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t howcap);
 /* The embedded models/kimi-mini only: 0 and out/how filled, -1 when not found. */
 int cli_embedded_model(char *out, size_t cap, char *how, size_t howcap);
+/* The model of a command run without --model (how: cli_default_model's) failed: to open (rc the DF_E* of df_model_open),
+ * or with its cause unknown (rc 0: serve's exit status). When it is the installed default and its files are damaged
+ * (rc DF_EIO or DF_EFORMAT; with rc 0 when the quick check of `deltafin list` (src/hub/install.h) finds damage, which it
+ * then names), prints on stderr "deltafin CMD: the default model REPO is an install of `deltafin setup` (in DIR):
+ * `deltafin setup REPO --dir DIR ...` verifies and repairs it" (the command shell-quoted, as `deltafin list` prints it).
+ * Returns 1 when it printed, else 0. Used by run, serve and bench alike. */
+int cli_default_model_repair(const char *cmd, const char *how, int rc);
 int cmd_setup(int argc, char **argv);
 int cmd_list(int argc, char **argv);
 int cmd_warm(int argc, char **argv);

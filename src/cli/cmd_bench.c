@@ -92,6 +92,9 @@ int bench_native_model(const char *cmd, const char **model, const char *cache_di
     char what[64], err[2048] = "";
     snprintf(what, sizeof what, "bench %s", cmd);
     if (cli_check_model_dir(what, *model)) return 1;
+    /* the installed default (no --model): checked as `deltafin list` does before it is measured; damaged, the setup
+     * command that repairs it is named (as run and serve name it) */
+    if (how && !strncmp(how, "installed ", 10) && cli_default_model_repair(what, how, 0)) return 1;
     if (cli_is_file(*model, "manifest.json")) return 0;
     if (!cli_is_file(*model, "config.json")) return bench_check_native(cmd, *model);
     df_model_opts co;
@@ -403,7 +406,7 @@ static int bench_decode(int argc, char **argv) {
     int rc = bench_check_native("decode", model);
     if (rc) return rc;
     rc = native_open(&nat, model, err, sizeof err);
-    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
+    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); cli_default_model_repair("bench decode", dflt_how, rc); return 1; }
     if (nat->n_moe_layers == 0) { fprintf(stderr, "deltafin bench decode: %s has no routed experts\n", model); native_close(nat); return 1; }
     uint64_t stride = nat->stride;
     int top_k = nat->cfg.num_experts_per_tok, n_moe = nat->n_moe_layers;
@@ -433,7 +436,11 @@ static int bench_decode(int argc, char **argv) {
     df_model *m = NULL;
     double t_open = now_s();
     rc = df_model_open(&m, model, &mo, err, sizeof err);
-    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); return 1; }
+    if (rc) {
+        fprintf(stderr, "deltafin bench decode: %s\n", err);
+        cli_default_model_repair("bench decode", dflt_how, rc); /* the installed default: the setup command that repairs it */
+        return 1;
+    }
     double open_s = now_s() - t_open;
     int n_vocab = df_model_n_vocab(m);
     for (int i = 0; i < n_ids; i++)

@@ -538,9 +538,7 @@ int cmd_run(int argc, char **argv) {
     if (rc) {
         progress_end();
         fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc));
-        if (!strncmp(dflt_how, "installed ", 10) && (rc == DF_EIO || rc == DF_EFORMAT))
-            fprintf(stderr, "deltafin run: the default model is an install of `deltafin setup`: run that `deltafin setup` "
-                            "again to verify and repair it (`deltafin list` shows the install, its directory and mirror)\n");
+        cli_default_model_repair("run", dflt_how, rc); /* the installed default: the setup command that repairs it */
         goto done;
     }
     if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",

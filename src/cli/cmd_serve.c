@@ -163,8 +163,9 @@ int cmd_serve(int argc, char **argv) {
         (void)tmp;
     }
     cli_draft_note_unused("serve", &dopt);
-    char dflt_dir[4096], dflt_how[4600];
-    if (!c.model_path && !c.mock) {
+    char dflt_dir[4096], dflt_how[4600] = "";
+    const int model_is_default = !c.model_path && !c.mock;
+    if (model_is_default) {
         if (cli_default_model("serve", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
         c.model_path = dflt_dir;
         fprintf(stderr, "deltafin serve: model (no --model): %s, %s\n", dflt_dir, dflt_how);
@@ -211,6 +212,9 @@ int cmd_serve(int argc, char **argv) {
         c.remote_source = stream_remote(remote);
     }
     int rc = srv_serve(&c);
+    /* the installed default that could not be served: when its files are damaged, the setup command that repairs it
+     * (as run; srv_serve said why it stopped) */
+    if (rc == 1 && !c.mock && model_is_default) cli_default_model_repair("serve", dflt_how, 0);
     if (remote) stream_print_stats(remote, stderr);
     stream_close(remote);
     if (rc == 128 + SIGINT || rc == 128 + SIGTERM) {

@@ -4,6 +4,8 @@
  * under the install prefix (PREFIX/share/deltafin/models) and in the source tree the
  * program was built from. */
 #include "cli.h"
+#include "deltafin.h"
+#include "hub/install.h"
 #include "hub/registry.h"
 #include "util/util.h"
 
@@ -50,6 +52,10 @@ int cli_embedded_model(char *out, size_t cap, char *how, size_t howcap) {
     return -1;
 }
 
+/* the registry's default entry cli_default_model chose (the process runs one command: one default model) */
+static reg_entry dflt_entry;
+static int have_dflt_entry;
+
 int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t howcap) {
     char reg[4096], err[512];
     reg_entry e;
@@ -59,16 +65,18 @@ int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t 
         if (rc == 1) {
             snprintf(out, cap, "%s", e.model);
             snprintf(how, howcap, "installed %s (%s) from registry %s", e.repo, e.mode, reg);
+            dflt_entry = e;
+            have_dflt_entry = 1;
             return 0;
         }
         if (rc == 2) {
-            char qrepo[1100], qdir[8300]; /* the suggested command is pasted into a shell: each word quoted */
+            char fix[40000]; /* the suggested command is pasted into a shell: each word quoted */
+            registry_repair_command(&e, NULL, 0, fix, sizeof fix);
             fprintf(stderr, "deltafin %s: the default model %s (installed by `deltafin setup`, registry %s) is missing: "
-                            "%s has no manifest.json%s. Restore or mount %s, install it again with `deltafin setup %s --dir %s`, "
+                            "%s has no manifest.json%s. Restore or mount %s, install it again with `%s`, "
                             "pass --model DIR, or make another installed model the default with `deltafin setup OTHER/REPO` "
                             "(`deltafin list` shows them)\n",
-                    cmd, e.repo, reg, e.model, df_path_exists(e.model) ? "" : " (no such directory)", e.dir,
-                    df_shell_quote(e.repo, qrepo, sizeof qrepo), df_shell_quote(e.dir, qdir, sizeof qdir));
+                    cmd, e.repo, reg, e.model, df_path_exists(e.model) ? "" : " (no such directory)", e.dir, fix);
             return 1;
         }
     }
@@ -78,5 +86,24 @@ int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t 
                     "its install prefix%s%s): pass --model DIR, install one with `deltafin setup REPO`, or copy the "
                     "repository's models/kimi-mini beside the executable\n",
             cmd, reg, DF_SOURCE_DIR[0] ? " and in the source tree " : "", DF_SOURCE_DIR);
+    return 1;
+}
+
+int cli_default_model_repair(const char *cmd, const char *how, int rc) {
+    if (!have_dflt_entry || !how || strncmp(how, "installed ", 10)) return 0;
+    const reg_entry *e = &dflt_entry;
+    char fix[40000], why[1400] = "", ck[4200];
+    if (rc == 0) { /* the cause is not known: the quick check of `deltafin list` decides */
+        if (!strcmp(e->mode, "stream") || cli_is_file(e->model, "stream.json")) return 0; /* setup --stream repairs fetched experts only */
+        install_checkpoint_dir(e->dir, e->repo, ck, sizeof ck);
+        if (!install_quick_check(e->model, ck, why, sizeof why)) return 0;
+    } else if (rc != DF_EIO && rc != DF_EFORMAT) return 0;
+    registry_repair_command(e, NULL, 0, fix, sizeof fix);
+    if (why[0])
+        fprintf(stderr, "deltafin %s: the default model %s (installed by `deltafin setup` in %s) is DAMAGED: %s; `%s` verifies and "
+                        "repairs it (`deltafin list` shows the install)\n", cmd, e->repo, e->dir, why, fix);
+    else
+        fprintf(stderr, "deltafin %s: the default model %s is an install of `deltafin setup` (in %s): `%s` verifies and repairs it "
+                        "(`deltafin list` shows the install)\n", cmd, e->repo, e->dir, fix);
     return 1;
 }
