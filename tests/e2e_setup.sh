@@ -4,8 +4,8 @@
 #   - run / serve without --model use the embedded kimi-mini before setup and the installed model after;
 #   - a full install equals a local `deltafin convert` (bytes of every native file, greedy ids); `list`;
 #   - a damaged full install (a pack gone, a corrupt spine.bin, tokenizer.json gone): list says DAMAGED naming the file
-#     and the setup command that repairs it; run / serve / bench decode, prefill, batch without --model name that
-#     command;
+#     and the setup command that repairs it; run / serve / bench decode, prefill, batch without --model and doctor name
+#     that command (doctor never says convert for a setup install);
 #   - setup run again over a damaged full install verifies it and repairs it: a pack gone, a corrupt spine.bin (downloaded
 #     and converted again), a corrupt expert of a --keep-download install (from the kept shards, nothing fetched), a
 #     tokenizer.json gone (copied again); an intact one is verified and "already installed"; setup --stream over a
@@ -128,7 +128,7 @@ FIX="deltafin setup test/kimi-mini --dir $INSTR" # the repair command each messa
 out=$("$BIN" run --prompt-ids $IDS --max-new 2 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "the default model test/kimi-mini is an install of .deltafin setup. (in $INSTR): .$FIX. verifies and repairs it" \
     && ok "run with a pack gone: exit 1, names the setup command that repairs it" || bad "run with a pack gone: rc $rc $out"
-# serve and bench without --model name the same command (one shared message)
+# serve and bench without --model name the same command (one shared message); list and doctor too
 rm -f "$TMP/port"
 out=$(timeout 60 "$BIN" serve --port 0 --port-file "$TMP/port" 2>&1); rc=$?
 [ $rc -eq 1 ] && [ ! -s "$TMP/port" ] && echo "$out" | grep -q "^deltafin serve: the default model test/kimi-mini (installed by .deltafin setup. in $INSTR) is DAMAGED: expert pack .*experts-L003.pack (layer 3): No such file.*; .$FIX. verifies and repairs it" \
@@ -138,6 +138,9 @@ for b in decode prefill batch; do
     [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin bench $b: the default model test/kimi-mini (installed by .deltafin setup. in $INSTR) is DAMAGED: expert pack .*experts-L003.pack .*; .$FIX. verifies and repairs it" \
         && ok "bench $b with a pack gone: exit 1, names the setup command that repairs it" || bad "bench $b with a pack gone: rc $rc $out"
 done
+out=$("$BIN" doctor 2>&1 >/dev/null); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "verification FAILED: .*(layer 3): the model files are damaged; repair the install with .$FIX.$" \
+    && ! echo "$out" | grep -q "deltafin convert" && ok "doctor on the setup install: names setup's repair, not convert" || bad "doctor with a pack gone: rc $rc $out"
 BEFORE=$(shards_bytes "$P1")
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 GOT=$(( $(shards_bytes "$P1") - BEFORE ))
@@ -158,7 +161,7 @@ import sys
 with open(sys.argv[1], "r+b") as f:
     f.seek(1000); c = f.read(1); f.seek(1000); f.write(bytes([c[0] ^ 4]))
 PY
-# list checks spine.bin's checksum (a small spine): DAMAGED, the file and the repair named; run / serve / bench
+# list checks spine.bin's checksum (a small spine): DAMAGED, the file and the repair named; run / serve / bench / doctor
 # without --model name the same repair command
 out=$("$BIN" list 2>&1)
 echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "test/kimi-mini: checksum mismatch: $INSTR/native/spine.bin .*the spine is corrupt (.deltafin doctor --model $INSTR/native. checks every file; .$FIX. repairs the install)$" \
@@ -173,15 +176,22 @@ out=$(timeout 60 "$BIN" serve --port 0 2>&1); rc=$?
 out=$("$BIN" bench decode --tokens 2 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin bench decode: the default model test/kimi-mini .* is DAMAGED: checksum mismatch: .*spine.bin.*; .$FIX. verifies and repairs it" \
     && ok "bench decode with a corrupt spine.bin: names the setup command that repairs it" || bad "bench decode with a corrupt spine.bin: rc $rc $out"
+out=$("$BIN" doctor --model "$TMP/inst/native" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "spine.bin: checksum mismatch .*the file is corrupt; repair the install with .$FIX.$" \
+    && echo "$out" | grep -q "verification FAILED: spine.bin CORRUPT, .*repair the install with .$FIX.$" && ! echo "$out" | grep -q "deltafin convert" \
+    && ok "doctor --model on a setup install with a corrupt spine.bin: setup's repair, never convert" || bad "doctor corrupt spine: rc $rc $out"
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "^setup: damaged: checksum mismatch: .*spine.bin" && echo "$out" | grep -q "repaired (full, .*: rebuilt spine.bin by" \
     && cmp -s "$TMP/local/spine.bin" "$TMP/inst/native/spine.bin" && ok "setup --full over a corrupt spine.bin: repaired" || bad "repair spine: rc $rc $out"
-# a side file gone (tokenizer.json): list says DAMAGED (against the checkpoint's copy); setup copies
+# a side file gone (tokenizer.json): list says DAMAGED (against the checkpoint's copy), doctor names it; setup copies
 # it again from the checkpoint's copy, nothing downloaded or converted
 rm "$TMP/inst/native/tokenizer.json"
 out=$("$BIN" list 2>&1)
 echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "test/kimi-mini: $INSTR/native/tokenizer.json is missing; the checkpoint's copy is $INSTR/kimi-mini/tokenizer.json (.*; .$FIX. repairs the install)$" \
     && ok "list: a full install missing tokenizer.json is DAMAGED, the file and the repair named" || bad "list with tokenizer.json gone: $out"
+out=$("$BIN" doctor 2>&1 >/dev/null); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: $INSTR/native/tokenizer.json is missing; the checkpoint's copy is .*: repair the install with .$FIX.$" \
+    && ok "doctor: the setup install's missing tokenizer.json named, with setup's repair (exit 1)" || bad "doctor with tokenizer.json gone: rc $rc $out"
 BEFORE=$(shards_bytes "$P1")
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && [ "$(shards_bytes "$P1")" = "$BEFORE" ] && cmp -s "$TMP/local/tokenizer.json" "$TMP/inst/native/tokenizer.json" \
@@ -190,9 +200,9 @@ out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "already installed in .* (verified: every checksum matches); it is the default model" \
     && ok "setup over the repaired install: verified, already installed" || bad "setup after repairs: rc $rc $out"
-out=$("$BIN" list 2>&1)
-echo "$out" | grep -q "^\* test/kimi-mini  *full " && ! echo "$out" | grep -q "DAMAGED" \
-    && ok "after the repairs: list says full" || bad "after the repairs: list $out"
+out=$("$BIN" list 2>&1); d=$("$BIN" doctor 2>&1); drc=$?
+echo "$out" | grep -q "^\* test/kimi-mini  *full " && ! echo "$out" | grep -q "DAMAGED" && [ $drc -eq 0 ] && echo "$d" | grep -q "^side files: as in the checkpoint $INSTR/kimi-mini$" \
+    && ok "after the repairs: list says full, doctor checks the side files (exit 0)" || bad "after the repairs: list $out; doctor rc $drc $d"
 
 # ---- suggested commands quote their paths: an install whose directory has a space and a single quote (a copy of
 # the full install, recorded in a registry of its own); each command a message suggests, pasted into a shell, gets
@@ -407,7 +417,8 @@ PY
 )
 out=$("$BIN" doctor --model "$TMP/stream/native" 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "streamed expert layer ${le% *} expert ${le#* } in .*experts-L00${le% *}.pack: XXH64" \
-    && ok "doctor names a corrupt fetched expert (layer ${le% *} expert ${le#* })" || bad "doctor corrupt stream: rc $rc $out"
+    && echo "$out" | grep -q "verification FAILED: 1 streamed experts corrupt; .deltafin setup test/kimi-mini --stream --dir $(realpath "$TMP/stream"). fetches them again$" \
+    && ok "doctor names a corrupt fetched expert (layer ${le% *} expert ${le#* }) and the setup --stream that fetches it again" || bad "doctor corrupt stream: rc $rc $out"
 out=$("$BIN" run --model "$TMP/stream/native" --prompt-ids $IDS --max-new 8 --print-ids 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "checksum mismatch in layer ${le% *} expert ${le#* }" && ok "run refuses the corrupt fetched expert (XXH64 recorded at fetch)" \
     || bad "run on corrupt stream: rc $rc $out"

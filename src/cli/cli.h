@@ -73,6 +73,13 @@ int cli_embedded_model(char *out, size_t cap, char *how, size_t howcap);
  * `deltafin setup REPO --dir DIR ...` verifies and repairs it" (the command shell-quoted, as `deltafin list` prints it).
  * Returns 1 when it printed, else 0. Used by run, serve and bench alike. */
 int cli_default_model_repair(const char *cmd, const char *how, int rc);
+/* When model_dir is an install of `deltafin setup` (the registry's entry whose native directory it is, by real path):
+ * 1, the command that verifies and repairs it in fix (as cli_default_model_repair names it; --no-default when it is
+ * not the default model) and the checkpoint directory of its side files in ck (may be NULL); else 0. */
+int cli_setup_install(const char *model_dir, char *fix, size_t cap, char *ck, size_t ckcap);
+/* A message about the files of a setup install: its "re-run `deltafin convert`" or "convert again" (the advice of the
+ * engine's messages, for a model the user converted) becomes "repair the install with `FIX`". */
+void cli_setup_install_rewrite(char *msg, size_t cap, const char *fix);
 int cmd_setup(int argc, char **argv);
 int cmd_list(int argc, char **argv);
 int cmd_warm(int argc, char **argv);

@@ -4,10 +4,13 @@
  * checksum verification of the model's native files (df_model_verify_all: every
  * corrupt expert is named with its layer, file and offset, and the spine's state
  * is printed, also when a corrupt spine.bin stops the model from opening) and a
- * check that its tokenizer (when it has one) opens.
+ * check that its tokenizer (when it has one) opens. For an install of `deltafin setup` (the registry names it), the
+ * side files are checked against the checkpoint's copies (src/hub/install.h) and the messages name setup's repair
+ * command instead of the engine's "re-run `deltafin convert`".
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "hub/install.h"
 #include "hub/stream.h"
 #include "deltafin.h"
 
@@ -40,16 +43,35 @@ static void line_end(void) {
     line_open = 0;
 }
 
+/* A model `deltafin setup` installed: the command that repairs it, said instead of the engine's advice to convert
+ * again (cli_setup_install_rewrite); "" for a model the user converted. */
+static char setup_fix[40000];
+
+static void advice(char *msg, size_t cap) {
+    if (setup_fix[0]) cli_setup_install_rewrite(msg, cap, setup_fix);
+}
+
 /* df_model_verify_all: one line per problem, as found */
 static void report_problem(void *user, const df_verify_problem *p) {
     (void)user;
     line_end();
+    char msg[8192];
+    snprintf(msg, sizeof msg, "%s", p->message);
+    advice(msg, sizeof msg);
     if (p->layer < 0)
-        fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", p->message);
+        fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", msg);
     else if (p->expert < 0)
-        fprintf(stderr, "deltafin doctor: layer %d UNREADABLE: %s\n", p->layer, p->message);
+        fprintf(stderr, "deltafin doctor: layer %d UNREADABLE: %s\n", p->layer, msg);
     else
-        fprintf(stderr, "deltafin doctor: corrupt expert: %s\n", p->message); /* names layer, expert, file(s), offset(s) */
+        fprintf(stderr, "deltafin doctor: corrupt expert: %s\n", msg); /* names layer, expert, file(s), offset(s) */
+}
+
+/* a setup install's side file that is not the checkpoint's copy (install_check_side_files) */
+static void report_side_file(void *user, const install_side_problem *p) {
+    (void)user;
+    line_end();
+    fprintf(stderr, "deltafin doctor: %s %s %s: repair the install with `%s`\n", p->installed,
+            p->missing ? "is missing; the checkpoint's copy is" : "differs from the checkpoint's copy", p->checkpoint, setup_fix);
 }
 
 static const char *simd_features(void) {
@@ -91,7 +113,9 @@ int cmd_doctor(int argc, char **argv) {
             printf("usage: deltafin doctor [--model DIR] [--cache-dir DIR]\n"
                    "  prints machine facts, then verifies every checksum of the model and that its tokenizer opens\n"
                    "  (without --model: the model `deltafin setup` installed, else the embedded models/kimi-mini):\n"
-                   "  every corrupt expert is named (layer, expert, file, offset), then the spine's state; any problem: exit 1\n"
+                   "  every corrupt expert is named (layer, expert, file, offset), then the spine's state; any problem: exit 1.\n"
+                   "  A model `deltafin setup` installed: its tokenizer and the other files convert copied are checked against\n"
+                   "  the checkpoint's copies too, and the repair named is that setup command (not `deltafin convert`)\n"
                    "  --model DIR      native model dir, or Hugging Face dir (converted once into the cache, as `run` does)\n"
                    "  --cache-dir DIR  where an HF checkpoint (--model DIR or the default model) is converted (default\n"
                    "                   $XDG_CACHE_HOME/deltafin)\n");
@@ -127,7 +151,11 @@ int cmd_doctor(int argc, char **argv) {
         if (cli_default_model("doctor", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
         model = dflt_dir;
     }
-    char err[1024] = "";
+    /* an install of `deltafin setup` (the default model, or --model naming one): its repair is setup's */
+    char setup_ck[4200] = "";
+    setup_fix[0] = 0;
+    cli_setup_install(model, setup_fix, sizeof setup_fix, setup_ck, sizeof setup_ck);
+    char err[8192] = "";
     df_model_opts o;
     df_model_opts_default(&o);
     o.cache_dir = cache_dir;
@@ -144,6 +172,7 @@ int cmd_doctor(int argc, char **argv) {
     line_end();
     int status = 0;
     if (rc) {
+        advice(err, sizeof err);
         fprintf(stderr, "deltafin doctor: %s\n", err);
         /* damaged or missing files (a corrupt spine.bin, a missing pack stop the open): still check every checksum below */
         struct stat st;
@@ -170,6 +199,12 @@ int cmd_doctor(int argc, char **argv) {
     } else {
         printf("tokenizer: none (token ids only)\n");
     }
+    /* a setup install: the tokenizer and the other files convert copied, against the checkpoint's copies setup keeps */
+    if (setup_fix[0] && !remote) {
+        int nside = install_check_side_files(model, setup_ck, report_side_file, NULL);
+        if (nside) status = 1;
+        else printf("side files: as in the checkpoint %s\n", setup_ck);
+    }
     if (remote) {
         /* the manifest's expert checksums are of the holes: check what was fetched against what was recorded */
         uint64_t ok = 0, bad = 0;
@@ -179,17 +214,22 @@ int cmd_doctor(int argc, char **argv) {
         if (vr < 0) { fprintf(stderr, "deltafin doctor: cannot check the streamed experts: %s\n", df_strerror(vr)); return 1; }
         printf("experts: streamed install: %llu fetched experts OK, %llu corrupt (the others are fetched on first use, "
                "checked against their shard's sha256 ETag)\n", (unsigned long long)ok, (unsigned long long)bad);
-        if (bad) { fprintf(stderr, "deltafin doctor: verification FAILED: %llu streamed experts corrupt\n", (unsigned long long)bad); return 1; }
+        if (bad) {
+            fprintf(stderr, "deltafin doctor: verification FAILED: %llu streamed experts corrupt%s%s%s\n", (unsigned long long)bad,
+                    setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` fetches them again" : "");
+            return 1;
+        }
         printf("checksums: all OK\n");
         return auto_ok ? status : 1;
     }
     /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
-    char verr[2048] = "";
+    char verr[8192] = "";
     df_verify_summary sum;
     o.progress = verify_progress;
     o.progress_user = NULL;
     int nbad = df_model_verify_all(model, &o, report_problem, NULL, &sum, verr, sizeof verr);
     line_end();
+    advice(verr, sizeof verr);
     if (nbad < 0) {
         if (strcmp(verr, err)) fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
         return 1;

@@ -107,3 +107,28 @@ int cli_default_model_repair(const char *cmd, const char *how, int rc) {
                         "(`deltafin list` shows the install)\n", cmd, e->repo, e->dir, fix);
     return 1;
 }
+
+int cli_setup_install(const char *model_dir, char *fix, size_t cap, char *ck, size_t ckcap) {
+    char reg[4096], err[512];
+    reg_entry e, d;
+    if (registry_path(NULL, reg, sizeof reg, err, sizeof err) || registry_find_model(reg, model_dir, &e, err, sizeof err) != 1) return 0;
+    /* the repair of another install than the default keeps the default as it is */
+    const int is_default = registry_default(reg, &d, err, sizeof err) > 0 && !strcmp(d.repo, e.repo);
+    registry_repair_command(&e, NULL, !is_default, fix, cap);
+    if (ck) install_checkpoint_dir(e.dir, e.repo, ck, ckcap);
+    return 1;
+}
+
+void cli_setup_install_rewrite(char *msg, size_t cap, const char *fix) {
+    static const char *const advice[] = {"re-run `deltafin convert`", "convert again"};
+    char tmp[8192];
+    for (size_t i = 0; i < sizeof advice / sizeof advice[0]; i++) {
+        char *p = strstr(msg, advice[i]);
+        if (!p) continue;
+        snprintf(tmp, sizeof tmp, "%s", p + strlen(advice[i]));
+        *p = 0;
+        size_t l = strlen(msg);
+        snprintf(msg + l, cap - l, "repair the install with `%s`%s", fix, tmp);
+        return;
+    }
+}

@@ -1,10 +1,12 @@
 /* registry.c — the installed-models registry (registry.h): a small JSON file read and
  * rewritten whole (temp + fsync + rename). */
+#define _GNU_SOURCE /* realpath */
 #include "registry.h"
 #include "deltafin.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -124,6 +126,21 @@ int registry_default(const char *path, reg_entry *out, char *err, size_t errlen)
         char man[4200];
         snprintf(man, sizeof man, "%s/manifest.json", es[i].model);
         if (!strcmp(es[i].repo, dflt)) { *out = es[i]; found = df_path_exists(man) ? 1 : 2; break; }
+    }
+    free(es);
+    return found;
+}
+
+int registry_find_model(const char *path, const char *model_dir, reg_entry *out, char *err, size_t errlen) {
+    char want[PATH_MAX];
+    if (!realpath(model_dir, want)) return 0;
+    reg_entry *es = NULL;
+    int n = 0, found = 0;
+    int rc = registry_load(path, &es, &n, NULL, 0, err, errlen);
+    if (rc) return rc;
+    for (int i = 0; i < n && !found; i++) {
+        char have[PATH_MAX];
+        if (es[i].model[0] && realpath(es[i].model, have) && !strcmp(have, want)) { *out = es[i]; found = 1; }
     }
     free(es);
     return found;

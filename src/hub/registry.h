@@ -44,6 +44,11 @@ int registry_record(const char *path, const reg_entry *e, int make_default, char
  * rather than using another model), 0 when there is none, <0 DF_E* when the registry cannot be read. */
 int registry_default(const char *path, reg_entry *out, char *err, size_t errlen);
 
+/* The entry whose native model directory ("model") is model_dir, compared by real path (a --model path of another
+ * spelling, or through a symlink, is the same install): 1 and *out filled, 0 when none is, <0 DF_E* when the
+ * registry cannot be read. */
+int registry_find_model(const char *path, const char *model_dir, reg_entry *out, char *err, size_t errlen);
+
 /* The command that verifies and repairs e's install (`deltafin setup` run again over it: from the mirror and revision it
  * came from, into its directory), every word shell-quoted, ready to paste: "deltafin setup REPO --dir DIR" ("REPO
  * --stream --dir DIR" for a streamed install: setup --stream checks its fetched experts and fetches a corrupt one again), then
