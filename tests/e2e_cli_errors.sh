@@ -57,11 +57,13 @@ if command -v python3 >/dev/null; then
     greedy=$(python3 -c 'import json,sys; print(",".join(map(str,json.load(open(sys.argv[1]))["greedy_ids"])))' "$G/golden.json")
     ids=$("$BIN" run --model "$TMP/small" --cache-dir "$TMP/cache" --quiet --prompt-ids 0,1,2 --max-new 100 --print-ids --stats 2>"$TMP/err"); rc=$?
     n=$(echo "$ids" | tr , '\n' | grep -c .)
-    [ $rc -eq 0 ] && [ "$n" -eq 14 ] && grep -q "stopped: context full (16 positions)" "$TMP/err" && grep -q "generated 14" "$TMP/err" \
-        && ok || bad "context full: rc $rc, $n ids '$ids', stderr: $(cat "$TMP/err")"
-    # the prompt alone longer than the context: an error, not a crash
+    [ $rc -eq 0 ] && [ "$n" -eq 13 ] && grep -q "stopped: context full (16 positions)" "$TMP/err" && grep -q "generated 13" "$TMP/err" \
+        && ok || bad "context full (prompt + generated = 16): rc $rc, $n ids '$ids', stderr: $(cat "$TMP/err")"
+    # the prompt alone longer than the context, or filling it: an error, not a crash
     expect 1 "prompt longer than the context" "16 positions" -- "$BIN" run --model "$TMP/small" --cache-dir "$TMP/cache" --quiet \
         --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17 --max-new 1
+    expect 1 "prompt filling the context" "no room to generate" -- "$BIN" run --model "$TMP/small" --cache-dir "$TMP/cache" \
+        --quiet --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 --max-new 1
     # --max-new INT_MAX is capped by the context (not "out of memory")
     expect 0 "--max-new 2147483647" "stopped: context full" -- "$BIN" run --model "$TMP/small" --cache-dir "$TMP/cache" --quiet \
         --prompt-ids 1,2,3 --max-new 2147483647 --print-ids

@@ -197,7 +197,7 @@ ctx_case() { # ctx_case NAME ARGS...: the answers of a --ctx 32 server, one line
 ctx_case ctxmock --mock
 ctx_case ctxreal --model "$SRC/tests/golden/bf16_kimi" --cache-dir "$TMP/cache"
 want_ctx="32
-400 This model's context is 32 tokens; the prompt has 32 tokens. prompt
+400 This model's context is 32 tokens; the prompt has 32 tokens, which leaves no room for a completion: shorten the prompt. prompt
 200 length {\"prompt_tokens\":20,\"completion_tokens\":12,\"total_tokens\":32,\"prompt_tokens_details\":{\"cached_tokens\":0}}
 stream length {\"prompt_tokens\":20,\"completion_tokens\":12,\"total_tokens\":32,\"prompt_tokens_details\":{\"cached_tokens\":19}}"
 expect "engine --ctx 32: context_length, 400 for a 32-token prompt, 12 of max_tokens 100 then length (plain, streamed reusing 19)" \

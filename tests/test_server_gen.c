@@ -270,7 +270,7 @@ static void test_mock_ctx(void) {
     if (!m16) return;
     be = go.be = m16;
     srv_job *j = run(SRV_COMPLETION, "{\"prompt\":\"abcdefghijklmnop\",\"max_tokens\":1,\"temperature\":0}");
-    CHECK(j->http_status == 400 && strstr(j->out.p, "This model's context is 16 tokens; the prompt has 16 tokens.") &&
+    CHECK(j->http_status == 400 && strstr(j->out.p, "This model's context is 16 tokens; the prompt has 16 tokens, which leaves no room for a completion") &&
           strstr(j->out.p, "\"param\":\"prompt\""), "16-token prompt in a 16-position context: 400: %s", j->out.p);
     srv_job_unref(j);
     /* 10 prompt tokens + max_tokens 100: the 6 that fit, then "length" (the mock's text from offset 10) */

@@ -554,10 +554,11 @@ int cmd_run(int argc, char **argv) {
     int vocab = df_model_n_vocab(m);
     for (int i = 0; i < n_ids; i++)
         if (ids[i] >= vocab) { fprintf(stderr, "deltafin run: prompt id %d is outside the vocabulary (%d tokens)\n", ids[i], vocab); status = 2; goto done; }
-    /* the context: the prompt must fit; generation stops when it is full (the last token needs no position) */
+    /* the context: prompt + generated tokens fit in it (as serve's prompt + completion); generation stops when full */
     int n_ctx = df_model_n_ctx_max(m);
-    if (n_ids > n_ctx) {
-        fprintf(stderr, "deltafin run: the prompt has %d tokens but the context holds %d positions\n", n_ids, n_ctx);
+    if (n_ids >= n_ctx) {
+        fprintf(stderr, "deltafin run: the prompt has %d tokens and the context holds %d positions: no room to generate; "
+                        "shorten the prompt\n", n_ids, n_ctx);
         goto done;
     }
     {
@@ -576,7 +577,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deltafin run: NOT EXACT: %s\n",
                 strstr(df_model_describe(m), "spine int8") ? "int8 spine" : "lossy bf16 spine");
     int gen_max = max_new, ctx_limited = 0;
-    if ((long long)max_new > (long long)n_ctx - n_ids + 1) { gen_max = n_ctx - n_ids + 1; ctx_limited = 1; }
+    if ((long long)max_new > (long long)n_ctx - n_ids) { gen_max = n_ctx - n_ids; ctx_limited = 1; }
     int32_t stop[16];
     int n_stop = tok ? df_tokenizer_stop_ids(tok, stop, 16) : 0;
     rc = df_session_new(&s, m, n_ids + gen_max > n_ctx ? n_ctx : n_ids + gen_max, err, sizeof err);

@@ -461,7 +461,8 @@ static int32_t *prompt_tokens(gen_ctx *g, int *n_out, int *think_open, srv_buf *
     }
     if ((int)n >= be->n_ctx) {
         char m[200];
-        snprintf(m, sizeof m, "This model's context is %d tokens; the prompt has %zu tokens.", be->n_ctx, n);
+        snprintf(m, sizeof m, "This model's context is %d tokens; the prompt has %zu tokens, which leaves no room for a "
+                 "completion: shorten the prompt.", be->n_ctx, n);
         fail_job(g, 400, m, r->kind == SRV_CHAT ? "messages" : "prompt");
         free(ids);
         return NULL;
