@@ -207,6 +207,13 @@ expect "429 Retry-After" "$(grep -i '^retry-after:' "$TMP/h429" | tr -d '\r' | c
 expect "429 error shape" "$(etype)" rate_limit_error
 wait "${QP[@]}"
 expect "queued requests complete" "$(cat "$TMP/q1.code" "$TMP/q2.code" "$TMP/q3.code" | tr -d '\n')" 200200200
+# a queued request whose client leaves counts neither in in_flight nor in waiting (in_flight - waiting = running)
+curl -s -o /dev/null "${P[@]}" -d "{\"prompt\":\"$LONGP\",\"temperature\":0,\"max_tokens\":200}" "$B/v1/completions" &
+QA=$!
+for _ in $(seq 1 100); do [ "$(inflight)" = 1 ] && break; sleep 0.02; done
+curl -s -o /dev/null --max-time 0.3 "${P[@]}" -d '{"prompt":"abc","max_tokens":5}' "$B/v1/completions"
+expect "a gone queued client: /health in_flight 1, waiting 0" "$(curl -s "$B/health" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const j=JSON.parse(s);console.log(j.in_flight+" "+j.waiting)})')" "1 0"
+wait $QA
 
 # a client that disconnects stops its generation: during decode (5 ms per token:
 # ~50 tokens in 0.25 s, of 1000 asked) and during a long prefill (2000 tokens)
@@ -214,9 +221,14 @@ disconnect_check() { # WHAT MAX_TIME BODY PATTERN
     curl -sN --max-time "$2" "${P[@]}" -d "$3" "$B/v1/completions" >/dev/null
     local t0 busy=1 ms line
     t0=$(date +%s%N)
-    for _ in $(seq 1 100); do busy=$(inflight); [ "$busy" = 0 ] && break; sleep 0.02; done
+    # idle (in_flight 0 counts a gone client at once) and the generation's "client gone" line logged once it stopped
+    for _ in $(seq 1 100); do
+        busy=$(inflight)
+        line=$(tail -n +$((LOGSEEN + 1)) "$TMP/mock.log" | grep 'client gone' | tail -1)
+        [ "$busy" = 0 ] && [ -n "$line" ] && break
+        sleep 0.02
+    done
     ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-    line=$(tail -n +$((LOGSEEN + 1)) "$TMP/mock.log" | grep 'client gone' | tail -1)
     if [ "$busy" = 0 ] && [ -n "$line" ] && echo "$line" | grep -q "$4"; then ok "$1 (idle ${ms} ms after the disconnect): ${line#serve: }"
     else bad "$1: in_flight $busy after ${ms} ms; log: $(tail -2 "$TMP/mock.log")"; fi
     LOGSEEN=$(wc -l <"$TMP/mock.log")

@@ -37,7 +37,6 @@ typedef struct {
     srv_job *qhead, *qtail;
     srv_job *running[SRV_MAX_PARALLEL]; /* the job of each worker, or NULL */
     int n_workers;
-    int n_inflight;           /* queued + running */
     int n_responding;         /* generation requests not yet fully answered (drained at shutdown) */
     int stopping;
     long created;
@@ -236,7 +235,6 @@ static void *worker_main(void *arg) {
             S.model_err[0] = 0;
         }
         S.running[self] = NULL;
-        S.n_inflight--;
         S.n_served++;
         pthread_mutex_unlock(&S.mu);
         srv_job_unref(j);
@@ -367,7 +365,6 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
                  S.n_workers, S.n_workers, busy - S.n_workers, S.cfg.queue);
         return send_error(c, 429, m, NULL, "server_busy");
     }
-    S.n_inflight++;
     S.n_responding++;
     x->responding = 1;
     j->refs = 3; /* this handler (then the SSE response) + the worker + the connection (on_completed) */
@@ -470,7 +467,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
     for (int w = 0; w < S.n_workers; w++)
         if (S.running[w]) live.live_tokens += (uint64_t)__atomic_load_n(&S.running[w]->live_tokens, __ATOMIC_RELAXED);
     live.healthy = !S.model_rc;
-    live.in_flight = S.n_inflight;
+    live.in_flight = busy_locked(); /* as /health: running + waiting, a job whose client has gone not counted */
     live.waiting = waiting_locked();
     live.rejected = S.n_rejected;
     live.model_errors = S.n_model_errors;
@@ -483,7 +480,9 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
 
 static enum MHD_Result handle_health(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.mu);
-    int busy = S.n_inflight, has = S.has_last, model_rc = S.model_rc;
+    /* in_flight = running + waiting, both as the 429 check counts them (a job whose client has gone, or whose response
+     * is complete, not counted), so in_flight - waiting is what runs */
+    int busy = busy_locked(), has = S.has_last, model_rc = S.model_rc;
     const int waiting = waiting_locked();
     unsigned long served = S.n_served, rejected = S.n_rejected, n_err = S.n_model_errors;
     df_stats st = S.last;
