@@ -168,7 +168,8 @@ echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "
     && ok "list: a corrupt spine.bin is DAMAGED, with its checksum and the repair command" || bad "list with a corrupt spine.bin: $out"
 out=$("$BIN" run --prompt-ids $IDS --max-new 2 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "spine.bin: checksum mismatch" && echo "$out" | grep -q ": .$FIX. verifies and repairs it" \
-    && ok "run with a corrupt spine.bin: names the setup command that repairs it" || bad "run with a corrupt spine.bin: rc $rc $out"
+    && echo "$out" | grep -q "the file is corrupt; repair the install with .$FIX." && ! echo "$out" | grep -q "deltafin convert" \
+    && ok "run with a corrupt spine.bin: names the setup command that repairs it (not convert)" || bad "run with a corrupt spine.bin: rc $rc $out"
 out=$(timeout 60 "$BIN" serve --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "cannot open model .*spine.bin: checksum mismatch" \
     && echo "$out" | grep -q "^deltafin serve: the default model test/kimi-mini .* is DAMAGED: checksum mismatch: .*spine.bin.*; .$FIX. verifies and repairs it" \

@@ -80,6 +80,10 @@ int cli_setup_install(const char *model_dir, char *fix, size_t cap, char *ck, si
 /* A message about the files of a setup install: its "re-run `deltafin convert`" or "convert again" (the advice of the
  * engine's messages, for a model the user converted) becomes "repair the install with `FIX`". */
 void cli_setup_install_rewrite(char *msg, size_t cap, const char *fix);
+/* An error opening model (run, bench): prints "deltafin CMD: MSG" on stderr, where a setup install's message names
+ * the setup command that repairs it instead of the engine's convert advice (cli_setup_install_rewrite), then
+ * cli_default_model_repair(cmd, how, rc). */
+void cli_model_open_error(const char *cmd, const char *model, const char *how, const char *msg, int rc);
 int cmd_setup(int argc, char **argv);
 int cmd_list(int argc, char **argv);
 int cmd_warm(int argc, char **argv);

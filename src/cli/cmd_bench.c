@@ -406,7 +406,7 @@ static int bench_decode(int argc, char **argv) {
     int rc = bench_check_native("decode", model);
     if (rc) return rc;
     rc = native_open(&nat, model, err, sizeof err);
-    if (rc) { fprintf(stderr, "deltafin bench decode: %s\n", err); cli_default_model_repair("bench decode", dflt_how, rc); return 1; }
+    if (rc) { cli_model_open_error("bench decode", model, dflt_how, err, rc); return 1; }
     if (nat->n_moe_layers == 0) { fprintf(stderr, "deltafin bench decode: %s has no routed experts\n", model); native_close(nat); return 1; }
     uint64_t stride = nat->stride;
     int top_k = nat->cfg.num_experts_per_tok, n_moe = nat->n_moe_layers;
@@ -437,8 +437,7 @@ static int bench_decode(int argc, char **argv) {
     double t_open = now_s();
     rc = df_model_open(&m, model, &mo, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "deltafin bench decode: %s\n", err);
-        cli_default_model_repair("bench decode", dflt_how, rc); /* the installed default: the setup command that repairs it */
+        cli_model_open_error("bench decode", model, dflt_how, err, rc); /* a setup install: the command that repairs it */
         return 1;
     }
     double open_s = now_s() - t_open;

@@ -537,8 +537,7 @@ int cmd_run(int argc, char **argv) {
     rc = df_model_open(&m, model, &mo, err, sizeof err);
     if (rc) {
         progress_end();
-        fprintf(stderr, "deltafin run: %s\n", err[0] ? err : df_strerror(rc));
-        cli_default_model_repair("run", dflt_how, rc); /* the installed default: the setup command that repairs it */
+        cli_model_open_error("run", model, dflt_how, err, rc); /* a setup install: the setup command that repairs it */
         goto done;
     }
     if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",

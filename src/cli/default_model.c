@@ -132,3 +132,12 @@ void cli_setup_install_rewrite(char *msg, size_t cap, const char *fix) {
         return;
     }
 }
+
+void cli_model_open_error(const char *cmd, const char *model, const char *how, const char *msg, int rc) {
+    char m[8192], fix[4096];
+    snprintf(m, sizeof m, "%s", msg && msg[0] ? msg : df_strerror(rc));
+    if ((rc == DF_EIO || rc == DF_EFORMAT) && cli_setup_install(model, fix, sizeof fix, NULL, 0))
+        cli_setup_install_rewrite(m, sizeof m, fix);
+    fprintf(stderr, "deltafin %s: %s\n", cmd, m);
+    cli_default_model_repair(cmd, how, rc);
+}
