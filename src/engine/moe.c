@@ -476,9 +476,11 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         }
         if (with_shared && (int64_t)T * lw->gate.rows * lw->gate.cols > biggest) biggest = (int64_t)T * lw->gate.rows * lw->gate.cols;
         const int items = nc + with_shared;
-        /* item-parallel when the matmuls would run on one thread anyway (the driver's threshold) or
-         * there are enough items to keep every thread busy */
-        const int par = nthreads > 1 && items > 1 && (biggest < 131072 || items >= 2 * nthreads);
+        /* item-parallel when the matmuls would run on one thread anyway (the driver's threshold) or there are
+         * items enough that whole items balance the threads: a decode step's 8 experts + a shared one (twice an
+         * expert's bytes with an fp8 spine) on 2 threads left one thread idle a sixth of the time (experts 74-78 ms
+         * per token item-parallel, 67-69 ms with each matmul split over the threads; bench/RESULTS.md) */
+        const int par = nthreads > 1 && items > 1 && (biggest < 131072 || items >= 8 * nthreads);
         ex_job j = {e, par ? NULL : e->pool, lw, h, latent ? hx : h, T, D, Wd, nc, with_shared, xo + u0, count, start,
                     rows, views, ye, sh, bytes, rcs};
         memset(rcs, 0, sizeof(int) * (size_t)(items + 1));
