@@ -173,7 +173,8 @@ out=$("$BIN" run --prompt-ids $IDS --max-new 2 2>&1 >/dev/null); rc=$?
 out=$(timeout 60 "$BIN" serve --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "cannot open model .*spine.bin: checksum mismatch" \
     && echo "$out" | grep -q "^deltafin serve: the default model test/kimi-mini .* is DAMAGED: checksum mismatch: .*spine.bin.*; .$FIX. verifies and repairs it" \
-    && ok "serve with a corrupt spine.bin: exit 1, names the setup command that repairs it" || bad "serve with a corrupt spine.bin: rc $rc $out"
+    && echo "$out" | grep -q "the file is corrupt; repair the install with .$FIX." && ! echo "$out" | grep -q "deltafin convert" \
+    && ok "serve with a corrupt spine.bin: exit 1, names the setup command that repairs it (not convert)" || bad "serve with a corrupt spine.bin: rc $rc $out"
 out=$("$BIN" bench decode --tokens 2 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin bench decode: the default model test/kimi-mini .* is DAMAGED: checksum mismatch: .*spine.bin.*; .$FIX. verifies and repairs it" \
     && ok "bench decode with a corrupt spine.bin: names the setup command that repairs it" || bad "bench decode with a corrupt spine.bin: rc $rc $out"

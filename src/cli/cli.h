@@ -77,11 +77,8 @@ int cli_default_model_repair(const char *cmd, const char *how, int rc);
  * 1, the command that verifies and repairs it in fix (as cli_default_model_repair names it; --no-default when it is
  * not the default model) and the checkpoint directory of its side files in ck (may be NULL); else 0. */
 int cli_setup_install(const char *model_dir, char *fix, size_t cap, char *ck, size_t ckcap);
-/* A message about the files of a setup install: its "re-run `deltafin convert`" or "convert again" (the advice of the
- * engine's messages, for a model the user converted) becomes "repair the install with `FIX`". */
-void cli_setup_install_rewrite(char *msg, size_t cap, const char *fix);
 /* An error opening model (run, bench): prints "deltafin CMD: MSG" on stderr, where a setup install's message names
- * the setup command that repairs it instead of the engine's convert advice (cli_setup_install_rewrite), then
+ * the setup command that repairs it instead of the engine's convert advice (df_advice_setup_repair), then
  * cli_default_model_repair(cmd, how, rc). */
 void cli_model_open_error(const char *cmd, const char *model, const char *how, const char *msg, int rc);
 int cmd_setup(int argc, char **argv);

@@ -13,6 +13,7 @@
 #include "hub/install.h"
 #include "hub/stream.h"
 #include "deltafin.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -44,11 +45,11 @@ static void line_end(void) {
 }
 
 /* A model `deltafin setup` installed: the command that repairs it, said instead of the engine's advice to convert
- * again (cli_setup_install_rewrite); "" for a model the user converted. */
+ * again (df_advice_setup_repair); "" for a model the user converted. */
 static char setup_fix[40000];
 
 static void advice(char *msg, size_t cap) {
-    if (setup_fix[0]) cli_setup_install_rewrite(msg, cap, setup_fix);
+    if (setup_fix[0]) df_advice_setup_repair(msg, cap, setup_fix);
 }
 
 /* df_model_verify_all: one line per problem, as found */

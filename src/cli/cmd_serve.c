@@ -211,6 +211,9 @@ int cmd_serve(int argc, char **argv) {
         if (stream_open(&remote, c.model_path, 0, err, sizeof err)) { fprintf(stderr, "deltafin serve: %s\n", err); return 1; }
         c.remote_source = stream_remote(remote);
     }
+    /* an install of `deltafin setup`: an error opening it names the setup command that repairs it */
+    static char model_fix[4096];
+    if (!c.mock && cli_setup_install(c.model_path, model_fix, sizeof model_fix, NULL, 0)) c.model_fix = model_fix;
     int rc = srv_serve(&c);
     /* the installed default that could not be served: when its files are damaged, the setup command that repairs it
      * (as run; srv_serve said why it stopped) */

@@ -119,25 +119,11 @@ int cli_setup_install(const char *model_dir, char *fix, size_t cap, char *ck, si
     return 1;
 }
 
-void cli_setup_install_rewrite(char *msg, size_t cap, const char *fix) {
-    static const char *const advice[] = {"re-run `deltafin convert`", "convert again"};
-    char tmp[8192];
-    for (size_t i = 0; i < sizeof advice / sizeof advice[0]; i++) {
-        char *p = strstr(msg, advice[i]);
-        if (!p) continue;
-        snprintf(tmp, sizeof tmp, "%s", p + strlen(advice[i]));
-        *p = 0;
-        size_t l = strlen(msg);
-        snprintf(msg + l, cap - l, "repair the install with `%s`%s", fix, tmp);
-        return;
-    }
-}
-
 void cli_model_open_error(const char *cmd, const char *model, const char *how, const char *msg, int rc) {
     char m[8192], fix[4096];
     snprintf(m, sizeof m, "%s", msg && msg[0] ? msg : df_strerror(rc));
     if ((rc == DF_EIO || rc == DF_EFORMAT) && cli_setup_install(model, fix, sizeof fix, NULL, 0))
-        cli_setup_install_rewrite(m, sizeof m, fix);
+        df_advice_setup_repair(m, sizeof m, fix);
     fprintf(stderr, "deltafin %s: %s\n", cmd, m);
     cli_default_model_repair(cmd, how, rc);
 }

@@ -19,6 +19,8 @@ typedef struct {
 
 typedef struct {
     const char *model_path;   /* NULL with mock */
+    const char *model_fix;    /* when model_path is an install of `deltafin setup`: the (shell-quoted) setup command that
+                               * repairs it, which an error opening it names instead of the engine's convert advice */
     int mock;                 /* serve the mock model (tests) */
     int mock_delay_ms;
     int mock_kimi;            /* the mock speaks Kimi: reasoning + a tool call */

@@ -14,6 +14,7 @@
  * as the worker has stopped the abandoned one. */
 #define _GNU_SOURCE /* memmem, POLLRDHUP */
 #include "srv.h"
+#include "util/util.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -743,9 +744,12 @@ int srv_serve(const srv_config *cfg) {
         const int sig = rc == DF_ECANCELLED ? pending_stop_signal() : 0;
         if (sig) /* its first-use conversion was stopped: that printed why and what it removed; not said twice */
             fprintf(stderr, "deltafin serve: cannot open model %s: interrupted by %s\n", cfg->model_path, stop_signal_name(sig));
-        else
-            fprintf(stderr, "deltafin serve: cannot open model %s: %s\n", cfg->mock ? "mock" : cfg->model_path,
-                    err[0] ? err : df_strerror(rc)); /* err says what and why; the code's name only when it is empty */
+        else {
+            /* err says what and why; the code's name only when it is empty; a setup install's repair, not convert */
+            if (!err[0]) snprintf(err, sizeof err, "%s", df_strerror(rc));
+            if (cfg->model_fix && (rc == DF_EIO || rc == DF_EFORMAT)) df_advice_setup_repair(err, sizeof err, cfg->model_fix);
+            fprintf(stderr, "deltafin serve: cannot open model %s: %s\n", cfg->mock ? "mock" : cfg->model_path, err);
+        }
         DROP_PORT_FILE();
         return sig ? 128 + sig : 1;
     }

@@ -2,6 +2,7 @@
  * (see util.h: df_shell_quote). */
 #include "util.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* characters that never need quoting in a shell word (nor start a special meaning anywhere in one) */
@@ -37,4 +38,18 @@ cut:
     /* never hand out a truncated word a shell would read differently: say it did not fit */
     snprintf(out, cap, "%s", cap > strlen("'(path too long)'") ? "'(path too long)'" : cap > 2 ? "''" : "");
     return out;
+}
+
+void df_advice_setup_repair(char *msg, size_t cap, const char *fix) {
+    static const char *const advice[] = {"re-run `deltafin convert`", "convert again"};
+    char tmp[8192];
+    for (size_t i = 0; i < sizeof advice / sizeof advice[0]; i++) {
+        char *p = strstr(msg, advice[i]);
+        if (!p) continue;
+        snprintf(tmp, sizeof tmp, "%s", p + strlen(advice[i]));
+        *p = 0;
+        const size_t l = strlen(msg);
+        snprintf(msg + l, cap - l, "repair the install with `%s`%s", fix, tmp);
+        return;
+    }
 }

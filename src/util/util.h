@@ -98,6 +98,12 @@ void df_run_workers(int n, void *(*fn)(void *), void *arg);
  * when the quoted word does not fit, out gets '(path too long)' (never a truncated word). */
 const char *df_shell_quote(const char *s, char *out, size_t cap);
 
+/* A message about the files of an install of `deltafin setup`: the engine's advice for a model the user converted,
+ * "re-run `deltafin convert`" or "convert again" (its first occurrence), becomes "repair the install with `FIX`"
+ * (fix: the setup command, already shell-quoted). msg is rewritten in place within cap bytes; unchanged when it has
+ * no such advice. */
+void df_advice_setup_repair(char *msg, size_t cap, const char *fix);
+
 /* ------------------------------------------------- interruption (interrupt.c) */
 
 /* Commands that write a model: SIGINT, SIGTERM and SIGHUP become a request to stop.
