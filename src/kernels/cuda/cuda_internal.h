@@ -116,7 +116,7 @@ float *cu_rt_resid(uint64_t key, size_t n, int need_valid, int **valid);
 int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, const df_weight *d, int act, float beta,
                        float lb, const float *h2, cudaEvent_t *ev);
 void cu_rt_shared_drop(uint64_t key);
-/* cu_rt_sync, waiting for the event ev (recorded on the stream) instead of the whole stream. */
+/* cu_rt_sync, waiting for the event ev (recorded on the stream) instead of the whole stream; ev NULL: cu_rt_sync. */
 cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev);
 int cu_rt_error(const char *msg);
 

@@ -1127,25 +1127,17 @@ int cu_rt_lock(void) {
 }
 void cu_rt_unlock(void) { pthread_mutex_unlock(&g_mu); }
 cudaStream_t cu_rt_stream(void) { return g_st; }
-cudaError_t cu_rt_sync(const char *stage) {
-    cu_rt_mark(stage);
-    if (g_trace > 0) g_h1 = host_now();
-    const cudaError_t e = cudaStreamSynchronize(g_st);
-    if (g_trace > 0) {
-        g_h2 = host_now();
-        g_hdone = e == cudaSuccess;
-    }
-    if (e == cudaSuccess && g_trace == 1 && g_nmark > 1) g_tev_done = 1;
-    return e;
-}
+cudaError_t cu_rt_sync(const char *stage) { return cu_rt_sync_event(stage, nullptr); }
 cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev) {
     cu_rt_mark(stage);
     if (g_trace > 0) g_h1 = host_now();
-    const cudaError_t e = cudaEventSynchronize(ev);
+    const cudaError_t e = ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(g_st);
     if (g_trace > 0) {
         g_h2 = host_now();
         g_hdone = e == cudaSuccess;
     }
+    /* the stage events are read once the whole stream is idle (an event wait leaves later work queued) */
+    if (!ev && e == cudaSuccess && g_trace == 1 && g_nmark > 1) g_tev_done = 1;
     return e;
 }
 /* With DF_CUDA_TRACE: the host time of the entry point that returned last from taking the mutex to calling its
