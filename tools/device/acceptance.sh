@@ -32,6 +32,9 @@
 #   part 17: every kernel of a preloaded resident decode (ncu durations).
 #   part 19: this binary against a carried deltafin.b: GPU tests, resident decode alternated, ncu of each.
 #   part 20: the block starts the shared expert (DF_CUDA_SHARED_EARLY on / off): GPU tests, resident decode.
+#   part 21: this binary against the carried builds named in ALT (default "deltafin.b"): GPU tests, the MXFP4 kernels
+#          (bench kernels --backend cuda) and the resident decode of each, alternated twice; SASS instruction counts
+#          of the one-token MXFP4 tile in the objects named in OBJS (paths in the checkout) when cuobjdump is there.
 #   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
@@ -380,6 +383,49 @@ case $PART in
     resident_model
     knob_ab DF_CUDA_SPLIT
     ncu_decode
+    rm -rf "$W"
+    ;;
+21)
+    gpu_tests
+    CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+    for o in ${OBJS:-}; do
+        [ -n "$CUOBJ" ] && [ -f "$HERE/$o" ] || continue
+        log "SASS of the one-token MXFP4 tile in $o"
+        "$CUOBJ" --dump-sass "$HERE/$o" >"$OUT/sass-$(basename "$o").txt" 2>&1
+        python3 - "$OUT/sass-$(basename "$o").txt" >>"$S" 2>&1 <<'PY'
+import re, sys, collections
+fn, body = None, {}
+for l in open(sys.argv[1]):
+    m = re.search(r"Function : (\S+)", l)
+    if m: fn = m.group(1); body[fn] = []; continue
+    m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", l)
+    if fn and m: body[fn].append((int(m.group(1), 16), m.group(2)))
+for fn, ins in body.items():
+    if "mma_group_kernelILi5ELi1ELi1ELi2ELi1E" not in fn: continue
+    # the main loop: the longest backward branch
+    best = None
+    for a, t in ins:
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", t)
+        if m and int(m.group(1), 16) < a and (best is None or a - int(m.group(1), 16) > best[1] - best[0]):
+            best = (int(m.group(1), 16), a)
+    loop = [t for a, t in ins if best and best[0] <= a <= best[1]]
+    ops = collections.Counter(re.sub(r"^@!?U?P\d+\s+", "", t).split()[0].split(".")[0] for t in loop)
+    print("sass %s: %d instructions, loop %d: %s" % (fn[-40:], len(ins), len(loop), ops.most_common(14)))
+PY
+    done
+    resident_model
+    for b in "$BIN" ${ALT:-deltafin.b}; do
+        [ "$b" = "$BIN" ] || b=$D/$b
+        log "bench kernels mxfp4, $(basename "$b")"
+        timeout 120 "$b" bench kernels --backend cuda --types mxfp4 --T 1,8 --shapes 2048x7168,7168x2048 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
+    done
+    for i in 1 2; do
+        for b in "$BIN" ${ALT:-deltafin.b}; do
+            [ "$b" = "$BIN" ] || b=$D/$b
+            log "cuda run --preload, $(basename "$b")"
+            BIN=$b rp | grep -E "^(profile: (mla|experts|total)|stats:)|^[0-9]+(,[0-9]+)+$" | cut -c1-300 >>"$S"
+        done
+    done
     rm -rf "$W"
     ;;
 19)

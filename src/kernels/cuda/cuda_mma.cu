@@ -12,10 +12,13 @@
  * magnitude loses the bits of its lo part under bf16's smallest subnormal (2^-133), and an infinite activation
  * gives NaN (inf - inf in the split) where the FMA kernels give inf.
  *
- * Decoding: two codes of a 32-bit word of packed E2M1 (elements k and k+4, 16 bits apart) are placed with
- * three bit operations into the bf16 subnormal range (value x 2^-126, subnormal codes included) of one bf16x2
- * word, then one bf16x2 multiply by 2^(e-1) (= the scale x 2^126, exact) gives both weights; scales above
- * 2^1 take two multiplies (by 2^126, then by the scale; the same bits, an overflow to inf as in fp32).
+ * Decoding: two codes of a 32-bit word of packed E2M1 (elements k and k+4, 16 bits apart) are placed into the
+ * bf16 subnormal range (value x 2^-126, subnormal codes included) of one bf16x2 word, then one bf16x2 multiply
+ * by 2^(e-1) (= the scale x 2^126, exact) gives both weights; scales above 2^1 take two multiplies (by 2^126,
+ * then by the scale; the same bits, an overflow to inf as in fp32). A word's four pairs share the bit placement:
+ * its signs rotated 6 bits up land 9 bits above their codes' magnitudes, and two merges of the word with that
+ * rotation (pairs 0, 1 and pairs 2, 3) leave each pair's magnitudes and signs one shift or rotation away from
+ * their places: 11 integer operations per 8 weights (e2m1_word).
  *
  * Canonical order (what makes results independent of T and of the launch shape): the columns are cut into
  * rounds of 128 (4 groups); in round r the lane with t = lane & 3 owns group 4r + t, and its 32 elements are
@@ -43,11 +46,35 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
-/* Elements K (low half) and K + 4 (high half) of the 8 E2M1 codes of u (code K at bits 4K..4K+3: m, e0, e1,
- * sign) as bf16 subnormal-range values x 2^-126: magnitude bits to bf16 bits 6..8, sign to bit 15. */
-template <int K> __device__ __forceinline__ uint32_t e2m1_pair(uint32_t u) {
-    const uint32_t mag = K <= 1 ? u << (6 - 4 * K) : u >> (4 * K - 6);
-    return (mag & 0x01C001C0u) | ((u << (12 - 4 * K)) & 0x80008000u);
+/* (a & ~M) | (b & M) in one LOP3 */
+template <uint32_t M> __device__ __forceinline__ uint32_t merge(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xD8;\n" : "=r"(d) : "r"(a), "r"(b), "n"(M));
+    return d;
+}
+
+/* 16 bytes of streamed weights, not kept in L1 (the activations' split, read by every warp, stays there) */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* The four pairs of the 8 E2M1 codes of u (code n at bits 4n..4n+3: m, e0, e1, sign): pair P = codes P (low half)
+ * and P + 4 (high half), magnitude bits at bf16 bits 6..8, sign at bit 15, i.e. value x 2^-126. r = u rotated 6
+ * up puts the sign of code n (bit 4n + 3) at bit 4n + 9 (mod 32); w01 takes the magnitudes of codes 0, 1, 4, 5 from
+ * u and everything else from r, w23 those of codes 2, 3, 6, 7. Then pair 0 = w01 << 6, pair 1 = w01 << 2, pair 2 =
+ * w23 rotated 2 down, pair 3 = w23 rotated 6 down, each masked to bits 6..8, 15, 22..24, 31. */
+__device__ __forceinline__ void e2m1_word(uint32_t u, uint32_t (&p)[4]) {
+    constexpr uint32_t M = 0x81C081C0u;
+    const uint32_t r = __funnelshift_l(u, u, 6);
+    const uint32_t w01 = merge<0x00770077u>(r, u), w23 = merge<0x77007700u>(r, u);
+    p[0] = (w01 << 6) & M;
+    p[1] = (w01 << 2) & M;
+    p[2] = __funnelshift_r(w23, w23, 2) & M;
+    p[3] = __funnelshift_r(w23, w23, 6) & M;
 }
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -71,8 +98,9 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     return d;
 }
 
-/* Per encoding (BF16 weights are bf16 already: the A registers are their halves, permuted with prmt): one lane's group of 32 consecutive elements of one row (G), its load, and the A registers of
- * k-step 2Q + H: lo = elements (8Q + 2H, 8Q + 2H + 4), hi = elements (8Q + 2H + 1, 8Q + 2H + 5) of the group. */
+/* Per encoding (BF16 weights are bf16 already: the A registers are their halves, permuted with prmt): one lane's
+ * group of 32 consecutive elements of one row (G), its load, and (frags<Q>) the A registers of k-steps 2Q + H,
+ * H = 0, 1: [2H] = elements (8Q + 2H, 8Q + 2H + 4), [2H + 1] = elements (8Q + 2H + 1, 8Q + 2H + 5) of the group. */
 template <int ENC> struct Op;
 
 template <> struct Op<DF_W_MXFP4> {
@@ -80,11 +108,21 @@ template <> struct Op<DF_W_MXFP4> {
         uint4 v;
         uint32_t m1, m2;
     };
+    /* group 4 r + t of row R is group o + 4 r of the weight (a weight's groups: < 2^32, cu_mma_launch) */
+    struct Row {
+        uint32_t o;
+        bool ok; /* R < rows */
+    };
+    __device__ __forceinline__ static Row row(int64_t rows, int64_t ng, int64_t R, int t) {
+        return {(uint32_t)(R * ng + t), R < rows};
+    }
+    /* group 4 r + t of the row (live: the row exists and the group is within it) */
     __device__ __forceinline__ static void load(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
-                                                int64_t rows, int64_t ng, int64_t R, int64_t gi, G &o) {
-        if (R < rows && gi < ng) {
-            o.v = reinterpret_cast<const uint4 *>(data)[R * ng + gi];
-            const uint32_t e = scale[R * ng + gi];
+                                                const Row &w, uint32_t r, bool live, G &o) {
+        if (live) {
+            const uint32_t ix = w.o + 4 * r;
+            o.v = ld_stream(reinterpret_cast<const uint4 *>(data) + ix);
+            const uint32_t e = scale[ix];
             if (e <= 128) { /* 2^(e-1): bf16 exponent field e + 126 (e = 0 too: 2^-1) */
                 o.m1 = ((e + 126u) << 7) * 0x10001u;
                 o.m2 = 0;
@@ -98,14 +136,15 @@ template <> struct Op<DF_W_MXFP4> {
         }
     }
     __device__ __forceinline__ static bool slow(const G &g) { return g.m2 != 0; }
-    template <int P, bool SLOW> __device__ __forceinline__ static uint32_t dec(uint32_t u, const G &g) {
-        uint32_t a = bf16x2_mul(e2m1_pair<P>(u), g.m1);
-        if constexpr (SLOW) a = g.m2 ? bf16x2_mul(a, g.m2) : a;
-        return a;
-    }
-    template <int Q, int H, bool SLOW> __device__ __forceinline__ static void frag(const G &g, uint32_t &lo, uint32_t &hi) {
-        lo = dec<2 * H, SLOW>(word<Q>(g.v), g);
-        hi = dec<2 * H + 1, SLOW>(word<Q>(g.v), g);
+    /* the A registers of word Q: k-step 2Q lo, hi, then k-step 2Q + 1 lo, hi (pairs 0..3 of the word) */
+    template <int Q, bool SLOW> __device__ __forceinline__ static void frags(const G &g, uint32_t (&a)[4]) {
+        uint32_t p[4];
+        e2m1_word(word<Q>(g.v), p);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            a[k] = bf16x2_mul(p[k], g.m1);
+            if constexpr (SLOW) a[k] = g.m2 ? bf16x2_mul(a[k], g.m2) : a[k];
+        }
     }
 };
 
@@ -113,17 +152,27 @@ template <> struct Op<DF_W_BF16> {
     struct G { /* 64 bytes: elements 8q .. 8q + 7 in v[q] */
         uint4 v[4];
     };
+    struct Row {
+        uint32_t o;
+        bool ok;
+    };
+    __device__ __forceinline__ static Row row(int64_t rows, int64_t ng, int64_t R, int t) {
+        return {(uint32_t)(R * ng + t), R < rows};
+    }
     __device__ __forceinline__ static void load(const uint8_t *__restrict__ data, const uint8_t *__restrict__,
-                                                int64_t rows, int64_t ng, int64_t R, int64_t gi, G &o) {
-        const uint4 *p = reinterpret_cast<const uint4 *>(data) + (R * ng + gi) * 4;
+                                                const Row &w, uint32_t r, bool live, G &o) {
+        const uint4 *p = reinterpret_cast<const uint4 *>(data) + (size_t)(w.o + 4 * r) * 4;
 #pragma unroll
-        for (int q = 0; q < 4; q++) o.v[q] = R < rows && gi < ng ? p[q] : make_uint4(0, 0, 0, 0);
+        for (int q = 0; q < 4; q++) o.v[q] = live ? ld_stream(p + q) : make_uint4(0, 0, 0, 0);
     }
     __device__ __forceinline__ static bool slow(const G &) { return false; }
-    template <int Q, int H, bool> __device__ __forceinline__ static void frag(const G &g, uint32_t &lo, uint32_t &hi) {
-        const uint32_t a = word<H>(g.v[Q]), b = word<H + 2>(g.v[Q]);
-        lo = prmt(a, b, 0x5410); /* low halves: elements 8Q + 2H, 8Q + 2H + 4 */
-        hi = prmt(a, b, 0x7632); /* high halves: elements 8Q + 2H + 1, 8Q + 2H + 5 */
+    template <int Q, bool> __device__ __forceinline__ static void frags(const G &g, uint32_t (&r)[4]) {
+#pragma unroll
+        for (int H = 0; H < 2; H++) {
+            const uint32_t a = H ? g.v[Q].y : g.v[Q].x, b = H ? g.v[Q].w : g.v[Q].z;
+            r[2 * H] = prmt(a, b, 0x5410);     /* low halves: elements 8Q + 2H, 8Q + 2H + 4 */
+            r[2 * H + 1] = prmt(a, b, 0x7632); /* high halves: elements 8Q + 2H + 1, 8Q + 2H + 5 */
+        }
     }
 };
 
@@ -223,21 +272,28 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
     using O = Op<ENC>;
     using Grp = typename O::G;
     Grp buf[PF][RM][2];
+    typename O::Row wr[RM][2];
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+        wr[i][0] = O::row(rows, ng, m0 + 16 * i + g, t);
+        wr[i][1] = O::row(rows, ng, m0 + 16 * i + g + 8, t);
+    }
     auto load_round = [&](int64_t r, Grp (&o)[RM][2]) {
+        const bool gl = r * 4 + t < ng;
 #pragma unroll
         for (int i = 0; i < RM; i++) {
-            O::load(data, scale, rows, ng, m0 + 16 * i + g, r * 4 + t, o[i][0]);
-            O::load(data, scale, rows, ng, m0 + 16 * i + g + 8, r * 4 + t, o[i][1]);
+            O::load(data, scale, wr[i][0], (uint32_t)r, gl && wr[i][0].ok, o[i][0]);
+            O::load(data, scale, wr[i][1], (uint32_t)r, gl && wr[i][1].ok, o[i][1]);
         }
     };
     /* this lane's B column in each n-tile: token tok0 + vc / 3, part vc % 3 (vc = 8 j + g) */
-    int xoff[NT];
+    const uint4 *xbase[NT]; /* its part of group t (round 0) */
     bool xlive[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         const int vc = 8 * j + g, tk = vc / 3;
         xlive[j] = tk < TPB && tok0 + tk < T;
-        xoff[j] = xlive[j] ? vc % 3 * 4 : 0;
+        xbase[j] = xs + (xlive[j] ? ((int64_t)(tok0 + tk) * ng + t) * 12 + vc % 3 * 4 : 0);
     }
     auto round = [&](int64_t r, const Grp (&cur)[RM][2]) {
         const int64_t gi = r * 4 + t;
@@ -250,31 +306,30 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             live[j] = xlive[j] && gi < ng;
-            const int tok = tok0 + (8 * j + g) / 3;
-            xb[j] = xs + ((int64_t)(live[j] ? tok : 0) * ng + (live[j] ? gi : 0)) * 12 + xoff[j];
+            xb[j] = xbase[j] + (live[j] ? (uint32_t)r * 48u : 0u);
         }
         Unroll<0, 4>::run([&](auto Qc) {
             constexpr int Q = decltype(Qc)::value;
             uint4 b[NT];
 #pragma unroll
             for (int j = 0; j < NT; j++) b[j] = live[j] ? xb[j][Q] : make_uint4(0, 0, 0, 0);
-            Unroll<0, 2>::run([&](auto Hc) {
-                constexpr int H = decltype(Hc)::value;
 #pragma unroll
-                for (int i = 0; i < RM; i++) {
-                    uint32_t a0, a1, a2, a3; /* rows g, g + 8 x k slots {2t, 2t+1}, {2t+8, 2t+9} */
-                    if (slow) {
-                        O::template frag<Q, H, true>(cur[i][0], a0, a2);
-                        O::template frag<Q, H, true>(cur[i][1], a1, a3);
-                    } else {
-                        O::template frag<Q, H, false>(cur[i][0], a0, a2);
-                        O::template frag<Q, H, false>(cur[i][1], a1, a3);
-                    }
+            for (int i = 0; i < RM; i++) {
+                uint32_t r0[4], r1[4]; /* rows g, g + 8: k-step 2Q + H's k slots {2t, 2t+1} in [2H], {2t+8, 2t+9} in [2H+1] */
+                if (slow) {
+                    O::template frags<Q, true>(cur[i][0], r0);
+                    O::template frags<Q, true>(cur[i][1], r1);
+                } else {
+                    O::template frags<Q, false>(cur[i][0], r0);
+                    O::template frags<Q, false>(cur[i][1], r1);
+                }
+#pragma unroll
+                for (int H = 0; H < 2; H++)
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        mma16816(d[i][j], a0, a1, a2, a3, H ? b[j].z : b[j].x, H ? b[j].w : b[j].y);
-                }
-            });
+                        mma16816(d[i][j], r0[2 * H], r1[2 * H], r0[2 * H + 1], r1[2 * H + 1], H ? b[j].z : b[j].x,
+                                 H ? b[j].w : b[j].y);
+            }
         });
     };
 #pragma unroll
@@ -441,7 +496,8 @@ void cu_set_mma_ks(int n) { g_ks_max = n == 1 || n == 2 || n == 4 || n == 8 ? n 
 
 cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                           const float *x, int T, float *y, int variant, cudaStream_t st) {
-    if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16)) return cudaErrorInvalidValue;
+    if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16) || rows * (cols / 32) > (int64_t)UINT32_MAX)
+        return cudaErrorInvalidValue;
     const uint8_t *d = static_cast<const uint8_t *>(data), *s = static_cast<const uint8_t *>(scale);
     const int tc = T < TC ? T : TC;
     cudaError_t e = xs_reserve((size_t)tc * (size_t)cols * 6, st);
@@ -461,7 +517,8 @@ cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, in
 
 cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n, const cu_mma_item *items,
                                 cudaStream_t st) {
-    if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16)) return cudaErrorInvalidValue;
+    if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16) || rows * (cols / 32) > (int64_t)UINT32_MAX)
+        return cudaErrorInvalidValue;
     for (int i = 0; i < n; i++)
         if (items[i].T > TC) return cudaErrorInvalidValue;
     const int64_t ng = cols / 32;
