@@ -32,7 +32,7 @@
 #   part 17: every kernel of a preloaded resident decode (ncu durations).
 #   part 19: this binary against a carried deltafin.b: GPU tests, resident decode alternated, ncu of each.
 #   part 20: the block starts the shared expert (DF_CUDA_SHARED_EARLY on / off): GPU tests, resident decode.
-#   part 21: this binary against the carried builds named in ALT (default "deltafin.b"): GPU tests, the MXFP4 kernels
+#   part 21: this binary against the carried builds named in ALT (default "deltafin.b"): GPU tests, the kernels (KTYPES, default mxfp4; KSHAPES)
 #          (bench kernels --backend cuda) and the resident decode of each, alternated twice; SASS instruction counts
 #          of the one-token MXFP4 tile in the objects named in OBJS (paths in the checkout) when cuobjdump is there.
 #   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
@@ -417,7 +417,7 @@ PY
     for b in "$BIN" ${ALT:-deltafin.b}; do
         [ "$b" = "$BIN" ] || b=$D/$b
         log "bench kernels mxfp4, $(basename "$b")"
-        timeout 120 "$b" bench kernels --backend cuda --types mxfp4 --T 1,8 --shapes 2048x7168,7168x2048 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
+        timeout 120 "$b" bench kernels --backend cuda --types ${KTYPES:-mxfp4} --T 1,8 --shapes ${KSHAPES:-2048x7168,7168x2048} 2>&1 | grep -E "^(mxfp4|bf16|fp8|limits)" | cut -c1-200 >>"$S"
     done
     for i in 1 2; do
         for b in "$BIN" ${ALT:-deltafin.b}; do

@@ -45,6 +45,14 @@ __device__ __forceinline__ float e2m1_f32(uint32_t code) {
     return (code & 8u) ? -v : v;
 }
 
+/* 16 bytes of streamed weights, read past L1 (ld.global.nc.L1::no_allocate): a weight is read once per call, while
+ * the activations that every warp reads again stay in L1 */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 } // namespace
 
 #endif

@@ -66,10 +66,10 @@ template <int ENC>
 __device__ __forceinline__ void decode_group(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
                                              int64_t cols, int64_t r, int64_t g, float *w) {
     if constexpr (ENC == DF_W_F32) {
-        const float4 v = reinterpret_cast<const float4 *>(data)[(r * cols) / 4 + g];
-        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+        const uint4 v = ld_stream(reinterpret_cast<const uint4 *>(data) + ((r * cols) / 4 + g));
+        w[0] = __uint_as_float(v.x); w[1] = __uint_as_float(v.y); w[2] = __uint_as_float(v.z); w[3] = __uint_as_float(v.w);
     } else if constexpr (ENC == DF_W_BF16 || ENC == DF_W_F16) {
-        const uint4 v = reinterpret_cast<const uint4 *>(data)[(r * cols) / 8 + g];
+        const uint4 v = ld_stream(reinterpret_cast<const uint4 *>(data) + ((r * cols) / 8 + g));
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -82,7 +82,7 @@ __device__ __forceinline__ void decode_group(const uint8_t *__restrict__ data, c
             }
         }
     } else if constexpr (ENC == DF_W_FP8_B128) {
-        const uint4 v = reinterpret_cast<const uint4 *>(data)[(r * cols) / 16 + g];
+        const uint4 v = ld_stream(reinterpret_cast<const uint4 *>(data) + ((r * cols) / 16 + g));
         const int64_t sc = (cols + 127) / 128;
         const float s = reinterpret_cast<const float *>(scale)[(r / 128) * sc + (g * 16) / 128];
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
@@ -100,19 +100,19 @@ __device__ __forceinline__ void decode_group(const uint8_t *__restrict__ data, c
             for (int k = 0; k < 16; k++) w[k] = fp8_f32(u[k / 4] >> (8 * (k % 4))) * s;
         }
     } else if constexpr (ENC == DF_W_INT8_ROW) {
-        const uint4 v = reinterpret_cast<const uint4 *>(data)[(r * cols) / 16 + g];
+        const uint4 v = ld_stream(reinterpret_cast<const uint4 *>(data) + ((r * cols) / 16 + g));
         const float s = reinterpret_cast<const float *>(scale)[r];
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int k = 0; k < 16; k++) w[k] = (float)(int8_t)(uint8_t)(u[k / 4] >> (8 * (k % 4))) * s;
     } else if constexpr (ENC == DF_W_INT4_G32) {
-        const uint4 v = reinterpret_cast<const uint4 *>(data)[(r * cols) / 32 + g];
+        const uint4 v = ld_stream(reinterpret_cast<const uint4 *>(data) + ((r * cols) / 32 + g));
         const float s = bf16_f32(reinterpret_cast<const uint16_t *>(scale)[r * (cols / 32) + g]);
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int q = 0; q < 4; q++) Unroll<0, 8>::run([&](auto K) { constexpr int k = decltype(K)::value; w[8 * q + k] = int4_val<k>(u[q]) * s; });
     } else if constexpr (ENC == DF_W_MXFP4) {
-        const uint4 v = reinterpret_cast<const uint4 *>(data)[(r * cols) / 32 + g];
+        const uint4 v = ld_stream(reinterpret_cast<const uint4 *>(data) + ((r * cols) / 32 + g));
         const uint32_t e = scale[r * (cols / 32) + g];
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
         if (e <= 128) { /* scale x 2^126 = 2^(e-1) is a normal float (e = 0: 2^-127 x 2^126) */

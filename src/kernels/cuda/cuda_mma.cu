@@ -33,6 +33,7 @@
  * column's operands only.
  */
 #include "cuda_internal.h"
+#include "cuda_decode.cuh"
 
 #include <stdint.h>
 #include <type_traits>
@@ -51,15 +52,6 @@ template <uint32_t M> __device__ __forceinline__ uint32_t merge(uint32_t a, uint
     uint32_t d;
     asm("lop3.b32 %0, %1, %2, %3, 0xD8;\n" : "=r"(d) : "r"(a), "r"(b), "n"(M));
     return d;
-}
-
-/* 16 bytes of streamed weights, not kept in L1 (the activations' split, read by every warp, stays there) */
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
 }
 
 /* The four pairs of the 8 E2M1 codes of u (code n at bits 4n..4n+3: m, e0, e1, sign): pair P = codes P (low half)
