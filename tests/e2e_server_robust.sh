@@ -14,7 +14,9 @@
 #  11. --ctx N: the mock answers as the engine does on a golden model with the same --ctx (context_length, the 400
 #      for a prompt of N tokens, finish_reason and usage when prompt + max_tokens pass N, plain and streamed);
 #      above the mock's maximum (4096) --ctx is lowered to it with the engine's note;
-#  12. --mock with --model, --ram-budget or --preload: a usage error (exit 2, one line).
+#  12. --mock with --model, --ram-budget or --preload: a usage error (exit 2, one line);
+#  13. malformed request lines and headers sent raw over TCP: a 400 (505 for an unsupported HTTP version) where
+#      libmicrohttpd or the server answers, never a 2xx or a hang, and the server keeps serving afterwards.
 # Env: DF_BIN (deltafin binary), DF_SRC (repo root).
 set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -227,6 +229,65 @@ usage2 "serve --ram-budget 8G --mock-kimi: usage error" "^deltafin serve: --ram-
 usage2 "serve --mock --preload: usage error" "^deltafin serve: --preload applies to a real model, not --mock" --mock --preload
 if start_server rb0 --mock --ram-budget 0; then ok "serve --mock --ram-budget 0 (no budget) starts"; stop_server rb0
 else bad "serve --mock --ram-budget 0 did not start: $(tail -2 "$TMP/rb0.log")"; fi
+
+# ---- 13. malformed requests, raw over TCP (docs/server.md "Malformed requests")
+raw() { # raw BYTES (escapes \r \n \xHH): send them on a new connection; prints the status line ("closed" when the
+        # server closes without a byte, "timeout" when nothing came for 5 s), then the response body
+    node -e '
+const bytes = process.argv[2].replace(/\\(r|n|x[0-9a-fA-F]{2})/g,
+    (m, e) => (e === "r" ? "\r" : e === "n" ? "\n" : String.fromCharCode(parseInt(e.slice(1), 16))));
+const s = require("net").connect(+process.argv[1], "127.0.0.1");
+let d = Buffer.alloc(0);
+const done = (none) => {
+    const t = d.toString("latin1"), i = t.indexOf("\r\n\r\n");
+    console.log(t ? t.split("\r\n")[0] : none);
+    console.log(i >= 0 ? t.slice(i + 4) : "");
+    process.exit(0);
+};
+s.setTimeout(5000, () => done("timeout"));
+s.on("connect", () => s.write(Buffer.from(bytes, "latin1")));
+s.on("data", (c) => { d = Buffer.concat([d, c]); });
+s.on("error", () => {});
+s.on("close", () => done("closed"));' "$PORT" "$1"
+}
+raw_status() { raw "$1" | head -1; }
+raw_code() { # raw_code BYTES: the JSON error code of the response body
+    raw "$1" | tail -n +2 >"$TMP/raw.body"
+    json "$TMP/raw.body" j.error.code
+}
+if start_server mal --mock; then
+    # no space in the request line, or none before the target: libmicrohttpd 0.9.75 closes without a response
+    # (newer versions answer 400), the server never sees the request
+    for req in 'GARBAGE\r\n\r\n' 'GET\r\n\r\n' ' GET /health HTTP/1.1\r\nHost: x\r\n\r\n'; do
+        st=$(raw_status "$req")
+        case $st in "HTTP/1.1 400 "* | closed) ok "request line '$req': $st" ;; *) bad "request line '$req': got '$st', want a 400 or a close" ;; esac
+    done
+    # answered by libmicrohttpd: a version other than HTTP/d.d, no version, a header line without ':'
+    expect "request line 'GET / FOO/1.1': 400" "$(raw_status 'GET / FOO/1.1\r\nHost: x\r\n\r\n')" "HTTP/1.1 400 Bad Request"
+    expect "request line 'GET /health' (no version): 400" "$(raw_status 'GET /health\r\n\r\n')" "HTTP/1.1 400 Bad Request"
+    st=$(raw_status 'GET / HTTP/9.9\r\n\r\n')
+    case $st in "HTTP/1.1 505 "* | "HTTP/1.1 400 "*) ok "request line 'GET / HTTP/9.9': $st" ;; *) bad "request line 'GET / HTTP/9.9': got '$st', want 505 or 400" ;; esac
+    expect "header line without ':': 400" "$(raw_status 'GET /health HTTP/1.1\r\nHost: x\r\nBadHeader\r\n\r\n')" "HTTP/1.1 400 Bad Request"
+    # answered by the server (JSON error): what libmicrohttpd lets through
+    expect "target with a space: 400" "$(raw_status 'GET /he alth HTTP/1.1\r\nHost: x\r\n\r\n')" "HTTP/1.1 400 Bad Request"
+    expect "target with a space: code invalid_request_line" "$(raw_code 'GET /he alth HTTP/1.1\r\nHost: x\r\n\r\n')" invalid_request_line
+    expect "target not a path: 400" "$(raw_status 'GET health HTTP/1.1\r\nHost: x\r\n\r\n')" "HTTP/1.1 400 Bad Request"
+    expect "method not a token: code invalid_request_line" "$(raw_code 'G(T /health HTTP/1.1\r\nHost: x\r\n\r\n')" invalid_request_line
+    expect "header name with a space: 400" "$(raw_status 'GET /health HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n')" "HTTP/1.1 400 Bad Request"
+    expect "header name with a space: code invalid_header" "$(raw_code 'GET /health HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n')" invalid_header
+    expect "empty header name: code invalid_header" "$(raw_code 'GET /health HTTP/1.1\r\n: v\r\nHost: x\r\n\r\n')" invalid_header
+    expect "control character in a header value: code invalid_header" "$(raw_code 'GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n')" invalid_header
+    expect "POST with a malformed header: code invalid_header" \
+        "$(raw_code 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{"prompt":""}')" invalid_header
+    # well-formed requests are still served, raw and by curl
+    expect "well-formed raw GET /health: 200" "$(raw_status 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n')" "HTTP/1.1 200 OK"
+    expect "raw GET with a percent-encoded space in the query: 200" "$(raw_status 'GET /v1/models?a=%20b HTTP/1.1\r\nHost: x\r\n\r\n')" "HTTP/1.1 200 OK"
+    expect "after malformed requests: /health 200" "$(curl -s -o /dev/null -w '%{http_code}' "$B/health")" 200
+    expect "after malformed requests: /v1/models 200" "$(curl -s -o /dev/null -w '%{http_code}' "$B/v1/models")" 200
+    expect "after malformed requests: a completion 200" \
+        "$(curl -s -o /dev/null -w '%{http_code}' "${H[@]}" -d '{"prompt":"hi","max_tokens":4}' "$B/v1/completions")" 200
+    stop_server mal
+else bad "serve --mock (malformed requests) did not start: $(tail -2 "$TMP/mal.log")"; fi
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

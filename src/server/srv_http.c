@@ -1,4 +1,5 @@
-/* srv_http.c — HTTP side of `deltafin serve` on libmicrohttpd: routing, API
+/* srv_http.c — HTTP side of `deltafin serve` on libmicrohttpd: request syntax (400 for a malformed method,
+ * request target or header that libmicrohttpd lets through), routing, API
  * key, body size limit (413), admission (--parallel generations running plus --queue
  * waiting, default 16; more -> 429 with Retry-After), the --parallel worker threads
  * that run generations, SSE responses with keep-alive comments, client-disconnect detection,
@@ -64,6 +65,8 @@ typedef struct {
     size_t discarded;
     int fd;
     srv_job *job;             /* an admitted generation (one reference), released in on_completed */
+    int started;              /* on_request has seen this request (routed it, or answered it) */
+    int bad_target;           /* the raw request target is malformed (on_uri) */
 } conn_ctx;
 
 /* SSE stream state (the response's reader callback) */
@@ -550,18 +553,128 @@ static enum MHD_Result send_preflight(struct MHD_Connection *c, int post) {
     return ok;
 }
 
+/* ------------------------------------------------------ request syntax */
+
+/* A request's context, made by on_uri (MHD's URI log callback) once the request line is parsed, else by on_request. */
+static conn_ctx *conn_new(void) {
+    conn_ctx *x = calloc(1, sizeof *x);
+    if (!x) return NULL;
+    srv_buf_init(&x->body);
+    x->fd = -1;
+    return x;
+}
+
+/* RFC 9110 tchar: the characters of a method or a header field name. */
+static int is_tchar(unsigned char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+static int is_token(const char *s) {
+    if (!s || !*s) return 0;
+    for (; *s; s++)
+        if (!is_tchar((unsigned char)*s)) return 0;
+    return 1;
+}
+
+/* The raw request target (before percent-decoding): origin form (/path?query), absolute form (http[s]://...) or
+ * "*", without spaces or control characters (bytes >= 0x80 are let through). */
+static int target_ok(const char *t) {
+    if (!t) return 0;
+    if (strcmp(t, "*") && t[0] != '/' && strncasecmp(t, "http://", 7) && strncasecmp(t, "https://", 8)) return 0;
+    for (const unsigned char *p = (const unsigned char *)t; *p; p++)
+        if (*p <= ' ' || *p == 0x7f) return 0;
+    return 1;
+}
+
+/* MHD_get_connection_values iterator: stops at the first header whose name is not a token or whose value holds a
+ * control character other than HTAB; *(const char **)cls is then that header's name. */
+static enum MHD_Result header_check(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    int ok = is_token(key);
+    for (const unsigned char *v = (const unsigned char *)value; ok && v && *v; v++)
+        if ((*v < ' ' && *v != '\t') || *v == 0x7f) ok = 0;
+    if (ok) return MHD_YES;
+    *(const char **)cls = key ? key : "";
+    return MHD_NO;
+}
+
+/* s with every byte outside printable ASCII as '?', at most 60 of them (for a message). */
+static void printable(char *out, size_t n, const char *s) {
+    size_t i = 0;
+    for (; s && s[i] && i < 60 && i + 1 < n; i++) out[i] = s[i] >= ' ' && s[i] < 0x7f ? s[i] : '?';
+    if (n) out[i < n ? i : n - 1] = 0;
+}
+
+/* 400 for a request that MHD parsed but that is not well-formed HTTP; the connection is closed after it, since
+ * the rest of such a request cannot be trusted to be framed as it says. */
+static enum MHD_Result send_bad_request(struct MHD_Connection *c, const char *msg, const char *code) {
+    char *e = srv_error_json(msg, srv_error_type(400), NULL, code);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(e), e, MHD_RESPMEM_MUST_COPY);
+    free(e);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Connection", "close");
+    if (S.cfg.cors) MHD_add_response_header(r, "Access-Control-Allow-Origin", S.cfg.cors);
+    enum MHD_Result ok = MHD_queue_response(c, 400, r);
+    MHD_destroy_response(r);
+    if (S.cfg.verbose) fprintf(stderr, "serve: 400 %s\n", msg);
+    return ok;
+}
+
+/* MHD_OPTION_URI_LOG_CALLBACK: called with the raw request target once MHD has parsed the request line, before
+ * the headers; what it returns is the request's context (*con_cls) for on_request and on_completed. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+    (void)cls;
+    (void)c;
+    conn_ctx *x = conn_new();
+    if (x) x->bad_target = !target_ok(uri);
+    return x;
+}
+
+/* 1, with *answered the result of queueing a 400, when the request line or a header is malformed in a way MHD
+ * lets through; 0 when the request is well-formed. */
+static int request_malformed(struct MHD_Connection *c, conn_ctx *x, const char *method, enum MHD_Result *answered) {
+    char m[300], v[64];
+    if (!is_token(method)) {
+        printable(v, sizeof v, method);
+        snprintf(m, sizeof m, "Malformed request line: the method '%s' is not an HTTP token.", v);
+        *answered = send_bad_request(c, m, "invalid_request_line");
+        return 1;
+    }
+    if (x->bad_target) {
+        *answered = send_bad_request(c, "Malformed request line: the request target must be a path such as "
+                                        "/v1/models, without spaces or control characters.", "invalid_request_line");
+        return 1;
+    }
+    const char *h = NULL;
+    MHD_get_connection_values(c, MHD_HEADER_KIND, header_check, &h);
+    if (h) {
+        printable(v, sizeof v, h);
+        snprintf(m, sizeof m, "Malformed header '%s': a field name is a non-empty HTTP token (no spaces) and a "
+                              "value holds no control characters.", v);
+        *answered = send_bad_request(c, m, "invalid_header");
+        return 1;
+    }
+    return 0;
+}
+
 /* --------------------------------------------------------------- routing */
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     conn_ctx *x = *con_cls;
     if (!x) {
-        x = calloc(1, sizeof *x);
+        x = conn_new();
         if (!x) return MHD_NO;
         *con_cls = x;
-        srv_buf_init(&x->body);
+    }
+    if (!x->started) {
+        x->started = 1;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         x->fd = ci ? ci->connect_fd : -1;
+        enum MHD_Result answered;
+        if (request_malformed(c, x, method, &answered)) return answered;
         const char *p = url;
         if (!strncmp(p, "/v1/", 4)) p += 3;
         int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
@@ -788,6 +901,7 @@ int srv_serve(const srv_config *cfg) {
                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                           MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
                            MHD_OPTION_END);
     if (!S.d) {
         const int e = errno;
