@@ -992,7 +992,7 @@ static void test_mla_block(void) {
         for (int i = 0; i < BKVL; i++) kvn[i] = 0.5f + rndf();
         const df_mla_block b = {an, fn, eps, form == 1 ? NULL : &qa, form == 1 ? NULL : &qb, form == 1 ? &qp : NULL,
                                 &kva, &kvb, &ow, form == 2 ? NULL : &rw, form == 1 ? NULL : qan, kvn, leps,
-                                BH, BDN, BDR, BDV, BKVL, 0.125f, 0, NULL, NULL, NULL, 0, 0.0f, 0.0f};
+                                BH, BDN, BDR, BDV, BKVL, 0.125f, 0, NULL, NULL, NULL, 0, 0.0f, 0.0f, NULL};
         for (int s = 0; s < 2; s++) {
             for (int i = 0; i < BNC * BKVL; i++) base.c[s][i] = rndf();
             for (int i = 0; i < BNC * BDR; i++) base.p[s][i] = rndf();
@@ -1097,7 +1097,7 @@ static void test_moe_resid_mode(int early) {
     }
     /* early: the block also starts the shared expert (item NX), which moe_resid then takes */
     df_mla_block b = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, &rw, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL, 0.125f,
-                      key, NULL, NULL, NULL, 0, 0.0f, 0.0f};
+                      key, NULL, NULL, NULL, 0, 0.0f, 0.0f, NULL};
     const df_mla_block b0 = b;
     if (early) { b.sh_gate = &g[NX]; b.sh_up = &u[NX]; b.sh_down = &d[NX]; }
     static float c1[BNC * BKVL], p1[BNC * BDR], c2[BNC * BKVL], p2[BNC * BDR];
@@ -1155,6 +1155,171 @@ static void test_moe_resid(void) {
     test_moe_resid_mode(1);
 }
 
+/* moe_route's picks and weights for one token, sorted by id (the order the device routing reports) */
+static void host_route_sorted(const df_config *cfg, const float *lg, const float *bias, int *ids, float *w) {
+    const int K = cfg->num_experts_per_tok;
+    moe_route(cfg, lg, bias, 1, ids, w);
+    for (int k = 1; k < K; k++)
+        for (int j = k; j > 0 && ids[j - 1] > ids[j]; j--) {
+            const int t = ids[j]; ids[j] = ids[j - 1]; ids[j - 1] = t;
+            const float f = w[j]; w[j] = w[j - 1]; w[j - 1] = f;
+        }
+}
+
+/* df_cuda_route_test: the device routing's picks and weights bitwise moe_route's (route_math.h's sigmoid on both
+ * sides), over shapes of DeepSeek-V3 (256 experts, 8 groups keep 4), Kimi K2 (384, no groups), K3 (896, top-16) and
+ * small ones, logits of several magnitudes, ties (repeated values), -inf and NaN logits. */
+static void test_route(void) {
+    static const struct { int E, K, G, TG, renorm, deepseek; float scale; } cs[] = {
+        {256, 8, 8, 4, 1, 1, 2.5f}, {384, 8, 1, 1, 1, 0, 2.827f}, {896, 16, 1, 1, 1, 0, 2.5f}, {64, 8, 1, 1, 1, 0, 1.0f},
+        {16, 2, 4, 2, 0, 1, 1.0f}, {64, 1, 1, 1, 1, 0, 1.0f}, {16, 16, 2, 1, 1, 1, 16.0f},
+    };
+    static float lg[1024], bias[1024];
+    int n_bad = 0, n = 0;
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++)
+        for (int mode = 0; mode < 6; mode++) {
+            df_config cfg;
+            memset(&cfg, 0, sizeof cfg);
+            const int E = cs[c].E, K = cs[c].K;
+            cfg.n_routed_experts = E;
+            cfg.num_experts_per_tok = K;
+            cfg.n_group = cs[c].G;
+            cfg.topk_group = cs[c].TG;
+            cfg.norm_topk_prob = cs[c].renorm;
+            cfg.arch = cs[c].deepseek ? DF_ARCH_DEEPSEEK : DF_ARCH_DEEPSEEK + 1;
+            cfg.routed_scaling_factor = cs[c].scale;
+            const float mag = mode == 1 ? 20.0f : mode == 2 ? 0.01f : 4.0f;
+            for (int x = 0; x < E; x++) {
+                lg[x] = mag * rndf();
+                bias[x] = 0.1f * rndf();
+            }
+            if (mode == 3) /* ties: few distinct values */
+                for (int x = 0; x < E; x++) lg[x] = (float)(rnd() % 4) * 0.5f;
+            if (mode == 4) { /* -inf and +inf logits */
+                lg[E / 3] = -INFINITY;
+                lg[E / 2] = INFINITY;
+                lg[E - 1] = -200.0f;
+            }
+            if (mode == 5) lg[E / 4] = NAN;
+            int hi[16], di[16];
+            float hw[16], dw[16];
+            host_route_sorted(&cfg, lg, mode == 3 ? NULL : bias, hi, hw);
+            const int rc = df_cuda_route_test(lg, mode == 3 ? NULL : bias, E, K, cfg.n_group, cfg.topk_group,
+                                              cfg.norm_topk_prob && (cfg.arch == DF_ARCH_DEEPSEEK || K > 1),
+                                              cfg.routed_scaling_factor, di, dw);
+            n++;
+            /* a NaN weight (a NaN logit picked) is NaN on both sides; its payload is the hardware's own */
+            int wbad = 0;
+            for (int k = 0; k < K; k++)
+                wbad |= !(hw[k] != hw[k] && dw[k] != dw[k]) && memcmp(&hw[k], &dw[k], sizeof(float));
+            if (rc || memcmp(hi, di, sizeof(int) * K) || wbad) {
+                if (n_bad++ < 3) {
+                    printf("FAIL route E=%d K=%d G=%d mode %d (rc %d):", E, K, cfg.n_group, mode, rc);
+                    for (int k = 0; k < K; k++) printf(" %d/%d %a/%a", hi[k], di[k], hw[k], dw[k]);
+                    printf("\n");
+                }
+            }
+        }
+    CHECK(n_bad == 0, "device routing: %d of %d cases differ from moe_route", n_bad, n);
+}
+
+/* The MoE routed on the device by the block (df_mla_block.moe): every one of BE MXFP4 experts resident (dev_load), a
+ * bf16 shared expert started by the block; the call returns without waiting (its x_out / h2 / logits unwritten) and
+ * the next block given x NULL then continues bitwise as the host path does (the block's logits routed by moe_route,
+ * moe_resid with those picks, the next block given x NULL), the cache rows of both calls in the host arrays after it;
+ * the picks come back through df_cuda_moe_routed after the next call. A layer missing one expert is declined (queued
+ * 0, the outputs written). */
+static void test_moe_route_block(void) {
+    enum { BI = 64, K = 4, LAYER = 3 };
+    const float eps = 1e-5f, leps = 1e-6f;
+    df_weight qa = make_weight(DF_W_BF16, BR, BD), qb = make_weight(DF_W_BF16, BH * BQD, BR);
+    df_weight kva = make_weight(DF_W_BF16, BKVL + BDR, BD), kvb = make_weight(DF_W_BF16, BH * (BDN + BDV), BKVL);
+    df_weight ow = make_weight(DF_W_BF16, BD, BH * BDV), rw = make_weight(DF_W_BF16, BE, BD);
+    static float an[BD], fn[BD], qan[BR], kvn[BKVL], bias[BE];
+    for (int i = 0; i < BD; i++) { an[i] = 0.5f + rndf(); fn[i] = 0.5f + rndf(); }
+    for (int i = 0; i < BR; i++) qan[i] = 0.5f + rndf();
+    for (int i = 0; i < BKVL; i++) kvn[i] = 0.5f + rndf();
+    for (int i = 0; i < BE; i++) bias[i] = 0.05f * rndf();
+    const uint64_t key = 0x7a11;
+    df_weight g[BE + 1], u[BE + 1], d[BE + 1];
+    int loaded = 0;
+    for (int i = 0; i <= BE; i++) {
+        const df_wtype t = i < BE ? DF_W_MXFP4 : DF_W_BF16;
+        g[i] = make_weight(t, BI, BD);
+        u[i] = make_weight(t, BI, BD);
+        d[i] = make_weight(t, BD, BI);
+        if (i < BE) {
+            g[i].dev_key = DF_DEVKEY(LAYER, i, 0); u[i].dev_key = DF_DEVKEY(LAYER, i, 1); d[i].dev_key = DF_DEVKEY(LAYER, i, 2);
+            loaded += !df_cuda_dev_load(&g[i]) + !df_cuda_dev_load(&u[i]) + !df_cuda_dev_load(&d[i]);
+        }
+    }
+    CHECK(loaded == 3 * BE, "dev_load of the %d experts: %d of %d matrices resident", BE, loaded, 3 * BE);
+    df_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.n_routed_experts = BE;
+    cfg.num_experts_per_tok = K;
+    cfg.n_group = 4;
+    cfg.topk_group = 2;
+    cfg.norm_topk_prob = 1;
+    cfg.arch = DF_ARCH_DEEPSEEK;
+    cfg.routed_scaling_factor = 2.5f;
+    df_moe_dev md = {LAYER, BE, K, 4, 2, 1, 2.5f, bias, 0, 0.0f, 0.0f, 1, 0, 0};
+    df_mla_block b = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, &rw, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL, 0.125f,
+                      key, &g[BE], &u[BE], &d[BE], 0, 0.0f, 0.0f, NULL};
+    const df_mla_block b0 = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, &rw, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL,
+                             0.125f, key, NULL, NULL, NULL, 0, 0.0f, 0.0f, NULL};
+    static float c1[BNC * BKVL], p1[BNC * BDR], c2[BNC * BKVL], p2[BNC * BDR];
+    for (int i = 0; i < BNC * BKVL; i++) c1[i] = c2[i] = rndf();
+    for (int i = 0; i < BNC * BDR; i++) p1[i] = p2[i] = rndf();
+    float *cp1 = c1, *pp1 = p1, *cp2 = c2, *pp2 = p2;
+    float x[BD], cs[2 * BDR], cs2[BDR], xo[BD], h2[BD], lg[BE], xo2[BD], h2b[BD], lgb[BE];
+    for (int i = 0; i < BD; i++) x[i] = rndf();
+    for (int i = 0; i < 2 * BDR; i++) cs[i] = 1.2f * rndf();
+    for (int i = 0; i < BDR; i++) cs2[i] = cs[BDR + i];
+    const int np1 = 10, np2 = 11;
+    df_cuda_stats st0, st1;
+    df_cuda_get_stats(&st0);
+    /* the device path: block (routes and runs the MoE), then the next block from the device residual */
+    b.moe = &md;
+    int rc = df_cuda_mla_block(&b, 1, x, cs, &cp1, &pp1, &np1, NULL, xo, h2, lg);
+    const int queued = md.queued;
+    float x2[BD], h22[BD], lg2[BE], x3[BD], h23[BD], lg3[BE];
+    rc |= df_cuda_mla_block(&b0, 1, NULL, cs2, &cp1, &pp1, &np2, NULL, x2, h22, lg2);
+    df_cuda_get_stats(&st1);
+    int dids[16] = {0}, got = df_cuda_moe_routed(key, LAYER, dids), again = df_cuda_moe_routed(key, LAYER, dids + 8);
+    /* the host path on the other cache copy */
+    b.moe = NULL;
+    rc |= df_cuda_mla_block(&b, 1, x, cs, &cp2, &pp2, &np1, NULL, xo2, h2b, lgb);
+    int hid[16];
+    float hw[16];
+    host_route_sorted(&cfg, lgb, bias, hid, hw);
+    const df_weight *gp[K + 1], *up[K + 1], *dp[K + 1];
+    for (int i = 0; i < K; i++) { gp[i] = &g[hid[i]]; up[i] = &u[hid[i]]; dp[i] = &d[hid[i]]; }
+    gp[K] = &g[BE]; up[K] = &u[BE]; dp[K] = &d[BE];
+    rc |= df_cuda_moe_resid(K + 1, gp, up, dp, 0, 0, 0, h2b, hw, 1, key);
+    rc |= df_cuda_mla_block(&b0, 1, NULL, cs2, &cp2, &pp2, &np2, NULL, x3, h23, lg3);
+    CHECK(rc == 0 && queued == 1, "device-routed MoE: rc %d, queued %d (%s)", rc, queued, df_cuda_last_error());
+    CHECK(st1.dev_routed - st0.dev_routed == 1 && st1.shared_early - st0.shared_early == 1,
+          "device-routed MoE: %llu routed, %llu started shared experts taken (want 1, 1)",
+          (unsigned long long)(st1.dev_routed - st0.dev_routed), (unsigned long long)(st1.shared_early - st0.shared_early));
+    CHECK(got == 1 && again == 0 && !memcmp(dids, hid, sizeof(int) * K),
+          "device-routed MoE: moe_routed %d then %d, picks %d %d %d %d, host %d %d %d %d", got, again, dids[0], dids[1],
+          dids[2], dids[3], hid[0], hid[1], hid[2], hid[3]);
+    CHECK(!memcmp(x2, x3, sizeof x2) && !memcmp(h22, h23, sizeof h22) && !memcmp(lg2, lg3, sizeof lg2) &&
+              !memcmp(c1, c2, sizeof c1) && !memcmp(p1, p2, sizeof p1),
+          "device-routed MoE + mla_block(x NULL) differs from moe_route + moe_resid + mla_block(x NULL)");
+    /* one expert gone: declined, the host path's logits still returned */
+    df_cuda_cache_clear();
+    for (int i = 1; i < BE; i++) { df_cuda_dev_load(&g[i]); df_cuda_dev_load(&u[i]); df_cuda_dev_load(&d[i]); }
+    b.moe = &md;
+    rc = df_cuda_mla_block(&b, 1, x, cs, &cp1, &pp1, &np1, NULL, xo, h2, lg);
+    CHECK(rc == 0 && md.queued == 0 && !memcmp(lg, lgb, sizeof lg), "device-routed MoE with expert 0 missing: rc %d, queued %d",
+          rc, md.queued);
+    for (int i = 0; i <= BE; i++) { free_weight(&g[i]); free_weight(&u[i]); free_weight(&d[i]); }
+    free_weight(&qa); free_weight(&qb); free_weight(&kva); free_weight(&kvb); free_weight(&ow); free_weight(&rw);
+    df_cuda_cache_clear();
+}
+
 int main(void) {
     char why[300];
     if (!df_cuda_probe(why, sizeof why)) {
@@ -1177,5 +1342,7 @@ int main(void) {
     test_mla_mirror();
     test_mla_block();
     test_moe_resid();
+    test_route();
+    test_moe_route_block();
     return t_done();
 }

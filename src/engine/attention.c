@@ -307,7 +307,7 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
                       lora ? NULL : &lw->q, &lw->kv_a, &lw->kv_b, &lw->o, logits ? &lw->router : NULL,
                       lora ? lw->q_a_norm : NULL, lw->kv_a_norm, QA_NORM_EPS, H, dn, dr, dv, kvl,
                       (float)e->rope.softmax_scale, e->be->moe_resid ? (uint64_t)(uintptr_t)e : 0,
-                      NULL, NULL, NULL, 0, 0.0f, 0.0f};
+                      NULL, NULL, NULL, 0, 0.0f, 0.0f, NULL};
     if (e->sh_early && T == 1 && logits && b.resid_key) { /* the FFN's shared expert, started by the block (moe.c) */
         b.sh_gate = &lw->gate;
         b.sh_up = &lw->up;
@@ -316,8 +316,21 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
         b.sh_beta = cfg->situ_beta;
         b.sh_lb = cfg->situ_linear_beta;
     }
+    df_moe_dev md; /* the FFN's MoE routed on the device by the block (moe.c moe_route's routing, its activation) */
+    if (e->moe_dev && T == 1 && logits && b.resid_key && lw->is_moe) {
+        const int K = cfg->num_experts_per_tok;
+        md = (df_moe_dev){layer, cfg->n_routed_experts, K, cfg->n_group, cfg->topk_group,
+                          cfg->norm_topk_prob && (cfg->arch == DF_ARCH_DEEPSEEK || K > 1), cfg->routed_scaling_factor,
+                          lw->router_bias, cfg->act == DF_ACT_SITU, cfg->situ_beta, cfg->situ_linear_beta, lw->has_shared,
+                          0, 0};
+        b.moe = &md;
+    }
     if (e->be->mla_block(&b, T, e->x_dev ? NULL : x, cs, cache, cache + T, npos, seq_key, x, h2, logits) == 0) {
         e->x_dev = 0;
+        if (b.moe && md.queued) {
+            e->moe_queued = 1;
+            e->moe_bytes = md.bytes;
+        }
         e->weight_bytes += (lora ? df_weight_bytes(&lw->q_a) + df_weight_bytes(&lw->q_b) : df_weight_bytes(&lw->q)) +
                            df_weight_bytes(&lw->kv_a) + df_weight_bytes(&lw->kv_b) + df_weight_bytes(&lw->o) +
                            (logits ? df_weight_bytes(&lw->router) : 0);

@@ -132,6 +132,14 @@ typedef struct {
     /* router logits [T, n_routed_experts] of the next ffn_forward's rows, computed with the layer's MLA block
      * (df_backend.mla_block); NULL: ffn_forward runs the router itself */
     const float *ffn_logits;
+    /* one token's MoE routed and run on the device by its layer's MLA block (df_mla_block.moe): moe_dev, set by forward
+     * for a block whose FFN may go there; moe_queued and moe_bytes (the routed experts' weight bytes), set by the block
+     * when it did; mr_pend[layer], such routings whose picks the backend has not reported yet (df_backend.moe_routed;
+     * taken by eng_moe_settle), mr_npend of them */
+    int moe_dev, moe_queued;
+    uint64_t moe_bytes;
+    unsigned char mr_pend[DF_MAX_LAYERS];
+    int mr_npend;
     /* calibration of the prompt lookahead (moe_guess_prompt): per vote count v (1..DF_GUESS_VOTES, the last
      * bucket = v or more rows picked the expert), the guesses made and how many the layer then needed; the
      * votes of the last guess (gs_votes[n_routed_experts], of layer gs_layer; -1 = none to score) */
@@ -180,6 +188,8 @@ int attn_block_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq
 
 /* noaux_tc routing of T rows of router logits [T, E] -> ids/weights [T, top_k] (moe.c). */
 void moe_route(const df_config *cfg, const float *logits, const float *bias, int T, int *ids, float *weights);
+/* The picks of the device-routed MoEs (engine.h mr_pend) the backend has reported since: counted as touched experts. */
+void eng_moe_settle(df_engine *e);
 /* FFN of a layer (dense MLP, or shared + routed experts grouped by expert). h: [T, hidden]
  * (post-attention-normalized); out: [T, hidden]. */
 int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char *err, size_t errlen);

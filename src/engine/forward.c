@@ -180,7 +180,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
     e->progress = progress;
     e->progress_user = user;
     e->progress_layers = 0;
-    e->x_dev = e->defer_ok = e->ffn_deferred = e->sh_early = 0;
+    e->x_dev = e->defer_ok = e->ffn_deferred = e->sh_early = e->moe_dev = e->moe_queued = 0;
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
     /* a decode step: the lookahead runs when the gate's arm says so (always when ungated) */
     const int dstep = e->prefetch && (T <= PREFETCH_MAX_T || decode_batch);
@@ -207,6 +207,9 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         const int defer = block && lw->is_moe && T == 1 && n_seq == 1 && l + 1 < L && cfg->mixer[l + 1] == DF_MIXER_MLA &&
                           e->be->moe_resid && D % 16 == 0 && !e->stream;
         e->sh_early = defer && lw->has_shared && cfg->latent_dim == 0;
+        /* and its MoE may be routed and run on the device by the block itself (every expert resident there) */
+        e->moe_dev = defer && cfg->latent_dim == 0 && e->be->moe_routed != NULL;
+        e->moe_queued = 0;
         if (block) { /* x += mixer(RMSNorm(x)); h = RMSNorm(x) for the FFN; the router's logits */
             rc = attn_block_batch(e, l, seqs, n_seq, x, h, lw->is_moe ? rlog : NULL, err, errlen);
             LAP(DF_PHASE_MLA);
@@ -323,6 +326,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         LAP(DF_PHASE_LM_HEAD);
     }
 #undef LAP
+    eng_moe_settle(e);
     if (dstep) {
         if (e->prefetch_ungated) e->pf_steps[0]++;
         else pf_gate_record(e, df_now() - t_call, T);
@@ -330,7 +334,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
 done:
     e->la_x = NULL; /* x is freed below */
     e->progress = NULL;
-    e->x_dev = e->defer_ok = e->ffn_deferred = e->sh_early = 0;
+    e->x_dev = e->defer_ok = e->ffn_deferred = e->sh_early = e->moe_dev = e->moe_queued = 0;
     /* the next call's first streamed layer is read while the caller samples */
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream));
     free(x);

@@ -2,7 +2,7 @@
  * moe.c — the FFN of a layer: dense SwiGLU MLP below first_k_dense_replace,
  * otherwise noaux_tc routed experts + shared experts (transformers
  * DeepseekV3MoE / DeepseekV3TopkRouter):
- *   s = sigmoid(x W_r^T) (fp32); choice = s + e_score_correction_bias (selection only);
+ *   s = sigmoid(x W_r^T) (fp32, kernels/route_math.h); choice = s + e_score_correction_bias (selection only);
  *   n_group > 1: group score = sum of its top-2 choice scores, keep topk_group groups,
  *   the rest -inf; top-k of choice; weights = s at those ids, / (sum + 1e-20) if
  *   norm_topk_prob, * routed_scaling_factor.
@@ -12,6 +12,7 @@
  */
 #include "engine.h"
 #include "deltafin.h"
+#include "kernels/route_math.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -42,7 +43,7 @@ void moe_route(const df_config *cfg, const float *logits, const float *bias, int
     for (int t = 0; t < T; t++) {
         const float *lg = logits + (int64_t)t * E;
         for (int x = 0; x < E; x++) {
-            s[x] = 1.0f / (1.0f + expf(-lg[x]));
+            s[x] = df_route_sigmoid(lg[x]); /* the bits the GPU's own routing (cuda_moe.cu) gets */
             choice[x] = s[x] + (bias ? bias[x] : 0.0f);
         }
         if (G > 1) {
@@ -288,10 +289,41 @@ static int resid_group(ex_job *j, int items, const int *used, const int *start, 
     return 0;
 }
 
+void eng_moe_settle(df_engine *e) {
+    if (!e->mr_npend || !e->be->moe_routed) return;
+    const int E = e->cfg->n_routed_experts, L = e->cfg->num_hidden_layers;
+    int ids[64];
+    for (int l = 0; l < L && l < DF_MAX_LAYERS && e->mr_npend; l++) {
+        if (!e->mr_pend[l] || !e->be->moe_routed((uint64_t)(uintptr_t)e, l, ids)) continue;
+        e->mr_pend[l] = 0;
+        e->mr_npend--;
+        if (e->touched)
+            for (int k = 0; k < e->cfg->num_experts_per_tok && k < 64; k++) {
+                unsigned char *t = &e->touched[(int64_t)l * E + ids[k]];
+                if (!*t) { *t = 1; e->touched_n++; }
+            }
+    }
+}
+
 int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char *err, size_t errlen) {
     const df_config *cfg = e->cfg;
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int D = cfg->hidden_size;
+    eng_moe_settle(e);
+    if (e->moe_queued) { /* routed, computed and added into the device residual by the layer's block */
+        e->moe_queued = 0;
+        e->routed_picks += (uint64_t)cfg->num_experts_per_tok;
+        e->routed_union += (uint64_t)cfg->num_experts_per_tok;
+        e->weight_bytes += e->moe_bytes + (lw->has_shared ? df_weight_bytes(&lw->gate) + df_weight_bytes(&lw->up) +
+                                                                df_weight_bytes(&lw->down)
+                                                          : 0);
+        if (layer < DF_MAX_LAYERS && !e->mr_pend[layer]) {
+            e->mr_pend[layer] = 1;
+            e->mr_npend++;
+        }
+        e->ffn_deferred = 1;
+        return DF_OK;
+    }
     if (!lw->is_moe) {
         uint64_t b = 0;
         int rc = mlp(e, e->pool, &lw->gate, &lw->up, &lw->down, h, T, out, &b);

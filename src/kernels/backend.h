@@ -31,6 +31,24 @@ void df_pool_run(df_pool *p, int64_t n, int64_t grain, df_task_fn fn, void *ctx)
 
 /* --------------------------------------------------------------- backend */
 
+/* One token's routed experts, routed and run on the device right after the MLA block that computes their router
+ * logits (df_mla_block.moe): in, the layer's routing (engine/moe.c moe_route: the same selection and weights, with
+ * route_math.h's sigmoid) and activation; out, set by the backend. */
+typedef struct df_moe_dev {
+    int layer;                          /* the experts' DF_DEVKEY layer */
+    int E, K, n_group, topk_group;      /* routed experts, top-k, groups and groups kept (n_group <= 1: no groups) */
+    int renorm;                         /* divide the top-k weights by their sum (+ 1e-20) */
+    float scale;                        /* routed_scaling_factor */
+    const float *bias;                  /* [E] e_score_correction_bias (selection only), or NULL */
+    int act;                            /* 0 SwiGLU, 1 SiTU (beta, lb) */
+    float beta, lb;
+    int shared;                         /* the layer has a shared expert (the block must have started it: sh_gate) */
+    int queued;                         /* out: 1 = routed, the experts' MLPs, the combine and the residual add queued
+                                         * (the moe_resid that would follow is not to be called), 0 = not (the
+                                         * caller routes from the returned logits as without this) */
+    uint64_t bytes;                     /* out: the routed experts' weight bytes read (queued) */
+} df_moe_dev;
+
 /* The weights and shape of one layer's MLA mixer with its residual and the FFN's input (df_backend.mla_block;
  * engine/attention.c, the absorbed form). */
 typedef struct df_mla_block {
@@ -51,6 +69,15 @@ typedef struct df_mla_block {
     const df_weight *sh_gate, *sh_up, *sh_down;
     int sh_act;
     float sh_beta, sh_lb;
+    /* Optional (T = 1 with resid_key and a router, the next FFN a routed MoE whose every expert is resident in device
+     * memory): route the token on the device and add the MoE's output (its routed experts and the shared expert the
+     * block started) into the device residual as moe_resid would, without the host; NULL: not. The backend may decline
+     * (moe->queued = 0). The experts chosen reach the caller later through moe_routed. When it queues them, the call
+     * may return before the device has finished: x_out, h2 and logits are then not written (the caller needs none of
+     * them: the layer's output is in the device residual), and the cache rows it writes reach the host arrays c / kpe
+     * at a later call of this backend (before any call reads those host rows, and at the latest at the next call that
+     * waits for the device; seq_forget of the sequence drops them). */
+    df_moe_dev *moe;
 } df_mla_block;
 
 typedef struct df_backend {
@@ -160,6 +187,10 @@ typedef struct df_backend {
      * added: the caller computes the items with mlp_group). */
     int (*moe_resid)(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                      int act, float beta, float lb, const float *x, const float *w, int shared, uint64_t resid_key);
+    /* Optional (NULL on the CPU; set whenever the backend may queue df_mla_block.moe): the experts a layer's device
+     * routing chose for the caller resid_key, once the device has chosen them (after a later call of this backend
+     * returned): ids [K] in ascending order and 1, each routing reported once; 0 = none (yet). */
+    int (*moe_routed)(uint64_t resid_key, int layer, int *ids);
     /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its
      * caches (the mla_attend keys k with k >> 8 == uid); uid 0 = every sequence's. */
     void (*seq_forget)(uint64_t uid);

@@ -83,13 +83,22 @@ int df_cuda_has(uint64_t dev_key);
 int df_cuda_host_pin(void *p, size_t n);
 void df_cuda_host_unpin(void *p);
 void df_cuda_unpin(uint64_t dev_key);
+/* df_backend.moe_routed: the picks (ascending ids) of the caller's last device routing of this layer, once a later call
+ * synchronised the stream after it: 1 with ids [K], each routing reported once; else 0. */
+int df_cuda_moe_routed(uint64_t resid_key, int layer, int *ids);
+/* The device routing alone (tests): engine/moe.c moe_route's contract for one token (logits [E], bias [E] or NULL,
+ * n_group / topk_group, renorm, scale; K <= 16, E <= 1024), computed by the route kernel of the device MoE path
+ * (cuda_moe.cu); ids [K] and weights [K] in ascending id order. 0, or -1 (no device, limits, CUDA error). */
+int df_cuda_route_test(const float *logits, const float *bias, int E, int K, int n_group, int topk_group, int renorm,
+                       float scale, int *ids, float *weights);
 
 typedef struct {
     uint64_t spine_bytes, expert_bytes;   /* cached now */
     uint64_t expert_hits, expert_misses;  /* routed-expert cache lookups */
     uint64_t uploaded_bytes;              /* host -> GPU weight bytes since start */
     uint64_t grouped_items;               /* MLP items run in grouped tensor-core launches (df_cuda_mlp_group) */
-    uint64_t shared_early;                /* moe_resid calls that took the shared expert their mla_block started */
+    uint64_t shared_early;                /* MoEs that took the shared expert their mla_block started */
+    uint64_t dev_routed;                  /* one-token MoEs routed and run on the device (df_mla_block.moe) */
 } df_cuda_stats;
 void df_cuda_get_stats(df_cuda_stats *out);
 

@@ -90,6 +90,9 @@ static void init_table(void) {
                                   df_cuda_env_switch("DF_CUDA_MOE_RESID", NULL, 0) != 0
                               ? df_cuda_moe_resid
                               : NULL;
+    /* the MoE routed on the device by the block (df_mla_block.moe; DF_CUDA_MOE_ROUTE=0 declines it): the picks come
+     * back through moe_routed */
+    g_cuda_be.moe_routed = g_cuda_be.moe_resid ? df_cuda_moe_routed : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */

@@ -83,4 +83,14 @@ double df_cuda_bench_matmul(df_wtype t, int64_t rows, int64_t cols, int T, int i
 double df_cuda_bench_group(df_wtype t, int64_t rows, int64_t cols, int T, int n, int iters) { return -1; }
 double df_cuda_bench_bandwidth(void) { return -1; }
 void df_cuda_fp32_peak(double *flops, int *sms, int *mhz) { *flops = 0; *sms = 0; *mhz = 0; }
+int df_cuda_moe_routed(uint64_t resid_key, int layer, int *ids) {
+    (void)resid_key; (void)layer; (void)ids;
+    return 0;
+}
+int df_cuda_route_test(const float *logits, const float *bias, int E, int K, int n_group, int topk_group, int renorm,
+                       float scale, int *ids, float *weights) {
+    (void)logits; (void)bias; (void)E; (void)K; (void)n_group; (void)topk_group; (void)renorm; (void)scale; (void)ids;
+    (void)weights;
+    return -1;
+}
 #endif

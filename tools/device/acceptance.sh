@@ -35,6 +35,10 @@
 #   part 21: this binary against the carried builds named in ALT (default "deltafin.b"): GPU tests, the kernels (KTYPES, default mxfp4; KSHAPES)
 #          (bench kernels --backend cuda) and the resident decode of each, alternated twice; SASS instruction counts
 #          of the one-token MXFP4 tile in the objects named in OBJS (paths in the checkout) when cuobjdump is there.
+#   part 22: one token's MoE routed and run on the device by the MLA block (DF_CUDA_MOE_ROUTE on / off): GPU tests,
+#          resident decode alternated, traced (host clocks), and after a 3072-token prompt.
+#   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
+#          DF_CUDA_MOE_ROUTE on / off.
 #   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
 #   part 7: the drive into a cache-sized pool (bench io --buffer) and parts 6's runs plus a 16-thread CPU decode
 #          against that B too (--io-buffer).
@@ -383,6 +387,36 @@ case $PART in
     resident_model
     knob_ab DF_CUDA_SPLIT
     ncu_decode
+    rm -rf "$W"
+    ;;
+23)
+    # where the resident decode's GPU idles (nsys timeline, gpu_gaps.py) and each kernel's duration (ncu), with
+    # DF_CUDA_MOE_ROUTE on and off
+    resident_model
+    NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+    for v in 1 0; do
+        if [ -n "$NSYS" ]; then
+            log "nsys: resident decode, DF_CUDA_MOE_ROUTE=$v"
+            DF_CUDA_MOE_ROUTE=$v timeout 150 "$NSYS" profile --trace=cuda --sample=none --cpuctxsw=none -o "/tmp/nsys$v" \
+                --force-overwrite true "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+                --prompt-ids "$(seq -s, 1 64)" --max-new 96 >/dev/null 2>"$OUT/nsys$v.err"
+            timeout 120 "$NSYS" stats --report cuda_gpu_trace --format csv -o "/tmp/gt$v" "/tmp/nsys$v.nsys-rep" >/dev/null 2>&1
+            python3 "$HERE/tools/device/gpu_gaps.py" "$(ls /tmp/gt$v*.csv | head -1)" 0.4 >>"$S" 2>&1
+        else
+            log "nsys: not installed"
+        fi
+        log "ncu, DF_CUDA_MOE_ROUTE=$v"
+        mkdir -p "$OUT/r$v"
+        O0=$OUT
+        OUT=$OUT/r$v DF_CUDA_MOE_ROUTE=$v ncu_decode
+        OUT=$O0
+    done
+    rm -rf "$W"
+    ;;
+22)
+    gpu_tests
+    resident_model
+    knob_ab DF_CUDA_MOE_ROUTE
     rm -rf "$W"
     ;;
 21)

@@ -473,9 +473,26 @@ __global__ void __launch_bounds__(256) scatter_kernel(const Seg *__restrict__ se
     for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < s.n; i += (long long)gridDim.x * 256) s.dst[i] = s.src[i];
 }
 
-/* Device and pinned host buffers of this file (grow only; the runtime's mutex is held while they are used). */
-void *g_dev, *g_host;
-size_t g_cdev, g_chost;
+/* The device buffer of this file (grow only; the runtime's mutex is held while it is used). */
+void *g_dev;
+size_t g_cdev;
+/* Pinned host staging, two buffers taken by turns, so that a call may return before the device has read its upload or
+ * written its returned part (an asynchronous block, see attend_locked): a buffer is reused only once the event
+ * recorded after its call's last copy has completed, and such a call's cache rows (pend) are written into the host
+ * caches then, or at the next call that synchronises, or before any call reads host cache rows. */
+struct HostBuf {
+    void *p;
+    size_t cap;
+    cudaEvent_t ev;
+    int ev_live;
+    int pend;             /* an asynchronous block's row, still to be written into the host caches */
+    float *dst_c, *dst_p; /* host rows (kvl, dr floats) */
+    size_t off_c, off_p;  /* their values in this buffer */
+    int kvl, dr;
+    uint64_t key;         /* the cache's seq_key */
+};
+HostBuf g_hb[2];
+int g_hcur;
 
 size_t up256(size_t n) { return (n + 255) / 256 * 256; }
 size_t up4(size_t n) { return (n + 3) / 4 * 4; }
@@ -498,14 +515,30 @@ int grow_dev(size_t need) {
     return 0;
 }
 
-int grow_host(size_t need) {
-    if (need <= g_chost) return 0;
-    if (g_host) cudaFreeHost(g_host);
-    g_host = NULL;
-    g_chost = 0;
+/* Host buffer i once the device is done with it: its last call's copies complete, its pending row written. */
+int host_wait(int i) {
+    HostBuf &h = g_hb[i];
+    if (h.ev_live) {
+        CKA(cudaEventSynchronize(h.ev));
+        h.ev_live = 0;
+    }
+    if (h.pend) {
+        memcpy(h.dst_c, (const char *)h.p + h.off_c, sizeof(float) * (size_t)h.kvl);
+        if (h.dr) memcpy(h.dst_p, (const char *)h.p + h.off_p, sizeof(float) * (size_t)h.dr);
+        h.pend = 0;
+    }
+    return 0;
+}
+
+int grow_host(int i, size_t need) {
+    HostBuf &h = g_hb[i];
+    if (need <= h.cap) return 0;
+    if (h.p) cudaFreeHost(h.p); /* host_wait(i) came first: no copy reads or writes it */
+    h.p = NULL;
+    h.cap = 0;
     const size_t n = (need + (1u << 20) - 1) / (1u << 20) * (1u << 20);
-    CKA(cudaHostAlloc(&g_host, n, cudaHostAllocDefault));
-    g_chost = n;
+    CKA(cudaHostAlloc(&h.p, n, cudaHostAllocDefault));
+    h.cap = n;
     return 0;
 }
 
@@ -766,11 +799,20 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     cudaStream_t st = cu_rt_stream();
     mir_setup();
     if (g_mbad) return cu_rt_error(g_mwhy);
+    /* this call's host staging: the buffer the call before last used, once the device is done with it */
+    const int hi = g_hcur ^= 1;
+    if (host_wait(hi)) return -1;
     Unit *u = (Unit *)malloc(sizeof(Unit) * (size_t)T + sizeof(int) * (size_t)T);
     if (!u) return cu_rt_error("mla_attend: out of host memory");
     int *slot = (int *)(u + T);
     const int nu = plan_units(T, c, kpe, npos, seq_key, kvl, dr, u, slot);
     if (nu < 0) { free(u); return -1; }
+    /* rows read from the host caches below: an asynchronous call's row among them must be there first */
+    for (int j = 0; j < nu; j++)
+        if ((bk ? u[j].first : u[j].need) > u[j].lo) {
+            if (host_wait(hi ^ 1)) { free(u); return -1; }
+            break;
+        }
     if (bk) { /* the device writes each unit's rows [first, need): the call's rows must be exactly those */
         int *cnt = (int *)calloc((size_t)nu, sizeof(int));
         if (!cnt) { free(u); return cu_rt_error("mla_block: out of host memory"); }
@@ -825,8 +867,8 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     } else {
         ret_bytes = o ? fl * (size_t)T * (size_t)o->rows : fl * (size_t)T * H * sh.dv;
     }
-    if (grow_dev(o_ret + ret_bytes) || grow_host(h_ret + ret_bytes)) { free(u); return -1; }
-    char *hb = (char *)g_host, *db = (char *)g_dev;
+    if (grow_dev(o_ret + ret_bytes) || grow_host(hi, h_ret + ret_bytes)) { free(u); return -1; }
+    char *hb = (char *)g_hb[hi].p, *db = (char *)g_dev;
     /* the caller's device residual: this call's x_out, the next call's x when that gives none */
     int *resid_valid = NULL;
     float *resid = bk && bk->b->resid_key ? cu_rt_resid(bk->b->resid_key, (size_t)T * D, !bk->x, &resid_valid) : NULL;
@@ -935,6 +977,9 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         cu_rt_mark("block: residual, norm, router");
     }
     CKA(cudaMemcpyAsync(hb + h_ret, bk || o ? db + o_ret : (char *)dov, ret_bytes, cudaMemcpyDeviceToHost, st));
+    if (!g_hb[hi].ev) CKA(cudaEventCreateWithFlags(&g_hb[hi].ev, cudaEventDisableTiming));
+    CKA(cudaEventRecord(g_hb[hi].ev, st)); /* the staging's last copy of this call */
+    g_hb[hi].ev_live = 1;
     /* the next FFN's shared expert on h2, queued behind the copy-out: the device runs it while the host routes (the
      * key's earlier one was dropped when this call began) */
     int started = 0;
@@ -946,7 +991,38 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
                                           b->sh_lb, (const float *)(db + o_ret + r_h), &ev)) < 0)
             return -1;
     }
+    /* the FFN's routed experts, routed on the device and added into the residual behind the shared expert: the
+     * synchronisation below waits for neither, so the device runs them while the host goes on */
+    if (bk && resid && T == 1 && E && bk->b->moe && bk->b->moe->E == E && (started || !bk->b->moe->shared)) {
+        df_moe_dev *m = bk->b->moe;
+        const float *bd = NULL;
+        if (m->bias && vec_dev(m->bias, E, &bd)) return -1;
+        static cudaEvent_t route_ev; /* without a shared expert: the event the synchronisation waits for */
+        if (!started) {
+            if (!route_ev) CKA(cudaEventCreateWithFlags(&route_ev, cudaEventDisableTiming));
+            CKA(cudaEventRecord(route_ev, st));
+        }
+        if (cu_rt_moe_route(bk->b->resid_key, m, bd, (const float *)(db + o_ret + r_l), (const float *)(db + o_ret + r_h)) < 0)
+            return -1;
+        if (m->queued && !started) {
+            ev = route_ev;
+            started = 1;
+        }
+        if (m->queued) { /* asynchronous: nothing waited for; the row reaches the host cache later (host_wait) */
+            HostBuf &h = g_hb[hi];
+            h.pend = 1;
+            h.dst_c = bk->c[0] + (size_t)(npos[0] - 1) * kvl;
+            h.dst_p = bk->kpe[0] + (size_t)(npos[0] - 1) * dr;
+            h.off_c = h_ret + r_c;
+            h.off_p = h_ret + r_p;
+            h.kvl = kvl;
+            h.dr = dr;
+            h.key = seq_key ? seq_key[0] : 0;
+            return 0;
+        }
+    }
     CKA(started ? cu_rt_sync_event("attn: copy out", ev) : cu_rt_sync("attn: copy out"));
+    if (host_wait(hi ^ 1)) return -1; /* the other buffer's copies came before: done */
     if (!bk) {
         memcpy(o ? out : o_v, hb + h_ret, ret_bytes);
         return 0;
@@ -1023,6 +1099,8 @@ static int core_call(const df_weight *kv_b, int T, int H, int dn, int dr, int dv
         cudaStreamSynchronize(cu_rt_stream());
         cudaGetLastError();
         mir_forget_keys(T, seq_key, 1);
+        host_wait(0); /* the earlier calls' rows (their copies done) */
+        host_wait(1);
     }
     cu_rt_unlock();
     return rc;
@@ -1057,6 +1135,7 @@ extern "C" int df_cuda_mla_attend_o(const df_weight *kv_b, int T, int H, int dn,
 extern "C" int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, const float *cs, float *const *c,
                                  float *const *kpe, const int *npos, const uint64_t *seq_key, float *x_out, float *h2,
                                  float *logits) {
+    if (b->moe) b->moe->queued = 0;
     if (T <= 0) return 0;
     const uint64_t *key = seq_key;
     char m[240];
@@ -1088,5 +1167,7 @@ extern "C" void df_cuda_seq_forget(uint64_t uid) {
     if (!__atomic_load_n(&g_mlive, __ATOMIC_RELAXED) || cu_rt_lock()) return;
     for (int i = 0; i < g_nmir; i++)
         if (g_mir[i].used && (uid == 0 || g_mir[i].key >> 8 == uid)) mir_drop(i);
+    for (int i = 0; i < 2; i++) /* the sequence's host caches may be gone: its pending row is not written */
+        if (g_hb[i].pend && (uid == 0 || g_hb[i].key >> 8 == uid)) g_hb[i].pend = 0;
     cu_rt_unlock();
 }

@@ -54,6 +54,19 @@ typedef struct {
  * code and K slices; the grouping only changes which block computes a tile). */
 cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n, const cu_mma_item *items,
                                 cudaStream_t st);
+/* A grouped launch's items as the kernel reads them: weights d / s [rows, cols], input rows from xrow[i] of the split
+ * input, T[i] tokens, output y[i] [T[i], rows]; at most CU_MMA_MAXG items. */
+#define CU_MMA_MAXG 32
+typedef struct {
+    const uint8_t *d[CU_MMA_MAXG], *s[CU_MMA_MAXG];
+    float *y[CU_MMA_MAXG];
+    int xrow[CU_MMA_MAXG], T[CU_MMA_MAXG];
+} cu_mma_group;
+/* cu_mma_group_launch with the items in device memory (dg, written by an earlier kernel on st; n items, every T[i]
+ * <= tmax <= 256): x [xT, cols] (device fp32) split once, the items' xrow[] indexing its rows. The same tile code and
+ * K slices as cu_mma_launch: each y has its bits. */
+cudaError_t cu_mma_group_dev_launch(df_wtype type, int64_t rows, int64_t cols, const float *x, int xT, int n, int tmax,
+                                    const cu_mma_group *dg, cudaStream_t st);
 
 /* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);
@@ -79,6 +92,49 @@ cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const fl
 #define CU_COMBINE_MAX 32
 cudaError_t cu_combine_resid_launch(float *resid, int64_t D, int n, const float *const *y, const float *w, const float *sh,
                                     cudaStream_t st);
+/* The same combine with its arguments in device memory (written by an earlier kernel on st): y[i], w[i] for i < n,
+ * sh (NULL: none). */
+typedef struct {
+    const float *y[CU_COMBINE_MAX];
+    float w[CU_COMBINE_MAX];
+    const float *sh;
+    int n;
+} cu_combine_args;
+cudaError_t cu_combine_resid_dev_launch(float *resid, int64_t D, const cu_combine_args *da, cudaStream_t st);
+/* Device routing of one token's MoE (cuda_moe.cu): at most CU_ROUTE_MAXE routed experts, CU_ROUTE_MAXG groups and
+ * top-CU_ROUTE_MAXK (2 K items per grouped launch). The route kernel's output in device memory: the grouped launches'
+ * items (gate, up of pick i as items 2i, 2i + 1 into rows i of g, u; down of pick i from row i of g into row i of y),
+ * the combine's arguments, and the picks in ascending id order with their weights. */
+#define CU_ROUTE_MAXE 1024
+#define CU_ROUTE_MAXG 64
+#define CU_ROUTE_MAXK 16
+typedef struct {
+    cu_mma_group gu, dn;
+    cu_combine_args cb;
+    int ids[CU_ROUTE_MAXK];
+    float w[CU_ROUTE_MAXK];
+} cu_moe_route_out;
+/* The routing alone (engine/moe.c moe_route's picks and weights, bitwise): logits [E], bias [E] or NULL (device);
+ * G groups (<= 1: none), topk_group kept; tab [E][6] the experts' device arrays (gate data, scale, up data, scale,
+ * down data, scale; NULL entries allowed when nothing runs them); g, u [K, I], y [K, D] the MLPs' scratch, sh the
+ * shared expert's output or NULL; into o (device). */
+cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
+                            float scale, const void *const *tab, float *g, float *u, float *y, int64_t I, int64_t D,
+                            const float *sh, cu_moe_route_out *o, cudaStream_t st);
+/* The routing, then the picks' MLPs on h2 [D] (grouped tensor-core launches: gate / up of encoding tgu [I, D], down
+ * of tdn [D, I]; act / beta / lb as moe_resid's), then resid [D] += combine (cu_combine_resid: ascending ids, then
+ * sh): the bits of moe_route + moe_resid on the same logits and h2. Queued on st. */
+cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
+                              float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
+                              const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
+                              float *resid, cu_moe_route_out *o, cudaStream_t st);
+/* With the mutex held, in an mla_block call after cu_rt_shared_start: m's device routing and MoE for the caller key
+ * (df_mla_block.moe) on logits [E] and h2 [D] (device), into that key's residual; bias_dev: m->bias on the device or
+ * NULL. 1: queued (m->bytes set; the picks reach moe_routed once a later call synchronises), 0: declined (a layer
+ * not wholly resident on the tensor-core path, no started shared expert where the layer has one, shapes past the
+ * limits, DF_CUDA_MOE_ROUTE=0), -1: a CUDA error (recorded). */
+int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2);
+
 /* Fill n bytes with a fixed pseudo-random pattern (benchmark weights); AND every 32-bit word with mask. */
 cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st);
 cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st);

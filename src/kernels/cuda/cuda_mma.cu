@@ -213,7 +213,7 @@ __global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, u
 }
 
 /* Items of a grouped launch (cu_mma_group_launch) per kernel call: the parameter block stays under 4 KB. */
-constexpr int MAXG = 32;
+constexpr int MAXG = CU_MMA_MAXG;
 
 /* The split of up to MAXG separate inputs in one launch: input j (x[j] [T[j], cols], device) into the rows of xs
  * from xrow[j] on; blockIdx.y = j. */
@@ -227,13 +227,8 @@ __global__ void split_group_kernel(const __grid_constant__ SplitGroup g, int64_t
               (int64_t)blockIdx.x * blockDim.x + threadIdx.x);
 }
 
-/* A grouped launch's items (blockIdx.z = item): weights d/s [rows, cols], input rows from xrow[i] of the split,
- * T[i] tokens, output y[i] [T[i], rows]. */
-struct MmaGroup {
-    const uint8_t *d[MAXG], *s[MAXG];
-    float *y[MAXG];
-    int xrow[MAXG], T[MAXG];
-};
+/* A grouped launch's items (blockIdx.z = item; cuda_internal.h). */
+using MmaGroup = cu_mma_group;
 
 /* Block: KS warps, one per K slice, on the same RM m-tiles (16 rows each) x NT n-tiles (8 columns each). The
  * columns are (token, part) pairs: column 3k + p of the block is part p (0 = hi, 1 = mid, 2 = lo) of its k-th token
@@ -402,6 +397,16 @@ mma_group_kernel(const __grid_constant__ MmaGroup g, int64_t rows, int64_t cols,
                                   (int64_t)blockIdx.x * (16 * RM), n0);
 }
 
+/* The same from a group in device memory (cu_mma_group_dev_launch). */
+template <int ENC, int RM, int NT, int KS, int PF>
+__global__ void __launch_bounds__(KS * 32)
+mma_group_dev_kernel(const MmaGroup *__restrict__ g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
+    const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value, T = g->T[i];
+    if (n0 >= T) return;
+    mma_tile<ENC, RM, NT, KS, PF>(g->d[i], g->s[i], rows, cols, xs + (int64_t)g->xrow[i] * (cols / 32) * 12, T, g->y[i],
+                                  (int64_t)blockIdx.x * (16 * RM), n0);
+}
+
 /* The activations' split for up to TC tokens at a time (device scratch, grown on demand). */
 constexpr int TC = 256;
 uint32_t *g_xs = nullptr;
@@ -419,7 +424,8 @@ cudaError_t xs_reserve(size_t need, cudaStream_t st) {
     return cudaSuccess;
 }
 
-/* One launch: a single weight (g == NULL: d, s, y, T) or nz items of a group (g; T = the most tokens of an item). */
+/* One launch: a single weight (g == gd == NULL: d, s, y, T) or nz items of a group (g in the parameters, or gd in
+ * device memory; T = the most tokens of an item). */
 struct Launch {
     const uint8_t *d, *s;
     const uint4 *xs;
@@ -427,6 +433,7 @@ struct Launch {
     int T;
     const MmaGroup *g;
     int nz;
+    const MmaGroup *gd;
 };
 
 template <int ENC, int RM, int NT, int KS, int PF>
@@ -434,8 +441,9 @@ cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t
     constexpr size_t smem = mma_smem<RM, NT, KS>();
     constexpr int TPB = Tpb<NT>::value;
     const dim3 grid((unsigned)((rows + 16 * RM - 1) / (16 * RM)), (unsigned)((a.T + TPB - 1) / TPB),
-                    a.g ? (unsigned)a.nz : 1u);
-    if (a.g) mma_group_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(*a.g, rows, cols, a.xs);
+                    a.g || a.gd ? (unsigned)a.nz : 1u);
+    if (a.gd) mma_group_dev_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(a.gd, rows, cols, a.xs);
+    else if (a.g) mma_group_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(*a.g, rows, cols, a.xs);
     else mma_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(a.d, a.s, rows, cols, a.xs, a.T, a.y);
     return cudaGetLastError();
 }
@@ -500,7 +508,7 @@ cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, in
         split_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(x + (int64_t)t0 * cols, n, cols, g_xs);
         e = cudaGetLastError();
         if (e != cudaSuccess) return e;
-        const Launch a = {d, s, reinterpret_cast<const uint4 *>(g_xs), y + (int64_t)t0 * rows, n, nullptr, 0};
+        const Launch a = {d, s, reinterpret_cast<const uint4 *>(g_xs), y + (int64_t)t0 * rows, n, nullptr, 0, nullptr};
         e = launch_enc(type, variant, a, rows, cols, st);
         if (e != cudaSuccess) return e;
     }
@@ -547,9 +555,23 @@ cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n
         const int64_t threads = (int64_t)sx_t * ng * 8;
         split_group_kernel<<<dim3((unsigned)((threads + 255) / 256), (unsigned)nx), 256, 0, st>>>(sg, cols, g_xs);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, &mg, nc};
+        const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, &mg, nc, nullptr};
         e = launch_enc(type, cu_get_variant(tmax), a, rows, cols, st);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
+}
+
+cudaError_t cu_mma_group_dev_launch(df_wtype type, int64_t rows, int64_t cols, const float *x, int xT, int n, int tmax,
+                                    const cu_mma_group *dg, cudaStream_t st) {
+    if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16) || rows * (cols / 32) > (int64_t)UINT32_MAX ||
+        n <= 0 || n > MAXG || tmax <= 0 || tmax > TC || xT <= 0 || xT > TC)
+        return cudaErrorInvalidValue;
+    cudaError_t e = xs_reserve((size_t)xT * (size_t)cols * 6, st);
+    if (e != cudaSuccess) return e;
+    const int64_t threads = (int64_t)xT * (cols / 32) * 8;
+    split_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(x, xT, cols, g_xs);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, nullptr, n, dg};
+    return launch_enc(type, cu_get_variant(tmax), a, rows, cols, st);
 }

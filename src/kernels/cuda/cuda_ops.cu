@@ -194,20 +194,24 @@ __global__ void __launch_bounds__(NN) kv_rows_kernel(const float *kva, int kvl, 
     }
 }
 
-struct CombineArgs {
-    const float *y[CU_COMBINE_MAX];
-    float w[CU_COMBINE_MAX];
-    const float *sh;
-    int n;
-};
+using CombineArgs = cu_combine_args;
 
-__global__ void combine_resid_kernel(const __grid_constant__ CombineArgs a, float *resid, int64_t D) {
+__device__ __forceinline__ void combine_resid(const CombineArgs &a, float *resid, int64_t D) {
     for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D; d += (int64_t)gridDim.x * blockDim.x) {
         float acc = 0.0f;
         for (int i = 0; i < a.n; i++) acc = fmaf(a.w[i], a.y[i][d], acc);
         const float v = a.sh ? __fadd_rn(acc, a.sh[d]) : acc;
         resid[d] = __fadd_rn(resid[d], v);
     }
+}
+
+__global__ void combine_resid_kernel(const __grid_constant__ CombineArgs a, float *resid, int64_t D) {
+    combine_resid(a, resid, D);
+}
+
+/* the arguments from device memory (cu_combine_resid_dev_launch): the same additions in the same order */
+__global__ void combine_resid_dev_kernel(const CombineArgs *__restrict__ a, float *resid, int64_t D) {
+    combine_resid(*a, resid, D);
 }
 
 __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
@@ -282,6 +286,11 @@ cudaError_t cu_combine_resid_launch(float *resid, int64_t D, int n, const float 
     a.sh = sh;
     a.n = n;
     combine_resid_kernel<<<grid_for(D), 256, 0, st>>>(a, resid, D);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_combine_resid_dev_launch(float *resid, int64_t D, const cu_combine_args *da, cudaStream_t st) {
+    combine_resid_dev_kernel<<<grid_for(D), 256, 0, st>>>(da, resid, D);
     return cudaGetLastError();
 }
 

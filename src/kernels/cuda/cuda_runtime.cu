@@ -60,6 +60,14 @@ df_cuda_stats g_stats;
 /* scratch: x, y, an uncached weight (device); x and y staging in pinned host memory (asynchronous copies) */
 void *g_sx, *g_sy, *g_sw, *g_hx, *g_hy, *g_sg, *g_su;
 size_t g_csx, g_csy, g_csw, g_chx, g_chy, g_csg, g_csu;
+/* A layer's device routing per caller (Resid.route): the picks' ids copied into pinned host memory (ids), the call that
+ * queued that copy (qcall: 0 = none pending) and whether they arrived and are not yet reported (ready). */
+struct RouteIds {
+    int ids[CU_ROUTE_MAXK];
+    int k, ready;
+    uint64_t qcall;
+};
+int g_npend; /* routings queued whose ids have not arrived */
 /* The device residual streams (df_backend.moe_resid / mla_block with x NULL), one per caller key (an engine): an
  * engine's rows stay its own when several engines (a target and its draft model) take turns on the device. */
 struct Resid {
@@ -74,11 +82,33 @@ struct Resid {
     const df_weight *sh_w[3];
     int sh_act, sh_valid;
     float sh_beta, sh_lb;
+    RouteIds *route; /* [DF_MAX_LAYERS], pinned (cu_rt_moe_route) */
 };
 constexpr int NRESID = 16;
 Resid g_resid[NRESID];
 uint64_t g_resid_tick;
 int g_sh_early_off; /* DF_CUDA_SHARED_EARLY=0: mla_block starts no shared expert (cu_rt_shared_start) */
+int g_route_off;    /* DF_CUDA_MOE_ROUTE=0: mla_block routes no MoE on the device (cu_rt_moe_route) */
+uint64_t g_call;    /* the entry points' calls, numbered (trace_begin) */
+
+/* Per layer (DF_DEVKEY's layer): how many of its routed experts' matrices are cached now, a generation bumped on every
+ * insert or drop of one, and the device table of their arrays [E][6] (cu_rt_moe_route) built for generation tgen. */
+struct LayerTab {
+    int n;
+    uint64_t gen, tgen;
+    void **dev;
+    int E, ok, tgu, tdn;
+    int64_t I, D;
+};
+LayerTab g_lt[DF_MAX_LAYERS];
+void layer_count(uint64_t key, int d) {
+    if (!(key >> 63)) return;
+    const uint64_t l = (key >> 40) & 0x7FFFFFu;
+    if (l < DF_MAX_LAYERS) {
+        g_lt[l].n += d;
+        g_lt[l].gen++;
+    }
+}
 /* The key's residual entry, or NULL. */
 Resid *resid_of(uint64_t key) {
     for (int i = 0; i < NRESID; i++)
@@ -136,6 +166,9 @@ void probe_once() {
     const int early = df_cuda_env_switch("DF_CUDA_SHARED_EARLY", g_why, sizeof g_why);
     if (early < 0) { g_ndev = 0; return; }
     g_sh_early_off = early == 0;
+    const int route = df_cuda_env_switch("DF_CUDA_MOE_ROUTE", g_why, sizeof g_why);
+    if (route < 0) { g_ndev = 0; return; }
+    g_route_off = route == 0;
     if (!split) cu_set_split(0);
     if (mv) cu_set_matvec_rows(mv);
     if (tl) cu_set_tile(tl);
@@ -231,6 +264,7 @@ void drop(int idx) {
     *pp = e->next;
     cudaFreeAsync(e->dev, g_st); /* after the work queued on g_st that may still read it */
     (e->expert ? g_stats.expert_bytes : g_stats.spine_bytes) -= e->bytes;
+    if (e->expert) layer_count(e->key, -1);
     e->used = 0;
     e->next = g_free;
     g_free = idx;
@@ -296,11 +330,35 @@ void trace_begin() {
         for (int i = 0; g_trace == 1 && i < TR_MARKS; i++)
             if (cudaEventCreate(&g_tev[i]) != cudaSuccess) g_trace = 2;
     }
+    g_call++; /* an entry point begins */
     g_nmark = 0;
     g_tev_done = 0;
     g_hdone = 0;
     if (g_trace > 0) g_h0 = host_now();
     if (g_trace == 1 && cudaEventRecord(g_tev[0], g_st) == cudaSuccess) { g_tname[0] = "start"; g_nmark = 1; }
+}
+
+/* The device routings queued by calls up to number upto have arrived (their ids copied to the host): each reported
+ * once by df_cuda_moe_routed, and their experts' entries count as used now (recency and hits, as a lookup would). */
+void route_settle(uint64_t upto) {
+    for (int i = 0; i < NRESID && g_npend > 0; i++) {
+        RouteIds *ro = g_resid[i].route;
+        if (!ro) continue;
+        for (int l = 0; l < DF_MAX_LAYERS; l++) {
+            RouteIds *q = &ro[l];
+            if (!q->qcall || q->qcall > upto) continue;
+            q->qcall = 0;
+            q->ready = 1;
+            g_npend--;
+            for (int k = 0; k < q->k; k++)
+                for (int p = 0; p < 3; p++) {
+                    Entry *e = find(DF_DEVKEY(l, q->ids[k], p));
+                    if (!e) continue;
+                    e->tick = ++g_tick;
+                    g_stats.expert_hits++;
+                }
+        }
+    }
 }
 
 } // namespace
@@ -372,6 +430,7 @@ int weight_on_device(const df_weight *w, const void **data, const void **scale) 
             n->next = g_bucket[b];
             g_bucket[b] = idx;
             (expert ? g_stats.expert_bytes : g_stats.spine_bytes) += total;
+            if (expert) layer_count(key, 1);
             *data = dev;
             *scale = sb ? (char *)dev + soff : NULL;
             return 0;
@@ -1132,6 +1191,9 @@ cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev) {
     cu_rt_mark(stage);
     if (g_trace > 0) g_h1 = host_now();
     const cudaError_t e = ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(g_st);
+    /* the device routings queued before the work waited for: their ids have arrived (an event recorded in this call
+     * follows every earlier call's work) */
+    if (e == cudaSuccess && g_npend) route_settle(ev ? g_call - 1 : g_call);
     if (g_trace > 0) {
         g_h2 = host_now();
         g_hdone = e == cudaSuccess;
@@ -1215,6 +1277,104 @@ int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, con
     *ev = g_sh_ev;
     return 1;
 }
+/* The layer's device table of its routed experts' arrays, rebuilt when its entries changed: t->ok when every expert
+ * < E has its three matrices cached, gate / up [I, D] of one encoding and down [D, I] of one, both on the tensor-core
+ * kernel, D and I multiples of 32. */
+int layer_table(int layer, int E) {
+    LayerTab *t = &g_lt[layer];
+    if (t->tgen == t->gen && t->E == E && t->dev) return t->ok;
+    t->ok = 0;
+    const Entry *e0 = find(DF_DEVKEY(layer, 0, 0)), *e2 = find(DF_DEVKEY(layer, 0, 2));
+    const unsigned mma = cu_get_mma();
+    if (!e0 || !e2 || !((mma >> e0->type) & 1) || !((mma >> e2->type) & 1) || e0->cols % 32 || e0->rows % 32 ||
+        e2->rows != e0->cols || e2->cols != e0->rows)
+        return 0;
+    t->tgu = e0->type;
+    t->tdn = e2->type;
+    t->I = e0->rows;
+    t->D = e0->cols;
+    void **h = (void **)malloc(sizeof(void *) * 6 * (size_t)E);
+    if (!h) return 0;
+    int ok = 1;
+    for (int x = 0; x < E && ok; x++)
+        for (int p = 0; p < 3 && ok; p++) {
+            const Entry *e = find(DF_DEVKEY(layer, x, p));
+            const int want = p < 2 ? t->tgu : t->tdn;
+            const int64_t rows = p < 2 ? t->I : t->D, cols = p < 2 ? t->D : t->I;
+            ok = e && e->type == want && e->rows == rows && e->cols == cols;
+            if (ok) {
+                h[x * 6 + 2 * p] = e->dev;
+                h[x * 6 + 2 * p + 1] = e->has_scale ? (char *)e->dev + e->scale_off : NULL;
+            }
+        }
+    /* pageable source: staged before the call returns, copied in stream order (after the kernels reading the old one) */
+    if (ok && !t->dev && cudaMalloc(&t->dev, sizeof(void *) * 6 * CU_ROUTE_MAXE) != cudaSuccess) {
+        cudaGetLastError();
+        t->dev = NULL;
+        ok = 0;
+    }
+    if (ok && cudaMemcpyAsync(t->dev, h, sizeof(void *) * 6 * (size_t)E, cudaMemcpyHostToDevice, g_st) != cudaSuccess) ok = 0;
+    free(h);
+    t->tgen = t->gen;
+    t->E = E;
+    t->ok = ok;
+    return ok;
+}
+void *g_rg, *g_ru, *g_ry, *g_ro;
+size_t g_crg, g_cru, g_cry, g_cro;
+int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2) {
+    m->queued = 0;
+    m->bytes = 0;
+    if (g_route_off || g_trace == 1) return 0;
+    Resid *r = resid_of(key);
+    const int E = m->E, K = m->K, G = m->n_group > 1 ? m->n_group : 1;
+    if (!r || !r->valid || (m->shared && !r->sh_valid) || E < 1 || E > CU_ROUTE_MAXE || K < 2 || K > CU_ROUTE_MAXK ||
+        K > E || G > CU_ROUTE_MAXG || m->layer < 0 || m->layer >= DF_MAX_LAYERS)
+        return 0;
+    LayerTab *t = &g_lt[m->layer];
+    if (t->n != 3 * E || !layer_table(m->layer, E) || r->cap < sizeof(float) * (size_t)t->D) return 0;
+    const int64_t I = t->I, D = t->D;
+    if (grow(&g_rg, &g_crg, sizeof(float) * (size_t)K * I) || grow(&g_ru, &g_cru, sizeof(float) * (size_t)K * I) ||
+        grow(&g_ry, &g_cry, sizeof(float) * (size_t)K * D) || grow(&g_ro, &g_cro, sizeof(cu_moe_route_out)))
+        return -1;
+    if (!r->route) {
+        CK(cudaMallocHost((void **)&r->route, sizeof(RouteIds) * DF_MAX_LAYERS));
+        memset(r->route, 0, sizeof(RouteIds) * DF_MAX_LAYERS);
+    }
+    cu_moe_route_out *o = (cu_moe_route_out *)g_ro;
+    CK(cu_moe_dev_launch(logits, bias_dev, E, K, G, m->topk_group, m->renorm, m->scale, (const void *const *)t->dev,
+                         (df_wtype)t->tgu, (df_wtype)t->tdn, I, D, h2, (float *)g_rg, (float *)g_ru, (float *)g_ry,
+                         m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, g_st));
+    RouteIds *q = &r->route[m->layer];
+    CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
+    if (!q->qcall) g_npend++;
+    q->qcall = g_call;
+    q->k = K;
+    q->ready = 0;
+    if (m->shared) {
+        r->sh_valid = 0;
+        g_stats.shared_early++;
+    }
+    g_stats.dev_routed++;
+    const uint64_t xb = (uint64_t)(2 * data_bytes((df_wtype)t->tgu, I, D) + data_bytes((df_wtype)t->tdn, D, I));
+    const uint64_t sb = (uint64_t)(2 * scale_bytes((df_wtype)t->tgu, I, D) + scale_bytes((df_wtype)t->tdn, D, I));
+    m->bytes = (uint64_t)K * (xb + sb);
+    m->queued = 1;
+    return 1;
+}
+extern "C" int df_cuda_moe_routed(uint64_t key, int layer, int *ids) {
+    if (!ready() || layer < 0 || layer >= DF_MAX_LAYERS) return 0;
+    pthread_mutex_lock(&g_mu);
+    Resid *r = resid_of(key);
+    int n = 0;
+    if (r && r->route && r->route[layer].ready) {
+        n = r->route[layer].k;
+        memcpy(ids, r->route[layer].ids, sizeof(int) * (size_t)n);
+        r->route[layer].ready = 0;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return n > 0;
+}
 void cu_rt_shared_drop(uint64_t key) {
     Resid *r = resid_of(key);
     if (r) r->sh_valid = 0;
@@ -1231,6 +1391,12 @@ float *cu_rt_resid(uint64_t key, size_t n, int need_valid, int **valid) {
         r->key = key;
         r->valid = 0;
         r->sh_valid = 0;
+        if (r->route) /* another caller's routings: not reported to this one */
+            for (int l = 0; l < DF_MAX_LAYERS; l++) {
+                if (r->route[l].qcall) g_npend--;
+                r->route[l].qcall = 0;
+                r->route[l].ready = 0;
+            }
     }
     if (need_valid && !r->valid) { snprintf(g_err, sizeof g_err, "the device residual holds no row yet"); return NULL; }
     if (sizeof(float) * n > r->cap) {

@@ -1,0 +1,215 @@
+/*
+ * cuda_moe.cu — one token's MoE routed on the device (df_mla_block.moe): the router's top-k from the logits the block
+ * just computed, then the chosen experts' MLPs in grouped tensor-core launches, the weighted combine and the residual
+ * add, with no host step between the router and the experts.
+ *
+ * Routing (engine/moe.c moe_route, DeepseekV3TopkRouter noaux_tc; the same bits): s = sigmoid(logit) by route_math.h;
+ * choice = s + bias; with groups, a group's score is the sum of its two largest choices (scanned in index order as
+ * the host scans them), the topk_group best groups are kept (lowest index on ties) and the others' choices become
+ * -inf; then K rounds pick the largest untaken choice, lowest index on ties, as the host's sequential scan does (a NaN
+ * choice never wins, except where the scan starts on one: the first untaken index). Weights: s at the picks, summed in
+ * pick order, divided by (sum + 1e-20) when renorm, times scale; every operation a single rounding, as the host's
+ * (moe.c is compiled without contraction). Then the K (id, weight) pairs are sorted by id: the host combines the
+ * experts in ascending id order.
+ *
+ * One warp does it: each lane takes the indices lane, lane + 32, ...; a round's pick is the warp's best (value, then
+ * index) by a butterfly with a total order, so every lane ends with the same pick. The kernel then writes the
+ * grouped launches' items (cuda_internal.h cu_mma_group) and the combine's arguments into device memory, where the
+ * next kernels on the stream read them.
+ */
+#include "cuda_internal.h"
+#include "kernels/route_math.h"
+
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+struct Best {
+    float v;
+    int i; /* -1: none */
+};
+
+/* a before b: a exists and (b does not, or a's value is larger, or equal with a lower index) */
+__device__ __forceinline__ bool before(const Best &a, const Best &b) {
+    return a.i >= 0 && (b.i < 0 || a.v > b.v || (a.v == b.v && a.i < b.i));
+}
+
+__global__ void route_kernel(const float *__restrict__ lg, const float *__restrict__ bias, int E, int K, int G, int topk_group,
+                             int renorm, float scale, const void *const *__restrict__ tab, float *g, float *u, float *y,
+                             int64_t I, int64_t D, const float *sh, cu_moe_route_out *o) {
+    extern __shared__ float sm[]; /* s [E], choice [E], taken [E] (bytes) */
+    __shared__ int id[CU_ROUTE_MAXK];
+    __shared__ float w[CU_ROUTE_MAXK];
+    __shared__ float gs[CU_ROUTE_MAXG];
+    __shared__ unsigned char keep[CU_ROUTE_MAXG];
+    float *s = sm, *ch = sm + E;
+    unsigned char *tk = reinterpret_cast<unsigned char *>(sm + 2 * E);
+    const int lane = threadIdx.x;
+    for (int x = lane; x < E; x += 32) {
+        const float v = df_route_sigmoid(lg[x]);
+        s[x] = v;
+        ch[x] = __fadd_rn(v, bias ? bias[x] : 0.0f);
+        tk[x] = 0;
+    }
+    __syncwarp();
+    if (G > 1) {
+        const int per = E / G;
+        for (int gi = lane; gi < G; gi += 32) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int x = gi * per; x < (gi + 1) * per; x++) {
+                const float c = ch[x];
+                if (c > a) { b = a; a = c; }
+                else if (c > b) b = c;
+            }
+            gs[gi] = per >= 2 ? __fadd_rn(a, b) : a;
+            keep[gi] = 0;
+        }
+        __syncwarp();
+        if (lane == 0)
+            for (int k = 0; k < topk_group && k < G; k++) {
+                int best = -1;
+                for (int gi = 0; gi < G; gi++)
+                    if (!keep[gi] && (best < 0 || gs[gi] > gs[best])) best = gi;
+                keep[best] = 1;
+            }
+        __syncwarp();
+        for (int x = lane; x < E; x += 32) {
+            const int gi = x / per;
+            if (gi < G && !keep[gi]) ch[x] = -INFINITY;
+        }
+        __syncwarp();
+    }
+    for (int k = 0; k < K; k++) {
+        Best b = {0.0f, -1};
+        int first = E; /* the lowest untaken index */
+        for (int x = lane; x < E; x += 32) {
+            if (tk[x]) continue;
+            if (x < first) first = x;
+            const float v = ch[x];
+            if (v != v) continue;
+            if (b.i < 0 || v > b.v) b = {v, x};
+        }
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) {
+            const Best c = {__shfl_xor_sync(0xffffffffu, b.v, m), __shfl_xor_sync(0xffffffffu, b.i, m)};
+            if (before(c, b)) b = c;
+        }
+        first = __reduce_min_sync(0xffffffffu, first);
+        const float fv = first < E ? ch[first] : 0.0f;
+        const int pick = fv != fv ? first : b.i;
+        if (lane == 0) {
+            id[k] = pick;
+            tk[pick] = 1;
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) {
+            w[k] = s[id[k]];
+            sum = __fadd_rn(sum, w[k]);
+        }
+        for (int k = 0; k < K; k++) {
+            if (renorm) w[k] = __fdiv_rn(w[k], __fadd_rn(sum, 1e-20f));
+            w[k] = __fmul_rn(w[k], scale);
+        }
+        for (int k = 1; k < K; k++) { /* ascending ids (distinct) */
+            const int ik = id[k];
+            const float wk = w[k];
+            int j = k - 1;
+            for (; j >= 0 && id[j] > ik; j--) {
+                id[j + 1] = id[j];
+                w[j + 1] = w[j];
+            }
+            id[j + 1] = ik;
+            w[j + 1] = wk;
+        }
+        o->cb.sh = sh;
+        o->cb.n = K;
+    }
+    __syncwarp();
+    for (int i = lane; i < K; i += 32) {
+        const int x = id[i];
+        const void *const *t = tab + (int64_t)x * 6; /* gate data, scale, up data, scale, down data, scale */
+        o->gu.d[2 * i] = static_cast<const uint8_t *>(t[0]);
+        o->gu.s[2 * i] = static_cast<const uint8_t *>(t[1]);
+        o->gu.y[2 * i] = g + (int64_t)i * I;
+        o->gu.d[2 * i + 1] = static_cast<const uint8_t *>(t[2]);
+        o->gu.s[2 * i + 1] = static_cast<const uint8_t *>(t[3]);
+        o->gu.y[2 * i + 1] = u + (int64_t)i * I;
+        o->gu.xrow[2 * i] = o->gu.xrow[2 * i + 1] = 0;
+        o->gu.T[2 * i] = o->gu.T[2 * i + 1] = 1;
+        o->dn.d[i] = static_cast<const uint8_t *>(t[4]);
+        o->dn.s[i] = static_cast<const uint8_t *>(t[5]);
+        o->dn.y[i] = y + (int64_t)i * D;
+        o->dn.xrow[i] = i;
+        o->dn.T[i] = 1;
+        o->cb.y[i] = y + (int64_t)i * D;
+        o->cb.w[i] = w[i];
+        o->ids[i] = x;
+        o->w[i] = w[i];
+    }
+}
+
+} // namespace
+
+cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
+                            float scale, const void *const *tab, float *g, float *u, float *y, int64_t I, int64_t D,
+                            const float *sh, cu_moe_route_out *o, cudaStream_t st) {
+    if (E <= 0 || E > CU_ROUTE_MAXE || K < 1 || K > CU_ROUTE_MAXK || K > E || 2 * K > CU_MMA_MAXG || K > CU_COMBINE_MAX ||
+        G > CU_ROUTE_MAXG || (G > 1 && E / G < 1))
+        return cudaErrorInvalidValue;
+    const size_t smem = (size_t)E * (2 * sizeof(float) + 1);
+    route_kernel<<<1, 32, smem, st>>>(logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
+                              float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
+                              const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
+                              float *resid, cu_moe_route_out *o, cudaStream_t st) {
+    cudaError_t e = cu_route_launch(logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o, st);
+    if (e != cudaSuccess) return e;
+    cu_rt_mark("moe: route");
+    if ((e = cu_mma_group_dev_launch(tgu, I, D, h2, 1, 2 * K, 1, &o->gu, st)) != cudaSuccess) return e;
+    cu_rt_mark("moe: grouped gate+up");
+    e = act ? cu_situ_mul_launch(g, g, u, (int64_t)K * I, beta, lb, st) : cu_silu_mul_launch(g, g, u, (int64_t)K * I, st);
+    if (e != cudaSuccess) return e;
+    if ((e = cu_mma_group_dev_launch(tdn, D, I, g, K, K, 1, &o->dn, st)) != cudaSuccess) return e;
+    cu_rt_mark("moe: activation, grouped down");
+    if ((e = cu_combine_resid_dev_launch(resid, D, &o->cb, st)) != cudaSuccess) return e;
+    cu_rt_mark("moe: combined into the residual");
+    return cudaSuccess;
+}
+
+extern "C" int df_cuda_route_test(const float *logits, const float *bias, int E, int K, int n_group, int topk_group,
+                                  int renorm, float scale, int *ids, float *weights) {
+    if (E <= 0 || E > CU_ROUTE_MAXE || K < 1 || K > CU_ROUTE_MAXK || K > E) return -1;
+    if (cu_rt_lock()) return -1;
+    cudaStream_t st = cu_rt_stream();
+    char *d = nullptr;
+    const size_t fe = sizeof(float) * (size_t)E, tb = sizeof(void *) * 6 * (size_t)E;
+    int rc = -1;
+    do {
+        if (cudaMalloc(&d, 2 * fe + tb + sizeof(cu_moe_route_out)) != cudaSuccess) break;
+        float *dl = (float *)d, *db = (float *)(d + fe);
+        void **tab = (void **)(d + 2 * fe);
+        cu_moe_route_out *o = (cu_moe_route_out *)(d + 2 * fe + tb);
+        if (cudaMemcpyAsync(dl, logits, fe, cudaMemcpyHostToDevice, st) != cudaSuccess) break;
+        if (bias && cudaMemcpyAsync(db, bias, fe, cudaMemcpyHostToDevice, st) != cudaSuccess) break;
+        if (cudaMemsetAsync(tab, 0, tb, st) != cudaSuccess) break;
+        if (cu_route_launch(dl, bias ? db : nullptr, E, K, n_group > 1 ? n_group : 1, topk_group, renorm, scale, tab,
+                            nullptr, nullptr, nullptr, 0, 0, nullptr, o, st) != cudaSuccess)
+            break;
+        if (cudaMemcpyAsync(ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
+        if (cudaMemcpyAsync(weights, o->w, sizeof(float) * (size_t)K, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
+        if (cudaStreamSynchronize(st) != cudaSuccess) break;
+        rc = 0;
+    } while (0);
+    if (rc) cu_rt_error("route test: a CUDA call failed");
+    cudaStreamSynchronize(st);
+    if (d) cudaFree(d);
+    cu_rt_unlock();
+    return rc;
+}
