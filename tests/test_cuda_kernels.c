@@ -1320,6 +1320,60 @@ static void test_moe_route_block(void) {
     df_cuda_cache_clear();
 }
 
+/* A dense layer's MLP run by the block (df_mla_block.moe with K = 0, the MLP started as the shared expert), then the
+ * final norm and lm_head from the device residual (df_cuda_final_logits with x NULL): bitwise the host path (the
+ * block, df_cuda_mlp on its h2, x_out + out on the host, the final op on those rows); and final_logits of three rows
+ * at once bitwise each row alone. */
+static void test_dense_final(void) {
+    enum { BI = 96, V = 80 };
+    const float eps = 1e-5f, leps = 1e-6f;
+    df_weight qa = make_weight(DF_W_BF16, BR, BD), qb = make_weight(DF_W_BF16, BH * BQD, BR);
+    df_weight kva = make_weight(DF_W_BF16, BKVL + BDR, BD), kvb = make_weight(DF_W_BF16, BH * (BDN + BDV), BKVL);
+    df_weight ow = make_weight(DF_W_BF16, BD, BH * BDV), lm = make_weight(DF_W_BF16, V, BD);
+    df_weight g = make_weight(DF_W_BF16, BI, BD), u = make_weight(DF_W_BF16, BI, BD), d = make_weight(DF_W_BF16, BD, BI);
+    static float an[BD], fn[BD], qan[BR], kvn[BKVL], fin[BD];
+    for (int i = 0; i < BD; i++) { an[i] = 0.5f + rndf(); fn[i] = 0.5f + rndf(); fin[i] = 0.5f + rndf(); }
+    for (int i = 0; i < BR; i++) qan[i] = 0.5f + rndf();
+    for (int i = 0; i < BKVL; i++) kvn[i] = 0.5f + rndf();
+    const uint64_t key = 0xde45e;
+    df_moe_dev md = {5, 0, 0, 0, 0, 0, 0.0f, NULL, 0, 0.0f, 0.0f, 1, 0, 0};
+    df_mla_block b = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, NULL, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL, 0.125f,
+                      key, &g, &u, &d, 0, 0.0f, 0.0f, &md};
+    df_mla_block b0 = b;
+    b0.sh_gate = b0.sh_up = b0.sh_down = NULL;
+    b0.moe = NULL;
+    static float c1[BNC * BKVL], p1[BNC * BDR], c2[BNC * BKVL], p2[BNC * BDR];
+    for (int i = 0; i < BNC * BKVL; i++) c1[i] = c2[i] = rndf();
+    for (int i = 0; i < BNC * BDR; i++) p1[i] = p2[i] = rndf();
+    float *cp1 = c1, *pp1 = p1, *cp2 = c2, *pp2 = p2;
+    float x[BD], cs[BDR], xo[BD], h2[BD], xo2[BD], h2b[BD], mo[BD], lg1[V], lg2[V];
+    for (int i = 0; i < BD; i++) x[i] = rndf();
+    for (int i = 0; i < BDR; i++) cs[i] = 1.2f * rndf();
+    const int np = 7;
+    int rc = df_cuda_mla_block(&b, 1, x, cs, &cp1, &pp1, &np, NULL, xo, h2, NULL);
+    const int queued = md.queued;
+    rc |= df_cuda_final_logits(NULL, 1, key, fin, eps, &lm, lg1);
+    rc |= df_cuda_mla_block(&b0, 1, x, cs, &cp2, &pp2, &np, NULL, xo2, h2b, NULL);
+    rc |= df_cuda_mlp(&g, &u, &d, 0, 0.0f, 0.0f, h2b, 1, mo);
+    for (int i = 0; i < BD; i++) xo2[i] += mo[i];
+    rc |= df_cuda_final_logits(xo2, 1, 0, fin, eps, &lm, lg2);
+    CHECK(rc == 0 && queued == 1, "dense MLP by the block: rc %d, queued %d (%s)", rc, queued, df_cuda_last_error());
+    CHECK(!memcmp(lg1, lg2, sizeof lg1) && !memcmp(c1, c2, sizeof c1) && !memcmp(p1, p2, sizeof p1),
+          "dense MLP by the block + final_logits(device residual) differs from the host path");
+    float xs3[3 * BD], l3[3 * V], l1[V];
+    for (int i = 0; i < 3 * BD; i++) xs3[i] = rndf();
+    rc = df_cuda_final_logits(xs3, 3, 0, fin, eps, &lm, l3);
+    int same = 1;
+    for (int t = 0; t < 3; t++) {
+        rc |= df_cuda_final_logits(xs3 + t * BD, 1, 0, fin, eps, &lm, l1);
+        same &= !memcmp(l1, l3 + t * V, sizeof l1);
+    }
+    CHECK(rc == 0 && same, "final_logits: three rows at once differ from each row alone");
+    free_weight(&qa); free_weight(&qb); free_weight(&kva); free_weight(&kvb); free_weight(&ow); free_weight(&lm);
+    free_weight(&g); free_weight(&u); free_weight(&d);
+    df_cuda_cache_clear();
+}
+
 int main(void) {
     char why[300];
     if (!df_cuda_probe(why, sizeof why)) {
@@ -1344,5 +1398,6 @@ int main(void) {
     test_moe_resid();
     test_route();
     test_moe_route_block();
+    test_dense_final();
     return t_done();
 }

@@ -308,7 +308,8 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
                       lora ? lw->q_a_norm : NULL, lw->kv_a_norm, QA_NORM_EPS, H, dn, dr, dv, kvl,
                       (float)e->rope.softmax_scale, e->be->moe_resid ? (uint64_t)(uintptr_t)e : 0,
                       NULL, NULL, NULL, 0, 0.0f, 0.0f, NULL};
-    if (e->sh_early && T == 1 && logits && b.resid_key) { /* the FFN's shared expert, started by the block (moe.c) */
+    if (e->sh_early && T == 1 && (logits || !lw->is_moe) && b.resid_key) {
+        /* the FFN's shared expert (a dense layer: its MLP), started by the block (moe.c) */
         b.sh_gate = &lw->gate;
         b.sh_up = &lw->up;
         b.sh_down = &lw->down;
@@ -317,12 +318,16 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
         b.sh_lb = cfg->situ_linear_beta;
     }
     df_moe_dev md; /* the FFN's MoE routed on the device by the block (moe.c moe_route's routing, its activation) */
-    if (e->moe_dev && T == 1 && logits && b.resid_key && lw->is_moe) {
+    if (e->moe_dev && T == 1 && b.resid_key && lw->is_moe && logits) {
         const int K = cfg->num_experts_per_tok;
         md = (df_moe_dev){layer, cfg->n_routed_experts, K, cfg->n_group, cfg->topk_group,
                           cfg->norm_topk_prob && (cfg->arch == DF_ARCH_DEEPSEEK || K > 1), cfg->routed_scaling_factor,
                           lw->router_bias, cfg->act == DF_ACT_SITU, cfg->situ_beta, cfg->situ_linear_beta, lw->has_shared,
                           0, 0};
+        b.moe = &md;
+    } else if (e->moe_dev && T == 1 && b.resid_key && !lw->is_moe && b.sh_gate) { /* a dense MLP (started above) */
+        md = (df_moe_dev){layer, 0, 0, 0, 0, 0, 0.0f, NULL, cfg->act == DF_ACT_SITU, cfg->situ_beta,
+                          cfg->situ_linear_beta, 1, 0, 0};
         b.moe = &md;
     }
     if (e->be->mla_block(&b, T, e->x_dev ? NULL : x, cs, cache, cache + T, npos, seq_key, x, h2, logits) == 0) {

@@ -201,14 +201,16 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         LAP(DF_PHASE_IO_WAIT);
         const df_layer_weights *lw = &sp->layers[l];
         const int block = use_block && cfg->mixer[l] == DF_MIXER_MLA;
-        /* a decode step's MoE may stay on the device when the next layer's block continues from there (not with a
-         * streamed spine: the shared expert's host copy is a staging buffer the next reads reuse while the queued
-         * upload may still read it); then the block may start the shared expert before it returns */
-        const int defer = block && lw->is_moe && T == 1 && n_seq == 1 && l + 1 < L && cfg->mixer[l + 1] == DF_MIXER_MLA &&
-                          e->be->moe_resid && D % 16 == 0 && !e->stream;
-        e->sh_early = defer && lw->has_shared && cfg->latent_dim == 0;
-        /* and its MoE may be routed and run on the device by the block itself (every expert resident there) */
-        e->moe_dev = defer && cfg->latent_dim == 0 && e->be->moe_routed != NULL;
+        /* a decode step's FFN may stay on the device when what follows continues from there: the next layer's block,
+         * or after the last layer the final norm and lm_head (final_logits). Not with a streamed spine: the shared
+         * expert's host copy is a staging buffer the next reads reuse while the queued upload may still read it. */
+        const int next_dev = l + 1 < L ? cfg->mixer[l + 1] == DF_MIXER_MLA : logits != NULL && e->be->final_logits != NULL;
+        const int stay = block && T == 1 && n_seq == 1 && next_dev && e->be->moe_resid && D % 16 == 0 && !e->stream;
+        const int defer = stay && lw->is_moe; /* ffn_forward's moe_resid path */
+        /* the block may route and run the MoE itself (every routed expert resident on the device), or a dense layer's
+         * MLP; then it starts the shared expert (the dense MLP) before it returns */
+        e->moe_dev = stay && (!lw->is_moe || cfg->latent_dim == 0) && e->be->moe_routed != NULL;
+        e->sh_early = lw->is_moe ? defer && lw->has_shared && cfg->latent_dim == 0 : e->moe_dev;
         e->moe_queued = 0;
         if (block) { /* x += mixer(RMSNorm(x)); h = RMSNorm(x) for the FFN; the router's logits */
             rc = attn_block_batch(e, l, seqs, n_seq, x, h, lw->is_moe ? rlog : NULL, err, errlen);
@@ -308,7 +310,23 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
             goto done;
         }
     }
-    if (logits) {
+    if (logits && B == 0 && e->be->final_logits) {
+        /* the final norm and lm_head on the device (from its residual row when the last FFN stayed there) */
+        int n = 0;
+        if (!e->x_dev)
+            for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++)
+                for (int t = all_logits ? r0 : r0 + seqs[s].T - 1; t < r0 + seqs[s].T; t++, n++)
+                    memcpy(h + (int64_t)n * D, x + (int64_t)t * D, sizeof(float) * D);
+        if (e->be->final_logits(e->x_dev ? NULL : h, e->x_dev ? 1 : n, (uint64_t)(uintptr_t)e, sp->final_norm,
+                                cfg->rms_norm_eps, &sp->lm_head, logits)) {
+            rc = DF_EUNSUPPORTED;
+            if (err) snprintf(err, errlen, "the final norm and lm_head failed on the GPU");
+            goto done;
+        }
+        e->x_dev = 0;
+        e->weight_bytes += df_weight_bytes(&sp->lm_head);
+        LAP(DF_PHASE_LM_HEAD);
+    } else if (logits) {
         /* the rows that need logits: every row, or the last row of each sequence */
         int n = 0;
         for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++)

@@ -312,16 +312,18 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
     eng_moe_settle(e);
     if (e->moe_queued) { /* routed, computed and added into the device residual by the layer's block */
         e->moe_queued = 0;
+        e->weight_bytes += e->moe_bytes + (lw->has_shared || !lw->is_moe ? df_weight_bytes(&lw->gate) +
+                                                                               df_weight_bytes(&lw->up) +
+                                                                               df_weight_bytes(&lw->down)
+                                                                         : 0);
+        e->ffn_deferred = 1;
+        if (!lw->is_moe) return DF_OK; /* the dense MLP */
         e->routed_picks += (uint64_t)cfg->num_experts_per_tok;
         e->routed_union += (uint64_t)cfg->num_experts_per_tok;
-        e->weight_bytes += e->moe_bytes + (lw->has_shared ? df_weight_bytes(&lw->gate) + df_weight_bytes(&lw->up) +
-                                                                df_weight_bytes(&lw->down)
-                                                          : 0);
         if (layer < DF_MAX_LAYERS && !e->mr_pend[layer]) {
             e->mr_pend[layer] = 1;
             e->mr_npend++;
         }
-        e->ffn_deferred = 1;
         return DF_OK;
     }
     if (!lw->is_moe) {

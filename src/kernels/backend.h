@@ -36,7 +36,9 @@ void df_pool_run(df_pool *p, int64_t n, int64_t grain, df_task_fn fn, void *ctx)
  * route_math.h's sigmoid) and activation; out, set by the backend. */
 typedef struct df_moe_dev {
     int layer;                          /* the experts' DF_DEVKEY layer */
-    int E, K, n_group, topk_group;      /* routed experts, top-k, groups and groups kept (n_group <= 1: no groups) */
+    int E, K, n_group, topk_group;      /* routed experts, top-k, groups and groups kept (n_group <= 1: no groups);
+                                         * E = K = 0: a dense MLP, the block's started sh_gate / sh_up / sh_down, whose
+                                         * output is added into the residual as forward's x += out */
     int renorm;                         /* divide the top-k weights by their sum (+ 1e-20) */
     float scale;                        /* routed_scaling_factor */
     const float *bias;                  /* [E] e_score_correction_bias (selection only), or NULL */
@@ -191,6 +193,12 @@ typedef struct df_backend {
      * routing chose for the caller resid_key, once the device has chosen them (after a later call of this backend
      * returned): ids [K] in ascending order and 1, each routing reported once; 0 = none (yet). */
     int (*moe_routed)(uint64_t resid_key, int layer, int *ids);
+    /* Optional (NULL on the CPU): the model's logits [n, lm_head.rows] = lm_head(rmsnorm(x_t) * norm) (eps) of n rows
+     * x [n, lm_head.cols] (host, fp32), or with x NULL and n = 1 of the caller's device residual row (resid_key's, as
+     * the last mla_block and the MoE it queued left it). The same kernels for every n (each row's logits the same bits
+     * alone or in a batch). Waits for the device. 0, or -1 when it cannot (an error recorded). */
+    int (*final_logits)(const float *x, int n, uint64_t resid_key, const float *norm, float eps, const df_weight *lm_head,
+                        float *logits);
     /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its
      * caches (the mla_attend keys k with k >> 8 == uid); uid 0 = every sequence's. */
     void (*seq_forget)(uint64_t uid);

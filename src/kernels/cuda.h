@@ -86,6 +86,11 @@ void df_cuda_unpin(uint64_t dev_key);
 /* df_backend.moe_routed: the picks (ascending ids) of the caller's last device routing of this layer, once a later call
  * synchronised the stream after it: 1 with ids [K], each routing reported once; else 0. */
 int df_cuda_moe_routed(uint64_t resid_key, int layer, int *ids);
+/* df_backend.final_logits: rows x [n, D] copied in (or, x NULL and n = 1, the caller's device residual), cu_rmsnorm
+ * with norm [D] (cached by address), lm_head as a matmul (cached or copied like one), logits copied out; one
+ * synchronisation. */
+int df_cuda_final_logits(const float *x, int n, uint64_t resid_key, const float *norm, float eps, const df_weight *lm_head,
+                         float *logits);
 /* The device routing alone (tests): engine/moe.c moe_route's contract for one token (logits [E], bias [E] or NULL,
  * n_group / topk_group, renorm, scale; K <= 16, E <= 1024), computed by the route kernel of the device MoE path
  * (cuda_moe.cu); ids [K] and weights [K] in ascending id order. 0, or -1 (no device, limits, CUDA error). */

@@ -92,7 +92,10 @@ static void init_table(void) {
                               : NULL;
     /* the MoE routed on the device by the block (df_mla_block.moe; DF_CUDA_MOE_ROUTE=0 declines it): the picks come
      * back through moe_routed */
-    g_cuda_be.moe_routed = g_cuda_be.moe_resid ? df_cuda_moe_routed : NULL;
+    g_cuda_be.moe_routed = g_cuda_be.moe_resid && df_cuda_env_switch("DF_CUDA_MOE_ROUTE", NULL, 0) != 0 ? df_cuda_moe_routed
+                                                                                                     : NULL;
+    /* the final norm and lm_head from the device residual (with the block: every row's logits this way) */
+    g_cuda_be.final_logits = g_cuda_be.mla_block ? df_cuda_final_logits : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */

@@ -93,7 +93,7 @@ rp() {
 knob_ab() {
     for v in 1 0 1 0; do
         log "cuda run --preload, $1=$v"
-        rp "$1=$v" | grep -E "^(profile|stats):|^[0-9]+(,[0-9]+)+$" | cut -c1-300 >>"$S"
+        rp "$1=$v" | grep -E "^(profile|stats):|^[0-9]+(,[0-9]+)+$|rror|fault|Abort" | cut -c1-300 >>"$S"
     done
     for v in 1 0; do
         log "cuda run --preload, DF_CUDA_TRACE=2, $1=$v"

@@ -530,6 +530,18 @@ int host_wait(int i) {
     return 0;
 }
 
+} // namespace
+
+/* The asynchronous blocks' rows whose copies have completed, into the host caches (cuda_internal.h). */
+void cu_attn_settle(void) {
+    for (int i = 0; i < 2; i++) {
+        HostBuf &h = g_hb[i];
+        if (h.pend && (!h.ev_live || cudaEventQuery(h.ev) == cudaSuccess)) host_wait(i);
+    }
+}
+
+namespace {
+
 int grow_host(int i, size_t need) {
     HostBuf &h = g_hb[i];
     if (need <= h.cap) return 0;
@@ -993,7 +1005,8 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     }
     /* the FFN's routed experts, routed on the device and added into the residual behind the shared expert: the
      * synchronisation below waits for neither, so the device runs them while the host goes on */
-    if (bk && resid && T == 1 && E && bk->b->moe && bk->b->moe->E == E && (started || !bk->b->moe->shared)) {
+    if (bk && resid && T == 1 && bk->b->moe && bk->b->moe->E == E && (E || bk->b->moe->K == 0) &&
+        (started || !bk->b->moe->shared)) {
         df_moe_dev *m = bk->b->moe;
         const float *bd = NULL;
         if (m->bias && vec_dev(m->bias, E, &bd)) return -1;

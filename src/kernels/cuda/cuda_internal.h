@@ -88,7 +88,8 @@ cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const fl
                               float *q, int H, int dn, cudaStream_t st);
 /* resid[d] += (sum over i < n of fma chains w[i] y[i][d] from 0, in order) + sh[d] (sh NULL: nothing) for d < D: the
  * host's MoE combine (moe.c: axpy per expert in ascending order, then the shared expert, then the residual add) with
- * fused multiply-adds as the AVX2 / AVX-512 axpy does them. n <= CU_COMBINE_MAX. */
+ * fused multiply-adds as the AVX2 / AVX-512 axpy does them; n = 0: resid[d] += sh[d] (a dense MLP's output, as
+ * forward adds it). n <= CU_COMBINE_MAX. */
 #define CU_COMBINE_MAX 32
 cudaError_t cu_combine_resid_launch(float *resid, int64_t D, int n, const float *const *y, const float *w, const float *sh,
                                     cudaStream_t st);
@@ -128,7 +129,8 @@ cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
                               float *resid, cu_moe_route_out *o, cudaStream_t st);
-/* With the mutex held, in an mla_block call after cu_rt_shared_start: m's device routing and MoE for the caller key
+/* With the mutex held, in an mla_block call after cu_rt_shared_start: m's device routing and MoE (m->K = 0: only the
+ * started dense MLP, added as forward adds it) for the caller key
  * (df_mla_block.moe) on logits [E] and h2 [D] (device), into that key's residual; bias_dev: m->bias on the device or
  * NULL. 1: queued (m->bytes set; the picks reach moe_routed once a later call synchronises), 0: declined (a layer
  * not wholly resident on the tensor-core path, no started shared expert where the layer has one, shapes past the
@@ -153,6 +155,10 @@ cudaStream_t cu_rt_stream(void);
  * stage `stage` (a string literal) and the entry point's device time. cu_rt_mark: a stage of the current entry point
  * ends here (DF_CUDA_TRACE only; string literal). */
 cudaError_t cu_rt_sync(const char *stage);
+/* cuda_attn.cu, with the mutex held: the cache rows of the MLA blocks that returned without waiting (df_mla_block.moe)
+ * whose copies have completed, written into the host caches now (cu_rt_sync_event calls it after every wait, so a
+ * call that waits for the whole stream leaves none pending). */
+void cu_attn_settle(void);
 /* cuda_attn.cu: the device memory the KV mirrors may still take (DF_CUDA_KV_MIRROR's cap less their bytes); mutex held. */
 size_t cu_attn_mirror_room(void);
 void cu_rt_mark(const char *name);

@@ -200,8 +200,9 @@ __device__ __forceinline__ void combine_resid(const CombineArgs &a, float *resid
     for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D; d += (int64_t)gridDim.x * blockDim.x) {
         float acc = 0.0f;
         for (int i = 0; i < a.n; i++) acc = fmaf(a.w[i], a.y[i][d], acc);
-        const float v = a.sh ? __fadd_rn(acc, a.sh[d]) : acc;
-        resid[d] = __fadd_rn(resid[d], v);
+        /* n = 0: a dense MLP's output, added as forward's x += out */
+        const float v = a.n == 0 ? (a.sh ? a.sh[d] : 0.0f) : a.sh ? __fadd_rn(acc, a.sh[d]) : acc;
+        if (a.n || a.sh) resid[d] = __fadd_rn(resid[d], v);
     }
 }
 

@@ -1194,6 +1194,7 @@ cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev) {
     /* the device routings queued before the work waited for: their ids have arrived (an event recorded in this call
      * follows every earlier call's work) */
     if (e == cudaSuccess && g_npend) route_settle(ev ? g_call - 1 : g_call);
+    if (e == cudaSuccess) cu_attn_settle();
     if (g_trace > 0) {
         g_h2 = host_now();
         g_hdone = e == cudaSuccess;
@@ -1280,7 +1281,7 @@ int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, con
 /* The layer's device table of its routed experts' arrays, rebuilt when its entries changed: t->ok when every expert
  * < E has its three matrices cached, gate / up [I, D] of one encoding and down [D, I] of one, both on the tensor-core
  * kernel, D and I multiples of 32. */
-int layer_table(int layer, int E) {
+static int layer_table(int layer, int E) {
     LayerTab *t = &g_lt[layer];
     if (t->tgen == t->gen && t->E == E && t->dev) return t->ok;
     t->ok = 0;
@@ -1320,13 +1321,22 @@ int layer_table(int layer, int E) {
     t->ok = ok;
     return ok;
 }
-void *g_rg, *g_ru, *g_ry, *g_ro;
-size_t g_crg, g_cru, g_cry, g_cro;
+static void *g_rg, *g_ru, *g_ry, *g_ro;
+static size_t g_crg, g_cru, g_cry, g_cro;
 int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2) {
     m->queued = 0;
     m->bytes = 0;
     if (g_route_off || g_trace == 1) return 0;
     Resid *r = resid_of(key);
+    if (m->K == 0) { /* a dense MLP: its started output into the residual */
+        if (!r || !r->valid || !m->shared || !r->sh_valid || r->cap < sizeof(float) * (size_t)r->sh_w[2]->rows) return 0;
+        CK(cu_combine_resid_launch((float *)r->p, r->sh_w[2]->rows, 0, NULL, NULL, (const float *)r->sh_out, g_st));
+        r->sh_valid = 0;
+        g_stats.shared_early++;
+        g_stats.dev_routed++;
+        m->queued = 1;
+        return 1;
+    }
     const int E = m->E, K = m->K, G = m->n_group > 1 ? m->n_group : 1;
     if (!r || !r->valid || (m->shared && !r->sh_valid) || E < 1 || E > CU_ROUTE_MAXE || K < 2 || K > CU_ROUTE_MAXK ||
         K > E || G > CU_ROUTE_MAXG || m->layer < 0 || m->layer >= DF_MAX_LAYERS)
@@ -1361,6 +1371,44 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
     m->bytes = (uint64_t)K * (xb + sb);
     m->queued = 1;
     return 1;
+}
+/* df_cuda_final_logits with the mutex held */
+static int final_locked(const float *x, int n, uint64_t key, const float *norm, float eps, const df_weight *lm, float *logits) {
+    const int64_t D = lm->cols, V = lm->rows;
+    const size_t xb = sizeof(float) * (size_t)n * D, yb = sizeof(float) * (size_t)n * V;
+    if (grow(&g_sx, &g_csx, xb) || grow(&g_sg, &g_csg, xb) || grow(&g_sy, &g_csy, yb) || grow_host(&g_hy, &g_chy, yb))
+        return -1;
+    const float *src;
+    if (x) {
+        if (grow_host(&g_hx, &g_chx, xb)) return -1;
+        memcpy(g_hx, x, xb);
+        CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+        src = (const float *)g_sx;
+    } else if (!(src = cu_rt_resid(key, (size_t)D, 1, NULL))) {
+        return -1;
+    }
+    cu_rt_mark("final: copy in");
+    const df_weight nw = {DF_W_F32, 1, D, norm, NULL, 0};
+    const void *d, *s;
+    if (group_weight(&nw, &d, &s)) return -1;
+    CK(cu_rmsnorm_launch((float *)g_sg, src, (const float *)d, n, D, eps, g_st));
+    if (group_weight(lm, &d, &s)) return -1;
+    CK(cu_matmul_launch(lm->type, d, s, V, D, (const float *)g_sg, n, (float *)g_sy, g_st));
+    cu_rt_mark("final: norm, lm_head");
+    CK(cudaMemcpyAsync(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
+    CK(cu_rt_sync("final: copy out"));
+    memcpy(logits, g_hy, yb);
+    return 0;
+}
+extern "C" int df_cuda_final_logits(const float *x, int n, uint64_t key, const float *norm, float eps, const df_weight *lm,
+                                    float *logits) {
+    if (!ready()) return -1;
+    if (n <= 0) return 0;
+    if ((!x && (n != 1 || !key)) || !norm || !lm) {
+        snprintf(g_err, sizeof g_err, "final_logits: %s", !x ? "the device residual holds one row" : "no norm or lm_head");
+        return -1;
+    }
+    return locked_op([&] { return final_locked(x, n, key, norm, eps, lm, logits); });
 }
 extern "C" int df_cuda_moe_routed(uint64_t key, int layer, int *ids) {
     if (!ready() || layer < 0 || layer >= DF_MAX_LAYERS) return 0;
