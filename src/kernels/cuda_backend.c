@@ -90,10 +90,11 @@ static void init_table(void) {
                                   df_cuda_env_switch("DF_CUDA_MOE_RESID", NULL, 0) != 0
                               ? df_cuda_moe_resid
                               : NULL;
-    /* the MoE routed on the device by the block (df_mla_block.moe; DF_CUDA_MOE_ROUTE=0 declines it): the picks come
-     * back through moe_routed */
-    g_cuda_be.moe_routed = g_cuda_be.moe_resid && df_cuda_env_switch("DF_CUDA_MOE_ROUTE", NULL, 0) != 0 ? df_cuda_moe_routed
-                                                                                                     : NULL;
+    /* DF_CUDA_MOE_ROUTE=1: a decode step's MoE (and a dense layer's MLP) routed and run on the device by the block
+     * (df_mla_block.moe), the picks back through moe_routed; off by default: 2% slower on the H200 (bench/RESULTS.md) */
+    g_cuda_be.moe_routed = g_cuda_be.moe_resid && df_cuda_env_switch_off("DF_CUDA_MOE_ROUTE", NULL, 0) == 1
+                               ? df_cuda_moe_routed
+                               : NULL;
     /* the final norm and lm_head from the device residual (with the block: every row's logits this way) */
     g_cuda_be.final_logits = g_cuda_be.mla_block ? df_cuda_final_logits : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */

@@ -63,6 +63,18 @@ static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen)
     return -1;
 }
 
+/* A switch that is off by default (DF_CUDA_MOE_ROUTE): unset or empty: 0; "1" or "on": 1; "0" or "off": 0; anything
+ * else: -1 with a message naming the variable in why. */
+static inline int df_cuda_env_switch_off(const char *name, char *why, size_t whylen) {
+    const char *v = getenv(name);
+    if (!v || !*v || !strcmp(v, "0") || !strcmp(v, "off")) return 0;
+    if (!strcmp(v, "1") || !strcmp(v, "on")) return 1;
+    if (why && whylen)
+        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected 1 (on) or 0 (off, the default); unset it or "
+                 "fix its value", name, v, strlen(v) > 40 ? "..." : "");
+    return -1;
+}
+
 /* A knob whose value is one digit of `allowed` (e.g. "01248"): unset or empty = 0; that digit's value in *out; anything
  * else: -1 with "environment variable NAME="VALUE": expected EXPECT; unset it or fix its value" in why. */
 static inline int df_cuda_env_digit(const char *name, const char *allowed, const char *expect, int *out, char *why,
@@ -160,7 +172,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_switch("DF_CUDA_HOST_PIN", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_SPLIT", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_SHARED_EARLY", why, whylen) < 0) return -1;
-    if (df_cuda_env_switch("DF_CUDA_MOE_ROUTE", why, whylen) < 0) return -1;
+    if (df_cuda_env_switch_off("DF_CUDA_MOE_ROUTE", why, whylen) < 0) return -1;
     if (df_cuda_env_trace(why, whylen) < 0) return -1;
     unsigned long long mirror;
     if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;

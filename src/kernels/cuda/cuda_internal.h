@@ -134,7 +134,7 @@ cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int
  * (df_mla_block.moe) on logits [E] and h2 [D] (device), into that key's residual; bias_dev: m->bias on the device or
  * NULL. 1: queued (m->bytes set; the picks reach moe_routed once a later call synchronises), 0: declined (a layer
  * not wholly resident on the tensor-core path, no started shared expert where the layer has one, shapes past the
- * limits, DF_CUDA_MOE_ROUTE=0), -1: a CUDA error (recorded). */
+ * limits, DF_CUDA_TRACE=1), -1: a CUDA error (recorded). */
 int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2);
 
 /* Fill n bytes with a fixed pseudo-random pattern (benchmark weights); AND every 32-bit word with mask. */

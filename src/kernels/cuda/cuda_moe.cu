@@ -13,9 +13,10 @@
  * experts in ascending id order.
  *
  * One warp does it: each lane takes the indices lane, lane + 32, ...; a round's pick is the warp's best (value, then
- * index) by a butterfly with a total order, so every lane ends with the same pick. The kernel then writes the
- * grouped launches' items (cuda_internal.h cu_mma_group) and the combine's arguments into device memory, where the
- * next kernels on the stream read them.
+ * index, as one 64-bit key) by a butterfly, so every lane ends with the same pick, and lane k keeps pick k. Lane k
+ * then loads its pick's arrays, takes its weight (the sum shuffled in pick order) and its rank among the picks' ids,
+ * and writes the grouped launches' items (cuda_internal.h cu_mma_group) and the combine's arguments at that rank
+ * into device memory, where the next kernels on the stream read them.
  */
 #include "cuda_internal.h"
 #include "kernels/route_math.h"
@@ -25,32 +26,27 @@
 
 namespace {
 
-struct Best {
-    float v;
-    int i; /* -1: none */
-};
-
-/* a before b: a exists and (b does not, or a's value is larger, or equal with a lower index) */
-__device__ __forceinline__ bool before(const Best &a, const Best &b) {
-    return a.i >= 0 && (b.i < 0 || a.v > b.v || (a.v == b.v && a.i < b.i));
+/* (value, index) as one 64-bit key whose unsigned order is the host scan's preference: a larger value first, then a
+ * lower index (values compared as floats: -0 == +0; NaN never makes a key). */
+__device__ __forceinline__ unsigned long long key_of(float v, int i) {
+    uint32_t u = __float_as_uint(v);
+    if (v == 0.0f) u = 0; /* -0 and +0 tie, as in the host's comparison */
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)i);
 }
 
 __global__ void route_kernel(const float *__restrict__ lg, const float *__restrict__ bias, int E, int K, int G, int topk_group,
                              int renorm, float scale, const void *const *__restrict__ tab, float *g, float *u, float *y,
                              int64_t I, int64_t D, const float *sh, cu_moe_route_out *o) {
-    extern __shared__ float sm[]; /* s [E], choice [E], taken [E] (bytes) */
-    __shared__ int id[CU_ROUTE_MAXK];
-    __shared__ float w[CU_ROUTE_MAXK];
+    extern __shared__ float sm[]; /* s [E], choice [E] */
     __shared__ float gs[CU_ROUTE_MAXG];
     __shared__ unsigned char keep[CU_ROUTE_MAXG];
     float *s = sm, *ch = sm + E;
-    unsigned char *tk = reinterpret_cast<unsigned char *>(sm + 2 * E);
     const int lane = threadIdx.x;
     for (int x = lane; x < E; x += 32) {
         const float v = df_route_sigmoid(lg[x]);
         s[x] = v;
         ch[x] = __fadd_rn(v, bias ? bias[x] : 0.0f);
-        tk[x] = 0;
     }
     __syncwarp();
     if (G > 1) {
@@ -80,58 +76,48 @@ __global__ void route_kernel(const float *__restrict__ lg, const float *__restri
         }
         __syncwarp();
     }
+    /* K rounds: this lane's elements x = lane + 32 j, taken ones marked in a bit mask (E <= 1024: j < 32) */
+    uint32_t taken = 0;
+    int mine = -1; /* lane k: pick k */
     for (int k = 0; k < K; k++) {
-        Best b = {0.0f, -1};
-        int first = E; /* the lowest untaken index */
-        for (int x = lane; x < E; x += 32) {
-            if (tk[x]) continue;
+        unsigned long long best = 0; /* 0: none (a real key has its top bit set or an index term) */
+        int first = E;               /* the lowest untaken index */
+        for (int j = 0, x = lane; x < E; j++, x += 32) {
+            if (taken >> j & 1) continue;
             if (x < first) first = x;
             const float v = ch[x];
             if (v != v) continue;
-            if (b.i < 0 || v > b.v) b = {v, x};
+            const unsigned long long kk = key_of(v, x);
+            if (kk > best) best = kk;
         }
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1) {
-            const Best c = {__shfl_xor_sync(0xffffffffu, b.v, m), __shfl_xor_sync(0xffffffffu, b.i, m)};
-            if (before(c, b)) b = c;
+            const unsigned long long c = __shfl_xor_sync(0xffffffffu, best, m);
+            if (c > best) best = c;
         }
-        first = __reduce_min_sync(0xffffffffu, first);
-        const float fv = first < E ? ch[first] : 0.0f;
-        const int pick = fv != fv ? first : b.i;
-        if (lane == 0) {
-            id[k] = pick;
-            tk[pick] = 1;
-        }
-        __syncwarp();
+        first = __reduce_min_sync(0xffffffffu, (unsigned)first);
+        const float fv = ch[first < E ? first : 0];
+        const int pick = first < E && fv != fv ? first : (int)(0xFFFFFFFFu - (uint32_t)best);
+        if ((pick & 31) == lane) taken |= 1u << (pick >> 5);
+        if (lane == k) mine = pick;
     }
-    if (lane == 0) {
-        float sum = 0.0f;
-        for (int k = 0; k < K; k++) {
-            w[k] = s[id[k]];
-            sum = __fadd_rn(sum, w[k]);
-        }
-        for (int k = 0; k < K; k++) {
-            if (renorm) w[k] = __fdiv_rn(w[k], __fadd_rn(sum, 1e-20f));
-            w[k] = __fmul_rn(w[k], scale);
-        }
-        for (int k = 1; k < K; k++) { /* ascending ids (distinct) */
-            const int ik = id[k];
-            const float wk = w[k];
-            int j = k - 1;
-            for (; j >= 0 && id[j] > ik; j--) {
-                id[j + 1] = id[j];
-                w[j + 1] = w[j];
-            }
-            id[j + 1] = ik;
-            w[j + 1] = wk;
-        }
-        o->cb.sh = sh;
-        o->cb.n = K;
+    /* lane k < K: its pick's arrays (loads issued before the weights' arithmetic), weight, and rank among the picks */
+    const void *t[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+    float w = 0.0f;
+    if (lane < K) {
+        const void *const *tp = tab + (int64_t)mine * 6; /* gate data, scale, up data, scale, down data, scale */
+#pragma unroll
+        for (int q = 0; q < 6; q++) t[q] = tp[q];
+        w = s[mine];
     }
-    __syncwarp();
-    for (int i = lane; i < K; i += 32) {
-        const int x = id[i];
-        const void *const *t = tab + (int64_t)x * 6; /* gate data, scale, up data, scale, down data, scale */
+    float sum = 0.0f; /* in pick order, as the host adds them */
+    for (int k = 0; k < K; k++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, w, k));
+    if (renorm) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
+    w = __fmul_rn(w, scale);
+    int rank = 0; /* ascending ids (distinct): the host combines in that order */
+    for (int k = 0; k < K; k++) rank += __shfl_sync(0xffffffffu, mine, k) < mine;
+    if (lane < K) {
+        const int i = rank;
         o->gu.d[2 * i] = static_cast<const uint8_t *>(t[0]);
         o->gu.s[2 * i] = static_cast<const uint8_t *>(t[1]);
         o->gu.y[2 * i] = g + (int64_t)i * I;
@@ -146,9 +132,13 @@ __global__ void route_kernel(const float *__restrict__ lg, const float *__restri
         o->dn.xrow[i] = i;
         o->dn.T[i] = 1;
         o->cb.y[i] = y + (int64_t)i * D;
-        o->cb.w[i] = w[i];
-        o->ids[i] = x;
-        o->w[i] = w[i];
+        o->cb.w[i] = w;
+        o->ids[i] = mine;
+        o->w[i] = w;
+    }
+    if (lane == 0) {
+        o->cb.sh = sh;
+        o->cb.n = K;
     }
 }
 
@@ -160,7 +150,7 @@ cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K
     if (E <= 0 || E > CU_ROUTE_MAXE || K < 1 || K > CU_ROUTE_MAXK || K > E || 2 * K > CU_MMA_MAXG || K > CU_COMBINE_MAX ||
         G > CU_ROUTE_MAXG || (G > 1 && E / G < 1))
         return cudaErrorInvalidValue;
-    const size_t smem = (size_t)E * (2 * sizeof(float) + 1);
+    const size_t smem = (size_t)E * 2 * sizeof(float);
     route_kernel<<<1, 32, smem, st>>>(logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o);
     return cudaGetLastError();
 }

@@ -88,7 +88,6 @@ constexpr int NRESID = 16;
 Resid g_resid[NRESID];
 uint64_t g_resid_tick;
 int g_sh_early_off; /* DF_CUDA_SHARED_EARLY=0: mla_block starts no shared expert (cu_rt_shared_start) */
-int g_route_off;    /* DF_CUDA_MOE_ROUTE=0: mla_block routes no MoE on the device (cu_rt_moe_route) */
 uint64_t g_call;    /* the entry points' calls, numbered (trace_begin) */
 
 /* Per layer (DF_DEVKEY's layer): how many of its routed experts' matrices are cached now, a generation bumped on every
@@ -166,9 +165,7 @@ void probe_once() {
     const int early = df_cuda_env_switch("DF_CUDA_SHARED_EARLY", g_why, sizeof g_why);
     if (early < 0) { g_ndev = 0; return; }
     g_sh_early_off = early == 0;
-    const int route = df_cuda_env_switch("DF_CUDA_MOE_ROUTE", g_why, sizeof g_why);
-    if (route < 0) { g_ndev = 0; return; }
-    g_route_off = route == 0;
+    if (df_cuda_env_switch_off("DF_CUDA_MOE_ROUTE", g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (!split) cu_set_split(0);
     if (mv) cu_set_matvec_rows(mv);
     if (tl) cu_set_tile(tl);
@@ -1326,7 +1323,7 @@ static size_t g_crg, g_cru, g_cry, g_cro;
 int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2) {
     m->queued = 0;
     m->bytes = 0;
-    if (g_route_off || g_trace == 1) return 0;
+    if (g_trace == 1) return 0;
     Resid *r = resid_of(key);
     if (m->K == 0) { /* a dense MLP: its started output into the residual */
         if (!r || !r->valid || !m->shared || !r->sh_valid || r->cap < sizeof(float) * (size_t)r->sh_w[2]->rows) return 0;
