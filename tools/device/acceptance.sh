@@ -37,6 +37,7 @@
 #          of the one-token MXFP4 tile in the objects named in OBJS (paths in the checkout) when cuobjdump is there.
 #   part 22: one token's MoE routed and run on the device by the MLA block (DF_CUDA_MOE_ROUTE on / off): GPU tests,
 #          resident decode alternated, traced (host clocks), and after a 3072-token prompt.
+#   part 24: GPU tests and the resident decode three times.
 #   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
 #          DF_CUDA_MOE_ROUTE on / off.
 #   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
@@ -387,6 +388,16 @@ case $PART in
     resident_model
     knob_ab DF_CUDA_SPLIT
     ncu_decode
+    rm -rf "$W"
+    ;;
+24)
+    # GPU tests, then the resident decode three times (this build alone)
+    gpu_tests
+    resident_model
+    for i in 1 2 3; do
+        log "cuda run --preload"
+        rp | grep -E "^(profile: (mla|experts|dense|lm-head|total)|stats:)|^[0-9]+(,[0-9]+)+$|rror|fault" | cut -c1-300 >>"$S"
+    done
     rm -rf "$W"
     ;;
 23)

@@ -493,6 +493,11 @@ struct HostBuf {
 };
 HostBuf g_hb[2];
 int g_hcur;
+/* The last one-row block's h2: its host array (bk->h2) and its device copy in g_dev, until the next call (cu_attn_h2) */
+struct {
+    const float *host;
+    const float *dev;
+} g_h2;
 
 size_t up256(size_t n) { return (n + 255) / 256 * 256; }
 size_t up4(size_t n) { return (n + 3) / 4 * 4; }
@@ -531,6 +536,8 @@ int host_wait(int i) {
 }
 
 } // namespace
+
+const float *cu_attn_h2(const float *host) { return host && host == g_h2.host ? g_h2.dev : NULL; }
 
 /* The asynchronous blocks' rows whose copies have completed, into the host caches (cuda_internal.h). */
 void cu_attn_settle(void) {
@@ -811,6 +818,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     cudaStream_t st = cu_rt_stream();
     mir_setup();
     if (g_mbad) return cu_rt_error(g_mwhy);
+    g_h2.host = NULL; /* the last block's h2 is overwritten by this call */
     /* this call's host staging: the buffer the call before last used, once the device is done with it */
     const int hi = g_hcur ^= 1;
     if (host_wait(hi)) return -1;
@@ -979,11 +987,14 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         const float *nw = NULL;
         float *dxo = (float *)(db + o_ret + r_x), *dh2 = (float *)(db + o_ret + r_h);
         if (vec_dev(bk->b->ffn_norm, D, &nw)) return -1;
+        /* x_out into the returned part and, as the caller's residual, into resid (which may be x) */
         CKA(cu_add_rmsnorm_launch(dxo, bk->x ? (const float *)(db + o_x) : resid, (const float *)(db + o_out), nw, T, D,
-                                  bk->b->eps, dh2, st));
-        if (resid) {
-            CKA(cudaMemcpyAsync(resid, dxo, fl * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
-            if (resid_valid) *resid_valid = 1;
+                                  bk->b->eps, dh2, st, resid));
+        if (resid && resid_valid) *resid_valid = 1;
+        /* this call's h2 on the device, for the moe_resid that follows with the host copy of it (cu_attn_h2) */
+        if (resid && T == 1) {
+            g_h2.host = bk->h2;
+            g_h2.dev = dh2;
         }
         if (E && matmul_dev(bk->b->router, dh2, T, (float *)(db + o_ret + r_l), st)) return -1;
         cu_rt_mark("block: residual, norm, router");

@@ -77,12 +77,12 @@ cudaError_t cu_softmax_launch(float *x, int T, int64_t n, cudaStream_t st);
 cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const float *inv_freq, float attention_factor,
                            const int64_t *pos, cudaStream_t st);
 /* df_backend.mla_block's row steps (cuda_ops.cu), T rows each: x_out = x + a, h = rmsnorm(x_out) * w (n per row; x_out
- * may be x); and the latent KV rows: c_new = rmsnorm(kva[t][:kvl]) * kv_norm into dst_c[t] and ret_c [T, kvl],
+ * may be x; x_out2, when not NULL, gets x_out too and may be x); and the latent KV rows: c_new = rmsnorm(kva[t][:kvl]) * kv_norm into dst_c[t] and ret_c [T, kvl],
  * kpe_new = rope(kva[t][kvl:], cs[t]) into dst_p[t] and ret_p [T, dr] (cs [T, dr] cos/sin pairs; NULL: no rotary),
  * q [T, H, dn + dr] = q_raw with each head's rope part roped by cs[t]. dst_c / dst_p: device arrays of T device
  * pointers. */
 cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, const float *w, int T, int64_t n,
-                                  float eps, float *h, cudaStream_t st);
+                                  float eps, float *h, cudaStream_t st, float *x_out2 = NULL);
 cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const float *kv_norm, float eps, const float *cs,
                               float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
                               float *q, int H, int dn, cudaStream_t st);
@@ -159,6 +159,10 @@ cudaError_t cu_rt_sync(const char *stage);
  * whose copies have completed, written into the host caches now (cu_rt_sync_event calls it after every wait, so a
  * call that waits for the whole stream leaves none pending). */
 void cu_attn_settle(void);
+/* cuda_attn.cu, with the mutex held: the device copy of the last one-row MLA block's h2 when host is the array that
+ * block returned it in (and no attention call came since), else NULL. The same values: moe_resid takes it instead of
+ * copying the host's h2 in. */
+const float *cu_attn_h2(const float *host);
 /* cuda_attn.cu: the device memory the KV mirrors may still take (DF_CUDA_KV_MIRROR's cap less their bytes); mutex held. */
 size_t cu_attn_mirror_room(void);
 void cu_rt_mark(const char *name);

@@ -128,14 +128,16 @@ __global__ void rope_kernel(float *out, const float *x, int T, int dim, const fl
     }
 }
 
-/* x_out = x + a (one fp32 add per element), h = rmsnorm(x_out) * w: rmsnorm_kernel's sum and arithmetic on x_out. */
+/* x_out = x + a (one fp32 add per element; also into xo2 when not NULL, which may be x: each element is read before
+ * it is written, by the same thread), h = rmsnorm(x_out) * w: rmsnorm_kernel's sum and arithmetic on x_out. */
 __global__ void __launch_bounds__(NN) add_rmsnorm_kernel(float *xo, const float *x, const float *a, const float *w,
-                                                          int64_t n, float eps, float *h) {
+                                                          int64_t n, float eps, float *h, float *xo2) {
     __shared__ double sh[NN / 32];
     const int64_t base = (int64_t)blockIdx.x * n;
     double ss = 0.0;
     strided(n, [&](int64_t i) { return __fadd_rn(x[base + i], a[base + i]); }, [&](int64_t i, float v) {
         xo[base + i] = v;
+        if (xo2) xo2[base + i] = v;
         ss += (double)v * v;
     });
     ss = block_sum_nn(ss, sh);
@@ -263,9 +265,9 @@ cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const flo
 }
 
 cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, const float *w, int T, int64_t n,
-                                  float eps, float *h, cudaStream_t st) {
+                                  float eps, float *h, cudaStream_t st, float *x_out2) {
     if (T <= 0) return cudaSuccess;
-    add_rmsnorm_kernel<<<T, NN, 0, st>>>(x_out, x, a, w, n, eps, h);
+    add_rmsnorm_kernel<<<T, NN, 0, st>>>(x_out, x, a, w, n, eps, h, x_out2);
     return cudaGetLastError();
 }
 

@@ -531,10 +531,12 @@ int groupable(const df_weight *gate, const df_weight *up, const df_weight *down,
 /* Resid mode (rw not NULL; every T[i] = 1, one shared input): instead of copying the outputs back, the combine
  * kernel adds the weighted sum of the first n - shared items' outputs (weights rw, in item order) plus the last
  * item's (shared; else sh_dev, a shared expert's output already on the device, when not NULL) into the device
- * residual row resid; nothing is synchronised (df_cuda_moe_resid). */
+ * residual row resid; nothing is synchronised (df_cuda_moe_resid). x_dev, when not NULL (resid mode): every item's
+ * input already on the device (the block's h2): nothing staged or copied in. */
 int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const *up, const df_weight *const *down,
                      int act, float beta, float lb, const float *const *x, const int *T, float *const *out,
-                     const float *rw = NULL, int shared = 0, float *resid = NULL, const float *sh_dev = NULL) {
+                     const float *rw = NULL, int shared = 0, float *resid = NULL, const float *sh_dev = NULL,
+                     const float *x_dev = NULL) {
     /* per item: whether it is in the grouped set, and its input's and output's byte offsets in the staging */
     const size_t nn = (size_t)(n > 0 ? n : 1);
     size_t *xoff = (size_t *)malloc(nn * (2 * sizeof(size_t) + 1));
@@ -588,13 +590,13 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             break;
         if (grow_host(&g_hx, &g_chx, xall) || grow_host(&g_hy, &g_chy, oall)) break;
         size_t next = 0; /* each distinct input once, in offset order */
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n && !x_dev; i++)
             if (T[i] > 0 && xoff[i] == next) {
                 const size_t b = sizeof(float) * (size_t)T[i] * (size_t)gate[i]->cols;
                 memcpy((char *)g_hx + xoff[i], x[i], b);
                 next = xoff[i] + round_up(b, 256);
             }
-        cudaError_t ce = cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st);
+        cudaError_t ce = x_dev ? cudaSuccess : cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st);
         if (ce != cudaSuccess) { fail("cudaMemcpyAsync", ce); break; }
         cu_rt_mark("group: copy in");
         if (ngrp) {
@@ -604,7 +606,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             int k = 0;
             for (int i = 0; i < n; i++) {
                 if (!grp[i]) continue;
-                const float *dx = (const float *)((char *)g_sx + xoff[i]);
+                const float *dx = x_dev ? x_dev : (const float *)((char *)g_sx + xoff[i]);
                 const void *d, *s;
                 weight_on_device(gate[i], &d, &s); /* cache hits (groupable): no allocation, no error */
                 items[k++] = {d, s, dx, (float *)g_sg + r * (size_t)I, T[i]};
@@ -643,7 +645,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             if (T[i] <= 0 || grp[i]) continue;
             const int Ti = T[i];
             const int64_t D = gate[i]->cols, I = gate[i]->rows, O = down[i]->rows;
-            const float *dx = (const float *)((char *)g_sx + xoff[i]);
+            const float *dx = x_dev ? x_dev : (const float *)((char *)g_sx + xoff[i]);
             float *dy = (float *)((char *)g_sy + ooff[i]);
             const void *d, *s;
             bad = 1;
@@ -969,8 +971,11 @@ extern "C" int df_cuda_moe_resid(int n, const df_weight *const *gate, const df_w
                          r->sh_w[2] == down[n - 1] && r->sh_act == act && r->sh_beta == beta && r->sh_lb == lb;
         if (r) r->sh_valid = 0;
         if (took) g_stats.shared_early++;
-        return took ? mlp_group_locked(n - 1, gate, up, down, act, beta, lb, xs, T, NULL, rw, 0, resid, (const float *)r->sh_out)
-                    : mlp_group_locked(n, gate, up, down, act, beta, lb, xs, T, NULL, rw, shared ? 1 : 0, resid);
+        /* the input on the device already: the block's h2, of which x is the host copy */
+        const float *xd = cu_attn_h2(x);
+        return took ? mlp_group_locked(n - 1, gate, up, down, act, beta, lb, xs, T, NULL, rw, 0, resid,
+                                       (const float *)r->sh_out, xd)
+                    : mlp_group_locked(n, gate, up, down, act, beta, lb, xs, T, NULL, rw, shared ? 1 : 0, resid, NULL, xd);
     });
     free(xs);
     free(T);
