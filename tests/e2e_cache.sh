@@ -55,9 +55,15 @@ HOLD=$!
 for _ in $(seq 1 500); do [ -e "$TMP/held" ] && break; sleep 0.01; done
 touch "$TMP/ck/config.json"
 run >/dev/null; rc=$?
-[ $rc -eq 0 ] && [ -d "$second" ] && [ "$(convs | wc -l)" -eq 2 ] && ! grep -q "removed $second" "$TMP/err" && ok \
+[ $rc -eq 0 ] && [ -d "$second" ] && [ "$(convs | wc -l)" -eq 2 ] && ! grep -q "removed $second" "$TMP/err" \
+    && grep -q "^deltafin: kept $second (.* GB), a conversion made before the checkpoint's files changed: a process is still using it" "$TMP/err" && ok \
     || bad "held conversion: rc $rc, left: $(convs | tr '\n' ' '), $(cat "$TMP/err")"
 kill "$HOLD"; wait "$HOLD" 2>/dev/null; HOLD=""
+# once unused, the next run of the model (its conversion found complete) removes it
+out5=$(run); rc=$?
+[ $rc -eq 0 ] && [ "$out5" = "$out1" ] && [ ! -e "$second" ] && [ "$(convs | wc -l)" -eq 1 ] \
+    && grep -q "^deltafin: removed $second (.* GB), a conversion made before the checkpoint's files changed" "$TMP/err" && ok \
+    || bad "held conversion, then unused: rc $rc, left: $(convs | tr '\n' ' '), $(cat "$TMP/err")"
 
 # an unfinished conversion of a killed run: removed by the next new conversion (with the one no longer held)
 touch "$TMP/ck/config.json"

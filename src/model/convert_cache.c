@@ -87,14 +87,16 @@ static void hold_reader(const char *dir) {
     /* else the descriptor stays open (and locked) for the life of the process */
 }
 
-/* After a new conversion of the checkpoint at abs into root/name (key still current: its files did not change again
- * meanwhile), the cache's other conversions of it with the same spine mode are stale (no run can ask for their key):
+/* Once the checkpoint at abs has its conversion root/name (a new one, or one found complete; key still current: its
+ * files did not change again meanwhile), the cache's other conversions of it with the same spine mode are stale (no run
+ * can ask for their key):
  *   - complete ones whose manifest.json names abs as "source"."dir" and the same "spine_mode", made before its files
  *     changed;
  *   - partial ones (no manifest.json) of a checkpoint with the same directory name, left by a killed run (no process
  *     holds their lock file).
- * Each is removed and reported on stderr unless a process is using it (a shared lock on the directory: hold_reader),
- * is writing it (its lock file), or it holds anything but regular files. */
+ * Each is removed and reported on stderr unless a process is using it (a shared lock on the directory: hold_reader;
+ * a complete one is then reported as kept, and a later run removes it once unused), is writing it (its lock file), or
+ * it holds anything but regular files. */
 static void prune_stale(const char *root, const char *name, const char *abs, const char *base, const char *mode) {
     DIR *d = opendir(root);
     if (!d) return;
@@ -134,6 +136,11 @@ static void prune_stale(const char *root, const char *name, const char *abs, con
                 fprintf(stderr, "deltafin: removed %s (%.2f GB), %s\n", dir, (double)bytes / 1e9,
                         same ? "a conversion made before the checkpoint's files changed"
                              : "a conversion that a killed run left unfinished");
+            } else if (dfd >= 0 && same) {
+                fprintf(stderr,
+                        "deltafin: kept %s (%.2f GB), a conversion made before the checkpoint's files changed: a "
+                        "process is still using it; a later run of this model removes it once that process ends\n",
+                        dir, (double)bytes / 1e9);
             }
             unlink(lock); /* held: no writer waits on it */
         }
@@ -216,6 +223,8 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
      * user can read but not write still serves it) */
     if (df_path_exists(man)) {
         hold_reader(path);
+        /* conversions of older files kept while a process used them go once unused */
+        prune_stale(root, name, abs, base, convert_spine_mode_name(spine));
         return DF_OK;
     }
 
