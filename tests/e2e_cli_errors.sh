@@ -11,7 +11,10 @@
 # without --model, an unknown flag as the last argument, a directory that is no model, serve --help without
 # --draft-sample, --backend cuda without a GPU and DF_BACKEND named in messages, the top-level help, doctor's
 # model line (fresh-user items); DF_PREFETCH / DF_PREFAULT values and the prefault setting on the configuration
-# line, `list` printing only its table (new-user trial). Uses
+# line, `list` printing only its table (new-user trial); prompts that are not UTF-8, tokenize --decode parsing ids as
+# run --prompt-ids, serve checking its options before anything else, negative seeds (the server's mapping, the same
+# tokens from both), `deltafin version`, tools/gen-cli-doc.sh reproducing docs/cli.md, README's CUDA knobs, the *.tmp
+# of a killed convert next to other files (second new-user trial). Uses
 # tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -36,7 +39,8 @@ R=("$BIN" run --model "$G" --cache-dir "$TMP/cache" --quiet)
 # ---- run: strict numbers and lists (items 3, 4, 5): usage error, exit 2, naming the flag
 for a in "--max-new abc" "--max-new 5x" "--max-new -1" "--threads -3" "--threads 100000" "--threads 2x" \
          "--temperature -1" "--temperature abc" "--temperature nan" "--temperature inf" "--top-p 0" "--top-p -1" \
-         "--top-p 5" "--top-p nan" "--top-k -5" "--top-k 1.5" "--seed abc" "--seed -1" "--seed 99999999999999999999"; do
+         "--top-p 5" "--top-p nan" "--top-k -5" "--top-k 1.5" "--seed abc" "--seed -9223372036854775809" "--seed 99999999999999999999" \
+         "--seed 1.5" "--seed -"; do
     set -- $a
     expect 2 "run $a" "^deltafin run: $1 \"" -- "${R[@]}" --prompt-ids 1,2,3 "$@"
 done
@@ -489,7 +493,7 @@ expect 2 "bench project --cache-dir without --model" "^deltafin bench project: -
     "$BIN" bench project --drives 1 --gbps 1 --from "$TMP/km-ev.jsonl" --cache-dir "$TMP/pcache"
 # small items: synth --encoding f32 in its --help as in its error; run --top-k -1 = off (as the server's top_k);
 # --draft-sample on at temperature 0 says it has no effect; --max-new 1 --stats has no decode rate; tokenize
-# --decode escapes a newline; convert without MODEL_DIR is one line; one conversion progress line (run's format)
+# --decode escapes a control character; convert without MODEL_DIR is one line; one conversion progress line (run's format)
 # in run, bench and doctor; no degrade note when the context ends at the trained positions
 expect 0 "synth --help lists f32" "--encoding E .*fp8_b128, f32" -- "$BIN" synth --help
 expect 2 "synth --encoding int8 lists f32" "not supported \(mxfp4, bf16, int4_g32, fp8_b128, f32\)" -- "$BIN" synth "$TMP/s" --encoding int8
@@ -506,8 +510,9 @@ expect 0 "--max-new 1 --stats" "generated 1; .*; decode: no decode steps; weight
 expect 0 "--max-new 1 --stats: the generation line" "stats: generation 1 token, no decode steps \(draft off\)" -- "${R[@]}" --prompt-ids 5 --max-new 1 --stats
 expect 2 "convert with an empty MODEL_DIR" "MODEL_DIR \"\": expected a directory" -- "$BIN" convert "$G" ""
 expect 1 "tokenize --chat: not JSON" "the messages are not valid JSON" -- sh -c "printf '[{\"role\":\"user\",\"content\":\"hi\"}] trailing' | \"$BIN\" tokenize --chat --render"
-out=$(printf '5,abc\n' | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
-[ $rc -eq 1 ] && [ "$out" = "deltafin tokenize --decode: not an id near 'abc\\n'" ] && ok || bad "tokenize --decode newline: rc $rc '$out'"
+out=$(printf '5,a\tb\n' | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
+[ $rc -eq 1 ] && [ "$out" = "deltafin tokenize --decode: not a token id at position 1, near 'a\\tb' (expected comma-separated token ids, integers >= 0)" ] \
+    && ok || bad "tokenize --decode escaping: rc $rc '$out'"
 out=$("$BIN" convert "$G" 2>&1); rc=$?
 [ $rc -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "^deltafin convert: the output directory MODEL_DIR is missing" \
     && ok || bad "convert HF_DIR alone: rc $rc '$out'"
@@ -524,5 +529,123 @@ python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["max_positio
 printf -- '---\ntrained_positions: 8\n---\n' >"$TMP/g4096/README.md"
 out=$("$BIN" run --model "$TMP/g4096" --cache-dir "$TMP/cache" --prompt-ids 1,2,3 --max-new 10 2>&1 >/dev/null)
 echo "$out" | grep -q "stopped: context full" && ! echo "$out" | grep -q "may degrade" && ok || bad "context = trained positions: $out"
+# ---- text that is not UTF-8 is refused (as the server's 400), naming the source and the first invalid byte's offset
+u8() { # u8 WHAT WANT-STDERR -- command... (stdin from $TMP/u8.in): exit 2, that one line, nothing on stdout
+    local what=$1 want=$2; shift 3
+    local out rc; out=$("$@" <"$TMP/u8.in" 2>"$TMP/u8.err"); rc=$?
+    [ $rc -eq 2 ] && [ -z "$out" ] && [ "$(cat "$TMP/u8.err")" = "$want" ] && ok || bad "$what: rc $rc, stdout '$out', stderr: $(cat "$TMP/u8.err")"
+}
+printf 'ab\xff\xfe' >"$TMP/u8.in"
+u8 "run --prompt - (0xff)" "deltafin run: the prompt from stdin (--prompt -) is not valid UTF-8: invalid byte 0xff at byte offset 2" -- \
+    "$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt - --max-new 2
+u8 "run --prompt TEXT (bad continuation)" "deltafin run: the prompt from --prompt is not valid UTF-8: invalid byte 0xc3 at byte offset 1" -- \
+    "$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt "$(printf 'x\xc3\x28y')" --max-new 2
+printf 'hello \xe2\x82' >"$TMP/u8.txt"
+u8 "run --prompt-file (cut short)" "deltafin run: the prompt from --prompt-file $TMP/u8.txt is not valid UTF-8: invalid byte 0xe2 at byte offset 6 (an incomplete character at the end)" -- \
+    "$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt-file "$TMP/u8.txt" --max-new 2
+printf 'ok \xed\xa0\x80' >"$TMP/u8.in" # a UTF-16 surrogate
+u8 "run --prompt-file - (surrogate)" "deltafin run: the prompt from stdin (--prompt-file -) is not valid UTF-8: invalid byte 0xed at byte offset 3" -- \
+    "$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt-file - --max-new 2 --chat
+printf '\xc0\xaf' >"$TMP/u8.in" # an overlong form
+out=$("$BIN" tokenize --model "$KM" <"$TMP/u8.in" 2>"$TMP/u8.err"); rc=$?
+[ $rc -eq 1 ] && [ -z "$out" ] && [ "$(cat "$TMP/u8.err")" = "deltafin tokenize: the text on stdin is not valid UTF-8: invalid byte 0xc0 at byte offset 0" ] \
+    && ok || bad "tokenize of invalid UTF-8: rc $rc '$out' $(cat "$TMP/u8.err")"
+printf '[{"role":"user","content":"hi \xff"}]' | "$BIN" tokenize --model "$KM" --chat >/dev/null 2>"$TMP/u8.err"; rc=$?
+[ $rc -eq 1 ] && grep -q "^deltafin tokenize: the --chat input on stdin is not valid UTF-8: invalid byte 0xff at byte offset 30$" "$TMP/u8.err" \
+    && ok || bad "tokenize --chat of invalid UTF-8: rc $rc $(cat "$TMP/u8.err")"
+# well-formed text of every length still goes through (2-, 3- and 4-byte characters)
+ids=$(printf 'h\xc3\xa9llo \xe2\x9c\x93 \xf0\x9f\x98\x80' | "$BIN" tokenize --model "$KM"); rc=$?
+[ $rc -eq 0 ] && [ "$(echo "$ids" | "$BIN" tokenize --model "$KM" --decode)" = "$(printf 'h\xc3\xa9llo \xe2\x9c\x93 \xf0\x9f\x98\x80')" ] \
+    && ok || bad "tokenize round trip of UTF-8: rc $rc '$ids'"
+
+# ---- tokenize --decode: the ids of run --prompt-ids, one parser, the same messages
+for l in "1,,2" "1,2," ",1" "1,-2" "1 2" "abc" "+3" "2147483648" "1,2,x9"; do
+    r=$("${R[@]}" --prompt-ids "$l" 2>&1); rrc=$?
+    t=$(printf '%s\n' "$l" | "$BIN" tokenize --model "$KM" --decode 2>&1); trc=$?
+    [ $rrc -eq 2 ] && [ $trc -eq 1 ] && [ "${r#deltafin run: --prompt-ids: }" != "$r" ] && [ "${r#deltafin run: --prompt-ids: }" = "${t#deltafin tokenize --decode: }" ] \
+        && ok || bad "--prompt-ids / --decode '$l': run rc $rrc '$r', tokenize rc $trc '$t'"
+done
+expect 2 "run --prompt-ids 1,,2" "^deltafin run: --prompt-ids: empty item at position 1 \(expected comma-separated token ids, integers >= 0\)$" -- \
+    "${R[@]}" --prompt-ids 1,,2
+out=$(echo 1,,2 | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
+[ $rc -eq 1 ] && [ "$out" = "deltafin tokenize --decode: empty item at position 1 (expected comma-separated token ids, integers >= 0)" ] \
+    && ok || bad "tokenize --decode 1,,2: rc $rc '$out'"
+# no internal function name in what the user reads: a negative id is out of range, an unknown one is named with the vocabulary size
+out=$(echo -1 | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
+[ $rc -eq 1 ] && [ "$out" = "deltafin tokenize --decode: token id -1 at position 0 is out of range (expected an integer from 0 to 2147483647)" ] \
+    && ok || bad "tokenize --decode -1: rc $rc '$out'"
+out=$(echo 5,99999999 | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -qE "^deltafin tokenize --decode: token id 99999999 at position 1 is not in the vocabulary \(size [0-9]+\)$" \
+    && ! echo "$out" | grep -q "df_" && ok || bad "tokenize --decode 99999999: rc $rc '$out'"
+# blanks around the ids and a final newline are fine (the output of tokenize decodes); no ids at all is empty text
+[ "$(printf ' 72 , 105\n' | "$BIN" tokenize --model "$KM" --decode)" = "$(printf 72,105 | "$BIN" tokenize --model "$KM" --decode)" ] && ok \
+    || bad "tokenize --decode with blanks"
+out=$(printf '\n' | "$BIN" tokenize --model "$KM" --decode 2>&1); rc=$?
+[ $rc -eq 0 ] && [ -z "$out" ] && ok || bad "tokenize --decode of no ids: rc $rc '$out'"
+
+# ---- serve checks every option of its own before the default model or any note: a usage error is the only line
+sv() { # sv WANT-STDERR -- serve args...: exit 2, exactly that line
+    local want=$1; shift 2
+    local out rc; out=$(env DELTAFIN_REGISTRY="$TMP/no-registry.json" timeout 20 "$BIN" serve --port 0 "$@" 2>&1 </dev/null); rc=$?
+    [ $rc -eq 2 ] && [ "$out" = "$want" ] && ok || bad "serve $*: rc $rc, output: $out"
+}
+sv "deltafin serve: --mock-delay-ms applies to --mock only (the built-in test model)" -- --mock-delay-ms 5
+sv "deltafin serve: --draft-sample is a run option (the server drafts greedily)" -- --draft-sample on
+sv "deltafin serve: --draft-sample is a run option (the server drafts greedily)" -- --draft-max 4 --draft-sample on
+sv "deltafin serve: --host foo is not a numeric IPv4 or IPv6 address or localhost (e.g. 127.0.0.1, ::1, 0.0.0.0)" -- --host foo
+sv "deltafin serve: --api-key must not be empty" -- --keepalive 40 --timeout 10 --api-key ""
+sv "deltafin serve: --draft needs a real model (not --mock)" -- --mock --draft ngram
+
+# ---- seeds: negative ones as the server maps them, (uint64_t)(int64_t)S; the same seed, the same tokens from both
+# (a cache of their own: an earlier test leaves a corrupt pack in $TMP/cache)
+S=("$BIN" run --model "$G" --cache-dir "$TMP/seedcache" --quiet --prompt-ids 1,2,3 --max-new 6 --print-ids --temperature 0.9)
+a=$("${S[@]}" --seed -1 2>&1); b=$("${S[@]}" --seed 18446744073709551615 2>&1)
+[[ "$a" =~ ^[0-9]+(,[0-9]+){5}$ ]] && [ "$a" = "$b" ] && ok || bad "run --seed -1 vs 2^64-1: '$a' vs '$b'"
+a=$("${S[@]}" --seed -9223372036854775808 2>&1); b=$("${S[@]}" --seed 9223372036854775808 2>&1)
+[[ "$a" =~ ^[0-9]+(,[0-9]+){5}$ ]] && [ "$a" = "$b" ] && ok || bad "run --seed -2^63 vs 2^63: '$a' vs '$b'"
+expect 0 "run --help: negative seeds" "--seed S +sampling seed, -2\^63\.\.2\^64-1" -- "$BIN" run --help
+expect 2 "run --seed below -2^63" '^deltafin run: --seed "-9223372036854775809": expected an integer in \[-9223372036854775808, 18446744073709551615\]$' -- \
+    "${S[@]}" --seed -9223372036854775809
+expect 0 "synth --seed -1" "experts" -- "$BIN" synth "$TMP/syn-seed" --size 64M --seed -1 --dry-run
+expect 2 "bench prefill --seed x" '^deltafin bench prefill: --seed "x": expected an integer in \[-9223372036854775808, ' -- \
+    "$BIN" bench prefill --model "$G" --seed x
+expect 2 "bench batch --seed x" '^deltafin bench batch: --seed "x": expected an integer in \[-9223372036854775808, ' -- \
+    "$BIN" bench batch --model "$G" --seed x
+if command -v curl >/dev/null && command -v python3 >/dev/null; then
+    "$BIN" serve --model "$G" --cache-dir "$TMP/seedcache" --port 0 --port-file "$TMP/seed.port" --threads 1 2>"$TMP/seed.log" &
+    spid=$!
+    for _ in $(seq 1 300); do [ -s "$TMP/seed.port" ] && break; kill -0 $spid 2>/dev/null || break; sleep 0.1; done
+    if [ -s "$TMP/seed.port" ]; then
+        for sd in -1 -9007199254740991 12345; do
+            got=$(curl -s -d "{\"prompt\":[1,2,3],\"max_tokens\":6,\"temperature\":0.9,\"seed\":$sd}" "http://127.0.0.1:$(cat "$TMP/seed.port")/v1/completions" |
+                  python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["choices"][0]["token_ids"])))' 2>&1)
+            want=$("${S[@]}" --seed "$sd" 2>&1)
+            [[ "$want" =~ ^[0-9]+(,[0-9]+){5}$ ]] && [ "$got" = "$want" ] && ok || bad "seed $sd: server '$got', run '$want'"
+        done
+    else bad "serve for the seed comparison did not start: $(tail -2 "$TMP/seed.log")"; fi
+    kill $spid 2>/dev/null; wait $spid 2>/dev/null
+fi
+
+# ---- version: `deltafin version` is `deltafin --version`, and the top-level help says so
+v=$("$BIN" --version); rc=$?
+[ $rc -eq 0 ] && [[ "$v" =~ ^deltafin\ [0-9] ]] && [ "$("$BIN" version)" = "$v" ] && ok || bad "deltafin version: rc $rc '$v' vs '$("$BIN" version 2>&1)'"
+expect 0 "deltafin --help mentions --version" "^  version +.*--version" -- "$BIN" --help
+
+# ---- docs: tools/gen-cli-doc.sh reproduces docs/cli.md; README names every CUDA knob that docs/cli.md lists
+if DF_BIN="$BIN" bash "$SRC/tools/gen-cli-doc.sh" "$TMP/cli.md" && diff -u "$SRC/docs/cli.md" "$TMP/cli.md" >"$TMP/cli.diff"; then ok
+else bad "tools/gen-cli-doc.sh does not reproduce docs/cli.md: $(head -20 "$TMP/cli.diff")"; fi
+knobs=$(grep -o 'DF_CUDA_[A-Z_]*[A-Z]' "$SRC/docs/cli.md" | sort -u)
+[ -n "$knobs" ] && missing=$(for k in $knobs; do grep -q "\`$k\`" "$SRC/README.md" || echo "$k"; done) && [ -z "$missing" ] \
+    && grep -q "docs/cli.md" "$SRC/README.md" && ok || bad "README.md lacks CUDA knobs of docs/cli.md: $missing"
+
+# ---- the *.tmp of a killed conversion: removed by the next convert only when nothing else is in the directory
+mkdir -p "$TMP/stale"; : >"$TMP/stale/spine.bin.tmp"; : >"$TMP/stale/experts-L001.pack.tmp"; : >"$TMP/stale/notes.txt"
+out=$("$BIN" convert "$G" "$TMP/stale" --quiet 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "2 \*.tmp of an interrupted run, which are removed automatically only when the directory holds nothing else, but it also holds 'notes.txt'" \
+    && echo "$out" | grep -q "pass --force" && [ -e "$TMP/stale/spine.bin.tmp" ] && ok || bad "convert into stale *.tmp + notes.txt: rc $rc $out"
+rm "$TMP/stale/notes.txt"
+out=$("$BIN" convert "$G" "$TMP/stale" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "removed 2 files (2 \*.tmp) left in .*stale by an interrupted convert" && [ -f "$TMP/stale/manifest.json" ] \
+    && [ -z "$(ls "$TMP/stale" | grep '\.tmp$')" ] && ok || bad "convert into stale *.tmp alone: rc $rc $out"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates docs/cli.md from the commands' --help output (run after changing flags).
+# Usage: tools/gen-cli-doc.sh [OUT]   (OUT: another file to write instead, e.g. to diff against docs/cli.md)
 set -eu
+OUT=${1:-}
+case $OUT in "" | /*) ;; *) OUT=$PWD/$OUT ;; esac
 cd "$(dirname "$0")/.."
+OUT=${OUT:-docs/cli.md}
 B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build directory
 {
   echo "# deltafin command-line reference"; echo
@@ -18,13 +22,14 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "\`\$XDG_DATA_HOME/deltafin/models.json\`)."
   echo "An option's value may follow it (\`--max-new 64\`) or be joined to it with \`=\` (\`--max-new=64\`), in every command; an"
   echo "unknown option is one line naming it (with the closest option when one is near) and exit status 2."
-  echo "\`deltafin help COMMAND\` is \`deltafin COMMAND --help\`."
+  echo "\`deltafin help COMMAND\` is \`deltafin COMMAND --help\`; \`deltafin version\` (or \`deltafin --version\`) prints the version."
   echo "The CUDA backend's knobs (\`DF_CUDA_MMA\`: the encodings on the tensor-core kernel; \`DF_CUDA_MLP_GROUP\`,"
   echo "\`DF_CUDA_ATTN\`, \`DF_CUDA_MLA_PROJECT\`, \`DF_CUDA_MLA_BLOCK\`, \`DF_CUDA_MOE_RESID\`, \`DF_CUDA_HOST_PIN\`,"
-  echo "\`DF_CUDA_SPLIT\`, \`DF_CUDA_SHARED_EARLY\`: 1|on / 0|off, grouped expert MLPs, the attention core on the GPU, the MLA"
+  echo "\`DF_CUDA_SPLIT\`, \`DF_CUDA_SHARED_EARLY\`: 1|on (default) / 0|off, and \`DF_CUDA_MOE_ROUTE\`: 1|on / 0|off (default): grouped expert MLPs, the attention core on the GPU, the MLA"
   echo "projections in one round trip, a layer's whole MLA block in one round trip, a decode step's MoE added into the device's"
   echo "residual stream without a round trip, pinned host buffers, matrices of at most 2048 rows split over K (changes their"
-  echo "bits), the MLA block starting the next MoE's shared expert; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8;"
+  echo "bits), the MLA block starting the next MoE's shared expert, the MLA block routing and running the next MoE (or dense MLP) on the GPU"
+  echo "without waiting; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8;"
   echo "\`DF_CUDA_MMA_KS\`: the tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits);"
   echo "\`DF_CUDA_KV_MIRROR\`: 1|on / 0|off / a size such as 4G, the GPU memory of the attention core's"
   echo "KV-cache mirrors; \`DF_CUDA_TRACE\`: 1|on / 2 (host clocks only) / 0|off (default), each GPU call's wall, queue, wait"
@@ -45,4 +50,4 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "an expert read takes the same expected time (docs/native-format.md)."
   # hand-written notes that do not fit a --help text (tools/cli-doc-notes.md)
   [ -f tools/cli-doc-notes.md ] && { echo; cat tools/cli-doc-notes.md; }
-} > docs/cli.md
+} > "$OUT"

@@ -135,7 +135,7 @@ int bench_batch(int argc, char **argv) {
     const char *model = NULL, *cache_dir = NULL;
     uint64_t budget = 0;
     int seqs[MAX_RUNS] = {1, 2, 4, 8}, n_runs = 4, tokens = 16, prompt = 8, threads = 0, qd = 16, nodrop = 0;
-    long seed = 1;
+    uint64_t seed = 1;
     double io_seconds = 5;
     const char *backend = cli_default_backend();
     uint64_t gpu_budget = 0;
@@ -164,10 +164,11 @@ int bench_batch(int argc, char **argv) {
                 fprintf(stderr, "deltafin bench batch: --seqs '%s': expected up to %d comma-separated counts in [1, %d]\n", v, MAX_RUNS, MAX_SEQS);
                 return 2;
             }
-        } else if (!strcmp(a, "--tokens") || !strcmp(a, "--prompt") || !strcmp(a, "--threads") || !strcmp(a, "--seed") ||
-                   !strcmp(a, "--qd")) {
+        } else if (!strcmp(a, "--seed")) {
+            if (cli_parse_seed("bench batch", a, v, &seed)) return 2;
+        } else if (!strcmp(a, "--tokens") || !strcmp(a, "--prompt") || !strcmp(a, "--threads") || !strcmp(a, "--qd")) {
             long x = strtol(v, &end, 10);
-            const long lo = !strcmp(a, "--threads") || !strcmp(a, "--seed") ? 0 : 1,
+            const long lo = !strcmp(a, "--threads") ? 0 : 1,
                        hi = !strcmp(a, "--qd") ? 1024 : !strcmp(a, "--tokens") ? 4096 : 1 << 20;
             if (!*v || *end || x < lo || x > hi) {
                 fprintf(stderr, "deltafin bench batch: %s '%s': expected an integer in [%ld, %ld]\n", a, v, lo, hi);
@@ -176,7 +177,6 @@ int bench_batch(int argc, char **argv) {
             if (!strcmp(a, "--tokens")) tokens = (int)x;
             else if (!strcmp(a, "--prompt")) prompt = (int)x;
             else if (!strcmp(a, "--threads")) threads = (int)x;
-            else if (!strcmp(a, "--seed")) seed = x;
             else qd = (int)x;
         } else if (!strcmp(a, "--io-seconds")) {
             io_seconds = strtod(v, &end);
@@ -217,7 +217,7 @@ int bench_batch(int argc, char **argv) {
     run_result *res = calloc((size_t)n_runs, sizeof *res);
     if (!res) return 1;
     for (int k = 0; k < n_runs && !rc; k++) {
-        rc = run_one(model, budget, backend, gpu_budget, threads, qd, seqs[k], tokens, prompt, (uint64_t)seed, nodrop, &res[k], err, sizeof err);
+        rc = run_one(model, budget, backend, gpu_budget, threads, qd, seqs[k], tokens, prompt, seed, nodrop, &res[k], err, sizeof err);
         if (rc) { fprintf(stderr, "deltafin bench batch: S = %d: %s\n", seqs[k], err); break; }
         printf("  S=%d: %.3f tok/s aggregate (%.3f per sequence) over %d tokens in %.2f s, io stall %.2f s, "
                "expert+spine bytes read %.1f MB/token, hit rate %.3f, rows per expert read %.2f\n",

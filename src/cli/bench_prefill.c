@@ -43,7 +43,8 @@ static void usage(FILE *f) {
 int bench_prefill(int argc, char **argv) {
     const char *model = NULL, *cache_dir = NULL, *backend = cli_default_backend();
     uint64_t budget = 0, gpu_budget = 0, io_buffer = 0;
-    long tokens = 64, threads = 0, seed = 1, qd = 16;
+    long tokens = 64, threads = 0, qd = 16;
+    uint64_t seed = 1;
     double io_seconds = 5;
     int nodrop = 0, prefetch = 0, prefault = 0;
     const char *events = NULL;
@@ -63,13 +64,14 @@ int bench_prefill(int argc, char **argv) {
         else if (!strcmp(a, "--events")) events = v;
         else if (!strcmp(a, "--ram-budget")) {
             if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench prefill: --ram-budget '%s': expected a size like 8G\n", v); return 2; }
-        } else if (!strcmp(a, "--tokens") || !strcmp(a, "--threads") || !strcmp(a, "--seed") || !strcmp(a, "--qd")) {
+        } else if (!strcmp(a, "--seed")) {
+            if (cli_parse_seed("bench prefill", a, v, &seed)) return 2;
+        } else if (!strcmp(a, "--tokens") || !strcmp(a, "--threads") || !strcmp(a, "--qd")) {
             long x = strtol(v, &end, 10);
-            long lo = !strcmp(a, "--threads") || !strcmp(a, "--seed") ? 0 : 1, hi = !strcmp(a, "--qd") ? 1024 : 1 << 20;
+            long lo = !strcmp(a, "--threads") ? 0 : 1, hi = !strcmp(a, "--qd") ? 1024 : 1 << 20;
             if (!*v || *end || x < lo || x > hi) { fprintf(stderr, "deltafin bench prefill: %s '%s': expected an integer in [%ld, %ld]\n", a, v, lo, hi); return 2; }
             if (!strcmp(a, "--tokens")) tokens = x;
             else if (!strcmp(a, "--threads")) threads = x;
-            else if (!strcmp(a, "--seed")) seed = x;
             else qd = x;
         } else if (!strcmp(a, "--backend")) {
             if (cli_check_backend("bench prefill", v)) return 2;

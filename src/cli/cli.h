@@ -28,6 +28,18 @@ const char *cli_cr(void);
 int cli_known_option(const char *a, const char *const *names);
 /* 1 when the comma-separated list s has an empty item ("a,,b", ",a", "a," or ""): lists are refused so everywhere. */
 int cli_list_has_empty(const char *s);
+/* The token ids of a comma-separated list ("1,2, 3"; spaces, tabs and line breaks around an item are ignored): each a
+ * decimal integer in [0, INT32_MAX], no empty item, at least one. run --prompt-ids and tokenize --decode parse by it.
+ * 0 with *out (malloc'd) and *n, else -1 and a one-line reason in err ("empty item at position 1 (expected ...)",
+ * "token id -1 at position 0 is out of range (...)", "not a token id at position 2, near 'abc' (...)"). */
+int cli_parse_ids(const char *s, int32_t **out, size_t *n, char *err, size_t errlen);
+/* A --seed value (`flag` names it): a decimal integer in [-2^63, 2^64-1], a negative one mapped as (uint64_t)(int64_t)v
+ * (as the server maps a request's "seed", so the same seed samples the same tokens in both). 0, else a usage message
+ * naming the command, flag and value and -1. */
+int cli_parse_seed(const char *cmd, const char *flag, const char *v, uint64_t *out);
+/* s[0..n) must be well-formed UTF-8 (util.h: df_utf8_invalid_at), as the server requires of a request: 0, else
+ * "deltafin CMD: WHAT is not valid UTF-8: invalid byte 0xNN at byte offset K" on stderr and -1. */
+int cli_check_utf8(const char *cmd, const char *what, const char *s, size_t n);
 /* Every "--name=value" of argv (name: letters, digits and dashes) as the two arguments "--name" "value", so each
  * command's parser accepts both forms; the value after --prompt or --api-key (free text) is kept whole. *out gets
  * the new argv (NULL-terminated; argv itself when out of memory); returns its count. */

@@ -1,6 +1,7 @@
 /* cli_args.c — argument parsing shared by the subcommands (one definition of a
  * size and of "a regular file in a directory", so every command accepts the same forms). */
 #include "cli.h"
+#include "util/util.h"
 #include <errno.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -247,4 +248,98 @@ int cli_convert_progress_end(void) {
     if (conv_open) fputc('\n', stderr);
     conv_open = 0;
     return was;
+}
+
+int cli_check_utf8(const char *cmd, const char *what, const char *s, size_t n) {
+    const size_t at = df_utf8_invalid_at(s, n);
+    if (at == n) return 0;
+    const int cut = df_utf8_seq((const unsigned char *)s + at, n - at) < 0; /* a character cut short by the end */
+    fprintf(stderr, "deltafin %s: %s is not valid UTF-8: invalid byte 0x%02x at byte offset %zu%s\n", cmd, what,
+            (unsigned char)s[at], at, cut ? " (an incomplete character at the end)" : "");
+    return -1;
+}
+
+int cli_parse_seed(const char *cmd, const char *flag, const char *v, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (v[0] == '-') {
+        long long x = strtoll(v, &end, 10);
+        if (v[1] >= '0' && v[1] <= '9' && !*end && !errno) { *out = (uint64_t)(int64_t)x; return 0; }
+    } else {
+        unsigned long long x = strtoull(v, &end, 10);
+        if (v[0] >= '0' && v[0] <= '9' && !*end && !errno) { *out = (uint64_t)x; return 0; }
+    }
+    fprintf(stderr, "deltafin %s: %s \"%s\": expected an integer in [-9223372036854775808, 18446744073709551615]\n", cmd, flag, v);
+    return -1;
+}
+
+static int ids_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* the item at p (up to its comma or the end, without trailing blanks; at most 20 bytes), control characters escaped
+ * (\n, \xNN), so that a message quoting it stays one line */
+static void quote_near(const char *p, char *out, size_t cap) {
+    const char *e = p;
+    while (*e && *e != ',' && e < p + 20) e++;
+    while (e > p && ids_space(e[-1])) e--;
+    size_t m = 0;
+    for (const char *q = p; q < e && m + 5 < cap; q++) {
+        unsigned char c = (unsigned char)*q;
+        if (c == '\n') m += (size_t)snprintf(out + m, cap - m, "\\n");
+        else if (c == '\r') m += (size_t)snprintf(out + m, cap - m, "\\r");
+        else if (c == '\t') m += (size_t)snprintf(out + m, cap - m, "\\t");
+        else if (c < 0x20 || c == 0x7f) m += (size_t)snprintf(out + m, cap - m, "\\x%02x", c);
+        else out[m++] = (char)c;
+    }
+    out[m] = 0;
+}
+
+int cli_parse_ids(const char *s, int32_t **out, size_t *n_out, char *err, size_t errlen) {
+    static const char expected[] = "expected comma-separated token ids, integers >= 0";
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * cap);
+    if (!ids) { snprintf(err, errlen, "out of memory"); return -1; }
+    const char *p = s;
+    while (ids_space(*p)) p++;
+    if (!*p) { snprintf(err, errlen, "no ids (%s)", expected); free(ids); return -1; }
+    for (;;) {
+        while (ids_space(*p)) p++;
+        if (*p == ',' || !*p) {
+            snprintf(err, errlen, "empty item at position %zu (%s)", n, expected);
+            free(ids);
+            return -1;
+        }
+        const char *item = p;
+        const char *d = *p == '-' ? p + 1 : p; /* a negative number is an id out of range */
+        char *end = (char *)d;
+        while (*end >= '0' && *end <= '9') end++;
+        const char *after = end;
+        while (ids_space(*after)) after++;
+        if (end == d || (*after && *after != ',')) {
+            char near[100];
+            quote_near(item, near, sizeof near);
+            snprintf(err, errlen, "not a token id at position %zu, near '%s' (%s)", n, near, expected);
+            free(ids);
+            return -1;
+        }
+        errno = 0;
+        long long v = strtoll(item, NULL, 10);
+        if (errno == ERANGE || v < 0 || v > INT32_MAX) {
+            snprintf(err, errlen, "token id %.*s at position %zu is out of range (expected an integer from 0 to %d)",
+                     (int)(end - item), item, n, INT32_MAX);
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *t = realloc(ids, sizeof(int32_t) * (cap *= 2));
+            if (!t) { free(ids); snprintf(err, errlen, "out of memory"); return -1; }
+            ids = t;
+        }
+        ids[n++] = (int32_t)v;
+        p = after;
+        if (!*p) break;
+        p++; /* the comma */
+    }
+    *out = ids;
+    *n_out = n;
+    return 0;
 }

@@ -36,8 +36,10 @@ static void usage(FILE *f) {
             "  --quiet              no progress line\n"
             "  -h, --help           this help\n"
             "SIGINT or SIGTERM stops the conversion, removes every file it wrote and exits with 128 + the signal\n"
-            "number; the *.tmp files of a killed conversion (no manifest.json) are removed by the next run into\n"
-            "that directory.\n");
+            "number. A killed conversion leaves *.tmp files and no manifest.json: the next run into that directory\n"
+            "removes them only when the directory holds nothing but deltafin's model files; when it holds anything\n"
+            "else, that run refuses (it names the other entry) and asks for --force, which deletes the deltafin\n"
+            "files first.\n");
 }
 
 typedef struct {

@@ -45,7 +45,8 @@ static void run_usage(FILE *f) {
             "  --temperature T      0..2; 0 = greedy (default)\n"
             "  --top-p P            nucleus sampling, in (0, 1] (default 1: off)\n"
             "  --top-k K            sample among the K most likely tokens (default 0: off; -1: off too, as the server's top_k)\n"
-            "  --seed S             sampling seed, 0..2^64-1 (default 0: the same output on every run)\n"
+            "  --seed S             sampling seed, -2^63..2^64-1 (default 0: the same output on every run); a negative\n"
+            "                       S is S + 2^64, as the server's \"seed\": the same seed samples the same tokens\n"
             "                       (--top-p, --top-k and --seed apply with --temperature > 0; at 0 a note says so)\n"
             "  --ram-budget SIZE    bytes for weights + KV cache, e.g. 4G, 512M (default 0: unlimited)\n"
             "  --expert-dirs D1,D2  where the expert packs live (override)\n"
@@ -78,6 +79,8 @@ static void run_usage(FILE *f) {
             "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "  --quiet              no configuration line or progress on stderr\n"
             "%s"
+            "Prompt text must be valid UTF-8, as the server requires: an invalid byte is a usage error (exit 2) naming\n"
+            "its byte offset and where the prompt came from; nothing is generated.\n"
             "A prefill that takes over a second reports its progress (layers done) on stderr: one line rewritten in\n"
             "place on a terminal, else a line every 5 s. A prompt longer than the positions the model was trained on\n"
             "(the model card's trained_positions in DIR/README.md, which convert and setup copy beside the native\n"
@@ -118,35 +121,6 @@ static int parse_num(const char *flag, const char *s, double lo, double hi, int 
     return 0;
 }
 
-/* "1,2, 3" -> ids (each in [0, INT32_MAX]; no empty items); -1 on any malformed item */
-static int parse_ids(const char *s, int32_t **out, int *n_out) {
-    int cap = 16, n = 0;
-    int32_t *ids = malloc(sizeof(int32_t) * cap);
-    const char *p = s;
-    if (!ids) return -1;
-    for (;;) {
-        while (*p == ' ') p++;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || *p == '-' || *p == '+' || errno || v < 0 || v > INT32_MAX) { free(ids); return -1; }
-        if (n == cap) {
-            int32_t *t = realloc(ids, sizeof(int32_t) * (size_t)(cap *= 2));
-            if (!t) { free(ids); return -1; }
-            ids = t;
-        }
-        ids[n++] = (int32_t)v;
-        p = end;
-        while (*p == ' ') p++;
-        if (!*p) break;
-        if (*p != ',') { free(ids); return -1; }
-        p++;
-    }
-    *out = ids;
-    *n_out = n;
-    return 0;
-}
-
 static int progress_open; /* a progress line without its newline is on stderr */
 
 /* end an unfinished progress line (the conversion's or the prefill's) before an error message */
@@ -155,8 +129,10 @@ static void progress_end(void) {
     progress_open = 0;
 }
 
-/* Whole contents of FILE ("-" = stdin) as a NUL-terminated string; NULL after a message. */
-static char *read_prompt(const char *path, size_t *len_out) {
+/* Whole contents of FILE ("-" = stdin) as a NUL-terminated string; NULL after a message, with *status the exit
+ * status: 1 when it cannot be read, 2 when it is no text (a NUL byte). */
+static char *read_prompt(const char *path, size_t *len_out, int *status) {
+    *status = 1;
     int is_stdin = !strcmp(path, "-");
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) {
@@ -188,6 +164,7 @@ static char *read_prompt(const char *path, size_t *len_out) {
     if (memchr(b, 0, n)) {
         fprintf(stderr, "deltafin run: the prompt from %s contains a NUL byte (not text)\n", is_stdin ? "stdin" : path);
         free(b);
+        *status = 2;
         return NULL;
     }
     *len_out = n;
@@ -392,14 +369,7 @@ int cmd_run(int argc, char **argv) {
             const char *v = NEXT();
             if (!v) return 2;
             SAMPLING_FLAG("--seed");
-            char *end;
-            errno = 0;
-            unsigned long long sd = strtoull(v, &end, 10);
-            if (!(*v >= '0' && *v <= '9') || *end || errno) {
-                fprintf(stderr, "deltafin run: --seed \"%s\": expected an integer in [0, 18446744073709551615]\n", v);
-                return 2;
-            }
-            so.seed = sd;
+            if (cli_parse_seed("run", a, v, &so.seed)) return 2;
         }
         else if (!strcmp(a, "--ram-budget")) {
             const char *v = NEXT(); if (!v) return 2;
@@ -476,9 +446,17 @@ int cmd_run(int argc, char **argv) {
     }
     if (!quiet) { mo.progress = cli_convert_progress; mo.progress_user = NULL; }
     if (prompt_file || (prompt && !strcmp(prompt, "-"))) {
-        if (!(prompt_buf = read_prompt(prompt_file ? prompt_file : "-", &prompt_len))) return 1;
+        int st;
+        if (!(prompt_buf = read_prompt(prompt_file ? prompt_file : "-", &prompt_len, &st))) return st;
         prompt = prompt_buf;
     } else if (prompt) prompt_len = strlen(prompt);
+    if (prompt) { /* text is UTF-8, as the server requires of a request: a bad byte is refused, not replaced */
+        char what[4200];
+        if (prompt_file && strcmp(prompt_file, "-")) snprintf(what, sizeof what, "the prompt from --prompt-file %s", prompt_file);
+        else snprintf(what, sizeof what, "the prompt from %s", prompt_file ? "stdin (--prompt-file -)"
+                                                             : prompt_buf ? "stdin (--prompt -)" : "--prompt");
+        if (cli_check_utf8("run", what, prompt, prompt_len)) { free(prompt_buf); return 2; }
+    }
 
     char err[1024] = "";
     int rc, status = 1;
@@ -495,11 +473,13 @@ int cmd_run(int argc, char **argv) {
     df_drafter *drafter = NULL;
     df_spec *spec = NULL;
     if (prompt_ids) {
-        if (parse_ids(prompt_ids, &ids, &n_ids)) {
-            fprintf(stderr, "deltafin run: --prompt-ids \"%s\" is not a comma-separated list of token ids (integers >= 0)\n", prompt_ids);
+        size_t n = 0;
+        if (cli_parse_ids(prompt_ids, &ids, &n, err, sizeof err)) {
+            fprintf(stderr, "deltafin run: --prompt-ids: %s\n", err);
             free(prompt_buf);
             return 2;
         }
+        n_ids = (int)n; /* a command line holds far fewer than INT_MAX ids */
     } else {
         /* tokenize first: the KV reserve inside --ram-budget is then the prompt's real token count */
         if (!cli_is_file(model, "tokenizer.json") && !cli_is_file(model, "tiktoken.model")) {

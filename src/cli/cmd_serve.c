@@ -4,6 +4,7 @@
 #include "cli_draft.h"
 #include "hub/stream.h"
 #include "server/server.h"
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -162,18 +163,17 @@ int cmd_serve(int argc, char **argv) {
         else return cli_unknown_option("serve", a, serve_options, cli_draft_flags);
         (void)tmp;
     }
-    cli_draft_note_unused("serve", &dopt);
-    char dflt_dir[4096], dflt_how[4600] = "";
-    const int model_is_default = !c.model_path && !c.mock;
-    if (model_is_default) {
-        if (cli_default_model("serve", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
-        c.model_path = dflt_dir;
-        fprintf(stderr, "deltafin serve: model (no --model): %s, %s\n", dflt_dir, dflt_how);
-    }
-    if (c.keepalive_s > 0 && c.keepalive_s > c.timeout_s / 2.0) /* said, not silently changed (srv_http.c lowers it) */
-        fprintf(stderr, "deltafin serve: note: --keepalive %g is more than --timeout %d / 2; keep-alives are sent every %g s\n",
-                c.keepalive_s, c.timeout_s, c.timeout_s / 2.0);
+    /* every option is checked before anything else is said or done: a usage error is the only line */
+    if (dopt.sample) { fprintf(stderr, "deltafin serve: --draft-sample is a run option (the server drafts greedily)\n"); return 2; }
     if (c.api_key && !c.api_key[0]) { fprintf(stderr, "deltafin serve: --api-key must not be empty\n"); return 2; }
+    {   /* as srv_serve binds it: numeric IPv4 / IPv6, or localhost */
+        unsigned char addr[sizeof(struct in6_addr)];
+        if (strcmp(c.host, "localhost") && inet_pton(AF_INET, c.host, addr) != 1 && inet_pton(AF_INET6, c.host, addr) != 1) {
+            fprintf(stderr, "deltafin serve: --host %s is not a numeric IPv4 or IPv6 address or localhost (e.g. 127.0.0.1, ::1, "
+                            "0.0.0.0)\n", c.host);
+            return 2;
+        }
+    }
     if (c.cors) {
         int bad = !c.cors[0];
         for (const char *q = c.cors; *q; q++) bad |= (unsigned char)*q < 0x20 || *q == 0x7f;
@@ -196,14 +196,25 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "deltafin serve: --mock-delay-ms applies to --mock only (the built-in test model)\n");
         return 2;
     }
+    if (c.mock && cli_draft_enabled(&dopt)) { fprintf(stderr, "deltafin serve: --draft needs a real model (not --mock)\n"); return 2; }
+    /* then the notes, and the default model */
+    cli_draft_note_unused("serve", &dopt);
+    if (c.keepalive_s > 0 && c.keepalive_s > c.timeout_s / 2.0) /* said, not silently changed (srv_http.c lowers it) */
+        fprintf(stderr, "deltafin serve: note: --keepalive %g is more than --timeout %d / 2; keep-alives are sent every %g s\n",
+                c.keepalive_s, c.timeout_s, c.timeout_s / 2.0);
+    char dflt_dir[4096], dflt_how[4600] = "";
+    const int model_is_default = !c.model_path && !c.mock;
+    if (model_is_default) {
+        if (cli_default_model("serve", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
+        c.model_path = dflt_dir;
+        fprintf(stderr, "deltafin serve: model (no --model): %s, %s\n", dflt_dir, dflt_how);
+    }
     if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
     c.draft.draft = dopt.draft;
     c.draft.ngram_min = dopt.ngram_min;
     c.draft.ngram_max = dopt.ngram_max;
     c.draft.retok = dopt.retok;
     c.draft.spec = dopt.spec;
-    if (dopt.sample) { fprintf(stderr, "deltafin serve: --draft-sample is a run option (the server drafts greedily)\n"); return 2; }
-    if (c.mock && cli_draft_enabled(&dopt)) { fprintf(stderr, "deltafin serve: --draft needs a real model (not --mock)\n"); return 2; }
     /* a streamed install (`deltafin setup --stream`): experts not yet local are fetched on first use */
     stream_src *remote = NULL;
     if (!c.mock && stream_is_streamed(c.model_path)) {

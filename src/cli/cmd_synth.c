@@ -932,8 +932,10 @@ static void usage(FILE *f) {
             "  --force           OUT_DIR may be non-empty: delete the deltafin model files in it (and old packs in\n"
             "                    --expert-dirs) first; without it OUT_DIR must be new or empty\n"
             "Every file is written as *.tmp and renamed when all are complete; manifest.json last. SIGINT or\n"
-            "SIGTERM stops the run, removes every file it wrote and exits with 128 + the signal number; the\n"
-            "*.tmp files of a killed run (no manifest.json) are removed by the next run into that directory.\n");
+            "SIGTERM stops the run, removes every file it wrote and exits with 128 + the signal number. A killed\n"
+            "run leaves *.tmp files and no manifest.json: the next run into that directory removes them only when\n"
+            "the directory holds nothing but deltafin's model files; when it holds anything else, that run refuses\n"
+            "(it names the other entry) and asks for --force, which deletes the deltafin files first.\n");
 }
 
 /* Strict integer value of a size flag: an integer in [lo, hi], else a message naming the flag and value. */
@@ -1094,14 +1096,7 @@ int cmd_synth(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--seed")) {
-            char *end;
-            errno = 0;
-            unsigned long long n = strtoull(v, &end, 10);
-            if (!*v || *end || errno || v[0] == '-') {
-                fprintf(stderr, "deltafin synth: --seed \"%s\": expected an integer in [0, 18446744073709551615]\n", v);
-                return 2;
-            }
-            o.seed = n;
+            if (cli_parse_seed("synth", a, v, &o.seed)) return 2;
         } else if (!strcmp(a, "--skew")) {
             char *end;
             double x = strtod(v, &end);

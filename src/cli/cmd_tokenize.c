@@ -23,6 +23,9 @@ static void usage(FILE *f) {
             "                         [--no-gen-prompt]] [--no-parse-special] [--add-bos]\n"
             "  reads text (or ids with --decode, or a JSON list of messages with --chat) on stdin;\n"
             "  prints ids comma-separated on one line (or the text).\n"
+            "  --decode reads the ids as `run --prompt-ids` takes them (comma-separated integers >= 0, no empty\n"
+            "  item); text (and --chat's input) must be valid UTF-8. Bad input is an error naming the position of\n"
+            "  the bad id or the byte offset of the invalid byte (exit 1).\n"
             "  --model DIR: the tokenizer of a model directory (tokenizer.json or tiktoken.model); without --model\n"
             "  or --tokenizer: the model `deltafin setup` installed, else the embedded models/kimi-mini (as `run`).\n"
             "  special-token strings in the text (<|im_end|>, ...) are special tokens, as transformers'\n"
@@ -160,58 +163,38 @@ int cmd_tokenize(int argc, char **argv) {
     if (!in) { fprintf(stderr, "deltafin tokenize: cannot read stdin\n"); df_tokenizer_free(t); return 1; }
     int status = 0;
     if (decode) {
-        size_t cap = 16, k = 0;
-        int32_t *ids = malloc(cap * sizeof *ids);
-        char *p = in;
-        while (*p) {
-            while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
-            if (!*p) break;
-            char *e;
-            errno = 0;
-            long long v = strtoll(p, &e, 10);
-            if (e == p) {
-                /* up to 20 bytes of the input, control characters escaped (\n, \xNN): the message stays one line */
-                char near[100];
-                size_t m = 0;
-                for (const char *q = p; *q && q < p + 20 && m + 5 < sizeof near; q++) {
-                    unsigned char c = (unsigned char)*q;
-                    if (c == '\n') m += (size_t)snprintf(near + m, sizeof near - m, "\\n");
-                    else if (c == '\r') m += (size_t)snprintf(near + m, sizeof near - m, "\\r");
-                    else if (c == '\t') m += (size_t)snprintf(near + m, sizeof near - m, "\\t");
-                    else if (c < 0x20 || c == 0x7f) m += (size_t)snprintf(near + m, sizeof near - m, "\\x%02x", c);
-                    else near[m++] = (char)c;
-                }
-                near[m] = 0;
-                fprintf(stderr, "deltafin tokenize --decode: not an id near '%s'\n", near);
-                status = 1;
-                break;
-            }
-            if (errno == ERANGE || v < INT32_MIN || v > INT32_MAX) {
-                fprintf(stderr, "deltafin tokenize --decode: id %.*s at position %zu is out of range\n", (int)(e - p), p, k);
-                status = 1;
-                break;
-            }
-            if (k == cap) { cap *= 2; ids = realloc(ids, cap * sizeof *ids); }
-            ids[k++] = (int32_t)v;
-            p = e;
+        /* the ids as run --prompt-ids takes them (one parser, one set of messages); nothing but blanks is no ids:
+         * empty text, as `tokenize` prints an empty line for empty text */
+        int32_t *ids = NULL;
+        size_t k = 0;
+        size_t blank = strspn(in, " \t\r\n");
+        if (in[blank] && cli_parse_ids(in, &ids, &k, err, sizeof err)) {
+            fprintf(stderr, "deltafin tokenize --decode: %s\n", err);
+            status = 1;
         }
         if (!status) {
             char *txt; size_t tl;
             rc = df_detokenize(t, ids, k, &txt, &tl, err, sizeof err);
-            if (rc) { fprintf(stderr, "deltafin tokenize: %s\n", err); status = 1; }
+            if (rc) { fprintf(stderr, "deltafin tokenize --decode: %s\n", err); status = 1; }
             else { fwrite(txt, 1, tl, stdout); free(txt); }
         }
         free(ids);
     } else {
         char *text = in, *rendered = NULL, *tools = NULL;
         size_t tl = n;
-        if (chat) {
+        /* text is UTF-8, as the server requires of a request: a bad byte is refused, not replaced */
+        if (cli_check_utf8("tokenize", chat ? "the --chat input on stdin" : "the text on stdin", in, n)) status = 1;
+        if (!status && chat) {
             if (tools_path) {
                 FILE *f = fopen(tools_path, "rb");
-                size_t tn;
+                size_t tn = 0;
                 if (!f || !(tools = read_all(f, &tn))) {
                     fprintf(stderr, "deltafin tokenize: cannot read --tools %s: %s\n", tools_path, strerror(errno));
                     status = 1;
+                } else {
+                    char what[4200];
+                    snprintf(what, sizeof what, "--tools %s", tools_path);
+                    if (cli_check_utf8("tokenize", what, tools, tn)) status = 1;
                 }
                 if (f) fclose(f);
             }

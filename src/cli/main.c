@@ -27,6 +27,7 @@ static void usage(FILE *f) {
     fprintf(f, "deltafin %s — exact MoE inference with streamed experts\n\nusage: deltafin COMMAND [options]\n\n",
             DELTAFIN_VERSION);
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-9s %s\n", cmds[i].name, cmds[i].help);
+    fprintf(f, "  %-9s %s\n", "version", "print the version (also: deltafin --version)");
     fprintf(f, "\nRun `deltafin COMMAND --help` (or `deltafin help COMMAND`) for a command's options; an option's value\n"
                 "may follow it (--max-new 64) or be joined with = (--max-new=64).\n");
 }
@@ -64,11 +65,15 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return close_stdout(NULL, 0); }
     /* --opt=value is --opt value, for every command's options */
     argc = cli_split_option_values(argc, argv, &argv);
-    if (!strcmp(argv[1], "--version")) { printf("deltafin %s\n", DELTAFIN_VERSION); return close_stdout(NULL, 0); }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("deltafin %s\n", DELTAFIN_VERSION);
+        return close_stdout(NULL, 0);
+    }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name)) return close_stdout(cmds[i].name, cmds[i].fn(argc - 1, argv + 1));
-    const char *names[sizeof cmds / sizeof cmds[0] + 1];
+    const char *names[sizeof cmds / sizeof cmds[0] + 2];
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) names[i] = cmds[i].name;
-    names[sizeof cmds / sizeof cmds[0]] = NULL;
+    names[sizeof cmds / sizeof cmds[0]] = "version";
+    names[sizeof cmds / sizeof cmds[0] + 1] = NULL;
     return cli_unknown_command(argv[1], names);
 }

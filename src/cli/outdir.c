@@ -4,7 +4,8 @@
  * files deltafin writes (docs/native-format.md). The directories are created and locked
  * here (a writer lock held until the process ends, util.h df_dir_lock), so the files of
  * an interrupted run (killed: *.tmp, no manifest.json) are recognised and removed by the
- * next run, while a run still writing there is never disturbed. */
+ * next run when the directory holds nothing else (else that run refuses without --force),
+ * while a run still writing there is never disturbed. */
 #include "cli.h"
 #include "util/util.h"
 #include <dirent.h>

@@ -1,6 +1,7 @@
 /* srv_util.c — server helpers: growable byte buffer, UTF-8 validation and
- * sanitising (RFC 3629 well-formedness), OpenAI error bodies, jobs, clock. */
+ * sanitising (RFC 3629 well-formedness: util.h's df_utf8_seq), OpenAI error bodies, jobs, clock. */
 #include "srv.h"
+#include "util/util.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,47 +56,13 @@ void srv_buf_consume(srv_buf *b, size_t n) {
     b->p[b->len] = 0;
 }
 
-/* Length of the well-formed UTF-8 sequence at s[0..n), 0 if ill-formed,
- * -1 if it is a valid but incomplete prefix (needs more bytes). */
-static int utf8_seq(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    int len;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) { len = 3; lo = 0xA0; }
-    else if (c >= 0xE1 && c <= 0xEC) len = 3;
-    else if (c == 0xED) { len = 3; hi = 0x9F; }
-    else if (c >= 0xEE && c <= 0xEF) len = 3;
-    else if (c == 0xF0) { len = 4; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) { len = 4; hi = 0x8F; }
-    else return 0;
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) return -1;
-        unsigned d = s[i];
-        if (i == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) return 0;
-    }
-    return len;
-}
-
-int srv_utf8_valid(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        if (u[i] < 0x80) { i++; continue; }
-        int l = utf8_seq(u + i, n - i);
-        if (l <= 0) return 0;
-        i += (size_t)l;
-    }
-    return 1;
-}
+int srv_utf8_valid(const char *s, size_t n) { return df_utf8_invalid_at(s, n) == n; }
 
 size_t srv_utf8_complete_prefix(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
-        int l = utf8_seq(u + i, n - i);
+        int l = df_utf8_seq(u + i, n - i);
         if (l < 0) return i;      /* incomplete tail */
         i += l ? (size_t)l : 1;   /* ill-formed bytes count as complete (they will be replaced) */
     }
@@ -106,7 +73,7 @@ void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
-        int l = utf8_seq(u + i, n - i);
+        int l = df_utf8_seq(u + i, n - i);
         if (l > 0) { srv_buf_add(b, s + i, (size_t)l); i += (size_t)l; }
         else { srv_buf_add(b, "\xEF\xBF\xBD", 3); i++; }
     }

@@ -110,7 +110,7 @@ int df_detokenize(const df_tokenizer *t, const int32_t *ids, size_t n, char **te
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= t->n_vocab || !(t->tok_flags[id] & TOK_F_PRESENT)) {
-            tok_err(err, errlen, "df_detokenize: id %d at position %zu is not in the vocabulary (size %d)",
+            tok_err(err, errlen, "token id %d at position %zu is not in the vocabulary (size %d)",
                     id, i, t->n_vocab);
             free(b.p);
             return DF_EINVAL;

@@ -90,6 +90,17 @@ int df_n_cpus(void);
  * (e.g. an atomic index), so one thread suffices: when none can be started, fn runs on the calling thread. */
 void df_run_workers(int n, void *(*fn)(void *), void *arg);
 
+/* ---------------------------------------------------------- UTF-8 (utf8.c) */
+
+/* Well-formed UTF-8 is RFC 3629's: no overlong forms, surrogates (U+D800..U+DFFF) or code points above U+10FFFF.
+ * df_utf8_seq: the length (1..4) of the well-formed sequence at s[0..n) (n >= 1), 0 when it is ill-formed, -1 when
+ * it is a well-formed but incomplete prefix (it needs bytes past n). */
+int df_utf8_seq(const unsigned char *s, size_t n);
+/* The offset of the first byte of s[0..n) that does not start a well-formed, complete sequence (a stray
+ * continuation byte, an invalid lead byte, the lead byte of an ill-formed or truncated sequence), or n when all of
+ * s[0..n) is well-formed UTF-8. */
+size_t df_utf8_invalid_at(const char *s, size_t n);
+
 /* ------------------------------------------------ shell quoting (shquote.c) */
 
 /* `s` as one word of a POSIX shell command line, for the commands messages suggest (`rm -rf DIR`,
