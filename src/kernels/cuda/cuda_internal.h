@@ -13,6 +13,13 @@
 cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
                              const float *x, int T, float *y, cudaStream_t st);
 
+/* One token's y1 = W1 x and y2 = W2 x for two matrices of one encoding and shape [rows, cols] (a shared expert's gate
+ * and up) in one launch, each with the bits cu_matmul_launch gives it (the K-split kernel's code and split per row);
+ * cudaErrorNotSupported (nothing launched) where cu_matmul_launch would not take the K-split kernel, or for encodings
+ * other than BF16 and FP8_B128: then launch them one by one. */
+cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, const void *d2, const void *s2, int64_t rows,
+                              int64_t cols, const float *x, float *y1, float *y2, cudaStream_t st);
+
 /* Kernel choice (cuda_matmul.cu; every choice gives the same bits; 0 = automatic, 1 = the one-row-per-warp
  * kernel): one token: 2 = tiled, 2 rows per warp, 4 warps; 4 = 4 rows per warp, 4 warps; 8 = 2 rows per warp,
  * 8 warps. T >= 2: the block tile, 2 = 8 rows x 8 tokens, 4 = 32 x 8 (8 warps), 8 = 16 x 8 (registers for

@@ -209,13 +209,13 @@ int split_ks(int64_t rows, int64_t cols, int G) {
     return ks < 1 ? 1 : (int)ks;
 }
 
+/* Row r of a split matrix, the block's TT tokens from blockIdx.y (mm_split_kernel, mm_split2_kernel). */
 template <int ENC, int G, int TT>
-__global__ void __launch_bounds__(SPLIT_KS * 32)
-mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
-                const float *__restrict__ x, int T, float *__restrict__ y, int ks) {
+__device__ __forceinline__ void mm_split_row(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
+                                             int64_t rows, int64_t cols, const float *__restrict__ x, int T,
+                                             float *__restrict__ y, int ks, int64_t r) {
     __shared__ float part[SPLIT_KS][TT];
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-    const int64_t r = blockIdx.x;
     const int t0 = blockIdx.y * TT;
     const int64_t ng = cols / G, nr = (ng + 31) / 32;
     const int64_t rb = wp * nr / ks, re = (wp + 1) * nr / ks;
@@ -254,6 +254,25 @@ mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ sc
         for (int i = 1; i < ks; i++) v = __fadd_rn(v, part[i][threadIdx.x]);
         y[(int64_t)(t0 + threadIdx.x) * rows + r] = v;
     }
+}
+
+template <int ENC, int G, int TT>
+__global__ void __launch_bounds__(SPLIT_KS * 32)
+mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
+                const float *__restrict__ x, int T, float *__restrict__ y, int ks) {
+    mm_split_row<ENC, G, TT>(data, scale, rows, cols, x, T, y, ks, blockIdx.x);
+}
+
+/* Two matrices of one encoding and shape on one input (cu_matmul2_launch): blocks [0, rows) the first, [rows, 2 rows)
+ * the second, each row computed as mm_split_kernel computes it for its matrix alone (the same K split: the same bits). */
+template <int ENC, int G, int TT>
+__global__ void __launch_bounds__(SPLIT_KS * 32)
+mm_split2_kernel(const uint8_t *__restrict__ d1, const uint8_t *__restrict__ s1, float *__restrict__ y1,
+                 const uint8_t *__restrict__ d2, const uint8_t *__restrict__ s2, float *__restrict__ y2, int64_t rows,
+                 int64_t cols, const float *__restrict__ x, int T, int ks) {
+    const int64_t b = blockIdx.x;
+    if (b < rows) mm_split_row<ENC, G, TT>(d1, s1, rows, cols, x, T, y1, ks, b);
+    else mm_split_row<ENC, G, TT>(d2, s2, rows, cols, x, T, y2, ks, b - rows);
 }
 
 /* ---- The tiled kernel (every T) ----
@@ -628,4 +647,28 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
     default: return cudaErrorInvalidValue;
     }
 #undef ENC_CASE
+}
+
+namespace {
+template <int ENC>
+cudaError_t launch2(const uint8_t *d1, const uint8_t *s1, const uint8_t *d2, const uint8_t *s2, int64_t rows,
+                    int64_t cols, const float *x, float *y1, float *y2, cudaStream_t st) {
+    constexpr int G = Grp<ENC>::G;
+    if (!g_split || rows > SPLIT_ROWS || cols % G != 0 || ((g_mma >> ENC) & 1)) return cudaErrorNotSupported;
+    const int ks = split_ks(rows, cols, G);
+    mm_split2_kernel<ENC, G, 1><<<dim3((unsigned)(2 * rows), 1), ks * 32, 0, st>>>(d1, s1, y1, d2, s2, y2, rows, cols, x, 1, ks);
+    return cudaGetLastError();
+}
+} // namespace
+
+cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, const void *d2, const void *s2, int64_t rows,
+                              int64_t cols, const float *x, float *y1, float *y2, cudaStream_t st) {
+    const uint8_t *a = static_cast<const uint8_t *>(d1), *as = static_cast<const uint8_t *>(s1);
+    const uint8_t *b = static_cast<const uint8_t *>(d2), *bs = static_cast<const uint8_t *>(s2);
+    if (rows <= 0) return cudaSuccess;
+    switch (type) {
+    case DF_W_BF16: return launch2<DF_W_BF16>(a, as, b, bs, rows, cols, x, y1, y2, st);
+    case DF_W_FP8_B128: return launch2<DF_W_FP8_B128>(a, as, b, bs, rows, cols, x, y1, y2, st);
+    default: return cudaErrorNotSupported;
+    }
 }

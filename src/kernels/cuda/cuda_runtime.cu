@@ -1261,12 +1261,22 @@ int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, con
         grow(&r->sh_u, &r->sh_uc, sizeof(float) * (size_t)I))
         return -1;
     CK(cudaEventRecord(g_sh_ev, g_st));
-    /* mlp_group_locked's shared item (gate, up, activation, down; T = 1): the same kernels, the same bits */
-    const void *dd, *ss;
-    if (group_weight(g, &dd, &ss)) return -1;
-    CK(cu_matmul_launch(g->type, dd, ss, I, D, h2, 1, (float *)r->sh_g, g_st));
-    if (group_weight(u, &dd, &ss)) return -1;
-    CK(cu_matmul_launch(u->type, dd, ss, I, D, h2, 1, (float *)r->sh_u, g_st));
+    /* mlp_group_locked's shared item (gate, up, activation, down; T = 1): the same kernels, the same bits; gate and
+     * up in one launch when both are cached (their addresses then stay valid: looking both up evicts nothing) */
+    const void *dd, *ss, *ud, *us;
+    cudaError_t e2 = cudaErrorNotSupported;
+    if (cached_entry(g) && cached_entry(u) && g->type == u->type && u->rows == I && u->cols == D) {
+        weight_on_device(g, &dd, &ss);
+        weight_on_device(u, &ud, &us);
+        e2 = cu_matmul2_launch(g->type, dd, ss, ud, us, I, D, h2, (float *)r->sh_g, (float *)r->sh_u, g_st);
+        if (e2 != cudaSuccess && e2 != cudaErrorNotSupported) return fail("cu_matmul2_launch", e2);
+    }
+    if (e2 == cudaErrorNotSupported) {
+        if (group_weight(g, &dd, &ss)) return -1;
+        CK(cu_matmul_launch(g->type, dd, ss, I, D, h2, 1, (float *)r->sh_g, g_st));
+        if (group_weight(u, &dd, &ss)) return -1;
+        CK(cu_matmul_launch(u->type, dd, ss, I, D, h2, 1, (float *)r->sh_u, g_st));
+    }
     CK(act_launch(act, beta, lb, (float *)r->sh_g, (const float *)r->sh_u, I));
     if (group_weight(d, &dd, &ss)) return -1;
     CK(cu_matmul_launch(d->type, dd, ss, O, I, (const float *)r->sh_g, 1, (float *)r->sh_out, g_st));
