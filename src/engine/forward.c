@@ -310,28 +310,18 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
             goto done;
         }
     }
-    if (logits && B == 0 && e->be->final_logits) {
-        /* the final norm and lm_head on the device (from its residual row when the last FFN stayed there) */
+    if (logits) {
+        /* the rows that need logits: every row, or the last row of each sequence; with the backend's final_logits
+         * the final norm and lm_head run there (from its residual row when the last FFN stayed on the device) */
+        const int dev = B == 0 && e->be->final_logits;
         int n = 0;
-        if (!e->x_dev)
-            for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++)
-                for (int t = all_logits ? r0 : r0 + seqs[s].T - 1; t < r0 + seqs[s].T; t++, n++)
-                    memcpy(h + (int64_t)n * D, x + (int64_t)t * D, sizeof(float) * D);
-        if (e->be->final_logits(e->x_dev ? NULL : h, e->x_dev ? 1 : n, (uint64_t)(uintptr_t)e, sp->final_norm,
-                                cfg->rms_norm_eps, &sp->lm_head, logits)) {
-            rc = DF_EUNSUPPORTED;
-            if (err) snprintf(err, errlen, "the final norm and lm_head failed on the GPU");
-            goto done;
-        }
-        e->x_dev = 0;
-        e->weight_bytes += df_weight_bytes(&sp->lm_head);
-        LAP(DF_PHASE_LM_HEAD);
-    } else if (logits) {
-        /* the rows that need logits: every row, or the last row of each sequence */
-        int n = 0;
-        for (int s = 0, r0 = 0; s < n_seq; r0 += seqs[s].T, s++)
+        for (int s = 0, r0 = 0; s < n_seq && !e->x_dev; r0 += seqs[s].T, s++)
             for (int t = all_logits ? r0 : r0 + seqs[s].T - 1; t < r0 + seqs[s].T; t++, n++) {
                 const float *xr = x + (int64_t)t * D;
+                if (dev) {
+                    memcpy(h + (int64_t)n * D, xr, sizeof(float) * D);
+                    continue;
+                }
                 if (B > 0) { /* output attention residual */
                     attn_res_mix(mx + (int64_t)n * D, blocks + (int64_t)t * nbmax * D, nb, nbmax, xr, sp->out_res_norm,
                                  sp->out_res_proj, 1, D, cfg->rms_norm_eps);
@@ -339,8 +329,19 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
                 }
                 e->be->rmsnorm(h + (int64_t)n * D, xr, sp->final_norm, D, cfg->rms_norm_eps);
             }
-        LAP(DF_PHASE_NORM);
-        eng_matmul(e, &sp->lm_head, h, n, logits);
+        if (dev) {
+            if (e->be->final_logits(e->x_dev ? NULL : h, e->x_dev ? 1 : n, (uint64_t)(uintptr_t)e, sp->final_norm,
+                                    cfg->rms_norm_eps, &sp->lm_head, logits)) {
+                rc = DF_EUNSUPPORTED;
+                if (err) snprintf(err, errlen, "the final norm and lm_head failed on the GPU");
+                goto done;
+            }
+            e->x_dev = 0;
+            e->weight_bytes += df_weight_bytes(&sp->lm_head);
+        } else {
+            LAP(DF_PHASE_NORM);
+            eng_matmul(e, &sp->lm_head, h, n, logits);
+        }
         LAP(DF_PHASE_LM_HEAD);
     }
 #undef LAP

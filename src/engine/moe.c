@@ -289,19 +289,25 @@ static int resid_group(ex_job *j, int items, const int *used, const int *start, 
     return 0;
 }
 
+/* The n experts ids of layer count as touched (engine.h touched, touched_n). */
+static void mark_touched(df_engine *e, int layer, const int *ids, int n) {
+    if (!e->touched) return;
+    const int E = e->cfg->n_routed_experts;
+    for (int i = 0; i < n; i++) {
+        unsigned char *t = &e->touched[(int64_t)layer * E + ids[i]];
+        if (!*t) { *t = 1; e->touched_n++; }
+    }
+}
+
 void eng_moe_settle(df_engine *e) {
     if (!e->mr_npend || !e->be->moe_routed) return;
-    const int E = e->cfg->n_routed_experts, L = e->cfg->num_hidden_layers;
+    const int L = e->cfg->num_hidden_layers, K = e->cfg->num_experts_per_tok;
     int ids[64];
     for (int l = 0; l < L && l < DF_MAX_LAYERS && e->mr_npend; l++) {
         if (!e->mr_pend[l] || !e->be->moe_routed((uint64_t)(uintptr_t)e, l, ids)) continue;
         e->mr_pend[l] = 0;
         e->mr_npend--;
-        if (e->touched)
-            for (int k = 0; k < e->cfg->num_experts_per_tok && k < 64; k++) {
-                unsigned char *t = &e->touched[(int64_t)l * E + ids[k]];
-                if (!*t) { *t = 1; e->touched_n++; }
-            }
+        mark_touched(e, l, ids, K < 64 ? K : 64);
     }
 }
 
@@ -400,11 +406,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         free(fill);
     }
     moe_guess_score(e, layer, count);
-    if (e->touched)
-        for (int i = 0; i < n_used; i++) {
-            unsigned char *t = &e->touched[(int64_t)layer * E + used[i]];
-            if (!*t) { *t = 1; e->touched_n++; }
-        }
+    mark_touched(e, layer, used, n_used);
     if (e->experts.request) {
         /* experts resident in device memory (the backend's first tier) are not read from the store */
         int n_req = 0;

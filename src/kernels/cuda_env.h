@@ -51,28 +51,26 @@ static inline int df_cuda_env_mma(unsigned *mask, char *why, size_t whylen) {
  * in one round trip), DF_CUDA_MOE_RESID (a decode step's MoE added into the device residual without a round trip),
  * DF_CUDA_HOST_PIN (page-locked host staging buffers), DF_CUDA_SPLIT (matrices of at most 2048 rows split over K:
  * a canonical order of their own, so the switch changes bits) and DF_CUDA_SHARED_EARLY (an MLA block starts the
- * next MoE's shared expert before it returns). Unset, empty, "1" or "on": 1 (on, the default); "0" or "off": 0; anything else: -1 with a message naming
- * the variable and the accepted values in why. */
-static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen) {
+ * next MoE's shared expert before it returns). df_cuda_env_switch_def: unset or empty: def; "1" or "on": 1; "0" or
+ * "off": 0; anything else: -1 with a message naming the variable and the accepted values in why. df_cuda_env_switch:
+ * the default 1 (on). */
+static inline int df_cuda_env_switch_def(const char *name, int def, char *why, size_t whylen) {
     const char *v = getenv(name);
-    if (!v || !*v || !strcmp(v, "1") || !strcmp(v, "on")) return 1;
+    if (!v || !*v) return def;
+    if (!strcmp(v, "1") || !strcmp(v, "on")) return 1;
     if (!strcmp(v, "0") || !strcmp(v, "off")) return 0;
     if (why && whylen)
-        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected 1 (on, the default) or 0 (off); unset it or "
-                 "fix its value", name, v, strlen(v) > 40 ? "..." : "");
+        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected 1 (on%s) or 0 (off%s); unset it or "
+                 "fix its value", name, v, strlen(v) > 40 ? "..." : "", def ? ", the default" : "", def ? "" : ", the default");
     return -1;
 }
+static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen) {
+    return df_cuda_env_switch_def(name, 1, why, whylen);
+}
 
-/* A switch that is off by default (DF_CUDA_MOE_ROUTE): unset or empty: 0; "1" or "on": 1; "0" or "off": 0; anything
- * else: -1 with a message naming the variable in why. */
+/* A switch that is off by default (DF_CUDA_MOE_ROUTE): unset or empty: 0; otherwise as df_cuda_env_switch. */
 static inline int df_cuda_env_switch_off(const char *name, char *why, size_t whylen) {
-    const char *v = getenv(name);
-    if (!v || !*v || !strcmp(v, "0") || !strcmp(v, "off")) return 0;
-    if (!strcmp(v, "1") || !strcmp(v, "on")) return 1;
-    if (why && whylen)
-        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected 1 (on) or 0 (off, the default); unset it or "
-                 "fix its value", name, v, strlen(v) > 40 ? "..." : "");
-    return -1;
+    return df_cuda_env_switch_def(name, 0, why, whylen);
 }
 
 /* A knob whose value is one digit of `allowed` (e.g. "01248"): unset or empty = 0; that digit's value in *out; anything

@@ -1014,24 +1014,15 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
                                           b->sh_lb, (const float *)(db + o_ret + r_h), &ev)) < 0)
             return -1;
     }
-    /* the FFN's routed experts, routed on the device and added into the residual behind the shared expert: the
-     * synchronisation below waits for neither, so the device runs them while the host goes on */
+    /* the FFN's routed experts, routed on the device and added into the residual behind the shared expert: then the
+     * call returns without waiting, and the device runs them while the host goes on */
     if (bk && resid && T == 1 && bk->b->moe && bk->b->moe->E == E && (E || bk->b->moe->K == 0) &&
         (started || !bk->b->moe->shared)) {
         df_moe_dev *m = bk->b->moe;
         const float *bd = NULL;
         if (m->bias && vec_dev(m->bias, E, &bd)) return -1;
-        static cudaEvent_t route_ev; /* without a shared expert: the event the synchronisation waits for */
-        if (!started) {
-            if (!route_ev) CKA(cudaEventCreateWithFlags(&route_ev, cudaEventDisableTiming));
-            CKA(cudaEventRecord(route_ev, st));
-        }
         if (cu_rt_moe_route(bk->b->resid_key, m, bd, (const float *)(db + o_ret + r_l), (const float *)(db + o_ret + r_h)) < 0)
             return -1;
-        if (m->queued && !started) {
-            ev = route_ev;
-            started = 1;
-        }
         if (m->queued) { /* asynchronous: nothing waited for; the row reaches the host cache later (host_wait) */
             HostBuf &h = g_hb[hi];
             h.pend = 1;
