@@ -38,6 +38,8 @@
 #   part 22: one token's MoE routed and run on the device by the MLA block (DF_CUDA_MOE_ROUTE on / off): GPU tests,
 #          resident decode alternated, traced (host clocks), and after a 3072-token prompt.
 #   part 24: GPU tests and the resident decode three times.
+#   part 25: programmatic dependent launch (DF_CUDA_PDL on / off): GPU tests (test_golden also with DF_CUDA_MOE_ROUTE=1),
+#          resident decode alternated, traced, after a 3072-token prompt, and alternated with DF_CUDA_MOE_ROUTE=1.
 #   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
 #          DF_CUDA_MOE_ROUTE on / off.
 #   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
@@ -388,6 +390,22 @@ case $PART in
     resident_model
     knob_ab DF_CUDA_SPLIT
     ncu_decode
+    rm -rf "$W"
+    ;;
+25)
+    # programmatic dependent launch (DF_CUDA_PDL on / off: knob_ab, with host routing and with DF_CUDA_MOE_ROUTE=1);
+    # GPU tests with it on first, the golden test also with the device routing
+    gpu_tests
+    log "DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 test_golden"
+    (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 timeout 150 "$D/test_golden" 2>&1 \
+        | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
+    resident_model
+    knob_ab DF_CUDA_PDL
+    for v in 1 0 1 0; do
+        log "cuda run --preload, DF_CUDA_MOE_ROUTE=1 DF_CUDA_PDL=$v"
+        rp DF_CUDA_MOE_ROUTE=1 "DF_CUDA_PDL=$v" | grep -E "^(profile|stats):|^[0-9]+(,[0-9]+)+$|rror|fault|Abort" \
+            | cut -c1-300 >>"$S"
+    done
     rm -rf "$W"
     ;;
 24)

@@ -37,6 +37,7 @@
  * heads per block), which therefore give the same bits.
  */
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 #include "cuda_decode.cuh"
 #include "kernels/cuda_env.h"
 
@@ -127,6 +128,7 @@ template <int ENC, int TT>
 __global__ void __launch_bounds__(AT * AS) absorb_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                          int H, int dn, int dr, int dv, int kvl,
                                                          const float *__restrict__ q, int T, float *__restrict__ q_lat) {
+    pdl_enter();
     extern __shared__ float abs_smem[];
     float *qn = abs_smem, *part = abs_smem + TT * dn;
     const int kb = (kvl + AT - 1) / AT, sl = threadIdx.x / AT, kk = threadIdx.x % AT;
@@ -172,6 +174,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
                                                   const float *const *__restrict__ pptr, const int *__restrict__ npos,
                                                   int H, int dn, int dr, int kvl, float scale, float *__restrict__ o_lat,
                                                   int t0, int nsegm, float *__restrict__ part) {
+    pdl_enter();
     extern __shared__ float att_smem[];
     float *qs = att_smem;             /* [HB][kvl] q_lat */
     float *qp = qs + HB * kvl;        /* [HB][dr] q_pe */
@@ -297,6 +300,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
  * o = sum_s a_s w_s (fma, segments in order); o_lat = o / l. */
 __global__ void __launch_bounds__(NT) combine_kernel(const int *__restrict__ npos, int t0, int H, int kvl, int nsegm,
                                                      const float *__restrict__ part, float *__restrict__ o_lat) {
+    pdl_enter();
     const int t = t0 + blockIdx.x, h = blockIdx.y;
     const int ns = (npos[t] + seg_len(npos[t]) - 1) / seg_len(npos[t]);
     if (ns <= 1) return;
@@ -325,6 +329,7 @@ template <int ENC, int TT, int NR>
 __global__ void __launch_bounds__(VW * 32) value_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                         int H, int dn, int dv, int kvl, const float *__restrict__ o_lat,
                                                         int T, float *__restrict__ o_v) {
+    pdl_enter();
     extern __shared__ float val_smem[];
     float *ol = val_smem;
     const int rb = (dv + NR - 1) / NR;
@@ -367,13 +372,13 @@ cudaError_t launch_wk(const uint8_t *d, const uint8_t *s, const Shape &sh, const
     const unsigned ty = (unsigned)((sh.T + TT - 1) / TT);
     if (which == 0) {
         const dim3 grid((unsigned)(sh.H * ((sh.kvl + AT - 1) / AT)), ty);
-        absorb_kernel<ENC, TT><<<grid, AT * AS, sizeof(float) * TT * (sh.dn + AS * AT), st>>>(d, s, sh.H, sh.dn, sh.dr, sh.dv, sh.kvl, q,
+        cu_launch(absorb_kernel<ENC, TT>, grid, AT * AS, sizeof(float) * TT * (sh.dn + AS * AT), st, d, s, sh.H, sh.dn, sh.dr, sh.dv, sh.kvl, q,
                                                                              sh.T, q_lat);
     } else {
         /* one token: a row per warp (more blocks in flight); a tile of tokens: 16 rows per block share its o_lat */
         constexpr int NR = TT == 1 ? VR1 : VR;
         const dim3 grid((unsigned)(sh.H * ((sh.dv + NR - 1) / NR)), ty);
-        value_kernel<ENC, TT, NR><<<grid, VW * 32, sizeof(float) * TT * sh.kvl, st>>>(d, s, sh.H, sh.dn, sh.dv, sh.kvl,
+        cu_launch(value_kernel<ENC, TT, NR>, grid, VW * 32, sizeof(float) * TT * sh.kvl, st, d, s, sh.H, sh.dn, sh.dv, sh.kvl,
                                                                                      o_lat, sh.T, o_v);
     }
     return cudaGetLastError();
@@ -433,11 +438,11 @@ cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, P
     for (int t0 = 0; t0 < sh.T; t0 += rows) {
         const int n = sh.T - t0 < rows ? sh.T - t0 : rows;
         const dim3 grid((unsigned)n, (unsigned)((sh.H + HB - 1) / HB), (unsigned)nsegm);
-        attn_kernel<HB, KPT><<<grid, NT, smem, st>>>(q, q_lat, cptr, pptr, npos, sh.H, sh.dn, sh.dr, sh.kvl, sh.scale,
+        cu_launch(attn_kernel<HB, KPT>, grid, NT, smem, st, q, q_lat, cptr, pptr, npos, sh.H, sh.dn, sh.dr, sh.kvl, sh.scale,
                                                      o_lat, t0, nsegm, g_part);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess || nsegm <= 1) { if (e != cudaSuccess) return e; continue; }
-        combine_kernel<<<dim3((unsigned)n, (unsigned)sh.H), NT, 0, st>>>(npos, t0, sh.H, sh.kvl, nsegm, g_part, o_lat);
+        cu_launch(combine_kernel, dim3((unsigned)n, (unsigned)sh.H), NT, 0, st, npos, t0, sh.H, sh.kvl, nsegm, g_part, o_lat);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -469,6 +474,7 @@ struct Seg {
 
 /* Every segment's copy: block (x, y) copies part of segment y, element by element. */
 __global__ void __launch_bounds__(256) scatter_kernel(const Seg *__restrict__ seg) {
+    pdl_enter();
     const Seg s = seg[blockIdx.y];
     for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < s.n; i += (long long)gridDim.x * 256) s.dst[i] = s.src[i];
 }
@@ -938,7 +944,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     const long long bx = (seg_max + 1023) / 1024;
     for (int s0 = 0; e == cudaSuccess && s0 < nseg; s0 += 65535) { /* grid.y: at most 65535 segments a launch */
         const dim3 grid((unsigned)(bx < 1 ? 1 : bx > 64 ? 64 : bx), (unsigned)(nseg - s0 < 65535 ? nseg - s0 : 65535));
-        scatter_kernel<<<grid, 256, 0, st>>>((const Seg *)(db + o_seg) + s0);
+        cu_launch(scatter_kernel, grid, 256, 0, st, (const Seg *)(db + o_seg) + s0);
         e = cudaGetLastError();
     }
     cu_rt_mark("attn: cache rows into the mirrors");

@@ -14,6 +14,7 @@
  * invariance).
  */
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 #include "cuda_decode.cuh"
 
 #include <cuda_fp16.h>
@@ -149,6 +150,7 @@ template <int ENC, int G, int TT>
 __global__ void __launch_bounds__(WARPS * 32)
 mm_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
           const float *__restrict__ x, int T, float *__restrict__ y) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * TT;
@@ -260,6 +262,7 @@ template <int ENC, int G, int TT>
 __global__ void __launch_bounds__(SPLIT_KS * 32)
 mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
                 const float *__restrict__ x, int T, float *__restrict__ y, int ks) {
+    pdl_enter();
     mm_split_row<ENC, G, TT>(data, scale, rows, cols, x, T, y, ks, blockIdx.x);
 }
 
@@ -270,6 +273,7 @@ __global__ void __launch_bounds__(SPLIT_KS * 32)
 mm_split2_kernel(const uint8_t *__restrict__ d1, const uint8_t *__restrict__ s1, float *__restrict__ y1,
                  const uint8_t *__restrict__ d2, const uint8_t *__restrict__ s2, float *__restrict__ y2, int64_t rows,
                  int64_t cols, const float *__restrict__ x, int T, int ks) {
+    pdl_enter();
     const int64_t b = blockIdx.x;
     if (b < rows) mm_split_row<ENC, G, TT>(d1, s1, rows, cols, x, T, y1, ks, b);
     else mm_split_row<ENC, G, TT>(d2, s2, rows, cols, x, T, y2, ks, b - rows);
@@ -426,6 +430,7 @@ template <int ENC, int G, int RM, int RT, int NW, int MINB, int PF>
 __global__ void __launch_bounds__(NW * 32, MINB)
 tile_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
             const float *__restrict__ x, int T, float *__restrict__ y, int nrc) {
+    pdl_enter();
     constexpr int GP = Gp<G>::V;
     extern __shared__ float4 tile_smem[];
     float *xs = reinterpret_cast<float *>(tile_smem);
@@ -549,7 +554,7 @@ cudaError_t launch_tile(const uint8_t *d, const uint8_t *s, int64_t rows, int64_
         }
     }
     const dim3 grid((unsigned)((rows + NW * RM - 1) / (NW * RM)), (unsigned)((T + RT - 1) / RT));
-    tile_kernel<ENC, G, RM, RT, NW, MINB, PF><<<grid, NW * 32, smem, st>>>(d, s, rows, cols, x, T, y, (int)nrc);
+    cu_launch(tile_kernel<ENC, G, RM, RT, NW, MINB, PF>, grid, NW * 32, smem, st, d, s, rows, cols, x, T, y, (int)nrc);
     return cudaGetLastError();
 }
 
@@ -570,14 +575,14 @@ cudaError_t launch_g(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t c
         if (T == 1) {
             int v = g_mv_rows;
             if (v == 0) v = G <= 8 ? 1 : rows >= 16384 ? 2 : 8;
-            if (v == 1) mm_kernel<ENC, G, 1><<<dim3(gx, 1), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+            if (v == 1) cu_launch(mm_kernel<ENC, G, 1>, dim3(gx, 1), blk, 0, st, d, s, rows, cols, x, T, y);
             else if (var && v == 4) return launch_tile<ENC, G, 4, 1, 4, 4, 2>(d, s, rows, cols, x, T, y, st);
             else if (var && v == 8) return launch_tile<ENC, G, 2, 1, 8, 2, 2>(d, s, rows, cols, x, T, y, st);
             else return launch_tile<ENC, G, 2, 1, 4, 6, 2>(d, s, rows, cols, x, T, y, st);
         } else {
             int v = g_tile;
             if (v == 0) v = G <= 8 ? 4 : (T >= 64 || rows >= 16384) ? 8 : rows < 4096 ? 2 : 4;
-            if (v == 1) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+            if (v == 1) cu_launch(mm_kernel<ENC, G, 8>, dim3(gx, (T + 7) / 8), blk, 0, st, d, s, rows, cols, x, T, y);
             else if (v == 2) return launch_tile<ENC, G, 2, 8, 4, 3>(d, s, rows, cols, x, T, y, st);
             else if (var && v == 8) return launch_tile<ENC, G, 4, 8, 4, 3>(d, s, rows, cols, x, T, y, st);
             else return launch_tile<ENC, G, 4, 8, 8>(d, s, rows, cols, x, T, y, st);
@@ -586,8 +591,8 @@ cudaError_t launch_g(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t c
     }
     /* cols not a multiple of G: the one-row-per-warp kernel element by element (the token tile only changes
      * how many tokens share a decoded element, never a sum's order) */
-    if (T >= 2) mm_kernel<ENC, G, 8><<<dim3(gx, (T + 7) / 8), blk, 0, st>>>(d, s, rows, cols, x, T, y);
-    else mm_kernel<ENC, G, 1><<<dim3(gx, T), blk, 0, st>>>(d, s, rows, cols, x, T, y);
+    if (T >= 2) cu_launch(mm_kernel<ENC, G, 8>, dim3(gx, (T + 7) / 8), blk, 0, st, d, s, rows, cols, x, T, y);
+    else cu_launch(mm_kernel<ENC, G, 1>, dim3(gx, T), blk, 0, st, d, s, rows, cols, x, T, y);
     return cudaGetLastError();
 }
 
@@ -602,8 +607,8 @@ cudaError_t launch(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t col
     if constexpr (G > 1) {
         if (g_split && rows <= SPLIT_ROWS && cols % G == 0) {
             const int ks = split_ks(rows, cols, G);
-            if (T == 1) mm_split_kernel<ENC, G, 1><<<dim3((unsigned)rows, 1), ks * 32, 0, st>>>(d, s, rows, cols, x, T, y, ks);
-            else mm_split_kernel<ENC, G, 8><<<dim3((unsigned)rows, (unsigned)((T + 7) / 8)), ks * 32, 0, st>>>(d, s, rows, cols, x, T, y, ks);
+            if (T == 1) cu_launch(mm_split_kernel<ENC, G, 1>, dim3((unsigned)rows, 1), ks * 32, 0, st, d, s, rows, cols, x, T, y, ks);
+            else cu_launch(mm_split_kernel<ENC, G, 8>, dim3((unsigned)rows, (unsigned)((T + 7) / 8)), ks * 32, 0, st, d, s, rows, cols, x, T, y, ks);
             return cudaGetLastError();
         }
         if (cols % G == 0) return launch_g<ENC, G>(d, s, rows, cols, x, T, y, st);
@@ -656,7 +661,7 @@ cudaError_t launch2(const uint8_t *d1, const uint8_t *s1, const uint8_t *d2, con
     constexpr int G = Grp<ENC>::G;
     if (!g_split || rows > SPLIT_ROWS || cols % G != 0 || ((g_mma >> ENC) & 1)) return cudaErrorNotSupported;
     const int ks = split_ks(rows, cols, G);
-    mm_split2_kernel<ENC, G, 1><<<dim3((unsigned)(2 * rows), 1), ks * 32, 0, st>>>(d1, s1, y1, d2, s2, y2, rows, cols, x, 1, ks);
+    cu_launch(mm_split2_kernel<ENC, G, 1>, dim3((unsigned)(2 * rows), 1), ks * 32, 0, st, d1, s1, y1, d2, s2, y2, rows, cols, x, 1, ks);
     return cudaGetLastError();
 }
 } // namespace

@@ -33,6 +33,7 @@
  * column's operands only.
  */
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 #include "cuda_decode.cuh"
 
 #include <stdint.h>
@@ -209,6 +210,7 @@ __device__ __forceinline__ void split_one(const float *__restrict__ x, int T, in
 }
 
 __global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs) {
+    pdl_enter();
     split_one(x, T, cols, xs, (int64_t)blockIdx.x * blockDim.x + threadIdx.x);
 }
 
@@ -222,6 +224,7 @@ struct SplitGroup {
     int T[MAXG], xrow[MAXG];
 };
 __global__ void split_group_kernel(const __grid_constant__ SplitGroup g, int64_t cols, uint32_t *__restrict__ xs) {
+    pdl_enter();
     const int j = blockIdx.y;
     split_one(g.x[j], g.T[j], cols, xs + (int64_t)g.xrow[j] * (cols / 32) * 48,
               (int64_t)blockIdx.x * blockDim.x + threadIdx.x);
@@ -382,6 +385,7 @@ template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
            const uint4 *__restrict__ xs, int T, float *__restrict__ y) {
+    pdl_enter();
     mma_tile<ENC, RM, NT, KS, PF>(data, scale, rows, cols, xs, T, y, (int64_t)blockIdx.x * (16 * RM),
                                   (int)blockIdx.y * Tpb<NT>::value);
 }
@@ -391,6 +395,7 @@ mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, 
 template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_group_kernel(const __grid_constant__ MmaGroup g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
+    pdl_enter();
     const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value;
     if (n0 >= g.T[i]) return; /* the whole block: past this item's tokens */
     mma_tile<ENC, RM, NT, KS, PF>(g.d[i], g.s[i], rows, cols, xs + (int64_t)g.xrow[i] * (cols / 32) * 12, g.T[i], g.y[i],
@@ -401,6 +406,7 @@ mma_group_kernel(const __grid_constant__ MmaGroup g, int64_t rows, int64_t cols,
 template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_group_dev_kernel(const MmaGroup *__restrict__ g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
+    pdl_enter();
     const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value, T = g->T[i];
     if (n0 >= T) return;
     mma_tile<ENC, RM, NT, KS, PF>(g->d[i], g->s[i], rows, cols, xs + (int64_t)g->xrow[i] * (cols / 32) * 12, T, g->y[i],
@@ -442,9 +448,9 @@ cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t
     constexpr int TPB = Tpb<NT>::value;
     const dim3 grid((unsigned)((rows + 16 * RM - 1) / (16 * RM)), (unsigned)((a.T + TPB - 1) / TPB),
                     a.g || a.gd ? (unsigned)a.nz : 1u);
-    if (a.gd) mma_group_dev_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(a.gd, rows, cols, a.xs);
-    else if (a.g) mma_group_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(*a.g, rows, cols, a.xs);
-    else mma_kernel<ENC, RM, NT, KS, PF><<<grid, KS * 32, smem, st>>>(a.d, a.s, rows, cols, a.xs, a.T, a.y);
+    if (a.gd) cu_launch(mma_group_dev_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, a.gd, rows, cols, a.xs);
+    else if (a.g) cu_launch(mma_group_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, *a.g, rows, cols, a.xs);
+    else cu_launch(mma_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, a.d, a.s, rows, cols, a.xs, a.T, a.y);
     return cudaGetLastError();
 }
 
@@ -505,7 +511,7 @@ cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, in
     for (int t0 = 0; t0 < T; t0 += TC) {
         const int n = T - t0 < TC ? T - t0 : TC;
         const int64_t threads = (int64_t)n * (cols / 32) * 8;
-        split_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(x + (int64_t)t0 * cols, n, cols, g_xs);
+        cu_launch(split_kernel, (unsigned)((threads + 255) / 256), 256, 0, st, x + (int64_t)t0 * cols, n, cols, g_xs);
         e = cudaGetLastError();
         if (e != cudaSuccess) return e;
         const Launch a = {d, s, reinterpret_cast<const uint4 *>(g_xs), y + (int64_t)t0 * rows, n, nullptr, 0, nullptr};
@@ -553,7 +559,7 @@ cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n
         cudaError_t e = xs_reserve((size_t)rows_x * (size_t)cols * 6, st);
         if (e != cudaSuccess) return e;
         const int64_t threads = (int64_t)sx_t * ng * 8;
-        split_group_kernel<<<dim3((unsigned)((threads + 255) / 256), (unsigned)nx), 256, 0, st>>>(sg, cols, g_xs);
+        cu_launch(split_group_kernel, dim3((unsigned)((threads + 255) / 256), (unsigned)nx), 256, 0, st, sg, cols, g_xs);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, &mg, nc, nullptr};
         e = launch_enc(type, cu_get_variant(tmax), a, rows, cols, st);
@@ -570,7 +576,7 @@ cudaError_t cu_mma_group_dev_launch(df_wtype type, int64_t rows, int64_t cols, c
     cudaError_t e = xs_reserve((size_t)xT * (size_t)cols * 6, st);
     if (e != cudaSuccess) return e;
     const int64_t threads = (int64_t)xT * (cols / 32) * 8;
-    split_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(x, xT, cols, g_xs);
+    cu_launch(split_kernel, (unsigned)((threads + 255) / 256), 256, 0, st, x, xT, cols, g_xs);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, nullptr, n, dg};
     return launch_enc(type, cu_get_variant(tmax), a, rows, cols, st);

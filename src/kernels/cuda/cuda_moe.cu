@@ -19,6 +19,7 @@
  * into device memory, where the next kernels on the stream read them.
  */
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 #include "kernels/route_math.h"
 
 #include <math.h>
@@ -38,6 +39,7 @@ __device__ __forceinline__ unsigned long long key_of(float v, int i) {
 __global__ void route_kernel(const float *__restrict__ lg, const float *__restrict__ bias, int E, int K, int G, int topk_group,
                              int renorm, float scale, const void *const *__restrict__ tab, float *g, float *u, float *y,
                              int64_t I, int64_t D, const float *sh, cu_moe_route_out *o) {
+    pdl_enter();
     extern __shared__ float sm[]; /* s [E], choice [E] */
     __shared__ float gs[CU_ROUTE_MAXG];
     __shared__ unsigned char keep[CU_ROUTE_MAXG];
@@ -151,7 +153,7 @@ cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K
         G > CU_ROUTE_MAXG || (G > 1 && E / G < 1))
         return cudaErrorInvalidValue;
     const size_t smem = (size_t)E * 2 * sizeof(float);
-    route_kernel<<<1, 32, smem, st>>>(logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o);
+    cu_launch(route_kernel, 1, 32, smem, st, logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o);
     return cudaGetLastError();
 }
 

@@ -8,9 +8,12 @@
  * rows are in the call.
  */
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 
 #include <math.h>
 #include <stdint.h>
+
+int g_cu_pdl = 1;
 
 namespace {
 
@@ -67,6 +70,7 @@ template <class Get, class Use> __device__ __forceinline__ void strided(int64_t 
 /* Block t (NN threads): row t. The sum of squares in fp64, each thread's elements in index order, then
  * block_sum_nn. */
 __global__ void __launch_bounds__(NN) rmsnorm_kernel(float *out, const float *x, const float *w, int64_t n, float eps) {
+    pdl_enter();
     __shared__ double sh[NN / 32];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
@@ -78,6 +82,7 @@ __global__ void __launch_bounds__(NN) rmsnorm_kernel(float *out, const float *x,
 }
 
 __global__ void softmax_kernel(float *x, int64_t n) {
+    pdl_enter();
     __shared__ double sh[NT];
     __shared__ float shm[NT];
     float *xr = x + (int64_t)blockIdx.x * n;
@@ -102,11 +107,13 @@ __global__ void softmax_kernel(float *x, int64_t n) {
 }
 
 __global__ void silu_mul_kernel(float *out, const float *g, const float *u, int64_t n) {
+    pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 __global__ void situ_mul_kernel(float *out, const float *g, const float *u, int64_t n, float b, float lb) {
+    pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float gv = g[i], uv = lb != 0.0f ? lb * tanhf(u[i] / lb) : u[i];
         out[i] = b * tanhf(gv / b) * (1.0f / (1.0f + expf(-gv))) * uv;
@@ -115,6 +122,7 @@ __global__ void situ_mul_kernel(float *out, const float *g, const float *u, int6
 
 __global__ void rope_kernel(float *out, const float *x, int T, int dim, const float *inv_freq, float af,
                             const int64_t *pos) {
+    pdl_enter();
     const int half = dim / 2;
     const int64_t n = (int64_t)T * half;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
@@ -132,6 +140,7 @@ __global__ void rope_kernel(float *out, const float *x, int T, int dim, const fl
  * it is written, by the same thread), h = rmsnorm(x_out) * w: rmsnorm_kernel's sum and arithmetic on x_out. */
 __global__ void __launch_bounds__(NN) add_rmsnorm_kernel(float *xo, const float *x, const float *a, const float *w,
                                                           int64_t n, float eps, float *h, float *xo2) {
+    pdl_enter();
     __shared__ double sh[NN / 32];
     const int64_t base = (int64_t)blockIdx.x * n;
     double ss = 0.0;
@@ -162,6 +171,7 @@ __global__ void __launch_bounds__(NN) kv_rows_kernel(const float *kva, int kvl, 
                                                       const float *cs, float *const *dst_c, float *const *dst_p,
                                                       float *ret_c, float *ret_p, const float *q_raw, float *q, int H,
                                                       int dn) {
+    pdl_enter();
     __shared__ double sh[NN / 32];
     const int t = blockIdx.x;
     const float *row = kva + (int64_t)t * (kvl + dr), *cst = cs ? cs + (int64_t)t * dr : nullptr;
@@ -209,15 +219,18 @@ __device__ __forceinline__ void combine_resid(const CombineArgs &a, float *resid
 }
 
 __global__ void combine_resid_kernel(const __grid_constant__ CombineArgs a, float *resid, int64_t D) {
+    pdl_enter();
     combine_resid(a, resid, D);
 }
 
 /* the arguments from device memory (cu_combine_resid_dev_launch): the same additions in the same order */
 __global__ void combine_resid_dev_kernel(const CombineArgs *__restrict__ a, float *resid, int64_t D) {
+    pdl_enter();
     combine_resid(*a, resid, D);
 }
 
 __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
+    pdl_enter();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t v = (uint32_t)i * 2654435761u ^ seed;
         v ^= v >> 15; v *= 2246822519u; v ^= v >> 13; v *= 3266489917u; v ^= v >> 16;
@@ -234,40 +247,40 @@ unsigned grid_for(int64_t n) {
 
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
-    rmsnorm_kernel<<<T, NN, 0, st>>>(out, x, w, n, eps);
+    cu_launch(rmsnorm_kernel, T, NN, 0, st, out, x, w, n, eps);
     return cudaGetLastError();
 }
 
 cudaError_t cu_softmax_launch(float *x, int T, int64_t n, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
-    softmax_kernel<<<T, NT, 0, st>>>(x, n);
+    cu_launch(softmax_kernel, T, NT, 0, st, x, n);
     return cudaGetLastError();
 }
 
 cudaError_t cu_silu_mul_launch(float *out, const float *g, const float *u, int64_t n, cudaStream_t st) {
     if (n <= 0) return cudaSuccess;
-    silu_mul_kernel<<<grid_for(n), 256, 0, st>>>(out, g, u, n);
+    cu_launch(silu_mul_kernel, grid_for(n), 256, 0, st, out, g, u, n);
     return cudaGetLastError();
 }
 
 cudaError_t cu_situ_mul_launch(float *out, const float *g, const float *u, int64_t n, float beta, float lb,
                                cudaStream_t st) {
     if (n <= 0) return cudaSuccess;
-    situ_mul_kernel<<<grid_for(n), 256, 0, st>>>(out, g, u, n, beta, lb);
+    cu_launch(situ_mul_kernel, grid_for(n), 256, 0, st, out, g, u, n, beta, lb);
     return cudaGetLastError();
 }
 
 cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const float *inv_freq, float attention_factor,
                            const int64_t *pos, cudaStream_t st) {
     if (T <= 0 || dim < 2) return cudaSuccess;
-    rope_kernel<<<grid_for((int64_t)T * (dim / 2)), 256, 0, st>>>(out, x, T, dim, inv_freq, attention_factor, pos);
+    cu_launch(rope_kernel, grid_for((int64_t)T * (dim / 2)), 256, 0, st, out, x, T, dim, inv_freq, attention_factor, pos);
     return cudaGetLastError();
 }
 
 cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, const float *w, int T, int64_t n,
                                   float eps, float *h, cudaStream_t st, float *x_out2) {
     if (T <= 0) return cudaSuccess;
-    add_rmsnorm_kernel<<<T, NN, 0, st>>>(x_out, x, a, w, n, eps, h, x_out2);
+    cu_launch(add_rmsnorm_kernel, T, NN, 0, st, x_out, x, a, w, n, eps, h, x_out2);
     return cudaGetLastError();
 }
 
@@ -277,7 +290,7 @@ cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const fl
     if (T <= 0) return cudaSuccess;
     /* the queries' RoPE over blocks of about 2 elements per thread (a decode row: 64 heads x 192 -> 6 blocks) */
     const int qb = (int)(((int64_t)H * (dn + dr) + 2 * NN - 1) / (2 * NN));
-    kv_rows_kernel<<<dim3((unsigned)T, (unsigned)(1 + qb)), NN, 0, st>>>(kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
+    cu_launch(kv_rows_kernel, dim3((unsigned)T, (unsigned)(1 + qb)), NN, 0, st, kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
     return cudaGetLastError();
 }
 
@@ -288,25 +301,26 @@ cudaError_t cu_combine_resid_launch(float *resid, int64_t D, int n, const float 
     for (int i = 0; i < n; i++) { a.y[i] = y[i]; a.w[i] = w[i]; }
     a.sh = sh;
     a.n = n;
-    combine_resid_kernel<<<grid_for(D), 256, 0, st>>>(a, resid, D);
+    cu_launch(combine_resid_kernel, grid_for(D), 256, 0, st, a, resid, D);
     return cudaGetLastError();
 }
 
 cudaError_t cu_combine_resid_dev_launch(float *resid, int64_t D, const cu_combine_args *da, cudaStream_t st) {
-    combine_resid_dev_kernel<<<grid_for(D), 256, 0, st>>>(da, resid, D);
+    cu_launch(combine_resid_dev_kernel, grid_for(D), 256, 0, st, da, resid, D);
     return cudaGetLastError();
 }
 
 cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st) {
-    fill_kernel<<<grid_for((int64_t)(n / 4)), 256, 0, st>>>(static_cast<uint32_t *>(p), n / 4, seed);
+    cu_launch(fill_kernel, grid_for((int64_t)(n / 4)), 256, 0, st, static_cast<uint32_t *>(p), n / 4, seed);
     return cudaGetLastError();
 }
 
 __global__ void and_kernel(uint32_t *p, size_t n, uint32_t mask) {
+    pdl_enter();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] &= mask;
 }
 
 cudaError_t cu_and_words(void *p, size_t n, uint32_t mask, cudaStream_t st) {
-    and_kernel<<<grid_for((int64_t)(n / 4)), 256, 0, st>>>(static_cast<uint32_t *>(p), n / 4, mask);
+    cu_launch(and_kernel, grid_for((int64_t)(n / 4)), 256, 0, st, static_cast<uint32_t *>(p), n / 4, mask);
     return cudaGetLastError();
 }

@@ -14,6 +14,7 @@
  * calls from several host threads run one after another on one stream.
  */
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 #include "kernels/cuda_env.h"
 
 #include <dlfcn.h>
@@ -165,6 +166,10 @@ void probe_once() {
     const int early = df_cuda_env_switch("DF_CUDA_SHARED_EARLY", g_why, sizeof g_why);
     if (early < 0) { g_ndev = 0; return; }
     g_sh_early_off = early == 0;
+    /* DF_CUDA_PDL=0|off: kernels launched without programmatic dependent launch (cuda_launch.cuh) */
+    const int pdl = df_cuda_env_switch("DF_CUDA_PDL", g_why, sizeof g_why);
+    if (pdl < 0) { g_ndev = 0; return; }
+    g_cu_pdl = pdl;
     if (df_cuda_env_switch_off("DF_CUDA_MOE_ROUTE", g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (!split) cu_set_split(0);
     if (mv) cu_set_matvec_rows(mv);
