@@ -40,6 +40,7 @@
 #   part 24: GPU tests and the resident decode three times.
 #   part 25: programmatic dependent launch (DF_CUDA_PDL on / off): GPU tests (test_golden also with DF_CUDA_MOE_ROUTE=1),
 #          resident decode alternated, traced, after a 3072-token prompt, and alternated with DF_CUDA_MOE_ROUTE=1.
+#   part 26: a started shared expert on its own stream beside the routed experts (DF_CUDA_SIDE_STREAM on / off), as 25.
 #   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
 #          DF_CUDA_MOE_ROUTE on / off.
 #   part 18: small matrices split over K (DF_CUDA_SPLIT on / off): GPU tests, resident decode, ncu durations.
@@ -110,6 +111,25 @@ knob_ab() {
 }
 # on it, the budgets above, cold: the 512-token GPU prefill twice (TTFT / union read), then a streamed GPU decode
 # (17 warm-up + 24 tokens, the lookahead's gate); arguments (e.g. --io-buffer SIZE) go to both benchmarks
+knob_ab_route() {
+    gpu_tests
+    log "DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 test_golden, test_cuda_kernels"
+    for t in test_golden test_cuda_kernels; do
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 timeout 150 "$D/$t" 2>&1 \
+            | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
+    done
+    log "DF_BACKEND=cuda $1=0 test_cuda_kernels"
+    (cd "$HERE" && env DF_SRC="$HERE" DF_BACKEND=cuda "$1=0" timeout 150 "$D/test_cuda_kernels" 2>&1 \
+        | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
+    resident_model
+    knob_ab "$1"
+    for v in 1 0 1 0; do
+        log "cuda run --preload, DF_CUDA_MOE_ROUTE=1 $1=$v"
+        rp DF_CUDA_MOE_ROUTE=1 "$1=$v" | grep -E "^(profile|stats):|^[0-9]+(,[0-9]+)+$|rror|fault|Abort" \
+            | cut -c1-300 >>"$S"
+    done
+    rm -rf "$W"
+}
 streamed_gpu_runs() {
     for i in 1 2; do
         log "cuda prefill 512, cold, --ram-budget ${HOST_BUDGET:-2816M} --gpu-budget ${GPU_BUDGET:-256M} $* (run $i)"
@@ -395,18 +415,11 @@ case $PART in
 25)
     # programmatic dependent launch (DF_CUDA_PDL on / off: knob_ab, with host routing and with DF_CUDA_MOE_ROUTE=1);
     # GPU tests with it on first, the golden test also with the device routing
-    gpu_tests
-    log "DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 test_golden"
-    (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 timeout 150 "$D/test_golden" 2>&1 \
-        | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
-    resident_model
-    knob_ab DF_CUDA_PDL
-    for v in 1 0 1 0; do
-        log "cuda run --preload, DF_CUDA_MOE_ROUTE=1 DF_CUDA_PDL=$v"
-        rp DF_CUDA_MOE_ROUTE=1 "DF_CUDA_PDL=$v" | grep -E "^(profile|stats):|^[0-9]+(,[0-9]+)+$|rror|fault|Abort" \
-            | cut -c1-300 >>"$S"
-    done
-    rm -rf "$W"
+    knob_ab_route DF_CUDA_PDL
+    ;;
+26)
+    # a started shared expert on the side stream (DF_CUDA_SIDE_STREAM on / off), as part 25
+    knob_ab_route DF_CUDA_SIDE_STREAM
     ;;
 24)
     # GPU tests, then the resident decode three times (this build alone)

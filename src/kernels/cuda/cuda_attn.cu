@@ -824,6 +824,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     cudaStream_t st = cu_rt_stream();
     mir_setup();
     if (g_mbad) return cu_rt_error(g_mwhy);
+    cu_rt_sh_join(); /* a started shared expert on the side stream reads the last block's h2 in this staging */
     g_h2.host = NULL; /* the last block's h2 is overwritten by this call */
     /* this call's host staging: the buffer the call before last used, once the device is done with it */
     const int hi = g_hcur ^= 1;

@@ -131,11 +131,12 @@ cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K
                             const float *sh, cu_moe_route_out *o, cudaStream_t st);
 /* The routing, then the picks' MLPs on h2 [D] (grouped tensor-core launches: gate / up of encoding tgu [I, D], down
  * of tdn [D, I]; act / beta / lb as moe_resid's), then resid [D] += combine (cu_combine_resid: ascending ids, then
- * sh): the bits of moe_route + moe_resid on the same logits and h2. Queued on st. */
+ * sh): the bits of moe_route + moe_resid on the same logits and h2. Queued on st; join (NULL: none): an event st waits
+ * for before the combine (sh written on another stream). */
 cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
-                              float *resid, cu_moe_route_out *o, cudaStream_t st);
+                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st);
 /* With the mutex held, in an mla_block call after cu_rt_shared_start: m's device routing and MoE (m->K = 0: only the
  * started dense MLP, added as forward adds it) for the caller key
  * (df_mla_block.moe) on logits [E] and h2 [D] (device), into that key's residual; bias_dev: m->bias on the device or
@@ -183,12 +184,17 @@ int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
 float *cu_rt_resid(uint64_t key, size_t n, int need_valid, int **valid);
 /* With the mutex held, in an mla_block call after its copy-out is queued: the shared expert of the moe_resid call
  * that follows (gate, up, down, act / beta / lb as moe_resid's) on h2 [gate.cols] (device), queued after an event
- * recorded now, its output kept with the key's residual until that call takes it. 1: started, *ev the event (the
+ * recorded now (on the side stream when its three weights are cached, unless DF_CUDA_SIDE_STREAM=0; the consumers
+ * call cu_rt_sh_join first), its output kept with the key's residual until that call takes it. 1: started, *ev the event (the
  * call's closing synchronisation waits for it, not for the shared expert); 0: not (no residual for the key, or
  * DF_CUDA_TRACE=1); -1: a CUDA error (recorded). cu_rt_shared_drop: the key's next moe_resid has no started one. */
 int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, const df_weight *d, int act, float beta,
                        float lb, const float *h2, cudaEvent_t *ev);
 void cu_rt_shared_drop(uint64_t key);
+/* With the mutex held: the main stream waits (on the device) for a started shared expert's side-stream kernels, when
+ * any are queued and it has not yet. Called before anything on the main stream reads that output or overwrites what
+ * those kernels read (its h2 in the attention staging, a weight the cache drops). */
+void cu_rt_sh_join(void);
 /* cu_rt_sync, waiting for the event ev (recorded on the stream) instead of the whole stream; ev NULL: cu_rt_sync. */
 cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev);
 int cu_rt_error(const char *msg);

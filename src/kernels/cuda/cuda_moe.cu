@@ -160,7 +160,7 @@ cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K
 cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
-                              float *resid, cu_moe_route_out *o, cudaStream_t st) {
+                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st) {
     cudaError_t e = cu_route_launch(logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o, st);
     if (e != cudaSuccess) return e;
     cu_rt_mark("moe: route");
@@ -170,6 +170,7 @@ cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int
     if (e != cudaSuccess) return e;
     if ((e = cu_mma_group_dev_launch(tdn, D, I, g, K, K, 1, &o->dn, st)) != cudaSuccess) return e;
     cu_rt_mark("moe: activation, grouped down");
+    if (join && (e = cudaStreamWaitEvent(st, join, 0)) != cudaSuccess) return e;
     if ((e = cu_combine_resid_dev_launch(resid, D, &o->cb, st)) != cudaSuccess) return e;
     cu_rt_mark("moe: combined into the residual");
     return cudaSuccess;

@@ -89,6 +89,12 @@ constexpr int NRESID = 16;
 Resid g_resid[NRESID];
 uint64_t g_resid_tick;
 int g_sh_early_off; /* DF_CUDA_SHARED_EARLY=0: mla_block starts no shared expert (cu_rt_shared_start) */
+/* The side stream of a started shared expert (cu_rt_shared_start, DF_CUDA_SIDE_STREAM): its kernels run there beside
+ * the routed experts on g_st; g_sh_done is recorded after them, and g_sh_pend says g_st has not yet waited for it. */
+int g_side_off;
+cudaStream_t g_st2;
+cudaEvent_t g_sh_done;
+int g_sh_pend;
 uint64_t g_call;    /* the entry points' calls, numbered (trace_begin) */
 
 /* Per layer (DF_DEVKEY's layer): how many of its routed experts' matrices are cached now, a generation bumped on every
@@ -166,6 +172,10 @@ void probe_once() {
     const int early = df_cuda_env_switch("DF_CUDA_SHARED_EARLY", g_why, sizeof g_why);
     if (early < 0) { g_ndev = 0; return; }
     g_sh_early_off = early == 0;
+    /* DF_CUDA_SIDE_STREAM=0|off: a started shared expert runs on the main stream */
+    const int side = df_cuda_env_switch("DF_CUDA_SIDE_STREAM", g_why, sizeof g_why);
+    if (side < 0) { g_ndev = 0; return; }
+    g_side_off = side == 0;
     /* DF_CUDA_PDL=0|off: kernels launched without programmatic dependent launch (cuda_launch.cuh) */
     const int pdl = df_cuda_env_switch("DF_CUDA_PDL", g_why, sizeof g_why);
     if (pdl < 0) { g_ndev = 0; return; }
@@ -260,6 +270,7 @@ Entry *find(uint64_t key) {
 }
 
 void drop(int idx) {
+    cu_rt_sh_join(); /* the side stream may still read it */
     Entry *e = &g_ent[idx];
     int *pp = &g_bucket[bucket_of(e->key)];
     while (*pp != idx) pp = &g_ent[*pp].next;
@@ -464,8 +475,9 @@ int matmul_locked(const df_weight *w, const float *x, int T, float *y) {
 }
 
 /* g = act(g, u) over n values: SwiGLU (act 0) or SiTU (act 1, beta, lb), in place on g. */
-cudaError_t act_launch(int act, float beta, float lb, float *g, const float *u, int64_t n) {
-    return act ? cu_situ_mul_launch(g, g, u, n, beta, lb, g_st) : cu_silu_mul_launch(g, g, u, n, g_st);
+cudaError_t act_launch(int act, float beta, float lb, float *g, const float *u, int64_t n, cudaStream_t st = NULL) {
+    if (!st) st = g_st;
+    return act ? cu_situ_mul_launch(g, g, u, n, beta, lb, st) : cu_silu_mul_launch(g, g, u, n, st);
 }
 
 /* gate, up, activation, down with x and out in pinned staging: one copy each way, one synchronisation.
@@ -682,6 +694,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             const float *ys[CU_COMBINE_MAX];
             for (int i = 0; i < nr; i++) ys[i] = (const float *)((char *)g_sy + ooff[i]);
             const float *sh = shared ? (const float *)((char *)g_sy + ooff[n - 1]) : sh_dev;
+            cu_rt_sh_join(); /* sh_dev from the side stream */
             if ((ce = cu_combine_resid_launch(resid, down[0]->rows, nr, ys, rw, sh, g_st)) != cudaSuccess) {
                 fail("combine", ce);
                 break;
@@ -1254,6 +1267,12 @@ extern "C" void df_cuda_trace_stages(void) {
 }
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return group_weight(w, data, scale); }
 cudaEvent_t g_sh_ev;
+void cu_rt_sh_join(void) {
+    if (!g_sh_pend) return;
+    g_sh_pend = 0;
+    if (cudaStreamWaitEvent(g_st, g_sh_done, 0) != cudaSuccess) /* not expected; then wait here */
+        cudaStreamSynchronize(g_st2);
+}
 int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, const df_weight *d, int act, float beta,
                        float lb, const float *h2, cudaEvent_t *ev) {
     Resid *r = resid_of(key);
@@ -1266,6 +1285,16 @@ int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, con
         grow(&r->sh_u, &r->sh_uc, sizeof(float) * (size_t)I))
         return -1;
     CK(cudaEventRecord(g_sh_ev, g_st));
+    /* on the side stream when its three weights are cached (no scratch buffer, whose reuse is ordered on g_st): it
+     * starts once the block's work so far is done and runs beside what g_st queues next */
+    const int cached = cached_entry(g) && cached_entry(u) && cached_entry(d);
+    cudaStream_t st = g_st;
+    if (cached && !g_side_off) {
+        if (!g_st2) CK(cudaStreamCreateWithFlags(&g_st2, cudaStreamNonBlocking));
+        if (!g_sh_done) CK(cudaEventCreateWithFlags(&g_sh_done, cudaEventDisableTiming));
+        CK(cudaStreamWaitEvent(g_st2, g_sh_ev, 0));
+        st = g_st2;
+    }
     /* mlp_group_locked's shared item (gate, up, activation, down; T = 1): the same kernels, the same bits; gate and
      * up in one launch when both are cached (their addresses then stay valid: looking both up evicts nothing) */
     const void *dd, *ss, *ud, *us;
@@ -1273,18 +1302,22 @@ int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, con
     if (cached_entry(g) && cached_entry(u) && g->type == u->type && u->rows == I && u->cols == D) {
         weight_on_device(g, &dd, &ss);
         weight_on_device(u, &ud, &us);
-        e2 = cu_matmul2_launch(g->type, dd, ss, ud, us, I, D, h2, (float *)r->sh_g, (float *)r->sh_u, g_st);
+        e2 = cu_matmul2_launch(g->type, dd, ss, ud, us, I, D, h2, (float *)r->sh_g, (float *)r->sh_u, st);
         if (e2 != cudaSuccess && e2 != cudaErrorNotSupported) return fail("cu_matmul2_launch", e2);
     }
     if (e2 == cudaErrorNotSupported) {
         if (group_weight(g, &dd, &ss)) return -1;
-        CK(cu_matmul_launch(g->type, dd, ss, I, D, h2, 1, (float *)r->sh_g, g_st));
+        CK(cu_matmul_launch(g->type, dd, ss, I, D, h2, 1, (float *)r->sh_g, st));
         if (group_weight(u, &dd, &ss)) return -1;
-        CK(cu_matmul_launch(u->type, dd, ss, I, D, h2, 1, (float *)r->sh_u, g_st));
+        CK(cu_matmul_launch(u->type, dd, ss, I, D, h2, 1, (float *)r->sh_u, st));
     }
-    CK(act_launch(act, beta, lb, (float *)r->sh_g, (const float *)r->sh_u, I));
+    CK(act_launch(act, beta, lb, (float *)r->sh_g, (const float *)r->sh_u, I, st));
     if (group_weight(d, &dd, &ss)) return -1;
-    CK(cu_matmul_launch(d->type, dd, ss, O, I, (const float *)r->sh_g, 1, (float *)r->sh_out, g_st));
+    CK(cu_matmul_launch(d->type, dd, ss, O, I, (const float *)r->sh_g, 1, (float *)r->sh_out, st));
+    if (st == g_st2) {
+        CK(cudaEventRecord(g_sh_done, g_st2));
+        g_sh_pend = 1;
+    }
     r->sh_w[0] = g;
     r->sh_w[1] = u;
     r->sh_w[2] = d;
@@ -1347,6 +1380,7 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
     Resid *r = resid_of(key);
     if (m->K == 0) { /* a dense MLP: its started output into the residual */
         if (!r || !r->valid || !m->shared || !r->sh_valid || r->cap < sizeof(float) * (size_t)r->sh_w[2]->rows) return 0;
+        cu_rt_sh_join();
         CK(cu_combine_resid_launch((float *)r->p, r->sh_w[2]->rows, 0, NULL, NULL, (const float *)r->sh_out, g_st));
         r->sh_valid = 0;
         g_stats.shared_early++;
@@ -1369,9 +1403,11 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
         memset(r->route, 0, sizeof(RouteIds) * DF_MAX_LAYERS);
     }
     cu_moe_route_out *o = (cu_moe_route_out *)g_ro;
+    const cudaEvent_t join = g_sh_pend ? g_sh_done : NULL; /* the shared expert's output, before the combine */
+    g_sh_pend = 0;
     CK(cu_moe_dev_launch(logits, bias_dev, E, K, G, m->topk_group, m->renorm, m->scale, (const void *const *)t->dev,
                          (df_wtype)t->tgu, (df_wtype)t->tdn, I, D, h2, (float *)g_rg, (float *)g_ru, (float *)g_ry,
-                         m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, g_st));
+                         m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, join, g_st));
     RouteIds *q = &r->route[m->layer];
     CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
     if (!q->qcall) g_npend++;
