@@ -40,6 +40,8 @@
 #   part 24: GPU tests and the resident decode three times.
 #   part 25: programmatic dependent launch (DF_CUDA_PDL on / off): GPU tests (test_golden also with DF_CUDA_MOE_ROUTE=1),
 #          resident decode alternated, traced, after a 3072-token prompt, and alternated with DF_CUDA_MOE_ROUTE=1.
+#   part 27: the resident decode's GPU timeline (CUPTI preload library; EXTRA_BINS="libgpu_timeline.so libcupti.so.13").
+#   part 28: small host <-> device copies as kernels (DF_CUDA_COPY_KERNEL on / off), as 25, then the timeline (27).
 #   part 26: a started shared expert on its own stream beside the routed experts (DF_CUDA_SIDE_STREAM on / off), as 25.
 #   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
 #          DF_CUDA_MOE_ROUTE on / off.
@@ -420,6 +422,28 @@ case $PART in
 26)
     # a started shared expert on the side stream (DF_CUDA_SIDE_STREAM on / off), as part 25
     knob_ab_route DF_CUDA_SIDE_STREAM
+    ;;
+28)
+    # small host <-> device copies as kernels (DF_CUDA_COPY_KERNEL on / off), as part 25; then the timeline (part 27)
+    knob_ab_route DF_CUDA_COPY_KERNEL
+    resident_model
+    for v in 0 1; do
+        log "timeline: cuda run --preload, DF_CUDA_MOE_ROUTE=$v, the last ${GT_LAST_MS:-150} ms"
+        rp DF_CUDA_MOE_ROUTE=$v LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" \
+            | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
+    done
+    rm -rf "$W"
+    ;;
+27)
+    # the resident decode's GPU timeline (CUPTI, tools/device/gpu_timeline.c carried as libgpu_timeline.so): busy,
+    # idle gaps and what they lie between, with host and with device routing
+    resident_model
+    for v in 0 1; do
+        log "timeline: cuda run --preload, DF_CUDA_MOE_ROUTE=$v, the last ${GT_LAST_MS:-150} ms"
+        rp DF_CUDA_MOE_ROUTE=$v LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" \
+            | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
+    done
+    rm -rf "$W"
     ;;
 24)
     # GPU tests, then the resident decode three times (this build alone)

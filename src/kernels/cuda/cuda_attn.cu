@@ -940,7 +940,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         }
     }
     memcpy(hb + o_np, npos, sizeof(int) * (size_t)T);
-    cudaError_t e = cudaMemcpyAsync(db, hb, up_bytes, cudaMemcpyHostToDevice, st);
+    cudaError_t e = cu_copy_launch(db, hb, up_bytes, cudaMemcpyHostToDevice, st);
     cu_rt_mark("attn: copy in");
     const long long bx = (seg_max + 1023) / 1024;
     for (int s0 = 0; e == cudaSuccess && s0 < nseg; s0 += 65535) { /* grid.y: at most 65535 segments a launch */
@@ -1006,7 +1006,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         if (E && matmul_dev(bk->b->router, dh2, T, (float *)(db + o_ret + r_l), st)) return -1;
         cu_rt_mark("block: residual, norm, router");
     }
-    CKA(cudaMemcpyAsync(hb + h_ret, bk || o ? db + o_ret : (char *)dov, ret_bytes, cudaMemcpyDeviceToHost, st));
+    CKA(cu_copy_launch(hb + h_ret, bk || o ? db + o_ret : (char *)dov, ret_bytes, cudaMemcpyDeviceToHost, st));
     if (!g_hb[hi].ev) CKA(cudaEventCreateWithFlags(&g_hb[hi].ev, cudaEventDisableTiming));
     CKA(cudaEventRecord(g_hb[hi].ev, st)); /* the staging's last copy of this call */
     g_hb[hi].ev_live = 1;

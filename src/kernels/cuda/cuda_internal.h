@@ -119,7 +119,7 @@ cudaError_t cu_combine_resid_dev_launch(float *resid, int64_t D, const cu_combin
 typedef struct {
     cu_mma_group gu, dn;
     cu_combine_args cb;
-    int ids[CU_ROUTE_MAXK];
+    alignas(16) int ids[CU_ROUTE_MAXK]; /* aligned: cu_copy_launch copies them out */
     float w[CU_ROUTE_MAXK];
 } cu_moe_route_out;
 /* The routing alone (engine/moe.c moe_route's picks and weights, bitwise): logits [E], bias [E] or NULL (device);
@@ -144,6 +144,16 @@ cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int
  * not wholly resident on the tensor-core path, no started shared expert where the layer has one, shapes past the
  * limits, DF_CUDA_TRACE=1), -1: a CUDA error (recorded). */
 int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2);
+
+/* dst = src, n bytes, queued on st (kind as cudaMemcpyAsync's). Copies of at most CU_COPY_KERNEL_MAX bytes between
+ * device memory and pinned host memory from cudaHostAlloc (addressable from kernels under unified addressing, CUDA
+ * programming guide "Unified Virtual Address Space"), both 16-byte aligned, run as a kernel: a copy-engine operation
+ * between two kernels of the stream costs ~5 us of device idle on each side and ends a chain of programmatic
+ * dependent launches; others, and all with g_cu_copy_kernel = 0 (DF_CUDA_COPY_KERNEL=0), by cudaMemcpyAsync.
+ * Never for pageable host memory. */
+#define CU_COPY_KERNEL_MAX ((size_t)256 << 10)
+extern int g_cu_copy_kernel;
+cudaError_t cu_copy_launch(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t st);
 
 /* Fill n bytes with a fixed pseudo-random pattern (benchmark weights); AND every 32-bit word with mask. */
 cudaError_t cu_fill_random(void *p, size_t n, uint32_t seed, cudaStream_t st);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 int g_cu_pdl = 1;
+int g_cu_copy_kernel = 1;
 
 namespace {
 
@@ -229,6 +230,16 @@ __global__ void combine_resid_dev_kernel(const CombineArgs *__restrict__ a, floa
     combine_resid(*a, resid, D);
 }
 
+/* dst = src for n bytes, both 16-byte aligned: 16-byte words by the grid, the tail by block 0 */
+__global__ void copy_kernel(uint4 *dst, const uint4 *src, size_t n) {
+    pdl_enter();
+    const size_t n16 = n / 16;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+    if (blockIdx.x == 0 && threadIdx.x < (n & 15))
+        reinterpret_cast<uint8_t *>(dst)[n16 * 16 + threadIdx.x] = reinterpret_cast<const uint8_t *>(src)[n16 * 16 + threadIdx.x];
+}
+
 __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
     pdl_enter();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -307,6 +318,18 @@ cudaError_t cu_combine_resid_launch(float *resid, int64_t D, int n, const float 
 
 cudaError_t cu_combine_resid_dev_launch(float *resid, int64_t D, const cu_combine_args *da, cudaStream_t st) {
     cu_launch(combine_resid_dev_kernel, grid_for(D), 256, 0, st, da, resid, D);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_copy_launch(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t st) {
+    if (!n) return cudaSuccess;
+    if (!g_cu_copy_kernel || n > CU_COPY_KERNEL_MAX || ((uintptr_t)dst & 15) || ((uintptr_t)src & 15))
+        return cudaMemcpyAsync(dst, src, n, kind, st);
+    const size_t n16 = n / 16;
+    size_t blocks = (n16 + 255) / 256;
+    if (blocks < 1) blocks = 1;
+    if (blocks > 64) blocks = 64;
+    cu_launch(copy_kernel, (unsigned)blocks, 256, 0, st, static_cast<uint4 *>(dst), static_cast<const uint4 *>(src), n);
     return cudaGetLastError();
 }
 

@@ -180,6 +180,10 @@ void probe_once() {
     const int pdl = df_cuda_env_switch("DF_CUDA_PDL", g_why, sizeof g_why);
     if (pdl < 0) { g_ndev = 0; return; }
     g_cu_pdl = pdl;
+    /* DF_CUDA_COPY_KERNEL=0|off: small host <-> device copies by cudaMemcpyAsync (cu_copy_launch) */
+    const int ck = df_cuda_env_switch("DF_CUDA_COPY_KERNEL", g_why, sizeof g_why);
+    if (ck < 0) { g_ndev = 0; return; }
+    g_cu_copy_kernel = ck;
     if (df_cuda_env_switch_off("DF_CUDA_MOE_ROUTE", g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (!split) cu_set_split(0);
     if (mv) cu_set_matvec_rows(mv);
@@ -464,11 +468,11 @@ int matmul_locked(const df_weight *w, const float *x, int T, float *y) {
     if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, yb)) return -1;
     if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, yb)) return -1;
     memcpy(g_hx, x, xb);
-    CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    CK(cu_copy_launch(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
     cu_rt_mark("matmul: copy in");
     CK(cu_matmul_launch(w->type, d, s, w->rows, w->cols, (const float *)g_sx, T, (float *)g_sy, g_st));
     cu_rt_mark("matmul: kernel");
-    CK(cudaMemcpyAsync(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
+    CK(cu_copy_launch(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
     CK(cu_rt_sync("matmul: copy out"));
     memcpy(y, g_hy, yb);
     return 0;
@@ -489,7 +493,7 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, ob) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib)) return -1;
     if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, ob)) return -1;
     memcpy(g_hx, x, xb);
-    CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    CK(cu_copy_launch(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
     cu_rt_mark("mlp: copy in");
     const void *d, *s;
     if (weight_on_device(gate, &d, &s)) return -1;
@@ -500,7 +504,7 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     if (weight_on_device(down, &d, &s)) return -1;
     CK(cu_matmul_launch(down->type, d, s, O, I, (const float *)g_sg, T, (float *)g_sy, g_st));
     cu_rt_mark("mlp: gate, up, act, down");
-    CK(cudaMemcpyAsync(g_hy, g_sy, ob, cudaMemcpyDeviceToHost, g_st));
+    CK(cu_copy_launch(g_hy, g_sy, ob, cudaMemcpyDeviceToHost, g_st));
     CK(cu_rt_sync("mlp: copy out"));
     memcpy(out, g_hy, ob);
     return 0;
@@ -613,7 +617,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
                 memcpy((char *)g_hx + xoff[i], x[i], b);
                 next = xoff[i] + round_up(b, 256);
             }
-        cudaError_t ce = x_dev ? cudaSuccess : cudaMemcpyAsync(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st);
+        cudaError_t ce = x_dev ? cudaSuccess : cu_copy_launch(g_sx, g_hx, xall, cudaMemcpyHostToDevice, g_st);
         if (ce != cudaSuccess) { fail("cudaMemcpyAsync", ce); break; }
         cu_rt_mark("group: copy in");
         if (ngrp) {
@@ -703,7 +707,7 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
             rc = 0;
             break;
         }
-        if ((ce = cudaMemcpyAsync(g_hy, g_sy, oall, cudaMemcpyDeviceToHost, g_st)) != cudaSuccess) {
+        if ((ce = cu_copy_launch(g_hy, g_sy, oall, cudaMemcpyDeviceToHost, g_st)) != cudaSuccess) {
             fail("cudaMemcpyAsync", ce);
             break;
         }
@@ -729,7 +733,7 @@ int mla_project_locked(const df_weight *q_a, const float *q_a_norm, float eps, c
     if (grow(&g_sx, &g_csx, hb) || grow(&g_sy, &g_csy, ko + kb) || grow(&g_sg, &g_csg, ab)) return -1;
     if (grow_host(&g_hx, &g_chx, hb) || grow_host(&g_hy, &g_chy, ko + kb)) return -1;
     memcpy(g_hx, h, hb);
-    CK(cudaMemcpyAsync(g_sx, g_hx, hb, cudaMemcpyHostToDevice, g_st));
+    CK(cu_copy_launch(g_sx, g_hx, hb, cudaMemcpyHostToDevice, g_st));
     cu_rt_mark("project: copy in");
     const void *d, *s;
     float *dq = (float *)g_sy, *dk = (float *)((char *)g_sy + ko);
@@ -751,7 +755,7 @@ int mla_project_locked(const df_weight *q_a, const float *q_a_norm, float eps, c
     if (group_weight(kv_a, &d, &s)) return -1;
     CK(cu_matmul_launch(kv_a->type, d, s, K, D, (const float *)g_sx, T, dk, g_st));
     cu_rt_mark("project: kv_a");
-    CK(cudaMemcpyAsync(g_hy, g_sy, ko + kb, cudaMemcpyDeviceToHost, g_st));
+    CK(cu_copy_launch(g_hy, g_sy, ko + kb, cudaMemcpyDeviceToHost, g_st));
     CK(cu_rt_sync("project: copy out"));
     memcpy(q, g_hy, qb);
     memcpy(kva, (const char *)g_hy + ko, kb);
@@ -1409,7 +1413,7 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
                          (df_wtype)t->tgu, (df_wtype)t->tdn, I, D, h2, (float *)g_rg, (float *)g_ru, (float *)g_ry,
                          m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, join, g_st));
     RouteIds *q = &r->route[m->layer];
-    CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
+    CK(cu_copy_launch(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
     if (!q->qcall) g_npend++;
     q->qcall = g_call;
     q->k = K;
@@ -1435,7 +1439,7 @@ static int final_locked(const float *x, int n, uint64_t key, const float *norm, 
     if (x) {
         if (grow_host(&g_hx, &g_chx, xb)) return -1;
         memcpy(g_hx, x, xb);
-        CK(cudaMemcpyAsync(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+        CK(cu_copy_launch(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
         src = (const float *)g_sx;
     } else if (!(src = cu_rt_resid(key, (size_t)D, 1, NULL))) {
         return -1;
@@ -1448,7 +1452,7 @@ static int final_locked(const float *x, int n, uint64_t key, const float *norm, 
     if (group_weight(lm, &d, &s)) return -1;
     CK(cu_matmul_launch(lm->type, d, s, V, D, (const float *)g_sg, n, (float *)g_sy, g_st));
     cu_rt_mark("final: norm, lm_head");
-    CK(cudaMemcpyAsync(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
+    CK(cu_copy_launch(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
     CK(cu_rt_sync("final: copy out"));
     memcpy(logits, g_hy, yb);
     return 0;
