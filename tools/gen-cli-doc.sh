@@ -25,7 +25,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "\`deltafin help COMMAND\` is \`deltafin COMMAND --help\`; \`deltafin version\` (or \`deltafin --version\`) prints the version."
   echo "The CUDA backend's knobs (\`DF_CUDA_MMA\`: the encodings on the tensor-core kernel; \`DF_CUDA_MLP_GROUP\`,"
   echo "\`DF_CUDA_ATTN\`, \`DF_CUDA_MLA_PROJECT\`, \`DF_CUDA_MLA_BLOCK\`, \`DF_CUDA_MOE_RESID\`, \`DF_CUDA_HOST_PIN\`,"
-  echo "\`DF_CUDA_SPLIT\`, \`DF_CUDA_SHARED_EARLY\`, \`DF_CUDA_PDL\`, \`DF_CUDA_SIDE_STREAM\`, \`DF_CUDA_COPY_KERNEL\`: 1|on (default) / 0|off, and \`DF_CUDA_MOE_ROUTE\`: 1|on / 0|off (default): grouped expert MLPs, the attention core on the GPU, the MLA"
+  echo "\`DF_CUDA_SPLIT\`, \`DF_CUDA_SHARED_EARLY\`, \`DF_CUDA_PDL\`, \`DF_CUDA_SIDE_STREAM\`, \`DF_CUDA_COPY_KERNEL\`, \`DF_CUDA_MOE_ROUTE\`: 1|on (default) / 0|off: grouped expert MLPs, the attention core on the GPU, the MLA"
   echo "projections in one round trip, a layer's whole MLA block in one round trip, a decode step's MoE added into the device's"
   echo "residual stream without a round trip, pinned host buffers, matrices of at most 2048 rows split over K (changes their"
   echo "bits), the MLA block starting the next MoE's shared expert, kernels launched with programmatic dependent launch, that shared expert on a second stream beside the routed experts, small host <-> GPU copies as kernels, the MLA block routing and running the next MoE (or dense MLP) on the GPU"

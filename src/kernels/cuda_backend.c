@@ -90,9 +90,10 @@ static void init_table(void) {
                                   df_cuda_env_switch("DF_CUDA_MOE_RESID", NULL, 0) != 0
                               ? df_cuda_moe_resid
                               : NULL;
-    /* DF_CUDA_MOE_ROUTE=1: a decode step's MoE (and a dense layer's MLP) routed and run on the device by the block
-     * (df_mla_block.moe), the picks back through moe_routed; off by default: 2% slower on the H200 (bench/RESULTS.md) */
-    g_cuda_be.moe_routed = g_cuda_be.moe_resid && df_cuda_env_switch_off("DF_CUDA_MOE_ROUTE", NULL, 0) == 1
+    /* a decode step's MoE (and a dense layer's MLP) routed and run on the device by the block (df_mla_block.moe),
+     * the picks back through moe_routed; DF_CUDA_MOE_ROUTE=0 routes on the host (bench/RESULTS.md: 1-2% slower on the
+     * H200 since small copies run as kernels) */
+    g_cuda_be.moe_routed = g_cuda_be.moe_resid && df_cuda_env_switch("DF_CUDA_MOE_ROUTE", NULL, 0) == 1
                                ? df_cuda_moe_routed
                                : NULL;
     /* the final norm and lm_head from the device residual (with the block: every row's logits this way) */

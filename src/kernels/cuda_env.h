@@ -68,7 +68,7 @@ static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen)
     return df_cuda_env_switch_def(name, 1, why, whylen);
 }
 
-/* A switch that is off by default (DF_CUDA_MOE_ROUTE): unset or empty: 0; otherwise as df_cuda_env_switch. */
+/* A switch that is off by default: unset or empty: 0; otherwise as df_cuda_env_switch. */
 static inline int df_cuda_env_switch_off(const char *name, char *why, size_t whylen) {
     return df_cuda_env_switch_def(name, 0, why, whylen);
 }
@@ -173,7 +173,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_switch("DF_CUDA_PDL", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_SIDE_STREAM", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_COPY_KERNEL", why, whylen) < 0) return -1;
-    if (df_cuda_env_switch_off("DF_CUDA_MOE_ROUTE", why, whylen) < 0) return -1;
+    if (df_cuda_env_switch("DF_CUDA_MOE_ROUTE", why, whylen) < 0) return -1;
     if (df_cuda_env_trace(why, whylen) < 0) return -1;
     unsigned long long mirror;
     if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;

@@ -42,6 +42,8 @@
 #          resident decode alternated, traced, after a 3072-token prompt, and alternated with DF_CUDA_MOE_ROUTE=1.
 #   part 27: the resident decode's GPU timeline (CUPTI preload library; EXTRA_BINS="libgpu_timeline.so libcupti.so.13").
 #   part 28: small host <-> device copies as kernels (DF_CUDA_COPY_KERNEL on / off), as 25, then the timeline (27).
+#   part 29: GPU tests (+ DF_CUDA_MOE_ROUTE=1), resident decode x3 with host and with device routing, the timeline.
+#   part 30: GPU tests (+ test_golden, test_batch with DF_CUDA_MOE_ROUTE=0), resident decode x3 with and without --profile.
 #   part 26: a started shared expert on its own stream beside the routed experts (DF_CUDA_SIDE_STREAM on / off), as 25.
 #   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
 #          DF_CUDA_MOE_ROUTE on / off.
@@ -427,6 +429,48 @@ case $PART in
     # small host <-> device copies as kernels (DF_CUDA_COPY_KERNEL on / off), as part 25; then the timeline (part 27)
     knob_ab_route DF_CUDA_COPY_KERNEL
     resident_model
+    for v in 0 1; do
+        log "timeline: cuda run --preload, DF_CUDA_MOE_ROUTE=$v, the last ${GT_LAST_MS:-150} ms"
+        rp DF_CUDA_MOE_ROUTE=$v LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" \
+            | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
+    done
+    rm -rf "$W"
+    ;;
+30)
+    # GPU tests with the defaults, test_golden and test_batch with host routing, the resident decode (with and
+    # without --profile)
+    gpu_tests
+    log "DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=0 test_golden, test_batch"
+    for t in test_golden test_batch; do
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=0 timeout 150 "$D/$t" 2>&1 \
+            | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
+    done
+    resident_model
+    for i in 1 2 3; do
+        log "cuda run --preload"
+        rp | grep -E "^(profile: (mla|experts|dense|lm-head|total)|stats:)|^[0-9]+(,[0-9]+)+$|rror|fault" | cut -c1-300 >>"$S"
+        log "cuda run --preload, no --profile"
+        timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+            --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats 2>&1 | grep -E "^stats: generation|rror" >>"$S"
+    done
+    rm -rf "$W"
+    ;;
+29)
+    # GPU tests (also with DF_CUDA_MOE_ROUTE=1), the resident decode three times with each routing, then the timeline
+    gpu_tests
+    log "DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 test_golden, test_cuda_kernels"
+    for t in test_golden test_cuda_kernels; do
+        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 timeout 150 "$D/$t" 2>&1 \
+            | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
+    done
+    resident_model
+    for i in 1 2 3; do
+        for v in 0 1; do
+            log "cuda run --preload, DF_CUDA_MOE_ROUTE=$v"
+            rp DF_CUDA_MOE_ROUTE=$v | grep -E "^(profile: (mla|experts|dense|lm-head|total)|stats:)|^[0-9]+(,[0-9]+)+$|rror|fault" \
+                | cut -c1-300 >>"$S"
+        done
+    done
     for v in 0 1; do
         log "timeline: cuda run --preload, DF_CUDA_MOE_ROUTE=$v, the last ${GT_LAST_MS:-150} ms"
         rp DF_CUDA_MOE_ROUTE=$v LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" \

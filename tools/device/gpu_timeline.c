@@ -195,6 +195,33 @@ static void report(void) {
         if (a->end > api_end) { in_api += (double)(a->end - (a->start > api_end ? a->start : api_end)); api_end = a->end; }
     }
     fprintf(stderr, "gpu_timeline: host in CUDA runtime calls %.3f ms of the %.3f ms span\n", in_api / 1e6, span / 1e6);
+    /* the host's time between runtime calls (outside CUDA), summed by (call before -> call after), gaps >= 10 us */
+    {
+        Pair *hp = calloc((size_t)g_nnames * g_nnames, sizeof(Pair));
+        uint64_t pe = 0;
+        int pn = -1;
+        double out = 0;
+        for (size_t i = 0; i < g_napi; i++) {
+            const Act *a = &g_api[i];
+            if (a->start < from || a->start > last) continue;
+            if (pn >= 0 && a->start > pe && a->start - pe >= 10000) {
+                Pair *p = &hp[pn * g_nnames + a->name];
+                p->a = pn; p->b = a->name; p->ns += (double)(a->start - pe); p->n++;
+                out += (double)(a->start - pe);
+            }
+            if (a->end > pe) { pe = a->end; pn = a->name; }
+        }
+        fprintf(stderr, "gpu_timeline: host outside runtime calls in gaps >= 10 us: %.3f ms\n", out / 1e6);
+        for (int k = 0; k < 8; k++) {
+            size_t best = (size_t)-1, np2 = (size_t)g_nnames * g_nnames;
+            for (size_t j = 0; j < np2; j++) if (hp[j].n && (best == (size_t)-1 || hp[j].ns > hp[best].ns)) best = j;
+            if (best == (size_t)-1) break;
+            fprintf(stderr, "gpu_timeline: host %8.3f ms in %6ld gaps (mean %7.2f us) between %s -> %s\n", hp[best].ns / 1e6,
+                    hp[best].n, hp[best].ns / hp[best].n / 1e3, g_names[hp[best].a], g_names[hp[best].b]);
+            hp[best].n = 0;
+        }
+        free(hp);
+    }
     for (int k = 0; k < 16; k++) {
         int best = -1;
         for (int j = 0; j < g_nnames; j++) if (acnt[j] && (best < 0 || adur[j] > adur[best])) best = j;

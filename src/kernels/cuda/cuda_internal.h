@@ -48,19 +48,22 @@ unsigned cu_get_mma(void);
  * canonical order, so a different value gives different bits (for every T alike). */
 void cu_set_mma_ks(int n);
 /* One weight of a grouped tensor-core launch: data / scale [rows, cols] (device), input x [T, cols] (device fp32),
- * output y [T, rows] (device). */
+ * output y [T, rows] (device); u (NULL: none) [T, cols] beside x: the input is the launch's activation of (x, u). */
 typedef struct {
     const void *data, *scale;
     const float *x;
     float *y;
     int T;
+    const float *u;
 } cu_mma_item;
 /* n matmuls of one encoding (MXFP4 or BF16) and one shape [rows, cols] (cols % 32 == 0, T <= 256 each) in a few
  * launches: the distinct inputs (items sharing an x pointer must share T) split once, then one kernel over every
  * item's tiles (32 items per launch). Each y is bitwise what cu_mma_launch gives for that item alone (the same tile
- * code and K slices; the grouping only changes which block computes a tile). */
+ * code and K slices; the grouping only changes which block computes a tile). Items with u set take act(x, u) as
+ * their input (act 0 = SwiGLU, 1 = SiTU with beta / lb; cuda_act.cuh), computed as the input is split: the bits of
+ * the activation kernel followed by this launch on its output. */
 cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n, const cu_mma_item *items,
-                                cudaStream_t st);
+                                cudaStream_t st, int act = 0, float beta = 0.0f, float lb = 0.0f);
 /* A grouped launch's items as the kernel reads them: weights d / s [rows, cols], input rows from xrow[i] of the split
  * input, T[i] tokens, output y[i] [T[i], rows]; at most CU_MMA_MAXG items. */
 #define CU_MMA_MAXG 32
@@ -71,9 +74,11 @@ typedef struct {
 } cu_mma_group;
 /* cu_mma_group_launch with the items in device memory (dg, written by an earlier kernel on st; n items, every T[i]
  * <= tmax <= 256): x [xT, cols] (device fp32) split once, the items' xrow[] indexing its rows. The same tile code and
- * K slices as cu_mma_launch: each y has its bits. */
+ * K slices as cu_mma_launch: each y has its bits. u (NULL: none) [xT, cols]: the input is act(x, u) as in
+ * cu_mma_group_launch. */
 cudaError_t cu_mma_group_dev_launch(df_wtype type, int64_t rows, int64_t cols, const float *x, int xT, int n, int tmax,
-                                    const cu_mma_group *dg, cudaStream_t st);
+                                    const cu_mma_group *dg, cudaStream_t st, const float *u = NULL, int act = 0,
+                                    float beta = 0.0f, float lb = 0.0f);
 
 /* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);
@@ -125,10 +130,11 @@ typedef struct {
 /* The routing alone (engine/moe.c moe_route's picks and weights, bitwise): logits [E], bias [E] or NULL (device);
  * G groups (<= 1: none), topk_group kept; tab [E][6] the experts' device arrays (gate data, scale, up data, scale,
  * down data, scale; NULL entries allowed when nothing runs them); g, u [K, I], y [K, D] the MLPs' scratch, sh the
- * shared expert's output or NULL; into o (device). */
+ * shared expert's output or NULL; into o (device); ids_out (NULL: none; device or pinned host memory): the picks' ids
+ * written there too. */
 cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                             float scale, const void *const *tab, float *g, float *u, float *y, int64_t I, int64_t D,
-                            const float *sh, cu_moe_route_out *o, cudaStream_t st);
+                            const float *sh, cu_moe_route_out *o, cudaStream_t st, int *ids_out = NULL);
 /* The routing, then the picks' MLPs on h2 [D] (grouped tensor-core launches: gate / up of encoding tgu [I, D], down
  * of tdn [D, I]; act / beta / lb as moe_resid's), then resid [D] += combine (cu_combine_resid: ascending ids, then
  * sh): the bits of moe_route + moe_resid on the same logits and h2. Queued on st; join (NULL: none): an event st waits
@@ -136,7 +142,7 @@ cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K
 cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
-                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st);
+                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st, int *ids_out = NULL);
 /* With the mutex held, in an mla_block call after cu_rt_shared_start: m's device routing and MoE (m->K = 0: only the
  * started dense MLP, added as forward adds it) for the caller key
  * (df_mla_block.moe) on logits [E] and h2 [D] (device), into that key's residual; bias_dev: m->bias on the device or

@@ -34,6 +34,7 @@
  */
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
+#include "cuda_act.cuh"
 #include "cuda_decode.cuh"
 
 #include <stdint.h>
@@ -182,14 +183,28 @@ template <int N> struct Unroll<N, N> {
 /* The activations' bf16 parts in MMA operand order: xs[((tok * ng + gi) * 3 + part) * 16 + 2 s + h] is the
  * bf16x2 B register h (0: k slots 2t, 2t+1; 1: 2t+8, 2t+9) of k-step s of group gi, part 0 = hi, 1 = mid,
  * 2 = lo. Thread i of T * ng * 8 handles (tok, gi, s). */
+/* The activation applied to the split's input on the fly: x' = act(x, u) elementwise (u [T, cols] beside x; act 0 =
+ * SwiGLU, 1 = SiTU with beta / lb, as cuda_act.cuh); u NULL: x itself. */
+struct SplitAct {
+    const float *u;
+    int act;
+    float beta, lb;
+};
+__device__ __forceinline__ float split_in(const float *__restrict__ xp, const SplitAct &a, const float *__restrict__ x,
+                                          int o) {
+    if (!a.u) return xp[o];
+    const float u = a.u[(xp - x) + o];
+    return a.act ? act_situ_mul(xp[o], u, a.beta, a.lb) : act_silu_mul(xp[o], u);
+}
 __device__ __forceinline__ void split_one(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs,
-                                          int64_t i) {
+                                          int64_t i, const SplitAct &a = SplitAct{nullptr, 0, 0.0f, 0.0f}) {
     const int64_t ng = cols / 32;
     if (i >= (int64_t)T * ng * 8) return;
     const int s = (int)(i & 7);
     const int64_t tg = i >> 3, tok = tg / ng, gi = tg % ng;
     const float *xp = x + tok * cols + gi * 32 + (s >> 1) * 8 + (s & 1) * 2;
-    const float v[4] = {xp[0], xp[4], xp[1], xp[5]}; /* B0 low, B0 high, B1 low, B1 high */
+    const float v[4] = {split_in(xp, a, x, 0), split_in(xp, a, x, 4), split_in(xp, a, x, 1),
+                        split_in(xp, a, x, 5)}; /* B0 low, B0 high, B1 low, B1 high */
     uint32_t p[3][4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -209,9 +224,10 @@ __device__ __forceinline__ void split_one(const float *__restrict__ x, int T, in
     }
 }
 
-__global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs) {
+__global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs,
+                             const SplitAct a) {
     pdl_enter();
-    split_one(x, T, cols, xs, (int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+    split_one(x, T, cols, xs, (int64_t)blockIdx.x * blockDim.x + threadIdx.x, a);
 }
 
 /* Items of a grouped launch (cu_mma_group_launch) per kernel call: the parameter block stays under 4 KB. */
@@ -220,14 +236,16 @@ constexpr int MAXG = CU_MMA_MAXG;
 /* The split of up to MAXG separate inputs in one launch: input j (x[j] [T[j], cols], device) into the rows of xs
  * from xrow[j] on; blockIdx.y = j. */
 struct SplitGroup {
-    const float *x[MAXG];
+    const float *x[MAXG], *u[MAXG];
     int T[MAXG], xrow[MAXG];
+    int act;
+    float beta, lb;
 };
 __global__ void split_group_kernel(const __grid_constant__ SplitGroup g, int64_t cols, uint32_t *__restrict__ xs) {
     pdl_enter();
     const int j = blockIdx.y;
     split_one(g.x[j], g.T[j], cols, xs + (int64_t)g.xrow[j] * (cols / 32) * 48,
-              (int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+              (int64_t)blockIdx.x * blockDim.x + threadIdx.x, SplitAct{g.u[j], g.act, g.beta, g.lb});
 }
 
 /* A grouped launch's items (blockIdx.z = item; cuda_internal.h). */
@@ -511,7 +529,8 @@ cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, in
     for (int t0 = 0; t0 < T; t0 += TC) {
         const int n = T - t0 < TC ? T - t0 : TC;
         const int64_t threads = (int64_t)n * (cols / 32) * 8;
-        cu_launch(split_kernel, (unsigned)((threads + 255) / 256), 256, 0, st, x + (int64_t)t0 * cols, n, cols, g_xs);
+        cu_launch(split_kernel, (unsigned)((threads + 255) / 256), 256, 0, st, x + (int64_t)t0 * cols, n, cols, g_xs,
+                  SplitAct{nullptr, 0, 0.0f, 0.0f});
         e = cudaGetLastError();
         if (e != cudaSuccess) return e;
         const Launch a = {d, s, reinterpret_cast<const uint4 *>(g_xs), y + (int64_t)t0 * rows, n, nullptr, 0, nullptr};
@@ -522,7 +541,7 @@ cudaError_t cu_mma_launch(df_wtype type, const void *data, const void *scale, in
 }
 
 cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n, const cu_mma_item *items,
-                                cudaStream_t st) {
+                                cudaStream_t st, int act, float beta, float lb) {
     if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16) || rows * (cols / 32) > (int64_t)UINT32_MAX)
         return cudaErrorInvalidValue;
     for (int i = 0; i < n; i++)
@@ -540,12 +559,13 @@ cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n
             while (u < nx && sg.x[u] != it.x) u++;
             if (u == nx) {
                 sg.x[nx] = it.x;
+                sg.u[nx] = it.u;
                 sg.T[nx] = it.T;
                 sg.xrow[nx] = rows_x;
                 rows_x += it.T;
                 if (it.T > sx_t) sx_t = it.T;
                 nx++;
-            } else if (it.T > sg.T[u]) {
+            } else if (it.T > sg.T[u] || it.u != sg.u[u]) {
                 return cudaErrorInvalidValue; /* one input, two token counts */
             }
             mg.d[j] = static_cast<const uint8_t *>(items[c0 + j].data);
@@ -556,6 +576,9 @@ cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n
             if (it.T > tmax) tmax = it.T;
         }
         if (tmax <= 0) continue;
+        sg.act = act;
+        sg.beta = beta;
+        sg.lb = lb;
         cudaError_t e = xs_reserve((size_t)rows_x * (size_t)cols * 6, st);
         if (e != cudaSuccess) return e;
         const int64_t threads = (int64_t)sx_t * ng * 8;
@@ -569,14 +592,15 @@ cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n
 }
 
 cudaError_t cu_mma_group_dev_launch(df_wtype type, int64_t rows, int64_t cols, const float *x, int xT, int n, int tmax,
-                                    const cu_mma_group *dg, cudaStream_t st) {
+                                    const cu_mma_group *dg, cudaStream_t st, const float *u, int act, float beta,
+                                    float lb) {
     if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16) || rows * (cols / 32) > (int64_t)UINT32_MAX ||
         n <= 0 || n > MAXG || tmax <= 0 || tmax > TC || xT <= 0 || xT > TC)
         return cudaErrorInvalidValue;
     cudaError_t e = xs_reserve((size_t)xT * (size_t)cols * 6, st);
     if (e != cudaSuccess) return e;
     const int64_t threads = (int64_t)xT * (cols / 32) * 8;
-    cu_launch(split_kernel, (unsigned)((threads + 255) / 256), 256, 0, st, x, xT, cols, g_xs);
+    cu_launch(split_kernel, (unsigned)((threads + 255) / 256), 256, 0, st, x, xT, cols, g_xs, SplitAct{u, act, beta, lb});
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const Launch a = {nullptr, nullptr, reinterpret_cast<const uint4 *>(g_xs), nullptr, tmax, nullptr, n, dg};
     return launch_enc(type, cu_get_variant(tmax), a, rows, cols, st);

@@ -38,7 +38,7 @@ __device__ __forceinline__ unsigned long long key_of(float v, int i) {
 
 __global__ void route_kernel(const float *__restrict__ lg, const float *__restrict__ bias, int E, int K, int G, int topk_group,
                              int renorm, float scale, const void *const *__restrict__ tab, float *g, float *u, float *y,
-                             int64_t I, int64_t D, const float *sh, cu_moe_route_out *o) {
+                             int64_t I, int64_t D, const float *sh, cu_moe_route_out *o, int *ids_out) {
     pdl_enter();
     extern __shared__ float sm[]; /* s [E], choice [E] */
     __shared__ float gs[CU_ROUTE_MAXG];
@@ -137,6 +137,7 @@ __global__ void route_kernel(const float *__restrict__ lg, const float *__restri
         o->cb.w[i] = w;
         o->ids[i] = mine;
         o->w[i] = w;
+        if (ids_out) ids_out[i] = mine;
     }
     if (lane == 0) {
         o->cb.sh = sh;
@@ -148,27 +149,27 @@ __global__ void route_kernel(const float *__restrict__ lg, const float *__restri
 
 cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                             float scale, const void *const *tab, float *g, float *u, float *y, int64_t I, int64_t D,
-                            const float *sh, cu_moe_route_out *o, cudaStream_t st) {
+                            const float *sh, cu_moe_route_out *o, cudaStream_t st, int *ids_out) {
     if (E <= 0 || E > CU_ROUTE_MAXE || K < 1 || K > CU_ROUTE_MAXK || K > E || 2 * K > CU_MMA_MAXG || K > CU_COMBINE_MAX ||
         G > CU_ROUTE_MAXG || (G > 1 && E / G < 1))
         return cudaErrorInvalidValue;
     const size_t smem = (size_t)E * 2 * sizeof(float);
-    cu_launch(route_kernel, 1, 32, smem, st, logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o);
+    cu_launch(route_kernel, 1, 32, smem, st, logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o,
+              ids_out);
     return cudaGetLastError();
 }
 
 cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
-                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st) {
-    cudaError_t e = cu_route_launch(logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o, st);
+                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st, int *ids_out) {
+    cudaError_t e = cu_route_launch(logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o, st, ids_out);
     if (e != cudaSuccess) return e;
     cu_rt_mark("moe: route");
     if ((e = cu_mma_group_dev_launch(tgu, I, D, h2, 1, 2 * K, 1, &o->gu, st)) != cudaSuccess) return e;
     cu_rt_mark("moe: grouped gate+up");
-    e = act ? cu_situ_mul_launch(g, g, u, (int64_t)K * I, beta, lb, st) : cu_silu_mul_launch(g, g, u, (int64_t)K * I, st);
-    if (e != cudaSuccess) return e;
-    if ((e = cu_mma_group_dev_launch(tdn, D, I, g, K, K, 1, &o->dn, st)) != cudaSuccess) return e;
+    /* the activation as the downs' input is split (the bits of the activation kernel, then the split) */
+    if ((e = cu_mma_group_dev_launch(tdn, D, I, g, K, K, 1, &o->dn, st, u, act, beta, lb)) != cudaSuccess) return e;
     cu_rt_mark("moe: activation, grouped down");
     if (join && (e = cudaStreamWaitEvent(st, join, 0)) != cudaSuccess) return e;
     if ((e = cu_combine_resid_dev_launch(resid, D, &o->cb, st)) != cudaSuccess) return e;

@@ -9,6 +9,7 @@
  */
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
+#include "cuda_act.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -110,14 +111,13 @@ __global__ void softmax_kernel(float *x, int64_t n) {
 __global__ void silu_mul_kernel(float *out, const float *g, const float *u, int64_t n) {
     pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        out[i] = act_silu_mul(g[i], u[i]);
 }
 
 __global__ void situ_mul_kernel(float *out, const float *g, const float *u, int64_t n, float b, float lb) {
     pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float gv = g[i], uv = lb != 0.0f ? lb * tanhf(u[i] / lb) : u[i];
-        out[i] = b * tanhf(gv / b) * (1.0f / (1.0f + expf(-gv))) * uv;
+        out[i] = act_situ_mul(g[i], u[i], b, lb);
     }
 }
 

@@ -184,7 +184,7 @@ void probe_once() {
     const int ck = df_cuda_env_switch("DF_CUDA_COPY_KERNEL", g_why, sizeof g_why);
     if (ck < 0) { g_ndev = 0; return; }
     g_cu_copy_kernel = ck;
-    if (df_cuda_env_switch_off("DF_CUDA_MOE_ROUTE", g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
+    if (df_cuda_env_switch("DF_CUDA_MOE_ROUTE", g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (!split) cu_set_split(0);
     if (mv) cu_set_matvec_rows(mv);
     if (tl) cu_set_tile(tl);
@@ -640,21 +640,18 @@ int mlp_group_locked(int n, const df_weight *const *gate, const df_weight *const
                 break;
             }
             cu_rt_mark("group: grouped gate+up");
-            if ((ce = act_launch(act, beta, lb, (float *)g_sg, (const float *)g_su, (int64_t)grows * I)) != cudaSuccess) {
-                fail("activation", ce);
-                break;
-            }
-            cu_rt_mark("group: grouped activation");
+            /* the downs' input: act(g, u), computed as it is split (the bits of the activation kernel, then the split) */
             k = 0;
             r = 0;
             for (int i = 0; i < n; i++) {
                 if (!grp[i]) continue;
                 const void *d, *s;
                 weight_on_device(down[i], &d, &s);
-                items[k++] = {d, s, (const float *)g_sg + r * (size_t)I, (float *)((char *)g_sy + ooff[i]), T[i]};
+                items[k++] = {d, s, (const float *)g_sg + r * (size_t)I, (float *)((char *)g_sy + ooff[i]), T[i],
+                              (const float *)g_su + r * (size_t)I};
                 r += (size_t)T[i];
             }
-            if ((ce = cu_mma_group_launch(down[first]->type, O, I, k, items, g_st)) != cudaSuccess) {
+            if ((ce = cu_mma_group_launch(down[first]->type, O, I, k, items, g_st, act, beta, lb)) != cudaSuccess) {
                 fail("cu_mma_group_launch (down)", ce);
                 break;
             }
@@ -1411,9 +1408,10 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
     g_sh_pend = 0;
     CK(cu_moe_dev_launch(logits, bias_dev, E, K, G, m->topk_group, m->renorm, m->scale, (const void *const *)t->dev,
                          (df_wtype)t->tgu, (df_wtype)t->tdn, I, D, h2, (float *)g_rg, (float *)g_ru, (float *)g_ry,
-                         m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, join, g_st));
+                         m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, join, g_st,
+                         g_cu_copy_kernel ? r->route[m->layer].ids : NULL)); /* the picks into pinned host memory */
     RouteIds *q = &r->route[m->layer];
-    CK(cu_copy_launch(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
+    if (!g_cu_copy_kernel) CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
     if (!q->qcall) g_npend++;
     q->qcall = g_call;
     q->k = K;
