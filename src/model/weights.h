@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" { /* the CUDA sources (C++) call its functions too */
+#endif
+
 typedef enum {
     DF_W_F32 = 0,     /* data: float  [rows, cols]                                         */
     DF_W_BF16 = 1,    /* data: uint16 [rows, cols] bfloat16                                 */
@@ -170,5 +174,9 @@ typedef struct {
     df_weight up;                 /* [moe_inter, W] */
     df_weight down;               /* [W, moe_inter] */
 } df_expert;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
