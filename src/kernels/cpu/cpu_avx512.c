@@ -443,7 +443,7 @@ Q4_SMALL(8, Q4_T8_G, Q4_T8_R)
 #ifndef Q4_SMALL_MAX
 #define Q4_SMALL_MAX 8
 #endif
-static const int q4_small_rows[9] = {4, 4, 8, 6, 5, 4, 4, 3, Q4_T8_R};
+static const int q4_small_rows[9] = {Q4_ROWS, Q4_ROWS, 8, 6, 5, 4, 4, 3, Q4_T8_R};
 typedef void (*q4_small_fn)(const df_weight *, const float *, float *, int64_t, int64_t);
 static const q4_small_fn mm_mx_small[9] = {NULL, NULL, mm_mx_2, mm_mx_3, mm_mx_4, mm_mx_5, mm_mx_6, mm_mx_7, mm_mx_8};
 static const q4_small_fn mm_i4_small[9] = {NULL, NULL, mm_i4_2, mm_i4_3, mm_i4_4, mm_i4_5, mm_i4_6, mm_i4_7, mm_i4_8};
