@@ -630,6 +630,8 @@ fi
 v=$("$BIN" --version); rc=$?
 [ $rc -eq 0 ] && [[ "$v" =~ ^deltafin\ [0-9] ]] && [ "$("$BIN" version)" = "$v" ] && ok || bad "deltafin version: rc $rc '$v' vs '$("$BIN" version 2>&1)'"
 expect 0 "deltafin --help mentions --version" "^  version +.*--version" -- "$BIN" --help
+expect 2 "version with an unknown option" "deltafin version: unknown option '--modle'" -- "$BIN" version --modle x
+expect 0 "help version: its usage" "^usage: deltafin version" -- "$BIN" help version
 
 # ---- docs: tools/gen-cli-doc.sh reproduces docs/cli.md; README names every CUDA knob that docs/cli.md lists
 if DF_BIN="$BIN" bash "$SRC/tools/gen-cli-doc.sh" "$TMP/cli.md" && diff -u "$SRC/docs/cli.md" "$TMP/cli.md" >"$TMP/cli.diff"; then ok

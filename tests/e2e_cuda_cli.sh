@@ -66,11 +66,11 @@ runs DF_CUDA_MMA junk cpu
 # the on/off knobs DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT, DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID: 1 / 0 / unset run, anything else stops cuda
 # and auto
 for k in DF_CUDA_MLP_GROUP DF_CUDA_ATTN DF_CUDA_MLA_PROJECT DF_CUDA_MLA_BLOCK DF_CUDA_MOE_RESID; do
-    refused $k yes "1 (on, the default) or 0 (off)"
+    refused $k yes "1 or on (the default), 0 or off (lower case)"
     for v in 0 1; do runs $k $v; done
 done
 # DF_CUDA_HOST_PIN: 1 / on / 0 / off / unset run, anything else (e.g. "no") stops cuda and auto like the switches above
-refused DF_CUDA_HOST_PIN no "1 (on, the default) or 0 (off)"
+refused DF_CUDA_HOST_PIN no "1 or on (the default), 0 or off (lower case)"
 for v in 0 1 on off; do runs DF_CUDA_HOST_PIN $v; done
 # doctor with an invalid knob: it says the default backend cannot start and exits 1 (run / serve would stop on it)
 out=$(DF_CUDA_TRACE=bogus "$BIN" doctor --model "$M" 2>&1 >/dev/null); rc=$?

@@ -130,6 +130,7 @@ int cmd_doctor(int argc, char **argv) {
             return cli_unknown_option("doctor", a, opts, NULL);
         }
     }
+    if (model && cli_check_model_dir("doctor", model)) return 1; /* before the machine facts: run's message */
     int auto_ok = 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);

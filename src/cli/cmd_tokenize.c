@@ -136,6 +136,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     if (model && tokfile) { fprintf(stderr, "deltafin tokenize: give one of --model DIR or --tokenizer FILE, not both\n"); return 2; }
     char dflt_dir[4096], dflt_how[4600];
+    if (model && cli_check_model_dir("tokenize", model)) return 1; /* run's message for a missing directory */
     if (!model && !tokfile) { /* the default model, as `run` without --model */
         if (cli_default_model("tokenize", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
         model = dflt_dir;

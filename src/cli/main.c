@@ -66,6 +66,15 @@ int main(int argc, char **argv) {
     /* --opt=value is --opt value, for every command's options */
     argc = cli_split_option_values(argc, argv, &argv);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        /* `version --help` (and `help version`): its usage; any other argument: refused as every command refuses one */
+        if (argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+            printf("usage: deltafin version   (also: deltafin --version)\nPrints the version of this deltafin binary.\n");
+            return close_stdout(NULL, 0);
+        }
+        if (argc >= 3) {
+            static const char *const none[] = {"--help", NULL};
+            return cli_unknown_option("version", argv[2], none, NULL);
+        }
         printf("deltafin %s\n", DELTAFIN_VERSION);
         return close_stdout(NULL, 0);
     }

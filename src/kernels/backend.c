@@ -50,7 +50,13 @@ const df_backend *df_backend_get(const char *name) {
 }
 
 const char *df_backend_why(const char *name, char *buf, size_t len) {
-    if (name && (!strcmp(name, "cuda") || !strcmp(name, "auto")) && df_cuda_env_check(buf, len) < 0) return buf;
+    if (name && (!strcmp(name, "cuda") || !strcmp(name, "auto")) && df_cuda_env_check(buf, len) < 0) {
+        /* say so when this machine could not use the GPU anyway: the knob is what to fix, or --backend cpu */
+        const size_t n = strlen(buf);
+        if (!df_cuda_probe(NULL, 0) && n + 2 < len)
+            snprintf(buf + n, len - n, " (no usable CUDA device here; --backend cpu ignores DF_CUDA_*)");
+        return buf;
+    }
     if (name && !strcmp(name, "cuda")) {
         if (df_cuda_probe(buf, len)) snprintf(buf, len, "available");
         return buf;

@@ -60,8 +60,8 @@ static inline int df_cuda_env_switch_def(const char *name, int def, char *why, s
     if (!strcmp(v, "1") || !strcmp(v, "on")) return 1;
     if (!strcmp(v, "0") || !strcmp(v, "off")) return 0;
     if (why && whylen)
-        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected 1 (on%s) or 0 (off%s); unset it or "
-                 "fix its value", name, v, strlen(v) > 40 ? "..." : "", def ? ", the default" : "", def ? "" : ", the default");
+        snprintf(why, whylen, "environment variable %s=\"%.40s%s\": expected 1 or on%s, 0 or off%s (lower case); unset it "
+                 "or fix its value", name, v, strlen(v) > 40 ? "..." : "", def ? " (the default)" : "", def ? "" : " (the default)");
     return -1;
 }
 static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen) {
