@@ -165,7 +165,7 @@ expect 1 "serve --model typo" "^deltafin serve: --model $TMP/kimi-mnii: no such 
     "$BIN" serve --model "$TMP/kimi-mnii" --port 0
 # serve: nothing silently changed (new-user trial item 1): --ctx 0 rejected, --ctx above the model maximum and
 # --keepalive above --timeout / 2 noted, --prefetch / --prefault as in run, a bad --draft named as the problem
-expect 2 "serve --ctx 0" "^deltafin serve: --ctx 0: expected an integer in \[1, " -- "$BIN" serve --model "$KM" --ctx 0 --port 0
+expect 2 "serve --ctx 0" "^deltafin serve: --ctx \"0\": expected an integer in \[1, " -- "$BIN" serve --model "$KM" --ctx 0 --port 0
 expect 2 "serve --prefetch bogus" '^deltafin serve: --prefetch "bogus": expected auto, on, ungated or off' -- \
     "$BIN" serve --model "$KM" --prefetch bogus --port 0
 expect 2 "serve --prefault ungated" '^deltafin serve: --prefault "ungated": expected auto, on or off' -- \
@@ -371,7 +371,7 @@ a=$("${RK[@]}" --prompt "--x=1" 2>&1); b=$("${RK[@]}" --prompt-ids "$xids" 2>&1)
 [ -n "$xids" ] && [[ "$a" =~ ^[0-9]+(,[0-9]+){5}$ ]] && [ "$a" = "$b" ] && ok || bad "--prompt '--x=1': '$a' vs ids $xids: '$b'"
 expect 2 "bench io --dir=D --size=6000" "^deltafin bench io: --size 6000 bytes: O_DIRECT reads must be a multiple of 4096" -- \
     "$BIN" bench io --dir="$TMP" --size=6000
-expect 2 "serve --ctx=0" "^deltafin serve: --ctx 0: expected an integer" -- "$BIN" serve --model="$KM" --ctx=0 --port=0
+expect 2 "serve --ctx=0" "^deltafin serve: --ctx \"0\": expected an integer" -- "$BIN" serve --model="$KM" --ctx=0 --port=0
 out=$("${R[@]}" --prompt-ids 1 --foo 2>&1); rc=$?
 [ $rc -eq 2 ] && [ "$out" = "deltafin run: unknown option '--foo' (see deltafin run --help)" ] && ok || bad "run --foo: rc $rc: $out"
 out=$("${R[@]}" --prompt-ids 1 --tempreature 0.5 2>&1); rc=$?

@@ -14,9 +14,13 @@
 #  11. --ctx N: the mock answers as the engine does on a golden model with the same --ctx (context_length, the 400
 #      for a prompt of N tokens, finish_reason and usage when prompt + max_tokens pass N, plain and streamed);
 #      above the mock's maximum (4096) --ctx is lowered to it with the engine's note;
-#  12. --mock with --model, --ram-budget or --preload: a usage error (exit 2, one line);
+#  12. --mock with --model, --ram-budget or --preload: a usage error (exit 2, one line); a bad size or number
+#      option quotes its value and names the forms, as run does;
 #  13. malformed request lines and headers sent raw over TCP: a 400 (505 for an unsupported HTTP version) where
-#      libmicrohttpd or the server answers, never a 2xx or a hang, and the server keeps serving afterwards.
+#      libmicrohttpd or the server answers, never a 2xx or a hang, and the server keeps serving afterwards;
+#  14. the log and /metrics: every 400 of a generation request is one line with the message sent (no generation
+#      figures) and is not in deltafin_requests_total; a stream whose client leaves after its generation ended but
+#      before the stream was sent is logged (client gone) and counted with its 200.
 # Env: DF_BIN (deltafin binary), DF_SRC (repo root).
 set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -227,6 +231,14 @@ usage2 "serve --mock --ram-budget 8G: usage error" "^deltafin serve: --ram-budge
 usage2 "serve --ram-budget 8G --mock-kimi: usage error" "^deltafin serve: --ram-budget applies to a real model, not --mock" \
     --ram-budget 8G --mock-kimi
 usage2 "serve --mock --preload: usage error" "^deltafin serve: --preload applies to a real model, not --mock" --mock --preload
+# a bad size or number: the value quoted and the forms named, as run words them
+usage2 "serve --ram-budget 12X: run's message" \
+    '^deltafin serve: --ram-budget "12X": expected a size such as 4G or 512M (K, M, G, T: powers of 1024), or 0 for no budget$' \
+    --mock --ram-budget 12X
+usage2 "serve --gpu-budget 0: run's message" '^deltafin serve: --gpu-budget "0" is not a size (e.g. 40G, 512M)$' --mock --gpu-budget 0
+usage2 "serve --parallel 0: the value quoted" '^deltafin serve: --parallel "0": expected an integer in \[1, 64\]$' --mock --parallel 0
+usage2 "serve --max-request-bytes 10: the value quoted" '^deltafin serve: --max-request-bytes "10": expected a size of at least 64' \
+    --mock --max-request-bytes 10
 if start_server rb0 --mock --ram-budget 0; then ok "serve --mock --ram-budget 0 (no budget) starts"; stop_server rb0
 else bad "serve --mock --ram-budget 0 did not start: $(tail -2 "$TMP/rb0.log")"; fi
 
@@ -288,6 +300,60 @@ if start_server mal --mock; then
         "$(curl -s -o /dev/null -w '%{http_code}' "${H[@]}" -d '{"prompt":"hi","max_tokens":4}' "$B/v1/completions")" 200
     stop_server mal
 else bad "serve --mock (malformed requests) did not start: $(tail -2 "$TMP/mal.log")"; fi
+
+# ---- 14. the log and /metrics: a 400 (found on arrival or once the prompt is tokenized) is one line with the
+# message sent and is not in deltafin_requests_total; a stream whose client leaves after its generation ended, before
+# the rest of the stream was sent, is marked (client gone) and counted with the 200 it was sent
+if start_server lg --mock; then
+    IDS5001=$(seq 1 5001 | awk '{print $1 % 200}' | paste -sd, -)
+    n400=0
+    for req in "completions|{\"prompt\":[99999]}" "completions|{\"prompt\":[$IDS5001],\"max_tokens\":1}" \
+        "completions|{\"prompt\":\"hi\",\"n\":2}" "completions|{\"prompt\":\"hi\",\"max_tokens\":\"x\"}" \
+        "completions|{\"prompt\":\"hi\",\"model\":\"nope\"}" "chat/completions|{\"messages\":[]}"; do
+        ep=${req%%|*}
+        code=$(curl -s -o "$TMP/lg.body" -w '%{http_code}' "${H[@]}" -d "${req#*|}" "$B/v1/$ep")
+        msg=$(json "$TMP/lg.body" j.error.message)
+        [ "$ep" = chat/completions ] && kind=chat || kind=completion
+        n400=$((n400 + 1))
+        for _ in $(seq 1 50); do [ "$(grep -c 'status 400' "$TMP/lg.log")" -ge $n400 ] && break; sleep 0.05; done
+        line=$(grep 'status 400' "$TMP/lg.log" | tail -1)
+        if [ "$code" = 400 ] && [ "$line" = "serve: $kind status 400: $msg" ]; then ok "400 logged with its reason: $line"
+        else bad "400 for ${req:0:60}: code $code, log line '$line', message '$msg'"; fi
+    done
+    curl -s "$B/metrics" >"$TMP/lg.metrics"
+    if ! grep -q 'status 400: prompt' "$TMP/lg.log" && ! grep -q 'status="400"' "$TMP/lg.metrics"; then
+        ok "no 400 logged with generation figures nor counted in deltafin_requests_total"
+    else bad "400s: $(grep 'status 400' "$TMP/lg.log" | head -2) / $(grep 'status="400"' "$TMP/lg.metrics")"; fi
+    # a stream ended normally: one line, no marker
+    curl -sN -o /dev/null "${H[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0,"stream":true}' "$B/v1/completions"
+    for _ in $(seq 1 50); do grep -q 'completion stream status 200' "$TMP/lg.log" && break; sleep 0.05; done
+    line=$(grep 'completion stream status 200' "$TMP/lg.log" | tail -1)
+    case $line in *" 3 generated, "*" s") ok "a stream read to its end: logged without a marker" ;; *) bad "stream line: '$line'" ;; esac
+    # a client that reads the first bytes and stops (then leaves): 3900 tokens with 20 logprobs each, megabytes
+    # more than the socket buffers hold, so the generation ends while most of the stream is still to be sent
+    node -e '
+const port = +process.argv[1], body = process.argv[2];
+const s = require("net").connect(port, "127.0.0.1");
+s.on("connect", () => s.write("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+    "Content-Length: " + Buffer.byteLength(body) + "\r\n\r\n" + body));
+s.on("data", () => s.pause());
+s.on("error", () => {});
+process.on("SIGTERM", () => { s.destroy(); process.exit(0); });
+setTimeout(() => process.exit(1), 20000);' "$PORT" \
+        "{\"prompt\":\"$LONGP\",\"temperature\":0,\"max_tokens\":3900,\"logprobs\":20,\"stream\":true}" &
+    NPID=$!
+    PIDS+=("$NPID")
+    ok200() { curl -s "$B/metrics" | sed -n 's/^deltafin_requests_total{endpoint="completions",status="200"} //p'; }
+    for _ in $(seq 1 100); do [ "$(ok200)" = 2 ] && break; sleep 0.05; done # the worker has finished it
+    expect "the unread stream's generation finished, counted with status 200" "$(ok200)" 2
+    kill -TERM "$NPID" 2>/dev/null; wait "$NPID" 2>/dev/null
+    for _ in $(seq 1 50); do grep -q '3900 generated.*(client gone)$' "$TMP/lg.log" && break; sleep 0.05; done
+    line=$(grep '3900 generated' "$TMP/lg.log")
+    case $line in "serve: completion stream status 200: "*"(client gone)") ok "a stream whose client left before its end was sent: (client gone)" ;;
+        *) bad "unread stream's log line: '$line'" ;; esac
+    expect "still counted once, with the 200 it was sent" "$(ok200)" 2
+    stop_server lg
+else bad "serve --mock (log) did not start: $(tail -2 "$TMP/lg.log")"; fi
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

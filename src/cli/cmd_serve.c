@@ -5,6 +5,7 @@
 #include "hub/stream.h"
 #include "server/server.h"
 #include <arpa/inet.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -68,11 +69,13 @@ static const char *const serve_options[] = {
     "--api-key", "--cors", "--no-kv-reuse", "--keepalive", "--timeout", "--max-connections", "--mock", "--mock-delay-ms",
     "--mock-kimi", "--verbose", NULL};
 
+/* a whole decimal integer in [lo, hi]; else a usage message naming the flag and the value (as run's), -1 */
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {
     char *end;
+    errno = 0;
     long v = strtol(s, &end, 10);
-    if (end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "deltafin serve: %s %s: expected an integer in [%d, %d]\n", flag, s, lo, hi);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "deltafin serve: %s \"%s\": expected an integer in [%d, %d]\n", flag, s, lo, hi);
         return -1;
     }
     *out = (int)v;
@@ -111,14 +114,15 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--ram-budget")) {
             NEED();
             if (cli_parse_size(v, &c.ram_budget)) {
-                fprintf(stderr, "deltafin serve: --ram-budget %s: expected a size like 8G or 512M, or 0 for no budget\n", v);
+                fprintf(stderr, "deltafin serve: --ram-budget \"%s\": expected a size such as 4G or 512M (K, M, G, T: powers of "
+                                "1024), or 0 for no budget\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--threads")) { NEED(); if (parse_int(a, v, 0, 4096, &c.threads)) return 2; }
         else if (!strcmp(a, "--backend")) { NEED(); if (cli_check_backend("serve", v)) return 2; c.backend = v; }
         else if (!strcmp(a, "--gpu-budget")) {
             NEED();
-            if (cli_parse_size(v, &c.gpu_budget) || !c.gpu_budget) { fprintf(stderr, "deltafin serve: --gpu-budget %s: expected a size like 40G\n", v); return 2; }
+            if (cli_parse_size(v, &c.gpu_budget) || !c.gpu_budget) { fprintf(stderr, "deltafin serve: --gpu-budget \"%s\" is not a size (e.g. 40G, 512M)\n", v); return 2; }
         }
         else if (!strcmp(a, "--ctx")) {
             NEED();
@@ -136,7 +140,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-tokens")) { NEED(); if (parse_int(a, v, 0, 1 << 30, &c.max_tokens)) return 2; }
         else if (!strcmp(a, "--max-request-bytes")) {
             NEED();
-            if (cli_parse_size(v, &sz) || sz < 64) { fprintf(stderr, "deltafin serve: --max-request-bytes %s: expected a size >= 64\n", v); return 2; }
+            if (cli_parse_size(v, &sz) || sz < 64) {
+                fprintf(stderr, "deltafin serve: --max-request-bytes \"%s\": expected a size of at least 64 bytes such as 1M or "
+                                "65536 (K, M, G, T: powers of 1024)\n", v);
+                return 2;
+            }
             c.max_request_bytes = (size_t)sz;
         } else if (!strcmp(a, "--queue")) { NEED(); if (parse_int(a, v, 0, 100000, &c.queue)) return 2; }
         else if (!strcmp(a, "--parallel")) { NEED(); if (parse_int(a, v, 1, 64, &c.parallel)) return 2; }
@@ -149,7 +157,7 @@ int cmd_serve(int argc, char **argv) {
             char *end;
             c.keepalive_s = strtod(v, &end);
             if (end == v || *end || !(c.keepalive_s >= 0 && c.keepalive_s <= 86400)) {
-                fprintf(stderr, "deltafin serve: --keepalive %s: expected seconds in [0, 86400] (0 = off)\n", v);
+                fprintf(stderr, "deltafin serve: --keepalive \"%s\": expected seconds in [0, 86400] (0 = off)\n", v);
                 return 2;
             }
         }

@@ -289,6 +289,12 @@ struct srv_job {
     uint64_t seed;            /* the sampling seed used (the request's, else srv_random_u64) */
     int engine_rc;            /* df_eval's error code when evaluation failed (else 0) */
     char engine_err[600];     /* and its message */
+    char error_msg[720];      /* the message of the error answer the generator gave (fail_job), for the log */
+    /* A stream that ends normally is logged once the connection has finished sending it, so that the log line can
+     * say whether its client left before the end arrived (both under mu): */
+    int conn_done;            /* the connection has finished with the response (on_completed) */
+    int conn_gone;            /* ... without sending all of it: the client left, or the connection failed */
+    char log_line[512];       /* the worker's log line, printed by on_completed when the worker finished first */
 };
 double srv_now(void);
 srv_job *srv_job_new(void);
@@ -324,9 +330,9 @@ typedef struct {
     unsigned long rejected, model_errors;
     uint64_t decode_batches, decode_batch_rows;
 } srv_metrics_live;
-/* One finished generation request: chat (1) or completions (0), its HTTP status, its token counts, the seconds to
- * its first token (not counted when it generated nothing) and the worker's seconds on it (duration_s < 0: it never
- * ran, e.g. its client left while it waited: not in the duration histogram). */
+/* One finished generation request (the server passes none refused with 400): chat (1) or completions (0), its HTTP
+ * status, its token counts, the seconds to its first token (not counted when it generated nothing) and the worker's
+ * seconds on it (duration_s < 0: it never ran, e.g. its client left while it waited: not in the duration histogram). */
 void srv_metrics_request(srv_metrics *m, int chat, int status, int prompt_tokens, int cached_tokens,
                          int completion_tokens, double ttft_s, double duration_s);
 /* A df_stats snapshot read while m->seq was `seq` (counters since the engine's last reset): adds, per field, its

@@ -368,10 +368,13 @@ static void note_engine_error(gen_ctx *g, int rc, const char *err) {
     snprintf(g->j->engine_err, sizeof g->j->engine_err, "%s", err);
 }
 
+/* Answer the job with an error: the OpenAI error body with `status` before the response began, else an SSE error
+ * event and [DONE] (a stream keeps its 200); the message is kept on the job for the server's log line. */
 static void fail_job(gen_ctx *g, int status, const char *msg, const char *param) {
     char *e = srv_error_json(msg, srv_error_type(status), param, NULL);
     __atomic_store_n(&g->j->final, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_lock(&g->j->mu);
+    snprintf(g->j->error_msg, sizeof g->j->error_msg, "%s", msg);
     if (!g->j->prepared) {
         g->j->http_status = status;
         g->j->prepared = 1;

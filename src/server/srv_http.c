@@ -142,6 +142,30 @@ static enum MHD_Result send_error(struct MHD_Connection *c, int status, const ch
     return ok;
 }
 
+/* The log line of a generation request refused with 400 (its body failed a check, on arrival or once its prompt
+ * was tokenized): the endpoint, the status and the message the client was sent (control characters escaped, so
+ * that it stays one line). No generation figures: none ran. */
+static void log_refusal(int chat, int status, const char *msg) {
+    srv_buf b;
+    srv_buf_init(&b);
+    for (const unsigned char *p = (const unsigned char *)(msg ? msg : ""); *p; p++) {
+        if (*p == '\n') srv_buf_adds(&b, "\\n");
+        else if (*p < 0x20 || *p == 0x7f) srv_buf_printf(&b, "\\x%02x", *p);
+        else srv_buf_add(&b, p, 1);
+    }
+    fprintf(stderr, "serve: %s status %d: %s\n", chat ? "chat" : "completion", status, b.p ? b.p : "");
+    srv_buf_free(&b);
+}
+
+/* A 400 answer to a generation request, logged (log_refusal). */
+static enum MHD_Result refuse(struct MHD_Connection *c, int chat, const char *msg, const char *param, const char *code) {
+    char *e = srv_error_json(msg, srv_error_type(400), param, code);
+    enum MHD_Result ok = send_body(c, 400, "application/json", e, NULL);
+    free(e);
+    log_refusal(chat, 400, msg);
+    return ok;
+}
+
 static int key_ok(struct MHD_Connection *c) {
     if (!S.cfg.api_key) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -214,16 +238,35 @@ static void *worker_main(void *arg) {
             snprintf(extra, sizeof extra, "; prefill %.1f tok/s, decode %.1f tok/s, experts %llu hits / %llu misses",
                      st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0, st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0,
                      (unsigned long long)st.expert_hits, (unsigned long long)st.expert_misses);
-        fprintf(stderr, "serve: %s %s status %d: prompt %d tokens (%d reused), %d generated, ttft %.3f s, %.3f s%s%s\n",
-                j->req.kind == SRV_CHAT ? "chat" : "completion", j->req.stream ? "stream" : "json", j->http_status,
-                j->prompt_tokens, j->cached_tokens, j->completion_tokens, j->ttft_s, dt, extra,
-                j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "");
+        /* a 400 here: the request's prompt failed a check (ids outside the vocabulary, no room in the context, ...);
+         * it is logged and counted as the 400s of handle_generate: its reason, no generation figures, not in
+         * deltafin_requests_total */
+        const int refused = j->http_status == 400;
+        if (refused) log_refusal(j->req.kind == SRV_CHAT, 400, j->error_msg);
+        else {
+            char line[sizeof j->log_line];
+            snprintf(line, sizeof line, "serve: %s %s status %d: prompt %d tokens (%d reused), %d generated, ttft %.3f s, %.3f s%s",
+                     j->req.kind == SRV_CHAT ? "chat" : "completion", j->req.stream ? "stream" : "json", j->http_status,
+                     j->prompt_tokens, j->cached_tokens, j->completion_tokens, j->ttft_s, dt, extra);
+            const char *mark = j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "";
+            int later = 0;
+            if (!j->cancel && j->req.stream && j->http_status == 200) {
+                /* a stream that ended normally: its client may still leave before the end is sent (the generation
+                 * outran it); on_completed logs it when the connection finishes after this */
+                pthread_mutex_lock(&j->mu);
+                if (j->cancel || j->conn_gone) mark = " (client gone)";
+                else if (!j->conn_done) { memcpy(j->log_line, line, sizeof line); later = 1; }
+                pthread_mutex_unlock(&j->mu);
+            }
+            if (!later) fprintf(stderr, "%s%s\n", line, mark);
+        }
         pthread_mutex_lock(&S.mu);
         if (st.prefill_tokens || st.decode_tokens) { S.last = st; S.has_last = 1; }
         /* no reset runs while this job is counted as running, so the snapshot is of the current epoch */
         if (S.be->stats) srv_metrics_fold(&S.met, &st_all, S.met.seq);
-        srv_metrics_request(&S.met, j->req.kind == SRV_CHAT, j->http_status, j->prompt_tokens, j->cached_tokens,
-                            j->completion_tokens, j->ttft_s, ran ? dt : -1.0);
+        if (!refused)
+            srv_metrics_request(&S.met, j->req.kind == SRV_CHAT, j->http_status, j->prompt_tokens, j->cached_tokens,
+                                j->completion_tokens, j->ttft_s, ran ? dt : -1.0);
         if (j->engine_rc == DF_EFORMAT || j->engine_rc == DF_EIO) { /* the model's files fail: /health says so */
             if (S.model_rc != DF_EFORMAT) { /* corrupt data stays the reason shown */
                 S.model_rc = j->engine_rc;
@@ -239,7 +282,7 @@ static void *worker_main(void *arg) {
             S.model_err[0] = 0;
         }
         S.running[self] = NULL;
-        S.n_served++;
+        S.n_served += !refused;
         pthread_mutex_unlock(&S.mu);
         srv_job_unref(j);
     }
@@ -328,15 +371,18 @@ static void sse_free(void *cls) {
 /* ------------------------------------------------------------ generation */
 
 static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
+    const int chat = x->route == R_CHAT;
     if (!srv_utf8_valid(x->body.p ? x->body.p : "", x->body.len))
-        return send_error(c, 400, "The request body is not valid UTF-8.", NULL, NULL);
+        return refuse(c, chat, "The request body is not valid UTF-8.", NULL, NULL);
     char *ej = NULL;
     srv_job *j = srv_job_new();
-    int st = srv_request_parse(&j->req, x->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION,
-                               x->body.p ? x->body.p : "", x->body.len, &ej);
+    int st = srv_request_parse(&j->req, chat ? SRV_CHAT : SRV_COMPLETION, x->body.p ? x->body.p : "", x->body.len, &ej);
     if (st) {
         enum MHD_Result ok = send_body(c, st, "application/json", ej, NULL);
-        if (S.cfg.verbose) fprintf(stderr, "serve: %d %s\n", st, ej);
+        cJSON *o = cJSON_Parse(ej); /* the log gives the message sent */
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "error"), "message");
+        log_refusal(chat, st, cJSON_IsString(m) ? m->valuestring : ej);
+        cJSON_Delete(o);
         free(ej);
         srv_job_unref(j);
         return ok;
@@ -346,7 +392,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
         snprintf(m, sizeof m, "The model '%.300s' does not exist. This server serves '%.200s' (GET /v1/models).",
                  j->req.model, S.be->name);
         srv_job_unref(j);
-        return send_error(c, 400, m, "model", "model_not_found");
+        return refuse(c, chat, m, "model", "model_not_found");
     }
     j->fd = x->fd;
     /* admission */
@@ -759,6 +805,14 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         pthread_mutex_lock(&j->mu);
         j->fd = -1;
         if (!j->done) j->cancel = 1;
+        j->conn_done = 1;
+        j->conn_gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || j->cancel;
+        if (j->log_line[0]) { /* a stream the worker finished first: its log line, now that the outcome is known */
+            fprintf(stderr, "%s%s\n", j->log_line, !j->conn_gone ? ""
+                                                  : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? " (shutdown)"
+                                                                                                 : " (client gone)");
+            j->log_line[0] = 0;
+        }
         pthread_mutex_unlock(&j->mu);
         srv_job_unref(j);
         x->job = NULL;

@@ -116,7 +116,8 @@ void srv_metrics_text(srv_buf *b, const srv_metrics *m, const srv_metrics_live *
     gauge(b, "deltafin_requests_running", "Generations admitted and not finished (running or waiting).", live->in_flight);
     gauge(b, "deltafin_requests_waiting", "Admitted generations waiting for a worker.", live->waiting);
     srv_buf_adds(b, "# HELP deltafin_requests_total Finished generation requests by endpoint and HTTP status (499: the "
-                    "client left before the response began; a stream keeps the 200 it was sent).\n"
+                    "client left before the response began; a stream keeps the 200 it was sent). Requests refused with "
+                    "400 (invalid) or 429 (busy) are not counted.\n"
                     "# TYPE deltafin_requests_total counter\n");
     for (int i = 0; i < m->n_codes; i++)
         srv_buf_printf(b, "deltafin_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
@@ -133,7 +134,7 @@ void srv_metrics_text(srv_buf *b, const srv_metrics *m, const srv_metrics_live *
             (double)(m->completion_tokens + live->live_tokens));
     hist_print(b, "deltafin_time_to_first_token_seconds", "Time from a worker starting the generation (prompt evaluation included) to its first token.", &m->ttft);
     hist_print(b, "deltafin_request_duration_seconds", "Time a worker spent on a generation request (those that never "
-               "ran not counted).", &m->duration);
+               "ran, or were refused with 400, not counted).", &m->duration);
     const df_stats *e = &m->engine;
     counter(b, "deltafin_engine_prefill_tokens_total", "Tokens evaluated in multi-token (prompt) evaluations.",
             (double)e->prefill_tokens);
