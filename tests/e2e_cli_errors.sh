@@ -297,15 +297,15 @@ else
     [ $rc -eq 1 ] && echo "$out" | grep -q "backend \"cuda\": .*; use --backend cpu (or auto, which picks the CPU here)$" \
         && ! echo "$out" | grep -q "(invalid argument)" && ok || bad "serve --backend cuda without a GPU: rc $rc $out"
 fi
-expect 1 "DF_BACKEND=bogus run" "^deltafin run: backend \"bogus\" \(from the environment variable DF_BACKEND\): .*unset DF_BACKEND" -- \
+expect 2 "DF_BACKEND=bogus run" "^deltafin run: environment variable DF_BACKEND=\"bogus\" \(the alias of --backend\): expected auto, .*unset it" -- \
     env DF_BACKEND=bogus "${R[@]}" --prompt-ids 1 --max-new 1
 expect 0 "DF_BACKEND=bogus, --backend cpu decides" "" -- env DF_BACKEND=bogus "${R[@]}" --prompt-ids 1 --max-new 1 --backend cpu
 out=$(DF_BACKEND=bogus "$BIN" serve --model "$G" --port 0 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "backend \"bogus\" (from the environment variable DF_BACKEND)" && ! echo "$out" | grep -q "(invalid argument)" \
+[ $rc -eq 2 ] && echo "$out" | grep -q "environment variable DF_BACKEND=\"bogus\" (the alias of --backend)" && ! echo "$out" | grep -q "(invalid argument)" \
     && ok || bad "DF_BACKEND=bogus serve: rc $rc $out"
-expect 1 "DF_PREFETCH=maybe" "environment variable DF_PREFETCH=\"maybe\": expected 1, on, 0, off or ungated \(the alias of --prefetch on\|off\|ungated\)" -- \
+expect 2 "DF_PREFETCH=maybe" "environment variable DF_PREFETCH=\"maybe\": expected 1, on, 0, off or ungated \(the alias of --prefetch on\|off\|ungated\)" -- \
     env DF_PREFETCH=maybe "${R[@]}" --prompt-ids 1 --max-new 1
-expect 1 "DF_PREFAULT=yes" "environment variable DF_PREFAULT=\"yes\": expected 1, on, 0 or off \(the alias of --prefault on\|off\)" -- \
+expect 2 "DF_PREFAULT=yes" "environment variable DF_PREFAULT=\"yes\": expected 1, on, 0 or off \(the alias of --prefault on\|off\)" -- \
     env DF_PREFAULT=yes "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M
 # the flag wins: with --prefetch / --prefault given, their environment aliases are not read
 env DF_PREFETCH=maybe DF_PREFAULT=yes "${R[@]}" --prompt-ids 1 --max-new 1 --ram-budget 64M --prefetch on --prefault off \

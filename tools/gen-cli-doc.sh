@@ -16,7 +16,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "\`ungated\` (always on), \`off\`, or \`prompts\`: the lookahead for prompts (prefill) only, the \`--prefetch auto\` default"
   echo "without \`--ram-budget\` (with one, \`auto\` is \`on\`)."
   echo "Environment aliases: \`DF_PREFETCH=1|on|0|off|ungated\` (= \`--prefetch on|off|ungated\`), \`DF_PREFAULT=1|on|0|off\` (= \`--prefault on|off\`; the flag"
-  echo "wins; any other value is an error), \`DF_BACKEND\` (the default \`--backend\`), \`XDG_CACHE_HOME\` (default cache root when absolute; see the README on the conversion cache),"
+  echo "wins; any other value is a usage error, exit 2, as a bad flag), \`DF_BACKEND\` (the default \`--backend\`; likewise), \`XDG_CACHE_HOME\` (default cache root when absolute; see the README on the conversion cache; a \`--cache-dir\` or cache root that does not exist is created),"
   echo "\`HF_ENDPOINT\` (= \`setup --mirror\`), \`HF_TOKEN\` (the mirror's token), \`DELTAFIN_REGISTRY\` (= \`--registry\`: the installed-models"
   echo "registry that \`run\`, \`serve\`, \`tokenize\`, \`bench decode\` / \`prefill\` / \`batch\` and \`doctor\` read without \`--model\`; default"
   echo "\`\$XDG_DATA_HOME/deltafin/models.json\`)."

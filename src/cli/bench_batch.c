@@ -184,6 +184,7 @@ int bench_batch(int argc, char **argv) {
         } else return cli_unknown_option("bench batch", a, vals, bench_flags);
         i++;
     }
+    if (cli_check_env_aliases("bench batch", backend, 0, 0)) return 2;
     char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], conv_how[4700] = "", err[2048] = "";
     if (!model) { /* the default model, as bench decode */
         if (cli_default_model("bench batch", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;

@@ -89,6 +89,7 @@ int bench_prefill(int argc, char **argv) {
         i++;
     }
     if (bench_check_io_buffer("prefill", io_buffer, (int)qd)) return 2;
+    if (cli_check_env_aliases("bench prefill", backend, prefetch, prefault)) return 2;
     char err[2048] = "", conv_dir[4096], dflt_dir[4096], dflt_how[4600] = "", conv_how[4600] = "";
     if (!model) { /* the default model, as bench decode */
         if (cli_default_model("bench prefill", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;

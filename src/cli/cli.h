@@ -105,4 +105,9 @@ int cli_check_backend(const char *cmd, const char *name);
 struct df_model;
 int cli_preload(const char *cmd, struct df_model *m, int quiet);
 const char *cli_default_backend(void);
+/* The environment aliases of the model options, checked as their flags are (a usage error, exit 2, naming the
+ * variable): DF_BACKEND when `backend` is its value (cli_default_backend's pointer: no --backend given), DF_PREFETCH
+ * when prefetch == 0 and DF_PREFAULT when prefault == 0 (no flag, or auto: the engine then reads them; the values
+ * engine/api.c's env_switch takes). 0, or 2 after one line on stderr. */
+int cli_check_env_aliases(const char *cmd, const char *backend, int prefetch, int prefault);
 #endif

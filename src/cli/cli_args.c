@@ -78,6 +78,33 @@ const char *cli_default_backend(void) {
     return e && *e ? e : "auto";
 }
 
+int cli_check_env_aliases(const char *cmd, const char *backend, int prefetch, int prefault) {
+    static const char *const ok[] = {"auto", "cpu", "cpu-scalar", "cpu-avx2", "cpu-avx512", "cuda", NULL};
+    const char *e = getenv("DF_BACKEND");
+    if (e && *e && backend == e) {
+        int i = 0;
+        while (ok[i] && strcmp(e, ok[i])) i++;
+        if (!ok[i]) {
+            fprintf(stderr, "deltafin %s: environment variable DF_BACKEND=\"%s\" (the alias of --backend): expected auto, cpu, "
+                            "cpu-scalar, cpu-avx2, cpu-avx512 or cuda; unset it or fix its value\n", cmd, e);
+            return 2;
+        }
+    }
+    const char *names[2] = {"DF_PREFETCH", "DF_PREFAULT"};
+    const int given[2] = {prefetch, prefault};
+    for (int k = 0; k < 2; k++) {
+        const char *v = getenv(names[k]);
+        if (given[k] || !v || !*v) continue;
+        if (!strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "0") || !strcmp(v, "off") || (k == 0 && !strcmp(v, "ungated")))
+            continue;
+        fprintf(stderr, "deltafin %s: environment variable %s=\"%s\": expected %s (the alias of %s on|off%s); unset it or "
+                        "fix its value\n", cmd, names[k], v, k == 0 ? "1, on, 0, off or ungated" : "1, on, 0 or off",
+                k == 0 ? "--prefetch" : "--prefault", k == 0 ? "|ungated" : "");
+        return 2;
+    }
+    return 0;
+}
+
 int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out) {
     const int pf = !strcmp(flag, "--prefetch");
     if (!strcmp(v, "auto")) *out = 0;

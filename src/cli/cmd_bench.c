@@ -376,6 +376,7 @@ static int bench_decode(int argc, char **argv) {
         i++;
     }
     if (bench_check_io_buffer("decode", io_buffer, qd)) return 2;
+    if (cli_check_env_aliases("bench decode", backend, prefetch, prefault)) return 2;
     char dflt_dir[4096], dflt_how[4600] = "", conv_dir[4096], err[2048] = "";
     if (!model) {
         if (cli_default_model("bench decode", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;

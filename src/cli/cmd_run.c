@@ -421,6 +421,7 @@ int cmd_run(int argc, char **argv) {
                         "are greedy); give --temperature > 0 to sample\n");
         dopt.sample = 0; /* as the drafter runs: greedy drafts (the draft line says so) */
     }
+    if (cli_check_env_aliases("run", mo.backend, mo.prefetch, mo.prefault)) return 2;
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {
         if (cli_default_model("run", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;

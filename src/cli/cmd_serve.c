@@ -210,6 +210,7 @@ int cmd_serve(int argc, char **argv) {
     if (c.keepalive_s > 0 && c.keepalive_s > c.timeout_s / 2.0) /* said, not silently changed (srv_http.c lowers it) */
         fprintf(stderr, "deltafin serve: note: --keepalive %g is more than --timeout %d / 2; keep-alives are sent every %g s\n",
                 c.keepalive_s, c.timeout_s, c.timeout_s / 2.0);
+    if (!c.mock && cli_check_env_aliases("serve", c.backend, c.prefetch, c.prefault)) return 2;
     char dflt_dir[4096], dflt_how[4600] = "";
     const int model_is_default = !c.model_path && !c.mock;
     if (model_is_default) {
