@@ -68,11 +68,6 @@ static inline int df_cuda_env_switch(const char *name, char *why, size_t whylen)
     return df_cuda_env_switch_def(name, 1, why, whylen);
 }
 
-/* A switch that is off by default: unset or empty: 0; otherwise as df_cuda_env_switch. */
-static inline int df_cuda_env_switch_off(const char *name, char *why, size_t whylen) {
-    return df_cuda_env_switch_def(name, 0, why, whylen);
-}
-
 /* A knob whose value is one digit of `allowed` (e.g. "01248"): unset or empty = 0; that digit's value in *out; anything
  * else: -1 with "environment variable NAME="VALUE": expected EXPECT; unset it or fix its value" in why. */
 static inline int df_cuda_env_digit(const char *name, const char *allowed, const char *expect, int *out, char *why,

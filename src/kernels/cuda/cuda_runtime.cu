@@ -461,21 +461,33 @@ int weight_on_device(const df_weight *w, const void **data, const void **scale) 
     return 0;
 }
 
+/* x [bytes] into the device scratch g_sx through the pinned staging g_hx (both grown by the caller), queued on g_st. */
+int stage_in(const void *x, size_t bytes) {
+    memcpy(g_hx, x, bytes);
+    CK(cu_copy_launch(g_sx, g_hx, bytes, cudaMemcpyHostToDevice, g_st));
+    return 0;
+}
+/* The first `bytes` of the device scratch g_sy back through the pinned staging g_hy (both grown by the caller): the
+ * copy, the call's closing synchronisation (stage: its trace name, a string literal), then into y (NULL: the caller
+ * reads g_hy). */
+int stage_out(void *y, size_t bytes, const char *stage) {
+    CK(cu_copy_launch(g_hy, g_sy, bytes, cudaMemcpyDeviceToHost, g_st));
+    CK(cu_rt_sync(stage));
+    if (y) memcpy(y, g_hy, bytes);
+    return 0;
+}
+
 int matmul_locked(const df_weight *w, const float *x, int T, float *y) {
     const void *d, *s;
     if (weight_on_device(w, &d, &s)) return -1;
     const size_t xb = sizeof(float) * (size_t)T * (size_t)w->cols, yb = sizeof(float) * (size_t)T * (size_t)w->rows;
     if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, yb)) return -1;
     if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, yb)) return -1;
-    memcpy(g_hx, x, xb);
-    CK(cu_copy_launch(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    if (stage_in(x, xb)) return -1;
     cu_rt_mark("matmul: copy in");
     CK(cu_matmul_launch(w->type, d, s, w->rows, w->cols, (const float *)g_sx, T, (float *)g_sy, g_st));
     cu_rt_mark("matmul: kernel");
-    CK(cu_copy_launch(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
-    CK(cu_rt_sync("matmul: copy out"));
-    memcpy(y, g_hy, yb);
-    return 0;
+    return stage_out(y, yb, "matmul: copy out");
 }
 
 /* g = act(g, u) over n values: SwiGLU (act 0) or SiTU (act 1, beta, lb), in place on g. */
@@ -492,8 +504,7 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     const size_t xb = sizeof(float) * (size_t)T * D, ib = sizeof(float) * (size_t)T * I, ob = sizeof(float) * (size_t)T * O;
     if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, ob) || grow(&g_sg, &g_csg, ib) || grow(&g_su, &g_csu, ib)) return -1;
     if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, ob)) return -1;
-    memcpy(g_hx, x, xb);
-    CK(cu_copy_launch(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+    if (stage_in(x, xb)) return -1;
     cu_rt_mark("mlp: copy in");
     const void *d, *s;
     if (weight_on_device(gate, &d, &s)) return -1;
@@ -504,10 +515,7 @@ int mlp_locked(const df_weight *gate, const df_weight *up, const df_weight *down
     if (weight_on_device(down, &d, &s)) return -1;
     CK(cu_matmul_launch(down->type, d, s, O, I, (const float *)g_sg, T, (float *)g_sy, g_st));
     cu_rt_mark("mlp: gate, up, act, down");
-    CK(cu_copy_launch(g_hy, g_sy, ob, cudaMemcpyDeviceToHost, g_st));
-    CK(cu_rt_sync("mlp: copy out"));
-    memcpy(out, g_hy, ob);
-    return 0;
+    return stage_out(out, ob, "mlp: copy out");
 }
 
 /* weight_on_device for an item of a group: the scratch buffer for an uncached weight is grown (cudaFree of the old
@@ -729,8 +737,7 @@ int mla_project_locked(const df_weight *q_a, const float *q_a_norm, float eps, c
     const size_t ab = sizeof(float) * (size_t)T * (R > 0 ? R : 1), ko = round_up(qb, 256);
     if (grow(&g_sx, &g_csx, hb) || grow(&g_sy, &g_csy, ko + kb) || grow(&g_sg, &g_csg, ab)) return -1;
     if (grow_host(&g_hx, &g_chx, hb) || grow_host(&g_hy, &g_chy, ko + kb)) return -1;
-    memcpy(g_hx, h, hb);
-    CK(cu_copy_launch(g_sx, g_hx, hb, cudaMemcpyHostToDevice, g_st));
+    if (stage_in(h, hb)) return -1;
     cu_rt_mark("project: copy in");
     const void *d, *s;
     float *dq = (float *)g_sy, *dk = (float *)((char *)g_sy + ko);
@@ -752,8 +759,7 @@ int mla_project_locked(const df_weight *q_a, const float *q_a_norm, float eps, c
     if (group_weight(kv_a, &d, &s)) return -1;
     CK(cu_matmul_launch(kv_a->type, d, s, K, D, (const float *)g_sx, T, dk, g_st));
     cu_rt_mark("project: kv_a");
-    CK(cu_copy_launch(g_hy, g_sy, ko + kb, cudaMemcpyDeviceToHost, g_st));
-    CK(cu_rt_sync("project: copy out"));
+    if (stage_out(NULL, ko + kb, "project: copy out")) return -1;
     memcpy(q, g_hy, qb);
     memcpy(kva, (const char *)g_hy + ko, kb);
     return 0;
@@ -1298,13 +1304,13 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
         memset(r->route, 0, sizeof(RouteIds) * DF_MAX_LAYERS);
     }
     cu_moe_route_out *o = (cu_moe_route_out *)g_ro;
+    RouteIds *q = &r->route[m->layer];
     const cudaEvent_t join = g_sh_pend ? g_sh_done : NULL; /* the shared expert's output, before the combine */
     g_sh_pend = 0;
     CK(cu_moe_dev_launch(logits, bias_dev, E, K, G, m->topk_group, m->renorm, m->scale, (const void *const *)t->dev,
                          (df_wtype)t->tgu, (df_wtype)t->tdn, I, D, h2, (float *)g_rg, (float *)g_ru, (float *)g_ry,
                          m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, join, g_st,
-                         g_cu_copy_kernel ? r->route[m->layer].ids : NULL)); /* the picks into pinned host memory */
-    RouteIds *q = &r->route[m->layer];
+                         g_cu_copy_kernel ? q->ids : NULL)); /* the picks into pinned host memory */
     if (!g_cu_copy_kernel) CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
     if (!q->qcall) g_npend++;
     q->qcall = g_call;
@@ -1329,9 +1335,7 @@ static int final_locked(const float *x, int n, uint64_t key, const float *norm, 
         return -1;
     const float *src;
     if (x) {
-        if (grow_host(&g_hx, &g_chx, xb)) return -1;
-        memcpy(g_hx, x, xb);
-        CK(cu_copy_launch(g_sx, g_hx, xb, cudaMemcpyHostToDevice, g_st));
+        if (grow_host(&g_hx, &g_chx, xb) || stage_in(x, xb)) return -1;
         src = (const float *)g_sx;
     } else if (!(src = cu_rt_resid(key, (size_t)D, 1, NULL))) {
         return -1;
@@ -1344,10 +1348,7 @@ static int final_locked(const float *x, int n, uint64_t key, const float *norm, 
     if (group_weight(lm, &d, &s)) return -1;
     CK(cu_matmul_launch(lm->type, d, s, V, D, (const float *)g_sg, n, (float *)g_sy, g_st));
     cu_rt_mark("final: norm, lm_head");
-    CK(cu_copy_launch(g_hy, g_sy, yb, cudaMemcpyDeviceToHost, g_st));
-    CK(cu_rt_sync("final: copy out"));
-    memcpy(logits, g_hy, yb);
-    return 0;
+    return stage_out(logits, yb, "final: copy out");
 }
 extern "C" int df_cuda_final_logits(const float *x, int n, uint64_t key, const float *norm, float eps, const df_weight *lm,
                                     float *logits) {
