@@ -110,4 +110,7 @@ const char *cli_default_backend(void);
  * when prefetch == 0 and DF_PREFAULT when prefault == 0 (no flag, or auto: the engine then reads them; the values
  * engine/api.c's env_switch takes). 0, or 2 after one line on stderr. */
 int cli_check_env_aliases(const char *cmd, const char *backend, int prefetch, int prefault);
+/* --ram-budget SIZE (0 = no budget) or --gpu-budget SIZE (> 0) of run and serve into *out: 0, or 2 after one line on
+ * stderr naming the flag and the value. */
+int cli_parse_budget(const char *cmd, const char *flag, const char *v, uint64_t *out);
 #endif

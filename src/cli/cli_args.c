@@ -65,11 +65,18 @@ int cli_check_model_dir(const char *cmd, const char *path) {
     return 0;
 }
 
-int cli_check_backend(const char *cmd, const char *name) {
+/* The names --backend (and DF_BACKEND) take. */
+#define BACKEND_NAMES "auto, cpu, cpu-scalar, cpu-avx2, cpu-avx512 or cuda"
+static int backend_known(const char *name) {
     static const char *const ok[] = {"auto", "cpu", "cpu-scalar", "cpu-avx2", "cpu-avx512", "cuda", NULL};
     for (int i = 0; ok[i]; i++)
-        if (!strcmp(name, ok[i])) return 0;
-    fprintf(stderr, "deltafin %s: --backend \"%s\": expected auto, cpu, cpu-scalar, cpu-avx2, cpu-avx512 or cuda\n", cmd, name);
+        if (!strcmp(name, ok[i])) return 1;
+    return 0;
+}
+
+int cli_check_backend(const char *cmd, const char *name) {
+    if (backend_known(name)) return 0;
+    fprintf(stderr, "deltafin %s: --backend \"%s\": expected " BACKEND_NAMES "\n", cmd, name);
     return 2;
 }
 
@@ -79,16 +86,11 @@ const char *cli_default_backend(void) {
 }
 
 int cli_check_env_aliases(const char *cmd, const char *backend, int prefetch, int prefault) {
-    static const char *const ok[] = {"auto", "cpu", "cpu-scalar", "cpu-avx2", "cpu-avx512", "cuda", NULL};
     const char *e = getenv("DF_BACKEND");
-    if (e && *e && backend == e) {
-        int i = 0;
-        while (ok[i] && strcmp(e, ok[i])) i++;
-        if (!ok[i]) {
-            fprintf(stderr, "deltafin %s: environment variable DF_BACKEND=\"%s\" (the alias of --backend): expected auto, cpu, "
-                            "cpu-scalar, cpu-avx2, cpu-avx512 or cuda; unset it or fix its value\n", cmd, e);
-            return 2;
-        }
+    if (e && *e && backend == e && !backend_known(e)) {
+        fprintf(stderr, "deltafin %s: environment variable DF_BACKEND=\"%s\" (the alias of --backend): expected " BACKEND_NAMES
+                        "; unset it or fix its value\n", cmd, e);
+        return 2;
     }
     const char *names[2] = {"DF_PREFETCH", "DF_PREFAULT"};
     const int given[2] = {prefetch, prefault};
@@ -103,6 +105,15 @@ int cli_check_env_aliases(const char *cmd, const char *backend, int prefetch, in
         return 2;
     }
     return 0;
+}
+
+int cli_parse_budget(const char *cmd, const char *flag, const char *v, uint64_t *out) {
+    const int gpu = !strcmp(flag, "--gpu-budget");
+    if (!cli_parse_size(v, out) && (!gpu || *out)) return 0;
+    if (gpu) fprintf(stderr, "deltafin %s: %s \"%s\" is not a size (e.g. 40G, 512M)\n", cmd, flag, v);
+    else fprintf(stderr, "deltafin %s: %s \"%s\": expected a size such as 4G or 512M (K, M, G, T: powers of 1024), or 0 for "
+                         "no budget\n", cmd, flag, v);
+    return 2;
 }
 
 int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out) {

@@ -372,13 +372,8 @@ int cmd_run(int argc, char **argv) {
             if (cli_parse_seed("run", a, v, &so.seed)) return 2;
         }
         else if (!strcmp(a, "--ram-budget")) {
-            const char *v = NEXT(); if (!v) return 2;
-            /* 0 = no budget, as leaving the flag out */
-            if (cli_parse_size(v, &mo.ram_budget)) {
-                fprintf(stderr, "deltafin run: --ram-budget \"%s\": expected a size such as 4G or 512M (K, M, G, T: powers of "
-                                "1024), or 0 for no budget\n", v);
-                return 2;
-            }
+            const char *v = NEXT(); /* 0 = no budget, as leaving the flag out */
+            if (!v || cli_parse_budget("run", a, v, &mo.ram_budget)) return 2;
         }
         else if (!strcmp(a, "--expert-dirs")) { if (!(mo.expert_dirs = NEXT())) return 2; }
         else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT()) || cli_check_cache_dir("run", mo.cache_dir)) return 2; }
@@ -395,8 +390,8 @@ int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
         else if (!strcmp(a, "--gpu-budget")) {
-            const char *v = NEXT(); if (!v) return 2;
-            if (cli_parse_size(v, &mo.gpu_budget) || !mo.gpu_budget) { fprintf(stderr, "deltafin run: --gpu-budget \"%s\" is not a size (e.g. 40G, 512M)\n", v); return 2; }
+            const char *v = NEXT();
+            if (!v || cli_parse_budget("run", a, v, &mo.gpu_budget)) return 2;
         }
         else if (!strcmp(a, "--spine")) {
             const char *v = NEXT(); if (!v) return 2;

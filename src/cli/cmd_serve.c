@@ -113,16 +113,12 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port-file")) { NEED(); c.port_file = v; }
         else if (!strcmp(a, "--ram-budget")) {
             NEED();
-            if (cli_parse_size(v, &c.ram_budget)) {
-                fprintf(stderr, "deltafin serve: --ram-budget \"%s\": expected a size such as 4G or 512M (K, M, G, T: powers of "
-                                "1024), or 0 for no budget\n", v);
-                return 2;
-            }
+            if (cli_parse_budget("serve", a, v, &c.ram_budget)) return 2;
         } else if (!strcmp(a, "--threads")) { NEED(); if (parse_int(a, v, 0, 4096, &c.threads)) return 2; }
         else if (!strcmp(a, "--backend")) { NEED(); if (cli_check_backend("serve", v)) return 2; c.backend = v; }
         else if (!strcmp(a, "--gpu-budget")) {
             NEED();
-            if (cli_parse_size(v, &c.gpu_budget) || !c.gpu_budget) { fprintf(stderr, "deltafin serve: --gpu-budget \"%s\" is not a size (e.g. 40G, 512M)\n", v); return 2; }
+            if (cli_parse_budget("serve", a, v, &c.gpu_budget)) return 2;
         }
         else if (!strcmp(a, "--ctx")) {
             NEED();
