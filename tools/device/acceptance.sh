@@ -84,6 +84,25 @@ gpu_tests() {
         (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed|diff" | tail -12) >>"$S"
     done
 }
+# gpu_tests_env "VAR=V ..." TEST...: the named carried tests with DF_BACKEND=cuda and those variables set
+gpu_tests_env() {
+    local envs=$1
+    shift
+    log "DF_BACKEND=cuda $envs $*"
+    for t in "$@"; do
+        (cd "$HERE" && env DF_SRC="$HERE" DF_BACKEND=cuda $envs timeout 150 "$D/$t" 2>&1 \
+            | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
+    done
+}
+# the resident model's GPU timeline (tools/device/gpu_timeline.c carried as libgpu_timeline.so; the model in $W/r),
+# with host and with device routing, the last GT_LAST_MS (150) ms of each run
+timeline_runs() {
+    for v in 0 1; do
+        log "timeline: cuda run --preload, DF_CUDA_MOE_ROUTE=$v, the last ${GT_LAST_MS:-150} ms"
+        rp DF_CUDA_MOE_ROUTE=$v LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" \
+            | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
+    done
+}
 # the resident model of parts 14-16 in $W/r: 8 layers, bf16 spine, 14.4 GB
 resident_model() {
     W=/tmp/df-acc
@@ -117,14 +136,8 @@ knob_ab() {
 # (17 warm-up + 24 tokens, the lookahead's gate); arguments (e.g. --io-buffer SIZE) go to both benchmarks
 knob_ab_route() {
     gpu_tests
-    log "DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 test_golden, test_cuda_kernels"
-    for t in test_golden test_cuda_kernels; do
-        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 timeout 150 "$D/$t" 2>&1 \
-            | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
-    done
-    log "DF_BACKEND=cuda $1=0 test_cuda_kernels"
-    (cd "$HERE" && env DF_SRC="$HERE" DF_BACKEND=cuda "$1=0" timeout 150 "$D/test_cuda_kernels" 2>&1 \
-        | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
+    gpu_tests_env DF_CUDA_MOE_ROUTE=1 test_golden test_cuda_kernels
+    gpu_tests_env "$1=0" test_cuda_kernels
     resident_model
     knob_ab "$1"
     for v in 1 0 1 0; do
@@ -429,22 +442,14 @@ case $PART in
     # small host <-> device copies as kernels (DF_CUDA_COPY_KERNEL on / off), as part 25; then the timeline (part 27)
     knob_ab_route DF_CUDA_COPY_KERNEL
     resident_model
-    for v in 0 1; do
-        log "timeline: cuda run --preload, DF_CUDA_MOE_ROUTE=$v, the last ${GT_LAST_MS:-150} ms"
-        rp DF_CUDA_MOE_ROUTE=$v LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" \
-            | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
-    done
+    timeline_runs
     rm -rf "$W"
     ;;
 30)
     # GPU tests with the defaults, test_golden and test_batch with host routing, the resident decode (with and
     # without --profile)
     gpu_tests
-    log "DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=0 test_golden, test_batch"
-    for t in test_golden test_batch; do
-        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=0 timeout 150 "$D/$t" 2>&1 \
-            | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
-    done
+    gpu_tests_env DF_CUDA_MOE_ROUTE=0 test_golden test_batch
     resident_model
     for i in 1 2 3; do
         log "cuda run --preload"
@@ -458,11 +463,7 @@ case $PART in
 29)
     # GPU tests (also with DF_CUDA_MOE_ROUTE=1), the resident decode three times with each routing, then the timeline
     gpu_tests
-    log "DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 test_golden, test_cuda_kernels"
-    for t in test_golden test_cuda_kernels; do
-        (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda DF_CUDA_MOE_ROUTE=1 timeout 150 "$D/$t" 2>&1 \
-            | grep -E "FAIL|passed|diff" | tail -4) >>"$S"
-    done
+    gpu_tests_env DF_CUDA_MOE_ROUTE=1 test_golden test_cuda_kernels
     resident_model
     for i in 1 2 3; do
         for v in 0 1; do
@@ -471,22 +472,14 @@ case $PART in
                 | cut -c1-300 >>"$S"
         done
     done
-    for v in 0 1; do
-        log "timeline: cuda run --preload, DF_CUDA_MOE_ROUTE=$v, the last ${GT_LAST_MS:-150} ms"
-        rp DF_CUDA_MOE_ROUTE=$v LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" \
-            | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
-    done
+    timeline_runs
     rm -rf "$W"
     ;;
 27)
     # the resident decode's GPU timeline (CUPTI, tools/device/gpu_timeline.c carried as libgpu_timeline.so): busy,
     # idle gaps and what they lie between, with host and with device routing
     resident_model
-    for v in 0 1; do
-        log "timeline: cuda run --preload, DF_CUDA_MOE_ROUTE=$v, the last ${GT_LAST_MS:-150} ms"
-        rp DF_CUDA_MOE_ROUTE=$v LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" \
-            | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
-    done
+    timeline_runs
     rm -rf "$W"
     ;;
 24)

@@ -113,6 +113,32 @@ typedef struct {
     long n;
 } Pair;
 
+/* The `top` pairs with the most time, largest first, one line each: "gpu_timeline: LABEL <ms> in <n> gaps (mean <us>)
+ * SEP <before> -> <after>"; each printed pair's count is cleared. */
+static void print_pairs(Pair *p, size_t np, int top, const char *label, const char *sep) {
+    for (int k = 0; k < top; k++) {
+        size_t best = np;
+        for (size_t j = 0; j < np; j++) if (p[j].n && (best == np || p[j].ns > p[best].ns)) best = j;
+        if (best == np) break;
+        fprintf(stderr, "gpu_timeline: %s %8.3f ms in %6ld gaps (mean %7.2f us)%s %.44s -> %.44s\n", label, p[best].ns / 1e6,
+                p[best].n, p[best].ns / p[best].n / 1e3, sep, g_names[p[best].a], g_names[p[best].b]);
+        p[best].n = 0;
+    }
+}
+
+/* The `top` names with the most time (dur, ns) of those counted (cnt), largest first: "gpu_timeline: LABEL <ms> <n> x
+ * <us>: <name>"; each printed name's count is cleared. */
+static void print_names(const double *dur, long *cnt, int top, const char *label) {
+    for (int k = 0; k < top; k++) {
+        int best = -1;
+        for (int j = 0; j < g_nnames; j++) if (cnt[j] && (best < 0 || dur[j] > dur[best])) best = j;
+        if (best < 0) break;
+        fprintf(stderr, "gpu_timeline: %s %8.3f ms %6ld x %7.2f us: %s\n", label, dur[best] / 1e6, cnt[best],
+                dur[best] / cnt[best] / 1e3, g_names[best]);
+        cnt[best] = 0;
+    }
+}
+
 static void report(void) {
     cuptiActivityFlushAll(1);
     pthread_mutex_lock(&g_mu);
@@ -163,23 +189,9 @@ static void report(void) {
     const char *hl[7] = {"<1us", "1-2us", "2-5us", "5-10us", "10-50us", "50-200us", ">=200us"};
     for (int h = 0; h < 7; h++)
         fprintf(stderr, "gpu_timeline: gaps %-8s %7ld  %8.3f ms\n", hl[h], hn[h], hist[h] / 1e6);
-    size_t np = (size_t)g_nnames * g_nnames;
-    for (int k = 0; k < 24; k++) {
-        size_t best = np;
-        for (size_t j = 0; j < np; j++) if (pairs[j].n && (best == np || pairs[j].ns > pairs[best].ns)) best = j;
-        if (best == np) break;
-        fprintf(stderr, "gpu_timeline: idle %8.3f ms in %6ld gaps (mean %6.2f us): %.44s -> %.44s\n", pairs[best].ns / 1e6,
-                pairs[best].n, pairs[best].ns / pairs[best].n / 1e3, g_names[pairs[best].a], g_names[pairs[best].b]);
-        pairs[best].n = 0;
-    }
-    for (int k = 0; k < 40; k++) {
-        int best = -1;
-        for (int j = 0; j < g_nnames; j++) if (cnt[j] && (best < 0 || dur[j] > dur[best])) best = j;
-        if (best < 0) break;
-        fprintf(stderr, "gpu_timeline: ran %8.3f ms %6ld x %7.2f us: %s\n", dur[best] / 1e6, cnt[best],
-                dur[best] / cnt[best] / 1e3, g_names[best]);
-        cnt[best] = 0;
-    }
+    const size_t np = (size_t)g_nnames * g_nnames;
+    print_pairs(pairs, np, 24, "idle", ":");
+    print_names(dur, cnt, 40, "ran");
     /* host side: each runtime call's count and time in the window; then, for every gap before a GPU activity, whether
      * the call that queued that activity returned after the GPU went idle (the host was late) */
     qsort(g_api, g_napi, sizeof(Act), by_start);
@@ -197,7 +209,7 @@ static void report(void) {
     fprintf(stderr, "gpu_timeline: host in CUDA runtime calls %.3f ms of the %.3f ms span\n", in_api / 1e6, span / 1e6);
     /* the host's time between runtime calls (outside CUDA), summed by (call before -> call after), gaps >= 10 us */
     {
-        Pair *hp = calloc((size_t)g_nnames * g_nnames, sizeof(Pair));
+        Pair *hp = calloc(np, sizeof(Pair));
         uint64_t pe = 0;
         int pn = -1;
         double out = 0;
@@ -212,24 +224,10 @@ static void report(void) {
             if (a->end > pe) { pe = a->end; pn = a->name; }
         }
         fprintf(stderr, "gpu_timeline: host outside runtime calls in gaps >= 10 us: %.3f ms\n", out / 1e6);
-        for (int k = 0; k < 8; k++) {
-            size_t best = (size_t)-1, np2 = (size_t)g_nnames * g_nnames;
-            for (size_t j = 0; j < np2; j++) if (hp[j].n && (best == (size_t)-1 || hp[j].ns > hp[best].ns)) best = j;
-            if (best == (size_t)-1) break;
-            fprintf(stderr, "gpu_timeline: host %8.3f ms in %6ld gaps (mean %7.2f us) between %s -> %s\n", hp[best].ns / 1e6,
-                    hp[best].n, hp[best].ns / hp[best].n / 1e3, g_names[hp[best].a], g_names[hp[best].b]);
-            hp[best].n = 0;
-        }
+        print_pairs(hp, np, 8, "host", " between");
         free(hp);
     }
-    for (int k = 0; k < 16; k++) {
-        int best = -1;
-        for (int j = 0; j < g_nnames; j++) if (acnt[j] && (best < 0 || adur[j] > adur[best])) best = j;
-        if (best < 0) break;
-        fprintf(stderr, "gpu_timeline: host %8.3f ms %6ld x %7.2f us: %s\n", adur[best] / 1e6, acnt[best],
-                adur[best] / acnt[best] / 1e3, g_names[best]);
-        acnt[best] = 0;
-    }
+    print_names(adur, acnt, 16, "host");
     /* correlation id -> the API record (ids grow; a direct table) */
     uint32_t cmax = 0;
     for (size_t i = 0; i < g_napi; i++) if (g_api[i].corr > cmax) cmax = g_api[i].corr;
