@@ -308,6 +308,32 @@ static void test_sampler(void) {
     df_sampler *s = df_sampler_new(&o);
     CHECK(df_sample(s, l, 6) == 1, "greedy tie -> lowest id");
     df_sampler_free(s);
+    {   /* greedy over long vocabularies (chunks of 256 and a tail): the first largest, NaN never wins, all NaN -> 0 */
+        enum { N = 1000 };
+        static float v[N];
+        static const int lens[] = {1, 2, 255, 256, 257, 512, 513, 700, N};
+        uint64_t x = 12345;
+        int bad = 0, cases = 0;
+        for (int rep = 0; rep < 400; rep++)
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                const int n = lens[li];
+                for (int i = 0; i < n; i++) {
+                    x = x * 6364136223846793005ull + 1442695040888963407ull;
+                    const int r = (int)(x >> 33) % 12;
+                    v[i] = r == 0 ? NAN : r == 1 ? INFINITY : r == 2 ? -INFINITY : (float)((int)(x >> 40) % (rep % 7 + 2));
+                }
+                int32_t want = 0;
+                for (int i = 1; i < n; i++) if (v[i] > v[want]) want = i;
+                bad += df_sample(NULL, v, n) != want;
+                cases++;
+            }
+        for (int i = 0; i < N; i++) v[i] = NAN;
+        bad += df_sample(NULL, v, N) != 0;
+        v[0] = 0.0f;
+        v[777] = 1.0f;
+        bad += df_sample(NULL, v, N) != 777;
+        CHECK(bad == 0, "greedy argmax = the first largest of a one-by-one scan (%d of %d cases differ)", bad, cases + 2);
+    }
     o.temperature = 1.0f; o.top_k = 2; o.seed = 7;
     s = df_sampler_new(&o);
     int c1 = 0, c2 = 0, other = 0;

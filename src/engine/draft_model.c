@@ -30,11 +30,7 @@ typedef struct {
     df_sampler *smp;               /* sampled drafts (df_drafter_set_sampling); NULL = argmax */
 } model_drafter;
 
-static int32_t argmax(const float *l, int n) {
-    int32_t b = 0;
-    for (int i = 1; i < n; i++) if (l[i] > l[b]) b = i;
-    return b;
-}
+static int32_t argmax(const float *l, int n) { return df_sample(NULL, l, n); }
 
 /* Continuation of hist[0..n) (draft-model ids) by k tokens into out: greedy, or sampled with the
  * distributions written to q [k, n_vocab] (when q and g->smp). */
