@@ -302,6 +302,86 @@ static void test_route(void) {
     CHECK_NEAR(w[0] + w[1], 1.5, 1e-6, "normalized weights sum to the scaling factor");
 }
 
+/* The sampling distribution as a sort of the whole vocabulary gives it (best first, ties -> lower id; weights
+ * exp(v - max) summed in that order; top-k, then the shortest prefix reaching top-p): the reference for
+ * df_sampler_probs. */
+struct ref_cand { float v; int32_t id; };
+static int ref_cmp(const void *a, const void *b) {
+    const struct ref_cand *x = a, *y = b;
+    if (x->v > y->v) return -1;
+    if (x->v < y->v) return 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+static void ref_probs(const float *l, int n, float temp, int top_k, float top_p, double *probs) {
+    struct ref_cand *c = malloc(sizeof *c * (size_t)n);
+    for (int i = 0; i < n; i++) { c[i].v = l[i] / temp; c[i].id = i; probs[i] = 0; }
+    qsort(c, (size_t)n, sizeof *c, ref_cmp);
+    int k = top_k > 0 && top_k < n ? top_k : n;
+    double m = c[0].v, sum = 0;
+    for (int i = 0; i < k; i++) sum += exp((double)c[i].v - m);
+    if (top_p > 0 && top_p < 1) {
+        double acc = 0;
+        for (int i = 0; i < k; i++) {
+            acc += exp((double)c[i].v - m) / sum;
+            if (acc >= top_p) { k = i + 1; break; }
+        }
+        sum = 0;
+        for (int i = 0; i < k; i++) sum += exp((double)c[i].v - m);
+    }
+    for (int i = 0; i < k; i++) probs[c[i].id] = exp((double)c[i].v - m) / sum;
+    free(c);
+}
+
+static void test_sampler_dist(void) {
+    enum { N = 6000 };
+    static float l[N], pr[N];
+    static double want[N];
+    static const struct { float temp; int k; float p; int n; } cfg[] = {
+        {0.7f, 0, 1.0f, N}, {1.0f, 40, 1.0f, N}, {1.0f, 0, 0.9f, N}, {0.8f, 50, 0.95f, N}, {1.3f, 0, 0.5f, N},
+        {1.0f, 0, 0.999f, N}, {2.0f, 3000, 0.7f, N}, {1.0f, 7, 1.0f, 300}, {0.5f, 0, 0.3f, 300}};
+    uint64_t x = 99;
+    double worst = 0;
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        const int n = cfg[ci].n;
+        for (int i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            l[i] = (float)((int)(x >> 44) % 4000) / 200.0f - 10.0f; /* ties among 4000 values */
+        }
+        df_sampler_opts o;
+        df_sampler_opts_default(&o);
+        o.temperature = cfg[ci].temp; o.top_k = cfg[ci].k; o.top_p = cfg[ci].p; o.seed = 5;
+        df_sampler *s = df_sampler_new(&o);
+        df_sampler_probs(s, l, n, pr);
+        ref_probs(l, n, cfg[ci].temp, cfg[ci].k, cfg[ci].p, want);
+        double d = 0;
+        int kept = 0, kept_ref = 0, outside = 0;
+        for (int i = 0; i < n; i++) {
+            d = fmax(d, fabs(pr[i] - want[i]));
+            kept += pr[i] > 0;
+            kept_ref += want[i] > 0;
+        }
+        for (int t = 0; t < 200; t++) outside += want[df_sample(s, l, n)] == 0;
+        worst = fmax(worst, d);
+        CHECK(d < 1e-6 && kept == kept_ref && outside == 0,
+              "sampling distribution T=%.1f top_k=%d top_p=%.3f over %d tokens: max |p - reference| %.2g, kept %d / %d, "
+              "%d draws outside", cfg[ci].temp, cfg[ci].k, cfg[ci].p, n, d, kept, kept_ref, outside);
+        df_sampler_free(s);
+    }
+    /* the draws follow the distribution: 40000 draws over 20 tokens, each frequency within 0.01 of its probability */
+    df_sampler_opts o;
+    df_sampler_opts_default(&o);
+    o.temperature = 1.0f; o.top_p = 0.9f; o.seed = 11;
+    for (int i = 0; i < 20; i++) l[i] = (float)(i % 7) * 0.4f;
+    df_sampler *s = df_sampler_new(&o);
+    df_sampler_probs(s, l, 20, pr);
+    int cnt[20] = {0};
+    for (int t = 0; t < 40000; t++) cnt[df_sample(s, l, 20)]++;
+    double dev = 0;
+    for (int i = 0; i < 20; i++) dev = fmax(dev, fabs(cnt[i] / 40000.0 - pr[i]));
+    CHECK(dev < 0.01, "top-p draws follow df_sampler_probs (largest frequency error %.4f)", dev);
+    df_sampler_free(s);
+}
+
 static void test_sampler(void) {
     float l[6] = {1, 3, 3, -1, 2, 0};
     df_sampler_opts o; df_sampler_opts_default(&o);
@@ -363,6 +443,7 @@ int main(void) {
     test_rope_values();
     test_route();
     test_sampler();
+    test_sampler_dist();
     run_case(16, 1, "cpu");
     run_case(0, 0, "cpu");
     run_case(16, 0, "cpu-scalar");

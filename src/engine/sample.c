@@ -1,8 +1,9 @@
 /*
  * sample.c — token selection (public API): greedy argmax (ties -> lowest id),
  * or temperature -> top-k -> top-p (nucleus) sampling from the softmax with a
- * seeded xoshiro256** PRNG, so a seed reproduces its output; and df_logprob
- * (log-softmax of one id plus the best top_n).
+ * seeded xoshiro256** PRNG, so a seed reproduces its output, in O(vocabulary)
+ * plus a sort of the kept candidates (dist); and df_logprob (log-softmax of one
+ * id plus the best top_n).
  */
 #include "deltafin.h"
 
@@ -13,7 +14,8 @@
 struct df_sampler {
     df_sampler_opts o;
     uint64_t s[4];
-    struct cand { float v; int32_t id; } *c;
+    struct cand { float v; int32_t id; } *c; /* candidates [cap] */
+    double *w;                               /* weights [cap] */
     int cap;
 };
 
@@ -47,6 +49,7 @@ df_sampler *df_sampler_new(const df_sampler_opts *o) {
 void df_sampler_free(df_sampler *s) {
     if (!s) return;
     free(s->c);
+    free(s->w);
     free(s);
 }
 
@@ -85,32 +88,134 @@ static int cand_cmp(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* Room for n candidates and n weights; 0 when out of memory. */
+static int reserve(df_sampler *s, int n) {
+    if (s->cap >= n) return 1;
+    struct cand *c = realloc(s->c, sizeof *c * (size_t)n);
+    if (!c) return 0;
+    s->c = c;
+    double *w = realloc(s->w, sizeof *w * (size_t)n);
+    if (!w) return 0;
+    s->w = w;
+    s->cap = n;
+    return 1;
+}
+
+/* The best k candidates (v = logit / temperature; order: v descending, ties -> lower id) into c[0..k), best first:
+ * a heap of the k best so far (the worst at its root), replaced only by a better candidate; O(n + k log k) for the
+ * few candidates that enter. The same k candidates in the same order as sorting all n. */
+static void top_k_sorted(struct cand *c, const float *logits, int n, float temp, int k) {
+    for (int i = 0; i < k; i++) { c[i].v = logits[i] / temp; c[i].id = i; }
+    /* a max-heap by cand_cmp: its root is the worst of the k */
+    for (int r = k / 2 - 1; r >= 0; r--)
+        for (int p = r;;) {
+            int ch = 2 * p + 1;
+            if (ch >= k) break;
+            if (ch + 1 < k && cand_cmp(&c[ch + 1], &c[ch]) > 0) ch++;
+            if (cand_cmp(&c[ch], &c[p]) <= 0) break;
+            struct cand t = c[p]; c[p] = c[ch]; c[ch] = t;
+            p = ch;
+        }
+    for (int i = k; i < n; i++) {
+        const struct cand x = {logits[i] / temp, i};
+        if (cand_cmp(&x, &c[0]) >= 0) continue; /* not better than the worst kept */
+        c[0] = x;
+        for (int p = 0;;) {
+            int ch = 2 * p + 1;
+            if (ch >= k) break;
+            if (ch + 1 < k && cand_cmp(&c[ch + 1], &c[ch]) > 0) ch++;
+            if (cand_cmp(&c[ch], &c[p]) <= 0) break;
+            struct cand t = c[p]; c[p] = c[ch]; c[ch] = t;
+            p = ch;
+        }
+    }
+    qsort(c, (size_t)k, sizeof *c, cand_cmp);
+}
+
+/* The distribution a sampler draws from (temperature, then top-k, then top-p; Holtzman et al. 2019 for top-p), with
+ * v_i = logit_i / temperature and m the largest v:
+ *   - top-k on (0 < top_k < n): the k best candidates sorted best first into s->c, their weights exp(v - m) summed in
+ *     that order; with top-p the shortest prefix whose weights (each over that sum, added in order) reach top_p is
+ *     kept and summed again. Returns the kept count, *sum their weight.
+ *   - else: every weight w_i = exp(v_i - m) into s->w and *sum = their sum in index order; with top-p on, the
+ *     candidates are sorted best first into s->c band by band (weights in [2^-8, 1], then [2^-16, 2^-8), ...: a
+ *     prefix of the full order) until they reach top_p, the shortest prefix whose weights over *sum reach top_p is
+ *     kept and summed again in that order (return: its count). Without top-p: -1 (every token kept, in index
+ *     order). No sort of the whole vocabulary: O(n) plus the kept candidates' sort.
+ * 0: out of memory. */
+static int dist(df_sampler *s, const float *logits, int n, double *m_out, double *sum_out) {
+    if (!reserve(s, n)) return 0;
+    const float temp = s->o.temperature;
+    const int top_p = s->o.top_p > 0.0f && s->o.top_p < 1.0f;
+    double m, sum = 0;
+    int keep;
+    if (s->o.top_k > 0 && s->o.top_k < n) {
+        keep = s->o.top_k;
+        top_k_sorted(s->c, logits, n, temp, keep);
+        m = s->c[0].v;
+        for (int i = 0; i < keep; i++) sum += exp((double)s->c[i].v - m);
+        if (top_p) {
+            double acc = 0;
+            for (int i = 0; i < keep; i++) {
+                acc += exp((double)s->c[i].v - m) / sum;
+                if (acc >= s->o.top_p) { keep = i + 1; break; }
+            }
+        }
+    } else {
+        float mv = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            const float v = logits[i] / temp;
+            if (v > mv) mv = v;
+        }
+        m = mv;
+        for (int i = 0; i < n; i++) sum += (s->w[i] = exp((double)(logits[i] / temp) - m));
+        if (!top_p) {
+            *m_out = m;
+            *sum_out = sum;
+            return -1;
+        }
+        /* bands of weight [tau, hi), tau = 2^-8, 2^-16, ... (the last: everything below hi): each band sorted after
+         * the ones above it, so c[0..nc) is always a prefix of the full order */
+        keep = 0;
+        int nc = 0;
+        double acc = 0, hi = INFINITY;
+        for (double tau = 0x1p-8;; hi = tau, tau *= 0x1p-8) {
+            const int last = tau < 0x1p-1000, start = nc;
+            for (int i = 0; i < n; i++)
+                if (s->w[i] < hi && (s->w[i] >= tau || last)) s->c[nc++] = (struct cand){logits[i] / temp, i};
+            qsort(s->c + start, (size_t)(nc - start), sizeof *s->c, cand_cmp);
+            for (int i = start; i < nc && !keep; i++) {
+                acc += exp((double)s->c[i].v - m) / sum;
+                if (acc >= s->o.top_p) keep = i + 1;
+            }
+            if (keep || last) {
+                if (!keep) keep = nc;
+                break;
+            }
+        }
+    }
+    sum = 0;
+    for (int i = 0; i < keep; i++) sum += exp((double)s->c[i].v - m);
+    *m_out = m;
+    *sum_out = sum;
+    return keep;
+}
+
 int32_t df_sample(df_sampler *s, const float *logits, int n_vocab) {
     if (!s || s->o.temperature <= 0.0f || s->o.top_k == 1) return argmax(logits, n_vocab);
-    if (s->cap < n_vocab) {
-        struct cand *c = realloc(s->c, sizeof *c * (size_t)n_vocab);
-        if (!c) return argmax(logits, n_vocab);
-        s->c = c;
-        s->cap = n_vocab;
-    }
-    for (int i = 0; i < n_vocab; i++) { s->c[i].v = logits[i] / s->o.temperature; s->c[i].id = i; }
-    qsort(s->c, (size_t)n_vocab, sizeof *s->c, cand_cmp);
-    int n = n_vocab;
-    if (s->o.top_k > 0 && s->o.top_k < n) n = s->o.top_k;
-    double m = s->c[0].v, sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)s->c[i].v - m);
-    if (s->o.top_p > 0.0f && s->o.top_p < 1.0f) {
-        double acc = 0;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-            acc += exp((double)s->c[i].v - m) / sum;
-            if (acc >= s->o.top_p) { keep = i + 1; break; }
-        }
-        n = keep;
-        sum = 0;
-        for (int i = 0; i < n; i++) sum += exp((double)s->c[i].v - m);
-    }
+    double m, sum;
+    const int n = dist(s, logits, n_vocab, &m, &sum);
+    if (!n) return argmax(logits, n_vocab);
     double u = (double)(xoshiro(s->s) >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
+    if (n < 0) { /* every token, in index order */
+        int32_t last = argmax(logits, n_vocab);
+        for (int i = 0; i < n_vocab; i++) {
+            if (s->w[i] > 0) last = i;
+            acc += s->w[i];
+            if (u < acc) return i;
+        }
+        return last;
+    }
     for (int i = 0; i < n; i++) {
         acc += exp((double)s->c[i].v - m);
         if (u < acc) return s->c[i].id;
@@ -149,29 +254,12 @@ float df_logprob(const float *logits, int n_vocab, int32_t id, int top_n, int32_
 void df_sampler_probs(df_sampler *s, const float *logits, int n_vocab, float *probs) {
     for (int i = 0; i < n_vocab; i++) probs[i] = 0.0f;
     if (!s || s->o.temperature <= 0.0f || s->o.top_k == 1) { probs[argmax(logits, n_vocab)] = 1.0f; return; }
-    if (s->cap < n_vocab) {
-        struct cand *c = realloc(s->c, sizeof *c * (size_t)n_vocab);
-        if (!c) { probs[argmax(logits, n_vocab)] = 1.0f; return; }
-        s->c = c;
-        s->cap = n_vocab;
-    }
-    /* the candidates, cut and weights of df_sample */
-    for (int i = 0; i < n_vocab; i++) { s->c[i].v = logits[i] / s->o.temperature; s->c[i].id = i; }
-    qsort(s->c, (size_t)n_vocab, sizeof *s->c, cand_cmp);
-    int n = n_vocab;
-    if (s->o.top_k > 0 && s->o.top_k < n) n = s->o.top_k;
-    double m = s->c[0].v, sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)s->c[i].v - m);
-    if (s->o.top_p > 0.0f && s->o.top_p < 1.0f) {
-        double acc = 0;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-            acc += exp((double)s->c[i].v - m) / sum;
-            if (acc >= s->o.top_p) { keep = i + 1; break; }
-        }
-        n = keep;
-        sum = 0;
-        for (int i = 0; i < n; i++) sum += exp((double)s->c[i].v - m);
+    double m, sum;
+    const int n = dist(s, logits, n_vocab, &m, &sum); /* the candidates, cut and weights of df_sample */
+    if (!n) { probs[argmax(logits, n_vocab)] = 1.0f; return; }
+    if (n < 0) {
+        for (int i = 0; i < n_vocab; i++) probs[i] = (float)(s->w[i] / sum);
+        return;
     }
     for (int i = 0; i < n; i++) probs[s->c[i].id] = (float)(exp((double)s->c[i].v - m) / sum);
 }
