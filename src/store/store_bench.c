@@ -67,6 +67,7 @@ typedef struct {
     uint8_t *pool;           /* buffer_bytes > qd reads: the destination pool (n_slices of io_bytes), else NULL */
     int n_slices, next_slice;
     unsigned char *slice_busy;
+    int fixed_buf;           /* io_uring: the destination buffers registered with the ring (read_fixed) */
     int cur_f;               /* pread pool: the run being handed out */
     uint64_t cur_off, cur_left;
     int err;
@@ -272,8 +273,23 @@ static void *uring_main(void *arg) {
         iov[i].iov_base = bufs[i];
         iov[i].iov_len = o->io_bytes;
     }
-    /* with a destination pool (--buffer) the reads go to its slices, unregistered */
-    const int fixed_buf = !d->pool && io_uring_register_buffers(&ring, iov, (unsigned)o->qd) == 0;
+    /* with a destination pool (--buffer) the reads go to its slices: the pool registered in pieces of at most 1 GiB
+     * (whole reads; a registered buffer is at most 1 GiB), read k of a piece at buffer index = the piece */
+    const uint64_t piece = ((1ull << 30) / o->io_bytes) * o->io_bytes;
+    int fixed_buf = 0;
+    if (!o->no_fixed && !d->pool) fixed_buf = io_uring_register_buffers(&ring, iov, (unsigned)o->qd) == 0;
+    if (!o->no_fixed && d->pool) {
+        const uint64_t pool_bytes = (uint64_t)d->n_slices * o->io_bytes;
+        const unsigned np = (unsigned)((pool_bytes + piece - 1) / piece);
+        struct iovec *pv = calloc(np, sizeof *pv);
+        for (unsigned k = 0; pv && k < np; k++) {
+            pv[k].iov_base = d->pool + (size_t)k * piece;
+            pv[k].iov_len = (size_t)(pool_bytes - k * piece < piece ? pool_bytes - k * piece : piece);
+        }
+        fixed_buf = pv && io_uring_register_buffers(&ring, pv, np) == 0;
+        free(pv);
+    }
+    d->fixed_buf = fixed_buf;
     int *slice_of = calloc(o->qd, sizeof(int));
     for (int f = 0; f < d->n_files; f++) fds[f] = d->files[f].fd;
     const int fixed_file = io_uring_register_files(&ring, fds, (unsigned)d->n_files) == 0;
@@ -288,7 +304,9 @@ static void *uring_main(void *arg) {
         struct io_uring_sqe *sqe_ = io_uring_get_sqe(&ring); \
         const int fd_ = fixed_file ? cur_f : d->files[cur_f].fd; \
         if (d->pool) { slice_of[i] = pool_take(d); \
-            io_uring_prep_read(sqe_, fd_, d->pool + (size_t)slice_of[i] * o->io_bytes, (unsigned)len_, cur_off); } \
+            const uint64_t at_ = (uint64_t)slice_of[i] * o->io_bytes; \
+            if (fixed_buf) io_uring_prep_read_fixed(sqe_, fd_, d->pool + at_, (unsigned)len_, cur_off, (int)(at_ / piece)); \
+            else io_uring_prep_read(sqe_, fd_, d->pool + at_, (unsigned)len_, cur_off); } \
         else if (fixed_buf) io_uring_prep_read_fixed(sqe_, fd_, bufs[i], (unsigned)len_, cur_off, (i)); \
         else io_uring_prep_read(sqe_, fd_, bufs[i], (unsigned)len_, cur_off); \
         if (fixed_file) sqe_->flags |= IOSQE_FIXED_FILE; \
@@ -392,6 +410,7 @@ int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, 
         const double t1 = now_s();
         r->n_dirs = nd;
         r->direct = 1;
+        r->fixed_buf = uring;
         r->gbps = 0;
         for (int i = 0; i < nd; i++) {
             /* each queue's bytes over its own window (setup excluded); the total is their sum */
@@ -401,6 +420,7 @@ int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, 
             r->dir_gbps[i] = dt > 0 ? dirs[i].bytes / 1e9 / dt : 0;
             r->gbps += r->dir_gbps[i];
             r->direct &= dirs[i].direct;
+            r->fixed_buf &= dirs[i].fixed_buf;
             if (dirs[i].err && !rc) {
                 rc = dirs[i].err;
                 snprintf(err, errlen, "%s", dirs[i].errmsg);

@@ -25,6 +25,8 @@ typedef struct {
                                 (touched before the clock starts), as the store fills its expert cache; 0 = qd
                                 reads' worth, reused (fio's default). On some virtual machines the drive delivers
                                 much less into a pool of gigabytes than into a few reused megabytes. */
+    int no_fixed;            /* 1: io_uring reads into unregistered buffers (the kernel pins the pages of every read);
+                                0 (default): the destination (reused buffers or the pool) registered with the ring */
     const char *match;       /* fnmatch pattern of the file names to read (e.g. "experts-L*.pack": a model
                                 directory's packs, not its spine); NULL = every large enough file */
 } store_bench_opts;
@@ -36,6 +38,7 @@ typedef struct {
     uint64_t bytes;
     double seconds;
     int direct;              /* 1 if every file was read with O_DIRECT */
+    int fixed_buf;           /* 1 if every queue read into buffers registered with its io_uring */
     char io_engine[16];
 } store_bench_result;
 
