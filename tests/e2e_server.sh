@@ -143,6 +143,24 @@ n=$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1],"
     || bad "/metrics live tokens: $g0 -> $g1 -> $g2 ($n generated: want between, then +$n)"
 case "$(eparam)" in "max_tokens | "*"too large"*"between 1 and 1000000000"*) ok "max_tokens 1e11: message";;
     *) bad "max_tokens 1e11: message: $(eparam)";; esac
+# a number in a message is the text sent (a double would print 9007199254740993 as 9.00719925474099e+15)
+expect "seed 2^53 + 1 -> 400" "$(code "${P[@]}" -d '{"prompt":"abc","seed":9007199254740993}' "$B/v1/completions")" 400
+expect "seed 2^53 + 1: the value sent in the message" "$(eparam)" \
+    "seed | Invalid 'seed': 9007199254740993. Expected an integer of magnitude below 2^53."
+# a prompt that fills the context: the message names the server's --ctx (default 4096 here), not the model's limit
+IDS4096=$(seq 1 4096 | awk '{print $1 % 200 + 1}' | paste -sd, -)
+expect "4096-token prompt -> 400" "$(code "${P[@]}" -d "{\"prompt\":[$IDS4096],\"max_tokens\":1}" "$B/v1/completions")" 400
+expect "its message names --ctx" "$(eparam)" "prompt | This server's context is 4096 tokens (deltafin serve --ctx 4096); the prompt has \
+4096 tokens, which leaves no room for a completion: shorten the prompt, or restart the server with a larger --ctx (up to the model's \
+maximum context)."
+# completions top_logprobs hold the sampled (or echoed prompt) token too: up to logprobs + 1 keys, the top first; with
+# logprobs 0 the token alone; its value is its token_logprobs value. The mock after "a" predicts "e", after "ab" "l".
+lp_keys() { node -e 'const l=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).choices[0].logprobs;
+  console.log(l.top_logprobs.map((t,i)=>t===null?"null":Object.keys(t).join(",")+(t[l.tokens[i]]===l.token_logprobs[i]?"":"!")).join("|"))' "$TMP/body" 2>/dev/null; }
+expect "logprobs 1 + echo -> 200" "$(code "${P[@]}" -d '{"prompt":"abc","echo":true,"max_tokens":2,"temperature":0,"logprobs":1}' "$B/v1/completions")" 200
+expect "logprobs 1: top token, then the token itself when not the top" "$(lp_keys)" "null|e,b|l,c|l|o"
+expect "logprobs 0 + echo -> 200" "$(code "${P[@]}" -d '{"prompt":"abc","echo":true,"max_tokens":2,"temperature":0,"logprobs":0}' "$B/v1/completions")" 200
+expect "logprobs 0: the token alone" "$(lp_keys)" "null|b|c|l|o"
 expect "still serving after bad input" "$(code "${P[@]}" -d '{"prompt":"abc","max_tokens":3,"temperature":0}' "$B/v1/completions")" 200
 expect "greedy completion text" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0].text)' "$TMP/body")" "lo,"
 # without max_tokens /v1/completions generates 16 tokens (OpenAI's default; finish_reason "length"); chat keeps its default

@@ -7,7 +7,9 @@
 #   8. a long prefill with --timeout shorter than --keepalive keeps its stream
 #      (keep-alives at most every --timeout/2); with --keepalive 0 a stream silent
 #      for --timeout ends with an SSE error event, never a 200 with an empty body;
-#   9. an unwritable --port-file is an error (exit 1);
+#   9. an unwritable --port-file is an error (exit 1); a --port-file left by an earlier server is removed at start
+#      (also when binding then fails) and replaced by the new port, and removed at SIGTERM / SIGINT unless another
+#      server has written its own port there since;
 #   7. /health names a model whose expert pack failed its checksum (503, status "error");
 #  10. max_tokens 0 with echo scores the prompt (its logprobs, nothing generated);
 #   5. two requests without a seed sample different texts;
@@ -140,6 +142,63 @@ wait "$PF"; rc=$?
 expect "--port-file that cannot be written: exit 1" "$rc" 1
 if grep -q "cannot write --port-file $TMP/no/such/dir/port" "$TMP/pf.out"; then ok "and says why"; else bad "message: $(cat "$TMP/pf.out")"; fi
 
+# ---- 9b. a --port-file left by an earlier server: removed before binding (so a script never reads the dead port),
+# written once the new port is known, and removed at SIGTERM / SIGINT (unless another server has replaced it since)
+wait_port() { # wait_port FILE PID: the port FILE holds once the server PID wrote it (never the stale "1")
+    for _ in $(seq 1 600); do
+        [ -s "$1" ] && [ "$(cat "$1")" != 1 ] && { cat "$1"; return 0; }
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+listening_port() { sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\)\/v1.*/\1/p' "$1"; }
+stopped() { # stopped PID: SIGTERM'd or SIGINT'd server exited; its status
+    for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+PFA="$TMP/shared.port"
+echo 1 >"$PFA"
+"$BIN" serve --mock --port 0 --port-file "$PFA" 2>"$TMP/pfa.log" &
+PA=$!; PIDS+=("$PA")
+pa=$(wait_port "$PFA" "$PA")
+expect "stale --port-file (1): replaced by the bound port, the one the server listens on" "$pa" "$(listening_port "$TMP/pfa.log")"
+expect "that port serves" "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$pa/health")" 200
+[ -e "$PFA.tmp" ] && bad "PATH.tmp left behind" || ok "no PATH.tmp left"
+# a server that cannot bind (the port of the one above) removed the stale file at start: none is left to read
+PFB="$TMP/busy.port"
+echo 1 >"$PFB"
+"$BIN" serve --mock --port "$pa" --port-file "$PFB" >"$TMP/pfb.out" 2>&1
+expect "--port in use: exit 1" "$?" 1
+grep -q "the port is in use" "$TMP/pfb.out" && ok "and says why" || bad "busy port message: $(cat "$TMP/pfb.out")"
+[ -e "$PFB" ] && bad "stale --port-file still there after a failed bind: '$(cat "$PFB")'" || ok "stale --port-file removed before binding"
+# a second server with the same PATH replaces it; the first, stopped, leaves the second's file alone
+"$BIN" serve --mock --port 0 --port-file "$PFA" 2>"$TMP/pfc.log" &
+PC=$!; PIDS+=("$PC")
+pc=""
+for _ in $(seq 1 600); do
+    [ -s "$PFA" ] && [ "$(cat "$PFA")" != "$pa" ] && { pc=$(cat "$PFA"); break; }
+    kill -0 "$PC" 2>/dev/null || break; sleep 0.1
+done
+expect "second server on the same --port-file: its own port" "$pc" "$(listening_port "$TMP/pfc.log")"
+kill -TERM "$PA"; stopped "$PA"
+expect "first server: exit 0 on SIGTERM" "$?" 0
+expect "--port-file still the second server's port after the first stopped" "$(cat "$PFA" 2>/dev/null)" "$pc"
+kill -TERM "$PC"; stopped "$PC"
+expect "second server: exit 0 on SIGTERM" "$?" 0
+[ -e "$PFA" ] && bad "--port-file left after SIGTERM: '$(cat "$PFA")'" || ok "--port-file removed at SIGTERM"
+# SIGINT (background jobs of a script ignore SIGINT: restore its default for the server)
+PFD="$TMP/int.port"
+env --default-signal=INT "$BIN" serve --mock --port 0 --port-file "$PFD" 2>"$TMP/pfd.log" &
+PD=$!; PIDS+=("$PD")
+pd=$(wait_port "$PFD" "$PD")
+expect "SIGINT case: --port-file written" "$pd" "$(listening_port "$TMP/pfd.log")"
+kill -INT "$PD"; stopped "$PD"
+expect "exit 0 on SIGINT" "$?" 0
+grep -q "SIGINT received, shutting down" "$TMP/pfd.log" && ok "SIGINT received" || bad "SIGINT log: $(tail -2 "$TMP/pfd.log")"
+[ -e "$PFD" ] && bad "--port-file left after SIGINT: '$(cat "$PFD")'" || ok "--port-file removed at SIGINT"
+
 # ---- 10. max_tokens 0 + echo: scoring the prompt
 start_server sc --mock || { cat "$TMP/sc.log"; exit 1; }
 expect "max_tokens 0 + echo + logprobs -> 200" \
@@ -203,7 +262,7 @@ ctx_case() { # ctx_case NAME ARGS...: the answers of a --ctx 32 server, one line
 ctx_case ctxmock --mock
 ctx_case ctxreal --model "$SRC/tests/golden/bf16_kimi" --cache-dir "$TMP/cache"
 want_ctx="32
-400 This model's context is 32 tokens; the prompt has 32 tokens, which leaves no room for a completion: shorten the prompt. prompt
+400 This server's context is 32 tokens (deltafin serve --ctx 32); the prompt has 32 tokens, which leaves no room for a completion: shorten the prompt, or restart the server with a larger --ctx (up to the model's maximum context). prompt
 200 length {\"prompt_tokens\":20,\"completion_tokens\":12,\"total_tokens\":32,\"prompt_tokens_details\":{\"cached_tokens\":0}}
 stream length {\"prompt_tokens\":20,\"completion_tokens\":12,\"total_tokens\":32,\"prompt_tokens_details\":{\"cached_tokens\":19}}"
 expect "engine --ctx 32: context_length, 400 for a 32-token prompt, 12 of max_tokens 100 then length (plain, streamed reusing 19)" \

@@ -158,6 +158,57 @@ static void expect_400_n(int kind, const char *body, size_t len, const char *par
 
 static void expect_400(int kind, const char *body, const char *param) { expect_400_n(kind, body, 0, param, NULL); }
 
+/* Expect a 400 whose error.message is exactly `msg`. */
+static void expect_400_exact(int kind, const char *body, const char *msg) {
+    srv_request r;
+    char *ej = NULL;
+    int st = srv_request_parse(&r, kind, body, strlen(body), &ej);
+    cJSON *e = ej ? cJSON_Parse(ej) : NULL, *m = e ? cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message") : NULL;
+    CHECK(st == 400 && cJSON_IsString(m) && !strcmp(m->valuestring, msg), "%s: 400 '%s': %d %s", body, msg, st, ej ? ej : "");
+    cJSON_Delete(e);
+    free(ej);
+    if (st == 0) srv_request_free(&r);
+}
+
+/* Numbers in messages are the text the client sent: a double prints 9007199254740993 (not one) as
+ * 9.00719925474099e+15 with %.15g, a value nobody sent. */
+static void test_number_text(void) {
+    const char *seed_msg = ". Expected an integer of magnitude below 2^53.";
+    char want[160];
+    static const char *sent[] = {"9007199254740993", "-9007199254740993", "9007199254740992", "12345678901234567890", "1e20",
+                                 "9.007199254740993E15"};
+    for (int i = 0; i < 6; i++) {
+        char body[160];
+        snprintf(body, sizeof body, "{\"prompt\":\"a\",\"seed\":%s}", sent[i]);
+        snprintf(want, sizeof want, "Invalid 'seed': %s%s", sent[i], seed_msg);
+        expect_400_exact(SRV_COMPLETION, body, want);
+    }
+    /* the top-level member, past strings with quotes and braces, nested objects and whitespace */
+    expect_400_exact(SRV_COMPLETION, "{\"stop\":[\"}\\\"seed\\\":1,\",\"seed\"],\"x\":{\"seed\":1,\"y\":[{}]},\"prompt\":\"a\",\n"
+                     " \"seed\" :\t9007199254740993 }", "Invalid 'seed': 9007199254740993. Expected an integer of magnitude below 2^53.");
+    /* a member name with an escape (cJSON reads it as "seed"): no raw text found, the integral value exactly */
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"se\\u0065d\":9007199254740993}",
+                     "Invalid 'seed': 9007199254740992. Expected an integer of magnitude below 2^53.");
+    /* ... also when a later raw "seed" holds another value (cJSON uses the first member) */
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"se\\u0065d\":1e300,\"seed\":5}",
+                     "Invalid 'seed': 1e+300. Expected an integer of magnitude below 2^53.");
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":12345678901234567}",
+                     "Invalid 'max_tokens': 12345678901234567 is too large. Expected a value between 1 and 1000000000 (generation "
+                     "also stops at the end of the model's context, with finish_reason \"length\").");
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"n\":9007199254740993}", "Invalid 'n': 9007199254740993. Only n = 1 is supported.");
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":21}", "Invalid 'logprobs': 21. Expected a value between 0 and 20.");
+    expect_400_exact(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":-1}",
+                     "Invalid 'top_logprobs': -1. Expected a value between 0 and 20.");
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"top_k\":-2}",
+                     "Invalid 'top_k': -2. Expected -1 or 0 (off) or a positive integer up to 1000000000.");
+    /* %g printed these as 2 and 1: the message named an allowed value */
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"temperature\":2.0000001}",
+                     "Invalid 'temperature': 2.0000001. Expected a value between 0 and 2.");
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"top_p\":1.0000001}", "Invalid 'top_p': 1.0000001. Expected a value in (0, 1].");
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"presence_penalty\":1e-9}",
+                     "Unsupported 'presence_penalty': 1e-9. Only 0 (off) is supported.");
+}
+
 /* NUL characters (cJSON strings end at NUL): rejected naming the field, never truncated. */
 static void test_nul(void) {
     char where[256];
@@ -272,7 +323,7 @@ static void test_request(void) {
     /* max_tokens out of range: the message says which bound */
     expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":100000000000}", 0, "max_tokens", "too large");
     expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":100000000000}", 0, "max_tokens", "between 1 and 1000000000");
-    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":1e300}", 0, "max_tokens", "1e+300 is too large");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":1e300}", 0, "max_tokens", "1e300 is too large");
     expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5000000000}", 0,
                  "max_completion_tokens", "too large");
     expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":-3}", 0, "max_tokens", "-3. Expected a value >= 1");
@@ -343,6 +394,7 @@ int main(void) {
     test_stop();
     test_kimi();
     test_request();
+    test_number_text();
     test_nul();
     test_misc();
     test_token_display();

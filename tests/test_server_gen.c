@@ -260,6 +260,107 @@ static void test_issue11(void) {
     free(ej);
 }
 
+/* The mock's logprob of token v after n_past tokens (its logits: 9 at the target byte, ((7v + n_past) % 13) / 13 elsewhere). */
+static double mock_lp(int n_past, int target, int v) {
+    double sum = 0, mx = 9.0;
+    for (int u = 0; u < 262; u++) sum += exp((u == target ? 9.0 : (double)(float)((u * 7 + n_past) % 13) / 13.0f) - mx);
+    return (v == target ? 9.0 : (double)(float)((v * 7 + n_past) % 13) / 13.0f) - (mx + log(sum));
+}
+
+/* The completions top_logprobs of a streamed response, concatenated over its chunks. */
+static cJSON *sse_tops(const char *out) {
+    cJSON *all = cJSON_CreateArray();
+    for (const char *p = out; (p = strstr(p, "data: {")) != NULL;) {
+        const char *e = strstr(p, "\n\n");
+        char *payload = strndup(p + 6, e ? (size_t)(e - p - 6) : strlen(p + 6));
+        cJSON *j = cJSON_Parse(payload), *t;
+        cJSON *tops = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs"),
+                                          "top_logprobs");
+        cJSON_ArrayForEach(t, tops) cJSON_AddItemToArray(all, cJSON_Duplicate(t, 1));
+        cJSON_Delete(j);
+        free(payload);
+        p = e ? e : p + strlen(p);
+    }
+    return all;
+}
+
+/* Completions top_logprobs hold the sampled token too (OpenAI legacy completions, vLLM): up to logprobs + 1 keys, the
+ * top ones first; with logprobs 0 the sampled token alone; also for echoed prompt tokens. Chat top_logprobs stay the
+ * top-N list. */
+static void test_sampled_in_top(void) {
+    /* echo "abc" + 2 greedy tokens "lo"; after n tokens the mock's top token is MOCK_TEXT[n] ("Hello, ...") */
+    static const char target[] = "Hello";
+    for (int n = 0; n <= 1; n++) {
+        char body[256];
+        for (int st = 0; st <= 1; st++) {
+            snprintf(body, sizeof body, "{\"prompt\":\"abc\",\"echo\":true,\"max_tokens\":2,\"temperature\":0,\"logprobs\":%d%s}", n,
+                     st ? ",\"stream\":true" : "");
+            srv_job *j = run(SRV_COMPLETION, body);
+            cJSON *r = st ? NULL : body_json(j);
+            cJSON *tops = st ? sse_tops(j->out.p)
+                             : cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs"),
+                                                   "top_logprobs");
+            CHECK(cJSON_GetArraySize(tops) == 5 && cJSON_IsNull(cJSON_GetArrayItem(tops, 0)), "logprobs %d%s: 5 entries, the first null",
+                  n, st ? " streamed" : "");
+            static const char toks[] = "abclo";
+            for (int i = 1; i < 5 && i < cJSON_GetArraySize(tops); i++) {
+                cJSON *t = cJSON_GetArrayItem(tops, i);
+                const int tgt = target[i], tok = toks[i];
+                const int want_n = tok == tgt ? 1 : n + 1; /* greedy tokens are the top one; "b", "c" are not */
+                char key[2] = {(char)tok, 0}, tkey[2] = {(char)tgt, 0};
+                cJSON *v = cJSON_GetObjectItem(t, key), *tv = cJSON_GetObjectItem(t, tkey);
+                CHECK(cJSON_GetArraySize(t) == want_n, "logprobs %d%s, token %d '%c': %d keys (want %d)", n, st ? " streamed" : "", i, tok,
+                      cJSON_GetArraySize(t), want_n);
+                CHECK(cJSON_IsNumber(v) && fabs(v->valuedouble - mock_lp(i, tgt, tok)) < 1e-5, "token %d '%c' keyed with its logprob %g: %g",
+                      i, tok, mock_lp(i, tgt, tok), cJSON_IsNumber(v) ? v->valuedouble : 0.0);
+                if (n > 0) { /* the top token first, then the sampled one */
+                    CHECK(cJSON_IsNumber(tv) && t->child == tv && fabs(tv->valuedouble - mock_lp(i, tgt, tgt)) < 1e-5,
+                          "token %d: top '%c' first, logprob %g", i, tgt, mock_lp(i, tgt, tgt));
+                } else CHECK(tok == tgt || !tv, "logprobs 0: token %d '%c' alone", i, tok);
+            }
+            if (st) cJSON_Delete(tops);
+            cJSON_Delete(r);
+            srv_job_unref(j);
+        }
+    }
+    /* sampled at temperature 2: most tokens are not the top one; each entry = top-1 + the sampled token, whose value
+     * is its token_logprobs value */
+    srv_job *j = run(SRV_COMPLETION, "{\"prompt\":\"abc\",\"max_tokens\":24,\"temperature\":2,\"seed\":11,\"logprobs\":1}");
+    cJSON *r = body_json(j);
+    cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"), *tl = cJSON_GetObjectItem(lp, "token_logprobs"),
+          *tk = cJSON_GetObjectItem(lp, "tokens");
+    int n_two = 0, n_ok = 0, n = cJSON_GetArraySize(tops);
+    for (int i = 0; i < n; i++) {
+        cJSON *t = cJSON_GetArrayItem(tops, i), *v = cJSON_GetObjectItem(t, cJSON_GetArrayItem(tk, i)->valuestring);
+        const double lpi = cJSON_GetArrayItem(tl, i)->valuedouble;
+        n_two += cJSON_GetArraySize(t) == 2;
+        /* the top (logprob of 9 - lse > -1.6 at temperature-free logits) first; the sampled token keyed with token_logprobs */
+        n_ok += v && fabs(v->valuedouble - lpi) < 1e-9 && t->child->valuedouble > -1.6 &&
+                (cJSON_GetArraySize(t) == 1 ? t->child == v : t->child->next == v && lpi < t->child->valuedouble);
+    }
+    CHECK(n == 24 && n_ok == 24, "sampled: every entry has the top token, then the sampled one (%d of %d)", n_ok, n);
+    CHECK(n_two >= 8, "sampled: %d of 24 tokens were not the top one (2 keys)", n_two);
+    cJSON_Delete(r);
+    srv_job_unref(j);
+    /* chat: top_logprobs is the top-N list only (the chat API's format), also for a sampled token that is not in it */
+    j = run(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":16,\"temperature\":2,\"seed\":11,"
+                      "\"logprobs\":true,\"top_logprobs\":1}");
+    r = body_json(j);
+    cJSON *c = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs"), "content");
+    int n_one = 0, n_other = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, c) {
+        cJSON *ta = cJSON_GetObjectItem(e, "top_logprobs");
+        n_one += cJSON_GetArraySize(ta) == 1;
+        n_other += strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(ta, 0), "token")->valuestring, cJSON_GetObjectItem(e, "token")->valuestring) != 0;
+    }
+    CHECK(cJSON_GetArraySize(c) == 16 && n_one == 16 && n_other >= 4, "chat: 16 entries of 1 alternative (%d), %d sampled tokens not in it",
+          n_one, n_other);
+    cJSON_Delete(r);
+    srv_job_unref(j);
+}
+
 /* serve --mock --ctx N: the mock's sessions hold N positions, and the generator treats them as the engine's: a prompt of
  * N tokens or more is a 400 naming the context, generation stops at the context with finish_reason "length" (also a
  * chat without max_tokens), a KV-reused session too; 0 is the mock's maximum (4096), more is lowered to it. */
@@ -270,7 +371,9 @@ static void test_mock_ctx(void) {
     if (!m16) return;
     be = go.be = m16;
     srv_job *j = run(SRV_COMPLETION, "{\"prompt\":\"abcdefghijklmnop\",\"max_tokens\":1,\"temperature\":0}");
-    CHECK(j->http_status == 400 && strstr(j->out.p, "This model's context is 16 tokens; the prompt has 16 tokens, which leaves no room for a completion") &&
+    CHECK(j->http_status == 400 && strstr(j->out.p, "\"This server's context is 16 tokens (deltafin serve --ctx 16); the prompt has 16 tokens, which leaves no room "
+                                                  "for a completion: shorten the prompt, or restart the server with a larger --ctx (up to the "
+                                                  "model's maximum context).\"") &&
           strstr(j->out.p, "\"param\":\"prompt\""), "16-token prompt in a 16-position context: 400: %s", j->out.p);
     srv_job_unref(j);
     /* 10 prompt tokens + max_tokens 100: the 6 that fit, then "length" (the mock's text from offset 10) */
@@ -483,6 +586,7 @@ int main(void) {
     srv_job_unref(j);
 
     test_issue11();
+    test_sampled_in_top();
     test_mock_ctx();
     be->close(be);
 

@@ -108,6 +108,31 @@ static void add_top(cJSON *t, const char *s, size_t n, int32_t id, float lp) {
     cJSON_Delete(k);
 }
 
+/* A completions top_logprobs entry: the top-N alternatives (most likely first), then the
+ * token itself (sampled or, for an echoed prompt token, given) when it is not among them,
+ * as the OpenAI legacy completions API and vLLM do: up to N + 1 keys, and with logprobs 0
+ * the token alone. (Chat top_logprobs stay the top-N list of the chat API.) */
+static cJSON *completion_top(gen_ctx *g, int top, const int32_t *tids, const float *tlp, int32_t id, float lp) {
+    cJSON *t = cJSON_CreateObject();
+    int listed = 0;
+    for (int i = 0; i < top; i++) {
+        char *s = NULL;
+        size_t sl = 0;
+        g->be->token_bytes(g->be, tids[i], &s, &sl);
+        add_top(t, s, sl, tids[i], tlp[i]);
+        free(s);
+        listed |= tids[i] == id;
+    }
+    if (!listed) {
+        char *s = NULL;
+        size_t sl = 0;
+        g->be->token_bytes(g->be, id, &s, &sl);
+        add_top(t, s, sl, id, lp);
+        free(s);
+    }
+    return t;
+}
+
 static cJSON *bytes_array(const char *s, size_t n) {
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)s[i]));
@@ -144,15 +169,7 @@ static void record_logprob(gen_ctx *g, const float *logits, int32_t id) {
     } else {
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "tokens"), str_of_bytes(tb, tl));
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "token_logprobs"), cJSON_CreateNumber(lp));
-        cJSON *t = cJSON_CreateObject();
-        for (int i = 0; i < top; i++) {
-            char *s = NULL;
-            size_t sl = 0;
-            g->be->token_bytes(g->be, tids[i], &s, &sl);
-            add_top(t, s, sl, tids[i], tlp[i]);
-            free(s);
-        }
-        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), t);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), completion_top(g, top, tids, tlp, id, lp));
         /* in characters of the returned text: the characters completed before this
          * token (one that continues a character gets that character's offset) */
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "text_offset"),
@@ -213,15 +230,7 @@ static void prompt_logprobs(gen_ctx *g, const int32_t *P, int n, const float *al
         const float *row = all + (size_t)(i - 1) * g->be->n_vocab;
         float lp = g->be->logprob(row, g->be->n_vocab, P[i], top, tids, tlp);
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "token_logprobs"), cJSON_CreateNumber(lp));
-        cJSON *t = cJSON_CreateObject();
-        for (int q = 0; q < top; q++) {
-            char *s = NULL;
-            size_t sl = 0;
-            g->be->token_bytes(g->be, tids[q], &s, &sl);
-            add_top(t, s, sl, tids[q], tlp[q]);
-            free(s);
-        }
-        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), t);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "top_logprobs"), completion_top(g, top, tids, tlp, P[i], lp));
     }
     free(off);
 }
@@ -463,9 +472,11 @@ static int32_t *prompt_tokens(gen_ctx *g, int *n_out, int *think_open, srv_buf *
         return NULL;
     }
     if ((int)n >= be->n_ctx) {
-        char m[200];
-        snprintf(m, sizeof m, "This model's context is %d tokens; the prompt has %zu tokens, which leaves no room for a "
-                 "completion: shorten the prompt.", be->n_ctx, n);
+        char m[320];
+        /* n_ctx is the server's --ctx (default min(4096, the model's maximum)), not the model's own limit */
+        snprintf(m, sizeof m, "This server's context is %d tokens (deltafin serve --ctx %d); the prompt has %zu tokens, "
+                 "which leaves no room for a completion: shorten the prompt, or restart the server with a larger --ctx "
+                 "(up to the model's maximum context).", be->n_ctx, be->n_ctx, n);
         fail_job(g, 400, m, r->kind == SRV_CHAT ? "messages" : "prompt");
         free(ids);
         return NULL;

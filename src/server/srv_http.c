@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -865,6 +866,12 @@ int srv_serve(const srv_config *cfg) {
     FILE *port_f = NULL;
     char port_tmp[4096] = "";
     if (cfg->port_file) {
+        /* a PATH left by an earlier server names its (dead) port: remove it first, so that PATH appears only once
+         * this server's port is known (a script waiting for it never reads the old one) */
+        if (unlink(cfg->port_file) != 0 && errno != ENOENT) {
+            fprintf(stderr, "deltafin serve: cannot remove the old --port-file %s: %s\n", cfg->port_file, strerror(errno));
+            return 1;
+        }
         snprintf(port_tmp, sizeof port_tmp, "%s.tmp", cfg->port_file);
         if (!(port_f = fopen(port_tmp, "w"))) {
             fprintf(stderr, "deltafin serve: cannot write --port-file %s (%s: %s)\n", cfg->port_file, port_tmp, strerror(errno));
@@ -981,6 +988,8 @@ int srv_serve(const srv_config *cfg) {
             strchr(cfg->host, ':') ? "[" : "", cfg->host, strchr(cfg->host, ':') ? "]" : "", port, S.n_workers, cfg->queue,
             cfg->max_request_bytes, cfg->api_key ? ", API key required" : "", cfg->cors ? cfg->cors : "off");
     int sig = 0, status = 0;
+    struct stat port_st; /* the --port-file this server wrote (removed at shutdown if it is still that file) */
+    int port_written = 0;
     if (port_f) {
         int bad = fprintf(port_f, "%d\n", port) < 0 || fflush(port_f) != 0 || fsync(fileno(port_f)) != 0;
         int e = errno;
@@ -991,7 +1000,7 @@ int srv_serve(const srv_config *cfg) {
             fprintf(stderr, "deltafin serve: cannot write --port-file %s: %s; stopping\n", cfg->port_file, strerror(e));
             unlink(port_tmp);
             status = 1;
-        }
+        } else port_written = stat(cfg->port_file, &port_st) == 0;
     }
     if (!status) {
         sigwait(&sigs, &sig);
@@ -1021,6 +1030,12 @@ int srv_serve(const srv_config *cfg) {
     }
     pthread_mutex_unlock(&S.mu);
     MHD_stop_daemon(S.d);
+    /* the port is closed: a script must not find it in --port-file any more. Unless PATH is no longer the file
+     * written above (another server started with the same PATH since, and wrote its own port there) */
+    struct stat now_st;
+    if (port_written && stat(cfg->port_file, &now_st) == 0 && now_st.st_dev == port_st.st_dev && now_st.st_ino == port_st.st_ino &&
+        now_st.st_ctim.tv_sec == port_st.st_ctim.tv_sec && now_st.st_ctim.tv_nsec == port_st.st_ctim.tv_nsec)
+        unlink(cfg->port_file);
     fprintf(stderr, "deltafin serve: stopped after %lu request%s (%lu rejected as busy)\n", S.n_served,
             S.n_served == 1 ? "" : "s", S.n_rejected);
     S.be->close(S.be);

@@ -22,6 +22,72 @@ static int is_int(const cJSON *v) {
            fabs(v->valuedouble) < 9.007199254740992e15;
 }
 
+/* The text of top-level member `key`'s number as the client sent it, for error messages: a double prints a
+ * large integer rounded (%.15g gives 9.00719925474099e+15 for 9007199254740993), so a message would name a
+ * value the client never sent. The body has parsed as JSON; the raw text is used when it is a plain number
+ * that reads back as the parsed value d (e.g. not when cJSON took an earlier member with an escaped name);
+ * else an integral d as %.0f, anything else as %.15g. */
+static size_t json_ws(const char *b, size_t n, size_t i) {
+    while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n')) i++;
+    return i;
+}
+static size_t json_str_end(const char *b, size_t n, size_t i) { /* b[i] == '"': the index past the closing quote */
+    for (i++; i < n; i++) {
+        if (b[i] == '\\') i++;
+        else if (b[i] == '"') return i + 1;
+    }
+    return n;
+}
+static size_t json_value_end(const char *b, size_t n, size_t i) {
+    int depth = 0;
+    while (i < n) {
+        const char c = b[i];
+        if (c == '"') {
+            i = json_str_end(b, n, i);
+            if (!depth) return i;
+            continue;
+        }
+        if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') {
+            if (!depth) return i;
+            if (!--depth) return i + 1;
+        } else if (!depth && (c == ',' || c == ' ' || c == '\t' || c == '\r' || c == '\n')) return i;
+        i++;
+    }
+    return n;
+}
+static const char *num_text(const char *b, size_t n, const char *key, double d, char *out, size_t cap) {
+    size_t i = json_ws(b, n, 0);
+    const size_t kl = strlen(key);
+    if (i < n && b[i] == '{') {
+        for (i++;;) {
+            i = json_ws(b, n, i);
+            if (i >= n || b[i] != '"') break;
+            const size_t ks = i + 1, ke = json_str_end(b, n, i);
+            const int match = ke >= ks + 1 && ke - 1 - ks == kl && !memcmp(b + ks, key, kl);
+            i = json_ws(b, n, ke);
+            if (i >= n || b[i] != ':') break;
+            i = json_ws(b, n, i + 1);
+            const size_t ve = json_value_end(b, n, i);
+            if (match) {
+                const size_t vl = ve - i;
+                if (vl > 0 && vl < cap && vl <= 48) {
+                    memcpy(out, b + i, vl);
+                    out[vl] = 0;
+                    if (strspn(out, "-+0123456789.eE") == vl && strtod(out, NULL) == d) return out;
+                }
+                break;
+            }
+            i = json_ws(b, n, ve);
+            if (i >= n || b[i] != ',') break;
+            i++;
+        }
+    }
+    if (isfinite(d) && d == floor(d) && fabs(d) < 1e21) snprintf(out, cap, "%.0f", d);
+    else snprintf(out, cap, "%.15g", d);
+    return out;
+}
+
 void srv_request_free(srv_request *r) {
     free(r->model);
     free(r->messages_json);
@@ -251,6 +317,8 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     cJSON *v;
+    char nb[64]; /* a number as sent, for messages: NUM(key) */
+#define NUM(key) num_text(body, len, (key), v->valuedouble, nb, sizeof nb)
     if (!root) {
         size_t off = end && end >= body ? (size_t)(end - body) : 0;
         /* cJSON stops at CJSON_NESTING_LIMIT levels of arrays / objects: say so rather than point at valid JSON */
@@ -311,41 +379,41 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         if (!is_integral(v)) FAIL(maxn[i], "Invalid type for '%s': expected an integer.", maxn[i]);
         /* 0 only for completions with echo (scoring the prompt: its logprobs, nothing generated) */
         if (v->valuedouble < (kind == SRV_COMPLETION ? 0 : 1))
-            FAIL(maxn[i], "Invalid '%s': %.15g. Expected a value >= 1%s.", maxn[i], v->valuedouble,
+            FAIL(maxn[i], "Invalid '%s': %s. Expected a value >= 1%s.", maxn[i], NUM(maxn[i]),
                  kind == SRV_COMPLETION ? " (or 0 with 'echo': true, to score the prompt)" : "");
         if (v->valuedouble > SRV_MAX_MAX_TOKENS)
-            FAIL(maxn[i], "Invalid '%s': %.15g is too large. Expected a value between 1 and %d (generation also "
+            FAIL(maxn[i], "Invalid '%s': %s is too large. Expected a value between 1 and %d (generation also "
                           "stops at the end of the model's context, with finish_reason \"length\").",
-                 maxn[i], v->valuedouble, SRV_MAX_MAX_TOKENS);
+                 maxn[i], NUM(maxn[i]), SRV_MAX_MAX_TOKENS);
         r->max_tokens = (int)v->valuedouble;
         r->max_tokens_set = 1;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "temperature")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsNumber(v)) FAIL("temperature", "Invalid type for 'temperature': expected a number.");
-        if (!(v->valuedouble >= 0 && v->valuedouble <= 2)) FAIL("temperature", "Invalid 'temperature': %g. Expected a value between 0 and 2.", v->valuedouble);
+        if (!(v->valuedouble >= 0 && v->valuedouble <= 2)) FAIL("temperature", "Invalid 'temperature': %s. Expected a value between 0 and 2.", NUM("temperature"));
         r->temperature = v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "top_p")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsNumber(v)) FAIL("top_p", "Invalid type for 'top_p': expected a number.");
-        if (!(v->valuedouble > 0 && v->valuedouble <= 1)) FAIL("top_p", "Invalid 'top_p': %g. Expected a value in (0, 1].", v->valuedouble);
+        if (!(v->valuedouble > 0 && v->valuedouble <= 1)) FAIL("top_p", "Invalid 'top_p': %s. Expected a value in (0, 1].", NUM("top_p"));
         r->top_p = v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "top_k")) && !cJSON_IsNull(v)) {
         if (!is_integral(v)) FAIL("top_k", "Invalid type for 'top_k': expected an integer.");
         if (v->valuedouble < -1 || v->valuedouble > SRV_MAX_MAX_TOKENS)
-            FAIL("top_k", "Invalid 'top_k': %.15g. Expected -1 or 0 (off) or a positive integer up to %d.", v->valuedouble,
+            FAIL("top_k", "Invalid 'top_k': %s. Expected -1 or 0 (off) or a positive integer up to %d.", NUM("top_k"),
                  SRV_MAX_MAX_TOKENS);
         r->top_k = v->valuedouble < 0 ? 0 : (int)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "seed")) && !cJSON_IsNull(v)) {
         if (!is_integral(v)) FAIL("seed", "Invalid type for 'seed': expected an integer.");
-        if (!is_int(v)) FAIL("seed", "Invalid 'seed': %.15g. Expected an integer of magnitude below 2^53.", v->valuedouble);
+        if (!is_int(v)) FAIL("seed", "Invalid 'seed': %s. Expected an integer of magnitude below 2^53.", NUM("seed"));
         r->has_seed = 1;
         r->seed = (uint64_t)(int64_t)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "n")) && !cJSON_IsNull(v)) {
         if (!is_integral(v)) FAIL("n", "Invalid type for 'n': expected an integer.");
-        if (v->valuedouble != 1) FAIL("n", "Invalid 'n': %.15g. Only n = 1 is supported.", v->valuedouble);
+        if (v->valuedouble != 1) FAIL("n", "Invalid 'n': %s. Only n = 1 is supported.", NUM("n"));
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "stop")) && !cJSON_IsNull(v)) {
         if (cJSON_IsString(v)) {
@@ -369,7 +437,7 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         } else {
             if (!is_integral(v)) FAIL("logprobs", "Invalid type for 'logprobs': expected an integer.");
             if (v->valuedouble < 0 || v->valuedouble > SRV_MAX_TOP_LOGPROBS)
-                FAIL("logprobs", "Invalid 'logprobs': %.15g. Expected a value between 0 and %d.", v->valuedouble, SRV_MAX_TOP_LOGPROBS);
+                FAIL("logprobs", "Invalid 'logprobs': %s. Expected a value between 0 and %d.", NUM("logprobs"), SRV_MAX_TOP_LOGPROBS);
             r->logprobs = 1;
             r->top_logprobs = (int)v->valuedouble;
         }
@@ -377,7 +445,7 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
     if (kind == SRV_CHAT && (v = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs")) && !cJSON_IsNull(v)) {
         if (!is_integral(v)) FAIL("top_logprobs", "Invalid type for 'top_logprobs': expected an integer.");
         if (v->valuedouble < 0 || v->valuedouble > SRV_MAX_TOP_LOGPROBS)
-            FAIL("top_logprobs", "Invalid 'top_logprobs': %.15g. Expected a value between 0 and %d.", v->valuedouble, SRV_MAX_TOP_LOGPROBS);
+            FAIL("top_logprobs", "Invalid 'top_logprobs': %s. Expected a value between 0 and %d.", NUM("top_logprobs"), SRV_MAX_TOP_LOGPROBS);
         if (!r->logprobs) FAIL("top_logprobs", "Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.");
         r->top_logprobs = (int)v->valuedouble;
     }
@@ -391,7 +459,7 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         if (!(v = cJSON_GetObjectItemCaseSensitive(root, pens[i])) || cJSON_IsNull(v)) continue;
         if (!cJSON_IsNumber(v)) FAIL(pens[i], "Invalid type for '%s': expected a number.", pens[i]);
         double neutral = i == 2 ? 1.0 : 0.0;
-        if (v->valuedouble != neutral) FAIL(pens[i], "Unsupported '%s': %g. Only %g (off) is supported.", pens[i], v->valuedouble, neutral);
+        if (v->valuedouble != neutral) FAIL(pens[i], "Unsupported '%s': %s. Only %g (off) is supported.", pens[i], NUM(pens[i]), neutral);
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsObject(v)) FAIL("logit_bias", "Invalid type for 'logit_bias': expected an object.");
@@ -402,6 +470,7 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         if (!cJSON_IsString(t) || strcmp(t->valuestring, "text"))
             FAIL("response_format", "Unsupported 'response_format': only {\"type\":\"text\"} is supported.");
     }
+#undef NUM
     cJSON_Delete(root);
     return 0;
 fail:
