@@ -367,6 +367,22 @@ static void test_sampler_dist(void) {
               "%d draws outside", cfg[ci].temp, cfg[ci].k, cfg[ci].p, n, d, kept, kept_ref, outside);
         df_sampler_free(s);
     }
+    {   /* NaN logits: never drawn, the others still are (top-p and plain temperature) */
+        for (int i = 0; i < 600; i++) l[i] = i % 3 == 0 ? NAN : (float)(i % 17) * 0.25f;
+        int bad = 0;
+        for (int tp = 0; tp < 2; tp++) {
+            df_sampler_opts o;
+            df_sampler_opts_default(&o);
+            o.temperature = 1.0f; o.top_p = tp ? 0.9f : 1.0f; o.seed = 3;
+            df_sampler *s = df_sampler_new(&o);
+            for (int t = 0; t < 200; t++) {
+                const int x = df_sample(s, l, 600);
+                bad += x < 0 || x >= 600 || x % 3 == 0;
+            }
+            df_sampler_free(s);
+        }
+        CHECK(bad == 0, "NaN logits are never sampled (%d of 400 draws were)", bad);
+    }
     /* the draws follow the distribution: 40000 draws over 20 tokens, each frequency within 0.01 of its probability */
     df_sampler_opts o;
     df_sampler_opts_default(&o);

@@ -795,7 +795,7 @@ static int bench_store(int argc, char **argv) {
         if (!strcmp(a, "--pread")) { uring = 0; continue; }
         if (!strcmp(a, "--no-drop")) { nodrop = 1; continue; }
         static const char *const vals[] = {"--model", "--trace", "--cache", "--qd", "--io-seconds", "--cache-dir", NULL};
-        static const char *const flags[] = {"--help", "--pread", "--no-fixed", "--no-drop", NULL};
+        static const char *const flags[] = {"--help", "--pread", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench store", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench store: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;

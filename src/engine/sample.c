@@ -14,10 +14,14 @@
 struct df_sampler {
     df_sampler_opts o;
     uint64_t s[4];
-    struct cand { float v; int32_t id; } *c; /* candidates [cap] */
-    double *w;                               /* weights [cap] */
+    struct cand { float v; int32_t id; } *c; /* top-k candidates [cap] */
+    float *w;                                /* every token's weight exp(v - m) [cap] */
+    double *bs;                              /* the weights' sums per block of SB tokens [cap / SB + 1] */
+    int32_t *ix;                             /* top-p: the kept tokens first [cap] */
     int cap;
 };
+
+enum { SB = 256 }; /* tokens per block sum */
 
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -50,6 +54,8 @@ void df_sampler_free(df_sampler *s) {
     if (!s) return;
     free(s->c);
     free(s->w);
+    free(s->bs);
+    free(s->ix);
     free(s);
 }
 
@@ -88,17 +94,52 @@ static int cand_cmp(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* Room for n candidates and n weights; 0 when out of memory. */
+/* Room for n tokens' candidates, weights, block sums and indices; 0 when out of memory. */
 static int reserve(df_sampler *s, int n) {
     if (s->cap >= n) return 1;
     struct cand *c = realloc(s->c, sizeof *c * (size_t)n);
-    if (!c) return 0;
-    s->c = c;
-    double *w = realloc(s->w, sizeof *w * (size_t)n);
-    if (!w) return 0;
-    s->w = w;
+    if (c) s->c = c;
+    float *w = realloc(s->w, sizeof *w * (size_t)n);
+    if (w) s->w = w;
+    double *bs = realloc(s->bs, sizeof *bs * (size_t)(n / SB + 1));
+    if (bs) s->bs = bs;
+    int32_t *ix = realloc(s->ix, sizeof *ix * (size_t)n);
+    if (ix) s->ix = ix;
+    if (!c || !w || !bs || !ix) return 0;
     s->cap = n;
     return 1;
+}
+
+/* e^x for x <= 0 in fp32, without branches so that the weights' loop vectorizes: k = round(x / ln 2) read from the
+ * mantissa of x log2(e) + 1.5 x 2^23 (clamped to -126 in integers), r = x - k ln 2 (ln 2 in two parts, the first with 9
+ * significant bits so k times it is exact), e^r by its Taylor series to degree 7 (|r| <= ln2 / 2: truncation error
+ * < 6e-9 relative), times 2^k built in the exponent field: within about 1e-7 of e^x (1 ulp). Below -87 (under fp32's
+ * normal range, weights < 2^-125 of the largest) and NaN (a NaN logit, never drawn): 0. */
+static inline float exp_le0(float x) {
+    const float tb = x * 1.44269504088896341f + 12582912.0f;
+    int32_t k;
+    memcpy(&k, &tb, sizeof k);
+    k -= 0x4B400000;
+    const int32_t low = -(int32_t)(k < -126); /* masks, not branches */
+    k = (k & ~low) | (-126 & low);
+    const float kf = (float)k;
+    const float r = (x - kf * 0.693359375f) - kf * -2.12194440e-4f;
+    float p = 1.0f + r * (1.0f / 7.0f);
+    p = 1.0f + r * (1.0f / 6.0f) * p;
+    p = 1.0f + r * (1.0f / 5.0f) * p;
+    p = 1.0f + r * (1.0f / 4.0f) * p;
+    p = 1.0f + r * (1.0f / 3.0f) * p;
+    p = 1.0f + r * (1.0f / 2.0f) * p;
+    p = 1.0f + r * p;
+    const int32_t e = (k + 127) << 23;
+    float sc, y = 0.0f;
+    memcpy(&sc, &e, sizeof sc);
+    const float v = p * sc;
+    int32_t vb;
+    memcpy(&vb, &v, sizeof vb);
+    vb &= -(int32_t)(x >= -87.0f);
+    memcpy(&y, &vb, sizeof y);
+    return y;
 }
 
 /* The best k candidates (v = logit / temperature; order: v descending, ties -> lower id) into c[0..k), best first:
@@ -132,95 +173,179 @@ static void top_k_sorted(struct cand *c, const float *logits, int n, float temp,
     qsort(c, (size_t)k, sizeof *c, cand_cmp);
 }
 
+/* The tokens a sampler draws from and their weights (dist). */
+typedef struct {
+    int mode;   /* 0: s->c[0..n) (top-k), weight exp(c.v - m); 1: every token, weight s->w[i]; 2: s->ix[0..n), s->w[ix] */
+    int n;
+    double m;   /* the largest v (mode 0) */
+    double sum; /* the kept weights' sum (mode 1: of the block sums s->bs in order) */
+} distr;
+
+/* The kept tokens' weights summed in order (modes 0 and 2). */
+static double kept_sum(const df_sampler *s, const distr *d) {
+    double sum = 0;
+    if (d->mode == 0)
+        for (int i = 0; i < d->n; i++) sum += exp((double)s->c[i].v - d->m);
+    else
+        for (int i = 0; i < d->n; i++) sum += s->w[s->ix[i]];
+    return sum;
+}
+
+/* top-p over every token (weights s->w, total `total`): the nucleus, the tokens of the shortest prefix of the order
+ * (weight descending, ties -> lower id) whose weight reaches top_p x total, into s->ix[0..return) (in no particular
+ * order) without sorting: a selection by weight (three-way partitions around a pivot weight, keeping the side that
+ * holds the cut; expected O(n)), then among the tokens of the cut's weight the lowest ids. */
+static int nucleus(df_sampler *s, int n, double total) {
+    int32_t *ix = s->ix;
+    const float *w = s->w;
+    int hi = 0, nan_at = n; /* NaN weights (NaN logits) at the end, never kept */
+    for (int i = 0; i < n; i++)
+        if (w[i] == w[i]) ix[hi++] = i;
+        else ix[--nan_at] = i;
+    const double target = (double)s->o.top_p * total;
+    double above = 0; /* the weight of ix[0..lo): tokens heavier than every one in [lo, hi) */
+    int lo = 0;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    while (lo < hi) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        const float pw = w[ix[lo + (int)((rng >> 33) % (uint64_t)(hi - lo))]];
+        /* [lo, g) heavier than pw, [g, e) equal, [e, hi) lighter */
+        int g = lo, e = lo, l = hi;
+        while (e < l) {
+            const int32_t t = ix[e];
+            if (w[t] > pw) { ix[e] = ix[g]; ix[g++] = t; e++; }
+            else if (w[t] == pw) e++;
+            else { ix[e] = ix[--l]; ix[l] = t; }
+        }
+        double mg = 0, me = 0;
+        for (int i = lo; i < g; i++) mg += w[ix[i]];
+        for (int i = g; i < e; i++) me += w[ix[i]];
+        if (g > lo && above + mg >= target) { hi = g; continue; } /* the cut is among the heavier ones */
+        if (above + mg + me >= target) { /* among the ties: the lowest ids until the target */
+            int cnt = e - g;
+            for (int i = g + 1; i < e; i++) /* insertion sort by id (ties are few, or all the same weight) */
+                for (int j = i; j > g && ix[j - 1] > ix[j]; j--) { const int32_t t = ix[j]; ix[j] = ix[j - 1]; ix[j - 1] = t; }
+            double acc = above + mg;
+            for (int i = g; i < e; i++) {
+                acc += pw;
+                if (acc >= target) { cnt = i - g + 1; break; }
+            }
+            return g + cnt;
+        }
+        above += mg + me;
+        lo = e;
+    }
+    return lo > 0 ? lo : n;
+}
+
 /* The distribution a sampler draws from (temperature, then top-k, then top-p; Holtzman et al. 2019 for top-p), with
  * v_i = logit_i / temperature and m the largest v:
- *   - top-k on (0 < top_k < n): the k best candidates sorted best first into s->c, their weights exp(v - m) summed in
- *     that order; with top-p the shortest prefix whose weights (each over that sum, added in order) reach top_p is
- *     kept and summed again. Returns the kept count, *sum their weight.
- *   - else: every weight w_i = exp(v_i - m) into s->w and *sum = their sum in index order; with top-p on, the
- *     candidates are sorted best first into s->c band by band (weights in [2^-8, 1], then [2^-16, 2^-8), ...: a
- *     prefix of the full order) until they reach top_p, the shortest prefix whose weights over *sum reach top_p is
- *     kept and summed again in that order (return: its count). Without top-p: -1 (every token kept, in index
- *     order). No sort of the whole vocabulary: O(n) plus the kept candidates' sort.
- * 0: out of memory. */
-static int dist(df_sampler *s, const float *logits, int n, double *m_out, double *sum_out) {
+ *   - top-k on (0 < top_k < n): the k best candidates sorted best first into s->c, their weights exp(v - m) (double)
+ *     summed in that order; with top-p the shortest prefix whose weights (each over that sum, added in order) reach
+ *     top_p is kept and summed again (mode 0).
+ *   - else: every weight w_i = exp(v_i - m) in fp32 (exp_le0) into s->w, summed per block of SB tokens into s->bs and
+ *     the blocks in order: without top-p every token is kept (mode 1); with it, the nucleus (mode 2).
+ * No sort of the whole vocabulary: O(n) plus the top-k candidates' sort. 0: out of memory. */
+static int dist(df_sampler *s, const float *logits, int n, distr *d) {
     if (!reserve(s, n)) return 0;
     const float temp = s->o.temperature;
     const int top_p = s->o.top_p > 0.0f && s->o.top_p < 1.0f;
-    double m, sum = 0;
-    int keep;
     if (s->o.top_k > 0 && s->o.top_k < n) {
-        keep = s->o.top_k;
-        top_k_sorted(s->c, logits, n, temp, keep);
-        m = s->c[0].v;
-        for (int i = 0; i < keep; i++) sum += exp((double)s->c[i].v - m);
+        d->mode = 0;
+        d->n = s->o.top_k;
+        top_k_sorted(s->c, logits, n, temp, d->n);
+        d->m = s->c[0].v;
+        const double sum = kept_sum(s, d);
         if (top_p) {
             double acc = 0;
-            for (int i = 0; i < keep; i++) {
-                acc += exp((double)s->c[i].v - m) / sum;
-                if (acc >= s->o.top_p) { keep = i + 1; break; }
+            for (int i = 0; i < d->n; i++) {
+                acc += exp((double)s->c[i].v - d->m) / sum;
+                if (acc >= s->o.top_p) { d->n = i + 1; break; }
             }
         }
-    } else {
-        float mv = -INFINITY;
-        for (int i = 0; i < n; i++) {
-            const float v = logits[i] / temp;
-            if (v > mv) mv = v;
-        }
-        m = mv;
-        for (int i = 0; i < n; i++) sum += (s->w[i] = exp((double)(logits[i] / temp) - m));
-        if (!top_p) {
-            *m_out = m;
-            *sum_out = sum;
-            return -1;
-        }
-        /* bands of weight [tau, hi), tau = 2^-8, 2^-16, ... (the last: everything below hi): each band sorted after
-         * the ones above it, so c[0..nc) is always a prefix of the full order */
-        keep = 0;
-        int nc = 0;
-        double acc = 0, hi = INFINITY;
-        for (double tau = 0x1p-8;; hi = tau, tau *= 0x1p-8) {
-            const int last = tau < 0x1p-1000, start = nc;
-            for (int i = 0; i < n; i++)
-                if (s->w[i] < hi && (s->w[i] >= tau || last)) s->c[nc++] = (struct cand){logits[i] / temp, i};
-            qsort(s->c + start, (size_t)(nc - start), sizeof *s->c, cand_cmp);
-            for (int i = start; i < nc && !keep; i++) {
-                acc += exp((double)s->c[i].v - m) / sum;
-                if (acc >= s->o.top_p) keep = i + 1;
-            }
-            if (keep || last) {
-                if (!keep) keep = nc;
-                break;
-            }
-        }
+        d->sum = kept_sum(s, d);
+        return 1;
     }
-    sum = 0;
-    for (int i = 0; i < keep; i++) sum += exp((double)s->c[i].v - m);
-    *m_out = m;
-    *sum_out = sum;
-    return keep;
+    /* loops of fixed length over whole blocks (which the compiler vectorizes at -O2), the rest one by one */
+    const int nb = n / SB;
+    float mv = -INFINITY, ml[16];
+    for (int j = 0; j < 16; j++) ml[j] = -INFINITY;
+    for (int b = 0; b < nb; b++)
+        for (int i = b * SB; i < (b + 1) * SB; i += 16)
+            for (int j = 0; j < 16; j++) {
+                const float v = logits[i + j] / temp;
+                ml[j] = v > ml[j] ? v : ml[j];
+            }
+    for (int j = 0; j < 16; j++) mv = ml[j] > mv ? ml[j] : mv;
+    for (int i = nb * SB; i < n; i++) {
+        const float v = logits[i] / temp;
+        mv = v > mv ? v : mv;
+    }
+    float *restrict w = s->w;
+    const float *restrict lg = logits;
+    double total = 0;
+    for (int b = 0; b * SB < n; b++) {
+        const int i0 = b * SB, i1 = b < nb ? i0 + SB : n;
+        double bsum = 0;
+        if (b < nb) {
+            for (int i = i0; i < i0 + SB; i++) w[i] = exp_le0(lg[i] / temp - mv);
+            double part[8] = {0}; /* eight running sums (token i in sum i % 8), added in order */
+            for (int i = i0; i < i0 + SB; i += 8)
+                for (int j = 0; j < 8; j++) part[j] += w[i + j];
+            for (int j = 0; j < 8; j++) bsum += part[j];
+        } else {
+            for (int i = i0; i < i1; i++) bsum += (w[i] = exp_le0(lg[i] / temp - mv));
+        }
+        s->bs[b] = bsum;
+        total += bsum;
+    }
+    d->m = mv;
+    if (!top_p) {
+        d->mode = 1;
+        d->n = n;
+        d->sum = total;
+        return 1;
+    }
+    d->mode = 2;
+    d->n = nucleus(s, n, total);
+    d->sum = kept_sum(s, d);
+    return 1;
 }
 
 int32_t df_sample(df_sampler *s, const float *logits, int n_vocab) {
     if (!s || s->o.temperature <= 0.0f || s->o.top_k == 1) return argmax(logits, n_vocab);
-    double m, sum;
-    const int n = dist(s, logits, n_vocab, &m, &sum);
-    if (!n) return argmax(logits, n_vocab);
-    double u = (double)(xoshiro(s->s) >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
-    if (n < 0) { /* every token, in index order */
+    distr d;
+    if (!dist(s, logits, n_vocab, &d)) return argmax(logits, n_vocab);
+    const double u = (double)(xoshiro(s->s) >> 11) * (1.0 / 9007199254740992.0) * d.sum;
+    double acc = 0;
+    if (d.mode == 1) { /* every token in index order: the block holding u, then its token */
         int32_t last = argmax(logits, n_vocab);
-        for (int i = 0; i < n_vocab; i++) {
-            if (s->w[i] > 0) last = i;
-            acc += s->w[i];
-            if (u < acc) return i;
+        for (int b = 0; b * SB < n_vocab; b++) {
+            if (u < acc + s->bs[b]) {
+                double a2 = acc;
+                for (int i = b * SB; i < n_vocab && i < (b + 1) * SB; i++) {
+                    a2 += s->w[i];
+                    if (u < a2) return i;
+                }
+            }
+            acc += s->bs[b];
+            for (int i = b * SB; i < n_vocab && i < (b + 1) * SB; i++)
+                if (s->w[i] > 0) last = i;
         }
         return last;
     }
-    for (int i = 0; i < n; i++) {
-        acc += exp((double)s->c[i].v - m);
+    if (d.mode == 2) {
+        for (int i = 0; i < d.n; i++) {
+            acc += s->w[s->ix[i]];
+            if (u < acc) return s->ix[i];
+        }
+        return s->ix[d.n - 1];
+    }
+    for (int i = 0; i < d.n; i++) {
+        acc += exp((double)s->c[i].v - d.m);
         if (u < acc) return s->c[i].id;
     }
-    return s->c[n - 1].id;
+    return s->c[d.n - 1].id;
 }
 
 float df_logprob(const float *logits, int n_vocab, int32_t id, int top_n, int32_t *top_ids, float *top_logprobs) {
@@ -254,14 +379,14 @@ float df_logprob(const float *logits, int n_vocab, int32_t id, int top_n, int32_
 void df_sampler_probs(df_sampler *s, const float *logits, int n_vocab, float *probs) {
     for (int i = 0; i < n_vocab; i++) probs[i] = 0.0f;
     if (!s || s->o.temperature <= 0.0f || s->o.top_k == 1) { probs[argmax(logits, n_vocab)] = 1.0f; return; }
-    double m, sum;
-    const int n = dist(s, logits, n_vocab, &m, &sum); /* the candidates, cut and weights of df_sample */
-    if (!n) { probs[argmax(logits, n_vocab)] = 1.0f; return; }
-    if (n < 0) {
-        for (int i = 0; i < n_vocab; i++) probs[i] = (float)(s->w[i] / sum);
-        return;
-    }
-    for (int i = 0; i < n; i++) probs[s->c[i].id] = (float)(exp((double)s->c[i].v - m) / sum);
+    distr d; /* the candidates, cut and weights of df_sample */
+    if (!dist(s, logits, n_vocab, &d)) { probs[argmax(logits, n_vocab)] = 1.0f; return; }
+    if (d.mode == 1)
+        for (int i = 0; i < n_vocab; i++) probs[i] = (float)(s->w[i] / d.sum);
+    else if (d.mode == 2)
+        for (int i = 0; i < d.n; i++) probs[s->ix[i]] = (float)(s->w[s->ix[i]] / d.sum);
+    else
+        for (int i = 0; i < d.n; i++) probs[s->c[i].id] = (float)(exp((double)s->c[i].v - d.m) / d.sum);
 }
 
 double df_sampler_uniform(df_sampler *s) { return (double)(xoshiro(s->s) >> 11) * (1.0 / 9007199254740992.0); }
