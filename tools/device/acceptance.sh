@@ -45,6 +45,7 @@
 #   part 29: GPU tests (+ DF_CUDA_MOE_ROUTE=1), resident decode x3 with host and with device routing, the timeline.
 #   part 30: GPU tests (+ test_golden, test_batch with DF_CUDA_MOE_ROUTE=0), resident decode x3 with and without --profile.
 #   part 32: reads into buffers registered with io_uring: bench io registered / --no-fixed, reused / pool, then part 6.
+#   part 34: greedy and sampled resident decode with a 163840-token vocabulary.
 #   part 26: a started shared expert on its own stream beside the routed experts (DF_CUDA_SIDE_STREAM on / off), as 25.
 #   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
 #          DF_CUDA_MOE_ROUTE on / off.
@@ -477,6 +478,21 @@ case $PART in
     timeout 120 "$BIN" bench decode --model "$W/m" --backend cuda --ram-budget "${HOST_BUDGET:-2816M}" \
         --gpu-budget "${GPU_BUDGET:-256M}" --warmup 17 --tokens 24 --io-seconds 2 --io-buffer "${HOST_BUDGET:-2816M}" 2>&1 \
         | grep -E "bench io|decode: [0-9.]+ tok|experts:|storage bound" | cut -c1-400 >>"$S"
+    rm -rf "$W"
+    ;;
+34)
+    # greedy and sampled resident decode with Kimi K2's 163840-token vocabulary (the host picks every token from
+    # the logits): the 8-layer bf16-spine synth of part 24 with --vocab 163840
+    W=/tmp/df-acc
+    mkdir -p "$W"
+    log "synth 8 layers, bf16 spine, vocab 163840"
+    "$BIN" synth "$W/r" --layers 8 --spine-encoding bf16 --vocab 163840 --quiet --force 2>&1 | tail -1 >>"$S"
+    for a in "" "--temperature 1 --seed 1" "" "--temperature 1 --seed 1" "--temperature 0.8 --top-p 0.95 --seed 1" \
+        "--temperature 0.7 --top-k 40 --seed 1"; do
+        log "cuda run --preload $a"
+        timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload --prompt-ids "$(seq -s, 1 64)" \
+            --max-new 96 --stats $a 2>&1 | grep -E "^stats: (prompt|generation)|rror|fault" | cut -c1-300 >>"$S"
+    done
     rm -rf "$W"
     ;;
 29)
