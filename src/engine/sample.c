@@ -142,33 +142,36 @@ static inline float exp_le0(float x) {
     return y;
 }
 
+/* w[i] = exp(lg[i] / temp - mv) for one block of SB tokens (separate arrays: the loop vectorizes) */
+static void block_weights(float *restrict w, const float *restrict lg, float temp, float mv) {
+    for (int i = 0; i < SB; i++) w[i] = exp_le0(lg[i] / temp - mv);
+}
+
+/* Restore the max-heap order by cand_cmp (its root: the worst of the k) below position p of c[0..k). */
+static void sift_down(struct cand *c, int k, int p) {
+    for (;;) {
+        int ch = 2 * p + 1;
+        if (ch >= k) return;
+        if (ch + 1 < k && cand_cmp(&c[ch + 1], &c[ch]) > 0) ch++;
+        if (cand_cmp(&c[ch], &c[p]) <= 0) return;
+        const struct cand t = c[p];
+        c[p] = c[ch];
+        c[ch] = t;
+        p = ch;
+    }
+}
+
 /* The best k candidates (v = logit / temperature; order: v descending, ties -> lower id) into c[0..k), best first:
  * a heap of the k best so far (the worst at its root), replaced only by a better candidate; O(n + k log k) for the
  * few candidates that enter. The same k candidates in the same order as sorting all n. */
 static void top_k_sorted(struct cand *c, const float *logits, int n, float temp, int k) {
     for (int i = 0; i < k; i++) { c[i].v = logits[i] / temp; c[i].id = i; }
-    /* a max-heap by cand_cmp: its root is the worst of the k */
-    for (int r = k / 2 - 1; r >= 0; r--)
-        for (int p = r;;) {
-            int ch = 2 * p + 1;
-            if (ch >= k) break;
-            if (ch + 1 < k && cand_cmp(&c[ch + 1], &c[ch]) > 0) ch++;
-            if (cand_cmp(&c[ch], &c[p]) <= 0) break;
-            struct cand t = c[p]; c[p] = c[ch]; c[ch] = t;
-            p = ch;
-        }
+    for (int r = k / 2 - 1; r >= 0; r--) sift_down(c, k, r);
     for (int i = k; i < n; i++) {
         const struct cand x = {logits[i] / temp, i};
         if (cand_cmp(&x, &c[0]) >= 0) continue; /* not better than the worst kept */
         c[0] = x;
-        for (int p = 0;;) {
-            int ch = 2 * p + 1;
-            if (ch >= k) break;
-            if (ch + 1 < k && cand_cmp(&c[ch + 1], &c[ch]) > 0) ch++;
-            if (cand_cmp(&c[ch], &c[p]) <= 0) break;
-            struct cand t = c[p]; c[p] = c[ch]; c[ch] = t;
-            p = ch;
-        }
+        sift_down(c, k, 0);
     }
     qsort(c, (size_t)k, sizeof *c, cand_cmp);
 }
@@ -255,15 +258,15 @@ static int dist(df_sampler *s, const float *logits, int n, distr *d) {
         d->n = s->o.top_k;
         top_k_sorted(s->c, logits, n, temp, d->n);
         d->m = s->c[0].v;
-        const double sum = kept_sum(s, d);
+        d->sum = kept_sum(s, d);
         if (top_p) {
             double acc = 0;
             for (int i = 0; i < d->n; i++) {
-                acc += exp((double)s->c[i].v - d->m) / sum;
+                acc += exp((double)s->c[i].v - d->m) / d->sum;
                 if (acc >= s->o.top_p) { d->n = i + 1; break; }
             }
+            d->sum = kept_sum(s, d);
         }
-        d->sum = kept_sum(s, d);
         return 1;
     }
     /* loops of fixed length over whole blocks (which the compiler vectorizes at -O2), the rest one by one */
@@ -281,20 +284,18 @@ static int dist(df_sampler *s, const float *logits, int n, distr *d) {
         const float v = logits[i] / temp;
         mv = v > mv ? v : mv;
     }
-    float *restrict w = s->w;
-    const float *restrict lg = logits;
     double total = 0;
     for (int b = 0; b * SB < n; b++) {
         const int i0 = b * SB, i1 = b < nb ? i0 + SB : n;
         double bsum = 0;
         if (b < nb) {
-            for (int i = i0; i < i0 + SB; i++) w[i] = exp_le0(lg[i] / temp - mv);
+            block_weights(s->w + i0, logits + i0, temp, mv);
             double part[8] = {0}; /* eight running sums (token i in sum i % 8), added in order */
             for (int i = i0; i < i0 + SB; i += 8)
-                for (int j = 0; j < 8; j++) part[j] += w[i + j];
+                for (int j = 0; j < 8; j++) part[j] += s->w[i + j];
             for (int j = 0; j < 8; j++) bsum += part[j];
         } else {
-            for (int i = i0; i < i1; i++) bsum += (w[i] = exp_le0(lg[i] / temp - mv));
+            for (int i = i0; i < i1; i++) bsum += (s->w[i] = exp_le0(logits[i] / temp - mv));
         }
         s->bs[b] = bsum;
         total += bsum;
@@ -319,7 +320,6 @@ int32_t df_sample(df_sampler *s, const float *logits, int n_vocab) {
     const double u = (double)(xoshiro(s->s) >> 11) * (1.0 / 9007199254740992.0) * d.sum;
     double acc = 0;
     if (d.mode == 1) { /* every token in index order: the block holding u, then its token */
-        int32_t last = argmax(logits, n_vocab);
         for (int b = 0; b * SB < n_vocab; b++) {
             if (u < acc + s->bs[b]) {
                 double a2 = acc;
@@ -329,10 +329,10 @@ int32_t df_sample(df_sampler *s, const float *logits, int n_vocab) {
                 }
             }
             acc += s->bs[b];
-            for (int i = b * SB; i < n_vocab && i < (b + 1) * SB; i++)
-                if (s->w[i] > 0) last = i;
         }
-        return last;
+        for (int i = n_vocab - 1; i >= 0; i--) /* u at the total (rounding): the last token with weight */
+            if (s->w[i] > 0) return i;
+        return argmax(logits, n_vocab);
     }
     if (d.mode == 2) {
         for (int i = 0; i < d.n; i++) {
