@@ -80,6 +80,15 @@ fi
 # ---- --max-new 0 --stats (item 13): the prompt counts as prefill, no decode tokens
 expect 0 "--max-new 0 stats" "generated 0; .*prefill (0\.0*[1-9]|[1-9])[0-9.]* tok/s; decode: no decode steps;" -- \
     "${R[@]}" --prompt-ids 5 --max-new 0 --stats
+# --max-new 0 prints nothing on stdout (no empty line): ids (no tokenizer), --print-ids, text; a run that generates
+# prints its ids on one line, ended by a newline
+for a in "$G --prompt-ids 5" "$G --prompt-ids 5 --print-ids" "$KM --prompt hi"; do
+    n=$("$BIN" run --model $a --cache-dir "$TMP/cache" --quiet --max-new 0 2>/dev/null | wc -c)
+    [ "$n" -eq 0 ] && ok || bad "run --model $a --max-new 0: $n bytes on stdout, want none"
+done
+"${R[@]}" --prompt-ids 5 --max-new 2 >"$TMP/out2" 2>/dev/null
+[ "$(wc -l <"$TMP/out2")" -eq 1 ] && [ "$(tail -c 1 "$TMP/out2" | od -An -c | tr -d ' ')" = '\n' ] && ok ||
+    bad "run --max-new 2: want one line of ids ended by a newline, got: $(od -c "$TMP/out2" | head -3)"
 
 # ---- native model: --spine (item 7), a broken tokenizer.json (item 9), dense description (item 18)
 "$BIN" convert "$KD" "$TMP/draft" --quiet || bad "convert draft"
@@ -325,7 +334,7 @@ expect 0 "deltafin --help lists bench batch" "bench .*decode, prefill, batch," -
 out=$("$BIN" doctor --model "$TMP/draft" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "^model: kimi-mini-draft (" && ! echo "$out" | grep -q "model: model" && ok || bad "doctor model line: rc $rc $out"
 # list prints its table only: nothing on stderr (no configuration line), with installed models (a full one, a
-# streamed one) and the embedded model
+# streamed one) and the embedded model under its own heading
 cp -r "$TMP/native" "$TMP/streamed"; echo '{}' >"$TMP/streamed/stream.json"
 cat >"$TMP/reg.json" <<EOF
 {"default": "test/full", "models": [
@@ -334,7 +343,8 @@ cat >"$TMP/reg.json" <<EOF
 EOF
 out=$(DELTAFIN_REGISTRY="$TMP/reg.json" "$BIN" list 2>"$TMP/err"); rc=$?
 [ $rc -eq 0 ] && [ ! -s "$TMP/err" ] && echo "$out" | grep -q "^\* test/full  *full " && echo "$out" | grep -q "^  test/streamed  *streamed" \
-    && echo "$out" | grep -q "embedded kimi-mini" && ! echo "$out" | grep -q "backend" \
+    && echo "$out" | grep -q "embedded kimi-mini" && echo "$out" | grep -q "^built-in model (not in the registry):$" \
+    && ! echo "$out" | grep -q "backend" \
     && ok || bad "list: rc $rc, stdout: $out; stderr: $(cat "$TMP/err")"
 
 # ---- the registry's default model is missing (moved, deleted, unmounted): an error naming it, not the embedded model

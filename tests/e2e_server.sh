@@ -100,6 +100,12 @@ expect "GET /models (no /v1)" "$(code -H "$AUTH" "$B/models")" 200
 expect "unknown URL -> 404" "$(code -H "$AUTH" "$B/v1/nothing")" 404
 expect "GET on a POST endpoint -> 405" "$(code -H "$AUTH" "$B/v1/chat/completions")" 405
 P=(-H "$AUTH" -H "Content-Type: application/json")
+# HTTP/1.1 keep-alive: GET, POST and GET again on one connection (curl's num_connects: 1, then 0 for each request that
+# reuses it); a response queued before its request is read whole would close the connection (Connection: close)
+W=(-s -o /dev/null -w '%{http_code}:%{num_connects} ')
+expect "keep-alive: GET /health, POST /v1/completions, GET /v1/models on one connection" \
+    "$(curl "${W[@]}" "$B/health" --next "${W[@]}" "${P[@]}" -d '{"prompt":"abc","max_tokens":2}' "$B/v1/completions" \
+        --next "${W[@]}" -H "$AUTH" "$B/v1/models")" "200:1 200:0 200:0 "
 expect "malformed JSON -> 400" "$(code "${P[@]}" -d '{"messages": [nope]}' "$B/v1/chat/completions")" 400
 expect "400 error shape" "$(etype)" invalid_request_error
 expect "truncated JSON -> 400" "$(code "${P[@]}" -d '{"messages":[{"role":"user","content":"hi"}' "$B/v1/chat/completions")" 400

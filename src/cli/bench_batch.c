@@ -158,7 +158,7 @@ int bench_batch(int argc, char **argv) {
             if (cli_parse_size(v, &gpu_budget)) { fprintf(stderr, "deltafin bench batch: --gpu-budget '%s': expected a size like 8G\n", v); return 2; }
         }
         else if (!strcmp(a, "--ram-budget")) {
-            if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench batch: --ram-budget '%s': expected a size like 8G\n", v); return 2; }
+            if (cli_parse_budget("bench batch", a, v, &budget)) return 2;
         } else if (!strcmp(a, "--seqs")) {
             if ((n_runs = parse_list(v, seqs, MAX_RUNS)) < 0) {
                 fprintf(stderr, "deltafin bench batch: --seqs '%s': expected up to %d comma-separated counts in [1, %d]\n", v, MAX_RUNS, MAX_SEQS);

@@ -63,7 +63,7 @@ int bench_prefill(int argc, char **argv) {
         else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench prefill", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--events")) events = v;
         else if (!strcmp(a, "--ram-budget")) {
-            if (cli_parse_size(v, &budget)) { fprintf(stderr, "deltafin bench prefill: --ram-budget '%s': expected a size like 8G\n", v); return 2; }
+            if (cli_parse_budget("bench prefill", a, v, &budget)) return 2;
         } else if (!strcmp(a, "--seed")) {
             if (cli_parse_seed("bench prefill", a, v, &seed)) return 2;
         } else if (!strcmp(a, "--tokens") || !strcmp(a, "--threads") || !strcmp(a, "--qd")) {

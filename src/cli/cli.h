@@ -107,10 +107,10 @@ int cli_preload(const char *cmd, struct df_model *m, int quiet);
 const char *cli_default_backend(void);
 /* The environment aliases of the model options, checked as their flags are (a usage error, exit 2, naming the
  * variable): DF_BACKEND when `backend` is its value (cli_default_backend's pointer: no --backend given), DF_PREFETCH
- * when prefetch == 0 and DF_PREFAULT when prefault == 0 (no flag, or auto: the engine then reads them; the values
- * engine/api.c's env_switch takes). 0, or 2 after one line on stderr. */
+ * when prefetch == 0 and DF_PREFAULT when prefault == 0 (no flag, or auto: the engine then reads them, with
+ * df_env_switch of util/util.h, which this check uses too). 0, or 2 after one line on stderr. */
 int cli_check_env_aliases(const char *cmd, const char *backend, int prefetch, int prefault);
-/* --ram-budget SIZE (0 = no budget) or --gpu-budget SIZE (> 0) of run and serve into *out: 0, or 2 after one line on
- * stderr naming the flag and the value. */
+/* --ram-budget SIZE (0 = no budget; run, serve, bench decode / prefill / batch) or --gpu-budget SIZE (> 0; run and
+ * serve) into *out: 0, or 2 after one line on stderr naming the flag and the value. */
 int cli_parse_budget(const char *cmd, const char *flag, const char *v, uint64_t *out);
 #endif

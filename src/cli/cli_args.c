@@ -92,16 +92,12 @@ int cli_check_env_aliases(const char *cmd, const char *backend, int prefetch, in
                         "; unset it or fix its value\n", cmd, e);
         return 2;
     }
-    const char *names[2] = {"DF_PREFETCH", "DF_PREFAULT"};
-    const int given[2] = {prefetch, prefault};
-    for (int k = 0; k < 2; k++) {
-        const char *v = getenv(names[k]);
-        if (given[k] || !v || !*v) continue;
-        if (!strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "0") || !strcmp(v, "off") || (k == 0 && !strcmp(v, "ungated")))
-            continue;
-        fprintf(stderr, "deltafin %s: environment variable %s=\"%s\": expected %s (the alias of %s on|off%s); unset it or "
-                        "fix its value\n", cmd, names[k], v, k == 0 ? "1, on, 0, off or ungated" : "1, on, 0 or off",
-                k == 0 ? "--prefetch" : "--prefault", k == 0 ? "|ungated" : "");
+    /* the values the engine takes (df_env_switch), checked before the model is opened */
+    char err[1024];
+    int mode;
+    if ((!prefetch && df_env_switch("DF_PREFETCH", "--prefetch", 1, &mode, err, sizeof err)) ||
+        (!prefault && df_env_switch("DF_PREFAULT", "--prefault", 0, &mode, err, sizeof err))) {
+        fprintf(stderr, "deltafin %s: %s\n", cmd, err);
         return 2;
     }
     return 0;

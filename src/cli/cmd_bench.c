@@ -359,10 +359,7 @@ static int bench_decode(int argc, char **argv) {
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench decode", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--ram-budget")) { /* 0 = no budget, as leaving the flag out */
-            if (cli_parse_size(v, &budget)) {
-                fprintf(stderr, "deltafin bench decode: --ram-budget \"%s\": expected a size like 8G or 512M, or 0 for no budget\n", v);
-                return 2;
-            }
+            if (cli_parse_budget("bench decode", a, v, &budget)) return 2;
         }
         else if (!strcmp(a, "--tokens")) { if (want_int("decode", a, v, 1, 1 << 20, &tokens)) return 2; }
         else if (!strcmp(a, "--warmup")) { if (want_int("decode", a, v, 0, 1 << 20, &warmup)) return 2; }

@@ -39,7 +39,7 @@ int cmd_list(int argc, char **argv) {
                    "  expert pack missing or of another size, spine.bin's checksum (when at most 256 MiB), a tokenizer or\n"
                    "  other file convert copied missing or not the checkpoint's copy (`deltafin doctor` checks every checksum).\n"
                    "  `*` marks the default model that run / serve / tokenize / bench decode, prefill, batch / doctor use\n"
-                   "  without --model. Then the embedded model.\n"
+                   "  without --model. Then, under its own heading, the embedded model (built in, not counted as installed).\n"
                    "  --registry FILE  the registry (default $DELTAFIN_REGISTRY, else $XDG_DATA_HOME/deltafin/models.json,\n"
                    "                   else ~/.local/share/deltafin/models.json)\n");
             return 0;
@@ -93,6 +93,7 @@ int cmd_list(int argc, char **argv) {
     }
     free(es);
     char emb[4096], how[256];
+    printf("built-in model (not in the registry):\n");
     if (cli_embedded_model(emb, sizeof emb, how, sizeof how) == 0)
         printf("%c %-40s %-16s %9.2f GB  %s (%s)\n", n && dflt[0] ? ' ' : '*', "embedded kimi-mini", "full", disk_usage(emb) / 1e9, emb, how);
     else printf("  embedded kimi-mini: not found\n");

@@ -635,12 +635,13 @@ int cmd_run(int argc, char **argv) {
     const int gen_sig = g_gen_sig;
     sigaction(SIGINT, &sg_int, NULL);
     sigaction(SIGTERM, &sg_term, NULL);
+    /* the output ends with one newline; nothing generated (--max-new 0) prints nothing */
     if (dt) {
         int w = df_detok_flush(dt, buf, sizeof buf);
         if (w > 0) fwrite(buf, 1, (size_t)w, stdout);
-        fputc('\n', stdout);
+        if (n_out) fputc('\n', stdout);
     }
-    if (print_ids || !tok) { /* without a tokenizer the ids are the output */
+    if ((print_ids || !tok) && n_out) { /* without a tokenizer the ids are the output */
         for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out_ids[i]);
         printf("\n");
     }

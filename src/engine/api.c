@@ -98,22 +98,6 @@ static int set_err(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
-/* An on/off environment alias (DF_PREFETCH, DF_PREFAULT): unset or empty = 0 (not given), "1"/"on" = 1,
- * "0"/"off" = 2, and with `ungated` (DF_PREFETCH) "ungated" = 3; anything else is an error naming the variable
- * and its flag. */
-static int env_switch(const char *name, const char *flag, int ungated, int *mode, char *err, size_t errlen) {
-    const char *v = getenv(name);
-    *mode = 0;
-    if (!v || !*v) return DF_OK;
-    if (!strcmp(v, "1") || !strcmp(v, "on")) *mode = 1;
-    else if (!strcmp(v, "0") || !strcmp(v, "off")) *mode = 2;
-    else if (ungated && !strcmp(v, "ungated")) *mode = 3;
-    else return df_set_errc(err, errlen, DF_EINVAL, "environment variable %s=\"%s\": expected %s (the alias of %s on|off%s); "
-                            "unset it or fix its value", name, v, ungated ? "1, on, 0, off or ungated" : "1, on, 0 or off",
-                            flag, ungated ? "|ungated" : "");
-    return DF_OK;
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -467,7 +451,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     {
         int mode = opts.prefault, env = 0;
         if (mode == 0) { /* the documented alias of --prefault, read only when the flag was not given */
-            rc = env_switch("DF_PREFAULT", "--prefault", 0, &env, err, errlen);
+            rc = df_env_switch("DF_PREFAULT", "--prefault", 0, &env, err, errlen);
             if (rc) goto fail;
             mode = env;
         }
@@ -551,7 +535,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     {
         int mode = opts.prefetch, env = 0;
         if (mode == 0) { /* the documented alias of --prefetch, read only when the flag was not given */
-            rc = env_switch("DF_PREFETCH", "--prefetch", 1, &env, err, errlen);
+            rc = df_env_switch("DF_PREFETCH", "--prefetch", 1, &env, err, errlen);
             if (rc) goto fail;
             mode = env;
         }

@@ -30,8 +30,6 @@ typedef struct {
     df_sampler *smp;               /* sampled drafts (df_drafter_set_sampling); NULL = argmax */
 } model_drafter;
 
-static int32_t argmax(const float *l, int n) { return df_sample(NULL, l, n); }
-
 /* Continuation of hist[0..n) (draft-model ids) by k tokens into out: greedy, or sampled with the
  * distributions written to q [k, n_vocab] (when q and g->smp). */
 static int draft_ids(model_drafter *g, const int32_t *hist, int n, int k, int32_t *out, float *q, char *err, size_t errlen) {
@@ -58,8 +56,8 @@ static int draft_ids(model_drafter *g, const int32_t *hist, int n, int k, int32_
                 x = v;
                 if (u < acc) break;
             }
-            out[got++] = x >= 0 ? x : argmax(g->logits, g->n_vocab);
-        } else out[got++] = argmax(g->logits, g->n_vocab);
+            out[got++] = x >= 0 ? x : df_sample(NULL, g->logits, g->n_vocab);
+        } else out[got++] = df_sample(NULL, g->logits, g->n_vocab); /* no sampler: the argmax */
         if (i + 1 == k) break;
         /* the first drafted token's eval marks the rollback point (recurrent draft models) */
         rc = df_eval(g->s, &out[got - 1], 1, g->logits, i == 0 ? DF_EVAL_MARK : 0, NULL, NULL, err, errlen);

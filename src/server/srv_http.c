@@ -708,6 +708,27 @@ static int request_malformed(struct MHD_Connection *c, conn_ctx *x, const char *
 
 /* --------------------------------------------------------------- routing */
 
+/* url without a leading /v1 (/v1/models and /models are one route). */
+static const char *api_path(const char *url) {
+    return strncmp(url, "/v1/", 4) ? url : url + 3;
+}
+
+/* The answer to a GET or HEAD request on route (one that does not generate), url the request's URL. */
+static enum MHD_Result handle_get(struct MHD_Connection *c, int route, const char *url) {
+    if (route == R_HEALTH) return handle_health(c);
+    if (route == R_METRICS) return handle_metrics(c);
+    if (route == R_UI) return send_body(c, 200, "text/html; charset=utf-8", srv_ui_html(), NULL);
+    if (route == R_STORE) {
+        int status = 200;
+        char *j = srv_store_json(S.be, &status);
+        enum MHD_Result ok = send_body(c, status, "application/json", j ? j : "{}", NULL);
+        free(j);
+        return ok;
+    }
+    if (route == R_MODELS) return handle_models(c, NULL);
+    return handle_models(c, api_path(url) + 8); /* R_MODEL_ONE: /models/ID */
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     conn_ctx *x = *con_cls;
@@ -722,16 +743,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         x->fd = ci ? ci->connect_fd : -1;
         enum MHD_Result answered;
         if (request_malformed(c, x, method, &answered)) return answered;
-        const char *p = url;
-        if (!strncmp(p, "/v1/", 4)) p += 3;
+        const char *p = api_path(url);
         int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-        const char *one = NULL;
         if (!strcmp(p, "/health")) x->route = R_HEALTH;
         else if (!strcmp(p, "/metrics")) x->route = R_METRICS;
         else if (!strcmp(url, "/")) x->route = R_UI;
         else if (!strcmp(p, "/store.json")) x->route = R_STORE;
         else if (!strcmp(p, "/models")) x->route = R_MODELS;
-        else if (!strncmp(p, "/models/", 8) && p[8]) { x->route = R_MODEL_ONE; one = p + 8; }
+        else if (!strncmp(p, "/models/", 8) && p[8]) x->route = R_MODEL_ONE;
         else if (!strcmp(p, "/chat/completions")) x->route = R_CHAT;
         else if (!strcmp(p, "/completions")) x->route = R_COMPL;
         else {
@@ -752,26 +771,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             free(e);
             return ok;
         }
-        if (x->route == R_HEALTH) return handle_health(c);
-        if (x->route == R_METRICS) return handle_metrics(c);
-        if (x->route == R_UI) return send_body(c, 200, "text/html; charset=utf-8", srv_ui_html(), NULL);
-        if (x->route == R_STORE) {
-            int status = 200;
-            char *j = srv_store_json(S.be, &status);
-            enum MHD_Result ok = send_body(c, status, "application/json", j ? j : "{}", NULL);
-            free(j);
-            return ok;
-        }
-        if (!key_ok(c))
+        int keyless = x->route == R_HEALTH || x->route == R_METRICS || x->route == R_UI || x->route == R_STORE;
+        if (!keyless && !key_ok(c))
             return send_error(c, 401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.", NULL, "invalid_api_key");
-        if (x->route == R_MODELS) return handle_models(c, NULL);
-        if (x->route == R_MODEL_ONE) return handle_models(c, one);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > S.cfg.max_request_bytes) {
             char m[200];
             snprintf(m, sizeof m, "The request body (%s bytes) exceeds --max-request-bytes %zu.", cl, S.cfg.max_request_bytes);
             return send_error(c, 413, m, NULL, "request_too_large");
         }
+        /* the route's answer waits for MHD's last call (below), once the whole request is read: a response queued
+         * before that (as the errors above are, so as not to read a body) makes MHD close the connection after it */
         return MHD_YES;
     }
     if (*upload_size) {
@@ -795,7 +805,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(m, sizeof m, "The request body exceeds --max-request-bytes %zu.", S.cfg.max_request_bytes);
         return send_error(c, 413, m, NULL, "request_too_large");
     }
-    return handle_generate(c, x);
+    if (x->route == R_CHAT || x->route == R_COMPL) return handle_generate(c, x);
+    return handle_get(c, x->route, url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {

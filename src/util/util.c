@@ -31,6 +31,19 @@ int df_set_errc(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
+int df_env_switch(const char *name, const char *flag, int ungated, int *mode, char *err, size_t errlen) {
+    const char *v = getenv(name);
+    *mode = 0;
+    if (!v || !*v) return DF_OK;
+    if (!strcmp(v, "1") || !strcmp(v, "on")) *mode = 1;
+    else if (!strcmp(v, "0") || !strcmp(v, "off")) *mode = 2;
+    else if (ungated && !strcmp(v, "ungated")) *mode = 3;
+    else return df_set_errc(err, errlen, DF_EINVAL, "environment variable %s=\"%s\": expected %s (the alias of %s on|off%s); "
+                            "unset it or fix its value", name, v, ungated ? "1, on, 0, off or ungated" : "1, on, 0 or off",
+                            flag, ungated ? "|ungated" : "");
+    return DF_OK;
+}
+
 void *df_aligned_alloc(size_t align, size_t size) {
     void *p = NULL;
     if (align < sizeof(void *)) align = sizeof(void *);

@@ -22,6 +22,12 @@
 void df_set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int df_set_errc(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* An on/off environment alias of a model option (DF_PREFETCH of --prefetch, DF_PREFAULT of --prefault; the engine
+ * reads it when the option is not given, the CLI checks it first) into *mode: unset or empty = 0 (not given),
+ * "1"/"on" = 1, "0"/"off" = 2, and when `ungated` (DF_PREFETCH) "ungated" = 3. Anything else: DF_EINVAL with a
+ * message naming the variable, its value, the accepted values and `flag`. */
+int df_env_switch(const char *name, const char *flag, int ungated, int *mode, char *err, size_t errlen);
+
 /* ------------------------------------------------------------------ memory */
 
 /* Aligned allocation (align: power of two >= sizeof(void*)); size 0 gives a
