@@ -154,7 +154,7 @@ VBMI_INLINE void fp8x64(const uint8_t *p, const fp8_consts *k, __m512 *v) {
     const __m512i lo = _mm512_permutex2var_epi8(k->lo0, b, k->lo1);
     hi = _mm512_ternarylogic_epi32(hi, b, k->sign, 0xF8); /* hi | (b & 0x80) */
     const __mmask64 top = 0xCCCCCCCCCCCCCCCCull;          /* bytes 2, 3 of every dword */
-    for (int q = 0; q < 4; q++) v[q] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(top, lo, k->g[q], hi));
+    UNROLL for (int q = 0; q < 4; q++) v[q] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(top, lo, k->g[q], hi));
 }
 /* 16 e4m3 bytes -> 16 fp32 (natural order) without VBMI, exact: the e4m3 bits placed in an
  * IEEE half are value * 2^-8 (subnormals included); the caller folds 2^8 into the scale. */
@@ -232,7 +232,7 @@ VBMI static void decode_row_fp8_vbmi(const df_weight *w, int64_t r, float *out) 
         __m512 v[4];
         fp8x64(d + c, &k, v);
         __m512 s = _mm512_set1_ps(fp8_scale(w, r, c));
-        for (int q = 0; q < 4; q++) _mm512_storeu_ps(out + c + 16 * q, _mm512_mul_ps(v[q], s));
+        UNROLL for (int q = 0; q < 4; q++) _mm512_storeu_ps(out + c + 16 * q, _mm512_mul_ps(v[q], s));
     }
     if (c < cols) cpu_scalar_decode_range(w, r, c, cols, out);
 }
@@ -685,7 +685,7 @@ VBMI static void tile_decode_fp8_vbmi(const df_weight *w, int64_t r, int nr, int
             __m512 v[4];
             fp8x64(d + i, &K, v);
             const __m512 s = _mm512_set1_ps(fp8_scale(w, r + k, c0 + i));
-            for (int q = 0; q < 4; q++) _mm512_store_ps(o + i + 16 * q, _mm512_mul_ps(v[q], s));
+            UNROLL for (int q = 0; q < 4; q++) _mm512_store_ps(o + i + 16 * q, _mm512_mul_ps(v[q], s));
         }
         if (i < n) cpu_scalar_decode_range(w, r + k, c0 + i, c0 + n, o - c0);
     }
