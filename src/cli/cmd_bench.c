@@ -192,7 +192,7 @@ static void print_io(const store_bench_opts *o, const store_bench_result *r) {
            o->group > 1 ? " x group " : "", o->group > 1 ? o->group : 0, o->qd, r->seconds, r->gbps);
     if (o->buffer_bytes > (uint64_t)o->qd * o->io_bytes)
         printf(" into %.0f MiB of buffers", o->buffer_bytes / 1048576.0);
-    if (!strcmp(r->io_engine, "io_uring") && !r->fixed_buf) printf(" (unregistered)");
+    if (r->fixed_buf) printf(" (registered buffers)");
     if (r->n_dirs > 1) {
         printf(" (");
         for (int i = 0; i < r->n_dirs; i++) printf("%s%.3f", i ? ", " : "", r->dir_gbps[i]);
@@ -226,22 +226,22 @@ static int bench_io(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--run SIZE] [--qd 16 (1..1024)] [--seconds 10] "
-                   "[--group K (0..64)] [--buffer SIZE] [--pread] [--no-fixed] [--no-drop]\n"
+                   "[--group K (0..64)] [--buffer SIZE] [--pread] [--fixed] [--no-drop]\n"
                    "  O_DIRECT random reads over the files in each DIR (one queue per DIR).\n"
                    "  --run SIZE: bytes read back to back per random offset (the expert extent), default --size.\n"
                    "  --group K: runs in groups of K extents of one file, ascending (a layer's top-k experts).\n"
                    "  --buffer SIZE: reads land in turn in a pool of SIZE per DIR (as the expert cache fills), not in\n"
                    "  qd reused buffers (fio's way, the default); some virtual disks are much slower into gigabytes.\n"
-                   "  --no-fixed: io_uring reads into unregistered buffers (by default the destination, reused buffers\n"
-                   "  or the pool, is registered with the ring: no page pinning per read, as fio's fixedbufs).\n"
+                   "  --fixed: the destination (reused buffers or the pool) registered with the io_uring (no page pinning\n"
+                   "  per read, as fio's fixedbufs); by default plain reads, as the expert store and fio read.\n"
                    "  The DIRs' files are evicted from the page cache first (--no-drop: kept).\n");
             return 0;
         }
         if (!strcmp(a, "--pread")) { o.use_uring = 0; continue; }
-        if (!strcmp(a, "--no-fixed")) { o.no_fixed = 1; continue; }
+        if (!strcmp(a, "--fixed")) { o.fixed = 1; continue; }
         if (!strcmp(a, "--no-drop")) continue;
         static const char *const vals[] = {"--dir", "--size", "--run", "--group", "--qd", "--seconds", "--buffer", NULL};
-        static const char *const flags[] = {"--help", "--pread", "--no-fixed", "--no-drop", NULL};
+        static const char *const flags[] = {"--help", "--pread", "--fixed", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench io", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench io: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--dir")) o.dirs = v;

@@ -277,8 +277,8 @@ static void *uring_main(void *arg) {
      * (whole reads; a registered buffer is at most 1 GiB), read k of a piece at buffer index = the piece */
     const uint64_t piece = ((1ull << 30) / o->io_bytes) * o->io_bytes;
     int fixed_buf = 0;
-    if (!o->no_fixed && !d->pool) fixed_buf = io_uring_register_buffers(&ring, iov, (unsigned)o->qd) == 0;
-    if (!o->no_fixed && d->pool) {
+    if (o->fixed && !d->pool) fixed_buf = io_uring_register_buffers(&ring, iov, (unsigned)o->qd) == 0;
+    if (o->fixed && d->pool) {
         const uint64_t pool_bytes = (uint64_t)d->n_slices * o->io_bytes;
         const unsigned np = (unsigned)((pool_bytes + piece - 1) / piece);
         struct iovec *pv = calloc(np, sizeof *pv);

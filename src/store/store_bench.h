@@ -25,8 +25,9 @@ typedef struct {
                                 (touched before the clock starts), as the store fills its expert cache; 0 = qd
                                 reads' worth, reused (fio's default). On some virtual machines the drive delivers
                                 much less into a pool of gigabytes than into a few reused megabytes. */
-    int no_fixed;            /* 1: io_uring reads into unregistered buffers (the kernel pins the pages of every read);
-                                0 (default): the destination (reused buffers or the pool) registered with the ring */
+    int fixed;               /* 1: the destination (reused buffers or the pool) registered with the io_uring
+                                (read_fixed: no page pinning per read, as fio's fixedbufs); 0 (default): plain reads,
+                                as the store reads and as fio by default */
     const char *match;       /* fnmatch pattern of the file names to read (e.g. "experts-L*.pack": a model
                                 directory's packs, not its spine); NULL = every large enough file */
 } store_bench_opts;

@@ -172,44 +172,6 @@ static void run_pread(store_drive *dr) {
 }
 
 #ifdef DF_HAVE_URING
-/* Slot buffers registered with a drive's ring (read_fixed: the kernel does not pin the pages of every read, which on
- * some virtual machines holds reads into a cache of gigabytes well under the drive's rate; bench io --no-fixed
- * measures it). A sparse table of one entry per slot (at most FIX_MAX, the kernel's limit), filled the first time a
- * read lands in a slot; a buffer the kernel refuses (memlock limit, old kernel) is read with plain reads. */
-enum { FIX_MAX = 16384 };
-typedef struct {
-    int n;                 /* entries (0: no registration) */
-    const uint8_t **reg;   /* slot -> its registered buffer */
-    const uint8_t **fail;  /* slot -> a buffer refused */
-} fixed_table;
-
-static void fixed_init(fixed_table *f, struct io_uring *ring, int n_slots) {
-    f->n = n_slots < FIX_MAX ? n_slots : FIX_MAX;
-    f->reg = f->n > 0 ? calloc((size_t)f->n, sizeof *f->reg) : NULL;
-    f->fail = f->n > 0 ? calloc((size_t)f->n, sizeof *f->fail) : NULL;
-    if (!f->reg || !f->fail || io_uring_register_buffers_sparse(ring, (unsigned)f->n) < 0) {
-        free(f->reg);
-        free(f->fail);
-        f->reg = f->fail = NULL;
-        f->n = 0;
-    }
-}
-
-/* The ring's buffer index for a read into slot `slot` (buffer base, bytes), registering it on first use; -1: a plain
- * read. */
-static int fixed_index(fixed_table *f, struct io_uring *ring, int slot, const uint8_t *base, uint64_t bytes) {
-    if (slot < 0 || slot >= f->n || !base) return -1;
-    if (f->reg[slot] == base) return slot;
-    if (f->fail[slot] == base) return -1;
-    struct iovec iov = {(void *)base, (size_t)bytes};
-    if (io_uring_register_buffers_update_tag(ring, (unsigned)slot, &iov, NULL, 1) == 1) {
-        f->reg[slot] = base;
-        return slot;
-    }
-    f->fail[slot] = base;
-    return -1;
-}
-
 static int run_uring(store_drive *dr) {
     df_store *st = dr->st;
     int d = dr->id, qd = st->o.io_depth;
@@ -218,8 +180,6 @@ static int run_uring(store_drive *dr) {
     store_chunk *ctx = calloc(qd, sizeof *ctx);
     int *freeidx = malloc(qd * sizeof(int)), nfree = qd, inflight = 0;
     if (!ctx || !freeidx) { free(ctx); free(freeidx); io_uring_queue_exit(&ring); return -1; }
-    fixed_table fix;
-    fixed_init(&fix, &ring, st->slot_bytes <= (1ull << 30) ? st->n_slots : 0);
     for (int i = 0; i < qd; i++) freeidx[i] = i;
     while (1) {
         int n_new = 0, stop = 0;
@@ -231,10 +191,7 @@ static int run_uring(store_drive *dr) {
                 int idx = freeidx[--nfree];
                 ctx[idx] = c;
                 struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-                const int slot = c.job ? c.job->slot : -1;
-                const int bi = slot >= 0 ? fixed_index(&fix, &ring, slot, st->slots[slot].buf, st->slot_bytes) : -1;
-                if (bi >= 0) io_uring_prep_read_fixed(sqe, c.fd, c.dst, (unsigned)c.len, c.off, bi);
-                else io_uring_prep_read(sqe, c.fd, c.dst, (unsigned)c.len, c.off);
+                io_uring_prep_read(sqe, c.fd, c.dst, (unsigned)c.len, c.off);
                 io_uring_sqe_set_data64(sqe, (uint64_t)idx);
                 n_new++;
                 inflight++;
@@ -287,9 +244,6 @@ static int run_uring(store_drive *dr) {
     }
     free(ctx);
     free(freeidx);
-    if (fix.n) io_uring_unregister_buffers(&ring);
-    free(fix.reg);
-    free(fix.fail);
     io_uring_queue_exit(&ring);
     return 0;
 }

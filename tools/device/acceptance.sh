@@ -44,7 +44,7 @@
 #   part 28: small host <-> device copies as kernels (DF_CUDA_COPY_KERNEL on / off), as 25, then the timeline (27).
 #   part 29: GPU tests (+ DF_CUDA_MOE_ROUTE=1), resident decode x3 with host and with device routing, the timeline.
 #   part 30: GPU tests (+ test_golden, test_batch with DF_CUDA_MOE_ROUTE=0), resident decode x3 with and without --profile.
-#   part 32: reads into buffers registered with io_uring: bench io registered / --no-fixed, reused / pool, then part 6.
+#   part 32: reads into buffers registered with io_uring: bench io --fixed / plain, reused / pool, then part 6.
 #   part 34: greedy and sampled resident decode with a 163840-token vocabulary.
 #   part 26: a started shared expert on its own stream beside the routed experts (DF_CUDA_SIDE_STREAM on / off), as 25.
 #   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
@@ -464,11 +464,11 @@ case $PART in
     ;;
 32)
     # reads into registered buffers: the streamed model of part 6, bench io into reused buffers and into a pool of the
-    # host budget, each registered with the ring and not (--no-fixed), alternated; then part 6's prefill and decode
+    # host budget, each registered with the ring (--fixed) and not, alternated; then part 6's prefill and decode
     # runs, and a decode that also measures B into the pool
     streamed_model
     for i in 1 2; do
-        for b in "" "--no-fixed" "--buffer ${HOST_BUDGET:-2816M}" "--buffer ${HOST_BUDGET:-2816M} --no-fixed"; do
+        for b in "--fixed" "" "--buffer ${HOST_BUDGET:-2816M} --fixed" "--buffer ${HOST_BUDGET:-2816M}"; do
             log "bench io $b"
             timeout 30 "$BIN" bench io --dir "$W/m" --run 22848K --group 8 --seconds 3 $b 2>&1 | tail -1 >>"$S"
         done
