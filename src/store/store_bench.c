@@ -253,8 +253,8 @@ static void *uring_main(void *arg) {
         return NULL;
     }
     /* the qd buffers: one region on huge pages where the kernel gives them, touched before the clock
-     * starts, registered with the ring (no page pinning per read); the files registered too. Either
-     * registration may be refused (old kernel, memlock limit): then plain reads. */
+     * starts, registered with the ring with --fixed (no page pinning per read); the files registered too.
+     * Either registration may be refused (old kernel, memlock limit): then plain reads. */
     const size_t region = (size_t)o->qd * o->io_bytes;
     uint8_t *mem = NULL;
     if (posix_memalign((void **)&mem, 2u << 20, region)) {
@@ -273,8 +273,8 @@ static void *uring_main(void *arg) {
         iov[i].iov_base = bufs[i];
         iov[i].iov_len = o->io_bytes;
     }
-    /* with a destination pool (--buffer) the reads go to its slices: the pool registered in pieces of at most 1 GiB
-     * (whole reads; a registered buffer is at most 1 GiB), read k of a piece at buffer index = the piece */
+    /* with a destination pool (--buffer) the reads go to its slices: with --fixed, the pool registered in pieces of at
+     * most 1 GiB (whole reads; a registered buffer is at most 1 GiB), read k of a piece at buffer index = the piece */
     const uint64_t piece = ((1ull << 30) / o->io_bytes) * o->io_bytes;
     int fixed_buf = 0;
     if (o->fixed && !d->pool) fixed_buf = io_uring_register_buffers(&ring, iov, (unsigned)o->qd) == 0;
