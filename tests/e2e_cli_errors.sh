@@ -452,6 +452,9 @@ expect 2 "bench kernels --threads ,,1" '^deltafin bench kernels: --threads ",,1"
 mkdir -p "$TMP/emptydir"
 expect 2 "bench io --dir <no files>" "^deltafin bench io: $TMP/emptydir has no file of at least" -- \
     "$BIN" bench io --dir "$TMP/emptydir" --seconds 0.1 --no-drop
+mkdir -p "$TMP/sparsedir" && truncate -s 64M "$TMP/sparsedir/holes.bin"
+expect 2 "bench io --dir <a sparse file only>" "has no file of at least .* bytes of written data to read; 1 skipped: sparse or preallocated" -- \
+    "$BIN" bench io --dir "$TMP/sparsedir" --seconds 0.1 --no-drop
 # help COMMAND = COMMAND --help; documented behaviours of serve --max-tokens 0 and run --events
 [ "$("$BIN" help run 2>&1)" = "$("$BIN" run --help 2>&1)" ] && [ "$("$BIN" help bench io 2>&1)" = "$("$BIN" bench io --help 2>&1)" ] \
     && ok || bad "help run / help bench io differ from --help"

@@ -193,6 +193,7 @@ static void print_io(const store_bench_opts *o, const store_bench_result *r) {
     if (o->buffer_bytes > (uint64_t)o->qd * o->io_bytes)
         printf(" into %.0f MiB of buffers", o->buffer_bytes / 1048576.0);
     if (r->fixed_buf) printf(" (registered buffers)");
+    if (r->n_sparse) printf(" (%d sparse or preallocated file%s skipped)", r->n_sparse, r->n_sparse > 1 ? "s" : "");
     if (r->n_dirs > 1) {
         printf(" (");
         for (int i = 0; i < r->n_dirs; i++) printf("%s%.3f", i ? ", " : "", r->dir_gbps[i]);
@@ -227,7 +228,8 @@ static int bench_io(int argc, char **argv) {
         if (!strcmp(a, "--help")) {
             printf("usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--run SIZE] [--qd 16 (1..1024)] [--seconds 10] "
                    "[--group K (0..64)] [--buffer SIZE] [--pread] [--fixed] [--no-drop]\n"
-                   "  O_DIRECT random reads over the files in each DIR (one queue per DIR).\n"
+                   "  O_DIRECT random reads over the files in each DIR (one queue per DIR); files with holes or\n"
+                   "  preallocated (unwritten) extents are skipped: their reads would not reach the drive.\n"
                    "  --run SIZE: bytes read back to back per random offset (the expert extent), default --size.\n"
                    "  --group K: runs in groups of K extents of one file, ascending (a layer's top-k experts).\n"
                    "  --buffer SIZE: reads land in turn in a pool of SIZE per DIR (as the expert cache fills), not in\n"

@@ -319,6 +319,12 @@ static int plan_spine_stream(df_model *m, uint64_t budget, uint64_t kvb, uint64_
             uint64_t sp = sst_plan_resident(&p, r) + 2 * sst_plan_stage(&p, r);
             if (sp < best_sp) { best_sp = sp; best = r; }
         }
+        if (m->nat->spine_bytes <= best_sp) {
+            /* the staging buffers cost more than the layers they keep out of memory: the whole spine resident is the
+             * minimum, and its own message (the caller's first try) states it */
+            sst_plan_free(&p);
+            return store_budget(m->nat, budget, m->nat->spine_bytes, kvb, other, cache, err, errlen);
+        }
         rc = store_budget(m->nat, budget, best_sp, kvb, other, cache, err, errlen);
         if (rc == DF_OK) *n_res = best; /* not reached: larger layouts were tried first */
         if (rc != DF_EBUDGET || !err || !errlen) { sst_plan_free(&p); return rc; }

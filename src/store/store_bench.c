@@ -56,6 +56,7 @@ typedef struct {
     char dir[1024];
     bfile *files;
     int n_files;
+    int n_sparse;            /* files skipped: holes or unwritten extents (their reads never reach the drive) */
     uint64_t total;          /* sum of usable sizes */
     int direct;
     pthread_mutex_t mu;      /* pread threads: run state */
@@ -171,6 +172,14 @@ static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
         int fd = open(p, O_RDONLY | O_DIRECT | O_CLOEXEC);
         if (fd < 0) { fd = open(p, O_RDONLY | O_CLOEXEC); d->direct = 0; }
         if (fd < 0) continue;
+        /* a hole (or an unwritten extent, which SEEK_HOLE reports as one) reads as zeros without the drive: such a
+         * file would measure memory, not the disk */
+        const off_t hole = lseek(fd, 0, SEEK_HOLE);
+        if (hole >= 0 && hole < sb.st_size) {
+            close(fd);
+            d->n_sparse++;
+            continue;
+        }
         if (d->n_files == cap) {
             cap = cap ? cap * 2 : 16;
             d->files = realloc(d->files, cap * sizeof *d->files);
@@ -185,10 +194,14 @@ static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
     if (d->n_files) qsort(d->files, d->n_files, sizeof *d->files, cmp_bfile);
     if (!d->n_files) {
         char qdir[4200]; /* the suggested command is pasted into a shell: the directory quoted as one word */
+        char skipped[200] = "";
+        if (d->n_sparse)
+            snprintf(skipped, sizeof skipped, "; %d skipped: sparse or preallocated (holes or unwritten extents read as "
+                     "zeros without the drive)", d->n_sparse);
         snprintf(err, errlen,
-                 "%s has no file%s%s of at least %llu bytes to read (write one with `deltafin synth %s ...`)",
+                 "%s has no file%s%s of at least %llu bytes of written data to read%s (write one with `deltafin synth %s ...`)",
                  d->dir, d->o->match ? " named " : "", d->o->match ? d->o->match : "", (unsigned long long)(run + 4096),
-                 df_shell_quote(d->dir, qdir, sizeof qdir));
+                 skipped, df_shell_quote(d->dir, qdir, sizeof qdir));
         return DF_EINVAL;
     }
     return 0;
@@ -421,6 +434,7 @@ int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, 
             r->gbps += r->dir_gbps[i];
             r->direct &= dirs[i].direct;
             r->fixed_buf &= dirs[i].fixed_buf;
+            r->n_sparse += dirs[i].n_sparse;
             if (dirs[i].err && !rc) {
                 rc = dirs[i].err;
                 snprintf(err, errlen, "%s", dirs[i].errmsg);

@@ -40,6 +40,7 @@ typedef struct {
     double seconds;
     int direct;              /* 1 if every file was read with O_DIRECT */
     int fixed_buf;           /* 1 if every queue read into buffers registered with its io_uring */
+    int n_sparse;            /* files not read: sparse or preallocated (holes / unwritten extents) */
     char io_engine[16];
 } store_bench_result;
 
