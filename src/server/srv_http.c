@@ -412,8 +412,8 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
         pthread_mutex_unlock(&S.mu);
         srv_job_unref(j);
         char m[200];
-        snprintf(m, sizeof m, "The server is busy: %d generations are running (--parallel %d) and %d are waiting (--queue %d). Retry later.",
-                 S.n_workers, S.n_workers, busy - S.n_workers, S.cfg.queue);
+        snprintf(m, sizeof m, "The server is busy: %d generation%s running (--parallel %d) and %d waiting (--queue %d). Retry later.",
+                 S.n_workers, S.n_workers == 1 ? " is" : "s are", S.n_workers, busy - S.n_workers, S.cfg.queue);
         return send_error(c, 429, m, NULL, "server_busy");
     }
     S.n_responding++;
