@@ -592,6 +592,7 @@ int cmd_run(int argc, char **argv) {
     sigaction(SIGINT, &sg_new, &sg_int);
     sigaction(SIGTERM, &sg_new, &sg_term);
     const double t_gen = now_s(), cpu_gen = cpu_s();
+    char last = 0; /* the last byte of text written */
     if (drafter) {
         /* speculative: the same tokens as the loop below, several per target eval */
         rc = dopt.sample && so.temperature > 0 ? df_drafter_set_sampling(drafter, &so, err, sizeof err) : 0;
@@ -609,7 +610,7 @@ int cmd_run(int argc, char **argv) {
                 for (int q = 0; q < n_stop; q++) stopped |= stop[q] == id;
                 if (dt && !stopped) {
                     int w = df_detok_push(dt, id, buf, sizeof buf);
-                    if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); }
+                    if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); last = buf[w - 1]; }
                 }
             }
             if (stopped || n_out >= gen_max || g_gen_sig) break;
@@ -624,7 +625,7 @@ int cmd_run(int argc, char **argv) {
         for (int q = 0; q < n_stop; q++) is_stop |= stop[q] == id;
         if (dt && !is_stop) {
             int w = df_detok_push(dt, id, buf, sizeof buf);
-            if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); }
+            if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); last = buf[w - 1]; }
         }
         if (is_stop) { stopped = 1; break; }
         if (k + 1 == gen_max || g_gen_sig) break;
@@ -635,11 +636,12 @@ int cmd_run(int argc, char **argv) {
     const int gen_sig = g_gen_sig;
     sigaction(SIGINT, &sg_int, NULL);
     sigaction(SIGTERM, &sg_term, NULL);
-    /* the output ends with one newline; nothing generated (--max-new 0) prints nothing */
+    /* the output ends at the start of a line: a newline after the text unless the text ends with one; nothing
+     * generated (--max-new 0) prints nothing */
     if (dt) {
         int w = df_detok_flush(dt, buf, sizeof buf);
-        if (w > 0) fwrite(buf, 1, (size_t)w, stdout);
-        if (n_out) fputc('\n', stdout);
+        if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); last = buf[w - 1]; }
+        if (n_out && last != '\n') fputc('\n', stdout);
     }
     if ((print_ids || !tok) && n_out) { /* without a tokenizer the ids are the output */
         for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out_ids[i]);
