@@ -14,8 +14,9 @@
 # line, `list` printing only its table (new-user trial); prompts that are not UTF-8, tokenize --decode parsing ids as
 # run --prompt-ids, serve checking its options before anything else, negative seeds (the server's mapping, the same
 # tokens from both), `deltafin version`, tools/gen-cli-doc.sh reproducing docs/cli.md, README's CUDA knobs, the *.tmp
-# of a killed convert next to other files (second new-user trial). Uses
-# tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
+# of a killed convert next to other files (second new-user trial); bench's did-you-mean, bench machine's "LLC
+# unknown", no trailing space in doctor's output, an empty prompt (stdin, file, --prompt ""), --stats with no first
+# token or no decode step (third). Uses tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -664,5 +665,29 @@ rm "$TMP/stale/notes.txt"
 out=$("$BIN" convert "$G" "$TMP/stale" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "removed 2 files (2 \*.tmp) left in .*stale by an interrupted convert" && [ -f "$TMP/stale/manifest.json" ] \
     && [ -z "$(ls "$TMP/stale" | grep '\.tmp$')" ] && ok || bad "convert into stale *.tmp alone: rc $rc $out"
+# ---- third new-user trial: bench's did-you-mean, doctor's lines, an empty prompt, --stats without a first token or
+# a decode step, bench machine's LLC line
+expect 2 "bench iox: did you mean" "^deltafin bench: unknown benchmark 'iox', did you mean 'bench io'\? \(io, decode," -- "$BIN" bench iox
+expect 2 "bench zzz: no suggestion" "^deltafin bench: unknown benchmark 'zzz' \(io, decode," -- "$BIN" bench zzz
+# the LLC's size from sysfs, or "unknown" where sysfs has none (never "0.0 MiB")
+out=$("$BIN" bench machine --threads 1 --dram-buffer 8M 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -Eq "^machine: .*; LLC (unknown|[0-9.]+ MiB); flags: " && ! echo "$out" | grep -q "LLC 0.0 MiB" && ok \
+    || bad "bench machine's LLC: rc $rc $(echo "$out" | head -3)"
+out=$("$BIN" doctor --model "$TMP/draft" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^SIMD: " && ! echo "$out" | grep -q ' $' && ok || bad "doctor: a line ends with a space: $(echo "$out" | grep -n ' $' | cat -A)"
+expect 2 "run --prompt - with empty stdin" "^deltafin run: --prompt -: standard input was empty \(pipe the prompt text in, or give it with --prompt TEXT\)$" -- \
+    "$BIN" run --model "$KM" --prompt -
+expect 2 "run --prompt-file - with empty stdin" "^deltafin run: --prompt-file -: standard input was empty" -- "$BIN" run --model "$KM" --prompt-file -
+: >"$TMP/empty.txt"
+expect 2 "run --prompt-file with an empty file" "^deltafin run: --prompt-file $TMP/empty.txt: the file is empty$" -- \
+    "$BIN" run --model "$KM" --prompt-file "$TMP/empty.txt"
+expect 2 "run --prompt ''" '^deltafin run: --prompt "": the prompt is empty' -- "$BIN" run --model "$KM" --prompt ""
+expect 0 "--max-new 0 stats: no TTFT" "generated 0; TTFT n/a \(no token generated\); prefill" -- "${R[@]}" --prompt-ids 5 --max-new 0 --stats
+out=$("${R[@]}" --prompt-ids 5 --max-new 1 --stats --prefetch on 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "generated 1; TTFT [0-9.]* s;" && ! echo "$out" | grep -q "lookahead on for" && ok \
+    || bad "--max-new 1 --stats: a lookahead count without a decode step: rc $rc $out"
+out=$("${R[@]}" --prompt-ids 5 --max-new 2 --stats --prefetch on 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "lookahead on for [01] of 1 decode steps" && ok || bad "--max-new 2 --stats: want 1 decode step: rc $rc $out"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -7,7 +7,8 @@
 #    recognised and removed, the re-run succeeds (also in --expert-dirs); a directory holding other files as well
 #    is still refused unless --force; a directory another run is writing into right now is refused (its lock);
 #  - `run` on a Hugging Face checkpoint: SIGINT during its first-use conversion into the cache leaves nothing there
-#    (exit 130, one line), and a second run of the same conversion meanwhile says it waits for the first; `bench
+#    (exit 130, one line), also when it comes right after the lock file is created (before the conversion starts),
+#    and a second run of the same conversion meanwhile says it waits for the first; `bench
 #    decode` the same; `serve` the same, ending by the signal too (SIGINT 130, SIGTERM 143), with no port file left;
 #  - `synth OUT_DIR` alone writes the documented default model (the figures of --help = --dry-run's; started and
 #    interrupted when the disk has room, else refused for lack of space before writing), OUT_DIR may come last;
@@ -220,6 +221,22 @@ EOF
     rm -rf "$TMP/hf"
 else
     echo "python3 not found: the convert signal cases are skipped"
+fi
+
+# ---- run's first-use conversion, SIGINT right after its lock file is created (strace holds the process 1 s in that
+# flock): the handlers are in place before the first file is, so exit 130, one line, nothing left in the cache
+if command -v strace >/dev/null && strace -o /dev/null -e inject=flock:delay_enter=1 true 2>/dev/null; then
+    strace -f -o /dev/null -e trace=flock -e inject=flock:delay_enter=1000000:when=1 \
+        "$BIN" run --model "$SRC/tests/golden/bf16_kimi" --cache-dir "$TMP/lcache" --prompt-ids 1 --max-new 1 --threads 1 \
+        >/dev/null 2>"$TMP/l.err" &
+    st=$!; PIDS+=("$st")
+    for _ in $(seq 1 500); do ls "$TMP"/lcache/*.lock >/dev/null 2>&1 && break; sleep 0.01; done
+    kill -INT "$(pgrep -P "$st" -x deltafin)"; wait "$st"; rc=$?
+    [ $rc -eq 130 ] && [ "$(grep -c . "$TMP/l.err")" -eq 1 ] \
+        && grep -q "^deltafin: interrupted by SIGINT before the conversion into $TMP/lcache/bf16_kimi-.* started: nothing was written$" "$TMP/l.err" \
+        && [ -z "$(ls -A "$TMP/lcache")" ] && ok || bad "run's conversion, SIGINT at its lock file: rc $rc, left: $(ls -A "$TMP/lcache"), $(cat "$TMP/l.err")"
+else
+    echo "strace cannot delay a system call here: the SIGINT-at-the-lock-file case is skipped"
 fi
 
 # ---- synth OUT_DIR alone: the documented default model (issue 11 item 15)

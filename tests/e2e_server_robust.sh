@@ -22,7 +22,8 @@
 #      libmicrohttpd or the server answers, never a 2xx or a hang, and the server keeps serving afterwards;
 #  14. the log and /metrics: every 400 of a generation request is one line with the message sent (no generation
 #      figures) and is not in deltafin_requests_total; a stream whose client leaves after its generation ended but
-#      before the stream was sent is logged (client gone) and counted with its 200.
+#      before the stream was sent is logged (client gone) and counted with its 200;
+#  15. a token-id prompt with an element that is no token id: a 400 naming it; --host 0.0.0.0 without --api-key warns.
 # Env: DF_BIN (deltafin binary), DF_SRC (repo root).
 set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -413,6 +414,28 @@ setTimeout(() => process.exit(1), 20000);' "$PORT" \
     expect "still counted once, with the 200 it was sent" "$(ok200)" 2
     stop_server lg
 else bad "serve --mock (log) did not start: $(tail -2 "$TMP/lg.log")"; fi
+
+# ---- 15. a token-id prompt with an element that is no token id: the 400 names the element and what it is; --host
+# reachable from other machines without --api-key: a one-line warning (none on loopback, none with a key)
+WARN="deltafin serve: warning: --host 0.0.0.0 accepts connections from other machines and there is no --api-key: anyone who can reach the port can use this server (add --api-key KEY, or --host 127.0.0.1 for this machine only)"
+if start_server pub --mock --host 0.0.0.0; then
+    for req in '[1,"a"]|prompt[1]|a string' '[1,2.5]|prompt[1]|2.5' '[null]|prompt[0]|null' '[3,[4]]|prompt[1]|an array'; do
+        IFS='|' read -r p el what <<<"$req"
+        code=$(curl -s -o "$TMP/pub.body" -w '%{http_code}' "${H[@]}" -d "{\"prompt\":$p}" "$B/v1/completions")
+        expect "prompt $p: 400 naming $el" "$code $(json "$TMP/pub.body" j.error.message)" \
+            "400 Invalid '$el': expected a token id (a non-negative integer), got $what."
+    done
+    code=$(curl -s -o "$TMP/pub.body" -w '%{http_code}' "${H[@]}" -d '{"prompt":["a","b"]}' "$B/v1/completions")
+    expect "two prompts: only one per request" "$code $(json "$TMP/pub.body" j.error.message)" \
+        "400 Invalid 'prompt': only one prompt per request is supported (n = 1)."
+    expect "--host 0.0.0.0 without --api-key: the warning, once" "$(grep -cxF "$WARN" "$TMP/pub.log")" 1
+    stop_server pub
+else bad "serve --mock --host 0.0.0.0 did not start: $(tail -2 "$TMP/pub.log")"; fi
+if start_server pubk --mock --host 0.0.0.0 --api-key k; then
+    expect "--host 0.0.0.0 with --api-key: no warning" "$(grep -c 'warning' "$TMP/pubk.log")" 0
+    stop_server pubk
+else bad "serve --mock --host 0.0.0.0 --api-key did not start: $(tail -2 "$TMP/pubk.log")"; fi
+expect "loopback (the default host): no warning" "$(grep -c 'warning' "$TMP/q.log")" 0
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

@@ -534,8 +534,13 @@ int bench_kernels_main(int argc, char **argv) {
     const uint64_t llc = llc_bytes();
     printf("command: deltafin bench");
     for (int i = 0; i < argc; i++) printf(" %s", argv[i]);
-    printf("\nmachine: %s; %d usable CPUs (%ld online); LLC %.1f MiB; flags: %s\n", model, ncpu,
-           sysconf(_SC_NPROCESSORS_ONLN), llc / 1048576.0, flags[0] ? flags : "-");
+    /* no cache size in sysfs (some VMs and containers): "LLC unknown", and the default buffers are the floors of
+     * max(8 x LLC, 1G) and max(4 x LLC, 512M): --dram-buffer 1G, --buffer 512M */
+    char llc_txt[48];
+    if (llc) snprintf(llc_txt, sizeof llc_txt, "%.1f MiB", llc / 1048576.0);
+    else snprintf(llc_txt, sizeof llc_txt, "unknown");
+    printf("\nmachine: %s; %d usable CPUs (%ld online); LLC %s; flags: %s\n", model, ncpu,
+           sysconf(_SC_NPROCESSORS_ONLN), llc_txt, flags[0] ? flags : "-");
     printf("kernels: backends");
     {
         const df_backend *l[8];

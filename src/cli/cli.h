@@ -50,6 +50,8 @@ int cli_split_option_values(int argc, char **argv, char ***out);
 int cli_unknown_option(const char *cmd, const char *a, const char *const *names, const char *const *names2);
 /* An unknown command: "deltafin: unknown command 'A' (see deltafin --help)", with "did you mean" as above. Returns 2. */
 int cli_unknown_command(const char *a, const char *const *names);
+/* The name of the NULL-terminated `names` that "did you mean" above would suggest for A, else NULL. */
+const char *cli_closest(const char *a, const char *const *names);
 /* --prefetch auto|on|off|ungated / --prefault auto|on|off (by `flag`) into df_model_opts' 0 / 1 / 2 (/ 3 = ungated):
  * 0, else a usage message naming the command, flag and value and -1. */
 int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out);

@@ -230,6 +230,8 @@ static const char *closest(const char *a, const char *const *names, const char *
     return n_prefix == 1 ? prefix_of : best;
 }
 
+const char *cli_closest(const char *a, const char *const *names) { return closest(a, names, NULL); }
+
 int cli_unknown_command(const char *a, const char *const *names) {
     const char *best = closest(a, names, NULL);
     if (best) fprintf(stderr, "deltafin: unknown command '%s', did you mean '%s'? (see deltafin --help)\n", a, best);

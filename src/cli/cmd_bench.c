@@ -923,6 +923,11 @@ int cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "cache")) return bench_cache(argc - 2, argv + 2);
     if (!strcmp(argv[1], "store")) return bench_store(argc - 2, argv + 2);
     if (!strcmp(argv[1], "project")) return bench_project(argc - 2, argv + 2, bench_decode);
-    fprintf(stderr, "deltafin bench: unknown benchmark '%s' (io, decode, prefill, batch, machine, kernels, cache, store, project; see deltafin bench --help)\n", argv[1]);
+    static const char *const names[] = {"io", "decode", "prefill", "batch", "machine", "kernels", "cache", "store", "project", NULL};
+    const char *best = cli_closest(argv[1], names);
+    char hint[64] = "";
+    if (best) snprintf(hint, sizeof hint, ", did you mean 'bench %s'?", best);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s'%s (io, decode, prefill, batch, machine, kernels, cache, store, project; "
+                    "see deltafin bench --help)\n", argv[1], hint);
     return 2;
 }

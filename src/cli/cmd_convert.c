@@ -106,6 +106,9 @@ int cmd_convert(int argc, char **argv) {
     int npos = 0, quiet = 0, force = 0;
     df_convert_opts o;
     df_convert_opts_default(&o);
+    /* SIGINT / SIGTERM / SIGHUP from here on: stop, remove what was written, exit 128 + signal (installed before any
+     * file or directory is created, so that no signal ends the process with one left behind) */
+    df_interrupt_install();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -177,7 +180,11 @@ int cmd_convert(int argc, char **argv) {
     /* directories that do not exist yet are removed again if the conversion fails or is interrupted */
     int out_existed = cli_path_exists(pos[1]), dir_existed[64] = {0};
     for_each_dir(o.expert_dirs, dir_existed, 0);
-    df_interrupt_install(); /* SIGINT / SIGTERM from here on: stop, remove what was written, exit 128 + signal */
+    if (df_interrupted()) { /* before anything was created: nothing to remove */
+        fprintf(stderr, "deltafin convert: interrupted by %s before the conversion started: nothing was written\n",
+                df_signal_name(df_interrupted()));
+        return 128 + df_interrupted();
+    }
     int crc = cli_check_out_dirs("convert", pos[1], o.expert_dirs, force, quiet);
     if (crc) {
         remove_created(pos[1], out_existed, o.expert_dirs, dir_existed);

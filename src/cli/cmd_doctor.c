@@ -86,7 +86,9 @@ static const char *simd_features(void) {
     if (__builtin_cpu_supports("avx2")) strcat(buf, "avx2 ");
     if (__builtin_cpu_supports("fma")) strcat(buf, "fma ");
     if (__builtin_cpu_supports("f16c")) strcat(buf, "f16c ");
-    if (!buf[0]) strcpy(buf, "none");
+    size_t n = strlen(buf);
+    if (n) buf[n - 1] = 0; /* the space after the last name */
+    else strcpy(buf, "none");
     return buf;
 #else
     return "none (not x86-64)";

@@ -446,6 +446,17 @@ int cmd_run(int argc, char **argv) {
         if (!(prompt_buf = read_prompt(prompt_file ? prompt_file : "-", &prompt_len, &st))) return st;
         prompt = prompt_buf;
     } else if (prompt) prompt_len = strlen(prompt);
+    /* an empty prompt is said before the model loads (an empty --prompt with --chat is still one user message) */
+    if (prompt && !prompt_len && (prompt_buf || !chat)) {
+        if (prompt_buf && !(prompt_file && strcmp(prompt_file, "-")))
+            fprintf(stderr, "deltafin run: %s -: standard input was empty (pipe the prompt text in, or give it with --prompt "
+                            "TEXT)\n", prompt_file ? "--prompt-file" : "--prompt");
+        else if (prompt_buf) fprintf(stderr, "deltafin run: --prompt-file %s: the file is empty\n", prompt_file);
+        else fprintf(stderr, "deltafin run: --prompt \"\": the prompt is empty (give the text to continue, or token ids "
+                             "with --prompt-ids 1,2,3)\n");
+        free(prompt_buf);
+        return 2;
+    }
     if (prompt) { /* text is UTF-8, as the server requires of a request: a bad byte is refused, not replaced */
         char what[4200];
         if (prompt_file && strcmp(prompt_file, "-")) snprintf(what, sizeof what, "the prompt from --prompt-file %s", prompt_file);
@@ -674,11 +685,15 @@ int cmd_run(int argc, char **argv) {
         if (dec_tokens) snprintf(dec, sizeof dec, "decode %.2f tok/s (%llu tokens in %.3f s%s)", dec_s > 0 ? dec_tokens / dec_s : 0.0,
                                  (unsigned long long)dec_tokens, dec_s, dec_note);
         else snprintf(dec, sizeof dec, "decode: no decode steps");
+        /* nothing generated (--max-new 0): no first token to time */
+        char ttft[64];
+        if (n_out) snprintf(ttft, sizeof ttft, "TTFT %.3f s", st.ttft_s);
+        else snprintf(ttft, sizeof ttft, "TTFT n/a (no token generated)");
         fprintf(stderr,
-                "stats: prompt %d tokens, generated %d; TTFT %.3f s; prefill %.2f tok/s; %s; "
+                "stats: prompt %d tokens, generated %d; %s; prefill %.2f tok/s; %s; "
                 "weight bytes read %.1f MB/token; experts read %.1f MB (demand) + %.1f MB (prefetch), hits %llu, misses %llu, "
                 "I/O stall %.3f s; total %.3f s%s\n",
-                n_ids, n_out, st.ttft_s, st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0,
+                n_ids, n_out, ttft, st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0,
                 dec, per_tok / 1e6,
                 st.expert_bytes_demand / 1e6, st.expert_bytes_prefetch / 1e6, (unsigned long long)st.expert_hits,
                 (unsigned long long)st.expert_misses, st.io_stall_s, total,
@@ -689,9 +704,12 @@ int cmd_run(int argc, char **argv) {
             if (st.prefetch_issued)
                 fprintf(stderr, "; prefetch recall %.1f%% (%llu of %llu guesses used)", 100.0 * st.prefetch_useful / (double)st.prefetch_issued,
                         (unsigned long long)st.prefetch_useful, (unsigned long long)st.prefetch_issued);
-            if (st.prefetch_steps_on + st.prefetch_steps_off)
-                fprintf(stderr, "; lookahead on for %llu of %llu decode steps%s", (unsigned long long)st.prefetch_steps_on,
-                        (unsigned long long)(st.prefetch_steps_on + st.prefetch_steps_off),
+            /* the decode steps only: a one-token prompt's eval is counted with them by the engine */
+            const uint64_t la_on = st.prefetch_steps_on - after_prefill.prefetch_steps_on,
+                           la_all = la_on + st.prefetch_steps_off - after_prefill.prefetch_steps_off;
+            if (la_all)
+                fprintf(stderr, "; lookahead on for %llu of %llu decode steps%s", (unsigned long long)la_on,
+                        (unsigned long long)la_all,
                         strstr(df_model_describe(m), "prefetch ungated") ? " (ungated)" : " (measured A/B)");
             for (int d = 0; d < st.n_drives; d++)
                 fprintf(stderr, "; drive %d: %.1f MB at %.2f GB/s", d, st.drive_bytes[d] / 1e6,

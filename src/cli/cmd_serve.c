@@ -82,6 +82,17 @@ static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) 
     return 0;
 }
 
+/* host (checked: numeric IPv4 / IPv6, or localhost) reaches this machine only: 127.0.0.0/8, ::1, ::ffff:127.x.y.z */
+static int host_is_loopback(const char *host) {
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (!strcmp(host, "localhost")) return 1;
+    if (inet_pton(AF_INET, host, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     srv_config c;
     memset(&c, 0, sizeof c);
@@ -203,6 +214,10 @@ int cmd_serve(int argc, char **argv) {
     if (c.mock && cli_draft_enabled(&dopt)) { fprintf(stderr, "deltafin serve: --draft needs a real model (not --mock)\n"); return 2; }
     /* then the notes, and the default model */
     cli_draft_note_unused("serve", &dopt);
+    if (!c.api_key && !host_is_loopback(c.host))
+        fprintf(stderr, "deltafin serve: warning: --host %s accepts connections from other machines and there is no --api-key: "
+                        "anyone who can reach the port can use this server (add --api-key KEY, or --host 127.0.0.1 for this "
+                        "machine only)\n", c.host);
     if (c.keepalive_s > 0 && c.keepalive_s > c.timeout_s / 2.0) /* said, not silently changed (srv_http.c lowers it) */
         fprintf(stderr, "deltafin serve: note: --keepalive %g is more than --timeout %d / 2; keep-alives are sent every %g s\n",
                 c.keepalive_s, c.timeout_s, c.timeout_s / 2.0);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -193,6 +194,79 @@ static uint64_t source_key(const char *abs, df_spine_mode spine) {
     return key;
 }
 
+/* The part of convert_cached that writes, run under the handlers of df_interrupt_install: the cache root and the
+ * lock file of path, then the conversion into path (unless the process that held the lock made it meanwhile), then
+ * the lock file removed, and the stale conversions pruned after a new one. A signal seen before the conversion begins
+ * stops it there (DF_ECANCELLED, *started 0, the lock file removed when this process holds it); one during the
+ * conversion stops it (DF_ECANCELLED, *started 1), and the conversion removes what it wrote. */
+static int convert_locked(const char *abs, const char *root, const char *name, const char *base, const char *path,
+                          df_spine_mode spine, df_progress_fn progress, void *user, uint64_t key, int *started, char *err,
+                          size_t errlen) {
+    if (df_interrupted()) return DF_ECANCELLED;
+    int rc = df_mkdir_p(root, err, errlen);
+    if (rc) {
+        /* name the setting that chose this directory */
+        size_t l = err ? strlen(err) : 0;
+        if (err && l + 1 < errlen)
+            snprintf(err + l, errlen - l, " (the conversion cache root; choose another with --cache-dir or XDG_CACHE_HOME)");
+        return rc;
+    }
+    char lock[4700], man[4700];
+    snprintf(lock, sizeof lock, "%s.lock", path);
+    snprintf(man, sizeof man, "%s/manifest.json", path);
+    /* The lock file serialises conversions of this key. Its holder removes it when done, so a process that waited
+     * on a lock file no longer at that path takes the new one. The wait polls (a blocking flock would be restarted
+     * after a signal's handler, SA_RESTART), so that a signal ends it. */
+    int fd = -1, waited = 0;
+    for (;;) {
+        if (df_interrupted()) return DF_ECANCELLED;
+        fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return df_set_errc(err, errlen, DF_EIO, "cannot create the lock file %s: %s (convert into a writable cache with "
+                               "--cache-dir DIR)", lock, strerror(errno));
+        while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            if (errno == EINTR) continue;
+            if (errno != EWOULDBLOCK) {
+                rc = df_set_errc(err, errlen, DF_EIO, "cannot lock %s: %s", lock, strerror(errno));
+                close(fd);
+                return rc;
+            }
+            if (!waited++)
+                fprintf(stderr, "deltafin: waiting for another process converting %s into %s (lock %s)\n", abs, path, lock);
+            if (df_interrupted()) { /* the lock file is the holder's: it removes it */
+                close(fd);
+                return DF_ECANCELLED;
+            }
+            nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(lock, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) break;
+        close(fd);
+    }
+    int converted = 0;
+    if (df_interrupted()) {
+        rc = DF_ECANCELLED;
+    } else if (!df_path_exists(man)) {
+        df_convert_opts o;
+        df_convert_opts_default(&o);
+        o.spine = spine;
+        cache_progress cp = {progress, user};
+        o.progress = cache_progress_cb;
+        o.progress_user = &cp;
+        *started = 1;
+        rc = df_convert(abs, path, &o, err, errlen);
+        converted = rc == DF_OK;
+        if (rc) rmdir(path); /* df_convert removed its files; the directory too when nothing else is in it */
+    }
+    unlink(lock);
+    close(fd);
+    if (rc == DF_OK) hold_reader(path);
+    /* only while the checkpoint's files are still those of this conversion (a run of older files that finishes after
+     * a newer one must not remove the newer one) */
+    if (converted && source_key(abs, spine) == key) prune_stale(root, name, abs, base, convert_spine_mode_name(spine));
+    return rc;
+}
+
 int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
                    char *out_dir, size_t out_len, char *err, size_t errlen) {
     char abs[4096], root[3000], name[512], path[4600];
@@ -216,8 +290,7 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     snprintf(path, sizeof path, "%.3000s/%.512s", root, name);
     if (strlen(path) + 1 > out_len) return df_set_errc(err, errlen, DF_EINVAL, "cache path too long: %s", path);
     snprintf(out_dir, out_len, "%s", path);
-    char lock[4700], man[4700];
-    snprintf(lock, sizeof lock, "%s.lock", path);
+    char man[4700];
     snprintf(man, sizeof man, "%s/manifest.json", path);
     /* a complete conversion (its manifest is written last) is only read: no lock, nothing written (a cache the
      * user can read but not write still serves it) */
@@ -228,84 +301,41 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
         return DF_OK;
     }
 
-    int rc = df_mkdir_p(root, err, errlen);
-    if (rc) {
-        /* name the setting that chose this directory */
-        size_t l = err ? strlen(err) : 0;
-        if (err && l + 1 < errlen)
-            snprintf(err + l, errlen - l, " (the conversion cache root; choose another with --cache-dir or XDG_CACHE_HOME)");
-        return rc;
+    /* SIGINT / SIGTERM / SIGHUP stop the conversion, which then removes what it wrote. The handlers are installed
+     * before anything here creates a file (the cache root, the lock file) and the previous ones come back only after
+     * the lock file is gone, so that no signal ends the process with one of them left behind; a signal that arrived is
+     * then raised again under the previous handlers. */
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    struct sigaction old[3];
+    for (int i = 0; i < 3; i++) sigaction(sigs[i], NULL, &old[i]);
+    /* a caller that blocks these signals (the server, which takes them in a thread of its own) still gets this
+     * conversion stopped by them: unblocked in this thread meanwhile */
+    sigset_t ss, old_mask;
+    sigemptyset(&ss);
+    for (int i = 0; i < 3; i++) sigaddset(&ss, sigs[i]);
+    df_interrupt_install(); /* first: one pending while blocked is then taken by this handler at the unblock */
+    pthread_sigmask(SIG_UNBLOCK, &ss, &old_mask);
+    int started = 0;
+    int rc = convert_locked(abs, root, name, base, path, spine, progress, user, key, &started, err, errlen);
+    for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    const int sig = df_interrupted();
+    df_interrupt_clear();
+    if (!sig) return rc;
+    /* stopped (its files removed), stopped before it began (nothing written), or too late to stop: the conversion is
+     * complete and kept */
+    if (rc == DF_ECANCELLED && started)
+        rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s: the conversion into %s stopped and removed "
+                         "every file it had written", df_signal_name(sig), path);
+    else if (rc == DF_ECANCELLED)
+        rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s before the conversion into %s started: nothing "
+                         "was written", df_signal_name(sig), path);
+    else if (rc == DF_OK)
+        rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s after the conversion into %s had finished: "
+                         "it is complete and was kept", df_signal_name(sig), path);
+    if (rc == DF_ECANCELLED) {
+        fprintf(stderr, "deltafin: %s\n", err ? err : "interrupted");
+        raise(sig); /* under the caller's disposition (by default: the process ends as by the signal) */
     }
-    /* The lock file serialises conversions of this key. Its holder removes it when done, so a process that waited
-     * on a lock file no longer at that path takes the new one. */
-    int fd = -1, waited = 0;
-    for (;;) {
-        fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (fd < 0)
-            return df_set_errc(err, errlen, DF_EIO, "cannot create the lock file %s: %s (convert into a writable cache with "
-                               "--cache-dir DIR)", lock, strerror(errno));
-        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-            if (errno != EWOULDBLOCK) {
-                rc = df_set_errc(err, errlen, DF_EIO, "cannot lock %s: %s", lock, strerror(errno));
-                close(fd);
-                return rc;
-            }
-            if (!waited++)
-                fprintf(stderr, "deltafin: waiting for another process converting %s into %s (lock %s)\n", abs, path, lock);
-            while (flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
-        }
-        struct stat a, b;
-        if (fstat(fd, &a) == 0 && stat(lock, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) break;
-        close(fd);
-    }
-    int converted = 0;
-    if (!df_path_exists(man)) {
-        df_convert_opts o;
-        df_convert_opts_default(&o);
-        o.spine = spine;
-        cache_progress cp = {progress, user};
-        o.progress = cache_progress_cb;
-        o.progress_user = &cp;
-        /* SIGINT / SIGTERM / SIGHUP stop the conversion, which then removes what it wrote; the previous handlers
-         * come back afterwards, and a signal that arrived is raised again under them */
-        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-        struct sigaction old[3];
-        for (int i = 0; i < 3; i++) sigaction(sigs[i], NULL, &old[i]);
-        /* a caller that blocks these signals (the server, which takes them in a thread of its own) still gets this
-         * conversion stopped by them: unblocked in this thread meanwhile */
-        sigset_t ss, old_mask;
-        sigemptyset(&ss);
-        for (int i = 0; i < 3; i++) sigaddset(&ss, sigs[i]);
-        df_interrupt_install(); /* first: one pending while blocked is then taken by this handler at the unblock */
-        pthread_sigmask(SIG_UNBLOCK, &ss, &old_mask);
-        rc = df_convert(abs, path, &o, err, errlen);
-        for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
-        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-        const int sig = df_interrupted();
-        df_interrupt_clear();
-        converted = rc == DF_OK;
-        if (rc) rmdir(path); /* df_convert removed its files; the directory too when nothing else is in it */
-        if (sig) { /* stopped (its files removed), or too late to stop: the conversion is complete and kept */
-            if (rc == DF_ECANCELLED)
-                rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s: the conversion into %s stopped and removed "
-                                 "every file it had written", df_signal_name(sig), path);
-            else if (rc == DF_OK)
-                rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s after the conversion into %s had finished: "
-                                 "it is complete and was kept", df_signal_name(sig), path);
-            unlink(lock);
-            close(fd);
-            if (rc == DF_ECANCELLED) {
-                fprintf(stderr, "deltafin: %s\n", err ? err : "interrupted");
-                raise(sig); /* under the caller's disposition (by default: the process ends as by the signal) */
-            }
-            return rc; /* DF_ECANCELLED when the caller's handler returned, or the conversion's own error */
-        }
-    }
-    unlink(lock);
-    close(fd);
-    if (rc == DF_OK) hold_reader(path);
-    /* only while the checkpoint's files are still those of this conversion (a run of older files that finishes after
-     * a newer one must not remove the newer one) */
-    if (converted && source_key(abs, spine) == key) prune_stale(root, name, abs, base, convert_spine_mode_name(spine));
-    return rc;
+    return rc; /* DF_ECANCELLED when the caller's handler returned, or the conversion's own error */
 }

@@ -210,6 +210,17 @@ fail:
     return 400;
 }
 
+/* What a JSON value that should have been a token id is, for an error message: "a string", "null", "1.5", ... */
+static void json_kind(const cJSON *v, char *out, size_t cap) {
+    if (cJSON_IsNumber(v) && isfinite(v->valuedouble)) snprintf(out, cap, "%.15g", v->valuedouble);
+    else if (cJSON_IsNumber(v)) snprintf(out, cap, "a number out of range");
+    else if (cJSON_IsString(v)) snprintf(out, cap, "a string");
+    else if (cJSON_IsArray(v)) snprintf(out, cap, "an array");
+    else if (cJSON_IsObject(v)) snprintf(out, cap, "an object");
+    else if (cJSON_IsBool(v)) snprintf(out, cap, "%s", cJSON_IsTrue(v) ? "true" : "false");
+    else snprintf(out, cap, "null");
+}
+
 static int parse_prompt(srv_request *r, cJSON *root, char **err_json) {
     cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p) FAIL("prompt", "Missing required parameter: 'prompt'.");
@@ -225,14 +236,19 @@ static int parse_prompt(srv_request *r, cJSON *root, char **err_json) {
     if (cJSON_IsArray(p)) {
         int n = cJSON_GetArraySize(p);
         if (n == 0) FAIL("prompt", "Invalid 'prompt': empty array.");
+        /* a batch (strings or token-id arrays) starts with one; a token-id array with a number */
+        if (cJSON_IsString(p->child) || cJSON_IsArray(p->child))
+            FAIL("prompt", "Invalid 'prompt': only one prompt per request is supported (n = 1).");
         r->prompt_ids = malloc((size_t)n * sizeof(int32_t));
+        if (!r->prompt_ids) FAIL("prompt", "Invalid 'prompt': out of memory for %d token ids.", n);
         int i = 0;
         cJSON *e;
         cJSON_ArrayForEach(e, p) {
-            if (cJSON_IsString(e) || cJSON_IsArray(e))
-                FAIL("prompt", "Invalid 'prompt': only one prompt per request is supported (n = 1).");
-            if (!is_int(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0)
-                FAIL("prompt", "Invalid 'prompt[%d]': expected a token id (a non-negative integer).", i);
+            if (!is_int(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0) {
+                char got[48];
+                json_kind(e, got, sizeof got);
+                FAIL("prompt", "Invalid 'prompt[%d]': expected a token id (a non-negative integer), got %s.", i, got);
+            }
             r->prompt_ids[i++] = (int32_t)e->valuedouble;
         }
         r->n_prompt_ids = n;
