@@ -93,13 +93,19 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 }
 
 /* Per encoding (BF16 weights are bf16 already: the A registers are their halves, permuted with prmt): one lane's
- * group of 32 consecutive elements of one row (G), its load, and (frags<Q>) the A registers of k-steps 2Q + H,
- * H = 0, 1: [2H] = elements (8Q + 2H, 8Q + 2H + 4), [2H + 1] = elements (8Q + 2H + 1, 8Q + 2H + 5) of the group. */
+ * group of 32 consecutive elements of one row (G), its load, the group's multipliers (Mul, computed when the
+ * round that uses the group runs), and (frags<Q>) the A registers of k-steps 2Q + H, H = 0, 1: [2H] = elements (8Q + 2H, 8Q + 2H + 4), [2H + 1] = elements (8Q + 2H + 1, 8Q + 2H + 5) of the group. */
 template <int ENC> struct Op;
 
 template <> struct Op<DF_W_MXFP4> {
-    struct G { /* 16 bytes of codes and the bf16x2 multipliers (m2 == 0: one multiply suffices) */
+    /* 16 bytes of codes and the group's raw E8M0 scale byte. The scale is decoded into multipliers (Mul) only when
+     * the round that uses it runs: decoding it at load time would wait for the byte there, one HBM round trip per
+     * load, and leave the prefetch ring nothing to overlap. */
+    struct G {
         uint4 v;
+        uint32_t e;
+    };
+    struct Mul { /* the bf16x2 multipliers (m2 == 0: one multiply suffices) */
         uint32_t m1, m2;
     };
     /* group 4 r + t of row R is group o + 4 r of the weight (a weight's groups: < 2^32, cu_mma_launch) */
@@ -110,34 +116,30 @@ template <> struct Op<DF_W_MXFP4> {
     __device__ __forceinline__ static Row row(int64_t rows, int64_t ng, int64_t R, int t) {
         return {(uint32_t)(R * ng + t), R < rows};
     }
-    /* group 4 r + t of the row (live: the row exists and the group is within it) */
+    /* group 4 r + t of the row (live: the row exists and the group is within it; else zero codes, scale 2^-127) */
     __device__ __forceinline__ static void load(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
                                                 const Row &w, uint32_t r, bool live, G &o) {
-        if (live) {
-            const uint32_t ix = w.o + 4 * r;
-            o.v = ld_stream(reinterpret_cast<const uint4 *>(data) + ix);
-            const uint32_t e = scale[ix];
-            if (e <= 128) { /* 2^(e-1): bf16 exponent field e + 126 (e = 0 too: 2^-1) */
-                o.m1 = ((e + 126u) << 7) * 0x10001u;
-                o.m2 = 0;
-            } else { /* 2^126, then 2^(e-127) (e = 255: NaN) */
-                o.m1 = 0x7E807E80u;
-                o.m2 = (e == 255 ? 0x7FC0u : e << 7) * 0x10001u;
-            }
-        } else {
-            o.v = make_uint4(0, 0, 0, 0);
-            o.m1 = o.m2 = 0;
-        }
+        const uint32_t ix = w.o + 4 * r;
+        o.v = live ? ld_stream(reinterpret_cast<const uint4 *>(data) + ix) : make_uint4(0, 0, 0, 0);
+        o.e = live ? (uint32_t)scale[ix] : 0u;
     }
-    __device__ __forceinline__ static bool slow(const G &g) { return g.m2 != 0; }
+    __device__ __forceinline__ static Mul mul(const G &g) {
+        const uint32_t e = g.e;
+        if (e <= 128) /* 2^(e-1): bf16 exponent field e + 126 (e = 0 too: 2^-1) */
+            return {((e + 126u) << 7) * 0x10001u, 0u};
+        /* 2^126, then 2^(e-127) (e = 255: NaN) */
+        return {0x7E807E80u, (e == 255 ? 0x7FC0u : e << 7) * 0x10001u};
+    }
+    __device__ __forceinline__ static bool slow(const G &g) { return g.e > 128; }
     /* the A registers of word Q: k-step 2Q lo, hi, then k-step 2Q + 1 lo, hi (pairs 0..3 of the word) */
-    template <int Q, bool SLOW> __device__ __forceinline__ static void frags(const G &g, uint32_t (&a)[4]) {
+    template <int Q, bool SLOW>
+    __device__ __forceinline__ static void frags(const G &g, const Mul &m, uint32_t (&a)[4]) {
         uint32_t p[4];
         e2m1_word(word<Q>(g.v), p);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            a[k] = bf16x2_mul(p[k], g.m1);
-            if constexpr (SLOW) a[k] = g.m2 ? bf16x2_mul(a[k], g.m2) : a[k];
+            a[k] = bf16x2_mul(p[k], m.m1);
+            if constexpr (SLOW) a[k] = m.m2 ? bf16x2_mul(a[k], m.m2) : a[k];
         }
     }
 };
@@ -159,8 +161,11 @@ template <> struct Op<DF_W_BF16> {
 #pragma unroll
         for (int q = 0; q < 4; q++) o.v[q] = live ? ld_stream(p + q) : make_uint4(0, 0, 0, 0);
     }
+    struct Mul {};
+    __device__ __forceinline__ static Mul mul(const G &) { return {}; }
     __device__ __forceinline__ static bool slow(const G &) { return false; }
-    template <int Q, bool> __device__ __forceinline__ static void frags(const G &g, uint32_t (&r)[4]) {
+    template <int Q, bool>
+    __device__ __forceinline__ static void frags(const G &g, const Mul &, uint32_t (&r)[4]) {
 #pragma unroll
         for (int H = 0; H < 2; H++) {
             const uint32_t a = H ? g.v[Q].y : g.v[Q].x, b = H ? g.v[Q].w : g.v[Q].z;
@@ -309,6 +314,9 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
 #pragma unroll
         for (int i = 0; i < RM; i++) slow |= O::slow(cur[i][0]) | O::slow(cur[i][1]);
         slow = __any_sync(0xffffffffu, slow);
+        typename O::Mul mu[RM][2];
+#pragma unroll
+        for (int i = 0; i < RM; i++) mu[i][0] = O::mul(cur[i][0]), mu[i][1] = O::mul(cur[i][1]);
         const uint4 *xb[NT];
         bool live[NT];
 #pragma unroll
@@ -325,11 +333,11 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
             for (int i = 0; i < RM; i++) {
                 uint32_t r0[4], r1[4]; /* rows g, g + 8: k-step 2Q + H's k slots {2t, 2t+1} in [2H], {2t+8, 2t+9} in [2H+1] */
                 if (slow) {
-                    O::template frags<Q, true>(cur[i][0], r0);
-                    O::template frags<Q, true>(cur[i][1], r1);
+                    O::template frags<Q, true>(cur[i][0], mu[i][0], r0);
+                    O::template frags<Q, true>(cur[i][1], mu[i][1], r1);
                 } else {
-                    O::template frags<Q, false>(cur[i][0], r0);
-                    O::template frags<Q, false>(cur[i][1], r1);
+                    O::template frags<Q, false>(cur[i][0], mu[i][0], r0);
+                    O::template frags<Q, false>(cur[i][1], mu[i][1], r1);
                 }
 #pragma unroll
                 for (int H = 0; H < 2; H++)
