@@ -925,9 +925,9 @@ int cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "project")) return bench_project(argc - 2, argv + 2, bench_decode);
     static const char *const names[] = {"io", "decode", "prefill", "batch", "machine", "kernels", "cache", "store", "project", NULL};
     const char *best = cli_closest(argv[1], names);
-    char hint[64] = "";
+    char hint[64] = "", list[128] = "";
     if (best) snprintf(hint, sizeof hint, ", did you mean 'bench %s'?", best);
-    fprintf(stderr, "deltafin bench: unknown benchmark '%s'%s (io, decode, prefill, batch, machine, kernels, cache, store, project; "
-                    "see deltafin bench --help)\n", argv[1], hint);
+    for (int i = 0; names[i]; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
+    fprintf(stderr, "deltafin bench: unknown benchmark '%s'%s (%s; see deltafin bench --help)\n", argv[1], hint, list);
     return 2;
 }
