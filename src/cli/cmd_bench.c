@@ -193,6 +193,7 @@ static void print_io(const store_bench_opts *o, const store_bench_result *r) {
     if (o->buffer_bytes > (uint64_t)o->qd * o->io_bytes)
         printf(" into %.0f MiB of buffers", o->buffer_bytes / 1048576.0);
     if (r->fixed_buf) printf(" (registered buffers)");
+    if (o->cpu_load > 0) printf(" with %d thread%s computing", o->cpu_load, o->cpu_load > 1 ? "s" : "");
     if (r->n_sparse) printf(" (%d sparse or preallocated file%s skipped)", r->n_sparse, r->n_sparse > 1 ? "s" : "");
     if (r->n_dirs > 1) {
         printf(" (");
@@ -227,7 +228,7 @@ static int bench_io(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--run SIZE] [--qd 16 (1..1024)] [--seconds 10] "
-                   "[--group K (0..64)] [--buffer SIZE] [--pread] [--fixed] [--no-drop]\n"
+                   "[--group K (0..64)] [--buffer SIZE] [--pread] [--fixed] [--cpu-load N] [--no-drop]\n"
                    "  O_DIRECT random reads over the files in each DIR (one queue per DIR); files with holes or\n"
                    "  preallocated (unwritten) extents are skipped: their reads would not reach the drive.\n"
                    "  --run SIZE: bytes read back to back per random offset (the expert extent), default --size.\n"
@@ -236,13 +237,15 @@ static int bench_io(int argc, char **argv) {
                    "  qd reused buffers (fio's way, the default); some virtual disks are much slower into gigabytes.\n"
                    "  --fixed: the destination (reused buffers or the pool) registered with the io_uring (no page pinning\n"
                    "  per read, as fio's fixedbufs); by default plain reads, as the expert store and fio read.\n"
+                   "  --cpu-load N: N threads compute (in registers) while the reads run: the drive's speed while the\n"
+                   "  cores are busy, as during a decode; on some virtual machines the host's disk emulation shares them.\n"
                    "  The DIRs' files are evicted from the page cache first (--no-drop: kept).\n");
             return 0;
         }
         if (!strcmp(a, "--pread")) { o.use_uring = 0; continue; }
         if (!strcmp(a, "--fixed")) { o.fixed = 1; continue; }
         if (!strcmp(a, "--no-drop")) continue;
-        static const char *const vals[] = {"--dir", "--size", "--run", "--group", "--qd", "--seconds", "--buffer", NULL};
+        static const char *const vals[] = {"--dir", "--size", "--run", "--group", "--qd", "--seconds", "--buffer", "--cpu-load", NULL};
         static const char *const flags[] = {"--help", "--pread", "--fixed", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench io", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench io: %s needs a value\n", a); return 2; }
@@ -252,6 +255,7 @@ static int bench_io(int argc, char **argv) {
         else if (!strcmp(a, "--buffer")) { if (want_size("io", a, v, &o.buffer_bytes)) return 2; }
         else if (!strcmp(a, "--group")) { if (want_int("io", a, v, 0, 64, &o.group)) return 2; }
         else if (!strcmp(a, "--qd")) { if (want_int("io", a, v, 1, BENCH_MAX_QD, &o.qd)) return 2; }
+        else if (!strcmp(a, "--cpu-load")) { if (want_int("io", a, v, 0, 256, &o.cpu_load)) return 2; }
         else if (!strcmp(a, "--seconds")) { if (want_num("io", a, v, 0, BENCH_MAX_SECONDS, 1, &o.seconds)) return 2; }
         i++;
     }
@@ -325,7 +329,7 @@ static int bench_decode(int argc, char **argv) {
     const char *model = NULL, *cache_dir = NULL, *events = NULL, *expert_dirs = NULL, *prompt_ids = "1,2,3,4,5,6,7,8";
     const char *backend = cli_default_backend();
     uint64_t budget = 0, gpu_budget = 0, io_buffer = 0;
-    int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0, prefetch = 0, prefault = 0, preload = 0;
+    int tokens = 16, warmup = 0, threads = 0, qd = 16, nodrop = 0, prefetch = 0, prefault = 0, preload = 0, io_cpu = 0;
     double io_seconds = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -345,6 +349,8 @@ static int bench_decode(int argc, char **argv) {
                    "  --qd N: expert reads in flight per drive, for the store (as `run --io-depth`) and the I/O benchmark (16).\n"
                    "  --io-buffer SIZE: also measure B with the reads landing in a pool of SIZE (e.g. the budget), as\n"
                    "  the expert cache fills, and print the bound for that B too (see `bench io --buffer`).\n"
+                   "  --io-cpu-load N: also measure B with N threads computing beside the reads (the decode's own\n"
+                   "  threads, typically), and print the bound for that B too (see `bench io --cpu-load`).\n"
                    "  --model DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache\n"
                    "  as `run` does. Default: the model `deltafin setup` installed, else the embedded models/kimi-mini.\n"
                    "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
@@ -354,7 +360,7 @@ static int bench_decode(int argc, char **argv) {
         if (!strcmp(a, "--preload")) { preload = 1; continue; }
         static const char *const vals[] = {"--model", "--ram-budget", "--tokens", "--warmup", "--threads", "--prompt-ids", "--io-seconds",
                                            "--qd", "--events", "--expert-dirs", "--backend", "--gpu-budget", "--prefetch",
-                                           "--prefault", "--io-buffer", "--cache-dir", NULL};
+                                           "--prefault", "--io-buffer", "--io-cpu-load", "--cache-dir", NULL};
         static const char *const flags[] = {"--help", "--no-drop", "--preload", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench decode", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
@@ -376,6 +382,7 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--prefetch")) { if (cli_parse_mode("bench decode", a, v, &prefetch)) return 2; }
         else if (!strcmp(a, "--prefault")) { if (cli_parse_mode("bench decode", a, v, &prefault)) return 2; }
         else if (!strcmp(a, "--io-buffer")) { if (want_size("decode", a, v, &io_buffer)) return 2; }
+        else if (!strcmp(a, "--io-cpu-load")) { if (want_int("decode", a, v, 0, 256, &io_cpu)) return 2; }
         i++;
     }
     if (bench_check_io_buffer("decode", io_buffer, qd)) return 2;
@@ -485,6 +492,17 @@ static int bench_decode(int argc, char **argv) {
         printf("  ");
         print_io(&bp, &bpr);
     }
+    /* B with the cores busy (the drive as an overlapped decode sees it on a machine whose I/O shares the cores) */
+    store_bench_opts bc = bo;
+    bc.cpu_load = io_cpu;
+    store_bench_result bcr = {0};
+    if (io_cpu) {
+        if (!nodrop) bench_drop_caches(model, dirs);
+        rc = store_bench_io(&bc, &bcr, err, sizeof err);
+        if (rc) { fprintf(stderr, "deltafin bench decode: I/O benchmark (--io-cpu-load): %s\n", err); df_model_close(m); return 1; }
+        printf("  ");
+        print_io(&bc, &bcr);
+    }
     if (!nodrop) bench_drop_caches(model, dirs);
 
     df_session *s = NULL;
@@ -529,6 +547,11 @@ static int bench_decode(int argc, char **argv) {
         print_io(&bp, &br2);
         bpr.gbps = (bpr.gbps + br2.gbps) / 2;
     }
+    if (io_cpu && store_bench_io(&bc, &br2, err, sizeof err) == 0) {
+        printf("  after: ");
+        print_io(&bc, &br2);
+        bcr.gbps = (bcr.gbps + br2.gbps) / 2;
+    }
     double tps = st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0;
     uint64_t acq = st.expert_hits + st.expert_misses;
     double h = acq ? (double)st.expert_hits / acq : 0;
@@ -558,6 +581,13 @@ static int bench_decode(int argc, char **argv) {
         printf("  storage bound with B into %.0f MiB of buffers = %.3f tok/s (B = %.3f GB/s, mean of before/after): achieved "
                "%.1f%% of it; expert reads %.1f%% of that B\n",
                io_buffer / 1048576.0, bound_p, bpr.gbps, 100 * tps / bound_p, 100 * read_gbps / bpr.gbps);
+    }
+    if (io_cpu && bound > 0 && bcr.gbps > 0) {
+        const double bound_c = bound * bcr.gbps / br.gbps;
+        printf("  storage bound with B read beside %d computing thread%s = %.3f tok/s (B = %.3f GB/s, mean of before/after; "
+               "%.0f%% of the idle B): achieved %.1f%% of it; expert reads %.1f%% of that B\n",
+               io_cpu, io_cpu > 1 ? "s" : "", bound_c, bcr.gbps, 100 * bcr.gbps / br.gbps, 100 * tps / bound_c,
+               100 * read_gbps / bcr.gbps);
     }
     printf("  prefill: %llu tokens in %.2f s (io stall %.2f s)\n", (unsigned long long)st0.prefill_tokens, st0.prefill_s,
            st0.io_stall_s);

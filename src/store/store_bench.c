@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,6 +371,15 @@ static void *uring_main(void *arg) {
 }
 #endif
 
+/* A busy core for store_bench_opts.cpu_load: dependent multiply-adds in registers until told to stop. */
+static void *spin_main(void *arg) {
+    atomic_int *stop = arg;
+    double x = 1.0;
+    while (!atomic_load_explicit(stop, memory_order_relaxed))
+        for (int i = 0; i < 65536; i++) x = x * 0.999999 + 1e-6;
+    return (void *)(uintptr_t)(x > 2.0); /* keeps the loop */
+}
+
 int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     if (!o->dirs || !*o->dirs || o->io_bytes < 4096 || o->io_bytes % 4096 || o->qd < 1 || o->seconds <= 0) {
@@ -404,6 +414,12 @@ int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, 
         int per = uring ? 1 : o->qd;
         pthread_t *th = calloc((size_t)nd * per, sizeof(pthread_t));
         pthr *pt = calloc((size_t)nd * per, sizeof(pthr));
+        atomic_int spin_stop = 0;
+        const int n_spin = o->cpu_load > 0 ? (o->cpu_load < 256 ? o->cpu_load : 256) : 0;
+        pthread_t spin[256];
+        int spun = 0;
+        for (; spun < n_spin; spun++)
+            if (pthread_create(&spin[spun], NULL, spin_main, &spin_stop)) break;
         double t0 = now_s();
         for (int i = 0; i < nd; i++) {
             dirs[i].t_begin = t0; /* io_uring queues restart the clock after their setup */
@@ -421,6 +437,8 @@ int store_bench_io(const store_bench_opts *o, store_bench_result *r, char *err, 
             }
         for (int i = 0; i < nd * per; i++) pthread_join(th[i], NULL);
         const double t1 = now_s();
+        atomic_store(&spin_stop, 1);
+        for (int i = 0; i < spun; i++) pthread_join(spin[i], NULL);
         r->n_dirs = nd;
         r->direct = 1;
         r->fixed_buf = uring;

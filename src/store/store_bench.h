@@ -28,6 +28,10 @@ typedef struct {
     int fixed;               /* 1: the destination (reused buffers or the pool) registered with the io_uring
                                 (read_fixed: no page pinning per read, as fio's fixedbufs); 0 (default): plain reads,
                                 as the store reads and as fio by default */
+    int cpu_load;            /* threads kept computing (a loop in registers, no memory traffic) for the measurement:
+                                what the drive delivers while the cores are busy, as in a decode that overlaps its
+                                reads with compute. On some virtual machines the host's I/O emulation shares the
+                                guest's cores, and the drive then reads much slower than when they idle. 0 = none */
     const char *match;       /* fnmatch pattern of the file names to read (e.g. "experts-L*.pack": a model
                                 directory's packs, not its spine); NULL = every large enough file */
 } store_bench_opts;
