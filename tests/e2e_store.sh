@@ -85,6 +85,9 @@ cp -r "$T/m/d0" "$T/d0x"; cp -r "$T/m/d1" "$T/d1x"
 # reads landing in turn in a pool of --buffer per directory (as the expert cache fills)
 "$BIN" bench io --dir "$T/m/d0,$T/m/d1" --size 64K --seconds 0.3 --buffer 40M --no-drop >"$T/io" 2>&1 \
   && grep -q "into 40 MiB of buffers" "$T/io" && ok || bad "bench io --buffer: $(cat "$T/io")"
+# the drive's speed with threads computing beside the reads
+"$BIN" bench io --dir "$T/m/d0" --size 64K --seconds 0.3 --cpu-load 2 --no-drop >"$T/io" 2>&1 \
+  && grep -q "GB/s with 2 threads computing" "$T/io" && ok || bad "bench io --cpu-load: $(cat "$T/io")"
 # a directory with nothing to read: the suggested `deltafin synth DIR ...` quotes DIR (a space, a single quote), so that
 # pasted into a shell it writes into that directory, not into its first word
 for d in "$T/syn small" "$T/it's here"; do
@@ -102,6 +105,9 @@ done
 "$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 2 --io-seconds 0.2 --io-buffer 33M --no-drop >"$T/bd" 2>"$T/bd.err" \
   && [ "$(grep -c "GB/s into 33 MiB of buffers" "$T/bd")" = 2 ] && grep -q "storage bound with B into 33 MiB of buffers" "$T/bd" && ok \
   || bad "bench decode --io-buffer: $(cat "$T/bd" "$T/bd.err")"
+"$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 2 --io-seconds 0.2 --io-cpu-load 1 --no-drop >"$T/bd" 2>"$T/bd.err" \
+  && grep -q "GB/s with 1 thread computing" "$T/bd" && grep -q "storage bound with B read beside 1 computing thread = " "$T/bd" && ok \
+  || bad "bench decode --io-cpu-load: $(cat "$T/bd" "$T/bd.err")"
 "$BIN" bench decode --model "$T/m" --ram-budget 6.25M --tokens 4 --io-seconds 0.3 --no-drop >"$T/bd" 2>"$T/bd.err" \
   && grep -q "tok/s" "$T/bd" && grep -q "hit rate" "$T/bd" && grep -q "storage bound" "$T/bd" && ok \
   || bad "bench decode: $(cat "$T/bd" "$T/bd.err")"
