@@ -287,6 +287,35 @@ static void test_cache(void) {
     free_weight(&w);
 }
 
+/* df_cuda_matmul2: two matrices of one width on one token in one launch (cached, K-split encodings), bitwise each
+ * matrix alone (df_cuda_matmul); an MLA layer's q_a and kv_a (K2 shapes, unequal K splits: 2 rows of q_a per block),
+ * a shared expert's gate and up, small and odd row counts; a pair of two encodings takes two launches. */
+static void test_matmul2(void) {
+    static const struct { df_wtype ta, tb; int ra, rb, cols, one; } cs[] = {
+        {DF_W_BF16, DF_W_BF16, 1536, 576, 7168, 1}, {DF_W_FP8_B128, DF_W_FP8_B128, 1536, 576, 7168, 1},
+        {DF_W_BF16, DF_W_BF16, 2048, 2048, 7168, 1}, {DF_W_BF16, DF_W_BF16, 64, 112, 128, 1},
+        {DF_W_BF16, DF_W_BF16, 100, 37, 256, 1},     {DF_W_FP8_B128, DF_W_FP8_B128, 300, 1000, 1024, 1},
+        {DF_W_BF16, DF_W_FP8_B128, 64, 64, 256, 0},  {DF_W_BF16, DF_W_BF16, 4096, 576, 1024, 0},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        df_weight a = make_weight(cs[c].ta, cs[c].ra, cs[c].cols), b = make_weight(cs[c].tb, cs[c].rb, cs[c].cols);
+        float *x = malloc(sizeof(float) * cs[c].cols), *ya = malloc(sizeof(float) * cs[c].ra),
+              *yb = malloc(sizeof(float) * cs[c].rb), *ra = malloc(sizeof(float) * cs[c].ra),
+              *rb = malloc(sizeof(float) * cs[c].rb);
+        for (int i = 0; i < cs[c].cols; i++) x[i] = rndf();
+        int ok = df_cuda_matmul(&a, x, 1, ra) == 0 && df_cuda_matmul(&b, x, 1, rb) == 0; /* both cached now */
+        const int one = ok ? df_cuda_matmul2(&a, &b, x, ya, yb) : -1;
+        CHECK(ok && one == cs[c].one, "matmul2 %dx%d + %dx%d: %d launch(es) (want %s): %s", cs[c].ra, cs[c].cols,
+              cs[c].rb, cs[c].cols, one, cs[c].one ? "1: one" : "0: two", one < 0 ? df_cuda_last_error() : "");
+        CHECK(one >= 0 && !memcmp(ya, ra, sizeof(float) * cs[c].ra) && !memcmp(yb, rb, sizeof(float) * cs[c].rb),
+              "matmul2 %dx%d + %dx%d: bitwise each matrix alone", cs[c].ra, cs[c].cols, cs[c].rb, cs[c].cols);
+        free(x); free(ya); free(yb); free(ra); free(rb);
+        free_weight(&a);
+        free_weight(&b);
+        df_cuda_cache_clear();
+    }
+}
+
 /* The fused MLP (one round trip) against scalar matmuls + the activation on the CPU. */
 static void test_mlp(void) {
     const df_backend *sc = df_backend_get("cpu-scalar");
@@ -1394,6 +1423,7 @@ int main(void) {
     test_ops();
     test_mla_attend();
     test_mla_mirror();
+    test_matmul2();
     test_mla_block();
     test_moe_resid();
     test_route();

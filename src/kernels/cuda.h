@@ -112,6 +112,10 @@ void df_cuda_get_stats(df_cuda_stats *out);
 const char *df_cuda_last_error(void);
 /* y [T, rows] = x [T, cols] W^T, same contract as df_backend.matmul (W cached like the backend's). */
 int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y);
+/* One token through two matrices of one width, ya [a.rows] = A x and yb [b.rows] = B x, each bitwise as df_cuda_matmul
+ * gives it: 1 = in one launch (same encoding, both cached, both on the K-split kernel: cu_matmul2_launch), 0 = in two;
+ * -1 (widths differ, no device, a CUDA error). */
+int df_cuda_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb);
 /* out [T, down.rows] = down(act(gate x, up x)) on the GPU, one round trip (df_backend.mlp). */
 int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,
                 const float *x, int T, float *out);

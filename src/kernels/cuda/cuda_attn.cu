@@ -964,14 +964,17 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         if (vec_dev(b->attn_norm, D, &nw)) return -1;
         CKA(cu_rmsnorm_launch(dh, dx, nw, T, D, b->eps, st));
         cu_rt_mark("block: input norm");
+        /* one token: q_a and kv_a (both on h) in one launch when both are cached (the same bits) */
+        const int two = R && T == 1 ? cu_rt_matmul2(b->q_a, b->kv_a, dh, dqa, dkva, st) : 0;
+        if (two < 0) return -1;
         if (R) {
-            if (matmul_dev(b->q_a, dh, T, dqa, st) || vec_dev(b->q_a_norm, R, &nw)) return -1;
+            if ((!two && matmul_dev(b->q_a, dh, T, dqa, st)) || vec_dev(b->q_a_norm, R, &nw)) return -1;
             CKA(cu_rmsnorm_launch(dqa, dqa, nw, T, R, b->lora_eps, st));
             if (matmul_dev(b->q_b, dqa, T, dqr, st)) return -1;
         } else if (matmul_dev(b->q_proj, dh, T, dqr, st)) {
             return -1;
         }
-        if (matmul_dev(b->kv_a, dh, T, dkva, st) || vec_dev(b->kv_a_norm, kvl, &nw)) return -1;
+        if ((!two && matmul_dev(b->kv_a, dh, T, dkva, st)) || vec_dev(b->kv_a_norm, kvl, &nw)) return -1;
         cu_rt_mark("block: projections");
         CKA(cu_kv_rows_launch(dkva, T, kvl, dr, nw, b->lora_eps, bk->cs ? (const float *)(db + o_cs) : NULL,
                               (float *const *)(db + o_dc), (float *const *)(db + o_dp), (float *)(db + o_ret + r_c),

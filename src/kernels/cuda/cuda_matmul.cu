@@ -266,17 +266,62 @@ mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ sc
     mm_split_row<ENC, G, TT>(data, scale, rows, cols, x, T, y, ks, blockIdx.x);
 }
 
-/* Two matrices of one encoding and shape on one input (cu_matmul2_launch): blocks [0, rows) the first, [rows, 2 rows)
- * the second, each row computed as mm_split_kernel computes it for its matrix alone (the same K split: the same bits). */
-template <int ENC, int G, int TT>
+/* One matrix of a two-matrix launch (mm_split2_kernel): data / scale, output, rows, its K split ks (split_ks) and
+ * per, the rows a block holds (ks warps each). */
+struct M2 {
+    const uint8_t *d, *s;
+    float *y;
+    int64_t rows;
+    int ks, per;
+};
+
+/* Two matrices of one encoding on one input, one token (cu_matmul2_launch): blocks [0, nb1) hold rows of the first,
+ * the others rows of the second, per rows a block; each row walked by its matrix's ks warps exactly as mm_split_kernel
+ * walks it (the same rounds per warp, fma chains from 0, butterfly, warp sums added in warp order): the same bits as
+ * that matrix alone. A block's warps beyond per x ks add nothing. */
+template <int ENC, int G>
 __global__ void __launch_bounds__(SPLIT_KS * 32)
-mm_split2_kernel(const uint8_t *__restrict__ d1, const uint8_t *__restrict__ s1, float *__restrict__ y1,
-                 const uint8_t *__restrict__ d2, const uint8_t *__restrict__ s2, float *__restrict__ y2, int64_t rows,
-                 int64_t cols, const float *__restrict__ x, int T, int ks) {
+mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__ x, unsigned nb1) {
     pdl_enter();
-    const int64_t b = blockIdx.x;
-    if (b < rows) mm_split_row<ENC, G, TT>(d1, s1, rows, cols, x, T, y1, ks, b);
-    else mm_split_row<ENC, G, TT>(d2, s2, rows, cols, x, T, y2, ks, b - rows);
+    __shared__ float part[SPLIT_KS];
+    const bool first = blockIdx.x < nb1;
+    const uint8_t *__restrict__ d = first ? a.d : b.d;
+    const uint8_t *__restrict__ sc = first ? a.s : b.s;
+    const int ks = first ? a.ks : b.ks, per = first ? a.per : b.per;
+    const int64_t rows = first ? a.rows : b.rows;
+    const int64_t r0 = (int64_t)(first ? blockIdx.x : blockIdx.x - nb1) * per;
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, ri = wp / ks, w = wp - ri * ks;
+    const int64_t r = r0 + ri, ng = cols / G, nr = (ng + 31) / 32;
+    float acc = 0.0f;
+    if (ri < per && r < rows) {
+        const int64_t rb = w * nr / ks, re = (w + 1) * nr / ks;
+#pragma unroll 2
+        for (int64_t rd = rb; rd < re; rd++) {
+            const int64_t g = rd * 32 + lane;
+            if (g >= ng) break;
+            float wv[G];
+            decode_group<ENC>(d, sc, cols, r, g, wv);
+            const float *xp = x + g * G;
+#pragma unroll
+            for (int j = 0; j < G; j += 4) {
+                const float4 xv = *reinterpret_cast<const float4 *>(xp + j);
+                acc = fmaf(wv[j], xv.x, acc);
+                acc = fmaf(wv[j + 1], xv.y, acc);
+                acc = fmaf(wv[j + 2], xv.z, acc);
+                acc = fmaf(wv[j + 3], xv.w, acc);
+            }
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) part[wp] = acc;
+    __syncthreads();
+    if ((int)threadIdx.x < per && r0 + threadIdx.x < rows) {
+        const float *pp = part + threadIdx.x * ks;
+        float v = pp[0];
+        for (int i = 1; i < ks; i++) v = __fadd_rn(v, pp[i]);
+        (first ? a.y : b.y)[r0 + threadIdx.x] = v;
+    }
 }
 
 /* ---- The tiled kernel (every T) ----
@@ -656,24 +701,28 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
 
 namespace {
 template <int ENC>
-cudaError_t launch2(const uint8_t *d1, const uint8_t *s1, const uint8_t *d2, const uint8_t *s2, int64_t rows,
-                    int64_t cols, const float *x, float *y1, float *y2, cudaStream_t st) {
+cudaError_t launch2(const uint8_t *d1, const uint8_t *s1, int64_t rows1, const uint8_t *d2, const uint8_t *s2,
+                    int64_t rows2, int64_t cols, const float *x, float *y1, float *y2, cudaStream_t st) {
     constexpr int G = Grp<ENC>::G;
-    if (!g_split || rows > SPLIT_ROWS || cols % G != 0 || ((g_mma >> ENC) & 1)) return cudaErrorNotSupported;
-    const int ks = split_ks(rows, cols, G);
-    cu_launch(mm_split2_kernel<ENC, G, 1>, dim3((unsigned)(2 * rows), 1), ks * 32, 0, st, d1, s1, y1, d2, s2, y2, rows, cols, x, 1, ks);
+    if (!g_split || rows1 > SPLIT_ROWS || rows2 > SPLIT_ROWS || cols % G != 0 || ((g_mma >> ENC) & 1))
+        return cudaErrorNotSupported;
+    const int k1 = split_ks(rows1, cols, G), k2 = split_ks(rows2, cols, G), km = k1 > k2 ? k1 : k2;
+    const M2 a = {d1, s1, y1, rows1, k1, km / k1}, b = {d2, s2, y2, rows2, k2, km / k2};
+    const unsigned nb1 = (unsigned)((rows1 + a.per - 1) / a.per), nb2 = (unsigned)((rows2 + b.per - 1) / b.per);
+    cu_launch(mm_split2_kernel<ENC, G>, dim3(nb1 + nb2), km * 32, 0, st, a, b, cols, x, nb1);
     return cudaGetLastError();
 }
 } // namespace
 
-cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, const void *d2, const void *s2, int64_t rows,
-                              int64_t cols, const float *x, float *y1, float *y2, cudaStream_t st) {
+cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, int64_t rows1, const void *d2,
+                              const void *s2, int64_t rows2, int64_t cols, const float *x, float *y1, float *y2,
+                              cudaStream_t st) {
     const uint8_t *a = static_cast<const uint8_t *>(d1), *as = static_cast<const uint8_t *>(s1);
     const uint8_t *b = static_cast<const uint8_t *>(d2), *bs = static_cast<const uint8_t *>(s2);
-    if (rows <= 0) return cudaSuccess;
+    if (rows1 <= 0 || rows2 <= 0) return cudaErrorNotSupported;
     switch (type) {
-    case DF_W_BF16: return launch2<DF_W_BF16>(a, as, b, bs, rows, cols, x, y1, y2, st);
-    case DF_W_FP8_B128: return launch2<DF_W_FP8_B128>(a, as, b, bs, rows, cols, x, y1, y2, st);
+    case DF_W_BF16: return launch2<DF_W_BF16>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, st);
+    case DF_W_FP8_B128: return launch2<DF_W_FP8_B128>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, st);
     default: return cudaErrorNotSupported;
     }
 }

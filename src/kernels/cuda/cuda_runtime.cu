@@ -904,6 +904,32 @@ extern "C" int df_cuda_matmul(const df_weight *w, const float *x, int T, float *
     return locked_op([&] { return matmul_locked(w, x, T, y); });
 }
 
+extern "C" int df_cuda_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb) {
+    if (!ready()) return -1;
+    if (a->cols != b->cols || a->rows <= 0 || b->rows <= 0) return -1;
+    return locked_op([&] {
+        const size_t xb = sizeof(float) * (size_t)a->cols, yab = sizeof(float) * (size_t)a->rows;
+        const size_t ybo = (yab + 255) / 256 * 256, yb_b = sizeof(float) * (size_t)b->rows;
+        if (grow(&g_sx, &g_csx, xb) || grow(&g_sy, &g_csy, ybo + yb_b)) return -1;
+        if (grow_host(&g_hx, &g_chx, xb) || grow_host(&g_hy, &g_chy, ybo + yb_b)) return -1;
+        if (stage_in(x, xb)) return -1;
+        float *dya = (float *)g_sy, *dyb = (float *)((char *)g_sy + ybo);
+        const int one = cu_rt_matmul2(a, b, (const float *)g_sx, dya, dyb, g_st);
+        if (one < 0) return -1;
+        if (!one) { /* each weight used (its kernel queued) before the next is looked up */
+            const void *d, *sc;
+            if (weight_on_device(a, &d, &sc)) return -1;
+            CK(cu_matmul_launch(a->type, d, sc, a->rows, a->cols, (const float *)g_sx, 1, dya, g_st));
+            if (weight_on_device(b, &d, &sc)) return -1;
+            CK(cu_matmul_launch(b->type, d, sc, b->rows, b->cols, (const float *)g_sx, 1, dyb, g_st));
+        }
+        if (stage_out(NULL, ybo + yb_b, "matmul2: copy out")) return -1;
+        memcpy(ya, g_hy, yab);
+        memcpy(yb, (char *)g_hy + ybo, yb_b);
+        return one;
+    });
+}
+
 extern "C" int df_cuda_preload(const df_weight *w) {
     if (!ready()) return -1;
     if (!w->data || w->rows <= 0 || w->cols <= 0) return 0;
@@ -1167,6 +1193,15 @@ extern "C" void df_cuda_trace_stages(void) {
                 g_tst[k].s * 1e6 / (double)(g_tst[k].n ? g_tst[k].n : 1));
 }
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return group_weight(w, data, scale); }
+int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st) {
+    if (a->type != b->type || a->cols != b->cols || !cached_entry(a) || !cached_entry(b)) return 0;
+    const void *ad, *as, *bd, *bs;
+    if (weight_on_device(a, &ad, &as) || weight_on_device(b, &bd, &bs)) return -1;
+    const cudaError_t e = cu_matmul2_launch(a->type, ad, as, a->rows, bd, bs, b->rows, a->cols, x, ya, yb, st);
+    if (e == cudaErrorNotSupported) return 0;
+    if (e != cudaSuccess) return fail("cu_matmul2_launch", e);
+    return 1;
+}
 cudaEvent_t g_sh_ev;
 void cu_rt_sh_join(void) {
     if (!g_sh_pend) return;
@@ -1203,7 +1238,7 @@ int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, con
     if (cached_entry(g) && cached_entry(u) && g->type == u->type && u->rows == I && u->cols == D) {
         weight_on_device(g, &dd, &ss);
         weight_on_device(u, &ud, &us);
-        e2 = cu_matmul2_launch(g->type, dd, ss, ud, us, I, D, h2, (float *)r->sh_g, (float *)r->sh_u, st);
+        e2 = cu_matmul2_launch(g->type, dd, ss, I, ud, us, I, D, h2, (float *)r->sh_g, (float *)r->sh_u, st);
         if (e2 != cudaSuccess && e2 != cudaErrorNotSupported) return fail("cu_matmul2_launch", e2);
     }
     if (e2 == cudaErrorNotSupported) {
