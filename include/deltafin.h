@@ -248,6 +248,20 @@ enum {
 int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags,
             df_progress_fn progress, void *user, char *err, size_t errlen);
 
+/* Called with each token df_decode_greedy chooses; nonzero stops there (that token is chosen, not evaluated). */
+typedef int (*df_token_fn)(void *user, int32_t id);
+
+/* Greedy decoding of up to n tokens: evaluates `id` (chosen but not yet in the session), picks the argmax of its
+ * logits (df_sample's greedy rule: ties -> lowest id) and gives it to on_token, then evaluates that token, and so on:
+ * the same tokens, session state and errors as n rounds of df_eval(s, &id, 1, ...) and df_sample(NULL, ...), each
+ * stopping the loop when on_token returns nonzero. *n_out (may be NULL): the tokens given to on_token. On the GPU
+ * (a model whose spine runs there, MLA layers) each step's token is chosen on the device and the next step is
+ * queued before it is read back, so the device does not wait for the host between tokens; elsewhere it is that
+ * loop. on_token runs with the model's evaluation lock held: it must not evaluate on this model. DF_ECONTEXT when
+ * the next evaluation would overflow the session (after the tokens before it were given), and df_eval's errors. */
+int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, void *user, int *n_out, char *err,
+                     size_t errlen);
+
 /* ----------------------------------------------------------------- sampling */
 
 typedef struct {

@@ -90,6 +90,18 @@ static int run_model(df_model *m, const golden *g, float *plog, int32_t *gen, ch
     return rc;
 }
 
+/* df_decode_greedy's tokens, stopping at the stop_at-th (0 = never) */
+typedef struct {
+    int32_t *ids;
+    int n, stop_at;
+} greedy_got;
+
+static int greedy_take(void *user, int32_t id) {
+    greedy_got *g = user;
+    g->ids[g->n++] = id;
+    return g->stop_at && g->n == g->stop_at;
+}
+
 static double max_diff(const float *a, const float *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) { double d = fabs((double)a[i] - b[i]); if (d > m || d != d) m = d; }
@@ -180,6 +192,49 @@ static void run_case(const char *dir, const char *name) {
         CHECK(d1 == 0 && d2 == 0 && d3 == 0, "%s: chunked or truncated evaluation differs (%g %g %g)", name, d1, d2, d3);
         free(lg);
         df_session_free(s);
+    }
+    /* df_decode_greedy (on the GPU: the token chosen there, the next step queued before it is read back) == the
+     * df_eval + argmax loop; stopped early, the session continues as after that loop (the queued step dropped) */
+    if (g.n_greedy >= 6) {
+        greedy_got gg = {calloc((size_t)g.n_greedy, sizeof(int32_t)), 0, 0};
+        df_session *s = NULL;
+        rc = df_session_new(&s, m, g.n_prompt + g.n_greedy + 1, err, sizeof err);
+        if (!rc) rc = df_eval(s, g.prompt, g.n_prompt, NULL, 0, NULL, NULL, err, sizeof err);
+        int got = -1;
+        if (!rc) rc = df_decode_greedy(s, gen[0], g.n_greedy - 1, greedy_take, &gg, &got, err, sizeof err);
+        const int got_all = got;
+        CHECK(rc == 0 && got == g.n_greedy - 1 && !memcmp(gg.ids, gen + 1, sizeof(int32_t) * (size_t)(g.n_greedy - 1)) &&
+                  df_session_n_past(s) == g.n_prompt + g.n_greedy - 1,
+              "%s: df_decode_greedy: rc %d (%s), %d tokens, n_past %d", name, rc, err, got, s ? df_session_n_past(s) : -1);
+        df_session_free(s);
+        /* stop at the 3rd token, then a token of our own at the position the dropped step wrote */
+        float *lg = malloc(sizeof(float) * g.vocab), *lp = malloc(sizeof(float) * g.vocab);
+        const int32_t other = (gen[3] + 1) % g.vocab;
+        gg.n = 0;
+        gg.stop_at = 3;
+        s = NULL;
+        rc = df_session_new(&s, m, g.n_prompt + g.n_greedy + 1, err, sizeof err);
+        if (!rc) rc = df_eval(s, g.prompt, g.n_prompt, NULL, 0, NULL, NULL, err, sizeof err);
+        if (!rc) rc = df_decode_greedy(s, gen[0], g.n_greedy - 1, greedy_take, &gg, &got, err, sizeof err);
+        const int np = s ? df_session_n_past(s) : -1;
+        if (!rc) rc = df_eval(s, &other, 1, lg, 0, NULL, NULL, err, sizeof err);
+        df_session_free(s);
+        s = NULL;
+        int rc2 = df_session_new(&s, m, g.n_prompt + g.n_greedy + 1, err, sizeof err);
+        if (!rc2) rc2 = df_eval(s, g.prompt, g.n_prompt, NULL, 0, NULL, NULL, err, sizeof err);
+        for (int k = 0; k < 3 && !rc2; k++) rc2 = df_eval(s, &gen[k], 1, NULL, 0, NULL, NULL, err, sizeof err);
+        if (!rc2) rc2 = df_eval(s, &other, 1, lp, 0, NULL, NULL, err, sizeof err);
+        df_session_free(s);
+        const double dd = rc || rc2 ? -1 : max_diff(lg, lp, g.vocab);
+        printf("%-28s df_decode_greedy %d/%d tokens; stopped at 3: n_past %d, next logits vs the loop's: max diff %g\n",
+               "", got_all, g.n_greedy - 1, np, dd);
+        CHECK(rc == 0 && rc2 == 0 && got == 3 && !memcmp(gg.ids, gen + 1, sizeof(int32_t) * 3) && np == g.n_prompt + 3 &&
+                  dd == 0,
+              "%s: df_decode_greedy stopped at 3: rc %d/%d (%s), %d tokens, n_past %d, logits diff %g", name, rc, rc2, err,
+              got, np, dd);
+        free(lg);
+        free(lp);
+        free(gg.ids);
     }
     df_model_close(m);
 

@@ -263,6 +263,35 @@ static void gen_signal(int sig) {
     signal(sig, SIG_DFL);
 }
 
+/* A generated token (df_decode_greedy's on_token, and the greedy path's first token): kept, printed unless it is a
+ * stop token; 1 = stop here (a stop token, or a signal). */
+typedef struct {
+    int32_t *out_ids;
+    int *n_out;
+    const int32_t *stop;
+    int n_stop;
+    df_detok *dt;
+    char *last; /* the last byte of text written */
+    int stopped;
+} gen_out;
+
+static int gen_emit(void *user, int32_t id) {
+    gen_out *g = user;
+    g->out_ids[(*g->n_out)++] = id;
+    for (int q = 0; q < g->n_stop; q++)
+        if (g->stop[q] == id) return g->stopped = 1;
+    if (g->dt) {
+        char buf[1024];
+        const int w = df_detok_push(g->dt, id, buf, sizeof buf);
+        if (w > 0) {
+            fwrite(buf, 1, (size_t)w, stdout);
+            fflush(stdout);
+            *g->last = buf[w - 1];
+        }
+    }
+    return g_gen_sig != 0;
+}
+
 static int prefill_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     prefill_prog *p = user;
     double now = now_s();
@@ -569,6 +598,7 @@ int cmd_run(int argc, char **argv) {
     rc = df_session_new(&s, m, n_ids + gen_max > n_ctx ? n_ctx : n_ids + gen_max, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin run: %s\n", err); goto done; }
     smp = df_sampler_new(&so);
+    const int greedy = so.temperature <= 0.0f || so.top_k == 1; /* df_sample's argmax */
     logits = malloc(sizeof(float) * (size_t)vocab);
     out_ids = malloc(sizeof(int32_t) * (size_t)(gen_max + 1));
     if (!smp || !logits || !out_ids) { fprintf(stderr, "deltafin run: out of memory\n"); goto done; }
@@ -629,7 +659,17 @@ int cmd_run(int argc, char **argv) {
             if (n_new < 0) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
         }
     }
-    for (int k = 0; !drafter && k < gen_max; k++) {
+    if (!drafter && greedy && gen_max > 0) {
+        /* greedy: the first token from the prompt's logits, the rest by df_decode_greedy (on the GPU the token stays
+         * there between steps); the same tokens as the loop below */
+        gen_out go = {out_ids, &n_out, stop, n_stop, dt, &last, 0};
+        const int32_t first = df_sample(smp, logits, vocab);
+        if (!gen_emit(&go, first) && gen_max > 1 && !g_gen_sig)
+            rc = df_decode_greedy(s, first, gen_max - 1, gen_emit, &go, NULL, err, sizeof err);
+        stopped = go.stopped;
+        if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
+    }
+    for (int k = 0; !drafter && !greedy && k < gen_max; k++) {
         int32_t id = df_sample(smp, logits, vocab);
         out_ids[n_out++] = id;
         int is_stop = 0;

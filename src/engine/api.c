@@ -945,6 +945,139 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
     return rc;
 }
 
+/* -------------------------------------------------------- greedy decoding */
+
+/* The tokens of df_decode_greedy so far: the stats and the store's per-token event of each evaluated one. */
+static void greedy_account(df_session *s, int64_t base, int steps, double dt) {
+    df_model *m = s->m;
+    if (steps <= 0) return;
+    if (!m->stats_first_done) { m->ttft_s = dt / steps; m->stats_first_done = 1; }
+    if (base == 0) { /* the session's first token: the prefill, as df_eval counts it */
+        m->prefill_s += dt / steps;
+        m->prefill_tokens += 1;
+        dt -= dt / steps;
+        steps--;
+    }
+    m->decode_s += dt;
+    m->decode_tokens += (uint64_t)steps;
+    m->kv_bytes = kv_bytes(&s->kv);
+    if (m->store)
+        for (int64_t p = s->n_past - steps; p < s->n_past; p++) store_token_event(m->store, p);
+}
+
+/* One step of the device chain (m->mu held): the token at position s->n_past (ids[0], or with dev the device's last
+ * argmax), its argmax into read-back slot `slot`; queued. On success the session holds the token (its id, when dev,
+ * written once read back). */
+static int greedy_step(df_session *s, const int32_t *id, int dev, int slot, float *logits, char *err, size_t errlen) {
+    df_engine *e = &s->m->eng;
+    e->dev_token = dev;
+    e->argmax_on = 1;
+    e->argmax_slot = slot;
+    const int rc = forward(e, &s->kv, s->n_past, id, 1, logits, 0, NULL, NULL, err, errlen);
+    e->dev_token = e->argmax_on = e->argmax_slot = 0;
+    if (rc == DF_OK) {
+        s->tokens[s->n_past] = dev ? 0 : id[0];
+        s->n_past++;
+        s->n_eval = s->n_past;
+    }
+    return rc;
+}
+
+int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, void *user, int *n_out, char *err,
+                     size_t errlen) {
+    if (n_out) *n_out = 0;
+    if (!s || n < 0 || !on_token) return set_err(err, errlen, DF_EINVAL, "df_decode_greedy: bad arguments");
+    if (n == 0) return DF_OK;
+    df_model *m = s->m;
+    const int V = df_model_n_vocab(m);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    if (!logits) return set_err(err, errlen, DF_ENOMEM, "out of memory");
+    int rc = DF_OK, got = 0;
+    if (s->recurrent || s->n_past != s->n_eval || !eng_greedy_dev(&m->eng) ||
+        m->eng.be->embed_dev(0, &m->eng.spine->embed) != 0) {
+        /* the host picks each token: df_eval and the argmax, one after the other */
+        for (int i = 0; i < n && rc == DF_OK; i++) {
+            rc = df_eval(s, &id, 1, logits, 0, NULL, NULL, err, errlen);
+            if (rc) break;
+            id = df_sample(NULL, logits, V);
+            got++;
+            if (on_token(user, id)) break;
+        }
+        free(logits);
+        if (n_out) *n_out = got;
+        return rc;
+    }
+    if (s->n_past + n + 1 > s->tok_cap) {
+        int cap = s->tok_cap ? s->tok_cap : 256;
+        while (cap < s->n_past + n + 1) cap *= 2;
+        int32_t *t = realloc(s->tokens, sizeof(int32_t) * (size_t)cap);
+        if (!t) {
+            free(logits);
+            return set_err(err, errlen, DF_ENOMEM, "out of memory");
+        }
+        s->tokens = t;
+        s->tok_cap = cap;
+    }
+    /* Step j evaluates the token chosen by step j - 1 (step 0: id) at position base + j and chooses token j on the
+     * device; step j + 1 is queued before token j is read back, so the device goes from one step to the next without
+     * waiting for the host. A step queued for a token the caller then stops at is waited for and dropped: the
+     * session ends as the host loop leaves it (the last token chosen, not evaluated; the row that step wrote lies
+     * past n_past, where the next evaluation writes again). Not for recurrent state (no rollback of it here). */
+    pthread_mutex_lock(&m->mu);
+    const df_backend *be = m->eng.be;
+    const int64_t base = s->n_past;
+    const double t0 = now_s();
+    int done = 0; /* steps whose token was read back */
+    if (s->n_past + 1 > s->kv.n_ctx)
+        rc = set_err(err, errlen, DF_ECONTEXT, "context full: %d tokens in the session + 1 new exceed its %d positions",
+                     s->n_past, s->kv.n_ctx);
+    else rc = greedy_step(s, &id, 0, 0, logits, err, errlen);
+    for (int j = 0; rc == DF_OK && j < n; j++) {
+        /* step j + 1, queued ahead unless it is past n or the context */
+        const int ahead = j + 1 < n && s->n_past + 1 <= s->kv.n_ctx;
+        int rc_ahead = ahead ? greedy_step(s, NULL, 1, (j + 1) & 1, logits, err, errlen) : DF_OK;
+        int32_t tok;
+        if (be->token_wait(j & 1, &tok)) {
+            rc = set_err(err, errlen, DF_EUNSUPPORTED, "the GPU's greedy token: %s", df_cuda_last_error());
+            if (ahead && rc_ahead == DF_OK) { /* drop the step behind it */
+                int32_t t2;
+                (void)be->token_wait((j + 1) & 1, &t2);
+                s->n_past = s->n_eval = s->n_past - 1;
+            }
+            break;
+        }
+        done++;
+        got++;
+        if (ahead && rc_ahead == DF_OK) s->tokens[s->n_past - 1] = tok;
+        const int stop = on_token(user, tok) != 0;
+        if (rc_ahead != DF_OK) { rc = rc_ahead; break; }
+        if (stop || j + 1 == n) {
+            if (ahead) { /* the step queued for this token is not wanted: wait for it, then forget it */
+                int32_t t2;
+                if (be->token_wait((j + 1) & 1, &t2))
+                    rc = set_err(err, errlen, DF_EUNSUPPORTED, "the GPU's greedy token: %s", df_cuda_last_error());
+                s->n_past = s->n_eval = s->n_past - 1;
+            }
+            break;
+        }
+        if (!ahead) {
+            rc = set_err(err, errlen, DF_ECONTEXT, "context full: %d tokens in the session + 1 new exceed its %d positions",
+                         s->n_past, s->kv.n_ctx);
+            break;
+        }
+    }
+    if (rc != DF_OK && done == 0 && s->n_past > base) { /* step 0 was queued but its token never came back */
+        int32_t t2;
+        (void)be->token_wait(0, &t2);
+        s->n_past = s->n_eval = (int)base;
+    }
+    greedy_account(s, base, (int)(s->n_past - base), now_s() - t0);
+    model_unlock(m);
+    free(logits);
+    if (n_out) *n_out = got;
+    return rc;
+}
+
 /* -------------------------------------------------------------------- stats */
 
 /* The engine's counters (everything df_stats holds but the store's) copied into m->pub, with m->mu held: called

@@ -129,6 +129,11 @@ typedef struct {
      * sh_early, set by forward for a block whose FFN will be such an MoE with a shared expert: the block may start
      * that shared expert on the device (df_mla_block.sh_gate) */
     int defer_ok, ffn_deferred, x_dev, sh_early;
+    /* greedy decoding on the device (api.c df_decode_greedy; the backend's final_argmax, embed_dev), set by the caller
+     * around one forward call of one row: dev_token, the row's token is the device's last argmax (ids[0] is not
+     * read; the embedding row is made there); argmax_on, the final norm and lm_head run by final_argmax into read-back
+     * slot argmax_slot (no logits written) */
+    int dev_token, argmax_on, argmax_slot;
     /* router logits [T, n_routed_experts] of the next ffn_forward's rows, computed with the layer's MLA block
      * (df_backend.mla_block); NULL: ffn_forward runs the router itself */
     const float *ffn_logits;
@@ -211,6 +216,10 @@ int moe_guess_prompt(df_engine *e, int layer, const float *x_resid, int T, int *
 /* Scores the remembered guess for `layer` against the experts its routing picked (count[x] > 0). */
 void moe_guess_score(df_engine *e, int layer, const int *count);
 
+/* 1 when one row's token can go from the final norm and lm_head to the next step's embedding on the device (the
+ * backend's final_argmax / token_wait / embed_dev, its MLA block for layer 0, the final norm there, no streamed spine,
+ * no attention residuals or output gate): forward with dev_token / argmax_on (df_decode_greedy). */
+int eng_greedy_dev(const df_engine *e);
 /* T tokens through every layer. logits: NULL, [vocab] (last position) or [T, vocab] when all_logits.
  * progress called per layer (what = "layers"). */
 int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,

@@ -123,6 +123,13 @@ static void attn_res_mix(float *out, const float *blocks, int nb, int nbmax, con
     }
 }
 
+int eng_greedy_dev(const df_engine *e) {
+    const df_config *cfg = e->cfg;
+    return e->be->final_argmax && e->be->token_wait && e->be->embed_dev && e->be->mla_block && e->be->final_logits &&
+           !e->stream && cfg->attn_res_block == 0 && !cfg->mla_output_gate && cfg->num_hidden_layers > 0 &&
+           cfg->mixer[0] == DF_MIXER_MLA;
+}
+
 int forward(df_engine *e, df_kvcache *kv, int n_past, const int32_t *ids, int T, float *logits, int all_logits,
             int (*progress)(void *, const char *, uint64_t, uint64_t), void *user, char *err, size_t errlen) {
     if (T <= 0) return DF_OK;
@@ -155,7 +162,12 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         T += seqs[s].T;
     }
     if (T <= 0) return DF_OK;
-    for (int t = 0; t < T; t++)
+    const int dev_token = e->dev_token;
+    if (dev_token && (T != 1 || n_seq != 1 || !eng_greedy_dev(e))) {
+        if (err) snprintf(err, errlen, "forward: a device-side token needs one row through an MLA block on the GPU");
+        return DF_EUNSUPPORTED;
+    }
+    for (int t = 0; t < T && !dev_token; t++)
         if (ids[t] < 0 || ids[t] >= sp->embed.rows) {
             if (err) snprintf(err, errlen, "token id %d at index %d is outside the vocabulary [0, %lld)", ids[t], t,
                               (long long)sp->embed.rows);
@@ -188,7 +200,17 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
     const double t_call = df_now();
     double lap = t_call;
 #define LAP(ph) do { double n_ = df_now(); e->phase_s[ph] += n_ - lap; lap = n_; } while (0)
-    for (int t = 0; t < T; t++) e->be->decode_row(&sp->embed, ids[t], x + (int64_t)t * D);
+    if (dev_token) { /* the row on the device from its token slot: the first block reads it there */
+        memset(x, 0, sizeof(float) * (size_t)D); /* what host-side guesses (the lookahead) would read */
+        if (e->be->embed_dev((uint64_t)(uintptr_t)e, &sp->embed)) {
+            rc = DF_EUNSUPPORTED;
+            if (err) snprintf(err, errlen, "the embedding row failed on the GPU");
+            goto done;
+        }
+        e->x_dev = 1;
+    } else {
+        for (int t = 0; t < T; t++) e->be->decode_row(&sp->embed, ids[t], x + (int64_t)t * D);
+    }
     LAP(DF_PHASE_EMBED);
     e->weight_bytes += df_weight_bytes(&sp->embed) / (uint64_t)sp->embed.rows * (uint64_t)T;
     for (int l = 0; l < L; l++) {
@@ -329,7 +351,18 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
                 }
                 e->be->rmsnorm(h + (int64_t)n * D, xr, sp->final_norm, D, cfg->rms_norm_eps);
             }
-        if (dev) {
+        if (dev && e->argmax_on) { /* the token chosen on the device, read back later (df_decode_greedy) */
+            if (n != 1 && !e->x_dev) rc = DF_EINVAL;
+            else if (e->be->final_argmax(e->x_dev ? NULL : h, (uint64_t)(uintptr_t)e, sp->final_norm, cfg->rms_norm_eps,
+                                         &sp->lm_head, e->argmax_slot))
+                rc = DF_EUNSUPPORTED;
+            if (rc) {
+                if (err) snprintf(err, errlen, "the final norm, lm_head and argmax failed on the GPU");
+                goto done;
+            }
+            e->x_dev = 0;
+            e->weight_bytes += df_weight_bytes(&sp->lm_head);
+        } else if (dev) {
             if (e->be->final_logits(e->x_dev ? NULL : h, e->x_dev ? 1 : n, (uint64_t)(uintptr_t)e, sp->final_norm,
                                     cfg->rms_norm_eps, &sp->lm_head, logits)) {
                 rc = DF_EUNSUPPORTED;

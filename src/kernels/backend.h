@@ -199,6 +199,18 @@ typedef struct df_backend {
      * alone or in a batch). Waits for the device. 0, or -1 when it cannot (an error recorded). */
     int (*final_logits)(const float *x, int n, uint64_t resid_key, const float *norm, float eps, const df_weight *lm_head,
                         float *logits);
+    /* Optional (NULL on the CPU; all three or none): greedy decoding that stays on the device (engine/api.c
+     * df_decode_greedy), so the next step is queued before this one's token is back. final_argmax: as final_logits
+     * for one row (x [lm_head.cols] host, or x NULL: resid_key's device residual row), then the first index of the
+     * largest logit (sample.c's argmax: NaN never wins; logit 0 NaN or all NaN: 0) into the device's token slot and
+     * into read-back slot `slot` (0 or 1); queued, not waited for; the logits stay on the device.
+     * token_wait: waits for the token of the last final_argmax into `slot` and gives it. embed_dev: resid_key's
+     * device residual row = row (the device's token slot) of embed, the values of decode_row; queued (the next
+     * mla_block, given x NULL, starts from it); with resid_key 0 only embed made resident in GPU memory (0 when it
+     * is: the caller uses the device chain only then, never a per-call upload of the whole table). Each 0, or -1 (an error recorded). */
+    int (*final_argmax)(const float *x, uint64_t resid_key, const float *norm, float eps, const df_weight *lm_head, int slot);
+    int (*token_wait)(int slot, int32_t *id);
+    int (*embed_dev)(uint64_t resid_key, const df_weight *embed);
     /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its
      * caches (the mla_attend keys k with k >> 8 == uid); uid 0 = every sequence's. */
     void (*seq_forget)(uint64_t uid);

@@ -91,6 +91,17 @@ int df_cuda_moe_routed(uint64_t resid_key, int layer, int *ids);
  * synchronisation. */
 int df_cuda_final_logits(const float *x, int n, uint64_t resid_key, const float *norm, float eps, const df_weight *lm_head,
                          float *logits);
+/* Greedy decoding on the device (cuda_greedy.cu; df_backend.final_argmax / token_wait / embed_dev, their contracts in
+ * kernels/backend.h). df_cuda_final_argmax: df_cuda_final_logits's norm and lm_head for one row (x [D] host, or x
+ * NULL: the caller's device residual), then the first index of the largest logit into the device's token slot and
+ * into pinned read-back slot `slot` (0 or 1); queued, not waited for. df_cuda_token_wait: waits for slot's
+ * token and gives it. df_cuda_embed_dev: the caller's device residual row = the embedding row of the device's token
+ * slot (decoded as decode_row); queued; resid_key 0: embed uploaded into the weight cache if it is not there (0 when it
+ * is cached, -1 when there is no room). Each 0, or -1 (df_cuda_last_error). */
+int df_cuda_final_argmax(const float *x, uint64_t resid_key, const float *norm, float eps, const df_weight *lm_head,
+                         int slot);
+int df_cuda_token_wait(int slot, int32_t *id);
+int df_cuda_embed_dev(uint64_t resid_key, const df_weight *embed);
 /* The device routing alone (tests): engine/moe.c moe_route's contract for one token (logits [E], bias [E] or NULL,
  * n_group / topk_group, renorm, scale; K <= 16, E <= 1024), computed by the route kernel of the device MoE path
  * (cuda_moe.cu); ids [K] and weights [K] in ascending id order. 0, or -1 (no device, limits, CUDA error). */

@@ -98,6 +98,12 @@ static void init_table(void) {
                                : NULL;
     /* the final norm and lm_head from the device residual (with the block: every row's logits this way) */
     g_cuda_be.final_logits = g_cuda_be.mla_block ? df_cuda_final_logits : NULL;
+    /* greedy decoding on the device (cuda_greedy.cu): with final_logits; DF_CUDA_GREEDY=0 keeps the token on the
+     * host (the same tokens: a developer comparison) */
+    const int greedy = g_cuda_be.final_logits && df_cuda_env_switch("DF_CUDA_GREEDY", NULL, 0) != 0;
+    g_cuda_be.final_argmax = greedy ? df_cuda_final_argmax : NULL;
+    g_cuda_be.token_wait = greedy ? df_cuda_token_wait : NULL;
+    g_cuda_be.embed_dev = greedy ? df_cuda_embed_dev : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */
@@ -125,6 +131,9 @@ uint64_t df_cuda_preload_spine(const df_spine *sp, int n_layers, int *all) {
         bytes += df_weight_bytes(&sp->lm_head);
     }
     *all = 1;
+    /* the embedding table for greedy decoding on the device (embed_dev; else it is uploaded at the first greedy
+     * generation): when there is room; without it the host picks the tokens */
+    if (g_cuda_be.embed_dev && sp->embed.data && df_cuda_preload(&sp->embed) == 0) bytes += df_weight_bytes(&sp->embed);
     return bytes;
 }
 

@@ -99,4 +99,17 @@ int df_cuda_final_logits(const float *x, int n, uint64_t resid_key, const float 
     (void)x; (void)n; (void)resid_key; (void)norm; (void)eps; (void)lm_head; (void)logits;
     return -1;
 }
+int df_cuda_final_argmax(const float *x, uint64_t resid_key, const float *norm, float eps, const df_weight *lm_head,
+                         int slot) {
+    (void)x; (void)resid_key; (void)norm; (void)eps; (void)lm_head; (void)slot;
+    return -1;
+}
+int df_cuda_token_wait(int slot, int32_t *id) {
+    (void)slot; (void)id;
+    return -1;
+}
+int df_cuda_embed_dev(uint64_t resid_key, const df_weight *embed) {
+    (void)resid_key; (void)embed;
+    return -1;
+}
 #endif

@@ -45,6 +45,11 @@
 #   part 29: GPU tests (+ DF_CUDA_MOE_ROUTE=1), resident decode x3 with host and with device routing, the timeline.
 #   part 30: GPU tests (+ test_golden, test_batch with DF_CUDA_MOE_ROUTE=0), resident decode x3 with and without --profile.
 #   part 32: reads into buffers registered with io_uring: bench io --fixed / plain, reused / pool, then part 6.
+#   part 37: this binary against a carried deltafin.b (ALT): GPU tests, bench kernels (KTYPES, KSHAPES) of both, then
+#          the resident decode alternated twice: this binary, the same with DF_CUDA_GREEDY=0, deltafin.b.
+#   part 36: the greedy token kept on the device (DF_CUDA_GREEDY on / off): GPU tests (test_golden also with it off),
+#          resident decode alternated (knob_ab), then the timeline (libgpu_timeline.so carried) with it on.
+#   part 35: the resident decode once, its GPU timeline (device routing) and every kernel's duration (ncu).
 #   part 34: greedy and sampled resident decode with a 163840-token vocabulary.
 #   part 26: a started shared expert on its own stream beside the routed experts (DF_CUDA_SIDE_STREAM on / off), as 25.
 #   part 23: the resident decode's GPU timeline gaps (nsys, tools/device/gpu_gaps.py) and kernel durations (ncu),
@@ -411,6 +416,45 @@ case $PART in
     gpu_tests
     resident_model
     knob_ab DF_CUDA_MOE_RESID
+    rm -rf "$W"
+    ;;
+37)
+    gpu_tests
+    resident_model
+    for b in "$BIN" "$D/${ALT:-deltafin.b}"; do
+        log "bench kernels ${KTYPES:-mxfp4}, $(basename "$b")"
+        timeout 120 "$b" bench kernels --backend cuda --types ${KTYPES:-mxfp4} --T 1 --shapes ${KSHAPES:-2048x7168,7168x2048} 2>&1 | grep -E "^(mxfp4|bf16|fp8|limits)" | cut -c1-200 >>"$S"
+    done
+    for i in 1 2; do
+        for c in "$BIN" "$BIN DF_CUDA_GREEDY=0" "$D/${ALT:-deltafin.b}"; do
+            log "cuda run --preload, $(basename "$c")"
+            k=""
+            case "$c" in *" "*) k=${c#* } ;; esac
+            BIN=${c%% *} rp $k | grep -E "^(profile: (mla|lm-head|total)|stats:)|^[0-9]+(,[0-9]+)+$" | cut -c1-300 >>"$S"
+        done
+    done
+    rm -rf "$W"
+    ;;
+36)
+    # issue 12: greedy decoding with the token on the device, the next step queued before it is read back
+    gpu_tests
+    gpu_tests_env DF_CUDA_GREEDY=0 test_golden
+    resident_model
+    knob_ab DF_CUDA_GREEDY
+    if [ -f "$D/libgpu_timeline.so" ]; then
+        log "timeline: cuda run --preload, the last ${GT_LAST_MS:-150} ms"
+        rp LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
+    fi
+    rm -rf "$W"
+    ;;
+35)
+    # issue 12: where a resident decode step's time goes on this GPU: the run, the CUPTI timeline, ncu durations
+    resident_model
+    log "cuda run --preload"
+    rp | grep -E "^(profile|stats):" >>"$S"
+    log "timeline: cuda run --preload, the last ${GT_LAST_MS:-150} ms"
+    rp LD_PRELOAD="$D/libgpu_timeline.so" GT_LAST_MS="${GT_LAST_MS:-150}" | grep -E "^gpu_timeline|^stats: generation|rror" >>"$S"
+    ncu_decode
     rm -rf "$W"
     ;;
 17)

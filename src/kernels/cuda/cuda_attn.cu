@@ -74,28 +74,6 @@ inline int nseg_bound(int maxn) {
     return a < (b > 8 ? b : 8) ? a : (b > 8 ? b : 8);
 }
 
-/* Element (r, c) of a weight [rows, cols] of encoding ENC, exactly as the CPU's cpu_scalar_decode_range (the
- * element decoders: cuda_decode.cuh). */
-template <int ENC>
-__device__ __forceinline__ float wdec(const uint8_t *__restrict__ d, const uint8_t *__restrict__ s, int64_t cols,
-                                      int64_t r, int64_t c) {
-    if constexpr (ENC == DF_W_F32) return reinterpret_cast<const float *>(d)[r * cols + c];
-    else if constexpr (ENC == DF_W_BF16) return bf16_f32(reinterpret_cast<const uint16_t *>(d)[r * cols + c]);
-    else if constexpr (ENC == DF_W_F16) return f16_f32(reinterpret_cast<const uint16_t *>(d)[r * cols + c]);
-    else if constexpr (ENC == DF_W_FP8_B128)
-        return __fmul_rn(fp8_f32(d[r * cols + c]), reinterpret_cast<const float *>(s)[(r / 128) * ((cols + 127) / 128) + c / 128]);
-    else if constexpr (ENC == DF_W_INT4_G32) {
-        const uint32_t wd = reinterpret_cast<const uint32_t *>(d)[r * (cols / 8) + c / 8];
-        const int q = (int)((wd >> (4 * (c % 8))) & 15u) - 8;
-        return __fmul_rn((float)q, bf16_f32(reinterpret_cast<const uint16_t *>(s)[r * (cols / 32) + c / 32]));
-    } else if constexpr (ENC == DF_W_MXFP4) {
-        const uint32_t b = d[r * (cols / 2) + c / 2];
-        return __fmul_rn(e2m1_f32((c & 1) ? b >> 4 : b & 15u), e8m0_f32(s[r * (cols / 32) + c / 32]));
-    } else if constexpr (ENC == DF_W_INT8_ROW)
-        return __fmul_rn((float)(int8_t)d[r * cols + c], reinterpret_cast<const float *>(s)[r]);
-    else return __int_as_float(0x7fc00000);
-}
-
 /* One lane's part of the dot products of PP cached rows (src[cpos[u] * n ..], n elements) with HB query rows
  * (q[j * n ..]): elements lane, lane + 32, ... into acc[u][j] by fma in that order. */
 template <int HB>

@@ -1,7 +1,8 @@
 /*
  * cuda_decode.cuh — exact element decoders of the weight encodings on the device, the same values as the
  * CPU's kernels/dtype.h (df_f16_to_f32, df_fp8e4m3_to_f32, df_e8m0_to_f32, df_e2m1_values). Shared by the
- * matmul kernels (cuda_matmul.cu) and the attention core's kv_b decoding (cuda_attn.cu).
+ * matmul kernels (cuda_matmul.cu), the attention core's kv_b decoding (cuda_attn.cu) and the device's embedding
+ * rows (cuda_greedy.cu); wdec decodes one element of any encoding.
  */
 #ifndef DF_KERNELS_CUDA_DECODE_CUH
 #define DF_KERNELS_CUDA_DECODE_CUH
@@ -51,6 +52,28 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
+}
+
+/* Element (r, c) of a weight [rows, cols] of encoding ENC, exactly as the CPU's cpu_scalar_decode_range (the
+ * element decoders: cuda_decode.cuh). */
+template <int ENC>
+__device__ __forceinline__ float wdec(const uint8_t *__restrict__ d, const uint8_t *__restrict__ s, int64_t cols,
+                                      int64_t r, int64_t c) {
+    if constexpr (ENC == DF_W_F32) return reinterpret_cast<const float *>(d)[r * cols + c];
+    else if constexpr (ENC == DF_W_BF16) return bf16_f32(reinterpret_cast<const uint16_t *>(d)[r * cols + c]);
+    else if constexpr (ENC == DF_W_F16) return f16_f32(reinterpret_cast<const uint16_t *>(d)[r * cols + c]);
+    else if constexpr (ENC == DF_W_FP8_B128)
+        return __fmul_rn(fp8_f32(d[r * cols + c]), reinterpret_cast<const float *>(s)[(r / 128) * ((cols + 127) / 128) + c / 128]);
+    else if constexpr (ENC == DF_W_INT4_G32) {
+        const uint32_t wd = reinterpret_cast<const uint32_t *>(d)[r * (cols / 8) + c / 8];
+        const int q = (int)((wd >> (4 * (c % 8))) & 15u) - 8;
+        return __fmul_rn((float)q, bf16_f32(reinterpret_cast<const uint16_t *>(s)[r * (cols / 32) + c / 32]));
+    } else if constexpr (ENC == DF_W_MXFP4) {
+        const uint32_t b = d[r * (cols / 2) + c / 2];
+        return __fmul_rn(e2m1_f32((c & 1) ? b >> 4 : b & 15u), e8m0_f32(s[r * (cols / 32) + c / 32]));
+    } else if constexpr (ENC == DF_W_INT8_ROW)
+        return __fmul_rn((float)(int8_t)d[r * cols + c], reinterpret_cast<const float *>(s)[r]);
+    else return __int_as_float(0x7fc00000);
 }
 
 } // namespace

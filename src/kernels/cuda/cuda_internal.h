@@ -220,6 +220,11 @@ void cu_rt_shared_drop(uint64_t key);
 void cu_rt_sh_join(void);
 /* cu_rt_sync, waiting for the event ev (recorded on the stream) instead of the whole stream; ev NULL: cu_rt_sync. */
 cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev);
+/* With the mutex held: the number of the current entry point's call (each cu_rt_lock or entry point begins a new one),
+ * and cu_rt_sync_event for an event recorded by call `upto` or later: the device routings queued by calls up to
+ * `upto` count as arrived (those of later calls may not have). */
+uint64_t cu_rt_call(void);
+cudaError_t cu_rt_sync_upto(const char *stage, cudaEvent_t ev, uint64_t upto);
 int cu_rt_error(const char *msg);
 
 #endif

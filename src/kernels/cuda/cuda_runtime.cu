@@ -1134,13 +1134,15 @@ int cu_rt_lock(void) {
 void cu_rt_unlock(void) { pthread_mutex_unlock(&g_mu); }
 cudaStream_t cu_rt_stream(void) { return g_st; }
 cudaError_t cu_rt_sync(const char *stage) { return cu_rt_sync_event(stage, nullptr); }
-cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev) {
+cudaError_t cu_rt_sync_event(const char *stage, cudaEvent_t ev) { return cu_rt_sync_upto(stage, ev, ev ? g_call - 1 : g_call); }
+uint64_t cu_rt_call(void) { return g_call; }
+cudaError_t cu_rt_sync_upto(const char *stage, cudaEvent_t ev, uint64_t upto) {
     cu_rt_mark(stage);
     if (g_trace > 0) g_h1 = host_now();
     const cudaError_t e = ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(g_st);
     /* the device routings queued before the work waited for: their ids have arrived (an event recorded in this call
      * follows every earlier call's work) */
-    if (e == cudaSuccess && g_npend) route_settle(ev ? g_call - 1 : g_call);
+    if (e == cudaSuccess && g_npend) route_settle(upto);
     if (e == cudaSuccess) cu_attn_settle();
     if (g_trace > 0) {
         g_h2 = host_now();
