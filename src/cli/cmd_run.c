@@ -659,10 +659,10 @@ int cmd_run(int argc, char **argv) {
             if (n_new < 0) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
         }
     }
+    gen_out go = {out_ids, &n_out, stop, n_stop, dt, &last, 0};
     if (!drafter && greedy && gen_max > 0) {
         /* greedy: the first token from the prompt's logits, the rest by df_decode_greedy (on the GPU the token stays
          * there between steps); the same tokens as the loop below */
-        gen_out go = {out_ids, &n_out, stop, n_stop, dt, &last, 0};
         const int32_t first = df_sample(smp, logits, vocab);
         if (!gen_emit(&go, first) && gen_max > 1 && !g_gen_sig)
             rc = df_decode_greedy(s, first, gen_max - 1, gen_emit, &go, NULL, err, sizeof err);
@@ -670,19 +670,11 @@ int cmd_run(int argc, char **argv) {
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
     for (int k = 0; !drafter && !greedy && k < gen_max; k++) {
-        int32_t id = df_sample(smp, logits, vocab);
-        out_ids[n_out++] = id;
-        int is_stop = 0;
-        for (int q = 0; q < n_stop; q++) is_stop |= stop[q] == id;
-        if (dt && !is_stop) {
-            int w = df_detok_push(dt, id, buf, sizeof buf);
-            if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); last = buf[w - 1]; }
-        }
-        if (is_stop) { stopped = 1; break; }
-        if (k + 1 == gen_max || g_gen_sig) break;
-        rc = df_eval(s, &id, 1, logits, 0, NULL, NULL, err, sizeof err);
+        if (gen_emit(&go, df_sample(smp, logits, vocab)) || k + 1 == gen_max) break;
+        rc = df_eval(s, &out_ids[n_out - 1], 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
+    if (!drafter && !greedy) stopped = go.stopped;
     const double gen_s = now_s() - t_gen, gen_cpu = cpu_s() - cpu_gen, total = now_s() - t_start;
     const int gen_sig = g_gen_sig;
     sigaction(SIGINT, &sg_int, NULL);
