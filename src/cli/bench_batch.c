@@ -225,9 +225,10 @@ int bench_batch(int argc, char **argv) {
                seqs[k], res[k].tps, res[k].tps / seqs[k], seqs[k] * tokens, res[k].decode_s, res[k].stall_s,
                res[k].read_per_tok / 1e6, res[k].hit, res[k].share);
         printf("       phases:");
+        int shown = 0;
         for (int p = 0; p < DF_PHASES; p++)
-            if (res[k].phase_s[p] >= 0.005) printf(" %s %.2f s", df_phase_name(p), res[k].phase_s[p]);
-        printf("\n");
+            if (res[k].phase_s[p] >= 0.005) shown = printf(" %s %.2f s", df_phase_name(p), res[k].phase_s[p]);
+        printf("%s\n", shown ? "" : " each under 5 ms");
         fflush(stdout);
     }
     double B = b1.gbps;
