@@ -200,16 +200,21 @@ static void print_in(const char *name, const input *x, const char *fmt) {
     printf("  %-32s %-18s %-8s %s\n", name, v, how_name(x->set), x->note);
 }
 
-static int num_arg(const char *flag, const char *s, double lo, double hi, double *out) {
+/* A flag's value as a number in [lo, hi] (an integer when integer), else a message naming it and -1. */
+static int num_arg_as(const char *flag, const char *s, double lo, double hi, int integer, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi) {
-        fprintf(stderr, "deltafin bench project: %s \"%s\": expected a number in [%g, %g]\n", flag, s, lo, hi);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi || (integer && v != floor(v))) {
+        fprintf(stderr, "deltafin bench project: %s \"%s\": expected %s in [%g, %g]\n", flag, s,
+                integer ? "an integer" : "a number", lo, hi);
         return -1;
     }
     *out = v;
     return 0;
+}
+static int num_arg(const char *flag, const char *s, double lo, double hi, double *out) {
+    return num_arg_as(flag, s, lo, hi, 0, out);
 }
 
 static void usage(FILE *f) {
@@ -281,8 +286,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench project", v)) return 2; cache_dir = v; continue; }
         if (!strcmp(a, "--model")) { model = v; continue; }
         if (!strcmp(a, "--drives")) {
-            if (num_arg(a, v, 1, 64, &drives)) return 2;
-            if (drives != floor(drives)) { fprintf(stderr, "deltafin bench project: --drives \"%s\": expected an integer\n", v); return 2; }
+            if (num_arg_as(a, v, 1, 64, 1, &drives)) return 2;
             continue;
         }
         if (!strcmp(a, "--gbps")) { if (num_arg(a, v, 1e-6, 1e4, &gbps)) return 2; continue; }
