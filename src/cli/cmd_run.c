@@ -669,7 +669,6 @@ int cmd_run(int argc, char **argv) {
         const int32_t first = df_sample(smp, logits, vocab);
         if (!gen_emit(&go, first) && gen_max > 1 && !g_gen_sig)
             rc = df_decode_greedy(s, first, gen_max - 1, gen_emit, &go, NULL, err, sizeof err);
-        stopped = go.stopped;
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
     for (int k = 0; !drafter && !greedy && k < gen_max; k++) {
@@ -677,7 +676,7 @@ int cmd_run(int argc, char **argv) {
         rc = df_eval(s, &out_ids[n_out - 1], 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
-    if (!drafter && !greedy) stopped = go.stopped;
+    if (!drafter) stopped = go.stopped;
     const double gen_s = now_s() - t_gen, gen_cpu = cpu_s() - cpu_gen, total = now_s() - t_start;
     const int gen_sig = g_gen_sig;
     sigaction(SIGINT, &sg_int, NULL);

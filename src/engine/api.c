@@ -867,6 +867,18 @@ static int eval_mark(df_session *s, int pend, char *err, size_t errlen) {
     return DF_OK;
 }
 
+/* Room for `need` tokens in s->tokens (doubling from 256); 0, or -1 out of memory (nothing changed). */
+static int session_reserve_tokens(df_session *s, int need) {
+    if (need <= s->tok_cap) return 0;
+    int cap = s->tok_cap ? s->tok_cap : 256;
+    while (cap < need) cap *= 2;
+    int32_t *t = realloc(s->tokens, sizeof(int32_t) * (size_t)cap);
+    if (!t) return -1;
+    s->tokens = t;
+    s->tok_cap = cap;
+    return 0;
+}
+
 int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, df_progress_fn p, void *u, char *err,
             size_t errlen) {
     if (!s || (!ids && n > 0) || n < 0) return set_err(err, errlen, DF_EINVAL, "df_eval: bad arguments");
@@ -875,14 +887,7 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
     if (s->n_past + n > s->kv.n_ctx)
         return set_err(err, errlen, DF_ECONTEXT, "context full: %d tokens in the session + %d new exceed its %d positions",
                        s->n_past, n, s->kv.n_ctx);
-    if (s->n_past + n > s->tok_cap) {
-        int cap = s->tok_cap ? s->tok_cap : 256;
-        while (cap < s->n_past + n) cap *= 2;
-        int32_t *t = realloc(s->tokens, sizeof(int32_t) * (size_t)cap);
-        if (!t) return set_err(err, errlen, DF_ENOMEM, "out of memory");
-        s->tokens = t;
-        s->tok_cap = cap;
-    }
+    if (session_reserve_tokens(s, s->n_past + n)) return set_err(err, errlen, DF_ENOMEM, "out of memory");
     /* pending tokens (recurrent models after a truncation) go first */
     int pend = s->n_past - s->n_eval;
     const int all = (flags & DF_EVAL_ALL_LOGITS) != 0;
@@ -983,6 +988,15 @@ static int greedy_step(df_session *s, const int32_t *id, int dev, int slot, floa
     return rc;
 }
 
+/* Drop the session's last step of the chain (m->mu held): wait for its token in `slot` (the device is done with it),
+ * then forget the token; the row it wrote lies past n_past. 0, or -1 when the wait failed (dropped all the same). */
+static int greedy_drop(df_session *s, int slot) {
+    int32_t t;
+    const int r = s->m->eng.be->token_wait(slot, &t);
+    s->n_past = s->n_eval = s->n_past - 1;
+    return r ? -1 : 0;
+}
+
 int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, void *user, int *n_out, char *err,
                      size_t errlen) {
     if (n_out) *n_out = 0;
@@ -1007,16 +1021,9 @@ int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, voi
         if (n_out) *n_out = got;
         return rc;
     }
-    if (s->n_past + n + 1 > s->tok_cap) {
-        int cap = s->tok_cap ? s->tok_cap : 256;
-        while (cap < s->n_past + n + 1) cap *= 2;
-        int32_t *t = realloc(s->tokens, sizeof(int32_t) * (size_t)cap);
-        if (!t) {
-            free(logits);
-            return set_err(err, errlen, DF_ENOMEM, "out of memory");
-        }
-        s->tokens = t;
-        s->tok_cap = cap;
+    if (session_reserve_tokens(s, s->n_past + n + 1)) {
+        free(logits);
+        return set_err(err, errlen, DF_ENOMEM, "out of memory");
     }
     /* Step j evaluates the token chosen by step j - 1 (step 0: id) at position base + j and chooses token j on the
      * device; step j + 1 is queued before token j is read back, so the device goes from one step to the next without
@@ -1039,11 +1046,7 @@ int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, voi
         int32_t tok;
         if (be->token_wait(j & 1, &tok)) {
             rc = set_err(err, errlen, DF_EUNSUPPORTED, "the GPU's greedy token: %s", df_cuda_last_error());
-            if (ahead && rc_ahead == DF_OK) { /* drop the step behind it */
-                int32_t t2;
-                (void)be->token_wait((j + 1) & 1, &t2);
-                s->n_past = s->n_eval = s->n_past - 1;
-            }
+            if (ahead && rc_ahead == DF_OK) (void)greedy_drop(s, (j + 1) & 1); /* the step behind it */
             break;
         }
         done++;
@@ -1052,12 +1055,9 @@ int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, voi
         const int stop = on_token(user, tok) != 0;
         if (rc_ahead != DF_OK) { rc = rc_ahead; break; }
         if (stop || j + 1 == n) {
-            if (ahead) { /* the step queued for this token is not wanted: wait for it, then forget it */
-                int32_t t2;
-                if (be->token_wait((j + 1) & 1, &t2))
-                    rc = set_err(err, errlen, DF_EUNSUPPORTED, "the GPU's greedy token: %s", df_cuda_last_error());
-                s->n_past = s->n_eval = s->n_past - 1;
-            }
+            /* the step queued for this token is not wanted */
+            if (ahead && greedy_drop(s, (j + 1) & 1))
+                rc = set_err(err, errlen, DF_EUNSUPPORTED, "the GPU's greedy token: %s", df_cuda_last_error());
             break;
         }
         if (!ahead) {
@@ -1066,11 +1066,7 @@ int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, voi
             break;
         }
     }
-    if (rc != DF_OK && done == 0 && s->n_past > base) { /* step 0 was queued but its token never came back */
-        int32_t t2;
-        (void)be->token_wait(0, &t2);
-        s->n_past = s->n_eval = (int)base;
-    }
+    if (rc != DF_OK && done == 0 && s->n_past > base) (void)greedy_drop(s, 0); /* step 0's token never came back */
     greedy_account(s, base, (int)(s->n_past - base), now_s() - t0);
     model_unlock(m);
     free(logits);

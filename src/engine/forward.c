@@ -163,8 +163,8 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
     }
     if (T <= 0) return DF_OK;
     const int dev_token = e->dev_token;
-    if (dev_token && (T != 1 || n_seq != 1 || !eng_greedy_dev(e))) {
-        if (err) snprintf(err, errlen, "forward: a device-side token needs one row through an MLA block on the GPU");
+    if ((dev_token || e->argmax_on) && (T != 1 || n_seq != 1 || !eng_greedy_dev(e))) {
+        if (err) snprintf(err, errlen, "forward: a token chosen on the GPU needs one row through an MLA block there");
         return DF_EUNSUPPORTED;
     }
     for (int t = 0; t < T && !dev_token; t++)
@@ -352,11 +352,9 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
                 e->be->rmsnorm(h + (int64_t)n * D, xr, sp->final_norm, D, cfg->rms_norm_eps);
             }
         if (dev && e->argmax_on) { /* the token chosen on the device, read back later (df_decode_greedy) */
-            if (n != 1 && !e->x_dev) rc = DF_EINVAL;
-            else if (e->be->final_argmax(e->x_dev ? NULL : h, (uint64_t)(uintptr_t)e, sp->final_norm, cfg->rms_norm_eps,
-                                         &sp->lm_head, e->argmax_slot))
+            if (e->be->final_argmax(e->x_dev ? NULL : h, (uint64_t)(uintptr_t)e, sp->final_norm, cfg->rms_norm_eps,
+                                    &sp->lm_head, e->argmax_slot)) {
                 rc = DF_EUNSUPPORTED;
-            if (rc) {
                 if (err) snprintf(err, errlen, "the final norm, lm_head and argmax failed on the GPU");
                 goto done;
             }
