@@ -117,7 +117,7 @@ expect "invalid UTF-8 -> 400" "$(code "${P[@]}" --data-binary @"$TMP/badutf8.jso
 head -c 2000000 /dev/zero | tr '\0' 'a' | sed 's/^/{"prompt":"/; s/$/"}/' >"$TMP/big.json"
 expect "2 MB body over --max-request-bytes 1M -> 413" "$(code "${P[@]}" --data-binary @"$TMP/big.json" "$B/v1/completions")" 413
 expect "chunked 2 MB body -> 413" "$(code "${P[@]}" -H "Transfer-Encoding: chunked" --data-binary @"$TMP/big.json" "$B/v1/completions")" 413
-expect "unknown model -> 400" "$(code "${P[@]}" -d '{"model":"gpt-9","prompt":"a"}' "$B/v1/completions")" 400
+expect "unknown model -> 404" "$(code "${P[@]}" -d '{"model":"gpt-9","prompt":"a"}' "$B/v1/completions")" 404
 eparam() { node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));
   console.log(j.error.param + " | " + j.error.message)' "$TMP/body" 2>/dev/null || echo "not-an-openai-error"; }
 # a NUL character (\u0000) would cut the string short (cJSON): 400 naming the field, never a truncated prompt

@@ -369,7 +369,7 @@ if start_server lg --mock; then
     n400=0
     for req in "completions|{\"prompt\":[99999]}" "completions|{\"prompt\":[$IDS5001],\"max_tokens\":1}" \
         "completions|{\"prompt\":\"hi\",\"n\":2}" "completions|{\"prompt\":\"hi\",\"max_tokens\":\"x\"}" \
-        "completions|{\"prompt\":\"hi\",\"model\":\"nope\"}" "chat/completions|{\"messages\":[]}"; do
+        "completions|{\"prompt\":\"hi\",\"prompt\":\"ho\"}" "chat/completions|{\"messages\":[]}"; do
         ep=${req%%|*}
         code=$(curl -s -o "$TMP/lg.body" -w '%{http_code}' "${H[@]}" -d "${req#*|}" "$B/v1/$ep")
         msg=$(json "$TMP/lg.body" j.error.message)
@@ -380,6 +380,14 @@ if start_server lg --mock; then
         if [ "$code" = 400 ] && [ "$line" = "serve: $kind status 400: $msg" ]; then ok "400 logged with its reason: $line"
         else bad "400 for ${req:0:60}: code $code, log line '$line', message '$msg'"; fi
     done
+    # a model this server does not serve: 404 model_not_found (as the OpenAI API), logged with its message
+    code=$(curl -s -o "$TMP/lg.body" -w '%{http_code}' "${H[@]}" -d '{"prompt":"hi","model":"nope"}' "$B/v1/completions")
+    msg=$(json "$TMP/lg.body" j.error.message)
+    for _ in $(seq 1 50); do grep -q 'status 404' "$TMP/lg.log" && break; sleep 0.05; done
+    line=$(grep 'status 404' "$TMP/lg.log" | tail -1)
+    if [ "$code" = 404 ] && [ "$(json "$TMP/lg.body" j.error.code)" = model_not_found ] && [ "$line" = "serve: completion status 404: $msg" ]; then
+        ok "unknown model: 404 model_not_found, logged: $line"
+    else bad "unknown model: code $code, body $(head -c 300 "$TMP/lg.body"), log line '$line'"; fi
     curl -s "$B/metrics" >"$TMP/lg.metrics"
     if ! grep -q 'status 400: prompt' "$TMP/lg.log" && ! grep -q 'status="400"' "$TMP/lg.metrics"; then
         ok "no 400 logged with generation figures nor counted in deltafin_requests_total"

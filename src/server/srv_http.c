@@ -405,7 +405,12 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
         snprintf(m, sizeof m, "The model '%.300s' does not exist. This server serves '%.200s' (GET /v1/models).",
                  j->req.model, S.be->name);
         srv_job_unref(j);
-        return refuse(c, chat, m, "model", "model_not_found");
+        /* as the OpenAI API answers a model it does not serve: 404, invalid_request_error, model_not_found */
+        char *e = srv_error_json(m, "invalid_request_error", "model", "model_not_found");
+        enum MHD_Result ok = send_body(c, 404, "application/json", e, NULL);
+        free(e);
+        log_refusal(chat, 404, m);
+        return ok;
     }
     j->fd = x->fd;
     /* admission */

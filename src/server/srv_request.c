@@ -324,6 +324,46 @@ int srv_json_find_nul(const char *body, size_t len, char *param, size_t cap) {
     return 0;
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Whether an object anywhere in the tree under o repeats a member name (JSON parsers disagree on which value wins:
+ * cJSON keeps the first, Python and JavaScript the last). Yes: where = its path ("messages[0].role", "model"),
+ * 1; no: 0; -1 when out of memory. Names of each object sorted (O(n log n) for a body of many keys). */
+static int json_dup_key(const cJSON *o, char *where, size_t cap, size_t at) {
+    if (!cJSON_IsObject(o) && !cJSON_IsArray(o)) return 0;
+    if (cJSON_IsObject(o)) {
+        size_t n = 0;
+        for (const cJSON *c = o->child; c; c = c->next) n++;
+        if (n > 1) {
+            const char **nm = malloc(sizeof *nm * n);
+            if (!nm) return -1;
+            size_t k = 0;
+            for (const cJSON *c = o->child; c; c = c->next) nm[k++] = c->string ? c->string : "";
+            qsort(nm, n, sizeof *nm, cmp_name);
+            for (k = 1; k < n && strcmp(nm[k - 1], nm[k]); k++) {}
+            if (k < n) {
+                snprintf(where + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "", nm[k]);
+                free(nm);
+                return 1;
+            }
+            free(nm);
+        }
+    }
+    int i = 0;
+    for (const cJSON *c = o->child; c; c = c->next, i++) {
+        if (!cJSON_IsObject(c) && !cJSON_IsArray(c)) continue;
+        const int w = cJSON_IsObject(o) ? snprintf(where + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "", c->string ? c->string : "")
+                                        : snprintf(where + at, at < cap ? cap - at : 0, "[%d]", i);
+        const size_t nat = at + (w > 0 ? (size_t)w : 0);
+        const int r = json_dup_key(c, where, cap, nat < cap ? nat : cap - 1);
+        if (r) return r;
+        if (at < cap) where[at] = 0;
+    }
+    return 0;
+}
+
 int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, char **err_json) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -366,6 +406,12 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         if (srv_json_find_nul(body, len, where, sizeof where))
             FAIL(where, "Invalid '%s': the string contains a NUL character (\\u0000), which is not supported. "
                         "Remove it from the request.", where);
+    }
+    {
+        char where[256] = "";
+        const int d = json_dup_key(root, where, sizeof where, 0);
+        if (d < 0) FAIL(NULL, "The server is out of memory checking the request body.");
+        if (d) FAIL(where, "Invalid request body: the key '%s' appears more than once in its object. Send each key once.", where);
     }
 
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "model")) && !cJSON_IsNull(v)) {

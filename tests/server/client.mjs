@@ -171,7 +171,7 @@ async function main() {
   check(c2.usage.prompt_tokens_details.cached_tokens > 0, "extended prompt reuses the KV cache", c2.usage);
 
   // ---- errors through the SDK
-  await expectStatus(chat({ messages: msgs, model: "no-such-model" }), 400, "unknown model -> 400");
+  await expectStatus(chat({ messages: msgs, model: "no-such-model" }), 404, "unknown model -> 404");
   await expectStatus(chat({ messages: msgs, n: 2 }), 400, "n=2 -> 400");
   await expectStatus(chat({ messages: [] }), 400, "empty messages -> 400");
   await expectStatus(compl({ prompt: "" }), 400, "empty prompt -> 400");
