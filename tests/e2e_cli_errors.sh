@@ -161,7 +161,13 @@ expect 0 "bench usage: --ram-budget optional" "bench decode \[--model DIR\] \[--
 
 # ---- convert into a non-empty directory: refused unless --force; never into the checkpoint itself
 "$BIN" convert "$G" "$TMP/conv" --expert-dirs "$TMP/conv,$TMP/conv2" --quiet || bad "striped convert"
-expect 1 "convert into a non-empty dir" "is not empty" -- "$BIN" convert "$G" "$TMP/conv" --quiet
+expect 1 "convert into a non-empty dir" "MODEL_DIR .* is not empty" -- "$BIN" convert "$G" "$TMP/conv" --quiet
+mkdir -p "$TMP/nohf"
+expect 1 "convert HF_DIR without config.json" "^deltafin convert: HF_DIR $TMP/nohf has no config.json: expected a Hugging Face checkpoint directory" -- \
+    "$BIN" convert "$TMP/nohf" "$TMP/conv-x"
+expect 1 "convert HF_DIR missing" "^deltafin convert: HF_DIR $TMP/nohf2: No such file or directory; expected a Hugging Face" -- \
+    "$BIN" convert "$TMP/nohf2" "$TMP/conv-x"
+[ ! -e "$TMP/conv-x" ] && ok || bad "convert of a non-checkpoint created MODEL_DIR"
 expect 0 "convert --force" "" -- "$BIN" convert "$G" "$TMP/conv" --quiet --force
 ls "$TMP/conv" | grep -q '\.s0\.pack' && bad "convert --force left stale stripe packs" || ok
 expect 2 "convert into the checkpoint dir" "checkpoint directory itself" -- "$BIN" convert "$G" "$G" --force

@@ -12,10 +12,10 @@ int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
-/* outdir.c: OUT_DIR must be new or empty and expert dirs must hold no packs; with
+/* outdir.c: the output directory (`label` in messages: MODEL_DIR, OUT_DIR) must be new or empty and expert dirs hold no packs; with
  * force the deltafin files there are removed first (manifest.json first). `cmd` names
  * the command in messages. Returns 0, or the exit status (1) after printing why. */
-int cli_check_out_dirs(const char *cmd, const char *out, const char *expert_dirs, int force, int quiet);
+int cli_check_out_dirs(const char *cmd, const char *label, const char *out, const char *expert_dirs, int force, int quiet);
 /* cli_args.c: "4G", "512M", "100K", "1.5GiB", "12345" -> bytes (powers of 1024; an optional
  * "i" and "B" after the unit). 0, or -1 for anything else (trailing text, negative, overflow). */
 int cli_parse_size(const char *s, uint64_t *out);

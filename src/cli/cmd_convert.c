@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -167,6 +168,22 @@ int cmd_convert(int argc, char **argv) {
                     "convert; use it directly with --model %s\n", pos[0], pos[0]);
             return 1;
         }
+        struct stat hs;
+        if (stat(pos[0], &hs) != 0) {
+            fprintf(stderr, "deltafin convert: HF_DIR %s: %s; expected a Hugging Face checkpoint directory (config.json and "
+                    "*.safetensors)\n", pos[0], strerror(errno));
+            return 1;
+        }
+        if (!S_ISDIR(hs.st_mode)) {
+            fprintf(stderr, "deltafin convert: HF_DIR %s is not a directory; expected a Hugging Face checkpoint directory "
+                    "(config.json and *.safetensors)\n", pos[0]);
+            return 1;
+        }
+        if (!cli_path_exists(cf)) {
+            fprintf(stderr, "deltafin convert: HF_DIR %s has no config.json: expected a Hugging Face checkpoint directory "
+                    "(config.json and *.safetensors; `deltafin setup REPO` downloads one)\n", pos[0]);
+            return 1;
+        }
     }
     {   /* the architecture first: an unsupported one stops here, before anything is written */
         char arch[320], aerr[1024] = "";
@@ -185,7 +202,7 @@ int cmd_convert(int argc, char **argv) {
                 df_signal_name(df_interrupted()));
         return 128 + df_interrupted();
     }
-    int crc = cli_check_out_dirs("convert", pos[1], o.expert_dirs, force, quiet);
+    int crc = cli_check_out_dirs("convert", "MODEL_DIR", pos[1], o.expert_dirs, force, quiet);
     if (crc) {
         remove_created(pos[1], out_existed, o.expert_dirs, dir_existed);
         return crc;

@@ -1224,7 +1224,7 @@ int cmd_synth(int argc, char **argv) {
         free(cp);
     }
     df_interrupt_install(); /* before the directories are locked: a signal from here on cleans up */
-    int crc = cli_check_out_dirs("synth", o.out, o.expert_dirs, o.force, o.quiet);
+    int crc = cli_check_out_dirs("synth", "OUT_DIR", o.out, o.expert_dirs, o.force, o.quiet);
     if (!crc) crc = check_space(&o, spine_bytes, expert_bytes);
     if (crc) {
         remove_partial(&o, out_arg, out_existed, dir_existed, NULL);

@@ -121,18 +121,18 @@ static int create_and_lock(const char *cmd, const char *dir, const char *what) {
     return 0;
 }
 
-/* OUT_DIR must be new or empty (a non-empty one would mix old and new files:
+/* The output directory (named `label` in messages: the command's usage calls it MODEL_DIR or OUT_DIR) must be new or empty (a non-empty one would mix old and new files:
  * stale packs, another model's tokenizer); pack directories must hold no
  * packs. --force removes the deltafin files there first. What an interrupted
  * run left (only deltafin file names, at least one *.tmp, no manifest.json; in
  * pack directories: *.pack.tmp) is removed without --force. 0, or exit status. */
-int cli_check_out_dirs(const char *cmd, const char *out, const char *expert_dirs, int force, int quiet) {
+int cli_check_out_dirs(const char *cmd, const char *label, const char *out, const char *expert_dirs, int force, int quiet) {
     struct stat st;
     if (stat(out, &st) == 0 && !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "deltafin %s: %s exists and is not a directory; choose another OUT_DIR\n", cmd, out);
+        fprintf(stderr, "deltafin %s: %s exists and is not a directory; choose another %s\n", cmd, out, label);
         return 1;
     }
-    int lk = create_and_lock(cmd, out, "OUT_DIR");
+    int lk = create_and_lock(cmd, out, label);
     if (lk < 0) return 1;
     dir_scan s;
     int rc = scan_dir(out, RM_NONE, &s);
@@ -150,12 +150,12 @@ int cli_check_out_dirs(const char *cmd, const char *out, const char *expert_dirs
             else if (!s.manifest && s.model == s.all && s.model > 0)
                 snprintf(why, sizeof why, "; no manifest.json: an unfinished model");
             fprintf(stderr,
-                    "deltafin %s: OUT_DIR %s is not empty (%d entr%s, e.g. '%s'; %d deltafin model file%s%s); "
+                    "deltafin %s: %s %s is not empty (%d entr%s, e.g. '%s'; %d deltafin model file%s%s); "
                     "%s writes a whole new model "
                     "and would leave old files mixed with it. Choose a new or empty directory, or pass --force to "
                     "delete the deltafin model files in it (manifest.json, spine.bin, experts-L*.pack, tokenizer "
                     "files) and write there.\n",
-                    cmd, out, s.all, s.all == 1 ? "y" : "ies", s.first_model[0] ? s.first_model : s.first, s.model,
+                    cmd, label, out, s.all, s.all == 1 ? "y" : "ies", s.first_model[0] ? s.first_model : s.first, s.model,
                     s.model == 1 ? "" : "s", why, cmd);
             return 1;
         }
