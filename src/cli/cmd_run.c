@@ -637,6 +637,7 @@ int cmd_run(int argc, char **argv) {
     sigaction(SIGTERM, &sg_new, &sg_term);
     const double t_gen = now_s(), cpu_gen = cpu_s();
     char last = 0; /* the last byte of text written */
+    gen_out go = {out_ids, &n_out, stop, n_stop, dt, &last, 0};
     if (drafter) {
         /* speculative: the same tokens as the loop below, several per target eval */
         rc = dopt.sample && so.temperature > 0 ? df_drafter_set_sampling(drafter, &so, err, sizeof err) : 0;
@@ -648,21 +649,14 @@ int cmd_run(int argc, char **argv) {
         }
         int n_new = gen_max > 0 ? 1 : 0;
         if (n_new) out_ids[0] = df_sample(smp, logits, vocab);
-        while (n_new > 0 && !stopped) {
-            for (int j = 0; j < n_new && !stopped; j++) {
-                int32_t id = out_ids[n_out++];
-                for (int q = 0; q < n_stop; q++) stopped |= stop[q] == id;
-                if (dt && !stopped) {
-                    int w = df_detok_push(dt, id, buf, sizeof buf);
-                    if (w > 0) { fwrite(buf, 1, (size_t)w, stdout); fflush(stdout); last = buf[w - 1]; }
-                }
-            }
-            if (stopped || n_out >= gen_max || g_gen_sig) break;
+        while (n_new > 0) { /* df_spec_step wrote its tokens at out_ids + n_out: gen_emit keeps them there */
+            int halt = 0;
+            for (int j = 0; j < n_new && !halt; j++) halt = gen_emit(&go, out_ids[n_out]);
+            if (halt || n_out >= gen_max) break;
             n_new = df_spec_step(spec, out_ids[n_out - 1], out_ids + n_out, gen_max - n_out, err, sizeof err);
             if (n_new < 0) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
         }
     }
-    gen_out go = {out_ids, &n_out, stop, n_stop, dt, &last, 0};
     if (!drafter && greedy && gen_max > 0) {
         /* greedy: the first token from the prompt's logits, the rest by df_decode_greedy (on the GPU the token stays
          * there between steps); the same tokens as the loop below */
@@ -676,7 +670,7 @@ int cmd_run(int argc, char **argv) {
         rc = df_eval(s, &out_ids[n_out - 1], 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "\ndeltafin run: %s\n", err); goto done; }
     }
-    if (!drafter) stopped = go.stopped;
+    stopped = go.stopped;
     const double gen_s = now_s() - t_gen, gen_cpu = cpu_s() - cpu_gen, total = now_s() - t_start;
     const int gen_sig = g_gen_sig;
     sigaction(SIGINT, &sg_int, NULL);
