@@ -105,6 +105,42 @@ static void test_kimi(void) {
     srv_buf_free(&r);
     srv_buf_free(&c);
 
+    /* malformed K2 calls (a header that is not NAME:IDX, no argument marker) are no calls: their text is content */
+    srv_buf_init(&r);
+    srv_buf_init(&c);
+    srv_kimi_init(&k, 0, 1, 0);
+    {
+        const char *t = "A<|tool_calls_section_begin|><|tool_call_begin|>functions.get weather:0<|tool_call_argument_begin|>{}"
+                        "<|tool_call_end|><|tool_call_begin|>functions.x:1<|tool_call_end|><|tool_call_begin|>functions.ok-1:2"
+                        "<|tool_call_argument_begin|>{\"a\":2}<|tool_call_end|><|tool_calls_section_end|>B";
+        for (size_t i = 0; t[i]; i += 7) srv_kimi_push(&k, t + i, strlen(t + i) < 7 ? strlen(t + i) : 7, &r, &c);
+        srv_kimi_flush(&k, &r, &c);
+        CHECK(k.n_calls == 1 && !strcmp(k.calls[0].name, "ok-1") && !strcmp(k.calls[0].arguments, "{\"a\":2}"),
+              "malformed K2 calls skipped: %d calls", k.n_calls);
+        CHECK(c.p && !strcmp(c.p, "A<|tool_call_begin|>functions.get weather:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+                                  "<|tool_call_begin|>functions.x:1<|tool_call_end|>B"),
+              "malformed K2 calls as content: '%s'", c.p);
+    }
+    srv_kimi_free(&k);
+    srv_buf_free(&r);
+    srv_buf_free(&c);
+    /* a K3 call without a tool name: content */
+    srv_buf_init(&r);
+    srv_buf_init(&c);
+    srv_kimi_init(&k, 0, 1, 0);
+    {
+        const char *t = "<|open|>tools<|sep|><|open|>call index=\"1\"<|sep|><|close|>call<|sep|><|open|>call tool=\"f\" index=\"2\"<|sep|>"
+                        "<|open|>argument key=\"n\" type=\"number\"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>";
+        srv_kimi_push(&k, t, strlen(t), &r, &c);
+        srv_kimi_flush(&k, &r, &c);
+        CHECK(k.n_calls == 1 && !strcmp(k.calls[0].name, "f") && !strcmp(k.calls[0].arguments, "{\"n\": 3}"),
+              "K3 call without a tool name skipped: %d calls (%s)", k.n_calls, k.n_calls ? k.calls[0].arguments : "");
+        CHECK(c.p && !strcmp(c.p, "<|open|>call index=\"1\"<|sep|><|close|>call<|sep|>"), "K3 nameless call as content: '%s'", c.p);
+    }
+    srv_kimi_free(&k);
+    srv_buf_free(&r);
+    srv_buf_free(&c);
+
     /* no <think>: everything is content; tools off: markers are plain text */
     srv_buf_init(&r);
     srv_buf_init(&c);

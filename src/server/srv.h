@@ -84,6 +84,7 @@ typedef struct {
     int state;       /* internal */
     srv_buf held;    /* undecided text */
     srv_buf call;    /* text of the tool call being read */
+    srv_buf bad;     /* a malformed call's text, returned as content (srv_kimi_push) */
     srv_tool_call *calls;
     int n_calls, n_calls_emitted;
 } srv_kimi;

@@ -24,6 +24,9 @@
  * "arguments" becomes the JSON object of them (the json block as written).
  * Calls get ids "functions.NAME:IDX" (IDX counts calls from 0), as K2's do.
  *
+ * A malformed call (K2: no argument marker, or a header that is not NAME:IDX; K3: no tool name) is no call: its
+ * text, markers included, is returned as content.
+ *
  * Works on a stream: markers may arrive split over several pieces; any tail
  * that could still be the start of a marker is held back until decided. */
 #define _GNU_SOURCE /* memmem, POLLRDHUP */
@@ -65,6 +68,7 @@ void srv_kimi_init(srv_kimi *k, int think, int tools, int starts_in_think) {
     k->state = think ? (starts_in_think ? K_THINK : K_START) : K_CONTENT;
     srv_buf_init(&k->held);
     srv_buf_init(&k->call);
+    srv_buf_init(&k->bad);
 }
 
 void srv_kimi_free(srv_kimi *k) {
@@ -76,6 +80,7 @@ void srv_kimi_free(srv_kimi *k) {
     free(k->calls);
     srv_buf_free(&k->held);
     srv_buf_free(&k->call);
+    srv_buf_free(&k->bad);
     memset(k, 0, sizeof *k);
 }
 
@@ -101,9 +106,34 @@ static void push_call(srv_kimi *k, srv_tool_call c) {
     k->calls[k->n_calls++] = c;
 }
 
-/* One complete K2 call: "functions.NAME:IDX<|tool_call_argument_begin|>{json}". */
+/* Whether a K2 call's header (the text before <|tool_call_argument_begin|>, spaces around it aside) is
+ * "[functions.]NAME:IDX" with NAME of [A-Za-z0-9_.-] and IDX digits, as the K2 template writes it. */
+static int k2_header_ok(const char *s, size_t n) {
+    while (n && (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r')) { s++; n--; }
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r')) n--;
+    if (n > 10 && !memcmp(s, "functions.", 10)) { s += 10; n -= 10; }
+    size_t i = 0, name = 0, idx = 0;
+    for (; i < n && s[i] != ':'; i++, name++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '.' || s[i] == '-'))
+            return 0;
+    if (i == n || !name) return 0;
+    for (i++; i < n; i++, idx++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    return idx > 0;
+}
+
+/* One complete K2 call: "functions.NAME:IDX<|tool_call_argument_begin|>{json}". A malformed one (no argument
+ * marker, a header not NAME:IDX) is no call: its text, markers included, goes to k->bad (returned as content), as
+ * vLLM's Kimi K2 parser leaves text it cannot match. */
 static void add_call(srv_kimi *k, const char *s, size_t n) {
     const char *arg = memmem(s, n, M_ARG, strlen(M_ARG));
+    if (!arg || !k2_header_ok(s, (size_t)(arg - s))) {
+        srv_buf_adds(&k->bad, M_CALL);
+        srv_buf_add(&k->bad, s, n);
+        srv_buf_adds(&k->bad, M_CALL_END);
+        return;
+    }
     size_t hl = arg ? (size_t)(arg - s) : n;
     srv_tool_call c;
     c.id = dup_trim(s, hl);
@@ -183,7 +213,13 @@ static void add_call3(srv_kimi *k, const char *s, size_t n) {
     size_t hl = sep ? (size_t)(sep - s) : n;
     srv_tool_call c;
     c.name = xtml_attr(s, hl, "tool");
-    if (!c.name) c.name = strdup("");
+    if (!c.name || !c.name[0] || !sep) { /* no tool name, or no <|sep|> after the open tag: no call (as add_call) */
+        free(c.name);
+        srv_buf_adds(&k->bad, X_CALL);
+        srv_buf_add(&k->bad, s, n);
+        srv_buf_adds(&k->bad, X_CALL_END);
+        return;
+    }
     const char *p = sep ? sep + strlen(X_SEP) : s + n, *e = s + n;
     srv_buf args;
     srv_buf_init(&args);
@@ -332,7 +368,12 @@ void srv_kimi_push(srv_kimi *k, const char *s, size_t n, srv_buf *reasoning, srv
         /* K_TOOLS / K_TOOLS3 */
         srv_buf_add(&k->call, p, len);
         srv_buf_consume(&k->held, len);
-        if (!(k->state == K_TOOLS ? parse_section(k) : parse_section3(k))) return;
+        const int ended = k->state == K_TOOLS ? parse_section(k) : parse_section3(k);
+        if (k->bad.len) { /* malformed calls: text */
+            srv_buf_add(content, k->bad.p, k->bad.len);
+            srv_buf_consume(&k->bad, k->bad.len);
+        }
+        if (!ended) return;
         k->state = K_CONTENT;
         srv_buf_add(&k->held, k->call.p, k->call.len); /* text after the section */
         srv_buf_consume(&k->call, k->call.len);
