@@ -2,13 +2,14 @@
 #   make          install missing Debian packages (as root), configure, build
 #   make run      build (quietly: only what is rebuilt is shown), then run the default model on the default prompt
 #   make test     build, then run every test (CTest); prints each test program's "N passed, N failed" line
+#   make fuzz     build the libFuzzer programs (clang) in build-fuzz and run each for FUZZ_SECONDS (tests/fuzz/README.md)
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 PROMPT ?= In the beginning God created the heaven and the earth. And the earth was
 MAXNEW ?= 32
 SHELL := /bin/bash
 
-.PHONY: all deps configure run test clean asan
+.PHONY: all deps configure run test clean asan fuzz
 
 all: configure
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
@@ -41,5 +42,9 @@ asan: deps
 	cmake -S . -B build-asan -DDF_ASAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 	cmake --build build-asan -j $(JOBS) -- --no-print-directory
 
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@./tools/fuzz.sh $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-fuzz

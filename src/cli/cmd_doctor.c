@@ -23,6 +23,9 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 static int line_open; /* a progress line without its newline is on stderr */
 
@@ -85,7 +88,10 @@ static const char *simd_features(void) {
     if (__builtin_cpu_supports("avx512vl")) strcat(buf, "avx512vl ");
     if (__builtin_cpu_supports("avx2")) strcat(buf, "avx2 ");
     if (__builtin_cpu_supports("fma")) strcat(buf, "fma ");
-    if (__builtin_cpu_supports("f16c")) strcat(buf, "f16c ");
+    {   /* F16C from cpuid itself: clang 14's __builtin_cpu_supports does not know "f16c" */
+        unsigned a, b, c, d;
+        if (__get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C)) strcat(buf, "f16c ");
+    }
     size_t n = strlen(buf);
     if (n) buf[n - 1] = 0; /* the space after the last name */
     else strcpy(buf, "none");

@@ -1,6 +1,6 @@
 /*
  * backend.c — runtime selection of the compute backend by name and CPU
- * features (cpuid via __builtin_cpu_supports), and weight byte accounting.
+ * features (cpuid via __builtin_cpu_supports, and cpuid.h for F16C), and weight byte accounting.
  */
 #include "backend.h"
 #include "cpu/cpu_internal.h"
@@ -10,10 +10,20 @@
 #include <stdio.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+/* F16C (CPUID leaf 1, ECX bit 29) from cpuid itself: not every compiler's __builtin_cpu_supports knows "f16c"
+ * (clang 14 does not) */
+static int have_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 static int have_avx2(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && have_f16c();
 #else
     return 0;
 #endif
