@@ -113,7 +113,8 @@ static void test_kimi(void) {
         const char *t = "A<|tool_calls_section_begin|><|tool_call_begin|>functions.get weather:0<|tool_call_argument_begin|>{}"
                         "<|tool_call_end|><|tool_call_begin|>functions.x:1<|tool_call_end|><|tool_call_begin|>functions.ok-1:2"
                         "<|tool_call_argument_begin|>{\"a\":2}<|tool_call_end|><|tool_calls_section_end|>B";
-        for (size_t i = 0; t[i]; i += 7) srv_kimi_push(&k, t + i, strlen(t + i) < 7 ? strlen(t + i) : 7, &r, &c);
+        const size_t tl = strlen(t);
+        for (size_t i = 0; i < tl; i += 7) srv_kimi_push(&k, t + i, tl - i < 7 ? tl - i : 7, &r, &c);
         srv_kimi_flush(&k, &r, &c);
         CHECK(k.n_calls == 1 && !strcmp(k.calls[0].name, "ok-1") && !strcmp(k.calls[0].arguments, "{\"a\":2}"),
               "malformed K2 calls skipped: %d calls", k.n_calls);
