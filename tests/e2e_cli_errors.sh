@@ -169,6 +169,14 @@ expect 1 "convert HF_DIR missing" "^deltafin convert: HF_DIR $TMP/nohf2: No such
     "$BIN" convert "$TMP/nohf2" "$TMP/conv-x"
 [ ! -e "$TMP/conv-x" ] && ok || bad "convert of a non-checkpoint created MODEL_DIR"
 expect 0 "convert --force" "" -- "$BIN" convert "$G" "$TMP/conv" --quiet --force
+# --force over a converted model with a card (README.md): the card goes with the old model; a user's README.md in a
+# directory that holds no model stays
+"$BIN" convert "$KM" "$TMP/card" --quiet && [ -f "$TMP/card/README.md" ] || bad "kimi-mini's convert copies its README.md"
+"$BIN" convert "$G" "$TMP/card" --quiet --force && [ ! -e "$TMP/card/README.md" ] && ok || bad "convert --force kept the old model's README.md"
+mkdir -p "$TMP/own" && echo mine >"$TMP/own/README.md"
+expect 1 "convert into a dir with the user's README.md" "MODEL_DIR .* is not empty" -- "$BIN" convert "$G" "$TMP/own" --quiet
+"$BIN" convert "$G" "$TMP/own" --quiet --force && grep -q mine "$TMP/own/README.md" && ok || bad "convert --force removed a user's README.md"
+rm -rf "$TMP/card" "$TMP/own"
 ls "$TMP/conv" | grep -q '\.s0\.pack' && bad "convert --force left stale stripe packs" || ok
 expect 2 "convert into the checkpoint dir" "checkpoint directory itself" -- "$BIN" convert "$G" "$G" --force
 expect 0 "run after convert --force" "" -- "$BIN" run --model "$TMP/conv" --prompt-ids 1,2 --max-new 2 --print-ids --quiet

@@ -18,8 +18,10 @@
 #include <unistd.h>
 
 /* Names deltafin writes into a model or pack directory (docs/native-format.md),
- * with or without the ".tmp" of an unfinished write; *is_tmp says which. */
-static int is_model_file(const char *name, int *is_tmp) {
+ * with or without the ".tmp" of an unfinished write; *is_tmp says which. card: README.md counts too (the
+ * checkpoint's model card, which convert copies: only in a directory that holds a model, manifest.json, so that a
+ * user's own README.md elsewhere is never taken for ours). */
+static int is_model_file(const char *name, int card, int *is_tmp) {
     static const char *const fixed[] = {"manifest.json", "spine.bin", "tokenizer.json", "tokenizer_config.json",
                                         "tiktoken.model", "chat_template.jinja", "special_tokens_map.json",
                                         "generation_config.json", "heat.bin"};
@@ -31,6 +33,7 @@ static int is_model_file(const char *name, int *is_tmp) {
     if (is_tmp) *is_tmp = tmp;
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
         if (!strcmp(base, fixed[i])) return 1;
+    if (card && !strcmp(base, "README.md")) return 1;
     return !fnmatch("experts-L*.pack", base, 0);
 }
 
@@ -51,6 +54,9 @@ enum { RM_NONE, RM_MODEL, RM_TMP };
 static int scan_dir(const char *dir, int remove, dir_scan *s) {
     memset(s, 0, sizeof *s);
     char p[4096];
+    struct stat mst;
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    const int card = stat(p, &mst) == 0; /* a model's directory: its README.md is the card convert copied */
     if (remove == RM_MODEL) {
         snprintf(p, sizeof p, "%s/manifest.json", dir);
         if (unlink(p) == 0) { s->model++; s->all++; }
@@ -64,7 +70,7 @@ static int scan_dir(const char *dir, int remove, dir_scan *s) {
         s->all++;
         if (!s->first[0]) snprintf(s->first, sizeof s->first, "%s", e->d_name);
         int tmp = 0;
-        if (!is_model_file(e->d_name, &tmp)) {
+        if (!is_model_file(e->d_name, card, &tmp)) {
             if (!s->first_other[0]) snprintf(s->first_other, sizeof s->first_other, "%s", e->d_name);
             continue;
         }
@@ -154,7 +160,7 @@ int cli_check_out_dirs(const char *cmd, const char *label, const char *out, cons
                     "%s writes a whole new model "
                     "and would leave old files mixed with it. Choose a new or empty directory, or pass --force to "
                     "delete the deltafin model files in it (manifest.json, spine.bin, experts-L*.pack, tokenizer "
-                    "files) and write there.\n",
+                    "files, a converted model's README.md) and write there.\n",
                     cmd, label, out, s.all, s.all == 1 ? "y" : "ies", s.first_model[0] ? s.first_model : s.first, s.model,
                     s.model == 1 ? "" : "s", why, cmd);
             return 1;
