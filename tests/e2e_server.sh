@@ -299,6 +299,15 @@ if start_server kimi --mock-kimi; then
     if node "$SRC/tests/server/tools.mjs" "http://127.0.0.1:$PORT/v1" mock-kimi >"$TMP/tools.out" 2>&1; then
         ok "Kimi reasoning + tool calls via the openai client ($(tail -1 "$TMP/tools.out"))"
     else cat "$TMP/tools.out"; bad "Kimi reasoning + tool calls"; fi
+    # sampled byte tokens (temperature 1) need not continue a character: the JSON stays valid UTF-8 (U+FFFD for
+    # ill-formed bytes), whole and streamed
+    for st in false true; do
+        curl -s -o "$TMP/k1.body" "http://127.0.0.1:$PORT/v1/chat/completions" -H "Content-Type: application/json" \
+            -d "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":300,\"seed\":1,\"stream\":$st}"
+        if python3 -c 'import sys; sys.stdin.buffer.read().decode("utf-8", "strict")' <"$TMP/k1.body"; then
+            ok "--mock-kimi at temperature 1 (stream $st): valid UTF-8"
+        else bad "--mock-kimi at temperature 1 (stream $st): the body is not valid UTF-8"; fi
+    done
     stop_server kimi
 else bad "the --mock-kimi server did not start"; fi
 

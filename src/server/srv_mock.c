@@ -86,20 +86,26 @@ static int k_token_bytes(srv_backend *b, int32_t id, char **out, size_t *len) {
     (*out)[*len] = 0;
     return 0;
 }
-typedef struct { char buf[8]; int n; } k_detok;
+typedef struct { char buf[8]; int n; } k_detok; /* bytes of an incomplete character (at most 3) */
 static void *k_detok_new(srv_backend *b) { return calloc(1, sizeof(k_detok)); }
 static int k_detok_push(void *p, int32_t id, char *out, size_t cap) {
     k_detok *d = p;
     if (id >= 256) return 0;
     d->buf[d->n++] = (char)id;
-    size_t ok = srv_utf8_complete_prefix(d->buf, (size_t)d->n);
-    if (ok == 0 && d->n < 4) return 0;
-    if (ok == 0) ok = (size_t)d->n; /* give up on an impossible sequence */
-    if (ok > cap) return -1;
-    memcpy(out, d->buf, ok);
+    /* whole characters out, an incomplete one (at most 3 bytes) held; ill-formed bytes become U+FFFD, as the
+     * engine's detokenizer makes them (a sampled byte token need not continue a character) */
+    const size_t ok = srv_utf8_complete_prefix(d->buf, (size_t)d->n);
+    if (ok == 0) return 0;
+    srv_buf b;
+    srv_buf_init(&b);
+    srv_utf8_sanitize(&b, d->buf, ok);
+    const int n = (int)b.len;
+    if (b.len > cap) { srv_buf_free(&b); return -1; }
+    memcpy(out, b.p, b.len);
+    srv_buf_free(&b);
     memmove(d->buf, d->buf + ok, (size_t)d->n - ok);
     d->n -= (int)ok;
-    return (int)ok;
+    return n;
 }
 static int k_detok_flush(void *p, char *out, size_t cap) {
     k_detok *d = p;
