@@ -360,6 +360,22 @@ else
         echo "--- KV reuse (server log):"
         grep 'completion json' "$TMP/model.log" | tail -2 | sed 's/^/    /'
     fi
+    # the log line's engine figures: a request alone gets its own; overlapping ones are marked as the batch's
+    if [ $MODE = model ]; then
+        curl -s -o /dev/null -d '{"prompt":"Alone","max_tokens":4,"temperature":0}' "$B/v1/completions"
+        grep 'completion json' "$TMP/model.log" | tail -1 | grep -q 'experts .* hits' \
+            && ! grep 'completion json' "$TMP/model.log" | tail -1 | grep -q 'shared with overlapping' \
+            && ok "a request alone: its own engine figures" || bad "a request alone: $(grep 'completion json' "$TMP/model.log" | tail -1)"
+        cp=()
+        for i in 1 2 3; do curl -s -o /dev/null -d "{\"prompt\":\"Together $i\",\"max_tokens\":24,\"temperature\":0}" "$B/v1/completions" & cp+=($!); done
+        wait "${cp[@]}"
+        n=$(grep 'completion json' "$TMP/model.log" | tail -3 | grep -c 'engine (shared with overlapping requests')
+        # two generations that overlap both say so (the later saw the other running, the earlier saw it start); when
+        # the machine ran the three one after another, none does
+        if [ "$n" -ge 2 ]; then ok "overlapping requests: $n of 3 log lines mark the engine figures as shared"
+        elif [ "$n" = 0 ]; then echo "--- the 3 concurrent requests did not overlap here: the shared mark not checked"
+        else bad "overlapping requests: $n of 3 lines marked: $(grep 'completion json' "$TMP/model.log" | tail -3)"; fi
+    fi
     # the live view: /store.json (a digit and two hex digits per expert, one entry per MoE layer) and the page
     # itself, run against this server, counting the same tiers
     curl -s "$B/store.json" >"$TMP/store.json"

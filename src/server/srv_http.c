@@ -39,6 +39,7 @@ typedef struct {
     pthread_cond_t cv;
     srv_job *qhead, *qtail;
     srv_job *running[SRV_MAX_PARALLEL]; /* the job of each worker, or NULL */
+    uint64_t n_started;                  /* generations started (a job's log line: did another overlap it?) */
     int n_workers;
     int n_responding;         /* generation requests not yet fully answered (drained at shutdown) */
     int stopping;
@@ -203,6 +204,7 @@ static void *worker_main(void *arg) {
         S.running[self] = j;
         int others = 0; /* engine statistics are reset for a generation that starts alone */
         for (int w = 0; w < S.n_workers; w++) others += w != self && S.running[w];
+        const uint64_t my_start = ++S.n_started;
         pthread_mutex_unlock(&S.mu);
 
         double t0 = srv_now();
@@ -243,13 +245,19 @@ static void *worker_main(void *arg) {
         if (S.be->stats) S.be->stats(S.be, &st); /* for /metrics always; for the log line and /health not when cancelled */
         const df_stats st_all = st;
         if (j->cancel) memset(&st, 0, sizeof st);
-        char extra[256] = "";
+        /* the engine's figures are this request's only when no other generation ran beside it (they are the
+         * engine's since the reset at its start); with overlapping requests they are the batch's, and the line says so */
+        pthread_mutex_lock(&S.mu);
+        const int overlapped = others || S.n_started != my_start;
+        pthread_mutex_unlock(&S.mu);
+        char extra[320] = "";
         if (st.prefill_tokens || st.decode_tokens) {
             char pre[64], dec[64];
             rate_text(pre, sizeof pre, "prefill", st.prefill_tokens, st.prefill_s);
             rate_text(dec, sizeof dec, "decode", st.decode_tokens, st.decode_s);
-            snprintf(extra, sizeof extra, "; %s, %s, experts %llu hits / %llu misses", pre, dec,
-                     (unsigned long long)st.expert_hits, (unsigned long long)st.expert_misses);
+            snprintf(extra, sizeof extra, "; %s%s, %s, experts %llu hits / %llu misses",
+                     overlapped ? "engine (shared with overlapping requests since the last one that ran alone): " : "",
+                     pre, dec, (unsigned long long)st.expert_hits, (unsigned long long)st.expert_misses);
         }
         /* a 400 here: the request's prompt failed a check (ids outside the vocabulary, no room in the context, ...);
          * it is logged and counted as the 400s of handle_generate: its reason, no generation figures, not in
