@@ -96,6 +96,9 @@ hdr "$B/v1/models" | grep -qi '^Access-Control-Allow-Origin: \*$' && ok "CORS: a
 expect "GET /v1/models without key -> 401" "$(code "$B/v1/models")" 401
 expect "401 error shape" "$(etype)" authentication_error
 expect "wrong key -> 401" "$(code -H "Authorization: Bearer nope" "$B/v1/models")" 401
+expect "key with a trailing space -> 200" "$(code -H "Authorization: Bearer $KEY " "$B/v1/models")" 200
+expect "key with a character more -> 401" "$(code -H "Authorization: Bearer ${KEY}x" "$B/v1/models")" 401
+expect "key's prefix -> 401" "$(code -H "Authorization: Bearer ${KEY%?}" "$B/v1/models")" 401
 expect "GET /models (no /v1)" "$(code -H "$AUTH" "$B/models")" 200
 expect "unknown URL -> 404" "$(code -H "$AUTH" "$B/v1/nothing")" 404
 expect "GET on a POST endpoint -> 405" "$(code -H "$AUTH" "$B/v1/chat/completions")" 405

@@ -184,7 +184,10 @@ static int key_ok(struct MHD_Connection *c) {
     if (h && !strncasecmp(h, "Bearer ", 7)) k = h + 7;
     if (!k) k = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
     if (!k) return 0;
+    /* a header value's surrounding spaces and tabs are not part of it (RFC 9110 5.5), nor extra spaces after "Bearer" */
+    while (*k == ' ' || *k == '\t') k++;
     size_t a = strlen(k), b = strlen(S.cfg.api_key);
+    while (a && (k[a - 1] == ' ' || k[a - 1] == '\t')) a--;
     unsigned diff = (unsigned)(a ^ b);
     for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(k[i] ^ S.cfg.api_key[i]);
     return diff == 0;
