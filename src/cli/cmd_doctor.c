@@ -230,6 +230,9 @@ int cmd_doctor(int argc, char **argv) {
             return 1;
         }
         printf("checksums: all OK\n");
+        if (status)
+            fprintf(stderr, "deltafin doctor: FAILED: the checksums are OK, but not the problems reported above%s%s%s\n",
+                    setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
         return auto_ok ? status : 1;
     }
     /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
@@ -256,5 +259,8 @@ int cmd_doctor(int argc, char **argv) {
         return 1;
     }
     printf("checksums: all OK\n");
+    if (status) /* the checksums are not all a doctor checks: the exit status says so too */
+        fprintf(stderr, "deltafin doctor: FAILED: the checksums are OK, but not the problems reported above%s%s%s\n",
+                setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
     return auto_ok ? status : 1;
 }

@@ -522,7 +522,12 @@ int cmd_run(int argc, char **argv) {
     } else {
         /* tokenize first: the KV reserve inside --ram-budget is then the prompt's real token count */
         if (!cli_is_file(model, "tokenizer.json") && !cli_is_file(model, "tiktoken.model")) {
-            fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model);
+            char fix[4096];
+            if (cli_setup_install(model, fix, sizeof fix, NULL, 0)) /* an install of setup lost its tokenizer: damage */
+                fprintf(stderr, "deltafin run: model %s is an install of `deltafin setup` and its tokenizer (tokenizer.json / "
+                        "tiktoken.model) is missing: the install is damaged; `%s` repairs it\n", model, fix);
+            else
+                fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model);
             free(prompt_buf);
             return 1;
         }
