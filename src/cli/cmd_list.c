@@ -64,8 +64,8 @@ int cmd_list(int argc, char **argv) {
         struct stat st;
         if (stat(man, &st) != 0) snprintf(state, sizeof state, "MISSING (run setup again)");
         else if (stream_is_streamed(e->model)) {
-            double f = stream_local_fraction(e->model);
-            if (f >= 0) snprintf(state, sizeof state, "streamed %.1f%%", 100.0 * f);
+            const double f = stream_local_percent(e->model);
+            if (f >= 0) snprintf(state, sizeof state, "streamed %.1f%%", f);
             else snprintf(state, sizeof state, "streamed");
         }
         else snprintf(state, sizeof state, "full");

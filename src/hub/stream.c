@@ -242,7 +242,7 @@ static int load_state(const char *dir, int L, int E, int *fd, uint8_t **present,
     return 0;
 }
 
-double stream_local_fraction(const char *model_dir) {
+double stream_local_percent(const char *model_dir) {
     char p[4200];
     snprintf(p, sizeof p, "%s/stream-state.bin", model_dir);
     char *b = NULL;
@@ -265,7 +265,7 @@ double stream_local_fraction(const char *model_dir) {
         df_native *nat = NULL;
         if (native_open(&nat, man, NULL, 0) == 0) {
             uint64_t tot = (uint64_t)nat->n_moe_layers * (uint64_t)nat->n_experts;
-            f = tot ? (double)have / (double)tot : 1.0;
+            f = tot ? 100.0 * (double)have / (double)tot : 100.0; /* as stream_print_stats computes it: the same rounding */
             native_close(nat);
         }
     }

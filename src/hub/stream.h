@@ -67,8 +67,9 @@ int stream_drop_spine(const char *dir, const char *file, uint64_t *dropped, char
 int stream_verify_local(stream_src *s, uint64_t *n_ok, uint64_t *n_bad, FILE *f);
 /* Close (after the model that used it is closed). */
 void stream_close(stream_src *s);
-/* Share of routed experts present locally, from stream-state.bin; -1 when unreadable. */
-double stream_local_fraction(const char *model_dir);
+/* Percentage of routed experts present locally (100 x present / all, as stream_print_stats prints it, so both round
+ * alike), from stream-state.bin; -1 when unreadable. */
+double stream_local_percent(const char *model_dir);
 
 /* Used by `setup --stream` after converting the sparse checkpoint: punch holes over the packs (no
  * expert is local yet) and write stream.json (json_text) and an all-missing stream-state.bin. */
