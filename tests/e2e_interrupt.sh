@@ -301,7 +301,7 @@ done <<'EOF'
 --top-k 65 --experts 64|--top-k 65 is more than --experts 64
 --experts 10 --n-group 3|--experts 10 is not a multiple of --n-group 3
 --topk-group 2|--topk-group 2 is more than --n-group 1
---hidden 100|--hidden 100 (the experts' width) must be a multiple of 32 for --encoding mxfp4
+--hidden 100|--hidden 100 (the experts' input width) must be a multiple of 32 for --encoding mxfp4
 --moe-inter 100|--moe-inter 100 must be a multiple of 32
 --dense 8|--dense 8 leaves no MoE layer with --layers 8
 --size 12x|--size "12x"
@@ -321,6 +321,8 @@ out=$("$BIN" synth "$TMP/u" --layers 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "^deltafin synth: --layers needs a value" && ok || bad "missing value: rc $rc $out"
 out=$("$BIN" synth 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "OUT_DIR missing" && ok || bad "no OUT_DIR: rc $rc $out"
+out=$("$BIN" synth "" 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q '^deltafin synth: OUT_DIR "": expected a directory' && ok || bad "empty OUT_DIR: rc $rc $out"
 
 # ---- docs/cli.md shows each of these commands' --help as it is
 for c in convert synth doctor; do

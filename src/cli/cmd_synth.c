@@ -1117,6 +1117,10 @@ int cmd_synth(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (!o.out[0]) {
+        fprintf(stderr, "deltafin synth: OUT_DIR \"\": expected a directory (usage: deltafin synth OUT_DIR [options])\n");
+        return 2;
+    }
     if (k3_flag && o.arch != SYNTH_K3) {
         fprintf(stderr, "deltafin synth: %s %s: the kimi_k3 options (--latent, --kda-heads, --kda-head-dim) need --arch kimi_k3\n",
                 k3_flag, k3_val);
@@ -1139,7 +1143,7 @@ int cmd_synth(int argc, char **argv) {
         return 2;
     }
     if (quant && expert_width(&o) % 32) {
-        fprintf(stderr, "deltafin synth: %s %d (the experts' width) must be a multiple of 32 for --encoding %s\n", wflag,
+        fprintf(stderr, "deltafin synth: %s %d (the experts' input width) must be a multiple of 32 for --encoding %s\n", wflag,
                 expert_width(&o), df_wtype_name(o.enc));
         return 2;
     }
