@@ -121,6 +121,9 @@ head -c 2000000 /dev/zero | tr '\0' 'a' | sed 's/^/{"prompt":"/; s/$/"}/' >"$TMP
 expect "2 MB body over --max-request-bytes 1M -> 413" "$(code "${P[@]}" --data-binary @"$TMP/big.json" "$B/v1/completions")" 413
 expect "chunked 2 MB body -> 413" "$(code "${P[@]}" -H "Transfer-Encoding: chunked" --data-binary @"$TMP/big.json" "$B/v1/completions")" 413
 expect "unknown model -> 404" "$(code "${P[@]}" -d '{"model":"gpt-9","prompt":"a"}' "$B/v1/completions")" 404
+expect "unknown model: invalid_request_error / model_not_found" "$(node -e 'const e=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).error; console.log(e.type+"/"+e.code)' "$TMP/body")" "invalid_request_error/model_not_found"
+expect "GET /v1/models/gpt-9 -> 404" "$(code -H "$AUTH" "$B/v1/models/gpt-9")" 404
+expect "GET /v1/models/gpt-9: invalid_request_error / model_not_found" "$(node -e 'const e=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).error; console.log(e.type+"/"+e.code)' "$TMP/body")" "invalid_request_error/model_not_found"
 eparam() { node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));
   console.log(j.error.param + " | " + j.error.message)' "$TMP/body" 2>/dev/null || echo "not-an-openai-error"; }
 # a NUL character (\u0000) would cut the string short (cJSON): 400 naming the field, never a truncated prompt

@@ -498,7 +498,12 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, const char *one) 
     if (one && strcmp(one, S.be->name)) {
         char m[400];
         snprintf(m, sizeof m, "The model '%.300s' does not exist.", one);
-        return send_error(c, 404, m, "model", "model_not_found");
+        /* as a generation request naming it: invalid_request_error / model_not_found (the OpenAI API's answer) */
+        char *e = srv_error_json(m, "invalid_request_error", "model", "model_not_found");
+        enum MHD_Result ok = send_body(c, 404, "application/json", e, NULL);
+        free(e);
+        if (S.cfg.verbose) fprintf(stderr, "serve: 404 %s\n", m);
+        return ok;
     }
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", S.be->name);
