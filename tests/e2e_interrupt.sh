@@ -313,6 +313,7 @@ done <<'EOF'
 --latent 512|--latent 512: the kimi_k3 options
 --stripe-weights 1,2|--stripe-weights "1,2" needs --expert-dirs
 --expert-dirs a,,b|--expert-dirs "a,,b"
+--expert-dirs a,b/,a|--expert-dirs "a,b/,a": the directory a is named twice
 --hidden --dry-run|--hidden needs a value (found the option --dry-run
 --bogus 1|unknown option '--bogus' (see deltafin synth --help)
 extra|unexpected argument "extra"
@@ -321,6 +322,11 @@ out=$("$BIN" synth "$TMP/u" --layers 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "^deltafin synth: --layers needs a value" && ok || bad "missing value: rc $rc $out"
 out=$("$BIN" synth 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "OUT_DIR missing" && ok || bad "no OUT_DIR: rc $rc $out"
+out=$("$BIN" synth "$TMP/u" --expert-dirs "" 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q '^deltafin synth: --expert-dirs "": expected' && [ ! -e "$TMP/u" ] && ok || bad "empty --expert-dirs: rc $rc $out"
+out=$("$BIN" convert "$SRC/models/kimi-mini" "$TMP/u" --expert-dirs "$TMP/d1,$TMP/d1/" 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "^deltafin convert: --expert-dirs .*: the directory $TMP/d1 is named twice" && [ ! -e "$TMP/u" ] && [ ! -e "$TMP/d1" ] \
+    && ok || bad "convert with a directory twice in --expert-dirs: rc $rc $out"
 out=$("$BIN" synth "" 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q '^deltafin synth: OUT_DIR "": expected a directory' && ok || bad "empty OUT_DIR: rc $rc $out"
 

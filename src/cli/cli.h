@@ -16,6 +16,9 @@ int cmd_synth(int argc, char **argv);
  * force the deltafin files there are removed first (manifest.json first). `cmd` names
  * the command in messages. Returns 0, or the exit status (1) after printing why. */
 int cli_check_out_dirs(const char *cmd, const char *label, const char *out, const char *expert_dirs, int force, int quiet);
+/* outdir.c: --expert-dirs "D1,D2,...": 1..16 non-empty names, none twice (trailing slashes aside). 0, or 2 (a usage
+ * error) after printing "deltafin CMD: --expert-dirs ..." on stderr. */
+int cli_check_expert_dirs(const char *cmd, const char *dirs);
 /* cli_args.c: "4G", "512M", "100K", "1.5GiB", "12345" -> bytes (powers of 1024; an optional
  * "i" and "B" after the unit). 0, or -1 for anything else (trailing text, negative, overflow). */
 int cli_parse_size(const char *s, uint64_t *out);

@@ -152,6 +152,7 @@ int cmd_convert(int argc, char **argv) {
                 !*pos[0] ? "HF_DIR" : "MODEL_DIR");
         return 2;
     }
+    if (cli_check_expert_dirs("convert", o.expert_dirs)) return 2;
     {
         char a[4096], b[4096];
         if (realpath(pos[0], a) && realpath(pos[1], b) && !strcmp(a, b)) {

@@ -1198,14 +1198,7 @@ int cmd_synth(int argc, char **argv) {
             return 2;
         }
     }
-    if (o.expert_dirs) {
-        int nd = 1;
-        for (const char *q = o.expert_dirs; *q; q++) nd += *q == ',';
-        if (nd > 16 || strstr(o.expert_dirs, ",,") || o.expert_dirs[0] == ',' || o.expert_dirs[strlen(o.expert_dirs) - 1] == ',') {
-            fprintf(stderr, "deltafin synth: --expert-dirs \"%s\": expected 1..16 directories separated by commas\n", o.expert_dirs);
-            return 2;
-        }
-    }
+    if (cli_check_expert_dirs("synth", o.expert_dirs)) return 2;
     const uint64_t spine_bytes = spine_estimate(&o), expert_bytes = per_layer * (uint64_t)(o.layers - o.dense);
     if (o.dry_run) { /* the plan only: nothing is written */
         uint64_t tot = spine_bytes + expert_bytes;

@@ -211,3 +211,35 @@ int cli_check_out_dirs(const char *cmd, const char *label, const char *out, cons
     free(cp);
     return rc;
 }
+
+int cli_check_expert_dirs(const char *cmd, const char *dirs) {
+    if (!dirs) return 0;
+    int nd = 1;
+    for (const char *q = dirs; *q; q++) nd += *q == ',';
+    const size_t n = strlen(dirs);
+    if (!n || nd > 16 || strstr(dirs, ",,") || dirs[0] == ',' || dirs[n - 1] == ',') {
+        fprintf(stderr, "deltafin %s: --expert-dirs \"%s\": expected 1..16 directories separated by commas\n", cmd, dirs);
+        return 2;
+    }
+    /* the same directory twice (trailing slashes aside) would hold two stripes of every expert on one drive */
+    const char *a = dirs;
+    for (int i = 0; i < nd; i++) {
+        const char *ae = strchr(a, ',');
+        size_t al = ae ? (size_t)(ae - a) : strlen(a);
+        while (al > 1 && a[al - 1] == '/') al--;
+        const char *b = ae ? ae + 1 : a + strlen(a);
+        for (int j = i + 1; j < nd; j++) {
+            const char *be = strchr(b, ',');
+            size_t bl = be ? (size_t)(be - b) : strlen(b);
+            while (bl > 1 && b[bl - 1] == '/') bl--;
+            if (al == bl && !memcmp(a, b, al)) {
+                fprintf(stderr, "deltafin %s: --expert-dirs \"%s\": the directory %.*s is named twice; name each drive's "
+                        "directory once\n", cmd, dirs, (int)al, a);
+                return 2;
+            }
+            b = be ? be + 1 : b + strlen(b);
+        }
+        a = ae ? ae + 1 : a + strlen(a);
+    }
+    return 0;
+}
