@@ -703,5 +703,38 @@ out=$("${R[@]}" --prompt-ids 5 --max-new 1 --stats --prefetch on 2>&1 >/dev/null
 out=$("${R[@]}" --prompt-ids 5 --max-new 2 --stats --prefetch on 2>&1 >/dev/null); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "lookahead on for [01] of 1 decode steps" && ok || bad "--max-new 2 --stats: want 1 decode step: rc $rc $out"
 
+# ---- bench trial: did-you-mean only for a likely typo; bench cache / store against a trace of another model, a
+# --cache too small for top-k (said before the I/O benchmarks, naming --cache), --slots defaults that fit the model;
+# bench project's temporary events file removed on SIGINT / SIGTERM
+expect 2 "bench foo: no suggestion" "^deltafin bench: unknown benchmark 'foo' \(io, decode," -- "$BIN" bench foo
+expect 2 "bench decod: did you mean" "^deltafin bench: unknown benchmark 'decod', did you mean 'bench decode'\?" -- "$BIN" bench decod
+expect 2 "bench prefil: did you mean" "^deltafin bench: unknown benchmark 'prefil', did you mean 'bench prefill'\?" -- "$BIN" bench prefil
+SMALL=(--hidden 512 --moe-inter 256 --layers 3 --vocab 512 --heads 4 --inter 512 --q-lora 64 --kv-lora 64 --quiet)
+"$BIN" synth "$TMP/bt8" --experts 8 "${SMALL[@]}" >/dev/null 2>&1
+"$BIN" synth "$TMP/bt16" --experts 16 "${SMALL[@]}" >/dev/null 2>&1
+"$BIN" run --model "$TMP/bt16" --prompt-ids 1,2,3,4 --max-new 8 --quiet --events "$TMP/bt16-ev.jsonl" >/dev/null 2>&1
+"$BIN" run --model "$TMP/bt8" --prompt-ids 1,2,3,4 --max-new 4 --quiet --events "$TMP/bt8-ev.jsonl" >/dev/null 2>&1
+for c in "cache --slots 8,16" "store --io-seconds 30"; do
+    out=$("$BIN" bench $c --model "$TMP/bt8" --trace "$TMP/bt16-ev.jsonl" 2>&1 </dev/null); rc=$?; c=${c%% *}
+    [ $rc -eq 1 ] && echo "$out" | grep -Eq "^deltafin bench $c: --trace $TMP/bt16-ev.jsonl: layer [0-9]+ expert [0-9]+ is not a routed expert of synth-mxfp4-3x8 \(.*the trace was recorded on another model\?\)$" \
+        && [ "$(echo "$out" | wc -l)" -eq 1 ] && ! echo "$out" | grep -q store_acquire && ok || bad "bench $c: a trace of another model: rc $rc $out"
+done
+expect 1 "bench cache --train of another model" "^deltafin bench cache: --train $TMP/bt16-ev.jsonl: layer [0-9]+ expert [0-9]+ is not a routed expert" -- \
+    "$BIN" bench cache --model "$TMP/bt8" --trace "$TMP/bt8-ev.jsonl" --train "$TMP/bt16-ev.jsonl" --slots 8
+out=$("$BIN" bench store --model "$TMP/bt8" --trace "$TMP/bt8-ev.jsonl" --cache 1K --io-seconds 30 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -Eq "^deltafin bench store: --cache 1K holds 0 expert slots .*give at least [0-9]+ bytes \(--cache [0-9]+K\)$" \
+    && ! echo "$out" | grep -q -- "--ram-budget" && ! echo "$out" | grep -q "bench io" && ok || bad "bench store --cache 1K: rc $rc $out"
+expect 0 "bench cache without --slots on a 2 x 8-expert model" "^ +16 +100.0%" -- "$BIN" bench cache --model "$TMP/bt8" --trace "$TMP/bt8-ev.jsonl"
+for sig in INT TERM; do
+    out=$( (set -m; "$BIN" bench project --drives 2 --gbps 1 --model "$TMP/bt8" --tokens 2 --io-seconds 5 >/dev/null 2>&1 & pid=$!
+            for _ in $(seq 100); do [ -e "/tmp/df_bench_project_$pid.jsonl" ] && break; sleep 0.1; done
+            seen=$([ -e "/tmp/df_bench_project_$pid.jsonl" ] && echo yes || echo no)
+            kill -$sig $pid; wait $pid; rc=$?; sleep 0.2
+            left=$([ -e "/tmp/df_bench_project_$pid.jsonl" ] && echo yes || echo no); rm -f "/tmp/df_bench_project_$pid.jsonl"
+            echo "rc=$rc seen=$seen left=$left") 2>/dev/null )
+    want=$([ $sig = INT ] && echo 130 || echo 143)
+    [ "$out" = "rc=$want seen=yes left=no" ] && ok || bad "bench project on SIG$sig: its temporary events file: $out (want rc=$want seen=yes left=no)"
+done
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

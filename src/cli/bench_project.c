@@ -29,11 +29,53 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* The events file of the bench decode run (--model without --from), a temporary: removed when the run ends, also
+ * when SIGINT / SIGTERM / SIGHUP ends it (the handler removes it and re-raises the signal under its default
+ * disposition, so the exit status stays 128 + the signal) or something calls exit() */
+static char g_tmp_events[128];
+static const int g_tmp_sigs[] = {SIGINT, SIGTERM, SIGHUP};
+static struct sigaction g_tmp_old[3];
+
+static void tmp_events_remove(void) {
+    if (g_tmp_events[0]) unlink(g_tmp_events);
+}
+
+static void tmp_events_signal(int sig) {
+    if (g_tmp_events[0]) unlink(g_tmp_events); /* async-signal-safe */
+    signal(sig, SIG_DFL);
+    raise(sig); /* delivered when this handler returns: the process ends by the signal */
+}
+
+/* from here on the temporary at path is removed however the process ends (but kill -9) */
+static void tmp_events_guard(const char *path) {
+    static int registered;
+    if (!registered) registered = !atexit(tmp_events_remove);
+    snprintf(g_tmp_events, sizeof g_tmp_events, "%s", path);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = tmp_events_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; i++) {
+        sigaction(g_tmp_sigs[i], NULL, &g_tmp_old[i]);
+        /* a signal ignored by the parent (nohup, `cmd &` without job control) stays ignored */
+        if (g_tmp_old[i].sa_handler != SIG_IGN) sigaction(g_tmp_sigs[i], &sa, NULL);
+    }
+}
+
+/* the temporary removed and the previous handlers back */
+static void tmp_events_done(void) {
+    if (!g_tmp_events[0]) return;
+    unlink(g_tmp_events);
+    for (int i = 0; i < 3; i++) sigaction(g_tmp_sigs[i], &g_tmp_old[i], NULL);
+    g_tmp_events[0] = 0;
+}
 
 typedef struct {
     const char *name;
@@ -335,6 +377,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     char tmp_events[128] = "";
     if (model && !from) {
         snprintf(tmp_events, sizeof tmp_events, "/tmp/df_bench_project_%d.jsonl", (int)getpid());
+        tmp_events_guard(tmp_events); /* before the decode run creates it */
         char tok[16];
         snprintf(tok, sizeof tok, "%d", tokens);
         char *dv[32];
@@ -350,7 +393,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         fflush(stdout);
         int rc = decode(dn, dv);
         if (rc) {
-            unlink(tmp_events);
+            tmp_events_done();
             fprintf(stderr, "deltafin bench project: the bench decode run failed (exit %d); give the inputs instead "
                             "(--hit-rate, --compute-ms-per-layer, ...)\n", rc);
             return 1;
@@ -361,10 +404,10 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     char err[2048] = "";
     if (from && read_events(from, &ev, err, sizeof err)) {
         fprintf(stderr, "deltafin bench project: %s\n", err);
-        if (tmp_events[0]) unlink(tmp_events);
+        tmp_events_done();
         return 1;
     }
-    if (tmp_events[0]) unlink(tmp_events);
+    tmp_events_done();
     /* the measured model's geometry: from its manifest when we have it, else from the events */
     int m_layers = 0, m_experts = 0, m_moe = 0, m_hidden = 0;
     const char *geom = "events";

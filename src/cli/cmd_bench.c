@@ -672,6 +672,26 @@ static int trace_load_msg(const char *cmd, const char *path, trace *t) {
 
 static void trace_free(trace *t) { free(t->layer); free(t->off); free(t->n); free(t->ids); }
 
+/* Every acquisition of a trace names a routed expert of the model (a MoE layer, an expert id below its count), else
+ * "deltafin bench CMD: FLAG FILE: layer L expert E is not a routed expert of MODEL (...)" and 1 (the exit status):
+ * checked before anything is printed or measured, as a trace recorded on another model fails at its first
+ * foreign expert */
+static int trace_check(const char *cmd, const char *flag, const char *path, const trace *t, const df_native *nat) {
+    for (int i = 0; i < t->n_acq; i++) {
+        const int L = t->layer[i];
+        const int moe = L >= 0 && L < nat->cfg.num_hidden_layers && nat->by_layer && nat->by_layer[L];
+        for (int c = 0; c < t->n[i]; c++) {
+            const int x = t->ids[t->off[i] + c];
+            if (moe && x >= 0 && x < nat->n_experts) continue;
+            fprintf(stderr, "deltafin bench %s: %s %s: layer %d expert %d is not a routed expert of %s (%d MoE layer%s x %d "
+                            "experts; the trace was recorded on another model?)\n", cmd, flag, path, L, x, nat->name,
+                    nat->n_moe_layers, nat->n_moe_layers == 1 ? "" : "s", nat->n_experts);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Replay a trace through the store; returns the hit rate or -1. */
 static double g_decay; /* bench cache --decay */
 
@@ -720,7 +740,7 @@ static int parse_slots(const char *s, int *out, int cap) {
 
 static int bench_cache(int argc, char **argv) {
     const char *model = NULL, *cache_dir = NULL, *test = NULL, *train = NULL;
-    int slots[MAX_SLOTS] = {64}, n_slots = 1;
+    int slots[MAX_SLOTS] = {64}, n_slots = 1, slots_given = 0;
     double hot = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -749,6 +769,7 @@ static int bench_cache(int argc, char **argv) {
                 fprintf(stderr, "deltafin bench cache: --slots \"%s\": expected up to %d comma-separated integers >= 1\n", v, MAX_SLOTS);
                 return 2;
             }
+            slots_given = 1;
         }
         else if (!strcmp(a, "--hot-fraction")) { if (want_num("cache", a, v, 0, 1, 0, &hot)) return 2; }
         else if (!strcmp(a, "--decay")) { if (want_num("cache", a, v, 0, 1, 1, &g_decay)) return 2; }
@@ -762,6 +783,19 @@ static int bench_cache(int argc, char **argv) {
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench cache: %s\n", err); return 1; }
     const int total = nat->n_moe_layers * nat->n_experts, topk = nat->cfg.num_experts_per_tok;
+    if (total < 1) {
+        fprintf(stderr, "deltafin bench cache: %s has no routed experts to cache\n", model);
+        native_close(nat);
+        return 1;
+    }
+    char slots_note[160] = "";
+    if (!slots_given && (slots[0] < topk || slots[0] > total)) {
+        /* no --slots: the default 64, clamped into what this model allows */
+        const int d = slots[0];
+        slots[0] = d < topk ? topk : total;
+        snprintf(slots_note, sizeof slots_note, " (no --slots: the default %d is %s this model's [%d, %d])", d,
+                 d < topk ? "below" : "beyond", topk, total);
+    }
     for (int k = 0; k < n_slots; k++) {
         if (slots[k] < topk || slots[k] > total) {
             fprintf(stderr, "deltafin bench cache: --slots %d: expected a count in [%d, %d] for this model (at least its %d experts "
@@ -774,11 +808,14 @@ static int bench_cache(int argc, char **argv) {
     trace tt, tr;
     if (trace_load_msg("cache", test, &tt)) { native_close(nat); return 1; }
     if (trace_load_msg("cache", train ? train : test, &tr)) { trace_free(&tt); native_close(nat); return 1; }
+    if (trace_check("cache", "--trace", test, &tt, nat) || (train && trace_check("cache", "--train", train, &tr, nat))) {
+        trace_free(&tt); trace_free(&tr); native_close(nat); return 1;
+    }
     char heat[64];
     snprintf(heat, sizeof heat, "/tmp/df_bench_heat_%d.bin", (int)getpid());
     int rc = 0;
-    printf("bench cache: %s, trace %s (%d acquisitions), heat from %s (%s)\n", model, test, tt.n_acq,
-           train ? train : test, train ? "held-out" : "in-sample");
+    printf("bench cache: %s, trace %s (%d acquisitions), heat from %s (%s)%s\n", model, test, tt.n_acq,
+           train ? train : test, train ? "held-out" : "in-sample", slots_note);
     printf("  %8s %8s %10s %10s %12s\n", "slots", "of all", "LRU", "LRFU", "LRFU+heat");
     for (int k = 0; k < n_slots && !rc; k++) {
         const int slot = slots[k];
@@ -805,7 +842,7 @@ static int bench_cache(int argc, char **argv) {
  * layer as the engine does it (request all of the layer's experts on demand,
  * then acquire / release each), against bench io measured in the same run. */
 static int bench_store(int argc, char **argv) {
-    const char *model = NULL, *cache_dir = NULL, *test = NULL;
+    const char *model = NULL, *cache_dir = NULL, *test = NULL, *cache_arg = "";
     uint64_t cache = 0;
     int qd = 16, uring = 1, nodrop = 0, have_cache = 0;
     double io_seconds = 5;
@@ -830,7 +867,7 @@ static int bench_store(int argc, char **argv) {
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench store", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--trace")) test = v;
-        else if (!strcmp(a, "--cache")) { if (want_size("store", a, v, &cache)) return 2; have_cache = 1; }
+        else if (!strcmp(a, "--cache")) { if (want_size("store", a, v, &cache)) return 2; have_cache = 1; cache_arg = v; }
         else if (!strcmp(a, "--qd")) { if (want_int("store", a, v, 1, BENCH_MAX_QD, &qd)) return 2; }
         else if (!strcmp(a, "--io-seconds")) { if (want_num("store", a, v, 0, BENCH_MAX_SECONDS, 1, &io_seconds)) return 2; }
         i++;
@@ -844,8 +881,19 @@ static int bench_store(int argc, char **argv) {
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench store: %s\n", err); return 1; }
     trace tt;
     if (trace_load_msg("store", test, &tt)) { native_close(nat); return 1; }
-    uint64_t experts = (uint64_t)nat->n_moe_layers * nat->n_experts * store_slot_bytes(nat);
-    if (!have_cache) cache = experts / 4;
+    if (trace_check("store", "--trace", test, &tt, nat)) { trace_free(&tt); native_close(nat); return 1; }
+    const uint64_t slot_bytes = store_slot_bytes(nat), need = (uint64_t)nat->cfg.num_experts_per_tok * slot_bytes;
+    uint64_t experts = (uint64_t)nat->n_moe_layers * nat->n_experts * slot_bytes;
+    if (!have_cache) cache = experts / 4 > need ? experts / 4 : need; /* a small model: at least one token's experts */
+    /* the cache must hold one token's experts (top-k slots), as the store checks when it opens: said here, before
+     * the I/O benchmarks (2 x --io-seconds) rather than after them */
+    if (nat->n_moe_layers > 0 && cache / slot_bytes < (uint64_t)nat->cfg.num_experts_per_tok) {
+        fprintf(stderr, "deltafin bench store: --cache %s holds %llu expert slots of %llu bytes but one token needs "
+                        "top-k = %d: give at least %llu bytes (--cache %lluK)\n", cache_arg,
+                (unsigned long long)(cache / slot_bytes), (unsigned long long)slot_bytes, nat->cfg.num_experts_per_tok,
+                (unsigned long long)need, (unsigned long long)((need + 1023) / 1024));
+        trace_free(&tt); native_close(nat); return 2;
+    }
     char dirs[4096];
     bench_pack_dirs(nat, dirs, sizeof dirs);
     int dropped = nodrop ? 0 : bench_drop_caches(model, dirs);
@@ -927,6 +975,21 @@ int bench_prefill(int argc, char **argv);
 /* bench_batch.c: `bench batch` */
 int bench_batch(int argc, char **argv);
 
+/* Levenshtein distance of a and b (each cut at 31 bytes): how far an unknown benchmark name is from a known one */
+static int name_distance(const char *a, const char *b) {
+    int la = (int)strnlen(a, 31), lb = (int)strnlen(b, 31), d[32][32];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
 int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
@@ -955,6 +1018,13 @@ int cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "project")) return bench_project(argc - 2, argv + 2, bench_decode);
     static const char *const names[] = {"io", "decode", "prefill", "batch", "machine", "kernels", "cache", "store", "project", NULL};
     const char *best = cli_closest(argv[1], names);
+    /* a suggestion only for a likely typo: a few edits relative to the word's length (bench decod, bench prefil),
+     * or the start of a name (bench bat); not an unrelated short word (bench foo is 2 edits from io) */
+    if (best) {
+        const size_t la = strlen(argv[1]);
+        const int near = name_distance(argv[1], best) <= (la / 3 > 1 ? (int)(la / 3) : 1);
+        if (!near && !(la >= 3 && !strncmp(best, argv[1], la))) best = NULL;
+    }
     char hint[64] = "", list[128] = "";
     if (best) snprintf(hint, sizeof hint, ", did you mean 'bench %s'?", best);
     for (int i = 0; names[i]; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
