@@ -21,11 +21,12 @@
  * under the caller's previous disposition (DF_ECANCELLED if that returns); one that
  * comes after the last point where it can stop keeps the complete conversion and is
  * raised again the same way. The process then holds a shared flock on the
- * conversion's directory until it ends. After a new conversion, while the source's
- * key is unchanged, the cache's stale conversions of it are removed, each reported on
- * stderr: complete ones of the same source directory and mode made before its files
- * changed, and unfinished ones a killed run left; never one a process holds (that
- * shared flock) or is writing. On success out_dir holds the native model directory.
+ * conversion's directory until it ends. After a new conversion (and when a run finds
+ * its conversion complete), while the source's key is unchanged, the cache's stale
+ * conversions of it are removed, each reported on stderr: complete ones of the same
+ * source directory, in any spine mode, made before its files changed (one whose key
+ * matches the current files stays), and unfinished ones a killed run left; never one
+ * a process holds (that shared flock) or is writing. On success out_dir holds the native model directory.
  * cache_root NULL -> $XDG_CACHE_HOME/deltafin (when absolute) or $HOME/.cache/deltafin. */
 int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
                    char *out_dir, size_t out_len, char *err, size_t errlen);

@@ -30,6 +30,8 @@ static int relevant(const char *n) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+static uint64_t source_key(const char *abs, df_spine_mode spine);
+
 /* The progress callback of a cached conversion: the caller's, and a stop when SIGINT / SIGTERM / SIGHUP arrived. */
 typedef struct {
     df_progress_fn fn;
@@ -88,26 +90,44 @@ static void hold_reader(const char *dir) {
     /* else the descriptor stays open (and locked) for the life of the process */
 }
 
-/* Once the checkpoint at abs has its conversion root/name (a new one, or one found complete; key still current: its
- * files did not change again meanwhile), the cache's other conversions of it with the same spine mode are stale (no run
- * can ask for their key):
- *   - complete ones whose manifest.json names abs as "source"."dir" and the same "spine_mode", made before its files
- *     changed;
- *   - partial ones (no manifest.json) of a checkpoint with the same directory name, left by a killed run (no process
- *     holds their lock file).
- * Each is removed and reported on stderr unless a process is using it (a shared lock on the directory: hold_reader;
- * a complete one is then reported as kept, and a later run removes it once unused), is writing it (its lock file), or
- * it holds anything but regular files. */
-static void prune_stale(const char *root, const char *name, const char *abs, const char *base, const char *mode) {
+/* Once the checkpoint at abs has its conversion root/name in spine mode spine (a new one, or one found complete; key
+ * still current: its files did not change again meanwhile), the cache's other conversions of it are stale in every
+ * spine mode (no run can ask for their key):
+ *   - complete ones whose manifest.json names abs as "source"."dir", in the same spine mode (any other key than
+ *     name's), or in another mode with a key other than that mode's key of abs's current files (a conversion whose key
+ *     is still current stays, whatever its mode): made before its files changed;
+ *   - partial ones (no manifest.json) of a checkpoint with the same directory name, in any spine mode, left by a
+ *     killed run (no process holds their lock file).
+ * A checkpoint moved elsewhere names another "source"."dir": its old conversions stay. Each stale one is removed and
+ * reported on stderr unless a process is using it (a shared lock on the directory: hold_reader; a complete one is
+ * then reported as kept, and a later run removes it once unused), is writing it (its lock file), or it holds anything
+ * but regular files. */
+static void prune_stale(const char *root, const char *name, const char *abs, const char *base, df_spine_mode spine) {
     DIR *d = opendir(root);
     if (!d) return;
-    const size_t ml = strlen(mode), bl = strlen(base);
+    static const df_spine_mode modes[] = {DF_SPINE_SOURCE, DF_SPINE_BF16, DF_SPINE_INT8};
+    enum { NMODES = sizeof modes / sizeof modes[0] };
+    /* the current key of abs in each other mode, computed when first needed ("" when its files cannot be read: then
+     * no conversion of that mode counts as stale) */
+    char cur[NMODES][17];
+    int have[NMODES] = {0};
+    const size_t bl = strlen(base);
     struct dirent *de;
     char dir[4700], man[4800], lock[4800];
     while ((de = readdir(d))) {
         const size_t l = strlen(de->d_name);
-        if (!strcmp(de->d_name, name) || l < ml + 19 || de->d_name[l - ml - 1] != '-' || strcmp(de->d_name + l - ml, mode))
-            continue;
+        if (!strcmp(de->d_name, name)) continue;
+        /* <base>-<16 hex digits>-<mode>: which mode (if any) the name ends with */
+        int k = -1;
+        size_t ml = 0;
+        for (int i = 0; i < NMODES && k < 0; i++) {
+            const char *mn = convert_spine_mode_name(modes[i]);
+            ml = strlen(mn);
+            if (l >= ml + 19 && de->d_name[l - ml - 1] == '-' && !strcmp(de->d_name + l - ml, mn)) k = i;
+        }
+        if (k < 0) continue;
+        const char *mode = convert_spine_mode_name(modes[k]);
+        const int own = modes[k] == spine;
         snprintf(dir, sizeof dir, "%s/%s", root, de->d_name);
         snprintf(man, sizeof man, "%s/manifest.json", dir);
         int same = 0, partial = 0;
@@ -120,6 +140,18 @@ static void prune_stale(const char *root, const char *name, const char *abs, con
             const cJSON *sm = cJSON_GetObjectItemCaseSensitive(m, "spine_mode");
             same = cJSON_IsString(sd) && !strcmp(sd->valuestring, abs) && cJSON_IsString(sm) && !strcmp(sm->valuestring, mode);
             cJSON_Delete(m);
+            if (same && !own) { /* another mode: stale only when its key is not that mode's current one */
+                if (!have[k]) {
+                    const uint64_t key = source_key(abs, modes[k]);
+                    if (key) df_xxh64_hex(key, cur[k]);
+                    else cur[k][0] = 0;
+                    have[k] = 1;
+                }
+                const char *hx = de->d_name + l - ml - 17;
+                int named = hx[-1] == '-'; /* <base>-<16 lowercase hex digits>-<mode>, as convert_cached names it */
+                for (int i = 0; i < 16 && named; i++) named = strchr("0123456789abcdef", hx[i]) && hx[i];
+                same = named && cur[k][0] && strncmp(hx, cur[k], 16) != 0;
+            }
         } else if (df_is_dir(dir)) {
             partial = l == bl + 1 + 16 + 1 + ml && !strncmp(de->d_name, base, bl) && de->d_name[bl] == '-';
         }
@@ -258,12 +290,13 @@ static int convert_locked(const char *abs, const char *root, const char *name, c
         converted = rc == DF_OK;
         if (rc) rmdir(path); /* df_convert removed its files; the directory too when nothing else is in it */
     }
+    /* held before the lock file goes, so that no pruning run (which takes the lock file first) removes it in between */
+    if (rc == DF_OK) hold_reader(path);
     unlink(lock);
     close(fd);
-    if (rc == DF_OK) hold_reader(path);
     /* only while the checkpoint's files are still those of this conversion (a run of older files that finishes after
      * a newer one must not remove the newer one) */
-    if (converted && source_key(abs, spine) == key) prune_stale(root, name, abs, base, convert_spine_mode_name(spine));
+    if (converted && source_key(abs, spine) == key) prune_stale(root, name, abs, base, spine);
     return rc;
 }
 
@@ -297,7 +330,7 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     if (df_path_exists(man)) {
         hold_reader(path);
         /* conversions of older files kept while a process used them go once unused */
-        prune_stale(root, name, abs, base, convert_spine_mode_name(spine));
+        prune_stale(root, name, abs, base, spine);
         return DF_OK;
     }
 
