@@ -55,6 +55,8 @@ int cli_unknown_option(const char *cmd, const char *a, const char *const *names,
 int cli_unknown_command(const char *a, const char *const *names);
 /* The name of the NULL-terminated `names` that "did you mean" above would suggest for A, else NULL. */
 const char *cli_closest(const char *a, const char *const *names);
+/* cli_args.c: the Levenshtein distance of a and b (each cut at 63 bytes). */
+int cli_edit_distance(const char *a, const char *b);
 /* --prefetch auto|on|off|ungated / --prefault auto|on|off (by `flag`) into df_model_opts' 0 / 1 / 2 (/ 3 = ungated):
  * 0, else a usage message naming the command, flag and value and -1. */
 int cli_parse_mode(const char *cmd, const char *flag, const char *v, int *out);

@@ -200,8 +200,7 @@ int cli_split_option_values(int argc, char **argv, char ***out) {
     return n;
 }
 
-/* Levenshtein distance of a and b (each cut at 63 bytes) */
-static int edit_distance(const char *a, const char *b) {
+int cli_edit_distance(const char *a, const char *b) {
     int la = (int)strnlen(a, 63), lb = (int)strnlen(b, 63), d[64][64];
     for (int i = 0; i <= la; i++) d[i][0] = i;
     for (int j = 0; j <= lb; j++) d[0][j] = j;
@@ -223,7 +222,7 @@ static const char *closest(const char *a, const char *const *names, const char *
     const size_t la = strlen(a);
     for (int l = 0; l < 2; l++)
         for (const char *const *p = l ? names2 : names; p && *p; p++) {
-            int d = edit_distance(a, *p);
+            int d = cli_edit_distance(a, *p);
             if (d < best_d) { best_d = d; best = *p; }
             if (la >= 4 && !strncmp(*p, a, la)) { prefix_of = *p; n_prefix++; }
         }

@@ -975,21 +975,6 @@ int bench_prefill(int argc, char **argv);
 /* bench_batch.c: `bench batch` */
 int bench_batch(int argc, char **argv);
 
-/* Levenshtein distance of a and b (each cut at 31 bytes): how far an unknown benchmark name is from a known one */
-static int name_distance(const char *a, const char *b) {
-    int la = (int)strnlen(a, 31), lb = (int)strnlen(b, 31), d[32][32];
-    for (int i = 0; i <= la; i++) d[i][0] = i;
-    for (int j = 0; j <= lb; j++) d[0][j] = j;
-    for (int i = 1; i <= la; i++)
-        for (int j = 1; j <= lb; j++) {
-            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
-            d[i][j] = c;
-        }
-    return d[la][lb];
-}
-
 int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
@@ -1022,7 +1007,7 @@ int cmd_bench(int argc, char **argv) {
      * or the start of a name (bench bat); not an unrelated short word (bench foo is 2 edits from io) */
     if (best) {
         const size_t la = strlen(argv[1]);
-        const int near = name_distance(argv[1], best) <= (la / 3 > 1 ? (int)(la / 3) : 1);
+        const int near = cli_edit_distance(argv[1], best) <= (la / 3 > 1 ? (int)(la / 3) : 1);
         if (!near && !(la >= 3 && !strncmp(best, argv[1], la))) best = NULL;
     }
     char hint[64] = "", list[128] = "";

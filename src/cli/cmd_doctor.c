@@ -78,6 +78,15 @@ static void report_side_file(void *user, const install_side_problem *p) {
             p->missing ? "is missing; the checkpoint's copy is" : "differs from the checkpoint's copy", p->checkpoint, setup_fix);
 }
 
+/* The checksums all verified: said on stdout; when another check failed (status != 0) the last line on stderr says
+ * the doctor FAILED anyway, with the setup install's repair when there is one. */
+static void checksums_ok(int status) {
+    printf("checksums: all OK\n");
+    if (status)
+        fprintf(stderr, "deltafin doctor: FAILED: the checksums are OK, but not the problems reported above%s%s%s\n",
+                setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
+}
+
 static const char *simd_features(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -229,10 +238,7 @@ int cmd_doctor(int argc, char **argv) {
                     setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` fetches them again" : "");
             return 1;
         }
-        printf("checksums: all OK\n");
-        if (status)
-            fprintf(stderr, "deltafin doctor: FAILED: the checksums are OK, but not the problems reported above%s%s%s\n",
-                    setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
+        checksums_ok(status);
         return auto_ok ? status : 1;
     }
     /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
@@ -258,9 +264,6 @@ int cmd_doctor(int argc, char **argv) {
         fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
         return 1;
     }
-    printf("checksums: all OK\n");
-    if (status) /* the checksums are not all a doctor checks: the exit status says so too */
-        fprintf(stderr, "deltafin doctor: FAILED: the checksums are OK, but not the problems reported above%s%s%s\n",
-                setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
+    checksums_ok(status);
     return auto_ok ? status : 1;
 }

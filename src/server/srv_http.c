@@ -168,6 +168,15 @@ static void log_refusal(int chat, int status, const char *msg) {
     srv_buf_free(&b);
 }
 
+/* A model this server does not serve (a generation request's "model", GET /v1/models/NAME): 404
+ * invalid_request_error / model_not_found, as the OpenAI API answers it. Not logged here. */
+static enum MHD_Result send_model_not_found(struct MHD_Connection *c, const char *msg) {
+    char *e = srv_error_json(msg, "invalid_request_error", "model", "model_not_found");
+    enum MHD_Result ok = send_body(c, 404, "application/json", e, NULL);
+    free(e);
+    return ok;
+}
+
 /* A 400 answer to a generation request, logged (log_refusal). */
 static enum MHD_Result refuse(struct MHD_Connection *c, int chat, const char *msg, const char *param, const char *code) {
     char *e = srv_error_json(msg, srv_error_type(400), param, code);
@@ -416,12 +425,8 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn_ctx *x) {
         snprintf(m, sizeof m, "The model '%.300s' does not exist. This server serves '%.200s' (GET /v1/models).",
                  j->req.model, S.be->name);
         srv_job_unref(j);
-        /* as the OpenAI API answers a model it does not serve: 404, invalid_request_error, model_not_found */
-        char *e = srv_error_json(m, "invalid_request_error", "model", "model_not_found");
-        enum MHD_Result ok = send_body(c, 404, "application/json", e, NULL);
-        free(e);
         log_refusal(chat, 404, m);
-        return ok;
+        return send_model_not_found(c, m);
     }
     j->fd = x->fd;
     /* admission */
@@ -498,12 +503,8 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, const char *one) 
     if (one && strcmp(one, S.be->name)) {
         char m[400];
         snprintf(m, sizeof m, "The model '%.300s' does not exist.", one);
-        /* as a generation request naming it: invalid_request_error / model_not_found (the OpenAI API's answer) */
-        char *e = srv_error_json(m, "invalid_request_error", "model", "model_not_found");
-        enum MHD_Result ok = send_body(c, 404, "application/json", e, NULL);
-        free(e);
         if (S.cfg.verbose) fprintf(stderr, "serve: 404 %s\n", m);
-        return ok;
+        return send_model_not_found(c, m);
     }
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", S.be->name);
