@@ -101,6 +101,10 @@ expect "key with a character more -> 401" "$(code -H "Authorization: Bearer ${KE
 expect "key's prefix -> 401" "$(code -H "Authorization: Bearer ${KEY%?}" "$B/v1/models")" 401
 expect "GET /models (no /v1)" "$(code -H "$AUTH" "$B/models")" 200
 expect "unknown URL -> 404" "$(code -H "$AUTH" "$B/v1/nothing")" 404
+expect "GET /v1/models/ (a trailing slash) -> 200" "$(code -H "$AUTH" "$B/v1/models/")" 200
+expect "GET /v1/models/ is the list" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).object)' "$TMP/body")" list
+expect "POST /v1/completions/ (a trailing slash) -> 200" "$(code -H "$AUTH" -H "Content-Type: application/json" -d '{"prompt":"a","max_tokens":1}' "$B/v1/completions/")" 200
+expect "two trailing slashes -> 404" "$(code -H "$AUTH" "$B/v1/models//")" 404
 expect "GET on a POST endpoint -> 405" "$(code -H "$AUTH" "$B/v1/chat/completions")" 405
 P=(-H "$AUTH" -H "Content-Type: application/json")
 # HTTP/1.1 keep-alive: GET, POST and GET again on one connection (curl's num_connects: 1, then 0 for each request that

@@ -185,6 +185,12 @@ out=$("$BIN" doctor --model "$TMP/inst/native" 2>&1 >/dev/null); rc=$?
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "^setup: damaged: checksum mismatch: .*spine.bin" && echo "$out" | grep -q "repaired (full, .*: rebuilt spine.bin by" \
     && cmp -s "$TMP/local/spine.bin" "$TMP/inst/native/spine.bin" && ok "setup --full over a corrupt spine.bin: repaired" || bad "repair spine: rc $rc $out"
+# spine.bin gone: doctor names setup's repair (not convert)
+mv "$TMP/inst/native/spine.bin" "$TMP/spine.bin.away"
+out=$("$BIN" doctor --model "$TMP/inst/native" 2>&1 >/dev/null); rc=$?
+mv "$TMP/spine.bin.away" "$TMP/inst/native/spine.bin"
+[ $rc -eq 1 ] && echo "$out" | grep -q "spine.bin: No such file or directory (the converted model is incomplete; repair the install with .$FIX.)$" \
+    && ! echo "$out" | grep -q "convert again" && ok "doctor on a setup install without spine.bin: setup's repair" || bad "doctor, spine.bin gone: rc $rc $out"
 # a side file gone (tokenizer.json): list says DAMAGED (against the checkpoint's copy), doctor names it; setup copies
 # it again from the checkpoint's copy, nothing downloaded or converted
 rm "$TMP/inst/native/tokenizer.json"

@@ -81,7 +81,9 @@ static int parse_spine(df_native *n, const cJSON *sp, const char *mf, char *err,
     if (df_path_join(n->spine_path, sizeof n->spine_path, n->dir, file->valuestring))
         return df_set_errc(err, errlen, DF_EINVAL, "%s: path too long", mf);
     int64_t fs = file_size(n->spine_path);
-    if (fs < 0) return df_set_errc(err, errlen, DF_EIO, "%s: spine file %s: %s", mf, n->spine_path, strerror(errno));
+    if (fs < 0)
+        return df_set_errc(err, errlen, DF_EIO, "%s: spine file %s: %s%s", mf, n->spine_path, strerror(errno),
+                           errno == ENOENT ? " (the converted model is incomplete; convert again)" : "");
     if ((uint64_t)fs != n->spine_bytes)
         return df_set_errc(err, errlen, DF_EFORMAT, "%s is %lld bytes but the manifest says %llu (truncated or replaced; convert again)",
                            n->spine_path, (long long)fs, (unsigned long long)n->spine_bytes);

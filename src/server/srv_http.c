@@ -742,9 +742,16 @@ static int request_malformed(struct MHD_Connection *c, conn_ctx *x, const char *
 
 /* --------------------------------------------------------------- routing */
 
-/* url without a leading /v1 (/v1/models and /models are one route). */
-static const char *api_path(const char *url) {
-    return strncmp(url, "/v1/", 4) ? url : url + 3;
+/* url without a leading /v1 (/v1/models and /models are one route) and without one trailing slash
+ * (/v1/chat/completions/ is /v1/chat/completions, as the redirects of FastAPI and gin servers make it), into buf
+ * when the slash is cut. */
+static const char *api_path(const char *url, char *buf, size_t n) {
+    const char *p = strncmp(url, "/v1/", 4) ? url : url + 3;
+    const size_t len = strlen(p);
+    if (len < 2 || p[len - 1] != '/' || len > n) return p;
+    memcpy(buf, p, len - 1);
+    buf[len - 1] = 0;
+    return buf;
 }
 
 /* The answer to a GET or HEAD request on route (one that does not generate), url the request's URL. */
@@ -760,7 +767,8 @@ static enum MHD_Result handle_get(struct MHD_Connection *c, int route, const cha
         return ok;
     }
     if (route == R_MODELS) return handle_models(c, NULL);
-    return handle_models(c, api_path(url) + 8); /* R_MODEL_ONE: /models/ID */
+    char pb[1024];
+    return handle_models(c, api_path(url, pb, sizeof pb) + 8); /* R_MODEL_ONE: /models/ID */
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -777,7 +785,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         x->fd = ci ? ci->connect_fd : -1;
         enum MHD_Result answered;
         if (request_malformed(c, x, method, &answered)) return answered;
-        const char *p = api_path(url);
+        char pb[1024];
+        const char *p = api_path(url, pb, sizeof pb);
         int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
         if (!strcmp(p, "/health")) x->route = R_HEALTH;
         else if (!strcmp(p, "/metrics")) x->route = R_METRICS;
