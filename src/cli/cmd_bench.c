@@ -751,8 +751,9 @@ static int bench_cache(int argc, char **argv) {
                    "  LRU, frequency-aware eviction, and frequency + the heat tier learned from --train (default: the\n"
                    "  trace itself = in-sample; another run's events = held-out). Prints hit rates. --model DIR: a\n"
                    "  native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
-                   "  --slots: cache sizes in expert slots (default 64), each from the model's experts per token to its\n"
-                   "  routed experts (MoE layers x experts); another is an error.\n"
+                   "  --slots: cache sizes in expert slots, each from the model's experts per token to its routed\n"
+                   "  experts (MoE layers x experts); another is an error. Default 64, moved into that range for a\n"
+                   "  model where 64 is outside it (and said so).\n"
                    "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
@@ -849,12 +850,14 @@ static int bench_store(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE (1/4 of the experts)]\n"
+            printf("usage: deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
                    "       [--qd N] [--pread] [--io-seconds S] [--no-drop] [--cache-dir DIR]\n"
                    "  Replays a decode trace through the expert store with real cold reads and no compute; prints\n"
                    "  expert read GB/s as a share of bench io on the same directories in the same run, with qd reused\n"
                    "  buffers and into a pool the size of the cache (at most 4 GiB; see `bench io --buffer`). --model\n"
                    "  DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
+                   "  --cache SIZE: the expert cache (default 1/4 of the routed experts, at least one token's top-k\n"
+                   "  experts; a smaller SIZE is an error naming the least).\n"
                    "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
