@@ -243,6 +243,27 @@ static void test_number_text(void) {
         free(ej);
         if (st == 0) srv_request_free(&r);
     }
+    {   /* nesting: 256 levels are accepted, 257 refused naming where (a tool schema the chat template could not take) */
+        char *b = malloc(4096);
+        for (int levels = 256; b && levels <= 257; levels++) {
+            /* {"prompt":"a","x":[[...[1]...]]}: the body is level 1, x's arrays levels 2 .. levels */
+            int n = snprintf(b, 4096, "{\"prompt\":\"a\",\"x\":");
+            for (int i = 2; i <= levels; i++) b[n++] = '[';
+            b[n++] = '1';
+            for (int i = 2; i <= levels; i++) b[n++] = ']';
+            b[n++] = '}';
+            b[n] = 0;
+            srv_request r;
+            char *ej = NULL;
+            const int st = srv_request_parse(&r, SRV_COMPLETION, b, strlen(b), &ej);
+            if (levels == 256) CHECK(st == 0, "256 levels accepted: %d %s", st, ej ? ej : "");
+            else CHECK(st == 400 && ej && strstr(ej, "nest more than 256 levels deep (at 'x[0][0]") && strstr(ej, "[0]...')"),
+                       "257 levels: 400 naming the limit and the path: %d %s", st, ej ? ej : "");
+            free(ej);
+            if (st == 0) srv_request_free(&r);
+        }
+        free(b);
+    }
     expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"max_tokens\":12345678901234567}",
                      "Invalid 'max_tokens': 12345678901234567 is too large. Expected a value between 1 and 1000000000 (generation "
                      "also stops at the end of the model's context, with finish_reason \"length\").");

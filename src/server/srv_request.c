@@ -364,6 +364,28 @@ static int json_dup_key(const cJSON *o, char *where, size_t cap, size_t at) {
     return 0;
 }
 
+/* The most levels of arrays / objects a request may nest (the body's top object is level 1): the chat template's
+ * values (tokenizer/jinja_value.c) take 400 levels below a tool or a message, so a request within this is never
+ * refused by the template. */
+#define SRV_MAX_DEPTH 256
+
+/* 1 when o nests more than SRV_MAX_DEPTH levels (o at level depth), with the path of the first value past it in
+ * where (as json_dup_key writes it); else 0. */
+static int json_too_deep(const cJSON *o, int depth, char *where, size_t cap, size_t at) {
+    if (!cJSON_IsObject(o) && !cJSON_IsArray(o)) return 0;
+    if (depth > SRV_MAX_DEPTH) return 1;
+    int i = 0;
+    for (const cJSON *c = o->child; c; c = c->next, i++) {
+        if (!cJSON_IsObject(c) && !cJSON_IsArray(c)) continue;
+        const int w = cJSON_IsObject(o) ? snprintf(where + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "", c->string ? c->string : "")
+                                        : snprintf(where + at, at < cap ? cap - at : 0, "[%d]", i);
+        const size_t nat = at + (w > 0 ? (size_t)w : 0);
+        if (json_too_deep(c, depth + 1, where, cap, nat < cap ? nat : cap - 1)) return 1;
+        if (at < cap) where[at] = 0;
+    }
+    return 0;
+}
+
 int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, char **err_json) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -412,6 +434,13 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         const int d = json_dup_key(root, where, sizeof where, 0);
         if (d < 0) FAIL(NULL, "The server is out of memory checking the request body.");
         if (d) FAIL(where, "Invalid request body: the key '%s' appears more than once in its object. Send each key once.", where);
+        where[0] = 0;
+        if (json_too_deep(root, 1, where, sizeof where, 0)) {
+            char shown[120]; /* the path's start: the request's field (a long path is cut) */
+            snprintf(shown, sizeof shown, "%.100s%s", where, strlen(where) > 100 ? "..." : "");
+            FAIL(NULL, "Invalid request body: arrays / objects nest more than %d levels deep (at '%s'); this server "
+                       "accepts at most %d.", SRV_MAX_DEPTH, shown, SRV_MAX_DEPTH);
+        }
     }
 
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "model")) && !cJSON_IsNull(v)) {
