@@ -89,6 +89,14 @@ PF=$(hdr -X OPTIONS -H "Origin: https://app.example" -H "Access-Control-Request-
 echo "$PF" | grep -q '^HTTP/1.1 204' && echo "$PF" | grep -qi '^Access-Control-Allow-Origin: \*$' &&
     echo "$PF" | grep -qi '^Access-Control-Allow-Methods: POST, OPTIONS$' && echo "$PF" | grep -qi '^Access-Control-Allow-Headers: .*Authorization' &&
     ok "CORS preflight OPTIONS /v1/chat/completions -> 204 with the allow headers" || bad "CORS preflight: $PF"
+PF=$(hdr -X OPTIONS -H "Origin: https://app.example" -H "Access-Control-Request-Method: POST" \
+    -H "Access-Control-Request-Headers: content-type,authorization,x-stainless-os" "$B/v1/chat/completions")
+echo "$PF" | grep -qi '^Access-Control-Allow-Headers: content-type,authorization,x-stainless-os$' \
+    && ok "CORS preflight: the headers asked for are allowed (the OpenAI SDKs' X-Stainless-*)" || bad "CORS preflight with request headers: $PF"
+PF=$(hdr -X OPTIONS -H "Origin: https://app.example" -H "Access-Control-Request-Method: POST" \
+    -H "Access-Control-Request-Headers: a(b)" "$B/v1/chat/completions")
+echo "$PF" | grep -qi '^Access-Control-Allow-Headers: Authorization, Content-Type, X-Api-Key$' \
+    && ok "CORS preflight: a request-headers value that is not header names gets the fixed list" || bad "CORS preflight, odd request headers: $PF"
 hdr -H "$AUTH" "$B/v1/models" | grep -qi '^Access-Control-Allow-Origin: \*$' && ok "CORS: GET /v1/models carries Access-Control-Allow-Origin" ||
     bad "CORS: no Access-Control-Allow-Origin on GET /v1/models"
 hdr "$B/v1/models" | grep -qi '^Access-Control-Allow-Origin: \*$' && ok "CORS: a 401 carries Access-Control-Allow-Origin too" ||
@@ -101,6 +109,8 @@ expect "key with a character more -> 401" "$(code -H "Authorization: Bearer ${KE
 expect "key's prefix -> 401" "$(code -H "Authorization: Bearer ${KEY%?}" "$B/v1/models")" 401
 expect "GET /models (no /v1)" "$(code -H "$AUTH" "$B/models")" 200
 expect "unknown URL -> 404" "$(code -H "$AUTH" "$B/v1/nothing")" 404
+expect "Content-Encoding: gzip -> 415" "$(echo '{"prompt":"hi"}' | gzip | code -H "$AUTH" -H "Content-Type: application/json" -H "Content-Encoding: gzip" --data-binary @- "$B/v1/completions")" 415
+expect "415 names Content-Encoding" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).error.code)' "$TMP/body")" unsupported_content_encoding
 expect "GET /v1/models/ (a trailing slash) -> 200" "$(code -H "$AUTH" "$B/v1/models/")" 200
 expect "GET /v1/models/ is the list" "$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).object)' "$TMP/body")" list
 expect "POST /v1/completions/ (a trailing slash) -> 200" "$(code -H "$AUTH" -H "Content-Type: application/json" -d '{"prompt":"a","max_tokens":1}' "$B/v1/completions/")" 200

@@ -200,7 +200,7 @@ echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "
 out=$("$BIN" doctor 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: $INSTR/native/tokenizer.json is missing; the checkpoint's copy is .*: repair the install with .$FIX.$" \
     && ok "doctor: the setup install's missing tokenizer.json named, with setup's repair (exit 1)" || bad "doctor with tokenizer.json gone: rc $rc $out"
-echo "$out" | grep -q "^deltafin doctor: FAILED: the checksums are OK, but not the problems reported above; .$FIX. repairs the install$" \
+echo "$out" | grep -q "^deltafin doctor: FAILED by the problems reported above (the checksums are OK); .$FIX. repairs the install$" \
     && ok "doctor: its last line says it FAILED though the checksums are OK" || bad "doctor's last line with tokenizer.json gone: $out"
 out=$("$BIN" run --prompt hi --max-new 1 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "is an install of .deltafin setup. and its tokenizer .* is missing: the install is damaged; .$FIX. repairs it$" \

@@ -364,6 +364,29 @@ static void test_request(void) {
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "top_logprobs");
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", "logprobs");
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":0.5}", "presence_penalty");
+    /* tool_choice without tools (as the OpenAI API), the legacy functions, suffix and best_of > 1: refused, not ignored */
+    expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}", 0, "tool_choice",
+                 "only allowed when 'tools' are specified");
+    expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{\"name\":\"f\"}]}", 0,
+                 "functions", "send the functions as 'tools'");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"function_call\":\"auto\"}", "function_call");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\",\"suffix\":\"end\"}", 0, "suffix", "Unsupported 'suffix'");
+    expect_400_exact(SRV_COMPLETION, "{\"prompt\":\"a\",\"best_of\":3}", "Invalid 'best_of': 3. Only best_of = 1 is supported.");
+    expect_400(SRV_COMPLETION, "{\"prompt\":\"a\",\"best_of\":\"1\"}", "best_of");
+    {   /* their neutral values pass: tool_choice with tools, null functions, an empty suffix, best_of 1 */
+        static const char *okb[] = {
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"none\"}",
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":null,\"tool_choice\":null}",
+            "{\"prompt\":\"a\",\"suffix\":\"\",\"best_of\":1}", "{\"prompt\":\"a\",\"suffix\":null,\"best_of\":null}"};
+        for (int i = 0; i < 4; i++) {
+            srv_request r;
+            char *ej = NULL;
+            const int st = srv_request_parse(&r, i < 2 ? SRV_CHAT : SRV_COMPLETION, okb[i], strlen(okb[i]), &ej);
+            CHECK(st == 0, "accepted: %s: %d %s", okb[i], st, ej ? ej : "");
+            free(ej);
+            if (st == 0) srv_request_free(&r);
+        }
+    }
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_usage\":true}}", "stream_options");
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":7}", "model");
     expect_400(SRV_COMPLETION, "{\"prompt\":\"\"}", "prompt");

@@ -83,7 +83,7 @@ static void report_side_file(void *user, const install_side_problem *p) {
 static void checksums_ok(int status) {
     printf("checksums: all OK\n");
     if (status)
-        fprintf(stderr, "deltafin doctor: FAILED: the checksums are OK, but not the problems reported above%s%s%s\n",
+        fprintf(stderr, "deltafin doctor: FAILED by the problems reported above (the checksums are OK)%s%s%s\n",
                 setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
 }
 
@@ -215,6 +215,12 @@ int cmd_doctor(int argc, char **argv) {
             printf("tokenizer: OK\n");
             df_tokenizer_free(t);
         }
+    } else if (cli_is_file(model, "tokenizer_config.json")) {
+        /* the tokenizer's configuration without the tokenizer: a file was lost (a model without one has neither) */
+        fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s has tokenizer_config.json but neither tokenizer.json nor "
+                        "tiktoken.model: %s\n", model,
+                setup_fix[0] ? "the install is damaged (see below)" : "copy the tokenizer from the checkpoint, or convert again");
+        status = 1;
     } else {
         printf("tokenizer: none (token ids only)\n");
     }

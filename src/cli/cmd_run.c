@@ -526,6 +526,10 @@ int cmd_run(int argc, char **argv) {
             if (cli_setup_install(model, fix, sizeof fix, NULL, 0)) /* an install of setup lost its tokenizer: damage */
                 fprintf(stderr, "deltafin run: model %s is an install of `deltafin setup` and its tokenizer (tokenizer.json / "
                         "tiktoken.model) is missing: the install is damaged; `%s` repairs it\n", model, fix);
+            else if (cli_is_file(model, "tokenizer_config.json")) /* the configuration without its tokenizer: lost */
+                fprintf(stderr, "deltafin run: model %s has tokenizer_config.json but its tokenizer (tokenizer.json / "
+                        "tiktoken.model) is missing: copy it from the checkpoint (or convert again), or pass token ids "
+                        "with --prompt-ids 1,2,3\n", model);
             else
                 fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model);
             free(prompt_buf);

@@ -16,6 +16,7 @@
 #define _GNU_SOURCE /* memmem, POLLRDHUP */
 #include "srv.h"
 #include "util/util.h"
+#include <ctype.h>
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -621,13 +623,20 @@ static enum MHD_Result handle_health(struct MHD_Connection *c) {
 }
 
 /* The answer to a CORS preflight (OPTIONS): 204 with the allowed origin (--cors), the route's methods, the request
- * headers a client may send (Authorization and X-Api-Key for --api-key, Content-Type) and a day's cache. */
+ * headers a client may send and a day's cache. The headers allowed are those the preflight asks for
+ * (Access-Control-Request-Headers, when it is a list of header names: the OpenAI SDKs send X-Stainless-* headers),
+ * else Authorization, Content-Type and X-Api-Key. */
 static enum MHD_Result send_preflight(struct MHD_Connection *c, int post) {
     struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Access-Control-Allow-Origin", S.cfg.cors);
     MHD_add_response_header(r, "Access-Control-Allow-Methods", post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS");
-    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key");
+    const char *asked = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    int names = asked && *asked && strlen(asked) <= 2048;
+    for (const char *p = asked; names && *p; p++)
+        names = isalnum((unsigned char)*p) || strchr("!#$%&'*+-.^_`|~, ", *p) != NULL;
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", names ? asked : "Authorization, Content-Type, X-Api-Key");
+    MHD_add_response_header(r, "Vary", "Access-Control-Request-Headers");
     MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
     enum MHD_Result ok = MHD_queue_response(c, 204, r);
     MHD_destroy_response(r);
@@ -817,6 +826,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int keyless = x->route == R_HEALTH || x->route == R_METRICS || x->route == R_UI || x->route == R_STORE;
         if (!keyless && !key_ok(c))
             return send_error(c, 401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.", NULL, "invalid_api_key");
+        const char *ce = want_post ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding") : NULL;
+        if (ce && *ce && strcasecmp(ce, "identity")) {
+            char m[200];
+            snprintf(m, sizeof m, "Unsupported Content-Encoding '%.60s': send the JSON body uncompressed.", ce);
+            return send_error(c, 415, m, NULL, "unsupported_content_encoding");
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > S.cfg.max_request_bytes) {
             char m[200];

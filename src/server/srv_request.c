@@ -198,6 +198,16 @@ static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
         if (k) r->tools_json = cJSON_PrintUnformatted(tools);
     }
     cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (tc && !cJSON_IsNull(tc) && (!tools || cJSON_IsNull(tools)))
+        FAIL("tool_choice", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.");
+    static const char *legacy[] = {"functions", "function_call"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *f = cJSON_GetObjectItemCaseSensitive(root, legacy[i]);
+        if (f && !cJSON_IsNull(f))
+            FAIL(legacy[i], "Unsupported parameter '%s' (deprecated by the OpenAI API): send the functions as 'tools' "
+                            "(each {\"type\":\"function\",\"function\":{...}}) and '%s' as 'tool_choice'.",
+                 legacy[i], "function_call");
+    }
     if (tc && !cJSON_IsNull(tc)) {
         if (cJSON_IsString(tc)) {
             if (strcmp(tc->valuestring, "auto") && strcmp(tc->valuestring, "none"))
@@ -545,6 +555,17 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         FAIL("max_tokens", "Invalid 'max_tokens': 0. Expected a value >= 1 (0 is allowed only with 'echo': true, to score the prompt).");
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "user")) && !cJSON_IsNull(v) && !cJSON_IsString(v))
         FAIL("user", "Invalid type for 'user': expected a string.");
+    if (kind == SRV_COMPLETION) {
+        if ((v = cJSON_GetObjectItemCaseSensitive(root, "suffix")) && !cJSON_IsNull(v)) {
+            if (!cJSON_IsString(v)) FAIL("suffix", "Invalid type for 'suffix': expected a string.");
+            if (v->valuestring[0]) FAIL("suffix", "Unsupported 'suffix': text after the completion (insertion) is not supported by this model.");
+        }
+        if ((v = cJSON_GetObjectItemCaseSensitive(root, "best_of")) && !cJSON_IsNull(v)) {
+            if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+                FAIL("best_of", "Invalid type for 'best_of': expected an integer.");
+            if (v->valuedouble != 1) FAIL("best_of", "Invalid 'best_of': %s. Only best_of = 1 is supported.", NUM("best_of"));
+        }
+    }
     static const char *pens[] = {"presence_penalty", "frequency_penalty", "repetition_penalty"};
     for (int i = 0; i < 3; i++) {
         if (!(v = cJSON_GetObjectItemCaseSensitive(root, pens[i])) || cJSON_IsNull(v)) continue;
