@@ -47,6 +47,10 @@
 #   part 32: reads into buffers registered with io_uring: bench io --fixed / plain, reused / pool, then part 6.
 #   part 37: this binary against a carried deltafin.b (ALT): GPU tests, bench kernels (KTYPES, KSHAPES) of both, then
 #          the resident decode alternated twice: this binary, the same with DF_CUDA_GREEDY=0, deltafin.b.
+#   part 38: this binary against a carried deltafin.b (ALT): GPU tests, then 384-token resident runs alternated
+#          three times (the ids hashed); unless SKIP_BENCH=1, bench kernels bf16 T=1 (every variant) and mxfp4 T=1
+#          with DF_CUDA_MMA_KS=2, 1, 4; then (NCU_RUN=1) ncu durations of this one. BIN_NAME=deltafin.b (any part):
+#          that carried binary instead of deltafin.
 #   part 36: the greedy token kept on the device (DF_CUDA_GREEDY on / off): GPU tests (test_golden also with it off),
 #          resident decode alternated (knob_ab), then the timeline (libgpu_timeline.so carried) with it on.
 #   part 35: the resident decode once, its GPU timeline (device routing) and every kernel's duration (ncu).
@@ -68,7 +72,7 @@ tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
 export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ -x "$D/fio" ] && export PATH="$D:$PATH"
 [ -x "$D/nginx" ] && export PATH="$D:$PATH"
-BIN=$D/deltafin
+BIN=$D/${BIN_NAME:-deltafin}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 log() { echo "== $(date -u +%T) $*" | tee -a "$S"; }
@@ -416,6 +420,31 @@ case $PART in
     gpu_tests
     resident_model
     knob_ab DF_CUDA_MOE_RESID
+    rm -rf "$W"
+    ;;
+38)
+    gpu_tests
+    resident_model
+    for i in 1 2 3; do
+        for c in "$BIN" "$D/${ALT:-deltafin.b}"; do
+            log "cuda run --preload, 384 tokens, $(basename "$c")"
+            k=""
+            case "$c" in *" "*) k=${c#* } ;; esac
+            env $k timeout 100 "${c%% *}" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+                --prompt-ids "$(seq -s, 1 64)" --max-new 384 --stats --print-ids >"$OUT/run.txt" 2>&1
+            grep -E "^stats: (generation|decode)|rror" "$OUT/run.txt" | cut -c1-300 >>"$S"
+            grep -E "^[0-9]+(,[0-9]+)+$" "$OUT/run.txt" | md5sum >>"$S"
+        done
+    done
+    log "bench kernels bf16 T=1, every variant"
+    [ -n "${SKIP_BENCH:-}" ] || DF_CUDA_BENCH_VARIANTS=1 timeout 120 "$BIN" bench kernels --backend cuda --types bf16 \
+        --T 1 --shapes 7168x8192,7168x2048,12288x1536,2112x7168 2>&1 | grep -E "^(bf16|limits)" | cut -c1-200 >>"$S"
+    [ -n "${SKIP_BENCH:-}" ] || for k in 2 1 4; do
+        log "bench kernels mxfp4 T=1, DF_CUDA_MMA_KS=$k"
+        DF_CUDA_MMA_KS=$k timeout 120 "$BIN" bench kernels --backend cuda --types mxfp4 --T 1 \
+            --shapes 2048x7168,7168x2048 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
+    done
+    [ -z "${NCU_RUN:-}" ] || ncu_decode
     rm -rf "$W"
     ;;
 37)

@@ -4,7 +4,7 @@
  *   q_lat[t,h,:] = K_h^T q_nope[t,h]                       (absorb_kernel)
  *   s = (q_lat[t,h] . c_s + q_pe[t,h] . kpe_s) * scale, s < npos[t]; p = softmax(s);
  *   o_lat[t,h,:] = sum_s p_s c_s                           (attn_kernel)
- *   o_v[t, h*dv + e] = V_h[e,:] . o_lat[t,h,:]             (value_kernel)
+ *   o_v[t, h*dv + e] = V_h[e,:] . o_lat[t,h,:]             (value_kernel; one token: value1_kernel)
  * with kv_b rows per head h = [K_h (dn rows) ; V_h (dv rows)] over kvl columns, decoded element by element
  * exactly as the CPU's decode_row (every encoding of model/weights.h; kernels/dtype.h). One call: the rows' q,
  * a row table and the latent cache rows the device lacks go up in one copy from pinned staging, a scatter kernel
@@ -143,6 +143,28 @@ __global__ void __launch_bounds__(AT * AS) absorb_kernel(const uint8_t *__restri
     }
 }
 
+/* o_lat[h] of a row whose positions span ns > 1 segments, from the segments' partials p ([ns][kvl + 2]: a_s, then
+ * m_s and l_s), by the NT threads of a block (thread = columns k, k + NT, ...): M = the segments' largest max;
+ * w_s = expf(m_s - M); l = sum_s l_s w_s and o = sum_s a_s w_s (fma, segments in order); o_lat = o / l. The partials
+ * were written by other blocks of this grid: read through L2 (__ldcg) after their fence. */
+__device__ __forceinline__ void combine_segments(const float *p, int ns, int kvl, float *o) {
+    float M = -INFINITY;
+    for (int sg = 0; sg < ns; sg++) M = fmaxf(M, __ldcg(p + (int64_t)sg * (kvl + 2) + kvl));
+    float l = 0.0f;
+    for (int sg = 0; sg < ns; sg++) {
+        const float *ps = p + (int64_t)sg * (kvl + 2);
+        l = fmaf(__ldcg(ps + kvl + 1), expf(__fadd_rn(__ldcg(ps + kvl), -M)), l);
+    }
+    for (int k = threadIdx.x; k < kvl; k += NT) {
+        float a = 0.0f;
+        for (int sg = 0; sg < ns; sg++) {
+            const float *ps = p + (int64_t)sg * (kvl + 2);
+            a = fmaf(__ldcg(ps + k), expf(__fadd_rn(__ldcg(ps + kvl), -M)), a);
+        }
+        o[k] = __fdiv_rn(a, l);
+    }
+}
+
 /* o_lat [T, H, kvl]: block = row t x HB heads (blockIdx.y * HB ..); thread tid owns the columns
  * k = tid + NT*kk, kk < KPT. Row t's latent cache in device memory (a mirror, or this call's staging): c at
  * cptr[t] ([npos[t], kvl]), k_pe at pptr[t] ([npos[t], dr]). */
@@ -151,7 +173,8 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
                                                   const float *const *__restrict__ cptr,
                                                   const float *const *__restrict__ pptr, const int *__restrict__ npos,
                                                   int H, int dn, int dr, int kvl, float scale, float *__restrict__ o_lat,
-                                                  int t0, int nsegm, float *__restrict__ part) {
+                                                  int t0, int nsegm, float *__restrict__ part,
+                                                  unsigned *__restrict__ cnt) {
     pdl_enter();
     extern __shared__ float att_smem[];
     float *qs = att_smem;             /* [HB][kvl] q_lat */
@@ -253,7 +276,8 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
         }
         __syncthreads(); /* sc and the statistics are rewritten by the next chunk */
     }
-    /* one segment: the result; several: this segment's max, sum and accumulator for combine_kernel */
+    /* one segment: the result; several: this segment's max, sum and accumulator, and the row's last block to finish
+     * combines them (combine_segments) */
     const bool whole = n_all <= L;
 #pragma unroll
     for (int j = 0; j < HB; j++) {
@@ -271,34 +295,23 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
             o[kvl + 1] = l;
         }
     }
-}
-
-/* o_lat of the rows whose positions span several segments (block = row t0 + blockIdx.x, head blockIdx.y; thread =
- * columns k, k + NT, ...): M = the segments' largest max; w_s = expf(m_s - M); l = sum_s l_s w_s and
- * o = sum_s a_s w_s (fma, segments in order); o_lat = o / l. */
-__global__ void __launch_bounds__(NT) combine_kernel(const int *__restrict__ npos, int t0, int H, int kvl, int nsegm,
-                                                     const float *__restrict__ part, float *__restrict__ o_lat) {
-    pdl_enter();
-    const int t = t0 + blockIdx.x, h = blockIdx.y;
-    const int ns = (npos[t] + seg_len(npos[t]) - 1) / seg_len(npos[t]);
-    if (ns <= 1) return;
-    const float *p = part + ((int64_t)blockIdx.x * H + h) * nsegm * (kvl + 2);
-    float M = -INFINITY;
-    for (int sg = 0; sg < ns; sg++) M = fmaxf(M, p[(int64_t)sg * (kvl + 2) + kvl]);
-    float l = 0.0f;
-    for (int sg = 0; sg < ns; sg++) {
-        const float *ps = p + (int64_t)sg * (kvl + 2);
-        l = fmaf(ps[kvl + 1], expf(__fadd_rn(ps[kvl], -M)), l);
+    if (whole) return;
+    /* cnt[row, head group] counts the row's segments done; atomicInc wraps it to 0 at the last one (ready for the
+     * next launch) */
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    const int ns = (n_all + L - 1) / L;
+    if (tid == 0) {
+        unsigned *c = cnt + (int64_t)(t - t0) * gridDim.y + blockIdx.y;
+        last = atomicInc(c, (unsigned)ns - 1u) == (unsigned)ns - 1u;
     }
-    float *o = o_lat + ((int64_t)t * H + h) * kvl;
-    for (int k = threadIdx.x; k < kvl; k += NT) {
-        float a = 0.0f;
-        for (int sg = 0; sg < ns; sg++) {
-            const float *ps = p + (int64_t)sg * (kvl + 2);
-            a = fmaf(ps[k], expf(__fadd_rn(ps[kvl], -M)), a);
-        }
-        o[k] = __fdiv_rn(a, l);
-    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int j = 0; j < HB && h0 + j < H; j++)
+        combine_segments(part + ((int64_t)(t - t0) * H + h0 + j) * nsegm * (kvl + 2), ns, kvl,
+                         o_lat + ((int64_t)t * H + h0 + j) * kvl);
 }
 
 /* o_v [T, H*dv]: block = (head h, NR rows of V_h) x (TT tokens); warp w the rows w, w+VW, ... of its NR.
@@ -338,6 +351,38 @@ __global__ void __launch_bounds__(VW * 32) value_kernel(const uint8_t *__restric
     }
 }
 
+/* o_v of one token (T = 1): value_kernel's chains (warp = row e of V_h; lane l: k = l, l + 32, ... by fma from 0,
+ * then the xor butterfly), the row first read as vectors (wdec8) into shared memory. Block = head h x VW rows.
+ * Needs kvl % 8 == 0 and 16-byte aligned weights. Shared: o_lat of head h [kvl], the rows [VW][kvl]. */
+template <int ENC>
+__global__ void __launch_bounds__(VW * 32) value1_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
+                                                         int H, int dn, int dv, int kvl, const float *__restrict__ o_lat,
+                                                         float *__restrict__ o_v) {
+    pdl_enter();
+    extern __shared__ float val_smem[];
+    const int rb = (dv + VW - 1) / VW, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.x / rb, e = (blockIdx.x % rb) * VW + warp;
+    float *ol = val_smem, *row = val_smem + kvl + warp * kvl;
+    const bool live = e < dv;
+    if (live) { /* the row into shared memory (its loads in flight beside o_lat's) */
+        const int64_t r = (int64_t)h * (dn + dv) + dn + e;
+        for (int g = lane; g < kvl / 8; g += 32) {
+            float w[8];
+            wdec8<ENC>(wd, ws, kvl, r, (int64_t)g * 8, w);
+            reinterpret_cast<float4 *>(row + g * 8)[0] = make_float4(w[0], w[1], w[2], w[3]);
+            reinterpret_cast<float4 *>(row + g * 8)[1] = make_float4(w[4], w[5], w[6], w[7]);
+        }
+    }
+    for (int i = threadIdx.x; i < kvl; i += VW * 32) ol[i] = o_lat[(int64_t)h * kvl + i];
+    __syncthreads();
+    if (!live) return;
+    float acc = 0.0f;
+#pragma unroll 16
+    for (int k = lane; k < kvl; k += 32) acc = fmaf(row[k], ol[k], acc);
+    acc = warp_sum(acc);
+    if (lane == 0) o_v[(int64_t)h * dv + e] = acc;
+}
+
 struct Shape {
     int T, H, dn, dr, dv, kvl;
     float scale;
@@ -348,7 +393,12 @@ template <int ENC, int TT>
 cudaError_t launch_wk(const uint8_t *d, const uint8_t *s, const Shape &sh, const float *q, float *q_lat,
                       const float *o_lat, float *o_v, int which, cudaStream_t st) {
     const unsigned ty = (unsigned)((sh.T + TT - 1) / TT);
-    if (which == 0) {
+    const bool vec = TT == 1 && sh.kvl % 8 == 0 && ((uintptr_t)d & 15) == 0;
+    if (vec && which == 1) {
+        const dim3 grid((unsigned)(sh.H * ((sh.dv + VW - 1) / VW)));
+        cu_launch(value1_kernel<ENC>, grid, VW * 32, sizeof(float) * (1 + VW) * sh.kvl, st, d, s, sh.H, sh.dn, sh.dv,
+                  sh.kvl, o_lat, o_v);
+    } else if (which == 0) {
         const dim3 grid((unsigned)(sh.H * ((sh.kvl + AT - 1) / AT)), ty);
         cu_launch(absorb_kernel<ENC, TT>, grid, AT * AS, sizeof(float) * TT * (sh.dn + AS * AT), st, d, s, sh.H, sh.dn, sh.dr, sh.dv, sh.kvl, q,
                                                                              sh.T, q_lat);
@@ -391,10 +441,12 @@ typedef const float *const *Ptrs; /* per row, a device pointer to its cache's c 
  * most bytes they may take: rows go through the attention kernel in groups that fit. */
 float *g_part;
 size_t g_cpart;
+unsigned *g_cnt; /* [rows][head groups] segment counters of the attention kernel, zero between launches */
+size_t g_ccnt;
 constexpr size_t PART_MAX = (size_t)256 << 20;
 
-/* The attention kernel over rows [0, T) in groups of rows whose partials fit PART_MAX, each group's segmented rows
- * combined after it. */
+/* The attention kernel over rows [0, T) in groups of rows whose partials fit PART_MAX (a segmented row is combined
+ * by its last block). */
 template <int HB, int KPT>
 cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
                           float *o_lat, cudaStream_t st) {
@@ -413,15 +465,24 @@ cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, P
         if ((e = cudaMalloc(&g_part, row_part * (size_t)rows)) != cudaSuccess) return e;
         g_cpart = row_part * (size_t)rows;
     }
+    const size_t ncnt = (size_t)rows * (size_t)((sh.H + HB - 1) / HB);
+    if (row_part && ncnt > g_ccnt) {
+        cudaError_t e = cudaStreamSynchronize(st);
+        if (e != cudaSuccess) return e;
+        if (g_cnt) cudaFree(g_cnt);
+        g_cnt = NULL;
+        g_ccnt = 0;
+        if ((e = cudaMalloc(&g_cnt, sizeof(unsigned) * ncnt)) != cudaSuccess) return e;
+        if ((e = cudaMemsetAsync(g_cnt, 0, sizeof(unsigned) * ncnt, st)) != cudaSuccess) return e;
+        g_ccnt = ncnt;
+    }
     for (int t0 = 0; t0 < sh.T; t0 += rows) {
         const int n = sh.T - t0 < rows ? sh.T - t0 : rows;
         const dim3 grid((unsigned)n, (unsigned)((sh.H + HB - 1) / HB), (unsigned)nsegm);
         cu_launch(attn_kernel<HB, KPT>, grid, NT, smem, st, q, q_lat, cptr, pptr, npos, sh.H, sh.dn, sh.dr, sh.kvl, sh.scale,
-                                                     o_lat, t0, nsegm, g_part);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess || nsegm <= 1) { if (e != cudaSuccess) return e; continue; }
-        cu_launch(combine_kernel, dim3((unsigned)n, (unsigned)sh.H), NT, 0, st, npos, t0, sh.H, sh.kvl, nsegm, g_part, o_lat);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+                                                     o_lat, t0, nsegm, g_part, g_cnt);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
 }

@@ -76,6 +76,56 @@ __device__ __forceinline__ float wdec(const uint8_t *__restrict__ d, const uint8
     else return __int_as_float(0x7fc00000);
 }
 
+/* Elements (r, c .. c + 7) of a weight [rows, cols] of encoding ENC into w[0..7], each exactly wdec<ENC>(.., r, c + j),
+ * read as whole vectors (16 bytes for bf16 / f16, 8 for fp8 / int8, 4 for int4 / mxfp4, 2 x 16 for f32). Requires
+ * c % 8 == 0, cols % 8 == 0 and data aligned to 16 bytes (then every such vector is aligned). */
+template <int ENC>
+__device__ __forceinline__ void wdec8(const uint8_t *__restrict__ d, const uint8_t *__restrict__ s, int64_t cols,
+                                      int64_t r, int64_t c, float (&w)[8]) {
+    if constexpr (ENC == DF_W_F32) {
+        const uint4 *p = reinterpret_cast<const uint4 *>(reinterpret_cast<const float *>(d) + r * cols + c);
+        const uint4 a = ld_stream(p), b = ld_stream(p + 1);
+        w[0] = bits_f32(a.x); w[1] = bits_f32(a.y); w[2] = bits_f32(a.z); w[3] = bits_f32(a.w);
+        w[4] = bits_f32(b.x); w[5] = bits_f32(b.y); w[6] = bits_f32(b.z); w[7] = bits_f32(b.w);
+    } else if constexpr (ENC == DF_W_BF16 || ENC == DF_W_F16) {
+        const uint4 a = ld_stream(reinterpret_cast<const uint4 *>(reinterpret_cast<const uint16_t *>(d) + r * cols + c));
+        const uint32_t u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if constexpr (ENC == DF_W_BF16) {
+                w[2 * j] = bf16_f32(u[j]);
+                w[2 * j + 1] = bf16_f32(u[j] >> 16);
+            } else {
+                w[2 * j] = f16_f32(u[j]);
+                w[2 * j + 1] = f16_f32(u[j] >> 16);
+            }
+        }
+    } else if constexpr (ENC == DF_W_FP8_B128 || ENC == DF_W_INT8_ROW) {
+        const uint2 a = __ldg(reinterpret_cast<const uint2 *>(d + r * cols + c));
+        const float sc = ENC == DF_W_FP8_B128 ? reinterpret_cast<const float *>(s)[(r / 128) * ((cols + 127) / 128) + c / 128]
+                                              : reinterpret_cast<const float *>(s)[r];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t b = ((j < 4 ? a.x : a.y) >> (8 * (j & 3))) & 0xffu;
+            if constexpr (ENC == DF_W_FP8_B128) w[j] = __fmul_rn(fp8_f32(b), sc);
+            else w[j] = __fmul_rn((float)(int8_t)b, sc);
+        }
+    } else if constexpr (ENC == DF_W_INT4_G32) {
+        const uint32_t wd = __ldg(reinterpret_cast<const uint32_t *>(d) + r * (cols / 8) + c / 8);
+        const float sc = bf16_f32(reinterpret_cast<const uint16_t *>(s)[r * (cols / 32) + c / 32]);
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = __fmul_rn((float)((int)((wd >> (4 * j)) & 15u) - 8), sc);
+    } else if constexpr (ENC == DF_W_MXFP4) {
+        const uint32_t wd = __ldg(reinterpret_cast<const uint32_t *>(d + r * (cols / 2) + c / 2));
+        const float sc = e8m0_f32(s[r * (cols / 32) + c / 32]);
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = __fmul_rn(e2m1_f32(wd >> (4 * j)), sc);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = __int_as_float(0x7fc00000);
+    }
+}
+
 } // namespace
 
 #endif
