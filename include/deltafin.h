@@ -243,8 +243,8 @@ enum {
  * batch (rows grouped by expert: each expert is read once per layer per call).
  * logits (may be NULL): n_vocab floats for the last position, or n*n_vocab
  * with DF_EVAL_ALL_LOGITS. progress (may be NULL) is called with ("layers", finished, all) after each layer
- * (a nonzero return stops the call there: DF_ECANCELLED) and, with the same count, from inside a long layer
- * (between attention chunks of 256 rows and between chunks of experts; its return is then not read). */
+ * and, with the same count, from inside a long layer (between attention chunks of 256 rows and between chunks of
+ * experts); a nonzero return stops the call there: DF_ECANCELLED, the session as before the call. */
 int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags,
             df_progress_fn progress, void *user, char *err, size_t errlen);
 

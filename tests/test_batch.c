@@ -167,6 +167,40 @@ static void run_batched(df_model *m, seqdef *d, int S, const char *name) {
     free(lg);
 }
 
+/* A progress callback that asks to stop at its first call from inside a layer: done == 0 (no layer finished yet),
+ * or the same count twice in a row (after-layer calls advance it). */
+static int stop_in_layer(void *user, const char *what, uint64_t done, uint64_t total) {
+    (void)what;
+    (void)total;
+    long long *last = user;
+    const int stop = done == 0 || (long long)done == *last;
+    *last = (long long)done;
+    return stop;
+}
+
+/* df_eval of a 300-token prompt (two attention chunks of 256 rows: a progress tick inside each layer) cancelled from
+ * inside a layer: DF_ECANCELLED naming the layer, nothing evaluated, and the session then gives the golden prompt's
+ * logits bitwise as a fresh one (d->lg[0..V): run_alone's), the KDA state of a recurrent model included. */
+static void cancel_in_layer(df_model *m, const seqdef *d, const char *name) {
+    const int V = df_model_n_vocab(m);
+    char err[512] = "";
+    df_session *s = NULL;
+    CHECK(df_session_new(&s, m, 0, err, sizeof err) == 0, "%s: session: %s", name, err);
+    int32_t *p = malloc(sizeof(int32_t) * 300);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    for (int t = 0; t < 300; t++) p[t] = (int32_t)((t * 37 + 11) % V);
+    long long last = -1;
+    int rc = df_eval(s, p, 300, lg, 0, stop_in_layer, &last, err, sizeof err);
+    CHECK(rc == DF_ECANCELLED && strstr(err, "cancelled in layer") && df_session_n_past(s) == 0,
+          "%s: cancelled inside a layer: rc %d '%s', n_past %d", name, rc, err, df_session_n_past(s));
+    rc = df_eval(s, d->p, d->np, lg, 0, NULL, NULL, err, sizeof err);
+    CHECK(rc == 0 && !memcmp(lg, d->lg, sizeof(float) * (size_t)V),
+          "%s: after the cancelled call the golden prompt's logits equal a fresh session's (%s)", name, err);
+    free(p);
+    free(lg);
+    df_session_free(s);
+}
+
 static void run_case(const char *dir, const char *name) {
     char tmp[] = "/tmp/df_batch_XXXXXX";
     CHECK(mkdtemp(tmp) != NULL, "mkdtemp");
@@ -206,6 +240,7 @@ static void run_case(const char *dir, const char *name) {
         int match = 0;
         while (match < d[0].ng && d[0].ids[match] == gg[match]) match++;
         CHECK(match == d[0].ng, "%s: greedy ids of the golden prompt: %d of %d match", name, match, d[0].ng);
+        cancel_in_layer(m, &d[0], name);
         run_batched(m, d, 1, name);
         run_batched(m, d, 4, name);
         run_batched(m, d, 8, name);

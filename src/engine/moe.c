@@ -563,7 +563,10 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
             goto done;
         }
         if (nc == 0) break;
-        if (u0 + nc < n_used) eng_tick(e);
+        if (u0 + nc < n_used && eng_tick(e)) {
+            rc = eng_cancelled(e, layer, err, errlen);
+            goto done;
+        }
     }
     if (e->ffn_deferred) goto done; /* added into the device residual */
     for (int i = 0; i < n_used; i++) {

@@ -6,7 +6,7 @@
  * matcher (holds back possible stop prefixes) -> Kimi parser (reasoning /
  * content / tool calls, chat only) -> deltas. The client-gone flag is checked
  * before every token and in df_eval's progress callback, so a disconnect stops
- * the work within one token (or one layer of a prefill). */
+ * the work within one token (or one chunk of a prefill's layer). */
 #include "srv.h"
 #include <math.h>
 #include <stdio.h>
