@@ -364,6 +364,19 @@ static void test_request(void) {
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "top_logprobs");
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", "logprobs");
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":0.5}", "presence_penalty");
+    /* a lone UTF-16 surrogate escape: named (the JSON parser refuses it); a complete pair is a character */
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"\\ud83d\",\"max_tokens\":2}", 0, NULL,
+                 "the escape '\\ud83d' at byte 11 is a lone UTF-16 surrogate");
+    expect_400_n(SRV_COMPLETION, "{\"prompt\":\"a\\udc00b\"}", 0, NULL, "lone UTF-16 surrogate");
+    {
+        srv_request r;
+        char *ej = NULL;
+        const char *b = "{\"prompt\":\"\\ud83d\\ude00 \\\\ud83d\"}"; /* a pair, then an escaped backslash: text */
+        const int st = srv_request_parse(&r, SRV_COMPLETION, b, strlen(b), &ej);
+        CHECK(st == 0, "a surrogate pair and an escaped backslash before 'ud83d': %d %s", st, ej ? ej : "");
+        free(ej);
+        if (st == 0) srv_request_free(&r);
+    }
     /* tool_choice without tools (as the OpenAI API), the legacy functions, suffix and best_of > 1: refused, not ignored */
     expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}", 0, "tool_choice",
                  "only allowed when 'tools' are specified");

@@ -396,6 +396,43 @@ static int json_too_deep(const cJSON *o, int depth, char *where, size_t cap, siz
     return 0;
 }
 
+/* The value of the 4 hex digits at p (p + 4 <= end), or -1. */
+static int hex4(const char *p, const char *end) {
+    if (end - p < 4) return -1;
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        const char c = p[i];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* The byte offset of the first \uXXXX escape in body[0, lim) that is a lone UTF-16 surrogate (a high one not
+ * followed by a low one, or a low one alone), which the JSON parser refuses; -1 when there is none. */
+static long lone_surrogate(const char *body, size_t len, size_t lim) {
+    const char *end = body + len;
+    int in_str = 0;
+    for (size_t i = 0; i < lim && i < len; i++) {
+        const char c = body[i];
+        if (!in_str) { in_str = c == '"'; continue; }
+        if (c == '"') { in_str = 0; continue; }
+        if (c != '\\' || i + 1 >= len) continue;
+        if (body[i + 1] != 'u') { i++; continue; }
+        const int v = hex4(body + i + 2, end);
+        if (v >= 0xDC00 && v <= 0xDFFF) return (long)i;
+        if (v >= 0xD800 && v <= 0xDBFF) {
+            const int w = i + 7 < len && body[i + 6] == '\\' && body[i + 7] == 'u' ? hex4(body + i + 8, end) : -1;
+            if (w < 0xDC00 || w > 0xDFFF) return (long)i;
+            i += 11;
+            continue;
+        }
+        i += 1;
+    }
+    return -1;
+}
+
 int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, char **err_json) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -420,6 +457,11 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
             else if (c == '[' || c == '{') depth++;
             else if (c == ']' || c == '}') depth--;
         }
+        const long ls = lone_surrogate(body, len, off + 16);
+        if (ls >= 0)
+            FAIL(NULL, "We could not parse the JSON body of your request: the escape '%.6s' at byte %ld is a lone UTF-16 "
+                       "surrogate (a high surrogate \\ud800-\\udbff must be followed by a low one \\udc00-\\udfff). "
+                       "Send the character itself or its complete surrogate pair.", body + ls, ls);
         if (depth >= CJSON_NESTING_LIMIT)
             FAIL(NULL, "The JSON body of your request nests arrays / objects more than %d levels deep (at byte %zu); "
                        "this server accepts at most %d.", CJSON_NESTING_LIMIT, off, CJSON_NESTING_LIMIT);
