@@ -250,7 +250,7 @@ static int for_chunks(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
             const df_seq_rows one = {seqs[s].kv, seqs[s].n_past + t0, seqs[s].T - t0 < ATTN_CHUNK ? seqs[s].T - t0 : ATTN_CHUNK};
             int rc = fn(e, layer, &one, 1, (int64_t)r0 + t0, ctx, err, errlen);
             if (rc) return rc;
-            if (t0 + ATTN_CHUNK < seqs[s].T && eng_tick(e)) return eng_cancelled(e, layer, err, errlen);
+            if (t0 + ATTN_CHUNK < seqs[s].T && eng_tick(e)) return eng_cancelled(layer, err, errlen);
         }
     return DF_OK;
 }

@@ -123,8 +123,6 @@ typedef struct {
     int (*progress)(void *, const char *, uint64_t, uint64_t);
     void *progress_user;
     int progress_layers;
-    /* the callback answered non-zero from inside a layer (eng_tick): the call stops at the next chunk boundary */
-    int stop_asked;
     /* one token's MoE into the backend's device residual (moe_resid): defer_ok, set by forward for an FFN call whose
      * next layer is an MLA block (which can take x from the device); ffn_deferred, set by ffn_forward when it did so
      * (its out was not written); x_dev, the host's x lacks that MoE output: the next block takes x from the device;
@@ -168,12 +166,12 @@ typedef struct {
 } df_engine;
 
 /* Progress from inside a layer of the current forward call: its callback with ("layers", the layers finished, all
- * layers). A non-zero answer (cancel) sets e->stop_asked and is returned: the caller stops at that chunk boundary
- * with eng_cancelled (a long prompt's layer can take seconds). */
+ * layers). Its answer is returned: non-zero (cancel) and the caller stops at that chunk boundary with eng_cancelled
+ * (a long prompt's layer can take seconds). */
 int eng_tick(df_engine *e);
 
 /* DF_ECANCELLED with "evaluation cancelled in layer L" in err. */
-int eng_cancelled(df_engine *e, int layer, char *err, size_t errlen);
+int eng_cancelled(int layer, char *err, size_t errlen);
 
 /* y = x W^T on the engine's backend, counting weight bytes. x [T, cols], y [T, rows]. */
 void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *y);

@@ -86,14 +86,11 @@ static void pf_gate_record(df_engine *e, double dt, int rows) {
 }
 
 int eng_tick(df_engine *e) {
-    if (e->progress &&
-        e->progress(e->progress_user, "layers", (uint64_t)e->progress_layers, (uint64_t)e->cfg->num_hidden_layers))
-        e->stop_asked = 1;
-    return e->stop_asked;
+    return e->progress &&
+           e->progress(e->progress_user, "layers", (uint64_t)e->progress_layers, (uint64_t)e->cfg->num_hidden_layers);
 }
 
-int eng_cancelled(df_engine *e, int layer, char *err, size_t errlen) {
-    (void)e;
+int eng_cancelled(int layer, char *err, size_t errlen) {
     if (err) snprintf(err, errlen, "evaluation cancelled in layer %d", layer);
     return DF_ECANCELLED;
 }
@@ -200,7 +197,6 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
     e->progress = progress;
     e->progress_user = user;
     e->progress_layers = 0;
-    e->stop_asked = 0;
     e->x_dev = e->defer_ok = e->ffn_deferred = e->sh_early = e->moe_dev = e->moe_queued = 0;
     if (e->stream) sst_start(e->stream, sst_first_streamed(e->stream)); /* usually already read after the last call */
     /* a decode step: the lookahead runs when the gate's arm says so (always when ungated) */

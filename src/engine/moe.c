@@ -564,7 +564,7 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
         }
         if (nc == 0) break;
         if (u0 + nc < n_used && eng_tick(e)) {
-            rc = eng_cancelled(e, layer, err, errlen);
+            rc = eng_cancelled(layer, err, errlen);
             goto done;
         }
     }

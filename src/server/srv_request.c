@@ -4,6 +4,7 @@
  * the numerics in a way we cannot honour (penalties, logit_bias, n > 1) are
  * rejected rather than silently ignored. */
 #include "srv.h"
+#include "util/util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,8 +206,8 @@ static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
         cJSON *f = cJSON_GetObjectItemCaseSensitive(root, legacy[i]);
         if (f && !cJSON_IsNull(f))
             FAIL(legacy[i], "Unsupported parameter '%s' (deprecated by the OpenAI API): send the functions as 'tools' "
-                            "(each {\"type\":\"function\",\"function\":{...}}) and '%s' as 'tool_choice'.",
-                 legacy[i], "function_call");
+                            "(each {\"type\":\"function\",\"function\":{...}}) and 'function_call' as 'tool_choice'.",
+                 legacy[i]);
     }
     if (tc && !cJSON_IsNull(tc)) {
         if (cJSON_IsString(tc)) {
@@ -338,6 +339,15 @@ static int cmp_name(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* Appends child c (the i-th of o) to the path in where[at..): ".name" (or "name" at the start) in an object,
+ * "[i]" in an array; returns the path's new end, at most cap - 1 (a path too long for where is cut). */
+static size_t json_path_push(const cJSON *o, const cJSON *c, int i, char *where, size_t cap, size_t at) {
+    const int w = cJSON_IsObject(o) ? snprintf(where + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "", c->string ? c->string : "")
+                                    : snprintf(where + at, at < cap ? cap - at : 0, "[%d]", i);
+    const size_t nat = at + (w > 0 ? (size_t)w : 0);
+    return nat < cap ? nat : cap - 1;
+}
+
 /* Whether an object anywhere in the tree under o repeats a member name (JSON parsers disagree on which value wins:
  * cJSON keeps the first, Python and JavaScript the last). Yes: where = its path ("messages[0].role", "model"),
  * 1; no: 0; -1 when out of memory. Names of each object sorted (O(n log n) for a body of many keys). */
@@ -364,10 +374,7 @@ static int json_dup_key(const cJSON *o, char *where, size_t cap, size_t at) {
     int i = 0;
     for (const cJSON *c = o->child; c; c = c->next, i++) {
         if (!cJSON_IsObject(c) && !cJSON_IsArray(c)) continue;
-        const int w = cJSON_IsObject(o) ? snprintf(where + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "", c->string ? c->string : "")
-                                        : snprintf(where + at, at < cap ? cap - at : 0, "[%d]", i);
-        const size_t nat = at + (w > 0 ? (size_t)w : 0);
-        const int r = json_dup_key(c, where, cap, nat < cap ? nat : cap - 1);
+        const int r = json_dup_key(c, where, cap, json_path_push(o, c, i, where, cap, at));
         if (r) return r;
         if (at < cap) where[at] = 0;
     }
@@ -387,48 +394,38 @@ static int json_too_deep(const cJSON *o, int depth, char *where, size_t cap, siz
     int i = 0;
     for (const cJSON *c = o->child; c; c = c->next, i++) {
         if (!cJSON_IsObject(c) && !cJSON_IsArray(c)) continue;
-        const int w = cJSON_IsObject(o) ? snprintf(where + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "", c->string ? c->string : "")
-                                        : snprintf(where + at, at < cap ? cap - at : 0, "[%d]", i);
-        const size_t nat = at + (w > 0 ? (size_t)w : 0);
-        if (json_too_deep(c, depth + 1, where, cap, nat < cap ? nat : cap - 1)) return 1;
+        if (json_too_deep(c, depth + 1, where, cap, json_path_push(o, c, i, where, cap, at))) return 1;
         if (at < cap) where[at] = 0;
     }
     return 0;
 }
 
-/* The value of the 4 hex digits at p (p + 4 <= end), or -1. */
-static int hex4(const char *p, const char *end) {
-    if (end - p < 4) return -1;
-    int v = 0;
-    for (int i = 0; i < 4; i++) {
-        const char c = p[i];
-        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
-    }
-    return v;
-}
-
-/* The byte offset of the first \uXXXX escape in body[0, lim) that is a lone UTF-16 surrogate (a high one not
- * followed by a low one, or a low one alone), which the JSON parser refuses; -1 when there is none. */
-static long lone_surrogate(const char *body, size_t len, size_t lim) {
-    const char *end = body + len;
+/* What a body the JSON parser refused at byte off holds: the offset of the first \uXXXX escape in a string up to 16
+ * bytes past off that is a lone UTF-16 surrogate (a high one not followed by a low one, or a low one alone), which
+ * the parser refuses; else -1, with the nesting depth of arrays / objects at off in *depth. */
+static long scan_unparsed(const char *body, size_t len, size_t off, int *depth) {
     int in_str = 0;
-    for (size_t i = 0; i < lim && i < len; i++) {
+    *depth = 0;
+    for (size_t i = 0; i < off + 16 && i < len; i++) {
         const char c = body[i];
-        if (!in_str) { in_str = c == '"'; continue; }
-        if (c == '"') { in_str = 0; continue; }
-        if (c != '\\' || i + 1 >= len) continue;
-        if (body[i + 1] != 'u') { i++; continue; }
-        const int v = hex4(body + i + 2, end);
-        if (v >= 0xDC00 && v <= 0xDFFF) return (long)i;
-        if (v >= 0xD800 && v <= 0xDBFF) {
-            const int w = i + 7 < len && body[i + 6] == '\\' && body[i + 7] == 'u' ? hex4(body + i + 8, end) : -1;
-            if (w < 0xDC00 || w > 0xDFFF) return (long)i;
-            i += 11;
+        if (!in_str) {
+            if (c == '"') in_str = 1;
+            else if (i < off && (c == '[' || c == '{')) (*depth)++;
+            else if (i < off && (c == ']' || c == '}')) (*depth)--;
             continue;
         }
-        i += 1;
+        if (c == '"') in_str = 0;
+        if (c != '\\') continue;
+        unsigned v = 0, w = 0;
+        if (len - i >= 6 && body[i + 1] == 'u' && df_hex4(body + i + 2, &v)) v = 0; /* \uXXXX: 6 bytes */
+        if (v >= 0xDC00 && v <= 0xDFFF) return (long)i;
+        if (v >= 0xD800 && v <= 0xDBFF) {
+            if (len - i < 12 || body[i + 6] != '\\' || body[i + 7] != 'u' || df_hex4(body + i + 8, &w)) w = 0;
+            if (w < 0xDC00 || w > 0xDFFF) return (long)i;
+            i += 11; /* the pair */
+            continue;
+        }
+        i++; /* the escaped character */
     }
     return -1;
 }
@@ -446,18 +443,10 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
 #define NUM(key) num_text(body, len, (key), v->valuedouble, nb, sizeof nb)
     if (!root) {
         size_t off = end && end >= body ? (size_t)(end - body) : 0;
-        /* cJSON stops at CJSON_NESTING_LIMIT levels of arrays / objects: say so rather than point at valid JSON */
-        int depth = 0, in_str = 0;
-        for (size_t i = 0; i < off && i < len; i++) {
-            const char c = body[i];
-            if (in_str) {
-                if (c == '\\') i++;
-                else if (c == '"') in_str = 0;
-            } else if (c == '"') in_str = 1;
-            else if (c == '[' || c == '{') depth++;
-            else if (c == ']' || c == '}') depth--;
-        }
-        const long ls = lone_surrogate(body, len, off + 16);
+        /* a lone surrogate escape, or CJSON_NESTING_LIMIT levels of arrays / objects (where cJSON stops): say so
+         * rather than point at the error's byte alone */
+        int depth;
+        const long ls = scan_unparsed(body, len, off, &depth);
         if (ls >= 0)
             FAIL(NULL, "We could not parse the JSON body of your request: the escape '%.6s' at byte %ld is a lone UTF-16 "
                        "surrogate (a high surrogate \\ud800-\\udbff must be followed by a low one \\udc00-\\udfff). "

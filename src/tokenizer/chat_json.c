@@ -5,25 +5,13 @@
  * cJSON numbers) keeps 1 and 1.0 apart, as Python does. */
 #include "tok_internal.h"
 #include "jinja.h"
+#include "util/util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static void ws(const char **p) { while (**p == ' ' || **p == '\t' || **p == '\n' || **p == '\r') (*p)++; }
 
-static int hex4(const char *s, unsigned *v) {
-    *v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = s[i];
-        unsigned d;
-        if (c >= '0' && c <= '9') d = c - '0';
-        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-        else return -1;
-        *v = *v * 16 + d;
-    }
-    return 0;
-}
 
 static void put_cp_escaped(tok_buf *o, int32_t cp) {
     char tmp[8];
@@ -62,9 +50,9 @@ static int dump_string(const char **p, tok_buf *o) {
             case 't': put_cp_escaped(o, '\t'); break;
             case 'u': {
                 unsigned v, w;
-                if (hex4(s, &v)) return -1;
+                if (df_hex4(s, &v)) return -1;
                 s += 4;
-                if (v >= 0xD800 && v < 0xDC00 && s[0] == '\\' && s[1] == 'u' && !hex4(s + 2, &w) && w >= 0xDC00 && w < 0xE000) {
+                if (v >= 0xD800 && v < 0xDC00 && s[0] == '\\' && s[1] == 'u' && !df_hex4(s + 2, &w) && w >= 0xDC00 && w < 0xE000) {
                     v = 0x10000 + ((v - 0xD800) << 10) + (w - 0xDC00);
                     s += 6;
                 } else if (v >= 0xD800 && v < 0xE000) v = 0xFFFD;

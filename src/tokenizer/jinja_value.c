@@ -3,6 +3,7 @@
  * Python's str() / repr() / == / < / truthiness, json.loads of the render
  * variables and json.dumps as transformers' tojson filter calls it. */
 #include "jinja_int.h"
+#include "util/util.h"
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -654,19 +655,6 @@ static jv *jp_fail(jp *p, const char *what) {
     return NULL;
 }
 
-static int hex4(const char *s, unsigned *v) {
-    *v = 0;
-    for (int i = 0; i < 4; i++) {
-        char ch = s[i];
-        unsigned d;
-        if (ch >= '0' && ch <= '9') d = (unsigned)(ch - '0');
-        else if (ch >= 'a' && ch <= 'f') d = (unsigned)(ch - 'a' + 10);
-        else if (ch >= 'A' && ch <= 'F') d = (unsigned)(ch - 'A' + 10);
-        else return -1;
-        *v = *v * 16 + d;
-    }
-    return 0;
-}
 
 static jv *jp_string(jp *p) {
     p->s++; /* " */
@@ -691,10 +679,10 @@ static jv *jp_string(jp *p) {
             case 't': o = '\t'; break;
             case 'u': {
                 unsigned v, w;
-                if (p->e - p->s < 4 || hex4(p->s, &v)) { free(b.p); return jp_fail(p, "bad \\u escape"); }
+                if (p->e - p->s < 4 || df_hex4(p->s, &v)) { free(b.p); return jp_fail(p, "bad \\u escape"); }
                 p->s += 4;
                 if (v >= 0xD800 && v < 0xDC00 && p->e - p->s >= 6 && p->s[0] == '\\' && p->s[1] == 'u' &&
-                    !hex4(p->s + 2, &w) && w >= 0xDC00 && w < 0xE000) {
+                    !df_hex4(p->s + 2, &w) && w >= 0xDC00 && w < 0xE000) {
                     v = 0x10000 + ((v - 0xD800) << 10) + (w - 0xDC00);
                     p->s += 6;
                 } else if (v >= 0xD800 && v < 0xE000) {

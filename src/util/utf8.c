@@ -35,3 +35,17 @@ size_t df_utf8_invalid_at(const char *s, size_t n) {
     }
     return n;
 }
+
+int df_hex4(const char *s, unsigned *v) {
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        const char c = s[i];
+        unsigned d;
+        if (c >= '0' && c <= '9') d = (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') d = (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') d = (unsigned)(c - 'A' + 10);
+        else return -1;
+        *v = *v * 16 + d;
+    }
+    return 0;
+}

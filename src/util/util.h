@@ -106,6 +106,9 @@ int df_utf8_seq(const unsigned char *s, size_t n);
  * continuation byte, an invalid lead byte, the lead byte of an ill-formed or truncated sequence), or n when all of
  * s[0..n) is well-formed UTF-8. */
 size_t df_utf8_invalid_at(const char *s, size_t n);
+/* The 4 hex digits of a JSON \uXXXX escape at s (either case): 0 with their value in *v, or -1 at the first
+ * character that is not one (s is read no further, so a NUL-terminated s is safe). */
+int df_hex4(const char *s, unsigned *v);
 
 /* ------------------------------------------------ shell quoting (shquote.c) */
 

@@ -426,24 +426,24 @@ case $PART in
     gpu_tests
     resident_model
     for i in 1 2 3; do
-        for c in "$BIN" "$D/${ALT:-deltafin.b}"; do
-            log "cuda run --preload, 384 tokens, $(basename "$c")"
-            k=""
-            case "$c" in *" "*) k=${c#* } ;; esac
-            env $k timeout 100 "${c%% *}" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+        for b in "$BIN" "$D/${ALT:-deltafin.b}"; do
+            log "cuda run --preload, 384 tokens, $(basename "$b")"
+            timeout 100 "$b" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
                 --prompt-ids "$(seq -s, 1 64)" --max-new 384 --stats --print-ids >"$OUT/run.txt" 2>&1
             grep -E "^stats: (generation|decode)|rror" "$OUT/run.txt" | cut -c1-300 >>"$S"
             grep -E "^[0-9]+(,[0-9]+)+$" "$OUT/run.txt" | md5sum >>"$S"
         done
     done
-    log "bench kernels bf16 T=1, every variant"
-    [ -n "${SKIP_BENCH:-}" ] || DF_CUDA_BENCH_VARIANTS=1 timeout 120 "$BIN" bench kernels --backend cuda --types bf16 \
-        --T 1 --shapes 7168x8192,7168x2048,12288x1536,2112x7168 2>&1 | grep -E "^(bf16|limits)" | cut -c1-200 >>"$S"
-    [ -n "${SKIP_BENCH:-}" ] || for k in 2 1 4; do
-        log "bench kernels mxfp4 T=1, DF_CUDA_MMA_KS=$k"
-        DF_CUDA_MMA_KS=$k timeout 120 "$BIN" bench kernels --backend cuda --types mxfp4 --T 1 \
-            --shapes 2048x7168,7168x2048 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
-    done
+    if [ -z "${SKIP_BENCH:-}" ]; then
+        log "bench kernels bf16 T=1, every variant"
+        DF_CUDA_BENCH_VARIANTS=1 timeout 120 "$BIN" bench kernels --backend cuda --types bf16 --T 1 \
+            --shapes 7168x8192,7168x2048,12288x1536,2112x7168 2>&1 | grep -E "^(bf16|limits)" | cut -c1-200 >>"$S"
+        for k in 2 1 4; do
+            log "bench kernels mxfp4 T=1, DF_CUDA_MMA_KS=$k"
+            DF_CUDA_MMA_KS=$k timeout 120 "$BIN" bench kernels --backend cuda --types mxfp4 --T 1 \
+                --shapes 2048x7168,7168x2048 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
+        done
+    fi
     [ -z "${NCU_RUN:-}" ] || ncu_decode
     rm -rf "$W"
     ;;
