@@ -222,7 +222,7 @@ int srv_backend_open_model(srv_backend **out, const char *path, const df_model_o
  * it, endless cycling for longer ones); delay_ms per evaluated token. kimi=1:
  * a Kimi-family model whose output is a fixed <think> + tool-call script.
  * n_ctx: positions of each session (serve --ctx), as srv_backend_open_model
- * takes it: 0 = the mock's maximum, 4096; more is lowered to 4096 with a note. */
+ * takes it: 0 = 4096 (the engine's default); the mock's maximum is 65536, more is lowered to it with a note. */
 int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_ctx, int n_sessions, char *err, size_t errlen);
 /* Give a model backend the drafter dc names (none for "off"/NULL): one per session (a draft model
  * directory is opened once, resident, with mo's threads; each session's drafter has its own draft

@@ -33,10 +33,11 @@ static const char *const MOCK_MARKERS[] = {"<|tool_calls_section_begin|>", "<|to
                                            "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
 #define MOCK_N_MARKERS 5
 #define MOCK_VOCAB (257 + MOCK_N_MARKERS)
-#define MOCK_CTX 4096 /* the mock's maximum context, as a model's max_position_embeddings */
+#define MOCK_CTX 65536      /* the mock's maximum context, as a model's max_position_embeddings */
+#define MOCK_CTX_DEFAULT 4096 /* --ctx 0: as the engine's default, min(4096, maximum) */
 
 typedef struct {
-    int32_t toks[MOCK_CTX];
+    int32_t *toks; /* n_ctx */
     int n_past;
     int busy;
     double last_used;
@@ -273,6 +274,7 @@ static float k_logprob(const float *l, int n, int32_t id, int top_n, int32_t *ti
 static void k_close(srv_backend *b) {
     if (!b) return;
     if (b->impl) {
+        for (int i = 0; i < MK(b)->n_ss; i++) free(MK(b)->ss[i].toks);
         free(MK(b)->ss);
         pthread_mutex_destroy(&MK(b)->mu);
     }
@@ -291,15 +293,21 @@ int srv_backend_open_mock(srv_backend **out, int delay_ms, int kimi, int n_ctx, 
     if (!b || !k || !ss) { free(b); free(k); free(ss); return DF_ENOMEM; }
     k->ss = ss;
     k->n_ss = n_sessions;
-    /* --ctx as srv_backend_open_model takes it: 0 = the maximum (MOCK_CTX = 4096, the engine's default cap too);
-     * more than the maximum is lowered to it, with the same note */
-    if (n_ctx <= 0) n_ctx = MOCK_CTX;
+    /* --ctx as srv_backend_open_model takes it: 0 = min(4096, the maximum), the engine's default; more than the
+     * maximum is lowered to it, with the same note */
+    if (n_ctx <= 0) n_ctx = MOCK_CTX_DEFAULT;
     if (n_ctx > MOCK_CTX) {
         fprintf(stderr, "deltafin serve: note: --ctx %d is more than the model's maximum of %d positions; using %d\n",
                 n_ctx, MOCK_CTX, MOCK_CTX);
         n_ctx = MOCK_CTX;
     }
     k->n_ctx = n_ctx;
+    for (int i = 0; i < n_sessions; i++)
+        if (!(ss[i].toks = malloc((size_t)n_ctx * sizeof *ss[i].toks))) {
+            for (int j = 0; j < i; j++) free(ss[j].toks);
+            free(b); free(k); free(ss);
+            return DF_ENOMEM;
+        }
     pthread_mutex_init(&k->mu, NULL);
     k->delay_ms = delay_ms;
     k->kimi = kimi;
