@@ -363,7 +363,7 @@ static void test_sampled_in_top(void) {
 
 /* serve --mock --ctx N: the mock's sessions hold N positions, and the generator treats them as the engine's: a prompt of
  * N tokens or more is a 400 naming the context, generation stops at the context with finish_reason "length" (also a
- * chat without max_tokens), a KV-reused session too; 0 is the mock's maximum (4096), more is lowered to it. */
+ * chat without max_tokens), a KV-reused session too; 0 is 4096 (the engine's default), more than the mock's maximum (65536) is lowered to it. */
 static void test_mock_ctx(void) {
     char err[256];
     srv_backend *saved = be, *m16 = NULL;
@@ -412,10 +412,13 @@ static void test_mock_ctx(void) {
         m->close(m);
     }
     m = NULL;
-    CHECK(srv_backend_open_mock(&m, 0, 0, 0, 1, err, sizeof err) == 0 && m && m->n_ctx == 4096, "--ctx 0: the maximum, 4096");
+    CHECK(srv_backend_open_mock(&m, 0, 0, 0, 1, err, sizeof err) == 0 && m && m->n_ctx == 4096, "--ctx 0: the default, 4096");
     if (m) m->close(m);
     m = NULL;
-    CHECK(srv_backend_open_mock(&m, 0, 0, 5000, 1, err, sizeof err) == 0 && m && m->n_ctx == 4096, "--ctx 5000: lowered to 4096");
+    CHECK(srv_backend_open_mock(&m, 0, 0, 5000, 1, err, sizeof err) == 0 && m && m->n_ctx == 5000, "--ctx 5000: as asked");
+    if (m) m->close(m);
+    m = NULL;
+    CHECK(srv_backend_open_mock(&m, 0, 0, 70000, 1, err, sizeof err) == 0 && m && m->n_ctx == 65536, "--ctx 70000: lowered to 65536");
     if (m) m->close(m);
     be = go.be = saved;
 }
