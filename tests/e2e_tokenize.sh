@@ -53,12 +53,21 @@ out="$(printf 'x' | "$BIN" tokenize --tokenizer /nonexistent/tokenizer.json 2>&1
 [ $rc -ne 0 ] && [[ "$out" == *"/nonexistent"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL missing file: rc $rc '$out'"; }
 out="$(printf '5,abc' | "$BIN" tokenize --model "$C/qwen3" --decode 2>&1)"; rc=$?
 [ $rc -ne 0 ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL bad --decode input accepted"; }
-# --chat: the messages are checked by the server's rule (a 400 there): an empty list, a message without content
-# (only an assistant message may leave it out), a role that is none; exit 1 with the message's index
-for m in '[]|messages: an empty list' '{"messages":[]}|messages: an empty list' \
-         '[{"role":"user"}]|messages[0].content: Missing required parameter' \
-         '[{"role":"user","content":"a"},{"role":"bob","content":"b"}]|messages[1].role: Invalid value' \
-         '[{"content":"x"}]|messages[0].role: Missing or invalid'; do
+# --chat: the messages are checked by the server's rule, with its message (a 400 there): an empty list, a message
+# without content (only an assistant message may leave it out), a role that is none, a NUL (which would cut the
+# prompt), a key twice, a text part without text, an image part, an empty parts list, a tool result without its call's
+# id, a tool name outside OpenAI's pattern; exit 1 with the message's index
+for m in "[]|Invalid 'messages': empty array" "{\"messages\":[]}|Invalid 'messages': empty array" \
+         "[{\"role\":\"user\"}]|Missing required parameter: 'messages[0].content'" \
+         "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"bob\",\"content\":\"b\"}]|Invalid value for 'messages[1].role'" \
+         "[{\"content\":\"x\"}]|Missing or invalid 'messages[0].role'" \
+         "[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]|Invalid 'messages[0].content': the string contains a NUL" \
+         "[{\"role\":\"user\",\"content\":\"x\",\"content\":\"y\"}]|Invalid request body: the key 'messages[0].content' appears more than once" \
+         "[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]|Missing required parameter: 'messages[0].content[0].text'" \
+         "[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]|image input is not supported" \
+         "[{\"role\":\"user\",\"content\":[]}]|Invalid 'messages[0].content': empty array" \
+         "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":\"x\"}]|Missing required parameter: 'messages[1].tool_call_id'" \
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}|Invalid 'tools[0].function.name': 'a b' does not match"; do
     out="$(printf '%s' "${m%%|*}" | "$BIN" tokenize --model "$C/qwen3" --chat --render 2>&1)"; rc=$?
     [ $rc -eq 1 ] && [[ "$out" == "deltafin tokenize: --chat: ${m#*|}"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --chat ${m%%|*}: rc $rc '$out'"; }
 done

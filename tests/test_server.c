@@ -350,6 +350,35 @@ static void test_request(void) {
     if (!st) srv_request_free(&r);
     expect_400(SRV_CHAT, "", NULL);
     expect_400(SRV_CHAT, "{\"messages\":[]}", "messages");
+    /* as the OpenAI API: an empty parts list, a text part without text, a tool result without tool_call_id, a tool
+     * name outside ^[a-zA-Z0-9_-]{1,64}$ */
+    expect_400_exact(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[]}]}",
+                     "Invalid 'messages[0].content': empty array. Expected an array with minimum length 1.");
+    expect_400_exact(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+                     "Missing required parameter: 'messages[0].content[0].text'.");
+    expect_400_exact(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":1}]}]}",
+                     "Invalid type for 'messages[0].content[0].text': expected a string.");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]}", "messages[0].content");
+    expect_400_exact(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":\"x\"}]}",
+                     "Missing required parameter: 'messages[1].tool_call_id'.");
+    expect_400_exact(SRV_CHAT, "{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":5,\"content\":\"x\"}]}",
+                     "Invalid type for 'messages[0].tool_call_id': expected a string.");
+    expect_400_exact(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}",
+                     "Invalid 'tools[0].function.name': 'a b' does not match the pattern '^[a-zA-Z0-9_-]{1,64}$' (1 to 64 "
+                     "letters, digits, '_' or '-').");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}",
+               "tools[0].function.name");
+    expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+               "{\"name\":\"x2345678901234567890123456789012345678901234567890123456789012345\"}}]}", "tools[0].function.name");
+    {
+        srv_request r;
+        char *ej = NULL;
+        const char *ok = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+                         "{\"name\":\"Get_weather-2\"}}]}";
+        CHECK(srv_request_parse(&r, SRV_CHAT, ok, strlen(ok), &ej) == 0 && r.n_tools == 1, "tool name Get_weather-2: %s", ej ? ej : "");
+        srv_request_free(&r);
+        free(ej);
+    }
     expect_400(SRV_CHAT, "{\"messages\":\"hi\"}", "messages");
     expect_400(SRV_CHAT, "{}", "messages");
     expect_400(SRV_CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages[0].role");

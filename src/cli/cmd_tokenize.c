@@ -10,7 +10,6 @@
 #include "cli.h"
 #include "deltafin.h"
 #include "server/server.h"
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,8 +33,9 @@ static void usage(FILE *f) {
             "  --chat renders with the template's own thinking default (apply_chat_template without\n"
             "  enable_thinking: Qwen3 thinks); --thinking / --no-thinking pass enable_thinking True / False.\n"
             "  --render, --tools, --thinking, --no-thinking and --no-gen-prompt apply only with --chat.\n"
-            "  --chat checks the messages as `deltafin serve` does (an error, exit 1): a non-empty list, each with a\n"
-            "  role and a content (only an assistant message may leave it out; null is rendered as \"\").\n");
+            "  --chat checks the messages as `deltafin serve` does (an error, exit 1, with the server's message): a\n"
+            "  non-empty list, each with a role and a content (only an assistant message may leave it out; null is\n"
+            "  rendered as \"\"; text parts are joined), no NUL characters, no key twice, no image parts.\n");
 }
 
 /* tokenize's options: what an unknown option is compared with */
@@ -59,49 +59,6 @@ static char *read_all(FILE *f, size_t *n) {
     b[len] = 0;
     *n = len;
     return b;
-}
-
-/* The messages of --chat, checked by the rule the server's /v1/chat/completions applies: a non-empty list, each
- * message as srv_check_message (server/server.h: an object with a string role among system, developer, user,
- * assistant, tool, function and a "content", which only an assistant message may leave out), the content a string,
- * null or a list of parts. A null content is rendered as "" (as the server does: OpenAI clients send it
- * on assistant messages with tool_calls): *norm then gets the JSON to render instead (malloc'd). 0, else a message in
- * err and -1 (also for input that is not JSON). */
-static int check_messages(const char *in, char **norm, char *err, size_t errlen) {
-    *norm = NULL;
-    const char *at = NULL;
-    cJSON *root = cJSON_ParseWithOpts(in, &at, 1); /* the whole input: nothing may follow the messages */
-    if (!root) {
-        snprintf(err, errlen, "the messages are not valid JSON (near byte %ld): expected a JSON list of messages, or "
-                              "{\"messages\": [...]}", at && at >= in ? (long)(at - in) : 0L);
-        return -1;
-    }
-    int rc = -1, nulls = 0;
-    cJSON *msgs = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "messages") : root;
-    if (!msgs) { snprintf(err, errlen, "no \"messages\": expected a JSON list of messages, or {\"messages\": [...]}"); goto out; }
-    if (!cJSON_IsArray(msgs)) { snprintf(err, errlen, "messages: expected a list of message objects"); goto out; }
-    if (!cJSON_GetArraySize(msgs)) { snprintf(err, errlen, "messages: an empty list (at least one message is needed)"); goto out; }
-    int i = 0;
-    cJSON *m;
-    cJSON_ArrayForEach(m, msgs) {
-        char param[64], msg[400];
-        if (srv_check_message(m, i, param, sizeof param, msg, sizeof msg)) {
-            snprintf(err, errlen, "%s: %s", param, msg);
-            goto out;
-        }
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (c && !cJSON_IsString(c) && !cJSON_IsNull(c) && !cJSON_IsArray(c)) {
-            snprintf(err, errlen, "messages[%d].content: expected a string, a list of content parts or null", i);
-            goto out;
-        }
-        if (cJSON_IsNull(c)) { cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString("")); nulls++; }
-        i++;
-    }
-    if (nulls) *norm = cJSON_PrintUnformatted(root);
-    rc = 0;
-out:
-    cJSON_Delete(root);
-    return rc;
 }
 
 static int print_ids(const int32_t *ids, size_t n) {
@@ -199,17 +156,18 @@ int cmd_tokenize(int argc, char **argv) {
                 }
                 if (f) fclose(f);
             }
-            char *norm = NULL;
-            if (!status && check_messages(in, &norm, err, sizeof err)) {
+            char *msgs = NULL, *tj = NULL;
+            if (!status && srv_check_chat(in, n, tools, &msgs, &tj, err, sizeof err)) {
                 fprintf(stderr, "deltafin tokenize: --chat: %s\n", err);
                 status = 1;
             }
             if (!status) {
-                rc = df_chat_render(t, norm ? norm : in, tools, cflags, &rendered, err, sizeof err);
+                rc = df_chat_render(t, msgs, tj, cflags, &rendered, err, sizeof err);
                 if (rc) { fprintf(stderr, "deltafin tokenize: %s\n", err); status = 1; }
                 else { text = rendered; tl = strlen(rendered); flags |= DF_TOK_PARSE_SPECIAL; }
             }
-            free(norm);
+            free(msgs);
+            free(tj);
         }
         if (!status && chat && render) fwrite(text, 1, tl, stdout);
         else if (!status) {

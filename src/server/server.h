@@ -63,11 +63,13 @@ typedef struct {
  * cleanup (cmd_serve: exit status 128 + signal, as `run`). */
 int srv_serve(const srv_config *c);
 
-/* The rule /v1/chat/completions applies to message i (m, a JSON value) of "messages", shared with `tokenize --chat`:
- * an object with a string role (system, developer, user, assistant, tool, function) and a "content", which only an
- * assistant message may leave out. 0, or -1 with the offending parameter ("messages[i].role") in param and OpenAI's
- * wording of the error in msg. */
-struct cJSON;
-int srv_check_message(const struct cJSON *m, int i, char *param, size_t plen, char *msg, size_t mlen);
+/* The messages of `tokenize --chat` checked as /v1/chat/completions checks a request's (src/server/srv_request.c:
+ * NUL characters, keys sent twice, nesting, roles, contents and their parts, tool results' tool_call_id, tool
+ * names) and normalised as the server normalises them (content parts joined into a string, null content as "").
+ * in[0..n): a JSON list of messages, or an object {"messages": [...], "tools": [...]}; tools: NULL or a JSON list
+ * of tools (--tools FILE; an error when in has "tools" too). 0 with *messages_json (a JSON list) and *tools_json
+ * (NULL when there are none) malloc'd, else -1 with the server's message (OpenAI's wording) in err. */
+int srv_check_chat(const char *in, size_t n, const char *tools, char **messages_json, char **tools_json, char *err,
+                   size_t errlen);
 
 #endif

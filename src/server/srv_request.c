@@ -106,6 +106,7 @@ static int normalise_content(cJSON *msg, int idx, char **err_json) {
     cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
     if (!c || cJSON_IsNull(c) || cJSON_IsString(c)) return 0;
     if (!cJSON_IsArray(c)) FAIL(param, "Invalid type for '%s': expected a string, an array of content parts or null.", param);
+    if (!cJSON_GetArraySize(c)) FAIL(param, "Invalid '%s': empty array. Expected an array with minimum length 1.", param);
     srv_buf b;
     srv_buf_init(&b);
     cJSON *part;
@@ -125,7 +126,14 @@ static int normalise_content(cJSON *msg, int idx, char **err_json) {
             FAIL(pp, "image input is not supported: deltafin runs the text model only ('%s' is an image part). "
                  "Send text content parts only.", pp);
         }
-        if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
+        if (cJSON_IsObject(part) && cJSON_IsString(ty) && !strcmp(ty->valuestring, "text") && !cJSON_IsString(tx)) {
+            srv_buf_free(&b);
+            char pp[96];
+            snprintf(pp, sizeof pp, "%s[%d].text", param, k);
+            if (!tx) FAIL(pp, "Missing required parameter: '%s'.", pp);
+            FAIL(pp, "Invalid type for '%s': expected a string.", pp);
+        }
+        if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text")) {
             srv_buf_free(&b);
             FAIL(param, "Unsupported content part %d in '%s': only {\"type\":\"text\",\"text\":...} parts are supported.", k, param);
         }
@@ -139,7 +147,10 @@ fail:
     return 400;
 }
 
-int srv_check_message(const cJSON *m, int i, char *param, size_t plen, char *msg, size_t mlen) {
+/* The rule for message i (m) of "messages": an object with a string role (system, developer, user, assistant, tool,
+ * function) and a "content", which only an assistant message may leave out; a tool message's string tool_call_id.
+ * 0, or -1 with the offending parameter ("messages[i].role") in param and OpenAI's wording of the error in msg. */
+static int check_message(const cJSON *m, int i, char *param, size_t plen, char *msg, size_t mlen) {
     snprintf(param, plen, "messages[%d]", i);
     if (!cJSON_IsObject(m)) { snprintf(msg, mlen, "Invalid type for '%s': expected an object.", param); return -1; }
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -158,6 +169,13 @@ int srv_check_message(const cJSON *m, int i, char *param, size_t plen, char *msg
         snprintf(msg, mlen, "Missing required parameter: '%s'.", param);
         return -1;
     }
+    /* a tool result names the call it answers (the OpenAI API requires it; chat templates render it) */
+    if (!strcmp(role->valuestring, "tool")) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+        snprintf(param, plen, "messages[%d].tool_call_id", i);
+        if (!id) { snprintf(msg, mlen, "Missing required parameter: '%s'.", param); return -1; }
+        if (!cJSON_IsString(id)) { snprintf(msg, mlen, "Invalid type for '%s': expected a string.", param); return -1; }
+    }
     return 0;
 }
 
@@ -171,7 +189,7 @@ static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
     cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
         char param[64], msg[400];
-        if (srv_check_message(m, i, param, sizeof param, msg, sizeof msg)) FAIL(param, "%s", msg);
+        if (check_message(m, i, param, sizeof param, msg, sizeof msg)) FAIL(param, "%s", msg);
         cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         /* OpenAI clients send "content": null on assistant messages that carry tool_calls: render it as "" (chat
          * templates that iterate over content would fail on None) */
@@ -192,6 +210,15 @@ static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
                 char param[48];
                 snprintf(param, sizeof param, "tools[%d].function.name", k);
                 FAIL(param, "Missing or invalid '%s': each tool must be {\"type\":\"function\",\"function\":{\"name\":...}}.", param);
+            }
+            /* the OpenAI API's rule for a function name: 1 to 64 of a-z, A-Z, 0-9, '_' and '-' */
+            const char *nv = nm->valuestring;
+            const size_t nl = strlen(nv);
+            if (!nl || nl > 64 || strspn(nv, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != nl) {
+                char param[48];
+                snprintf(param, sizeof param, "tools[%d].function.name", k);
+                FAIL(param, "Invalid '%s': '%.80s%s' does not match the pattern '^[a-zA-Z0-9_-]{1,64}$' (1 to 64 letters, "
+                            "digits, '_' or '-').", param, nv, nl > 80 ? "..." : "");
             }
             k++;
         }
@@ -622,4 +649,65 @@ fail:
     r->kind = kind;
     if (!*err_json) *err_json = srv_error_json("invalid request", "invalid_request_error", NULL, NULL);
     return 400;
+}
+
+int srv_check_chat(const char *in, size_t n, const char *tools, char **messages_json, char **tools_json, char *err,
+                   size_t errlen) {
+    *messages_json = *tools_json = NULL;
+    const char *at = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(in, n, &at, 0);
+    if (!root) {
+        snprintf(err, errlen, "the messages are not valid JSON (near byte %ld): expected a JSON list of messages, or "
+                              "{\"messages\": [...]}", at && at >= in ? (long)(at - in) : 0L);
+        return -1;
+    }
+    const int is_list = cJSON_IsArray(root), is_obj = cJSON_IsObject(root);
+    const int has_tools = is_obj && cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const int empty_obj = is_obj && !root->child;
+    cJSON_Delete(root);
+    if (!is_list && !is_obj) {
+        snprintf(err, errlen, "expected a JSON list of messages, or {\"messages\": [...]}");
+        return -1;
+    }
+    if (empty_obj) { snprintf(err, errlen, "no \"messages\": expected a JSON list of messages, or {\"messages\": [...]}"); return -1; }
+    if (tools && has_tools) { snprintf(err, errlen, "the input has \"tools\" and --tools gives them too: give them once"); return -1; }
+    /* the request the server would get: {"messages": LIST[, "tools": TOOLS]} or the object with "tools" added */
+    const size_t tl = tools ? strlen(tools) : 0;
+    char *body = malloc(n + tl + 32);
+    if (!body) { snprintf(err, errlen, "out of memory"); return -1; }
+    size_t bl = 0;
+    if (is_list) {
+        bl += (size_t)sprintf(body, "{\"messages\":");
+        memcpy(body + bl, in, n); bl += n;
+        if (tools) { bl += (size_t)sprintf(body + bl, ",\"tools\":"); memcpy(body + bl, tools, tl); bl += tl; }
+        body[bl++] = '}';
+    } else {
+        const char *brace = memchr(in, '{', n); /* the object's first byte: only whitespace before it */
+        if (tools) {
+            bl += (size_t)sprintf(body, "{\"tools\":");
+            memcpy(body + bl, tools, tl); bl += tl;
+            body[bl++] = ',';
+            memcpy(body + bl, brace + 1, n - (size_t)(brace + 1 - in)); bl += n - (size_t)(brace + 1 - in);
+        } else { memcpy(body, in, n); bl = n; }
+    }
+    body[bl] = 0;
+    srv_request r;
+    char *ej = NULL;
+    int rc = srv_request_parse(&r, SRV_CHAT, body, bl, &ej);
+    free(body);
+    if (rc) {
+        cJSON *e = ej ? cJSON_Parse(ej) : NULL;
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "message");
+        snprintf(err, errlen, "%s", cJSON_IsString(m) ? m->valuestring : "invalid messages");
+        cJSON_Delete(e);
+        free(ej);
+        srv_request_free(&r);
+        return -1;
+    }
+    *messages_json = r.messages_json;
+    *tools_json = r.n_tools ? r.tools_json : NULL;
+    if (*tools_json) r.tools_json = NULL;
+    r.messages_json = NULL;
+    srv_request_free(&r);
+    return 0;
 }
