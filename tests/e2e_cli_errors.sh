@@ -196,9 +196,17 @@ expect 2 "serve --prefetch bogus" '^deltafin serve: --prefetch "bogus": expected
     "$BIN" serve --model "$KM" --prefetch bogus --port 0
 expect 2 "serve --prefault ungated" '^deltafin serve: --prefault "ungated": expected auto, on or off' -- \
     "$BIN" serve --model "$KM" --prefault ungated --port 0
-out=$("$BIN" serve --model "$KM" --draft "$TMP/nope" --ctx 1000000 --prefetch ungated --prefault off --threads 1 --port 0 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin serve: cannot use the draft model: --draft $TMP/nope: " \
-    && ! echo "$out" | grep -q "cannot open model" && ok || bad "serve --draft /nope: rc $rc $out"
+# a mistyped --draft path: said at once, before the model is opened (no configuration line)
+out=$("$BIN" serve --model "$KM" --draft "$TMP/nope" --port 0 2>&1); rc=$?
+[ $rc -eq 1 ] && [ "$out" = "deltafin serve: --draft $TMP/nope: no such directory (expected a draft model directory, ngram or off)" ] \
+    && ok || bad "serve --draft /nope: rc $rc $out"
+expect 1 "run --draft /nope: before the model is opened" "^deltafin run: --draft $TMP/nope: no such directory" -- \
+    "$BIN" run --model "$KM" --draft "$TMP/nope" --prompt-ids 5 --max-new 1
+# a directory that is no draft model: the target opens (the --ctx note), then the draft model's error
+mkdir -p "$TMP/nodraft"
+out=$("$BIN" serve --model "$KM" --draft "$TMP/nodraft" --ctx 1000000 --prefetch ungated --prefault off --threads 1 --port 0 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin serve: cannot use the draft model: --draft $TMP/nodraft: " \
+    && ! echo "$out" | grep -q "cannot open model" && ok || bad "serve --draft (not a model): rc $rc $out"
 echo "$out" | grep -qE "^deltafin serve: note: --ctx 1000000 is more than the model's maximum of [0-9]+ positions; using [0-9]+$" \
     && ok || bad "serve --ctx 1000000: no note: $out"
 # under a RAM budget, --ctx at the model's maximum is kept as asked, and above it lowered to that maximum
@@ -457,7 +465,7 @@ echo "$out" | grep -q "bench prefill \[--model DIR\]" && echo "$out" | grep -q "
 # bench io: each problem named with its flag and value
 expect 2 "bench io without --dir" "^deltafin bench io: --dir DIR is required" -- "$BIN" bench io
 expect 2 "bench io --dir a,,b" "^deltafin bench io: --dir \"$TMP,,$TMP\": an empty directory name" -- "$BIN" bench io --dir "$TMP,,$TMP"
-expect 2 "bench io --dir <missing>" "^deltafin bench io: --dir $TMP/nope: No such file or directory" -- "$BIN" bench io --dir "$TMP/nope"
+expect 1 "bench io --dir <missing>: a runtime error, as run --model" "^deltafin bench io: --dir $TMP/nope: no such directory" -- "$BIN" bench io --dir "$TMP/nope"
 # an empty item in a comma-separated list is refused everywhere, as run --prompt-ids 1,,2 is
 expect 2 "bench kernels --types f32,,bf16" '^deltafin bench kernels: --types "f32,,bf16": an empty item in the list' -- \
     "$BIN" bench kernels --types f32,,bf16

@@ -76,6 +76,15 @@ for v in 0 1 on off; do runs DF_CUDA_HOST_PIN $v; done
 out=$(DF_CUDA_TRACE=bogus "$BIN" doctor --model "$M" 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q 'the default backend (auto) cannot start: environment variable DF_CUDA_TRACE="bogus"' \
     && ok "doctor with DF_CUDA_TRACE=bogus -> rc 1" || bad "doctor with DF_CUDA_TRACE=bogus: rc $rc: $out"
+# doctor with DF_BACKEND set: the backend line is DF_BACKEND's (not auto's), and one that cannot start is exit 1
+out=$(DF_BACKEND=cpu "$BIN" doctor --model "$M" 2>/dev/null | grep '^backend'); rc=$?
+[[ "$out" == "backend cpu (DF_BACKEND): cpu-"* ]] \
+    && ok "doctor with DF_BACKEND=cpu: its backend line" || bad "doctor with DF_BACKEND=cpu: '$out'"
+if ! nvidia-smi >/dev/null 2>&1; then
+    out=$(DF_BACKEND=cuda "$BIN" doctor --model "$M" 2>/dev/null); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q '^backend cuda (DF_BACKEND): cannot start' && ! echo "$out" | grep -q '^backend auto' \
+        && ok "doctor with DF_BACKEND=cuda and no GPU: cannot start, rc 1" || bad "doctor with DF_BACKEND=cuda: rc $rc: $out"
+fi
 # DF_CUDA_TRACE (off by default): 1 / on / 0 / off / unset run, anything else stops cuda and auto
 refused DF_CUDA_TRACE yes "1 (on), 2 (host clocks only) or 0 (off, the default)"
 for v in 0 1 2 on off; do runs DF_CUDA_TRACE $v; done

@@ -209,6 +209,10 @@ expect "max_tokens 0 + echo + logprobs -> 200" \
 expect "text = prompt, 3 prompt logprobs (first null), 0 completion tokens" \
     "$(json "$TMP/sc" '[j.choices[0].text, j.choices[0].logprobs.tokens.join(""), j.choices[0].logprobs.token_logprobs.length, j.choices[0].logprobs.token_logprobs[0], j.usage.completion_tokens, j.choices[0].finish_reason].join("|")')" \
     "abc|abc|3||0|length"
+for _ in $(seq 1 50); do grep -q 'status 200: prompt 3 tokens' "$TMP/sc.log" && break; sleep 0.05; done
+line=$(grep 'status 200: prompt 3 tokens' "$TMP/sc.log" | head -1)
+case $line in "serve: completion json status 200: prompt 3 tokens (0 reused), 0 generated, no token, "*) ok "logged: 0 generated, no token" ;;
+    *) bad "max_tokens 0 log line: '$line'" ;; esac
 expect "max_tokens 0 without echo -> 400" \
     "$(curl -s -o "$TMP/sc" -w '%{http_code}' "${H[@]}" -d '{"prompt":"abc","max_tokens":0}' "$B/v1/completions")" 400
 # ---- 5. no seed: "regenerate" gives another text

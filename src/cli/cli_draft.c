@@ -120,6 +120,18 @@ void cli_draft_note_unused(const char *cmd, const cli_draft_opts *o) {
                 o->tuned);
 }
 
+int cli_draft_check_path(const char *cmd, const cli_draft_opts *o) {
+    if (!cli_draft_enabled(o) || !strcmp(o->draft, "ngram")) return 0;
+    struct stat st;
+    const int missing = stat(o->draft, &st) != 0;
+    if (missing || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "deltafin %s: --draft %s: %s (expected a draft model directory, ngram or off)\n", cmd, o->draft,
+                missing ? "no such directory" : "not a directory");
+        return 1;
+    }
+    return 0;
+}
+
 int cli_draft_open(const char *cmd, const cli_draft_opts *o, df_model *target, const df_model_opts *target_opts,
                    df_model **draft_model, df_drafter **out) {
     char err[1024] = "";
@@ -132,12 +144,7 @@ int cli_draft_open(const char *cmd, const cli_draft_opts *o, df_model *target, c
         if (rc) { fprintf(stderr, "deltafin %s: --draft ngram: %s\n", cmd, err); return 2; }
         return 0;
     }
-    struct stat st;
-    if (stat(o->draft, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "deltafin %s: --draft %s: %s (expected a draft model directory, ngram or off)\n", cmd, o->draft,
-                stat(o->draft, &st) != 0 ? "no such directory" : "not a directory");
-        return 1;
-    }
+    if (cli_draft_check_path(cmd, o)) return 1;
     /* the draft model: resident (no budget of its own), the target's threads, cache and backend */
     df_model_opts mo;
     df_model_opts_default(&mo);

@@ -27,6 +27,9 @@ extern const char *const cli_draft_flags[];
 /* A --draft-* tuning flag given while drafting is off: a one-line note on stderr ("deltafin CMD: note: --draft-max
  * has no effect without --draft ..."), not an error. */
 void cli_draft_note_unused(const char *cmd, const cli_draft_opts *o);
+/* A --draft DIR that is no directory: "deltafin CMD: --draft DIR: no such directory (...)" and 1, so that a
+ * mistyped path is reported before the target model is opened; 0 for a directory, ngram or off. */
+int cli_draft_check_path(const char *cmd, const cli_draft_opts *o);
 /* The drafter the options name for `target` (NULL when off); a draft model directory is opened into
  * *draft_model (closed by the caller after the drafter is freed) with the target's threads, cache
  * dir, backend and KV positions. 0, or the exit status (1 runtime, 2 usage) after a message. */

@@ -287,9 +287,10 @@ static int bench_io(int argc, char **argv) {
             if (missing || !S_ISDIR(sb.st_mode)) {
                 char qd[8300];
                 fprintf(stderr, "deltafin bench io: --dir %s: %s (expected a directory of files to read, e.g. one written by "
-                                "`deltafin synth %s`)\n", d, missing ? strerror(errno) : "not a directory",
+                                "`deltafin synth %s`)\n", d,
+                        !missing ? "not a directory" : errno == ENOENT ? "no such directory" : strerror(errno),
                         df_shell_quote(d, qd, sizeof qd));
-                return 2;
+                return 1; /* a runtime error, as run's --model that is not there */
             }
             nd++;
             if (!e) break;

@@ -160,10 +160,14 @@ int cmd_doctor(int argc, char **argv) {
         char b[400];
         const int ok = df_backend_available("cuda", b, sizeof b);
         printf("GPU: %s\n", ok ? b + 6 /* past "cuda: " */ : b);
-        auto_ok = df_backend_available("auto", b, sizeof b);
-        printf("backend auto: %s\n", strncmp(b, "cuda:", 5) ? b : "cuda");
+        /* the backend run / serve would use: DF_BACKEND's (the default --backend) when set, else auto */
+        const char *env = getenv("DF_BACKEND");
+        const char *dflt = env && *env ? env : "auto";
+        auto_ok = df_backend_available(dflt, b, sizeof b);
+        if (dflt == env) printf("backend %s (DF_BACKEND): %s\n", env, auto_ok ? b : "cannot start (the error on stderr says why)");
+        else printf("backend auto: %s\n", strncmp(b, "cuda:", 5) ? b : "cuda");
         /* auto fails only on a setting (e.g. an invalid CUDA knob): run / serve would stop on it */
-        if (!auto_ok) fprintf(stderr, "deltafin doctor: the default backend (auto) cannot start: %s\n", b);
+        if (!auto_ok && dflt != env) fprintf(stderr, "deltafin doctor: the default backend (auto) cannot start: %s\n", b);
     }
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {

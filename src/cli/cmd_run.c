@@ -460,7 +460,7 @@ int cmd_run(int argc, char **argv) {
     }
     if (chat && prompt_ids) { fprintf(stderr, "deltafin run: --chat needs --prompt TEXT (ids are used as given)\n"); return 2; }
     /* a mistyped path is "no such directory", before anything looks inside it */
-    if (cli_check_model_dir("run", model)) return 1;
+    if (cli_check_model_dir("run", model) || cli_draft_check_path("run", &dopt)) return 1;
     /* a directory that is no model: the real cause, before a text prompt looks for its tokenizer */
     if (!cli_is_file(model, "manifest.json") && !cli_is_file(model, "config.json")) {
         fprintf(stderr, "deltafin run: %s: neither manifest.json (native model) nor config.json (Hugging Face checkpoint) "

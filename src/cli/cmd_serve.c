@@ -229,7 +229,7 @@ int cmd_serve(int argc, char **argv) {
         c.model_path = dflt_dir;
         fprintf(stderr, "deltafin serve: model (no --model): %s, %s\n", dflt_dir, dflt_how);
     }
-    if (!c.mock && cli_check_model_dir("serve", c.model_path)) return 1;
+    if (!c.mock && (cli_check_model_dir("serve", c.model_path) || cli_draft_check_path("serve", &dopt))) return 1;
     c.draft.draft = dopt.draft;
     c.draft.ngram_min = dopt.ngram_min;
     c.draft.ngram_max = dopt.ngram_max;

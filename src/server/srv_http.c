@@ -279,9 +279,12 @@ static void *worker_main(void *arg) {
         if (refused) log_refusal(j->req.kind == SRV_CHAT, 400, j->error_msg);
         else {
             char line[sizeof j->log_line];
-            snprintf(line, sizeof line, "serve: %s %s status %d: prompt %d tokens (%d reused), %d generated, ttft %.3f s, %.3f s%s",
+            char ttft[48]; /* no first token (stopped during the prompt, max_tokens 0): no time to it */
+            if (j->completion_tokens > 0) snprintf(ttft, sizeof ttft, "ttft %.3f s", j->ttft_s);
+            else snprintf(ttft, sizeof ttft, "no token");
+            snprintf(line, sizeof line, "serve: %s %s status %d: prompt %d tokens (%d reused), %d generated, %s, %.3f s%s",
                      j->req.kind == SRV_CHAT ? "chat" : "completion", j->req.stream ? "stream" : "json", j->http_status,
-                     j->prompt_tokens, j->cached_tokens, j->completion_tokens, j->ttft_s, dt, extra);
+                     j->prompt_tokens, j->cached_tokens, j->completion_tokens, ttft, dt, extra);
             const char *mark = j->cancel ? (j->shutdown ? " (shutdown)" : " (client gone)") : "";
             int later = 0;
             if (!j->cancel && j->req.stream && j->http_status == 200) {

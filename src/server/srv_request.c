@@ -656,6 +656,11 @@ int srv_check_chat(const char *in, size_t n, const char *tools, char **messages_
     *messages_json = *tools_json = NULL;
     const char *at = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(in, n, &at, 0);
+    if (root) { /* nothing but whitespace after the value */
+        const char *e = at;
+        while (e < in + n && (*e == ' ' || *e == '\t' || *e == '\r' || *e == '\n')) e++;
+        if (e < in + n) { cJSON_Delete(root); root = NULL; at = e; }
+    }
     if (!root) {
         snprintf(err, errlen, "the messages are not valid JSON (near byte %ld): expected a JSON list of messages, or "
                               "{\"messages\": [...]}", at && at >= in ? (long)(at - in) : 0L);
