@@ -176,6 +176,11 @@ expect 0 "convert --force" "" -- "$BIN" convert "$G" "$TMP/conv" --quiet --force
 mkdir -p "$TMP/own" && echo mine >"$TMP/own/README.md"
 expect 1 "convert into a dir with the user's README.md" "MODEL_DIR .* is not empty" -- "$BIN" convert "$G" "$TMP/own" --quiet
 "$BIN" convert "$G" "$TMP/own" --quiet --force && grep -q mine "$TMP/own/README.md" && ok || bad "convert --force removed a user's README.md"
+# ... and a checkpoint with a card does not replace the user's README.md: refused, the file as it was
+rm -rf "$TMP/own" && mkdir -p "$TMP/own" && echo mine >"$TMP/own/README.md"
+expect 1 "convert --force of a checkpoint with a card into a dir with the user's README.md" \
+    "README.md is not a converted model's README.md \(--force keeps it\)" -- "$BIN" convert "$KM" "$TMP/own" --quiet --force
+[ "$(cat "$TMP/own/README.md")" = mine ] && ok || bad "the user's README.md was replaced: $(head -2 "$TMP/own/README.md")"
 rm -rf "$TMP/card" "$TMP/own"
 ls "$TMP/conv" | grep -q '\.s0\.pack' && bad "convert --force left stale stripe packs" || ok
 expect 2 "convert into the checkpoint dir" "checkpoint directory itself" -- "$BIN" convert "$G" "$G" --force

@@ -208,6 +208,19 @@ int cmd_convert(int argc, char **argv) {
         remove_created(pos[1], out_existed, o.expert_dirs, dir_existed);
         return crc;
     }
+    /* a README.md still there after --force is the user's own (a converted model's card went with its model): the
+     * checkpoint's card would replace it */
+    {
+        char card[4200], own[4200];
+        snprintf(card, sizeof card, "%s/README.md", pos[0]);
+        snprintf(own, sizeof own, "%s/README.md", pos[1]);
+        if (cli_path_exists(card) && cli_path_exists(own)) {
+            fprintf(stderr, "deltafin convert: %s is not a converted model's README.md (--force keeps it), and the "
+                            "checkpoint's model card %s would replace it: move it away, or choose another MODEL_DIR\n",
+                    own, card);
+            return 1;
+        }
+    }
     prog p = {0};
     p.quiet = quiet;
     clock_gettime(CLOCK_MONOTONIC, &p.t0);
