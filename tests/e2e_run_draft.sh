@@ -47,7 +47,7 @@ ids=$("$BIN" run --model "$KM" --cache-dir "$TMP/cache" --prompt "$P" --max-new 
 # wall time: the tokens after the first, at the generation line's rate
 gen=$(sed -n 's/^stats: prompt [0-9]* tokens, generated \([0-9]*\);.*/\1/p' "$TMP/err")
 dec=$(sed -n 's/^stats: prompt .*; decode \([0-9.]*\) tok\/s (\([0-9]*\) tokens in .*, drafting included; the target verified [0-9]* positions.*/\1 \2/p' "$TMP/err")
-grate=$(sed -n 's/^stats: generation [0-9]* tokens in [0-9.]* s after the prompt: \([0-9.]*\) tok\/s.*/\1/p' "$TMP/err")
+grate=$(sed -n 's/^stats: generation [0-9]* tokens, [0-9]* after the first in [0-9.]* s: \([0-9.]*\) tok\/s.*/\1/p' "$TMP/err")
 [ -n "$gen" ] && [ "$dec" = "$grate $((gen - 1))" ] && ok "--stats decode with drafting: $dec (generated $gen, generation $grate tok/s)" \
     || bad "--stats decode figure with drafting: decode '$dec', generated '$gen', generation '$grate' ($(cat "$TMP/err"))"
 

@@ -59,6 +59,7 @@ typedef struct {
     double phase_s[DF_PHASES];
     int32_t seq0[4096];
     int n_seq0;
+    const char *exact; /* bench_exact_note of the model */
 } run_result;
 
 /* One S: open cold, prefill S prompts in one batch, `tokens` batched greedy steps. 0 or a DF_E* code. */
@@ -79,6 +80,7 @@ static int run_one(const char *model, uint64_t budget, const char *backend, uint
     int rc = df_model_open(&m, model, &mo, err, errlen);
     if (rc) return rc;
     const int V = df_model_n_vocab(m);
+    out->exact = bench_exact_note(m);
     df_session *ss[MAX_SEQS] = {0};
     int32_t *ids[MAX_SEQS] = {0}, tok[MAX_SEQS];
     const int32_t *row[MAX_SEQS];
@@ -221,9 +223,9 @@ int bench_batch(int argc, char **argv) {
         rc = run_one(model, budget, backend, gpu_budget, threads, qd, seqs[k], tokens, prompt, seed, nodrop, &res[k], err, sizeof err);
         if (rc) { fprintf(stderr, "deltafin bench batch: S = %d: %s\n", seqs[k], err); break; }
         printf("  S=%d: %.3f tok/s aggregate (%.3f per sequence) over %d tokens in %.2f s, io stall %.2f s, "
-               "expert+spine bytes read %.1f MB/token, hit rate %.3f, rows per expert read %.2f\n",
+               "expert+spine bytes read %.1f MB/token, hit rate %.3f, rows per expert read %.2f%s\n",
                seqs[k], res[k].tps, res[k].tps / seqs[k], seqs[k] * tokens, res[k].decode_s, res[k].stall_s,
-               res[k].read_per_tok / 1e6, res[k].hit, res[k].share);
+               res[k].read_per_tok / 1e6, res[k].hit, res[k].share, res[k].exact);
         printf("       phases:");
         int shown = 0;
         for (int p = 0; p < DF_PHASES; p++)
@@ -241,9 +243,9 @@ int bench_batch(int argc, char **argv) {
                "of bound", "x bound(1st)");
         for (int k = 0; k < n_runs; k++) {
             const double bound = res[k].read_per_tok > 0 ? B * 1e9 / res[k].read_per_tok : 0;
-            printf("  %-4d %12.3f %12.2f %14.1f %14.3f %11.1f%% %12.2f\n", res[k].S, res[k].tps,
+            printf("  %-4d %12.3f %12.2f %14.1f %14.3f %11.1f%% %12.2f%s\n", res[k].S, res[k].tps,
                    res[0].tps > 0 ? res[k].tps / res[0].tps : 0, res[k].read_per_tok / 1e6, bound,
-                   bound > 0 ? 100 * res[k].tps / bound : 0, bound1 > 0 ? res[k].tps / bound1 : 0);
+                   bound > 0 ? 100 * res[k].tps / bound : 0, bound1 > 0 ? res[k].tps / bound1 : 0, res[k].exact);
         }
         int same = 1;
         for (int k = 1; k < n_runs; k++)

@@ -502,6 +502,12 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     double tps_s = stall.set ? 1 / fmax(t_io, t_c + stall.v * t_io) : 0;
     double ubytes = cov.v * bank, tp_io = ubytes / bw, tp_c = prompt_t * L.v * pms.v * 1e-3;
     double ttft_ov = fmax(tp_io, tp_c), ttft_no = tp_io + tp_c;
+    if (!(t_io > 0) && !(t_c > 0)) { /* a token would cost nothing: no projection (the result line would say inf) */
+        fprintf(stderr, "deltafin bench project: a decode step projects to 0 s (no expert bytes read: hit rate %g, read ratio "
+                        "%g; and no compute: compute_ms_per_layer %g): give --compute-ms-per-layer, or a hit rate below 1\n",
+                h.v, rr.v, cms.v);
+        return 2;
+    }
 
     printf("bench project: %s on %g drive%s x %g GB/s\n", A->name, drives, drives == 1 ? "" : "s", gbps);
     printf("inputs:                            value              source   note\n");

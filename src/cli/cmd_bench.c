@@ -167,6 +167,11 @@ void bench_expert_io_opts(store_bench_opts *bo, const char *dirs, int qd, uint64
     bo->match = "experts-L*.pack"; /* the packs only: a model directory also holds spine.bin */
 }
 
+const char *bench_exact_note(struct df_model *m) {
+    if (df_model_is_exact(m)) return "";
+    return strstr(df_model_describe(m), "spine int8") ? " (NOT EXACT: int8 spine)" : " (NOT EXACT: lossy bf16 spine)";
+}
+
 int bench_check_io_buffer(const char *cmd, uint64_t io_buffer, int qd) {
     if (!io_buffer || io_buffer > (uint64_t)qd << 20) return 0;
     fprintf(stderr, "deltafin bench %s: --io-buffer %.0f KiB: a pool must be larger than --qd x 1 MiB reads (%d MiB here), "
@@ -226,7 +231,7 @@ static int bench_io(int argc, char **argv) {
     store_bench_opts_default(&o);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: deltafin bench io --dir DIR[,DIR2...] [--size 1M] [--run SIZE] [--qd 16 (1..1024)] [--seconds 10] "
                    "[--group K (0..64)] [--buffer SIZE] [--pread] [--fixed] [--cpu-load N] [--no-drop]\n"
                    "  O_DIRECT random reads over the files in each DIR (one queue per DIR); files with holes or\n"
@@ -334,7 +339,7 @@ static int bench_decode(int argc, char **argv) {
     double io_seconds = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: deltafin bench decode [--model DIR] [--ram-budget SIZE] [--tokens N (16)] [--warmup N (0)] [--threads N]\n"
                    "       [--prompt-ids 1,2,3] [--io-seconds S (5)] [--qd N] [--io-buffer SIZE] [--events FILE] [--expert-dirs D1,D2] "
                    "[--no-drop]\n"
@@ -745,7 +750,7 @@ static int bench_cache(int argc, char **argv) {
     double hot = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: deltafin bench cache --model DIR --trace EVENTS.jsonl [--train EVENTS.jsonl] [--slots N,N2,...]\n"
                    "       [--hot-fraction F] [--decay D] [--cache-dir DIR]\n"
                    "  Replays the expert acquisitions of an events file (deltafin run --events) through the store with\n"
@@ -850,7 +855,7 @@ static int bench_store(int argc, char **argv) {
     double io_seconds = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: deltafin bench store --model DIR --trace EVENTS.jsonl [--cache SIZE]\n"
                    "       [--qd N] [--pread] [--io-seconds S] [--no-drop] [--cache-dir DIR]\n"
                    "  Replays a decode trace through the expert store with real cold reads and no compute; prints\n"

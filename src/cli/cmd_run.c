@@ -771,8 +771,8 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "stats: generation %d token%s, no decode steps (draft %s)\n", n_out, n_out == 1 ? "" : "s",
                 drafter ? df_drafter_kind(drafter) : "off");
     else if (stats) /* tokens after the first (which comes from the prompt's logits) per second of generation */
-        fprintf(stderr, "stats: generation %d tokens in %.3f s after the prompt: %.2f tok/s, CPU time %.3f s (draft %s)\n", n_out,
-                gen_s, gen_s > 0 ? (n_out - 1) / gen_s : 0.0, gen_cpu, drafter ? df_drafter_kind(drafter) : "off");
+        fprintf(stderr, "stats: generation %d tokens, %d after the first in %.3f s: %.2f tok/s, CPU time %.3f s (draft %s)\n",
+                n_out, n_out - 1, gen_s, gen_s > 0 ? (n_out - 1) / gen_s : 0.0, gen_cpu, drafter ? df_drafter_kind(drafter) : "off");
     if (stats && spec) {
         df_spec_stats sst;
         df_spec_get_stats(spec, &sst);
