@@ -157,6 +157,20 @@ out=$("$BIN" bench decode --model "$TMP/native" --ram-budget 1K --io-seconds 5 -
 [ $rc -ne 0 ] && echo "$out" | grep -q "at least" && ! echo "$out" | grep -q "GB/s" && ok \
     || bad "bench decode small budget fails before the I/O benchmark: rc $rc $out"
 expect 2 "bench decode --prompt-ids 1,,2" "--prompt-ids" -- "$BIN" bench decode --model "$TMP/native" --prompt-ids 1,,2
+for c in io decode cache store prefill batch project machine kernels; do
+    expect 0 "bench $c -h: its usage" "usage: deltafin bench" -- "$BIN" bench $c -h
+done
+expect 2 "bench project --hit-rate 1 without compute: no projection of 0 s (was inf)" "a decode step projects to 0 s" -- \
+    "$BIN" bench project --drives 4 --gbps 5.4 --hit-rate 1
+# an int8-spine model's benchmark results say NOT EXACT on stdout, where they print
+"$BIN" convert "$KM" "$TMP/km8" --spine int8 --quiet 2>/dev/null
+out=$("$BIN" bench prefill --model "$TMP/km8" --tokens 8 --io-seconds 0.2 --no-drop 2>/dev/null)
+echo "$out" | grep -q "^  TTFT .*(NOT EXACT: int8 spine)$" && ok || bad "bench prefill int8: no NOT EXACT: $out"
+out=$("$BIN" bench batch --model "$TMP/km8" --seqs 1 --tokens 2 --io-seconds 0.2 --no-drop 2>/dev/null)
+echo "$out" | grep -q "^  S=1: .*(NOT EXACT: int8 spine)$" && ok || bad "bench batch int8: no NOT EXACT: $out"
+out=$(env XDG_CACHE_HOME="$TMP/xdg" "$BIN" bench batch --model "$KM" --seqs 1 --tokens 2 --io-seconds 0.2 --no-drop 2>/dev/null)
+echo "$out" | grep -q "NOT EXACT" && bad "bench batch of an exact model says NOT EXACT: $out" || ok
+rm -rf "$TMP/km8"
 expect 0 "bench usage: --ram-budget optional" "bench decode \[--model DIR\] \[--ram-budget SIZE\]" -- "$BIN" bench --help
 
 # ---- convert into a non-empty directory: refused unless --force; never into the checkpoint itself
