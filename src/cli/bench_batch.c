@@ -59,7 +59,7 @@ typedef struct {
     double phase_s[DF_PHASES];
     int32_t seq0[4096];
     int n_seq0;
-    const char *exact; /* bench_exact_note of the model */
+    const char *exact; /* cli_exact_note of the model */
 } run_result;
 
 /* One S: open cold, prefill S prompts in one batch, `tokens` batched greedy steps. 0 or a DF_E* code. */
@@ -80,7 +80,7 @@ static int run_one(const char *model, uint64_t budget, const char *backend, uint
     int rc = df_model_open(&m, model, &mo, err, errlen);
     if (rc) return rc;
     const int V = df_model_n_vocab(m);
-    out->exact = bench_exact_note(m);
+    out->exact = cli_exact_note(m);
     df_session *ss[MAX_SEQS] = {0};
     int32_t *ids[MAX_SEQS] = {0}, tok[MAX_SEQS];
     const int32_t *row[MAX_SEQS];

@@ -36,9 +36,5 @@ void bench_expert_io_opts(store_bench_opts *bo, const char *dirs, int qd, uint64
 /* --io-buffer of bench decode / prefill: 0 (none) or a pool larger than the qd reused 1 MiB buffers of the default
  * B; else prints "deltafin bench CMD: --io-buffer ..." naming the minimum and returns 2. */
 int bench_check_io_buffer(const char *cmd, uint64_t io_buffer, int qd);
-/* "" for an exact model, else the label its results carry wherever they print: " (NOT EXACT: int8 spine)" or
- * " (NOT EXACT: lossy bf16 spine)" (as run --stats). */
-struct df_model;
-const char *bench_exact_note(struct df_model *m);
 
 #endif

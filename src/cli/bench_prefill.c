@@ -179,7 +179,7 @@ int bench_prefill(int argc, char **argv) {
     const double floor_s = t_union > compute ? t_union : compute;
     printf("  bench io: %.3f GB/s before, %.3f GB/s after (B = mean %.3f GB/s; %d KiB reads, qd %ld)\n", b1.gbps, b2.gbps, B,
            (int)(stride / 1024), qd);
-    printf("  TTFT %.3f s (%.1f tok/s)%s\n", ttft, tokens / ttft, bench_exact_note(m));
+    printf("  TTFT %.3f s (%.1f tok/s)%s\n", ttft, tokens / ttft, cli_exact_note(m));
     printf("  experts: union %llu of %llu (%.1f%% of the bank), %.1f MB; read %.1f MB (demand %.1f, prefetch %.1f); "
            "amplification %.3f\n",
            (unsigned long long)st.expert_union_count, (unsigned long long)(bank / stride), 100.0 * st.expert_union_bytes / bank,

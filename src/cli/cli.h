@@ -25,6 +25,10 @@ int cli_parse_size(const char *s, uint64_t *out);
 /* 1 when stderr is a terminal: progress lines are redrawn in place ("\r"); else (a log file, a pipe) only each
  * progress's final line is written, without carriage returns. cli_cr() is "\r" or "" accordingly. */
 int cli_stderr_tty(void);
+/* "" for an exact model, else the label its results carry wherever they print (run --stats, the bench results):
+ * " (NOT EXACT: int8 spine)" or " (NOT EXACT: lossy bf16 spine)". */
+struct df_model;
+const char *cli_exact_note(struct df_model *m);
 const char *cli_cr(void);
 /* 1 when `a` is one of the NULL-terminated names: a parser asks it before saying "A needs a value", so a
  * mistyped flag at the end of the command line is an unknown option, not a flag without its value. */

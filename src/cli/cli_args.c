@@ -1,6 +1,7 @@
 /* cli_args.c — argument parsing shared by the subcommands (one definition of a
  * size and of "a regular file in a directory", so every command accepts the same forms). */
 #include "cli.h"
+#include "deltafin.h"
 #include "util/util.h"
 #include <errno.h>
 #include <stdio.h>
@@ -153,6 +154,11 @@ int cli_stderr_tty(void) {
 }
 
 const char *cli_cr(void) { return cli_stderr_tty() ? "\r" : ""; }
+
+const char *cli_exact_note(struct df_model *m) {
+    if (df_model_is_exact(m)) return "";
+    return strstr(df_model_describe(m), "spine int8") ? " (NOT EXACT: int8 spine)" : " (NOT EXACT: lossy bf16 spine)";
+}
 
 /* the split argument vector (and the option names it points to) live as long as the process, as argv does; held
  * here so that they stay reachable until exit */

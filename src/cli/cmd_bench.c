@@ -167,11 +167,6 @@ void bench_expert_io_opts(store_bench_opts *bo, const char *dirs, int qd, uint64
     bo->match = "experts-L*.pack"; /* the packs only: a model directory also holds spine.bin */
 }
 
-const char *bench_exact_note(struct df_model *m) {
-    if (df_model_is_exact(m)) return "";
-    return strstr(df_model_describe(m), "spine int8") ? " (NOT EXACT: int8 spine)" : " (NOT EXACT: lossy bf16 spine)";
-}
-
 int bench_check_io_buffer(const char *cmd, uint64_t io_buffer, int qd) {
     if (!io_buffer || io_buffer > (uint64_t)qd << 20) return 0;
     fprintf(stderr, "deltafin bench %s: --io-buffer %.0f KiB: a pool must be larger than --qd x 1 MiB reads (%d MiB here), "

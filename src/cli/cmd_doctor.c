@@ -148,7 +148,7 @@ int cmd_doctor(int argc, char **argv) {
         }
     }
     if (model && cli_check_model_dir("doctor", model)) return 1; /* before the machine facts: run's message */
-    int auto_ok = 1;
+    int backend_ok = 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     printf("deltafin %s\n", DELTAFIN_VERSION);
@@ -163,11 +163,11 @@ int cmd_doctor(int argc, char **argv) {
         /* the backend run / serve would use: DF_BACKEND's (the default --backend) when set, else auto */
         const char *env = getenv("DF_BACKEND");
         const char *dflt = env && *env ? env : "auto";
-        auto_ok = df_backend_available(dflt, b, sizeof b);
-        if (dflt == env) printf("backend %s (DF_BACKEND): %s\n", env, auto_ok ? b : "cannot start (the error on stderr says why)");
+        backend_ok = df_backend_available(dflt, b, sizeof b);
+        if (dflt == env) printf("backend %s (DF_BACKEND): %s\n", env, backend_ok ? b : "cannot start (the error on stderr says why)");
         else printf("backend auto: %s\n", strncmp(b, "cuda:", 5) ? b : "cuda");
         /* auto fails only on a setting (e.g. an invalid CUDA knob): run / serve would stop on it */
-        if (!auto_ok && dflt != env) fprintf(stderr, "deltafin doctor: the default backend (auto) cannot start: %s\n", b);
+        if (!backend_ok && dflt != env) fprintf(stderr, "deltafin doctor: the default backend (auto) cannot start: %s\n", b);
     }
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {
@@ -249,7 +249,7 @@ int cmd_doctor(int argc, char **argv) {
             return 1;
         }
         checksums_ok(status);
-        return auto_ok ? status : 1;
+        return backend_ok ? status : 1;
     }
     /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
     char verr[8192] = "";
@@ -275,5 +275,5 @@ int cmd_doctor(int argc, char **argv) {
         return 1;
     }
     checksums_ok(status);
-    return auto_ok ? status : 1;
+    return backend_ok ? status : 1;
 }

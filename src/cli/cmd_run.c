@@ -734,8 +734,7 @@ int cmd_run(int argc, char **argv) {
                 dec, per_tok / 1e6,
                 st.expert_bytes_demand / 1e6, st.expert_bytes_prefetch / 1e6, (unsigned long long)st.expert_hits,
                 (unsigned long long)st.expert_misses, st.io_stall_s, total,
-                df_model_is_exact(m) ? "" : strstr(df_model_describe(m), "spine int8") ? " (NOT EXACT: int8 spine)"
-                                                                                       : " (NOT EXACT: lossy bf16 spine)");
+                cli_exact_note(m));
         if (st.expert_hits + st.expert_misses) {
             fprintf(stderr, "stats: expert hit rate %.1f%%", 100.0 * st.expert_hits / (double)(st.expert_hits + st.expert_misses));
             if (st.prefetch_issued)
