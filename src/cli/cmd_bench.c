@@ -594,7 +594,7 @@ static int bench_decode(int argc, char **argv) {
            st0.io_stall_s);
     if (st.expert_slots_pinned) printf("  expert slots page-locked for the GPU: %d of %d\n", st.expert_slots_pinned, st.expert_slots);
     printf("  resident %.2f GiB, peak RSS %.2f GiB%s\n", st.resident_bytes / 1073741824.0, vm_hwm_kb() / 1048576.0,
-           df_model_is_exact(m) ? "" : "  (NOT EXACT: int8 spine)");
+           cli_exact_note(m));
     free(logits);
     df_sampler_free(smp);
     df_session_free(s);
