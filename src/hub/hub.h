@@ -41,7 +41,8 @@ typedef struct {
 } hub_file;
 
 /* mirror NULL/"" -> $HF_ENDPOINT, else https://huggingface.co; rev NULL -> "main"; token from
- * $HF_TOKEN. Initialises libcurl once. DF_EINVAL for a malformed repo id (needs owner/name). */
+ * $HF_TOKEN. Opens libcurl once (hub_curl.h; DF_EIO when it cannot). DF_EINVAL for a malformed repo id (needs
+ * owner/name). */
 int hub_init(hub_ctx *h, const char *mirror, const char *repo, const char *rev, char *err, size_t errlen);
 
 /* MIRROR/REPO/resolve/REV/FILE into out. */

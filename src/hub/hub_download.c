@@ -24,7 +24,7 @@
 #include "deltafin.h"
 #include "util/util.h"
 
-#include <curl/curl.h>
+#include "hub_curl.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -182,7 +182,7 @@ static size_t on_data(char *p, size_t sz, size_t nm, void *u) {
     uint64_t c0 = x->ci * df->chunk;
     if (!x->checked) {
         long st = 0;
-        curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &st);
+        hub_curl_api()->easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &st);
         x->status = st;
         if (st == 200 && !(x->pos == 0 && x->end == df->f->size)) {
             x->fail = XF_FATAL;
@@ -601,7 +601,7 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
     double t0 = df_now(), last_print = 0;
     dl_file *fs = calloc((size_t)(n ? n : 1), sizeof(dl_file));
     xfer *xs = calloc((size_t)o->connections, sizeof(xfer));
-    CURLM *multi = curl_multi_init();
+    CURLM *multi = hub_curl_api()->multi_init();
     retry_item *retries = NULL;
     uint64_t total = 0;
     hasher H = {0};
@@ -669,7 +669,7 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
         rc = df_set_errc(err, errlen, DF_ENOMEM, "cannot start the hashing thread");
         goto out;
     }
-    curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)o->connections);
+    hub_curl_api()->multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)o->connections);
     int file_cursor = 0, active = 0;
     /* Chunks are issued across `window` files at once, one per hashing thread: a file's SHA-256 is one
      * sequential stream that may run slower than the transfer, so files arriving side by side, each at a
@@ -713,20 +713,20 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
             x->df = df; x->ci = ci; x->tries = tries; x->o = o;
             x->pos = ci * df->chunk + df->done[ci];
             x->end = ci * df->chunk + chunk_len(df, ci);
-            x->e = curl_easy_init();
+            x->e = hub_curl_api()->easy_init();
             if (!x->e) { rc = df_set_errc(err, errlen, DF_ENOMEM, "libcurl: cannot create a handle"); break; }
             hub_easy_setup(h, x->e, &x->hl);
             char url[2048], range[64];
             hub_file_url(h, df->f->name, url, sizeof url);
             snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)x->pos, (unsigned long long)(x->end - 1));
-            curl_easy_setopt(x->e, CURLOPT_URL, url);
-            curl_easy_setopt(x->e, CURLOPT_RANGE, range);
-            curl_easy_setopt(x->e, CURLOPT_WRITEFUNCTION, on_data);
-            curl_easy_setopt(x->e, CURLOPT_WRITEDATA, x);
-            curl_easy_setopt(x->e, CURLOPT_ERRORBUFFER, x->cerr);
-            curl_easy_setopt(x->e, CURLOPT_BUFFERSIZE, 512L * 1024L);
-            curl_easy_setopt(x->e, CURLOPT_PRIVATE, x);
-            curl_multi_add_handle(multi, x->e);
+            hub_curl_api()->easy_setopt(x->e, CURLOPT_URL, url);
+            hub_curl_api()->easy_setopt(x->e, CURLOPT_RANGE, range);
+            hub_curl_api()->easy_setopt(x->e, CURLOPT_WRITEFUNCTION, on_data);
+            hub_curl_api()->easy_setopt(x->e, CURLOPT_WRITEDATA, x);
+            hub_curl_api()->easy_setopt(x->e, CURLOPT_ERRORBUFFER, x->cerr);
+            hub_curl_api()->easy_setopt(x->e, CURLOPT_BUFFERSIZE, 512L * 1024L);
+            hub_curl_api()->easy_setopt(x->e, CURLOPT_PRIVATE, x);
+            hub_curl_api()->multi_add_handle(multi, x->e);
             df->active++;
             active++;
         }
@@ -763,20 +763,20 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
             continue;
         }
         int running = 0;
-        curl_multi_perform(multi, &running);
+        hub_curl_api()->multi_perform(multi, &running);
         CURLMsg *m;
         int left;
-        while ((m = curl_multi_info_read(multi, &left))) {
+        while ((m = hub_curl_api()->multi_info_read(multi, &left))) {
             if (m->msg != CURLMSG_DONE) continue;
             xfer *x = NULL;
-            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+            hub_curl_api()->easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
             CURLcode res = m->data.result;
             long st = 0;
-            curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &st);
+            hub_curl_api()->easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &st);
             dl_file *df = x->df;
-            curl_multi_remove_handle(multi, x->e);
-            curl_easy_cleanup(x->e);
-            curl_slist_free_all(x->hl);
+            hub_curl_api()->multi_remove_handle(multi, x->e);
+            hub_curl_api()->easy_cleanup(x->e);
+            hub_curl_api()->slist_free_all(x->hl);
             x->e = NULL;
             df->active--;
             active--;
@@ -814,7 +814,7 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
         }
         if (rc) break;
         if (!o->quiet && df_now() - last_print > 0.5) { progress_line(fs, n, total, o, t0, &open_line); last_print = df_now(); }
-        if (active) curl_multi_poll(multi, NULL, 0, 100, NULL);
+        if (active) hub_curl_api()->multi_poll(multi, NULL, 0, 100, NULL);
     }
     if (!rc && !o->quiet) {
         progress_line(fs, n, total, o, t0, &open_line);
@@ -834,9 +834,9 @@ out:
     if (!o->seconds) o->seconds = df_now() - t0;
     for (int s = 0; xs && s < o->connections; s++)
         if (xs[s].e) {
-            curl_multi_remove_handle(multi, xs[s].e);
-            curl_easy_cleanup(xs[s].e);
-            curl_slist_free_all(xs[s].hl);
+            hub_curl_api()->multi_remove_handle(multi, xs[s].e);
+            hub_curl_api()->easy_cleanup(xs[s].e);
+            hub_curl_api()->slist_free_all(xs[s].hl);
         }
     while (retries) { retry_item *r = retries; retries = r->next; free(r); }
     for (int i = 0; fs && i < n; i++) {
@@ -844,7 +844,7 @@ out:
         if (fs[i].sfd >= 0) close(fs[i].sfd);
         free(fs[i].done);
     }
-    if (multi) curl_multi_cleanup(multi);
+    if (multi) hub_curl_api()->multi_cleanup(multi);
     free(fs);
     free(xs);
     return rc;

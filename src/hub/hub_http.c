@@ -6,7 +6,7 @@
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
-#include <curl/curl.h>
+#include "hub_curl.h"
 #include <ctype.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -14,12 +14,8 @@
 #include <strings.h>
 #include <time.h>
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
-
 int hub_init(hub_ctx *h, const char *mirror, const char *repo, const char *rev, char *err, size_t errlen) {
     memset(h, 0, sizeof *h);
-    pthread_once(&curl_once, curl_init_once);
     const char *env = getenv("HF_ENDPOINT"), *tok = getenv("HF_TOKEN");
     const char *m = mirror && *mirror ? mirror : env && *env ? env : "https://huggingface.co";
     snprintf(h->mirror, sizeof h->mirror, "%s", m);
@@ -37,6 +33,7 @@ int hub_init(hub_ctx *h, const char *mirror, const char *repo, const char *rev, 
     snprintf(h->rev, sizeof h->rev, "%s", rev && *rev ? rev : "main");
     if (tok && *tok) snprintf(h->token, sizeof h->token, "%s", tok);
     h->retries = 4;
+    if (!hub_curl_open(err, errlen)) return DF_EIO;
     return 0;
 }
 
@@ -54,12 +51,12 @@ static int streamed_http_error(const hub_ctx *h, long status, int cc, const char
     static const char again[] = "the expert is fetched again the next time it is needed: retry once the mirror answers";
     if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST || cc == CURLE_COULDNT_RESOLVE_PROXY)
         return df_set_errc(err, errlen, DF_EIO, "cannot reach the mirror %s (%s): no network, or the mirror is down? check the "
-                           "connection; %s", h->mirror, cmsg && *cmsg ? cmsg : curl_easy_strerror((CURLcode)cc), again);
+                           "connection; %s", h->mirror, cmsg && *cmsg ? cmsg : hub_curl_api()->easy_strerror((CURLcode)cc), again);
     if (cc == CURLE_WRITE_ERROR && cmsg && *cmsg)
         return df_set_errc(err, errlen, DF_EIO, "%s", cmsg);
     if (cc)
         return df_set_errc(err, errlen, DF_EIO, "fetching from %s failed after %d tries: %s; %s", what, h->retries + 1,
-                           cmsg && *cmsg ? cmsg : curl_easy_strerror((CURLcode)cc), again);
+                           cmsg && *cmsg ? cmsg : hub_curl_api()->easy_strerror((CURLcode)cc), again);
     if (status == 404)
         return df_set_errc(err, errlen, DF_EINVAL, "%s: 404 Not Found: %s is no longer in %s at revision %s on this mirror: "
                            "the experts this streamed install does not hold cannot be fetched until it is back", url, what,
@@ -79,12 +76,12 @@ int hub_http_error(const hub_ctx *h, long status, int cc, const char *cmsg, cons
     if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST || cc == CURLE_COULDNT_RESOLVE_PROXY)
         return df_set_errc(err, errlen, DF_EIO, "cannot reach the mirror %s (%s, for %s): no network, or the wrong mirror? "
                            "check the connection, --mirror or HF_ENDPOINT; `deltafin setup` resumes where it stopped", h->mirror,
-                           cmsg && *cmsg ? cmsg : curl_easy_strerror((CURLcode)cc), url);
+                           cmsg && *cmsg ? cmsg : hub_curl_api()->easy_strerror((CURLcode)cc), url);
     if (cc == CURLE_WRITE_ERROR && cmsg && *cmsg)
         return df_set_errc(err, errlen, DF_EIO, "%s", cmsg);
     if (cc)
         return df_set_errc(err, errlen, DF_EIO, "download of %s failed after %d tries: %s (%s); run the same setup again to resume",
-                           what, h->retries + 1, cmsg && *cmsg ? cmsg : curl_easy_strerror((CURLcode)cc), url);
+                           what, h->retries + 1, cmsg && *cmsg ? cmsg : hub_curl_api()->easy_strerror((CURLcode)cc), url);
     if (status == 401)
         return df_set_errc(err, errlen, DF_EINVAL, "%s: 401 Unauthorized: %s", url,
                            h->token[0] ? "the token in HF_TOKEN was refused; check that it is valid"
@@ -171,19 +168,19 @@ static size_t hdr_cb(char *b, size_t sz, size_t nm, void *u) {
  * 30 s below 1 byte/s, so a dead connection is retried rather than waited on). */
 void hub_easy_setup(const hub_ctx *h, void *easy, struct curl_slist **hl) {
     CURL *e = easy;
-    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 15L);
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, 30L);
-    curl_easy_setopt(e, CURLOPT_USERAGENT, "deltafin/" DELTAFIN_VERSION);
+    hub_curl_api()->easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+    hub_curl_api()->easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
+    hub_curl_api()->easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    hub_curl_api()->easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 15L);
+    hub_curl_api()->easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    hub_curl_api()->easy_setopt(e, CURLOPT_LOW_SPEED_TIME, 30L);
+    hub_curl_api()->easy_setopt(e, CURLOPT_USERAGENT, "deltafin/" DELTAFIN_VERSION);
     *hl = NULL;
     if (h->token[0]) {
         char a[1100];
         snprintf(a, sizeof a, "Authorization: Bearer %s", h->token);
-        *hl = curl_slist_append(*hl, a);
-        curl_easy_setopt(e, CURLOPT_HTTPHEADER, *hl);
+        *hl = hub_curl_api()->slist_append(*hl, a);
+        hub_curl_api()->easy_setopt(e, CURLOPT_HTTPHEADER, *hl);
     }
 }
 
@@ -200,28 +197,28 @@ static int request(const hub_ctx *h, const char *url, int head, membuf *body, hd
     char cmsg[CURL_ERROR_SIZE];
     int cc = 0;
     for (int attempt = 0;; attempt++) {
-        CURL *e = curl_easy_init();
+        CURL *e = hub_curl_api()->easy_init();
         if (!e) return df_set_errc(err, errlen, DF_ENOMEM, "libcurl: cannot create a handle");
         struct curl_slist *hl;
         hub_easy_setup(h, e, &hl);
         cmsg[0] = 0;
         memset(hd, 0, sizeof *hd);
         if (body) { body->len = 0; if (body->buf) body->buf[0] = 0; }
-        curl_easy_setopt(e, CURLOPT_URL, url);
-        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, cmsg);
-        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, hdr_cb);
-        curl_easy_setopt(e, CURLOPT_HEADERDATA, hd);
-        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
-        if (head) curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+        hub_curl_api()->easy_setopt(e, CURLOPT_URL, url);
+        hub_curl_api()->easy_setopt(e, CURLOPT_ERRORBUFFER, cmsg);
+        hub_curl_api()->easy_setopt(e, CURLOPT_HEADERFUNCTION, hdr_cb);
+        hub_curl_api()->easy_setopt(e, CURLOPT_HEADERDATA, hd);
+        hub_curl_api()->easy_setopt(e, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
+        if (head) hub_curl_api()->easy_setopt(e, CURLOPT_NOBODY, 1L);
         else {
-            curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, mem_write);
-            curl_easy_setopt(e, CURLOPT_WRITEDATA, body);
+            hub_curl_api()->easy_setopt(e, CURLOPT_WRITEFUNCTION, mem_write);
+            hub_curl_api()->easy_setopt(e, CURLOPT_WRITEDATA, body);
         }
-        cc = (int)curl_easy_perform(e);
+        cc = (int)hub_curl_api()->easy_perform(e);
         *status = 0;
-        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
-        curl_easy_cleanup(e);
-        curl_slist_free_all(hl);
+        hub_curl_api()->easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
+        hub_curl_api()->easy_cleanup(e);
+        hub_curl_api()->slist_free_all(hl);
         if (h->verbose) fprintf(stderr, "hub: %s %s -> %ld%s%s\n", head ? "HEAD" : "GET", url, *status, cc ? " " : "", cc ? cmsg : "");
         if (!cc && *status < 500) return 0;
         if (cc == CURLE_WRITE_ERROR && body && body->len + 1 >= body->limit)
@@ -474,25 +471,25 @@ int hub_get_range(const hub_ctx *h, const char *file, uint64_t off, uint64_t len
     long st = 0;
     hdrs hd;
     for (int attempt = 0;; attempt++) {
-        CURL *e = curl_easy_init();
+        CURL *e = hub_curl_api()->easy_init();
         if (!e) return df_set_errc(err, errlen, DF_ENOMEM, "libcurl: cannot create a handle");
         struct curl_slist *hl;
         hub_easy_setup(h, e, &hl);
         cmsg[0] = 0;
         b.len = 0;
         memset(&hd, 0, sizeof hd);
-        curl_easy_setopt(e, CURLOPT_URL, url);
-        curl_easy_setopt(e, CURLOPT_RANGE, range);
-        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, cmsg);
-        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, hdr_cb);
-        curl_easy_setopt(e, CURLOPT_HEADERDATA, &hd);
-        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, mem_write);
-        curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
-        cc = (int)curl_easy_perform(e);
+        hub_curl_api()->easy_setopt(e, CURLOPT_URL, url);
+        hub_curl_api()->easy_setopt(e, CURLOPT_RANGE, range);
+        hub_curl_api()->easy_setopt(e, CURLOPT_ERRORBUFFER, cmsg);
+        hub_curl_api()->easy_setopt(e, CURLOPT_HEADERFUNCTION, hdr_cb);
+        hub_curl_api()->easy_setopt(e, CURLOPT_HEADERDATA, &hd);
+        hub_curl_api()->easy_setopt(e, CURLOPT_WRITEFUNCTION, mem_write);
+        hub_curl_api()->easy_setopt(e, CURLOPT_WRITEDATA, &b);
+        cc = (int)hub_curl_api()->easy_perform(e);
         st = 0;
-        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
-        curl_easy_cleanup(e);
-        curl_slist_free_all(hl);
+        hub_curl_api()->easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
+        hub_curl_api()->easy_cleanup(e);
+        hub_curl_api()->slist_free_all(hl);
         if (h->verbose) fprintf(stderr, "hub: GET %s bytes %s -> %ld\n", url, range, st);
         if (!cc && st == 206 && b.len == len) break;
         if (!cc && st == 200) { free(b.buf); return
