@@ -51,6 +51,7 @@
 #          three times (the ids hashed); unless SKIP_BENCH=1, bench kernels bf16 T=1 (every variant) and mxfp4 T=1
 #          with DF_CUDA_MMA_KS=2, 1, 4; then (NCU_RUN=1) ncu durations of this one. BIN_NAME=deltafin.b (any part):
 #          that carried binary instead of deltafin.
+#   part 39: as 38, then the one-token MXFP4 launches by tile variant (DF_CUDA_MV_ROWS 0 / 8 / 4 / 2), ncu (NCU_RUN=1).
 #   part 36: the greedy token kept on the device (DF_CUDA_GREEDY on / off): GPU tests (test_golden also with it off),
 #          resident decode alternated (knob_ab), then the timeline (libgpu_timeline.so carried) with it on.
 #   part 35: the resident decode once, its GPU timeline (device routing) and every kernel's duration (ncu).
@@ -420,6 +421,29 @@ case $PART in
     gpu_tests
     resident_model
     knob_ab DF_CUDA_MOE_RESID
+    rm -rf "$W"
+    ;;
+39)
+    # this binary against a carried deltafin.b (ALT): GPU tests, 384-token resident runs alternated three times (ids
+    # hashed), the one-token MXFP4 launches by tile variant (DF_CUDA_MV_ROWS: 0 automatic, 8 = 32x2, 4 = 16x8, 2 =
+    # 32x8), then (NCU_RUN=1) ncu durations of this binary's decode launches
+    gpu_tests
+    resident_model
+    for i in 1 2 3; do
+        for b in "$BIN" "$D/${ALT:-deltafin.b}"; do
+            log "cuda run --preload, 384 tokens, $(basename "$b")"
+            timeout 100 "$b" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+                --prompt-ids "$(seq -s, 1 64)" --max-new 384 --stats --print-ids >"$OUT/run.txt" 2>&1
+            grep -E "^stats: (generation|decode)|rror" "$OUT/run.txt" | cut -c1-300 >>"$S"
+            grep -E "^[0-9]+(,[0-9]+)+$" "$OUT/run.txt" | md5sum >>"$S"
+        done
+    done
+    for v in 0 8 4 2; do
+        log "bench kernels mxfp4 T=1, DF_CUDA_MV_ROWS=$v"
+        DF_CUDA_MV_ROWS=$v timeout 120 "$BIN" bench kernels --backend cuda --types mxfp4 --T 1 \
+            --shapes 2048x7168,7168x2048 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
+    done
+    [ -z "${NCU_RUN:-}" ] || ncu_decode
     rm -rf "$W"
     ;;
 38)

@@ -906,7 +906,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     auto take = [&off](size_t bytes) { const size_t at = off; off = up256(off + bytes); return at; };
     const size_t fl = sizeof(float);
     const int64_t D = bk ? bk->D : 0, E = bk ? bk->E : 0, R = bk ? bk->R : 0;
-    const size_t o_x = bk ? take(fl * (size_t)T * D) : 0, o_cs = bk && bk->cs ? take(fl * (size_t)T * dr) : 0;
+    const size_t o_x = bk && bk->x ? take(fl * (size_t)T * D) : 0, o_cs = bk && bk->cs ? take(fl * (size_t)T * dr) : 0;
     const size_t o_q = bk ? 0 : take(fl * (size_t)T * H * qd);
     const size_t o_cp = take(sizeof(float *) * (size_t)T), o_pp = take(sizeof(float *) * (size_t)T);
     const size_t o_np = take(sizeof(int) * (size_t)T);
@@ -1048,7 +1048,13 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         if (E && matmul_dev(bk->b->router, dh2, T, (float *)(db + o_ret + r_l), st)) return -1;
         cu_rt_mark("block: residual, norm, router");
     }
-    CKA(cu_copy_launch(hb + h_ret, bk || o ? db + o_ret : (char *)dov, ret_bytes, cudaMemcpyDeviceToHost, st));
+    /* A block whose MoE the device will route and run (moe_queued below) returns before the host reads x_out, h2
+     * or the logits, and its asynchronous finish (host_wait) takes only the new cache rows: those alone are copied
+     * back, and the rest only when the MoE was not queued after all. */
+    const bool may_queue = bk && resid && T == 1 && bk->b->moe && bk->b->moe->E == E && (E || bk->b->moe->K == 0);
+    const size_t ret_from = may_queue ? r_c : 0;
+    CKA(cu_copy_launch(hb + h_ret + ret_from, (bk || o ? db + o_ret : (char *)dov) + ret_from, ret_bytes - ret_from,
+                       cudaMemcpyDeviceToHost, st));
     if (!g_hb[hi].ev) CKA(cudaEventCreateWithFlags(&g_hb[hi].ev, cudaEventDisableTiming));
     CKA(cudaEventRecord(g_hb[hi].ev, st)); /* the staging's last copy of this call */
     g_hb[hi].ev_live = 1;
@@ -1085,7 +1091,13 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
             return 0;
         }
     }
-    CKA(started ? cu_rt_sync_event("attn: copy out", ev) : cu_rt_sync("attn: copy out"));
+    if (ret_from) { /* the part not copied above, behind whatever was queued since (a started shared expert too) */
+        CKA(cu_copy_launch(hb + h_ret, db + o_ret, ret_from, cudaMemcpyDeviceToHost, st));
+        CKA(cudaEventRecord(g_hb[hi].ev, st));
+        CKA(cu_rt_sync("attn: copy out"));
+    } else {
+        CKA(started ? cu_rt_sync_event("attn: copy out", ev) : cu_rt_sync("attn: copy out"));
+    }
     if (host_wait(hi ^ 1)) return -1; /* the other buffer's copies came before: done */
     if (!bk) {
         memcpy(o ? out : o_v, hb + h_ret, ret_bytes);
