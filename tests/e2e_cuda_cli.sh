@@ -13,6 +13,8 @@ ok()  { pass=$((pass+1)); echo "ok   $*"; }
 bad() { fail=$((fail+1)); echo "FAIL $*"; }
 TMP=$(mktemp -d /tmp/df_e2e_cuda.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
+# conversions without --cache-dir go to a cache in $TMP (removed at exit), never into the user's ~/.cache/deltafin
+export XDG_CACHE_HOME="$TMP/xdg-cache"
 M="$SRC/models/kimi-mini"
 [ -f "$M/config.json" ] || { echo "no $M: skipped"; echo "$pass passed, $fail failed"; exit 0; }
 run() { "$BIN" run --model "$M" --cache-dir "$TMP/cache" --prompt-ids 1,2,3,4 --max-new 6 --print-ids "$@"; }

@@ -9,7 +9,8 @@
 #  - `run` on a Hugging Face checkpoint: SIGINT during its first-use conversion into the cache leaves nothing there
 #    (exit 130, one line), also when it comes right after the lock file is created (before the conversion starts),
 #    and a second run of the same conversion meanwhile says it waits for the first; `bench
-#    decode` the same; `serve` the same, ending by the signal too (SIGINT 130, SIGTERM 143), with no port file left;
+#    decode` the same; `serve` the same, ending by the signal too (SIGINT 130, SIGTERM 143, SIGHUP 129), with no port
+#    file left;
 #  - `synth OUT_DIR` alone writes the documented default model (the figures of --help = --dry-run's; started and
 #    interrupted when the disk has room, else refused for lack of space before writing), OUT_DIR may come last;
 #    every synth usage error names its flag and value; docs/cli.md shows the --help of convert, synth and doctor.
@@ -21,6 +22,8 @@ pass=0; fail=0
 ok()  { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL $*"; }
 TMP=$(mktemp -d /tmp/df_e2e_interrupt.XXXXXX)
+# conversions without --cache-dir go to a cache in $TMP (removed at exit), never into the user's ~/.cache/deltafin
+export XDG_CACHE_HOME="$TMP/xdg-cache"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$TMP"; }
 trap cleanup EXIT
@@ -169,10 +172,10 @@ EOF
     else
         wait "$bg"; bad "run's conversion ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
     fi
-    # serve's first-use conversion, SIGINT / SIGTERM mid-write: the same cleanup and message, serve's line, no port
-    # file, and serve ends by the signal as run does (exit 130 / 143)
-    for sig in INT TERM; do
-        want=$([ $sig = INT ] && echo 130 || echo 143)
+    # serve's first-use conversion, SIGINT / SIGTERM / SIGHUP mid-write: the same cleanup and message, serve's line, no
+    # port file, and serve ends by the signal as run does (exit 130 / 143 / 129)
+    for sig in INT TERM HUP; do
+        want=$(case $sig in INT) echo 130 ;; TERM) echo 143 ;; HUP) echo 129 ;; esac)
         start "$BIN" serve --model "$TMP/hf" --cache-dir "$TMP/scache" --threads 1 --port 0 --port-file "$TMP/s.port"
         if wait_tmp "$TMP/scache/*/experts-*.tmp"; then
             kill -$sig "$bg"; wait "$bg"; rc=$?

@@ -14,6 +14,8 @@ set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 BIN=${DF_BIN:-$SRC/build/deltafin}
 TMP=$(mktemp -d /tmp/df-e2e-server.XXXXXX)
+# the real model's first-use conversion goes to a cache in $TMP (removed at exit), never into ~/.cache/deltafin
+export XDG_CACHE_HOME="$TMP/xdg-cache"
 PASS=0
 FAIL=0
 PIDS=()

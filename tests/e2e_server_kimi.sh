@@ -12,6 +12,9 @@ set -u
 SRC=${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 BIN=${DF_BIN:-$SRC/build/deltafin}
 TMP=$(mktemp -d /tmp/df-e2e-kimi.XXXXXX)
+# the first-use conversions of the checkpoints served below go to a cache in $TMP (removed at exit), never into the
+# user's ~/.cache/deltafin (its key names this checkout: every test run used to leave its conversions there)
+export XDG_CACHE_HOME="$TMP/xdg-cache"
 PASS=0
 FAIL=0
 PIDS=()

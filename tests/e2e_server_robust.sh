@@ -8,8 +8,9 @@
 #      (keep-alives at most every --timeout/2); with --keepalive 0 a stream silent
 #      for --timeout ends with an SSE error event, never a 200 with an empty body;
 #   9. an unwritable --port-file is an error (exit 1); a --port-file left by an earlier server is removed at start
-#      (also when binding then fails) and replaced by the new port, and removed at SIGTERM / SIGINT unless another
-#      server has written its own port there since;
+#      (also when binding then fails) and replaced by the new port, and removed at SIGTERM / SIGINT / SIGHUP (a
+#      clean exit 0, as SIGTERM; under nohup SIGHUP stays ignored) unless another server has written its own port
+#      there since;
 #   7. /health names a model whose expert pack failed its checksum (503, status "error");
 #  10. max_tokens 0 with echo scores the prompt (its logprobs, nothing generated);
 #   5. two requests without a seed sample different texts;
@@ -201,6 +202,28 @@ kill -INT "$PD"; stopped "$PD"
 expect "exit 0 on SIGINT" "$?" 0
 grep -q "SIGINT received, shutting down" "$TMP/pfd.log" && ok "SIGINT received" || bad "SIGINT log: $(tail -2 "$TMP/pfd.log")"
 [ -e "$PFD" ] && bad "--port-file left after SIGINT: '$(cat "$PFD")'" || ok "--port-file removed at SIGINT"
+# SIGHUP (a closed terminal, a service manager): the same clean shutdown as SIGTERM (it used to end the server by the
+# signal, exit 129, the --port-file left behind); under nohup (SIGHUP ignored at start) it stays ignored
+PFH="$TMP/hup.port"
+env --default-signal=HUP "$BIN" serve --mock --port 0 --port-file "$PFH" 2>"$TMP/pfh.log" &
+PH=$!; PIDS+=("$PH")
+ph=$(wait_port "$PFH" "$PH")
+expect "SIGHUP case: --port-file written" "$ph" "$(listening_port "$TMP/pfh.log")"
+kill -HUP "$PH"; stopped "$PH"
+expect "exit 0 on SIGHUP (as on SIGTERM)" "$?" 0
+grep -q "SIGHUP received, shutting down" "$TMP/pfh.log" && ok "SIGHUP received" || bad "SIGHUP log: $(tail -2 "$TMP/pfh.log")"
+[ -e "$PFH" ] && bad "--port-file left after SIGHUP: '$(cat "$PFH")'" || ok "--port-file removed at SIGHUP"
+PFN="$TMP/nohup.port"
+nohup "$BIN" serve --mock --port 0 --port-file "$PFN" >/dev/null 2>"$TMP/pfn.log" &
+PN=$!; PIDS+=("$PN")
+pn=$(wait_port "$PFN" "$PN")
+kill -HUP "$PN"; sleep 0.3
+if kill -0 "$PN" 2>/dev/null && [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$pn/health")" = 200 ]; then
+    ok "under nohup SIGHUP is ignored: still serving"
+else bad "under nohup SIGHUP stopped the server: $(tail -2 "$TMP/pfn.log")"; fi
+kill -TERM "$PN"; stopped "$PN"
+expect "nohup'd server: exit 0 on SIGTERM" "$?" 0
+[ -e "$PFN" ] && bad "--port-file left after SIGTERM (nohup): '$(cat "$PFN")'" || ok "--port-file removed at SIGTERM (nohup)"
 
 # ---- 10. max_tokens 0 + echo: scoring the prompt
 start_server sc --mock || { cat "$TMP/sc.log"; exit 1; }

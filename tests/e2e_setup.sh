@@ -36,6 +36,8 @@ command -v python3 >/dev/null || { echo "e2e_setup: python3 is required"; exit 1
 
 TMP=$(mktemp -d /tmp/df_e2e_setup.XXXXXX)
 chmod 755 "$TMP"
+# the embedded model's first-use conversion goes to a cache in $TMP (removed at exit), never into ~/.cache/deltafin
+export XDG_CACHE_HOME="$TMP/xdg-cache"
 PIDS=()
 MOUNTED=""
 cleanup() {

@@ -55,6 +55,8 @@ static void serve_usage(FILE *f) {
             "  --mock [--mock-delay-ms N]  serve a built-in byte-level test model instead of --model\n"
             "  --mock-kimi              the test model as a Kimi model (<think> + a tool call)\n"
             "  --verbose                log every rejected request\n"
+            "SIGTERM, SIGINT and SIGHUP shut the server down cleanly (exit 0, --port-file removed); under nohup\n"
+            "  SIGHUP stays ignored\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models; without the API key:\n"
             "  GET /health (state as JSON), GET /metrics (Prometheus text), GET /store.json (each routed expert's\n"
             "  tier) and GET / (a live view in the browser); docs/server.md\n"
@@ -251,7 +253,7 @@ int cmd_serve(int argc, char **argv) {
     if (rc == 1 && !c.mock && model_is_default) cli_default_model_repair("serve", dflt_how, 0);
     if (remote) stream_print_stats(remote, stderr);
     stream_close(remote);
-    if (rc == 128 + SIGINT || rc == 128 + SIGTERM) {
+    if (rc == 128 + SIGINT || rc == 128 + SIGTERM || rc == 128 + SIGHUP) {
         /* the signal stopped a first-use conversion (its files removed, said on stderr): end by it, as run and bench
          * do; it is pending, blocked by srv_serve, and delivered under the default disposition at the unblock */
         const int sig = rc - 128;

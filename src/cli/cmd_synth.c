@@ -1005,6 +1005,53 @@ static int remove_partial(const synth_opts *o, const char *out_arg, int out_exis
     return n;
 }
 
+/* The smallest --size value (binary units, as cli_parse_size reads them) that is at least `bytes`: "1.40G",
+ * "23M" or "5K", rounded up, into out[cap]; *unit gets what its suffix means ("1G = 2^30 bytes"). */
+static void size_value_at_least(char *out, size_t cap, uint64_t bytes, const char **unit) {
+    const uint64_t G = 1ull << 30, M = 1ull << 20, K = 1ull << 10;
+    if (bytes >= G) {
+        uint64_t cents = (bytes / G) * 100 + ((bytes % G) * 100 + G - 1) / G; /* ceil(bytes * 100 / G), no overflow */
+        snprintf(out, cap, "%llu.%02lluG", (unsigned long long)(cents / 100), (unsigned long long)(cents % 100));
+        *unit = "1G = 2^30 bytes";
+    } else if (bytes >= M) {
+        snprintf(out, cap, "%lluM", (unsigned long long)((bytes + M - 1) / M));
+        *unit = "1M = 2^20 bytes";
+    } else {
+        snprintf(out, cap, "%lluK", (unsigned long long)((bytes + K - 1) / K));
+        *unit = "1K = 1024 bytes";
+    }
+}
+
+/* bytes in decimal units for messages: "3.70 GB", "1.67 MB", "12.3 kB", "512 B", into out[32]. */
+static const char *dec_size(char out[32], uint64_t bytes) {
+    if (bytes >= 1000000000ull) snprintf(out, 32, "%.2f GB", bytes / 1e9);
+    else if (bytes >= 1000000ull) snprintf(out, 32, "%.2f MB", bytes / 1e6);
+    else if (bytes >= 1000ull) snprintf(out, 32, "%.1f kB", bytes / 1e3);
+    else snprintf(out, 32, "%llu B", (unsigned long long)bytes);
+    return out;
+}
+
+/* --size SIZE (size_arg as given) is well below the routed experts of one MoE layer (per_layer bytes), the least
+ * synth can write with these shapes: the refusal on stderr, naming SIZE, the smallest model (its total and its
+ * experts' bytes) and the --size that writes it. */
+static void synth_size_too_small(const synth_opts *o, const char *size_arg, uint64_t per_layer) {
+    synth_opts min = *o;
+    min.layers = o->dense + 1;
+    const uint64_t spine = spine_estimate(&min);
+    char dense[32] = "", want[32], total_s[32], experts_s[32];
+    const char *unit;
+    if (o->dense) snprintf(dense, sizeof dense, "%d dense + ", o->dense);
+    size_value_at_least(want, sizeof want, per_layer, &unit);
+    fprintf(stderr,
+            "deltafin synth: --size %s: the smallest model with these shapes is about %s: %s1 MoE layer, whose %d "
+            "expert%s x %s [%d x %d] alone take %s (%llu bytes), well over --size %s (it counts the routed experts); "
+            "pass --size %s or more (%s), or choose smaller experts (--experts, --moe-inter, --encoding; "
+            "--dry-run prints the size)\n",
+            size_arg, dec_size(total_s, spine + per_layer), dense, o->experts, o->experts == 1 ? "" : "s",
+            df_wtype_name(o->enc), o->moe_inter, expert_width(o), dec_size(experts_s, per_layer), (unsigned long long)per_layer,
+            size_arg, want, unit);
+}
+
 int cmd_synth(int argc, char **argv) {
     synth_opts o = {0};
     o.hidden = 7168; o.moe_inter = 2048; o.inter = 18432; o.experts = 64; o.layers = 8; o.dense = 1; o.top_k = 8;
@@ -1169,6 +1216,10 @@ int cmd_synth(int argc, char **argv) {
         }
         uint64_t moe = (o.size + per_layer / 2) / per_layer;
         if (moe < 1) moe = 1;
+        if (moe == 1 && per_layer > o.size + o.size / 10) { /* even one MoE layer is well over SIZE: refuse, write nothing */
+            synth_size_too_small(&o, size_arg, per_layer);
+            return 2;
+        }
         if (moe + (uint64_t)o.dense > DF_MAX_LAYERS) {
             fprintf(stderr, "deltafin synth: --size %s needs %llu layers, more than %d (use larger experts: --experts, --moe-inter)\n",
                     size_arg, (unsigned long long)(moe + (uint64_t)o.dense), DF_MAX_LAYERS);

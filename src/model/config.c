@@ -11,6 +11,7 @@
 #include "deltafin.h"
 #include "util/util.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,16 +25,44 @@ int config_layer_is_moe(const df_config *cfg, int l) {
     return cfg->n_routed_experts > 0 && l >= cfg->first_k_dense_replace && l < cfg->num_hidden_layers;
 }
 
-/* Reads an integer key; absent or null -> dflt; non-integer -> error. */
+/* The least value an integer field may hold: 1 for the sizes every model needs (checked > 0 after parsing),
+ * else INT_MIN (other fields are range-checked where they are used). */
+static long long int_field_min(const char *key) {
+    static const char *const positive[] = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                           "max_position_embeddings", NULL};
+    for (int i = 0; positive[i]; i++)
+        if (!strcmp(key, positive[i])) return 1;
+    return INT_MIN;
+}
+
+/* A config integer v (a JSON number, bool, or [first, ...] as eos_token_id may be) -> *out. Errors (DF_EFORMAT),
+ * naming path, key and the value: not an integer ("must be an integer (got X)"), or an integer outside what an int
+ * holds ("X is out of range: expected an integer from LO to 2147483647"). */
+static int item_int(const cJSON *v, const char *key, int *out, const char *path, char *err, size_t errlen) {
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0); /* eos_token_id: [a, b] */
+    if (cJSON_IsBool(v)) { *out = cJSON_IsTrue(v); return 0; }
+    const int integral = cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
+    if (!integral || v->valuedouble > (double)INT_MAX || v->valuedouble < (double)INT_MIN) {
+        char *t = cJSON_PrintUnformatted(v);
+        int rc = integral
+                     ? df_set_errc(err, errlen, DF_EFORMAT,
+                                   "%s: field \"%s\" = %.40s is out of range: expected an integer from %lld to %d; "
+                                   "fix the value in the file",
+                                   path, key, t ? t : "?", int_field_min(key), INT_MAX)
+                     : df_set_errc(err, errlen, DF_EFORMAT, "%s: field \"%s\" must be an integer (got %.40s)", path, key,
+                                   t ? t : "?");
+        free(t);
+        return rc;
+    }
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+/* Reads an integer key; absent or null -> dflt; not an integer, or out of an int's range -> error (item_int). */
 static int get_int(const cJSON *o, const char *key, int dflt, int *out, const char *path, char *err, size_t errlen) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!v || cJSON_IsNull(v)) { *out = dflt; return 0; }
-    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0); /* eos_token_id: [a, b] */
-    if (cJSON_IsBool(v)) { *out = cJSON_IsTrue(v); return 0; }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
-        return df_set_errc(err, errlen, DF_EFORMAT, "%s: field \"%s\" must be an integer", path, key);
-    *out = (int)v->valuedouble;
-    return 0;
+    return item_int(v, key, out, path, err, errlen);
 }
 
 static int get_num(const cJSON *o, const char *key, double dflt, double *out, const char *path, char *err, size_t errlen) {
@@ -55,8 +84,8 @@ static int get_str(const cJSON *o, const char *key, const char *dflt, char *out,
     return 0;
 }
 
-#define GI(o, k, d, dst) do { int v_; if ((rc = get_int(o, k, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
-#define GN(o, k, d, dst) do { double v_; if ((rc = get_num(o, k, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
+#define GI(o, k, d, dst) do { int v_ = 0; if ((rc = get_int(o, k, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
+#define GN(o, k, d, dst) do { double v_ = 0; if ((rc = get_num(o, k, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
 
 /* RoPE: rope_parameters (v5) wins over rope_scaling; rope_theta at top level or inside. */
 static int parse_rope(const cJSON *o, df_config *c, const char *path, char *err, size_t errlen) {
@@ -135,19 +164,6 @@ static int find_alias(const cJSON *o, const char *names, const cJSON **out, char
         p = e ? e + 1 : p + n;
     }
     return DF_OK;
-}
-
-static int item_int(const cJSON *v, const char *key, int *out, const char *path, char *err, size_t errlen) {
-    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0); /* eos_token_id: [a, b] */
-    if (cJSON_IsBool(v)) { *out = cJSON_IsTrue(v); return 0; }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0) {
-        char *t = cJSON_PrintUnformatted(v);
-        int rc = df_set_errc(err, errlen, DF_EFORMAT, "%s: field \"%s\" must be an integer (got %.40s)", path, key, t ? t : "?");
-        free(t);
-        return rc;
-    }
-    *out = (int)v->valuedouble;
-    return 0;
 }
 
 static int kint(const cJSON *o, const char *names, int dflt, int *out, const char *path, char *err, size_t errlen) {

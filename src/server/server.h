@@ -54,10 +54,11 @@ typedef struct {
     srv_draft_config draft;   /* speculative decoding; draft.draft NULL = off */
 } srv_config;
 
-/* Open the model, listen, serve until SIGTERM/SIGINT, then drain and close.
+/* Open the model, listen, serve until SIGTERM/SIGINT/SIGHUP (SIGHUP not when it
+ * was ignored at the call: nohup), then drain and close.
  * Returns a process exit status (0 after a clean shutdown, 1 when the model
  * cannot be opened or the address cannot be bound, 2 for a bad --host), or
- * 128 + SIGINT / SIGTERM when that signal stopped the first-use conversion of
+ * 128 + SIGINT / SIGTERM / SIGHUP when that signal stopped the first-use conversion of
  * the model (or draft) before serving: the signal is then left pending and
  * blocked in the calling thread, for the caller to end by it after its own
  * cleanup (cmd_serve: exit status 128 + signal, as `run`). */

@@ -4,7 +4,7 @@
  * waiting, default 16; more -> 429 with Retry-After), the --parallel worker threads
  * that run generations, SSE responses with keep-alive comments, client-disconnect detection,
  * /health (including a model that failed: a corrupt expert pack), /metrics (Prometheus text,
- * srv_metrics.c), the live view (/ and /store.json, srv_ui.c), and SIGTERM/SIGINT shutdown.
+ * srv_metrics.c), the live view (/ and /store.json, srv_ui.c), and SIGTERM/SIGINT/SIGHUP shutdown.
  *
  * Threads: MHD runs one thread per connection; a handler blocks while its job
  * waits and runs (polling the socket for a hang-up every 100 ms). Each worker runs
@@ -908,15 +908,16 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ------------------------------------------------------------------ main */
 
-/* The SIGINT or SIGTERM pending in this thread (both are blocked here), else 0: after a model open that returned
+/* The SIGINT, SIGTERM or SIGHUP pending in this thread (blocked here), else 0: after a model open that returned
  * DF_ECANCELLED, the signal that stopped its first-use conversion (convert_cached raises it again under this mask). */
 static int pending_stop_signal(void) {
     sigset_t p;
     if (sigpending(&p) != 0) return 0;
-    return sigismember(&p, SIGINT) == 1 ? SIGINT : sigismember(&p, SIGTERM) == 1 ? SIGTERM : 0;
+    return sigismember(&p, SIGINT) == 1 ? SIGINT : sigismember(&p, SIGTERM) == 1 ? SIGTERM
+         : sigismember(&p, SIGHUP) == 1 ? SIGHUP : 0;
 }
 
-static const char *stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+static const char *stop_signal_name(int sig) { return df_signal_name(sig); }
 
 int srv_serve(const srv_config *cfg) {
     memset(&S, 0, sizeof S);
@@ -924,11 +925,14 @@ int srv_serve(const srv_config *cfg) {
     S.created = (long)time(NULL);
     char err[1024] = "";
     int rc;
-    /* signals: handled by sigwait in this thread only */
+    /* signals: handled by sigwait in this thread only. SIGHUP (the terminal closed, or a service manager's stop) shuts
+     * down as SIGTERM does, unless it was ignored when serve started (nohup): then it stays ignored */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) != 0 || hup.sa_handler != SIG_IGN) sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -1075,7 +1079,7 @@ int srv_serve(const srv_config *cfg) {
     }
     if (!status) {
         sigwait(&sigs, &sig);
-        fprintf(stderr, "deltafin serve: %s received, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        fprintf(stderr, "deltafin serve: %s received, shutting down\n", df_signal_name(sig));
     }
     pthread_mutex_lock(&S.mu);
     S.stopping = 1;

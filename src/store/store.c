@@ -88,14 +88,15 @@ int store_budget(const struct df_native *nat, uint64_t budget, uint64_t spine_by
     uint64_t fixed = spine_bytes + kv_bytes + other_bytes + store_meta;
     uint64_t minimum = fixed + min_cache;
     if (budget < minimum) {
-        char b[7][32];
+        char b[7][32], cache_term[160] = ""; /* a dense model (no routed experts) has no expert cache to name */
+        if (min_cache)
+            snprintf(cache_term, sizeof cache_term, " + minimum expert cache %s (2 x top-%d slots of %llu bytes)",
+                     fmt_size(b[4], min_cache), k, (unsigned long long)slot);
         return seterr(err, errlen, DF_EBUDGET,
-                      "--ram-budget %s is too small for %s: spine %s + KV cache %s + other %s + store tables %s "
-                      "+ minimum expert cache %s (2 x top-%d slots of %llu bytes) = %llu bytes (%s); raise "
-                      "--ram-budget to at least that",
+                      "--ram-budget %s is too small for %s: spine %s + KV cache %s + other %s + store tables %s%s "
+                      "= %llu bytes (%s); raise --ram-budget to at least that",
                       fmt_size(b[0], budget), nat->name, fmt_size(b[1], spine_bytes), fmt_size(b[2], kv_bytes),
-                      fmt_size(b[3], other_bytes), fmt_size(b[6], store_meta), fmt_size(b[4], min_cache), k,
-                      (unsigned long long)slot,
+                      fmt_size(b[3], other_bytes), fmt_size(b[6], store_meta), cache_term,
                       (unsigned long long)minimum, fmt_size(b[5], minimum));
     }
     uint64_t c = budget - fixed;
