@@ -167,14 +167,14 @@ __device__ __forceinline__ void combine_segments(const float *p, int ns, int kvl
 
 /* o_lat [T, H, kvl]: block = row t x HB heads (blockIdx.y * HB ..); thread tid owns the columns
  * k = tid + NT*kk, kk < KPT. Row t's latent cache in device memory (a mirror, or this call's staging): c at
- * cptr[t] ([npos[t], kvl]), k_pe at pptr[t] ([npos[t], dr]). */
+ * cptr[t] ([npos[t], kvl]), k_pe at pptr[t] ([npos[t], dr]); cptr NULL: one row (T = 1), its cache r1. */
 template <int HB, int KPT>
 __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, const float *__restrict__ q_lat,
                                                   const float *const *__restrict__ cptr,
                                                   const float *const *__restrict__ pptr, const int *__restrict__ npos,
                                                   int H, int dn, int dr, int kvl, float scale, float *__restrict__ o_lat,
                                                   int t0, int nsegm, float *__restrict__ part,
-                                                  unsigned *__restrict__ cnt) {
+                                                  unsigned *__restrict__ cnt, const cu_row1 r1) {
     pdl_enter();
     extern __shared__ float att_smem[];
     float *qs = att_smem;             /* [HB][kvl] q_lat */
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
     float *st_a = st_l + HB;          /* [HB] this chunk's rescaling */
     const int t = t0 + blockIdx.x, h0 = blockIdx.y * HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int qd = dn + dr;
-    const int n_all = npos[t], L = seg_len(n_all), sb = blockIdx.z * L; /* this block's segment: [sb, min(n_all, sb + L)) */
+    const int n_all = cptr ? npos[t] : r1.npos, L = seg_len(n_all), sb = blockIdx.z * L; /* this block's segment: [sb, min(n_all, sb + L)) */
     if (sb >= n_all) return;
     for (int i = tid; i < HB * kvl; i += NT) {
         const int h = h0 + i / kvl;
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(NT) attn_kernel(const float *__restrict__ q, c
         st_m[tid] = -INFINITY;
         st_l[tid] = 0.0f;
     }
-    const float *c = cptr[t] + (int64_t)sb * kvl, *kp = pptr[t] + (int64_t)sb * dr;
+    const float *c = (cptr ? cptr[t] : r1.c) + (int64_t)sb * kvl, *kp = (cptr ? pptr[t] : r1.p) + (int64_t)sb * dr;
     const int n = n_all - sb < L ? n_all - sb : L;
     float acc[HB][KPT];
 #pragma unroll
@@ -449,7 +449,7 @@ constexpr size_t PART_MAX = (size_t)256 << 20;
  * by its last block). */
 template <int HB, int KPT>
 cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
-                          float *o_lat, cudaStream_t st) {
+                          const cu_row1 &r1, float *o_lat, cudaStream_t st) {
     const size_t smem = sizeof(float) * ((size_t)HB * (sh.kvl + sh.dr + CH) + 3 * HB);
     const int nsegm = nseg_bound(sh.maxn);
     const size_t row_part = nsegm > 1 ? sizeof(float) * (size_t)sh.H * nsegm * (sh.kvl + 2) : 0;
@@ -480,7 +480,7 @@ cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, P
         const int n = sh.T - t0 < rows ? sh.T - t0 : rows;
         const dim3 grid((unsigned)n, (unsigned)((sh.H + HB - 1) / HB), (unsigned)nsegm);
         cu_launch(attn_kernel<HB, KPT>, grid, NT, smem, st, q, q_lat, cptr, pptr, npos, sh.H, sh.dn, sh.dr, sh.kvl, sh.scale,
-                                                     o_lat, t0, nsegm, g_part, g_cnt);
+                                                     o_lat, t0, nsegm, g_part, g_cnt, r1);
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -491,17 +491,18 @@ cudaError_t launch_attn_k(const Shape &sh, const float *q, const float *q_lat, P
  * else 1; columns per thread from kvl. Neither changes a result's bits. */
 template <int HB>
 cudaError_t launch_attn_h(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
-                          float *o_lat, cudaStream_t st) {
-    if (sh.kvl <= NT) return launch_attn_k<HB, 1>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
-    if (sh.kvl <= 2 * NT) return launch_attn_k<HB, 2>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
-    if (sh.kvl <= 4 * NT) return launch_attn_k<HB, 4>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
-    return launch_attn_k<HB, 8>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
+                          const cu_row1 &r1, float *o_lat, cudaStream_t st) {
+    if (sh.kvl <= NT) return launch_attn_k<HB, 1>(sh, q, q_lat, cptr, pptr, npos, r1, o_lat, st);
+    if (sh.kvl <= 2 * NT) return launch_attn_k<HB, 2>(sh, q, q_lat, cptr, pptr, npos, r1, o_lat, st);
+    if (sh.kvl <= 4 * NT) return launch_attn_k<HB, 4>(sh, q, q_lat, cptr, pptr, npos, r1, o_lat, st);
+    return launch_attn_k<HB, 8>(sh, q, q_lat, cptr, pptr, npos, r1, o_lat, st);
 }
 
+/* cptr NULL: one row (T = 1) whose cache is r1 */
 cudaError_t launch_attn(const Shape &sh, const float *q, const float *q_lat, Ptrs cptr, Ptrs pptr, const int *npos,
-                        float *o_lat, cudaStream_t st) {
-    if ((int64_t)sh.T * sh.H >= 1024) return launch_attn_h<4>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
-    return launch_attn_h<1>(sh, q, q_lat, cptr, pptr, npos, o_lat, st);
+                        const cu_row1 &r1, float *o_lat, cudaStream_t st) {
+    if ((int64_t)sh.T * sh.H >= 1024) return launch_attn_h<4>(sh, q, q_lat, cptr, pptr, npos, r1, o_lat, st);
+    return launch_attn_h<1>(sh, q, q_lat, cptr, pptr, npos, r1, o_lat, st);
 }
 
 /* A copy of n floats within device memory (a mirror's new rows from the staging area). */
@@ -564,6 +565,11 @@ int grow_dev(size_t need) {
     g_cdev = n;
     return 0;
 }
+
+/* h2's split for the routed experts' grouped tensor-core launches: add_rmsnorm writes it beside h2, cu_rt_moe_route's
+ * gate / up launch reads it (both on the stream, in that order), so no split launch runs between them. */
+void *g_h2xs;
+size_t g_ch2xs;
 
 /* Host buffer i once the device is done with it: its last call's copies complete, its pending row written. */
 int host_wait(int i) {
@@ -979,7 +985,19 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         }
     }
     memcpy(hb + o_np, npos, sizeof(int) * (size_t)T);
-    cudaError_t e = cu_copy_launch(db, hb, up_bytes, cudaMemcpyHostToDevice, st);
+    /* One token of a block whose cache is a mirror holding every earlier row, and whose x is on the device: nothing
+     * to upload. Its cache and RoPE go to the kernels by value, and its new cache rows straight into the host
+     * staging's returned part (pinned, written by the kernel), so neither copy-in nor their copy-out is launched. */
+    const bool row1 = bk && T == 1 && nu == 1 && u[0].mir >= 0 && nseg == 0 && !bk->x && dr <= CU_CS1_MAX &&
+                      g_cu_copy_kernel;
+    cu_row1 r1 = {};
+    if (row1) {
+        const Mirror &m = g_mir[u[0].mir];
+        r1.c = (float *)m.mem;
+        r1.p = (float *)((char *)m.mem + m.pe_off);
+        r1.npos = npos[0];
+    }
+    cudaError_t e = row1 ? cudaSuccess : cu_copy_launch(db, hb, up_bytes, cudaMemcpyHostToDevice, st);
     cu_rt_mark("attn: copy in");
     const long long bx = (seg_max + 1023) / 1024;
     for (int s0 = 0; e == cudaSuccess && s0 < nseg; s0 += 65535) { /* grid.y: at most 65535 segments a launch */
@@ -1015,16 +1033,24 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         }
         if ((!two && matmul_dev(b->kv_a, dh, T, dkva, st)) || vec_dev(b->kv_a_norm, kvl, &nw)) return -1;
         cu_rt_mark("block: projections");
-        CKA(cu_kv_rows_launch(dkva, T, kvl, dr, nw, b->lora_eps, bk->cs ? (const float *)(db + o_cs) : NULL,
-                              (float *const *)(db + o_dc), (float *const *)(db + o_dp), (float *)(db + o_ret + r_c),
-                              (float *)(db + o_ret + r_p), dqr, (float *)dq, H, sh.dn, st));
+        if (row1) {
+            cu_cs1 cs1;
+            if (bk->cs) memcpy(cs1.v, bk->cs, fl * (size_t)dr);
+            CKA(cu_kv_row1_launch(dkva, kvl, dr, nw, b->lora_eps, r1, cs1, bk->cs != NULL, (float *)(hb + h_ret + r_c),
+                                  (float *)(hb + h_ret + r_p), dqr, (float *)dq, H, sh.dn, st));
+        } else {
+            CKA(cu_kv_rows_launch(dkva, T, kvl, dr, nw, b->lora_eps, bk->cs ? (const float *)(db + o_cs) : NULL,
+                                  (float *const *)(db + o_dc), (float *const *)(db + o_dp), (float *)(db + o_ret + r_c),
+                                  (float *)(db + o_ret + r_p), dqr, (float *)dq, H, sh.dn, st));
+        }
         cu_rt_mark("block: latent KV rows, RoPE");
     }
     const void *wd = NULL, *ws = NULL;
     if (cu_rt_weight(kv_b, &wd, &ws)) return -1;
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, dq, dql, NULL, NULL, 0, st));
     cu_rt_mark("attn: q absorbed (K_h^T q_nope)");
-    CKA(launch_attn(sh, dq, dql, (Ptrs)(db + o_cp), (Ptrs)(db + o_pp), (const int *)(db + o_np), dol, st));
+    CKA(launch_attn(sh, dq, dql, row1 ? NULL : (Ptrs)(db + o_cp), (Ptrs)(db + o_pp), (const int *)(db + o_np), r1,
+                    dol, st));
     cu_rt_mark("attn: core");
     CKA(launch_weight_kernel(kv_b->type, wd, ws, sh, NULL, NULL, dol, dov, 1, st));
     cu_rt_mark("attn: V_h o_lat");
@@ -1032,13 +1058,25 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         if (matmul_dev(o, dov, T, (float *)(db + (bk ? o_out : o_ret)), st)) return -1;
         cu_rt_mark("attn: o_proj");
     }
+    void *xs = NULL; /* h2's split (g_h2xs), when written */
     if (bk) { /* the residual, the FFN's input norm and the router */
         const float *nw = NULL;
         float *dxo = (float *)(db + o_ret + r_x), *dh2 = (float *)(db + o_ret + r_h);
         if (vec_dev(bk->b->ffn_norm, D, &nw)) return -1;
+        /* one token whose MoE the device may run: h2's split too (g_h2xs) */
+        if (resid && T == 1 && E && bk->b->moe && bk->b->moe->E == E && D % 32 == 0) {
+            if (g_ch2xs < (size_t)D * 6) {
+                if (g_h2xs) CKA(cudaFree(g_h2xs));
+                g_h2xs = NULL;
+                g_ch2xs = 0;
+                CKA(cudaMalloc(&g_h2xs, (size_t)D * 6));
+                g_ch2xs = (size_t)D * 6;
+            }
+            xs = g_h2xs;
+        }
         /* x_out into the returned part and, as the caller's residual, into resid (which may be x) */
         CKA(cu_add_rmsnorm_launch(dxo, bk->x ? (const float *)(db + o_x) : resid, (const float *)(db + o_out), nw, T, D,
-                                  bk->b->eps, dh2, st, resid));
+                                  bk->b->eps, dh2, st, resid, xs));
         if (resid && resid_valid) *resid_valid = 1;
         /* this call's h2 on the device, for the moe_resid that follows with the host copy of it (cu_attn_h2) */
         if (resid && T == 1) {
@@ -1050,11 +1088,13 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     }
     /* A block whose MoE the device will route and run (moe_queued below) returns before the host reads x_out, h2
      * or the logits, and its asynchronous finish (host_wait) takes only the new cache rows: those alone are copied
-     * back, and the rest only when the MoE was not queued after all. */
+     * back (none when the kernel wrote them into the staging: row1), and the rest only when the MoE was not queued
+     * after all. */
     const bool may_queue = bk && resid && T == 1 && bk->b->moe && bk->b->moe->E == E && (E || bk->b->moe->K == 0);
-    const size_t ret_from = may_queue ? r_c : 0;
-    CKA(cu_copy_launch(hb + h_ret + ret_from, (bk || o ? db + o_ret : (char *)dov) + ret_from, ret_bytes - ret_from,
-                       cudaMemcpyDeviceToHost, st));
+    const size_t ret_from = may_queue ? r_c : 0, ret_to = row1 ? r_c : ret_bytes;
+    if (ret_to > ret_from)
+        CKA(cu_copy_launch(hb + h_ret + ret_from, (bk || o ? db + o_ret : (char *)dov) + ret_from, ret_to - ret_from,
+                           cudaMemcpyDeviceToHost, st));
     if (!g_hb[hi].ev) CKA(cudaEventCreateWithFlags(&g_hb[hi].ev, cudaEventDisableTiming));
     CKA(cudaEventRecord(g_hb[hi].ev, st)); /* the staging's last copy of this call */
     g_hb[hi].ev_live = 1;
@@ -1076,7 +1116,8 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         df_moe_dev *m = bk->b->moe;
         const float *bd = NULL;
         if (m->bias && vec_dev(m->bias, E, &bd)) return -1;
-        if (cu_rt_moe_route(bk->b->resid_key, m, bd, (const float *)(db + o_ret + r_l), (const float *)(db + o_ret + r_h)) < 0)
+        if (cu_rt_moe_route(bk->b->resid_key, m, bd, (const float *)(db + o_ret + r_l), (const float *)(db + o_ret + r_h),
+                            xs) < 0)
             return -1;
         if (m->queued) { /* asynchronous: nothing waited for; the row reaches the host cache later (host_wait) */
             HostBuf &h = g_hb[hi];

@@ -78,9 +78,10 @@ typedef struct {
  * <= tmax <= 256): x [xT, cols] (device fp32) split once, the items' xrow[] indexing its rows. The same tile code and
  * K slices as cu_mma_launch: each y has its bits. u (NULL: none) [xT, cols]: the input is act(x, u) as in
  * cu_mma_group_launch. */
+/* xs_in (NULL: none): x's split already (cuda_split.cuh, xT rows, written earlier on st): no split is launched. */
 cudaError_t cu_mma_group_dev_launch(df_wtype type, int64_t rows, int64_t cols, const float *x, int xT, int n, int tmax,
                                     const cu_mma_group *dg, cudaStream_t st, const float *u = NULL, int act = 0,
-                                    float beta = 0.0f, float lb = 0.0f);
+                                    float beta = 0.0f, float lb = 0.0f, const void *xs_in = NULL);
 
 /* Element-wise / per-row ops on device arrays (cuda_ops.cu); contracts as in kernels/cuda.h. */
 cudaError_t cu_rmsnorm_launch(float *out, const float *x, const float *w, int T, int64_t n, float eps, cudaStream_t st);
@@ -94,12 +95,29 @@ cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const flo
  * may be x; x_out2, when not NULL, gets x_out too and may be x); and the latent KV rows: c_new = rmsnorm(kva[t][:kvl]) * kv_norm into dst_c[t] and ret_c [T, kvl],
  * kpe_new = rope(kva[t][kvl:], cs[t]) into dst_p[t] and ret_p [T, dr] (cs [T, dr] cos/sin pairs; NULL: no rotary),
  * q [T, H, dn + dr] = q_raw with each head's rope part roped by cs[t]. dst_c / dst_p: device arrays of T device
- * pointers. */
+ * pointers. add_rmsnorm's xs (NULL: none; n a multiple of 32): h's split for the tensor-core kernels (cuda_split.cuh,
+ * n * 6 bytes a row) written there too. */
 cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, const float *w, int T, int64_t n,
-                                  float eps, float *h, cudaStream_t st, float *x_out2 = NULL);
+                                  float eps, float *h, cudaStream_t st, float *x_out2 = NULL, void *xs = NULL);
 cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const float *kv_norm, float eps, const float *cs,
                               float *const *dst_c, float *const *dst_p, float *ret_c, float *ret_p, const float *q_raw,
                               float *q, int H, int dn, cudaStream_t st);
+/* One row's latent cache by value, for a one-token call whose arguments need no upload: c [npos, kvl] and k_pe
+ * [npos, dr] in device memory (a mirror), the row's own entries at position npos - 1. */
+struct cu_row1 {
+    float *c, *p;
+    int npos;
+};
+/* A row's RoPE cos / sin pairs by value ([dr] floats, dr <= CU_CS1_MAX) */
+#define CU_CS1_MAX 256
+struct cu_cs1 {
+    float v[CU_CS1_MAX];
+};
+/* cu_kv_rows_launch for T = 1 with the destinations and cs by value (has_cs 0: no rotary): the same bits. ret_c /
+ * ret_p may be pinned host memory (the kernel writes it). */
+cudaError_t cu_kv_row1_launch(const float *kva, int kvl, int dr, const float *kv_norm, float eps, const cu_row1 &r1,
+                              const cu_cs1 &cs, int has_cs, float *ret_c, float *ret_p, const float *q_raw, float *q,
+                              int H, int dn, cudaStream_t st);
 /* resid[d] += (sum over i < n of fma chains w[i] y[i][d] from 0, in order) + sh[d] (sh NULL: nothing) for d < D: the
  * host's MoE combine (moe.c: axpy per expert in ascending order, then the shared expert, then the residual add) with
  * fused multiply-adds as the AVX2 / AVX-512 axpy does them; n = 0: resid[d] += sh[d] (a dense MLP's output, as
@@ -140,18 +158,22 @@ cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K
 /* The routing, then the picks' MLPs on h2 [D] (grouped tensor-core launches: gate / up of encoding tgu [I, D], down
  * of tdn [D, I]; act / beta / lb as moe_resid's), then resid [D] += combine (cu_combine_resid: ascending ids, then
  * sh): the bits of moe_route + moe_resid on the same logits and h2. Queued on st; join (NULL: none): an event st waits
- * for before the combine (sh written on another stream). */
+ * for before the combine (sh written on another stream). h2xs (NULL: none): h2's split (cuda_split.cuh) written
+ * earlier on st, used instead of splitting h2 here. */
 cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
-                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st, int *ids_out = NULL);
+                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st, int *ids_out = NULL,
+                              const void *h2xs = NULL);
 /* With the mutex held, in an mla_block call after cu_rt_shared_start: m's device routing and MoE (m->K = 0: only the
  * started dense MLP, added as forward adds it) for the caller key
  * (df_mla_block.moe) on logits [E] and h2 [D] (device), into that key's residual; bias_dev: m->bias on the device or
  * NULL. 1: queued (m->bytes set; the picks reach moe_routed once a later call synchronises), 0: declined (a layer
  * not wholly resident on the tensor-core path, no started shared expert where the layer has one, shapes past the
- * limits, DF_CUDA_TRACE=1), -1: a CUDA error (recorded). */
-int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2);
+ * limits, DF_CUDA_TRACE=1), -1: a CUDA error (recorded). h2xs (NULL: none): h2's split (cuda_split.cuh) written
+ * earlier on the stream. */
+int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2,
+                    const void *h2xs = NULL);
 
 /* dst = src, n bytes, queued on st (kind as cudaMemcpyAsync's). Copies of at most CU_COPY_KERNEL_MAX bytes between
  * device memory and pinned host memory from cudaHostAlloc (addressable from kernels under unified addressing, CUDA

@@ -36,6 +36,7 @@
 #include "cuda_launch.cuh"
 #include "cuda_act.cuh"
 #include "cuda_decode.cuh"
+#include "cuda_split.cuh"
 
 #include <stdint.h>
 #include <type_traits>
@@ -185,10 +186,8 @@ template <int N> struct Unroll<N, N> {
     template <class F> __device__ __forceinline__ static void run(F &&) {}
 };
 
-/* The activations' bf16 parts in MMA operand order: xs[((tok * ng + gi) * 3 + part) * 16 + 2 s + h] is the
- * bf16x2 B register h (0: k slots 2t, 2t+1; 1: 2t+8, 2t+9) of k-step s of group gi, part 0 = hi, 1 = mid,
- * 2 = lo. Thread i of T * ng * 8 handles (tok, gi, s). */
-/* The activation applied to the split's input on the fly: x' = act(x, u) elementwise (u [T, cols] beside x; act 0 =
+/* The activations' bf16 parts in MMA operand order (cuda_split.cuh): thread i of T * ng * 8 handles item i.
+ * The activation applied to the split's input on the fly: x' = act(x, u) elementwise (u [T, cols] beside x; act 0 =
  * SwiGLU, 1 = SiTU with beta / lb, as cuda_act.cuh); u NULL: x itself. */
 struct SplitAct {
     const float *u;
@@ -205,28 +204,12 @@ __device__ __forceinline__ void split_one(const float *__restrict__ x, int T, in
                                           int64_t i, const SplitAct &a = SplitAct{nullptr, 0, 0.0f, 0.0f}) {
     const int64_t ng = cols / 32;
     if (i >= (int64_t)T * ng * 8) return;
-    const int s = (int)(i & 7);
-    const int64_t tg = i >> 3, tok = tg / ng, gi = tg % ng;
-    const float *xp = x + tok * cols + gi * 32 + (s >> 1) * 8 + (s & 1) * 2;
+    int64_t tg;
+    const int64_t e = split_elem(i, ng, &tg);
+    const float *xp = x + (tg / ng) * cols + e;
     const float v[4] = {split_in(xp, a, x, 0), split_in(xp, a, x, 4), split_in(xp, a, x, 1),
                         split_in(xp, a, x, 5)}; /* B0 low, B0 high, B1 low, B1 high */
-    uint32_t p[3][4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint32_t hb = __float_as_uint(v[k]) & 0xffff0000u;
-        const float r = v[k] - __uint_as_float(hb); /* exact */
-        const uint32_t mb = __float_as_uint(r) & 0xffff0000u;
-        const float l = r - __uint_as_float(mb); /* exact, at most 8 significant bits */
-        p[0][k] = hb >> 16;
-        p[1][k] = mb >> 16;
-        p[2][k] = __float_as_uint(l) >> 16;
-    }
-    uint32_t *o = xs + tg * 48 + s * 2;
-#pragma unroll
-    for (int q = 0; q < 3; q++) {
-        o[q * 16] = p[q][0] | (p[q][1] << 16);
-        o[q * 16 + 1] = p[q][2] | (p[q][3] << 16);
-    }
+    split_store(v, xs, i);
 }
 
 __global__ void split_kernel(const float *__restrict__ x, int T, int64_t cols, uint32_t *__restrict__ xs,
@@ -601,10 +584,14 @@ cudaError_t cu_mma_group_launch(df_wtype type, int64_t rows, int64_t cols, int n
 
 cudaError_t cu_mma_group_dev_launch(df_wtype type, int64_t rows, int64_t cols, const float *x, int xT, int n, int tmax,
                                     const cu_mma_group *dg, cudaStream_t st, const float *u, int act, float beta,
-                                    float lb) {
+                                    float lb, const void *xs_in) {
     if (cols % 32 != 0 || (type != DF_W_MXFP4 && type != DF_W_BF16) || rows * (cols / 32) > (int64_t)UINT32_MAX ||
         n <= 0 || n > MAXG || tmax <= 0 || tmax > TC || xT <= 0 || xT > TC)
         return cudaErrorInvalidValue;
+    if (xs_in) { /* split already */
+        const Launch a = {nullptr, nullptr, static_cast<const uint4 *>(xs_in), nullptr, tmax, nullptr, n, dg};
+        return launch_enc(type, cu_get_variant(tmax), a, rows, cols, st);
+    }
     cudaError_t e = xs_reserve((size_t)xT * (size_t)cols * 6, st);
     if (e != cudaSuccess) return e;
     const int64_t threads = (int64_t)xT * (cols / 32) * 8;

@@ -12,9 +12,12 @@
  * (moe.c is compiled without contraction). Then the K (id, weight) pairs are sorted by id: the host combines the
  * experts in ascending id order.
  *
- * One warp does it: each lane takes the indices lane, lane + 32, ...; a round's pick is the warp's best (value, then
- * index, as one 64-bit key) by a butterfly, so every lane ends with the same pick, and lane k keeps pick k. Lane k
- * then loads its pick's arrays, takes its weight (the sum shuffled in pick order) and its rank among the picks' ids,
+ * The picks, up to ROUTE_RANK_MAXE experts and no NaN choice: with distinct keys (value, then index, as one 64-bit
+ * key whose order is the scan's preference) the K rounds pick the K largest keys in descending order, so thread x
+ * counts the keys above its own (its rank) and writes x as pick rank when rank < K: one pass, no rounds. Otherwise
+ * one warp runs the rounds: each lane takes the indices lane, lane + 32, ...; a round's pick is the warp's best key
+ * by a butterfly, so every lane ends with the same pick, and lane k keeps pick k. Lane k of the first warp then
+ * loads its pick's arrays, takes its weight (the sum shuffled in pick order) and its rank among the picks' ids,
  * and writes the grouped launches' items (cuda_internal.h cu_mma_group) and the combine's arguments at that rank
  * into device memory, where the next kernels on the stream read them.
  */
@@ -36,22 +39,29 @@ __device__ __forceinline__ unsigned long long key_of(float v, int i) {
     return ((unsigned long long)u << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)i);
 }
 
+/* Experts up to which the picks are ranked in one pass (a thread per expert, E comparisons each); above, the rounds
+ * cost less. */
+constexpr int ROUTE_RANK_MAXE = 256;
+
+/* Block: 32 threads, or (one_pass) a multiple of 32 >= E with the keys' area [E] in the dynamic shared memory. */
 __global__ void route_kernel(const float *__restrict__ lg, const float *__restrict__ bias, int E, int K, int G, int topk_group,
                              int renorm, float scale, const void *const *__restrict__ tab, float *g, float *u, float *y,
-                             int64_t I, int64_t D, const float *sh, cu_moe_route_out *o, int *ids_out) {
+                             int64_t I, int64_t D, const float *sh, cu_moe_route_out *o, int *ids_out, int one_pass) {
     pdl_enter();
-    extern __shared__ float sm[]; /* s [E], choice [E] */
+    extern __shared__ unsigned long long sm[]; /* (one_pass) keys [E], then s [E], choice [E] as floats */
     __shared__ float gs[CU_ROUTE_MAXG];
     __shared__ unsigned char keep[CU_ROUTE_MAXG];
-    float *s = sm, *ch = sm + E;
-    const int lane = threadIdx.x;
-    for (int x = lane; x < E; x += 32) {
+    __shared__ int picks[CU_ROUTE_MAXK];
+    unsigned long long *keys = sm;
+    float *s = reinterpret_cast<float *>(sm + (one_pass ? E : 0)), *ch = s + E;
+    const int tid = threadIdx.x, lane = tid & 31;
+    for (int x = tid; x < E; x += blockDim.x) {
         const float v = df_route_sigmoid(lg[x]);
         s[x] = v;
         ch[x] = __fadd_rn(v, bias ? bias[x] : 0.0f);
     }
-    __syncwarp();
-    if (G > 1) {
+    __syncthreads();
+    if (G > 1 && tid < 32) {
         const int per = E / G;
         for (int gi = lane; gi < G; gi += 32) {
             float a = -INFINITY, b = -INFINITY;
@@ -76,12 +86,27 @@ __global__ void route_kernel(const float *__restrict__ lg, const float *__restri
             const int gi = x / per;
             if (gi < G && !keep[gi]) ch[x] = -INFINITY;
         }
-        __syncwarp();
     }
+    __syncthreads();
+    int mine = -1; /* lane k of the first warp: pick k */
+    bool ranked = false;
+    if (one_pass && !__syncthreads_or(tid < E && ch[tid] != ch[tid])) { /* every thread: one expert; no NaN */
+        unsigned long long kx = 0;
+        if (tid < E) keys[tid] = kx = key_of(ch[tid], tid);
+        __syncthreads();
+        if (tid < E) {
+            int rk = 0;
+            for (int x = 0; x < E; x++) rk += keys[x] > kx;
+            if (rk < K) picks[rk] = tid;
+        }
+        __syncthreads();
+        if (tid < K) mine = picks[tid];
+        ranked = true;
+    }
+    if (tid >= 32) return;
     /* K rounds: this lane's elements x = lane + 32 j, taken ones marked in a bit mask (E <= 1024: j < 32) */
     uint32_t taken = 0;
-    int mine = -1; /* lane k: pick k */
-    for (int k = 0; k < K; k++) {
+    for (int k = 0; !ranked && k < K; k++) {
         unsigned long long best = 0; /* 0: none (a real key has its top bit set or an index term) */
         int first = E;               /* the lowest untaken index */
         for (int j = 0, x = lane; x < E; j++, x += 32) {
@@ -153,20 +178,22 @@ cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K
     if (E <= 0 || E > CU_ROUTE_MAXE || K < 1 || K > CU_ROUTE_MAXK || K > E || 2 * K > CU_MMA_MAXG || K > CU_COMBINE_MAX ||
         G > CU_ROUTE_MAXG || (G > 1 && E / G < 1))
         return cudaErrorInvalidValue;
-    const size_t smem = (size_t)E * 2 * sizeof(float);
-    cu_launch(route_kernel, 1, 32, smem, st, logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o,
-              ids_out);
+    const int one_pass = E <= ROUTE_RANK_MAXE;
+    const size_t smem = (size_t)E * 2 * sizeof(float) + (one_pass ? (size_t)E * sizeof(unsigned long long) : 0);
+    cu_launch(route_kernel, 1, one_pass ? (E + 31) / 32 * 32 : 32, smem, st, logits, bias, E, K, G, topk_group, renorm,
+              scale, tab, g, u, y, I, D, sh, o, ids_out, one_pass);
     return cudaGetLastError();
 }
 
 cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
-                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st, int *ids_out) {
+                              float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st, int *ids_out,
+                              const void *h2xs) {
     cudaError_t e = cu_route_launch(logits, bias, E, K, G, topk_group, renorm, scale, tab, g, u, y, I, D, sh, o, st, ids_out);
     if (e != cudaSuccess) return e;
     cu_rt_mark("moe: route");
-    if ((e = cu_mma_group_dev_launch(tgu, I, D, h2, 1, 2 * K, 1, &o->gu, st)) != cudaSuccess) return e;
+    if ((e = cu_mma_group_dev_launch(tgu, I, D, h2, 1, 2 * K, 1, &o->gu, st, NULL, 0, 0.0f, 0.0f, h2xs)) != cudaSuccess) return e;
     cu_rt_mark("moe: grouped gate+up");
     /* the activation as the downs' input is split (the bits of the activation kernel, then the split) */
     if ((e = cu_mma_group_dev_launch(tdn, D, I, g, K, K, 1, &o->dn, st, u, act, beta, lb)) != cudaSuccess) return e;

@@ -10,6 +10,7 @@
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
 #include "cuda_act.cuh"
+#include "cuda_split.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -138,9 +139,11 @@ __global__ void rope_kernel(float *out, const float *x, int T, int dim, const fl
 }
 
 /* x_out = x + a (one fp32 add per element; also into xo2 when not NULL, which may be x: each element is read before
- * it is written, by the same thread), h = rmsnorm(x_out) * w: rmsnorm_kernel's sum and arithmetic on x_out. */
+ * it is written, by the same thread), h = rmsnorm(x_out) * w: rmsnorm_kernel's sum and arithmetic on x_out; xs (NULL:
+ * none): h's split (cuda_split.cuh), row t at xs + t (n / 32) 48, from h read back through L2 after the block's
+ * barrier (other threads wrote it). */
 __global__ void __launch_bounds__(NN) add_rmsnorm_kernel(float *xo, const float *x, const float *a, const float *w,
-                                                          int64_t n, float eps, float *h, float *xo2) {
+                                                          int64_t n, float eps, float *h, float *xo2, uint32_t *xs) {
     pdl_enter();
     __shared__ double sh[NN / 32];
     const int64_t base = (int64_t)blockIdx.x * n;
@@ -153,6 +156,16 @@ __global__ void __launch_bounds__(NN) add_rmsnorm_kernel(float *xo, const float 
     ss = block_sum_nn(ss, sh);
     const float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
     strided(n, [&](int64_t i) { return xo[base + i] * r * w[i]; }, [&](int64_t i, float v) { h[base + i] = v; });
+    if (!xs) return;
+    __syncthreads();
+    const int64_t ng = n / 32;
+    uint32_t *xr = xs + (int64_t)blockIdx.x * ng * 48;
+    for (int64_t i = threadIdx.x; i < ng * 8; i += NN) {
+        int64_t tg;
+        const float *hp = h + base + split_elem(i, ng, &tg);
+        const float v[4] = {__ldcg(hp), __ldcg(hp + 4), __ldcg(hp + 1), __ldcg(hp + 5)};
+        split_store(v, xr, i);
+    }
 }
 
 /* Element i of rope(v, cs) (df_backend.mla_block; engine/rope.c rope_apply without contraction); cs NULL: v[i]. */
@@ -165,17 +178,14 @@ __device__ __forceinline__ float rope_elem(const float *v, int i, int dim, const
 }
 
 /* Block (t, 0): row t of kva [T, kvl + dr] -> c_new = rmsnorm(kva[:kvl]) * kvn (rmsnorm_kernel's sum and
- * arithmetic), kpe_new = rope(kva[kvl:], cs[t]), each written to dst_c[t] / dst_p[t] and to ret_c [T, kvl] / ret_p
- * [T, dr]. Blocks (t, 1 ..): q [T, H, dn + dr] = q_raw with every head's rope part roped by cs[t], block (t, 1 + b)
+ * arithmetic), kpe_new = rope(kva[kvl:], cs[t]), each written to dc / dp (row t's places in its cache) and to ret_c
+ * [T, kvl] / ret_p [T, dr]. Blocks (t, 1 ..): q [T, H, dn + dr] = q_raw with every head's rope part roped by cs[t], block (t, 1 + b)
  * the elements b NN + tid, + (gridDim.y - 1) NN, ... of row t. NN threads per block. */
-__global__ void __launch_bounds__(NN) kv_rows_kernel(const float *kva, int kvl, int dr, const float *kvn, float eps,
-                                                      const float *cs, float *const *dst_c, float *const *dst_p,
-                                                      float *ret_c, float *ret_p, const float *q_raw, float *q, int H,
-                                                      int dn) {
-    pdl_enter();
-    __shared__ double sh[NN / 32];
+__device__ __forceinline__ void kv_rows(const float *kva, int kvl, int dr, const float *kvn, float eps,
+                                        const float *cst, float *dc, float *dp, float *ret_c, float *ret_p,
+                                        const float *q_raw, float *q, int H, int dn, double *sh) {
     const int t = blockIdx.x;
-    const float *row = kva + (int64_t)t * (kvl + dr), *cst = cs ? cs + (int64_t)t * dr : nullptr;
+    const float *row = kva + (int64_t)t * (kvl + dr);
     if (blockIdx.y > 0) {
         const int qd = dn + dr, qb = (int)gridDim.y - 1;
         const float *qs = q_raw + (int64_t)t * H * qd;
@@ -191,20 +201,46 @@ __global__ void __launch_bounds__(NN) kv_rows_kernel(const float *kva, int kvl, 
     strided(kvl, [&](int64_t i) { return row[i]; }, [&](int64_t, float v) { ss += (double)v * v; });
     ss = block_sum_nn(ss, sh);
     const float r = (float)(1.0 / sqrt(ss / (double)kvl + (double)eps));
-    float *dc = dst_c[t];
     for (int i = threadIdx.x; i < kvl; i += NN) {
         const float v = row[i] * r * kvn[i];
         dc[i] = v;
         ret_c[(int64_t)t * kvl + i] = v;
     }
     if (dr) {
-        float *dp = dst_p[t];
         for (int i = threadIdx.x; i < dr; i += NN) {
             const float v = rope_elem(row + kvl, i, dr, cst);
             dp[i] = v;
             ret_p[(int64_t)t * dr + i] = v;
         }
     }
+}
+
+__global__ void __launch_bounds__(NN) kv_rows_kernel(const float *kva, int kvl, int dr, const float *kvn, float eps,
+                                                      const float *cs, float *const *dst_c, float *const *dst_p,
+                                                      float *ret_c, float *ret_p, const float *q_raw, float *q, int H,
+                                                      int dn) {
+    pdl_enter();
+    __shared__ double sh[NN / 32];
+    const int t = blockIdx.x;
+    kv_rows(kva, kvl, dr, kvn, eps, cs ? cs + (int64_t)t * dr : nullptr, blockIdx.y ? nullptr : dst_c[t],
+            blockIdx.y || !dr ? nullptr : dst_p[t], ret_c, ret_p, q_raw, q, H, dn, sh);
+}
+
+/* kv_rows_kernel for one row (T = 1) with its destinations and cs by value; cs goes through shared memory (lanes
+ * read different pairs) */
+__global__ void __launch_bounds__(NN) kv_row1_kernel(const float *kva, int kvl, int dr, const float *kvn, float eps,
+                                                     const __grid_constant__ cu_row1 r1,
+                                                     const __grid_constant__ cu_cs1 cs, int has_cs, float *ret_c,
+                                                     float *ret_p, const float *q_raw, float *q, int H, int dn) {
+    pdl_enter();
+    __shared__ double sh[NN / 32];
+    __shared__ float scs[CU_CS1_MAX];
+    if (has_cs)
+        for (int i = threadIdx.x; i < dr; i += NN) scs[i] = cs.v[i];
+    __syncthreads();
+    const int64_t at = (int64_t)r1.npos - 1;
+    kv_rows(kva, kvl, dr, kvn, eps, has_cs ? scs : nullptr, r1.c + at * kvl, r1.p + at * dr, ret_c, ret_p, q_raw, q,
+            H, dn, sh);
 }
 
 using CombineArgs = cu_combine_args;
@@ -289,9 +325,10 @@ cudaError_t cu_rope_launch(float *out, const float *x, int T, int dim, const flo
 }
 
 cudaError_t cu_add_rmsnorm_launch(float *x_out, const float *x, const float *a, const float *w, int T, int64_t n,
-                                  float eps, float *h, cudaStream_t st, float *x_out2) {
+                                  float eps, float *h, cudaStream_t st, float *x_out2, void *xs) {
     if (T <= 0) return cudaSuccess;
-    cu_launch(add_rmsnorm_kernel, T, NN, 0, st, x_out, x, a, w, n, eps, h, x_out2);
+    if (xs && n % 32 != 0) return cudaErrorInvalidValue;
+    cu_launch(add_rmsnorm_kernel, T, NN, 0, st, x_out, x, a, w, n, eps, h, x_out2, static_cast<uint32_t *>(xs));
     return cudaGetLastError();
 }
 
@@ -302,6 +339,16 @@ cudaError_t cu_kv_rows_launch(const float *kva, int T, int kvl, int dr, const fl
     /* the queries' RoPE over blocks of about 2 elements per thread (a decode row: 64 heads x 192 -> 6 blocks) */
     const int qb = (int)(((int64_t)H * (dn + dr) + 2 * NN - 1) / (2 * NN));
     cu_launch(kv_rows_kernel, dim3((unsigned)T, (unsigned)(1 + qb)), NN, 0, st, kva, kvl, dr, kv_norm, eps, cs, dst_c, dst_p, ret_c, ret_p, q_raw, q, H, dn);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_kv_row1_launch(const float *kva, int kvl, int dr, const float *kv_norm, float eps, const cu_row1 &r1,
+                              const cu_cs1 &cs, int has_cs, float *ret_c, float *ret_p, const float *q_raw, float *q,
+                              int H, int dn, cudaStream_t st) {
+    if (dr > CU_CS1_MAX) return cudaErrorInvalidValue;
+    const int qb = (int)(((int64_t)H * (dn + dr) + 2 * NN - 1) / (2 * NN));
+    cu_launch(kv_row1_kernel, dim3(1u, (unsigned)(1 + qb)), NN, 0, st, kva, kvl, dr, kv_norm, eps, r1, cs, has_cs,
+              ret_c, ret_p, q_raw, q, H, dn);
     return cudaGetLastError();
 }
 

@@ -1223,11 +1223,14 @@ int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, con
         grow(&r->sh_u, &r->sh_uc, sizeof(float) * (size_t)I))
         return -1;
     CK(cudaEventRecord(g_sh_ev, g_st));
-    /* on the side stream when its three weights are cached (no scratch buffer, whose reuse is ordered on g_st): it
-     * starts once the block's work so far is done and runs beside what g_st queues next */
-    const int cached = cached_entry(g) && cached_entry(u) && cached_entry(d);
+    /* on the side stream when its three weights are cached and none is on the tensor-core kernels (no scratch
+     * buffer, whose reuse is ordered on g_st: those kernels split their input into one): it starts once the block's
+     * work so far is done and runs beside what g_st queues next */
+    const unsigned mma = cu_get_mma();
+    const int side = cached_entry(g) && cached_entry(u) && cached_entry(d) && !(mma >> g->type & 1) &&
+                       !(mma >> u->type & 1) && !(mma >> d->type & 1);
     cudaStream_t st = g_st;
-    if (cached && !g_side_off) {
+    if (side && !g_side_off) {
         if (!g_st2) CK(cudaStreamCreateWithFlags(&g_st2, cudaStreamNonBlocking));
         if (!g_sh_done) CK(cudaEventCreateWithFlags(&g_sh_done, cudaEventDisableTiming));
         CK(cudaStreamWaitEvent(g_st2, g_sh_ev, 0));
@@ -1311,7 +1314,8 @@ static int layer_table(int layer, int E) {
 }
 static void *g_rg, *g_ru, *g_ry, *g_ro;
 static size_t g_crg, g_cru, g_cry, g_cro;
-int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2) {
+int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2,
+                    const void *h2xs) {
     m->queued = 0;
     m->bytes = 0;
     if (g_trace == 1) return 0;
@@ -1347,7 +1351,7 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
     CK(cu_moe_dev_launch(logits, bias_dev, E, K, G, m->topk_group, m->renorm, m->scale, (const void *const *)t->dev,
                          (df_wtype)t->tgu, (df_wtype)t->tdn, I, D, h2, (float *)g_rg, (float *)g_ru, (float *)g_ry,
                          m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, join, g_st,
-                         g_cu_copy_kernel ? q->ids : NULL)); /* the picks into pinned host memory */
+                         g_cu_copy_kernel ? q->ids : NULL, h2xs)); /* the picks into pinned host memory */
     if (!g_cu_copy_kernel) CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
     if (!q->qcall) g_npend++;
     q->qcall = g_call;
