@@ -9,6 +9,8 @@
 #    conversion of that checkpoint; no lock file is left in the cache;
 #  - another spine mode's conversion of the same checkpoint made from the current files is never removed (a stale
 #    one is: tests/e2e_cache_modes.sh);
+#  - the model card (README.md, which convert copies and `run` reads trained_positions from) keys the conversion:
+#    an edited card gives a fresh conversion, and run warns with the new value;
 #  - every bench command that opens a model (decode, prefill, batch, cache, store, and project's bench decode run)
 #    converts into its --cache-dir DIR, not into the default cache; their --help and docs/cli.md list the flag.
 set -u
@@ -81,6 +83,42 @@ touch "$TMP/ck/config.json"
 run --spine bf16 >/dev/null; rc=$?
 run >/dev/null
 [ $rc -eq 0 ] && [ "$(ls -d "$C"/ck-*-bf16 2>/dev/null | wc -l)" -eq 1 ] && ok || bad "bf16 conversion: rc $rc, $(ls "$C")"
+
+# the model card (README.md, copied beside the conversion; `run` reads its trained_positions) keys the conversion as
+# the other files convert copies: a changed card gives a fresh conversion with the new card (the stale one removed),
+# and run warns with the new value, given the checkpoint or its conversion; a card removed leaves none behind
+cp -r "$SRC/tests/golden/bf16_kimi" "$TMP/card"
+CC=$TMP/card-cache
+card() { printf -- '---\nlicense: mit\ntrained_positions: %s\n---\n# card\n' "$1" >"$TMP/card/README.md"; }
+crun() { "$BIN" run --model "$1" --cache-dir "$CC" --prompt-ids "$ids" --max-new 1 --print-ids --quiet 2>"$TMP/card.err"; }
+cconv() { ls -d "$CC"/card-*-source 2>/dev/null; }
+n_ids=$(echo "$ids" | tr , '\n' | grep -c .)
+card 4
+crun "$TMP/card" >/dev/null; rc=$?
+c1=$(cconv)
+[ $rc -eq 0 ] && [ "$n_ids" -gt 6 ] && [ "$(echo "$c1" | wc -w)" -eq 1 ] && cmp -s "$TMP/card/README.md" "$c1/README.md" \
+    && grep -q "^deltafin run: warning: the prompt has $n_ids tokens but .* was trained on 4 positions (model card $TMP/card/README.md: trained_positions)" "$TMP/card.err" \
+    && ok || bad "card 4: rc $rc, conversions '$c1', $(cat "$TMP/card.err")"
+crun "$c1" >/dev/null; rc=$?
+[ $rc -eq 0 ] && grep -q "was trained on 4 positions (model card $c1/README.md: trained_positions)" "$TMP/card.err" \
+    && ok || bad "card 4, the conversion: rc $rc, $(cat "$TMP/card.err")"
+card 6 # the card edited (same size: its mtime changes)
+crun "$TMP/card" >/dev/null; rc=$?
+c2=$(cconv)
+[ $rc -eq 0 ] && [ "$(echo "$c2" | wc -w)" -eq 1 ] && [ "$c2" != "$c1" ] && [ ! -e "$c1" ] && cmp -s "$TMP/card/README.md" "$c2/README.md" \
+    && grep -q "^deltafin: removed $c1 (.* GB), a conversion made before the checkpoint's files changed" "$TMP/card.err" \
+    && grep -q "^deltafin run: warning: the prompt has $n_ids tokens but .* was trained on 6 positions (model card $TMP/card/README.md: trained_positions)" "$TMP/card.err" \
+    && ok || bad "card 6: rc $rc, conversions '$c2' (was '$c1'), $(cat "$TMP/card.err")"
+crun "$c2" >/dev/null; rc=$?
+[ $rc -eq 0 ] && grep -q "was trained on 6 positions (model card $c2/README.md: trained_positions)" "$TMP/card.err" \
+    && ! grep -q "trained on 4 positions" "$TMP/card.err" && ok || bad "card 6, the conversion: rc $rc, $(cat "$TMP/card.err")"
+crun "$TMP/card" >/dev/null; rc=$?
+[ $rc -eq 0 ] && [ "$(cconv)" = "$c2" ] && ! grep -q "converting\|removed" "$TMP/card.err" && ok || bad "card 6 again: not reused: $(cconv), $(cat "$TMP/card.err")"
+rm "$TMP/card/README.md"
+crun "$TMP/card" >/dev/null; rc=$?
+c3=$(cconv)
+[ $rc -eq 0 ] && [ "$(echo "$c3" | wc -w)" -eq 1 ] && [ "$c3" != "$c2" ] && [ ! -e "$c3/README.md" ] && ! grep -q "trained on" "$TMP/card.err" \
+    && ok || bad "card removed: rc $rc, conversions '$c3' (was '$c2'), $(ls "$c3" 2>&1), $(cat "$TMP/card.err")"
 
 # bench: --cache-dir DIR for each command that opens a model (the default cache, $XDG_CACHE_HOME, stays untouched)
 XC=$TMP/xdg

@@ -3,7 +3,9 @@
 # first, prints the spine's state, and exits 1 (issue 11 item 14): two experts in different layers of a converted
 # golden (tests/golden/bf16_kimi: 3 MoE layers x 8 experts), the same with a corrupt spine.bin too (which stops
 # the model from opening: the experts are still checked), a striped model (both stripe files and offsets named),
-# a missing pack (its layer reported, the other layers still checked), and a clean model ("checksums: all OK").
+# a missing pack (its layer reported, the other layers still checked), packs damaged differently in one run (a
+# flipped byte, truncated, missing; spine.bin truncated too; a cached conversion's: every damaged file named, though a
+# truncated one stops the model from opening), and a clean model ("checksums: all OK").
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -65,6 +67,58 @@ out=$("$BIN" doctor --model "$M" 2>&1); rc=$?
     && echo "$out" | grep -q "layer 1 expert 2 in" && echo "$out" | grep -q "layer 3 expert 5 in" && echo "$out" | grep -q "^spine: OK" \
     && echo "$out" | grep -q "experts: 24 routed experts in 3 MoE layers: 14 OK, 10 corrupt" && ok || bad "missing pack: rc $rc $out"
 mv "$TMP/L002.bak" "$M/experts-L002.pack"
+
+# ---- several packs damaged differently, in one run: a flipped byte (L001), a truncated pack (L002: it stops the model
+# from opening, and used to hide every other problem) and a missing one (L003): each named on its own line with its
+# repair, then the states and the same FAILED line; the same with spine.bin truncated too
+F="$TMP/f"
+"$BIN" convert "$G" "$F" --quiet || bad "convert $F"
+flip "$F/experts-L001.pack" $((4 * S + 9))
+truncate -s $((3 * S + 100)) "$F/experts-L002.pack"
+rm -f "$F/experts-L003.pack"
+mkdir -p "$TMP/tv"
+out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
+[ $rc -eq 1 ] && ok || bad "three damaged packs: rc $rc (want 1): $out"
+echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 1 expert 4 in .*/experts-L001.pack at offset $((4 * S)) ($S bytes).*convert again" \
+    && ok || bad "flipped byte in L001 not named: $out"
+echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/experts-L002.pack (layer 2) is $((3 * S + 100)) bytes, needs $((8 * S)) (truncated; convert again); none of its 8 experts checked" \
+    && ok || bad "truncated L002 not named: $out"
+echo "$out" | grep -q "^deltafin doctor: layer 3 UNREADABLE: cannot open expert pack .*/experts-L003.pack (layer 3): No such file or directory; none of its 8 experts checked" \
+    && ok || bad "missing L003 not named: $out"
+[ "$(echo "$out" | grep -c 'UNREADABLE')" -eq 2 ] && [ "$(echo "$out" | grep -c '^deltafin doctor: corrupt expert:')" -eq 1 ] \
+    && ok || bad "each damaged pack once: $out"
+echo "$out" | grep -q "^spine: OK (.*/f/spine.bin, [0-9]* bytes)" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 17 corrupt" \
+    && ok || bad "states with three damaged packs: $out"
+echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 17 of 24 routed experts corrupt or unreadable (layer 1 expert 4, layer 2, layer 3): the model files are damaged; re-run \`deltafin convert\`" \
+    && ok || bad "FAILED line with three damaged packs: $out"
+[ -z "$(ls -A "$TMP/tv")" ] && ok || bad "doctor left files in TMPDIR: $(ls -A "$TMP/tv")"
+SB=$(stat -c %s "$F/spine.bin")
+truncate -s 1000 "$F/spine.bin"
+out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: spine CORRUPT: .*/f/spine.bin is 1000 bytes but the manifest says $SB (truncated or replaced; convert again)" \
+    && echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 1 expert 4 in .*/experts-L001.pack" \
+    && echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/experts-L002.pack (layer 2) is $((3 * S + 100)) bytes" \
+    && echo "$out" | grep -q "^deltafin doctor: layer 3 UNREADABLE: cannot open expert pack .*/experts-L003.pack" \
+    && echo "$out" | grep -q "^spine: CORRUPT (.*/f/spine.bin, $SB bytes)" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 17 corrupt" \
+    && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin CORRUPT, 17 of 24 routed experts corrupt or unreadable (spine.bin, layer 1 expert 4, layer 2, ...)" \
+    && [ -z "$(ls -A "$TMP/tv")" ] && ok || bad "truncated spine + three damaged packs: rc $rc $out"
+
+# ---- a Hugging Face checkpoint's conversion in the cache, a pack truncated and another corrupt: both named, each
+# with the cache's repair (delete the conversion)
+"$BIN" doctor --model "$G" --cache-dir "$TMP/cache" >/dev/null 2>&1 || bad "doctor converting $G into the cache"
+CV=$(ls -d "$TMP"/cache/bf16_kimi-*-source 2>/dev/null | head -1)
+if [ -n "$CV" ]; then
+    truncate -s 100 "$CV/experts-L001.pack"
+    flip "$CV/experts-L003.pack" $((6 * S + 3))
+    out=$("$BIN" doctor --model "$G" --cache-dir "$TMP/cache" 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: layer 1 UNREADABLE: expert pack $CV/experts-L001.pack (layer 1) is 100 bytes, needs $((8 * S)) (truncated; delete the conversion cache $CV and run again to re-convert)" \
+        && echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 3 expert 6 in $CV/experts-L003.pack at offset $((6 * S)) .*delete the conversion cache $CV and run again" \
+        && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 15 OK, 9 corrupt" \
+        && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 9 of 24 routed experts corrupt or unreadable (layer 1, layer 3 expert 6): .*delete the conversion cache $CV" \
+        && ok || bad "cached conversion with damaged packs: rc $rc $out"
+else
+    bad "no conversion of $G in $TMP/cache: $(ls "$TMP/cache" 2>&1)"
+fi
 
 # ---- a striped model: an expert corrupt in its second stripe; both stripe files and offsets are named
 P="$TMP/p"

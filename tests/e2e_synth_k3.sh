@@ -4,7 +4,7 @@
 # hidden 512; ~176 MB) has the released K3 text config, the KDA/MLA pattern, the canonical spine names and
 # a manifest whose sizes, offsets and checksums hold; `doctor` verifies it (skipped with a message while the
 # loader does not open kimi_k3; the checksums are then checked here); `run`/`bench decode` are skipped the
-# same way while the engine does not run it. The full-size plan (--dry-run) has 69 KDA + 24 MLA layers and
+# same way while the engine does not run it. The full-size plan (--dry-run, on stdout) has 69 KDA + 24 MLA layers and
 # 1446.46 GB of experts. kimi_k2 synth output is unchanged (golden checksum). bench project prints its
 # inputs and formulas, and its numbers equal the arithmetic; it also reads an events file.
 set -u
@@ -190,15 +190,21 @@ else
 fi
 
 # ---- the full-size plan (nothing written) and --size
-"$BIN" synth "$T/full" --arch kimi_k3 --layers 93 --dry-run >"$T/full.out" 2>&1 && ok || bad "dry run: $(cat "$T/full.out")"
+# the plan is the command's output (stdout: `synth --dry-run ... | less` shows it); the note stays on stderr
+"$BIN" synth "$T/full" --arch kimi_k3 --layers 93 --dry-run >"$T/full.out" 2>"$T/full.err" && ok || bad "dry run: $(cat "$T/full.out" "$T/full.err")"
+[ "$(grep -c '^synth: ' "$T/full.out")" -eq $((93 + 5)) ] && ! grep -q "nothing written" "$T/full.out" \
+  && [ "$(cat "$T/full.err")" = "synth: --dry-run: nothing written" ] && ok || bad "dry run: the plan on stdout, the note on stderr: $(cat "$T/full.err")"
 grep -q "93 layers (1 dense, 92 MoE; 69 KDA, 24 MLA), 896 experts x mxfp4, top-16, 2 shared" "$T/full.out" \
   && grep -q "experts 1446456066048 bytes (1446.46 GB)" "$T/full.out" && [ "$(grep -cE 'synth: +[0-9]+ +MLA' "$T/full.out")" = 24 ] \
   && grep -qE "synth: +92 +MLA +MoE" "$T/full.out" && grep -qE "synth: +91 +MLA +MoE" "$T/full.out" && grep -qE "synth: +90 +KDA" "$T/full.out" \
   && [ ! -e "$T/full" ] && ok || bad "full K3 plan: $(head -3 "$T/full.out"; tail -3 "$T/full.out")"
 # spine: 113.5 GB in bf16 (the reference's ~114 GB), 15.72 GB of experts per MoE layer
 grep -q "spine 113518332288 bytes (113.52 GB, bf16 matrices)" "$T/full.out" && ok || bad "full spine bytes: $(tail -2 "$T/full.out")"
-"$BIN" synth "$T/full" --arch kimi_k3 --size 40G --dry-run >"$T/size.out" 2>&1 && grep -q "kimi_k3, 4 layers (1 dense, 3 MoE; 3 KDA, 1 MLA)" "$T/size.out" \
-  && ok || bad "--size 40G: $(head -2 "$T/size.out")"
+"$BIN" synth "$T/full" --arch kimi_k3 --size 40G --dry-run 2>/dev/null | grep -q "kimi_k3, 4 layers (1 dense, 3 MoE; 3 KDA, 1 MLA)" \
+  && ok || bad "--size 40G: $("$BIN" synth "$T/full" --arch kimi_k3 --size 40G --dry-run 2>&1 | head -2)"
+# kimi_k2's one-line plan: on stdout too
+"$BIN" synth "$T/full" --dry-run 2>/dev/null | grep -q "^synth: $T/full: 8 layers (1 dense), 64 experts x mxfp4 \[2048 x 7168\], top-8, about [0-9.]* GB" \
+  && [ ! -e "$T/full" ] && ok || bad "kimi_k2 --dry-run on stdout: $("$BIN" synth "$T/full" --dry-run 2>&1)"
 "$BIN" synth "$T/bad" --latent 512 2>"$T/err"; [ $? -eq 2 ] && grep -q "need --arch kimi_k3" "$T/err" && ok || bad "--latent without kimi_k3: $(cat "$T/err")"
 "$BIN" synth "$T/bad" --arch kimi_k4 2>"$T/err"; [ $? -eq 2 ] && grep -q "kimi_k2, kimi_k3" "$T/err" && ok || bad "bad --arch: $(cat "$T/err")"
 

@@ -6,16 +6,22 @@
  * is printed, also when a corrupt spine.bin stops the model from opening) and a
  * check that its tokenizer (when it has one) opens. For an install of `deltafin setup` (the registry names it), the
  * side files are checked against the checkpoint's copies (src/hub/install.h) and the messages name setup's repair
- * command instead of the engine's "re-run `deltafin convert`".
+ * command instead of the engine's "re-run `deltafin convert`". Damage that stops the model from opening (a truncated
+ * or missing spine.bin, a truncated pack) hides nothing: every damaged file is reported and the other files' checksums
+ * are still verified (file_check, make_view), so that one run lists every problem, as fsck does.
  */
 #define _GNU_SOURCE
 #include "cli.h"
 #include "hub/install.h"
 #include "hub/stream.h"
 #include "deltafin.h"
+#include "model/convert.h"
 #include "util/util.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,12 +61,70 @@ static void advice(char *msg, size_t cap) {
     if (setup_fix[0]) df_advice_setup_repair(msg, cap, setup_fix);
 }
 
-/* df_model_verify_all: one line per problem, as found */
+/* Damage that stops the model from opening (native_open refuses it, and df_model_verify_all with it checks nothing):
+ * spine.bin missing or not the size its manifest says, an expert pack shorter than its experts or that cannot be looked
+ * at (a missing pack alone does not stop it: it is reported as its layer's problem). file_check finds such files from
+ * manifest.json and reports each one; the checksums of the rest are then verified through a stand-in directory, the
+ * view (make_view): a copy of the manifest whose packs are the model's own files by absolute path, except the damaged
+ * ones (a path that does not exist: their layers count as unreadable, and the engine's line for those layers is left
+ * out, file_check's said it), and spine.bin linked, or, when it is the damaged file, an empty stand-in (its state is
+ * file_check's). */
+typedef struct {
+    const char *cache;    /* the conversion's directory when the model was converted into the cache, else NULL */
+    int spine_bad;        /* spine.bin reported by file_check */
+    char spine_path[4400];
+    uint64_t spine_bytes; /* the manifest's */
+    unsigned char *skip;  /* [layer]: the layer's packs reported by file_check */
+    int n_skip;
+    char first[3][64];    /* the first problems, named in the FAILED line as df_model_verify_all names them */
+    int n_first, n_events;
+    char view_spine[4600]; /* the view's spine.bin: said as spine_path in the engine's messages */
+} damage;
+
+/* A damaged file of a conversion in the cache: its repair is deleting the conversion (the engine's cache_hint). */
+static void cache_hint(const char *cache_dir, char *msg, size_t cap) {
+    static const char rerun[] = "re-run `deltafin convert`", again[] = "convert again";
+    if (!cache_dir || !cache_dir[0] || !msg[0]) return;
+    char hint[4400], tmp[8192];
+    snprintf(hint, sizeof hint, "delete the conversion cache %s and run again to re-convert", cache_dir);
+    char *p = strstr(msg, rerun);
+    size_t pl = sizeof rerun - 1;
+    if (!p && (p = strstr(msg, again))) pl = sizeof again - 1;
+    if (p) {
+        snprintf(tmp, sizeof tmp, "%s", p + pl);
+        *p = 0;
+        size_t l = strlen(msg);
+        snprintf(msg + l, cap - l, "%s%s", hint, tmp);
+    } else if (strstr(msg, cache_dir)) {
+        size_t l = strlen(msg);
+        snprintf(msg + l, cap - l, " (the model was converted into the cache: if its files are damaged, %s)", hint);
+    }
+}
+
+static void note_problem(damage *d, const char *name) {
+    if (d->n_first < 3) snprintf(d->first[d->n_first++], sizeof d->first[0], "%s", name);
+    d->n_events++;
+}
+
+/* df_model_verify_all: one line per problem, as found (user: the damage file_check reported, when checking a view) */
 static void report_problem(void *user, const df_verify_problem *p) {
-    (void)user;
+    damage *d = user;
     line_end();
+    if (d) {
+        char name[64];
+        if (p->layer < 0) snprintf(name, sizeof name, "spine.bin");
+        else if (p->expert < 0) snprintf(name, sizeof name, "layer %d", p->layer);
+        else snprintf(name, sizeof name, "layer %d expert %d", p->layer, p->expert);
+        note_problem(d, name);
+        if (p->layer < 0 ? d->spine_bad : p->expert < 0 && p->layer < d->n_skip && d->skip[p->layer]) return; /* said */
+    }
     char msg[8192];
     snprintf(msg, sizeof msg, "%s", p->message);
+    if (d && d->view_spine[0]) { /* the view's spine.bin is the model's */
+        const char *v = strstr(p->message, d->view_spine);
+        if (v) snprintf(msg, sizeof msg, "%.*s%s%s", (int)(v - p->message), p->message, d->spine_path, v + strlen(d->view_spine));
+    }
+    if (d) cache_hint(d->cache, msg, sizeof msg);
     advice(msg, sizeof msg);
     if (p->layer < 0)
         fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", msg);
@@ -68,6 +132,224 @@ static void report_problem(void *user, const df_verify_problem *p) {
         fprintf(stderr, "deltafin doctor: layer %d UNREADABLE: %s\n", p->layer, msg);
     else
         fprintf(stderr, "deltafin doctor: corrupt expert: %s\n", msg); /* names layer, expert, file(s), offset(s) */
+}
+
+/* one damaged file found by file_check, in report_problem's format (layer -1: spine.bin) */
+static void report_file(const damage *d, int layer, const char *what) {
+    char msg[8192];
+    snprintf(msg, sizeof msg, "%s", what);
+    cache_hint(d->cache, msg, sizeof msg);
+    advice(msg, sizeof msg);
+    if (layer < 0) fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", msg);
+    else fprintf(stderr, "deltafin doctor: layer %d UNREADABLE: %s\n", layer, msg);
+}
+
+/* a non-negative integer of a manifest (as native.c reads them); -1 when absent or not one */
+static int64_t num_u64(const cJSON *x) {
+    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9.0e15 || x->valuedouble != (double)(int64_t)x->valuedouble)
+        return -1;
+    return (int64_t)x->valuedouble;
+}
+static int64_t j_u64(const cJSON *o, const char *k) { return num_u64(cJSON_GetObjectItemCaseSensitive(o, k)); }
+
+/* Every file of the native model nat (its real path) that its manifest (root) names, checked for what stops the model
+ * from opening, each such file reported (report_file); root is rewritten for the view in directory view: every pack by
+ * its absolute path, a damaged one (truncated, or not looked at) by a path in view that does not exist, and a damaged
+ * spine.bin as an empty stand-in (its file made in view; the model's spine.bin linked there otherwise). Returns the
+ * number of damaged files that stop the model from opening (a missing pack in a layer without such a file is left to
+ * df_model_verify_all), negated when the view could not be made; 0 also when the manifest is not one it can follow
+ * (nothing reported). */
+static int file_check(const char *nat, cJSON *root, const char *view, damage *d) {
+    cJSON *sp = cJSON_GetObjectItemCaseSensitive(root, "spine");
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(sp, "file");
+    const int64_t sbytes = j_u64(sp, "bytes");
+    if (!cJSON_IsString(sf) || !sf->valuestring[0] || strchr(sf->valuestring, '/') || !strcmp(sf->valuestring, ".") ||
+        !strcmp(sf->valuestring, "..") || sbytes < 0)
+        return 0;
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(root, "experts");
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(ex, "layers");
+    const int64_t ne = j_u64(ex, "n_experts"), stride = j_u64(ex, "stride");
+    /* what the checks below read, first: a manifest they cannot follow is left to the engine's error */
+    int max_layer = -1;
+    for (const cJSON *lj = cJSON_IsArray(layers) ? layers->child : NULL; lj; lj = lj->next) {
+        const int64_t l = j_u64(lj, "layer");
+        const cJSON *files = cJSON_GetObjectItemCaseSensitive(lj, "files"), *ss = cJSON_GetObjectItemCaseSensitive(lj, "stripe_sizes");
+        const int nf = cJSON_GetArraySize(files);
+        if (l < 0 || l > 65535 || ne < 1 || ne > 1000000 || stride < 1 || !cJSON_IsArray(files) || nf < 1 || nf > 64 ||
+            (ss && (!cJSON_IsArray(ss) || cJSON_GetArraySize(ss) != nf)))
+            return 0;
+        for (const cJSON *fj = files->child; fj; fj = fj->next)
+            if (!cJSON_IsString(fj) || !fj->valuestring[0]) return 0;
+        for (const cJSON *x = ss ? ss->child : NULL; x; x = x->next)
+            if (num_u64(x) < 1) return 0;
+        if (l > max_layer) max_layer = (int)l;
+    }
+    d->n_skip = max_layer + 1;
+    d->skip = calloc((size_t)d->n_skip + 1, 1);
+    if (!d->skip) return 0;
+    int bad = 0;
+    char msg[8192];
+    struct stat st;
+    /* spine.bin: present, of the manifest's size */
+    snprintf(d->spine_path, sizeof d->spine_path, "%s/%s", nat, sf->valuestring);
+    d->spine_bytes = (uint64_t)sbytes;
+    msg[0] = 0;
+    if (stat(d->spine_path, &st) != 0)
+        snprintf(msg, sizeof msg, "spine file %s: %s%s", d->spine_path, strerror(errno),
+                 errno == ENOENT ? " (the converted model is incomplete; convert again)" : "");
+    else if ((uint64_t)st.st_size != d->spine_bytes)
+        snprintf(msg, sizeof msg, "%s is %lld bytes but the manifest says %llu (truncated or replaced; convert again)",
+                 d->spine_path, (long long)st.st_size, (unsigned long long)d->spine_bytes);
+    if (msg[0]) {
+        d->spine_bad = 1;
+        bad++;
+        note_problem(d, "spine.bin");
+        report_file(d, -1, msg);
+    }
+    /* the packs, layer by layer: each file holds n_experts stripes of its size (stripe_sizes, else stripe_bytes, else
+     * the stride); in a layer with a damaged one, every file that is not whole is reported (the engine's line for the
+     * layer, which would name one of them, is left out) */
+    enum { F_WHOLE, F_MISSING, F_ERROR, F_SHORT };
+    for (const cJSON *lj = cJSON_IsArray(layers) ? layers->child : NULL; lj; lj = lj->next) {
+        const int layer = (int)j_u64(lj, "layer");
+        cJSON *files = cJSON_GetObjectItemCaseSensitive(lj, "files");
+        const cJSON *ss = cJSON_GetObjectItemCaseSensitive(lj, "stripe_sizes");
+        const int64_t sb = j_u64(lj, "stripe_bytes");
+        const int nf = cJSON_GetArraySize(files);
+        char path[64][4400];
+        int cls[64], err[64], blocked = 0;
+        int64_t have[64];
+        uint64_t need[64];
+        for (int k = 0; k < nf; k++) {
+            const char *f = cJSON_GetArrayItem(files, k)->valuestring;
+            if (f[0] == '/') snprintf(path[k], sizeof path[k], "%s", f);
+            else snprintf(path[k], sizeof path[k], "%s/%s", nat, f);
+            const int64_t size = ss ? num_u64(cJSON_GetArrayItem(ss, k)) : sb > 0 ? sb : stride;
+            need[k] = (uint64_t)ne * (uint64_t)size;
+            cls[k] = F_WHOLE, err[k] = 0, have[k] = 0;
+            if (stat(path[k], &st) != 0) err[k] = errno, cls[k] = errno == ENOENT ? F_MISSING : F_ERROR;
+            else if ((uint64_t)(have[k] = (int64_t)st.st_size) < need[k]) cls[k] = F_SHORT;
+            blocked |= cls[k] == F_ERROR || cls[k] == F_SHORT;
+        }
+        for (int k = 0; k < nf; k++) {
+            if (blocked && cls[k] != F_WHOLE) {
+                if (cls[k] == F_MISSING)
+                    snprintf(msg, sizeof msg, "cannot open expert pack %s (layer %d): %s; none of its %d experts checked", path[k],
+                             layer, strerror(err[k]), (int)ne);
+                else if (cls[k] == F_ERROR)
+                    snprintf(msg, sizeof msg, "expert pack %s (layer %d): %s; none of its %d experts checked", path[k], layer,
+                             strerror(err[k]), (int)ne);
+                else
+                    snprintf(msg, sizeof msg, "expert pack %s (layer %d) is %lld bytes, needs %llu (truncated; convert again); "
+                             "none of its %d experts checked", path[k], layer, (long long)have[k], (unsigned long long)need[k], (int)ne);
+                report_file(d, layer, msg);
+                bad += cls[k] != F_MISSING;
+            }
+            /* the view: the model's file by its absolute path, a damaged one by a path that does not exist */
+            char vpath[4600];
+            const char *base = strrchr(path[k], '/');
+            if (cls[k] == F_ERROR || cls[k] == F_SHORT) snprintf(vpath, sizeof vpath, "%s/absent/%s", view, base ? base + 1 : path[k]);
+            else snprintf(vpath, sizeof vpath, "%s", path[k]);
+            cJSON_ReplaceItemInArray(files, k, cJSON_CreateString(vpath));
+        }
+        if (blocked) d->skip[layer] = 1;
+    }
+    if (!bad) return 0;
+    /* the view's spine: the model's (linked), or an empty stand-in for a damaged one (its state is reported above) */
+    char *vspine = d->view_spine;
+    snprintf(vspine, sizeof d->view_spine, "%s/%s", view, sf->valuestring);
+    if (d->spine_bad) {
+        char hx[17];
+        df_xxh64_hex(df_xxh64("", 0), hx);
+        cJSON_ReplaceItemInObject(sp, "bytes", cJSON_CreateNumber(0));
+        cJSON_ReplaceItemInObject(sp, "xxh64", cJSON_CreateString(hx));
+        cJSON_ReplaceItemInObject(sp, "tensors", cJSON_CreateArray());
+        int fd = open(vspine, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) return -bad;
+        close(fd);
+    } else if (symlink(d->spine_path, vspine) != 0) {
+        return -bad;
+    }
+    return bad;
+}
+
+/* The view of the native model nat (file_check) in a new temporary directory (view), its manifest written: file_check's
+ * count of the damaged files it reported (0: none that stop the model from opening; negated: reported, but the view
+ * could not be made). remove_view removes it. */
+static int make_view(const char *nat, damage *d, char *view, size_t cap) {
+    char real[4096], mf[4200];
+    if (!realpath(nat, real)) return 0;
+    snprintf(mf, sizeof mf, "%s/manifest.json", real);
+    char *txt = NULL;
+    size_t len = 0;
+    if (df_read_file(mf, &txt, &len, NULL, 0)) return 0;
+    cJSON *root = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    if (!cJSON_IsObject(root)) { cJSON_Delete(root); return 0; }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(view, cap, "%s/deltafin-doctor.XXXXXX", tmp && tmp[0] == '/' ? tmp : "/tmp");
+    if (!mkdtemp(view)) { view[0] = 0; cJSON_Delete(root); return 0; }
+    int bad = file_check(real, root, view, d);
+    char *out = bad > 0 ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (bad > 0) {
+        snprintf(mf, sizeof mf, "%s/manifest.json", view);
+        FILE *f = out ? fopen(mf, "w") : NULL;
+        int ok = f && fputs(out, f) >= 0;
+        if (f && fclose(f)) ok = 0;
+        if (!ok) bad = -bad;
+    }
+    free(out);
+    return bad;
+}
+
+/* The view's paths for the signal handler (async-signal-safe removal: unlink, rmdir), set while the view exists */
+static char g_view_mf[4300], g_view_spine[4600], g_view_dir[4200];
+static volatile sig_atomic_t g_view_live;
+
+/* SIGINT / SIGTERM / SIGHUP while the view exists: it is removed, then the signal ends the process as it would have */
+static void view_on_signal(int sig) {
+    if (g_view_live) {
+        unlink(g_view_mf);
+        if (g_view_spine[0]) unlink(g_view_spine);
+        rmdir(g_view_dir);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* the handlers above for the view's lifetime (on = 0: the previous dispositions back) */
+static void view_guard(int on, const char *view, const damage *d) {
+    static struct sigaction old[3];
+    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+    if (on) {
+        snprintf(g_view_mf, sizeof g_view_mf, "%s/manifest.json", view);
+        snprintf(g_view_spine, sizeof g_view_spine, "%s", d->view_spine);
+        snprintf(g_view_dir, sizeof g_view_dir, "%s", view);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = view_on_signal;
+        sigemptyset(&sa.sa_mask);
+        for (int i = 0; i < 3; i++) {
+            sigaction(sigs[i], NULL, &old[i]);
+            if (old[i].sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
+        }
+        g_view_live = 1;
+    } else {
+        g_view_live = 0;
+        for (int i = 0; i < 3; i++)
+            if (old[i].sa_handler != SIG_IGN) sigaction(sigs[i], &old[i], NULL);
+    }
+}
+
+/* the view and its files gone */
+static void remove_view(const char *view, const damage *d) {
+    if (!view[0]) return;
+    char p[4700];
+    snprintf(p, sizeof p, "%s/manifest.json", view);
+    unlink(p);
+    if (d->view_spine[0]) unlink(d->view_spine);
+    rmdir(view);
 }
 
 /* a setup install's side file that is not the checkpoint's copy (install_check_side_files) */
@@ -85,6 +367,62 @@ static void checksums_ok(int status) {
     if (status)
         fprintf(stderr, "deltafin doctor: FAILED by the problems reported above (the checksums are OK)%s%s%s\n",
                 setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
+}
+
+/* the spine's and the routed experts' state, on stdout */
+static void print_state(int spine_ok, const char *spine_file, uint64_t spine_bytes, const df_verify_summary *sum) {
+    printf("spine: %s (%s, %llu bytes)\n", spine_ok ? "OK" : "CORRUPT", spine_file, (unsigned long long)spine_bytes);
+    if (sum->n_moe_layers)
+        printf("experts: %d routed experts in %d MoE layers: %d OK, %d corrupt\n", sum->n_experts, sum->n_moe_layers,
+               sum->n_experts - sum->n_bad_experts, sum->n_bad_experts);
+    else
+        printf("experts: none (dense model)\n");
+}
+
+/* df_model_verify_all stopped at a damaged file that keeps the model from opening (verr, its error): each damaged file
+ * (file_check), then every other checksum (through the view), the states and the FAILED line, as for a model that
+ * opens; exit status 1. Without a native model or manifest to follow (or no damaged file found), verr alone, unless
+ * it is the open's error (err) already said. */
+static int verify_damaged(const char *model, const df_model_opts *opts, const char *cache_dir, const char *verr, const char *err) {
+    char nat[4700] = "", view[4200] = "";
+    damage d;
+    memset(&d, 0, sizeof d);
+    if (cli_is_file(model, "manifest.json")) snprintf(nat, sizeof nat, "%s", model);
+    else if (cli_is_file(model, "config.json") && convert_cache_lookup(model, cache_dir, opts->spine, nat, sizeof nat, NULL, 0) == 1)
+        d.cache = nat; /* its conversion in the cache, complete */
+    else nat[0] = 0;
+    const int bad = nat[0] ? make_view(nat, &d, view, sizeof view) : 0;
+    int nb = 0;
+    df_verify_summary sum;
+    char verr2[8192] = "";
+    if (bad > 0) { /* its errors would name the view: the model's (verr) is said instead */
+        view_guard(1, view, &d);
+        nb = df_model_verify_all(view, opts, report_problem, &d, &sum, verr2, sizeof verr2);
+        line_end();
+    }
+    remove_view(view, &d);
+    if (bad > 0) view_guard(0, view, &d);
+    free(d.skip);
+    if (bad == 0) { /* nothing found here: the engine's error */
+        if (strcmp(verr, err)) fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
+        return 1;
+    }
+    if (bad < 0 || nb < 0) { /* the damage found, without the other checksums: the engine's error on the model */
+        fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
+        return 1;
+    }
+    print_state(!d.spine_bad && sum.spine_ok, d.spine_path, d.spine_bad ? d.spine_bytes : sum.spine_bytes, &sum);
+    /* the FAILED line of df_model_verify_all, with the damage found here */
+    char list[256] = "", msg[8192];
+    for (int i = 0; i < d.n_first; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", d.first[i]);
+    snprintf(msg, sizeof msg,
+             "%s, %d of %d routed experts corrupt or unreadable%s%s%s: the model files are damaged; re-run `deltafin convert`",
+             !d.spine_bad && sum.spine_ok ? "spine.bin OK" : "spine.bin CORRUPT", sum.n_bad_experts, sum.n_experts,
+             d.n_first ? " (" : "", list, d.n_first ? (d.n_events > d.n_first ? ", ...)" : ")") : "");
+    cache_hint(d.cache, msg, sizeof msg);
+    advice(msg, sizeof msg);
+    fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", msg);
+    return 1;
 }
 
 static const char *simd_features(void) {
@@ -131,7 +469,8 @@ int cmd_doctor(int argc, char **argv) {
             printf("usage: deltafin doctor [--model DIR] [--cache-dir DIR]\n"
                    "  prints machine facts, then verifies every checksum of the model and that its tokenizer opens\n"
                    "  (without --model: the model `deltafin setup` installed, else the embedded models/kimi-mini):\n"
-                   "  every corrupt expert is named (layer, expert, file, offset), then the spine's state; any problem: exit 1.\n"
+                   "  every damaged file (spine.bin or an expert pack truncated or missing) and every corrupt expert (layer,\n"
+                   "  expert, file, offset) is named on its own line with its repair, then the spine's state; any problem: exit 1.\n"
                    "  A model `deltafin setup` installed: its tokenizer and the other files convert copied are checked against\n"
                    "  the checkpoint's copies too, and the repair named is that setup command (not `deltafin convert`)\n"
                    "  --model DIR      native model dir, or Hugging Face dir (converted once into the cache, as `run` does)\n"
@@ -259,17 +598,13 @@ int cmd_doctor(int argc, char **argv) {
     int nbad = df_model_verify_all(model, &o, report_problem, NULL, &sum, verr, sizeof verr);
     line_end();
     advice(verr, sizeof verr);
+    if (nbad == DF_EFORMAT || nbad == DF_EIO) /* a damaged file stopped the model from opening: the others still */
+        return verify_damaged(model, &o, cache_dir, verr, err);
     if (nbad < 0) {
         if (strcmp(verr, err)) fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
         return 1;
     }
-    if (sum.spine_ok) printf("spine: OK (%s, %llu bytes)\n", sum.spine_file, (unsigned long long)sum.spine_bytes);
-    else printf("spine: CORRUPT (%s, %llu bytes)\n", sum.spine_file, (unsigned long long)sum.spine_bytes);
-    if (sum.n_moe_layers)
-        printf("experts: %d routed experts in %d MoE layers: %d OK, %d corrupt\n", sum.n_experts, sum.n_moe_layers,
-               sum.n_experts - sum.n_bad_experts, sum.n_bad_experts);
-    else
-        printf("experts: none (dense model)\n");
+    print_state(sum.spine_ok, sum.spine_file, sum.spine_bytes, &sum);
     if (nbad > 0) {
         fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
         return 1;

@@ -865,8 +865,9 @@ static int write_experts(const synth_opts *o, cJSON *manifest, progress *pg, cha
     return rc;
 }
 
-/* kimi_k3: what will be written, layer by layer (stderr, before writing). */
-static void k3_report(const synth_opts *o, uint64_t per_layer) {
+/* kimi_k3: what will be written, layer by layer, to out: stdout for --dry-run (the plan is its output), else stderr
+ * before writing (beside the progress). */
+static void k3_report(FILE *out, const synth_opts *o, uint64_t per_layer) {
     const int64_t W = o->latent, I = o->moe_inter;
     const df_wtype T = o->enc;
     uint64_t d2 = df_weight_data_bytes(T, I, W), s2 = df_weight_scale_bytes(T, I, W);
@@ -877,22 +878,22 @@ static void k3_report(const synth_opts *o, uint64_t per_layer) {
     uint64_t spine = k3_spine_bytes(o, lb);
     int n_mla = 0;
     for (int l = 0; l < o->layers; l++) n_mla += k3_is_mla(o, l);
-    fprintf(stderr, "synth: %s: kimi_k3, %d layers (%d dense, %d MoE; %d KDA, %d MLA), %d experts x %s, top-%d, %d shared\n",
+    fprintf(out, "synth: %s: kimi_k3, %d layers (%d dense, %d MoE; %d KDA, %d MLA), %d experts x %s, top-%d, %d shared\n",
             o->out, o->layers, o->dense, o->layers - o->dense, o->layers - n_mla, n_mla, o->experts, df_wtype_name(T), o->top_k,
             o->shared);
-    fprintf(stderr, "synth: expert: gate, up [%lld, %lld] + down [%lld, %lld] %s = data %llu + scales %llu = %llu bytes "
-                    "(%.2f MB), stride %llu\n",
+    fprintf(out, "synth: expert: gate, up [%lld, %lld] + down [%lld, %lld] %s = data %llu + scales %llu = %llu bytes "
+                 "(%.2f MB), stride %llu\n",
             (long long)I, (long long)W, (long long)W, (long long)I, df_wtype_name(T), (unsigned long long)(2 * d2 + d3),
             (unsigned long long)(2 * s2 + s3), (unsigned long long)(2 * (d2 + s2) + d3 + s3), (2 * (d2 + s2) + d3 + s3) / 1e6,
             (unsigned long long)stride);
-    fprintf(stderr, "synth: %5s %5s %5s %16s %16s\n", "layer", "mixer", "ffn", "spine bytes", "expert bytes");
+    fprintf(out, "synth: %5s %5s %5s %16s %16s\n", "layer", "mixer", "ffn", "spine bytes", "expert bytes");
     for (int l = 0; l < o->layers; l++)
-        fprintf(stderr, "synth: %5d %5s %5s %16llu %16llu\n", l, k3_is_mla(o, l) ? "MLA" : "KDA", l < o->dense ? "dense" : "MoE",
+        fprintf(out, "synth: %5d %5s %5s %16llu %16llu\n", l, k3_is_mla(o, l) ? "MLA" : "KDA", l < o->dense ? "dense" : "MoE",
                 (unsigned long long)lb[l], (unsigned long long)(l < o->dense ? 0 : per_layer));
-    fprintf(stderr, "synth: %5s %5s %5s %16llu %16d   (embed_tokens, norm, output AttnRes, lm_head)\n", "model", "-", "-",
+    fprintf(out, "synth: %5s %5s %5s %16llu %16d   (embed_tokens, norm, output AttnRes, lm_head)\n", "model", "-", "-",
             (unsigned long long)lb[o->layers], 0);
     uint64_t experts = per_layer * (uint64_t)(o->layers - o->dense);
-    fprintf(stderr, "synth: total: spine %llu bytes (%.2f GB, %s matrices) + experts %llu bytes (%.2f GB) = %.2f GB\n",
+    fprintf(out, "synth: total: spine %llu bytes (%.2f GB, %s matrices) + experts %llu bytes (%.2f GB) = %.2f GB\n",
             (unsigned long long)spine, spine / 1e9, df_wtype_name(o->spine_enc), (unsigned long long)experts, experts / 1e9,
             (spine + experts) / 1e9);
     free(lb);
@@ -928,7 +929,7 @@ static void usage(FILE *f) {
             "  --expert-dirs D1,D2  stripe the packs over these directories\n"
             "  --stripe-weights W1,W2  stripe k's size proportional to W_k (GB/s per drive); default equal\n"
             "  --seed N (1) --name NAME --quiet\n"
-            "  --dry-run         print what would be written (sizes; kimi_k3: per layer) and write nothing\n"
+            "  --dry-run         print what would be written (sizes; kimi_k3: per layer) on stdout and write nothing\n"
             "  --force           OUT_DIR may be non-empty: delete the deltafin model files in it (and old packs in\n"
             "                    --expert-dirs) first; without it OUT_DIR must be new or empty\n"
             "Every file is written as *.tmp and renamed when all are complete; manifest.json last. SIGINT or\n"
@@ -1251,13 +1252,14 @@ int cmd_synth(int argc, char **argv) {
     }
     if (cli_check_expert_dirs("synth", o.expert_dirs)) return 2;
     const uint64_t spine_bytes = spine_estimate(&o), expert_bytes = per_layer * (uint64_t)(o.layers - o.dense);
-    if (o.dry_run) { /* the plan only: nothing is written */
+    if (o.dry_run) { /* the plan only: nothing is written; the plan is the output (stdout), the note stays on stderr */
         uint64_t tot = spine_bytes + expert_bytes;
-        if (o.arch == SYNTH_K3) k3_report(&o, per_layer);
+        if (o.arch == SYNTH_K3) k3_report(stdout, &o, per_layer);
         else
-            fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB, spine %.2f GB)\n",
-                    o.out, o.layers, o.dense, o.experts, df_wtype_name(o.enc), o.moe_inter, o.hidden, o.top_k, tot / 1e9,
-                    expert_bytes / 1e9, spine_bytes / 1e9);
+            printf("synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB, spine %.2f GB)\n",
+                   o.out, o.layers, o.dense, o.experts, df_wtype_name(o.enc), o.moe_inter, o.hidden, o.top_k, tot / 1e9,
+                   expert_bytes / 1e9, spine_bytes / 1e9);
+        fflush(stdout); /* in a 2>&1 log the note follows the plan */
         fprintf(stderr, "synth: --dry-run: nothing written\n");
         return 0;
     }
@@ -1284,7 +1286,7 @@ int cmd_synth(int argc, char **argv) {
     snprintf(mpath, sizeof mpath, "%s/manifest.json", o.out);
     unlink(mpath); /* an old manifest must not describe half-written files */
     uint64_t total = spine_bytes + expert_bytes;
-    if (!o.quiet && o.arch == SYNTH_K3) k3_report(&o, per_layer);
+    if (!o.quiet && o.arch == SYNTH_K3) k3_report(stderr, &o, per_layer);
     else if (!o.quiet)
         fprintf(stderr, "synth: %s: %d layers (%d dense), %d experts x %s [%d x %d], top-%d, about %.2f GB (experts %.2f GB, spine %.2f GB)\n",
                 o.out, o.layers, o.dense, o.experts, df_wtype_name(o.enc), o.moe_inter, o.hidden, o.top_k, total / 1e9,

@@ -11,7 +11,8 @@
 /* Convert the HF checkpoint hf_dir once into a directory under cache_root and
  * reuse it afterwards. The directory name is <basename>-<key>-<mode>, key =
  * XXH64 of the absolute source path and the name, size and mtime of every
- * source file (config.json, *.safetensors, the index, tokenizer files) and the
+ * source file (config.json, *.safetensors, the index, the tokenizer and generation
+ * files, the model card README.md: every file the conversion copies) and the
  * spine mode; a directory whose manifest.json exists is reused as is, read only
  * (no lock file, nothing written). A lock file <dir>.lock serialises concurrent
  * conversions of the same key (a process that has to wait says so on stderr; the
@@ -30,6 +31,12 @@
  * cache_root NULL -> $XDG_CACHE_HOME/deltafin (when absolute) or $HOME/.cache/deltafin. */
 int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
                    char *out_dir, size_t out_len, char *err, size_t errlen);
+
+/* The directory convert_cached uses for hf_dir in spine mode spine (out_dir), found without converting or writing
+ * anything: 1 when a complete conversion is there (its manifest.json), 0 when none is, a DF_E* code (err says why)
+ * when hf_dir or the cache root cannot be resolved. */
+int convert_cache_lookup(const char *hf_dir, const char *cache_root, df_spine_mode spine, char *out_dir, size_t out_len,
+                         char *err, size_t errlen);
 
 /* Name of a spine mode as written in manifest.json: "source" | "bf16" | "int8". */
 const char *convert_spine_mode_name(df_spine_mode m);

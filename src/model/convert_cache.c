@@ -18,11 +18,16 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+/* The files of a checkpoint whose (name, size, mtime) key its conversion: the weights, the config, and every side file
+ * that df_convert copies beside the native files (convert.c's side_files), the model card README.md included (its
+ * copy is the conversion's card: `run` on the conversion reads its trained_positions): a changed card gives a fresh
+ * conversion, never a stale copy. */
 static int relevant(const char *n) {
     size_t L = strlen(n);
     if (L > 12 && !strcmp(n + L - 12, ".safetensors")) return 1;
     static const char *const names[] = {"config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-                                        "tiktoken.model", "chat_template.jinja", "special_tokens_map.json", "generation_config.json"};
+                                        "tiktoken.model", "chat_template.jinja", "special_tokens_map.json", "generation_config.json",
+                                        "README.md"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(n, names[i])) return 1;
     return 0;
@@ -300,15 +305,17 @@ static int convert_locked(const char *abs, const char *root, const char *name, c
     return rc;
 }
 
-int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
-                   char *out_dir, size_t out_len, char *err, size_t errlen) {
-    char abs[4096], root[3000], name[512], path[4600];
+/* The cache root (root), the absolute checkpoint path (abs), its key in spine mode spine, the conversion's name
+ * (<base>-<key>-<mode>) and path, and base (the checkpoint directory's name, in abs): convert_cached's and
+ * convert_cache_lookup's. */
+static int cache_names(const char *hf_dir, const char *cache_root, df_spine_mode spine, char abs[4096], char root[3000],
+                       char name[512], char path[4600], const char **base_out, uint64_t *key_out, char *err, size_t errlen) {
     if (!realpath(hf_dir, abs)) return df_set_errc(err, errlen, DF_EIO, "model directory %s: %s", hf_dir, strerror(errno));
     /* XDG_CACHE_HOME only when absolute (the XDG base directory specification: a relative one is ignored) */
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (cache_root && *cache_root) snprintf(root, sizeof root, "%s", cache_root);
-    else if (xdg && xdg[0] == '/') snprintf(root, sizeof root, "%s/deltafin", xdg);
-    else if (home && *home) snprintf(root, sizeof root, "%s/.cache/deltafin", home);
+    if (cache_root && *cache_root) snprintf(root, 3000, "%s", cache_root);
+    else if (xdg && xdg[0] == '/') snprintf(root, 3000, "%s/deltafin", xdg);
+    else if (home && *home) snprintf(root, 3000, "%s/.cache/deltafin", home);
     else
         return df_set_errc(err, errlen, DF_EINVAL,
                            "no directory for the conversion cache: pass --cache-dir DIR, or set HOME or XDG_CACHE_HOME "
@@ -318,9 +325,34 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     df_xxh64_hex(key, hx);
     const char *base = strrchr(abs, '/');
     base = base && base[1] ? base + 1 : "model";
-    snprintf(name, sizeof name, "%.200s-%s-%s", base, hx, convert_spine_mode_name(spine));
+    snprintf(name, 512, "%.200s-%s-%s", base, hx, convert_spine_mode_name(spine));
 
-    snprintf(path, sizeof path, "%.3000s/%.512s", root, name);
+    snprintf(path, 4600, "%.3000s/%.512s", root, name);
+    *base_out = base;
+    *key_out = key;
+    return DF_OK;
+}
+
+int convert_cache_lookup(const char *hf_dir, const char *cache_root, df_spine_mode spine, char *out_dir, size_t out_len,
+                         char *err, size_t errlen) {
+    char abs[4096], root[3000], name[512], path[4600], man[4700];
+    const char *base;
+    uint64_t key;
+    int rc = cache_names(hf_dir, cache_root, spine, abs, root, name, path, &base, &key, err, errlen);
+    if (rc) return rc;
+    if (strlen(path) + 1 > out_len) return df_set_errc(err, errlen, DF_EINVAL, "cache path too long: %s", path);
+    snprintf(out_dir, out_len, "%s", path);
+    snprintf(man, sizeof man, "%s/manifest.json", path);
+    return df_path_exists(man) ? 1 : 0;
+}
+
+int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spine, df_progress_fn progress, void *user,
+                   char *out_dir, size_t out_len, char *err, size_t errlen) {
+    char abs[4096], root[3000], name[512], path[4600];
+    const char *base;
+    uint64_t key;
+    int rc0 = cache_names(hf_dir, cache_root, spine, abs, root, name, path, &base, &key, err, errlen);
+    if (rc0) return rc0;
     if (strlen(path) + 1 > out_len) return df_set_errc(err, errlen, DF_EINVAL, "cache path too long: %s", path);
     snprintf(out_dir, out_len, "%s", path);
     char man[4700];
