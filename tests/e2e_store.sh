@@ -7,7 +7,10 @@
 # stderr, as bench prefill's); the events file has the drives' busy / idle transitions and the requests,
 # which tools/drive-idle.py reads; bench io's suggested synth command quotes a directory with a space or a
 # single quote. synth refuses a non-empty OUT_DIR unless --force (which
-# deletes the old model files).
+# deletes the old model files). bench cache / store / project refuse a trace recorded on another model (exit 1,
+# naming both and what to do), warn once about a trace without an open event; bench project's result line of an
+# int8-spine model says NOT EXACT, and it counts the waits for streamed spine layers (bench decode --events records
+# them) as I/O, not compute.
 set -u
 BIN=${DF_BIN:?DF_BIN not set}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -124,6 +127,102 @@ run --max-new 24 --events "$T/tr.jsonl" >/dev/null
   && [ "$(grep -cE '^ +[0-9]+ +[0-9.]+%' "$T/bc")" = 3 ] && ok || bad "bench cache: $(cat "$T/bc")"
 "$BIN" bench store --model "$T/m" --trace "$T/tr.jsonl" --io-seconds 0.3 --no-drop >"$T/bs" 2>&1 \
   && grep -q "of bench io" "$T/bs" && ok || bad "bench store: $(cat "$T/bs")"
+
+
+# a trace recorded on another model is refused (exit 1) by bench cache / store / project, naming both models and what
+# to do, before anything is measured; the same model in another stripe layout is not another model; a trace without
+# an open event (an older events file) is replayed with a one-line warning
+"$BIN" synth "$T/m8" --quiet --hidden 256 --moe-inter 128 --experts 8 --layers 4 --vocab 512 --heads 4 \
+  --q-lora 64 --kv-lora 32 --inter 512 --nope 16 --rope 8 --v-dim 16 --top-k 4 && ok || bad "synth m8"
+"$BIN" synth "$T/m1" --quiet --hidden 256 --moe-inter 128 --experts 32 --layers 4 --vocab 512 --heads 4 \
+  --q-lora 64 --kv-lora 32 --inter 512 --nope 16 --rope 8 --v-dim 16 --top-k 4 && ok || bad "synth m1 (one pack directory)"
+"$BIN" run --model "$T/m8" --prompt-ids 5,17,42,99 --max-new 8 --quiet --events "$T/tr8.jsonl" >/dev/null 2>&1
+foreign() { # foreign WHAT RC-FILE OUT-FILE: exit 1, one line naming both models and what to do, nothing on stdout
+  [ "$(cat "$2")" = 1 ] && [ ! -s "$3" ] && [ "$(wc -l <"$T/err")" = 1 ] \
+    && grep -q "$T/tr8.jsonl was recorded on another model: \"synth-mxfp4-4x8\" (expert slots of [0-9]* bytes), not on --model $T/m (\"synth-mxfp4-4x32\", 4 layers, 3 MoE x 32 experts, " "$T/err" \
+    && grep -q "record a trace with this model (\`deltafin [a-z ]* --model $T/m --events FILE\`) or pass --model the model the trace was recorded on$" "$T/err" \
+    && ok || bad "$1: a trace of another model: rc $(cat "$2") $(cat "$3" "$T/err")"
+}
+"$BIN" bench cache --model "$T/m" --trace "$T/tr8.jsonl" --slots 8 >"$T/out" 2>"$T/err"; echo $? >"$T/rc"
+foreign "bench cache" "$T/rc" "$T/out"; grep -q "^deltafin bench cache: --trace " "$T/err" || bad "bench cache: the flag: $(cat "$T/err")"
+"$BIN" bench cache --model "$T/m" --trace "$T/tr.jsonl" --train "$T/tr8.jsonl" --slots 8 >"$T/out" 2>"$T/err"; echo $? >"$T/rc"
+foreign "bench cache --train" "$T/rc" "$T/out"; grep -q "^deltafin bench cache: --train " "$T/err" || bad "bench cache --train: the flag: $(cat "$T/err")"
+"$BIN" bench store --model "$T/m" --trace "$T/tr8.jsonl" --io-seconds 5 >"$T/out" 2>"$T/err"; echo $? >"$T/rc"
+foreign "bench store" "$T/rc" "$T/out"
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/tr8.jsonl" --model "$T/m" >"$T/out" 2>"$T/err"; echo $? >"$T/rc"
+foreign "bench project --from" "$T/rc" "$T/out"; grep -q "(\`deltafin bench decode --model $T/m --events FILE\`)" "$T/err" \
+  && ok || bad "bench project: the command that records a trace: $(cat "$T/err")"
+# the other way round its experts are not the model's: that message names the model of the trace too
+"$BIN" bench cache --model "$T/m8" --trace "$T/tr.jsonl" --slots 8 >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -Eq "^deltafin bench cache: --trace $T/tr.jsonl: layer [0-9]+ expert [0-9]+ is not a routed expert of synth-mxfp4-4x8 \(.*its open event names \"synth-mxfp4-4x32\".*record a trace with this model.*the trace was recorded on another model\?\)$" "$T/err" \
+  && ok || bad "bench cache: a trace of a larger model: rc $rc $(cat "$T/err")"
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/tr.jsonl" --model "$T/m8" >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "was recorded on another model: \"synth-mxfp4-4x32\" .*not on --model $T/m8 (\"synth-mxfp4-4x8\"" "$T/err" \
+  && ok || bad "bench project: a trace of a larger model: rc $rc $(cat "$T/out" "$T/err")"
+# the same model with its experts in one directory (expert slots of another size): replayed, no word
+"$BIN" bench cache --model "$T/m1" --trace "$T/tr.jsonl" --slots 8 >"$T/out" 2>"$T/err" && [ ! -s "$T/err" ] && grep -q "LRFU+heat" "$T/out" \
+  && ok || bad "bench cache: the same model in one pack directory: $(cat "$T/out" "$T/err")"
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/tr.jsonl" --model "$T/m1" >"$T/out" 2>"$T/err" && ! grep -q "warning" "$T/err" \
+  && grep -q "^result: " "$T/out" && ok || bad "bench project: the same model in one pack directory: $(cat "$T/out" "$T/err")"
+# a trace without an open event: one warning line, then the replay
+grep -v '"ev":"open"' "$T/tr.jsonl" >"$T/old.jsonl"
+for c in "cache --slots 8" "store --io-seconds 0.2 --no-drop" "project --drives 1 --gbps 1 --from"; do
+  case $c in project*) args=(bench $c "$T/old.jsonl" --model "$T/m"); flag=--from ;; *) args=(bench $c --model "$T/m" --trace "$T/old.jsonl"); flag=--trace ;; esac
+  "$BIN" "${args[@]}" >"$T/out" 2>"$T/err"; rc=$?
+  [ $rc -eq 0 ] && [ "$(wc -l <"$T/err")" = 1 ] \
+    && grep -q "^deltafin bench ${c%% *}: warning: $flag $T/old.jsonl has no \"open\" event (an events file of an older deltafin): cannot check that it was recorded on this model (\"synth-mxfp4-4x32\")$" "$T/err" \
+    && [ -s "$T/out" ] && ok || bad "bench ${c%% *}: a trace without an open event: rc $rc $(cat "$T/out" "$T/err")"
+done
+
+# bench project's result line of a lossy model (int8 spine) says NOT EXACT as run --stats, bench prefill and bench
+# batch do: measured by its own bench decode run, from the events of bench decode (alone) and of run (with --model)
+"$BIN" convert "$ROOT/tests/golden/bf16_kimi" "$T/k8" --spine int8 --quiet 2>/dev/null && ok || bad "convert --spine int8"
+"$BIN" convert "$ROOT/tests/golden/bf16_kimi" "$T/kx" --quiet 2>/dev/null && ok || bad "convert"
+NE='^result: decode_tok_s=.* t_compute_s=[0-9.]* (NOT EXACT: int8 spine)$'
+"$BIN" bench project --drives 1 --gbps 1 --model "$T/k8" --tokens 2 --io-seconds 0.1 --no-drop >"$T/out" 2>&1 && grep -q "$NE" "$T/out" \
+  && ok || bad "bench project --model (int8 spine): no NOT EXACT on the result line: $(cat "$T/out")"
+"$BIN" bench decode --model "$T/k8" --tokens 2 --io-seconds 0.1 --no-drop --events "$T/k8bd.jsonl" >/dev/null 2>&1
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/k8bd.jsonl" >"$T/out" 2>&1 && grep -q "$NE" "$T/out" \
+  && ok || bad "bench project --from (bench decode, int8 spine): $(cat "$T/out")"
+"$BIN" run --model "$T/k8" --prompt-ids 1,2,3 --max-new 4 --quiet --events "$T/k8run.jsonl" >/dev/null 2>&1
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/k8run.jsonl" --model "$T/k8" >"$T/out" 2>&1 && grep -q "$NE" "$T/out" \
+  && ok || bad "bench project --from (run) --model (int8 spine): $(cat "$T/out")"
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/k8run.jsonl" >"$T/out" 2>&1 && ! grep -q "^result: .*NOT EXACT" "$T/out" \
+  && grep -q "note: these events do not say whether the model is exact" "$T/out" \
+  && ok || bad "bench project --from (run) alone: exactness unknown, said: $(cat "$T/out")"
+"$BIN" bench project --drives 1 --gbps 1 --model "$T/kx" --tokens 2 --io-seconds 0.1 --no-drop >"$T/out" 2>&1 \
+  && grep -q "^result: " "$T/out" && ! grep -q "NOT EXACT" "$T/out" && ok || bad "bench project of an exact model: $(cat "$T/out")"
+
+# bench project counts the waits for streamed spine layers (the spine larger than --ram-budget) as I/O, not compute:
+# bench decode --events records them (spine_stream); the compute per layer is (decode - stall - spine wait) / tokens / layers
+ev() { printf '{"t":%s,%s}\n' "$1" "$2"; }
+{ ev 0 '"ev":"open","model":"synth-mxfp4-4x32","slots":96,"slot_bytes":57344,"drives":2,"io":"pread","qd":16,"io_bytes":1048576,"hot_limit":0'
+  ev 1.0 '"drives":[],"ev":"token","pos":3,"bytes_demand":0,"bytes_prefetch":0,"hits":0,"misses":0,"stall_ms":0'
+  for p in 4 5 6 7; do ev "1.$((p - 3))" "\"drives\":[],\"ev\":\"token\",\"pos\":$p,\"bytes_demand\":0,\"bytes_prefetch\":0,\"hits\":0,\"misses\":0,\"stall_ms\":10"; done
+} >"$T/sp0.jsonl"
+{ cat "$T/sp0.jsonl"; echo '{"ev":"spine_stream","decode_steps":4,"bytes":4000000,"wait_s":0.24,"io_wait_s":0.28,"expert_stall_s":0.04}'; } >"$T/sp.jsonl"
+# 4 decode steps of 100 ms: stall 10 ms, spine wait 60 ms each -> compute 30 ms per token, 7.5 ms per layer (4 layers)
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/sp.jsonl" --model "$T/m" >"$T/out" 2>&1 \
+  && grep -Eq "compute_ms_per_layer +7\.500 +measured +\(decode time - stall - spine-streaming wait\) / tokens / 4 layers" "$T/out" \
+  && grep -q "100.00 ms per token (compute 30.00, stall 10.00, spine-streaming wait 60.00)" "$T/out" \
+  && grep -q "spine streaming (the spine did not fit the budget): 1.0 MB of spine layers read per token, 60.00 ms per token waiting for them (0.240 s in all): I/O, not counted as compute" "$T/out" \
+  && ok || bad "bench project: spine-streaming waits: $(cat "$T/out")"
+# without the spine_stream event (run --events): compute as before (22.5 ms per layer), and said
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/sp0.jsonl" --model "$T/m" >"$T/out" 2>&1 \
+  && grep -Eq "compute_ms_per_layer +22\.500 +measured +\(decode time - stall\) / tokens" "$T/out" \
+  && grep -q "note: these events do not record waits for streamed spine layers" "$T/out" \
+  && ok || bad "bench project: events without spine_stream: $(cat "$T/out")"
+# a real decode with 3 of 4 spine layers streamed (2.8M): bench decode records the spine bytes; bench project says so
+"$BIN" bench decode --model "$T/m" --ram-budget 2.8M --tokens 4 --io-seconds 0.1 --no-drop --events "$T/sbd.jsonl" >"$T/out" 2>&1 \
+  && grep -Eq '^\{"ev":"spine_stream","decode_steps":4,"bytes":[1-9][0-9]*,"wait_s":[0-9.]+,' "$T/sbd.jsonl" \
+  && ok || bad "bench decode (streamed spine): no spine_stream event: $(cat "$T/out"; tail -2 "$T/sbd.jsonl")"
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/sbd.jsonl" --model "$T/m" >"$T/out" 2>&1 \
+  && grep -Eq "^  spine streaming \(the spine did not fit the budget\): [0-9.]+ MB of spine layers read per token" "$T/out" \
+  && ok || bad "bench project --from (streamed spine): $(cat "$T/out")"
+"$BIN" bench decode --model "$T/m" --tokens 2 --io-seconds 0.1 --no-drop --events "$T/rbd.jsonl" >/dev/null 2>&1 \
+  && grep -q '^{"ev":"spine_stream","decode_steps":2,"bytes":0,"wait_s":0.000000,' "$T/rbd.jsonl" \
+  && "$BIN" bench project --drives 1 --gbps 1 --from "$T/rbd.jsonl" >"$T/out" 2>&1 && ! grep -q "spine" "$T/out" \
+  && ok || bad "bench project (resident spine): no spine line: $(cat "$T/out"; tail -2 "$T/rbd.jsonl")"
 
 # corrupt every expert of layer 2 in stripe 1 (byte 100 of each stripe): checksum error, never a wrong token
 python3 - "$T/m/d1/experts-L002.pack" <<'PY'

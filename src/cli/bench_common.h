@@ -37,4 +37,26 @@ void bench_expert_io_opts(store_bench_opts *bo, const char *dirs, int qd, uint64
  * B; else prints "deltafin bench CMD: --io-buffer ..." naming the minimum and returns 2. */
 int bench_check_io_buffer(const char *cmd, uint64_t io_buffer, int qd);
 
+/* The model an events file (run / bench decode --events) was recorded on: the store's "open" event names it
+ * ({"ev":"open","model":"NAME","slots":...,"slot_bytes":B,"drives":D,...}; the name is written unescaped, so it is
+ * read up to the ","slots": that follows it). */
+typedef struct {
+    char model[160];    /* the model's name (its manifest's "name", else its directory's) */
+    uint64_t slot_bytes; /* one expert slot: the expert extent, its stripes rounded up to 4 KiB pages; 0 unknown */
+    int drives;          /* the expert directories it read from */
+} bench_open_ev;
+/* 1 with *o filled when line is an "open" event of the store, else 0 */
+int bench_open_event(const char *line, bench_open_ev *o);
+/* 1 when the open event o can be of the model nat: the same name and an expert slot of its expert size (the stripe
+ * layout may differ: slot_bytes within the page rounding of nat's expert stride over the stripes), else 0 */
+int bench_open_matches(const bench_open_ev *o, const df_native *nat);
+/* The messages of a trace given to `bench CMD` with --model model_arg (the directory as given; nat: that model):
+ * bench_trace_foreign: "deltafin bench CMD: FLAG PATH was recorded on model "A" (...), not on --model DIR ("B", ...):
+ * record a trace with this model (RECORD) or pass --model the model the trace was recorded on", the caller returns 1;
+ * bench_trace_unchecked: one warning line, the trace has no open event (an older events file) so its model cannot be
+ * checked. */
+void bench_trace_foreign(const char *cmd, const char *flag, const char *path, const bench_open_ev *o, const df_native *nat,
+                         const char *model_arg);
+void bench_trace_unchecked(const char *cmd, const char *flag, const char *path, const df_native *nat);
+
 #endif

@@ -8,7 +8,10 @@
  *   bytes_per_token = moe_layers * top_k * expert_bytes           (expert bytes one token needs, before hits)
  *   t_io      = r * bytes_per_token / (N * B)                      r = 1 - h, or the measured read/needed ratio
  *                                                                  (which also counts prefetch reads never used)
- *   t_compute = compute_ms_per_layer * layers                      (spine + expert compute scaled by layers)
+ *   t_compute = compute_ms_per_layer * layers                      (spine + expert compute scaled by layers;
+ *                                                                  measured: decode time less the expert stall and
+ *                                                                  the waits for streamed spine layers, which bench
+ *                                                                  decode --events records in a spine_stream line)
  *   decode tok/s = 1 / max(t_io, t_compute)                        reads fully hidden behind compute
  *                = 1 / (t_io + t_compute)                          no overlap
  *                = 1 / max(t_io, t_compute + s * t_io)             s = exposed-I/O fraction (stall / read time)
@@ -26,6 +29,7 @@
 #include "deltafin.h"
 #include "model/native.h"
 #include "model/weights.h"
+#include "util/util.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -113,6 +117,13 @@ typedef struct {
     int have_bd;               /* a "bench_decode" line (bench decode --events): the prompt's eval and B */
     double prefill_s, prefill_stall_s, bd_gbps;
     int prefill_tokens;
+    int have_exact;            /* the bench_decode line says whether the model is exact: exact_note (cli_exact_note) */
+    char exact_note[64];
+    int have_spine;            /* "spine_stream" lines (bench decode --events): the decode steps' waits for streamed */
+    double spine_wait_s;       /* spine layers (the spine larger than the budget), not in the token events' stall */
+    uint64_t spine_bytes;
+    int n_open, n_opens;       /* the store's open events (one per recorded run); the distinct ones in opens */
+    bench_open_ev opens[8];
 } ev_summary;
 
 static int cmp_u32(const void *a, const void *b) {
@@ -138,6 +149,17 @@ static int read_events(const char *path, ev_summary *s, char *err, size_t errlen
     double prev_t = 0;
     int layer_seen[DF_MAX_LAYERS] = {0};
     while (getline(&line, &cap, f) > 0) {
+        bench_open_ev o; /* read from the text: the model's name is written unescaped */
+        if (bench_open_event(line, &o)) {
+            s->n_open++;
+            int seen = 0;
+            for (int i = 0; i < s->n_opens && !seen; i++)
+                seen = !strcmp(s->opens[i].model, o.model) && s->opens[i].slot_bytes == o.slot_bytes && s->opens[i].drives == o.drives;
+            if (!seen && s->n_opens < 8) s->opens[s->n_opens++] = o;
+            if (o.slot_bytes) s->slot_bytes = o.slot_bytes;
+            prev_pos = -2;
+            continue;
+        }
         cJSON *j = cJSON_Parse(line);
         if (!j) continue;
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "ev");
@@ -149,9 +171,15 @@ static int read_events(const char *path, ev_summary *s, char *err, size_t errlen
             s->prefill_stall_s = jnum(j, "prefill_stall_s", 0);
             s->prefill_tokens = (int)jnum(j, "prefill_tokens", 0);
             s->bd_gbps = jnum(j, "gbps", 0);
-        } else if (!strcmp(e, "open")) {
-            s->slot_bytes = (uint64_t)jnum(j, "slot_bytes", 0);
-            prev_pos = -2;
+            const cJSON *en = cJSON_GetObjectItemCaseSensitive(j, "exact_note");
+            if (cJSON_IsString(en)) {
+                s->have_exact = 1;
+                snprintf(s->exact_note, sizeof s->exact_note, "%s", en->valuestring);
+            }
+        } else if (!strcmp(e, "spine_stream")) {
+            s->have_spine = 1;
+            s->spine_wait_s += jnum(j, "wait_s", 0);
+            s->spine_bytes += (uint64_t)jnum(j, "bytes", 0);
         } else if (!strcmp(e, "acquire")) {
             int L = (int)jnum(j, "layer", -1);
             const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "ids");
@@ -213,6 +241,35 @@ static int read_events(const char *path, ev_summary *s, char *err, size_t errlen
     return 0;
 }
 
+/* --from FILE with --model DIR (nat): the events were recorded on that model, else a message and 1: each recorded
+ * run's open event names it (bench_open_matches), and the experts the events acquire are within its layers and
+ * experts; events without an open event (an older file) cannot be checked: a warning line, and 0. */
+static int check_events_model(const char *path, const ev_summary *ev, const df_native *nat, const char *model_arg) {
+    for (int i = 0; i < ev->n_opens; i++)
+        if (!bench_open_matches(&ev->opens[i], nat)) {
+            bench_trace_foreign("project", "--from", path, &ev->opens[i], nat, model_arg);
+            return 1;
+        }
+    if (ev->max_layer >= 0 && (ev->max_layer >= nat->cfg.num_hidden_layers || ev->max_id >= nat->n_experts)) {
+        char q[8300];
+        fprintf(stderr, "deltafin bench project: --from %s: its experts reach layer %d and expert %d, beyond %s (%d layers, %d "
+                        "experts per MoE layer): the events were recorded on another model; record them with this model "
+                        "(`deltafin bench decode --model %s --events FILE`) or pass --model the model they were recorded on\n",
+                path, ev->max_layer, ev->max_id, nat->name, nat->cfg.num_hidden_layers, nat->n_experts,
+                df_shell_quote(model_arg, q, sizeof q));
+        return 1;
+    }
+    if (!ev->n_open) bench_trace_unchecked("project", "--from", path, nat);
+    return 0;
+}
+
+/* The label of a lossy model's results, as cli_exact_note gives it for an open model (the bench decode run's, which
+ * its bench_decode line carries), from the manifest of a model that is not opened here: "" when exact. */
+static const char *native_exact_note(const df_native *nat) {
+    if (nat->exact) return "";
+    return !strcmp(nat->spine_mode, "int8") ? " (NOT EXACT: int8 spine)" : " (NOT EXACT: lossy bf16 spine)";
+}
+
 /* ------------------------------------------------------------ inputs */
 
 typedef struct {
@@ -269,17 +326,21 @@ static void usage(FILE *f) {
             "  Projects decode tok/s and the TTFT of a T-token prompt of the FULL model (default kimi_k3: 93 layers,\n"
             "  92 MoE layers, top-16 of 896 experts of 17.5 MB) on N drives of B GB/s each (B: what one drive\n"
             "  achieves at the engine's reads; `deltafin bench io`), from per-token figures measured on a smaller\n"
-            "  model or given here. Prints every input (config / given / measured / assumed), each formula, the results.\n"
+            "  model or given here. Prints every input (config / given / measured / assumed), each formula, the results\n"
+            "  (labeled NOT EXACT when measured on a lossy model: int8 or lossy bf16 spine, as run --stats labels them).\n"
             "  --from FILE        events of `bench decode --events FILE` or `run --events FILE`: hit rate, read/needed\n"
             "                     ratio, compute ms per layer, stall, expert coverage (with --model DIR: that model's\n"
-            "                     layer and expert counts; else inferred from the events)\n"
+            "                     layer and expert counts, and events recorded on another model are refused; else\n"
+            "                     inferred from the events). Waits for streamed spine layers (a spine larger than the\n"
+            "                     --ram-budget) are I/O, not compute: `bench decode --events` records them, `run --events` not\n"
             "  --model DIR        without --from: runs `bench decode --model DIR --events TMP` first (--tokens N (16),\n"
             "                     --ram-budget, --threads, --io-seconds, --prompt-ids, --qd, --expert-dirs, --no-drop\n"
             "                     are passed on); a Hugging Face DIR is converted once into the conversion cache\n"
             "                     (with or without --from; --cache-dir DIR: where, default $XDG_CACHE_HOME/deltafin)\n"
             "  --hit-rate H       expert cache hit rate h (default: measured, else 0 = cold)\n"
             "  --read-ratio R     expert bytes read / bytes needed (default: measured, else 1 - h)\n"
-            "  --compute-ms-per-layer C  compute per layer per token, I/O stall excluded (default: measured, else 0)\n"
+            "  --compute-ms-per-layer C  compute per layer per token, I/O stall and spine-streaming waits excluded\n"
+            "                     (default: measured, else 0)\n"
             "  --stall S          exposed-I/O fraction: stall time / expert read time (0 = reads hidden behind\n"
             "                     compute, 1 = not at all; default: measured, else not used)\n"
             "  --coverage C       fraction of all experts a T-token prompt touches (default: from the measured\n"
@@ -371,6 +432,8 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     /* a Hugging Face checkpoint: converted once into the conversion cache (as the bench decode run and run do), then
      * used as that native model (its manifest's layer and expert counts) */
     char conv_dir[4096];
+    const char *model_arg = model; /* as given (a Hugging Face directory is replaced by its conversion) */
+    const int from_given = from != NULL; /* events recorded elsewhere, not by the bench decode run here */
     if (model && bench_native_model("project", &model, cache_dir, conv_dir, sizeof conv_dir, NULL, 0)) return 1;
 
     /* ---- measure: a bench decode run (--model without --from), then its events */
@@ -411,9 +474,17 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     /* the measured model's geometry: from its manifest when we have it, else from the events */
     int m_layers = 0, m_experts = 0, m_moe = 0, m_hidden = 0;
     const char *geom = "events";
+    /* the NOT EXACT label of the result line: what the bench decode run said (its bench_decode line), else the
+     * manifest of --model; NULL = not known (the events of `run --events` without --model) */
+    const char *exact = ev.have_exact ? ev.exact_note : NULL;
     if (model) {
         df_native *nat = NULL;
         if (native_open(&nat, model, err, sizeof err) == 0) {
+            if (from_given && ev.ok && check_events_model(from, &ev, nat, model_arg)) {
+                native_close(nat);
+                return 1;
+            }
+            if (!exact) exact = native_exact_note(nat);
             m_layers = nat->cfg.num_hidden_layers;
             m_experts = nat->n_experts;
             m_moe = nat->n_moe_layers;
@@ -450,7 +521,9 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         m_h = acq ? (double)ev.hits / acq : 0;
         need = (double)acq * ev.slot_bytes;
         m_rr = need > 0 ? ev.bytes_read / need : 0;
-        m_cms = m_layers ? 1e3 * (ev.decode_s - ev.stall_s) / ev.decode_tokens / m_layers : 0;
+        /* compute: the decode time less the waits for expert reads (stall) and for streamed spine layers */
+        const double sp_wait = ev.spine_wait_s, comp_s = ev.decode_s - ev.stall_s - sp_wait;
+        m_cms = m_layers ? 1e3 * comp_s / ev.decode_tokens / m_layers : 0;
         if (m_cms < 0) m_cms = 0;
         m_stall_wall = ev.decode_s > 0 ? ev.stall_s / ev.decode_s : 0;
         if (ev.io_s > 0) m_exposed = fmin(1.0, ev.stall_s / ev.io_s);
@@ -458,11 +531,23 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         const char *src = model ? model : from;
         printf("bench project: measured on %s (%d layers, %d MoE, %d experts per layer [%s]; %d decode tokens, "
                "%d prompt tokens):\n", src, m_layers, m_moe, m_experts, geom, ev.decode_tokens, ev.prompt_tokens);
+        char sp_part[64] = "";
+        if (sp_wait > 0) snprintf(sp_part, sizeof sp_part, ", spine-streaming wait %.2f", 1e3 * sp_wait / ev.decode_tokens);
         printf("  expert bytes per token after hits %.1f MB (needed %.1f MB before hits), hit rate %.4f, "
-               "%.2f ms per token (compute %.2f, stall %.2f), stall / decode time %.3f\n",
+               "%.2f ms per token (compute %.2f, stall %.2f%s), stall / decode time %.3f\n",
                ev.bytes_read / 1e6 / ev.decode_tokens, need / 1e6 / ev.decode_tokens, m_h,
-               1e3 * ev.decode_s / ev.decode_tokens, 1e3 * (ev.decode_s - ev.stall_s) / ev.decode_tokens,
-               1e3 * ev.stall_s / ev.decode_tokens, m_stall_wall);
+               1e3 * ev.decode_s / ev.decode_tokens, 1e3 * comp_s / ev.decode_tokens,
+               1e3 * ev.stall_s / ev.decode_tokens, sp_part, m_stall_wall);
+        if (ev.have_spine && ev.spine_bytes)
+            printf("  spine streaming (the spine did not fit the budget): %.1f MB of spine layers read per token, %.2f ms per "
+                   "token waiting for them (%.3f s in all): I/O, not counted as compute\n",
+                   ev.spine_bytes / 1e6 / ev.decode_tokens, 1e3 * sp_wait / ev.decode_tokens, sp_wait);
+        else if (!ev.have_spine)
+            printf("  note: these events do not record waits for streamed spine layers (`run --events`): had the spine been "
+                   "streamed (larger than --ram-budget), they count as compute here; `bench decode --events` records them\n");
+        if (!exact)
+            printf("  note: these events do not say whether the model is exact (`run --events`): with --model DIR a lossy "
+                   "model's result is labeled NOT EXACT\n");
         if (ev.have_bd)
             printf("  prefill %d tokens in %.2f s (stall %.2f s); drive bandwidth of that run (bench io) %.3f GB/s\n",
                    ev.prefill_tokens, ev.prefill_s, ev.prefill_stall_s, ev.bd_gbps);
@@ -474,7 +559,8 @@ int bench_project(int argc, char **argv, decode_fn decode) {
             in_set(&rr, m_rr, 2, "bytes read / needed = %.1f / %.1f MB per token (prefetch reads included)",
                    ev.bytes_read / 1e6 / ev.decode_tokens, need / 1e6 / ev.decode_tokens);
         if (!cms.set)
-            in_set(&cms, m_cms, 2, "(decode time - stall) / tokens / %d layers", m_layers);
+            in_set(&cms, m_cms, 2, "(decode time - stall%s) / tokens / %d layers", sp_wait > 0 ? " - spine-streaming wait" : "",
+                   m_layers);
         if (!pms.set && ev.have_bd && ev.prefill_tokens > 1 && m_layers)
             in_set(&pms, fmax(0, 1e3 * (ev.prefill_s - ev.prefill_stall_s) / ev.prefill_tokens / m_layers), 2,
                    "(prefill time - stall) / %d prompt tokens / %d layers (batching gain at %g tokens not included)",
@@ -545,6 +631,8 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     printf("  TTFT = t_io_prefill + t_compute_prefill     = %.2f s   (no overlap)\n", ttft_no);
     printf("result: decode_tok_s=%.4f decode_tok_s_no_overlap=%.4f", tps_ov, tps_no);
     if (stall.set) printf(" decode_tok_s_stall=%.4f", tps_s);
-    printf(" ttft_s=%.2f ttft_s_no_overlap=%.2f t_io_s=%.4f t_compute_s=%.4f\n", ttft_ov, ttft_no, t_io, t_c);
+    /* a lossy model's measured figures: labeled as run --stats and the other bench results label theirs */
+    printf(" ttft_s=%.2f ttft_s_no_overlap=%.2f t_io_s=%.4f t_compute_s=%.4f%s\n", ttft_ov, ttft_no, t_io, t_c,
+           ev.ok && exact ? exact : "");
     return 0;
 }

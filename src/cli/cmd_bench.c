@@ -174,6 +174,49 @@ int bench_check_io_buffer(const char *cmd, uint64_t io_buffer, int qd) {
     return 2;
 }
 
+int bench_open_event(const char *line, bench_open_ev *o) {
+    if (!strstr(line, "\"ev\":\"open\"")) return 0;
+    memset(o, 0, sizeof *o);
+    const char *a = strstr(line, "\"model\":\""), *b = a ? strstr(a + 9, "\",\"slots\":") : NULL;
+    if (a && b) snprintf(o->model, sizeof o->model, "%.*s", (int)(b - (a + 9)), a + 9);
+    const char *sb = strstr(line, "\"slot_bytes\":"), *dr = strstr(line, "\"drives\":");
+    if (sb) o->slot_bytes = strtoull(sb + 13, NULL, 10);
+    if (dr) o->drives = atoi(dr + 9);
+    return 1;
+}
+
+int bench_open_matches(const bench_open_ev *o, const df_native *nat) {
+    if (strcmp(o->model, nat->name)) return 0;
+    if (!o->slot_bytes || nat->n_moe_layers == 0 || o->slot_bytes == store_slot_bytes(nat)) return 1;
+    /* the same experts laid out over other stripes: each stripe is rounded up to whole 4 KiB pages */
+    int n = o->drives > 1 ? o->drives : 1;
+    for (int i = 0; i < nat->n_moe_layers; i++)
+        if (nat->moe_layers[i].n_files > n) n = nat->moe_layers[i].n_files;
+    return o->slot_bytes >= nat->stride && o->slot_bytes < nat->stride + 4096ull * (uint64_t)n;
+}
+
+/* "NAME", N MoE layers x E experts, expert slots of B bytes */
+static void model_shape(char *out, size_t cap, const df_native *nat) {
+    snprintf(out, cap, "\"%s\", %d layers, %d MoE x %d experts, expert slots of %llu bytes", nat->name,
+             nat->cfg.num_hidden_layers, nat->n_moe_layers, nat->n_experts, (unsigned long long)store_slot_bytes(nat));
+}
+
+void bench_trace_foreign(const char *cmd, const char *flag, const char *path, const bench_open_ev *o, const df_native *nat,
+                         const char *model_arg) {
+    char shape[512], q[8300];
+    model_shape(shape, sizeof shape, nat);
+    fprintf(stderr, "deltafin bench %s: %s %s was recorded on another model: \"%s\" (expert slots of %llu bytes), not on "
+                    "--model %s (%s): record a trace with this model (`deltafin %s --model %s --events FILE`) or pass "
+                    "--model the model the trace was recorded on\n",
+            cmd, flag, path, o->model, (unsigned long long)o->slot_bytes, model_arg, shape,
+            strcmp(cmd, "project") ? "run" : "bench decode", df_shell_quote(model_arg, q, sizeof q));
+}
+
+void bench_trace_unchecked(const char *cmd, const char *flag, const char *path, const df_native *nat) {
+    fprintf(stderr, "deltafin bench %s: warning: %s %s has no \"open\" event (an events file of an older deltafin): cannot "
+                    "check that it was recorded on this model (\"%s\")\n", cmd, flag, path, nat->name);
+}
+
 static long vm_hwm_kb(void) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return -1;
@@ -324,6 +367,29 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The store's expert stall over the decode steps (token events one position after the previous one) of the last run
+ * recorded in an events file (after its last open event), in seconds. */
+static double decode_expert_stall(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    double stall = 0;
+    long long prev = -2;
+    while (getline(&line, &cap, f) > 0) {
+        if (strstr(line, "\"ev\":\"open\"")) { stall = 0; prev = -2; continue; }
+        if (!strstr(line, "\"ev\":\"token\"")) continue;
+        const char *p = strstr(line, "\"pos\":"), *sm = strstr(line, "\"stall_ms\":");
+        if (!p) continue;
+        long long pos = atoll(p + 6);
+        if (pos == prev + 1 && sm) stall += atof(sm + 11) / 1e3;
+        prev = pos;
+    }
+    free(line);
+    fclose(f);
+    return stall;
 }
 
 static int bench_decode(int argc, char **argv) {
@@ -518,10 +584,13 @@ static int bench_decode(int argc, char **argv) {
     int32_t tok = rc ? 0 : df_sample(smp, logits, n_vocab);
     df_stats st0; /* the prompt's eval (prefill), before the reset */
     df_model_stats(m, &st0);
+    int steps = 0; /* decode steps run (warm-up ones included): the token events one position apart */
     for (int t = 0; t < warmup && !rc; t++) { /* not measured */
         rc = df_eval(s, &tok, 1, logits, 0, NULL, NULL, err, sizeof err);
-        if (!rc) tok = df_sample(smp, logits, n_vocab);
+        if (!rc) tok = df_sample(smp, logits, n_vocab), steps++;
     }
+    df_stats stw; /* after the warm-up steps: their I/O wait and streamed spine bytes, for the spine_stream event */
+    df_model_stats(m, &stw);
     df_model_stats_reset(m);
     printf("  decoded token ids:");
     fflush(stdout);
@@ -529,6 +598,7 @@ static int bench_decode(int argc, char **argv) {
         rc = df_eval(s, &tok, 1, logits, 0, NULL, NULL, err, sizeof err);
         if (rc) break;
         tok = df_sample(smp, logits, n_vocab);
+        steps++;
         printf(" %d", tok);
         fflush(stdout);
     }
@@ -593,8 +663,8 @@ static int bench_decode(int argc, char **argv) {
     printf("  prefill: %llu tokens in %.2f s (io stall %.2f s)\n", (unsigned long long)st0.prefill_tokens, st0.prefill_s,
            st0.io_stall_s);
     if (st.expert_slots_pinned) printf("  expert slots page-locked for the GPU: %d of %d\n", st.expert_slots_pinned, st.expert_slots);
-    printf("  resident %.2f GiB, peak RSS %.2f GiB%s\n", st.resident_bytes / 1073741824.0, vm_hwm_kb() / 1048576.0,
-           cli_exact_note(m));
+    const char *exact = cli_exact_note(m); /* a string literal: still valid after the model closes */
+    printf("  resident %.2f GiB, peak RSS %.2f GiB%s\n", st.resident_bytes / 1073741824.0, vm_hwm_kb() / 1048576.0, exact);
     free(logits);
     df_sampler_free(smp);
     df_session_free(s);
@@ -602,12 +672,22 @@ static int bench_decode(int argc, char **argv) {
     if (remote) stream_print_stats(remote, stdout);
     stream_close(remote);
     if (events && !rc) { /* after the store closed the file: this run's totals, for `bench project --from` */
+        /* the decode steps' waits for streamed spine layers (the spine does not fit the budget): the engine's I/O wait
+         * of those steps (expert acquisitions + streamed layers) less the store's expert stall of the same steps (the
+         * stall_ms of their token events); the store's events do not record them on their own */
+        const double io_wait = stw.io_stall_s - st0.io_stall_s + st.io_stall_s;
+        const uint64_t sp_bytes = stw.spine_bytes_streamed - st0.spine_bytes_streamed + st.spine_bytes_streamed;
+        const double ex_stall = decode_expert_stall(events);
+        const double sp_wait = sp_bytes && io_wait > ex_stall ? io_wait - ex_stall : 0;
         FILE *ef = fopen(events, "a");
         if (ef) {
+            fprintf(ef, "{\"ev\":\"spine_stream\",\"decode_steps\":%d,\"bytes\":%llu,\"wait_s\":%.6f,\"io_wait_s\":%.6f,"
+                        "\"expert_stall_s\":%.6f}\n", steps, (unsigned long long)sp_bytes, sp_wait, io_wait, ex_stall);
             fprintf(ef, "{\"ev\":\"bench_decode\",\"prefill_s\":%.6f,\"prefill_tokens\":%llu,\"prefill_stall_s\":%.6f,"
-                        "\"decode_s\":%.6f,\"decode_tokens\":%llu,\"io_stall_s\":%.6f,\"gbps\":%.4f}\n",
+                        "\"decode_s\":%.6f,\"decode_tokens\":%llu,\"io_stall_s\":%.6f,\"gbps\":%.4f,\"exact\":%s,"
+                        "\"exact_note\":\"%s\"}\n",
                     st0.prefill_s, (unsigned long long)st0.prefill_tokens, st0.io_stall_s, st.decode_s,
-                    (unsigned long long)st.decode_tokens, st.io_stall_s, br.gbps);
+                    (unsigned long long)st.decode_tokens, st.io_stall_s, br.gbps, exact[0] ? "false" : "true", exact);
             fclose(ef);
         }
     }
@@ -620,6 +700,9 @@ typedef struct {
     int *layer, *off, *n; /* per acquire: layer, offset into ids, count */
     int *ids;
     int n_acq, cap, n_ids, cap_ids;
+    int n_open;               /* the store's open events (one per recorded run) */
+    int n_opens;              /* the distinct ones kept in opens */
+    bench_open_ev opens[8];
 } trace;
 
 static void trace_free(trace *t);
@@ -632,6 +715,16 @@ static int trace_load(const char *path, trace *t) {
     char *line = NULL;
     size_t cap = 0;
     while (getline(&line, &cap, f) > 0) {
+        bench_open_ev o;
+        if (bench_open_event(line, &o)) { /* the model of each recorded run, for trace_check */
+            t->n_open++;
+            int seen = 0;
+            for (int i = 0; i < t->n_opens && !seen; i++)
+                seen = !strcmp(t->opens[i].model, o.model) && t->opens[i].slot_bytes == o.slot_bytes &&
+                       t->opens[i].drives == o.drives;
+            if (!seen && t->n_opens < 8) t->opens[t->n_opens++] = o;
+            continue;
+        }
         if (!strstr(line, "\"ev\":\"acquire\"")) continue;
         char *pl = strstr(line, "\"layer\":"), *pi = strstr(line, "\"ids\":[");
         if (!pl || !pi) continue;
@@ -673,23 +766,37 @@ static int trace_load_msg(const char *cmd, const char *path, trace *t) {
 
 static void trace_free(trace *t) { free(t->layer); free(t->off); free(t->n); free(t->ids); }
 
-/* Every acquisition of a trace names a routed expert of the model (a MoE layer, an expert id below its count), else
- * "deltafin bench CMD: FLAG FILE: layer L expert E is not a routed expert of MODEL (...)" and 1 (the exit status):
- * checked before anything is printed or measured, as a trace recorded on another model fails at its first
- * foreign expert */
-static int trace_check(const char *cmd, const char *flag, const char *path, const trace *t, const df_native *nat) {
+/* A trace of the model nat (--model model_arg), else a message and 1 (the exit status), checked before anything is
+ * printed or measured:
+ *  - every acquisition names a routed expert of the model (a MoE layer, an expert id below its count), else
+ *    "deltafin bench CMD: FLAG FILE: layer L expert E is not a routed expert of MODEL (...)", which also names the
+ *    model the trace's open event names when that is another one;
+ *  - each recorded run's open event names this model (bench_open_matches), else bench_trace_foreign;
+ *  - a trace without open events (an older events file) cannot be checked: one warning line, and 0. */
+static int trace_check(const char *cmd, const char *flag, const char *path, const trace *t, const df_native *nat,
+                       const char *model_arg) {
+    const bench_open_ev *foreign = NULL;
+    for (int i = 0; i < t->n_opens && !foreign; i++)
+        if (!bench_open_matches(&t->opens[i], nat)) foreign = &t->opens[i];
     for (int i = 0; i < t->n_acq; i++) {
         const int L = t->layer[i];
         const int moe = L >= 0 && L < nat->cfg.num_hidden_layers && nat->by_layer && nat->by_layer[L];
         for (int c = 0; c < t->n[i]; c++) {
             const int x = t->ids[t->off[i] + c];
             if (moe && x >= 0 && x < nat->n_experts) continue;
+            char named[9000] = "", q[8300];
+            if (foreign)
+                snprintf(named, sizeof named, "; its open event names \"%s\" (expert slots of %llu bytes): record a trace with "
+                         "this model (`deltafin run --model %s --events FILE`) or pass --model the model it was recorded on",
+                         foreign->model, (unsigned long long)foreign->slot_bytes, df_shell_quote(model_arg, q, sizeof q));
             fprintf(stderr, "deltafin bench %s: %s %s: layer %d expert %d is not a routed expert of %s (%d MoE layer%s x %d "
-                            "experts; the trace was recorded on another model?)\n", cmd, flag, path, L, x, nat->name,
-                    nat->n_moe_layers, nat->n_moe_layers == 1 ? "" : "s", nat->n_experts);
+                            "experts%s; the trace was recorded on another model?)\n", cmd, flag, path, L, x, nat->name,
+                    nat->n_moe_layers, nat->n_moe_layers == 1 ? "" : "s", nat->n_experts, named);
             return 1;
         }
     }
+    if (foreign) { bench_trace_foreign(cmd, flag, path, foreign, nat, model_arg); return 1; }
+    if (!t->n_open) bench_trace_unchecked(cmd, flag, path, nat);
     return 0;
 }
 
@@ -754,7 +861,8 @@ static int bench_cache(int argc, char **argv) {
                    "  native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
                    "  --slots: cache sizes in expert slots, each from the model's experts per token to its routed\n"
                    "  experts (MoE layers x experts); another is an error. Default 64, moved into that range for a\n"
-                   "  model where 64 is outside it (and said so).\n"
+                   "  model where 64 is outside it (and said so). A trace recorded on another model is refused (its open\n"
+                   "  event names the model; a trace without one, of an older deltafin, is replayed with a warning).\n"
                    "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
@@ -781,6 +889,7 @@ static int bench_cache(int argc, char **argv) {
     char err[2048];
     df_native *nat = NULL;
     char conv_dir[4096];
+    const char *model_arg = model; /* as given (a Hugging Face directory is replaced by its conversion) */
     int chk = bench_native_model("cache", &model, cache_dir, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench cache: %s\n", err); return 1; }
@@ -810,7 +919,8 @@ static int bench_cache(int argc, char **argv) {
     trace tt, tr;
     if (trace_load_msg("cache", test, &tt)) { native_close(nat); return 1; }
     if (trace_load_msg("cache", train ? train : test, &tr)) { trace_free(&tt); native_close(nat); return 1; }
-    if (trace_check("cache", "--trace", test, &tt, nat) || (train && trace_check("cache", "--train", train, &tr, nat))) {
+    if (trace_check("cache", "--trace", test, &tt, nat, model_arg) ||
+        (train && trace_check("cache", "--train", train, &tr, nat, model_arg))) {
         trace_free(&tt); trace_free(&tr); native_close(nat); return 1;
     }
     char heat[64];
@@ -858,7 +968,8 @@ static int bench_store(int argc, char **argv) {
                    "  buffers and into a pool the size of the cache (at most 4 GiB; see `bench io --buffer`). --model\n"
                    "  DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
                    "  --cache SIZE: the expert cache (default 1/4 of the routed experts, at least one token's top-k\n"
-                   "  experts; a smaller SIZE is an error naming the least).\n"
+                   "  experts; a smaller SIZE is an error naming the least). A trace recorded on another model is refused\n"
+                   "  (its open event names the model; a trace without one, of an older deltafin, is replayed with a warning).\n"
                    "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
@@ -880,12 +991,13 @@ static int bench_store(int argc, char **argv) {
     char err[2048];
     df_native *nat = NULL;
     char conv_dir[4096];
+    const char *model_arg = model; /* as given (a Hugging Face directory is replaced by its conversion) */
     int chk = bench_native_model("store", &model, cache_dir, conv_dir, sizeof conv_dir, NULL, 0); /* an HF checkpoint: converted */
     if (chk) return chk;
     if (native_open(&nat, model, err, sizeof err)) { fprintf(stderr, "deltafin bench store: %s\n", err); return 1; }
     trace tt;
     if (trace_load_msg("store", test, &tt)) { native_close(nat); return 1; }
-    if (trace_check("store", "--trace", test, &tt, nat)) { trace_free(&tt); native_close(nat); return 1; }
+    if (trace_check("store", "--trace", test, &tt, nat, model_arg)) { trace_free(&tt); native_close(nat); return 1; }
     const uint64_t slot_bytes = store_slot_bytes(nat), need = (uint64_t)nat->cfg.num_experts_per_tok * slot_bytes;
     uint64_t experts = (uint64_t)nat->n_moe_layers * nat->n_experts * slot_bytes;
     if (!have_cache) cache = experts / 4 > need ? experts / 4 : need; /* a small model: at least one token's experts */
