@@ -487,12 +487,17 @@ cudaError_t launch_ks(const Launch &a, int64_t rows, int64_t cols, cudaStream_t 
 } // namespace
 
 namespace {
+/* DF_T1_PF: the one-token tile's prefetch depth (rounds ahead); a build-time knob for timing (tools/device/
+ * acceptance.sh part 41: 2 and 3 were 6% slower on the H100's resident decode than 1); no bit depends on it. */
+#ifndef DF_T1_PF
+#define DF_T1_PF 1
+#endif
 /* variant -> tile shape (RM m-tiles x NT n-tiles per warp) and prefetch depth (bf16 groups are 4x larger) */
 template <int ENC>
 cudaError_t launch_v(int v, const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     constexpr int W = ENC == DF_W_BF16 ? 2 : 1;
     switch (v) {
-    case 1: return launch_ks<ENC, 1, 1, 1>(a, rows, cols, st);      /* 16 rows x 2 tokens */
+    case 1: return launch_ks<ENC, 1, 1, DF_T1_PF>(a, rows, cols, st); /* 16 rows x 2 tokens */
     case 2: return launch_ks<ENC, 2, 3, 2 / W>(a, rows, cols, st);  /* 32 x 8 */
     case 4: return launch_ks<ENC, 1, 3, 3 / W>(a, rows, cols, st);  /* 16 x 8 */
     default: return launch_ks<ENC, 2 / W, 1, 1>(a, rows, cols, st); /* 32 x 2 */
