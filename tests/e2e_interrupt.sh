@@ -145,7 +145,7 @@ with open(os.path.join(dst, "model.safetensors"), "wb") as o:
     o.truncate(8 + len(js) + off)
 EOF
     for sig in INT TERM; do
-        want=$([ $sig = INT ] && echo 130 || echo 143)
+        want=$(case $sig in INT) echo 130 ;; TERM) echo 143 ;; HUP) echo 129 ;; esac)
         start "$BIN" convert "$TMP/hf" "$TMP/c-$sig" --threads 1
         if wait_tmp "$TMP/c-$sig/experts-*.tmp"; then
             kill -$sig "$bg"; wait "$bg"; rc=$?
@@ -268,17 +268,17 @@ else
 fi
 
 # ---- run: SIGINT during generation stops after the current token, prints what was generated, the message and the
-# stats, and exits 130; SIGTERM the same with 143
+# stats, and exits 130; SIGTERM the same with 143, SIGHUP with 129
 KM=$SRC/models/kimi-mini
 if [ -d "$KM" ]; then
     "$BIN" run --model "$KM" --prompt-ids 1,2,3 --max-new 4 --quiet >/dev/null 2>&1   # converted once, outside the timing
-    for sig in INT TERM; do
+    for sig in INT TERM HUP; do
         "$BIN" run --model "$KM" --prompt-ids 1,2,3 --max-new 1000000 --print-ids --stats >"$TMP/gen.out" 2>"$TMP/gen.err" &
         bg=$!; PIDS+=("$bg")
         for _ in $(seq 100); do [ -s "$TMP/gen.err" ] && grep -q "kimi-mini" "$TMP/gen.err" && break; sleep 0.1; done
         sleep 1
         kill -$sig "$bg"; wait "$bg"; rc=$?
-        want=$([ $sig = INT ] && echo 130 || echo 143)
+        want=$(case $sig in INT) echo 130 ;; TERM) echo 143 ;; HUP) echo 129 ;; esac)
         n=$(grep -o "after [0-9]* generated tokens" "$TMP/gen.err" | grep -o "[0-9]*")
         ids=$(tr ',' '\n' <"$TMP/gen.out" | grep -c .)
         [ "$rc" = "$want" ] && grep -q "^deltafin run: interrupted (SIG$sig) after [0-9]* generated tokens" "$TMP/gen.err" \
