@@ -17,7 +17,8 @@
 # of a killed convert next to other files (second new-user trial); bench's did-you-mean, bench machine's "LLC
 # unknown", no trailing space in doctor's output, an empty prompt (stdin, file, --prompt ""), --stats with no first
 # token or no decode step (third); synth --size below one MoE layer refused, a config integer out of range, a dense
-# model's --ram-budget error without an expert-cache term (fourth). Uses tests/golden/bf16_dsv3_groups and
+# model's --ram-budget error without an expert-cache term (fourth); a negative config size naming the field, value and
+# lower bound, first_k_dense_replace past num_hidden_layers as a config error (fifth). Uses tests/golden/bf16_dsv3_groups and
 # models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -91,6 +92,51 @@ if command -v python3 >/dev/null; then
     expect 1 "config.json vocab_size 99999999999999" \
         "^deltafin run: $TMP/bigvocab/config\.json: field \"vocab_size\" = 99999999999999 is out of range: expected an integer from 1 to 2147483647" -- \
         "$BIN" run --model "$TMP/bigvocab" --cache-dir "$TMP/cache" --quiet --prompt-ids 1 --max-new 1
+    # kimi-mini (6 layers, 64 experts) with one config field changed, its other files symlinked: a negative size
+    # names the field, the value and its real lower bound (0, or 1 for sizes every model needs); a value past 2^53 is
+    # echoed in full, not as 9.2233720368547758e+18; first_k_dense_replace past num_hidden_layers is a config error
+    # naming both fields, not a routed-expert tensor error (fresh-user trial)
+    kcfg() {  # kcfg NAME FIELD JSON-VALUE [DIR]: $TMP/NAME = DIR (kimi-mini) with config.json's FIELD set to JSON-VALUE
+        local km; km=$(cd "${4:-$KM}" && pwd)
+        mkdir -p "$TMP/$1"; for f in "$km"/*; do ln -sf "$f" "$TMP/$1/"; done
+        rm -f "$TMP/$1/config.json"
+        python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c[sys.argv[3]]=json.loads(sys.argv[4]); json.dump(c,open(sys.argv[2],"w"))' \
+            "$km/config.json" "$TMP/$1/config.json" "$2" "$3"
+    }
+    KR=(run --cache-dir "$TMP/cache" --quiet --prompt-ids 1 --max-new 1 --model)
+    for fv in "n_routed_experts -5 0" "first_k_dense_replace -1 0" "n_shared_experts -2147483649 0" "qk_nope_head_dim -1 0" \
+              "num_hidden_layers 0 1" "hidden_size -3 1" "kv_lora_rank 0 1" "vocab_size 9223372036854775808 1" \
+              "moe_intermediate_size -9223372036854775809 0"; do
+        set -- $fv; shown=$2; [ "$2" = -9223372036854775809 ] && shown=-9223372036854775808   # the double cJSON keeps
+        kcfg "km-$1" "$1" "$2"
+        out=$("$BIN" "${KR[@]}" "$TMP/km-$1" 2>&1); rc=$?
+        [ $rc -eq 1 ] && [ "$out" = "deltafin run: $TMP/km-$1/config.json: field \"$1\" = $shown is out of range: expected an integer from $3 to 2147483647; fix the value in the file" ] \
+            && ok || bad "kimi-mini config.json $1 $2: rc $rc (want 1): $out"
+    done
+    kcfg km-x n_routed_experts 1.5
+    out=$("$BIN" "${KR[@]}" "$TMP/km-x" 2>&1); rc=$?
+    [ $rc -eq 1 ] && [ "$out" = "deltafin run: $TMP/km-x/config.json: field \"n_routed_experts\" must be an integer (got 1.5)" ] \
+        && ok || bad "kimi-mini config.json n_routed_experts 1.5: rc $rc: $out"
+    for k in 7 12; do
+        kcfg "km-fk$k" first_k_dense_replace $k
+        out=$("$BIN" "${KR[@]}" "$TMP/km-fk$k" 2>&1); rc=$?
+        [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin run: $TMP/km-fk$k/config\.json: first_k_dense_replace $k > num_hidden_layers 6: .*at most num_hidden_layers" \
+            && ! echo "$out" | grep -q "not a routed expert weight" && [ "$(echo "$out" | wc -l)" -eq 1 ] && ok || bad "kimi-mini first_k_dense_replace $k: rc $rc: $out"
+    done
+    # within the layers but over a layer that holds routed experts: the loader names the layer and the field
+    kcfg km-fk6 first_k_dense_replace 6
+    out=$("$BIN" "${KR[@]}" "$TMP/km-fk6" 2>&1); rc=$?
+    [ $rc -eq 1 ] && echo "$out" | grep -q "layer 1 holds routed expert tensors, but config.json makes it a dense layer (first_k_dense_replace 6, num_hidden_layers 6): fix config.json" \
+        && ok || bad "kimi-mini first_k_dense_replace 6: rc $rc: $out"
+    # kimi_linear: the field is named as the file spells it (num_experts, model_max_length), with the same bounds
+    for fv in "num_experts -5 0" "num_shared_experts -1 0" "model_max_length 0 1"; do
+        set -- $fv
+        kcfg "kl-$1" "$1" "$2" "$SRC/tests/golden/kl_bf16"
+        expect 1 "kl_bf16 config.json $1 $2" "^deltafin run: $TMP/kl-$1/config\.json: field \"$1\" = $2 is out of range: expected an integer from $3 to 2147483647; fix the value in the file$" -- \
+            "$BIN" "${KR[@]}" "$TMP/kl-$1"
+    done
+    kcfg kl-fk first_k_dense_replace 5 "$SRC/tests/golden/kl_bf16"
+    expect 1 "kl_bf16 first_k_dense_replace 5" "^deltafin run: $TMP/kl-fk/config\.json: first_k_dense_replace 5 > num_hidden_layers 4: " -- "$BIN" "${KR[@]}" "$TMP/kl-fk"
 fi
 
 # ---- --max-new 0 --stats (item 13): the prompt counts as prefill, no decode tokens
@@ -777,10 +823,10 @@ SMALL=(--hidden 512 --moe-inter 256 --layers 3 --vocab 512 --heads 4 --inter 512
 "$BIN" run --model "$TMP/bt8" --prompt-ids 1,2,3,4 --max-new 4 --quiet --events "$TMP/bt8-ev.jsonl" >/dev/null 2>&1
 for c in "cache --slots 8,16" "store --io-seconds 30"; do
     out=$("$BIN" bench $c --model "$TMP/bt8" --trace "$TMP/bt16-ev.jsonl" 2>&1 </dev/null); rc=$?; c=${c%% *}
-    [ $rc -eq 1 ] && echo "$out" | grep -Eq "^deltafin bench $c: --trace $TMP/bt16-ev.jsonl: layer [0-9]+ expert [0-9]+ is not a routed expert of synth-mxfp4-3x8 \(.*the trace was recorded on another model\?\)$" \
+    [ $rc -eq 1 ] && echo "$out" | grep -Eq "^deltafin bench $c: --trace $TMP/bt16-ev.jsonl was recorded on another model: \"synth-mxfp4-3x16\" \(.*its layer [0-9]+ expert [0-9]+ is not a routed expert of --model\), not on --model $TMP/bt8 \(\"synth-mxfp4-3x8\", .*the trace was recorded on$" \
         && [ "$(echo "$out" | wc -l)" -eq 1 ] && ! echo "$out" | grep -q store_acquire && ok || bad "bench $c: a trace of another model: rc $rc $out"
 done
-expect 1 "bench cache --train of another model" "^deltafin bench cache: --train $TMP/bt16-ev.jsonl: layer [0-9]+ expert [0-9]+ is not a routed expert" -- \
+expect 1 "bench cache --train of another model" "^deltafin bench cache: --train $TMP/bt16-ev.jsonl was recorded on another model: \"synth-mxfp4-3x16\"" -- \
     "$BIN" bench cache --model "$TMP/bt8" --trace "$TMP/bt8-ev.jsonl" --train "$TMP/bt16-ev.jsonl" --slots 8
 out=$("$BIN" bench store --model "$TMP/bt8" --trace "$TMP/bt8-ev.jsonl" --cache 1K --io-seconds 30 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -Eq "^deltafin bench store: --cache 1K holds 0 expert slots .*give at least [0-9]+ bytes \(--cache [0-9]+K\)$" \

@@ -129,42 +129,67 @@ run --max-new 24 --events "$T/tr.jsonl" >/dev/null
   && grep -q "of bench io" "$T/bs" && ok || bad "bench store: $(cat "$T/bs")"
 
 
-# a trace recorded on another model is refused (exit 1) by bench cache / store / project, naming both models and what
-# to do, before anything is measured; the same model in another stripe layout is not another model; a trace without
-# an open event (an older events file) is replayed with a one-line warning
+# a trace recorded on a model of other expert shapes is refused (exit 1) by bench cache / store / project before
+# anything is measured, in one plain line naming both models and what to do: expert slots of another size (a model of
+# smaller experts), or experts the model lacks (a larger model's trace on a smaller one); the same model in another
+# stripe layout is not another model; the same checkpoint under another name (a Hugging Face folder of another name)
+# is replayed with one note line naming both names; a trace without an open event (an older events file) is replayed
+# with a one-line warning, or refused with the old question when its experts are not the model's
 "$BIN" synth "$T/m8" --quiet --hidden 256 --moe-inter 128 --experts 8 --layers 4 --vocab 512 --heads 4 \
   --q-lora 64 --kv-lora 32 --inter 512 --nope 16 --rope 8 --v-dim 16 --top-k 4 && ok || bad "synth m8"
 "$BIN" synth "$T/m1" --quiet --hidden 256 --moe-inter 128 --experts 32 --layers 4 --vocab 512 --heads 4 \
   --q-lora 64 --kv-lora 32 --inter 512 --nope 16 --rope 8 --v-dim 16 --top-k 4 && ok || bad "synth m1 (one pack directory)"
-"$BIN" run --model "$T/m8" --prompt-ids 5,17,42,99 --max-new 8 --quiet --events "$T/tr8.jsonl" >/dev/null 2>&1
-foreign() { # foreign WHAT RC-FILE OUT-FILE: exit 1, one line naming both models and what to do, nothing on stdout
-  [ "$(cat "$2")" = 1 ] && [ ! -s "$3" ] && [ "$(wc -l <"$T/err")" = 1 ] \
-    && grep -q "$T/tr8.jsonl was recorded on another model: \"synth-mxfp4-4x8\" (expert slots of [0-9]* bytes), not on --model $T/m (\"synth-mxfp4-4x32\", 4 layers, 3 MoE x 32 experts, " "$T/err" \
-    && grep -q "record a trace with this model (\`deltafin [a-z ]* --model $T/m --events FILE\`) or pass --model the model the trace was recorded on$" "$T/err" \
-    && ok || bad "$1: a trace of another model: rc $(cat "$2") $(cat "$3" "$T/err")"
+"$BIN" synth "$T/ms" --quiet --hidden 256 --moe-inter 64 --experts 8 --layers 4 --vocab 512 --heads 4 \
+  --q-lora 64 --kv-lora 32 --inter 512 --nope 16 --rope 8 --v-dim 16 --top-k 4 && ok || bad "synth ms (smaller experts)"
+"$BIN" run --model "$T/ms" --prompt-ids 5,17,42,99 --max-new 8 --quiet --events "$T/trs.jsonl" >/dev/null 2>&1
+# bench CMD ARGS...: rc, stdout and stderr into $T/rc, $T/out, $T/err
+bn() { "$BIN" bench "$@" >"$T/out" 2>"$T/err"; echo $? >"$T/rc"; }
+foreign() { # foreign WHAT TRACE NAME MODEL SHAPE [WHY]: exit 1, one line naming both models and what to do, nothing on stdout
+  [ "$(cat "$T/rc")" = 1 ] && [ ! -s "$T/out" ] && [ "$(wc -l <"$T/err")" = 1 ] \
+    && grep -Eq "$2 was recorded on another model: \"$3\" \(expert slots of [0-9]+ bytes${6:-}\), not on --model $4 \($5, " "$T/err" \
+    && grep -q "record a trace with this model (\`deltafin [a-z ]* --model $4 --events FILE\`) or pass --model the model the trace was recorded on$" "$T/err" \
+    && ! grep -q "?" "$T/err" && ok || bad "$1: a trace of another model: rc $(cat "$T/rc") $(cat "$T/out" "$T/err")"
 }
-"$BIN" bench cache --model "$T/m" --trace "$T/tr8.jsonl" --slots 8 >"$T/out" 2>"$T/err"; echo $? >"$T/rc"
-foreign "bench cache" "$T/rc" "$T/out"; grep -q "^deltafin bench cache: --trace " "$T/err" || bad "bench cache: the flag: $(cat "$T/err")"
-"$BIN" bench cache --model "$T/m" --trace "$T/tr.jsonl" --train "$T/tr8.jsonl" --slots 8 >"$T/out" 2>"$T/err"; echo $? >"$T/rc"
-foreign "bench cache --train" "$T/rc" "$T/out"; grep -q "^deltafin bench cache: --train " "$T/err" || bad "bench cache --train: the flag: $(cat "$T/err")"
-"$BIN" bench store --model "$T/m" --trace "$T/tr8.jsonl" --io-seconds 5 >"$T/out" 2>"$T/err"; echo $? >"$T/rc"
-foreign "bench store" "$T/rc" "$T/out"
-"$BIN" bench project --drives 1 --gbps 1 --from "$T/tr8.jsonl" --model "$T/m" >"$T/out" 2>"$T/err"; echo $? >"$T/rc"
-foreign "bench project --from" "$T/rc" "$T/out"; grep -q "(\`deltafin bench decode --model $T/m --events FILE\`)" "$T/err" \
+# a model of smaller experts (expert slots of another size): its trace is refused on $T/m
+S32='"synth-mxfp4-4x32", 4 layers, 3 MoE x 32 experts'
+bn cache --model "$T/m" --trace "$T/trs.jsonl" --slots 8
+foreign "bench cache" "$T/trs.jsonl" synth-mxfp4-4x8 "$T/m" "$S32"; grep -q "^deltafin bench cache: --trace " "$T/err" || bad "bench cache: the flag: $(cat "$T/err")"
+bn cache --model "$T/m" --trace "$T/tr.jsonl" --train "$T/trs.jsonl" --slots 8
+foreign "bench cache --train" "$T/trs.jsonl" synth-mxfp4-4x8 "$T/m" "$S32"; grep -q "^deltafin bench cache: --train " "$T/err" || bad "bench cache --train: the flag: $(cat "$T/err")"
+bn store --model "$T/m" --trace "$T/trs.jsonl" --io-seconds 5
+foreign "bench store" "$T/trs.jsonl" synth-mxfp4-4x8 "$T/m" "$S32"
+bn project --drives 1 --gbps 1 --from "$T/trs.jsonl" --model "$T/m"
+foreign "bench project --from" "$T/trs.jsonl" synth-mxfp4-4x8 "$T/m" "$S32"; grep -q "(\`deltafin bench decode --model $T/m --events FILE\`)" "$T/err" \
   && ok || bad "bench project: the command that records a trace: $(cat "$T/err")"
-# the other way round its experts are not the model's: that message names the model of the trace too
-"$BIN" bench cache --model "$T/m8" --trace "$T/tr.jsonl" --slots 8 >"$T/out" 2>"$T/err"; rc=$?
-[ $rc -eq 1 ] && grep -Eq "^deltafin bench cache: --trace $T/tr.jsonl: layer [0-9]+ expert [0-9]+ is not a routed expert of synth-mxfp4-4x8 \(.*its open event names \"synth-mxfp4-4x32\".*record a trace with this model.*the trace was recorded on another model\?\)$" "$T/err" \
-  && ok || bad "bench cache: a trace of a larger model: rc $rc $(cat "$T/err")"
-"$BIN" bench project --drives 1 --gbps 1 --from "$T/tr.jsonl" --model "$T/m8" >"$T/out" 2>"$T/err"; rc=$?
-[ $rc -eq 1 ] && grep -q "was recorded on another model: \"synth-mxfp4-4x32\" .*not on --model $T/m8 (\"synth-mxfp4-4x8\"" "$T/err" \
-  && ok || bad "bench project: a trace of a larger model: rc $rc $(cat "$T/out" "$T/err")"
+# a larger model's trace on a smaller model of the same expert size: its experts are not the smaller model's, said
+# plainly (the open event names the model), not as a question
+S8='"synth-mxfp4-4x8", 4 layers, 3 MoE x 8 experts'
+for c in "cache --slots 8" "store --io-seconds 5"; do
+  bn $c --model "$T/m8" --trace "$T/tr.jsonl"
+  foreign "bench ${c%% *} (a larger model's trace)" "$T/tr.jsonl" synth-mxfp4-4x32 "$T/m8" "$S8" "; its layer [0-9]+ expert [0-9]+ is not a routed expert of --model"
+done
+bn project --drives 1 --gbps 1 --from "$T/tr.jsonl" --model "$T/m8"
+foreign "bench project (a larger model's trace)" "$T/tr.jsonl" synth-mxfp4-4x32 "$T/m8" "$S8" "; its experts reach layer [0-9]+ and expert [0-9]+, beyond --model's"
 # the same model with its experts in one directory (expert slots of another size): replayed, no word
 "$BIN" bench cache --model "$T/m1" --trace "$T/tr.jsonl" --slots 8 >"$T/out" 2>"$T/err" && [ ! -s "$T/err" ] && grep -q "LRFU+heat" "$T/out" \
   && ok || bad "bench cache: the same model in one pack directory: $(cat "$T/out" "$T/err")"
 "$BIN" bench project --drives 1 --gbps 1 --from "$T/tr.jsonl" --model "$T/m1" >"$T/out" 2>"$T/err" && ! grep -q "warning" "$T/err" \
   && grep -q "^result: " "$T/out" && ok || bad "bench project: the same model in one pack directory: $(cat "$T/out" "$T/err")"
-# a trace without an open event: one warning line, then the replay
+# the same checkpoint under another name: a trace of its conversion (named by the checkpoint's folder) with --model a
+# copy of the checkpoint in a folder of another name (named so): replayed, one note line naming both names
+cp -r "$ROOT/tests/golden/bf16_kimi" "$T/kh"
+"$BIN" convert "$ROOT/tests/golden/bf16_kimi" "$T/kn" --quiet 2>/dev/null && ok || bad "convert (the trace's model)"
+KN=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("name") or "kn")' "$T/kn/manifest.json")
+"$BIN" run --model "$T/kn" --prompt-ids 1,2,3,4 --max-new 6 --quiet --events "$T/trk.jsonl" >/dev/null 2>&1
+"$BIN" bench cache --model "$T/kh" --cache-dir "$T/cc" --trace "$T/trk.jsonl" --slots 8 >/dev/null 2>&1 # converted once, quietly
+for c in "cache --slots 8" "store --io-seconds 0.2 --no-drop" "project --drives 1 --gbps 1 --from"; do
+  case $c in project*) args=(bench $c "$T/trk.jsonl" --model "$T/kh"); flag=--from ;; *) args=(bench $c --model "$T/kh" --trace "$T/trk.jsonl"); flag=--trace ;; esac
+  "$BIN" "${args[@]}" --cache-dir "$T/cc" >"$T/out" 2>"$T/err"; rc=$?
+  [ $rc -eq 0 ] && [ -n "$KN" ] && [ "$KN" != kh ] && [ "$(wc -l <"$T/err")" = 1 ] \
+    && grep -qF "deltafin bench ${c%% *}: note: $flag $T/trk.jsonl was recorded on \"$KN\", --model is \"kh\": the same expert shapes, taken as the same model" "$T/err" \
+    && [ -s "$T/out" ] && ok || bad "bench ${c%% *}: the same model under another name: rc $rc (names \"$KN\", \"kh\") $(cat "$T/out" "$T/err")"
+done
+# a trace without an open event: one warning line, then the replay; with experts the model lacks, the old question
 grep -v '"ev":"open"' "$T/tr.jsonl" >"$T/old.jsonl"
 for c in "cache --slots 8" "store --io-seconds 0.2 --no-drop" "project --drives 1 --gbps 1 --from"; do
   case $c in project*) args=(bench $c "$T/old.jsonl" --model "$T/m"); flag=--from ;; *) args=(bench $c --model "$T/m" --trace "$T/old.jsonl"); flag=--trace ;; esac
@@ -172,6 +197,12 @@ for c in "cache --slots 8" "store --io-seconds 0.2 --no-drop" "project --drives 
   [ $rc -eq 0 ] && [ "$(wc -l <"$T/err")" = 1 ] \
     && grep -q "^deltafin bench ${c%% *}: warning: $flag $T/old.jsonl has no \"open\" event (an events file of an older deltafin): cannot check that it was recorded on this model (\"synth-mxfp4-4x32\")$" "$T/err" \
     && [ -s "$T/out" ] && ok || bad "bench ${c%% *}: a trace without an open event: rc $rc $(cat "$T/out" "$T/err")"
+done
+for c in "cache --slots 8" "store --io-seconds 5"; do
+  bn $c --model "$T/m8" --trace "$T/old.jsonl"
+  [ "$(cat "$T/rc")" = 1 ] && [ "$(wc -l <"$T/err")" = 1 ] \
+    && grep -Eq "^deltafin bench ${c%% *}: --trace $T/old.jsonl: layer [0-9]+ expert [0-9]+ is not a routed expert of synth-mxfp4-4x8 \(3 MoE layers x 8 experts; the trace was recorded on another model\?\)$" "$T/err" \
+    && ok || bad "bench ${c%% *}: a larger model's trace without an open event: rc $(cat "$T/rc") $(cat "$T/err")"
 done
 
 # bench project's result line of a lossy model (int8 spine) says NOT EXACT as run --stats, bench prefill and bench

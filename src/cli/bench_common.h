@@ -47,16 +47,28 @@ typedef struct {
 } bench_open_ev;
 /* 1 with *o filled when line is an "open" event of the store, else 0 */
 int bench_open_event(const char *line, bench_open_ev *o);
-/* 1 when the open event o can be of the model nat: the same name and an expert slot of its expert size (the stripe
- * layout may differ: slot_bytes within the page rounding of nat's expert stride over the stripes), else 0 */
+/* 1 when the open event o has the expert shape of the model nat: an expert slot of its expert size (the stripe layout
+ * may differ: slot_bytes within the page rounding of nat's expert stride over the stripes), else 0. The names are not
+ * compared: the same checkpoint has another name in a folder of another name (a Hugging Face directory is named by its
+ * folder, a converted model by its manifest). */
 int bench_open_matches(const bench_open_ev *o, const df_native *nat);
 /* The messages of a trace given to `bench CMD` with --model model_arg (the directory as given; nat: that model):
- * bench_trace_foreign: "deltafin bench CMD: FLAG PATH was recorded on model "A" (...), not on --model DIR ("B", ...):
- * record a trace with this model (RECORD) or pass --model the model the trace was recorded on", the caller returns 1;
+ * bench_trace_foreign: "deltafin bench CMD: FLAG PATH was recorded on another model: "A" (expert slots of B bytes[;
+ * why]), not on --model DIR ("B", ...): record a trace with this model (RECORD) or pass --model the model the trace was
+ * recorded on", the caller returns 1; why (NULL: none) says how the trace's experts are not the model's;
  * bench_trace_unchecked: one warning line, the trace has no open event (an older events file) so its model cannot be
  * checked. */
 void bench_trace_foreign(const char *cmd, const char *flag, const char *path, const bench_open_ev *o, const df_native *nat,
-                         const char *model_arg);
+                         const char *model_arg, const char *why);
 void bench_trace_unchecked(const char *cmd, const char *flag, const char *path, const df_native *nat);
+/* The verdict on a trace with open events (opens: the n distinct ones) for --model model_arg (nat), checked before
+ * anything is printed or measured; why: NULL when every expert the trace acquires is a routed expert of nat, else how
+ * not (for the message). The trace is of another model, and refused (bench_trace_foreign, 1), when the shapes differ:
+ * an open event's expert slot is not nat's (bench_open_matches) or its experts are not nat's. Otherwise it is accepted
+ * (0); an open event that names another model (only the name differs) gets one note line on stderr naming both names:
+ * "deltafin bench CMD: note: FLAG PATH was recorded on "A", --model is "B": the same expert shapes, taken as the same
+ * model". */
+int bench_trace_verdict(const char *cmd, const char *flag, const char *path, const bench_open_ev *opens, int n,
+                        const char *why, const df_native *nat, const char *model_arg);
 
 #endif

@@ -241,16 +241,19 @@ static int read_events(const char *path, ev_summary *s, char *err, size_t errlen
     return 0;
 }
 
-/* --from FILE with --model DIR (nat): the events were recorded on that model, else a message and 1: each recorded
- * run's open event names it (bench_open_matches), and the experts the events acquire are within its layers and
- * experts; events without an open event (an older file) cannot be checked: a warning line, and 0. */
+/* --from FILE with --model DIR (nat): the events were recorded on a model of its expert shapes, else a message and 1:
+ * each recorded run's open event has its expert slot size (bench_open_matches) and the experts the events acquire are
+ * within its layers and experts. With open events: bench_trace_verdict (refused naming the model they name; only the
+ * name differs: one note line, and 0); without (an older file): a foreign expert is said with the layer and expert
+ * counts, else a warning line (its model cannot be checked), and 0. */
 static int check_events_model(const char *path, const ev_summary *ev, const df_native *nat, const char *model_arg) {
-    for (int i = 0; i < ev->n_opens; i++)
-        if (!bench_open_matches(&ev->opens[i], nat)) {
-            bench_trace_foreign("project", "--from", path, &ev->opens[i], nat, model_arg);
-            return 1;
-        }
-    if (ev->max_layer >= 0 && (ev->max_layer >= nat->cfg.num_hidden_layers || ev->max_id >= nat->n_experts)) {
+    const int beyond = ev->max_layer >= 0 && (ev->max_layer >= nat->cfg.num_hidden_layers || ev->max_id >= nat->n_experts);
+    if (ev->n_opens) {
+        char why[128];
+        snprintf(why, sizeof why, "its experts reach layer %d and expert %d, beyond --model's", ev->max_layer, ev->max_id);
+        return bench_trace_verdict("project", "--from", path, ev->opens, ev->n_opens, beyond ? why : NULL, nat, model_arg);
+    }
+    if (beyond) {
         char q[8300];
         fprintf(stderr, "deltafin bench project: --from %s: its experts reach layer %d and expert %d, beyond %s (%d layers, %d "
                         "experts per MoE layer): the events were recorded on another model; record them with this model "
@@ -259,7 +262,7 @@ static int check_events_model(const char *path, const ev_summary *ev, const df_n
                 df_shell_quote(model_arg, q, sizeof q));
         return 1;
     }
-    if (!ev->n_open) bench_trace_unchecked("project", "--from", path, nat);
+    bench_trace_unchecked("project", "--from", path, nat);
     return 0;
 }
 
@@ -330,9 +333,10 @@ static void usage(FILE *f) {
             "  (labeled NOT EXACT when measured on a lossy model: int8 or lossy bf16 spine, as run --stats labels them).\n"
             "  --from FILE        events of `bench decode --events FILE` or `run --events FILE`: hit rate, read/needed\n"
             "                     ratio, compute ms per layer, stall, expert coverage (with --model DIR: that model's\n"
-            "                     layer and expert counts, and events recorded on another model are refused; else\n"
-            "                     inferred from the events). Waits for streamed spine layers (a spine larger than the\n"
-            "                     --ram-budget) are I/O, not compute: `bench decode --events` records them, `run --events` not\n"
+            "                     layer and expert counts; events of other expert shapes are refused, another model\n"
+            "                     name alone is a note; else inferred from the events). Waits for streamed spine\n"
+            "                     layers (a spine larger than the --ram-budget) are I/O, not compute: `bench decode\n"
+            "                     --events` records them, `run --events` not\n"
             "  --model DIR        without --from: runs `bench decode --model DIR --events TMP` first (--tokens N (16),\n"
             "                     --ram-budget, --threads, --io-seconds, --prompt-ids, --qd, --expert-dirs, --no-drop\n"
             "                     are passed on); a Hugging Face DIR is converted once into the conversion cache\n"

@@ -186,7 +186,6 @@ int bench_open_event(const char *line, bench_open_ev *o) {
 }
 
 int bench_open_matches(const bench_open_ev *o, const df_native *nat) {
-    if (strcmp(o->model, nat->name)) return 0;
     if (!o->slot_bytes || nat->n_moe_layers == 0 || o->slot_bytes == store_slot_bytes(nat)) return 1;
     /* the same experts laid out over other stripes: each stripe is rounded up to whole 4 KiB pages */
     int n = o->drives > 1 ? o->drives : 1;
@@ -202,14 +201,39 @@ static void model_shape(char *out, size_t cap, const df_native *nat) {
 }
 
 void bench_trace_foreign(const char *cmd, const char *flag, const char *path, const bench_open_ev *o, const df_native *nat,
-                         const char *model_arg) {
+                         const char *model_arg, const char *why) {
     char shape[512], q[8300];
     model_shape(shape, sizeof shape, nat);
-    fprintf(stderr, "deltafin bench %s: %s %s was recorded on another model: \"%s\" (expert slots of %llu bytes), not on "
-                    "--model %s (%s): record a trace with this model (`deltafin %s --model %s --events FILE`) or pass "
+    fprintf(stderr, "deltafin bench %s: %s %s was recorded on another model: \"%s\" (expert slots of %llu bytes%s%s), not "
+                    "on --model %s (%s): record a trace with this model (`deltafin %s --model %s --events FILE`) or pass "
                     "--model the model the trace was recorded on\n",
-            cmd, flag, path, o->model, (unsigned long long)o->slot_bytes, model_arg, shape,
+            cmd, flag, path, o->model, (unsigned long long)o->slot_bytes, why ? "; " : "", why ? why : "", model_arg, shape,
             strcmp(cmd, "project") ? "run" : "bench decode", df_shell_quote(model_arg, q, sizeof q));
+}
+
+int bench_trace_verdict(const char *cmd, const char *flag, const char *path, const bench_open_ev *opens, int n,
+                        const char *why, const df_native *nat, const char *model_arg) {
+    const bench_open_ev *foreign = NULL;
+    for (int i = 0; i < n && !foreign; i++) /* an expert slot of another size */
+        if (!bench_open_matches(&opens[i], nat)) foreign = &opens[i];
+    if (!foreign && why) { /* experts the model does not have: name the run of another name, if one is */
+        for (int i = 0; i < n && !foreign; i++)
+            if (strcmp(opens[i].model, nat->name)) foreign = &opens[i];
+        if (!foreign) foreign = &opens[0];
+    }
+    if (foreign) {
+        bench_trace_foreign(cmd, flag, path, foreign, nat, model_arg, why);
+        return 1;
+    }
+    /* the same expert shapes: only the name differs (a folder of another name, a converted copy): said once a name */
+    for (int i = 0; i < n; i++) {
+        int said = !opens[i].model[0] || !strcmp(opens[i].model, nat->name);
+        for (int j = 0; j < i && !said; j++) said = !strcmp(opens[j].model, opens[i].model);
+        if (!said)
+            fprintf(stderr, "deltafin bench %s: note: %s %s was recorded on \"%s\", --model is \"%s\": the same expert shapes, "
+                            "taken as the same model\n", cmd, flag, path, opens[i].model, nat->name);
+    }
+    return 0;
 }
 
 void bench_trace_unchecked(const char *cmd, const char *flag, const char *path, const df_native *nat) {
@@ -767,35 +791,36 @@ static int trace_load_msg(const char *cmd, const char *path, trace *t) {
 static void trace_free(trace *t) { free(t->layer); free(t->off); free(t->n); free(t->ids); }
 
 /* A trace of the model nat (--model model_arg), else a message and 1 (the exit status), checked before anything is
- * printed or measured:
- *  - every acquisition names a routed expert of the model (a MoE layer, an expert id below its count), else
- *    "deltafin bench CMD: FLAG FILE: layer L expert E is not a routed expert of MODEL (...)", which also names the
- *    model the trace's open event names when that is another one;
- *  - each recorded run's open event names this model (bench_open_matches), else bench_trace_foreign;
- *  - a trace without open events (an older events file) cannot be checked: one warning line, and 0. */
+ * printed or measured: a trace of another model is one of other expert shapes: an acquisition that names no routed
+ * expert of the model (a MoE layer, an expert id below its count), or an open event's expert slot of another size.
+ *  - with open events (each recorded run's): bench_trace_verdict: refused naming the model they name
+ *    (bench_trace_foreign); of the same shapes and another name (a copy in a folder of another name), one note line;
+ *  - without (an older events file): "deltafin bench CMD: FLAG FILE: layer L expert E is not a routed expert of MODEL
+ *    (...; the trace was recorded on another model?)" for a foreign expert, else one warning line (its model cannot
+ *    be checked), and 0. */
 static int trace_check(const char *cmd, const char *flag, const char *path, const trace *t, const df_native *nat,
                        const char *model_arg) {
-    const bench_open_ev *foreign = NULL;
-    for (int i = 0; i < t->n_opens && !foreign; i++)
-        if (!bench_open_matches(&t->opens[i], nat)) foreign = &t->opens[i];
-    for (int i = 0; i < t->n_acq; i++) {
+    int bad_L = -1, bad_x = -1, bad = 0;
+    for (int i = 0; i < t->n_acq && !bad; i++) {
         const int L = t->layer[i];
         const int moe = L >= 0 && L < nat->cfg.num_hidden_layers && nat->by_layer && nat->by_layer[L];
-        for (int c = 0; c < t->n[i]; c++) {
+        for (int c = 0; c < t->n[i] && !bad; c++) {
             const int x = t->ids[t->off[i] + c];
             if (moe && x >= 0 && x < nat->n_experts) continue;
-            char named[9000] = "", q[8300];
-            if (foreign)
-                snprintf(named, sizeof named, "; its open event names \"%s\" (expert slots of %llu bytes): record a trace with "
-                         "this model (`deltafin run --model %s --events FILE`) or pass --model the model it was recorded on",
-                         foreign->model, (unsigned long long)foreign->slot_bytes, df_shell_quote(model_arg, q, sizeof q));
-            fprintf(stderr, "deltafin bench %s: %s %s: layer %d expert %d is not a routed expert of %s (%d MoE layer%s x %d "
-                            "experts%s; the trace was recorded on another model?)\n", cmd, flag, path, L, x, nat->name,
-                    nat->n_moe_layers, nat->n_moe_layers == 1 ? "" : "s", nat->n_experts, named);
-            return 1;
+            bad = 1, bad_L = L, bad_x = x;
         }
     }
-    if (foreign) { bench_trace_foreign(cmd, flag, path, foreign, nat, model_arg); return 1; }
+    if (t->n_opens) {
+        char why[128];
+        snprintf(why, sizeof why, "its layer %d expert %d is not a routed expert of --model", bad_L, bad_x);
+        return bench_trace_verdict(cmd, flag, path, t->opens, t->n_opens, bad ? why : NULL, nat, model_arg);
+    }
+    if (bad) {
+        fprintf(stderr, "deltafin bench %s: %s %s: layer %d expert %d is not a routed expert of %s (%d MoE layer%s x %d "
+                        "experts; the trace was recorded on another model?)\n", cmd, flag, path, bad_L, bad_x, nat->name,
+                nat->n_moe_layers, nat->n_moe_layers == 1 ? "" : "s", nat->n_experts);
+        return 1;
+    }
     if (!t->n_open) bench_trace_unchecked(cmd, flag, path, nat);
     return 0;
 }
@@ -861,8 +886,10 @@ static int bench_cache(int argc, char **argv) {
                    "  native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
                    "  --slots: cache sizes in expert slots, each from the model's experts per token to its routed\n"
                    "  experts (MoE layers x experts); another is an error. Default 64, moved into that range for a\n"
-                   "  model where 64 is outside it (and said so). A trace recorded on another model is refused (its open\n"
-                   "  event names the model; a trace without one, of an older deltafin, is replayed with a warning).\n"
+                   "  model where 64 is outside it (and said so). A trace recorded on a model of other expert shapes is\n"
+                   "  refused (expert slots of another size, or experts --model lacks); only another name (the same\n"
+                   "  checkpoint in a folder of another name) is a note. A trace without an open event, of an older\n"
+                   "  deltafin, is replayed with a warning.\n"
                    "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }
@@ -968,8 +995,10 @@ static int bench_store(int argc, char **argv) {
                    "  buffers and into a pool the size of the cache (at most 4 GiB; see `bench io --buffer`). --model\n"
                    "  DIR: a native model, or a Hugging Face checkpoint converted once into the conversion cache.\n"
                    "  --cache SIZE: the expert cache (default 1/4 of the routed experts, at least one token's top-k\n"
-                   "  experts; a smaller SIZE is an error naming the least). A trace recorded on another model is refused\n"
-                   "  (its open event names the model; a trace without one, of an older deltafin, is replayed with a warning).\n"
+                   "  experts; a smaller SIZE is an error naming the least). A trace recorded on a model of other expert\n"
+                   "  shapes is refused (expert slots of another size, or experts --model lacks); only another name (the\n"
+                   "  same checkpoint in a folder of another name) is a note. A trace without an open event, of an older\n"
+                   "  deltafin, is replayed with a warning.\n"
                    "  --cache-dir DIR: where a Hugging Face checkpoint is converted (default $XDG_CACHE_HOME/deltafin)\n");
             return 0;
         }

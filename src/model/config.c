@@ -25,44 +25,75 @@ int config_layer_is_moe(const df_config *cfg, int l) {
     return cfg->n_routed_experts > 0 && l >= cfg->first_k_dense_replace && l < cfg->num_hidden_layers;
 }
 
-/* The least value an integer field may hold: 1 for the sizes every model needs (checked > 0 after parsing),
- * else INT_MIN (other fields are range-checked where they are used). */
-static long long int_field_min(const char *key) {
+/* The least value an integer field may hold (key as spelled in the file, aliases included): 1 for the sizes every
+ * model needs (and, for deepseek_v3 / kimi_k2 / kimi_k25, where every layer is MLA with RoPE, the MLA sizes), 0 for
+ * the other sizes and counts (checked > 0 below where the layers that use them exist), else INT_MIN (token ids, flags,
+ * and fields range-checked where they are used). */
+static long long int_field_min(const char *key, int arch) {
     static const char *const positive[] = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                           "max_position_embeddings", NULL};
+                                           "max_position_embeddings", "model_max_length", NULL};
+    static const char *const positive_dsv3[] = {"kv_lora_rank", "qk_rope_head_dim", "v_head_dim", NULL};
+    static const char *const nonneg[] = {
+        "intermediate_size", "dense_ffn_hidden", "moe_intermediate_size", "n_routed_experts", "num_experts",
+        "num_local_experts", "n_shared_experts", "num_shared_experts", "num_experts_per_tok", "num_experts_per_token",
+        "n_group", "num_expert_group", "topk_group", "first_k_dense_replace", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "routed_expert_hidden_size", "attn_res_block_size",
+        "linear_attn_config.num_heads", "linear_num_heads", "linear_attn_key_heads", "linear_attn_config.head_dim",
+        "linear_head_dim", "linear_attn_key_head_dim", "linear_attn_config.short_conv_kernel_size", "linear_conv_kernel_dim",
+        "conv_kernel_size", "linear_attn_value_heads", "linear_attn_value_head_dim", NULL};
     for (int i = 0; positive[i]; i++)
         if (!strcmp(key, positive[i])) return 1;
+    if (arch == DF_ARCH_DEEPSEEK)
+        for (int i = 0; positive_dsv3[i]; i++)
+            if (!strcmp(key, positive_dsv3[i])) return 1;
+    for (int i = 0; nonneg[i]; i++)
+        if (!strcmp(key, nonneg[i])) return 0;
     return INT_MIN;
 }
 
+/* A JSON value as the file wrote it, as near as cJSON keeps it (it keeps only the double): an integral number of
+ * 2^53 or more in magnitude is printed in full (9223372036854775808, not 9.2233720368547758e+18); the rest as cJSON
+ * prints them. Returns buf. */
+static const char *value_text(const cJSON *v, char *buf, size_t cap) {
+    if (cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble) &&
+        fabs(v->valuedouble) >= 9007199254740992.0 && fabs(v->valuedouble) < 1e39) {
+        snprintf(buf, cap, "%.0f", v->valuedouble);
+        return buf;
+    }
+    char *t = cJSON_PrintUnformatted(v);
+    snprintf(buf, cap, "%.40s", t ? t : "?");
+    free(t);
+    return buf;
+}
+
 /* A config integer v (a JSON number, bool, or [first, ...] as eos_token_id may be) -> *out. Errors (DF_EFORMAT),
- * naming path, key and the value: not an integer ("must be an integer (got X)"), or an integer outside what an int
- * holds ("X is out of range: expected an integer from LO to 2147483647"). */
-static int item_int(const cJSON *v, const char *key, int *out, const char *path, char *err, size_t errlen) {
+ * naming path, key and the value: not an integer ("must be an integer (got X)"), or an integer below the field's
+ * least value (int_field_min) or above what an int holds ("X is out of range: expected an integer from LO to
+ * 2147483647"). */
+static int item_int(const cJSON *v, const char *key, int arch, int *out, const char *path, char *err, size_t errlen) {
     if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0); /* eos_token_id: [a, b] */
     if (cJSON_IsBool(v)) { *out = cJSON_IsTrue(v); return 0; }
+    const long long lo = int_field_min(key, arch);
     const int integral = cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
-    if (!integral || v->valuedouble > (double)INT_MAX || v->valuedouble < (double)INT_MIN) {
-        char *t = cJSON_PrintUnformatted(v);
-        int rc = integral
-                     ? df_set_errc(err, errlen, DF_EFORMAT,
-                                   "%s: field \"%s\" = %.40s is out of range: expected an integer from %lld to %d; "
-                                   "fix the value in the file",
-                                   path, key, t ? t : "?", int_field_min(key), INT_MAX)
-                     : df_set_errc(err, errlen, DF_EFORMAT, "%s: field \"%s\" must be an integer (got %.40s)", path, key,
-                                   t ? t : "?");
-        free(t);
-        return rc;
+    if (!integral || v->valuedouble > (double)INT_MAX || v->valuedouble < (double)lo) {
+        char t[48];
+        value_text(v, t, sizeof t);
+        return integral ? df_set_errc(err, errlen, DF_EFORMAT,
+                                      "%s: field \"%s\" = %s is out of range: expected an integer from %lld to %d; "
+                                      "fix the value in the file",
+                                      path, key, t, lo, INT_MAX)
+                        : df_set_errc(err, errlen, DF_EFORMAT, "%s: field \"%s\" must be an integer (got %s)", path, key, t);
     }
     *out = (int)v->valuedouble;
     return 0;
 }
 
-/* Reads an integer key; absent or null -> dflt; not an integer, or out of an int's range -> error (item_int). */
-static int get_int(const cJSON *o, const char *key, int dflt, int *out, const char *path, char *err, size_t errlen) {
+/* Reads an integer key; absent or null -> dflt; not an integer, or out of the field's range -> error (item_int). */
+static int get_int(const cJSON *o, const char *key, int arch, int dflt, int *out, const char *path, char *err,
+                   size_t errlen) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!v || cJSON_IsNull(v)) { *out = dflt; return 0; }
-    return item_int(v, key, out, path, err, errlen);
+    return item_int(v, key, arch, out, path, err, errlen);
 }
 
 static int get_num(const cJSON *o, const char *key, double dflt, double *out, const char *path, char *err, size_t errlen) {
@@ -84,7 +115,7 @@ static int get_str(const cJSON *o, const char *key, const char *dflt, char *out,
     return 0;
 }
 
-#define GI(o, k, d, dst) do { int v_ = 0; if ((rc = get_int(o, k, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
+#define GI(o, k, d, dst) do { int v_ = 0; if ((rc = get_int(o, k, c->arch, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
 #define GN(o, k, d, dst) do { double v_ = 0; if ((rc = get_num(o, k, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
 
 /* RoPE: rope_parameters (v5) wins over rope_scaling; rope_theta at top level or inside. */
@@ -122,6 +153,19 @@ static int parse_rope(const cJSON *o, df_config *c, const char *path, char *err,
     }
 
     return DF_OK;
+}
+
+/* first_k_dense_replace counts the leading dense layers (the rest are MoE): more than num_hidden_layers is a
+ * mistake in the file (equal is a dense model with no MoE layer, as models/kimi-mini-draft). Only a value the file
+ * writes is checked: deepseek_v3's default 3 with fewer layers means every layer dense, as in transformers. */
+static int check_dense_layers(const cJSON *o, const df_config *c, const char *path, char *err, size_t errlen) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "first_k_dense_replace");
+    if (!v || cJSON_IsNull(v) || c->first_k_dense_replace <= c->num_hidden_layers) return DF_OK;
+    return df_set_errc(err, errlen, DF_EFORMAT,
+                       "%s: first_k_dense_replace %d > num_hidden_layers %d: first_k_dense_replace is the number of leading "
+                       "dense layers, so it can be at most num_hidden_layers (equal: a dense model with no MoE layer and no "
+                       "routed expert tensors); fix the value in the file",
+                       path, c->first_k_dense_replace, c->num_hidden_layers);
 }
 
 /* ------------------------------------------------------------------ kimi_linear / kimi_k3 */
@@ -166,13 +210,13 @@ static int find_alias(const cJSON *o, const char *names, const cJSON **out, char
     return DF_OK;
 }
 
-static int kint(const cJSON *o, const char *names, int dflt, int *out, const char *path, char *err, size_t errlen) {
+static int kint(const cJSON *o, const char *names, int arch, int dflt, int *out, const char *path, char *err, size_t errlen) {
     const cJSON *v;
     char used[96];
     int rc = find_alias(o, names, &v, used, sizeof used, path, err, errlen);
     if (rc) return rc;
     if (!v) { *out = dflt; return 0; }
-    return item_int(v, used, out, path, err, errlen);
+    return item_int(v, used, arch, out, path, err, errlen);
 }
 
 static int knum(const cJSON *o, const char *names, double dflt, double *out, int *present, const char *path, char *err, size_t errlen) {
@@ -229,7 +273,7 @@ static int mark_layers(const cJSON *list, const char *what, int n_layers, unsign
     return DF_OK;
 }
 
-#define KI(names, d, dst) do { int v_; if ((rc = kint(o, names, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
+#define KI(names, d, dst) do { int v_; if ((rc = kint(o, names, c->arch, d, &v_, path, err, errlen))) return rc; dst = v_; } while (0)
 #define KN(names, d, dst) do { double v_; if ((rc = knum(o, names, d, &v_, NULL, path, err, errlen))) return rc; dst = v_; } while (0)
 
 /* kimi_linear (top level) and kimi_k3 (text model in text_config). Defaults are transformers' KimiLinearConfig's. */
@@ -415,9 +459,8 @@ static int parse_kimi(const cJSON *root, df_config *c, const char *path, char *e
     /* sanity */
 #define KPOS(f) if (c->f <= 0) return df_set_errc(err, errlen, DF_EFORMAT, "%s: \"%s\" must be > 0 (got %d)", path, #f, c->f)
     KPOS(vocab_size); KPOS(hidden_size); KPOS(num_attention_heads); KPOS(max_position_embeddings);
-    if (c->qk_nope_head_dim < 0 || c->qk_rope_head_dim < 0 || c->q_lora_rank < 0 || c->n_routed_experts < 0 || c->n_shared_experts < 0 ||
-        c->first_k_dense_replace < 0 || c->latent_dim < 0 || c->attn_res_block < 0)
-        return df_set_errc(err, errlen, DF_EFORMAT, "%s: negative size field", path);
+    /* sizes and counts below 0 were refused as read (item_int names the field and the value) */
+    if ((rc = check_dense_layers(o, c, path, err, errlen))) return rc;
     if (n_mla > 0) {
         KPOS(kv_lora_rank); KPOS(v_head_dim);
         if (c->qk_nope_head_dim + c->qk_rope_head_dim <= 0)
@@ -573,9 +616,8 @@ int config_parse_obj(const cJSON *root, df_config *c, const char *path, char *er
     if (c->num_hidden_layers > DF_MAX_LAYERS)
         return df_set_errc(err, errlen, DF_EUNSUPPORTED, "%s: num_hidden_layers %d is more than deltafin supports (%d)", path,
                            c->num_hidden_layers, DF_MAX_LAYERS);
-    if (c->qk_nope_head_dim < 0 || c->q_lora_rank < 0 || c->n_routed_experts < 0 || c->n_shared_experts < 0 ||
-        c->first_k_dense_replace < 0)
-        return df_set_errc(err, errlen, DF_EFORMAT, "%s: negative size field", path);
+    /* sizes and counts below 0 were refused as read (item_int names the field and the value) */
+    if ((rc = check_dense_layers(o, c, path, err, errlen))) return rc;
     if (c->qk_rope_head_dim % 2) return df_set_errc(err, errlen, DF_EFORMAT, "%s: qk_rope_head_dim must be even", path);
     if (c->first_k_dense_replace < c->num_hidden_layers) {
         POS(moe_intermediate_size);

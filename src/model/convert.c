@@ -294,6 +294,12 @@ static int classify(conv *c) {
                 else if (!strncmp(part, "w1.", 3) || !strncmp(part, "w2.", 3) || !strncmp(part, "w3.", 3)) w123 = 1;
                 ok = w123 >= 0 && hf_base_len(t->name) > 0 && strchr(strchr(part, '.') + 1, '.') == NULL;
             }
+            if (!config_layer_is_moe(g, l))
+                return df_set_errc(c->err, c->errlen, DF_EFORMAT,
+                                   "tensor %s in %s: layer %d holds routed expert tensors, but config.json makes it a "
+                                   "dense layer (first_k_dense_replace %d, num_hidden_layers %d%s): fix config.json",
+                                   t->name, st_path(s, t), l, g->first_k_dense_replace, g->num_hidden_layers,
+                                   g->n_routed_experts > 0 ? "" : ", no routed experts");
             if (!ok)
                 return df_set_errc(c->err, c->errlen, DF_EUNSUPPORTED,
                                    "tensor %s (%s) in %s: not a routed expert weight deltafin understands "
