@@ -81,26 +81,6 @@ typedef struct {
     char view_spine[4600]; /* the view's spine.bin: said as spine_path in the engine's messages */
 } damage;
 
-/* A damaged file of a conversion in the cache: its repair is deleting the conversion (the engine's cache_hint). */
-static void cache_hint(const char *cache_dir, char *msg, size_t cap) {
-    static const char rerun[] = "re-run `deltafin convert`", again[] = "convert again";
-    if (!cache_dir || !cache_dir[0] || !msg[0]) return;
-    char hint[4400], tmp[8192];
-    snprintf(hint, sizeof hint, "delete the conversion cache %s and run again to re-convert", cache_dir);
-    char *p = strstr(msg, rerun);
-    size_t pl = sizeof rerun - 1;
-    if (!p && (p = strstr(msg, again))) pl = sizeof again - 1;
-    if (p) {
-        snprintf(tmp, sizeof tmp, "%s", p + pl);
-        *p = 0;
-        size_t l = strlen(msg);
-        snprintf(msg + l, cap - l, "%s%s", hint, tmp);
-    } else if (strstr(msg, cache_dir)) {
-        size_t l = strlen(msg);
-        snprintf(msg + l, cap - l, " (the model was converted into the cache: if its files are damaged, %s)", hint);
-    }
-}
-
 static void note_problem(damage *d, const char *name) {
     if (d->n_first < 3) snprintf(d->first[d->n_first++], sizeof d->first[0], "%s", name);
     d->n_events++;
@@ -124,7 +104,7 @@ static void report_problem(void *user, const df_verify_problem *p) {
         const char *v = strstr(p->message, d->view_spine);
         if (v) snprintf(msg, sizeof msg, "%.*s%s%s", (int)(v - p->message), p->message, d->spine_path, v + strlen(d->view_spine));
     }
-    if (d) cache_hint(d->cache, msg, sizeof msg);
+    if (d) convert_cache_hint(d->cache, msg, sizeof msg);
     advice(msg, sizeof msg);
     if (p->layer < 0)
         fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", msg);
@@ -138,7 +118,7 @@ static void report_problem(void *user, const df_verify_problem *p) {
 static void report_file(const damage *d, int layer, const char *what) {
     char msg[8192];
     snprintf(msg, sizeof msg, "%s", what);
-    cache_hint(d->cache, msg, sizeof msg);
+    convert_cache_hint(d->cache, msg, sizeof msg);
     advice(msg, sizeof msg);
     if (layer < 0) fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", msg);
     else fprintf(stderr, "deltafin doctor: layer %d UNREADABLE: %s\n", layer, msg);
@@ -303,43 +283,11 @@ static int make_view(const char *nat, damage *d, char *view, size_t cap) {
     return bad;
 }
 
-/* The view's paths for the signal handler (async-signal-safe removal: unlink, rmdir), set while the view exists */
-static char g_view_mf[4300], g_view_spine[4600], g_view_dir[4200];
-static volatile sig_atomic_t g_view_live;
-
-/* SIGINT / SIGTERM / SIGHUP while the view exists: it is removed, then the signal ends the process as it would have */
-static void view_on_signal(int sig) {
-    if (g_view_live) {
-        unlink(g_view_mf);
-        if (g_view_spine[0]) unlink(g_view_spine);
-        rmdir(g_view_dir);
-    }
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* the handlers above for the view's lifetime (on = 0: the previous dispositions back) */
-static void view_guard(int on, const char *view, const damage *d) {
-    static struct sigaction old[3];
-    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
-    if (on) {
-        snprintf(g_view_mf, sizeof g_view_mf, "%s/manifest.json", view);
-        snprintf(g_view_spine, sizeof g_view_spine, "%s", d->view_spine);
-        snprintf(g_view_dir, sizeof g_view_dir, "%s", view);
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = view_on_signal;
-        sigemptyset(&sa.sa_mask);
-        for (int i = 0; i < 3; i++) {
-            sigaction(sigs[i], NULL, &old[i]);
-            if (old[i].sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
-        }
-        g_view_live = 1;
-    } else {
-        g_view_live = 0;
-        for (int i = 0; i < 3; i++)
-            if (old[i].sa_handler != SIG_IGN) sigaction(sigs[i], &old[i], NULL);
-    }
+/* verify_progress for the view's verification; a SIGINT / SIGTERM / SIGHUP (df_interrupt_install) cancels it, so that
+ * the view is removed before the signal ends the process */
+static int view_progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    verify_progress(user, what, done, total);
+    return df_interrupted() != 0;
 }
 
 /* the view and its files gone */
@@ -396,13 +344,19 @@ static int verify_damaged(const char *model, const df_model_opts *opts, const ch
     df_verify_summary sum;
     char verr2[8192] = "";
     if (bad > 0) { /* its errors would name the view: the model's (verr) is said instead */
-        view_guard(1, view, &d);
-        nb = df_model_verify_all(view, opts, report_problem, &d, &sum, verr2, sizeof verr2);
+        df_model_opts vo = *opts;
+        vo.progress = view_progress;
+        df_interrupt_install();
+        nb = df_model_verify_all(view, &vo, report_problem, &d, &sum, verr2, sizeof verr2);
         line_end();
     }
     remove_view(view, &d);
-    if (bad > 0) view_guard(0, view, &d);
     free(d.skip);
+    const int sig = df_interrupted();
+    if (sig) { /* the view removed: end by the signal, as without the view */
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
     if (bad == 0) { /* nothing found here: the engine's error */
         if (strcmp(verr, err)) fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
         return 1;
@@ -419,7 +373,7 @@ static int verify_damaged(const char *model, const df_model_opts *opts, const ch
              "%s, %d of %d routed experts corrupt or unreadable%s%s%s: the model files are damaged; re-run `deltafin convert`",
              !d.spine_bad && sum.spine_ok ? "spine.bin OK" : "spine.bin CORRUPT", sum.n_bad_experts, sum.n_experts,
              d.n_first ? " (" : "", list, d.n_first ? (d.n_events > d.n_first ? ", ...)" : ")") : "");
-    cache_hint(d.cache, msg, sizeof msg);
+    convert_cache_hint(d.cache, msg, sizeof msg);
     advice(msg, sizeof msg);
     fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", msg);
     return 1;

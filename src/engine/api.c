@@ -132,28 +132,6 @@ static int file_exists(const char *dir, const char *name) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* A model converted into the cache: errors about its native files say to delete that cache directory
- * (the user never ran `deltafin convert`). Rewrites "re-run `deltafin convert`" or "convert again", or appends the
- * hint. */
-static void cache_hint(const char *cache_dir, char *err, size_t errlen) {
-    static const char rerun[] = "re-run `deltafin convert`", again[] = "convert again";
-    if (!cache_dir || !cache_dir[0] || !err || !errlen || !err[0]) return;
-    char hint[4400], tmp[4096];
-    snprintf(hint, sizeof hint, "delete the conversion cache %s and run again to re-convert", cache_dir);
-    char *p = strstr(err, rerun);
-    size_t pl = sizeof rerun - 1;
-    if (!p && (p = strstr(err, again))) pl = sizeof again - 1;
-    if (p) {
-        snprintf(tmp, sizeof tmp, "%s", p + pl);
-        *p = 0;
-        size_t l = strlen(err);
-        snprintf(err + l, errlen - l, "%s%s", hint, tmp);
-    } else if (strstr(err, cache_dir)) { /* only for errors about the cache's own files (not --events, --expert-dirs...) */
-        size_t l = strlen(err);
-        snprintf(err + l, errlen - l, " (the model was converted into the cache: if its files are damaged, %s)", hint);
-    }
-}
-
 /* Read spine.bin into 4 KiB-aligned memory and check its size and XXH64. */
 /* Reading spine.bin: O_DIRECT (page cache bypassed) in chunks of SPINE_CHUNK bytes by SPINE_READERS threads
  * (that many reads in flight, as the drives need to reach their bandwidth) while the calling thread checksums
@@ -616,7 +594,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     *out = m;
     return DF_OK;
 fail:
-    if (converted && (rc == DF_EFORMAT || rc == DF_EIO)) cache_hint(dir, err, errlen);
+    if (converted && (rc == DF_EFORMAT || rc == DF_EIO)) convert_cache_hint(dir, err, errlen);
     df_model_close(m);
     return rc;
 }
@@ -652,7 +630,7 @@ const df_tokenizer *df_model_tokenizer(const df_model *m) { return m ? m->tok : 
 int df_model_verify(df_model *m, df_progress_fn p, void *u, char *err, size_t errlen) {
     if (!m) return set_err(err, errlen, DF_EINVAL, "no model");
     int rc = native_verify(m->nat, p, u, err, errlen);
-    if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
+    if (rc == DF_EFORMAT || rc == DF_EIO) convert_cache_hint(m->cache_dir, err, errlen);
     return rc;
 }
 
@@ -683,7 +661,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
     /* a missing pack is not fatal here (native_require_packs): it is reported as its layer's problem */
     if (!rc && opts.expert_dirs) rc = native_set_expert_dirs(n, opts.expert_dirs, err, errlen);
     if (rc) {
-        if (converted && (rc == DF_EFORMAT || rc == DF_EIO)) cache_hint(dir, err, errlen);
+        if (converted && (rc == DF_EFORMAT || rc == DF_EIO)) convert_cache_hint(dir, err, errlen);
         native_close(n);
         return rc;
     }
@@ -735,7 +713,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
     }
     sum->spine_ok = !msg[0] && !cancelled;
     if (msg[0]) {
-        if (converted) cache_hint(dir, msg, sizeof msg);
+        if (converted) convert_cache_hint(dir, msg, sizeof msg);
         df_verify_problem p = {-1, -1, n->spine_path, 0, n->spine_bytes, msg};
         if (report) report(user, &p);
         snprintf(first[n_first++], sizeof first[0], "spine.bin");
@@ -753,7 +731,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
             else close(tfd);
         }
         if (msg[0]) {
-            if (converted) cache_hint(dir, msg, sizeof msg);
+            if (converted) convert_cache_hint(dir, msg, sizeof msg);
             df_verify_problem p = {L->layer, -1, L->files[0], 0, (uint64_t)n->n_experts * L->stripe_bytes, msg};
             if (report) report(user, &p);
             if (n_first < 3) snprintf(first[n_first++], sizeof first[0], "layer %d", L->layer);
@@ -768,7 +746,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
             int r = native_read_expert(n, L->layer, e, buf, msg, sizeof msg);
             if (!r) r = native_verify_expert(n, L->layer, e, buf, msg, sizeof msg);
             if (r) {
-                if (converted) cache_hint(dir, msg, sizeof msg);
+                if (converted) convert_cache_hint(dir, msg, sizeof msg);
                 df_verify_problem p = {L->layer, e, L->files[0], (uint64_t)e * native_stripe_size(L, 0), native_stripe_size(L, 0), msg};
                 if (report) report(user, &p);
                 if (n_first < 3) snprintf(first[n_first++], sizeof first[0], "layer %d expert %d", L->layer, e);
@@ -792,7 +770,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
                 "%s, %d of %d routed experts corrupt or unreadable%s%s%s: the model files are damaged; re-run `deltafin convert`",
                 sum->spine_ok ? "spine.bin OK" : "spine.bin CORRUPT", sum->n_bad_experts, sum->n_experts, n_first ? " (" : "", list,
                 n_first ? (n_events > n_first ? ", ...)" : ")") : "");
-        if (converted) cache_hint(dir, err, errlen);
+        if (converted) convert_cache_hint(dir, err, errlen);
     }
     return problems;
 }
@@ -946,7 +924,7 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         if (m->store) store_token_event(m->store, s->n_past - 1);
     }
     model_unlock(m);
-    if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
+    if (rc == DF_EFORMAT || rc == DF_EIO) convert_cache_hint(m->cache_dir, err, errlen);
     return rc;
 }
 
@@ -1343,7 +1321,7 @@ int df_eval_batch(df_session *const *ss, const int32_t *const *ids, const int *n
     model_unlock(m);
     free(rows);
     free(seq);
-    if (rc == DF_EFORMAT || rc == DF_EIO) cache_hint(m->cache_dir, err, errlen);
+    if (rc == DF_EFORMAT || rc == DF_EIO) convert_cache_hint(m->cache_dir, err, errlen);
     return rc;
 }
 

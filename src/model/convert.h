@@ -38,6 +38,12 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
 int convert_cache_lookup(const char *hf_dir, const char *cache_root, df_spine_mode spine, char *out_dir, size_t out_len,
                          char *err, size_t errlen);
 
+/* An error about the native files of a model converted into the cache directory cache_dir (err, errlen bytes, a
+ * string): the repair is deleting that conversion, not running `deltafin convert`, which the user never did.
+ * "re-run `deltafin convert`" or "convert again" in err becomes that hint; else, when err names cache_dir, the hint
+ * is appended. cache_dir NULL or empty, or err empty: unchanged. */
+void convert_cache_hint(const char *cache_dir, char *err, size_t errlen);
+
 /* Name of a spine mode as written in manifest.json: "source" | "bf16" | "int8". */
 const char *convert_spine_mode_name(df_spine_mode m);
 /* Parse "source" | "bf16" | "int8"; -1 if unknown. */

@@ -404,3 +404,22 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     }
     return rc; /* DF_ECANCELLED when the caller's handler returned, or the conversion's own error */
 }
+
+void convert_cache_hint(const char *cache_dir, char *err, size_t errlen) {
+    static const char rerun[] = "re-run `deltafin convert`", again[] = "convert again";
+    if (!cache_dir || !cache_dir[0] || !err || !errlen || !err[0]) return;
+    char hint[4400], tmp[8192];
+    snprintf(hint, sizeof hint, "delete the conversion cache %s and run again to re-convert", cache_dir);
+    char *p = strstr(err, rerun);
+    size_t pl = sizeof rerun - 1;
+    if (!p && (p = strstr(err, again))) pl = sizeof again - 1;
+    if (p) {
+        snprintf(tmp, sizeof tmp, "%s", p + pl);
+        *p = 0;
+        size_t l = strlen(err);
+        snprintf(err + l, errlen - l, "%s%s", hint, tmp);
+    } else if (strstr(err, cache_dir)) { /* only for errors about the cache's own files (not --events, --expert-dirs...) */
+        size_t l = strlen(err);
+        snprintf(err + l, errlen - l, " (the model was converted into the cache: if its files are damaged, %s)", hint);
+    }
+}
