@@ -263,6 +263,17 @@ expect 1 "convert --force of a checkpoint with a card into a dir with the user's
 rm -rf "$TMP/card" "$TMP/own"
 ls "$TMP/conv" | grep -q '\.s0\.pack' && bad "convert --force left stale stripe packs" || ok
 expect 2 "convert into the checkpoint dir" "checkpoint directory itself" -- "$BIN" convert "$G" "$G" --force
+# convert --threads: what it controls and its range in --help; a bad value (not digits only, or out of range) names
+# the flag, the value and the range, before anything is read or written
+"$BIN" convert --help | grep -q -- "--threads N          threads that write the expert packs, each one MoE layer at a time: an integer" \
+    && "$BIN" convert --help | grep -q "from 0 to 1024; 0 (the default) = one per core. At most 16 run" && ok || bad "convert --help: --threads"
+for v in abc -1 1025 "" " 3" +3 1.5 99999999999999999999; do
+    expect 2 "convert --threads [$v]" "^deltafin convert: --threads \"$(printf '%s' "$v" | sed 's/[.+]/\\&/g')\": expected the number of threads that write the expert packs, an integer from 0 to 1024 \(0 = one per core, the default\)$" -- \
+        "$BIN" convert "$G" "$TMP/conv-t" --threads "$v"
+done
+[ ! -e "$TMP/conv-t" ] && ok || bad "convert with a bad --threads created MODEL_DIR"
+expect 0 "convert --threads 1024 (at most 16 and one per MoE layer run)" "" -- "$BIN" convert "$G" "$TMP/conv-t" --threads 1024 --quiet
+expect 2 "setup --threads 1025" "^deltafin setup: --threads \"1025\": expected an integer in \[0, 1024\]" -- "$BIN" setup a/b --threads 1025
 expect 0 "run after convert --force" "" -- "$BIN" run --model "$TMP/conv" --prompt-ids 1,2 --max-new 2 --print-ids --quiet
 
 # ---- issue 11 item 11: a mistyped --model path says the directory does not exist
@@ -465,6 +476,22 @@ expect 1 "run: default model missing" "the default model test/gone .*is missing:
     env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" run --prompt hi --max-new 1
 expect 1 "doctor: default model missing" "deltafin doctor: the default model test/gone" -- env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" doctor
 expect 1 "bench decode: default model missing" "deltafin bench decode: the default model test/gone" -- env DELTAFIN_REGISTRY="$TMP/gone.json" "$BIN" bench decode
+# ---- a dangling default: "default" names a repo the registry has no entry for (removed by editing the file): the
+# commands that fall back to the default say so, naming the entry and the fixes (setup, --model), exit 1, and never
+# run the embedded model instead; list shows it after the installed models and marks no other model as the default
+printf '{"default":"test/removed","models":[{"repo":"test/other","revision":"main","mirror":"http://x","dir":"%s","model":"%s/native","mode":"full","bytes":1,"installed":1}]}' \
+    "$GONE" "$GONE" > "$TMP/dangling.json"
+DANG="the registry $TMP/dangling.json names test/removed as the default model, but has no entry for it \(the entry was removed, e.g. by editing the file\): install it again with .deltafin setup test/removed. \(it becomes the default\), make an installed model the default with .deltafin setup OTHER/REPO. \(.deltafin list. shows them\), pass --model DIR, or remove the \"default\" key from $TMP/dangling.json to use the embedded model$"
+echo x >"$TMP/warm-prompts.txt"
+for c in "run --prompt hi --max-new 1" "doctor" "bench decode" "bench prefill" "bench batch" "warm --prompts $TMP/warm-prompts.txt"; do
+    expect 1 "$c: dangling default" "^deltafin ${c%% -*}: $DANG" -- env DELTAFIN_REGISTRY="$TMP/dangling.json" "$BIN" $c
+done
+expect 1 "tokenize: dangling default" "^deltafin tokenize: $DANG" -- sh -c 'echo hi | "$@"' sh env DELTAFIN_REGISTRY="$TMP/dangling.json" "$BIN" tokenize
+expect 1 "serve: dangling default" "^deltafin serve: $DANG" -- env DELTAFIN_REGISTRY="$TMP/dangling.json" "$BIN" serve --port 0
+out=$(DELTAFIN_REGISTRY="$TMP/dangling.json" "$BIN" list 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "^\* test/removed: the default model, but the registry has no entry for it .*\`deltafin setup test/removed\` installs it again" \
+    && echo "$out" | grep -q "^  test/other " && echo "$out" | grep -q "^  embedded kimi-mini " && [ "$(echo "$out" | grep -c '^\*')" = 1 ] \
+    && ok || bad "list with a dangling default: rc $rc: $out"
 # ---- a failed write to stdout is an error (exit 1, naming the cause), not a success
 if [ -w /dev/full ]; then
     expect 1 "run --print-ids > /dev/full" "deltafin run: cannot write the output: No space left on device" -- \
@@ -552,16 +579,28 @@ echo "$out" | grep -q "bench prefill \[--model DIR\]" && echo "$out" | grep -q "
 # bench io: each problem named with its flag and value
 expect 2 "bench io without --dir" "^deltafin bench io: --dir DIR is required" -- "$BIN" bench io
 expect 2 "bench io --dir a,,b" "^deltafin bench io: --dir \"$TMP,,$TMP\": an empty directory name" -- "$BIN" bench io --dir "$TMP,,$TMP"
-expect 1 "bench io --dir <missing>: a runtime error, as run --model" "^deltafin bench io: --dir $TMP/nope: no such directory" -- "$BIN" bench io --dir "$TMP/nope"
+# a missing directory, a file, an empty directory, one with only subdirectories: usage errors (exit 2, as every option
+# error of bench), each naming the flag and the directory and saying what --dir takes and how to write files there
+SUGG="; give --dir a directory of files to read, such as a model directory written by .deltafin convert. or .deltafin synth."
+expect 2 "bench io --dir <missing>" "^deltafin bench io: --dir $TMP/nope: no such directory$SUGG \(write one with .deltafin synth $TMP/nope \.\.\..\)$" -- \
+    "$BIN" bench io --dir "$TMP/nope"
+expect 2 "bench io --dir <missing> in a list" "^deltafin bench io: --dir $TMP/nope: no such directory$SUGG" -- "$BIN" bench io --dir "$KM,$TMP/nope"
+: >"$TMP/afile"
+expect 2 "bench io --dir <a file>" "^deltafin bench io: --dir $TMP/afile: not a directory$SUGG$" -- "$BIN" bench io --dir "$TMP/afile"
+mkdir -p "$TMP/emptydir0" "$TMP/subonly/x"
+expect 2 "bench io --dir <empty>" "^deltafin bench io: --dir $TMP/emptydir0: the directory is empty, nothing to read$SUGG \(write one with .deltafin synth $TMP/emptydir0 \.\.\..\)$" -- \
+    "$BIN" bench io --dir "$TMP/emptydir0" --no-drop
+expect 2 "bench io --dir <subdirectories only>" "^deltafin bench io: --dir $TMP/subonly: the directory holds no file to read \(only directories or other entries\)$SUGG" -- \
+    "$BIN" bench io --dir "$TMP/subonly" --no-drop
 # an empty item in a comma-separated list is refused everywhere, as run --prompt-ids 1,,2 is
 expect 2 "bench kernels --types f32,,bf16" '^deltafin bench kernels: --types "f32,,bf16": an empty item in the list' -- \
     "$BIN" bench kernels --types f32,,bf16
 expect 2 "bench kernels --shapes 64x64," '^deltafin bench kernels: --shapes "64x64,": an empty item in the list' -- \
     "$BIN" bench kernels --shapes 64x64,
 expect 2 "bench kernels --threads ,,1" '^deltafin bench kernels: --threads ",,1"' -- "$BIN" bench kernels --threads ,,1
-mkdir -p "$TMP/emptydir"
-expect 2 "bench io --dir <no files>" "^deltafin bench io: $TMP/emptydir has no file of at least" -- \
-    "$BIN" bench io --dir "$TMP/emptydir" --seconds 0.1 --no-drop
+mkdir -p "$TMP/smalldir" && echo small >"$TMP/smalldir/a.pack"
+expect 2 "bench io --dir <no file large enough>" "^deltafin bench io: $TMP/smalldir has no file of at least 1052672 bytes of written data to read \(write one with .deltafin synth $TMP/smalldir \.\.\..\)$" -- \
+    "$BIN" bench io --dir "$TMP/smalldir" --seconds 0.1 --no-drop
 mkdir -p "$TMP/sparsedir" && truncate -s 64M "$TMP/sparsedir/holes.bin"
 expect 2 "bench io --dir <a sparse file only>" "has no file of at least .* bytes of written data to read; 1 skipped: sparse or preallocated" -- \
     "$BIN" bench io --dir "$TMP/sparsedir" --seconds 0.1 --no-drop

@@ -4,8 +4,9 @@
 # golden (tests/golden/bf16_kimi: 3 MoE layers x 8 experts), the same with a corrupt spine.bin too (which stops
 # the model from opening: the experts are still checked), a striped model (both stripe files and offsets named),
 # a missing pack (its layer reported, the other layers still checked), packs damaged differently in one run (a
-# flipped byte, truncated, missing; spine.bin truncated too; a cached conversion's: every damaged file named, though a
-# truncated one stops the model from opening), and a clean model ("checksums: all OK").
+# flipped byte, truncated, missing; spine.bin truncated too; a cached conversion's: every damaged file named once,
+# though a truncated one stops the model from opening), a lost tokenizer.json (named in the closing summary, with
+# damaged packs and alone), and a clean model ("checksums: all OK").
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -87,6 +88,10 @@ echo "$out" | grep -q "^deltafin doctor: layer 3 UNREADABLE: cannot open expert 
     && ok || bad "missing L003 not named: $out"
 [ "$(echo "$out" | grep -c 'UNREADABLE')" -eq 2 ] && [ "$(echo "$out" | grep -c '^deltafin doctor: corrupt expert:')" -eq 1 ] \
     && ok || bad "each damaged pack once: $out"
+# one line per damaged file: the truncated pack, which stops the model from opening, is not named a second time by
+# the open's own error (the line before the checks)
+[ "$(echo "$out" | grep -c '^deltafin doctor: .*experts-L002.pack')" -eq 1 ] && [ "$(echo "$out" | grep -c '^deltafin doctor: .*experts-L003.pack')" -eq 1 ] \
+    && ok || bad "the truncated pack named on more than one line: $out"
 echo "$out" | grep -q "^spine: OK (.*/f/spine.bin, [0-9]* bytes)" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 17 corrupt" \
     && ok || bad "states with three damaged packs: $out"
 echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 17 of 24 routed experts corrupt or unreadable (layer 1 expert 4, layer 2, layer 3): the model files are damaged; re-run \`deltafin convert\`" \
@@ -102,6 +107,26 @@ out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
     && echo "$out" | grep -q "^spine: CORRUPT (.*/f/spine.bin, $SB bytes)" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 17 corrupt" \
     && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin CORRUPT, 17 of 24 routed experts corrupt or unreadable (spine.bin, layer 1 expert 4, layer 2, ...)" \
     && [ -z "$(ls -A "$TMP/tv")" ] && ok || bad "truncated spine + three damaged packs: rc $rc $out"
+[ "$(echo "$out" | grep -c '^deltafin doctor: .*/f/spine.bin')" -eq 1 ] && [ "$(echo "$out" | grep -c '^deltafin doctor: .*experts-L002.pack')" -eq 1 ] \
+    && ok || bad "truncated spine + packs: a damaged file named on more than one line: $out"
+# the tokenizer lost as well (tokenizer_config.json without tokenizer.json): its line, and the closing summary says so
+cp "$SRC/models/kimi-mini/tokenizer_config.json" "$F/"
+out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: tokenizer FAILED: .*/f has tokenizer_config.json but neither tokenizer.json nor tiktoken.model: copy the tokenizer from the checkpoint, or convert again$" \
+    && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin CORRUPT, 17 of 24 routed experts corrupt or unreadable (spine.bin, layer 1 expert 4, layer 2, ...), tokenizer.json is missing: the model files are damaged; re-run \`deltafin convert\`$" \
+    && [ "$(echo "$out" | grep -c 'tokenizer')" -eq 2 ] && ok || bad "damaged packs + tokenizer.json missing: rc $rc $out"
+# only the tokenizer lost: every checksum OK, and the summary names the missing tokenizer.json (exit 1)
+T="$TMP/tok"
+"$BIN" convert "$G" "$T" --quiet && cp "$SRC/models/kimi-mini/tokenizer_config.json" "$T/" || bad "convert $T"
+out=$("$BIN" doctor --model "$T" 2>"$TMP/err"); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^checksums: all OK$" \
+    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: FAILED: tokenizer.json is missing (the checksums are OK); copy the tokenizer from the checkpoint, or convert again" ] \
+    && ok || bad "tokenizer.json missing alone: rc $rc $out $(cat "$TMP/err")"
+echo '{' >"$T/tokenizer.json"
+out=$("$BIN" doctor --model "$T" 2>"$TMP/err"); rc=$?
+[ $rc -eq 1 ] && grep -q "^deltafin doctor: tokenizer FAILED: .*tokenizer.json: not valid JSON" "$TMP/err" \
+    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: FAILED: tokenizer.json does not open (the checksums are OK); copy the tokenizer from the checkpoint, or convert again" ] \
+    && ok || bad "tokenizer.json that does not open: rc $rc $out $(cat "$TMP/err")"
 
 # ---- a Hugging Face checkpoint's conversion in the cache, a pack truncated and another corrupt: both named, each
 # with the cache's repair (delete the conversion)

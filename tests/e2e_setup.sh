@@ -181,9 +181,10 @@ out=$("$BIN" bench decode --tokens 2 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin bench decode: the default model test/kimi-mini .* is DAMAGED: checksum mismatch: .*spine.bin.*; .$FIX. verifies and repairs it" \
     && ok "bench decode with a corrupt spine.bin: names the setup command that repairs it" || bad "bench decode with a corrupt spine.bin: rc $rc $out"
 out=$("$BIN" doctor --model "$TMP/inst/native" 2>&1 >/dev/null); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "spine.bin: checksum mismatch .*the file is corrupt; repair the install with .$FIX.$" \
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: spine CORRUPT: checksum mismatch: $INSTR/native/spine.bin .*the spine is corrupt; repair the install with .$FIX.$" \
+    && [ "$(echo "$out" | grep -c 'spine.bin')" -eq 2 ] \
     && echo "$out" | grep -q "verification FAILED: spine.bin CORRUPT, .*repair the install with .$FIX.$" && ! echo "$out" | grep -q "deltafin convert" \
-    && ok "doctor --model on a setup install with a corrupt spine.bin: setup's repair, never convert" || bad "doctor corrupt spine: rc $rc $out"
+    && ok "doctor --model on a setup install with a corrupt spine.bin: one line for it, setup's repair, never convert" || bad "doctor corrupt spine: rc $rc $out"
 out=$("$BIN" setup test/kimi-mini --full --dir "$TMP/inst" 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "^setup: damaged: checksum mismatch: .*spine.bin" && echo "$out" | grep -q "repaired (full, .*: rebuilt spine.bin by" \
     && cmp -s "$TMP/local/spine.bin" "$TMP/inst/native/spine.bin" && ok "setup --full over a corrupt spine.bin: repaired" || bad "repair spine: rc $rc $out"
@@ -202,8 +203,10 @@ echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "
 out=$("$BIN" doctor 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: $INSTR/native/tokenizer.json is missing; the checkpoint's copy is .*: repair the install with .$FIX.$" \
     && ok "doctor: the setup install's missing tokenizer.json named, with setup's repair (exit 1)" || bad "doctor with tokenizer.json gone: rc $rc $out"
-echo "$out" | grep -q "^deltafin doctor: FAILED by the problems reported above (the checksums are OK); .$FIX. repairs the install$" \
-    && ok "doctor: its last line says it FAILED though the checksums are OK" || bad "doctor's last line with tokenizer.json gone: $out"
+echo "$out" | grep -q "^deltafin doctor: FAILED: tokenizer.json is missing (the checksums are OK); .$FIX. repairs the install$" \
+    && [ "$(echo "$out" | grep -c 'tokenizer')" -eq 2 ] \
+    && ok "doctor: its last line says it FAILED for the missing tokenizer.json though the checksums are OK; the file named once" \
+    || bad "doctor's last line with tokenizer.json gone: $out"
 out=$("$BIN" run --prompt hi --max-new 1 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "is an install of .deltafin setup. and its tokenizer .* is missing: the install is damaged; .$FIX. repairs it$" \
     && ok "run: a setup install's missing tokenizer is damage, with setup's repair" || bad "run with tokenizer.json gone: rc $rc $out"

@@ -75,5 +75,14 @@ done
 a="$(printf '%s' '[{"role":"user","content":"a"},{"role":"assistant","content":null},{"role":"user","content":"b"}]' | "$BIN" tokenize --model "$C/qwen3" --chat --render 2>&1)"; rc=$?
 b="$(printf '%s' '[{"role":"user","content":"a"},{"role":"assistant","content":""},{"role":"user","content":"b"}]' | "$BIN" tokenize --model "$C/qwen3" --chat --render 2>&1)"
 [ $rc -eq 0 ] && [ "$a" = "$b" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --chat: content null: rc $rc '$a' vs '$b'"; }
+# models/kimi-mini's chat template (Kimi-K2-Instruct-0905's) renders an assistant turn's tool calls and the tool result
+# after it, as transformers does with that template (tests/tokenizer/golden_jinja.jsonl, kimi-k2-instruct-0905); the
+# first-release K2 template rendered the assistant turn empty and the result without its call id
+km='[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":null,"tool_calls":[{"id":"functions.get_weather:0","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},{"role":"tool","tool_call_id":"functions.get_weather:0","content":"Sunny, 24C"}]'
+want='<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|><|im_user|>user<|im_middle|>Weather in Paris?<|im_end|><|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|><|im_system|>tool<|im_middle|>## Return of functions.get_weather:0'$'\n''    Sunny, 24C<|im_end|><|im_assistant|>assistant<|im_middle|>'
+check "kimi-mini chat: assistant tool_calls + tool result" "${want}x" "$(printf '%s' "$km" | "$BIN" tokenize --model "$SRC/models/kimi-mini" --chat --render; printf x)"
+# ... and the ids: each marker one special token (<|tool_calls_section_begin|> 8184 ... <|tool_call_end|> 8188)
+ids="$(printf '%s' "$km" | "$BIN" tokenize --model "$SRC/models/kimi-mini" --chat)"
+case ",$ids," in *,8184,8186,*,8187,*,8188,8185,8177,*) pass=$((pass+1)) ;; *) fail=$((fail+1)); echo "FAIL kimi-mini chat ids: no tool-call section of special tokens: $ids" ;; esac
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

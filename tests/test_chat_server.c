@@ -4,7 +4,7 @@
  *  - Kimi K3's XTML output (think / response / tools channels) is split into
  *    reasoning_content, content and tool_calls by srv_kimi, at every streaming split;
  *  - round trip: the parsed message rendered back through the model's own chat
- *    template (tests/tokenizer/templates/kimi-k3.jinja, kimi-k2-thinking.jinja)
+ *    template (tests/tokenizer/templates/kimi-k3.jinja, kimi-k2-thinking.jinja, kimi-k2-instruct-0905.jinja)
  *    reproduces the generation prompt followed by exactly what the model wrote,
  *    so the next turn's prompt extends the cached one;
  *  - <|end_of_msg|> (K3's end of turn) is a stop id. */
@@ -319,6 +319,17 @@ static void test_round_trips(void) {
                "<think>Two cities.</think>Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
                "<|tool_call_argument_begin|>{\"city\":\"Oslo\"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1"
                "<|tool_call_argument_begin|>{\"city\": \"Rome\"}<|tool_call_end|><|tool_calls_section_end|>",
+               "<|im_end|>", 0, "{}");
+    /* Kimi K2 Instruct-0905 (models/kimi-mini's template): the calls come back as the model wrote them, with and
+     * without text before them (content null) */
+    round_trip("kimi-k2-instruct-0905",
+               "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+               "<|tool_call_argument_begin|>{\"city\":\"Oslo\"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1"
+               "<|tool_call_argument_begin|>{\"city\": \"Rome\"}<|tool_call_end|><|tool_calls_section_end|>",
+               "<|im_end|>", 0, "{}");
+    round_trip("kimi-k2-instruct-0905",
+               "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+               "{\"city\": \"Oslo\", \"days\": 2}<|tool_call_end|><|tool_calls_section_end|>",
                "<|im_end|>", 0, "{}");
 }
 

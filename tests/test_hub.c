@@ -101,6 +101,18 @@ static void test_registry(void) {
     CHECK(registry_load(path, &es, &n, dflt, sizeof dflt, err, sizeof err) == 0 && n == 2 && !strcmp(dflt, "a/b") &&
           es[0].bytes == 999 && !strcmp(es[1].repo, "c/d"), "replace keeps order and default: n %d dflt %s", n, dflt);
     free(es);
+    /* a default that names no entry (the entry removed by hand): 3, its name in out->repo, never another entry */
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "{\"default\": \"gone/x\", \"models\": [{\"repo\": \"a/b\", \"model\": \"%s/native\", \"mode\": \"full\"}]}", dir);
+        fclose(f);
+    }
+    memset(&d, 0, sizeof d);
+    CHECK(registry_default(path, &d, err, sizeof err) == 3 && !strcmp(d.repo, "gone/x") && !d.model[0],
+          "dangling default: 3 and its name (got %s)", d.repo);
+    f = fopen(path, "w");
+    if (f) { fputs("{\"default\": \"\", \"models\": []}", f); fclose(f); }
+    CHECK(registry_default(path, &d, err, sizeof err) == 0, "no default: 0");
     f = fopen(path, "w");
     if (f) { fputs("{\"x\": 1}", f); fclose(f); }
     CHECK(registry_load(path, &es, &n, dflt, sizeof dflt, err, sizeof err) == DF_EFORMAT && strstr(err, path), "%s", err);

@@ -284,6 +284,95 @@ static cJSON *sse_tops(const char *out) {
     return all;
 }
 
+/* The text and logprobs of a response, whole or streamed (concatenated over its chunks): completions' 4 arrays in
+ * *lp (an object), chat's content entries in *lp (an array); reasoning_content apart (chat). */
+static void collect(srv_job *j, int chat, int stream, char *text, size_t cap, char *reasoning, size_t rcap, cJSON **lp) {
+    text[0] = reasoning[0] = 0;
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    if (chat) *lp = cJSON_CreateArray();
+    else {
+        *lp = cJSON_CreateObject();
+        for (int k = 0; k < 4; k++) cJSON_AddArrayToObject(*lp, keys[k]);
+    }
+    const char *p = j->out.p ? j->out.p : "";
+    for (;;) {
+        const char *e = NULL;
+        char *payload;
+        if (stream) {
+            if (!(p = strstr(p, "data: {"))) break;
+            e = strstr(p, "\n\n");
+            payload = strndup(p + 6, e ? (size_t)(e - p - 6) : strlen(p + 6));
+        } else payload = strdup(p);
+        cJSON *r = cJSON_Parse(payload), *c = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
+        cJSON *m = chat ? cJSON_GetObjectItem(c, stream ? "delta" : "message") : c;
+        cJSON *t = cJSON_GetObjectItem(m, chat ? "content" : "text"), *rs = cJSON_GetObjectItem(m, "reasoning_content");
+        if (cJSON_IsString(t)) strncat(text, t->valuestring, cap - strlen(text) - 1);
+        if (cJSON_IsString(rs)) strncat(reasoning, rs->valuestring, rcap - strlen(reasoning) - 1);
+        cJSON *l = cJSON_GetObjectItem(c, "logprobs"), *x;
+        if (chat) cJSON_ArrayForEach(x, cJSON_GetObjectItem(l, "content")) cJSON_AddItemToArray(*lp, cJSON_Duplicate(x, 1));
+        else
+            for (int k = 0; k < 4; k++)
+                cJSON_ArrayForEach(x, cJSON_GetObjectItem(l, keys[k])) cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, keys[k]), cJSON_Duplicate(x, 1));
+        cJSON_Delete(r);
+        free(payload);
+        if (!stream) break;
+        p = e ? e : p + strlen(p);
+    }
+}
+
+/* Completions logprobs cover exactly the returned text: with a stop sequence, no entry for the stop sequence or what
+ * followed it (those tokens were generated: usage counts them), whole and streamed; tokens concatenate to the text,
+ * text_offset is each token's start in it, the 4 arrays are of one length. The mock's tokens are bytes: none
+ * straddles the cut (a straddling token: the chat case in main, and tests/server/client.mjs on a real model). */
+static void test_logprobs_stop(void) {
+    static const struct { const char *body, *text; int n; } C[] = {
+        /* "lo, world! The quick brown fox" after "abc": the stop spans 6 tokens, its first one (" ") held back */
+        {"{\"prompt\":\"abc\",\"max_tokens\":40,\"temperature\":0,\"logprobs\":2,\"stop\":[\" brown\",\"zzz\"]", "lo, world! The quick", 20},
+        /* the stop is the first token: nothing returned, no entry */
+        {"{\"prompt\":\"abc\",\"max_tokens\":40,\"temperature\":0,\"logprobs\":1,\"stop\":\"lo\"", "", 0},
+        /* echo: the prompt's entries stay, the generated ones end at the stop */
+        {"{\"prompt\":\"abc\",\"max_tokens\":40,\"temperature\":0,\"logprobs\":1,\"echo\":true,\"stop\":\", w\"", "abclo", 5},
+        /* a stop inside a multi-byte character's tokens ("Caf\u00e9 na\u00efve" after 59 x's): the 2 byte tokens of the
+         * character that begins the stop go with it */
+        {"{\"prompt\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\",\"max_tokens\":40,\"temperature\":0,"
+         "\"logprobs\":1,\"stop\":\"\u00efve\"", "Caf\xC3\xA9 na", 8},
+    };
+    for (size_t c = 0; c < sizeof C / sizeof C[0]; c++)
+        for (int st = 0; st <= 1; st++) {
+            char body[512], text[512], rs[8];
+            snprintf(body, sizeof body, "%s%s}", C[c].body, st ? ",\"stream\":true" : "");
+            srv_job *j = run(SRV_COMPLETION, body);
+            cJSON *lp;
+            collect(j, 0, st, text, sizeof text, rs, sizeof rs, &lp);
+            cJSON *toks = cJSON_GetObjectItem(lp, "tokens"), *off = cJSON_GetObjectItem(lp, "text_offset"), *t;
+            const int n = cJSON_GetArraySize(toks);
+            char cat[512] = "";
+            int offs_ok = 1, i = 0;
+            size_t at = 0; /* characters before token i; a byte token continuing a character sits at that character */
+            cJSON_ArrayForEach(t, toks) {
+                const char *b = t->valuestring;
+                if (!strncmp(b, "bytes:", 6)) { /* a byte of a multi-byte character, as bytes:\xNN */
+                    unsigned v = 0;
+                    sscanf(b + 8, "%2x", &v);
+                    size_t l = strlen(cat);
+                    cat[l] = (char)v;
+                    cat[l + 1] = 0;
+                } else strncat(cat, b, sizeof cat - strlen(cat) - 1);
+                offs_ok &= cJSON_GetArrayItem(off, i)->valueint == (int)at;
+                at = srv_utf8_chars(cat, srv_utf8_complete_prefix(cat, strlen(cat)));
+                i++;
+            }
+            CHECK(!strcmp(text, C[c].text), "stop case %zu%s: text '%s'", c, st ? " streamed" : "", text);
+            CHECK(n == C[c].n && cJSON_GetArraySize(cJSON_GetObjectItem(lp, "token_logprobs")) == n &&
+                  cJSON_GetArraySize(cJSON_GetObjectItem(lp, "top_logprobs")) == n && cJSON_GetArraySize(off) == n,
+                  "stop case %zu%s: %d entries in each array (want %d)", c, st ? " streamed" : "", n, C[c].n);
+            CHECK(!strcmp(cat, text), "stop case %zu%s: the tokens make the returned text: '%s'", c, st ? " streamed" : "", cat);
+            CHECK(offs_ok, "stop case %zu%s: text_offset is each token's start", c, st ? " streamed" : "");
+            cJSON_Delete(lp);
+            srv_job_unref(j);
+        }
+}
+
 /* Completions top_logprobs hold the sampled token too (OpenAI legacy completions, vLLM): up to logprobs + 1 keys, the
  * top ones first; with logprobs 0 the sampled token alone; also for echoed prompt tokens. Chat top_logprobs stay the
  * top-N list. */
@@ -590,6 +679,7 @@ int main(void) {
 
     test_issue11();
     test_sampled_in_top();
+    test_logprobs_stop();
     test_mock_ctx();
     be->close(be);
 
@@ -632,6 +722,57 @@ int main(void) {
     CHECK(!cJSON_GetObjectItem(msg, "tool_calls") && !strcmp(choice_str(r, "finish_reason"), "stop"), "no tool_calls, stop");
     cJSON_Delete(r);
     srv_job_unref(j);
+    /* max_tokens inside the reasoning section: "<think>" (7 tokens) + "The u" (5): the reasoning so far is
+     * reasoning_content, content is "" (a string, not null: no tool call was made), finish_reason "length"; with
+     * and without tools, streamed and not */
+    for (int tl = 0; tl <= 1; tl++)
+        for (int st = 0; st <= 1; st++) {
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"temperature\":0,"
+                     "\"max_tokens\":12%s%s%s}", st ? ",\"stream\":true" : "", tl ? "," : "", tl ? tools : "");
+            j = run(SRV_CHAT, body);
+            if (st) {
+                parse_sse(j->out.p, &s, 1);
+                CHECK(!strcmp(s.reasoning, "The u") && !strcmp(s.text, "") && !strcmp(s.finish, "length") && s.done,
+                      "max_tokens in the reasoning (streamed, tools %d): reasoning '%s', content '%s', %s", tl, s.reasoning,
+                      s.text, s.finish);
+                CHECK(!strstr(j->out.p, "\"content\":null") && !strstr(j->out.p, "<think>"),
+                      "max_tokens in the reasoning (streamed, tools %d): no null content, no marker", tl);
+            } else {
+                r = body_json(j);
+                msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "message");
+                rc = cJSON_GetObjectItem(msg, "reasoning_content");
+                ct = cJSON_GetObjectItem(msg, "content");
+                CHECK(cJSON_IsString(rc) && !strcmp(rc->valuestring, "The u") && cJSON_IsString(ct) && !ct->valuestring[0] &&
+                      !cJSON_GetObjectItem(msg, "tool_calls") && !strcmp(choice_str(r, "finish_reason"), "length"),
+                      "max_tokens in the reasoning (tools %d): reasoning_content 'The u', content \"\", length: %s", tl, j->out.p);
+                CHECK(usage_int(cJSON_GetObjectItem(r, "usage"), "completion_tokens") == 12, "12 completion tokens");
+                cJSON_Delete(r);
+            }
+            srv_job_unref(j);
+        }
+    /* chat logprobs with a stop sequence that begins inside a token: <|tool_calls_section_begin|> is one token (a
+     * special, its text put back by the generator); stop "section" cuts it. The entries cover exactly the text
+     * returned (reasoning and content, markers as written): the straddling token keeps its logprob with its token and
+     * bytes cut to "<|tool_calls_"; nothing of the stop sequence or after it */
+    for (int st = 0; st <= 1; st++) {
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"temperature\":0,"
+                 "\"logprobs\":true,\"top_logprobs\":1,\"stop\":\"section\"%s}", st ? ",\"stream\":true" : "");
+        j = run(SRV_CHAT, body);
+        char text[512], reason[512], cat[1024] = "";
+        cJSON *lp, *e;
+        collect(j, 1, st, text, sizeof text, reason, sizeof reason, &lp);
+        CHECK(!strcmp(reason, "The user asks for the weather.") && !strcmp(text, "Checking.<|tool_calls_"),
+              "chat stop inside a marker%s: reasoning '%s', content '%s'", st ? " (streamed)" : "", reason, text);
+        cJSON_ArrayForEach(e, lp) strncat(cat, cJSON_GetObjectItem(e, "token")->valuestring, sizeof cat - strlen(cat) - 1);
+        CHECK(!strcmp(cat, "<think>The user asks for the weather.</think>Checking.<|tool_calls_"),
+              "chat stop%s: the logprob tokens are the text returned: '%s'", st ? " (streamed)" : "", cat);
+        cJSON *last = cJSON_GetArrayItem(lp, cJSON_GetArraySize(lp) - 1), *bytes = cJSON_GetObjectItem(last, "bytes");
+        CHECK(cJSON_GetArraySize(lp) == 55 && cJSON_GetArraySize(bytes) == 13 &&
+              cJSON_GetArrayItem(bytes, 12)->valueint == '_' && cJSON_GetObjectItem(last, "logprob")->valuedouble < 0,
+              "chat stop%s: 54 byte tokens + the cut marker (13 bytes): %d entries", st ? " (streamed)" : "", cJSON_GetArraySize(lp));
+        cJSON_Delete(lp);
+        srv_job_unref(j);
+    }
     be->close(be);
     return t_done();
 }

@@ -85,7 +85,8 @@ int cli_check_model_dir(const char *cmd, const char *path);
  * (`deltafin setup`; registry file from $DELTAFIN_REGISTRY, $XDG_DATA_HOME or HOME), else
  * the embedded models/kimi-mini. out gets the directory, how a phrase for the configuration
  * line ("installed REPO (full) from registry FILE" / "embedded kimi-mini, found beside the
- * executable"). 0, or 1 after printing why there is none. */
+ * executable"). 0, or 1 after printing why there is none, or why the registry's default cannot be used (its model
+ * directory has no manifest.json, or "default" names a repo the registry has no entry for): never another model. */
 int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t howcap);
 /* The embedded models/kimi-mini only: 0 and out/how filled, -1 when not found. */
 int cli_embedded_model(char *out, size_t cap, char *how, size_t howcap);

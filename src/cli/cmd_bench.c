@@ -349,15 +349,35 @@ static int bench_io(int argc, char **argv) {
             size_t len = e ? (size_t)(e - p) : strlen(p);
             char d[4096];
             snprintf(d, sizeof d, "%.*s", (int)len, p);
+            /* a directory that is not there, not a directory, or holds no file at all: a usage error (exit 2, as
+             * the other --dir and option errors of bench), naming the directory and where files to read come from */
             struct stat sb;
             const int missing = stat(d, &sb) != 0;
-            if (missing || !S_ISDIR(sb.st_mode)) {
-                char qd[8300];
-                fprintf(stderr, "deltafin bench io: --dir %s: %s (expected a directory of files to read, e.g. one written by "
-                                "`deltafin synth %s`)\n", d,
-                        !missing ? "not a directory" : errno == ENOENT ? "no such directory" : strerror(errno),
-                        df_shell_quote(d, qd, sizeof qd));
-                return 1; /* a runtime error, as run's --model that is not there */
+            const char *why = missing ? (errno == ENOENT ? "no such directory" : strerror(errno))
+                              : !S_ISDIR(sb.st_mode) ? "not a directory" : NULL;
+            if (!why) {
+                DIR *dp = opendir(d);
+                int entries = 0, files = 0;
+                struct dirent *de;
+                while (dp && (de = readdir(dp))) {
+                    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+                    entries++;
+                    char fp[8300];
+                    struct stat fs;
+                    snprintf(fp, sizeof fp, "%s/%s", d, de->d_name);
+                    files += stat(fp, &fs) == 0 && S_ISREG(fs.st_mode);
+                }
+                if (dp) closedir(dp);
+                if (dp && !files) why = entries ? "the directory holds no file to read (only directories or other entries)"
+                                                : "the directory is empty, nothing to read";
+            }
+            if (why) {
+                char qd[8300], synth[8400] = ""; /* the suggested command is pasted into a shell: the directory quoted */
+                if (missing || S_ISDIR(sb.st_mode))
+                    snprintf(synth, sizeof synth, " (write one with `deltafin synth %s ...`)", df_shell_quote(d, qd, sizeof qd));
+                fprintf(stderr, "deltafin bench io: --dir %s: %s; give --dir a directory of files to read, such as a model "
+                                "directory written by `deltafin convert` or `deltafin synth`%s\n", d, why, synth);
+                return 2;
             }
             nd++;
             if (!e) break;

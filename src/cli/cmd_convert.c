@@ -31,7 +31,9 @@ static void usage(FILE *f) {
             "  --expert-dirs D1,D2  stripe every expert over these directories (one per drive)\n"
             "  --stripe-weights W1,W2  stripe k's size proportional to W_k (e.g. GB/s per drive from\n"
             "                       `deltafin bench io --dir D1,D2`); default equal\n"
-            "  --threads N          writer threads (default: all cores)\n"
+            "  --threads N          threads that write the expert packs, each one MoE layer at a time: an integer\n"
+            "                       from 0 to 1024; 0 (the default) = one per core. At most 16 run, and no more\n"
+            "                       than the model has MoE layers; the spine is written by one thread\n"
             "  --force              MODEL_DIR may be non-empty: delete the deltafin model files in it first\n"
             "                       (otherwise a non-empty MODEL_DIR is refused: old packs would be mixed in)\n"
             "  --quiet              no progress line\n"
@@ -128,9 +130,15 @@ int cmd_convert(int argc, char **argv) {
             } else if (!strcmp(a, "--stripe-weights")) {
                 o.stripe_weights = v;
             } else {
-                char *end;
-                long n = strtol(v, &end, 10);
-                if (*end || n < 0 || n > 1024) { fprintf(stderr, "deltafin convert: --threads '%s': expected 0..1024\n", v); return 2; }
+                /* digits only (strtol alone would take "", " 3" and "+3") */
+                char *end = NULL;
+                errno = 0;
+                long n = *v >= '0' && *v <= '9' ? strtol(v, &end, 10) : -1;
+                if (!end || *end || errno || n < 0 || n > 1024) {
+                    fprintf(stderr, "deltafin convert: --threads \"%s\": expected the number of threads that write the expert "
+                                    "packs, an integer from 0 to 1024 (0 = one per core, the default)\n", v);
+                    return 2;
+                }
                 o.threads = (int)n;
             }
             continue;

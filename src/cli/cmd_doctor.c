@@ -8,7 +8,9 @@
  * side files are checked against the checkpoint's copies (src/hub/install.h) and the messages name setup's repair
  * command instead of the engine's "re-run `deltafin convert`". Damage that stops the model from opening (a truncated
  * or missing spine.bin, a truncated pack) hides nothing: every damaged file is reported and the other files' checksums
- * are still verified (file_check, make_view), so that one run lists every problem, as fsck does.
+ * are still verified (file_check, make_view), so that one run lists every problem, as fsck does, each damaged file on
+ * one line (the open's own error is said only when no such line names its file). The closing summary (the FAILED line)
+ * names a tokenizer that is missing or does not open.
  */
 #define _GNU_SOURCE
 #include "cli.h"
@@ -61,6 +63,65 @@ static void advice(char *msg, size_t cap) {
     if (setup_fix[0]) df_advice_setup_repair(msg, cap, setup_fix);
 }
 
+/* One line per damaged file. When damage stops the model from opening, df_model_open's error names one damaged file;
+ * the checks below (file_check, df_model_verify_all) name every damaged file on a line of its own with its repair.
+ * So the open error is kept (open_err) and said only if no such line names its file (say_open_err, before the
+ * states): the paths the damage lines name are collected in named[]. */
+static char open_err[8192];
+static int open_err_pending;
+static char named[64][1024];
+static int n_named;
+
+/* the absolute paths in a damage line (words that begin with '/', without trailing punctuation) into named[] */
+static void note_paths(const char *msg) {
+    for (const char *p = msg; (p = strchr(p, '/')) != NULL;) {
+        if (p > msg && p[-1] != ' ' && p[-1] != '(') { p++; continue; }
+        size_t n = strcspn(p, " \t\n");
+        while (n && strchr(":;,.)", p[n - 1])) n--;
+        if (n > 1 && n < sizeof named[0] && n_named < 64) snprintf(named[n_named++], sizeof named[0], "%.*s", (int)n, p);
+        p += n ? n : 1;
+    }
+}
+
+/* the open error, unless a damage line named its file */
+static void say_open_err(void) {
+    if (!open_err_pending) return;
+    open_err_pending = 0;
+    for (int i = 0; i < n_named; i++) {
+        const char *h = strstr(open_err, named[i]);
+        const char e = h ? h[strlen(named[i])] : 0;
+        if (h && (e == 0 || e == ' ' || e == ':' || e == ';' || e == ',' || e == ')')) return; /* said by that line */
+    }
+    fprintf(stderr, "deltafin doctor: %s\n", open_err);
+}
+
+/* The tokenizer's problem ("tokenizer.json is missing", "tokenizer.json does not open"), for the closing summary; ""
+ * when it opens or the model has none. side_tok_missing: the setup install's side-file check named the missing file. */
+static char tok_problem[64];
+static int side_tok_missing;
+
+/* msg (a closing summary) mentions the tokenizer's problem: "spine.bin OK, 0 of 8 ... corrupt, tokenizer.json is
+ * missing: the model files are damaged; ..." (appended when msg has no ": the model files are damaged") */
+static void tok_note(char *msg, size_t cap) {
+    if (!tok_problem[0]) return;
+    char *at = strstr(msg, ": the model files are damaged");
+    if (!at) {
+        snprintf(msg + strlen(msg), cap - strlen(msg), "; and %s", tok_problem);
+        return;
+    }
+    char rest[8192];
+    snprintf(rest, sizeof rest, "%s", at);
+    snprintf(at, cap - (size_t)(at - msg), ", %s%s", tok_problem, rest);
+}
+
+/* "deltafin doctor: verification FAILED: MSG" with the tokenizer's problem */
+static void verification_failed(const char *msg) {
+    char m[8400];
+    snprintf(m, sizeof m, "%s", msg);
+    tok_note(m, sizeof m);
+    fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", m);
+}
+
 /* Damage that stops the model from opening (native_open refuses it, and df_model_verify_all with it checks nothing):
  * spine.bin missing or not the size its manifest says, an expert pack shorter than its experts or that cannot be looked
  * at (a missing pack alone does not stop it: it is reported as its layer's problem). file_check finds such files from
@@ -100,12 +161,17 @@ static void report_problem(void *user, const df_verify_problem *p) {
     }
     char msg[8192];
     snprintf(msg, sizeof msg, "%s", p->message);
+    /* every damaged file's line says its repair (the engine's lines for a corrupt spine.bin or a pack that cannot be
+     * opened do not; the open's error, which did, is not said again for that file) */
+    if (p->expert < 0 && !strstr(msg, "convert") && !strstr(msg, "repair"))
+        snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "%s", p->layer < 0 ? "; convert again" : "; restore the file, or convert again");
     if (d && d->view_spine[0]) { /* the view's spine.bin is the model's */
         const char *v = strstr(p->message, d->view_spine);
         if (v) snprintf(msg, sizeof msg, "%.*s%s%s", (int)(v - p->message), p->message, d->spine_path, v + strlen(d->view_spine));
     }
     if (d) convert_cache_hint(d->cache, msg, sizeof msg);
     advice(msg, sizeof msg);
+    note_paths(msg);
     if (p->layer < 0)
         fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", msg);
     else if (p->expert < 0)
@@ -120,6 +186,7 @@ static void report_file(const damage *d, int layer, const char *what) {
     snprintf(msg, sizeof msg, "%s", what);
     convert_cache_hint(d->cache, msg, sizeof msg);
     advice(msg, sizeof msg);
+    note_paths(msg);
     if (layer < 0) fprintf(stderr, "deltafin doctor: spine CORRUPT: %s\n", msg);
     else fprintf(stderr, "deltafin doctor: layer %d UNREADABLE: %s\n", layer, msg);
 }
@@ -304,15 +371,22 @@ static void remove_view(const char *view, const damage *d) {
 static void report_side_file(void *user, const install_side_problem *p) {
     (void)user;
     line_end();
+    if (p->missing && (!strcmp(p->name, "tokenizer.json") || !strcmp(p->name, "tiktoken.model"))) side_tok_missing = 1;
     fprintf(stderr, "deltafin doctor: %s %s %s: repair the install with `%s`\n", p->installed,
             p->missing ? "is missing; the checkpoint's copy is" : "differs from the checkpoint's copy", p->checkpoint, setup_fix);
 }
 
 /* The checksums all verified: said on stdout; when another check failed (status != 0) the last line on stderr says
  * the doctor FAILED anyway, with the setup install's repair when there is one. */
-static void checksums_ok(int status) {
+static void checksums_ok(int status, int others) {
+    say_open_err();
     printf("checksums: all OK\n");
-    if (status)
+    if (status && tok_problem[0])
+        fprintf(stderr, "deltafin doctor: FAILED: %s%s (the checksums are OK); %s%s%s\n", tok_problem,
+                others ? ", and the other problems reported above" : "", setup_fix[0] ? "`" : "",
+                setup_fix[0] ? setup_fix : "copy the tokenizer from the checkpoint, or convert again",
+                setup_fix[0] ? "` repairs the install" : "");
+    else if (status)
         fprintf(stderr, "deltafin doctor: FAILED by the problems reported above (the checksums are OK)%s%s%s\n",
                 setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
 }
@@ -358,13 +432,17 @@ static int verify_damaged(const char *model, const df_model_opts *opts, const ch
         raise(sig);
     }
     if (bad == 0) { /* nothing found here: the engine's error */
-        if (strcmp(verr, err)) fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
+        say_open_err();
+        if (strcmp(verr, err)) verification_failed(verr);
+        else if (tok_problem[0]) fprintf(stderr, "deltafin doctor: FAILED: the error above, and %s\n", tok_problem);
         return 1;
     }
     if (bad < 0 || nb < 0) { /* the damage found, without the other checksums: the engine's error on the model */
-        fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
+        say_open_err();
+        verification_failed(verr);
         return 1;
     }
+    say_open_err();
     print_state(!d.spine_bad && sum.spine_ok, d.spine_path, d.spine_bad ? d.spine_bytes : sum.spine_bytes, &sum);
     /* the FAILED line of df_model_verify_all, with the damage found here */
     char list[256] = "", msg[8192];
@@ -375,7 +453,7 @@ static int verify_damaged(const char *model, const df_model_opts *opts, const ch
              d.n_first ? " (" : "", list, d.n_first ? (d.n_events > d.n_first ? ", ...)" : ")") : "");
     convert_cache_hint(d.cache, msg, sizeof msg);
     advice(msg, sizeof msg);
-    fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", msg);
+    verification_failed(msg);
     return 1;
 }
 
@@ -424,7 +502,8 @@ int cmd_doctor(int argc, char **argv) {
                    "  prints machine facts, then verifies every checksum of the model and that its tokenizer opens\n"
                    "  (without --model: the model `deltafin setup` installed, else the embedded models/kimi-mini):\n"
                    "  every damaged file (spine.bin or an expert pack truncated or missing) and every corrupt expert (layer,\n"
-                   "  expert, file, offset) is named on its own line with its repair, then the spine's state; any problem: exit 1.\n"
+                   "  expert, file, offset) is named on one line of its own with its repair, then the spine's state; any\n"
+                   "  problem: exit 1, and the last line sums up what failed (a missing tokenizer.json included).\n"
                    "  A model `deltafin setup` installed: its tokenizer and the other files convert copied are checked against\n"
                    "  the checkpoint's copies too, and the repair named is that setup command (not `deltafin convert`)\n"
                    "  --model DIR      native model dir, or Hugging Face dir (converted once into the cache, as `run` does)\n"
@@ -486,14 +565,19 @@ int cmd_doctor(int argc, char **argv) {
     }
     int rc = df_model_open(&m, model, &o, err, sizeof err);
     line_end();
-    int status = 0;
+    int status = 0, others = 0; /* others: a problem that is not the tokenizer's */
     if (rc) {
         advice(err, sizeof err);
-        fprintf(stderr, "deltafin doctor: %s\n", err);
-        /* damaged or missing files (a corrupt spine.bin, a missing pack stop the open): still check every checksum below */
+        /* damaged or missing files (a corrupt spine.bin, a missing pack stop the open): still check every checksum below,
+         * which names each damaged file; the open error is said then only if none of those lines names its file */
         struct stat st;
-        if ((rc != DF_EFORMAT && rc != DF_EIO) || stat(model, &st) || !S_ISDIR(st.st_mode)) return 1;
-        status = 1;
+        if ((rc != DF_EFORMAT && rc != DF_EIO) || stat(model, &st) || !S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "deltafin doctor: %s\n", err);
+            return 1;
+        }
+        snprintf(open_err, sizeof open_err, "%s", err);
+        open_err_pending = 1;
+        status = others = 1;
     } else {
         const char *desc = df_model_describe(m); /* "model NAME (...), ...": the line's key says "model" once */
         if (!strncmp(desc, "model ", 6)) desc += 6;
@@ -501,12 +585,21 @@ int cmd_doctor(int argc, char **argv) {
                dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
         df_model_close(m); /* the check below reads the files itself */
     }
+    /* a setup install: the tokenizer and the other files convert copied, against the checkpoint's copies setup keeps
+     * (first: a missing tokenizer file it names is not named again below) */
+    if (setup_fix[0] && !remote) {
+        int nside = install_check_side_files(model, setup_ck, report_side_file, NULL);
+        if (nside) status = 1, others |= nside > side_tok_missing;
+        else printf("side files: as in the checkpoint %s\n", setup_ck);
+    }
     /* the tokenizer: a file that is present but does not open is an error (not "no tokenizer") */
     if (cli_is_file(model, "tokenizer.json") || cli_is_file(model, "tiktoken.model")) {
         df_tokenizer *t = NULL;
         char terr[1024] = "";
         if (df_tokenizer_open(&t, model, NULL, terr, sizeof terr)) {
             fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s\n", terr[0] ? terr : "cannot open");
+            snprintf(tok_problem, sizeof tok_problem, "%s does not open",
+                     cli_is_file(model, "tokenizer.json") ? "tokenizer.json" : "tiktoken.model");
             status = 1;
         } else {
             printf("tokenizer: OK\n");
@@ -514,18 +607,15 @@ int cmd_doctor(int argc, char **argv) {
         }
     } else if (cli_is_file(model, "tokenizer_config.json")) {
         /* the tokenizer's configuration without the tokenizer: a file was lost (a model without one has neither) */
-        fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s has tokenizer_config.json but neither tokenizer.json nor "
-                        "tiktoken.model: %s\n", model,
-                setup_fix[0] ? "the install is damaged (see below)" : "copy the tokenizer from the checkpoint, or convert again");
+        snprintf(tok_problem, sizeof tok_problem, "tokenizer.json is missing");
+        if (!side_tok_missing)
+            fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s has tokenizer_config.json but neither tokenizer.json nor "
+                            "tiktoken.model: %s%s%s\n", model,
+                    setup_fix[0] ? "the install is damaged; `" : "copy the tokenizer from the checkpoint, or convert again",
+                    setup_fix, setup_fix[0] ? "` repairs it" : "");
         status = 1;
     } else {
         printf("tokenizer: none (token ids only)\n");
-    }
-    /* a setup install: the tokenizer and the other files convert copied, against the checkpoint's copies setup keeps */
-    if (setup_fix[0] && !remote) {
-        int nside = install_check_side_files(model, setup_ck, report_side_file, NULL);
-        if (nside) status = 1;
-        else printf("side files: as in the checkpoint %s\n", setup_ck);
     }
     if (remote) {
         /* the manifest's expert checksums are of the holes: check what was fetched against what was recorded */
@@ -533,15 +623,18 @@ int cmd_doctor(int argc, char **argv) {
         int vr = stream_verify_local(remote, &ok, &bad, stderr);
         stream_print_stats(remote, stdout);
         stream_close(remote);
+        say_open_err();
         if (vr < 0) { fprintf(stderr, "deltafin doctor: cannot check the streamed experts: %s\n", df_strerror(vr)); return 1; }
         printf("experts: streamed install: %llu fetched experts OK, %llu corrupt (the others are fetched on first use, "
                "checked against their shard's sha256 ETag)\n", (unsigned long long)ok, (unsigned long long)bad);
         if (bad) {
-            fprintf(stderr, "deltafin doctor: verification FAILED: %llu streamed experts corrupt%s%s%s\n", (unsigned long long)bad,
-                    setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` fetches them again" : "");
+            char m[41000];
+            snprintf(m, sizeof m, "%llu streamed experts corrupt%s%s%s", (unsigned long long)bad,
+                     setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` fetches them again" : "");
+            verification_failed(m);
             return 1;
         }
-        checksums_ok(status);
+        checksums_ok(status, others);
         return backend_ok ? status : 1;
     }
     /* every checksum: each corrupt expert (layer, expert, file, offset) and the spine's state */
@@ -555,14 +648,17 @@ int cmd_doctor(int argc, char **argv) {
     if (nbad == DF_EFORMAT || nbad == DF_EIO) /* a damaged file stopped the model from opening: the others still */
         return verify_damaged(model, &o, cache_dir, verr, err);
     if (nbad < 0) {
-        if (strcmp(verr, err)) fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
+        say_open_err();
+        if (strcmp(verr, err)) verification_failed(verr);
+        else if (tok_problem[0]) fprintf(stderr, "deltafin doctor: FAILED: the error above, and %s\n", tok_problem);
         return 1;
     }
+    say_open_err();
     print_state(sum.spine_ok, sum.spine_file, sum.spine_bytes, &sum);
     if (nbad > 0) {
-        fprintf(stderr, "deltafin doctor: verification FAILED: %s\n", verr);
+        verification_failed(verr);
         return 1;
     }
-    checksums_ok(status);
+    checksums_ok(status, others);
     return backend_ok ? status : 1;
 }

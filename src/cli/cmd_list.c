@@ -39,7 +39,9 @@ int cmd_list(int argc, char **argv) {
                    "  expert pack missing or of another size, spine.bin's checksum (when at most 256 MiB), a tokenizer or\n"
                    "  other file convert copied missing or not the checkpoint's copy (`deltafin doctor` checks every checksum).\n"
                    "  `*` marks the default model that run / serve / tokenize / bench decode, prefill, batch / doctor use\n"
-                   "  without --model. Then, under its own heading, the embedded model (built in, not counted as installed).\n"
+                   "  without --model; a default the registry has no entry for is listed (with how to fix it) after the\n"
+                   "  installed models: those commands refuse it. Then, under its own heading, the embedded model (built in,\n"
+                   "  not counted as installed; the default when the registry names none).\n"
                    "  --registry FILE  the registry (default $DELTAFIN_REGISTRY, else $XDG_DATA_HOME/deltafin/models.json,\n"
                    "                   else ~/.local/share/deltafin/models.json)\n");
             return 0;
@@ -57,6 +59,8 @@ int cmd_list(int argc, char **argv) {
     int n = 0;
     if (registry_load(reg, &es, &n, dflt, sizeof dflt, err, sizeof err)) { fprintf(stderr, "deltafin list: %s\n", err); return 1; }
     printf("installed models (registry %s): %d\n", reg, n);
+    int dflt_found = 0;
+    for (int i = 0; i < n; i++) dflt_found |= dflt[0] && !strcmp(es[i].repo, dflt);
     for (int i = 0; i < n; i++) {
         reg_entry *e = &es[i];
         char man[4200], state[64];
@@ -92,10 +96,22 @@ int cmd_list(int argc, char **argv) {
         }
     }
     free(es);
+    if (dflt[0] && !dflt_found) {
+        /* a dangling default: the commands without --model refuse it (cli_default_model) rather than use the embedded
+         * model; said here with the same ways out, each command quoted for the shell */
+        char qrepo[1100], qreg[16400];
+        printf("* %s: the default model, but the registry has no entry for it (the entry was removed, e.g. by editing the "
+               "file): run / serve / tokenize / bench / doctor without --model refuse it. `deltafin setup %s%s%s` installs "
+               "it again, `deltafin setup OTHER/REPO` makes an installed model the default, or remove the \"default\" key "
+               "from %s to use the embedded model\n",
+               dflt, df_shell_quote(dflt, qrepo, sizeof qrepo), reg_flag ? " --registry " : "",
+               reg_flag ? df_shell_quote(reg, qreg, sizeof qreg) : "", reg);
+    }
     char emb[4096], how[256];
     printf("built-in model (not in the registry):\n");
+    /* `*` when the registry names no default: the embedded model is then the one the commands use */
     if (cli_embedded_model(emb, sizeof emb, how, sizeof how) == 0)
-        printf("%c %-40s %-16s %9.2f GB  %s (%s)\n", n && dflt[0] ? ' ' : '*', "embedded kimi-mini", "full", disk_usage(emb) / 1e9, emb, how);
+        printf("%c %-40s %-16s %9.2f GB  %s (%s)\n", dflt[0] ? ' ' : '*', "embedded kimi-mini", "full", disk_usage(emb) / 1e9, emb, how);
     else printf("  embedded kimi-mini: not found\n");
     return 0;
 }

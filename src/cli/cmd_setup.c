@@ -53,7 +53,8 @@ static void usage(FILE *f) {
             "  --hash-threads N       SHA-256 threads, one file each (default 0 = cores - 1, at most 4)\n"
             "  --chunk SIZE           bytes per ranged request (default 16M)\n"
             "  --retries N            extra tries of a failed request (default 4)\n"
-            "  --threads N            conversion threads (default all cores)\n"
+            "  --threads N            threads that write the expert packs in the conversion (as convert --threads):\n"
+            "                         an integer from 0 to 1024; 0 (the default) = one per core\n"
             "  --keep-download        keep the downloaded .safetensors shards after the conversion (default: removed)\n"
             "  --download-only        download and verify into DIR/NAME only: no conversion, nothing recorded\n"
             "  --registry FILE        installed-models registry (default $DELTAFIN_REGISTRY, else\n"
@@ -353,7 +354,7 @@ int cmd_setup(int argc, char **argv) {
         else if (!strcmp(a, "--connections")) { const char *v = NEXT(); if (!v || parse_int(a, v, 1, 256, &dl.connections)) return 2; }
         else if (!strcmp(a, "--hash-threads")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 4, &dl.hash_threads)) return 2; }
         else if (!strcmp(a, "--retries")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 100, &retries)) return 2; }
-        else if (!strcmp(a, "--threads")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 4096, &threads)) return 2; }
+        else if (!strcmp(a, "--threads")) { const char *v = NEXT(); if (!v || parse_int(a, v, 0, 1024, &threads)) return 2; }
         else if (!strcmp(a, "--disk-budget")) {
             const char *v = NEXT();
             if (!v) return 2;

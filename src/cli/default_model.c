@@ -79,6 +79,17 @@ int cli_default_model(const char *cmd, char *out, size_t cap, char *how, size_t 
                     cmd, e.repo, reg, e.model, df_path_exists(e.model) ? "" : " (no such directory)", e.dir, fix);
             return 1;
         }
+        if (rc == 3) {
+            char qrepo[1100], qreg[16400]; /* the suggested commands are pasted into a shell: each word quoted */
+            df_shell_quote(e.repo, qrepo, sizeof qrepo);
+            df_shell_quote(reg, qreg, sizeof qreg);
+            fprintf(stderr, "deltafin %s: the registry %s names %s as the default model, but has no entry for it (the entry "
+                            "was removed, e.g. by editing the file): install it again with `deltafin setup %s` (it becomes "
+                            "the default), make an installed model the default with `deltafin setup OTHER/REPO` "
+                            "(`deltafin list` shows them), pass --model DIR, or remove the \"default\" key from %s to use the "
+                            "embedded model\n", cmd, reg, e.repo, qrepo, qreg);
+            return 1;
+        }
     }
     if (cli_embedded_model(out, cap, how, howcap) == 0) return 0;
     fprintf(stderr, "deltafin %s: no --model given, no installed model (registry %s) and no embedded models/kimi-mini "
@@ -113,7 +124,8 @@ int cli_setup_install(const char *model_dir, char *fix, size_t cap, char *ck, si
     reg_entry e, d;
     if (registry_path(NULL, reg, sizeof reg, err, sizeof err) || registry_find_model(reg, model_dir, &e, err, sizeof err) != 1) return 0;
     /* the repair of another install than the default keeps the default as it is */
-    const int is_default = registry_default(reg, &d, err, sizeof err) > 0 && !strcmp(d.repo, e.repo);
+    const int drc = registry_default(reg, &d, err, sizeof err);
+    const int is_default = (drc == 1 || drc == 2) && !strcmp(d.repo, e.repo);
     registry_repair_command(&e, NULL, !is_default, fix, cap);
     if (ck) install_checkpoint_dir(e.dir, e.repo, ck, ckcap);
     return 1;

@@ -128,6 +128,11 @@ int registry_default(const char *path, reg_entry *out, char *err, size_t errlen)
         if (!strcmp(es[i].repo, dflt)) { *out = es[i]; found = df_path_exists(man) ? 1 : 2; break; }
     }
     free(es);
+    if (!found && dflt[0]) { /* "default" names no entry */
+        memset(out, 0, sizeof *out);
+        snprintf(out->repo, sizeof out->repo, "%s", dflt);
+        found = 3;
+    }
     return found;
 }
 

@@ -41,7 +41,9 @@ int registry_record(const char *path, const reg_entry *e, int make_default, char
 
 /* The default entry (the one "default" names): 1 and *out filled when its model directory has
  * manifest.json, 2 and *out filled when it has not (moved, deleted, unmounted: the caller says so
- * rather than using another model), 0 when there is none, <0 DF_E* when the registry cannot be read. */
+ * rather than using another model), 3 when "default" names a repo that no entry has (a dangling default: the entry
+ * was removed, e.g. by editing the file; only out->repo is filled, and the caller says so rather than using another
+ * model), 0 when there is no default, <0 DF_E* when the registry cannot be read. */
 int registry_default(const char *path, reg_entry *out, char *err, size_t errlen);
 
 /* The entry whose native model directory ("model") is model_dir, compared by real path (a --model path of another

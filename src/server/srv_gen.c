@@ -16,6 +16,15 @@
 
 enum { FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_CANCEL, FIN_ERROR };
 
+/* Where a pending logprob entry's token sits in the generated text, in characters: [start, end) (start: the characters
+ * completed before the token, as text_offset; end: those completed after it; a token that only begins a character has
+ * start == end). A prompt entry (echo) has prompt set and goes out with the echo. */
+typedef struct {
+    size_t start, end;
+    int32_t id;
+    int prompt;
+} lp_span;
+
 typedef struct {
     const srv_gen_opts *o;
     srv_job *j;
@@ -34,9 +43,13 @@ typedef struct {
     int n_calls_sent;
     /* logprobs not yet attached to emitted text */
     cJSON *lp_pending;                /* chat: array of entries; completions: object of 4 arrays */
+    lp_span *spans;                   /* one per pending entry, in the same order */
+    int n_spans, cap_spans;
+    int spans_off;                    /* out of memory for spans: every entry goes with the next text, none is cut */
     cJSON *lp_all;                    /* non-streamed: everything */
     size_t echo_chars;                /* characters of the echoed prompt (completions text_offset base) */
     size_t gen_chars;                 /* characters the detokenizer has produced so far */
+    size_t delivered_chars;           /* characters of generated text past the stop matcher (the returned text) */
     int32_t *gen_ids;
     int n_gen;
     int n_prompt, n_cached;
@@ -139,8 +152,23 @@ static cJSON *bytes_array(const char *s, size_t n) {
     return a;
 }
 
+/* A new pending entry's span, empty at the characters produced so far (srv_gen_run sets its end once the token's text
+ * is counted). */
+static void span_push(gen_ctx *g, int32_t id, int prompt) {
+    if (g->spans_off) return;
+    if (g->n_spans == g->cap_spans) {
+        int cap = g->cap_spans ? 2 * g->cap_spans : 64;
+        lp_span *ns = realloc(g->spans, (size_t)cap * sizeof *ns);
+        if (!ns) { g->spans_off = 1; return; }
+        g->spans = ns;
+        g->cap_spans = cap;
+    }
+    g->spans[g->n_spans++] = (lp_span){g->gen_chars, g->gen_chars, id, prompt};
+}
+
 /* Record the logprob entry of token `id` drawn from `logits`. */
 static void record_logprob(gen_ctx *g, const float *logits, int32_t id) {
+    span_push(g, id, 0);
     int top = g->r->top_logprobs;
     int32_t tids[SRV_MAX_TOP_LOGPROBS];
     float tlp[SRV_MAX_TOP_LOGPROBS];
@@ -219,6 +247,7 @@ static void prompt_logprobs(gen_ctx *g, const int32_t *P, int n, const float *al
         char *tb = NULL;
         size_t tl = 0;
         g->be->token_bytes(g->be, P[i], &tb, &tl);
+        span_push(g, P[i], 1);
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "tokens"), str_of_bytes(tb, tl));
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp_pending, "text_offset"), cJSON_CreateNumber((double)off[i]));
         free(tb);
@@ -235,19 +264,83 @@ static void prompt_logprobs(gen_ctx *g, const int32_t *P, int n, const float *al
     free(off);
 }
 
-/* Move pending logprob entries into dst (chat: {"content":[...]}; completions: the 4 arrays). */
-static void take_pending(gen_ctx *g, cJSON *dst) {
-    int chat = g->r->kind == SRV_CHAT;
-    if (chat) {
-        cJSON *arr = cJSON_GetObjectItem(dst, "content"), *e;
-        while ((e = cJSON_DetachItemFromArray(g->lp_pending, 0))) cJSON_AddItemToArray(arr, e);
+static const char *const lp_keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+
+/* Pending logprob entries (their spans are kept one for one). */
+static int n_pending(gen_ctx *g) {
+    return cJSON_GetArraySize(g->r->kind == SRV_CHAT ? g->lp_pending : cJSON_GetObjectItem(g->lp_pending, "tokens"));
+}
+
+/* Move the first n pending logprob entries into dst (chat: {"content":[...]}; completions: the 4 arrays). */
+static void take_first(gen_ctx *g, cJSON *dst, int n) {
+    const int have = n_pending(g);
+    if (n > have) n = have;
+    if (g->r->kind == SRV_CHAT) {
+        cJSON *arr = cJSON_GetObjectItem(dst, "content");
+        for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_DetachItemFromArray(g->lp_pending, 0));
     } else {
-        static const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
         for (int k = 0; k < 4; k++) {
-            cJSON *src = cJSON_GetObjectItem(g->lp_pending, keys[k]), *d = cJSON_GetObjectItem(dst, keys[k]), *e;
-            while ((e = cJSON_DetachItemFromArray(src, 0))) cJSON_AddItemToArray(d, e);
+            cJSON *src = cJSON_GetObjectItem(g->lp_pending, lp_keys[k]), *d = cJSON_GetObjectItem(dst, lp_keys[k]);
+            for (int i = 0; i < n; i++) cJSON_AddItemToArray(d, cJSON_DetachItemFromArray(src, 0));
         }
     }
+    if (g->spans_off) return;
+    memmove(g->spans, g->spans + n, (size_t)(g->n_spans - n) * sizeof *g->spans);
+    g->n_spans -= n;
+}
+
+/* Every pending entry into dst (at the end of the generation). */
+static void take_pending(gen_ctx *g, cJSON *dst) { take_first(g, dst, n_pending(g)); }
+
+/* The leading pending entries whose whole text is in the delivered text: a token's logprob goes out once the stop
+ * matcher has released all of its text (a token part of which it still holds may yet be cut by a stop sequence). */
+static void take_delivered(gen_ctx *g, cJSON *dst) {
+    int n = 0;
+    const int np = n_pending(g);
+    while (n < np && (g->spans_off || g->spans[n].prompt ||
+                      (g->spans[n].start < g->delivered_chars && g->spans[n].end <= g->delivered_chars)))
+        n++;
+    take_first(g, dst, n);
+}
+
+/* A stop sequence cut the text at delivered_chars: the pending entries cover exactly the returned text. Entries of
+ * tokens that begin at or after the cut (the stop sequence and what followed) are dropped; a token that straddles
+ * the cut keeps its logprob, with its token string (chat: also its bytes) cut to the characters before the cut. */
+static void settle_at_stop(gen_ctx *g) {
+    if (g->spans_off) return;
+    int keep = 0;
+    const int np = n_pending(g);
+    while (keep < np && (g->spans[keep].prompt || g->spans[keep].start < g->delivered_chars)) keep++;
+    for (int i = np - 1; i >= keep; i--) {
+        if (g->r->kind == SRV_CHAT) cJSON_DeleteItemFromArray(g->lp_pending, i);
+        else
+            for (int k = 0; k < 4; k++) cJSON_DeleteItemFromArray(cJSON_GetObjectItem(g->lp_pending, lp_keys[k]), i);
+    }
+    g->n_spans = keep;
+    if (!keep) return;
+    const lp_span *sp = &g->spans[keep - 1];
+    if (sp->prompt || sp->end <= g->delivered_chars) return;
+    /* the straddling token: its first (delivered - start) characters; a token that is not whole UTF-8 characters
+     * (one that splits a character with its neighbour) has no such prefix and is kept as it is */
+    char *tb = NULL;
+    size_t tl = 0, cut = 0, chars = 0;
+    g->be->token_bytes(g->be, sp->id, &tb, &tl);
+    if (tb && srv_utf8_valid(tb, tl)) {
+        const size_t want = g->delivered_chars - sp->start;
+        while (cut < tl && chars < want) {
+            cut++;
+            while (cut < tl && ((unsigned char)tb[cut] & 0xC0) == 0x80) cut++;
+            chars++;
+        }
+        if (g->r->kind == SRV_CHAT) {
+            cJSON *e = cJSON_GetArrayItem(g->lp_pending, keep - 1);
+            cJSON_ReplaceItemInObject(e, "token", str_of_bytes(tb, cut));
+            cJSON_ReplaceItemInObject(e, "bytes", bytes_array(tb, cut));
+        } else {
+            cJSON_ReplaceItemInArray(cJSON_GetObjectItem(g->lp_pending, "tokens"), keep - 1, str_of_bytes(tb, cut));
+        }
+    }
+    free(tb);
 }
 
 static cJSON *new_lp_out(gen_ctx *g) {
@@ -318,13 +411,14 @@ static void stream_chunk(gen_ctx *g, const srv_buf *reason, const srv_buf *conte
                 cJSON_AddItemToArray(tc, tool_call_json(&g->kimi.calls[g->n_calls_sent], g->n_calls_sent, 1));
         }
     } else cJSON_AddStringToObject(c, "text", content && content->len ? content->p : "");
-    /* logprobs ride with the text they produced; tokens that produced none yet
-     * (incomplete UTF-8) go with the final chunk */
-    int lp_now = g->r->logprobs && (has_text || (finish && !g->stop.stopped && cJSON_GetArraySize(
-                     g->r->kind == SRV_CHAT ? g->lp_pending : cJSON_GetObjectItem(g->lp_pending, "tokens")) > 0));
+    /* logprobs ride with the text that completes their tokens (take_delivered); tokens that produced none yet
+     * (incomplete UTF-8) go with the final chunk, which carries whatever is left (after a stop sequence, what
+     * settle_at_stop kept: the entries of the returned text) */
+    int lp_now = g->r->logprobs && (has_text || (finish && n_pending(g) > 0));
     if (lp_now) {
         cJSON *lp = new_lp_out(g);
-        take_pending(g, lp);
+        if (finish) take_pending(g, lp);
+        else take_delivered(g, lp);
         cJSON_AddItemToObject(c, "logprobs", lp);
     } else cJSON_AddNullToObject(c, "logprobs");
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish); else cJSON_AddNullToObject(c, "finish_reason");
@@ -339,6 +433,7 @@ static void deliver(gen_ctx *g, const char *s, size_t n) {
     srv_buf_init(&reason);
     srv_buf_init(&content);
     int calls_before = g->kimi.n_calls;
+    g->delivered_chars += srv_utf8_chars(s, n);
     if (g->use_kimi) srv_kimi_push(&g->kimi, s, n, &reason, &content);
     else srv_buf_add(&content, s, n);
     if (g->r->stream) {
@@ -346,7 +441,7 @@ static void deliver(gen_ctx *g, const char *s, size_t n) {
     } else {
         srv_buf_add(&g->reasoning, reason.p, reason.len);
         srv_buf_add(&g->content, content.p, content.len);
-        if ((reason.len || content.len) && g->r->logprobs) take_pending(g, g->lp_all);
+        if (g->r->logprobs) take_delivered(g, g->lp_all);
     }
     srv_buf_free(&reason);
     srv_buf_free(&content);
@@ -696,13 +791,18 @@ void srv_gen_run(const srv_gen_opts *o, srv_job *j) {
         const char *mtext = NULL;
         for (int i = 0; i < g->n_markers; i++) if (id == g->markers[i]) mtext = g->marker_text[i];
         int k, hit = 0;
+        /* the characters this token completes are counted (its logprob span's end) before its text goes on */
         if (mtext) {
             k = be->detok_flush(g->detok, piece, sizeof piece);
-            if (k > 0) { g->gen_chars += srv_utf8_chars(piece, (size_t)k); hit = push_text(g, piece, (size_t)k); }
-            if (!hit) { g->gen_chars += srv_utf8_chars(mtext, strlen(mtext)); hit = push_text(g, mtext, strlen(mtext)); }
+            g->gen_chars += (k > 0 ? srv_utf8_chars(piece, (size_t)k) : 0) + srv_utf8_chars(mtext, strlen(mtext));
+            if (r->logprobs && !g->spans_off) g->spans[g->n_spans - 1].end = g->gen_chars;
+            if (k > 0) hit = push_text(g, piece, (size_t)k);
+            if (!hit) hit = push_text(g, mtext, strlen(mtext));
         } else {
             k = be->detok_push(g->detok, id, piece, sizeof piece);
-            if (k > 0) { g->gen_chars += srv_utf8_chars(piece, (size_t)k); hit = push_text(g, piece, (size_t)k); }
+            if (k > 0) g->gen_chars += srv_utf8_chars(piece, (size_t)k);
+            if (r->logprobs && !g->spans_off) g->spans[g->n_spans - 1].end = g->gen_chars;
+            if (k > 0) hit = push_text(g, piece, (size_t)k);
         }
         if (hit) { fin = FIN_STOP; break; }
         if (step + 1 == max_new) { fin = FIN_LENGTH; break; }
@@ -739,6 +839,7 @@ finish:
             srv_buf_free(&rest);
         }
     }
+    if (r->logprobs && g->stop.stopped) settle_at_stop(g);
     if (g->use_kimi) {
         srv_buf reason, content;
         srv_buf_init(&reason);
@@ -753,7 +854,7 @@ finish:
         srv_buf_free(&reason);
         srv_buf_free(&content);
     }
-    if (r->logprobs && !r->stream && !g->stop.stopped) take_pending(g, g->lp_all);
+    if (r->logprobs && !r->stream) take_pending(g, g->lp_all);
     /* the session is free before the client sees the end (its next request may reuse the prefix) */
     be->session_release(be, sess);
     sess = NULL;
@@ -770,6 +871,7 @@ out:
     srv_stop_free(&g->stop);
     srv_kimi_free(&g->kimi);
     cJSON_Delete(g->lp_pending);
+    free(g->spans);
     cJSON_Delete(g->lp_all);
     srv_buf_free(&g->content);
     srv_buf_free(&g->reasoning);

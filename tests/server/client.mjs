@@ -46,6 +46,20 @@ async function complStream(params) {
   }
   return { text, finish, usage, ids };
 }
+// a streamed completion with logprobs: the text and the 4 logprobs arrays concatenated over the chunks
+async function complStreamLp(params) {
+  const s = await client.completions.create({ model, ...params, stream: true });
+  const lp = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  let text = "", finish = null;
+  for await (const ch of s) {
+    if (!ch.choices.length) continue;
+    text += ch.choices[0].text || "";
+    const l = ch.choices[0].logprobs;
+    if (l) for (const k of Object.keys(lp)) lp[k].push(...(l[k] || []));
+    if (ch.choices[0].finish_reason) finish = ch.choices[0].finish_reason;
+  }
+  return { choices: [{ text, logprobs: lp, finish_reason: finish }] };
+}
 async function expectStatus(p, status, what) {
   try { await p; check(false, what, "no error"); }
   catch (e) { check(e.status === status, what, { status: e.status, message: e.message }); }
@@ -167,6 +181,32 @@ async function main() {
   check(cel.choices[0].text === ce.choices[0].text.slice(0, cel.choices[0].text.length) &&
         celp.tokens.length === cel.usage.prompt_tokens + cel.usage.completion_tokens && celp.token_logprobs[0] === null &&
         celp.token_logprobs.slice(1).every((v) => v <= 0), "echo + logprobs (prompt logprobs)", celp);
+  // logprobs + a stop sequence that begins inside a token (its 2nd character): the entries cover exactly the
+  // returned text, whole and streamed: that token's string cut to its first character, nothing after it (a real
+  // model: the mock's tokens are bytes; tests/test_server_gen.c covers the mock)
+  if (mode === "model") {
+    const full = await compl({ prompt, max_tokens: 16, temperature: 0, logprobs: 1 });
+    const fl = full.choices[0].logprobs, ft = full.choices[0].text;
+    let k = -1;
+    for (let i = 1; i < fl.tokens.length && k < 0; i++) {
+      const o = fl.text_offset[i];
+      if (fl.tokens[i].length >= 3 && /^[\x20-\x7e]*$/.test(ft.slice(0, o + 5)) && ft.indexOf(ft.slice(o + 1, o + 5)) === o + 1) k = i;
+    }
+    if (k >= 0) {
+      const o = fl.text_offset[k], stop = ft.slice(o + 1, o + 5), want = ft.slice(0, o + 1);
+      for (const stream of [false, true]) {
+        const q = { prompt, max_tokens: 16, temperature: 0, logprobs: 1, stop: [stop] };
+        const r = stream ? await complStreamLp(q) : await compl(q);
+        const rl = r.choices[0].logprobs, how = `stop ${JSON.stringify(stop)}${stream ? " streamed" : ""}`;
+        check(r.choices[0].text === want && r.choices[0].finish_reason === "stop", `completion ${how}: text`, [r.choices[0].text, want]);
+        check(rl.tokens.length === k + 1 && rl.token_logprobs.length === k + 1 && rl.top_logprobs.length === k + 1 &&
+              rl.text_offset.length === k + 1 && rl.tokens.join("") === want && rl.tokens[k] === fl.tokens[k].slice(0, 1) &&
+              rl.text_offset.join(",") === fl.text_offset.slice(0, k + 1).join(",") &&
+              rl.token_logprobs.every((v, i) => Math.abs(v - fl.token_logprobs[i]) < 1e-5),
+              `completion ${how}: the logprobs cover exactly the returned text`, { rl, want, k });
+      }
+    } else check(false, "a completion token of 3+ characters to cut with a stop sequence", fl.tokens);
+  }
   const c2 = await compl({ prompt: prompt + c.choices[0].text, max_tokens: 2, temperature: 0 });
   check(c2.usage.prompt_tokens_details.cached_tokens > 0, "extended prompt reuses the KV cache", c2.usage);
 

@@ -54,7 +54,8 @@ KIMI_K3_SPECIAL = {"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UN
                                                  "<|media_begin|>", "<|media_content|>", "<|media_end|>",
                                                  "<|media_pad|>"]}
 COMMITTED = {
-    "kimi-k2": KIMI_K2_SPECIAL, "kimi-k2-thinking": KIMI_K2_SPECIAL, "kimi-k2-thinking-llamacpp": KIMI_K2_SPECIAL,
+    "kimi-k2": KIMI_K2_SPECIAL, "kimi-k2-instruct-0905": KIMI_K2_SPECIAL, "kimi-k2-thinking": KIMI_K2_SPECIAL,
+    "kimi-k2-thinking-llamacpp": KIMI_K2_SPECIAL,
     "kimi-k3": KIMI_K3_SPECIAL,
     "gpt-oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"},
 }

@@ -10,7 +10,7 @@ first steps; the log prints the count so a rerun can pass it with --steps.
 Stages (all outputs under --out):
  1. corpus: <data>/train.txt.xz, heldout.txt.xz (tools/train/build_corpus.sh; 0x1E-separated docs)
  2. tokenizer: byte-level BPE (HF tokenizers), --vocab total ids incl. Kimi chat specials at the
-    end; tokenizer_config.json carries the Kimi K2 chat template (tools/train/kimi-k2-chat-template.jinja)
+    end; tokenizer_config.json carries the Kimi K2 Instruct chat template (tools/train/kimi-k2-chat-template.jinja)
  3. model: DeepseekV3 config in Kimi K2's shape (MLA with q_lora/kv_lora, 64 routed experts top-8,
     1 shared, first layer dense, sigmoid noaux_tc, n_group 1, YaRN factor 32 / orig 4096 /
     beta_fast 1 / beta_slow 1 / mscale 1 / mscale_all_dim 1). bf16 weights with fp32 master copies
