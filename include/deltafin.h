@@ -162,6 +162,7 @@ typedef struct {
     int n_moe_layers;
     int n_experts;              /* routed experts checked (all MoE layers) */
     int n_bad_experts;          /* of them, corrupt or unreadable */
+    int n_unreadable_experts;   /* of those, the ones in a layer whose pack could not be opened (none of them read) */
 } df_verify_summary;
 typedef void (*df_verify_report_fn)(void *user, const df_verify_problem *problem);
 int df_model_verify_all(const char *path, const df_model_opts *opts, df_verify_report_fn report, void *user,

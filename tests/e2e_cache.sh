@@ -11,6 +11,7 @@
 #    one is: tests/e2e_cache_modes.sh);
 #  - the model card (README.md, which convert copies and `run` reads trained_positions from) keys the conversion:
 #    an edited card gives a fresh conversion, and run warns with the new value;
+#  - a relative XDG_CACHE_HOME is ignored with a one-line note (once per process), the conversion going to ~/.cache;
 #  - every bench command that opens a model (decode, prefill, batch, cache, store, and project's bench decode run)
 #    converts into its --cache-dir DIR, not into the default cache; their --help and docs/cli.md list the flag.
 set -u
@@ -147,6 +148,17 @@ for n in decode prefill batch cache store project; do
     out=$("$BIN" bench $n --cache-dir 2>&1); rc=$?
     [ $rc -eq 2 ] && echo "$out" | grep -q -- "--cache-dir needs a value" && ok || bad "bench $n --cache-dir (no value): rc $rc $out"
 done
+
+# a relative XDG_CACHE_HOME is ignored (the XDG base directory specification), said once per process on stderr:
+# the conversion goes to $HOME/.cache/deltafin, never to the relative directory; --cache-dir silences it
+mkdir -p "$TMP/home" "$TMP/cwd"
+out=$(cd "$TMP/cwd" && HOME=$TMP/home XDG_CACHE_HOME=relcache "$BIN" doctor --model "$TMP/ck" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && [ "$(echo "$out" | grep -c 'XDG_CACHE_HOME')" -eq 1 ] \
+    && echo "$out" | grep -qx "deltafin: note: XDG_CACHE_HOME=\"relcache\" is not an absolute path, so it is ignored (the XDG base directory specification); the conversion cache is $TMP/home/.cache/deltafin (set XDG_CACHE_HOME to an absolute path, or pass --cache-dir DIR)" \
+    && [ ! -e "$TMP/cwd/relcache" ] && ls -d "$TMP"/home/.cache/deltafin/ck-*-source >/dev/null 2>&1 && ok \
+    || bad "relative XDG_CACHE_HOME: rc $rc, $out; cwd: $(ls "$TMP/cwd"); home cache: $(ls "$TMP/home/.cache/deltafin" 2>&1)"
+out=$(cd "$TMP/cwd" && HOME=$TMP/home XDG_CACHE_HOME=relcache "$BIN" run --model "$TMP/ck" --cache-dir "$TMP/c-rel" --prompt-ids "$ids" --max-new 1 --quiet 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && ! echo "$out" | grep -q XDG_CACHE_HOME && ok || bad "relative XDG_CACHE_HOME with --cache-dir: rc $rc, $out"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

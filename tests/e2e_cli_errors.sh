@@ -18,7 +18,8 @@
 # unknown", no trailing space in doctor's output, an empty prompt (stdin, file, --prompt ""), --stats with no first
 # token or no decode step (third); synth --size below one MoE layer refused, a config integer out of range, a dense
 # model's --ram-budget error without an expert-cache term (fourth); a negative config size naming the field, value and
-# lower bound, first_k_dense_replace past num_hidden_layers as a config error (fifth). Uses tests/golden/bf16_dsv3_groups and
+# lower bound, first_k_dense_replace past num_hidden_layers as a config error (fifth); run --quiet still showing the
+# trained-positions note, a single-value option given twice refused in every command (sixth). Uses tests/golden/bf16_dsv3_groups and
 # models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
@@ -618,6 +619,11 @@ cp -r "$TMP/draft" "$TMP/draft-card"
 printf -- '---\ntrained_positions: 2\n---\n' >"$TMP/draft-card/README.md"
 expect 0 "1 prompt token (singular)" "note: 1 prompt token \+ --max-new 2 go past the 2 positions" -- \
     "$BIN" run --model "$TMP/draft-card" --prompt-ids 1 --max-new 2
+# --quiet hides the configuration line and progress only: the note about the trained positions is still said
+"$BIN" run --model "$TMP/draft-card" --prompt-ids 1 --max-new 2 --quiet >/dev/null 2>"$TMP/q.err"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l <"$TMP/q.err")" -eq 1 ] && grep -q "^deltafin run: note: 1 prompt token + --max-new 2 go past the 2 positions" "$TMP/q.err" \
+    && ok || bad "--quiet: the trained-positions note still shown, nothing else: rc $rc, $(cat "$TMP/q.err")"
+expect 0 "run --help: --quiet keeps warnings and notes" "--quiet .*no configuration line or progress on stderr \(warnings and notes" -- "$BIN" run --help
 # ---- new-user trial 2
 # bench cache --slots: a usage error for anything but integers >= 1 (it hung on abc), an error naming the range
 # for sizes the model cannot have (fewer than top-k, more than its routed experts)
@@ -881,6 +887,32 @@ for sig in INT TERM; do
     want=$([ $sig = INT ] && echo 130 || echo 143)
     [ "$out" = "rc=$want seen=yes left=no" ] && ok || bad "bench project on SIG$sig: its temporary events file: $out (want rc=$want seen=yes left=no)"
 done
+
+# ---- a single-value option given twice: a usage error naming it and both values (the later one was taken silently),
+# in every command; a value that looks like an option is a value, not a second option; flags may repeat
+out=$("$BIN" run --model "$G" --cache-dir "$TMP/cache" --prompt a --prompt b 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = 'deltafin run: --prompt is given more than once ("a", then "b"); it takes one value: give it once' ] \
+    && ok || bad "run --prompt a --prompt b: rc $rc: $out"
+expect 2 "run --prompt=a --prompt=b" '^deltafin run: --prompt is given more than once \("a", then "b"\)' -- "$BIN" run --prompt=a --prompt=b
+expect 2 "run --draft-max twice" '^deltafin run: --draft-max is given more than once \("2", then "3"\)' -- \
+    "${R[@]}" --prompt-ids 1 --draft ngram --draft-max 2 --draft-max 3
+a=$("${R[@]}" --prompt-ids 1,2,3 --max-new 2 --print-ids --quiet --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && [[ "$a" =~ ^[0-9]+(,[0-9]+)+$ ]] && ok || bad "run with a flag given twice: rc $rc $a"
+"$BIN" run --model "$G" --cache-dir "$TMP/cache" --prompt-ids --max-new >/dev/null 2>"$TMP/rep.err"; rc=$?
+! grep -q "more than once" "$TMP/rep.err" && ok || bad "--prompt-ids --max-new (a value that looks like an option): $(cat "$TMP/rep.err")"
+for c in "serve --port 1 --port 2|serve: --port" "tokenize --model $KM --model $KM|tokenize: --model" \
+         "convert $G $TMP/rep --spine bf16 --spine int8|convert: --spine" "doctor --model $G --model $G|doctor: --model" \
+         "list --registry a --registry b|list: --registry" "setup a/b --dir x --dir y|setup: --dir" \
+         "warm --trace a --trace b|warm: --trace" "synth $TMP/rep --layers 2 --layers 3|synth: --layers" \
+         "bench decode --tokens 1 --tokens 2|bench decode: --tokens" "bench io --dir a --dir b|bench io: --dir" \
+         "bench prefill --tokens 1 --tokens 2|bench prefill: --tokens" "bench batch --seqs 1 --seqs 2|bench batch: --seqs" \
+         "bench project --drives 1 --drives 2|bench project: --drives" "bench kernels --threads 1 --threads 2|bench kernels: --threads" \
+         "bench cache --slots 1 --slots 2|bench cache: --slots" "bench store --cache 1M --cache 2M|bench store: --cache"; do
+    read -ra A <<<"${c%%|*}"
+    expect 2 "${c%%|*}" "^deltafin ${c#*|} is given more than once" -- "$BIN" "${A[@]}"
+done
+[ ! -e "$TMP/rep" ] && ok || bad "convert / synth with a repeated option wrote $TMP/rep"
+expect 0 "deltafin --help: an option with a value is given once" "given once \(twice is a usage error, exit 2\)" -- "$BIN" --help
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -5,8 +5,12 @@
 # the model from opening: the experts are still checked), a striped model (both stripe files and offsets named),
 # a missing pack (its layer reported, the other layers still checked), packs damaged differently in one run (a
 # flipped byte, truncated, missing; spine.bin truncated too; a cached conversion's: every damaged file named once,
-# though a truncated one stops the model from opening), a lost tokenizer.json (named in the closing summary, with
-# damaged packs and alone), and a clean model ("checksums: all OK").
+# though a truncated one stops the model from opening; the spine's state gives its real size or "missing", the experts'
+# state counts the unreadable apart from the corrupt), a lost tokenizer.json (named in the closing summary, with damaged
+# packs and alone; the repair names where a tokenizer can come from: the checkpoint's copy, or, when the checkpoint has
+# none either, the model's repository), a pack larger than its experts (damaged, as a shorter one), manifest.json
+# missing or cut short beside spine.bin and the packs (named with its repair, then the FAILED line), and a clean model
+# ("checksums: all OK").
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -66,7 +70,7 @@ mv "$M/experts-L002.pack" "$TMP/L002.bak"
 out=$("$BIN" doctor --model "$M" 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: cannot open expert pack .*experts-L002.pack" \
     && echo "$out" | grep -q "layer 1 expert 2 in" && echo "$out" | grep -q "layer 3 expert 5 in" && echo "$out" | grep -q "^spine: OK" \
-    && echo "$out" | grep -q "experts: 24 routed experts in 3 MoE layers: 14 OK, 10 corrupt" && ok || bad "missing pack: rc $rc $out"
+    && echo "$out" | grep -q "experts: 24 routed experts in 3 MoE layers: 14 OK, 2 corrupt, 8 unreadable$" && ok || bad "missing pack: rc $rc $out"
 mv "$TMP/L002.bak" "$M/experts-L002.pack"
 
 # ---- several packs damaged differently, in one run: a flipped byte (L001), a truncated pack (L002: it stops the model
@@ -92,7 +96,7 @@ echo "$out" | grep -q "^deltafin doctor: layer 3 UNREADABLE: cannot open expert 
 # the open's own error (the line before the checks)
 [ "$(echo "$out" | grep -c '^deltafin doctor: .*experts-L002.pack')" -eq 1 ] && [ "$(echo "$out" | grep -c '^deltafin doctor: .*experts-L003.pack')" -eq 1 ] \
     && ok || bad "the truncated pack named on more than one line: $out"
-echo "$out" | grep -q "^spine: OK (.*/f/spine.bin, [0-9]* bytes)" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 17 corrupt" \
+echo "$out" | grep -q "^spine: OK (.*/f/spine.bin, [0-9]* bytes)" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 1 corrupt, 16 unreadable$" \
     && ok || bad "states with three damaged packs: $out"
 echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 17 of 24 routed experts corrupt or unreadable (layer 1 expert 4, layer 2, layer 3): the model files are damaged; re-run \`deltafin convert\`" \
     && ok || bad "FAILED line with three damaged packs: $out"
@@ -104,15 +108,23 @@ out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
     && echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 1 expert 4 in .*/experts-L001.pack" \
     && echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/experts-L002.pack (layer 2) is $((3 * S + 100)) bytes" \
     && echo "$out" | grep -q "^deltafin doctor: layer 3 UNREADABLE: cannot open expert pack .*/experts-L003.pack" \
-    && echo "$out" | grep -q "^spine: CORRUPT (.*/f/spine.bin, $SB bytes)" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 17 corrupt" \
+    && echo "$out" | grep -q "^spine: CORRUPT (.*/f/spine.bin, 1000 bytes)$" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 1 corrupt, 16 unreadable$" \
     && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin CORRUPT, 17 of 24 routed experts corrupt or unreadable (spine.bin, layer 1 expert 4, layer 2, ...)" \
     && [ -z "$(ls -A "$TMP/tv")" ] && ok || bad "truncated spine + three damaged packs: rc $rc $out"
 [ "$(echo "$out" | grep -c '^deltafin doctor: .*/f/spine.bin')" -eq 1 ] && [ "$(echo "$out" | grep -c '^deltafin doctor: .*experts-L002.pack')" -eq 1 ] \
     && ok || bad "truncated spine + packs: a damaged file named on more than one line: $out"
-# the tokenizer lost as well (tokenizer_config.json without tokenizer.json): its line, and the closing summary says so
+# spine.bin missing: its state says so (not the manifest's size)
+mv "$F/spine.bin" "$TMP/spine.away"
+out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
+mv "$TMP/spine.away" "$F/spine.bin"
+[ $rc -eq 1 ] && echo "$out" | grep -q "^spine: CORRUPT (.*/f/spine.bin, missing)$" && ! echo "$out" | grep -q "^spine: .*$SB bytes" \
+    && echo "$out" | grep -q "^deltafin doctor: spine CORRUPT: .*/f/spine.bin: No such file or directory" && ok || bad "spine.bin missing: rc $rc $out"
+# the tokenizer lost as well (tokenizer_config.json without tokenizer.json): its line, and the closing summary says so;
+# the checkpoint it was converted from (the golden) has no tokenizer either, so converting again is not the advice
+GA=$(realpath "$G")
 cp "$SRC/models/kimi-mini/tokenizer_config.json" "$F/"
 out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: tokenizer FAILED: .*/f has tokenizer_config.json but neither tokenizer.json nor tiktoken.model: copy the tokenizer from the checkpoint, or convert again$" \
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: tokenizer FAILED: .*/f has tokenizer_config.json but neither tokenizer.json nor tiktoken.model: the checkpoint it was converted from ($GA) has no tokenizer.json or tiktoken.model either, so converting again does not help: put the model's tokenizer.json (from its repository) into .*/f$" \
     && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin CORRUPT, 17 of 24 routed experts corrupt or unreadable (spine.bin, layer 1 expert 4, layer 2, ...), tokenizer.json is missing: the model files are damaged; re-run \`deltafin convert\`$" \
     && [ "$(echo "$out" | grep -c 'tokenizer')" -eq 2 ] && ok || bad "damaged packs + tokenizer.json missing: rc $rc $out"
 # only the tokenizer lost: every checksum OK, and the summary names the missing tokenizer.json (exit 1)
@@ -120,8 +132,15 @@ T="$TMP/tok"
 "$BIN" convert "$G" "$T" --quiet && cp "$SRC/models/kimi-mini/tokenizer_config.json" "$T/" || bad "convert $T"
 out=$("$BIN" doctor --model "$T" 2>"$TMP/err"); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "^checksums: all OK$" \
-    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: FAILED: tokenizer.json is missing (the checksums are OK); copy the tokenizer from the checkpoint, or convert again" ] \
+    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: FAILED: tokenizer.json is missing (the checksums are OK); the checkpoint it was converted from ($GA) has no tokenizer.json or tiktoken.model either, so converting again does not help: put the model's tokenizer.json (from its repository) into $T" ] \
     && ok || bad "tokenizer.json missing alone: rc $rc $out $(cat "$TMP/err")"
+# a checkpoint that has its tokenizer: the tokenizer lost from the converted model is copied from it, or converted again
+mkdir -p "$TMP/ckt" && cp "$G"/* "$TMP/ckt/" && cp "$SRC/models/kimi-mini/tokenizer.json" "$SRC/models/kimi-mini/tokenizer_config.json" "$TMP/ckt/"
+"$BIN" convert "$TMP/ckt" "$TMP/tk" --quiet && rm "$TMP/tk/tokenizer.json" || bad "convert $TMP/ckt"
+"$BIN" doctor --model "$TMP/tk" >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "^deltafin doctor: tokenizer FAILED: .*tiktoken.model: copy $TMP/ckt/tokenizer.json into $TMP/tk, or convert again$" "$TMP/err" \
+    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: FAILED: tokenizer.json is missing (the checksums are OK); copy $TMP/ckt/tokenizer.json into $TMP/tk, or convert again" ] \
+    && ok || bad "tokenizer.json missing, the checkpoint has one: rc $rc $(cat "$TMP/err")"
 echo '{' >"$T/tokenizer.json"
 out=$("$BIN" doctor --model "$T" 2>"$TMP/err"); rc=$?
 [ $rc -eq 1 ] && grep -q "^deltafin doctor: tokenizer FAILED: .*tokenizer.json: not valid JSON" "$TMP/err" \
@@ -138,12 +157,44 @@ if [ -n "$CV" ]; then
     out=$("$BIN" doctor --model "$G" --cache-dir "$TMP/cache" 2>&1); rc=$?
     [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: layer 1 UNREADABLE: expert pack $CV/experts-L001.pack (layer 1) is 100 bytes, needs $((8 * S)) (truncated; delete the conversion cache $CV and run again to re-convert)" \
         && echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 3 expert 6 in $CV/experts-L003.pack at offset $((6 * S)) .*delete the conversion cache $CV and run again" \
-        && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 15 OK, 9 corrupt" \
+        && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 15 OK, 1 corrupt, 8 unreadable$" \
         && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 9 of 24 routed experts corrupt or unreadable (layer 1, layer 3 expert 6): .*delete the conversion cache $CV" \
         && ok || bad "cached conversion with damaged packs: rc $rc $out"
 else
     bad "no conversion of $G in $TMP/cache: $(ls "$TMP/cache" 2>&1)"
 fi
+
+# ---- a pack larger than its experts is damaged as a shorter one is (and as a spine.bin of another size): named, not
+# checked, exit 1
+O="$TMP/o"
+"$BIN" convert "$G" "$O" --quiet || bad "convert $O"
+truncate -s $((8 * S + 4096)) "$O/experts-L002.pack"
+out=$("$BIN" doctor --model "$O" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/o/experts-L002.pack (layer 2) is $((8 * S + 4096)) bytes, needs $((8 * S)) (too large: not the pack this manifest describes; convert again); none of its 8 experts checked$" \
+    && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 16 OK, 0 corrupt, 8 unreadable$" \
+    && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 8 of 24 routed experts corrupt or unreadable (layer 2)" \
+    && ok || bad "oversized pack: rc $rc $out"
+truncate -s $((8 * S)) "$O/experts-L002.pack"
+
+# ---- a native model whose manifest.json is missing, or damaged: recognised by its spine.bin and packs; manifest.json
+# named as the damaged file with the repair, then the FAILED summary (exit 1)
+mv "$O/manifest.json" "$TMP/manifest.away"
+OA=$(realpath "$O")
+out=$("$BIN" doctor --model "$O" 2>"$TMP/err"); rc=$?
+[ $rc -eq 1 ] && grep -qx "deltafin doctor: manifest.json DAMAGED: $OA/manifest.json is missing; spine.bin and 3 expert packs are here, but without the manifest they cannot be read or checked; convert again" "$TMP/err" \
+    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: verification FAILED: manifest.json missing (spine.bin and 3 expert packs not checked): the model files are damaged; re-run \`deltafin convert\`" ] \
+    && ! grep -q "neither manifest.json" "$TMP/err" && echo "$out" | grep -q "^tokenizer: none" && ok || bad "manifest.json missing: rc $rc $out $(cat "$TMP/err")"
+head -c 500 "$TMP/manifest.away" >"$O/manifest.json"
+out=$("$BIN" doctor --model "$O" 2>"$TMP/err"); rc=$?
+[ $rc -eq 1 ] && grep -qx "deltafin doctor: manifest.json DAMAGED: $OA/manifest.json is not valid JSON (500 bytes: cut short or overwritten); spine.bin and 3 expert packs are here, but without the manifest they cannot be read or checked; convert again" "$TMP/err" \
+    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: verification FAILED: manifest.json damaged (spine.bin and 3 expert packs not checked): the model files are damaged; re-run \`deltafin convert\`" ] \
+    && ok || bad "manifest.json cut short: rc $rc $out $(cat "$TMP/err")"
+# a directory with none of convert's files is still "no model" (not a damaged one)
+mkdir -p "$TMP/empty"
+out=$("$BIN" doctor --model "$TMP/empty" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "neither manifest.json (native model) nor config.json" && ! echo "$out" | grep -q "DAMAGED" \
+    && ok || bad "empty directory: rc $rc $out"
+mv "$TMP/manifest.away" "$O/manifest.json"
 
 # ---- a striped model: an expert corrupt in its second stripe; both stripe files and offsets are named
 P="$TMP/p"

@@ -7,7 +7,7 @@
 #   8. a long prefill with --timeout shorter than --keepalive keeps its stream
 #      (keep-alives at most every --timeout/2); with --keepalive 0 a stream silent
 #      for --timeout ends with an SSE error event, never a 200 with an empty body;
-#   9. an unwritable --port-file is an error (exit 1); a --port-file left by an earlier server is removed at start
+#   9. a busy --port is an error before the model loads; an unwritable --port-file is an error (exit 1); a --port-file left by an earlier server is removed at start
 #      (also when binding then fails) and replaced by the new port, and removed at SIGTERM / SIGINT / SIGHUP (a
 #      clean exit 0, as SIGTERM; under nohup SIGHUP stays ignored) unless another server has written its own port
 #      there since;
@@ -175,6 +175,16 @@ echo 1 >"$PFB"
 expect "--port in use: exit 1" "$?" 1
 grep -q "the port is in use" "$TMP/pfb.out" && ok "and says why" || bad "busy port message: $(cat "$TMP/pfb.out")"
 [ -e "$PFB" ] && bad "stale --port-file still there after a failed bind: '$(cat "$PFB")'" || ok "stale --port-file removed before binding"
+# with a real model the busy port is said before the model loads (no model line, no first-use conversion into the
+# cache) and at once
+rm -rf "$TMP/busy-cache"
+t0=$(date +%s%N)
+"$BIN" serve --model "$SRC/tests/golden/bf16_kimi" --cache-dir "$TMP/busy-cache" --port "$pa" >"$TMP/pfm.out" 2>&1
+rc=$?; ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+expect "--port in use with a model: exit 1" "$rc" 1
+grep -q "^deltafin serve: cannot listen on 127.0.0.1:$pa: Address already in use (the port is in use: try another --port, or --port 0 for any free one); the model was not loaded$" "$TMP/pfm.out" \
+    && ! grep -q "^model \|convert" "$TMP/pfm.out" && [ ! -e "$TMP/busy-cache" ] && [ "$ms" -lt 2000 ] \
+    && ok "busy port: said before the model loads (${ms} ms)" || bad "busy port with a model (${ms} ms): $(cat "$TMP/pfm.out"); cache: $(ls "$TMP/busy-cache" 2>&1)"
 # a second server with the same PATH replaces it; the first, stopped, leaves the second's file alone
 "$BIN" serve --mock --port 0 --port-file "$PFA" 2>"$TMP/pfc.log" &
 PC=$!; PIDS+=("$PC")

@@ -6,6 +6,9 @@
 #   - a damaged full install (a pack gone, a corrupt spine.bin, tokenizer.json gone): list says DAMAGED naming the file
 #     and the setup command that repairs it; run / serve / bench decode, prefill, batch without --model and doctor name
 #     that command (doctor never says convert for a setup install);
+#   - a truncated pack: list names setup's repair only (never "convert again"); setup's repair says what was damaged
+#     and what it did in one sentence; a pack larger than its experts is DAMAGED too (list, doctor);
+#   - the download's summary is a readable line on stderr (no machine-format line on stdout);
 #   - setup run again over a damaged full install verifies it and repairs it: a pack gone, a corrupt spine.bin (downloaded
 #     and converted again), a corrupt expert of a --keep-download install (from the kept shards, nothing fetched), a
 #     tokenizer.json gone (copied again); an intact one is verified and "already installed"; setup --stream over a
@@ -221,6 +224,27 @@ out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
 out=$("$BIN" list 2>&1); d=$("$BIN" doctor 2>&1); drc=$?
 echo "$out" | grep -q "^\* test/kimi-mini  *full " && ! echo "$out" | grep -q "DAMAGED" && [ $drc -eq 0 ] && echo "$d" | grep -q "^side files: as in the checkpoint $INSTR/kimi-mini$" \
     && ok "after the repairs: list says full, doctor checks the side files (exit 0)" || bad "after the repairs: list $out; doctor rc $drc $d"
+# a truncated pack (it stops the model from opening): list names it with setup's repair only (no "convert again"); setup
+# says in one clean clause what was damaged and what it did; a pack made larger is damaged as well (list and doctor)
+pk2="$TMP/inst/native/experts-L002.pack"
+PS=$(stat -c %s "$pk2")
+cp "$pk2" "$TMP/pack2.orig"
+truncate -s 1000 "$pk2"
+out=$("$BIN" list 2>&1)
+echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " \
+    && echo "$out" | grep -q "test/kimi-mini: expert pack $INSTR/native/experts-L002.pack (layer 2) is 1000 bytes, needs $PS (truncated) (.deltafin doctor --model $INSTR/native. checks every file; .$FIX. repairs the install)$" \
+    && ! echo "$out" | grep -q "convert" && ok "list: a truncated pack of a setup install names setup's repair only" || bad "list with a truncated pack: $out"
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/inst" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "install in $TMP/inst is DAMAGED: experts-L002.pack (layer 2, truncated: 1000 of $PS bytes); repairing it" \
+    && echo "$out" | grep -q "^setup: test/kimi-mini repaired (full, .*) in .*/inst/native: rebuilt experts-L002.pack (layer 2, truncated: 1000 of $PS bytes) by converting the checkpoint again (.* MB downloaded, .* MB reused from the disk); it is the default model$" \
+    && ! echo "$out" | grep -q "convert again" && cmp -s "$TMP/pack2.orig" "$pk2" \
+    && ok "setup over a truncated pack: what was damaged and what was done, one clean sentence; repaired" || bad "repair a truncated pack: rc $rc $out"
+cat "$TMP/pack2.orig" /dev/zero 2>/dev/null | head -c $((PS + 4096)) >"$pk2"
+out=$("$BIN" list 2>&1); d=$("$BIN" doctor 2>&1); drc=$?
+echo "$out" | grep -q "^\* test/kimi-mini  *DAMAGED " && echo "$out" | grep -q "experts-L002.pack (layer 2) is $((PS + 4096)) bytes, needs $PS (too large: not the pack this manifest describes) (" \
+    && [ $drc -eq 1 ] && echo "$d" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*experts-L002.pack (layer 2) is $((PS + 4096)) bytes, needs $PS (too large: not the pack this manifest describes; repair the install with .$FIX.)" \
+    && ok "a pack larger than its experts: DAMAGED in list, doctor fails (exit 1)" || bad "oversized pack: list $out; doctor rc $drc $d"
+cp "$TMP/pack2.orig" "$pk2"
 
 # ---- suggested commands quote their paths: an install whose directory has a space and a single quote (a copy of
 # the full install, recorded in a registry of its own); each command a message suggests, pasted into a shell, gets
@@ -386,7 +410,9 @@ R=$("$BIN" run --model "$TMP/redir-st/native" --prompt-ids $IDS --max-new 8 --pr
 
 # ---- dropped connections are retried
 out=$("$BIN" setup test/kimi-mini --mirror "$PX/drop" --dir "$TMP/drop" --no-default --chunk 4M 2>&1); rc=$?
-r=$(echo "$out" | sed -n 's/.* retries \([0-9]*\)$/\1/p' | tail -1)
+r=$(echo "$out" | sed -n 's/^setup: downloaded [0-9.]* MB in .* MB were already on disk, \([0-9]*\) retries$/\1/p' | tail -1)
+# the download's summary is that readable line on stderr; stdout carries no machine-format line
+echo "$out" | grep -q "fetched_bytes\|present_bytes" && bad "setup printed a fetched_bytes line: $out" || ok "setup: no fetched_bytes line"
 [ $rc -eq 0 ] && [ "${r:-0}" -ge 3 ] && cmp -s "$TMP/local/spine.bin" "$TMP/drop/native/spine.bin" && ok "connections dropped mid-range: $r retries, install intact" \
     || bad "drop: rc $rc retries '$r' $out"
 

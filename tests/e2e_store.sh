@@ -122,7 +122,8 @@ done
   && ok || bad "bench prefill configuration line: stdout $(cat "$T/bp"); stderr $(cat "$T/bp.err")"
 
 # trace replays: eviction policies (LRU / frequency / heat tier) and the store's I/O path without compute
-run --max-new 24 --events "$T/tr.jsonl" >/dev/null
+"$BIN" run --model "$T/m" --prompt-ids 5,17,42,99 --max-new 24 --print-ids --quiet --events "$T/tr.jsonl" >/dev/null 2>"$T/err" \
+  || bad "run recording the trace: $(cat "$T/err")"
 "$BIN" bench cache --model "$T/m" --trace "$T/tr.jsonl" --slots 8,16,32 >"$T/bc" 2>&1 && grep -q "LRFU+heat" "$T/bc" \
   && [ "$(grep -cE '^ +[0-9]+ +[0-9.]+%' "$T/bc")" = 3 ] && ok || bad "bench cache: $(cat "$T/bc")"
 "$BIN" bench store --model "$T/m" --trace "$T/tr.jsonl" --io-seconds 0.3 --no-drop >"$T/bs" 2>&1 \

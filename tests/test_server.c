@@ -243,22 +243,55 @@ static void test_number_text(void) {
         free(ej);
         if (st == 0) srv_request_free(&r);
     }
-    {   /* nesting: 256 levels are accepted, 257 refused naming where (a tool schema the chat template could not take) */
-        char *b = malloc(4096);
-        for (int levels = 256; b && levels <= 257; levels++) {
+    {   /* nesting: 256 levels are accepted; 257, 300, past the JSON parser's own limit (1000) and 100000 levels are
+         * refused with one and the same message, naming the limit and where it is passed (a tool schema the chat
+         * template could not take) */
+        static const int depths[] = {256, 257, 300, 1000, 1001, 100000};
+        /* x's arrays: "x" then [0] for levels 3 .. 257, the first past the limit; cut after 100 characters */
+        char path[1024] = "x", want[1400];
+        for (int i = 3; i <= 257; i++) strcat(path, "[0]");
+        snprintf(want, sizeof want, "Invalid request body: arrays / objects nest more than 256 levels deep (at '%.100s...'); "
+                 "this server accepts at most 256.", path);
+        char *b = malloc(2 * 100000 + 64);
+        for (size_t k = 0; b && k < sizeof depths / sizeof *depths; k++) {
+            const int levels = depths[k];
             /* {"prompt":"a","x":[[...[1]...]]}: the body is level 1, x's arrays levels 2 .. levels */
-            int n = snprintf(b, 4096, "{\"prompt\":\"a\",\"x\":");
+            int n = snprintf(b, 64, "{\"prompt\":\"a\",\"x\":");
             for (int i = 2; i <= levels; i++) b[n++] = '[';
             b[n++] = '1';
             for (int i = 2; i <= levels; i++) b[n++] = ']';
             b[n++] = '}';
             b[n] = 0;
+            if (levels == 256) {
+                srv_request r;
+                char *ej = NULL;
+                const int st = srv_request_parse(&r, SRV_COMPLETION, b, strlen(b), &ej);
+                CHECK(st == 0, "256 levels accepted: %d %s", st, ej ? ej : "");
+                free(ej);
+                if (st == 0) srv_request_free(&r);
+            } else {
+                expect_400_exact(SRV_COMPLETION, b, want);
+            }
+        }
+        /* a member name in the path; brackets inside strings are text, not nesting */
+        if (b) {
+            int n = snprintf(b, 64, "{\"prompt\":\"[[[{{{\",\"tools\":[{\"function\":{\"parameters\":");
+            for (int i = 5; i <= 257; i++) n += sprintf(b + n, "{\"p\":");
+            n += sprintf(b + n, "1");
+            for (int i = 5; i <= 257; i++) b[n++] = '}';
+            n += sprintf(b + n, "}}]}");
+            char w2[1400], p2[1400] = "tools[0].function.parameters";
+            for (int i = 6; i <= 257; i++) strcat(p2, ".p");
+            snprintf(w2, sizeof w2, "Invalid request body: arrays / objects nest more than 256 levels deep (at '%.100s...'); "
+                     "this server accepts at most 256.", p2);
+            expect_400_exact(SRV_COMPLETION, b, w2);
+            n = sprintf(b, "{\"prompt\":\"");
+            for (int i = 0; i < 2000; i++) b[n++] = '[';
+            n += sprintf(b + n, "\",\"max_tokens\":2}");
             srv_request r;
             char *ej = NULL;
             const int st = srv_request_parse(&r, SRV_COMPLETION, b, strlen(b), &ej);
-            if (levels == 256) CHECK(st == 0, "256 levels accepted: %d %s", st, ej ? ej : "");
-            else CHECK(st == 400 && ej && strstr(ej, "nest more than 256 levels deep (at 'x[0][0]") && strstr(ej, "[0]...')"),
-                       "257 levels: 400 naming the limit and the path: %d %s", st, ej ? ej : "");
+            CHECK(st == 0, "2000 '[' inside a string are no nesting: %d %s", st, ej ? ej : "");
             free(ej);
             if (st == 0) srv_request_free(&r);
         }
@@ -487,6 +520,28 @@ static void test_null_content(void) {
         srv_request_free(&r);
     }
     free(ej);
+    /* a tool call's arguments must be a string (JSON text), as the OpenAI API requires: an object, an array, a number,
+     * null or none at all is a 400 naming the parameter; so is a call without a function name */
+    static const char *const bad_args[][2] = {
+        {"{\"city\":\"Paris\"}", "Invalid type for 'messages[1].tool_calls[0].function.arguments': expected a string, but got an "
+                                 "object instead. Send the arguments as JSON text, e.g. \"{\\\"city\\\": \\\"Paris\\\"}\"."},
+        {"[1]", "Invalid type for 'messages[1].tool_calls[0].function.arguments': expected a string, but got an array instead."},
+        {"3", "Invalid type for 'messages[1].tool_calls[0].function.arguments': expected a string, but got a number instead."},
+        {"null", "Invalid type for 'messages[1].tool_calls[0].function.arguments': expected a string, but got null instead."},
+    };
+    for (size_t k = 0; k < sizeof bad_args / sizeof bad_args[0]; k++) {
+        char b[512];
+        snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,"
+                              "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":%s}}]},"
+                              "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}]}", bad_args[k][0]);
+        expect_400_n(SRV_CHAT, b, 0, "messages[1].tool_calls[0].function.arguments", bad_args[k][1]);
+    }
+    expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"f\"}}]}]}",
+                 0, "messages[0].tool_calls[0].function.arguments", "Missing required parameter: 'messages[0].tool_calls[0].function.arguments'.");
+    expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"arguments\":\"{}\"}}]}]}",
+                 0, "messages[0].tool_calls[0].function.name", "Missing required parameter: 'messages[0].tool_calls[0].function.name'.");
+    expect_400_n(SRV_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":{\"function\":{}}}]}",
+                 0, "messages[0].tool_calls", "Invalid type for 'messages[0].tool_calls': expected an array.");
 }
 
 static void test_misc(void) {

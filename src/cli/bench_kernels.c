@@ -432,6 +432,7 @@ int bench_kernels_main(int argc, char **argv) {
         if (!cli_known_option(a, kernels ? vals_kernels : vals_machine))
             return cli_unknown_option(what, a, kernels ? vals_kernels : vals_machine, kernels ? bench_flags : NULL);
         if (!v) { fprintf(stderr, "deltafin bench %s: %s needs a value (see --help)\n", name, a); return 2; }
+        if (cli_repeated_at(what, argc, argv, i, kernels ? vals_kernels : vals_machine, NULL)) return 2;
         i++;
         if (!strcmp(a, "--threads")) {
             if ((nthr = parse_int_list(v, 1, 4096, threads, MAX_LIST)) < 0) {

@@ -58,6 +58,7 @@ int bench_prefill(int argc, char **argv) {
         static const char *const bench_flags[] = {"--help", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench prefill", a, vals, bench_flags);
         if (!v) { fprintf(stderr, "deltafin bench prefill: %s needs a value (see --help)\n", a); return 2; }
+        if (cli_repeated_at("bench prefill", argc, argv, i, vals, NULL)) return 2;
         char *end = NULL;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench prefill", v)) return 2; cache_dir = v; }

@@ -380,6 +380,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
             fprintf(stderr, "deltafin bench project: %s needs a value (see --help)\n", a);
             return 2;
         }
+        if (cli_repeated_at("bench project", argc, argv, i, vals, NULL)) return 2;
         double x;
         i++;
 #define NUM(flag, lo, hi, dst, extra)                                                       \

@@ -33,6 +33,14 @@ const char *cli_cr(void);
 /* 1 when `a` is one of the NULL-terminated names: a parser asks it before saying "A needs a value", so a
  * mistyped flag at the end of the command line is an unknown option, not a flag without its value. */
 int cli_known_option(const char *a, const char *const *names);
+/* A single-value option given twice ("run --prompt a --prompt b": the later value would silently replace the earlier):
+ * argv scanned for the options of the NULL-terminated `values` / `values2` (values2 may be NULL), those that take a
+ * value (which is skipped, so "--prompt --prompt" is one option and its value). 0, or 2 (a usage error) after
+ * "deltafin CMD: --prompt is given more than once ("a", then "b"); it takes one value: give it once" on stderr. */
+int cli_check_repeated(const char *cmd, int argc, char **argv, const char *const *values, const char *const *values2);
+/* The same check for the value option argv[i] alone (its earlier occurrences in argv[1..i)): for a parser that meets
+ * each option in turn. 0, or 2 after the message. */
+int cli_repeated_at(const char *cmd, int argc, char **argv, int i, const char *const *values, const char *const *values2);
 /* 1 when the comma-separated list s has an empty item ("a,,b", ",a", "a," or ""): lists are refused so everywhere. */
 int cli_list_has_empty(const char *s);
 /* The token ids of a comma-separated list ("1,2, 3"; spaces, tabs and line breaks around an item are ignored): each a
@@ -101,6 +109,12 @@ int cli_default_model_repair(const char *cmd, const char *how, int rc);
  * 1, the command that verifies and repairs it in fix (as cli_default_model_repair names it; --no-default when it is
  * not the default model) and the checkpoint directory of its side files in ck (may be NULL); else 0. */
 int cli_setup_install(const char *model_dir, char *fix, size_t cap, char *ck, size_t ckcap);
+/* A model with tokenizer_config.json but neither tokenizer.json nor tiktoken.model (the tokenizer itself): what repairs it,
+ * as one clause for a message, depending on where a tokenizer can come from: a setup install's repair command when
+ * its checkpoint has one; for a converted model, the copy in the checkpoint it was converted from (its manifest's
+ * source.dir), or, when that checkpoint has none either, the model's repository (converting again does not help).
+ * Returns 1 when it names a setup install's repair command that restores the tokenizer, else 0. */
+int cli_tokenizer_fix(const char *model, char *out, size_t cap);
 /* An error opening model (run, bench): prints "deltafin CMD: MSG" on stderr, where a setup install's message names
  * the setup command that repairs it instead of the engine's convert advice (df_advice_setup_repair), then
  * cli_default_model_repair(cmd, how, rc). */

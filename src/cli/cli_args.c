@@ -384,3 +384,32 @@ int cli_parse_ids(const char *s, int32_t **out, size_t *n_out, char *err, size_t
     *n_out = n;
     return 0;
 }
+
+/* argv[k] is one of the value options */
+static int is_value_option(const char *a, const char *const *values, const char *const *values2) {
+    return cli_known_option(a, values) || (values2 && cli_known_option(a, values2));
+}
+
+int cli_repeated_at(const char *cmd, int argc, char **argv, int i, const char *const *values, const char *const *values2) {
+    if (i + 1 >= argc) return 0; /* no value: the parser says so */
+    for (int j = 0; j < i; j++) { /* argv[0]: the command's name, or (bench) its first argument */
+        if (!is_value_option(argv[j], values, values2)) continue;
+        if (!strcmp(argv[j], argv[i])) {
+            fprintf(stderr, "deltafin %s: %s is given more than once (\"%.60s%s\", then \"%.60s%s\"); it takes one value: give "
+                            "it once\n", cmd, argv[i], argv[j + 1], strlen(argv[j + 1]) > 60 ? "..." : "", argv[i + 1],
+                    strlen(argv[i + 1]) > 60 ? "..." : "");
+            return 2;
+        }
+        j++; /* its value (it may look like an option) */
+    }
+    return 0;
+}
+
+int cli_check_repeated(const char *cmd, int argc, char **argv, const char *const *values, const char *const *values2) {
+    for (int i = 0; i < argc; i++) {
+        if (!is_value_option(argv[i], values, values2)) continue;
+        if (cli_repeated_at(cmd, argc, argv, i, values, values2)) return 2;
+        i++; /* its value */
+    }
+    return 0;
+}

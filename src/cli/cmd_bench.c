@@ -316,6 +316,7 @@ static int bench_io(int argc, char **argv) {
         static const char *const flags[] = {"--help", "--pread", "--fixed", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench io", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench io: %s needs a value\n", a); return 2; }
+        if (cli_repeated_at("bench io", argc, argv, i, vals, NULL)) return 2;
         if (!strcmp(a, "--dir")) o.dirs = v;
         else if (!strcmp(a, "--size")) { if (want_size("io", a, v, &o.io_bytes)) return 2; }
         else if (!strcmp(a, "--run")) { if (want_size("io", a, v, &o.run_bytes)) return 2; }
@@ -475,6 +476,7 @@ static int bench_decode(int argc, char **argv) {
         static const char *const flags[] = {"--help", "--no-drop", "--preload", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench decode", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench decode: %s needs a value\n", a); return 2; }
+        if (cli_repeated_at("bench decode", argc, argv, i, vals, NULL)) return 2;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench decode", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--ram-budget")) { /* 0 = no budget, as leaving the flag out */
@@ -917,6 +919,7 @@ static int bench_cache(int argc, char **argv) {
                                            NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench cache", a, vals, NULL);
         if (!v) { fprintf(stderr, "deltafin bench cache: %s needs a value\n", a); return 2; }
+        if (cli_repeated_at("bench cache", argc, argv, i, vals, NULL)) return 2;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench cache", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--trace")) test = v;
@@ -1028,6 +1031,7 @@ static int bench_store(int argc, char **argv) {
         static const char *const flags[] = {"--help", "--pread", "--no-drop", NULL};
         if (!cli_known_option(a, vals)) return cli_unknown_option("bench store", a, vals, flags);
         if (!v) { fprintf(stderr, "deltafin bench store: %s needs a value\n", a); return 2; }
+        if (cli_repeated_at("bench store", argc, argv, i, vals, NULL)) return 2;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--cache-dir")) { if (cli_check_cache_dir("bench store", v)) return 2; cache_dir = v; }
         else if (!strcmp(a, "--trace")) test = v;

@@ -36,8 +36,14 @@ static void usage(FILE *f) {
             "                       than the model has MoE layers; the spine is written by one thread\n"
             "  --force              MODEL_DIR may be non-empty: delete the deltafin model files in it first\n"
             "                       (otherwise a non-empty MODEL_DIR is refused: old packs would be mixed in)\n"
-            "  --quiet              no progress line\n"
+            "  --quiet              no progress line (warnings are still shown)\n"
             "  -h, --help           this help\n"
+            "The tokenizer (tokenizer.json or tiktoken.model), tokenizer_config.json, chat_template.jinja,\n"
+            "special_tokens_map.json, generation_config.json and README.md are copied when the checkpoint has them.\n"
+            "A checkpoint without a tokenizer gives a model that takes token ids only (run --prompt-ids); one with\n"
+            "tokenizer_config.json but without the tokenizer itself (a partial download, or a SentencePiece\n"
+            "tokenizer.model only) is converted too, with a warning on stderr saying so (exit status 0): put the\n"
+            "model's tokenizer.json into MODEL_DIR before using text with it.\n"
             "SIGINT or SIGTERM stops the conversion, removes every file it wrote and exits with 128 + the signal\n"
             "number. A killed conversion leaves *.tmp files and no manifest.json: the next run into that directory\n"
             "removes them only when the directory holds nothing but deltafin's model files; when it holds anything\n"
@@ -112,6 +118,8 @@ int cmd_convert(int argc, char **argv) {
     /* SIGINT / SIGTERM / SIGHUP from here on: stop, remove what was written, exit 128 + signal (installed before any
      * file or directory is created, so that no signal ends the process with one left behind) */
     df_interrupt_install();
+    static const char *const values[] = {"--spine", "--expert-dirs", "--threads", "--stripe-weights", NULL};
+    if (cli_check_repeated("convert", argc, argv, values, NULL)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -255,6 +263,18 @@ int cmd_convert(int argc, char **argv) {
                 df_signal_name(sig), pos[1]);
         return 128 + sig;
     }
+    /* the tokenizer: convert copies tokenizer.json or tiktoken.model when the checkpoint has one. tokenizer_config.json
+     * without either is a checkpoint whose tokenizer was left out (a partial download, or a repository that ships only
+     * the SentencePiece tokenizer.model, which deltafin does not read): the model is written, but text cannot be used
+     * with it, and converting again does not change that; said even with --quiet (a warning, exit status 0) */
+    const int has_tok = cli_is_file(pos[0], "tokenizer.json") || cli_is_file(pos[0], "tiktoken.model");
+    if (!has_tok && cli_is_file(pos[0], "tokenizer_config.json"))
+        fprintf(stderr, "deltafin convert: warning: %s has tokenizer_config.json but no tokenizer.json (nor tiktoken.model)%s: %s "
+                        "has no tokenizer, so run --prompt, run --chat, tokenize and the server's text requests cannot be used "
+                        "with it (token ids only: run --prompt-ids). Put the model's tokenizer.json (from its repository) into %s; "
+                        "converting again does not add one unless it is in %s\n",
+                pos[0], cli_is_file(pos[0], "tokenizer.model") ? "; its tokenizer.model (SentencePiece) is not a format deltafin reads" : "",
+                pos[1], pos[1], pos[0]);
     if (!quiet) {
         /* --spine bf16: exact only when every re-encoded value was a bf16 already (manifest.json records it) */
         char note[160] = "";
@@ -273,8 +293,9 @@ int cmd_convert(int argc, char **argv) {
                          cJSON_IsNumber(nl) ? nl->valueint : 0);
             cJSON_Delete(m);
         }
-        fprintf(stderr, "deltafin convert: wrote %s (spine %s%s)\n", pos[1],
-                o.spine == DF_SPINE_SOURCE ? "source" : o.spine == DF_SPINE_BF16 ? "bf16" : "int8", note);
+        fprintf(stderr, "deltafin convert: wrote %s (spine %s%s%s)\n", pos[1],
+                o.spine == DF_SPINE_SOURCE ? "source" : o.spine == DF_SPINE_BF16 ? "bf16" : "int8", note,
+                has_tok ? "" : "; no tokenizer: token ids only");
     }
     return 0;
 }

@@ -6,8 +6,8 @@
  * is printed, also when a corrupt spine.bin stops the model from opening) and a
  * check that its tokenizer (when it has one) opens. For an install of `deltafin setup` (the registry names it), the
  * side files are checked against the checkpoint's copies (src/hub/install.h) and the messages name setup's repair
- * command instead of the engine's "re-run `deltafin convert`". Damage that stops the model from opening (a truncated
- * or missing spine.bin, a truncated pack) hides nothing: every damaged file is reported and the other files' checksums
+ * command instead of the engine's "re-run `deltafin convert`". Damage that stops the model from opening (a missing
+ * spine.bin, or one or a pack of another size than its manifest says) hides nothing: every damaged file is reported and the other files' checksums
  * are still verified (file_check, make_view), so that one run lists every problem, as fsck does, each damaged file on
  * one line (the open's own error is said only when no such line names its file). The closing summary (the FAILED line)
  * names a tokenizer that is missing or does not open.
@@ -18,9 +18,11 @@
 #include "hub/stream.h"
 #include "deltafin.h"
 #include "model/convert.h"
+#include "model/native.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -99,6 +101,9 @@ static void say_open_err(void) {
  * when it opens or the model has none. side_tok_missing: the setup install's side-file check named the missing file. */
 static char tok_problem[64];
 static int side_tok_missing;
+/* what repairs it, for the closing summary: a clause ("copy ... into DIR, or convert again", "`setup ...` repairs the
+ * install") */
+static char tok_fix[41000];
 
 /* msg (a closing summary) mentions the tokenizer's problem: "spine.bin OK, 0 of 8 ... corrupt, tokenizer.json is
  * missing: the model files are damaged; ..." (appended when msg has no ": the model files are damaged") */
@@ -123,7 +128,7 @@ static void verification_failed(const char *msg) {
 }
 
 /* Damage that stops the model from opening (native_open refuses it, and df_model_verify_all with it checks nothing):
- * spine.bin missing or not the size its manifest says, an expert pack shorter than its experts or that cannot be looked
+ * spine.bin missing or not the size its manifest says, an expert pack not the size of its experts or that cannot be looked
  * at (a missing pack alone does not stop it: it is reported as its layer's problem). file_check finds such files from
  * manifest.json and reports each one; the checksums of the rest are then verified through a stand-in directory, the
  * view (make_view): a copy of the manifest whose packs are the model's own files by absolute path, except the damaged
@@ -135,6 +140,7 @@ typedef struct {
     int spine_bad;        /* spine.bin reported by file_check */
     char spine_path[4400];
     uint64_t spine_bytes; /* the manifest's */
+    int64_t spine_have;   /* spine.bin's real size when file_check reported it; -1: missing or not looked at */
     unsigned char *skip;  /* [layer]: the layer's packs reported by file_check */
     int n_skip;
     char first[3][64];    /* the first problems, named in the FAILED line as df_model_verify_all names them */
@@ -201,7 +207,7 @@ static int64_t j_u64(const cJSON *o, const char *k) { return num_u64(cJSON_GetOb
 
 /* Every file of the native model nat (its real path) that its manifest (root) names, checked for what stops the model
  * from opening, each such file reported (report_file); root is rewritten for the view in directory view: every pack by
- * its absolute path, a damaged one (truncated, or not looked at) by a path in view that does not exist, and a damaged
+ * its absolute path, a damaged one (of another size, or not looked at) by a path in view that does not exist, and a damaged
  * spine.bin as an empty stand-in (its file made in view; the model's spine.bin linked there otherwise). Returns the
  * number of damaged files that stop the model from opening (a missing pack in a layer without such a file is left to
  * df_model_verify_all), negated when the view could not be made; 0 also when the manifest is not one it can follow
@@ -241,10 +247,11 @@ static int file_check(const char *nat, cJSON *root, const char *view, damage *d)
     snprintf(d->spine_path, sizeof d->spine_path, "%s/%s", nat, sf->valuestring);
     d->spine_bytes = (uint64_t)sbytes;
     msg[0] = 0;
+    d->spine_have = -1;
     if (stat(d->spine_path, &st) != 0)
         snprintf(msg, sizeof msg, "spine file %s: %s%s", d->spine_path, strerror(errno),
                  errno == ENOENT ? " (the converted model is incomplete; convert again)" : "");
-    else if ((uint64_t)st.st_size != d->spine_bytes)
+    else if ((uint64_t)(d->spine_have = (int64_t)st.st_size) != d->spine_bytes)
         snprintf(msg, sizeof msg, "%s is %lld bytes but the manifest says %llu (truncated or replaced; convert again)",
                  d->spine_path, (long long)st.st_size, (unsigned long long)d->spine_bytes);
     if (msg[0]) {
@@ -256,7 +263,7 @@ static int file_check(const char *nat, cJSON *root, const char *view, damage *d)
     /* the packs, layer by layer: each file holds n_experts stripes of its size (stripe_sizes, else stripe_bytes, else
      * the stride); in a layer with a damaged one, every file that is not whole is reported (the engine's line for the
      * layer, which would name one of them, is left out) */
-    enum { F_WHOLE, F_MISSING, F_ERROR, F_SHORT };
+    enum { F_WHOLE, F_MISSING, F_ERROR, F_SIZE };
     for (const cJSON *lj = cJSON_IsArray(layers) ? layers->child : NULL; lj; lj = lj->next) {
         const int layer = (int)j_u64(lj, "layer");
         cJSON *files = cJSON_GetObjectItemCaseSensitive(lj, "files");
@@ -275,8 +282,8 @@ static int file_check(const char *nat, cJSON *root, const char *view, damage *d)
             need[k] = (uint64_t)ne * (uint64_t)size;
             cls[k] = F_WHOLE, err[k] = 0, have[k] = 0;
             if (stat(path[k], &st) != 0) err[k] = errno, cls[k] = errno == ENOENT ? F_MISSING : F_ERROR;
-            else if ((uint64_t)(have[k] = (int64_t)st.st_size) < need[k]) cls[k] = F_SHORT;
-            blocked |= cls[k] == F_ERROR || cls[k] == F_SHORT;
+            else if ((uint64_t)(have[k] = (int64_t)st.st_size) != need[k]) cls[k] = F_SIZE;
+            blocked |= cls[k] == F_ERROR || cls[k] == F_SIZE;
         }
         for (int k = 0; k < nf; k++) {
             if (blocked && cls[k] != F_WHOLE) {
@@ -287,15 +294,16 @@ static int file_check(const char *nat, cJSON *root, const char *view, damage *d)
                     snprintf(msg, sizeof msg, "expert pack %s (layer %d): %s; none of its %d experts checked", path[k], layer,
                              strerror(err[k]), (int)ne);
                 else
-                    snprintf(msg, sizeof msg, "expert pack %s (layer %d) is %lld bytes, needs %llu (truncated; convert again); "
-                             "none of its %d experts checked", path[k], layer, (long long)have[k], (unsigned long long)need[k], (int)ne);
+                    snprintf(msg, sizeof msg, "expert pack %s (layer %d) is %lld bytes, needs %llu (%s; convert again); "
+                             "none of its %d experts checked", path[k], layer, (long long)have[k], (unsigned long long)need[k],
+                             native_pack_size_cause((uint64_t)have[k], need[k]), (int)ne);
                 report_file(d, layer, msg);
                 bad += cls[k] != F_MISSING;
             }
             /* the view: the model's file by its absolute path, a damaged one by a path that does not exist */
             char vpath[4600];
             const char *base = strrchr(path[k], '/');
-            if (cls[k] == F_ERROR || cls[k] == F_SHORT) snprintf(vpath, sizeof vpath, "%s/absent/%s", view, base ? base + 1 : path[k]);
+            if (cls[k] == F_ERROR || cls[k] == F_SIZE) snprintf(vpath, sizeof vpath, "%s/absent/%s", view, base ? base + 1 : path[k]);
             else snprintf(vpath, sizeof vpath, "%s", path[k]);
             cJSON_ReplaceItemInArray(files, k, cJSON_CreateString(vpath));
         }
@@ -367,6 +375,60 @@ static void remove_view(const char *view, const damage *d) {
     rmdir(view);
 }
 
+/* A native model whose manifest.json is missing or damaged: dir is no Hugging Face checkpoint (no config.json) but holds
+ * files convert writes (spine.bin, experts-L*.pack, or their *.tmp of a conversion that did not finish), and its
+ * manifest.json is missing, cannot be read, is not valid JSON or is not a deltafin manifest. Without the manifest
+ * nothing else can be read or checked. The number of those files found, with the manifest's path in mf, what is
+ * wrong with it in what ("is missing") and the files in files ("spine.bin and 3 expert packs"); else 0 (a manifest
+ * that parses is the engine's to check). */
+static int manifest_damaged(const char *dir, char *mf, size_t mcap, char *what, size_t wcap, char *files, size_t fcap) {
+    if (cli_is_file(dir, "config.json")) return 0;
+    DIR *dh = opendir(dir);
+    if (!dh) return 0;
+    int spine = 0, packs = 0, tmp = 0;
+    for (struct dirent *e; (e = readdir(dh)) != NULL;) {
+        const char *n = e->d_name;
+        const size_t L = strlen(n);
+        const int is_tmp = L > 4 && !strcmp(n + L - 4, ".tmp");
+        const size_t b = is_tmp ? L - 4 : L; /* the name without .tmp */
+        const int is_spine = b == 9 && !strncmp(n, "spine.bin", 9);
+        const int is_pack = b > 14 && !strncmp(n, "experts-L", 9) && !strncmp(n + b - 5, ".pack", 5);
+        const int is_man = is_tmp && b == 13 && !strncmp(n, "manifest.json", 13);
+        if (is_tmp && (is_spine || is_pack || is_man)) tmp++;
+        else if (is_spine) spine = 1;
+        else if (is_pack) packs++;
+    }
+    closedir(dh);
+    if (!spine && !packs && !tmp) return 0;
+    char real[4096];
+    snprintf(mf, mcap, "%s/manifest.json", realpath(dir, real) ? real : dir);
+    char *txt = NULL;
+    size_t len = 0;
+    struct stat st;
+    if (stat(mf, &st) != 0) snprintf(what, wcap, "%s", errno == ENOENT ? "is missing" : strerror(errno));
+    else if (df_read_file(mf, &txt, &len, NULL, 0)) snprintf(what, wcap, "cannot be read: %s", strerror(errno));
+    else {
+        cJSON *m = cJSON_ParseWithLength(txt, len);
+        const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(m, "format");
+        if (!m) snprintf(what, wcap, "is not valid JSON (%zu bytes: cut short or overwritten)", len);
+        else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "deltafin-native"))
+            snprintf(what, wcap, "is not a deltafin manifest (no \"format\": \"deltafin-native\")");
+        else what[0] = 0;
+        cJSON_Delete(m);
+    }
+    free(txt);
+    if (!what[0]) return 0;
+    size_t o = 0;
+    files[0] = 0;
+    if (spine) o += (size_t)snprintf(files + o, o < fcap ? fcap - o : 0, "spine.bin");
+    if (packs && o < fcap)
+        o += (size_t)snprintf(files + o, fcap - o, "%s%d expert pack%s", spine ? " and " : "", packs, packs == 1 ? "" : "s");
+    if (tmp && o < fcap)
+        snprintf(files + o, fcap - o, "%s%d *.tmp file%s of a conversion that did not finish", o ? ", and " : "", tmp,
+                 tmp == 1 ? "" : "s");
+    return spine + packs + tmp;
+}
+
 /* a setup install's side file that is not the checkpoint's copy (install_check_side_files) */
 static void report_side_file(void *user, const install_side_problem *p) {
     (void)user;
@@ -376,29 +438,74 @@ static void report_side_file(void *user, const install_side_problem *p) {
             p->missing ? "is missing; the checkpoint's copy is" : "differs from the checkpoint's copy", p->checkpoint, setup_fix);
 }
 
+/* The tokenizer of model: OK, none (token ids only), or a problem (said on stderr, named in tok_problem for the
+ * closing summary, its repair in tok_fix): a file that is present but does not open is an error (not "no
+ * tokenizer"), and so is tokenizer_config.json without the tokenizer itself. 1 on a problem. */
+static int check_tokenizer(const char *model) {
+    if (cli_is_file(model, "tokenizer.json") || cli_is_file(model, "tiktoken.model")) {
+        df_tokenizer *t = NULL;
+        char terr[1024] = "";
+        if (df_tokenizer_open(&t, model, NULL, terr, sizeof terr)) {
+            fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s\n", terr[0] ? terr : "cannot open");
+            snprintf(tok_problem, sizeof tok_problem, "%s does not open",
+                     cli_is_file(model, "tokenizer.json") ? "tokenizer.json" : "tiktoken.model");
+            snprintf(tok_fix, sizeof tok_fix, "%s%s%s", setup_fix[0] ? "`" : "",
+                     setup_fix[0] ? setup_fix : "copy the tokenizer from the checkpoint, or convert again",
+                     setup_fix[0] ? "` repairs the install" : "");
+            return 1;
+        }
+        printf("tokenizer: OK\n");
+        df_tokenizer_free(t);
+        return 0;
+    }
+    if (cli_is_file(model, "tokenizer_config.json")) {
+        /* the tokenizer's configuration without the tokenizer: lost, or never in the checkpoint (cli_tokenizer_fix) */
+        snprintf(tok_problem, sizeof tok_problem, "tokenizer.json is missing");
+        char fix[41000];
+        if (cli_tokenizer_fix(model, fix, sizeof fix)) snprintf(tok_fix, sizeof tok_fix, "`%s` repairs the install", setup_fix);
+        else snprintf(tok_fix, sizeof tok_fix, "%s", fix);
+        if (!side_tok_missing)
+            fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s has tokenizer_config.json but neither tokenizer.json nor "
+                            "tiktoken.model: %s\n", model, fix);
+        return 1;
+    }
+    printf("tokenizer: none (token ids only)\n");
+    return 0;
+}
+
 /* The checksums all verified: said on stdout; when another check failed (status != 0) the last line on stderr says
  * the doctor FAILED anyway, with the setup install's repair when there is one. */
 static void checksums_ok(int status, int others) {
     say_open_err();
     printf("checksums: all OK\n");
     if (status && tok_problem[0])
-        fprintf(stderr, "deltafin doctor: FAILED: %s%s (the checksums are OK); %s%s%s\n", tok_problem,
-                others ? ", and the other problems reported above" : "", setup_fix[0] ? "`" : "",
-                setup_fix[0] ? setup_fix : "copy the tokenizer from the checkpoint, or convert again",
-                setup_fix[0] ? "` repairs the install" : "");
+        fprintf(stderr, "deltafin doctor: FAILED: %s%s (the checksums are OK); %s\n", tok_problem,
+                others ? ", and the other problems reported above" : "", tok_fix);
     else if (status)
         fprintf(stderr, "deltafin doctor: FAILED by the problems reported above (the checksums are OK)%s%s%s\n",
                 setup_fix[0] ? "; `" : "", setup_fix, setup_fix[0] ? "` repairs the install" : "");
 }
 
-/* the spine's and the routed experts' state, on stdout */
-static void print_state(int spine_ok, const char *spine_file, uint64_t spine_bytes, const df_verify_summary *sum) {
-    printf("spine: %s (%s, %llu bytes)\n", spine_ok ? "OK" : "CORRUPT", spine_file, (unsigned long long)spine_bytes);
-    if (sum->n_moe_layers)
-        printf("experts: %d routed experts in %d MoE layers: %d OK, %d corrupt\n", sum->n_experts, sum->n_moe_layers,
-               sum->n_experts - sum->n_bad_experts, sum->n_bad_experts);
-    else
+/* the spine's and the routed experts' state, on stdout: spine.bin's real size (spine_have; -1: missing), and the
+ * experts that failed their checksum or could not be read (corrupt) apart from those in a layer whose pack could not
+ * be opened (unreadable: the layers said UNREADABLE above) */
+static void print_state(int spine_ok, const char *spine_file, int64_t spine_have, const df_verify_summary *sum) {
+    if (spine_have < 0) printf("spine: %s (%s, missing)\n", spine_ok ? "OK" : "CORRUPT", spine_file);
+    else printf("spine: %s (%s, %lld bytes)\n", spine_ok ? "OK" : "CORRUPT", spine_file, (long long)spine_have);
+    if (sum->n_moe_layers) {
+        const int unreadable = sum->n_unreadable_experts, corrupt = sum->n_bad_experts - unreadable;
+        printf("experts: %d routed experts in %d MoE layers: %d OK, %d corrupt", sum->n_experts, sum->n_moe_layers,
+               sum->n_experts - sum->n_bad_experts, corrupt);
+        if (unreadable) printf(", %d unreadable", unreadable);
+        printf("\n");
+    } else
         printf("experts: none (dense model)\n");
+}
+
+/* a file's size, -1 when it cannot be looked at (missing) */
+static int64_t spine_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (int64_t)st.st_size : -1;
 }
 
 /* df_model_verify_all stopped at a damaged file that keeps the model from opening (verr, its error): each damaged file
@@ -443,7 +550,7 @@ static int verify_damaged(const char *model, const df_model_opts *opts, const ch
         return 1;
     }
     say_open_err();
-    print_state(!d.spine_bad && sum.spine_ok, d.spine_path, d.spine_bad ? d.spine_bytes : sum.spine_bytes, &sum);
+    print_state(!d.spine_bad && sum.spine_ok, d.spine_path, d.spine_bad ? d.spine_have : (int64_t)sum.spine_bytes, &sum);
     /* the FAILED line of df_model_verify_all, with the damage found here */
     char list[256] = "", msg[8192];
     for (int i = 0; i < d.n_first; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", d.first[i]);
@@ -495,15 +602,21 @@ static const char *uring_status(void) {
 
 int cmd_doctor(int argc, char **argv) {
     const char *model = NULL, *cache_dir = NULL;
+    static const char *const values[] = {"--model", "--cache-dir", NULL};
+    if (cli_check_repeated("doctor", argc, argv, values, NULL)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: deltafin doctor [--model DIR] [--cache-dir DIR]\n"
                    "  prints machine facts, then verifies every checksum of the model and that its tokenizer opens\n"
                    "  (without --model: the model `deltafin setup` installed, else the embedded models/kimi-mini):\n"
-                   "  every damaged file (spine.bin or an expert pack truncated or missing) and every corrupt expert (layer,\n"
-                   "  expert, file, offset) is named on one line of its own with its repair, then the spine's state; any\n"
-                   "  problem: exit 1, and the last line sums up what failed (a missing tokenizer.json included).\n"
+                   "  every damaged file (spine.bin or an expert pack missing or of another size than the manifest says,\n"
+                   "  larger or smaller; manifest.json missing or damaged beside spine.bin / the packs) and every corrupt\n"
+                   "  expert (layer, expert, file, offset) is named on one line of its own with its repair, then the spine's\n"
+                   "  state (its real size, or missing) and the experts' (OK, corrupt, unreadable: in a pack that could not\n"
+                   "  be read); any problem: exit 1, and the last line sums up what failed (a missing tokenizer.json included,\n"
+                   "  with where a tokenizer can come from: the checkpoint's copy, or the model's repository when the\n"
+                   "  checkpoint has none either).\n"
                    "  A model `deltafin setup` installed: its tokenizer and the other files convert copied are checked against\n"
                    "  the checkpoint's copies too, and the repair named is that setup command (not `deltafin convert`)\n"
                    "  --model DIR      native model dir, or Hugging Face dir (converted once into the cache, as `run` does)\n"
@@ -550,6 +663,25 @@ int cmd_doctor(int argc, char **argv) {
     char setup_ck[4200] = "";
     setup_fix[0] = 0;
     cli_setup_install(model, setup_fix, sizeof setup_fix, setup_ck, sizeof setup_ck);
+    {   /* a native model whose manifest.json is missing or damaged: its files cannot be read without it */
+        char mf[4200], what[200], files[200];
+        const int nf = manifest_damaged(model, mf, sizeof mf, what, sizeof what, files, sizeof files);
+        if (nf > 0) {
+            char msg[41000];
+            snprintf(msg, sizeof msg, "%s %s; %s %s here, but without the manifest %s cannot be read or checked; convert again",
+                     mf, what, files, nf == 1 ? "is" : "are", nf == 1 ? "it" : "they");
+            advice(msg, sizeof msg);
+            fprintf(stderr, "deltafin doctor: manifest.json DAMAGED: %s\n", msg);
+            /* what can be checked without it: a setup install's side files, the tokenizer */
+            if (setup_fix[0]) install_check_side_files(model, setup_ck, report_side_file, NULL);
+            check_tokenizer(model);
+            snprintf(msg, sizeof msg, "manifest.json %s (%s not checked): the model files are damaged; re-run `deltafin convert`",
+                     !strcmp(what, "is missing") ? "missing" : "damaged", files);
+            advice(msg, sizeof msg);
+            verification_failed(msg);
+            return 1;
+        }
+    }
     char err[8192] = "";
     df_model_opts o;
     df_model_opts_default(&o);
@@ -592,31 +724,7 @@ int cmd_doctor(int argc, char **argv) {
         if (nside) status = 1, others |= nside > side_tok_missing;
         else printf("side files: as in the checkpoint %s\n", setup_ck);
     }
-    /* the tokenizer: a file that is present but does not open is an error (not "no tokenizer") */
-    if (cli_is_file(model, "tokenizer.json") || cli_is_file(model, "tiktoken.model")) {
-        df_tokenizer *t = NULL;
-        char terr[1024] = "";
-        if (df_tokenizer_open(&t, model, NULL, terr, sizeof terr)) {
-            fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s\n", terr[0] ? terr : "cannot open");
-            snprintf(tok_problem, sizeof tok_problem, "%s does not open",
-                     cli_is_file(model, "tokenizer.json") ? "tokenizer.json" : "tiktoken.model");
-            status = 1;
-        } else {
-            printf("tokenizer: OK\n");
-            df_tokenizer_free(t);
-        }
-    } else if (cli_is_file(model, "tokenizer_config.json")) {
-        /* the tokenizer's configuration without the tokenizer: a file was lost (a model without one has neither) */
-        snprintf(tok_problem, sizeof tok_problem, "tokenizer.json is missing");
-        if (!side_tok_missing)
-            fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s has tokenizer_config.json but neither tokenizer.json nor "
-                            "tiktoken.model: %s%s%s\n", model,
-                    setup_fix[0] ? "the install is damaged; `" : "copy the tokenizer from the checkpoint, or convert again",
-                    setup_fix, setup_fix[0] ? "` repairs it" : "");
-        status = 1;
-    } else {
-        printf("tokenizer: none (token ids only)\n");
-    }
+    if (check_tokenizer(model)) status = 1;
     if (remote) {
         /* the manifest's expert checksums are of the holes: check what was fetched against what was recorded */
         uint64_t ok = 0, bad = 0;
@@ -654,7 +762,7 @@ int cmd_doctor(int argc, char **argv) {
         return 1;
     }
     say_open_err();
-    print_state(sum.spine_ok, sum.spine_file, sum.spine_bytes, &sum);
+    print_state(sum.spine_ok, sum.spine_file, spine_size(sum.spine_file), &sum);
     if (nbad > 0) {
         verification_failed(verr);
         return 1;

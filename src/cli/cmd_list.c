@@ -30,6 +30,8 @@ static uint64_t disk_usage(const char *dir) {
 
 int cmd_list(int argc, char **argv) {
     const char *reg_flag = NULL;
+    static const char *const values[] = {"--registry", NULL};
+    if (cli_check_repeated("list", argc, argv, values, NULL)) return 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: deltafin list [--registry FILE]\n"

@@ -80,7 +80,8 @@ static void run_usage(FILE *f) {
             "                       | cpu-scalar | cpu-avx2 | cpu-avx512 | cuda (an error without a CUDA device);\n"
             "                       default env DF_BACKEND\n"
             "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
-            "  --quiet              no configuration line or progress on stderr\n"
+            "  --quiet              no configuration line or progress on stderr (warnings and notes, such as\n"
+            "                       generation going past the trained positions, are still shown)\n"
             "%s"
             "Prompt text must be valid UTF-8, as the server requires: an invalid byte is a usage error (exit 2) naming\n"
             "its byte offset and where the prompt came from; nothing is generated.\n"
@@ -99,6 +100,12 @@ static const char *const run_options[] = {
     "--print-ids", "--quiet", "--preload", "--threads", "--temperature", "--top-p", "--top-k", "--seed", "--ram-budget",
     "--expert-dirs", "--cache-dir", "--events", "--heat", "--prefetch", "--prefault", "--backend", "--gpu-budget",
     "--spine", "--io-depth", "--io-size", NULL};
+
+/* those of run_options that take a value: each may be given once (cli_check_repeated) */
+static const char *const run_values[] = {
+    "--model", "--prompt", "--prompt-ids", "--prompt-file", "--max-new", "--threads", "--temperature", "--top-p", "--top-k",
+    "--seed", "--ram-budget", "--expert-dirs", "--cache-dir", "--events", "--heat", "--prefetch", "--prefault", "--backend",
+    "--gpu-budget", "--spine", "--io-depth", "--io-size", NULL};
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
 static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
@@ -371,6 +378,7 @@ int cmd_run(int argc, char **argv) {
     df_sampler_opts_default(&so);
     cli_draft_opts dopt;
     cli_draft_defaults(&dopt);
+    if (cli_check_repeated("run", argc, argv, run_values, cli_draft_flags)) return 2;
     for (int i = 1; i < argc; i++) {
         int dr;
         const char *a = argv[i];
@@ -537,11 +545,12 @@ int cmd_run(int argc, char **argv) {
             if (cli_setup_install(model, fix, sizeof fix, NULL, 0)) /* an install of setup lost its tokenizer: damage */
                 fprintf(stderr, "deltafin run: model %s is an install of `deltafin setup` and its tokenizer (tokenizer.json / "
                         "tiktoken.model) is missing: the install is damaged; `%s` repairs it\n", model, fix);
-            else if (cli_is_file(model, "tokenizer_config.json")) /* the configuration without its tokenizer: lost */
+            else if (cli_is_file(model, "tokenizer_config.json")) { /* the configuration without its tokenizer */
+                char tfix[8192];
+                cli_tokenizer_fix(model, tfix, sizeof tfix);
                 fprintf(stderr, "deltafin run: model %s has tokenizer_config.json but its tokenizer (tokenizer.json / "
-                        "tiktoken.model) is missing: copy it from the checkpoint (or convert again), or pass token ids "
-                        "with --prompt-ids 1,2,3\n", model);
-            else
+                        "tiktoken.model) is missing: %s; or pass token ids with --prompt-ids 1,2,3\n", model, tfix);
+            } else
                 fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model);
             free(prompt_buf);
             return 1;
@@ -605,7 +614,7 @@ int cmd_run(int argc, char **argv) {
         if (trained > 0 && n_ids > trained)
             fprintf(stderr, "deltafin run: warning: the prompt has %d tokens but %s was trained on %ld positions (%s); "
                             "past that its output is unreliable\n", n_ids, df_model_name(m), trained, src);
-        else if (trained > 0 && trained < n_ctx && (long long)n_ids + max_new > trained && !quiet) /* else the context stops first */
+        else if (trained > 0 && trained < n_ctx && (long long)n_ids + max_new > trained) /* else the context stops first */
             fprintf(stderr, "deltafin run: note: %d prompt token%s + --max-new %d go past the %ld positions %s was trained "
                             "on (%s); the output may degrade after position %ld\n", n_ids, n_ids == 1 ? "" : "s", max_new, trained,
                     df_model_name(m), src, trained);

@@ -71,6 +71,12 @@ static const char *const serve_options[] = {
     "--api-key", "--cors", "--no-kv-reuse", "--keepalive", "--timeout", "--max-connections", "--mock", "--mock-delay-ms",
     "--mock-kimi", "--verbose", NULL};
 
+/* those of serve_options that take a value: each may be given once (cli_check_repeated) */
+static const char *const serve_values[] = {
+    "--model", "--cache-dir", "--host", "--port", "--port-file", "--ram-budget", "--threads", "--backend", "--gpu-budget", "--ctx",
+    "--prefetch", "--prefault", "--io-depth", "--io-size", "--max-tokens", "--max-request-bytes", "--parallel", "--queue",
+    "--api-key", "--cors", "--keepalive", "--timeout", "--max-connections", "--mock-delay-ms", NULL};
+
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag and the value (as run's), -1 */
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {
     char *end;
@@ -111,6 +117,7 @@ int cmd_serve(int argc, char **argv) {
     c.backend = cli_default_backend();
     cli_draft_opts dopt;
     cli_draft_defaults(&dopt);
+    if (cli_check_repeated("serve", argc, argv, serve_values, cli_draft_flags)) return 2;
     for (int i = 1; i < argc; i++) {
         int dr;
         const char *a = argv[i];

@@ -186,6 +186,9 @@ static void on_problem(void *user, const df_verify_problem *p) {
     else damage_add(d, "%s (layer %ld expert %ld)", base, p->layer, p->expert);
 }
 
+/* a file install_file_damage found (it stops the install from opening) */
+static void damage_file(void *user, const char *what) { damage_add(user, "%s", what, 0, 0); }
+
 /* The directories a full install's expert packs are in, as --expert-dirs would name them ("" when they are in
  * nat_dir itself, the default): from the manifest, so that a repair writes them where they were. */
 static void install_expert_dirs(const char *nat_dir, char *out, size_t cap) {
@@ -253,8 +256,11 @@ static int verify_full_install(const char *nat_dir, const char *dl_dir, int quie
     d->prog = NULL;
     if (nbad == DF_ECANCELLED) return DF_ECANCELLED;
     if (nbad < 0) { /* the files cannot be checked at all (the manifest unreadable, a pack cut short): err says which */
+        df_advice_strip(err); /* setup repairs it itself */
         fprintf(stderr, "setup: damaged: %s\n", err);
-        damage_add(d, "%s", err, 0, 0);
+        /* each file that stops the model from opening, named as the other damage is ("experts-L002.pack (layer 2,
+         * truncated: 1000 of 3407872 bytes)"); the error itself when none is found */
+        if (!install_file_damage(nat_dir, damage_file, d)) damage_add(d, "%s", err, 0, 0);
     }
     if (!quiet && nbad >= 0)
         fprintf(stderr, "setup: verified %s: spine.bin %s, %d routed experts: %d OK, %d corrupt or unreadable (%.1f s)\n", nat_dir,
@@ -334,6 +340,9 @@ int cmd_setup(int argc, char **argv) {
     hub_dl_opts dl;
     hub_dl_opts_default(&dl);
     uint64_t disk_budget = 0;
+    static const char *const values[] = {"--revision", "--mirror", "--dir", "--expert-dirs", "--registry", "--connections",
+                                         "--hash-threads", "--retries", "--threads", "--disk-budget", "--chunk", NULL};
+    if (cli_check_repeated("setup", argc, argv, values, NULL)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "deltafin setup: %s needs a value\n", a), (char *)NULL))
@@ -699,8 +708,6 @@ int cmd_setup(int argc, char **argv) {
                 dl.rechecked_ok + dl.rechecked_bad, dl.rechecked_ok + dl.rechecked_bad == 1 ? "" : "s", dl.rechecked_ok,
                 dl.rechecked_bad);
     if (dl.synced_bytes) fprintf(stderr, "setup: synced %.1f MB of the download to the disk in %.2f s\n", dl.synced_bytes / 1e6, dl.sync_seconds);
-    printf("setup: fetched_bytes %llu present_bytes %llu retries %d\n", (unsigned long long)dl.bytes_fetched,
-           (unsigned long long)dl.bytes_present, dl.retries_used);
 
     if (download_only) {
         free(files);

@@ -1113,6 +1113,12 @@ int cmd_synth(int argc, char **argv) {
             return cli_unknown_option("synth", a, opts, NULL);
         }
         if (i + 1 >= argc) { fprintf(stderr, "deltafin synth: %s needs a value\n", a); return 2; }
+        static const char *const values[] = {
+            "--arch", "--encoding", "--spine-encoding", "--size", "--expert-dirs", "--stripe-weights", "--seed", "--skew", "--name",
+            "--hidden", "--moe-inter", "--inter", "--experts", "--layers", "--dense", "--top-k", "--vocab", "--heads", "--q-lora",
+            "--kv-lora", "--shared", "--n-group", "--topk-group", "--nope", "--rope", "--v-dim", "--latent", "--kda-heads",
+            "--kda-head-dim", NULL};
+        if (cli_repeated_at("synth", argc, argv, i, values, NULL)) return 2;
         const char *v = argv[++i];
         if (v[0] == '-' && v[1] == '-') {
             fprintf(stderr, "deltafin synth: %s needs a value (found the option %s after it)\n", a, v);

@@ -72,6 +72,7 @@ int cmd_tokenize(int argc, char **argv) {
     int decode = 0, chat = 0, render = 0, flags = DF_TOK_PARSE_SPECIAL, cflags = DF_CHAT_ADD_GENERATION_PROMPT;
     int no_special = 0;
     const char *chat_only = NULL; /* an option that needs --chat */
+    if (cli_check_repeated("tokenize", argc, argv, value_options, NULL)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];

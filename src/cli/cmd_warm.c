@@ -35,6 +35,8 @@ static int cmp_cand(const void *a, const void *b) {
 int cmd_warm(int argc, char **argv) {
     const char *model = NULL, *trace = NULL, *prompts = NULL;
     uint64_t budget = UINT64_MAX;
+    static const char *const values[] = {"--model", "--trace", "--prompts", "--budget", NULL};
+    if (cli_check_repeated("warm", argc, argv, values, NULL)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }

@@ -9,10 +9,12 @@
 #include "hub/registry.h"
 #include "util/util.h"
 
+#include <cjson/cJSON.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef DF_SOURCE_DIR
@@ -138,4 +140,50 @@ void cli_model_open_error(const char *cmd, const char *model, const char *how, c
         df_advice_setup_repair(m, sizeof m, fix);
     fprintf(stderr, "deltafin %s: %s\n", cmd, m);
     cli_default_model_repair(cmd, how, rc);
+}
+
+/* the checkpoint directory a native model was converted from: its manifest's "source": {"dir": ...}; "" if unknown */
+static void converted_from(const char *model, char *out, size_t cap) {
+    char mf[4200], *txt = NULL;
+    size_t len = 0;
+    out[0] = 0;
+    snprintf(mf, sizeof mf, "%s/manifest.json", model);
+    if (df_read_file(mf, &txt, &len, NULL, 0)) return;
+    cJSON *m = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "source"), "dir");
+    if (cJSON_IsString(d) && d->valuestring[0]) snprintf(out, cap, "%s", d->valuestring);
+    cJSON_Delete(m);
+}
+
+static int has_tokenizer(const char *dir) { return cli_is_file(dir, "tokenizer.json") || cli_is_file(dir, "tiktoken.model"); }
+
+int cli_tokenizer_fix(const char *model, char *out, size_t cap) {
+    char fix[4096], ck[4200], src[4200];
+    if (cli_is_file(model, "config.json") && !cli_is_file(model, "manifest.json")) { /* a Hugging Face checkpoint */
+        snprintf(out, cap, "the checkpoint itself has none: put the model's tokenizer.json (from its repository) into %s", model);
+        return 0;
+    }
+    if (cli_setup_install(model, fix, sizeof fix, ck, sizeof ck)) {
+        if (has_tokenizer(ck)) {
+            snprintf(out, cap, "the install is damaged; `%s` repairs it", fix);
+            return 1;
+        }
+        snprintf(out, cap, "the checkpoint it was installed from (%s) has no tokenizer.json or tiktoken.model either, so `%s` "
+                 "cannot restore one: put the model's tokenizer.json (from its repository) into %s", ck, fix, model);
+        return 0;
+    }
+    converted_from(model, src, sizeof src);
+    struct stat st;
+    if (!src[0] || stat(src, &st) != 0 || !S_ISDIR(st.st_mode))
+        snprintf(out, cap, "copy the model's tokenizer.json (or tiktoken.model) into %s from the checkpoint it was converted "
+                 "from%s%s%s, or from the model's repository", model, src[0] ? " (" : "", src, src[0] ? ", no longer there)" : "");
+    else if (cli_is_file(src, "tokenizer.json"))
+        snprintf(out, cap, "copy %s/tokenizer.json into %s, or convert again", src, model);
+    else if (cli_is_file(src, "tiktoken.model"))
+        snprintf(out, cap, "copy %s/tiktoken.model into %s, or convert again", src, model);
+    else
+        snprintf(out, cap, "the checkpoint it was converted from (%s) has no tokenizer.json or tiktoken.model either, so converting "
+                 "again does not help: put the model's tokenizer.json (from its repository) into %s", src, model);
+    return 0;
 }

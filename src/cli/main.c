@@ -29,7 +29,8 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-9s %s\n", cmds[i].name, cmds[i].help);
     fprintf(f, "  %-9s %s\n", "version", "print the version (also: deltafin --version)");
     fprintf(f, "\nRun `deltafin COMMAND --help` (or `deltafin help COMMAND`) for a command's options; an option's value\n"
-                "may follow it (--max-new 64) or be joined with = (--max-new=64).\n");
+                "may follow it (--max-new 64) or be joined with = (--max-new=64); an option that takes a value may be\n"
+                "given once (twice is a usage error, exit 2).\n");
 }
 
 /* Everything written to stdout must have reached it: a full disk (> /dev/full), a closed pipe or an I/O error

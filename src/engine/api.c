@@ -738,6 +738,7 @@ int df_model_verify_all(const char *path, const df_model_opts *opts_in, df_verif
             n_events++;
             sum->n_experts += n->n_experts;
             sum->n_bad_experts += n->n_experts;
+            sum->n_unreadable_experts += n->n_experts;
             done += (uint64_t)n->n_experts * n->stride;
             continue;
         }

@@ -43,7 +43,15 @@ int install_check_side_files(const char *nat_dir, const char *ck_dir, install_si
  * the checkpoint's copies in ck_dir (NULL: not compared), and spine.bin's XXH64 (df_model_verify_all, the verifier of
  * doctor and setup, stopped after the spine) when spine.bin is at most INSTALL_QUICK_SPINE_BYTES. The experts'
  * contents are not read. 0 when nothing is wrong; 1 when the install is damaged, why (cap bytes) naming the first
- * problem found (the file and what is wrong with it). */
+ * problem found (the file and what is wrong with it; without the engine's advice to convert again: the callers name
+ * the setup command that repairs the install). */
 int install_quick_check(const char *nat_dir, const char *ck_dir, char *why, size_t cap);
+
+/* The files of a full install that stop it from opening, each as a phrase for a message ("spine.bin (missing)",
+ * "experts-L002.pack (layer 2, truncated: 1000 of 3407872 bytes)", "experts-L002.pack (layer 2, too large: ...)",
+ * "manifest.json (not valid JSON)") given to fn: manifest.json that cannot be read, spine.bin and each expert pack
+ * missing or not the size the manifest says. Returns how many. `deltafin setup` names them in its repair messages. */
+typedef void (*install_damage_fn)(void *user, const char *what);
+int install_file_damage(const char *nat_dir, install_damage_fn fn, void *user);
 
 #endif

@@ -315,6 +315,15 @@ static int cache_names(const char *hf_dir, const char *cache_root, df_spine_mode
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     if (cache_root && *cache_root) snprintf(root, 3000, "%s", cache_root);
     else if (xdg && xdg[0] == '/') snprintf(root, 3000, "%s/deltafin", xdg);
+    else if (xdg && xdg[0] && home && *home) {
+        snprintf(root, 3000, "%s/.cache/deltafin", home);
+        /* said once per process (a command may look the cache up more than once) */
+        static int said;
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "deltafin: note: XDG_CACHE_HOME=\"%s\" is not an absolute path, so it is ignored (the XDG base "
+                            "directory specification); the conversion cache is %s (set XDG_CACHE_HOME to an absolute path, "
+                            "or pass --cache-dir DIR)\n", xdg, root);
+    }
     else if (home && *home) snprintf(root, 3000, "%s/.cache/deltafin", home);
     else
         return df_set_errc(err, errlen, DF_EINVAL,

@@ -277,9 +277,9 @@ static int parse_experts(df_native *n, const cJSON *ex, const char *mf, char *er
                 continue;
             }
             if (fs < 0) return df_set_errc(err, errlen, DF_EIO, "%s: expert pack %s (layer %d): %s", mf, p, L->layer, strerror(errno));
-            if ((uint64_t)fs < need)
-                return df_set_errc(err, errlen, DF_EFORMAT, "expert pack %s (layer %d) is %lld bytes, needs %llu (truncated; convert again)", p,
-                                   L->layer, (long long)fs, (unsigned long long)need);
+            if ((uint64_t)fs != need)
+                return df_set_errc(err, errlen, DF_EFORMAT, "expert pack %s (layer %d) is %lld bytes, needs %llu (%s; convert again)", p,
+                                   L->layer, (long long)fs, (unsigned long long)need, native_pack_size_cause((uint64_t)fs, need));
         }
         if (!cJSON_IsArray(xx) || cJSON_GetArraySize(xx) != n->n_experts)
             return df_set_errc(err, errlen, DF_EFORMAT, "%s: experts layer %d: xxh64 must list %d checksums", mf, L->layer, n->n_experts);
@@ -484,9 +484,10 @@ int native_set_expert_dirs(df_native *n, const char *dirs, char *err, size_t err
             snprintf(path, sizeof path, "%.*s/%s", (int)len, p, base);
             int64_t fs = file_size(path);
             if (fs < 0) { rc = df_set_errc(err, errlen, DF_EIO, "expert pack %s (layer %d): %s", path, L->layer, strerror(errno)); break; }
-            if ((uint64_t)fs < (uint64_t)n->n_experts * native_stripe_size(L, f)) {
-                rc = df_set_errc(err, errlen, DF_EFORMAT, "expert pack %s (layer %d) is %lld bytes, needs %llu (truncated)", path, L->layer,
-                                 (long long)fs, (unsigned long long)n->n_experts * native_stripe_size(L, f));
+            const uint64_t need = (uint64_t)n->n_experts * native_stripe_size(L, f);
+            if ((uint64_t)fs != need) {
+                rc = df_set_errc(err, errlen, DF_EFORMAT, "expert pack %s (layer %d) is %lld bytes, needs %llu (%s)", path, L->layer,
+                                 (long long)fs, (unsigned long long)need, native_pack_size_cause((uint64_t)fs, need));
                 break;
             }
             np[k++] = strdup(path);

@@ -37,6 +37,11 @@ typedef struct {
 static inline uint64_t native_stripe_size(const native_expert_layer *L, int k) {
     return L->stripe_sizes ? L->stripe_sizes[k] : L->stripe_bytes;
 }
+/* Why an expert pack of `have` bytes is not the `need` bytes (n_experts stripes) its manifest describes, for messages:
+ * a pack of any other size is damaged. */
+static inline const char *native_pack_size_cause(uint64_t have, uint64_t need) {
+    return have < need ? "truncated" : "too large: not the pack this manifest describes";
+}
 /* Offset of stripe k inside the reassembled extent (stripes back to back). */
 static inline uint64_t native_stripe_begin(const native_expert_layer *L, int k) {
     uint64_t b = 0;

@@ -961,6 +961,52 @@ int srv_serve(const srv_config *cfg) {
         DROP_PORT_FILE();
         return 2;
     }
+    /* the address first, before the model loads (which can take minutes): a port in use, or an address this machine
+     * does not have, is said at once. The socket is bound now and listens once the model is ready (until then a
+     * client's connection is refused, not left waiting); libmicrohttpd then serves it (MHD_OPTION_LISTEN_SOCKET) */
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    socklen_t ss_len;
+    {
+        struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+        const char *host = !strcmp(cfg->host, "localhost") ? "127.0.0.1" : cfg->host;
+        if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+            a4->sin_family = AF_INET;
+            a4->sin_port = htons((uint16_t)cfg->port);
+            ss_len = sizeof *a4;
+        } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+            a6->sin6_family = AF_INET6;
+            a6->sin6_port = htons((uint16_t)cfg->port);
+            ss_len = sizeof *a6;
+            flags |= MHD_USE_IPv6;
+        } else {
+            fprintf(stderr, "deltafin serve: --host %s is not a numeric IPv4 or IPv6 address or localhost (e.g. 127.0.0.1, ::1, 0.0.0.0)\n", cfg->host);
+            DROP_PORT_FILE();
+            return 2;
+        }
+    }
+    const int lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    {
+        const int one = 1;
+        int e = lfd < 0 ? errno : 0;
+        if (!e) setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as libmicrohttpd's own sockets */
+        if (!e && ss.ss_family == AF_INET6) setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (!e && bind(lfd, (struct sockaddr *)&ss, ss_len) != 0) e = errno;
+        if (e) {
+            fprintf(stderr, "deltafin serve: cannot listen on %s:%d: %s (%s); the model was not loaded\n", cfg->host, cfg->port,
+                    strerror(e),
+                    e == EADDRNOTAVAIL ? "no interface of this machine has that address: try --host 127.0.0.1 or 0.0.0.0"
+                    : e == EADDRINUSE  ? "the port is in use: try another --port, or --port 0 for any free one"
+                                       : "check --host and --port");
+            if (lfd >= 0) close(lfd);
+            DROP_PORT_FILE();
+            return 1;
+        }
+    }
+#undef DROP_PORT_FILE
+#define DROP_PORT_FILE() do { close(lfd); if (port_f) { fclose(port_f); unlink(port_tmp); port_f = NULL; } } while (0)
     if (cfg->mock)
         rc = srv_backend_open_mock(&S.be, cfg->mock_delay_ms, cfg->mock_kimi, cfg->n_ctx, S.n_workers, err, sizeof err);
     else {
@@ -1010,54 +1056,41 @@ int srv_serve(const srv_config *cfg) {
     pthread_mutex_init(&S.mu, NULL);
     pthread_cond_init(&S.cv, NULL);
 
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-    const char *host = !strcmp(cfg->host, "localhost") ? "127.0.0.1" : cfg->host;
-    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons((uint16_t)cfg->port);
-    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons((uint16_t)cfg->port);
-        flags |= MHD_USE_IPv6;
-    } else {
-        fprintf(stderr, "deltafin serve: --host %s is not a numeric IPv4 or IPv6 address or localhost (e.g. 127.0.0.1, ::1, 0.0.0.0)\n", cfg->host);
-        S.be->close(S.be);
-        DROP_PORT_FILE();
-        return 2;
-    }
     pthread_t workers[SRV_MAX_PARALLEL];
     for (int w = 0; w < S.n_workers; w++) pthread_create(&workers[w], NULL, worker_main, (void *)(intptr_t)w);
-    S.d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, NULL,
+    const int lerr = listen(lfd, SOMAXCONN) != 0 ? errno : 0;
+    S.d = lerr ? NULL
+               : MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, NULL,
                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                           MHD_OPTION_LISTEN_SOCKET, (MHD_socket)lfd,
                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
                            MHD_OPTION_END);
     if (!S.d) {
-        const int e = errno;
+        const int e = lerr ? lerr : errno;
         fprintf(stderr, "deltafin serve: cannot listen on %s:%d: %s (%s)\n", cfg->host, cfg->port, strerror(e),
-                e == EADDRNOTAVAIL ? "no interface of this machine has that address: try --host 127.0.0.1 or 0.0.0.0"
-                : e == EADDRINUSE  ? "the port is in use: try another --port, or --port 0 for any free one"
-                                   : "check --host and --port");
+                e == EADDRINUSE ? "the port is in use: try another --port, or --port 0 for any free one" : "check --host and --port");
         pthread_mutex_lock(&S.mu);
         S.stopping = 1;
         pthread_cond_broadcast(&S.cv);
         pthread_mutex_unlock(&S.mu);
         for (int w = 0; w < S.n_workers; w++) pthread_join(workers[w], NULL);
         S.be->close(S.be);
-        DROP_PORT_FILE();
+        if (lerr) DROP_PORT_FILE();
+        else if (port_f) { fclose(port_f); unlink(port_tmp); port_f = NULL; } /* the socket is libmicrohttpd's to close */
         return 1;
     }
     if (S.be->describe && S.be->describe[0]) fprintf(stderr, "%s\n", S.be->describe);
     if (S.be->draft_describe) fprintf(stderr, "draft: %s\n", S.be->draft_describe);
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(S.d, MHD_DAEMON_INFO_BIND_PORT);
-    int port = di ? di->port : cfg->port;
+    int port = cfg->port; /* the bound one (--port 0: the kernel's choice) */
+    {
+        struct sockaddr_storage b;
+        socklen_t bl = sizeof b;
+        if (getsockname(lfd, (struct sockaddr *)&b, &bl) == 0)
+            port = ntohs(b.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&b)->sin6_port : ((struct sockaddr_in *)&b)->sin_port);
+    }
     fprintf(stderr, "deltafin serve: model %s (%s%s), context %d, listening on http://%s%s%s:%d/v1 (parallel %d, queue %d, max request %zu bytes%s, CORS %s)\n",
             S.be->name, cfg->mock ? "mock" : "engine", S.be->exact ? "" : ", NOT exact: lossy spine", S.be->n_ctx,
             strchr(cfg->host, ':') ? "[" : "", cfg->host, strchr(cfg->host, ':') ? "]" : "", port, S.n_workers, cfg->queue,

@@ -169,6 +169,36 @@ static int check_message(const cJSON *m, int i, char *param, size_t plen, char *
         snprintf(msg, mlen, "Missing required parameter: '%s'.", param);
         return -1;
     }
+    /* an assistant message's tool calls, as the OpenAI API takes them: a list of {"function": {"name": string,
+     * "arguments": string}} objects; arguments is the call's JSON text (a JSON object sent as such is refused, as the
+     * OpenAI API refuses it: a chat template would render it otherwise than the string the model wrote) */
+    const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (tcs && !cJSON_IsNull(tcs)) {
+        snprintf(param, plen, "messages[%d].tool_calls", i);
+        if (!cJSON_IsArray(tcs)) { snprintf(msg, mlen, "Invalid type for '%s': expected an array.", param); return -1; }
+        int k = 0;
+        for (const cJSON *tc = tcs->child; tc; tc = tc->next, k++) {
+            snprintf(param, plen, "messages[%d].tool_calls[%d]", i, k);
+            if (!cJSON_IsObject(tc)) { snprintf(msg, mlen, "Invalid type for '%s': expected an object.", param); return -1; }
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+            snprintf(param, plen, "messages[%d].tool_calls[%d].function", i, k);
+            if (!fn) { snprintf(msg, mlen, "Missing required parameter: '%s'.", param); return -1; }
+            if (!cJSON_IsObject(fn)) { snprintf(msg, mlen, "Invalid type for '%s': expected an object.", param); return -1; }
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name"), *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+            snprintf(param, plen, "messages[%d].tool_calls[%d].function.name", i, k);
+            if (!nm) { snprintf(msg, mlen, "Missing required parameter: '%s'.", param); return -1; }
+            if (!cJSON_IsString(nm)) { snprintf(msg, mlen, "Invalid type for '%s': expected a string.", param); return -1; }
+            snprintf(param, plen, "messages[%d].tool_calls[%d].function.arguments", i, k);
+            if (!args) { snprintf(msg, mlen, "Missing required parameter: '%s'.", param); return -1; }
+            if (!cJSON_IsString(args)) {
+                snprintf(msg, mlen, "Invalid type for '%s': expected a string, but got %s instead. Send the arguments as JSON "
+                         "text, e.g. \"{\\\"city\\\": \\\"Paris\\\"}\".", param,
+                         cJSON_IsObject(args) ? "an object" : cJSON_IsArray(args) ? "an array" : cJSON_IsNumber(args) ? "a number"
+                         : cJSON_IsBool(args) ? "a boolean" : "null");
+                return -1;
+            }
+        }
+    }
     /* a tool result names the call it answers (the OpenAI API requires it; chat templates render it) */
     if (!strcmp(role->valuestring, "tool")) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
@@ -188,7 +218,7 @@ static int parse_messages(srv_request *r, cJSON *root, char **err_json) {
     int i = 0;
     cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
-        char param[64], msg[400];
+        char param[96], msg[400];
         if (check_message(m, i, param, sizeof param, msg, sizeof msg)) FAIL(param, "%s", msg);
         cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         /* OpenAI clients send "content": null on assistant messages that carry tool_calls: render it as "" (chat
@@ -410,35 +440,72 @@ static int json_dup_key(const cJSON *o, char *where, size_t cap, size_t at) {
 
 /* The most levels of arrays / objects a request may nest (the body's top object is level 1): the chat template's
  * values (tokenizer/jinja_value.c) take 400 levels below a tool or a message, so a request within this is never
- * refused by the template. */
+ * refused by the template. Below the JSON parser's own limit (CJSON_NESTING_LIMIT), so that the byte scan below, not
+ * the parser, refuses every body nested deeper, with one message. */
 #define SRV_MAX_DEPTH 256
+#if SRV_MAX_DEPTH >= CJSON_NESTING_LIMIT
+#error "SRV_MAX_DEPTH must be below cJSON's nesting limit"
+#endif
 
-/* 1 when o nests more than SRV_MAX_DEPTH levels (o at level depth), with the path of the first value past it in
- * where (as json_dup_key writes it); else 0. */
-static int json_too_deep(const cJSON *o, int depth, char *where, size_t cap, size_t at) {
-    if (!cJSON_IsObject(o) && !cJSON_IsArray(o)) return 0;
-    if (depth > SRV_MAX_DEPTH) return 1;
-    int i = 0;
-    for (const cJSON *c = o->child; c; c = c->next, i++) {
-        if (!cJSON_IsObject(c) && !cJSON_IsArray(c)) continue;
-        if (json_too_deep(c, depth + 1, where, cap, json_path_push(o, c, i, where, cap, at))) return 1;
-        if (at < cap) where[at] = 0;
+/* A byte scan of the body, before it is parsed: 1 when its arrays / objects nest more than SRV_MAX_DEPTH levels (the
+ * top value at level 1), with the path of the first array / object past the limit in where (as json_path_push writes
+ * paths: "x[0][0]...", an object member by its name as the body spells it; a path too long for where is cut); else 0.
+ * Strings are skipped (a bracket inside one is text); whether the rest is valid JSON is the parser's to say. */
+static int json_too_deep(const char *b, size_t n, char *where, size_t cap) {
+    struct { int is_obj, index; size_t at, key, key_len; } st[SRV_MAX_DEPTH];
+    int depth = 0, want_key = 0;
+    where[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char c = b[i];
+        if (c == '{' || c == '[') {
+            size_t at = 0; /* the path's end for this value */
+            if (depth > 0) {
+                const size_t pat = st[depth - 1].at;
+                const int w = st[depth - 1].is_obj
+                                  ? snprintf(where + pat, pat < cap ? cap - pat : 0, "%s%.*s", pat ? "." : "",
+                                             (int)st[depth - 1].key_len, b + st[depth - 1].key)
+                                  : snprintf(where + pat, pat < cap ? cap - pat : 0, "[%d]", st[depth - 1].index);
+                at = pat + (w > 0 ? (size_t)w : 0);
+                if (at >= cap) at = cap - 1;
+            }
+            if (depth == SRV_MAX_DEPTH) return 1;
+            st[depth].is_obj = c == '{';
+            st[depth].index = 0;
+            st[depth].at = at;
+            st[depth].key = st[depth].key_len = 0;
+            depth++;
+            want_key = c == '{';
+        } else if (c == '}' || c == ']') {
+            if (depth > 0) depth--;
+            want_key = 0;
+        } else if (c == ',') {
+            if (depth > 0 && st[depth - 1].is_obj) want_key = 1;
+            else if (depth > 0) st[depth - 1].index++;
+        } else if (c == ':') {
+            want_key = 0;
+        } else if (c == '"') {
+            const size_t s0 = i + 1, e = json_str_end(b, n, i); /* past the closing quote */
+            if (want_key && depth > 0 && st[depth - 1].is_obj) {
+                st[depth - 1].key = s0;
+                st[depth - 1].key_len = e > s0 ? e - s0 - 1 : 0;
+                if (st[depth - 1].key_len > 200) st[depth - 1].key_len = 200;
+            }
+            want_key = 0;
+            i = e - 1;
+        }
     }
     return 0;
 }
 
 /* What a body the JSON parser refused at byte off holds: the offset of the first \uXXXX escape in a string up to 16
  * bytes past off that is a lone UTF-16 surrogate (a high one not followed by a low one, or a low one alone), which
- * the parser refuses; else -1, with the nesting depth of arrays / objects at off in *depth. */
-static long scan_unparsed(const char *body, size_t len, size_t off, int *depth) {
+ * the parser refuses; else -1. */
+static long scan_unparsed(const char *body, size_t len, size_t off) {
     int in_str = 0;
-    *depth = 0;
     for (size_t i = 0; i < off + 16 && i < len; i++) {
         const char c = body[i];
         if (!in_str) {
             if (c == '"') in_str = 1;
-            else if (i < off && (c == '[' || c == '{')) (*depth)++;
-            else if (i < off && (c == ']' || c == '}')) (*depth)--;
             continue;
         }
         if (c == '"') in_str = 0;
@@ -464,23 +531,27 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
     r->top_p = 1.0;
     *err_json = NULL;
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    cJSON *v;
+    cJSON *root = NULL, *v;
     char nb[64]; /* a number as sent, for messages: NUM(key) */
 #define NUM(key) num_text(body, len, (key), v->valuedouble, nb, sizeof nb)
+    {   /* nesting past SRV_MAX_DEPTH, before the parser (which stops at its own, higher limit): one message at any depth */
+        char where[256];
+        if (json_too_deep(body, len, where, sizeof where)) {
+            char shown[120]; /* the path's start: the request's field (a long path is cut) */
+            snprintf(shown, sizeof shown, "%.100s%s", where, strlen(where) > 100 ? "..." : "");
+            FAIL(NULL, "Invalid request body: arrays / objects nest more than %d levels deep (at '%s'); this server "
+                       "accepts at most %d.", SRV_MAX_DEPTH, shown, SRV_MAX_DEPTH);
+        }
+    }
+    root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) {
         size_t off = end && end >= body ? (size_t)(end - body) : 0;
-        /* a lone surrogate escape, or CJSON_NESTING_LIMIT levels of arrays / objects (where cJSON stops): say so
-         * rather than point at the error's byte alone */
-        int depth;
-        const long ls = scan_unparsed(body, len, off, &depth);
+        /* a lone surrogate escape: say so rather than point at the error's byte alone */
+        const long ls = scan_unparsed(body, len, off);
         if (ls >= 0)
             FAIL(NULL, "We could not parse the JSON body of your request: the escape '%.6s' at byte %ld is a lone UTF-16 "
                        "surrogate (a high surrogate \\ud800-\\udbff must be followed by a low one \\udc00-\\udfff). "
                        "Send the character itself or its complete surrogate pair.", body + ls, ls);
-        if (depth >= CJSON_NESTING_LIMIT)
-            FAIL(NULL, "The JSON body of your request nests arrays / objects more than %d levels deep (at byte %zu); "
-                       "this server accepts at most %d.", CJSON_NESTING_LIMIT, off, CJSON_NESTING_LIMIT);
         FAIL(NULL, "We could not parse the JSON body of your request (error near byte %zu). "
                    "The OpenAI API expects a JSON payload.", off);
     }
@@ -502,13 +573,6 @@ int srv_request_parse(srv_request *r, int kind, const char *body, size_t len, ch
         const int d = json_dup_key(root, where, sizeof where, 0);
         if (d < 0) FAIL(NULL, "The server is out of memory checking the request body.");
         if (d) FAIL(where, "Invalid request body: the key '%s' appears more than once in its object. Send each key once.", where);
-        where[0] = 0;
-        if (json_too_deep(root, 1, where, sizeof where, 0)) {
-            char shown[120]; /* the path's start: the request's field (a long path is cut) */
-            snprintf(shown, sizeof shown, "%.100s%s", where, strlen(where) > 100 ? "..." : "");
-            FAIL(NULL, "Invalid request body: arrays / objects nest more than %d levels deep (at '%s'); this server "
-                       "accepts at most %d.", SRV_MAX_DEPTH, shown, SRV_MAX_DEPTH);
-        }
     }
 
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "model")) && !cJSON_IsNull(v)) {

@@ -14,14 +14,17 @@ char *tok_slurp(const char *path, size_t *len, char *err, size_t errlen);
 
 static int file_exists(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISREG(st.st_mode); }
 
-/* Is `path` a JSON document (first non-space byte '{')? */
+/* Is `path` JSON, to be read as a tokenizer.json rather than a tiktoken rank file: named *.json, or its first non-space
+ * byte opens a JSON object, array or string ('{', '[', '"': none of them starts a base64 token of a rank file)? */
 static int looks_json(const char *path) {
+    const size_t n = strlen(path);
+    if (n >= 5 && !strcmp(path + n - 5, ".json")) return 1;
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
     int c;
     while ((c = fgetc(f)) == ' ' || c == '\n' || c == '\r' || c == '\t') {}
     fclose(f);
-    return c == '{';
+    return c == '{' || c == '[' || c == '"';
 }
 
 int df_tokenizer_open(df_tokenizer **out, const char *path, const char *config_path, char *err, size_t errlen) {

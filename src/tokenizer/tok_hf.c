@@ -198,7 +198,18 @@ int tok_load_hf(df_tokenizer *t, const char *path, char *err, size_t errlen) {
     tok_buf b = {0}, b2 = {0};
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const char *mty = model ? jstr(model, "type") : NULL;
-    if (!model) { tok_err(err, errlen, "%s: no \"model\" object", path); rc = DF_EFORMAT; goto out; }
+    if (!cJSON_IsObject(model)) {
+        /* JSON, but not a tokenizer.json; a tokenizer_config.json (the tokenizer's settings) is the likely mix-up */
+        const int is_cfg = cJSON_IsObject(root) && (cJSON_GetObjectItemCaseSensitive(root, "tokenizer_class") ||
+                                                   cJSON_GetObjectItemCaseSensitive(root, "chat_template") ||
+                                                   cJSON_GetObjectItemCaseSensitive(root, "added_tokens_decoder"));
+        tok_err(err, errlen, "%s is JSON but not a Hugging Face tokenizer.json: expected an object with a \"model\" object (the "
+                "BPE vocabulary and merges)%s", path,
+                is_cfg ? "; this looks like tokenizer_config.json (the tokenizer's settings), not the tokenizer itself"
+                       : !cJSON_IsObject(root) ? ", not a JSON array, string or number" : "");
+        rc = DF_EFORMAT;
+        goto out;
+    }
     if (!mty) mty = cJSON_GetObjectItemCaseSensitive(model, "merges") ? "BPE" : "(none)";
     if (strcmp(mty, "BPE")) {
         tok_err(err, errlen, "%s: model type \"%s\" is not supported (only BPE)", path, mty);

@@ -53,3 +53,14 @@ void df_advice_setup_repair(char *msg, size_t cap, const char *fix) {
         return;
     }
 }
+
+void df_advice_strip(char *msg) {
+    /* "(truncated; convert again)" -> "(truncated)", "...: the pack is corrupt; convert again" -> "...: the pack is
+     * corrupt", "(convert again)" -> "", "...; re-run `deltafin convert`" -> "..." */
+    static const char *const advice[] = {"; convert again", "; re-run `deltafin convert`", " (convert again)",
+                                         ", convert again", " convert again"};
+    for (size_t i = 0; i < sizeof advice / sizeof advice[0]; i++) {
+        const size_t n = strlen(advice[i]);
+        for (char *p; (p = strstr(msg, advice[i])) != NULL;) memmove(p, p + n, strlen(p + n) + 1);
+    }
+}
