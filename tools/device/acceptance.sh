@@ -54,6 +54,9 @@
 #   part 41: the one-token MXFP4 tile's prefetch depth: carried deltafin.pf2 / deltafin.pf3 (16x2 tile, 2 / 3 rounds
 #          ahead: built with -DDF_T1_PF=2 / 3 in the CUDA flags) against this binary (1 round) and DF_CUDA_MV_ROWS=4 (16x8, 3 rounds): resident runs alternated
 #          twice (ids hashed), bench kernels mxfp4 T=1 of each.
+#   part 42: this binary (also with the variable XENV="V=x" when set) against the carried builds named in ALTS
+#          (default "deltafin.b"): GPU tests of this one, then 384-token resident runs alternated twice (ids hashed)
+#          and bench kernels mxfp4 T=1 (KSHAPES) of each; (NCU_RUN=1) ncu durations of this one.
 #   part 39: as 38, then the one-token MXFP4 launches by tile variant (DF_CUDA_MV_ROWS 0 / 8 / 4 / 2), ncu (NCU_RUN=1).
 #   part 36: the greedy token kept on the device (DF_CUDA_GREEDY on / off): GPU tests (test_golden also with it off),
 #          resident decode alternated (knob_ab), then the timeline (libgpu_timeline.so carried) with it on.
@@ -424,6 +427,29 @@ case $PART in
     gpu_tests
     resident_model
     knob_ab DF_CUDA_MOE_RESID
+    rm -rf "$W"
+    ;;
+42)
+    gpu_tests
+    resident_model
+    cfgs="$BIN: ${XENV:+$BIN:$XENV} $(for a in ${ALTS:-deltafin.b}; do echo "$D/$a:"; done)"
+    for i in 1 2; do
+        for cfg in $cfgs; do
+            b=${cfg%%:*} e=${cfg#*:}
+            log "cuda run --preload, 384 tokens, $(basename "$b") $e"
+            env ${e:-DF_NONE=1} timeout 100 "$b" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+                --prompt-ids "$(seq -s, 1 64)" --max-new 384 --stats --print-ids >"$OUT/run.txt" 2>&1
+            grep -E "^stats: (generation|decode)|rror" "$OUT/run.txt" | cut -c1-300 >>"$S"
+            grep -E "^[0-9]+(,[0-9]+)+$" "$OUT/run.txt" | md5sum >>"$S"
+        done
+    done
+    for cfg in $cfgs; do
+        b=${cfg%%:*} e=${cfg#*:}
+        log "bench kernels mxfp4 T=1, $(basename "$b") $e"
+        env ${e:-DF_NONE=1} timeout 120 "$b" bench kernels --backend cuda --types mxfp4 --T 1 \
+            --shapes ${KSHAPES:-2048x7168,7168x2048} 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
+    done
+    [ -z "${NCU_RUN:-}" ] || ncu_decode
     rm -rf "$W"
     ;;
 41)
