@@ -144,8 +144,18 @@ mkdir -p "$TMP/ckt" && cp "$G"/* "$TMP/ckt/" && cp "$SRC/models/kimi-mini/tokeni
 echo '{' >"$T/tokenizer.json"
 out=$("$BIN" doctor --model "$T" 2>"$TMP/err"); rc=$?
 [ $rc -eq 1 ] && grep -q "^deltafin doctor: tokenizer FAILED: .*tokenizer.json: not valid JSON" "$TMP/err" \
-    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: FAILED: tokenizer.json does not open (the checksums are OK); copy the tokenizer from the checkpoint, or convert again" ] \
+    && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: FAILED: tokenizer.json does not open (the checksums are OK); the checkpoint it was converted from ($GA) has no tokenizer.json or tiktoken.model either, so converting again does not help: put the model's tokenizer.json (from its repository) into $T" ] \
     && ok || bad "tokenizer.json that does not open: rc $rc $out $(cat "$TMP/err")"
+# the same where the checkpoint has its tokenizer: copied from it
+echo '{' >"$TMP/tk/tokenizer.json"
+"$BIN" doctor --model "$TMP/tk" >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] && [ "$(tail -1 "$TMP/err")" = "deltafin doctor: FAILED: tokenizer.json does not open (the checksums are OK); copy $TMP/ckt/tokenizer.json into $TMP/tk, or convert again" ] \
+    && ok || bad "tokenizer.json that does not open, the checkpoint has one: rc $rc $(cat "$TMP/err")"
+# a Hugging Face checkpoint whose own tokenizer.json does not open
+mkdir -p "$TMP/hfbad" && cp "$G"/* "$TMP/hfbad/" && echo '{' >"$TMP/hfbad/tokenizer.json"
+"$BIN" doctor --model "$TMP/hfbad" >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "; replace $TMP/hfbad/tokenizer.json with the model's own (from its repository)$" "$TMP/err" \
+    && ok || bad "a checkpoint's tokenizer.json that does not open: rc $rc $(cat "$TMP/err")"
 
 # ---- a Hugging Face checkpoint's conversion in the cache, a pack truncated and another corrupt: both named, each
 # with the cache's repair (delete the conversion)

@@ -447,11 +447,18 @@ static int check_tokenizer(const char *model) {
         char terr[1024] = "";
         if (df_tokenizer_open(&t, model, NULL, terr, sizeof terr)) {
             fprintf(stderr, "deltafin doctor: tokenizer FAILED: %s\n", terr[0] ? terr : "cannot open");
-            snprintf(tok_problem, sizeof tok_problem, "%s does not open",
-                     cli_is_file(model, "tokenizer.json") ? "tokenizer.json" : "tiktoken.model");
-            snprintf(tok_fix, sizeof tok_fix, "%s%s%s", setup_fix[0] ? "`" : "",
-                     setup_fix[0] ? setup_fix : "copy the tokenizer from the checkpoint, or convert again",
-                     setup_fix[0] ? "` repairs the install" : "");
+            const char *tf = cli_is_file(model, "tokenizer.json") ? "tokenizer.json" : "tiktoken.model";
+            snprintf(tok_problem, sizeof tok_problem, "%s does not open", tf);
+            if (setup_fix[0]) {
+                snprintf(tok_fix, sizeof tok_fix, "`%s` repairs the install", setup_fix);
+            } else if (cli_is_file(model, "config.json") && !cli_is_file(model, "manifest.json")) {
+                /* a Hugging Face checkpoint: its own copy is the broken one */
+                snprintf(tok_fix, sizeof tok_fix, "replace %s/%s with the model's own (from its repository)", model, tf);
+            } else { /* a converted model: from the checkpoint when it has one, else from the model's repository */
+                char fix[8192];
+                cli_tokenizer_fix(model, fix, sizeof fix);
+                snprintf(tok_fix, sizeof tok_fix, "%s", fix);
+            }
             return 1;
         }
         printf("tokenizer: OK\n");
