@@ -133,6 +133,30 @@ rp() {
     env "$@" timeout 100 "$BIN" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
         --prompt-ids "$(seq -s, 1 64)" --max-new 96 --stats --profile --print-ids 2>&1
 }
+# cfg_runs CFG...: each CFG = "BINARY:VAR=x" (VAR=x optional), the 384-token resident run alternated twice (stats, the
+# ids hashed); cfg_kernels CFG...: bench kernels mxfp4 T=1 (KSHAPES) of each
+cfg_runs() {
+    local i cfg b e
+    for i in 1 2; do
+        for cfg in "$@"; do
+            b=${cfg%%:*} e=${cfg#*:}
+            log "cuda run --preload, 384 tokens, $(basename "$b") $e"
+            env ${e:-DF_NONE=1} timeout 100 "$b" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
+                --prompt-ids "$(seq -s, 1 64)" --max-new 384 --stats --print-ids >"$OUT/run.txt" 2>&1
+            grep -E "^stats: (generation|decode)|rror" "$OUT/run.txt" | cut -c1-300 >>"$S"
+            grep -E "^[0-9]+(,[0-9]+)+$" "$OUT/run.txt" | md5sum >>"$S"
+        done
+    done
+}
+cfg_kernels() {
+    local cfg b e
+    for cfg in "$@"; do
+        b=${cfg%%:*} e=${cfg#*:}
+        log "bench kernels mxfp4 T=1, $(basename "$b") $e"
+        env ${e:-DF_NONE=1} timeout 120 "$b" bench kernels --backend cuda --types mxfp4 --T 1 \
+            --shapes ${KSHAPES:-2048x7168,7168x2048} 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
+    done
+}
 # knob_ab KNOB: the resident run with KNOB=1 / 0 alternated twice, one DF_CUDA_TRACE=2 run of each (host clocks:
 # queueing vs waiting per call), then each after a ${CTX:-3072}-token prompt (48 tokens)
 knob_ab() {
@@ -433,44 +457,17 @@ case $PART in
     gpu_tests
     resident_model
     cfgs="$BIN: ${XENV:+$BIN:$XENV} $(for a in ${ALTS:-deltafin.b}; do echo "$D/$a:"; done)"
-    for i in 1 2; do
-        for cfg in $cfgs; do
-            b=${cfg%%:*} e=${cfg#*:}
-            log "cuda run --preload, 384 tokens, $(basename "$b") $e"
-            env ${e:-DF_NONE=1} timeout 100 "$b" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-                --prompt-ids "$(seq -s, 1 64)" --max-new 384 --stats --print-ids >"$OUT/run.txt" 2>&1
-            grep -E "^stats: (generation|decode)|rror" "$OUT/run.txt" | cut -c1-300 >>"$S"
-            grep -E "^[0-9]+(,[0-9]+)+$" "$OUT/run.txt" | md5sum >>"$S"
-        done
-    done
-    for cfg in $cfgs; do
-        b=${cfg%%:*} e=${cfg#*:}
-        log "bench kernels mxfp4 T=1, $(basename "$b") $e"
-        env ${e:-DF_NONE=1} timeout 120 "$b" bench kernels --backend cuda --types mxfp4 --T 1 \
-            --shapes ${KSHAPES:-2048x7168,7168x2048} 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
-    done
+    cfg_runs $cfgs
+    cfg_kernels $cfgs
     [ -z "${NCU_RUN:-}" ] || ncu_decode
     rm -rf "$W"
     ;;
 41)
     # resident decode and the grouped one-token MXFP4 kernels by prefetch depth (every variant: the same bits)
     resident_model
-    for i in 1 2; do
-        for cfg in "$BIN:" "$D/deltafin.pf2:" "$D/deltafin.pf3:" "$BIN:DF_CUDA_MV_ROWS=4"; do
-            b=${cfg%%:*} e=${cfg#*:}
-            log "cuda run --preload, 384 tokens, $(basename "$b") $e"
-            env ${e:-DF_NONE=1} timeout 100 "$b" run --model "$W/r" --backend cuda --gpu-budget 100G --preload \
-                --prompt-ids "$(seq -s, 1 64)" --max-new 384 --stats --print-ids >"$OUT/run.txt" 2>&1
-            grep -E "^stats: (generation|decode)|rror" "$OUT/run.txt" | cut -c1-300 >>"$S"
-            grep -E "^[0-9]+(,[0-9]+)+$" "$OUT/run.txt" | md5sum >>"$S"
-        done
-    done
-    for cfg in "$BIN:" "$D/deltafin.pf2:" "$D/deltafin.pf3:" "$BIN:DF_CUDA_MV_ROWS=4"; do
-        b=${cfg%%:*} e=${cfg#*:}
-        log "bench kernels mxfp4 T=1, $(basename "$b") $e"
-        env ${e:-DF_NONE=1} timeout 120 "$b" bench kernels --backend cuda --types mxfp4 --T 1 \
-            --shapes 2048x7168,7168x2048 2>&1 | grep -E "^(mxfp4|limits)" | cut -c1-200 >>"$S"
-    done
+    cfgs="$BIN: $D/deltafin.pf2: $D/deltafin.pf3: $BIN:DF_CUDA_MV_ROWS=4"
+    cfg_runs $cfgs
+    KSHAPES=2048x7168,7168x2048 cfg_kernels $cfgs
     rm -rf "$W"
     ;;
 39)
