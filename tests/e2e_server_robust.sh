@@ -202,27 +202,23 @@ expect "--port-file still the second server's port after the first stopped" "$(c
 kill -TERM "$PC"; stopped "$PC"
 expect "second server: exit 0 on SIGTERM" "$?" 0
 [ -e "$PFA" ] && bad "--port-file left after SIGTERM: '$(cat "$PFA")'" || ok "--port-file removed at SIGTERM"
-# SIGINT (background jobs of a script ignore SIGINT: restore its default for the server)
-PFD="$TMP/int.port"
-env --default-signal=INT "$BIN" serve --mock --port 0 --port-file "$PFD" 2>"$TMP/pfd.log" &
-PD=$!; PIDS+=("$PD")
-pd=$(wait_port "$PFD" "$PD")
-expect "SIGINT case: --port-file written" "$pd" "$(listening_port "$TMP/pfd.log")"
-kill -INT "$PD"; stopped "$PD"
-expect "exit 0 on SIGINT" "$?" 0
-grep -q "SIGINT received, shutting down" "$TMP/pfd.log" && ok "SIGINT received" || bad "SIGINT log: $(tail -2 "$TMP/pfd.log")"
-[ -e "$PFD" ] && bad "--port-file left after SIGINT: '$(cat "$PFD")'" || ok "--port-file removed at SIGINT"
+# signal_stop SIG: a server given SIG (its default disposition restored: background jobs of a script ignore SIGINT)
+# shuts down cleanly: exit 0, "SIG received" logged, its --port-file removed
+signal_stop() {
+    local pf="$TMP/$1.port" log="$TMP/$1.log" pid port
+    env --default-signal="$1" "$BIN" serve --mock --port 0 --port-file "$pf" 2>"$log" &
+    pid=$!; PIDS+=("$pid")
+    port=$(wait_port "$pf" "$pid")
+    expect "SIG$1 case: --port-file written" "$port" "$(listening_port "$log")"
+    kill -"$1" "$pid"; stopped "$pid"
+    expect "exit 0 on SIG$1" "$?" 0
+    grep -q "SIG$1 received, shutting down" "$log" && ok "SIG$1 received" || bad "SIG$1 log: $(tail -2 "$log")"
+    [ -e "$pf" ] && bad "--port-file left after SIG$1: '$(cat "$pf")'" || ok "--port-file removed at SIG$1"
+}
+signal_stop INT
 # SIGHUP (a closed terminal, a service manager): the same clean shutdown as SIGTERM (it used to end the server by the
 # signal, exit 129, the --port-file left behind); under nohup (SIGHUP ignored at start) it stays ignored
-PFH="$TMP/hup.port"
-env --default-signal=HUP "$BIN" serve --mock --port 0 --port-file "$PFH" 2>"$TMP/pfh.log" &
-PH=$!; PIDS+=("$PH")
-ph=$(wait_port "$PFH" "$PH")
-expect "SIGHUP case: --port-file written" "$ph" "$(listening_port "$TMP/pfh.log")"
-kill -HUP "$PH"; stopped "$PH"
-expect "exit 0 on SIGHUP (as on SIGTERM)" "$?" 0
-grep -q "SIGHUP received, shutting down" "$TMP/pfh.log" && ok "SIGHUP received" || bad "SIGHUP log: $(tail -2 "$TMP/pfh.log")"
-[ -e "$PFH" ] && bad "--port-file left after SIGHUP: '$(cat "$PFH")'" || ok "--port-file removed at SIGHUP"
+signal_stop HUP
 PFN="$TMP/nohup.port"
 nohup "$BIN" serve --mock --port 0 --port-file "$PFN" >/dev/null 2>"$TMP/pfn.log" &
 PN=$!; PIDS+=("$PN")
