@@ -327,6 +327,62 @@ fail:
     return 400;
 }
 
+/* The container levels of a raw JSON body as a byte scan meets them (srv_json_find_nul, json_too_deep): the first cap
+ * levels kept (an object's current member name as body offsets, an array's current index), deeper ones only counted.
+ * Strings are the scan's to skip; json_levels_string takes each. */
+typedef struct {
+    int is_obj, index;
+    size_t key, key_len;
+} json_lvl;
+typedef struct {
+    json_lvl *st;
+    int cap, depth, want_key;
+} json_levels;
+
+/* Byte c of the scan, outside strings: '{' / '[' opens a level, '}' / ']' closes one, ',' steps an array's index or
+ * expects an object's next member name, ':' ends that expectation. */
+static void json_levels_byte(json_levels *L, char c) {
+    if (c == '{' || c == '[') {
+        if (L->depth < L->cap) L->st[L->depth] = (json_lvl){c == '{', 0, 0, 0};
+        L->depth++;
+        L->want_key = c == '{';
+    } else if (c == '}' || c == ']') {
+        if (L->depth > 0) L->depth--;
+        L->want_key = 0;
+    } else if (c == ',') {
+        if (L->depth > 0 && L->depth <= L->cap) {
+            if (L->st[L->depth - 1].is_obj) L->want_key = 1;
+            else L->st[L->depth - 1].index++;
+        }
+    } else if (c == ':') {
+        L->want_key = 0;
+    }
+}
+
+/* A string of the scan, its text at b[s0 .. s0 + n): the current object's member name where one is expected. */
+static void json_levels_string(json_levels *L, size_t s0, size_t n) {
+    if (L->want_key && L->depth > 0 && L->depth <= L->cap && L->st[L->depth - 1].is_obj) {
+        L->st[L->depth - 1].key = s0;
+        L->st[L->depth - 1].key_len = n;
+    }
+    L->want_key = 0;
+}
+
+/* The path of the kept levels ("a[1].c[1]": a member by its name as the body spells it, cut at keymax bytes) into
+ * out (cut at cap); "" at the top. */
+static void json_levels_path(const json_levels *L, const char *b, size_t keymax, char *out, size_t cap) {
+    size_t o = 0;
+    out[0] = 0;
+    const int n = L->depth < L->cap ? L->depth : L->cap;
+    for (int d = 0; d < n && o < cap; d++) {
+        const json_lvl *l = &L->st[d];
+        const int w = l->is_obj ? snprintf(out + o, cap - o, "%s%.*s", o ? "." : "",
+                                           (int)(l->key_len < keymax ? l->key_len : keymax), b + l->key)
+                                : snprintf(out + o, cap - o, "[%d]", l->index);
+        if (w > 0) o += (size_t)w;
+    }
+}
+
 /* cJSON decodes the escape \u0000 (and copies a raw NUL byte) into its NUL-
  * terminated strings, which silently cuts a prompt, a message or a stop
  * sequence short. This walks the raw body (already parsed, so it is valid
@@ -334,59 +390,30 @@ fail:
  * the error can name it ("messages[1].content", "stop[0]", "prompt").
  * Returns 1 and writes the path into param (the root itself: "request body"),
  * or 0 when no string holds a NUL. A backslash escapes the next character, so
- * "\\u0000" (an escaped backslash, then "u0000") is not a NUL. */
+ * "\\u0000" (an escaped backslash, then "u0000") is not a NUL. The path keeps
+ * the first NUL_MAX_DEPTH levels, member names cut at 47 bytes. */
 #define NUL_MAX_DEPTH 64
 int srv_json_find_nul(const char *body, size_t len, char *param, size_t cap) {
-    struct { int is_obj, index; char key[48]; } st[NUL_MAX_DEPTH];
-    int depth = 0, want_key = 0;
+    json_lvl st[NUL_MAX_DEPTH];
+    json_levels L = {st, NUL_MAX_DEPTH, 0, 0};
     for (size_t i = 0; i < len; i++) {
-        char ch = body[i];
-        if (ch == '{' || ch == '[') {
-            if (depth < NUL_MAX_DEPTH) {
-                st[depth].is_obj = ch == '{';
-                st[depth].index = 0;
-                st[depth].key[0] = 0;
-            }
-            depth++;
-            want_key = ch == '{';
-        } else if (ch == '}' || ch == ']') {
-            if (depth > 0) depth--;
-            want_key = 0;
-        } else if (ch == ',') {
-            if (depth > 0 && depth <= NUL_MAX_DEPTH) {
-                if (st[depth - 1].is_obj) want_key = 1;
-                else st[depth - 1].index++;
-            }
-        } else if (ch == ':') {
-            want_key = 0;
-        } else if (ch == '"') {
-            size_t s0 = ++i;
-            int nul = 0;
-            for (; i < len && body[i] != '"'; i++) {
-                if (body[i] == 0) nul = 1;
-                if (body[i] != '\\') continue;
-                if (i + 5 < len && !memcmp(body + i + 1, "u0000", 5)) nul = 1;
-                i++; /* skip the escaped character */
-            }
-            int is_key = want_key && depth > 0 && depth <= NUL_MAX_DEPTH && st[depth - 1].is_obj;
-            if (is_key) {
-                size_t kl = i - s0 < sizeof st[0].key - 1 ? i - s0 : sizeof st[0].key - 1;
-                memcpy(st[depth - 1].key, body + s0, kl);
-                st[depth - 1].key[kl] = 0;
-                want_key = 0;
-            }
-            if (nul) {
-                size_t o = 0;
-                param[0] = 0;
-                int lim = depth < NUL_MAX_DEPTH ? depth : NUL_MAX_DEPTH;
-                for (int d = 0; d < lim && o < cap; d++) {
-                    int n = st[d].is_obj ? snprintf(param + o, cap - o, "%s%s", o ? "." : "", st[d].key)
-                                         : snprintf(param + o, cap - o, "[%d]", st[d].index);
-                    if (n > 0) o += (size_t)n;
-                }
-                if (!param[0]) snprintf(param, cap, "request body");
-                return 1;
-            }
+        if (body[i] != '"') {
+            json_levels_byte(&L, body[i]);
+            continue;
+        }
+        size_t s0 = ++i;
+        int nul = 0;
+        for (; i < len && body[i] != '"'; i++) {
+            if (body[i] == 0) nul = 1;
+            if (body[i] != '\\') continue;
+            if (i + 5 < len && !memcmp(body + i + 1, "u0000", 5)) nul = 1;
+            i++; /* skip the escaped character */
+        }
+        json_levels_string(&L, s0, i - s0);
+        if (nul) {
+            json_levels_path(&L, body, 47, param, cap);
+            if (!param[0]) snprintf(param, cap, "request body");
+            return 1;
         }
     }
     return 0;
@@ -452,47 +479,22 @@ static int json_dup_key(const cJSON *o, char *where, size_t cap, size_t at) {
  * paths: "x[0][0]...", an object member by its name as the body spells it; a path too long for where is cut); else 0.
  * Strings are skipped (a bracket inside one is text); whether the rest is valid JSON is the parser's to say. */
 static int json_too_deep(const char *b, size_t n, char *where, size_t cap) {
-    struct { int is_obj, index; size_t at, key, key_len; } st[SRV_MAX_DEPTH];
-    int depth = 0, want_key = 0;
+    json_lvl st[SRV_MAX_DEPTH];
+    json_levels L = {st, SRV_MAX_DEPTH, 0, 0};
     where[0] = 0;
     for (size_t i = 0; i < n; i++) {
         const char c = b[i];
-        if (c == '{' || c == '[') {
-            size_t at = 0; /* the path's end for this value */
-            if (depth > 0) {
-                const size_t pat = st[depth - 1].at;
-                const int w = st[depth - 1].is_obj
-                                  ? snprintf(where + pat, pat < cap ? cap - pat : 0, "%s%.*s", pat ? "." : "",
-                                             (int)st[depth - 1].key_len, b + st[depth - 1].key)
-                                  : snprintf(where + pat, pat < cap ? cap - pat : 0, "[%d]", st[depth - 1].index);
-                at = pat + (w > 0 ? (size_t)w : 0);
-                if (at >= cap) at = cap - 1;
-            }
-            if (depth == SRV_MAX_DEPTH) return 1;
-            st[depth].is_obj = c == '{';
-            st[depth].index = 0;
-            st[depth].at = at;
-            st[depth].key = st[depth].key_len = 0;
-            depth++;
-            want_key = c == '{';
-        } else if (c == '}' || c == ']') {
-            if (depth > 0) depth--;
-            want_key = 0;
-        } else if (c == ',') {
-            if (depth > 0 && st[depth - 1].is_obj) want_key = 1;
-            else if (depth > 0) st[depth - 1].index++;
-        } else if (c == ':') {
-            want_key = 0;
-        } else if (c == '"') {
-            const size_t s0 = i + 1, e = json_str_end(b, n, i); /* past the closing quote */
-            if (want_key && depth > 0 && st[depth - 1].is_obj) {
-                st[depth - 1].key = s0;
-                st[depth - 1].key_len = e > s0 ? e - s0 - 1 : 0;
-                if (st[depth - 1].key_len > 200) st[depth - 1].key_len = 200;
-            }
-            want_key = 0;
+        if (c == '"') {
+            const size_t e = json_str_end(b, n, i); /* past the closing quote */
+            json_levels_string(&L, i + 1, e > i + 1 ? e - i - 2 : 0);
             i = e - 1;
+            continue;
         }
+        if ((c == '{' || c == '[') && L.depth == SRV_MAX_DEPTH) {
+            json_levels_path(&L, b, 200, where, cap);
+            return 1;
+        }
+        json_levels_byte(&L, c);
     }
     return 0;
 }
