@@ -99,6 +99,21 @@ static inline int df_cuda_env_ks(int *out, char *why, size_t whylen) {
                              out, why, whylen);
 }
 
+/* DF_CUDA_T1_STAGES, the one-token MXFP4 tensor-core tile's weight ring (docs/cuda.md): unset or empty = 0 (the
+ * default); "1" = the register ring (one round ahead), "4" or "6" = a shared-memory ring of that many stages. No bit
+ * depends on it. DF_CUDA_PREWAIT_KB, the KiB of its weights each warp of a dense matmul asks into L2 before waiting
+ * for the kernel before it: unset or empty = 0 (the default), "1" = none, "2", "4" or "8" = that many KiB. No bit
+ * depends on it. Anything else: -1 with a message naming the variable in why. */
+static inline int df_cuda_env_t1_stages(int *out, char *why, size_t whylen) {
+    return df_cuda_env_digit("DF_CUDA_T1_STAGES", "146",
+                             "the one-token tile's weight ring, 1 (registers), 4 or 6 (shared-memory stages)", out, why,
+                             whylen);
+}
+static inline int df_cuda_env_prewait(int *out, char *why, size_t whylen) {
+    return df_cuda_env_digit("DF_CUDA_PREWAIT_KB", "1248", "the KiB prefetched per warp before the wait, 1 (none), 2, 4 or 8",
+                             out, why, whylen);
+}
+
 /* DF_CUDA_KV_MIRROR, the GPU memory all the attention core's device mirrors of latent KV caches may hold together
  * (docs/cuda.md). Unset, empty, "1" or "on": 1 with *bytes = 0 (on, the default cap: 1/8 of the device's memory);
  * "0" or "off": 0 (off: every call uploads its caches whole); a size, digits with an optional fraction and a unit
@@ -177,6 +192,8 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_variant("DF_CUDA_MV_ROWS", &variant, why, whylen) < 0) return -1;
     if (df_cuda_env_variant("DF_CUDA_TILE", &variant, why, whylen) < 0) return -1;
     if (df_cuda_env_ks(&variant, why, whylen) < 0) return -1;
+    if (df_cuda_env_t1_stages(&variant, why, whylen) < 0) return -1;
+    if (df_cuda_env_prewait(&variant, why, whylen) < 0) return -1;
     return 0;
 }
 

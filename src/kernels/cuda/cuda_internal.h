@@ -49,6 +49,12 @@ unsigned cu_get_mma(void);
 /* The most K slices of the tensor-core kernel (1, 2 = the default, 4 or 8; env DF_CUDA_MMA_KS): part of its
  * canonical order, so a different value gives different bits (for every T alike). */
 void cu_set_mma_ks(int n);
+/* The one-token MXFP4 tile's weight ring: 0 = registers, 4 or 6 = shared-memory stages (cuda_mma.cu; no bit depends
+ * on it). */
+void cu_set_t1_stages(int n);
+/* Bytes of its weights each warp of a dense matmul asks into L2 before waiting for the kernel before it (0: none;
+ * cuda_matmul.cu, cuda_launch.cuh; no bit depends on it). */
+cudaError_t cu_set_prewait(int bytes);
 /* One weight of a grouped tensor-core launch: data / scale [rows, cols] (device), input x [T, cols] (device fp32),
  * output y [T, rows] (device); u (NULL: none) [T, cols] beside x: the input is the launch's activation of (x, u). */
 typedef struct {

@@ -52,6 +52,17 @@ template <int N> struct Unroll<N, N> {
     template <class F> __device__ __forceinline__ static void run(F &&) {}
 };
 
+/* The pre-wait L2 prefetch's bytes per warp (cu_set_prewait; 0: none). */
+__constant__ int c_prewait;
+
+/* Bytes of weight data in a row of cols elements (the span of the pre-wait L2 prefetch, cuda_launch.cuh). */
+template <int ENC> __device__ constexpr int64_t row_bytes(int64_t cols) {
+    return ENC == DF_W_F32 ? 4 * cols
+           : ENC == DF_W_BF16 || ENC == DF_W_F16 ? 2 * cols
+           : ENC == DF_W_FP8_B128 || ENC == DF_W_INT8_ROW ? cols
+                                                          : cols / 2;
+}
+
 /* Elements per group of the vector path. */
 template <int ENC> struct Grp { static constexpr int G = 1; };
 template <> struct Grp<DF_W_F32> { static constexpr int G = 4; };
@@ -150,10 +161,11 @@ template <int ENC, int G, int TT>
 __global__ void __launch_bounds__(WARPS * 32)
 mm_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
           const float *__restrict__ x, int T, float *__restrict__ y) {
-    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * TT;
+    if (c_prewait && blockIdx.y == 0 && r < rows) l2_prefetch_warp(data + r * row_bytes<ENC>(cols), row_bytes<ENC>(cols), c_prewait);
+    pdl_enter();
     if (r >= rows) return;
     float acc[TT];
 #pragma unroll
@@ -262,6 +274,11 @@ template <int ENC, int G, int TT>
 __global__ void __launch_bounds__(SPLIT_KS * 32)
 mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
                 const float *__restrict__ x, int T, float *__restrict__ y, int ks) {
+    if (c_prewait && blockIdx.y == 0 && (int)(threadIdx.x >> 5) < ks) { /* warp w's part of the row: rounds [w nr / ks, ...) */
+        const int64_t nr = (cols / G + 31) / 32, rb = (threadIdx.x >> 5) * nr / ks, rbs = row_bytes<ENC>(cols);
+        const int64_t off = rb * 32 * G * rbs / cols;
+        l2_prefetch_warp(data + blockIdx.x * rbs + off, rbs - off, c_prewait);
+    }
     pdl_enter();
     mm_split_row<ENC, G, TT>(data, scale, rows, cols, x, T, y, ks, blockIdx.x);
 }
@@ -282,7 +299,6 @@ struct M2 {
 template <int ENC, int G>
 __global__ void __launch_bounds__(SPLIT_KS * 32)
 mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__ x, unsigned nb1) {
-    pdl_enter();
     __shared__ float part[SPLIT_KS];
     const bool first = blockIdx.x < nb1;
     const uint8_t *__restrict__ d = first ? a.d : b.d;
@@ -292,6 +308,11 @@ mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__
     const int64_t r0 = (int64_t)(first ? blockIdx.x : blockIdx.x - nb1) * per;
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, ri = wp / ks, w = wp - ri * ks;
     const int64_t r = r0 + ri, ng = cols / G, nr = (ng + 31) / 32;
+    if (c_prewait && ri < per && r < rows) {
+        const int64_t rbs = row_bytes<ENC>(cols), off = (w * nr / ks) * 32 * G * rbs / cols;
+        l2_prefetch_warp(d + r * rbs + off, rbs - off, c_prewait);
+    }
+    pdl_enter();
     float acc = 0.0f;
     if (ri < per && r < rows) {
         const int64_t rb = w * nr / ks, re = (w + 1) * nr / ks;
@@ -725,4 +746,8 @@ cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, int
     case DF_W_FP8_B128: return launch2<DF_W_FP8_B128>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, st);
     default: return cudaErrorNotSupported;
     }
+}
+
+cudaError_t cu_set_prewait(int bytes) {
+    return cudaMemcpyToSymbol(c_prewait, &bytes, sizeof bytes);
 }

@@ -198,6 +198,15 @@ void probe_once() {
     int ks = 0;
     if (df_cuda_env_ks(&ks, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (ks) cu_set_mma_ks(ks);
+    int t1s = 0, pwk = 0;
+    if (df_cuda_env_t1_stages(&t1s, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
+    if (df_cuda_env_prewait(&pwk, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
+    if (t1s) cu_set_t1_stages(t1s == 1 ? 0 : t1s);
+    if (pwk && cu_set_prewait(pwk == 1 ? 0 : pwk << 10) != cudaSuccess) {
+        snprintf(g_why, sizeof g_why, "CUDA device 0: setting DF_CUDA_PREWAIT_KB failed");
+        g_ndev = 0;
+        return;
+    }
     /* DF_CUDA_KV_MIRROR (the attention core's KV mirror, cuda_attn.cu): validated here too, so an invalid value is no
      * device for every caller */
     unsigned long long kvm = 0;
