@@ -19,8 +19,9 @@
 # token or no decode step (third); synth --size below one MoE layer refused, a config integer out of range, a dense
 # model's --ram-budget error without an expert-cache term (fourth); a negative config size naming the field, value and
 # lower bound, first_k_dense_replace past num_hidden_layers as a config error (fifth); run --quiet still showing the
-# trained-positions note, a single-value option given twice refused in every command (sixth). Uses tests/golden/bf16_dsv3_groups and
-# models/kimi-mini(-draft).
+# trained-positions note, a single-value option given twice refused in every command (sixth); every option of run's and
+# serve's --help suggested for a slip, refused twice when it takes a value, accepted twice when not (their option
+# tables). Uses tests/golden/bf16_dsv3_groups and models/kimi-mini(-draft).
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -818,7 +819,7 @@ expect 0 "help version: its usage" "^usage: deltafin version" -- "$BIN" help ver
 # ---- docs: tools/gen-cli-doc.sh reproduces docs/cli.md; README names every CUDA knob that docs/cli.md lists
 if DF_BIN="$BIN" bash "$SRC/tools/gen-cli-doc.sh" "$TMP/cli.md" && diff -u "$SRC/docs/cli.md" "$TMP/cli.md" >"$TMP/cli.diff"; then ok
 else bad "tools/gen-cli-doc.sh does not reproduce docs/cli.md: $(head -20 "$TMP/cli.diff")"; fi
-knobs=$(grep -o 'DF_CUDA_[A-Z_]*[A-Z]' "$SRC/docs/cli.md" | sort -u)
+knobs=$(grep -o 'DF_CUDA_[A-Z0-9_]*[A-Z0-9]' "$SRC/docs/cli.md" | sort -u)
 [ -n "$knobs" ] && missing=$(for k in $knobs; do grep -q "\`$k\`" "$SRC/README.md" || echo "$k"; done) && [ -z "$missing" ] \
     && grep -q "docs/cli.md" "$SRC/README.md" && ok || bad "README.md lacks CUDA knobs of docs/cli.md: $missing"
 
@@ -913,6 +914,35 @@ for c in "serve --port 1 --port 2|serve: --port" "tokenize --model $KM --model $
 done
 [ ! -e "$TMP/rep" ] && ok || bad "convert / synth with a repeated option wrote $TMP/rep"
 expect 0 "deltafin --help: an option with a value is given once" "given once \(twice is a usage error, exit 2\)" -- "$BIN" --help
+
+# ---- run's and serve's option tables against their --help: every option listed there ("  --name METAVAR" takes a
+# value, "  --name   text" or "  --name [...]" does not) is suggested for a one-letter slip ("--modell"), a value
+# option given twice is refused, and a flag given twice is not (the unknown option after it is the only error)
+for cmd in run serve; do
+    n_val=0; n_flag=0
+    while read -r opt kind; do
+        [ "$opt" = --help ] && continue
+        slip="$opt${opt: -1}"
+        out=$("$BIN" $cmd "$slip" 2>&1 </dev/null); rc=$?
+        [ $rc -eq 2 ] && [ "$out" = "deltafin $cmd: unknown option '$slip', did you mean '$opt'? (see deltafin $cmd --help)" ] \
+            && ok || bad "$cmd $slip: rc $rc: $out"
+        if [ "$kind" = value ]; then
+            n_val=$((n_val+1))
+            out=$("$BIN" $cmd "$opt" a "$opt" b 2>&1 </dev/null); rc=$?
+            [ $rc -eq 2 ] && [ "$out" = "deltafin $cmd: $opt is given more than once (\"a\", then \"b\"); it takes one value: give it once" ] \
+                && ok || bad "$cmd $opt a $opt b: rc $rc: $out"
+        else
+            n_flag=$((n_flag+1))
+            out=$("$BIN" $cmd "$opt" "$opt" --zz-none 2>&1 </dev/null); rc=$?
+            [ $rc -eq 2 ] && [ "$out" = "deltafin $cmd: unknown option '--zz-none' (see deltafin $cmd --help)" ] \
+                && ok || bad "$cmd $opt $opt --zz-none: rc $rc: $out"
+        fi
+    done < <("$BIN" $cmd --help | sed -nE 's/^  (--[a-z0-9-]+) \[.*/\1 flag/p; s/^  (--[a-z0-9-]+) [^ [].*/\1 value/p; s/^  (--[a-z0-9-]+)(  .*|$)/\1 flag/p')
+    # run: 22 value options + 9 --draft*, 6 flags; serve: 23 + 8 --draft* (no --draft-sample; --mock-delay-ms is on
+    # --mock's line), 5 flags
+    want=$([ $cmd = run ] && echo "31 6" || echo "31 5")
+    [ "$n_val $n_flag" = "$want" ] && ok || bad "$cmd --help: $n_val value options, $n_flag flags (want $want)"
+done
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -165,6 +165,38 @@ static void test_kimi(void) {
     srv_kimi_free(&k);
     srv_buf_free(&r);
     srv_buf_free(&c);
+
+    /* output cut (max_tokens) inside the opening marker: srv_kimi_drop_partial_open drops text that could still be
+     * the marker; what cannot (decided content, spaces only, a finished marker) stays; without it (a model that
+     * stopped) the partial marker is content */
+    static const struct { const char *out; int drop; const char *reason, *content; } cut[] = {
+        {"<th", 1, "", ""},
+        {"\n <thin", 1, "", ""},
+        {"<|open|>thi", 1, "", ""},         /* K3 <|open|>think<|sep|> */
+        {"<|open|>respo", 1, "", ""},       /* K3 <|open|>response<|sep|> */
+        {"<th", 0, "", "<th"},              /* stopped, not cut: the model wrote "<th" */
+        {"<ta", 1, "", "<ta"},              /* not a prefix of a marker: content at once */
+        {"\n\n", 1, "", "\n\n"},            /* spaces only: no marker text to drop */
+        {"<think>ab</th", 1, "ab</th", ""}, /* inside the reasoning: reasoning as far as it went */
+        {"<think>a</think><th", 1, "a", "<th"}, /* content after the reasoning: "<th" is text there */
+    };
+    for (size_t q = 0; q < sizeof cut / sizeof cut[0]; q++)
+        for (int split = 0; split <= 1; split++) { /* whole, and one byte a piece */
+            srv_buf_init(&r);
+            srv_buf_init(&c);
+            srv_kimi_init(&k, 1, 1, 0);
+            const size_t ol = strlen(cut[q].out);
+            if (split) for (size_t i = 0; i < ol; i++) srv_kimi_push(&k, cut[q].out + i, 1, &r, &c);
+            else srv_kimi_push(&k, cut[q].out, ol, &r, &c);
+            if (cut[q].drop) srv_kimi_drop_partial_open(&k);
+            srv_kimi_flush(&k, &r, &c);
+            CHECK(!strcmp(r.p ? r.p : "", cut[q].reason) && !strcmp(c.p ? c.p : "", cut[q].content),
+                  "cut '%s' (drop %d, split %d): reasoning '%s' content '%s', want '%s' '%s'", cut[q].out, cut[q].drop,
+                  split, r.p ? r.p : "", c.p ? c.p : "", cut[q].reason, cut[q].content);
+            srv_kimi_free(&k);
+            srv_buf_free(&r);
+            srv_buf_free(&c);
+        }
 }
 
 static int parse(int kind, const char *body, srv_request *r, char **ej) {

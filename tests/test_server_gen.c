@@ -750,6 +750,46 @@ int main(void) {
             }
             srv_job_unref(j);
         }
+    /* max_tokens inside the opening "<think>" (plain text, one token a byte here, as several tokens in kimi-mini):
+     * the partial marker ("<", "<t" ... "<think") could still have been <think>, so it is neither content nor
+     * reasoning: content "", no reasoning_content, finish "length", streamed and not, with and without tools (with
+     * tools also logprobs: the cut tokens keep their entries). A
+     * stop sequence ("ink") that ends the output after "<th" is a stop, not a cut: "<th" is the content there */
+    for (int mt = 1; mt <= 7; mt++)
+        for (int st = 0; st <= 1; st++)
+            for (int tl = 0; tl <= 1; tl++) {
+                const int stop_ink = mt == 7; /* max_tokens 7 would finish the marker; stop at "ink" instead */
+                snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],"
+                         "\"temperature\":0,\"max_tokens\":%d%s%s%s%s}", stop_ink ? 20 : mt, stop_ink ? ",\"stop\":\"ink\"" : "",
+                         st ? ",\"stream\":true" : "", tl ? ",\"logprobs\":true," : "", tl ? tools : "");
+                j = run(SRV_CHAT, body);
+                const char *want = stop_ink ? "<th" : "", *want_fin = stop_ink ? "stop" : "length";
+                char text[512], reason[512];
+                cJSON *lpx = NULL;
+                collect(j, 1, st, text, sizeof text, reason, sizeof reason, &lpx);
+                /* with tools the request asks for logprobs: one entry per generated token (the stop's: up to "<th") */
+                CHECK(cJSON_GetArraySize(lpx) == (tl ? (stop_ink ? 3 : mt) : 0), "max_tokens %d (streamed %d, tools %d): "
+                      "%d logprobs entries", mt, st, tl, cJSON_GetArraySize(lpx));
+                cJSON_Delete(lpx);
+                CHECK(!strcmp(text, want) && !reason[0], "max_tokens %d%s (streamed %d, tools %d): content '%s' "
+                      "reasoning '%s', want content '%s'", mt, stop_ink ? " / stop \"ink\"" : "", st, tl, text, reason, want);
+                if (st) {
+                    parse_sse(j->out.p, &s, 1);
+                    CHECK(!strcmp(s.finish, want_fin) && s.done && !strstr(j->out.p, "reasoning_content") &&
+                          (stop_ink || !strstr(j->out.p, "\"content\":\"<")),
+                          "max_tokens %d (streamed, tools %d): finish %s, no partial marker delta", mt, tl, s.finish);
+                } else {
+                    r = body_json(j);
+                    msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "message");
+                    ct = cJSON_GetObjectItem(msg, "content");
+                    CHECK(cJSON_IsString(ct) && !strcmp(ct->valuestring, want) && !cJSON_GetObjectItem(msg, "reasoning_content") &&
+                          !strcmp(choice_str(r, "finish_reason"), want_fin) &&
+                          usage_int(cJSON_GetObjectItem(r, "usage"), "completion_tokens") == (stop_ink ? 6 : mt),
+                          "max_tokens %d (tools %d): %s", mt, tl, j->out.p);
+                    cJSON_Delete(r);
+                }
+                srv_job_unref(j);
+            }
     /* chat logprobs with a stop sequence that begins inside a token: <|tool_calls_section_begin|> is one token (a
      * special, its text put back by the generator); stop "section" cuts it. The entries cover exactly the text
      * returned (reasoning and content, markers as written): the straddling token keeps its logprob with its token and

@@ -41,6 +41,20 @@ int cli_check_repeated(const char *cmd, int argc, char **argv, const char *const
 /* The same check for the value option argv[i] alone (its earlier occurrences in argv[1..i)): for a parser that meets
  * each option in turn. 0, or 2 after the message. */
 int cli_repeated_at(const char *cmd, int argc, char **argv, int i, const char *const *values, const char *const *values2);
+/* One entry of a command's option table, which ends with {NULL, 0}: the option's name ("--model") and whether it takes
+ * a value. The one table gives both the names an unknown option is compared with (cli_unknown_option_in, in table
+ * order) and the value options that may be given only once (cli_check_repeated_in). At most CLI_MAX_OPTIONS entries
+ * before the terminator (CLI_OPTIONS_FIT checks a table at compile time). */
+typedef struct {
+    const char *name;
+    int takes_value;
+} cli_option;
+#define CLI_MAX_OPTIONS 64
+#define CLI_OPTIONS_FIT(t) _Static_assert(sizeof(t) / sizeof((t)[0]) <= CLI_MAX_OPTIONS + 1, #t ": too many options")
+/* cli_check_repeated with the value options of `opts` (an option table, above) as `values`: 0, or 2 after the message. */
+int cli_check_repeated_in(const char *cmd, int argc, char **argv, const cli_option *opts, const char *const *values2);
+/* cli_unknown_option (below) with every name of `opts` (an option table, above) as `names`. Returns 2. */
+int cli_unknown_option_in(const char *cmd, const char *a, const cli_option *opts, const char *const *names2);
 /* 1 when the comma-separated list s has an empty item ("a,,b", ",a", "a," or ""): lists are refused so everywhere. */
 int cli_list_has_empty(const char *s);
 /* The token ids of a comma-separated list ("1,2, 3"; spaces, tabs and line breaks around an item are ignored): each a

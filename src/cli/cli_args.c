@@ -413,3 +413,24 @@ int cli_check_repeated(const char *cmd, int argc, char **argv, const char *const
     }
     return 0;
 }
+
+/* the names of an option table (values_only: those that take a value) into out, NULL-terminated; out holds
+ * CLI_MAX_OPTIONS + 1 */
+static void table_names(const cli_option *opts, int values_only, const char **out) {
+    int n = 0;
+    for (; opts->name && n < CLI_MAX_OPTIONS; opts++)
+        if (!values_only || opts->takes_value) out[n++] = opts->name;
+    out[n] = NULL;
+}
+
+int cli_check_repeated_in(const char *cmd, int argc, char **argv, const cli_option *opts, const char *const *values2) {
+    const char *values[CLI_MAX_OPTIONS + 1];
+    table_names(opts, 1, values);
+    return cli_check_repeated(cmd, argc, argv, values, values2);
+}
+
+int cli_unknown_option_in(const char *cmd, const char *a, const cli_option *opts, const char *const *names2) {
+    const char *names[CLI_MAX_OPTIONS + 1];
+    table_names(opts, 0, names);
+    return cli_unknown_option(cmd, a, names, names2);
+}

@@ -94,18 +94,15 @@ static void run_usage(FILE *f) {
             cli_draft_usage(1));
 }
 
-/* run's options (the --draft* ones are cli_draft_flags): what an unknown option is compared with */
-static const char *const run_options[] = {
-    "--help", "--model", "--prompt", "--prompt-ids", "--prompt-file", "--max-new", "--chat", "--stats", "--profile",
-    "--print-ids", "--quiet", "--preload", "--threads", "--temperature", "--top-p", "--top-k", "--seed", "--ram-budget",
-    "--expert-dirs", "--cache-dir", "--events", "--heat", "--prefetch", "--prefault", "--backend", "--gpu-budget",
-    "--spine", "--io-depth", "--io-size", NULL};
-
-/* those of run_options that take a value: each may be given once (cli_check_repeated) */
-static const char *const run_values[] = {
-    "--model", "--prompt", "--prompt-ids", "--prompt-file", "--max-new", "--threads", "--temperature", "--top-p", "--top-k",
-    "--seed", "--ram-budget", "--expert-dirs", "--cache-dir", "--events", "--heat", "--prefetch", "--prefault", "--backend",
-    "--gpu-budget", "--spine", "--io-depth", "--io-size", NULL};
+/* run's options but the --draft* ones (cli_draft_flags, each taking a value), with whether each takes a value: the
+ * names an unknown option is compared with, in this order, and the value options that may be given once */
+static const cli_option run_options[] = {
+    {"--help", 0}, {"--model", 1}, {"--prompt", 1}, {"--prompt-ids", 1}, {"--prompt-file", 1}, {"--max-new", 1},
+    {"--chat", 0}, {"--stats", 0}, {"--profile", 0}, {"--print-ids", 0}, {"--quiet", 0}, {"--preload", 0},
+    {"--threads", 1}, {"--temperature", 1}, {"--top-p", 1}, {"--top-k", 1}, {"--seed", 1}, {"--ram-budget", 1},
+    {"--expert-dirs", 1}, {"--cache-dir", 1}, {"--events", 1}, {"--heat", 1}, {"--prefetch", 1}, {"--prefault", 1},
+    {"--backend", 1}, {"--gpu-budget", 1}, {"--spine", 1}, {"--io-depth", 1}, {"--io-size", 1}, {NULL, 0}};
+CLI_OPTIONS_FIT(run_options);
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
 static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
@@ -378,7 +375,7 @@ int cmd_run(int argc, char **argv) {
     df_sampler_opts_default(&so);
     cli_draft_opts dopt;
     cli_draft_defaults(&dopt);
-    if (cli_check_repeated("run", argc, argv, run_values, cli_draft_flags)) return 2;
+    if (cli_check_repeated_in("run", argc, argv, run_options, cli_draft_flags)) return 2;
     for (int i = 1; i < argc; i++) {
         int dr;
         const char *a = argv[i];
@@ -453,7 +450,7 @@ int cmd_run(int argc, char **argv) {
             spine_given = 1;
         }
         else if ((dr = cli_draft_arg("run", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
-        else return cli_unknown_option("run", a, run_options, cli_draft_flags);
+        else return cli_unknown_option_in("run", a, run_options, cli_draft_flags);
 #undef NEXT
     }
     /* flags that change nothing in this run: said once, not an error */

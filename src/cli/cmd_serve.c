@@ -64,18 +64,16 @@ static void serve_usage(FILE *f) {
             cli_draft_usage(0));
 }
 
-/* serve's options (the --draft* ones are cli_draft_flags): what an unknown option is compared with */
-static const char *const serve_options[] = {
-    "--help", "--model", "--cache-dir", "--host", "--port", "--port-file", "--ram-budget", "--threads", "--backend", "--gpu-budget",
-    "--ctx", "--prefetch", "--prefault", "--io-depth", "--io-size", "--preload", "--max-tokens", "--max-request-bytes", "--parallel", "--queue",
-    "--api-key", "--cors", "--no-kv-reuse", "--keepalive", "--timeout", "--max-connections", "--mock", "--mock-delay-ms",
-    "--mock-kimi", "--verbose", NULL};
-
-/* those of serve_options that take a value: each may be given once (cli_check_repeated) */
-static const char *const serve_values[] = {
-    "--model", "--cache-dir", "--host", "--port", "--port-file", "--ram-budget", "--threads", "--backend", "--gpu-budget", "--ctx",
-    "--prefetch", "--prefault", "--io-depth", "--io-size", "--max-tokens", "--max-request-bytes", "--parallel", "--queue",
-    "--api-key", "--cors", "--keepalive", "--timeout", "--max-connections", "--mock-delay-ms", NULL};
+/* serve's options but the --draft* ones (cli_draft_flags, each taking a value), with whether each takes a value: the
+ * names an unknown option is compared with, in this order, and the value options that may be given once */
+static const cli_option serve_options[] = {
+    {"--help", 0}, {"--model", 1}, {"--cache-dir", 1}, {"--host", 1}, {"--port", 1}, {"--port-file", 1},
+    {"--ram-budget", 1}, {"--threads", 1}, {"--backend", 1}, {"--gpu-budget", 1}, {"--ctx", 1}, {"--prefetch", 1},
+    {"--prefault", 1}, {"--io-depth", 1}, {"--io-size", 1}, {"--preload", 0}, {"--max-tokens", 1},
+    {"--max-request-bytes", 1}, {"--parallel", 1}, {"--queue", 1}, {"--api-key", 1}, {"--cors", 1},
+    {"--no-kv-reuse", 0}, {"--keepalive", 1}, {"--timeout", 1}, {"--max-connections", 1}, {"--mock", 0},
+    {"--mock-delay-ms", 1}, {"--mock-kimi", 0}, {"--verbose", 0}, {NULL, 0}};
+CLI_OPTIONS_FIT(serve_options);
 
 /* a whole decimal integer in [lo, hi]; else a usage message naming the flag and the value (as run's), -1 */
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) {
@@ -117,7 +115,7 @@ int cmd_serve(int argc, char **argv) {
     c.backend = cli_default_backend();
     cli_draft_opts dopt;
     cli_draft_defaults(&dopt);
-    if (cli_check_repeated("serve", argc, argv, serve_values, cli_draft_flags)) return 2;
+    if (cli_check_repeated_in("serve", argc, argv, serve_options, cli_draft_flags)) return 2;
     for (int i = 1; i < argc; i++) {
         int dr;
         const char *a = argv[i];
@@ -184,7 +182,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--mock-delay-ms")) { NEED(); if (parse_int(a, v, 0, 60000, &c.mock_delay_ms)) return 2; }
         else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) c.verbose = 1;
         else if ((dr = cli_draft_arg("serve", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
-        else return cli_unknown_option("serve", a, serve_options, cli_draft_flags);
+        else return cli_unknown_option_in("serve", a, serve_options, cli_draft_flags);
         (void)tmp;
     }
     /* every option is checked before anything else is said or done: a usage error is the only line */

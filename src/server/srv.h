@@ -97,6 +97,12 @@ void srv_kimi_push(srv_kimi *k, const char *s, size_t n, srv_buf *reasoning, srv
 /* End of stream: what is held becomes reasoning or content; an unterminated
  * tool call becomes content text. */
 void srv_kimi_flush(srv_kimi *k, srv_buf *reasoning, srv_buf *content);
+/* Generation stopped at max_tokens (or the context): before srv_kimi_flush, drops held text that could still
+ * have become the opening marker ("<think>", K3's "<|open|>think<|sep|>" / "<|open|>response<|sep|>"): the
+ * output so far is optional spaces / newlines and a non-empty proper prefix of the marker (e.g. "<th"), which
+ * then is neither content nor reasoning. Output of spaces / newlines only, or anything once the opening was
+ * decided, is kept. Not for other ends: a model that stops (end of turn, stop sequence) after "<th" wrote "<th". */
+void srv_kimi_drop_partial_open(srv_kimi *k);
 /* Does the rendered chat prompt open the reasoning section ("<think>" of K2, "<|open|>think<|sep|>" of K3)? */
 int srv_kimi_prompt_opens_think(const char *text, size_t n);
 

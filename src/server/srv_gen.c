@@ -844,6 +844,7 @@ finish:
         srv_buf reason, content;
         srv_buf_init(&reason);
         srv_buf_init(&content);
+        if (fin == FIN_LENGTH) srv_kimi_drop_partial_open(&g->kimi); /* "<th" cut by max_tokens: not content */
         srv_kimi_flush(&g->kimi, &reason, &content);
         if (r->stream) {
             if (reason.len || content.len) stream_chunk(g, &reason, &content, 0, NULL);

@@ -28,7 +28,9 @@
  * text, markers included, is returned as content.
  *
  * Works on a stream: markers may arrive split over several pieces; any tail
- * that could still be the start of a marker is held back until decided. */
+ * that could still be the start of a marker is held back until decided. Output
+ * cut by max_tokens inside the opening marker ("<th") is dropped, not returned as
+ * content (srv_kimi_drop_partial_open). */
 #define _GNU_SOURCE /* memmem, POLLRDHUP */
 #include "srv.h"
 #include <cjson/cJSON.h>
@@ -378,6 +380,13 @@ void srv_kimi_push(srv_kimi *k, const char *s, size_t n, srv_buf *reasoning, srv
         srv_buf_add(&k->held, k->call.p, k->call.len); /* text after the section */
         srv_buf_consume(&k->call, k->call.len);
     }
+}
+
+void srv_kimi_drop_partial_open(srv_kimi *k) {
+    if (k->state != K_START) return; /* K_START holds only spaces / newlines + a proper prefix of an opening marker */
+    size_t i = 0;
+    while (i < k->held.len && (k->held.p[i] == ' ' || k->held.p[i] == '\n')) i++;
+    if (i < k->held.len) srv_buf_consume(&k->held, k->held.len);
 }
 
 void srv_kimi_flush(srv_kimi *k, srv_buf *reasoning, srv_buf *content) {
