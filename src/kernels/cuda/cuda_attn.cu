@@ -1022,11 +1022,13 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         CKA(cu_rmsnorm_launch(dh, dx, nw, T, D, b->eps, st));
         cu_rt_mark("block: input norm");
         /* one token: q_a and kv_a (both on h) in one launch when both are cached (the same bits) */
-        const int two = R && T == 1 ? cu_rt_matmul2(b->q_a, b->kv_a, dh, dqa, dkva, st) : 0;
+        const float *qan = NULL; /* the q_a norm's weights, when the q_a / kv_a launch applies it (g_cu_fuse_norm) */
+        if (R && T == 1 && g_cu_fuse_norm && vec_dev(b->q_a_norm, R, &qan)) return -1;
+        const int two = R && T == 1 ? cu_rt_matmul2(b->q_a, b->kv_a, dh, dqa, dkva, st, qan, b->lora_eps) : 0;
         if (two < 0) return -1;
         if (R) {
             if ((!two && matmul_dev(b->q_a, dh, T, dqa, st)) || vec_dev(b->q_a_norm, R, &nw)) return -1;
-            CKA(cu_rmsnorm_launch(dqa, dqa, nw, T, R, b->lora_eps, st));
+            if (!two || !qan) CKA(cu_rmsnorm_launch(dqa, dqa, nw, T, R, b->lora_eps, st));
             if (matmul_dev(b->q_b, dqa, T, dqr, st)) return -1;
         } else if (matmul_dev(b->q_proj, dh, T, dqr, st)) {
             return -1;

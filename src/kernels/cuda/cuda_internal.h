@@ -17,10 +17,11 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
  * [rows2, cols] (a shared expert's gate and up; an MLA layer's q_a and kv_a), in one launch, each with the bits
  * cu_matmul_launch gives it (the K-split kernel's code and its own split per row); cudaErrorNotSupported (nothing
  * launched) where cu_matmul_launch would not take the K-split kernel for both, or for encodings other than BF16 and
- * FP8_B128: then launch them one by one. */
+ * FP8_B128: then launch them one by one. norm_w (device [rows1], NULL: none): y1 is then also normalized in place,
+ * y1 = rmsnorm(y1, norm_eps) * norm_w with the bits of cu_rmsnorm_launch after the launch (its last block). */
 cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, int64_t rows1, const void *d2,
                               const void *s2, int64_t rows2, int64_t cols, const float *x, float *y1, float *y2,
-                              cudaStream_t st);
+                              cudaStream_t st, const float *norm_w = nullptr, float norm_eps = 0.0f);
 
 /* Kernel choice (cuda_matmul.cu; every choice gives the same bits; 0 = automatic, 1 = the one-row-per-warp
  * kernel): one token: 2 = tiled, 2 rows per warp, 4 warps; 4 = 4 rows per warp, 4 warps; 8 = 2 rows per warp,
@@ -223,9 +224,12 @@ void cu_rt_mark(const char *name);
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
 /* With the mutex held: one token's ya = A x and yb = B x (x, ya, yb device arrays) in one launch (cu_matmul2_launch,
  * the bits of each matmul alone) when A and B share encoding and width and both are in the weight cache already
- * (looking both up then uploads and evicts nothing): 1 = queued on st; 0 = not (nothing queued: launch them one by
+ * (looking both up then uploads and evicts nothing), ya then normalized in place when norm_w is set (cu_matmul2_launch): 1 = queued on st; 0 = not (nothing queued: launch them one by
  * one); -1 = a CUDA error (recorded). */
-int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st);
+int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st,
+                  const float *norm_w = nullptr, float norm_eps = 0.0f);
+/* 1: an MLA block's q_a RMSNorm runs in the q_a / kv_a launch's last block (DF_CUDA_FUSE_NORM; the same bits). */
+extern int g_cu_fuse_norm;
 /* With the mutex held: the device residual stream of the caller with this key (an engine), at least n floats, or
  * NULL (error recorded). need_valid: it must exist, hold n floats and have been written by an mla_block call (its
  * x_out), else NULL; otherwise it is made or grown as needed (then not valid) and *valid (when not NULL) points at

@@ -16,6 +16,7 @@
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
 #include "cuda_decode.cuh"
+#include "cuda_norm.cuh"
 
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -292,13 +293,22 @@ struct M2 {
     int ks, per;
 };
 
+/* The first matrix's output normalized in place after the launch (cu_matmul2_launch's norm; w NULL: none): y1 =
+ * rmsnorm(y1) * w by the last block to finish, with the RMSNorm kernel's order and arithmetic (cuda_norm.cuh), so
+ * the bits of that kernel run after the launch. n2_done counts the finished blocks; the last resets it. */
+struct N2 {
+    const float *w;
+    float eps;
+};
+__device__ unsigned n2_done;
+
 /* Two matrices of one encoding on one input, one token (cu_matmul2_launch): blocks [0, nb1) hold rows of the first,
  * the others rows of the second, per rows a block; each row walked by its matrix's ks warps exactly as mm_split_kernel
  * walks it (the same rounds per warp, fma chains from 0, butterfly, warp sums added in warp order): the same bits as
  * that matrix alone. A block's warps beyond per x ks add nothing. */
 template <int ENC, int G>
 __global__ void __launch_bounds__(SPLIT_KS * 32)
-mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__ x, unsigned nb1) {
+mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__ x, unsigned nb1, const N2 nq) {
     __shared__ float part[SPLIT_KS];
     const bool first = blockIdx.x < nb1;
     const uint8_t *__restrict__ d = first ? a.d : b.d;
@@ -343,6 +353,18 @@ mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__
         for (int i = 1; i < ks; i++) v = __fadd_rn(v, pp[i]);
         (first ? a.y : b.y)[r0 + threadIdx.x] = v;
     }
+    if (!nq.w) return;
+    __shared__ unsigned ticket;
+    __shared__ double nsh[NORM_NN / 32];
+    __threadfence(); /* this block's outputs visible to the block that finishes last */
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(&n2_done, 1u);
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    __threadfence();
+    const float rs = rms_scale_emul(a.y, a.rows, nq.eps, nsh);
+    for (int64_t i = threadIdx.x; i < a.rows; i += blockDim.x) a.y[i] = __ldcg(a.y + i) * rs * nq.w[i];
+    if (threadIdx.x == 0) n2_done = 0;
 }
 
 /* ---- The tiled kernel (every T) ----
@@ -723,27 +745,28 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
 namespace {
 template <int ENC>
 cudaError_t launch2(const uint8_t *d1, const uint8_t *s1, int64_t rows1, const uint8_t *d2, const uint8_t *s2,
-                    int64_t rows2, int64_t cols, const float *x, float *y1, float *y2, cudaStream_t st) {
+                    int64_t rows2, int64_t cols, const float *x, float *y1, float *y2, const N2 &nq, cudaStream_t st) {
     constexpr int G = Grp<ENC>::G;
     if (!g_split || rows1 > SPLIT_ROWS || rows2 > SPLIT_ROWS || cols % G != 0 || ((g_mma >> ENC) & 1))
         return cudaErrorNotSupported;
     const int k1 = split_ks(rows1, cols, G), k2 = split_ks(rows2, cols, G), km = k1 > k2 ? k1 : k2;
     const M2 a = {d1, s1, y1, rows1, k1, km / k1}, b = {d2, s2, y2, rows2, k2, km / k2};
     const unsigned nb1 = (unsigned)((rows1 + a.per - 1) / a.per), nb2 = (unsigned)((rows2 + b.per - 1) / b.per);
-    cu_launch(mm_split2_kernel<ENC, G>, dim3(nb1 + nb2), km * 32, 0, st, a, b, cols, x, nb1);
+    cu_launch(mm_split2_kernel<ENC, G>, dim3(nb1 + nb2), km * 32, 0, st, a, b, cols, x, nb1, nq);
     return cudaGetLastError();
 }
 } // namespace
 
 cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, int64_t rows1, const void *d2,
                               const void *s2, int64_t rows2, int64_t cols, const float *x, float *y1, float *y2,
-                              cudaStream_t st) {
+                              cudaStream_t st, const float *norm_w, float norm_eps) {
+    const N2 nq = {norm_w, norm_eps};
     const uint8_t *a = static_cast<const uint8_t *>(d1), *as = static_cast<const uint8_t *>(s1);
     const uint8_t *b = static_cast<const uint8_t *>(d2), *bs = static_cast<const uint8_t *>(s2);
     if (rows1 <= 0 || rows2 <= 0) return cudaErrorNotSupported;
     switch (type) {
-    case DF_W_BF16: return launch2<DF_W_BF16>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, st);
-    case DF_W_FP8_B128: return launch2<DF_W_FP8_B128>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, st);
+    case DF_W_BF16: return launch2<DF_W_BF16>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, nq, st);
+    case DF_W_FP8_B128: return launch2<DF_W_FP8_B128>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, nq, st);
     default: return cudaErrorNotSupported;
     }
 }

@@ -198,6 +198,10 @@ void probe_once() {
     int ks = 0;
     if (df_cuda_env_ks(&ks, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (ks) cu_set_mma_ks(ks);
+    /* DF_CUDA_FUSE_NORM=1|on: the q_a RMSNorm in the q_a / kv_a launch (cu_matmul2_launch) */
+    const int fn = df_cuda_env_switch_def("DF_CUDA_FUSE_NORM", 0, g_why, sizeof g_why);
+    if (fn < 0) { g_ndev = 0; return; }
+    g_cu_fuse_norm = fn;
     int t1s = 0, pwk = 0;
     if (df_cuda_env_t1_stages(&t1s, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (df_cuda_env_prewait(&pwk, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
@@ -1204,11 +1208,13 @@ extern "C" void df_cuda_trace_stages(void) {
                 g_tst[k].s * 1e6 / (double)(g_tst[k].n ? g_tst[k].n : 1));
 }
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return group_weight(w, data, scale); }
-int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st) {
+int g_cu_fuse_norm = 0;
+int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st,
+                  const float *norm_w, float norm_eps) {
     if (a->type != b->type || a->cols != b->cols || !cached_entry(a) || !cached_entry(b)) return 0;
     const void *ad, *as, *bd, *bs;
     if (weight_on_device(a, &ad, &as) || weight_on_device(b, &bd, &bs)) return -1;
-    const cudaError_t e = cu_matmul2_launch(a->type, ad, as, a->rows, bd, bs, b->rows, a->cols, x, ya, yb, st);
+    const cudaError_t e = cu_matmul2_launch(a->type, ad, as, a->rows, bd, bs, b->rows, a->cols, x, ya, yb, st, norm_w, norm_eps);
     if (e == cudaErrorNotSupported) return 0;
     if (e != cudaSuccess) return fail("cu_matmul2_launch", e);
     return 1;
