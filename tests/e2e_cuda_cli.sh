@@ -108,6 +108,8 @@ for v in 0 3 16 abc; do refused DF_CUDA_PREWAIT_KB "$v" "the KiB prefetched per 
 for v in 1 2 4 8; do runs DF_CUDA_PREWAIT_KB $v; done
 for v in yes 2 ON; do refused DF_CUDA_FUSE_NORM "$v" "1 or on, 0 or off (the default) (lower case)"; done
 for v in 0 1 on off; do runs DF_CUDA_FUSE_NORM $v; done
+for v in yes 2 ON; do refused DF_CUDA_FUSE_ROUTE "$v" "1 or on, 0 or off (the default) (lower case)"; done
+for v in 0 1 on off; do runs DF_CUDA_FUSE_ROUTE $v; done
 # the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else ("abc", "3", a
 # sign, trailing characters) stops cuda and auto, naming the variable; --backend cpu ignores them
 for k in DF_CUDA_MV_ROWS DF_CUDA_TILE; do

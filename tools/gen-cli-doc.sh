@@ -36,6 +36,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "\`DF_CUDA_MMA_KS\`: the tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits);"
   echo "\`DF_CUDA_T1_STAGES\`: the one-token MXFP4 tile's weight ring 1 (registers, default) | 4 | 6 (shared-memory stages);"
   echo "\`DF_CUDA_FUSE_NORM\`: 1 or on / 0 or off (default): an MLA layer's q_a RMSNorm in the last block of its one-token q_a / kv_a launch (the same bits);"
+  echo "\`DF_CUDA_FUSE_ROUTE\`: 1 or on / 0 or off (default): a MoE layer's one-token router matmul and the device routing in one launch (the same bits);"
   echo "\`DF_CUDA_PREWAIT_KB\`: KiB of its weights each warp of a dense matmul prefetches into L2 before waiting for the kernel before it, 1 (none, default) | 2 | 4 | 8;"
   echo "\`DF_CUDA_KV_MIRROR\`: 1|on (the default: up to 1/8 of the GPU's memory) / 0|off / a size with a unit such as 512M or 4G, the GPU memory of the attention core's"
   echo "KV-cache mirrors; \`DF_CUDA_TRACE\`: 1|on / 2 (host clocks only) / 0|off (default), each GPU call's wall, queue, wait"

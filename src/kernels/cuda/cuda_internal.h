@@ -162,25 +162,53 @@ typedef struct {
 cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                             float scale, const void *const *tab, float *g, float *u, float *y, int64_t I, int64_t D,
                             const float *sh, cu_moe_route_out *o, cudaStream_t st, int *ids_out = NULL);
+/* The routing's arguments as cu_route_launch takes them (cu_router_route_launch). */
+typedef struct {
+    const float *bias;
+    int E, K, G, topk_group, renorm;
+    float scale;
+    const void *const *tab;
+    float *g, *u, *y;
+    int64_t I, D;
+    const float *sh;
+    cu_moe_route_out *o;
+    int *ids_out;
+} cu_route_args;
+/* The router's one-token matmul logits [rows = E] = W x (W [E, cols] of type; the bits of cu_matmul_launch) with the
+ * routing of cu_route_launch on those logits in the same launch (its last block); cudaErrorNotSupported (nothing
+ * launched) where cu_matmul_launch would not take its K-split kernel (then launch the two apart). */
+cudaError_t cu_router_route_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
+                                   const float *x, float *logits, const cu_route_args *a, cudaStream_t st);
+/* A router matmul still to run (cu_moe_dev_launch: logits = W x first, in the routing's launch when it can be). */
+typedef struct {
+    df_wtype type;
+    const void *data, *scale;
+    int64_t cols;
+    const float *x;
+} cu_router;
 /* The routing, then the picks' MLPs on h2 [D] (grouped tensor-core launches: gate / up of encoding tgu [I, D], down
  * of tdn [D, I]; act / beta / lb as moe_resid's), then resid [D] += combine (cu_combine_resid: ascending ids, then
  * sh): the bits of moe_route + moe_resid on the same logits and h2. Queued on st; join (NULL: none): an event st waits
  * for before the combine (sh written on another stream). h2xs (NULL: none): h2's split (cuda_split.cuh) written
- * earlier on st, used instead of splitting h2 here. */
+ * earlier on st, used instead of splitting h2 here. rt (NULL: none): the router's matmul into logits first. */
 cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
                               float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st, int *ids_out = NULL,
-                              const void *h2xs = NULL);
+                              const void *h2xs = NULL, const cu_router *rt = NULL);
 /* With the mutex held, in an mla_block call after cu_rt_shared_start: m's device routing and MoE (m->K = 0: only the
  * started dense MLP, added as forward adds it) for the caller key
  * (df_mla_block.moe) on logits [E] and h2 [D] (device), into that key's residual; bias_dev: m->bias on the device or
  * NULL. 1: queued (m->bytes set; the picks reach moe_routed once a later call synchronises), 0: declined (a layer
  * not wholly resident on the tensor-core path, no started shared expert where the layer has one, shapes past the
  * limits, DF_CUDA_TRACE=1), -1: a CUDA error (recorded). h2xs (NULL: none): h2's split (cuda_split.cuh) written
- * earlier on the stream. */
+ * earlier on the stream. router (NULL: none): the router weight whose matmul on router_x (device) writes logits
+ * first, queued only when 1 is returned (else the caller runs it). */
 int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2,
-                    const void *h2xs = NULL);
+                    const void *h2xs = NULL, const df_weight *router = NULL, const float *router_x = NULL);
+/* 1: the router's one-token matmul and the routing in one launch (cu_router_route_launch; DF_CUDA_FUSE_ROUTE; the
+ * same bits). */
+extern int g_cu_fuse_route;
 
 /* dst = src, n bytes, queued on st (kind as cudaMemcpyAsync's). Copies of at most CU_COPY_KERNEL_MAX bytes between
  * device memory and pinned host memory from cudaHostAlloc (addressable from kernels under unified addressing, CUDA

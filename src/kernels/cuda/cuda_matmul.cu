@@ -17,6 +17,7 @@
 #include "cuda_launch.cuh"
 #include "cuda_decode.cuh"
 #include "cuda_norm.cuh"
+#include "cuda_route.cuh"
 
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -282,6 +283,41 @@ mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ sc
     }
     pdl_enter();
     mm_split_row<ENC, G, TT>(data, scale, rows, cols, x, T, y, ks, blockIdx.x);
+}
+
+/* The router's one-token matmul (mm_split_kernel's blocks and bits, logits into lg) with the routing in the block
+ * that finishes last (route_body, the route kernel's bits; an atomic count of finished blocks, reset by that block).
+ * Dynamic shared memory: route_body's (cu_router_route_launch). */
+struct RouteArgs {
+    const float *bias;
+    int E, K, G, topk_group, renorm, one_pass;
+    float scale;
+    const void *const *tab;
+    float *g, *u, *y;
+    int64_t I, D;
+    const float *sh;
+    cu_moe_route_out *o;
+    int *ids_out;
+};
+__device__ unsigned rr_done;
+
+template <int ENC, int G>
+__global__ void __launch_bounds__(SPLIT_KS * 32)
+router_route_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
+                    const float *__restrict__ x, float *lg, int ks, const __grid_constant__ RouteArgs ra) {
+    pdl_enter();
+    mm_split_row<ENC, G, 1>(data, scale, rows, cols, x, 1, lg, ks, blockIdx.x);
+    __shared__ unsigned ticket;
+    __threadfence(); /* this block's logit visible to the block that finishes last */
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(&rr_done, 1u);
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    __threadfence();
+    if (threadIdx.x == 0) rr_done = 0;
+    extern __shared__ unsigned long long rsm[];
+    route_body(lg, ra.bias, ra.E, ra.K, ra.G, ra.topk_group, ra.renorm, ra.scale, ra.tab, ra.g, ra.u, ra.y, ra.I, ra.D,
+               ra.sh, ra.o, ra.ids_out, ra.one_pass, rsm);
 }
 
 /* One matrix of a two-matrix launch (mm_split2_kernel): data / scale, output, rows, its K split ks (split_ks) and
@@ -773,4 +809,39 @@ cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, int
 
 cudaError_t cu_set_prewait(int bytes) {
     return cudaMemcpyToSymbol(c_prewait, &bytes, sizeof bytes);
+}
+
+namespace {
+template <int ENC>
+cudaError_t launch_rr(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const float *x, float *lg,
+                      const cu_route_args &a, cudaStream_t st) {
+    constexpr int G = Grp<ENC>::G;
+    /* only where cu_matmul_launch takes mm_split_kernel for one token (its bits) */
+    if constexpr (G > 1) {
+        if (!g_split || rows > SPLIT_ROWS || cols % G != 0 || ((g_mma >> ENC) & 1)) return cudaErrorNotSupported;
+        const int ks = split_ks(rows, cols, G), nt = ks * 32;
+        const int one_pass = a.E <= ROUTE_RANK_MAXE && nt >= a.E;
+        const RouteArgs ra = {a.bias, a.E, a.K, a.G, a.topk_group, a.renorm, one_pass, a.scale, a.tab, a.g, a.u, a.y,
+                              a.I, a.D, a.sh, a.o, a.ids_out};
+        const size_t smem = (size_t)a.E * 2 * sizeof(float) + (one_pass ? (size_t)a.E * sizeof(unsigned long long) : 0);
+        cu_launch(router_route_kernel<ENC, G>, dim3((unsigned)rows), nt, smem, st, d, s, rows, cols, x, lg, ks, ra);
+        return cudaGetLastError();
+    } else {
+        return cudaErrorNotSupported;
+    }
+}
+} // namespace
+
+cudaError_t cu_router_route_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
+                                   const float *x, float *logits, const cu_route_args *a, cudaStream_t st) {
+    const uint8_t *d = static_cast<const uint8_t *>(data), *s = static_cast<const uint8_t *>(scale);
+    if (rows != a->E || a->E <= 0 || a->E > CU_ROUTE_MAXE || a->K < 1 || a->K > CU_ROUTE_MAXK || a->K > a->E ||
+        2 * a->K > CU_MMA_MAXG || a->K > CU_COMBINE_MAX || a->G > CU_ROUTE_MAXG || (a->G > 1 && a->E / a->G < 1))
+        return cudaErrorInvalidValue;
+    switch (type) {
+    case DF_W_F32: return launch_rr<DF_W_F32>(d, s, rows, cols, x, logits, *a, st);
+    case DF_W_BF16: return launch_rr<DF_W_BF16>(d, s, rows, cols, x, logits, *a, st);
+    case DF_W_FP8_B128: return launch_rr<DF_W_FP8_B128>(d, s, rows, cols, x, logits, *a, st);
+    default: return cudaErrorNotSupported;
+    }
 }

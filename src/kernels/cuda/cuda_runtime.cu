@@ -202,6 +202,10 @@ void probe_once() {
     const int fn = df_cuda_env_switch_def("DF_CUDA_FUSE_NORM", 0, g_why, sizeof g_why);
     if (fn < 0) { g_ndev = 0; return; }
     g_cu_fuse_norm = fn;
+    /* DF_CUDA_FUSE_ROUTE=1|on: the router's one-token matmul and the routing in one launch */
+    const int fr = df_cuda_env_switch_def("DF_CUDA_FUSE_ROUTE", 0, g_why, sizeof g_why);
+    if (fr < 0) { g_ndev = 0; return; }
+    g_cu_fuse_route = fr;
     int t1s = 0, pwk = 0;
     if (df_cuda_env_t1_stages(&t1s, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (df_cuda_env_prewait(&pwk, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
@@ -1329,8 +1333,9 @@ static int layer_table(int layer, int E) {
 }
 static void *g_rg, *g_ru, *g_ry, *g_ro;
 static size_t g_crg, g_cru, g_cry, g_cro;
+int g_cu_fuse_route = 0;
 int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2,
-                    const void *h2xs) {
+                    const void *h2xs, const df_weight *router, const float *router_x) {
     m->queued = 0;
     m->bytes = 0;
     if (g_trace == 1) return 0;
@@ -1361,12 +1366,19 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
     }
     cu_moe_route_out *o = (cu_moe_route_out *)g_ro;
     RouteIds *q = &r->route[m->layer];
+    cu_router rt = {DF_W_F32, NULL, NULL, 0, router_x};
+    if (router && router->rows != E) return 0; /* not this MoE's router: the caller runs it */
+    if (router) {
+        if (cu_rt_weight(router, &rt.data, &rt.scale)) return -1;
+        rt.type = router->type;
+        rt.cols = router->cols;
+    }
     const cudaEvent_t join = g_sh_pend ? g_sh_done : NULL; /* the shared expert's output, before the combine */
     g_sh_pend = 0;
     CK(cu_moe_dev_launch(logits, bias_dev, E, K, G, m->topk_group, m->renorm, m->scale, (const void *const *)t->dev,
                          (df_wtype)t->tgu, (df_wtype)t->tdn, I, D, h2, (float *)g_rg, (float *)g_ru, (float *)g_ry,
                          m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, join, g_st,
-                         g_cu_copy_kernel ? q->ids : NULL, h2xs)); /* the picks into pinned host memory */
+                         g_cu_copy_kernel ? q->ids : NULL, h2xs, router ? &rt : NULL)); /* the picks into pinned host memory */
     if (!g_cu_copy_kernel) CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
     if (!q->qcall) g_npend++;
     q->qcall = g_call;
