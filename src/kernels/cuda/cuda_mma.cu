@@ -381,8 +381,8 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
                         const size_t slot = ((size_t)sg * RM * 2 + i * 2 + h) * 32 + lane;
                         cp_async16(rc + slot, live ? static_cast<const void *>(reinterpret_cast<const uint4 *>(data) + ix) : data,
                                    live ? 16 : 0);
-                        cp_async4(rs + slot, live ? reinterpret_cast<const void *>((uintptr_t)(scale + ix) & ~(uintptr_t)3)
-                                                  : scale,
+                        cp_async4(rs + slot,
+                                  reinterpret_cast<const void *>((uintptr_t)(scale + (live ? ix : 0)) & ~(uintptr_t)3),
                                   live ? 4 : 0);
                     }
             }
