@@ -101,15 +101,6 @@ runs DF_CUDA_KV_MIRROR junk cpu
 # cuda and auto with its own message
 for v in 0 3 16 abc; do refused DF_CUDA_MMA_KS "$v" "the tensor-core kernel's most K slices, 1, 2 (the default), 4 or 8"; done
 for v in 1 2 4 8; do runs DF_CUDA_MMA_KS $v; done
-# DF_CUDA_T1_STAGES (the one-token tile's weight ring: 1, 4, 6) and DF_CUDA_PREWAIT_KB (1, 2, 4, 8): the same
-for v in 0 2 8 abc; do refused DF_CUDA_T1_STAGES "$v" "the one-token tile's weight ring, 1 (registers), 4 or 6 (shared-memory stages)"; done
-for v in 1 4 6; do runs DF_CUDA_T1_STAGES $v; done
-for v in 0 3 16 abc; do refused DF_CUDA_PREWAIT_KB "$v" "the KiB prefetched per warp before the wait, 1 (none), 2, 4 or 8"; done
-for v in 1 2 4 8; do runs DF_CUDA_PREWAIT_KB $v; done
-for v in yes 2 ON; do refused DF_CUDA_FUSE_NORM "$v" "1 or on, 0 or off (the default) (lower case)"; done
-for v in 0 1 on off; do runs DF_CUDA_FUSE_NORM $v; done
-for v in yes 2 ON; do refused DF_CUDA_FUSE_ROUTE "$v" "1 or on, 0 or off (the default) (lower case)"; done
-for v in 0 1 on off; do runs DF_CUDA_FUSE_ROUTE $v; done
 # the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else ("abc", "3", a
 # sign, trailing characters) stops cuda and auto, naming the variable; --backend cpu ignores them
 for k in DF_CUDA_MV_ROWS DF_CUDA_TILE; do

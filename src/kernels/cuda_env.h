@@ -1,7 +1,7 @@
 /*
  * cuda_env.h — the CUDA backend's environment knobs (docs/cuda.md): DF_CUDA_MMA, the encodings whose matmuls run
  * on the tensor-core kernel, the on/off switches DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT,
- * DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID, DF_CUDA_HOST_PIN, DF_CUDA_SPLIT, DF_CUDA_SHARED_EARLY, DF_CUDA_PDL, DF_CUDA_SIDE_STREAM, DF_CUDA_COPY_KERNEL, DF_CUDA_MOE_ROUTE, DF_CUDA_GREEDY, DF_CUDA_FUSE_NORM and DF_CUDA_FUSE_ROUTE (default off), the
+ * DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID, DF_CUDA_HOST_PIN, DF_CUDA_SPLIT, DF_CUDA_SHARED_EARLY, DF_CUDA_PDL, DF_CUDA_SIDE_STREAM, DF_CUDA_COPY_KERNEL, DF_CUDA_MOE_ROUTE and DF_CUDA_GREEDY, the
  * kernel variants DF_CUDA_MV_ROWS and DF_CUDA_TILE, and DF_CUDA_KV_MIRROR, the GPU memory of the attention core's
  * latent-cache mirrors. Read the same way by the backend's choice (backend.c: --backend cuda / auto refuse an
  * invalid value, on any machine), by the CUDA runtime's probe (cuda_runtime.cu: DF_CUDA_MMA, the variants,
@@ -99,21 +99,6 @@ static inline int df_cuda_env_ks(int *out, char *why, size_t whylen) {
                              out, why, whylen);
 }
 
-/* DF_CUDA_T1_STAGES, the one-token MXFP4 tensor-core tile's weight ring (docs/cuda.md): unset or empty = 0 (the
- * default); "1" = the register ring (one round ahead), "4" or "6" = a shared-memory ring of that many stages. No bit
- * depends on it. DF_CUDA_PREWAIT_KB, the KiB of its weights each warp of a dense matmul asks into L2 before waiting
- * for the kernel before it: unset or empty = 0 (the default), "1" = none, "2", "4" or "8" = that many KiB. No bit
- * depends on it. Anything else: -1 with a message naming the variable in why. */
-static inline int df_cuda_env_t1_stages(int *out, char *why, size_t whylen) {
-    return df_cuda_env_digit("DF_CUDA_T1_STAGES", "146",
-                             "the one-token tile's weight ring, 1 (registers), 4 or 6 (shared-memory stages)", out, why,
-                             whylen);
-}
-static inline int df_cuda_env_prewait(int *out, char *why, size_t whylen) {
-    return df_cuda_env_digit("DF_CUDA_PREWAIT_KB", "1248", "the KiB prefetched per warp before the wait, 1 (none), 2, 4 or 8",
-                             out, why, whylen);
-}
-
 /* DF_CUDA_KV_MIRROR, the GPU memory all the attention core's device mirrors of latent KV caches may hold together
  * (docs/cuda.md). Unset, empty, "1" or "on": 1 with *bytes = 0 (on, the default cap: 1/8 of the device's memory);
  * "0" or "off": 0 (off: every call uploads its caches whole); a size, digits with an optional fraction and a unit
@@ -185,8 +170,6 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_switch("DF_CUDA_COPY_KERNEL", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_MOE_ROUTE", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_GREEDY", why, whylen) < 0) return -1;
-    if (df_cuda_env_switch_def("DF_CUDA_FUSE_NORM", 0, why, whylen) < 0) return -1;
-    if (df_cuda_env_switch_def("DF_CUDA_FUSE_ROUTE", 0, why, whylen) < 0) return -1;
     if (df_cuda_env_trace(why, whylen) < 0) return -1;
     unsigned long long mirror;
     if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;
@@ -194,8 +177,6 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_variant("DF_CUDA_MV_ROWS", &variant, why, whylen) < 0) return -1;
     if (df_cuda_env_variant("DF_CUDA_TILE", &variant, why, whylen) < 0) return -1;
     if (df_cuda_env_ks(&variant, why, whylen) < 0) return -1;
-    if (df_cuda_env_t1_stages(&variant, why, whylen) < 0) return -1;
-    if (df_cuda_env_prewait(&variant, why, whylen) < 0) return -1;
     return 0;
 }
 

@@ -57,10 +57,6 @@
 #   part 42: this binary (also with the variable XENV="V=x" when set) against the carried builds named in ALTS
 #          (default "deltafin.b"): GPU tests of this one, then 384-token resident runs alternated twice (ids hashed)
 #          and bench kernels mxfp4 T=1 (KSHAPES) of each; (NCU_RUN=1) ncu durations of this one.
-#   part 43: the one-token MXFP4 tile's weight ring (DF_CUDA_T1_STAGES 1 / 4 / 6) and the dense matmuls' pre-wait L2
-#          prefetch (DF_CUDA_PREWAIT_KB 1 / 2 / 8), the q_a norm in the q_a / kv_a launch (DF_CUDA_FUSE_NORM), the
-#          routing in the router's launch (DF_CUDA_FUSE_ROUTE): GPU
-#          tests with each on, resident runs and kernels alternated, ncu.
 #   part 39: as 38, then the one-token MXFP4 launches by tile variant (DF_CUDA_MV_ROWS 0 / 8 / 4 / 2), ncu (NCU_RUN=1).
 #   part 36: the greedy token kept on the device (DF_CUDA_GREEDY on / off): GPU tests (test_golden also with it off),
 #          resident decode alternated (knob_ab), then the timeline (libgpu_timeline.so carried) with it on.
@@ -455,18 +451,6 @@ case $PART in
     gpu_tests
     resident_model
     knob_ab DF_CUDA_MOE_RESID
-    rm -rf "$W"
-    ;;
-43)
-    gpu_tests
-    gpu_tests_env "DF_CUDA_T1_STAGES=4 DF_CUDA_PREWAIT_KB=8 DF_CUDA_FUSE_NORM=1 DF_CUDA_FUSE_ROUTE=1" test_cuda_kernels \
-        test_golden test_batch
-    gpu_tests_env "DF_CUDA_T1_STAGES=6 DF_CUDA_PREWAIT_KB=2" test_cuda_kernels
-    resident_model
-    cfg_runs "$BIN:" "$BIN:DF_CUDA_T1_STAGES=4" "$BIN:DF_CUDA_T1_STAGES=6" "$BIN:DF_CUDA_PREWAIT_KB=2" \
-        "$BIN:DF_CUDA_PREWAIT_KB=8" "$BIN:DF_CUDA_FUSE_NORM=1" "$BIN:DF_CUDA_FUSE_ROUTE=1"
-    cfg_kernels "$BIN:" "$BIN:DF_CUDA_T1_STAGES=4" "$BIN:DF_CUDA_T1_STAGES=6"
-    [ -z "${NCU_RUN:-}" ] || ncu_decode
     rm -rf "$W"
     ;;
 42)

@@ -1022,13 +1022,11 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         CKA(cu_rmsnorm_launch(dh, dx, nw, T, D, b->eps, st));
         cu_rt_mark("block: input norm");
         /* one token: q_a and kv_a (both on h) in one launch when both are cached (the same bits) */
-        const float *qan = NULL; /* the q_a norm's weights, when the q_a / kv_a launch applies it (g_cu_fuse_norm) */
-        if (R && T == 1 && g_cu_fuse_norm && vec_dev(b->q_a_norm, R, &qan)) return -1;
-        const int two = R && T == 1 ? cu_rt_matmul2(b->q_a, b->kv_a, dh, dqa, dkva, st, qan, b->lora_eps) : 0;
+        const int two = R && T == 1 ? cu_rt_matmul2(b->q_a, b->kv_a, dh, dqa, dkva, st) : 0;
         if (two < 0) return -1;
         if (R) {
             if ((!two && matmul_dev(b->q_a, dh, T, dqa, st)) || vec_dev(b->q_a_norm, R, &nw)) return -1;
-            if (!two || !qan) CKA(cu_rmsnorm_launch(dqa, dqa, nw, T, R, b->lora_eps, st));
+            CKA(cu_rmsnorm_launch(dqa, dqa, nw, T, R, b->lora_eps, st));
             if (matmul_dev(b->q_b, dqa, T, dqr, st)) return -1;
         } else if (matmul_dev(b->q_proj, dh, T, dqr, st)) {
             return -1;
@@ -1061,7 +1059,6 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         cu_rt_mark("attn: o_proj");
     }
     void *xs = NULL; /* h2's split (g_h2xs), when written */
-    bool defer_router = false; /* the router's matmul not queued yet (run with the routing, or below) */
     if (bk) { /* the residual, the FFN's input norm and the router */
         const float *nw = NULL;
         float *dxo = (float *)(db + o_ret + r_x), *dh2 = (float *)(db + o_ret + r_h);
@@ -1086,10 +1083,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
             g_h2.host = bk->h2;
             g_h2.dev = dh2;
         }
-        /* one token whose MoE the device may route: the router's matmul waits for the routing's launch (g_cu_fuse_route) */
-        defer_router = E && g_cu_fuse_route && resid && T == 1 && bk->b->moe && bk->b->moe->E == E &&
-                       bk->b->router->rows == E;
-        if (E && !defer_router && matmul_dev(bk->b->router, dh2, T, (float *)(db + o_ret + r_l), st)) return -1;
+        if (E && matmul_dev(bk->b->router, dh2, T, (float *)(db + o_ret + r_l), st)) return -1;
         cu_rt_mark("block: residual, norm, router");
     }
     /* A block whose MoE the device will route and run (moe_queued below) returns before the host reads x_out, h2
@@ -1122,11 +1116,9 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         df_moe_dev *m = bk->b->moe;
         const float *bd = NULL;
         if (m->bias && vec_dev(m->bias, E, &bd)) return -1;
-        const int qd = cu_rt_moe_route(bk->b->resid_key, m, bd, (const float *)(db + o_ret + r_l),
-                                       (const float *)(db + o_ret + r_h), xs, defer_router ? bk->b->router : NULL,
-                                       (const float *)(db + o_ret + r_h));
-        if (qd < 0) return -1;
-        if (qd > 0) defer_router = false; /* queued with the routing */
+        if (cu_rt_moe_route(bk->b->resid_key, m, bd, (const float *)(db + o_ret + r_l), (const float *)(db + o_ret + r_h),
+                            xs) < 0)
+            return -1;
         if (m->queued) { /* asynchronous: nothing waited for; the row reaches the host cache later (host_wait) */
             HostBuf &h = g_hb[hi];
             h.pend = 1;
@@ -1140,8 +1132,6 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
             return 0;
         }
     }
-    if (defer_router && matmul_dev(bk->b->router, (const float *)(db + o_ret + r_h), T, (float *)(db + o_ret + r_l), st))
-        return -1;
     if (ret_from) { /* the part not copied above, behind whatever was queued since (a started shared expert too) */
         CKA(cu_copy_launch(hb + h_ret, db + o_ret, ret_from, cudaMemcpyDeviceToHost, st));
         CKA(cudaEventRecord(g_hb[hi].ev, st));

@@ -17,11 +17,10 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
  * [rows2, cols] (a shared expert's gate and up; an MLA layer's q_a and kv_a), in one launch, each with the bits
  * cu_matmul_launch gives it (the K-split kernel's code and its own split per row); cudaErrorNotSupported (nothing
  * launched) where cu_matmul_launch would not take the K-split kernel for both, or for encodings other than BF16 and
- * FP8_B128: then launch them one by one. norm_w (device [rows1], NULL: none): y1 is then also normalized in place,
- * y1 = rmsnorm(y1, norm_eps) * norm_w with the bits of cu_rmsnorm_launch after the launch (its last block). */
+ * FP8_B128: then launch them one by one. */
 cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, int64_t rows1, const void *d2,
                               const void *s2, int64_t rows2, int64_t cols, const float *x, float *y1, float *y2,
-                              cudaStream_t st, const float *norm_w = nullptr, float norm_eps = 0.0f);
+                              cudaStream_t st);
 
 /* Kernel choice (cuda_matmul.cu; every choice gives the same bits; 0 = automatic, 1 = the one-row-per-warp
  * kernel): one token: 2 = tiled, 2 rows per warp, 4 warps; 4 = 4 rows per warp, 4 warps; 8 = 2 rows per warp,
@@ -50,12 +49,6 @@ unsigned cu_get_mma(void);
 /* The most K slices of the tensor-core kernel (1, 2 = the default, 4 or 8; env DF_CUDA_MMA_KS): part of its
  * canonical order, so a different value gives different bits (for every T alike). */
 void cu_set_mma_ks(int n);
-/* The one-token MXFP4 tile's weight ring: 0 = registers, 4 or 6 = shared-memory stages (cuda_mma.cu; no bit depends
- * on it). */
-void cu_set_t1_stages(int n);
-/* Bytes of its weights each warp of a dense matmul asks into L2 before waiting for the kernel before it (0: none;
- * cuda_matmul.cu, cuda_launch.cuh; no bit depends on it). */
-cudaError_t cu_set_prewait(int bytes);
 /* One weight of a grouped tensor-core launch: data / scale [rows, cols] (device), input x [T, cols] (device fp32),
  * output y [T, rows] (device); u (NULL: none) [T, cols] beside x: the input is the launch's activation of (x, u). */
 typedef struct {
@@ -162,53 +155,25 @@ typedef struct {
 cudaError_t cu_route_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                             float scale, const void *const *tab, float *g, float *u, float *y, int64_t I, int64_t D,
                             const float *sh, cu_moe_route_out *o, cudaStream_t st, int *ids_out = NULL);
-/* The routing's arguments as cu_route_launch takes them (cu_router_route_launch). */
-typedef struct {
-    const float *bias;
-    int E, K, G, topk_group, renorm;
-    float scale;
-    const void *const *tab;
-    float *g, *u, *y;
-    int64_t I, D;
-    const float *sh;
-    cu_moe_route_out *o;
-    int *ids_out;
-} cu_route_args;
-/* The router's one-token matmul logits [rows = E] = W x (W [E, cols] of type; the bits of cu_matmul_launch) with the
- * routing of cu_route_launch on those logits in the same launch (its last block); cudaErrorNotSupported (nothing
- * launched) where cu_matmul_launch would not take its K-split kernel (then launch the two apart). */
-cudaError_t cu_router_route_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
-                                   const float *x, float *logits, const cu_route_args *a, cudaStream_t st);
-/* A router matmul still to run (cu_moe_dev_launch: logits = W x first, in the routing's launch when it can be). */
-typedef struct {
-    df_wtype type;
-    const void *data, *scale;
-    int64_t cols;
-    const float *x;
-} cu_router;
 /* The routing, then the picks' MLPs on h2 [D] (grouped tensor-core launches: gate / up of encoding tgu [I, D], down
  * of tdn [D, I]; act / beta / lb as moe_resid's), then resid [D] += combine (cu_combine_resid: ascending ids, then
  * sh): the bits of moe_route + moe_resid on the same logits and h2. Queued on st; join (NULL: none): an event st waits
  * for before the combine (sh written on another stream). h2xs (NULL: none): h2's split (cuda_split.cuh) written
- * earlier on st, used instead of splitting h2 here. rt (NULL: none): the router's matmul into logits first. */
+ * earlier on st, used instead of splitting h2 here. */
 cudaError_t cu_moe_dev_launch(const float *logits, const float *bias, int E, int K, int G, int topk_group, int renorm,
                               float scale, const void *const *tab, df_wtype tgu, df_wtype tdn, int64_t I, int64_t D,
                               const float *h2, float *g, float *u, float *y, const float *sh, int act, float beta, float lb,
                               float *resid, cu_moe_route_out *o, cudaEvent_t join, cudaStream_t st, int *ids_out = NULL,
-                              const void *h2xs = NULL, const cu_router *rt = NULL);
+                              const void *h2xs = NULL);
 /* With the mutex held, in an mla_block call after cu_rt_shared_start: m's device routing and MoE (m->K = 0: only the
  * started dense MLP, added as forward adds it) for the caller key
  * (df_mla_block.moe) on logits [E] and h2 [D] (device), into that key's residual; bias_dev: m->bias on the device or
  * NULL. 1: queued (m->bytes set; the picks reach moe_routed once a later call synchronises), 0: declined (a layer
  * not wholly resident on the tensor-core path, no started shared expert where the layer has one, shapes past the
  * limits, DF_CUDA_TRACE=1), -1: a CUDA error (recorded). h2xs (NULL: none): h2's split (cuda_split.cuh) written
- * earlier on the stream. router (NULL: none): the router weight whose matmul on router_x (device) writes logits
- * first, queued only when 1 is returned (else the caller runs it). */
+ * earlier on the stream. */
 int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2,
-                    const void *h2xs = NULL, const df_weight *router = NULL, const float *router_x = NULL);
-/* 1: the router's one-token matmul and the routing in one launch (cu_router_route_launch; DF_CUDA_FUSE_ROUTE; the
- * same bits). */
-extern int g_cu_fuse_route;
+                    const void *h2xs = NULL);
 
 /* dst = src, n bytes, queued on st (kind as cudaMemcpyAsync's). Copies of at most CU_COPY_KERNEL_MAX bytes between
  * device memory and pinned host memory from cudaHostAlloc (addressable from kernels under unified addressing, CUDA
@@ -252,12 +217,9 @@ void cu_rt_mark(const char *name);
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
 /* With the mutex held: one token's ya = A x and yb = B x (x, ya, yb device arrays) in one launch (cu_matmul2_launch,
  * the bits of each matmul alone) when A and B share encoding and width and both are in the weight cache already
- * (looking both up then uploads and evicts nothing), ya then normalized in place when norm_w is set (cu_matmul2_launch): 1 = queued on st; 0 = not (nothing queued: launch them one by
+ * (looking both up then uploads and evicts nothing): 1 = queued on st; 0 = not (nothing queued: launch them one by
  * one); -1 = a CUDA error (recorded). */
-int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st,
-                  const float *norm_w = nullptr, float norm_eps = 0.0f);
-/* 1: an MLA block's q_a RMSNorm runs in the q_a / kv_a launch's last block (DF_CUDA_FUSE_NORM; the same bits). */
-extern int g_cu_fuse_norm;
+int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st);
 /* With the mutex held: the device residual stream of the caller with this key (an engine), at least n floats, or
  * NULL (error recorded). need_valid: it must exist, hold n floats and have been written by an mla_block call (its
  * x_out), else NULL; otherwise it is made or grown as needed (then not valid) and *valid (when not NULL) points at

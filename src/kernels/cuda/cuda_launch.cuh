@@ -31,25 +31,6 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-/* Ask L2 for bytes [p, p + min(n, lim)) (one 128-byte line per lane and step); called by all 32 lanes of a warp with
- * the same arguments, before pdl_enter, by the dense matmuls (lim: cu_set_prewait). Why it is safe: weights are
- * written only by copies (never by a kernel, so never by one that a programmatic launch overlaps), a prefetch moves
- * nothing into a thread's registers, and L2 is the GPU's point of coherence: no value can change. Why it may help: the
- * blocks of a kernel launched with PDL are scheduled while the kernel before it runs (norms, the attention core:
- * microseconds with HBM mostly idle), so their first weights can stream in meanwhile. */
-__device__ __forceinline__ void l2_prefetch_warp(const void *p, long long n, int lim) {
-#if defined(__CUDA_ARCH__)
-    if (n > lim) n = lim;
-    const char *c = static_cast<const char *>(p);
-    for (long long o = (long long)(threadIdx.x & 31) * 128; o < n; o += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
-#else
-    (void)p;
-    (void)n;
-    (void)lim;
-#endif
-}
-
 /* kernel<<<grid, block, smem, st>>>(args...) with the PDL attribute when g_cu_pdl is set; the launch's error as
  * cudaLaunchKernelEx returns it (also what cudaGetLastError reports next). */
 template <typename... P, typename... A>

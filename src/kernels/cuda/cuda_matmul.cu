@@ -16,8 +16,6 @@
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
 #include "cuda_decode.cuh"
-#include "cuda_norm.cuh"
-#include "cuda_route.cuh"
 
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -53,17 +51,6 @@ template <int K, int N> struct Unroll {
 template <int N> struct Unroll<N, N> {
     template <class F> __device__ __forceinline__ static void run(F &&) {}
 };
-
-/* The pre-wait L2 prefetch's bytes per warp (cu_set_prewait; 0: none). */
-__constant__ int c_prewait;
-
-/* Bytes of weight data in a row of cols elements (the span of the pre-wait L2 prefetch, cuda_launch.cuh). */
-template <int ENC> __device__ constexpr int64_t row_bytes(int64_t cols) {
-    return ENC == DF_W_F32 ? 4 * cols
-           : ENC == DF_W_BF16 || ENC == DF_W_F16 ? 2 * cols
-           : ENC == DF_W_FP8_B128 || ENC == DF_W_INT8_ROW ? cols
-                                                          : cols / 2;
-}
 
 /* Elements per group of the vector path. */
 template <int ENC> struct Grp { static constexpr int G = 1; };
@@ -163,11 +150,10 @@ template <int ENC, int G, int TT>
 __global__ void __launch_bounds__(WARPS * 32)
 mm_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
           const float *__restrict__ x, int T, float *__restrict__ y) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * TT;
-    if (c_prewait && blockIdx.y == 0 && r < rows) l2_prefetch_warp(data + r * row_bytes<ENC>(cols), row_bytes<ENC>(cols), c_prewait);
-    pdl_enter();
     if (r >= rows) return;
     float acc[TT];
 #pragma unroll
@@ -276,48 +262,8 @@ template <int ENC, int G, int TT>
 __global__ void __launch_bounds__(SPLIT_KS * 32)
 mm_split_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
                 const float *__restrict__ x, int T, float *__restrict__ y, int ks) {
-    if (c_prewait && blockIdx.y == 0 && (int)(threadIdx.x >> 5) < ks) { /* warp w's part of the row: rounds [w nr / ks, ...) */
-        const int64_t nr = (cols / G + 31) / 32, rb = (threadIdx.x >> 5) * nr / ks, rbs = row_bytes<ENC>(cols);
-        const int64_t off = rb * 32 * G * rbs / cols;
-        l2_prefetch_warp(data + blockIdx.x * rbs + off, rbs - off, c_prewait);
-    }
     pdl_enter();
     mm_split_row<ENC, G, TT>(data, scale, rows, cols, x, T, y, ks, blockIdx.x);
-}
-
-/* The router's one-token matmul (mm_split_kernel's blocks and bits, logits into lg) with the routing in the block
- * that finishes last (route_body, the route kernel's bits; an atomic count of finished blocks, reset by that block).
- * Dynamic shared memory: route_body's (cu_router_route_launch). */
-struct RouteArgs {
-    const float *bias;
-    int E, K, G, topk_group, renorm, one_pass;
-    float scale;
-    const void *const *tab;
-    float *g, *u, *y;
-    int64_t I, D;
-    const float *sh;
-    cu_moe_route_out *o;
-    int *ids_out;
-};
-__device__ unsigned rr_done;
-
-template <int ENC, int G>
-__global__ void __launch_bounds__(SPLIT_KS * 32)
-router_route_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
-                    const float *__restrict__ x, float *lg, int ks, const __grid_constant__ RouteArgs ra) {
-    pdl_enter();
-    mm_split_row<ENC, G, 1>(data, scale, rows, cols, x, 1, lg, ks, blockIdx.x);
-    __shared__ unsigned ticket;
-    __threadfence(); /* this block's logit visible to the block that finishes last */
-    __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(&rr_done, 1u);
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return;
-    __threadfence();
-    if (threadIdx.x == 0) rr_done = 0;
-    extern __shared__ unsigned long long rsm[];
-    route_body(lg, ra.bias, ra.E, ra.K, ra.G, ra.topk_group, ra.renorm, ra.scale, ra.tab, ra.g, ra.u, ra.y, ra.I, ra.D,
-               ra.sh, ra.o, ra.ids_out, ra.one_pass, rsm);
 }
 
 /* One matrix of a two-matrix launch (mm_split2_kernel): data / scale, output, rows, its K split ks (split_ks) and
@@ -329,22 +275,14 @@ struct M2 {
     int ks, per;
 };
 
-/* The first matrix's output normalized in place after the launch (cu_matmul2_launch's norm; w NULL: none): y1 =
- * rmsnorm(y1) * w by the last block to finish, with the RMSNorm kernel's order and arithmetic (cuda_norm.cuh), so
- * the bits of that kernel run after the launch. n2_done counts the finished blocks; the last resets it. */
-struct N2 {
-    const float *w;
-    float eps;
-};
-__device__ unsigned n2_done;
-
 /* Two matrices of one encoding on one input, one token (cu_matmul2_launch): blocks [0, nb1) hold rows of the first,
  * the others rows of the second, per rows a block; each row walked by its matrix's ks warps exactly as mm_split_kernel
  * walks it (the same rounds per warp, fma chains from 0, butterfly, warp sums added in warp order): the same bits as
  * that matrix alone. A block's warps beyond per x ks add nothing. */
 template <int ENC, int G>
 __global__ void __launch_bounds__(SPLIT_KS * 32)
-mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__ x, unsigned nb1, const N2 nq) {
+mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__ x, unsigned nb1) {
+    pdl_enter();
     __shared__ float part[SPLIT_KS];
     const bool first = blockIdx.x < nb1;
     const uint8_t *__restrict__ d = first ? a.d : b.d;
@@ -354,11 +292,6 @@ mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__
     const int64_t r0 = (int64_t)(first ? blockIdx.x : blockIdx.x - nb1) * per;
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, ri = wp / ks, w = wp - ri * ks;
     const int64_t r = r0 + ri, ng = cols / G, nr = (ng + 31) / 32;
-    if (c_prewait && ri < per && r < rows) {
-        const int64_t rbs = row_bytes<ENC>(cols), off = (w * nr / ks) * 32 * G * rbs / cols;
-        l2_prefetch_warp(d + r * rbs + off, rbs - off, c_prewait);
-    }
-    pdl_enter();
     float acc = 0.0f;
     if (ri < per && r < rows) {
         const int64_t rb = w * nr / ks, re = (w + 1) * nr / ks;
@@ -389,18 +322,6 @@ mm_split2_kernel(const M2 a, const M2 b, int64_t cols, const float *__restrict__
         for (int i = 1; i < ks; i++) v = __fadd_rn(v, pp[i]);
         (first ? a.y : b.y)[r0 + threadIdx.x] = v;
     }
-    if (!nq.w) return;
-    __shared__ unsigned ticket;
-    __shared__ double nsh[NORM_NN / 32];
-    __threadfence(); /* this block's outputs visible to the block that finishes last */
-    __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(&n2_done, 1u);
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return;
-    __threadfence();
-    const float rs = rms_scale_emul(a.y, a.rows, nq.eps, nsh);
-    for (int64_t i = threadIdx.x; i < a.rows; i += blockDim.x) a.y[i] = __ldcg(a.y + i) * rs * nq.w[i];
-    if (threadIdx.x == 0) n2_done = 0;
 }
 
 /* ---- The tiled kernel (every T) ----
@@ -781,67 +702,27 @@ cudaError_t cu_matmul_launch(df_wtype type, const void *data, const void *scale,
 namespace {
 template <int ENC>
 cudaError_t launch2(const uint8_t *d1, const uint8_t *s1, int64_t rows1, const uint8_t *d2, const uint8_t *s2,
-                    int64_t rows2, int64_t cols, const float *x, float *y1, float *y2, const N2 &nq, cudaStream_t st) {
+                    int64_t rows2, int64_t cols, const float *x, float *y1, float *y2, cudaStream_t st) {
     constexpr int G = Grp<ENC>::G;
     if (!g_split || rows1 > SPLIT_ROWS || rows2 > SPLIT_ROWS || cols % G != 0 || ((g_mma >> ENC) & 1))
         return cudaErrorNotSupported;
     const int k1 = split_ks(rows1, cols, G), k2 = split_ks(rows2, cols, G), km = k1 > k2 ? k1 : k2;
     const M2 a = {d1, s1, y1, rows1, k1, km / k1}, b = {d2, s2, y2, rows2, k2, km / k2};
     const unsigned nb1 = (unsigned)((rows1 + a.per - 1) / a.per), nb2 = (unsigned)((rows2 + b.per - 1) / b.per);
-    cu_launch(mm_split2_kernel<ENC, G>, dim3(nb1 + nb2), km * 32, 0, st, a, b, cols, x, nb1, nq);
+    cu_launch(mm_split2_kernel<ENC, G>, dim3(nb1 + nb2), km * 32, 0, st, a, b, cols, x, nb1);
     return cudaGetLastError();
 }
 } // namespace
 
 cudaError_t cu_matmul2_launch(df_wtype type, const void *d1, const void *s1, int64_t rows1, const void *d2,
                               const void *s2, int64_t rows2, int64_t cols, const float *x, float *y1, float *y2,
-                              cudaStream_t st, const float *norm_w, float norm_eps) {
-    const N2 nq = {norm_w, norm_eps};
+                              cudaStream_t st) {
     const uint8_t *a = static_cast<const uint8_t *>(d1), *as = static_cast<const uint8_t *>(s1);
     const uint8_t *b = static_cast<const uint8_t *>(d2), *bs = static_cast<const uint8_t *>(s2);
     if (rows1 <= 0 || rows2 <= 0) return cudaErrorNotSupported;
     switch (type) {
-    case DF_W_BF16: return launch2<DF_W_BF16>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, nq, st);
-    case DF_W_FP8_B128: return launch2<DF_W_FP8_B128>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, nq, st);
-    default: return cudaErrorNotSupported;
-    }
-}
-
-cudaError_t cu_set_prewait(int bytes) {
-    return cudaMemcpyToSymbol(c_prewait, &bytes, sizeof bytes);
-}
-
-namespace {
-template <int ENC>
-cudaError_t launch_rr(const uint8_t *d, const uint8_t *s, int64_t rows, int64_t cols, const float *x, float *lg,
-                      const cu_route_args &a, cudaStream_t st) {
-    constexpr int G = Grp<ENC>::G;
-    /* only where cu_matmul_launch takes mm_split_kernel for one token (its bits) */
-    if constexpr (G > 1) {
-        if (!g_split || rows > SPLIT_ROWS || cols % G != 0 || ((g_mma >> ENC) & 1)) return cudaErrorNotSupported;
-        const int ks = split_ks(rows, cols, G), nt = ks * 32;
-        const int one_pass = a.E <= ROUTE_RANK_MAXE && nt >= a.E;
-        const RouteArgs ra = {a.bias, a.E, a.K, a.G, a.topk_group, a.renorm, one_pass, a.scale, a.tab, a.g, a.u, a.y,
-                              a.I, a.D, a.sh, a.o, a.ids_out};
-        const size_t smem = (size_t)a.E * 2 * sizeof(float) + (one_pass ? (size_t)a.E * sizeof(unsigned long long) : 0);
-        cu_launch(router_route_kernel<ENC, G>, dim3((unsigned)rows), nt, smem, st, d, s, rows, cols, x, lg, ks, ra);
-        return cudaGetLastError();
-    } else {
-        return cudaErrorNotSupported;
-    }
-}
-} // namespace
-
-cudaError_t cu_router_route_launch(df_wtype type, const void *data, const void *scale, int64_t rows, int64_t cols,
-                                   const float *x, float *logits, const cu_route_args *a, cudaStream_t st) {
-    const uint8_t *d = static_cast<const uint8_t *>(data), *s = static_cast<const uint8_t *>(scale);
-    if (rows != a->E || a->E <= 0 || a->E > CU_ROUTE_MAXE || a->K < 1 || a->K > CU_ROUTE_MAXK || a->K > a->E ||
-        2 * a->K > CU_MMA_MAXG || a->K > CU_COMBINE_MAX || a->G > CU_ROUTE_MAXG || (a->G > 1 && a->E / a->G < 1))
-        return cudaErrorInvalidValue;
-    switch (type) {
-    case DF_W_F32: return launch_rr<DF_W_F32>(d, s, rows, cols, x, logits, *a, st);
-    case DF_W_BF16: return launch_rr<DF_W_BF16>(d, s, rows, cols, x, logits, *a, st);
-    case DF_W_FP8_B128: return launch_rr<DF_W_FP8_B128>(d, s, rows, cols, x, logits, *a, st);
+    case DF_W_BF16: return launch2<DF_W_BF16>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, st);
+    case DF_W_FP8_B128: return launch2<DF_W_FP8_B128>(a, as, rows1, b, bs, rows2, cols, x, y1, y2, st);
     default: return cudaErrorNotSupported;
     }
 }

@@ -246,36 +246,11 @@ using MmaGroup = cu_mma_group;
  * then a token's output is (hi + mid) + lo of its three columns. */
 template <int NT> struct Tpb { static constexpr int value = 8 * NT / 3; };
 
-template <int RM, int NT, int KS> __host__ __device__ constexpr size_t mma_smem() {
+template <int RM, int NT, int KS> constexpr size_t mma_smem() {
     return sizeof(float) * ((KS > 1 ? (size_t)KS * RM * NT * 4 * 32 : 0) + (size_t)16 * RM * 8 * NT);
 }
 
-/* The weights' ring in shared memory (AS > 0 stages, after the reduction area): per warp and stage, each lane's own
- * copies of its 2 RM groups' 16 code bytes, then the 4-byte words holding their scale bytes. */
-template <int RM, int KS, int AS> constexpr size_t ring_smem() {
-    return AS > 0 ? (size_t)KS * AS * RM * 2 * 32 * (16 + 4) : 0;
-}
-
-/* cp.async of 16 (4) bytes from global to shared memory; n = bytes actually read (0: the destination zero-filled).
- * PTX ISA, "cp.async"; completion per thread by commit / wait groups. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int n) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src, int n) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* One tile: rows m0 .. m0 + 16 RM - 1 for the tokens from tok0 (TPB of them), KS warps over the K slices. The
- * weights reach the registers PF rounds ahead through a register ring (AS = 0), or (AS > 0, MXFP4 only) through a
- * ring of AS stages in shared memory filled by cp.async, AS - 1 rounds in flight per warp without registers held
- * for them. Both take the same rounds in the same order through the same arithmetic (round below): the same bits. */
-template <int ENC, int RM, int NT, int KS, int PF, int AS>
+template <int ENC, int RM, int NT, int KS, int PF>
 __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows,
                                          int64_t cols, const uint4 *__restrict__ xs, int T, float *__restrict__ y,
                                          const int64_t m0, const int tok0) {
@@ -356,60 +331,6 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
             }
         });
     };
-    extern __shared__ float mma_red[]; /* [KS][RM*NT*4][32] when KS > 1, then the tile [16 RM][8 NT], then the ring */
-    if constexpr (AS > 0) {
-        static_assert(ENC == DF_W_MXFP4, "the shared-memory ring holds MXFP4 groups");
-        constexpr size_t red = mma_smem<RM, NT, KS>();
-        uint4 *rc = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(mma_red) + red) + (size_t)ks * AS * RM * 2 * 32;
-        uint32_t *rs = reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(mma_red) + red +
-                                                    (size_t)KS * AS * RM * 2 * 32 * 16) + (size_t)ks * AS * RM * 2 * 32;
-        const int64_t mine = nrounds > ks ? (nrounds - ks + KS - 1) / KS : 0; /* this warp's rounds: ks + n KS */
-        /* local round n into stage n % AS: each lane copies what it alone reads (its groups, and the aligned word
-         * holding each group's scale byte), so the per-thread wait suffices; a group past the row or the weight's
-         * groups is zero-filled (codes 0, scale byte 0), as the register ring's loads give */
-        auto issue = [&](int64_t n) {
-            if (n < mine) {
-                const uint32_t r = (uint32_t)(ks + n * KS);
-                const bool gl = (int64_t)r * 4 + t < ng;
-                const int sg = (int)(n % AS);
-#pragma unroll
-                for (int i = 0; i < RM; i++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const bool live = gl && wr[i][h].ok;
-                        const uint32_t ix = wr[i][h].o + 4 * r;
-                        const size_t slot = ((size_t)sg * RM * 2 + i * 2 + h) * 32 + lane;
-                        cp_async16(rc + slot, live ? static_cast<const void *>(reinterpret_cast<const uint4 *>(data) + ix) : data,
-                                   live ? 16 : 0);
-                        cp_async4(rs + slot,
-                                  reinterpret_cast<const void *>((uintptr_t)(scale + (live ? ix : 0)) & ~(uintptr_t)3),
-                                  live ? 4 : 0);
-                    }
-            }
-            cp_async_commit();
-        };
-#pragma unroll
-        for (int k = 0; k < AS - 1; k++) issue(k);
-#pragma unroll 1
-        for (int64_t n = 0; n < mine; n++) {
-            cp_async_wait<AS - 2>();
-            const int sg = (int)(n % AS);
-            const uint32_t r = (uint32_t)(ks + n * KS);
-            Grp cur[RM][2];
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const size_t slot = ((size_t)sg * RM * 2 + i * 2 + h) * 32 + lane;
-                    const uint32_t ix = wr[i][h].o + 4 * r;
-                    cur[i][h].v = rc[slot];
-                    cur[i][h].e = (rs[slot] >> (8 * (((uintptr_t)scale + ix) & 3))) & 0xFFu;
-                }
-            issue(n + AS - 1);
-            round(r, cur);
-        }
-        cp_async_wait<0>();
-    } else {
 #pragma unroll
     for (int k = 0; k < PF; k++)
         if (ks + k * KS < nrounds) load_round(ks + k * KS, buf[k]);
@@ -427,7 +348,7 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
             }
         });
     }
-    }
+    extern __shared__ float mma_red[]; /* [KS][RM*NT*4][32] when KS > 1, then the tile [16 RM][8 NT] */
     constexpr int NV = RM * NT * 4;
     if constexpr (KS > 1) {
 #pragma unroll
@@ -469,35 +390,35 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
     }
 }
 
-template <int ENC, int RM, int NT, int KS, int PF, int AS>
+template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
            const uint4 *__restrict__ xs, int T, float *__restrict__ y) {
     pdl_enter();
-    mma_tile<ENC, RM, NT, KS, PF, AS>(data, scale, rows, cols, xs, T, y, (int64_t)blockIdx.x * (16 * RM),
+    mma_tile<ENC, RM, NT, KS, PF>(data, scale, rows, cols, xs, T, y, (int64_t)blockIdx.x * (16 * RM),
                                   (int)blockIdx.y * Tpb<NT>::value);
 }
 
 /* The same tile for item blockIdx.z of a group (every item: the same shape and encoding): the same code on the same
  * values, so each output has the bits of its item's own mma_kernel launch. */
-template <int ENC, int RM, int NT, int KS, int PF, int AS>
+template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_group_kernel(const __grid_constant__ MmaGroup g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
     pdl_enter();
     const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value;
     if (n0 >= g.T[i]) return; /* the whole block: past this item's tokens */
-    mma_tile<ENC, RM, NT, KS, PF, AS>(g.d[i], g.s[i], rows, cols, xs + (int64_t)g.xrow[i] * (cols / 32) * 12, g.T[i], g.y[i],
+    mma_tile<ENC, RM, NT, KS, PF>(g.d[i], g.s[i], rows, cols, xs + (int64_t)g.xrow[i] * (cols / 32) * 12, g.T[i], g.y[i],
                                   (int64_t)blockIdx.x * (16 * RM), n0);
 }
 
 /* The same from a group in device memory (cu_mma_group_dev_launch). */
-template <int ENC, int RM, int NT, int KS, int PF, int AS>
+template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_group_dev_kernel(const MmaGroup *__restrict__ g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
     pdl_enter();
     const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value, T = g->T[i];
     if (n0 >= T) return;
-    mma_tile<ENC, RM, NT, KS, PF, AS>(g->d[i], g->s[i], rows, cols, xs + (int64_t)g->xrow[i] * (cols / 32) * 12, T, g->y[i],
+    mma_tile<ENC, RM, NT, KS, PF>(g->d[i], g->s[i], rows, cols, xs + (int64_t)g->xrow[i] * (cols / 32) * 12, T, g->y[i],
                                   (int64_t)blockIdx.x * (16 * RM), n0);
 }
 
@@ -530,31 +451,15 @@ struct Launch {
     const MmaGroup *gd;
 };
 
-template <int ENC, int RM, int NT, int KS, int PF, int AS>
+template <int ENC, int RM, int NT, int KS, int PF>
 cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
-    constexpr size_t smem = mma_smem<RM, NT, KS>() + ring_smem<RM, KS, AS>();
+    constexpr size_t smem = mma_smem<RM, NT, KS>();
     constexpr int TPB = Tpb<NT>::value;
     const dim3 grid((unsigned)((rows + 16 * RM - 1) / (16 * RM)), (unsigned)((a.T + TPB - 1) / TPB),
                     a.g || a.gd ? (unsigned)a.nz : 1u);
-    if constexpr (AS > 0) { /* the ring: as much of the SM's memory as shared memory as the blocks can use */
-        static bool carved = false; /* per instantiation */
-        if (!carved) {
-            cudaError_t e = cudaFuncSetAttribute(mma_group_dev_kernel<ENC, RM, NT, KS, PF, AS>,
-                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                 (int)cudaSharedmemCarveoutMaxShared);
-            if (e == cudaSuccess)
-                e = cudaFuncSetAttribute(mma_group_kernel<ENC, RM, NT, KS, PF, AS>,
-                                         cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared);
-            if (e == cudaSuccess)
-                e = cudaFuncSetAttribute(mma_kernel<ENC, RM, NT, KS, PF, AS>,
-                                         cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared);
-            if (e != cudaSuccess) return e;
-            carved = true;
-        }
-    }
-    if (a.gd) cu_launch(mma_group_dev_kernel<ENC, RM, NT, KS, PF, AS>, grid, KS * 32, smem, st, a.gd, rows, cols, a.xs);
-    else if (a.g) cu_launch(mma_group_kernel<ENC, RM, NT, KS, PF, AS>, grid, KS * 32, smem, st, *a.g, rows, cols, a.xs);
-    else cu_launch(mma_kernel<ENC, RM, NT, KS, PF, AS>, grid, KS * 32, smem, st, a.d, a.s, rows, cols, a.xs, a.T, a.y);
+    if (a.gd) cu_launch(mma_group_dev_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, a.gd, rows, cols, a.xs);
+    else if (a.g) cu_launch(mma_group_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, *a.g, rows, cols, a.xs);
+    else cu_launch(mma_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, a.d, a.s, rows, cols, a.xs, a.T, a.y);
     return cudaGetLastError();
 }
 
@@ -566,16 +471,16 @@ cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t
  * 2048-row launch is slower (6% of HBM against 13%: too few warps for the GPU). */
 int g_ks_max = 2; /* cu_set_mma_ks */
 
-template <int ENC, int RM, int NT, int PF, int AS = 0>
+template <int ENC, int RM, int NT, int PF>
 cudaError_t launch_ks(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     const int64_t nrounds = (cols / 32 + 3) / 4;
     int ks = nrounds >= 32 ? 8 : nrounds >= 8 ? 4 : 1;
     if (ks > g_ks_max) ks = g_ks_max;
     switch (ks) {
-    case 8: return launch_mma<ENC, RM, NT, 8, PF, AS>(a, rows, cols, st);
-    case 4: return launch_mma<ENC, RM, NT, 4, PF, AS>(a, rows, cols, st);
-    case 2: return launch_mma<ENC, RM, NT, 2, PF, AS>(a, rows, cols, st);
-    default: return launch_mma<ENC, RM, NT, 1, PF, AS>(a, rows, cols, st);
+    case 8: return launch_mma<ENC, RM, NT, 8, PF>(a, rows, cols, st);
+    case 4: return launch_mma<ENC, RM, NT, 4, PF>(a, rows, cols, st);
+    case 2: return launch_mma<ENC, RM, NT, 2, PF>(a, rows, cols, st);
+    default: return launch_mma<ENC, RM, NT, 1, PF>(a, rows, cols, st);
     }
 }
 
@@ -587,20 +492,12 @@ namespace {
 #ifndef DF_T1_PF
 #define DF_T1_PF 1
 #endif
-/* The one-token MXFP4 tile's weight ring: 0 = registers (DF_T1_PF rounds), else shared-memory stages (4 or 6;
- * cu_set_t1_stages, env DF_CUDA_T1_STAGES); no bit depends on it. */
-int g_t1_stages = 0;
 /* variant -> tile shape (RM m-tiles x NT n-tiles per warp) and prefetch depth (bf16 groups are 4x larger) */
 template <int ENC>
 cudaError_t launch_v(int v, const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     constexpr int W = ENC == DF_W_BF16 ? 2 : 1;
     switch (v) {
-    case 1: /* 16 rows x 2 tokens */
-        if constexpr (ENC == DF_W_MXFP4) {
-            if (g_t1_stages == 4) return launch_ks<ENC, 1, 1, DF_T1_PF, 4>(a, rows, cols, st);
-            if (g_t1_stages == 6) return launch_ks<ENC, 1, 1, DF_T1_PF, 6>(a, rows, cols, st);
-        }
-        return launch_ks<ENC, 1, 1, DF_T1_PF>(a, rows, cols, st);
+    case 1: return launch_ks<ENC, 1, 1, DF_T1_PF>(a, rows, cols, st); /* 16 rows x 2 tokens */
     case 2: return launch_ks<ENC, 2, 3, 2 / W>(a, rows, cols, st);  /* 32 x 8 */
     case 4: return launch_ks<ENC, 1, 3, 3 / W>(a, rows, cols, st);  /* 16 x 8 */
     default: return launch_ks<ENC, 2 / W, 1, 1>(a, rows, cols, st); /* 32 x 2 */
@@ -614,8 +511,6 @@ cudaError_t launch_enc(df_wtype type, int asked, const Launch &a, int64_t rows, 
     return type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
 }
 } // namespace
-
-void cu_set_t1_stages(int n) { g_t1_stages = n == 4 || n == 6 ? n : 0; }
 
 void cu_set_mma_ks(int n) { g_ks_max = n == 1 || n == 2 || n == 4 || n == 8 ? n : 2; }
 

@@ -9,7 +9,6 @@
  */
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
-#include "cuda_norm.cuh"
 #include "cuda_act.cuh"
 #include "cuda_split.cuh"
 
@@ -36,7 +35,7 @@ __device__ double block_sum(double v, double *sh) {
     return r;
 }
 
-constexpr int NN = NORM_NN; /* threads per row of the RMSNorms (rmsnorm, add_rmsnorm; cuda_norm.cuh) */
+constexpr int NN = 1024; /* threads per row of the RMSNorms (rmsnorm, add_rmsnorm) */
 
 /* Sum of one double per thread of an NN-thread block, every thread gets the result: each warp's 32 values by the
  * xor butterfly (16, 8, 4, 2, 1), then the NN / 32 warp sums added in warp order (sh: NN / 32 doubles). */

@@ -198,23 +198,6 @@ void probe_once() {
     int ks = 0;
     if (df_cuda_env_ks(&ks, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (ks) cu_set_mma_ks(ks);
-    /* DF_CUDA_FUSE_NORM=1|on: the q_a RMSNorm in the q_a / kv_a launch (cu_matmul2_launch) */
-    const int fn = df_cuda_env_switch_def("DF_CUDA_FUSE_NORM", 0, g_why, sizeof g_why);
-    if (fn < 0) { g_ndev = 0; return; }
-    g_cu_fuse_norm = fn;
-    /* DF_CUDA_FUSE_ROUTE=1|on: the router's one-token matmul and the routing in one launch */
-    const int fr = df_cuda_env_switch_def("DF_CUDA_FUSE_ROUTE", 0, g_why, sizeof g_why);
-    if (fr < 0) { g_ndev = 0; return; }
-    g_cu_fuse_route = fr;
-    int t1s = 0, pwk = 0;
-    if (df_cuda_env_t1_stages(&t1s, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
-    if (df_cuda_env_prewait(&pwk, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
-    if (t1s) cu_set_t1_stages(t1s == 1 ? 0 : t1s);
-    if (pwk && cu_set_prewait(pwk == 1 ? 0 : pwk << 10) != cudaSuccess) {
-        snprintf(g_why, sizeof g_why, "CUDA device 0: setting DF_CUDA_PREWAIT_KB failed");
-        g_ndev = 0;
-        return;
-    }
     /* DF_CUDA_KV_MIRROR (the attention core's KV mirror, cuda_attn.cu): validated here too, so an invalid value is no
      * device for every caller */
     unsigned long long kvm = 0;
@@ -1212,13 +1195,11 @@ extern "C" void df_cuda_trace_stages(void) {
                 g_tst[k].s * 1e6 / (double)(g_tst[k].n ? g_tst[k].n : 1));
 }
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return group_weight(w, data, scale); }
-int g_cu_fuse_norm = 0;
-int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st,
-                  const float *norm_w, float norm_eps) {
+int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st) {
     if (a->type != b->type || a->cols != b->cols || !cached_entry(a) || !cached_entry(b)) return 0;
     const void *ad, *as, *bd, *bs;
     if (weight_on_device(a, &ad, &as) || weight_on_device(b, &bd, &bs)) return -1;
-    const cudaError_t e = cu_matmul2_launch(a->type, ad, as, a->rows, bd, bs, b->rows, a->cols, x, ya, yb, st, norm_w, norm_eps);
+    const cudaError_t e = cu_matmul2_launch(a->type, ad, as, a->rows, bd, bs, b->rows, a->cols, x, ya, yb, st);
     if (e == cudaErrorNotSupported) return 0;
     if (e != cudaSuccess) return fail("cu_matmul2_launch", e);
     return 1;
@@ -1333,9 +1314,8 @@ static int layer_table(int layer, int E) {
 }
 static void *g_rg, *g_ru, *g_ry, *g_ro;
 static size_t g_crg, g_cru, g_cry, g_cro;
-int g_cu_fuse_route = 0;
 int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const float *logits, const float *h2,
-                    const void *h2xs, const df_weight *router, const float *router_x) {
+                    const void *h2xs) {
     m->queued = 0;
     m->bytes = 0;
     if (g_trace == 1) return 0;
@@ -1366,19 +1346,12 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
     }
     cu_moe_route_out *o = (cu_moe_route_out *)g_ro;
     RouteIds *q = &r->route[m->layer];
-    cu_router rt = {DF_W_F32, NULL, NULL, 0, router_x};
-    if (router && router->rows != E) return 0; /* not this MoE's router: the caller runs it */
-    if (router) {
-        if (cu_rt_weight(router, &rt.data, &rt.scale)) return -1;
-        rt.type = router->type;
-        rt.cols = router->cols;
-    }
     const cudaEvent_t join = g_sh_pend ? g_sh_done : NULL; /* the shared expert's output, before the combine */
     g_sh_pend = 0;
     CK(cu_moe_dev_launch(logits, bias_dev, E, K, G, m->topk_group, m->renorm, m->scale, (const void *const *)t->dev,
                          (df_wtype)t->tgu, (df_wtype)t->tdn, I, D, h2, (float *)g_rg, (float *)g_ru, (float *)g_ry,
                          m->shared ? (const float *)r->sh_out : NULL, m->act, m->beta, m->lb, (float *)r->p, o, join, g_st,
-                         g_cu_copy_kernel ? q->ids : NULL, h2xs, router ? &rt : NULL)); /* the picks into pinned host memory */
+                         g_cu_copy_kernel ? q->ids : NULL, h2xs)); /* the picks into pinned host memory */
     if (!g_cu_copy_kernel) CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
     if (!q->qcall) g_npend++;
     q->qcall = g_call;
