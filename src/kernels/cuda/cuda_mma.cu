@@ -106,8 +106,8 @@ template <> struct Op<DF_W_MXFP4> {
         uint4 v;
         uint32_t e;
     };
-    struct Mul { /* the bf16x2 multipliers (m2 == 0: one multiply suffices) */
-        uint32_t m1, m2;
+    struct Mul { /* the first bf16x2 multiplier (the second, for scales above 2^1, is made by frags<Q, true>) */
+        uint32_t m1;
     };
     /* group 4 r + t of row R is group o + 4 r of the weight (a weight's groups: < 2^32, cu_mma_launch) */
     struct Row {
@@ -122,14 +122,16 @@ template <> struct Op<DF_W_MXFP4> {
                                                 const Row &w, uint32_t r, bool live, G &o) {
         const uint32_t ix = w.o + 4 * r;
         o.v = live ? ld_stream(reinterpret_cast<const uint4 *>(data) + ix) : make_uint4(0, 0, 0, 0);
-        o.e = live ? (uint32_t)scale[ix] : 0u;
+        o.e = live ? (uint32_t)__ldg(scale + ix) : 0u;
     }
+    /* 2^(e-1) when e <= 128 (bf16 exponent field e + 126; e = 0 too: 2^-1), else 2^126 (then 2^(e-127), m2) */
     __device__ __forceinline__ static Mul mul(const G &g) {
         const uint32_t e = g.e;
-        if (e <= 128) /* 2^(e-1): bf16 exponent field e + 126 (e = 0 too: 2^-1) */
-            return {((e + 126u) << 7) * 0x10001u, 0u};
-        /* 2^126, then 2^(e-127) (e = 255: NaN) */
-        return {0x7E807E80u, (e == 255 ? 0x7FC0u : e << 7) * 0x10001u};
+        return {e <= 128 ? ((e + 126u) << 7) * 0x10001u : 0x7E807E80u};
+    }
+    /* the second multiplier: 2^(e-127) for e > 128 (e = 255: NaN), else 0 (none) */
+    __device__ __forceinline__ static uint32_t mul2(uint32_t e) {
+        return e > 128 ? (e == 255 ? 0x7FC0u : e << 7) * 0x10001u : 0u;
     }
     __device__ __forceinline__ static bool slow(const G &g) { return g.e > 128; }
     /* the A registers of word Q: k-step 2Q lo, hi, then k-step 2Q + 1 lo, hi (pairs 0..3 of the word) */
@@ -137,10 +139,11 @@ template <> struct Op<DF_W_MXFP4> {
     __device__ __forceinline__ static void frags(const G &g, const Mul &m, uint32_t (&a)[4]) {
         uint32_t p[4];
         e2m1_word(word<Q>(g.v), p);
+        const uint32_t m2 = SLOW ? mul2(g.e) : 0u;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             a[k] = bf16x2_mul(p[k], m.m1);
-            if constexpr (SLOW) a[k] = m.m2 ? bf16x2_mul(a[k], m.m2) : a[k];
+            if constexpr (SLOW) a[k] = m2 ? bf16x2_mul(a[k], m2) : a[k];
         }
     }
 };
@@ -250,13 +253,14 @@ template <int RM, int NT, int KS> constexpr size_t mma_smem() {
     return sizeof(float) * ((KS > 1 ? (size_t)KS * RM * NT * 4 * 32 : 0) + (size_t)16 * RM * 8 * NT);
 }
 
-template <int ENC, int RM, int NT, int KS, int PF>
+template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
 __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows,
                                          int64_t cols, const uint4 *__restrict__ xs, int T, float *__restrict__ y,
                                          const int64_t m0, const int tok0) {
     constexpr int TPB = Tpb<NT>::value;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
-    const int64_t ng = cols / 32, nrounds = (ng + 3) / 4;
+    const int64_t ng = cols / 32;
+    const int nrounds = (int)((ng + 3) / 4);
     float d[RM][NT][4];
 #pragma unroll
     for (int i = 0; i < RM; i++)
@@ -274,12 +278,12 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
         wr[i][0] = O::row(rows, ng, m0 + 16 * i + g, t);
         wr[i][1] = O::row(rows, ng, m0 + 16 * i + g + 8, t);
     }
-    auto load_round = [&](int64_t r, Grp (&o)[RM][2]) {
-        const bool gl = r * 4 + t < ng;
+    auto load_round = [&](int r, Grp (&o)[RM][2]) {
+        const bool gl = FAST || (int64_t)r * 4 + t < ng;
 #pragma unroll
         for (int i = 0; i < RM; i++) {
-            O::load(data, scale, wr[i][0], (uint32_t)r, gl && wr[i][0].ok, o[i][0]);
-            O::load(data, scale, wr[i][1], (uint32_t)r, gl && wr[i][1].ok, o[i][1]);
+            O::load(data, scale, wr[i][0], (uint32_t)r, gl && (FAST || wr[i][0].ok), o[i][0]);
+            O::load(data, scale, wr[i][1], (uint32_t)r, gl && (FAST || wr[i][1].ok), o[i][1]);
         }
     };
     /* this lane's B column in each n-tile: token tok0 + vc / 3, part vc % 3 (vc = 8 j + g) */
@@ -289,10 +293,12 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
     for (int j = 0; j < NT; j++) {
         const int vc = 8 * j + g, tk = vc / 3;
         xlive[j] = tk < TPB && tok0 + tk < T;
-        xbase[j] = xs + (xlive[j] ? ((int64_t)(tok0 + tk) * ng + t) * 12 + vc % 3 * 4 : 0);
+        /* FAST: a column past the tokens reads the last token's parts (finite values into an output never written) */
+        const int te = FAST ? (tok0 + tk < T ? tok0 + tk : T - 1) : tok0 + tk;
+        xbase[j] = xs + (FAST || xlive[j] ? ((int64_t)te * ng + t) * 12 + vc % 3 * 4 : 0);
     }
-    auto round = [&](int64_t r, const Grp (&cur)[RM][2]) {
-        const int64_t gi = r * 4 + t;
+    auto round = [&](int r, const Grp (&cur)[RM][2]) {
+        const int64_t gi = (int64_t)r * 4 + t;
         bool slow = false;
 #pragma unroll
         for (int i = 0; i < RM; i++) slow |= O::slow(cur[i][0]) | O::slow(cur[i][1]);
@@ -304,7 +310,7 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
         bool live[NT];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            live[j] = xlive[j] && gi < ng;
+            live[j] = FAST || (xlive[j] && gi < ng);
             xb[j] = xbase[j] + (live[j] ? (uint32_t)r * 48u : 0u);
         }
         Unroll<0, 4>::run([&](auto Qc) {
@@ -335,15 +341,15 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
     for (int k = 0; k < PF; k++)
         if (ks + k * KS < nrounds) load_round(ks + k * KS, buf[k]);
 #pragma unroll 1
-    for (int64_t r0 = ks; r0 < nrounds; r0 += (int64_t)KS * PF) {
+    for (int r0 = ks; r0 < nrounds; r0 += KS * PF) {
         Unroll<0, PF>::run([&](auto Ic) {
             constexpr int I = decltype(Ic)::value;
-            const int64_t r = r0 + (int64_t)I * KS;
+            const int r = r0 + I * KS;
             if (r < nrounds) {
                 Grp cur[RM][2];
 #pragma unroll
                 for (int i = 0; i < RM; i++) cur[i][0] = buf[I][i][0], cur[i][1] = buf[I][i][1];
-                if (r + (int64_t)KS * PF < nrounds) load_round(r + (int64_t)KS * PF, buf[I]);
+                if (r + KS * PF < nrounds) load_round(r + KS * PF, buf[I]);
                 round(r, cur);
             }
         });
@@ -390,35 +396,35 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
     }
 }
 
-template <int ENC, int RM, int NT, int KS, int PF>
+template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
 __global__ void __launch_bounds__(KS * 32)
 mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
            const uint4 *__restrict__ xs, int T, float *__restrict__ y) {
     pdl_enter();
-    mma_tile<ENC, RM, NT, KS, PF>(data, scale, rows, cols, xs, T, y, (int64_t)blockIdx.x * (16 * RM),
+    mma_tile<ENC, RM, NT, KS, PF, FAST>(data, scale, rows, cols, xs, T, y, (int64_t)blockIdx.x * (16 * RM),
                                   (int)blockIdx.y * Tpb<NT>::value);
 }
 
 /* The same tile for item blockIdx.z of a group (every item: the same shape and encoding): the same code on the same
  * values, so each output has the bits of its item's own mma_kernel launch. */
-template <int ENC, int RM, int NT, int KS, int PF>
+template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
 __global__ void __launch_bounds__(KS * 32)
 mma_group_kernel(const __grid_constant__ MmaGroup g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
     pdl_enter();
     const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value;
     if (n0 >= g.T[i]) return; /* the whole block: past this item's tokens */
-    mma_tile<ENC, RM, NT, KS, PF>(g.d[i], g.s[i], rows, cols, xs + (int64_t)g.xrow[i] * (cols / 32) * 12, g.T[i], g.y[i],
+    mma_tile<ENC, RM, NT, KS, PF, FAST>(g.d[i], g.s[i], rows, cols, xs + (int64_t)g.xrow[i] * (cols / 32) * 12, g.T[i], g.y[i],
                                   (int64_t)blockIdx.x * (16 * RM), n0);
 }
 
 /* The same from a group in device memory (cu_mma_group_dev_launch). */
-template <int ENC, int RM, int NT, int KS, int PF>
+template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
 __global__ void __launch_bounds__(KS * 32)
 mma_group_dev_kernel(const MmaGroup *__restrict__ g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
     pdl_enter();
     const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value, T = g->T[i];
     if (n0 >= T) return;
-    mma_tile<ENC, RM, NT, KS, PF>(g->d[i], g->s[i], rows, cols, xs + (int64_t)g->xrow[i] * (cols / 32) * 12, T, g->y[i],
+    mma_tile<ENC, RM, NT, KS, PF, FAST>(g->d[i], g->s[i], rows, cols, xs + (int64_t)g->xrow[i] * (cols / 32) * 12, T, g->y[i],
                                   (int64_t)blockIdx.x * (16 * RM), n0);
 }
 
@@ -451,15 +457,15 @@ struct Launch {
     const MmaGroup *gd;
 };
 
-template <int ENC, int RM, int NT, int KS, int PF>
+template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
 cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     constexpr size_t smem = mma_smem<RM, NT, KS>();
     constexpr int TPB = Tpb<NT>::value;
     const dim3 grid((unsigned)((rows + 16 * RM - 1) / (16 * RM)), (unsigned)((a.T + TPB - 1) / TPB),
                     a.g || a.gd ? (unsigned)a.nz : 1u);
-    if (a.gd) cu_launch(mma_group_dev_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, a.gd, rows, cols, a.xs);
-    else if (a.g) cu_launch(mma_group_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, *a.g, rows, cols, a.xs);
-    else cu_launch(mma_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, a.d, a.s, rows, cols, a.xs, a.T, a.y);
+    if (a.gd) cu_launch(mma_group_dev_kernel<ENC, RM, NT, KS, PF, FAST>, grid, KS * 32, smem, st, a.gd, rows, cols, a.xs);
+    else if (a.g) cu_launch(mma_group_kernel<ENC, RM, NT, KS, PF, FAST>, grid, KS * 32, smem, st, *a.g, rows, cols, a.xs);
+    else cu_launch(mma_kernel<ENC, RM, NT, KS, PF, FAST>, grid, KS * 32, smem, st, a.d, a.s, rows, cols, a.xs, a.T, a.y);
     return cudaGetLastError();
 }
 
@@ -471,16 +477,16 @@ cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t
  * 2048-row launch is slower (6% of HBM against 13%: too few warps for the GPU). */
 int g_ks_max = 2; /* cu_set_mma_ks */
 
-template <int ENC, int RM, int NT, int PF>
+template <int ENC, int RM, int NT, int PF, bool FAST = false>
 cudaError_t launch_ks(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     const int64_t nrounds = (cols / 32 + 3) / 4;
     int ks = nrounds >= 32 ? 8 : nrounds >= 8 ? 4 : 1;
     if (ks > g_ks_max) ks = g_ks_max;
     switch (ks) {
-    case 8: return launch_mma<ENC, RM, NT, 8, PF>(a, rows, cols, st);
-    case 4: return launch_mma<ENC, RM, NT, 4, PF>(a, rows, cols, st);
-    case 2: return launch_mma<ENC, RM, NT, 2, PF>(a, rows, cols, st);
-    default: return launch_mma<ENC, RM, NT, 1, PF>(a, rows, cols, st);
+    case 8: return launch_mma<ENC, RM, NT, 8, PF, FAST>(a, rows, cols, st);
+    case 4: return launch_mma<ENC, RM, NT, 4, PF, FAST>(a, rows, cols, st);
+    case 2: return launch_mma<ENC, RM, NT, 2, PF, FAST>(a, rows, cols, st);
+    default: return launch_mma<ENC, RM, NT, 1, PF, FAST>(a, rows, cols, st);
     }
 }
 
@@ -492,12 +498,18 @@ namespace {
 #ifndef DF_T1_PF
 #define DF_T1_PF 1
 #endif
+/* 1: the one-token MXFP4 tile on whole row tiles and rounds skips their checks (cu_set_t1_fast, env DF_CUDA_T1_FAST) */
+int g_t1_fast = 1;
+
 /* variant -> tile shape (RM m-tiles x NT n-tiles per warp) and prefetch depth (bf16 groups are 4x larger) */
 template <int ENC>
 cudaError_t launch_v(int v, const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     constexpr int W = ENC == DF_W_BF16 ? 2 : 1;
     switch (v) {
-    case 1: return launch_ks<ENC, 1, 1, DF_T1_PF>(a, rows, cols, st); /* 16 rows x 2 tokens */
+    case 1: /* 16 rows x 2 tokens; whole row tiles and rounds: the tile without their checks (the same bits) */
+        if (ENC == DF_W_MXFP4 && g_t1_fast && rows % 16 == 0 && (cols / 32) % 4 == 0)
+            return launch_ks<ENC, 1, 1, DF_T1_PF, true>(a, rows, cols, st);
+        return launch_ks<ENC, 1, 1, DF_T1_PF>(a, rows, cols, st);
     case 2: return launch_ks<ENC, 2, 3, 2 / W>(a, rows, cols, st);  /* 32 x 8 */
     case 4: return launch_ks<ENC, 1, 3, 3 / W>(a, rows, cols, st);  /* 16 x 8 */
     default: return launch_ks<ENC, 2 / W, 1, 1>(a, rows, cols, st); /* 32 x 2 */
@@ -511,6 +523,8 @@ cudaError_t launch_enc(df_wtype type, int asked, const Launch &a, int64_t rows, 
     return type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
 }
 } // namespace
+
+void cu_set_t1_fast(int on) { g_t1_fast = on != 0; }
 
 void cu_set_mma_ks(int n) { g_ks_max = n == 1 || n == 2 || n == 4 || n == 8 ? n : 2; }
 
