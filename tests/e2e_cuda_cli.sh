@@ -101,8 +101,6 @@ runs DF_CUDA_KV_MIRROR junk cpu
 # cuda and auto with its own message
 for v in 0 3 16 abc; do refused DF_CUDA_MMA_KS "$v" "the tensor-core kernel's most K slices, 1, 2 (the default), 4 or 8"; done
 for v in 1 2 4 8; do runs DF_CUDA_MMA_KS $v; done
-for v in yes 2 ON; do refused DF_CUDA_T1_FAST "$v" "1 or on (the default), 0 or off (lower case)"; done
-for v in 0 1 on off; do runs DF_CUDA_T1_FAST $v; done
 # the kernel variants DF_CUDA_MV_ROWS / DF_CUDA_TILE: 0 (automatic), 1, 2, 4, 8 run; anything else ("abc", "3", a
 # sign, trailing characters) stops cuda and auto, naming the variable; --backend cpu ignores them
 for k in DF_CUDA_MV_ROWS DF_CUDA_TILE; do

@@ -34,7 +34,6 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "bits), the MLA block starting the next MoE's shared expert, kernels launched with programmatic dependent launch, that shared expert on a second stream beside the routed experts, small host <-> GPU copies as kernels, the MLA block routing and running the next MoE (or dense MLP) on the GPU"
   echo "without waiting, greedy tokens chosen on the GPU with the next step queued before they are read back; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8;"
   echo "\`DF_CUDA_MMA_KS\`: the tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits);"
-  echo "\`DF_CUDA_T1_FAST\`: 1 or on (default) / 0 or off: the one-token MXFP4 tensor-core tile without its row and round checks where every row tile and round is whole (the same bits);"
   echo "\`DF_CUDA_KV_MIRROR\`: 1|on (the default: up to 1/8 of the GPU's memory) / 0|off / a size with a unit such as 512M or 4G, the GPU memory of the attention core's"
   echo "KV-cache mirrors; \`DF_CUDA_TRACE\`: 1|on / 2 (host clocks only) / 0|off (default), each GPU call's wall, queue, wait"
   echo "and device time per stage on stderr at exit; each an error for \`--backend cuda\` / \`auto\` when invalid):"

@@ -57,8 +57,6 @@
 #   part 42: this binary (also with the variable XENV="V=x" when set) against the carried builds named in ALTS
 #          (default "deltafin.b"): GPU tests of this one, then 384-token resident runs alternated twice (ids hashed)
 #          and bench kernels mxfp4 T=1 (KSHAPES) of each; (NCU_RUN=1) ncu durations of this one.
-#   part 44: the one-token MXFP4 tile without its row and round checks (DF_CUDA_T1_FAST on / off): GPU tests with each,
-#          resident runs alternated twice, bench kernels mxfp4 T=1.
 #   part 39: as 38, then the one-token MXFP4 launches by tile variant (DF_CUDA_MV_ROWS 0 / 8 / 4 / 2), ncu (NCU_RUN=1).
 #   part 36: the greedy token kept on the device (DF_CUDA_GREEDY on / off): GPU tests (test_golden also with it off),
 #          resident decode alternated (knob_ab), then the timeline (libgpu_timeline.so carried) with it on.
@@ -453,14 +451,6 @@ case $PART in
     gpu_tests
     resident_model
     knob_ab DF_CUDA_MOE_RESID
-    rm -rf "$W"
-    ;;
-44)
-    gpu_tests
-    gpu_tests_env "DF_CUDA_T1_FAST=0" test_cuda_kernels test_golden test_batch
-    resident_model
-    cfg_runs "$BIN:" "$BIN:DF_CUDA_T1_FAST=0"
-    cfg_kernels "$BIN:" "$BIN:DF_CUDA_T1_FAST=0"
     rm -rf "$W"
     ;;
 42)

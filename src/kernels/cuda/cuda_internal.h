@@ -49,9 +49,6 @@ unsigned cu_get_mma(void);
 /* The most K slices of the tensor-core kernel (1, 2 = the default, 4 or 8; env DF_CUDA_MMA_KS): part of its
  * canonical order, so a different value gives different bits (for every T alike). */
 void cu_set_mma_ks(int n);
-/* 1 (default): the one-token MXFP4 tile takes a copy without the row and round checks where every row tile and round
- * is whole (rows % 16 == 0, cols % 128 == 0); 0: the general tile. The same bits (env DF_CUDA_T1_FAST). */
-void cu_set_t1_fast(int on);
 /* One weight of a grouped tensor-core launch: data / scale [rows, cols] (device), input x [T, cols] (device fp32),
  * output y [T, rows] (device); u (NULL: none) [T, cols] beside x: the input is the launch's activation of (x, u). */
 typedef struct {

@@ -253,7 +253,7 @@ template <int RM, int NT, int KS> constexpr size_t mma_smem() {
     return sizeof(float) * ((KS > 1 ? (size_t)KS * RM * NT * 4 * 32 : 0) + (size_t)16 * RM * 8 * NT);
 }
 
-template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
+template <int ENC, int RM, int NT, int KS, int PF>
 __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows,
                                          int64_t cols, const uint4 *__restrict__ xs, int T, float *__restrict__ y,
                                          const int64_t m0, const int tok0) {
@@ -279,11 +279,11 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
         wr[i][1] = O::row(rows, ng, m0 + 16 * i + g + 8, t);
     }
     auto load_round = [&](int r, Grp (&o)[RM][2]) {
-        const bool gl = FAST || (int64_t)r * 4 + t < ng;
+        const bool gl = (int64_t)r * 4 + t < ng;
 #pragma unroll
         for (int i = 0; i < RM; i++) {
-            O::load(data, scale, wr[i][0], (uint32_t)r, gl && (FAST || wr[i][0].ok), o[i][0]);
-            O::load(data, scale, wr[i][1], (uint32_t)r, gl && (FAST || wr[i][1].ok), o[i][1]);
+            O::load(data, scale, wr[i][0], (uint32_t)r, gl && wr[i][0].ok, o[i][0]);
+            O::load(data, scale, wr[i][1], (uint32_t)r, gl && wr[i][1].ok, o[i][1]);
         }
     };
     /* this lane's B column in each n-tile: token tok0 + vc / 3, part vc % 3 (vc = 8 j + g) */
@@ -293,9 +293,7 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
     for (int j = 0; j < NT; j++) {
         const int vc = 8 * j + g, tk = vc / 3;
         xlive[j] = tk < TPB && tok0 + tk < T;
-        /* FAST: a column past the tokens reads the last token's parts (finite values into an output never written) */
-        const int te = FAST ? (tok0 + tk < T ? tok0 + tk : T - 1) : tok0 + tk;
-        xbase[j] = xs + (FAST || xlive[j] ? ((int64_t)te * ng + t) * 12 + vc % 3 * 4 : 0);
+        xbase[j] = xs + (xlive[j] ? ((int64_t)(tok0 + tk) * ng + t) * 12 + vc % 3 * 4 : 0);
     }
     auto round = [&](int r, const Grp (&cur)[RM][2]) {
         const int64_t gi = (int64_t)r * 4 + t;
@@ -310,7 +308,7 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
         bool live[NT];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            live[j] = FAST || (xlive[j] && gi < ng);
+            live[j] = xlive[j] && gi < ng;
             xb[j] = xbase[j] + (live[j] ? (uint32_t)r * 48u : 0u);
         }
         Unroll<0, 4>::run([&](auto Qc) {
@@ -396,35 +394,35 @@ __device__ __forceinline__ void mma_tile(const uint8_t *__restrict__ data, const
     }
 }
 
-template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
+template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t rows, int64_t cols,
            const uint4 *__restrict__ xs, int T, float *__restrict__ y) {
     pdl_enter();
-    mma_tile<ENC, RM, NT, KS, PF, FAST>(data, scale, rows, cols, xs, T, y, (int64_t)blockIdx.x * (16 * RM),
+    mma_tile<ENC, RM, NT, KS, PF>(data, scale, rows, cols, xs, T, y, (int64_t)blockIdx.x * (16 * RM),
                                   (int)blockIdx.y * Tpb<NT>::value);
 }
 
 /* The same tile for item blockIdx.z of a group (every item: the same shape and encoding): the same code on the same
  * values, so each output has the bits of its item's own mma_kernel launch. */
-template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
+template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_group_kernel(const __grid_constant__ MmaGroup g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
     pdl_enter();
     const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value;
     if (n0 >= g.T[i]) return; /* the whole block: past this item's tokens */
-    mma_tile<ENC, RM, NT, KS, PF, FAST>(g.d[i], g.s[i], rows, cols, xs + (int64_t)g.xrow[i] * (cols / 32) * 12, g.T[i], g.y[i],
+    mma_tile<ENC, RM, NT, KS, PF>(g.d[i], g.s[i], rows, cols, xs + (int64_t)g.xrow[i] * (cols / 32) * 12, g.T[i], g.y[i],
                                   (int64_t)blockIdx.x * (16 * RM), n0);
 }
 
 /* The same from a group in device memory (cu_mma_group_dev_launch). */
-template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
+template <int ENC, int RM, int NT, int KS, int PF>
 __global__ void __launch_bounds__(KS * 32)
 mma_group_dev_kernel(const MmaGroup *__restrict__ g, int64_t rows, int64_t cols, const uint4 *__restrict__ xs) {
     pdl_enter();
     const int i = blockIdx.z, n0 = (int)blockIdx.y * Tpb<NT>::value, T = g->T[i];
     if (n0 >= T) return;
-    mma_tile<ENC, RM, NT, KS, PF, FAST>(g->d[i], g->s[i], rows, cols, xs + (int64_t)g->xrow[i] * (cols / 32) * 12, T, g->y[i],
+    mma_tile<ENC, RM, NT, KS, PF>(g->d[i], g->s[i], rows, cols, xs + (int64_t)g->xrow[i] * (cols / 32) * 12, T, g->y[i],
                                   (int64_t)blockIdx.x * (16 * RM), n0);
 }
 
@@ -457,15 +455,15 @@ struct Launch {
     const MmaGroup *gd;
 };
 
-template <int ENC, int RM, int NT, int KS, int PF, bool FAST>
+template <int ENC, int RM, int NT, int KS, int PF>
 cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     constexpr size_t smem = mma_smem<RM, NT, KS>();
     constexpr int TPB = Tpb<NT>::value;
     const dim3 grid((unsigned)((rows + 16 * RM - 1) / (16 * RM)), (unsigned)((a.T + TPB - 1) / TPB),
                     a.g || a.gd ? (unsigned)a.nz : 1u);
-    if (a.gd) cu_launch(mma_group_dev_kernel<ENC, RM, NT, KS, PF, FAST>, grid, KS * 32, smem, st, a.gd, rows, cols, a.xs);
-    else if (a.g) cu_launch(mma_group_kernel<ENC, RM, NT, KS, PF, FAST>, grid, KS * 32, smem, st, *a.g, rows, cols, a.xs);
-    else cu_launch(mma_kernel<ENC, RM, NT, KS, PF, FAST>, grid, KS * 32, smem, st, a.d, a.s, rows, cols, a.xs, a.T, a.y);
+    if (a.gd) cu_launch(mma_group_dev_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, a.gd, rows, cols, a.xs);
+    else if (a.g) cu_launch(mma_group_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, *a.g, rows, cols, a.xs);
+    else cu_launch(mma_kernel<ENC, RM, NT, KS, PF>, grid, KS * 32, smem, st, a.d, a.s, rows, cols, a.xs, a.T, a.y);
     return cudaGetLastError();
 }
 
@@ -477,16 +475,16 @@ cudaError_t launch_mma(const Launch &a, int64_t rows, int64_t cols, cudaStream_t
  * 2048-row launch is slower (6% of HBM against 13%: too few warps for the GPU). */
 int g_ks_max = 2; /* cu_set_mma_ks */
 
-template <int ENC, int RM, int NT, int PF, bool FAST = false>
+template <int ENC, int RM, int NT, int PF>
 cudaError_t launch_ks(const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     const int64_t nrounds = (cols / 32 + 3) / 4;
     int ks = nrounds >= 32 ? 8 : nrounds >= 8 ? 4 : 1;
     if (ks > g_ks_max) ks = g_ks_max;
     switch (ks) {
-    case 8: return launch_mma<ENC, RM, NT, 8, PF, FAST>(a, rows, cols, st);
-    case 4: return launch_mma<ENC, RM, NT, 4, PF, FAST>(a, rows, cols, st);
-    case 2: return launch_mma<ENC, RM, NT, 2, PF, FAST>(a, rows, cols, st);
-    default: return launch_mma<ENC, RM, NT, 1, PF, FAST>(a, rows, cols, st);
+    case 8: return launch_mma<ENC, RM, NT, 8, PF>(a, rows, cols, st);
+    case 4: return launch_mma<ENC, RM, NT, 4, PF>(a, rows, cols, st);
+    case 2: return launch_mma<ENC, RM, NT, 2, PF>(a, rows, cols, st);
+    default: return launch_mma<ENC, RM, NT, 1, PF>(a, rows, cols, st);
     }
 }
 
@@ -498,18 +496,12 @@ namespace {
 #ifndef DF_T1_PF
 #define DF_T1_PF 1
 #endif
-/* 1: the one-token MXFP4 tile on whole row tiles and rounds skips their checks (cu_set_t1_fast, env DF_CUDA_T1_FAST) */
-int g_t1_fast = 1;
-
 /* variant -> tile shape (RM m-tiles x NT n-tiles per warp) and prefetch depth (bf16 groups are 4x larger) */
 template <int ENC>
 cudaError_t launch_v(int v, const Launch &a, int64_t rows, int64_t cols, cudaStream_t st) {
     constexpr int W = ENC == DF_W_BF16 ? 2 : 1;
     switch (v) {
-    case 1: /* 16 rows x 2 tokens; whole row tiles and rounds: the tile without their checks (the same bits) */
-        if (ENC == DF_W_MXFP4 && g_t1_fast && rows % 16 == 0 && (cols / 32) % 4 == 0)
-            return launch_ks<ENC, 1, 1, DF_T1_PF, true>(a, rows, cols, st);
-        return launch_ks<ENC, 1, 1, DF_T1_PF>(a, rows, cols, st);
+    case 1: return launch_ks<ENC, 1, 1, DF_T1_PF>(a, rows, cols, st); /* 16 rows x 2 tokens */
     case 2: return launch_ks<ENC, 2, 3, 2 / W>(a, rows, cols, st);  /* 32 x 8 */
     case 4: return launch_ks<ENC, 1, 3, 3 / W>(a, rows, cols, st);  /* 16 x 8 */
     default: return launch_ks<ENC, 2 / W, 1, 1>(a, rows, cols, st); /* 32 x 2 */
@@ -523,8 +515,6 @@ cudaError_t launch_enc(df_wtype type, int asked, const Launch &a, int64_t rows, 
     return type == DF_W_BF16 ? launch_v<DF_W_BF16>(v, a, rows, cols, st) : launch_v<DF_W_MXFP4>(v, a, rows, cols, st);
 }
 } // namespace
-
-void cu_set_t1_fast(int on) { g_t1_fast = on != 0; }
 
 void cu_set_mma_ks(int n) { g_ks_max = n == 1 || n == 2 || n == 4 || n == 8 ? n : 2; }
 

@@ -198,10 +198,6 @@ void probe_once() {
     int ks = 0;
     if (df_cuda_env_ks(&ks, g_why, sizeof g_why) < 0) { g_ndev = 0; return; }
     if (ks) cu_set_mma_ks(ks);
-    /* DF_CUDA_T1_FAST=0|off: the one-token MXFP4 tile always with its row and round checks */
-    const int t1f = df_cuda_env_switch("DF_CUDA_T1_FAST", g_why, sizeof g_why);
-    if (t1f < 0) { g_ndev = 0; return; }
-    cu_set_t1_fast(t1f);
     /* DF_CUDA_KV_MIRROR (the attention core's KV mirror, cuda_attn.cu): validated here too, so an invalid value is no
      * device for every caller */
     unsigned long long kvm = 0;
