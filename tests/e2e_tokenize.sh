@@ -99,5 +99,32 @@ check "kimi-mini chat: assistant tool_calls + tool result" "${want}x" "$(printf 
 # ... and the ids: each marker one special token (<|tool_calls_section_begin|> 8184 ... <|tool_call_end|> 8188)
 ids="$(printf '%s' "$km" | "$BIN" tokenize --model "$SRC/models/kimi-mini" --chat)"
 case ",$ids," in *,8184,8186,*,8187,*,8188,8185,8177,*) pass=$((pass+1)) ;; *) fail=$((fail+1)); echo "FAIL kimi-mini chat ids: no tool-call section of special tokens: $ids" ;; esac
+# bad input to --chat / --tools: exit 1 (as the other input errors), the message naming the option and where (stdin or
+# the file) with the byte offset within that text (its length when it ends early), never the server's HTTP wording
+T="$(mktemp -d /tmp/df_e2e_tok.XXXXXX)"
+hi='[{"role":"user","content":"hi"}]'
+printf '[{"type":"function",' >"$T/cut.json"; printf '{"type":"function"}' >"$T/obj.json"; printf 'null' >"$T/null.json"
+printf '[{"type":"function"}]' >"$T/noname.json"; printf '[],"messages":[{"role":"user","content":"x"}]' >"$T/smuggle.json"
+printf '[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{}}}}]\n' >"$T/good.json"
+tok() { "$BIN" tokenize --model "$SRC/models/kimi-mini" --chat --render "$@"; }
+out="$(printf '%s' "$hi" | tok --tools "$T/cut.json" 2>&1)"; rc=$?
+check "--tools cut short" "1|deltafin tokenize: --tools $T/cut.json: not valid JSON (error near byte 20)" "$rc|$out"
+out="$(printf '%s' "$hi" | tok --tools "$T/smuggle.json" 2>&1)"; rc=$?
+check "--tools: one value only" "1|deltafin tokenize: --tools $T/smuggle.json: not valid JSON (error near byte 2)" "$rc|$out"
+out="$(printf '%s' "$hi" | tok --tools "$T/obj.json" 2>&1)"; rc=$?
+check "--tools an object" "1|deltafin tokenize: --tools $T/obj.json: expected a JSON array of tools ([{\"type\":\"function\",\"function\":{\"name\":...}}, ...]), not an object" "$rc|$out"
+out="$(printf '%s' "$hi" | tok --tools "$T/null.json" 2>&1)"; rc=$?
+check "--tools null" "1|deltafin tokenize: --tools $T/null.json: expected a JSON array of tools ([{\"type\":\"function\",\"function\":{\"name\":...}}, ...]), not null" "$rc|$out"
+out="$(printf '%s' "$hi" | tok --tools "$T/noname.json" 2>&1)"; rc=$?
+check "--tools without a name" "1|deltafin tokenize: --tools $T/noname.json: Missing or invalid 'tools[0].function.name': each tool must be {\"type\":\"function\",\"function\":{\"name\":...}}." "$rc|$out"
+out="$(printf '[{"role":"user"' | tok 2>&1)"; rc=$?
+check "--chat stdin cut short" "1|deltafin tokenize: --chat: stdin: the messages are not valid JSON (error near byte 15): expected a JSON list of messages, or {\"messages\": [...]}" "$rc|$out"
+out="$(printf '%s x' "$hi" | tok --tools "$T/good.json" 2>&1)"; rc=$?
+check "--chat stdin trailing text" "1|deltafin tokenize: --chat: stdin: the messages are not valid JSON (error near byte 33): expected a JSON list of messages, or {\"messages\": [...]}" "$rc|$out"
+# a good --tools file renders as the same tools inline
+a="$(printf '%s' "$hi" | tok --tools "$T/good.json" 2>&1)"; rc=$?
+b="$(printf '{"messages":%s,"tools":%s}' "$hi" "$(cat "$T/good.json")" | tok 2>&1)"
+[ $rc -eq 0 ] && [ "$a" = "$b" ] && [[ "$a" == *get_weather* ]] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL --tools good.json: rc $rc '$a' vs '$b'"; }
+rm -rf "$T"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

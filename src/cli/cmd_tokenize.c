@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "deltafin.h"
 #include "server/server.h"
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,49 @@ static char *read_all(FILE *f, size_t *n) {
     b[len] = 0;
     *n = len;
     return b;
+}
+
+/* text[0..n) (text[n] == 0, as read_all leaves it) as one JSON value with nothing but whitespace after it: the
+ * value, or NULL with *off the byte offset of the error in text (n when the text ends early: the length given to
+ * cJSON counts the terminating NUL, which it would otherwise report as the last byte, n - 1) */
+static cJSON *parse_json(const char *text, size_t n, size_t *off) {
+    const char *at = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, n + 1, &at, 0);
+    if (root) {
+        const char *e = at ? at : text + n;
+        while (e < text + n && (*e == ' ' || *e == '\t' || *e == '\r' || *e == '\n')) e++;
+        if (e < text + n) { cJSON_Delete(root); root = NULL; at = e; }
+    }
+    if (!root) *off = at && at >= text ? (size_t)(at - text) : 0;
+    if (!root && strspn(text, " \t\r\n") >= n) *off = n; /* blanks alone: the value is missing at their end */
+    if (*off > n) *off = n;
+    return root;
+}
+
+/* the --tools file's text: one JSON array of tools, each checked as the server checks a request's "tools" (its
+ * message, with the file named rather than --chat); 0, else -1 with the message printed (exit 1) */
+static int check_tools(const char *path, const char *tools, size_t tn) {
+    size_t off = 0;
+    cJSON *root = parse_json(tools, tn, &off);
+    if (!root) {
+        fprintf(stderr, "deltafin tokenize: --tools %s: not valid JSON (error near byte %zu)\n", path, off);
+        return -1;
+    }
+    const char *kind = cJSON_IsArray(root) ? NULL : cJSON_IsObject(root) ? "an object" : cJSON_IsString(root) ? "a string"
+                       : cJSON_IsNumber(root) ? "a number" : cJSON_IsNull(root) ? "null" : "a boolean";
+    cJSON_Delete(root);
+    if (kind) {
+        fprintf(stderr, "deltafin tokenize: --tools %s: expected a JSON array of tools "
+                        "([{\"type\":\"function\",\"function\":{\"name\":...}}, ...]), not %s\n", path, kind);
+        return -1;
+    }
+    static const char probe[] = "[{\"role\":\"user\",\"content\":\"\"}]"; /* the tools alone, with a minimal chat */
+    char err[1024] = "", *msgs = NULL, *tj = NULL;
+    int rc = srv_check_chat(probe, sizeof probe - 1, tools, &msgs, &tj, err, sizeof err);
+    free(msgs);
+    free(tj);
+    if (rc) fprintf(stderr, "deltafin tokenize: --tools %s: %s\n", path, err);
+    return rc ? -1 : 0;
 }
 
 static int print_ids(const int32_t *ids, size_t n) {
@@ -144,7 +188,15 @@ int cmd_tokenize(int argc, char **argv) {
         /* text is UTF-8, as the server requires of a request: a bad byte is refused, not replaced */
         if (cli_check_utf8("tokenize", chat ? "the --chat input on stdin" : "the text on stdin", in, n)) status = 1;
         if (!status && chat) {
-            if (tools_path) {
+            size_t off = 0;
+            cJSON *root = parse_json(in, n, &off);
+            if (!root) {
+                fprintf(stderr, "deltafin tokenize: --chat: stdin: the messages are not valid JSON (error near byte %zu): "
+                                "expected a JSON list of messages, or {\"messages\": [...]}\n", off);
+                status = 1;
+            }
+            cJSON_Delete(root);
+            if (!status && tools_path) {
                 FILE *f = fopen(tools_path, "rb");
                 size_t tn = 0;
                 if (!f || !(tools = read_all(f, &tn))) {
@@ -153,7 +205,7 @@ int cmd_tokenize(int argc, char **argv) {
                 } else {
                     char what[4200];
                     snprintf(what, sizeof what, "--tools %s", tools_path);
-                    if (cli_check_utf8("tokenize", what, tools, tn)) status = 1;
+                    if (cli_check_utf8("tokenize", what, tools, tn) || check_tools(tools_path, tools, tn)) status = 1;
                 }
                 if (f) fclose(f);
             }
