@@ -8,7 +8,11 @@
 #     that command (doctor never says convert for a setup install);
 #   - a truncated pack: list names setup's repair only (never "convert again"); setup's repair says what was damaged
 #     and what it did in one sentence; a pack larger than its experts is DAMAGED too (list, doctor);
-#   - the download's summary is a readable line on stderr (no machine-format line on stdout);
+#   - the download's summary is a readable line on stderr (no machine-format line on stdout); progress to a pipe or
+#     file has no \r or padding (a plain line every 5 s), on a terminal it is rewritten in place;
+#   - setup --no-default of the default repo into another --dir leaves the registry (and what run loads) unchanged
+#     and says the new install is not recorded; without --no-default the entry is repointed, with a note;
+#   - warm on a streamed install with a disk budget says how many experts the budget evicted;
 #   - setup run again over a damaged full install verifies it and repairs it: a pack gone, a corrupt spine.bin (downloaded
 #     and converted again), a corrupt expert of a --keep-download install (from the kept shards, nothing fetched), a
 #     tokenizer.json gone (copied again); an intact one is verified and "already installed"; setup --stream over a
@@ -312,12 +316,52 @@ GOT=$(( $(shards_bytes "$P1") - BEFORE ))
 for f in spine.bin experts-L001.pack experts-L005.pack; do cmp -s "$TMP/local/$f" "$TMP/kill/native/$f" || bad "resumed install: $f differs"; done
 ls "$TMP/kill/kimi-mini/" | grep -q "partial" && bad "resumed install left partial files or sidecars: $(ls "$TMP/kill/kimi-mini/")" \
     || ok "resumed install: no .partial file or sidecar left"
-echo "$out" | grep -q "download: .*MB/s  ETA" && ok "progress line (bytes, rate, ETA)" || bad "no progress line: $out"
+# stderr not a terminal ($(...) is a pipe): no carriage return, no padding, no progress line under 5 s; the summary line
+! printf '%s' "$out" | grep -q $'\r' && ! printf '%s' "$out" | grep -q '      $' && ! echo "$out" | grep -q "^download: " \
+    && echo "$out" | grep -q "^setup: downloaded [0-9.]* MB in [0-9.]* s" \
+    && ok "progress to a pipe: no \\r, no padding, no progress line for a download under 5 s, the summary line" || bad "progress to a pipe: $(printf '%s' "$out" | cat -A)"
+# a throttled download (1 connection, 1 MB/s) logged to a file: a plain progress line every 5 s (one by 7 s), no \r
+"$BIN" setup test/kimi-mini --mirror "$SLOW" --dir "$TMP/plain" --connections 1 --no-default --registry "$TMP/regp.json" 2>"$TMP/plain.err" & PP=$!
+sleep 7; kill -TERM $PP; wait $PP; rc=$? # (SIGINT is ignored by a background job of a script)
+n=$(grep -c "^download: [0-9.]*/[0-9.]* MB  *[0-9.]*%  [0-9.]* MB/s  ETA [0-9:-]* | model-0000[123]-of-00003.safetensors [0-9.]*/[0-9.]* MB  *[0-9]*%" "$TMP/plain.err")
+[ $rc -eq 130 ] && [ "$n" = 1 ] && ! grep -q $'\r' "$TMP/plain.err" && ! grep -q ' $' "$TMP/plain.err" \
+    && ok "progress to a file: one plain line per 5 s ($n by 7 s), no \\r, no padding" || bad "progress to a file: rc $rc, $n lines: $(cat -A "$TMP/plain.err")"
+rm -rf "$TMP/plain"
+# stderr a terminal (script's pty): the progress line rewritten in place, as before
+script -qec "$(printf '%q ' "$BIN" setup test/kimi-mini --dir "$TMP/ttyd" --no-default --registry "$TMP/regt.json")" /dev/null </dev/null >"$TMP/tty.out" 2>&1
+grep -q $'\rdownload: [0-9.]*/[0-9.]* MB .*MB/s  ETA' "$TMP/tty.out" && grep -q $'\r  model-00001-of-00003.safetensors  *[0-9.]* MB  sha256 OK  *\r' "$TMP/tty.out" \
+    && ok "progress to a terminal: rewritten in place (\\r), bytes, rate, ETA" || bad "progress to a terminal: $(cat -A "$TMP/tty.out" | head -20)"
+rm -rf "$TMP/ttyd"
 # the repo recorded again from another directory: a note names the old one, whose files stay
 "$BIN" setup test/kimi-mini --dir "$TMP/inst" --registry "$TMP/reg7.json" --no-default >/dev/null 2>&1
 out=$("$BIN" setup test/kimi-mini --dir "$TMP/kill" --registry "$TMP/reg7.json" --no-default 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "note: test/kimi-mini was installed in $(realpath "$TMP/inst"); the registry now points at $(realpath "$TMP/kill").*left in place.*rm -rf" \
     && [ -e "$TMP/inst/native/manifest.json" ] && ok "reinstall into another --dir: note naming the old directory" || bad "reinstall note: rc $rc $out"
+# --no-default over the default repo into another --dir: the registry (one entry per repo) is left as it is, so the
+# default keeps loading its own files; the new install is said to be unrecorded (use it with --model)
+"$BIN" setup test/kimi-mini --dir "$TMP/inst" --registry "$TMP/reg8.json" >/dev/null 2>&1 || bad "setup (default) into reg8"
+cp "$TMP/reg8.json" "$TMP/reg8.before"
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/nd" --registry "$TMP/reg8.json" --no-default 2>&1); rc=$?
+RI=$(realpath "$TMP/inst"); RN=$(realpath "$TMP/nd")
+[ $rc -eq 0 ] && echo "$out" | grep -q "registry $TMP/reg8.json (not made default)$" \
+    && echo "$out" | grep -qxF "setup: note: test/kimi-mini is the default model, installed in $RI; the registry holds one entry per model and --no-default leaves that entry (and so the default) unchanged, so this install in $RN will not be recorded in the registry: use it with --model $RN/native" \
+    && echo "$out" | tail -1 | grep -q "^setup: test/kimi-mini installed (full, [0-9.]* MB on disk) in $RN/native; NOT recorded in the registry (--no-default): test/kimi-mini is the default model and its entry still points at $RI/native, left unchanged; use this install with --model $RN/native$" \
+    && ! echo "$out" | grep -q "now points at" && cmp -s "$TMP/reg8.json" "$TMP/reg8.before" && [ -e "$TMP/nd/native/manifest.json" ] \
+    && ok "setup --no-default of the default repo into another --dir: registry unchanged, the install said to be unrecorded" \
+    || bad "--no-default over the default: rc $rc $out $(cat "$TMP/reg8.json")"
+out=$(DELTAFIN_REGISTRY=$TMP/reg8.json "$BIN" run --prompt-ids $IDS --max-new 2 2>&1)
+echo "$out" | grep -q "model (no --model): .*$RI/native" && ! echo "$out" | grep -q "$RN" \
+    && ok "run without --model after setup --no-default elsewhere: still the default's files ($RI/native)" || bad "run after --no-default: $out"
+# run again (already installed there): the same, nothing recorded
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/nd" --registry "$TMP/reg8.json" --no-default 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | tail -1 | grep -q "^setup: test/kimi-mini (revision main) is already installed in $RN/native (verified: every checksum matches); NOT recorded in the registry (--no-default)" \
+    && cmp -s "$TMP/reg8.json" "$TMP/reg8.before" && ok "setup --no-default again over that install: registry unchanged" || bad "--no-default again: rc $rc $out"
+# without --no-default the other directory becomes the default's entry, as before
+out=$("$BIN" setup test/kimi-mini --dir "$TMP/nd" --registry "$TMP/reg8.json" 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "note: test/kimi-mini was installed in $RI; the registry now points at $RN" \
+    && DELTAFIN_REGISTRY=$TMP/reg8.json "$BIN" run --prompt-ids $IDS --max-new 2 2>&1 | grep -q "model (no --model): .*$RN/native" \
+    && ok "setup (default) into that --dir: the registry points at it, run loads it" || bad "setup default into nd: rc $rc $out"
+rm -rf "$TMP/nd"
 
 # ---- verified files are renamed into place before they are synced; the sync comes once, at the end
 # --download-only: the shards byte-identical to the mirror's, synced at the end (its own status line), no sidecar left
@@ -417,7 +461,10 @@ echo "$out" | grep -q "fetched_bytes\|present_bytes" && bad "setup printed a fet
     || bad "drop: rc $rc retries '$r' $out"
 
 # ---- streamed install: the spine only, experts fetched on first use; identical ids to the full install
-out=$("$BIN" setup test/kimi-mini --stream --dir "$TMP/stream" --no-default --quiet 2>&1); rc=$?
+# (its own registry, where it is the default: list and doctor see it as the registered install of test/kimi-mini; in
+# the main registry test/kimi-mini is the default in $TMP/inst, which setup --no-default elsewhere leaves unchanged)
+export DELTAFIN_REGISTRY=$TMP/regs.json
+out=$("$BIN" setup test/kimi-mini --stream --dir "$TMP/stream" --quiet 2>&1); rc=$?
 [ $rc -eq 0 ] && echo "$out" | grep -q "installed (stream" && ok "setup --stream" || bad "setup --stream: rc $rc $out"
 full_kb=$(du -sk "$TMP/local" | cut -f1); st_kb=$(du -sk "$TMP/stream/native" | cut -f1)
 [ "$st_kb" -lt $((full_kb / 2)) ] && ok "streamed native dir holds no experts yet (${st_kb} KB vs ${full_kb} KB full)" || bad "stream size ${st_kb} KB vs ${full_kb} KB"
@@ -488,6 +535,7 @@ KEPT=$(echo "$out" | sed -n 's/.*: \([0-9.]*\) MB already here are kept$/\1/p')
 python3 -c "import sys; k=float(sys.argv[1]); got=int(sys.argv[2]); tot=int(sys.argv[3]); sys.exit(not (k > 5 and abs(got - (tot - k * 1e6)) < 1e5))" \
     "${KEPT:-0}" "$GOT" "$TOTAL" && ok "completing keeps what was streamed: $KEPT MB kept, $GOT shard bytes fetched of $TOTAL" \
     || bad "completing: kept '$KEPT' MB, fetched $GOT of $TOTAL: $out"
+export DELTAFIN_REGISTRY=$TMP/registry.json
 
 # ---- a bounded disk cache (--disk-budget): coldest experts evicted, same ids
 "$BIN" setup test/kimi-mini --stream --disk-budget 3M --dir "$TMP/bounded" --no-default --quiet >/dev/null 2>&1 || bad "setup --stream --disk-budget"
@@ -513,8 +561,18 @@ have = {(l, x) for l in range(L) for x in range(E) if b[16 + l * E + x]}
 k = len(have)
 sys.exit(not (0 < k < len(rank) and have == set(rank[:k])))
 PY
+echo "$out" | grep -q "evicted" && bad "warm without a disk budget speaks of evictions: $out"
 out=$("$BIN" run --model "$TMP/warm/native" --prompt-ids $IDS --max-new 4 --print-ids --stats 2>&1)
 echo "$out" | grep -q "^stream: .*local hits [1-9]" && ok "a run after warm finds the warmed experts local" || bad "after warm: $out"
+# warm on an install with a disk budget: the closing line says how many experts the budget evicted (fetched - evicted = present)
+"$BIN" setup test/kimi-mini --stream --dir "$TMP/warmb" --disk-budget 1M --no-default --quiet >/dev/null 2>&1 || bad "setup --stream --disk-budget 1M for warm"
+printf 'Hello, how are you today?\nThe quick brown fox jumps over the lazy dog.\nWrite a poem about the sea and the sky.\n' >"$TMP/prompts.txt"
+out=$("$BIN" warm --model "$TMP/warmb/native" --prompts "$TMP/prompts.txt" 2>&1); rc=$?
+re='^warm: fetched \([0-9]*\) experts (.*) in [0-9.]* s; 0 already local; \([0-9]*\) evicted by the disk budget; present \([0-9]*\) / 320 ([0-9.]*%)$'
+f_e_p=$(echo "$out" | tail -1 | sed -n "s|$re|\1 \2 \3|p")
+read -r wf we wp <<<"$f_e_p"
+[ $rc -eq 0 ] && [ -n "$f_e_p" ] && [ "$we" -gt 0 ] && [ $((wf - we)) -eq "$wp" ] \
+    && ok "warm --prompts under --disk-budget 1M: $wf fetched, $we evicted by the disk budget, $wp present" || bad "warm with a disk budget: rc $rc $out"
 
 # ---- faults: message + exit 1, nothing installed
 expect_fail() { # expect_fail WHAT PATTERN ARGS...

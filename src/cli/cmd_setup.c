@@ -59,8 +59,11 @@ static void usage(FILE *f) {
             "  --download-only        download and verify into DIR/NAME only: no conversion, nothing recorded\n"
             "  --registry FILE        installed-models registry (default $DELTAFIN_REGISTRY, else\n"
             "                         $XDG_DATA_HOME/deltafin/models.json, else ~/.local/share/deltafin/models.json)\n"
-            "  --no-default           record the model without making it the default\n"
-            "  --quiet                no progress lines\n"
+            "  --no-default           record the model without making it the default; the registry holds one entry per\n"
+            "                         REPO, so when REPO is the default and installed in another directory, its entry (and\n"
+            "                         so the default) is left unchanged and this install is not recorded (use --model DIR/native)\n"
+            "  --quiet                no progress lines (on a terminal one line rewritten in place; to a file or pipe a\n"
+            "                         plain line every 5 s, then the step's summary line)\n"
             "  --verbose              log every request\n"
             "Resumable: files are written as FILE.partial with a sidecar of the bytes done; a run stopped in any way\n"
             "(kill -9, a dropped network, Ctrl-C) continues where it stopped when run again, fetching no byte twice.\n"
@@ -90,7 +93,8 @@ static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *
     return 0;
 }
 
-/* progress of a long local step (the conversion, the verification of an install): one rewritten line on a terminal */
+/* progress of a long local step (the conversion, the verification of an install): on a terminal one line rewritten
+ * twice a second; elsewhere (a log file, a pipe) a plain line every 5 s, the first at 5 s (the step's summary line ends it) */
 typedef struct { const char *label; double t0, last; int open, quiet, ended; } conv_prog;
 
 static int on_progress(void *user, const char *what, uint64_t done, uint64_t total) {
@@ -100,11 +104,12 @@ static int on_progress(void *user, const char *what, uint64_t done, uint64_t tot
     if (p->quiet || p->ended) return 0;
     double t = df_now();
     if (total && done >= total) p->ended = 1;
-    if ((t - p->last < 0.5 || !cli_stderr_tty()) && done < total) return 0;
+    const int tty = cli_stderr_tty();
+    if (tty ? t - p->last < 0.5 && done < total : done >= total || t - (p->last > 0 ? p->last : p->t0) < 5.0) return 0;
     p->last = t;
-    fprintf(stderr, "%s%s: %.1f / %.1f MB  %5.1f%%  %.1f MB/s   ", cli_cr(), p->label, done / 1e6, total / 1e6,
-            total ? 100.0 * (double)done / (double)total : 100.0, t > p->t0 ? done / 1e6 / (t - p->t0) : 0.0);
-    p->open = 1;
+    fprintf(stderr, "%s%s: %.1f / %.1f MB  %5.1f%%  %.1f MB/s%s", cli_cr(), p->label, done / 1e6, total / 1e6,
+            total ? 100.0 * (double)done / (double)total : 100.0, t > p->t0 ? done / 1e6 / (t - p->t0) : 0.0, tty ? "   " : "\n");
+    p->open = tty;
     fflush(stderr);
     return 0;
 }
@@ -156,6 +161,43 @@ static void note_replaced_dir(const char *reg, const reg_entry *e) {
                     "in place%s: delete them with `rm -rf %s` if you no longer need them\n",
             e->repo, old.dir, e->dir, old.dir, df_path_exists(old.dir) ? "" : " (it no longer exists)",
             df_shell_quote(old.dir, qold, sizeof qold));
+}
+
+/* The registry holds one entry per repo, and the default names a repo: with --no-default, recording an install of the
+ * default repo in another directory would repoint that entry, and so change what the default model loads. Then the
+ * entry is left as it is and this install is not recorded: 1 and *kept filled (the entry left in place), else 0. */
+static int keeps_default_entry(const char *reg, const reg_entry *e, int no_default, reg_entry *kept) {
+    if (!no_default) return 0;
+    reg_entry *es = NULL;
+    int n = 0, found = 0;
+    char dflt[256], err[512];
+    if (registry_load(reg, &es, &n, dflt, sizeof dflt, err, sizeof err)) return 0;
+    for (int i = 0; i < n && !found; i++)
+        if (!strcmp(es[i].repo, e->repo) && !strcmp(dflt, e->repo) && es[i].dir[0] && strcmp(es[i].dir, e->dir)) {
+            *kept = es[i];
+            found = 1;
+        }
+    free(es);
+    return found;
+}
+
+/* Record e in the registry (the default too unless no_default) and put in tail what the closing line says about it:
+ * default_tail when it is the default now, "" when recorded with --no-default, and when keeps_default_entry (nothing
+ * written) that the install is not recorded, which install the default stays and how to use this one. 0 or DF_E*. */
+static int record_install(const char *reg, const reg_entry *e, int no_default, const char *default_tail, char *tail, size_t tcap,
+                          char *err, size_t errlen) {
+    reg_entry kept;
+    if (keeps_default_entry(reg, e, no_default, &kept)) {
+        char qm[8300];
+        snprintf(tail, tcap, "; NOT recorded in the registry (--no-default): %s is the default model and its entry still "
+                             "points at %s, left unchanged; use this install with --model %s",
+                 e->repo, kept.model, df_shell_quote(e->model, qm, sizeof qm));
+        return 0;
+    }
+    note_replaced_dir(reg, e);
+    int rc = registry_record(reg, e, !no_default, err, errlen);
+    snprintf(tail, tcap, "%s", no_default ? "" : default_tail);
+    return rc;
 }
 
 /* ---- re-verifying an existing full install (setup run again over it) ---- */
@@ -421,7 +463,7 @@ int cmd_setup(int argc, char **argv) {
             return 2;
         }
     }
-    char err[2048] = "";
+    char err[2048] = "", tail[12000] = ""; /* tail: what the closing line says of the registry (record_install) */
     hub_ctx h;
     if (hub_init(&h, mirror, repo, rev, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 2; }
     h.retries = retries;
@@ -454,6 +496,14 @@ int cmd_setup(int argc, char **argv) {
     snprintf(e.dir, sizeof e.dir, "%.1900s", realpath(dir, absd) ? absd : dir);
     snprintf(e.model, sizeof e.model, "%.1900s/native", e.dir);
     int was_streamed = stream_is_streamed(nat_dir);
+    reg_entry kept;
+    if (!download_only && keeps_default_entry(reg, &e, no_default, &kept)) {
+        char qm[8300];
+        fprintf(stderr, "setup: note: %s is the default model, installed in %s; the registry holds one entry per model and "
+                        "--no-default leaves that entry (and so the default) unchanged, so this install in %s will not be "
+                        "recorded in the registry: use it with --model %s\n",
+                e.repo, kept.dir, e.dir, df_shell_quote(e.model, qm, sizeof qm));
+    }
     int repairing = 0, rc0 = 0;
     damage dmg;
     memset(&dmg, 0, sizeof dmg);
@@ -496,10 +546,12 @@ int cmd_setup(int argc, char **argv) {
                         dir, dmg.what, dl_dir, expert_dirs ? ", experts into " : "", expert_dirs ? expert_dirs : "");
             } else if (side_fixed) {
                 e.bytes = disk_usage(dir);
-                note_replaced_dir(reg, &e);
-                if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+                if (record_install(reg, &e, no_default, "; it is the default model", tail, sizeof tail, err, sizeof err)) {
+                    fprintf(stderr, "deltafin setup: %s\n", err);
+                    return 1;
+                }
                 printf("setup: %s (revision %s) in %s was damaged and is repaired: %s copied again from %s; every checksum "
-                       "matches%s\n", h.repo, e.revision, e.model, fixed, dl_dir, no_default ? "" : "; it is the default model");
+                       "matches%s\n", h.repo, e.revision, e.model, fixed, dl_dir, tail);
                 return 0;
             }
         }
@@ -516,21 +568,25 @@ int cmd_setup(int argc, char **argv) {
             }
             if (n_fixed) {
                 e.bytes = disk_usage(dir);
-                note_replaced_dir(reg, &e);
-                if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+                if (record_install(reg, &e, no_default, "; it is the default model", tail, sizeof tail, err, sizeof err)) {
+                    fprintf(stderr, "deltafin setup: %s\n", err);
+                    return 1;
+                }
                 printf("setup: %s (revision %s) in %s was damaged and is repaired: %d corrupt fetched expert%s (%s) fetched again; "
                        "%llu intact ones kept%s\n", h.repo, e.revision, e.model, n_fixed, n_fixed == 1 ? "" : "s", fixed,
-                       (unsigned long long)n_ok, no_default ? "" : "; it is the default model");
+                       (unsigned long long)n_ok, tail);
                 return 0;
             }
         }
         if (!repairing) {
             e.bytes = disk_usage(dir);
-            note_replaced_dir(reg, &e);
-            if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+            if (record_install(reg, &e, no_default, "; it is the default model", tail, sizeof tail, err, sizeof err)) {
+                fprintf(stderr, "deltafin setup: %s\n", err);
+                return 1;
+            }
             printf("setup: %s (revision %s) is already installed in %s%s%s\n", h.repo, e.revision, e.model,
                    download_only ? "" : was_streamed ? " (verified: every fetched expert matches its checksum)" : " (verified: every checksum matches)",
-                   no_default ? "" : "; it is the default model");
+                   tail);
             return 0;
         }
     }
@@ -778,15 +834,18 @@ int cmd_setup(int argc, char **argv) {
     /* 6. record */
     e.bytes = disk_usage(dir);
     e.installed = (double)time(NULL);
-    note_replaced_dir(reg, &e);
-    if (registry_record(reg, &e, !no_default, err, sizeof err)) { fprintf(stderr, "deltafin setup: %s\n", err); return 1; }
+    if (record_install(reg, &e, no_default, repairing ? "; it is the default model" : "; it is now the default model (run / serve without --model)",
+                       tail, sizeof tail, err, sizeof err)) {
+        fprintf(stderr, "deltafin setup: %s\n", err);
+        return 1;
+    }
     if (repairing) {
         printf("setup: %s repaired (full, %.1f MB on disk) in %s: rebuilt %s by converting the checkpoint again "
                "(%.1f MB downloaded, %.1f MB reused from the disk)%s\n", h.repo, e.bytes / 1e6, e.model, dmg.what,
-               dl.bytes_fetched / 1e6, dl.bytes_present / 1e6, no_default ? "" : "; it is the default model");
+               dl.bytes_fetched / 1e6, dl.bytes_present / 1e6, tail);
         return 0;
     }
     printf("setup: %s installed (%s, %.1f MB on disk) in %s%s\n", h.repo, stream ? "stream" : "full", e.bytes / 1e6, e.model,
-           no_default ? "" : "; it is now the default model (run / serve without --model)");
+           tail);
     return 0;
 }

@@ -21,7 +21,9 @@ static void usage(FILE *f) {
             "  --trace EVENTS.jsonl   routing recorded by `deltafin run --events FILE`: experts ranked by how often they\n"
             "                         were acquired (heat), most first\n"
             "  --prompts FILE         one prompt per line: each is prefilled and the experts its routing needs are fetched\n"
-            "  --budget SIZE          stop after this many bytes of experts were fetched (default: no limit)\n");
+            "  --budget SIZE          stop after this many bytes of experts were fetched (default: no limit)\n"
+            "The closing line counts the experts fetched and present; on an install with a disk budget (setup --disk-budget)\n"
+            "it also says how many present experts the budget evicted to make room (\"N evicted by the disk budget\").\n");
 }
 
 typedef struct { int layer, expert; double heat; } cand;
@@ -140,8 +142,13 @@ int cmd_warm(int argc, char **argv) {
     }
     stream_stats st;
     stream_get_stats(ss, &st);
-    printf("warm: fetched %d experts (%.2f MB of extents, %.2f MB from the network) in %.2f s; %d already local; present %llu / %llu (%.1f%%)\n",
-           fetched, bytes / 1e6, st.net_bytes / 1e6, df_now() - t0, local, (unsigned long long)st.present, (unsigned long long)st.total,
+    /* with a disk budget (setup --stream --disk-budget) fetching evicts the coldest present experts: said, so that
+     * "present" is not read as what was fetched */
+    char evicted[96] = "";
+    if (st.evictions)
+        snprintf(evicted, sizeof evicted, "; %llu evicted by the disk budget", (unsigned long long)st.evictions);
+    printf("warm: fetched %d experts (%.2f MB of extents, %.2f MB from the network) in %.2f s; %d already local%s; present %llu / %llu (%.1f%%)\n",
+           fetched, bytes / 1e6, st.net_bytes / 1e6, df_now() - t0, local, evicted, (unsigned long long)st.present, (unsigned long long)st.total,
            st.total ? 100.0 * (double)st.present / (double)st.total : 100.0);
     stream_close(ss);
     return status;

@@ -86,6 +86,9 @@ typedef struct {
     int connections;         /* parallel ranged requests (default 8) */
     uint64_t chunk_bytes;    /* bytes per ranged request (default 16M) */
     int quiet;               /* no progress lines */
+    int tty;                 /* stderr is a terminal (hub_dl_opts_default sets it from isatty(2)): the progress line is
+                                rewritten in place ("\r") twice a second; else (a log file, a pipe) a plain line every
+                                5 s, the first at 5 s, with no "\r" or padding */
     int hash_threads;        /* SHA-256 threads, one file each at a time; 0 = auto (cores - 1, 1..4) */
     int defer_sync;          /* 1: leave the verified files unsynced (the caller calls hub_sync_verified or
                                 hub_remove_download for each); 0: hub_download syncs them before it returns */

@@ -45,6 +45,7 @@ void hub_dl_opts_default(hub_dl_opts *o) {
     memset(o, 0, sizeof *o);
     o->connections = 8;
     o->chunk_bytes = (uint64_t)16 << 20;
+    o->tty = isatty(2) != 0;
 }
 
 int hub_sha256_file(const char *path, char out[65], char *err, size_t errlen) {
@@ -422,10 +423,11 @@ static void progress_line(dl_file *fs, int n, uint64_t total, const hub_dl_opts 
         const size_t l = strlen(curs);
         snprintf(curs + l, sizeof curs - l, " (+%d more)", more);
     }
-    fprintf(stderr, "\rdownload: %.1f/%.1f MB %5.1f%%  %.1f MB/s  ETA %s%s   ", done / 1e6, total / 1e6,
-            total ? 100.0 * (double)done / (double)total : 100.0, rate / 1e6, eta, curs);
+    /* a terminal: one line rewritten in place (spaces cover a longer earlier one); else one plain line each time */
+    fprintf(stderr, "%sdownload: %.1f/%.1f MB %5.1f%%  %.1f MB/s  ETA %s%s%s", o->tty ? "\r" : "", done / 1e6, total / 1e6,
+            total ? 100.0 * (double)done / (double)total : 100.0, rate / 1e6, eta, curs, o->tty ? "   " : "\n");
     fflush(stderr);
-    *open_line = 1;
+    *open_line = o->tty;
 }
 
 /* 1 when the sidecar at state_path says "verified, not yet synced" for a file of this size and sha256. */
@@ -598,7 +600,7 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
     o->retries_used = o->rechecked_ok = o->rechecked_bad = 0;
     o->seconds = o->sync_seconds = 0;
     int rc = 0, open_line = 0;
-    double t0 = df_now(), last_print = 0;
+    double t0 = df_now(), last_print = o->tty ? 0 : t0; /* elsewhere than a terminal: the first line at 5 s */
     dl_file *fs = calloc((size_t)(n ? n : 1), sizeof(dl_file));
     xfer *xs = calloc((size_t)o->connections, sizeof(xfer));
     CURLM *multi = hub_curl_api()->multi_init();
@@ -739,8 +741,8 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
             if (df->remaining || df->active || !__atomic_load_n(&df->hash_state, __ATOMIC_ACQUIRE)) { unfinished++; continue; }
             if ((rc = finish_file(h, df, err, errlen))) break;
             if (!o->quiet) {
-                fprintf(stderr, "\r  %-60s %10.1f MB  %s%-40s\n", df->f->name, df->f->size / 1e6,
-                        df->f->sha256[0] ? "sha256 OK" : df->f->sha1[0] ? "git blob id OK" : "done (no hash known)", "");
+                fprintf(stderr, "%s  %-60s %10.1f MB  %s%-*s\n", o->tty ? "\r" : "", df->f->name, df->f->size / 1e6,
+                        df->f->sha256[0] ? "sha256 OK" : df->f->sha1[0] ? "git blob id OK" : "done (no hash known)", o->tty ? 40 : 0, "");
                 open_line = 0;
             }
         }
@@ -809,14 +811,17 @@ int hub_download(const hub_ctx *h, const hub_file *files, int n, const char *dir
             r->next = retries;
             retries = r;
             o->retries_used++;
-            if (h->verbose) fprintf(stderr, "\nhub: retry %d of %s bytes from %llu: %s\n", r->tries, df->f->name,
-                                    (unsigned long long)x->pos, res ? x->cerr : "short or 5xx answer");
+            if (h->verbose) {
+                fprintf(stderr, "%shub: retry %d of %s bytes from %llu: %s\n", open_line ? "\n" : "", r->tries, df->f->name,
+                        (unsigned long long)x->pos, res ? x->cerr : "short or 5xx answer");
+                open_line = 0;
+            }
         }
         if (rc) break;
-        if (!o->quiet && df_now() - last_print > 0.5) { progress_line(fs, n, total, o, t0, &open_line); last_print = df_now(); }
+        if (!o->quiet && df_now() - last_print > (o->tty ? 0.5 : 5.0)) { progress_line(fs, n, total, o, t0, &open_line); last_print = df_now(); }
         if (active) hub_curl_api()->multi_poll(multi, NULL, 0, 100, NULL);
     }
-    if (!rc && !o->quiet) {
+    if (!rc && !o->quiet && o->tty) { /* the line's final state (elsewhere the caller's summary line follows) */
         progress_line(fs, n, total, o, t0, &open_line);
         fprintf(stderr, "\n");
         open_line = 0;
