@@ -267,5 +267,42 @@ grep -q "bytes_per_token  *$bpt " "$T/p.out" && grep -q "expert_bytes  *17547264
 "$BIN" bench project --drives 1 --gbps 2 --from "$T/empty.jsonl" >/dev/null 2>"$T/err"; [ $? -eq 1 ] && grep -q "no decode steps" "$T/err" \
   && ok || bad "empty events: $(cat "$T/err")"
 
+# ---- bench project refuses a measured hit rate of a run whose routed experts never missed (it said h = 1, r = 0 and
+# "storage bound ... = inf tok/s" for full K3): top-k covers every expert, or no expert bytes read at all
+"$BIN" synth "$T/all8" --quiet --hidden 512 --moe-inter 256 --experts 8 --layers 3 --vocab 512 --heads 4 --inter 512 \
+  --q-lora 64 --kv-lora 64 && ok || bad "synth all8"
+NM_PRE='^deltafin bench project: the measured model'"'"'s routed experts never missed: '
+NM_POST='; so its hit rate 1\.0000 \(read ratio 0\.0000\) says nothing about kimi_k3 \(top-16 of 896 experts\)\. Measure on a model whose experts are larger than the budget, e\.g\. `deltafin synth DIR` \(its defaults\) and `deltafin bench project --model DIR --ram-budget SIZE` with SIZE smaller than its experts, or give --hit-rate H and --read-ratio R$'
+"$BIN" bench project --drives 1 --gbps 1 --model "$T/all8" --tokens 4 --io-seconds 0.1 --no-drop >"$T/nm.out" 2>"$T/nm.err"; rc=$?
+[ $rc -eq 1 ] && grep -Eq "${NM_PRE}its top-k 8 covers every one of its 8 routed experts per MoE layer \[top-k: config\]: every token needs the whole expert bank${NM_POST}" "$T/nm.err" \
+  && [ "$(grep -c "^deltafin bench project:" "$T/nm.err")" = 1 ] && ! grep -q "inf\|^result:\|storage bound (compute free)" "$T/nm.out" \
+  && ok || bad "bench project --model (top-k = experts): rc $rc $(cat "$T/nm.out" "$T/nm.err")"
+# the same from run's events without --model (top-k: the widest acquire, experts: the largest id seen)
+"$BIN" run --model "$T/all8" --prompt-ids 5,17,42 --max-new 4 --quiet --events "$T/all8.jsonl" >/dev/null 2>"$T/err" \
+  && ok || bad "run --events (all8): $(cat "$T/err")"
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/all8.jsonl" >"$T/nm.out" 2>"$T/nm.err"; rc=$?
+[ $rc -eq 1 ] && grep -Eq "${NM_PRE}its top-k 8 covers every one of its 8 routed experts per MoE layer \[top-k: events\]: " "$T/nm.err" \
+  && ! grep -q "inf\|^result:" "$T/nm.out" && ok || bad "bench project --from (top-k = experts): rc $rc $(cat "$T/nm.out" "$T/nm.err")"
+# given --hit-rate and --read-ratio replace the measured ones: projected
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/all8.jsonl" --hit-rate 0.5 --read-ratio 0.5 >"$T/nm.out" 2>&1 \
+  && grep -q "^result: decode_tok_s=" "$T/nm.out" && ok || bad "bench project --from (top-k = experts) --hit-rate --read-ratio: $(cat "$T/nm.out")"
+# top-2 of 8, but no expert bytes read: 4 decode steps, 8 acquisitions, all hits
+{ printf '{"t":1.0,"ev":"token","pos":3,"bytes_demand":0,"bytes_prefetch":0,"hits":0,"misses":0,"stall_ms":0}\n'
+  for p in 4 5 6 7; do
+    printf '{"t":1.%d,"ev":"acquire","layer":1,"n":2,"ids":[%d,7],"hits":2,"misses":0,"stall_ms":0}\n' $((p - 3)) $((p - 4))
+    printf '{"t":1.%d,"ev":"token","pos":%d,"bytes_demand":0,"bytes_prefetch":0,"hits":2,"misses":0,"stall_ms":0}\n' $((p - 3)) $p
+  done; } >"$T/nr.jsonl"
+# (small models measured without --ram-budget do this, as documented and tested runs do: a warning, not a refusal)
+"$BIN" bench project --drives 1 --gbps 1 --from "$T/nr.jsonl" >"$T/nm.out" 2>"$T/nm.err"; rc=$?
+NR_PRE=$(printf '%s' "$NM_PRE" | sed 's/^^deltafin bench project: /^deltafin bench project: warning: /')
+[ $rc -eq 0 ] && [ "$(wc -l <"$T/nm.err")" = 1 ] \
+  && grep -Eq "${NR_PRE}no expert bytes were read in its 4 decode steps \(all 8 expert acquisitions hit: its expert bank fit the budget\); so its hit rate 1\.0000 \(read ratio 0\.0000\) says nothing about kimi_k3 \(top-16 of 896 experts\); the decode projection below counts no expert reads \(t_io 0\)\. Measure on a model whose experts" "$T/nm.err" \
+  && grep -qx "  storage bound (compute free): none, r = 0: no expert bytes read" "$T/nm.out" && ! grep -q "inf" "$T/nm.out" \
+  && grep -q "^result: decode_tok_s=" "$T/nm.out" && ok || bad "bench project --from (no expert reads): rc $rc $(cat "$T/nm.out" "$T/nm.err")"
+# a given r = 0 with compute: projected, the storage bound said as none (not inf)
+"$BIN" bench project --drives 1 --gbps 1 --hit-rate 1 --compute-ms-per-layer 1 >"$T/nm.out" 2>&1 \
+  && grep -qx "  storage bound (compute free): none, r = 0: no expert bytes read" "$T/nm.out" && ! grep -q "inf" "$T/nm.out" \
+  && grep -q "^result: decode_tok_s=10.7527 " "$T/nm.out" && ok || bad "bench project --hit-rate 1 (r = 0): $(cat "$T/nm.out")"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -113,6 +113,7 @@ typedef struct {
     double io_s;               /* over decode tokens: sum of max over drives of bytes / busy GB/s */
     uint64_t bytes_read, hits, misses, slot_bytes;
     int max_layer, max_id, n_layers_seen;
+    int max_acquire;           /* the most experts one acquire event names: the top-k of a single-sequence run */
     uint64_t distinct;         /* distinct (layer, expert) acquired over the whole file */
     int have_bd;               /* a "bench_decode" line (bench decode --events): the prompt's eval and B */
     double prefill_s, prefill_stall_s, bd_gbps;
@@ -186,6 +187,7 @@ static int read_events(const char *path, ev_summary *s, char *err, size_t errlen
             if (L >= 0 && L < DF_MAX_LAYERS && cJSON_IsArray(ids)) {
                 if (!layer_seen[L]) { layer_seen[L] = 1; s->n_layers_seen++; }
                 if (L > s->max_layer) s->max_layer = L;
+                if (cJSON_GetArraySize(ids) > s->max_acquire) s->max_acquire = cJSON_GetArraySize(ids);
                 for (const cJSON *x = ids->child; x; x = x->next) {
                     if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= (1 << 23)) continue;
                     int id = (int)x->valuedouble;
@@ -477,7 +479,8 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     }
     tmp_events_done();
     /* the measured model's geometry: from its manifest when we have it, else from the events */
-    int m_layers = 0, m_experts = 0, m_moe = 0, m_hidden = 0;
+    int m_layers = 0, m_experts = 0, m_moe = 0, m_hidden = 0, m_topk = 0;
+    const char *topk_src = "events";
     const char *geom = "events";
     /* the NOT EXACT label of the result line: what the bench decode run said (its bench_decode line), else the
      * manifest of --model; NULL = not known (the events of `run --events` without --model) */
@@ -494,6 +497,8 @@ int bench_project(int argc, char **argv, decode_fn decode) {
             m_experts = nat->n_experts;
             m_moe = nat->n_moe_layers;
             m_hidden = nat->cfg.hidden_size;
+            m_topk = nat->cfg.num_experts_per_tok;
+            topk_src = "config";
             if (!ev.slot_bytes) ev.slot_bytes = nat->stride;
             geom = "manifest";
             native_close(nat);
@@ -506,6 +511,7 @@ int bench_project(int argc, char **argv, decode_fn decode) {
         m_moe = ev.n_layers_seen;
         m_experts = ev.max_id + 1;        /* a lower bound: the largest expert id seen */
     }
+    if (ev.ok && !m_topk) m_topk = ev.max_acquire; /* the widest acquire: top-k (a batch's union of them) */
 
     /* ---- the projected model */
     uint64_t stride = expert_stride(DF_W_MXFP4, A->moe_inter, A->width);
@@ -579,6 +585,30 @@ int bench_project(int argc, char **argv, decode_fn decode) {
                    m_cov, prompt_t, t_m, m_cov, t_m);
         }
     }
+    /* a measured hit rate of a run whose routed experts never missed says nothing about the projected model. Top-k
+     * covering every expert (each token needs the whole bank, which then stays cached): refused. No expert bytes read
+     * at all (the bank fit the budget, e.g. a small model without --ram-budget, as documented runs do): a warning
+     * line, and the storage bound is said as none (not inf) */
+    if (ev.ok && (h.set == 2 || rr.set == 2)) {
+        const int covers = m_experts > 0 && m_topk >= m_experts;
+        const int no_reads = ev.hits + ev.misses > 0 && ev.misses == 0 && ev.bytes_read == 0;
+        char why[256];
+        if (covers) /* under a budget smaller than the bank it misses, cycling through the bank: no better */
+            snprintf(why, sizeof why, "its top-k %d covers every one of its %d routed experts per MoE layer [top-k: %s]: "
+                     "every token needs the whole expert bank", m_topk, m_experts, topk_src);
+        else
+            snprintf(why, sizeof why, "no expert bytes were read in its %d decode steps (all %llu expert acquisitions hit: "
+                     "its expert bank fit the budget)", ev.decode_tokens, (unsigned long long)(ev.hits + ev.misses));
+        if (covers || no_reads)
+            fprintf(stderr, "deltafin bench project: %s%s%s; so its hit rate %.4f (read ratio %.4f) says nothing about %s "
+                            "(top-%d of %.0f experts)%s. Measure on a model whose experts are larger than the budget, e.g. "
+                            "`deltafin synth DIR` (its defaults) and `deltafin bench project --model DIR --ram-budget SIZE` "
+                            "with SIZE smaller than its experts, or give --hit-rate H and --read-ratio R\n",
+                    covers ? "" : "warning: ", ev.misses == 0 ? "the measured model's routed experts never missed: " : "",
+                    why, m_h, m_rr, A->name, (int)K.v, E.v,
+                    covers ? "" : "; the decode projection below counts no expert reads (t_io 0)");
+        if (covers) return 1;
+    }
     if (!h.set) in_set(&h, 0, 3, "cold: no expert cache");
     if (!rr.set) in_set(&rr, 1 - h.v, 3, "= 1 - h (no prefetch read wasted)");
     if (!cms.set) in_set(&cms, 0, 3, "compute not counted: I/O bound only");
@@ -626,7 +656,10 @@ int bench_project(int argc, char **argv, decode_fn decode) {
     printf("  decode tok/s = 1 / (t_io + t_compute)   = %.4f   (no overlap)\n", tps_no);
     if (stall.set)
         printf("  decode tok/s = 1 / max(t_io, t_compute + s * t_io) = %.4f   (s = %.4f of the reads exposed)\n", tps_s, stall.v);
-    printf("  storage bound (compute free) = (N*B) / (r * bytes_per_token) = %.4f tok/s\n", 1 / t_io);
+    if (t_io > 0)
+        printf("  storage bound (compute free) = (N*B) / (r * bytes_per_token) = %.4f tok/s\n", 1 / t_io);
+    else /* r = 0 (given): no expert bytes read, no bound (not inf) */
+        printf("  storage bound (compute free): none, r = 0: no expert bytes read\n");
     printf("prefill of T = %.0f tokens, expert-major (each touched expert read once per layer):\n", prompt_t);
     printf("  union_bytes = coverage(T) * moe_layers * experts * expert_bytes = %.5f * %.0f = %.4g bytes\n", cov.v, bank, ubytes);
     printf("  t_io_prefill      = union_bytes / (N*B) = %.2f s\n", tp_io);

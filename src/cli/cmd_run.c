@@ -580,6 +580,12 @@ int cmd_run(int argc, char **argv) {
         mo.remote_source = stream_remote(remote);
     }
     rc = df_model_open(&m, model, &mo, err, sizeof err);
+    if (rc == DF_EBUDGET && strstr(err, "KV cache")) { /* say where the KV cache figure comes from (as serve does) */
+        size_t l = strlen(err);
+        if (l < sizeof err)
+            snprintf(err + l, sizeof err - l, "; the KV cache is for the prompt's %d token%s + --max-new %d positions: "
+                     "lower --max-new (a smaller KV cache), or raise --ram-budget", n_ids, n_ids == 1 ? "" : "s", max_new);
+    }
     if (rc) {
         progress_end();
         cli_model_open_error("run", model, dflt_how, err, rc); /* a setup install: the setup command that repairs it */
