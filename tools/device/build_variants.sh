@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build_variants.sh — builds of deltafin with extra CUDA compile flags, for A/B runs on the accelerator machine
 # (tools/device/acceptance.sh parts 21, 41, 42: carried binaries next to this build's deltafin).
-# Usage: tools/device/build_variants.sh NAME:FLAGS ...   e.g.  s6:-DDF_T1_STAGES=6 np:-DDF_CUDA_PREWAIT_PF=0
+# Usage: tools/device/build_variants.sh NAME:FLAGS ...   e.g.  pf2:-DDF_T1_PF=2 pf3:-DDF_T1_PF=3
 # Each NAME gets its own build directory build-v-NAME (RelWithDebInfo, CMAKE_CUDA_FLAGS=FLAGS; ccache keeps the C
 # files cheap) and its binary copied to build/deltafin.NAME; then pack with
 #   EXTRA_BINS="test_cuda_kernels test_golden test_batch deltafin.NAME ..." tools/device/pack.sh
