@@ -187,7 +187,8 @@ static int read_events(const char *path, ev_summary *s, char *err, size_t errlen
             if (L >= 0 && L < DF_MAX_LAYERS && cJSON_IsArray(ids)) {
                 if (!layer_seen[L]) { layer_seen[L] = 1; s->n_layers_seen++; }
                 if (L > s->max_layer) s->max_layer = L;
-                if (cJSON_GetArraySize(ids) > s->max_acquire) s->max_acquire = cJSON_GetArraySize(ids);
+                const int na = cJSON_GetArraySize(ids);
+                if (na > s->max_acquire) s->max_acquire = na;
                 for (const cJSON *x = ids->child; x; x = x->next) {
                     if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= (1 << 23)) continue;
                     int id = (int)x->valuedouble;

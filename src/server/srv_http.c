@@ -919,6 +919,15 @@ static int pending_stop_signal(void) {
 
 static const char *stop_signal_name(int sig) { return df_signal_name(sig); }
 
+/* "cannot listen on HOST:PORT" for the socket error e, with what to try, then tail */
+static void say_cannot_listen(const srv_config *cfg, int e, const char *tail) {
+    fprintf(stderr, "deltafin serve: cannot listen on %s:%d: %s (%s)%s\n", cfg->host, cfg->port, strerror(e),
+            e == EADDRNOTAVAIL ? "no interface of this machine has that address: try --host 127.0.0.1 or 0.0.0.0"
+            : e == EADDRINUSE  ? "the port is in use: try another --port, or --port 0 for any free one"
+                               : "check --host and --port",
+            tail);
+}
+
 int srv_serve(const srv_config *cfg) {
     memset(&S, 0, sizeof S);
     S.cfg = *cfg;
@@ -995,11 +1004,7 @@ int srv_serve(const srv_config *cfg) {
         if (!e && ss.ss_family == AF_INET6) setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
         if (!e && bind(lfd, (struct sockaddr *)&ss, ss_len) != 0) e = errno;
         if (e) {
-            fprintf(stderr, "deltafin serve: cannot listen on %s:%d: %s (%s); the model was not loaded\n", cfg->host, cfg->port,
-                    strerror(e),
-                    e == EADDRNOTAVAIL ? "no interface of this machine has that address: try --host 127.0.0.1 or 0.0.0.0"
-                    : e == EADDRINUSE  ? "the port is in use: try another --port, or --port 0 for any free one"
-                                       : "check --host and --port");
+            say_cannot_listen(cfg, e, "; the model was not loaded");
             if (lfd >= 0) close(lfd);
             DROP_PORT_FILE();
             return 1;
@@ -1070,8 +1075,7 @@ int srv_serve(const srv_config *cfg) {
                            MHD_OPTION_END);
     if (!S.d) {
         const int e = lerr ? lerr : errno;
-        fprintf(stderr, "deltafin serve: cannot listen on %s:%d: %s (%s)\n", cfg->host, cfg->port, strerror(e),
-                e == EADDRINUSE ? "the port is in use: try another --port, or --port 0 for any free one" : "check --host and --port");
+        say_cannot_listen(cfg, e, "");
         pthread_mutex_lock(&S.mu);
         S.stopping = 1;
         pthread_cond_broadcast(&S.cv);
