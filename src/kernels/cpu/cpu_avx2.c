@@ -10,6 +10,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <stdlib.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -298,8 +299,56 @@ AVX2 static int avx2_matvec_any(const df_weight *w, const float *x, float *y, in
     return avx2_matvec(w, x, y, r0, r1) || avx2_matvec_rows4(w, x, y, r0, r1);
 }
 
+/* The fused kernel a call runs (avx2_matmul), chosen once per call. */
+typedef enum { AK_Q4, AK_FP8, AK_DENSE } avx2_kernel;
+typedef struct {
+    const df_weight *w;
+    const float *x; /* 4-bit: x staged by avx2_q4_stage */
+    float *y;
+    int T;
+    avx2_kernel k;
+} avx2_job;
+
+static void avx2_task(void *ctx, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const avx2_job *j = ctx;
+    switch (j->k) {
+    case AK_Q4: avx2_q4_mm(j->w, j->x, j->T, j->y, r0, r1); return;
+    case AK_FP8: avx2_fp8_mm(j->w, j->x, j->T, j->y, r0, r1); return;
+    case AK_DENSE: avx2_dense_mm(j->w, j->x, j->T, j->y, r0, r1); return;
+    }
+}
+
+/* y [T, rows] = x [T, cols] . W^T: the fused kernels of cpu_avx2_*.c for T <= 8 where one handles the encoding,
+ * else the shared driver (decode each row once, then the canonical dot per token). Work is split in chunks of
+ * whole passes of the kernel's rows: ~128K weights x tokens per chunk (T = 1: 512K weights, so that a chunk's first
+ * pass, which the kernel cannot prefetch, is a small share of it), >= 4 chunks per thread when possible. */
 AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
-    cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_any, avx2_dot4, avx2_dot4x2);
+    if (T <= 0 || w->rows <= 0) return;
+    avx2_job j = {w, x, y, T, AK_Q4};
+    int rb = 0;
+    if ((rb = avx2_q4_rows(w, T)) > 0) {
+        float *xs = cpu_scratch(CPU_SCRATCH_X, sizeof(float) * (size_t)T * (size_t)w->cols);
+        if (!xs) abort(); /* nothing sensible to do without it */
+        avx2_q4_stage(x, T, w->cols, xs);
+        j.x = xs;
+    } else if ((rb = avx2_fp8_rows(w, T)) > 0) j.k = AK_FP8;
+    else if ((rb = avx2_dense_rows(w, T)) > 0) j.k = AK_DENSE;
+    else {
+        cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_any, avx2_dot4, avx2_dot4x2);
+        return;
+    }
+    const int64_t work = w->rows * w->cols * (int64_t)T;
+    const int nt = df_pool_threads(pool);
+    int64_t grain = w->rows;
+    if (work >= CPU_SERIAL_WORK && nt > 1) {
+        const int64_t per_row = w->cols * T, target = T == 1 ? 524288 : 131072;
+        grain = (target + per_row - 1) / per_row;
+        const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
+        if (grain > fair) grain = fair;
+        grain = (grain + rb - 1) / rb * rb;
+    }
+    df_pool_run(pool, w->rows, grain, avx2_task, &j);
 }
 
 const df_backend df_backend_cpu_avx2 = {

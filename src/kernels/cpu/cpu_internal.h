@@ -43,6 +43,21 @@ void *cpu_scratch(int slot, size_t bytes);
  * costs more than the work. */
 #define CPU_SERIAL_WORK 131072
 
+/* AVX2 fused kernels for 1 <= T <= 8 tokens (cpu_avx2_q4.c, cpu_avx2_fp8.c, cpu_avx2_dense.c), chosen per call by
+ * avx2_matmul (cpu_avx2.c): rows [r0, r1) of y [T, rows] = x [T, cols] . W^T, each weight byte read once per call,
+ * each (row, token) summed in the AVX2 backend's canonical order (one 8-lane fp32 accumulator over the 8-column
+ * chunks in column order, hsum256, then the cols % 8 tail by fmaf in column order; cpu_avx2.c), so every result is
+ * bitwise that of the decode_row + dot path. x: T rows `cols` floats apart (4-bit: staged by avx2_q4_stage).
+ * *_rows(w, T): the rows of one pass of the kernel for (w, T) (avx2_matmul's chunks are whole passes), or 0 where
+ * the kernel does not handle (w, T). */
+int avx2_q4_rows(const df_weight *w, int T);   /* MXFP4 / INT4 g32 with cols % 32 == 0 */
+void avx2_q4_stage(const float *x, int T, int64_t cols, float *xs);
+void avx2_q4_mm(const df_weight *w, const float *xs, int T, float *y, int64_t r0, int64_t r1);
+int avx2_fp8_rows(const df_weight *w, int T);  /* FP8 block 128 */
+void avx2_fp8_mm(const df_weight *w, const float *x, int T, float *y, int64_t r0, int64_t r1);
+int avx2_dense_rows(const df_weight *w, int T); /* F32 / BF16 / F16 */
+void avx2_dense_mm(const df_weight *w, const float *x, int T, float *y, int64_t r0, int64_t r1);
+
 /* scalar reference */
 void cpu_scalar_decode_row(const df_weight *w, int64_t row, float *out);
 float cpu_scalar_dot(const float *a, const float *b, int64_t n);
