@@ -1,7 +1,8 @@
 /*
  * cpu_avx2.c — the AVX2+FMA(+F16C) backend: SIMD row decoders for every
- * df_wtype, fused decode+dot kernels for one token (bf16, f32, mxfp4), and
- * 8-wide dot/axpy. Compiled with function-level target attributes so the
+ * df_wtype, the matmul dispatch (avx2_matmul: fused kernels for up to 8 tokens
+ * in cpu_avx2_q4.c / _fp8.c / _dense.c, else decode each row once and dot it
+ * with every token), and 8-wide dot/axpy. Compiled with function-level target attributes so the
  * binary still runs on CPUs without AVX2 (df_backend_get checks at runtime).
  * Numerics: same encodings as cpu_scalar.c; only fp32 summation order differs.
  */
@@ -193,9 +194,9 @@ AVX2 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-/* Fused one-token kernels: y[r] = W[r,:] . x without a row buffer, four rows at a time
- * (independent FMA chains), in exactly the canonical order of avx2_dot_canon on the
- * decoded row. */
+/* Fused one-token kernels for F32 / BF16 (the generic path's T = 1; 4-bit weights have their own, cpu_avx2_q4.c):
+ * y[r] = W[r,:] . x without a row buffer, four rows at a time (independent FMA chains), in exactly the canonical
+ * order of avx2_dot_canon on the decoded row. */
 AVX2 static int avx2_matvec(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
     const int64_t cols = w->cols;
     if (w->type == DF_W_F32) {
@@ -230,30 +231,6 @@ AVX2 static int avx2_matvec(const df_weight *w, const float *x, float *y, int64_
             float o = hsum256(s0);
             for (; c < cols; c++) o = fmaf(df_bf16_to_f32(d[c]), x[c], o);
             y[r] = o;
-        }
-        return 1;
-    }
-    if (w->type == DF_W_MXFP4 && cols % 32 == 0) {
-        for (int64_t r = r0; r < r1; r += 4) {
-            int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
-            __m256 acc[4];
-            for (int k = 0; k < 4; k++) acc[k] = _mm256_setzero_ps();
-            for (int64_t c = 0; c < cols; c += 32) {
-                __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8), x2 = _mm256_loadu_ps(x + c + 16),
-                       x3 = _mm256_loadu_ps(x + c + 24);
-                for (int k = 0; k < nr; k++) {
-                    const uint8_t *d = (const uint8_t *)w->data + (r + k) * (cols / 2);
-                    const uint8_t *s = (const uint8_t *)w->scale + (r + k) * (cols / 32);
-                    __m128i a, b;
-                    mxfp4_block_i8(d + c / 2, &a, &b);
-                    __m256 sc = _mm256_set1_ps(0.5f * df_e8m0_to_f32(s[c / 32]));
-                    acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(i8x8_to_ps(a), sc), x0, acc[k]);
-                    acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(a, 8)), sc), x1, acc[k]);
-                    acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(i8x8_to_ps(b), sc), x2, acc[k]);
-                    acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(b, 8)), sc), x3, acc[k]);
-                }
-            }
-            for (int k = 0; k < nr; k++) y[r + k] = hsum256(acc[k]);
         }
         return 1;
     }
