@@ -35,7 +35,8 @@
  * row stride of cols floats, often a multiple of 4 KiB, the T rows share one L1 set): it runs tiles of 24 rows
  * column block by column block, each block's T x CB activations (<= 16 KiB) first copied to a stack buffer with a
  * padded row stride, the accumulators kept between blocks in a stack array (storing and reloading them changes no
- * bits), prefetching the same rows' next block (at the last block, the next tile's first).
+ * bits), prefetching 8 rows ahead in processing order (wrapping to the next block, then the next tile), plus the
+ * chunk's first 8 rows at its start.
  * avx2_fp8_rows returns R for T <= 2 and the tile height 24 for T >= 3 (avx2_matmul's chunks are multiples of it).
  * Assumes MXCSR's default DAZ / FTZ off (as does the F16C decoder for fp32-subnormal products).
  */
@@ -192,8 +193,8 @@ static inline int64_t fp8_pfo(int64_t r, int64_t s0, int64_t s1, int64_t r1, int
 /* Rows [r0, r1) for T tokens. T <= 2: passes of R rows over whole rows, prefetching the next pass's rows. T >= 3:
  * tiles of RC rows, column block after column block; each block's activations are first copied to xs (rows
  * CB + 16 floats apart: a row stride of cols floats is often a multiple of 4 KiB, and the T rows would then share
- * one L1 set), then passes of R rows (then single rows) go over it, prefetching the same rows' next block (at the
- * last block, the next tile's first). Stack: xs 17 KiB, part 6 KiB. */
+ * one L1 set), then passes of R rows (then single rows) go over it, prefetching DR rows ahead (fp8_pfo). Stack:
+ * xs 17 KiB, part 6 KiB. */
 AVX2_INLINE void fp8_rows(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1, const int R,
                           const int T) {
     const int64_t cols = w->cols, rows = w->rows, nbc = (cols + 127) / 128, c8 = cols & ~(int64_t)7;
