@@ -74,11 +74,17 @@ int avx2_q4_rows(const df_weight *w, int T) {
     return T == 1 ? Q4_R1 : T <= 2 ? 4 : T <= 4 ? 2 : 1;
 }
 
-/* xs [T, cols] = x with each 8-column chunk in staged lane order (cols % 32 == 0). */
+/* xs = x (T rows, cols % 32 == 0) block-interleaved, each 8-column chunk in staged lane order: the 32 columns of
+ * block b of token u at xs + (b * T + u) * 32, so a block's T x 32 activations are one contiguous run (token rows
+ * cols floats apart, often a multiple of 4 KiB, would all fall in the same L1 sets). */
 AVX2 void avx2_q4_stage(const float *x, int T, int64_t cols, float *xs) {
     const __m256i idx = _mm256_loadu_si256((const __m256i *)q4_from_nat);
-    for (int64_t i = 0; i < (int64_t)T * cols; i += 8)
-        _mm256_storeu_ps(xs + i, _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + i), idx));
+    const int64_t nb = cols / 32;
+    for (int u = 0; u < T; u++)
+        for (int64_t b = 0; b < nb; b++)
+            for (int q = 0; q < 4; q++)
+                _mm256_storeu_ps(xs + (b * T + u) * 32 + 8 * q,
+                                 _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + u * cols + 32 * b + 8 * q), idx));
 }
 
 /* The decoder's constants. */
@@ -118,7 +124,7 @@ AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t 
 #pragma GCC unroll 8
         for (int u = 0; u < T; u++) acc[i][u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const float *xb = xs + 32 * b;
+        const float *xb = xs + 32 * T * b;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m256 w0, w1, w2, w3;
@@ -135,7 +141,7 @@ AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t 
             }
 #pragma GCC unroll 8
             for (int u = 0; u < T; u++) {
-                const float *xu = xb + u * cols;
+                const float *xu = xb + 32 * u;
                 acc[i][u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xu), acc[i][u]);
                 acc[i][u] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xu + 8), acc[i][u]);
                 acc[i][u] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xu + 16), acc[i][u]);
