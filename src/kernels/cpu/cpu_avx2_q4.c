@@ -19,10 +19,10 @@
  *    words masked are the fp32 weights of chunks 0, 1 (from the low unpack) and 2, 3 (high): each vector holds the 8
  *    columns of one chunk in lane order (0 2 4 6 1 3 5 7);
  *  - INT4 multiplies each vector by its block's scale (exact: 4 x 8 significant bits).
- * The activations are staged once per call in that lane order (avx2_q4_stage), so accumulator lane l takes exactly
- * the products of canonical lane (0 2 4 6 1 3 5 7)[l], chunk after chunk; it is put back in natural lane order
- * before hsum256. 9 shuffle-class operations per 32 weights (plus the table loads, which are free broadcasts): on a
- * Zen 3 VM 2.2x the T = 1 speed of decoding to int8 and converting (bench/RESULTS.md).
+ * The activations are staged once per call in that lane order, block-interleaved (avx2_q4_stage), so accumulator
+ * lane l takes exactly the products of canonical lane (0 2 4 6 1 3 5 7)[l], chunk after chunk; it is put back in
+ * natural lane order before hsum256. 8 shuffle-class operations per 32 weights (plus the table loads, which are
+ * free broadcasts): on a Zen 3 VM 1.5-2.2x the T = 1 speed of decoding to int8 and converting (bench/RESULTS.md).
  *
  * Passes: R rows x T tokens of accumulators (R = 4 for T = 1..2, 2 for T = 3..4, 1 for T = 5..8), each block of each
  * row decoded once and FMA'd against all T tokens.
