@@ -24,8 +24,10 @@
  * natural lane order before hsum256. 8 shuffle-class operations per 32 weights (plus the table loads, which are
  * free broadcasts): on a Zen 3 VM 1.5-2.2x the T = 1 speed of decoding to int8 and converting (bench/RESULTS.md).
  *
- * Passes: R rows x T tokens of accumulators (R = 4 for T = 1..2, 2 for T = 3..4, 1 for T = 5..8), each block of each
- * row decoded once and FMA'd against all T tokens.
+ * Passes: R rows x G tokens of accumulators, each block of each row decoded once per pass and FMA'd against its G
+ * tokens: T = 1..2 R = 4, G = T; T = 3..4 R = 2, G = T; T = 5..8 R = 2 in two token passes (G = 3 + 2, 3 + 3, 4 + 3,
+ * 4 + 4), which decode every block twice but keep 6-8 accumulator chains of two rows in flight: MXFP4 T = 8 ran
+ * 1.2-1.5 -> 1.6-1.9 GB/s at 1 thread against one row x 8 tokens (bench/RESULTS.md).
  */
 #include "cpu_internal.h"
 #include "kernels/dtype.h"
@@ -63,6 +65,9 @@ __attribute__((constructor)) static void q4_tables_init(void) {
 
 /* canonical lane l of a chunk is staged / accumulated in lane q4_lane[l]^-1: staged lane l holds column
  * (0 2 4 6 1 3 5 7)[l] of the chunk */
+#ifndef Q4_R5
+#define Q4_R5 2
+#endif
 #ifndef Q4_R1
 #define Q4_R1 4
 #endif
@@ -71,7 +76,7 @@ static const int32_t q4_to_nat[8] = {0, 4, 1, 5, 2, 6, 3, 7};   /* natural[c] = 
 
 int avx2_q4_rows(const df_weight *w, int T) {
     if ((w->type != DF_W_MXFP4 && w->type != DF_W_INT4_G32) || w->cols % 32 != 0 || T < 1 || T > 8) return 0;
-    return T == 1 ? Q4_R1 : T <= 2 ? 4 : T <= 4 ? 2 : 1;
+    return T == 1 ? Q4_R1 : T <= 2 ? 4 : T <= 4 ? 2 : Q4_R5;
 }
 
 /* xs = x (T rows, cols % 32 == 0) block-interleaved, each 8-column chunk in staged lane order: the 32 columns of
@@ -110,7 +115,7 @@ AVX2_INLINE void q4_block(const uint8_t *p, const uint8_t *th, const uint8_t *tl
 
 /* One pass: rows r .. r + nr - 1 (nr <= R; missing rows repeat row r and are not stored) x T tokens. */
 AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t r, int nr, const int R, const int T,
-                         const int mx, const q4_consts *k) {
+                         const int TS, const int u0, const int mx, const q4_consts *k) {
     const int64_t cols = w->cols, rows = w->rows, nb = cols / 32, rowb = cols / 2;
     const uint8_t *d = (const uint8_t *)w->data + r * rowb;
     const uint8_t *s8 = (const uint8_t *)w->scale + r * nb;       /* MXFP4 */
@@ -124,7 +129,7 @@ AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t 
 #pragma GCC unroll 8
         for (int u = 0; u < T; u++) acc[i][u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const float *xb = xs + 32 * T * b;
+        const float *xb = xs + 32 * (TS * b + u0);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m256 w0, w1, w2, w3;
@@ -161,37 +166,41 @@ AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t 
                 lo = _mm_add_ps(lo, hi);
                 lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
                 lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-                y[(int64_t)u * rows + r + i] = _mm_cvtss_f32(lo);
+                y[(int64_t)(u0 + u) * rows + r + i] = _mm_cvtss_f32(lo);
             }
 }
 
 /* Rows [r0, r1) of one encoding, T tokens, R rows per pass. */
 AVX2_INLINE void q4_rows(const df_weight *w, const float *xs, float *y, int64_t r0, int64_t r1, const int R, const int T,
-                         const int mx) {
+                         const int G, const int mx) {
     q4_consts k;
     k.order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13,
                                10, 14, 11, 15);
     k.shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     k.nib = _mm256_set1_epi8(15);
     k.hi16 = _mm256_set1_epi32((int)0xffff0000u);
-    for (int64_t r = r0; r < r1; r += R) q4_pass(w, xs, y, r, r1 - r < R ? (int)(r1 - r) : R, R, T, mx, &k);
+    for (int64_t r = r0; r < r1; r += R) {
+        const int nr = r1 - r < R ? (int)(r1 - r) : R;
+        q4_pass(w, xs, y, r, nr, R, G, T, 0, mx, &k);
+        if (G < T) q4_pass(w, xs, y, r, nr, R, T - G, T, G, mx, &k);
+    }
 }
 
-#define Q4_KERNEL(T, R)                                                                                               \
+#define Q4_KERNEL(T, R, G)                                                                                             \
     AVX2 static void q4_mx_##T(const df_weight *w, const float *xs, float *y, int64_t r0, int64_t r1) {            \
-        q4_rows(w, xs, y, r0, r1, R, T, 1);                                                                       \
+        q4_rows(w, xs, y, r0, r1, R, T, G, 1);                                                                    \
     }                                                                                                             \
     AVX2 static void q4_i4_##T(const df_weight *w, const float *xs, float *y, int64_t r0, int64_t r1) {            \
-        q4_rows(w, xs, y, r0, r1, R, T, 0);                                                                       \
+        q4_rows(w, xs, y, r0, r1, R, T, G, 0);                                                                    \
     }
-Q4_KERNEL(1, Q4_R1)
-Q4_KERNEL(2, 4)
-Q4_KERNEL(3, 2)
-Q4_KERNEL(4, 2)
-Q4_KERNEL(5, 1)
-Q4_KERNEL(6, 1)
-Q4_KERNEL(7, 1)
-Q4_KERNEL(8, 1)
+Q4_KERNEL(1, Q4_R1, 1)
+Q4_KERNEL(2, 4, 2)
+Q4_KERNEL(3, 2, 3)
+Q4_KERNEL(4, 2, 4)
+Q4_KERNEL(5, Q4_R5, 3)
+Q4_KERNEL(6, Q4_R5, 3)
+Q4_KERNEL(7, Q4_R5, 4)
+Q4_KERNEL(8, Q4_R5, 4)
 
 typedef void (*q4_fn)(const df_weight *, const float *, float *, int64_t, int64_t);
 static const q4_fn q4_mx[9] = {NULL, q4_mx_1, q4_mx_2, q4_mx_3, q4_mx_4, q4_mx_5, q4_mx_6, q4_mx_7, q4_mx_8};
