@@ -48,8 +48,8 @@ void *cpu_scratch(int slot, size_t bytes);
  * each (row, token) summed in the AVX2 backend's canonical order (one 8-lane fp32 accumulator over the 8-column
  * chunks in column order, hsum256, then the cols % 8 tail by fmaf in column order; cpu_avx2.c), so every result is
  * bitwise that of the decode_row + dot path. x: T rows `cols` floats apart (4-bit: staged by avx2_q4_stage).
- * *_rows(w, T): the rows of one pass of the kernel for (w, T) (avx2_matmul's chunks are whole passes), or 0 where
- * the kernel does not handle (w, T). */
+ * *_rows(w, T): the row count avx2_matmul's chunks are whole multiples of (a pass of rows, or a larger tile the
+ * kernel wants per chunk), or 0 where the kernel does not handle (w, T); the kernels take any [r0, r1). */
 int avx2_q4_rows(const df_weight *w, int T);   /* MXFP4 / INT4 g32 with cols % 32 == 0 */
 void avx2_q4_stage(const float *x, int T, int64_t cols, float *xs);
 void avx2_q4_mm(const df_weight *w, const float *xs, int T, float *y, int64_t r0, int64_t r1);
