@@ -63,14 +63,14 @@ __attribute__((constructor)) static void q4_tables_init(void) {
     for (int n = 0; n < 16; n++) split_bf16((float)(n - 8), &i4_th[n], &i4_tl[n]);
 }
 
-/* canonical lane l of a chunk is staged / accumulated in lane q4_lane[l]^-1: staged lane l holds column
- * (0 2 4 6 1 3 5 7)[l] of the chunk */
+/* Rows per pass for T = 1 and for T = 5..8 (build-time knobs of the measurements in bench/RESULTS.md). */
 #ifndef Q4_R5
 #define Q4_R5 2
 #endif
 #ifndef Q4_R1
 #define Q4_R1 4
 #endif
+/* Staged lane l of a chunk holds (and its accumulator lane sums) column (0 2 4 6 1 3 5 7)[l] of the chunk. */
 static const int32_t q4_from_nat[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* staged[l] = natural[q4_from_nat[l]] */
 static const int32_t q4_to_nat[8] = {0, 4, 1, 5, 2, 6, 3, 7};   /* natural[c] = staged[q4_to_nat[c]] */
 
