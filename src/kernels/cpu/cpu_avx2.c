@@ -11,21 +11,12 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "cpu_avx2.h"
 #include <stdlib.h>
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-static float fp8_table[256];
+float avx2_fp8_table[256];
 __attribute__((constructor)) static void fp8_table_init(void) {
-    for (int i = 0; i < 256; i++) fp8_table[i] = df_fp8e4m3_to_f32((uint8_t)i);
-}
-
-AVX2 static inline float hsum256(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
+    for (int i = 0; i < 256; i++) avx2_fp8_table[i] = df_fp8e4m3_to_f32((uint8_t)i);
 }
 
 AVX2 static float avx2_dot(const float *a, const float *b, int64_t n) {
@@ -38,20 +29,20 @@ AVX2 static float avx2_dot(const float *a, const float *b, int64_t n) {
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    float s = avx2_hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
 /* The canonical per-(row, token) summation order of every matmul path of this backend:
- * one 8-lane accumulator over 8-column chunks, hsum256, then the tail with fmaf in column
+ * one 8-lane accumulator over 8-column chunks, avx2_hsum256, then the tail with fmaf in column
  * order. The fused one-token kernels and dot4 follow it exactly, so a token's result does
  * not depend on how many tokens share the call (T=1 decode == batched prefill, bit for bit). */
 AVX2 static float avx2_dot_canon(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = hsum256(s0);
+    float s = avx2_hsum256(s0);
     for (; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
@@ -67,7 +58,7 @@ AVX2 static void avx2_dot4(const float *row, const float *x, int64_t stride, int
         s2 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x2 + i), s2);
         s3 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x3 + i), s3);
     }
-    float o0 = hsum256(s0), o1 = hsum256(s1), o2 = hsum256(s2), o3 = hsum256(s3);
+    float o0 = avx2_hsum256(s0), o1 = avx2_hsum256(s1), o2 = avx2_hsum256(s2), o3 = avx2_hsum256(s3);
     for (; i < n; i++) { o0 = fmaf(row[i], x0[i], o0); o1 = fmaf(row[i], x1[i], o1); o2 = fmaf(row[i], x2[i], o2); o3 = fmaf(row[i], x3[i], o3); }
     out[0] = o0; out[1] = o1; out[2] = o2; out[3] = o3;
 }
@@ -83,7 +74,8 @@ AVX2 static void avx2_dot4x2(const float *r0, const float *r1, const float *x, i
         xv = _mm256_loadu_ps(x2 + i); a2 = _mm256_fmadd_ps(u, xv, a2); b2 = _mm256_fmadd_ps(v, xv, b2);
         xv = _mm256_loadu_ps(x3 + i); a3 = _mm256_fmadd_ps(u, xv, a3); b3 = _mm256_fmadd_ps(v, xv, b3);
     }
-    float o[8] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3), hsum256(b0), hsum256(b1), hsum256(b2), hsum256(b3)};
+    float o[8] = {avx2_hsum256(a0), avx2_hsum256(a1), avx2_hsum256(a2), avx2_hsum256(a3),
+                  avx2_hsum256(b0), avx2_hsum256(b1), avx2_hsum256(b2), avx2_hsum256(b3)};
     const float *xs[4] = {x0, x1, x2, x3};
     for (; i < n; i++)
         for (int k = 0; k < 4; k++) { o[k] = fmaf(r0[i], xs[k][i], o[k]); o[4 + k] = fmaf(r1[i], xs[k][i], o[4 + k]); }
@@ -141,14 +133,14 @@ AVX2 static void avx2_decode_row(const df_weight *w, int64_t r, float *out) {
         for (; c + 8 <= cols; c += 8) {
             const float sc = s[c >> 7] * 256.0f;
             if (!isfinite(sc)) {
-                for (int k = 0; k < 8; k++) out[c + k] = fp8_table[d[c + k]] * s[c >> 7];
+                for (int k = 0; k < 8; k++) out[c + k] = avx2_fp8_table[d[c + k]] * s[c >> 7];
                 continue;
             }
             __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(d + c))), 8);
             h = _mm_and_si128(_mm_srai_epi16(h, 1), keep);
             _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(sc)));
         }
-        for (; c < cols; c++) out[c] = fp8_table[d[c]] * s[c >> 7];
+        for (; c < cols; c++) out[c] = avx2_fp8_table[d[c]] * s[c >> 7];
         break;
     }
     case DF_W_INT4_G32: {
@@ -216,7 +208,7 @@ AVX2 static int avx2_matvec(const df_weight *w, const float *x, float *y, int64_
                 s2 = _mm256_fmadd_ps(bf16x8(d2 + c), xv, s2);
                 s3 = _mm256_fmadd_ps(bf16x8(d3 + c), xv, s3);
             }
-            float o0 = hsum256(s0), o1 = hsum256(s1), o2 = hsum256(s2), o3 = hsum256(s3);
+            float o0 = avx2_hsum256(s0), o1 = avx2_hsum256(s1), o2 = avx2_hsum256(s2), o3 = avx2_hsum256(s3);
             for (; c < cols; c++) {
                 o0 = fmaf(df_bf16_to_f32(d0[c]), x[c], o0); o1 = fmaf(df_bf16_to_f32(d1[c]), x[c], o1);
                 o2 = fmaf(df_bf16_to_f32(d2[c]), x[c], o2); o3 = fmaf(df_bf16_to_f32(d3[c]), x[c], o3);
@@ -228,7 +220,7 @@ AVX2 static int avx2_matvec(const df_weight *w, const float *x, float *y, int64_
             __m256 s0 = _mm256_setzero_ps();
             int64_t c = 0;
             for (; c + 8 <= cols; c += 8) s0 = _mm256_fmadd_ps(bf16x8(d + c), _mm256_loadu_ps(x + c), s0);
-            float o = hsum256(s0);
+            float o = avx2_hsum256(s0);
             for (; c < cols; c++) o = fmaf(df_bf16_to_f32(d[c]), x[c], o);
             y[r] = o;
         }
@@ -249,7 +241,7 @@ AVX2 static void avx2_dot_rows4(const float *a0, const float *a1, const float *a
         s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + i), xv, s2);
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a3 + i), xv, s3);
     }
-    float o0 = hsum256(s0), o1 = hsum256(s1), o2 = hsum256(s2), o3 = hsum256(s3);
+    float o0 = avx2_hsum256(s0), o1 = avx2_hsum256(s1), o2 = avx2_hsum256(s2), o3 = avx2_hsum256(s3);
     for (; i < n; i++) { o0 = fmaf(a0[i], x[i], o0); o1 = fmaf(a1[i], x[i], o1); o2 = fmaf(a2[i], x[i], o2); o3 = fmaf(a3[i], x[i], o3); }
     out[0] = o0; out[1] = o1; out[2] = o2; out[3] = o3;
 }
@@ -297,9 +289,7 @@ static void avx2_task(void *ctx, int64_t r0, int64_t r1, int tid) {
 }
 
 /* y [T, rows] = x [T, cols] . W^T: the fused kernels of cpu_avx2_*.c for T <= 8 where one handles the encoding,
- * else the shared driver (decode each row once, then the canonical dot per token). Work is split in chunks of
- * whole passes of the kernel's rows: ~128K weights x tokens per chunk (T = 1: 512K weights, so that a chunk's first
- * pass, which the kernel cannot prefetch, is a small share of it), >= 4 chunks per thread when possible. */
+ * else the shared driver (decode each row once, then the canonical dot per token). Chunks: cpu_chunk_rows. */
 AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
     if (T <= 0 || w->rows <= 0) return;
     avx2_job j = {w, x, y, T, AK_Q4};
@@ -315,17 +305,7 @@ AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, 
         cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_any, avx2_dot4, avx2_dot4x2);
         return;
     }
-    const int64_t work = w->rows * w->cols * (int64_t)T;
-    const int nt = df_pool_threads(pool);
-    int64_t grain = w->rows;
-    if (work >= CPU_SERIAL_WORK && nt > 1) {
-        const int64_t per_row = w->cols * T, target = T == 1 ? 524288 : 131072;
-        grain = (target + per_row - 1) / per_row;
-        const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
-        if (grain > fair) grain = fair;
-        grain = (grain + rb - 1) / rb * rb;
-    }
-    df_pool_run(pool, w->rows, grain, avx2_task, &j);
+    df_pool_run(pool, w->rows, cpu_chunk_rows(pool, w, T, rb), avx2_task, &j);
 }
 
 const df_backend df_backend_cpu_avx2 = {

@@ -4,7 +4,7 @@
  *
  * Numerics. Every output y[t, r] is the AVX2 backend's canonical chain (avx2_dot_canon on the decoded row):
  * ONE 8-lane fp32 accumulator, s = fma(w[c..c+7], x[c..c+7], s) over the 8-column chunks in column order,
- * hsum256 (the same code as cpu_avx2.c), then the cols % 8 tail columns by fmaf in column order. The kernels
+ * avx2_hsum256 (cpu_avx2.h), then the cols % 8 tail columns by fmaf in column order. The kernels
  * only change WHERE that accumulator lives and WHEN its FMAs run, never the operands or their order:
  *   - lane j of a chunk vector is always column c + j (no lane permutation anywhere): bf16 is decoded by a
  *     128-bit broadcast load of the chunk's 8 halves + one vpshufb that puts half j into the high 16 bits of
@@ -38,24 +38,14 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "cpu_avx2.h"
 #include <stdlib.h>
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define INL AVX2 static inline __attribute__((always_inline))
 
 enum { TY_F32, TY_BF16, TY_F16 };
 
-/* Exactly cpu_avx2.c's hsum256 (the canonical reduction). */
-AVX2 static inline float hsum256(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
 /* The 8 weights of row `row` at columns c..c+7 as fp32, lane j = column c + j. */
-INL __m256 dec(int ty, const uint8_t *row, int64_t c) {
+AVX2_INLINE __m256 dec(int ty, const uint8_t *row, int64_t c) {
     if (ty == TY_F32) return _mm256_loadu_ps((const float *)row + c);
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + c));
     if (ty == TY_F16) return _mm256_cvtph_ps(h);
@@ -66,7 +56,7 @@ INL __m256 dec(int ty, const uint8_t *row, int64_t c) {
 }
 
 /* One tail weight, decoded as cpu_scalar_decode_range does. */
-INL float dec1(int ty, const uint8_t *row, int64_t c) {
+AVX2_INLINE float dec1(int ty, const uint8_t *row, int64_t c) {
     if (ty == TY_F32) return ((const float *)row)[c];
     if (ty == TY_BF16) return df_bf16_to_f32(((const uint16_t *)row)[c]);
     return df_f16_to_f32(((const uint16_t *)row)[c]);
@@ -78,8 +68,8 @@ INL float dec1(int ty, const uint8_t *row, int64_t c) {
  * to prefetch the next block, as many bytes as this pass reads (NULL: none; it may run past the last row:
  * prefetches never fault). R, G, ty are compile-time constants after inlining, so a[] and wv[] are
  * registers (no stack traffic in the loop: checked with gcc -S). */
-INL void pass(int ty, int R, int G, const uint8_t *w, int64_t ws, const float *xs, int64_t xst, int64_t xtt, int64_t c0,
-              int64_t n, float *acc, int64_t as, int first, const uint8_t *pf) {
+AVX2_INLINE void pass(int ty, int R, int G, const uint8_t *w, int64_t ws, const float *xs, int64_t xst, int64_t xtt,
+                      int64_t c0, int64_t n, float *acc, int64_t as, int first, const uint8_t *pf) {
     const int es = ty == TY_F32 ? 4 : 2;
     __m256 a[16];
 #pragma GCC unroll 16
@@ -118,8 +108,8 @@ INL void pass(int ty, int R, int G, const uint8_t *w, int64_t ws, const float *x
 }
 
 /* All T tokens of R rows over one tile: passes of G tokens, then one of T % G (same weights, from L1). */
-INL void rows_pass(int ty, int T, int R, int G, const uint8_t *w, int64_t ws, const float *xs, int64_t xst, int64_t xtt,
-                   int64_t c0, int64_t n, float *acc, int first, const uint8_t *pf) {
+AVX2_INLINE void rows_pass(int ty, int T, int R, int G, const uint8_t *w, int64_t ws, const float *xs, int64_t xst,
+                           int64_t xtt, int64_t c0, int64_t n, float *acc, int first, const uint8_t *pf) {
     int t = 0;
     for (; t + G <= T; t += G)
         pass(ty, R, G, w, ws, xs + t * xtt, xst, xtt, c0, n, acc + t * 8, T * 8, first, t ? NULL : pf);
@@ -128,8 +118,8 @@ INL void rows_pass(int ty, int T, int R, int G, const uint8_t *w, int64_t ws, co
 
 /* Rows [r0, r1) of y = x W^T for T tokens with R x G passes, blocks of RBI rows, column tiles of XT / T
  * columns (XT = 0: whole rows) and, if PF, the linear prefetch of the next block. */
-INL void mm(int ty, int T, int R, int G, int RBI, int XT, int PF, const df_weight *w, const float *x, float *y,
-            int64_t r0, int64_t r1) {
+AVX2_INLINE void mm(int ty, int T, int R, int G, int RBI, int XT, int PF, const df_weight *w, const float *x, float *y,
+                    int64_t r0, int64_t r1) {
     const int es = ty == TY_F32 ? 4 : 2;
     const int64_t cols = w->cols, rows = w->rows, nc = cols & ~(int64_t)7, ws = cols * es;
     const int64_t K = XT ? (XT / T) & ~(int64_t)7 : nc + 8;
@@ -163,7 +153,7 @@ INL void mm(int ty, int T, int R, int G, int RBI, int XT, int PF, const df_weigh
         } while (c0 < nc);
         for (int i = 0; i < nb; i++)
             for (int t = 0; t < T; t++) {
-                float s = hsum256(_mm256_load_ps(acc + (i * T + t) * 8));
+                float s = avx2_hsum256(_mm256_load_ps(acc + (i * T + t) * 8));
                 for (int64_t c = nc; c < cols; c++) s = fmaf(dec1(ty, wb + i * ws, c), x[t * cols + c], s);
                 y[t * rows + rb + i] = s;
             }

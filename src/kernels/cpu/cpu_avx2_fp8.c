@@ -25,7 +25,8 @@
  *    (shift / shuffle pipes), or for T <= 2 vpmulhw by 2^12 in the high words (the same bits: the low words are 0),
  *    which moves it to the multiply pipe while the FMA pipes have room.
  *    Per 8 weights and row: 1 vpshufb + 1 shift + 1 vpand + 1 vfmadd (the scale) + T vfmadd.
- *  - The cols % 8 tail and the per-block fallback use fp8_tab[code] x s (the decoder's fp32 multiply) and fmaf.
+ *  - The cols % 8 tail and the per-block fallback use avx2_fp8_table[code] x s (the decoder's fp32 multiply) and
+ *    fmaf.
  *
  * Passes: R rows x T tokens of accumulators in registers, each chunk of each row decoded once (the R weight vectors
  * first, then token by token, which keeps GCC from spilling accumulators) and FMA'd against all T tokens: R = 4 at
@@ -45,17 +46,9 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "cpu_avx2.h"
 #include <math.h>
 #include <string.h>
-
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
-
-/* exact e4m3 values by code (the same function as cpu_avx2.c's table) */
-static float fp8_tab[256];
-__attribute__((constructor)) static void fp8_tab_init(void) {
-    for (int i = 0; i < 256; i++) fp8_tab[i] = df_fp8e4m3_to_f32((uint8_t)i);
-}
 
 /* vpshufb control: dword j of the low lane <- byte j, of the high lane <- byte 4 + j, each into the top byte of the
  * dword (0x80: zero) */
@@ -91,15 +84,6 @@ AVX2_INLINE __m256 fp8_raw(__m256i b, __m256i m, __m256i keep, const int mul) {
     const __m256i d = _mm256_shuffle_epi8(b, m);
     const __m256i e = mul ? _mm256_mulhi_epi16(d, _mm256_set1_epi32(0x10000000)) : _mm256_srai_epi32(d, 4);
     return _mm256_castsi256_ps(_mm256_and_si256(e, keep));
-}
-
-/* hsum256 of cpu_avx2.c, the same operations in the same order */
-AVX2_INLINE float fp8_hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
 }
 
 /* One register pass: rows k < R (bytes p + k * cols, scale rows sr[k]) times T tokens over the 8-column chunks
@@ -156,7 +140,7 @@ AVX2_INLINE void fp8_pass(const uint8_t *p, int64_t cols, const float *const *sr
                 for (int k = 0; k < R; k++) {
                     const float s = sr[k][cb >> 7];
                     float wb[8];
-                    for (int j = 0; j < 8; j++) wb[j] = fp8_tab[p[k * cols + c + j]] * s;
+                    for (int j = 0; j < 8; j++) wb[j] = avx2_fp8_table[p[k * cols + c + j]] * s;
                     const __m256 wv = _mm256_loadu_ps(wb);
                     for (int t = 0; t < T; t++)
                         acc[k * T + t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xb + t * xst + c - xc0), acc[k * T + t]);
@@ -173,8 +157,9 @@ AVX2_INLINE void fp8_pass(const uint8_t *p, int64_t cols, const float *const *sr
     for (int k = 0; k < R; k++)
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            float o = fp8_hsum(acc[k * T + t]);
-            for (int64_t c = c8; c < cols; c++) o = fmaf(fp8_tab[p[k * cols + c]] * sr[k][c >> 7], x[t * cols + c], o);
+            float o = avx2_hsum256(acc[k * T + t]);
+            for (int64_t c = c8; c < cols; c++)
+                o = fmaf(avx2_fp8_table[p[k * cols + c]] * sr[k][c >> 7], x[t * cols + c], o);
             y[t * rows + k] = o;
         }
 }

@@ -34,11 +34,10 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "cpu_avx2.h"
 #include <stdlib.h>
 #include <string.h>
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
 /* [e][code]: the high byte and the second byte of the fp32 bits of MXFP4 code x 2^(e-127) (e = 255: NaN) */
 static uint8_t q4_th[256][16] __attribute__((aligned(16))), q4_tl[256][16] __attribute__((aligned(16)));
@@ -160,13 +159,7 @@ AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t 
         if (i < nr)
 #pragma GCC unroll 8
             for (int u = 0; u < T; u++) {
-                /* hsum256 of cpu_avx2.c on the natural-order accumulator */
-                const __m256 v = _mm256_permutevar8x32_ps(acc[i][u], back);
-                __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-                lo = _mm_add_ps(lo, hi);
-                lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-                lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-                y[(int64_t)(u0 + u) * rows + r + i] = _mm_cvtss_f32(lo);
+                y[(int64_t)(u0 + u) * rows + r + i] = avx2_hsum256(_mm256_permutevar8x32_ps(acc[i][u], back));
             }
 }
 

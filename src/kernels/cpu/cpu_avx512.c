@@ -904,20 +904,7 @@ static void avx512_matmul(df_pool *pool, const df_weight *w, const float *x, int
     }
     int rb;
     j.k = mm_kernel_of(w, T, j.q4, &rb);
-    const int64_t work = w->rows * w->cols * (int64_t)T;
-    const int nt = df_pool_threads(pool);
-    int64_t grain = w->rows;
-    if (work >= CPU_SERIAL_WORK && nt > 1) {
-        /* ~128K weights x tokens per chunk (T = 1: 512K weights, so that the first pass of a chunk,
-         * whose bytes the kernel cannot prefetch, is a small share of it), whole passes of the kernel's rows,
-         * >= 4 chunks per thread when possible */
-        const int64_t per_row = w->cols * (T < 8 ? T : 8), target = T == 1 ? 524288 : 131072;
-        grain = (target + per_row - 1) / per_row;
-        const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
-        if (grain > fair) grain = fair;
-        grain = (grain + rb - 1) / rb * rb;
-    }
-    df_pool_run(pool, w->rows, grain, mm_task, &j);
+    df_pool_run(pool, w->rows, cpu_chunk_rows(pool, w, T, rb), mm_task, &j);
 }
 
 const df_backend df_backend_cpu_avx512 = {

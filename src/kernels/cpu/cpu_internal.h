@@ -43,11 +43,18 @@ void *cpu_scratch(int slot, size_t bytes);
  * costs more than the work. */
 #define CPU_SERIAL_WORK 131072
 
+/* Rows per pool chunk of a matmul whose kernel runs passes of rb rows (cpu_avx512.c, cpu_avx2.c): all rows below
+ * CPU_SERIAL_WORK or with one thread; else ~128K weights x tokens per chunk (T = 1: 512K weights, so that a
+ * chunk's first pass, whose bytes the kernel cannot prefetch, is a small share of it), >= 4 chunks per thread when
+ * possible, rounded up to whole passes. */
+int64_t cpu_chunk_rows(df_pool *pool, const df_weight *w, int T, int rb);
+
 /* AVX2 fused kernels for 1 <= T <= 8 tokens (cpu_avx2_q4.c, cpu_avx2_fp8.c, cpu_avx2_dense.c), chosen per call by
  * avx2_matmul (cpu_avx2.c): rows [r0, r1) of y [T, rows] = x [T, cols] . W^T, each weight byte read once per call,
  * each (row, token) summed in the AVX2 backend's canonical order (one 8-lane fp32 accumulator over the 8-column
- * chunks in column order, hsum256, then the cols % 8 tail by fmaf in column order; cpu_avx2.c), so every result is
- * bitwise that of the decode_row + dot path. x: T rows `cols` floats apart (4-bit: staged by avx2_q4_stage).
+ * chunks in column order, avx2_hsum256, then the cols % 8 tail by fmaf in column order; cpu_avx2.c, cpu_avx2.h),
+ * so every result is bitwise that of the decode_row + dot path. x: T rows `cols` floats apart (4-bit: staged by
+ * avx2_q4_stage).
  * *_rows(w, T): the row count avx2_matmul's chunks are whole multiples of (a pass of rows, or a larger tile the
  * kernel wants per chunk), or 0 where the kernel does not handle (w, T); the kernels take any [r0, r1). */
 int avx2_q4_rows(const df_weight *w, int T);   /* MXFP4 / INT4 g32 with cols % 32 == 0 */
