@@ -182,53 +182,6 @@ AVX2 static void avx2_decode_row(const df_weight *w, int64_t r, float *out) {
     if (c < cols) cpu_scalar_decode_range(w, r, c, cols, out);
 }
 
-AVX2 static inline __m256 bf16x8(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-/* Fused one-token kernels for F32 / BF16 (the generic path's T = 1; 4-bit weights have their own, cpu_avx2_q4.c):
- * y[r] = W[r,:] . x without a row buffer, four rows at a time (independent FMA chains), in exactly the canonical
- * order of avx2_dot_canon on the decoded row. */
-AVX2 static int avx2_matvec(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
-    const int64_t cols = w->cols;
-    if (w->type == DF_W_F32) {
-        for (int64_t r = r0; r < r1; r++) y[r] = avx2_dot_canon((const float *)w->data + r * cols, x, cols);
-        return 1;
-    }
-    if (w->type == DF_W_BF16) {
-        int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) {
-            const uint16_t *d0 = (const uint16_t *)w->data + r * cols, *d1 = d0 + cols, *d2 = d1 + cols, *d3 = d2 + cols;
-            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            int64_t c = 0;
-            for (; c + 8 <= cols; c += 8) {
-                __m256 xv = _mm256_loadu_ps(x + c);
-                s0 = _mm256_fmadd_ps(bf16x8(d0 + c), xv, s0);
-                s1 = _mm256_fmadd_ps(bf16x8(d1 + c), xv, s1);
-                s2 = _mm256_fmadd_ps(bf16x8(d2 + c), xv, s2);
-                s3 = _mm256_fmadd_ps(bf16x8(d3 + c), xv, s3);
-            }
-            float o0 = avx2_hsum256(s0), o1 = avx2_hsum256(s1), o2 = avx2_hsum256(s2), o3 = avx2_hsum256(s3);
-            for (; c < cols; c++) {
-                o0 = fmaf(df_bf16_to_f32(d0[c]), x[c], o0); o1 = fmaf(df_bf16_to_f32(d1[c]), x[c], o1);
-                o2 = fmaf(df_bf16_to_f32(d2[c]), x[c], o2); o3 = fmaf(df_bf16_to_f32(d3[c]), x[c], o3);
-            }
-            y[r] = o0; y[r + 1] = o1; y[r + 2] = o2; y[r + 3] = o3;
-        }
-        for (; r < r1; r++) {
-            const uint16_t *d = (const uint16_t *)w->data + r * cols;
-            __m256 s0 = _mm256_setzero_ps();
-            int64_t c = 0;
-            for (; c + 8 <= cols; c += 8) s0 = _mm256_fmadd_ps(bf16x8(d + c), _mm256_loadu_ps(x + c), s0);
-            float o = avx2_hsum256(s0);
-            for (; c < cols; c++) o = fmaf(df_bf16_to_f32(d[c]), x[c], o);
-            y[r] = o;
-        }
-        return 1;
-    }
-    return 0;
-}
-
 /* Four rows (already decoded) dotted with one x, each in the canonical order (four chains). */
 AVX2 static void avx2_dot_rows4(const float *a0, const float *a1, const float *a2, const float *a3, const float *x, int64_t n,
                                 float *out) {
@@ -246,8 +199,8 @@ AVX2 static void avx2_dot_rows4(const float *a0, const float *a1, const float *a
     out[0] = o0; out[1] = o1; out[2] = o2; out[3] = o3;
 }
 
-/* One token, encodings without a fused kernel (F16, FP8, INT4, INT8, odd MXFP4 shapes): decode
- * four rows, then four independent chains (one chain per row is latency-bound). */
+/* One token, encodings without a fused kernel (INT8 rows, INT4 / MXFP4 with cols % 32 != 0): decode four rows,
+ * then four independent chains (one chain per row is latency-bound). */
 AVX2 static int avx2_matvec_rows4(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
     const int64_t cols = w->cols, st = (cols + 15) / 16 * 16;
     float *b = cpu_scratch(CPU_SCRATCH_W, sizeof(float) * (size_t)(4 * st));
@@ -262,10 +215,6 @@ AVX2 static int avx2_matvec_rows4(const df_weight *w, const float *x, float *y, 
         y[r] = avx2_dot_canon(b, x, cols);
     }
     return 1;
-}
-
-AVX2 static int avx2_matvec_any(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
-    return avx2_matvec(w, x, y, r0, r1) || avx2_matvec_rows4(w, x, y, r0, r1);
 }
 
 /* The fused kernel a call runs (avx2_matmul), chosen once per call. */
@@ -302,7 +251,7 @@ AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, 
     } else if ((rb = avx2_fp8_rows(w, T)) > 0) j.k = AK_FP8;
     else if ((rb = avx2_dense_rows(w, T)) > 0) j.k = AK_DENSE;
     else {
-        cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_any, avx2_dot4, avx2_dot4x2);
+        cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_rows4, avx2_dot4, avx2_dot4x2);
         return;
     }
     df_pool_run(pool, w->rows, cpu_chunk_rows(pool, w, T, rb), avx2_task, &j);
