@@ -66,6 +66,11 @@ __attribute__((constructor)) static void q4_tables_init(void) {
 #ifndef Q4_R5
 #define Q4_R5 2
 #endif
+/* Software prefetch: the code bytes this far past the next pass's block (the hardware prefetcher alone left the
+ * one-token kernel at 5-6 GB/s per core on 7168x2048 from DRAM, 8 with it; bench/RESULTS.md). */
+#ifndef Q4_PF
+#define Q4_PF 64
+#endif
 #ifndef Q4_R1
 #define Q4_R1 4
 #endif
@@ -132,6 +137,8 @@ AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t 
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m256 w0, w1, w2, w3;
+            /* the same bytes of the next pass's row, once per cache line (prefetch never faults past the end) */
+            if (u0 == 0 && (b & 3) == 0) _mm_prefetch((const char *)(d + (ro[i] + R) * rowb + 16 * b) + Q4_PF, _MM_HINT_T0);
             if (mx) {
                 const unsigned e = s8[ro[i] * nb + b];
                 q4_block(d + ro[i] * rowb + 16 * b, q4_th[e], q4_tl[e], k, &w0, &w1, &w2, &w3);
