@@ -101,7 +101,7 @@ AVX2 static inline void mxfp4_block_i8(const uint8_t *p, __m128i *lo16, __m128i 
 
 AVX2 static inline __m256 i8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
-AVX2 static void avx2_decode_row(const df_weight *w, int64_t r, float *out) {
+AVX2 void avx2_decode_row(const df_weight *w, int64_t r, float *out) {
     const int64_t cols = w->cols;
     int64_t c = 0;
     switch (w->type) {
@@ -218,10 +218,11 @@ AVX2 static int avx2_matvec_rows4(const df_weight *w, const float *x, float *y, 
 }
 
 /* The fused kernel a call runs (avx2_matmul), chosen once per call. */
-typedef enum { AK_Q4, AK_FP8, AK_DENSE } avx2_kernel;
+typedef enum { AK_Q4, AK_FP8, AK_DENSE, AK_GEMM } avx2_kernel;
 typedef struct {
     const df_weight *w;
     const float *x; /* 4-bit: x staged by avx2_q4_stage */
+    float *xk;      /* AK_GEMM: x packed by avx2_gemm_pack_x */
     float *y;
     int T;
     avx2_kernel k;
@@ -234,6 +235,7 @@ static void avx2_task(void *ctx, int64_t r0, int64_t r1, int tid) {
     case AK_Q4: avx2_q4_mm(j->w, j->x, j->T, j->y, r0, r1); return;
     case AK_FP8: avx2_fp8_mm(j->w, j->x, j->T, j->y, r0, r1); return;
     case AK_DENSE: avx2_dense_mm(j->w, j->x, j->T, j->y, r0, r1); return;
+    case AK_GEMM: avx2_gemm_mm(j->w, j->x, j->xk, j->T, j->y, r0, r1); return;
     }
 }
 
@@ -241,7 +243,7 @@ static void avx2_task(void *ctx, int64_t r0, int64_t r1, int tid) {
  * else the shared driver (decode each row once, then the canonical dot per token). Chunks: cpu_chunk_rows. */
 AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
     if (T <= 0 || w->rows <= 0) return;
-    avx2_job j = {w, x, y, T, AK_Q4};
+    avx2_job j = {w, x, NULL, y, T, AK_Q4};
     int rb = 0;
     if ((rb = avx2_q4_rows(w, T)) > 0) {
         float *xs = cpu_scratch(CPU_SCRATCH_X, sizeof(float) * (size_t)T * (size_t)w->cols);
@@ -250,6 +252,12 @@ AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, 
         j.x = xs;
     } else if ((rb = avx2_fp8_rows(w, T)) > 0) j.k = AK_FP8;
     else if ((rb = avx2_dense_rows(w, T)) > 0) j.k = AK_DENSE;
+    else if (T > 1 && (rb = avx2_gemm_rows()) > 0) {
+        j.k = AK_GEMM;
+        j.xk = cpu_scratch(CPU_SCRATCH_X, sizeof(float) * (size_t)avx2_gemm_xk_floats(w, T));
+        if (!j.xk) abort(); /* nothing sensible to do without it */
+        avx2_gemm_pack_x(w, x, T, j.xk);
+    }
     else {
         cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_rows4, avx2_dot4, avx2_dot4x2);
         return;

@@ -22,6 +22,9 @@ AVX2_INLINE float avx2_hsum256(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* An accumulator in the q4 kernels' staged lane order (0 2 4 6 1 3 5 7) put back in natural order (cpu_avx2_q4.c) */
+__attribute__((target("avx2,fma,f16c"))) __m256 avx2_q4_unstage(__m256 acc);
+
 /* e4m3 byte -> its exact fp32 value (df_fp8e4m3_to_f32; filled at load time by cpu_avx2.c) */
 extern float avx2_fp8_table[256];
 

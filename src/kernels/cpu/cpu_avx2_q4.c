@@ -63,6 +63,9 @@ __attribute__((constructor)) static void q4_tables_init(void) {
 }
 
 /* Rows per pass for T = 1 and for T = 5..8 (build-time knobs of the measurements in bench/RESULTS.md). */
+#ifndef Q4_TMAX
+#define Q4_TMAX 8
+#endif
 #ifndef Q4_R5
 #define Q4_R5 2
 #endif
@@ -79,7 +82,7 @@ static const int32_t q4_from_nat[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* staged[l] = n
 static const int32_t q4_to_nat[8] = {0, 4, 1, 5, 2, 6, 3, 7};   /* natural[c] = staged[q4_to_nat[c]] */
 
 int avx2_q4_rows(const df_weight *w, int T) {
-    if ((w->type != DF_W_MXFP4 && w->type != DF_W_INT4_G32) || w->cols % 32 != 0 || T < 1 || T > 8) return 0;
+    if ((w->type != DF_W_MXFP4 && w->type != DF_W_INT4_G32) || w->cols % 32 != 0 || T < 1 || T > Q4_TMAX) return 0;
     return T == 1 ? Q4_R1 : T <= 2 ? 4 : T <= 4 ? 2 : Q4_R5;
 }
 
@@ -210,7 +213,44 @@ void avx2_q4_mm(const df_weight *w, const float *xs, int T, float *y, int64_t r0
     (w->type == DF_W_MXFP4 ? q4_mx : q4_i4)[T](w, xs, y, r0, r1);
 }
 
+/* Row r of an MXFP4 / INT4 g32 weight (cols % 32 == 0) as fp32, each 8-column chunk in staged lane order: the
+ * decoder of the fused kernels, for the T > 8 matmul (cpu_avx2_gemm.c). */
+AVX2 void avx2_q4_decode_row_staged(const df_weight *w, int64_t r, float *out) {
+    q4_consts k;
+    k.order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13,
+                               10, 14, 11, 15);
+    k.shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    k.nib = _mm256_set1_epi8(15);
+    k.hi16 = _mm256_set1_epi32((int)0xffff0000u);
+    const int64_t nb = w->cols / 32;
+    const uint8_t *d = (const uint8_t *)w->data + r * (w->cols / 2);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 w0, w1, w2, w3;
+        if (w->type == DF_W_MXFP4) {
+            const unsigned e = ((const uint8_t *)w->scale)[r * nb + b];
+            q4_block(d + 16 * b, q4_th[e], q4_tl[e], &k, &w0, &w1, &w2, &w3);
+        } else {
+            q4_block(d + 16 * b, i4_th, i4_tl, &k, &w0, &w1, &w2, &w3);
+            const __m256 sc = _mm256_set1_ps(df_bf16_to_f32(((const uint16_t *)w->scale)[r * nb + b]));
+            w0 = _mm256_mul_ps(w0, sc);
+            w1 = _mm256_mul_ps(w1, sc);
+            w2 = _mm256_mul_ps(w2, sc);
+            w3 = _mm256_mul_ps(w3, sc);
+        }
+        _mm256_storeu_ps(out + 32 * b, w0);
+        _mm256_storeu_ps(out + 32 * b + 8, w1);
+        _mm256_storeu_ps(out + 32 * b + 16, w2);
+        _mm256_storeu_ps(out + 32 * b + 24, w3);
+    }
+}
+
+/* An accumulator in staged lane order, put back in natural lane order. */
+AVX2 __m256 avx2_q4_unstage(__m256 acc) {
+    return _mm256_permutevar8x32_ps(acc, _mm256_loadu_si256((const __m256i *)q4_to_nat));
+}
+
 #else
+void avx2_q4_decode_row_staged(const df_weight *w, int64_t r, float *out) { (void)w; (void)r; (void)out; }
 int avx2_q4_rows(const df_weight *w, int T) { (void)w; (void)T; return 0; }
 void avx2_q4_stage(const float *x, int T, int64_t cols, float *xs) { (void)x; (void)T; (void)cols; (void)xs; }
 void avx2_q4_mm(const df_weight *w, const float *xs, int T, float *y, int64_t r0, int64_t r1) {

@@ -65,6 +65,18 @@ void avx2_fp8_mm(const df_weight *w, const float *x, int T, float *y, int64_t r0
 int avx2_dense_rows(const df_weight *w, int T); /* F32 / BF16 / F16 */
 void avx2_dense_mm(const df_weight *w, const float *x, int T, float *y, int64_t r0, int64_t r1);
 
+/* AVX2, T > 8 tokens, every encoding (cpu_avx2_gemm.c): rows decoded by avx2_decode_row in blocks of
+ * avx2_gemm_rows() rows, register tiles of 3 rows x 4 tokens over K tiles; the canonical order as above. The caller
+ * packs x once per call (avx2_gemm_pack_x into avx2_gemm_xk_floats(w, T) floats); x itself gives the cols % 8 tail. */
+int avx2_gemm_rows(void);
+int avx2_gemm_staged(const df_weight *w); /* 1: MXFP4 / INT4 rows decoded in the q4 kernels' staged lane order */
+int64_t avx2_gemm_xk_floats(const df_weight *w, int T);
+void avx2_gemm_pack_x(const df_weight *w, const float *x, int T, float *xk);
+void avx2_gemm_mm(const df_weight *w, const float *x, const float *xk, int T, float *y, int64_t r0, int64_t r1);
+void avx2_q4_decode_row_staged(const df_weight *w, int64_t r, float *out); /* cpu_avx2_q4.c */
+/* AVX2 row decoder (cpu_avx2.c): row r of W as cols fp32 values, the exact weights of every AVX2 path */
+void avx2_decode_row(const df_weight *w, int64_t r, float *out);
+
 /* scalar reference */
 void cpu_scalar_decode_row(const df_weight *w, int64_t row, float *out);
 float cpu_scalar_dot(const float *a, const float *b, int64_t n);
