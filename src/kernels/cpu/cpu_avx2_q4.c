@@ -24,10 +24,11 @@
  * natural lane order before hsum256. 8 shuffle-class operations per 32 weights (plus the table loads, which are
  * free broadcasts): on a Zen 3 VM 1.5-2.2x the T = 1 speed of decoding to int8 and converting (bench/RESULTS.md).
  *
- * Passes: R rows x G tokens of accumulators, each block of each row decoded once per pass and FMA'd against its G
- * tokens: T = 1..2 R = 4, G = T; T = 3..4 R = 2, G = T; T = 5..8 R = 2 in two token passes (G = 3 + 2, 3 + 3, 4 + 3,
- * 4 + 4), which decode every block twice but keep 6-8 accumulator chains of two rows in flight: MXFP4 T = 8 ran
- * 1.2-1.5 -> 1.6-1.9 GB/s at 1 thread against one row x 8 tokens (bench/RESULTS.md).
+ * Order of work: T = 1, 2 in passes of R rows (4) x T tokens, each block of each row decoded once and FMA'd against
+ * the T tokens, the next pass's bytes prefetched; T = 3..8 in K tiles (q4_ktile), where the activations of a tile
+ * stay in L1 while every row of the chunk goes over them. Every block of every row is decoded once per call.
+ * The ~11 vector operations of a block's decode run at ~2.7 per cycle on Zen 3 with the FMAs; the T = 1 kernel is
+ * bound by them (~6 cycles per row-block), not by its 4 FMA chains (bench/RESULTS.md).
  */
 #include "cpu_internal.h"
 #include "kernels/dtype.h"
@@ -62,28 +63,36 @@ __attribute__((constructor)) static void q4_tables_init(void) {
     for (int n = 0; n < 16; n++) split_bf16((float)(n - 8), &i4_th[n], &i4_tl[n]);
 }
 
-/* Rows per pass for T = 1 and for T = 5..8 (build-time knobs of the measurements in bench/RESULTS.md). */
-#ifndef Q4_TMAX
-#define Q4_TMAX 8
+/* Build-time knobs of the measurements in bench/RESULTS.md: rows per pass for T = 1 (Q4_R1); the one- and
+ * two-token passes' software prefetch, bytes past the next pass's block (Q4_PF: the hardware prefetcher alone left
+ * the one-token kernel at 5-6 GB/s per core on 7168x2048 from DRAM, 8 with it); T >= 3: blocks per K tile (Q4_KT),
+ * rows per chunk (Q4_KT_ROWS), rows interleaved up to T = Q4_KT_R2 (else 1), prefetch distance in those row steps
+ * (Q4_KT_PF). */
+#ifndef Q4_R1
+#define Q4_R1 4
 #endif
-#ifndef Q4_R5
-#define Q4_R5 2
-#endif
-/* Software prefetch: the code bytes this far past the next pass's block (the hardware prefetcher alone left the
- * one-token kernel at 5-6 GB/s per core on 7168x2048 from DRAM, 8 with it; bench/RESULTS.md). */
 #ifndef Q4_PF
 #define Q4_PF 64
 #endif
-#ifndef Q4_R1
-#define Q4_R1 4
+#ifndef Q4_KT
+#define Q4_KT 16
+#endif
+#ifndef Q4_KT_ROWS
+#define Q4_KT_ROWS 16
+#endif
+#ifndef Q4_KT_R2
+#define Q4_KT_R2 4
+#endif
+#ifndef Q4_KT_PF
+#define Q4_KT_PF 1
 #endif
 /* Staged lane l of a chunk holds (and its accumulator lane sums) column (0 2 4 6 1 3 5 7)[l] of the chunk. */
 static const int32_t q4_from_nat[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* staged[l] = natural[q4_from_nat[l]] */
 static const int32_t q4_to_nat[8] = {0, 4, 1, 5, 2, 6, 3, 7};   /* natural[c] = staged[q4_to_nat[c]] */
 
 int avx2_q4_rows(const df_weight *w, int T) {
-    if ((w->type != DF_W_MXFP4 && w->type != DF_W_INT4_G32) || w->cols % 32 != 0 || T < 1 || T > Q4_TMAX) return 0;
-    return T == 1 ? Q4_R1 : T <= 2 ? 4 : T <= 4 ? 2 : Q4_R5;
+    if ((w->type != DF_W_MXFP4 && w->type != DF_W_INT4_G32) || w->cols % 32 != 0 || T < 1 || T > 8) return 0;
+    return T == 1 ? Q4_R1 : T == 2 ? 4 : Q4_KT_ROWS;
 }
 
 /* xs = x (T rows, cols % 32 == 0) block-interleaved, each 8-column chunk in staged lane order: the 32 columns of
@@ -120,9 +129,9 @@ AVX2_INLINE void q4_block(const uint8_t *p, const uint8_t *th, const uint8_t *tl
     *w3 = _mm256_castsi256_ps(_mm256_and_si256(hi, k->hi16));
 }
 
-/* One pass: rows r .. r + nr - 1 (nr <= R; missing rows repeat row r and are not stored) x T tokens. */
+/* One pass (T = 1, 2): rows r .. r + nr - 1 (nr <= R; missing rows repeat row r and are not stored) x T tokens. */
 AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t r, int nr, const int R, const int T,
-                         const int TS, const int u0, const int mx, const q4_consts *k) {
+                         const int mx, const q4_consts *k) {
     const int64_t cols = w->cols, rows = w->rows, nb = cols / 32, rowb = cols / 2;
     const uint8_t *d = (const uint8_t *)w->data + r * rowb;
     const uint8_t *s8 = (const uint8_t *)w->scale + r * nb;       /* MXFP4 */
@@ -136,12 +145,12 @@ AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t 
 #pragma GCC unroll 8
         for (int u = 0; u < T; u++) acc[i][u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const float *xb = xs + 32 * (TS * b + u0);
+        const float *xb = xs + 32 * T * b;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m256 w0, w1, w2, w3;
             /* the same bytes of the next pass's row, once per cache line (prefetch never faults past the end) */
-            if (u0 == 0 && (b & 3) == 0) _mm_prefetch((const char *)(d + (ro[i] + R) * rowb + 16 * b) + Q4_PF, _MM_HINT_T0);
+            if ((b & 3) == 0) _mm_prefetch((const char *)(d + (ro[i] + R) * rowb + 16 * b) + Q4_PF, _MM_HINT_T0);
             if (mx) {
                 const unsigned e = s8[ro[i] * nb + b];
                 q4_block(d + ro[i] * rowb + 16 * b, q4_th[e], q4_tl[e], k, &w0, &w1, &w2, &w3);
@@ -169,41 +178,111 @@ AVX2_INLINE void q4_pass(const df_weight *w, const float *xs, float *y, int64_t 
         if (i < nr)
 #pragma GCC unroll 8
             for (int u = 0; u < T; u++) {
-                y[(int64_t)(u0 + u) * rows + r + i] = avx2_hsum256(_mm256_permutevar8x32_ps(acc[i][u], back));
+                y[(int64_t)u * rows + r + i] = avx2_hsum256(_mm256_permutevar8x32_ps(acc[i][u], back));
             }
 }
 
-/* Rows [r0, r1) of one encoding, T tokens, R rows per pass. */
-AVX2_INLINE void q4_rows(const df_weight *w, const float *xs, float *y, int64_t r0, int64_t r1, const int R, const int T,
-                         const int G, const int mx) {
+AVX2_INLINE q4_consts q4_consts_make(void) {
     q4_consts k;
     k.order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13,
                                10, 14, 11, 15);
     k.shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     k.nib = _mm256_set1_epi8(15);
     k.hi16 = _mm256_set1_epi32((int)0xffff0000u);
-    for (int64_t r = r0; r < r1; r += R) {
-        const int nr = r1 - r < R ? (int)(r1 - r) : R;
-        q4_pass(w, xs, y, r, nr, R, G, T, 0, mx, &k);
-        if (G < T) q4_pass(w, xs, y, r, nr, R, T - G, T, G, mx, &k);
+    return k;
+}
+
+/* T = 3..8: K tiles of Q4_KT blocks. For each tile, each row of [r0, r1) in turn loads its T accumulators
+ * (from acc, zero on the first tile), decodes the tile's blocks once and FMAs each against all T tokens, and stores
+ * them back; the tile's staged activations (T x 32 x Q4_KT floats, 16 KiB at T = 8) stay in L1 for every row, where
+ * passes of rows would stream them from L2 once per pass. Two rows interleaved up to T = 4 (2 x T accumulator chains
+ * in flight), one above. The next row step's bytes of the tile are prefetched. MXFP4 T = 5..8 at 2 threads: 77-101 ->
+ * 95-131 GFLOP/s against passes of 2 rows x up to 4 tokens (bench/RESULTS.md). Same canonical order: one
+ * accumulator per (row, token), chunks in column order. */
+AVX2_INLINE void q4_ktile(const df_weight *w, const float *xs, float *y, int64_t r0, int64_t r1, const int R,
+                          const int T, const int mx, const q4_consts *k) {
+    const int64_t cols = w->cols, rows = w->rows, nb = cols / 32, rowb = cols / 2;
+    __m256 *acc = cpu_scratch(CPU_SCRATCH_ACC, sizeof(__m256) * (size_t)((r1 - r0 + R) * T));
+    if (!acc) abort(); /* (r1 - r0) x T x 32 bytes; nothing sensible to do without it */
+    for (int64_t b0 = 0; b0 < nb; b0 += Q4_KT) {
+        const int64_t b1 = nb - b0 < Q4_KT ? nb : b0 + Q4_KT;
+        for (int64_t r = r0; r < r1; r += R) {
+            const int nr = r1 - r < R ? (int)(r1 - r) : R;
+            int64_t ro[2];
+            __m256 a[2][8];
+#pragma GCC unroll 2
+            for (int i = 0; i < R; i++) {
+                ro[i] = r + (i < nr ? i : 0); /* a missing row repeats row r and is not stored */
+#pragma GCC unroll 8
+                for (int u = 0; u < T; u++) a[i][u] = b0 ? acc[(r - r0 + i) * T + u] : _mm256_setzero_ps();
+            }
+            for (int64_t b = b0; b < b1; b++) {
+                const float *xb = xs + 32 * T * b;
+#pragma GCC unroll 2
+                for (int i = 0; i < R; i++) {
+                    __m256 w0, w1, w2, w3;
+                    const uint8_t *d = (const uint8_t *)w->data + ro[i] * rowb + 16 * b;
+                    if (Q4_KT_PF && (b & 3) == 0) _mm_prefetch((const char *)(d + Q4_KT_PF * R * rowb), _MM_HINT_T0);
+                    if (mx) {
+                        const unsigned e = ((const uint8_t *)w->scale)[ro[i] * nb + b];
+                        q4_block(d, q4_th[e], q4_tl[e], k, &w0, &w1, &w2, &w3);
+                    } else {
+                        q4_block(d, i4_th, i4_tl, k, &w0, &w1, &w2, &w3);
+                        const __m256 sc = _mm256_set1_ps(df_bf16_to_f32(((const uint16_t *)w->scale)[ro[i] * nb + b]));
+                        w0 = _mm256_mul_ps(w0, sc);
+                        w1 = _mm256_mul_ps(w1, sc);
+                        w2 = _mm256_mul_ps(w2, sc);
+                        w3 = _mm256_mul_ps(w3, sc);
+                    }
+#pragma GCC unroll 8
+                    for (int u = 0; u < T; u++) {
+                        a[i][u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb + 32 * u), a[i][u]);
+                        a[i][u] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 32 * u + 8), a[i][u]);
+                        a[i][u] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 32 * u + 16), a[i][u]);
+                        a[i][u] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 32 * u + 24), a[i][u]);
+                    }
+                }
+            }
+            const __m256i back = _mm256_loadu_si256((const __m256i *)q4_to_nat);
+#pragma GCC unroll 2
+            for (int i = 0; i < R; i++)
+                if (i < nr) {
+#pragma GCC unroll 8
+                    for (int u = 0; u < T; u++) {
+                        if (b1 < nb) acc[(r - r0 + i) * T + u] = a[i][u];
+                        else y[(int64_t)u * rows + r + i] = avx2_hsum256(_mm256_permutevar8x32_ps(a[i][u], back));
+                    }
+                }
+        }
     }
 }
 
-#define Q4_KERNEL(T, R, G)                                                                                             \
+/* Rows [r0, r1) of one encoding, T tokens: passes of R rows for T = 1, 2, K tiles for T = 3..8. */
+AVX2_INLINE void q4_run(const df_weight *w, const float *xs, float *y, int64_t r0, int64_t r1, const int T, const int mx) {
+    const q4_consts k = q4_consts_make();
+    if (T >= 3) {
+        q4_ktile(w, xs, y, r0, r1, T <= Q4_KT_R2 ? 2 : 1, T, mx, &k);
+        return;
+    }
+    const int R = T == 1 ? Q4_R1 : 4;
+    for (int64_t r = r0; r < r1; r += R) q4_pass(w, xs, y, r, r1 - r < R ? (int)(r1 - r) : R, R, T, mx, &k);
+}
+
+#define Q4_KERNEL(T)                                                                                                   \
     AVX2 static void q4_mx_##T(const df_weight *w, const float *xs, float *y, int64_t r0, int64_t r1) {            \
-        q4_rows(w, xs, y, r0, r1, R, T, G, 1);                                                                    \
+        q4_run(w, xs, y, r0, r1, T, 1);                                                                           \
     }                                                                                                             \
     AVX2 static void q4_i4_##T(const df_weight *w, const float *xs, float *y, int64_t r0, int64_t r1) {            \
-        q4_rows(w, xs, y, r0, r1, R, T, G, 0);                                                                    \
+        q4_run(w, xs, y, r0, r1, T, 0);                                                                           \
     }
-Q4_KERNEL(1, Q4_R1, 1)
-Q4_KERNEL(2, 4, 2)
-Q4_KERNEL(3, 2, 3)
-Q4_KERNEL(4, 2, 4)
-Q4_KERNEL(5, Q4_R5, 3)
-Q4_KERNEL(6, Q4_R5, 3)
-Q4_KERNEL(7, Q4_R5, 4)
-Q4_KERNEL(8, Q4_R5, 4)
+Q4_KERNEL(1)
+Q4_KERNEL(2)
+Q4_KERNEL(3)
+Q4_KERNEL(4)
+Q4_KERNEL(5)
+Q4_KERNEL(6)
+Q4_KERNEL(7)
+Q4_KERNEL(8)
 
 typedef void (*q4_fn)(const df_weight *, const float *, float *, int64_t, int64_t);
 static const q4_fn q4_mx[9] = {NULL, q4_mx_1, q4_mx_2, q4_mx_3, q4_mx_4, q4_mx_5, q4_mx_6, q4_mx_7, q4_mx_8};
@@ -216,12 +295,7 @@ void avx2_q4_mm(const df_weight *w, const float *xs, int T, float *y, int64_t r0
 /* Row r of an MXFP4 / INT4 g32 weight (cols % 32 == 0) as fp32, each 8-column chunk in staged lane order: the
  * decoder of the fused kernels, for the T > 8 matmul (cpu_avx2_gemm.c). */
 AVX2 void avx2_q4_decode_row_staged(const df_weight *w, int64_t r, float *out) {
-    q4_consts k;
-    k.order = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13,
-                               10, 14, 11, 15);
-    k.shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
-    k.nib = _mm256_set1_epi8(15);
-    k.hi16 = _mm256_set1_epi32((int)0xffff0000u);
+    const q4_consts k = q4_consts_make();
     const int64_t nb = w->cols / 32;
     const uint8_t *d = (const uint8_t *)w->data + r * (w->cols / 2);
     for (int64_t b = 0; b < nb; b++) {
