@@ -71,17 +71,18 @@ int main(void) {
     df_pool *pools[3] = {df_pool_new(1), df_pool_new(2), df_pool_new(3)};
     const df_wtype types[] = {DF_W_F32, DF_W_BF16, DF_W_F16, DF_W_FP8_B128, DF_W_INT4_G32, DF_W_MXFP4};
     const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 17, 64};
-    /* (rows, cols): big enough for the pool and several column tiles; tiny (runs serially) */
-    const int64_t shapes[2][2] = {{300, 1061}, {13, 40}};
+    /* (rows, cols): big enough for the pool and several column tiles; tiny (runs serially); fewer columns than one
+     * 8-column chunk (the tail alone; 4-bit: one block) */
+    const int64_t shapes[3][2] = {{300, 1061}, {13, 40}, {5, 6}};
     printf("cpu features: %s; backends:", df_cpu_features());
     for (int b = 0; b < nb; b++) printf(" %s", bes[b]->name);
     printf("\n");
-    for (int si = 0; si < 2; si++)
+    for (int si = 0; si < 3; si++)
         for (unsigned ti = 0; ti < sizeof types / sizeof *types; ti++) {
             const df_wtype t = types[ti];
             const int64_t rows = shapes[si][0];
             int64_t cols = shapes[si][1];
-            if (t == DF_W_INT4_G32 || t == DF_W_MXFP4) cols = cols / 32 * 32 + (si == 0 ? 32 : 0); /* whole blocks */
+            if (t == DF_W_INT4_G32 || t == DF_W_MXFP4) cols = cols < 32 ? 32 : cols / 32 * 32 + (si == 0 ? 32 : 0); /* whole blocks */
             owned o = make(t, rows, cols);
             const int maxT = 64;
             float *x = malloc(sizeof(float) * (size_t)(maxT * cols)), *y = malloc(sizeof(float) * (size_t)(maxT * rows)),

@@ -1,8 +1,9 @@
 /*
  * cpu_avx2.c — the AVX2+FMA(+F16C) backend: SIMD row decoders for every
  * df_wtype, the matmul dispatch (avx2_matmul: fused kernels for up to 8 tokens
- * in cpu_avx2_q4.c / _fp8.c / _dense.c, else decode each row once and dot it
- * with every token), and 8-wide dot/axpy. Compiled with function-level target attributes so the
+ * in cpu_avx2_q4.c / _fp8.c / _dense.c, the blocked matmul of cpu_avx2_gemm.c
+ * for more tokens, the shared driver for one token of an encoding without a
+ * fused kernel), and 8-wide dot/axpy. Compiled with function-level target attributes so the
  * binary still runs on CPUs without AVX2 (df_backend_get checks at runtime).
  * Numerics: same encodings as cpu_scalar.c; only fp32 summation order differs.
  */
@@ -36,7 +37,7 @@ AVX2 static float avx2_dot(const float *a, const float *b, int64_t n) {
 
 /* The canonical per-(row, token) summation order of every matmul path of this backend:
  * one 8-lane accumulator over 8-column chunks, avx2_hsum256, then the tail with fmaf in column
- * order. The fused one-token kernels and dot4 follow it exactly, so a token's result does
+ * order. Every matmul kernel of the backend (cpu_avx2_*.c) follows it exactly, so a token's result does
  * not depend on how many tokens share the call (T=1 decode == batched prefill, bit for bit). */
 AVX2 static float avx2_dot_canon(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps();
@@ -45,41 +46,6 @@ AVX2 static float avx2_dot_canon(const float *a, const float *b, int64_t n) {
     float s = avx2_hsum256(s0);
     for (; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
-}
-
-AVX2 static void avx2_dot4(const float *row, const float *x, int64_t stride, int64_t n, float *out) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 r = _mm256_loadu_ps(row + i);
-        s0 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x0 + i), s0);
-        s1 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x1 + i), s1);
-        s2 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x2 + i), s2);
-        s3 = _mm256_fmadd_ps(r, _mm256_loadu_ps(x3 + i), s3);
-    }
-    float o0 = avx2_hsum256(s0), o1 = avx2_hsum256(s1), o2 = avx2_hsum256(s2), o3 = avx2_hsum256(s3);
-    for (; i < n; i++) { o0 = fmaf(row[i], x0[i], o0); o1 = fmaf(row[i], x1[i], o1); o2 = fmaf(row[i], x2[i], o2); o3 = fmaf(row[i], x3[i], o3); }
-    out[0] = o0; out[1] = o1; out[2] = o2; out[3] = o3;
-}
-
-AVX2 static void avx2_dot4x2(const float *r0, const float *r1, const float *x, int64_t stride, int64_t n, float *out) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 u = _mm256_loadu_ps(r0 + i), v = _mm256_loadu_ps(r1 + i), xv;
-        xv = _mm256_loadu_ps(x0 + i); a0 = _mm256_fmadd_ps(u, xv, a0); b0 = _mm256_fmadd_ps(v, xv, b0);
-        xv = _mm256_loadu_ps(x1 + i); a1 = _mm256_fmadd_ps(u, xv, a1); b1 = _mm256_fmadd_ps(v, xv, b1);
-        xv = _mm256_loadu_ps(x2 + i); a2 = _mm256_fmadd_ps(u, xv, a2); b2 = _mm256_fmadd_ps(v, xv, b2);
-        xv = _mm256_loadu_ps(x3 + i); a3 = _mm256_fmadd_ps(u, xv, a3); b3 = _mm256_fmadd_ps(v, xv, b3);
-    }
-    float o[8] = {avx2_hsum256(a0), avx2_hsum256(a1), avx2_hsum256(a2), avx2_hsum256(a3),
-                  avx2_hsum256(b0), avx2_hsum256(b1), avx2_hsum256(b2), avx2_hsum256(b3)};
-    const float *xs[4] = {x0, x1, x2, x3};
-    for (; i < n; i++)
-        for (int k = 0; k < 4; k++) { o[k] = fmaf(r0[i], xs[k][i], o[k]); o[4 + k] = fmaf(r1[i], xs[k][i], o[4 + k]); }
-    for (int k = 0; k < 8; k++) out[k] = o[k];
 }
 
 AVX2 static void avx2_axpy(float *y, float a, const float *x, int64_t n) {
@@ -240,7 +206,8 @@ static void avx2_task(void *ctx, int64_t r0, int64_t r1, int tid) {
 }
 
 /* y [T, rows] = x [T, cols] . W^T: the fused kernels of cpu_avx2_*.c for T <= 8 where one handles the encoding,
- * else the shared driver (decode each row once, then the canonical dot per token). Chunks: cpu_chunk_rows. */
+ * else for T > 1 the blocked matmul (cpu_avx2_gemm.c), else (one token: INT8 rows, 4-bit with cols % 32 != 0) the
+ * shared driver with four decoded rows per dot. Chunks: cpu_chunk_rows. */
 AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, int T, float *y) {
     if (T <= 0 || w->rows <= 0) return;
     avx2_job j = {w, x, NULL, y, T, AK_Q4};
@@ -254,12 +221,12 @@ AVX2 static void avx2_matmul(df_pool *pool, const df_weight *w, const float *x, 
     else if ((rb = avx2_dense_rows(w, T)) > 0) j.k = AK_DENSE;
     else if (T > 1 && (rb = avx2_gemm_rows()) > 0) {
         j.k = AK_GEMM;
-        j.xk = cpu_scratch(CPU_SCRATCH_X, sizeof(float) * (size_t)avx2_gemm_xk_floats(w, T));
+        j.xk = cpu_scratch(CPU_SCRATCH_X, sizeof(float) * (size_t)(avx2_gemm_xk_floats(w, T) + 8)); /* > 0 bytes */
         if (!j.xk) abort(); /* nothing sensible to do without it */
         avx2_gemm_pack_x(w, x, T, j.xk);
     }
     else {
-        cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_rows4, avx2_dot4, avx2_dot4x2);
+        cpu_matmul_driver(pool, w, x, T, y, avx2_decode_row, avx2_dot_canon, avx2_matvec_rows4, NULL, NULL);
         return;
     }
     df_pool_run(pool, w->rows, cpu_chunk_rows(pool, w, T, rb), avx2_task, &j);
