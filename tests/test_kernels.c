@@ -175,6 +175,55 @@ static void test_backends(void) {
     df_pool_free(pool);
 }
 
+/* attn_scores / attn_values of every backend that has them: the bits of the dot / axpy expressions they stand for
+ * (df_backend docs), over head counts, widths (with tails) and position counts around the 16-position blocks. */
+static void test_attention_ops(void) {
+    const df_backend *list[8];
+    const int nb = df_backend_list(list, 8);
+    const int64_t widths[][2] = {{64, 16}, {512, 64}, {48, 8}, {37, 5}, {96, 32}, {16, 3}};
+    const int heads[] = {1, 3, 4, 8}, npos_list[] = {1, 15, 16, 17, 47, 100};
+    for (int b = 0; b < nb; b++) {
+        const df_backend *be = list[b];
+        if (!be->attn_scores && !be->attn_values) continue;
+        int bad_s = 0, bad_v = 0, took_s = 0, took_v = 0;
+        for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+            for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++)
+                for (size_t pi = 0; pi < sizeof npos_list / sizeof npos_list[0]; pi++) {
+                    const int64_t n1 = widths[wi][0], n2 = widths[wi][1], npos = npos_list[pi], ldp = npos + 3;
+                    const int H = heads[hi];
+                    const int64_t ldq = n1 + n2 + 5;
+                    float *q = malloc(sizeof(float) * (size_t)(H * ldq)), *c = malloc(sizeof(float) * (size_t)(npos * n1)),
+                          *k = malloc(sizeof(float) * (size_t)(npos * n2)), *p = malloc(sizeof(float) * (size_t)(H * ldp)),
+                          *pr = malloc(sizeof(float) * (size_t)(H * ldp)), *o = malloc(sizeof(float) * (size_t)(H * (n1 + 2))),
+                          *orf = malloc(sizeof(float) * (size_t)(H * (n1 + 2)));
+                    for (int64_t i = 0; i < H * ldq; i++) q[i] = rndf();
+                    for (int64_t i = 0; i < npos * n1; i++) c[i] = rndf();
+                    for (int64_t i = 0; i < npos * n2; i++) k[i] = rndf();
+                    const float scale = 0.125f;
+                    if (be->attn_scores && be->attn_scores(q, ldq, q + n1, ldq, H, c, n1, k, n2, npos, scale, p, ldp) == 0) {
+                        took_s++;
+                        for (int h = 0; h < H; h++)
+                            for (int64_t s = 0; s < npos; s++) {
+                                pr[h * ldp + s] = (be->dot(q + h * ldq, c + s * n1, n1) + be->dot(q + h * ldq + n1, k + s * n2, n2)) * scale;
+                                bad_s += memcmp(&pr[h * ldp + s], &p[h * ldp + s], 4) != 0;
+                            }
+                    }
+                    for (int64_t i = 0; i < H * ldp; i++) p[i] = rndf();
+                    for (int64_t i = 0; i < H * (n1 + 2); i++) o[i] = orf[i] = rndf();
+                    if (be->attn_values && be->attn_values(p, ldp, H, c, n1, npos, o, n1 + 2) == 0) {
+                        took_v++;
+                        for (int64_t s = 0; s < npos; s++)
+                            for (int h = 0; h < H; h++) be->axpy(orf + h * (n1 + 2), p[h * ldp + s], c + s * n1, n1);
+                        bad_v += memcmp(o, orf, sizeof(float) * (size_t)(H * (n1 + 2))) != 0;
+                    }
+                    free(q); free(c); free(k); free(p); free(pr); free(o); free(orf);
+                }
+        CHECK(bad_s == 0, "%s attn_scores: %d values differ from the dot expression", be->name, bad_s);
+        CHECK(bad_v == 0, "%s attn_values: %d cases differ from the axpy calls", be->name, bad_v);
+        CHECK(took_s > 0 && took_v > 0, "%s: attention ops took %d / %d shapes", be->name, took_s, took_v);
+    }
+}
+
 /* The pool covers every index exactly once. */
 static void count_task(void *ctx, int64_t b, int64_t e, int tid) {
     int *hits = ctx;
@@ -224,6 +273,7 @@ int main(void) {
     if (getenv("DF_BENCH")) { bench(); return 0; }
     test_known_values();
     test_backends();
+    test_attention_ops();
     test_pool();
     return t_done();
 }

@@ -59,26 +59,39 @@ static void absorb_q_task(void *ctx, int64_t h0, int64_t h1, int tid) {
     free(row);
 }
 
-/* scores, softmax and o_lat for (t, h) pairs */
+/* Heads per work item of the scores: a cached row loaded once serves this many heads (the backend's attn_scores /
+ * attn_values), and a one-token step still has H / ATTN_HEADS items for the pool's threads. */
+enum { ATTN_HEADS = 4 };
+
+/* scores, softmax and o_lat for items (t, block of up to ATTN_HEADS heads): item i is token i / nhb, heads from
+ * (i % nhb) * ATTN_HEADS. Each (t, h) gets the same values whatever the blocking (the backend ops have the bits of
+ * the dot / axpy expressions that the generic loops below evaluate). */
 static void scores_task(void *ctx, int64_t i0, int64_t i1, int tid) {
     attn_job *j = ctx;
     const df_backend *be = j->e->be;
-    const int qd = j->dn + j->dr;
-    float *p = malloc(sizeof(float) * (size_t)j->max_npos);
+    const int qd = j->dn + j->dr, nhb = (j->H + ATTN_HEADS - 1) / ATTN_HEADS;
+    const int64_t ldp = j->max_npos;
+    float *p = malloc(sizeof(float) * (size_t)ldp * ATTN_HEADS);
     if (!p) abort();
     const float scale = (float)j->e->rope.softmax_scale;
     for (int64_t i = i0; i < i1; i++) {
-        int t = (int)(i / j->H), h = (int)(i % j->H);
+        const int t = (int)(i / nhb), h0 = (int)(i % nhb) * ATTN_HEADS;
+        const int hn = j->H - h0 < ATTN_HEADS ? j->H - h0 : ATTN_HEADS;
         const int npos = j->npos[t];
         const float *c = j->c[t], *kpe = j->kpe[t];
-        const float *ql = j->q_lat + ((int64_t)t * j->H + h) * j->kvl;
-        const float *qp = j->q + (int64_t)t * j->H * qd + h * qd + j->dn;
-        for (int s = 0; s < npos; s++)
-            p[s] = (be->dot(ql, c + (int64_t)s * j->kvl, j->kvl) + be->dot(qp, kpe + (int64_t)s * j->dr, j->dr)) * scale;
-        be->softmax(p, npos);
-        float *ol = j->o_lat + ((int64_t)t * j->H + h) * j->kvl;
-        memset(ol, 0, sizeof(float) * j->kvl);
-        for (int s = 0; s < npos; s++) be->axpy(ol, p[s], c + (int64_t)s * j->kvl, j->kvl);
+        const float *ql = j->q_lat + ((int64_t)t * j->H + h0) * j->kvl;
+        const float *qp = j->q + (int64_t)t * j->H * qd + (int64_t)h0 * qd + j->dn;
+        if (!be->attn_scores || be->attn_scores(ql, j->kvl, qp, qd, hn, c, j->kvl, kpe, j->dr, npos, scale, p, ldp))
+            for (int h = 0; h < hn; h++)
+                for (int s = 0; s < npos; s++)
+                    p[h * ldp + s] = (be->dot(ql + (int64_t)h * j->kvl, c + (int64_t)s * j->kvl, j->kvl) +
+                                      be->dot(qp + (int64_t)h * qd, kpe + (int64_t)s * j->dr, j->dr)) * scale;
+        for (int h = 0; h < hn; h++) be->softmax(p + h * ldp, npos);
+        float *ol = j->o_lat + ((int64_t)t * j->H + h0) * j->kvl;
+        memset(ol, 0, sizeof(float) * j->kvl * hn);
+        if (!be->attn_values || be->attn_values(p, ldp, hn, c, j->kvl, npos, ol, j->kvl))
+            for (int h = 0; h < hn; h++)
+                for (int s = 0; s < npos; s++) be->axpy(ol + (int64_t)h * j->kvl, p[h * ldp + s], c + (int64_t)s * j->kvl, j->kvl);
     }
     free(p);
 }
@@ -208,9 +221,10 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         /* small problems run on the calling thread (waking the pool costs more than the work) */
         const int64_t head_work = (int64_t)(dn + dv) * kvl * T;
         const int64_t hgrain = head_work * H < 131072 ? H : 1;
-        const int64_t sgrain = score_work * (kvl + dr) * H < 131072 ? (int64_t)T * H : 1;
+        const int64_t s_items = (int64_t)T * ((H + ATTN_HEADS - 1) / ATTN_HEADS);
+        const int64_t sgrain = score_work * (kvl + dr) * H < 131072 ? s_items : 1;
         df_pool_run(e->pool, H, hgrain, absorb_q_task, &j);
-        df_pool_run(e->pool, (int64_t)T * H, sgrain, scores_task, &j);
+        df_pool_run(e->pool, s_items, sgrain, scores_task, &j);
         df_pool_run(e->pool, H, hgrain, value_task, &j);
     }
     e->weight_bytes += df_weight_bytes(&lw->kv_b);

@@ -97,6 +97,17 @@ typedef struct df_backend {
     void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
     /* in-place softmax over n values (max-subtracted, fp32) */
     void (*softmax)(float *x, int64_t n);
+    /* Optional (NULL: the caller evaluates the expressions itself). Attention scores of H heads against npos cached
+     * positions: p[h*ldp + s] = (dot(ql + h*ldql, c + s*n1, n1) + dot(qp + h*ldqp, kpe + s*n2, n2)) * scale for
+     * h < H, s < npos, with this backend's `dot`, so each value has the bits of that expression (one call instead of
+     * 2*H*npos; the cached rows are read once for all H heads). Returns 0, or -1 for a shape it does not take (then
+     * nothing is written). Used by engine/attention.c (MLA scores in absorbed form). */
+    int (*attn_scores)(const float *ql, int64_t ldql, const float *qp, int64_t ldqp, int H, const float *c, int64_t n1,
+                       const float *kpe, int64_t n2, int64_t npos, float scale, float *p, int64_t ldp);
+    /* Optional. Attention values of H heads: for s = 0, 1, ..., npos - 1 in that order, axpy(o + h*ldo, p[h*ldp + s],
+     * c + s*n1, n1) for every h < H, with the bits of those axpy calls (o accumulated in place). Returns 0, or -1 for a
+     * shape it does not take (nothing written). */
+    int (*attn_values)(const float *p, int64_t ldp, int H, const float *c, int64_t n1, int64_t npos, float *o, int64_t ldo);
     /* Optional (NULL on the CPU): weights resident in device memory, the first routed-expert tier.
      * dev_pin: when the weight with this dev_key (DF_DEVKEY) is resident, keep it so until dev_unpin and
      * return 1 with *w = its type and shape (data and scale NULL: matmul finds it by dev_key); else 0. */

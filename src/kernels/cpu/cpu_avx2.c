@@ -20,7 +20,9 @@ __attribute__((constructor)) static void fp8_table_init(void) {
     for (int i = 0; i < 256; i++) avx2_fp8_table[i] = df_fp8e4m3_to_f32((uint8_t)i);
 }
 
-AVX2 static float avx2_dot(const float *a, const float *b, int64_t n) {
+/* The backend's dot product: four 8-lane chains over 32-column groups, 8-column chunks into the first, one
+ * horizontal sum, a scalar tail. Inlined into avx2_attn_scores, so the scores there have the bits of this function. */
+AVX2_INLINE float dot_impl(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -34,6 +36,7 @@ AVX2 static float avx2_dot(const float *a, const float *b, int64_t n) {
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
+AVX2 static float avx2_dot(const float *a, const float *b, int64_t n) { return dot_impl(a, b, n); }
 
 /* The canonical per-(row, token) summation order of every matmul path of this backend:
  * one 8-lane accumulator over 8-column chunks, avx2_hsum256, then the tail with fmaf in column
@@ -53,6 +56,46 @@ AVX2 static void avx2_axpy(float *y, float a, const float *x, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* df_backend.attn_scores: position-major (each cached row loaded once for the H heads), every value dot_impl's. */
+AVX2 static int avx2_attn_scores(const float *ql, int64_t ldql, const float *qp, int64_t ldqp, int H, const float *c,
+                                 int64_t n1, const float *kpe, int64_t n2, int64_t npos, float scale, float *p, int64_t ldp) {
+    for (int64_t s = 0; s < npos; s++) {
+        const float *cs = c + s * n1, *ks = kpe + s * n2;
+        for (int h = 0; h < H; h++)
+            p[h * ldp + s] = (dot_impl(ql + h * ldql, cs, n1) + dot_impl(qp + h * ldqp, ks, n2)) * scale;
+    }
+    return 0;
+}
+
+/* df_backend.attn_values for n1 % 8 == 0 (avx2_axpy without its scalar tail): 2 heads x 4 chunks of 8 columns
+ * accumulated in registers over all positions (each element's FMAs in ascending s, as the axpy calls make them). */
+AVX2 static int avx2_attn_values(const float *p, int64_t ldp, int H, const float *c, int64_t n1, int64_t npos, float *o,
+                                 int64_t ldo) {
+    if (n1 % 8) return -1;
+    for (int h0 = 0; h0 < H; h0 += 2) {
+        const int hn = H - h0 < 2 ? H - h0 : 2;
+        for (int64_t c0 = 0; c0 < n1; c0 += 32) {
+            const int cn = (int)((n1 - c0) / 8 < 4 ? (n1 - c0) / 8 : 4);
+            __m256 a[2][4];
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 4; k++) a[h][k] = h < hn && k < cn ? _mm256_loadu_ps(o + (h0 + h) * ldo + c0 + 8 * k) : _mm256_setzero_ps();
+            for (int64_t s = 0; s < npos; s++) {
+                const float *cs = c + s * n1 + c0;
+                for (int h = 0; h < 2; h++) {
+                    if (h >= hn) break;
+                    const __m256 va = _mm256_set1_ps(p[(h0 + h) * ldp + s]);
+                    for (int k = 0; k < 4; k++)
+                        if (k < cn) a[h][k] = _mm256_fmadd_ps(va, _mm256_loadu_ps(cs + 8 * k), a[h][k]);
+                }
+            }
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 4; k++)
+                    if (h < hn && k < cn) _mm256_storeu_ps(o + (h0 + h) * ldo + c0 + 8 * k, a[h][k]);
+        }
+    }
+    return 0;
 }
 
 /* 16 bytes of packed E2M1 (32 values, low nibble first) -> 32 int8 of 2*value. */
@@ -241,6 +284,8 @@ const df_backend df_backend_cpu_avx2 = {
     .rmsnorm = cpu_scalar_rmsnorm,
     .silu_mul = cpu_scalar_silu_mul,
     .softmax = cpu_scalar_softmax,
+    .attn_scores = avx2_attn_scores,
+    .attn_values = avx2_attn_values,
 };
 
 #else

@@ -90,7 +90,9 @@ __attribute__((constructor)) static void avx512_tables_init(void) {
 
 /* ------------------------------------------------------------ small ops */
 
-AVX512 static float avx512_dot(const float *a, const float *b, int64_t n) {
+/* The backend's dot product: two 16-lane chains over alternate 16-column chunks and a masked tail (dot_acc: their
+ * sum, before the reduction), then hsum512. */
+AVX512_INLINE __m512 dot_acc(const float *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -102,14 +104,120 @@ AVX512 static float avx512_dot(const float *a, const float *b, int64_t n) {
         __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
         s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), s1);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    return _mm512_add_ps(s0, s1);
 }
+/* The dot product's reduction of 16 lanes v[0..15], written out (GCC's _mm512_reduce_add_ps makes the same
+ * additions): u[j] = v[j] + v[j+8], w[j] = u[j] + u[j+4], x[j] = w[j] + w[j+2], x[0] + x[1]. hsum512x16 makes the
+ * same additions for 16 vectors at once. */
+AVX512_INLINE float hsum512(__m512 v) {
+    const __m256 u = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+    const __m128 w = _mm_add_ps(_mm256_extractf128_ps(u, 1), _mm256_castps256_ps128(u));
+    const __m128 x = _mm_add_ps(w, _mm_shuffle_ps(w, w, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(x) + _mm_cvtss_f32(_mm_shuffle_ps(x, x, _MM_SHUFFLE(1, 1, 1, 1)));
+}
+/* hsum512 of 16 vectors: lane m of the result is hsum512(v[4 * (m % 4) + m / 4]) (the order the pairwise shuffles
+ * leave; callers put the vector for output lane q in v[4 * (q % 4) + q / 4]). 15 adds and 30 in-register shuffles
+ * instead of 16 reductions of 8 dependent steps each. */
+AVX512_INLINE __m512 hsum512x16(const __m512 *v) {
+    __m512 wv[8], xv[4], yv[2];
+    UNROLL for (int i = 0; i < 8; i++) /* u of v[2i] (lanes 0-7) and of v[2i+1] (lanes 8-15) */
+        wv[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    UNROLL for (int i = 0; i < 4; i++) /* w of v[4i + L] in 128-bit lane L */
+        xv[i] = _mm512_add_ps(_mm512_shuffle_f32x4(wv[2 * i], wv[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(wv[2 * i], wv[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    UNROLL for (int i = 0; i < 2; i++) /* lane L: x of v[8i + L], then of v[8i + 4 + L] */
+        yv[i] = _mm512_add_ps(_mm512_shuffle_ps(xv[2 * i], xv[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(xv[2 * i], xv[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane L: the sums of v[L], v[4 + L], v[8 + L], v[12 + L] */
+    return _mm512_add_ps(_mm512_shuffle_ps(yv[0], yv[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(yv[0], yv[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+AVX512_INLINE float dot_impl(const float *a, const float *b, int64_t n) { return hsum512(dot_acc(a, b, n)); }
+AVX512 static float avx512_dot(const float *a, const float *b, int64_t n) { return dot_impl(a, b, n); }
 
 AVX512 static void avx512_axpy(float *y, float a, const float *x, int64_t n) {
     __m512 va = _mm512_set1_ps(a);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* Scores of one head at 16 positions [s, s + 16): their dot_acc sums reduced together by hsum512x16 (for each, the
+ * additions of dot_impl's hsum512). Inlined with constant widths for the common shapes, so the chunk loops unroll. */
+AVX512_INLINE void scores16(const float *ql, const float *qp, const float *c, int64_t n1, const float *kpe, int64_t n2,
+                            int64_t s, __m512 vs, float *out) {
+    __m512 v1[16], v2[16];
+    UNROLL for (int m = 0; m < 16; m++) {
+        const int64_t q = s + 4 * (m % 4) + m / 4;
+        v1[m] = dot_acc(ql, c + q * n1, n1);
+        v2[m] = dot_acc(qp, kpe + q * n2, n2);
+    }
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_add_ps(hsum512x16(v1), hsum512x16(v2)), vs));
+}
+#define SCORES_BLOCKS(N1, N2)                                                                                         \
+    for (; s + 16 <= npos; s += 16)                                                                                   \
+        for (int h = 0; h < H; h++) scores16(ql + h * ldql, qp + h * ldqp, c, N1, kpe, N2, s, vs, p + h * ldp + s)
+
+/* df_backend.attn_scores: 16 positions at a time per head (scores16; the 16 cached rows stay in L1 for all H
+ * heads), the remaining positions by dot_impl. */
+AVX512 static int avx512_attn_scores(const float *ql, int64_t ldql, const float *qp, int64_t ldqp, int H, const float *c,
+                                     int64_t n1, const float *kpe, int64_t n2, int64_t npos, float scale, float *p,
+                                     int64_t ldp) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    int64_t s = 0;
+    if (n1 == 512 && n2 == 64) SCORES_BLOCKS(512, 64); /* DeepSeek-V3 / Kimi K2 MLA */
+    else if (n1 == 64 && n2 == 16) SCORES_BLOCKS(64, 16); /* kimi-mini */
+    else SCORES_BLOCKS(n1, n2);
+    for (; s < npos; s++) {
+        const float *cs = c + s * n1, *ks = kpe + s * n2;
+        for (int h = 0; h < H; h++)
+            p[h * ldp + s] = (dot_impl(ql + h * ldql, cs, n1) + dot_impl(qp + h * ldqp, ks, n2)) * scale;
+    }
+    return 0;
+}
+
+/* df_backend.attn_values for n1 % 16 == 0 (avx512_axpy without its scalar tail): 4 heads x 4 chunks of 16 columns
+ * accumulated in registers over all positions (each element's FMAs in ascending s, as the axpy calls make them). */
+AVX512 static int avx512_attn_values(const float *p, int64_t ldp, int H, const float *c, int64_t n1, int64_t npos,
+                                     float *o, int64_t ldo) {
+    if (n1 % 16) return -1;
+    for (int h0 = 0; h0 < H; h0 += 4) {
+        const int hn = H - h0 < 4 ? H - h0 : 4;
+        for (int64_t c0 = 0; c0 < n1; c0 += 64) {
+            const int cn = (int)((n1 - c0) / 16 < 4 ? (n1 - c0) / 16 : 4);
+            __m512 a[4][4];
+            UNROLL for (int h = 0; h < 4; h++) UNROLL for (int k = 0; k < 4; k++)
+                a[h][k] = h < hn && k < cn ? _mm512_loadu_ps(o + (h0 + h) * ldo + c0 + 16 * k) : _mm512_setzero_ps();
+            if (hn == 4 && cn == 4) {
+                for (int64_t s = 0; s < npos; s++) {
+                    const float *cs = c + s * n1 + c0;
+                    const __m512 x0 = _mm512_loadu_ps(cs), x1 = _mm512_loadu_ps(cs + 16), x2 = _mm512_loadu_ps(cs + 32),
+                                 x3 = _mm512_loadu_ps(cs + 48);
+                    UNROLL for (int h = 0; h < 4; h++) {
+                        const __m512 va = _mm512_set1_ps(p[(h0 + h) * ldp + s]);
+                        a[h][0] = _mm512_fmadd_ps(va, x0, a[h][0]);
+                        a[h][1] = _mm512_fmadd_ps(va, x1, a[h][1]);
+                        a[h][2] = _mm512_fmadd_ps(va, x2, a[h][2]);
+                        a[h][3] = _mm512_fmadd_ps(va, x3, a[h][3]);
+                    }
+                }
+            } else {
+                for (int64_t s = 0; s < npos; s++) {
+                    const float *cs = c + s * n1 + c0;
+                    UNROLL for (int h = 0; h < 4; h++) {
+                        if (h >= hn) break;
+                        const __m512 va = _mm512_set1_ps(p[(h0 + h) * ldp + s]);
+                        UNROLL for (int k = 0; k < 4; k++)
+                            if (k < cn) a[h][k] = _mm512_fmadd_ps(va, _mm512_loadu_ps(cs + 16 * k), a[h][k]);
+                    }
+                }
+            }
+            UNROLL for (int h = 0; h < 4; h++) UNROLL for (int k = 0; k < 4; k++)
+                if (h < hn && k < cn) _mm512_storeu_ps(o + (h0 + h) * ldo + c0 + 16 * k, a[h][k]);
+        }
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------ decoders */
@@ -916,6 +1024,8 @@ const df_backend df_backend_cpu_avx512 = {
     .rmsnorm = cpu_scalar_rmsnorm,
     .silu_mul = cpu_scalar_silu_mul,
     .softmax = cpu_scalar_softmax,
+    .attn_scores = avx512_attn_scores,
+    .attn_values = avx512_attn_values,
 };
 
 #else
