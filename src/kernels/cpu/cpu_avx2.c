@@ -283,7 +283,7 @@ const df_backend df_backend_cpu_avx2 = {
     .axpy = avx2_axpy,
     .rmsnorm = cpu_scalar_rmsnorm,
     .silu_mul = cpu_scalar_silu_mul,
-    .softmax = cpu_scalar_softmax,
+    .softmax = cpu_avx2_softmax,
     .attn_scores = avx2_attn_scores,
     .attn_values = avx2_attn_values,
 };

@@ -390,25 +390,33 @@ static inline next_run next_run_of(const void *base, int64_t r, int64_t r1, int 
 #endif
 #define PF_Q4(p) do { if (Q4_PF_DIST) _mm_prefetch((const char *)(p) + Q4_PF_DIST, Q4_PF_HINT); } while (0)
 
-/* Rows [r0, r1) of an F32/BF16/F16 weight, one token. */
+/* Rows [r0, r1) of an F32/BF16/F16 weight, one token: DENSE_T1_ROWS rows per pass (that many accumulator chains
+ * and row streams). */
+#ifndef DENSE_T1_ROWS
+#define DENSE_T1_ROWS 4
+#endif
 AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    enum { R = DENSE_T1_ROWS };
     const int64_t cols = w->cols, es = w->type == DF_W_F32 ? 4 : 2;
     const int64_t c16 = cols / 16 * 16;
-    for (int64_t r = r0; r < r1; r += 4) {
-        const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
-        const char *p[4];
-        for (int k = 0; k < 4; k++) p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t r = r0; r < r1; r += R) {
+        const int nr = r1 - r < R ? (int)(r1 - r) : R;
+        const char *p[R];
+        __m512 a[R];
+        UNROLL for (int k = 0; k < R; k++) {
+            p[k] = (const char *)w->data + (r + (k < nr ? k : 0)) * cols * es;
+            a[k] = _mm512_setzero_ps();
+        }
         int64_t c = 0;
-        next_run nx = next_run_of(w->data, r, r1, 4, cols * es);
+        next_run nx = next_run_of(w->data, r, r1, R, cols * es);
 #define DENSE_LOOP(LOAD)                                                                                  \
     for (; c < c16; c += 16) {                                                                            \
         __m512 xv = _mm512_loadu_ps(x + c);                                                               \
-        if (((c * es) & 63) == 0) { PF_DENSE(p[0] + c * es); PF_DENSE(p[1] + c * es); PF_DENSE(p[2] + c * es); PF_DENSE(p[3] + c * es); PF_NEXT(nx, 4, _MM_HINT_T1); } \
-        a0 = _mm512_fmadd_ps(LOAD(p[0], c), xv, a0);                                                      \
-        a1 = _mm512_fmadd_ps(LOAD(p[1], c), xv, a1);                                                      \
-        a2 = _mm512_fmadd_ps(LOAD(p[2], c), xv, a2);                                                      \
-        a3 = _mm512_fmadd_ps(LOAD(p[3], c), xv, a3);                                                      \
+        if (((c * es) & 63) == 0) {                                                                       \
+            UNROLL for (int k = 0; k < R; k++) PF_DENSE(p[k] + c * es);                                   \
+            PF_NEXT(nx, R, _MM_HINT_T1);                                                                  \
+        }                                                                                                 \
+        UNROLL for (int k = 0; k < R; k++) a[k] = _mm512_fmadd_ps(LOAD(p[k], c), xv, a[k]);               \
     }
 #define LD_F32(q, c) _mm512_loadu_ps((const float *)(q) + (c))
 #define LD_BF16(q, c) bf16x16((const uint16_t *)(q) + (c))
@@ -416,7 +424,6 @@ AVX512 static void mv_dense(const df_weight *w, const float *x, float *y, int64_
         if (w->type == DF_W_F32) { DENSE_LOOP(LD_F32) }
         else if (w->type == DF_W_BF16) { DENSE_LOOP(LD_BF16) }
         else { DENSE_LOOP(LD_F16) }
-        __m512 a[4] = {a0, a1, a2, a3};
         for (int k = 0; k < nr; k++) y[r + k] = finish(w, r + k, a[k], c, x);
     }
 }
@@ -955,7 +962,10 @@ typedef enum { MK_MV_DENSE, MK_MV_MXFP4, MK_MV_INT4, MK_MV_FP8, MK_Q4_SMALL, MK_
 static mm_kernel mm_kernel_of(const df_weight *w, int T, int q4, int *rows) {
     if (T == 1) {
         *rows = 4;
-        if (is_dense(w->type)) return MK_MV_DENSE;
+        if (is_dense(w->type)) {
+            *rows = DENSE_T1_ROWS;
+            return MK_MV_DENSE;
+        }
         if (q4) return w->type == DF_W_MXFP4 ? MK_MV_MXFP4 : MK_MV_INT4;
         if (w->type == DF_W_FP8_B128 && have_vbmi) return MK_MV_FP8;
     } else if (q4 && T <= Q4_SMALL_MAX) {
@@ -1023,7 +1033,7 @@ const df_backend df_backend_cpu_avx512 = {
     .axpy = avx512_axpy,
     .rmsnorm = cpu_scalar_rmsnorm,
     .silu_mul = cpu_scalar_silu_mul,
-    .softmax = cpu_scalar_softmax,
+    .softmax = cpu_avx512_softmax,
     .attn_scores = avx512_attn_scores,
     .attn_values = avx512_attn_values,
 };

@@ -83,7 +83,25 @@ float cpu_scalar_dot(const float *a, const float *b, int64_t n);
 void cpu_scalar_axpy(float *y, float a, const float *x, int64_t n);
 void cpu_scalar_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 void cpu_scalar_silu_mul(float *out, const float *g, const float *u, int64_t n);
+/* In-place softmax over n values: m = the largest (NaN skipped), x[i] = cpu_expf(x[i] - m) summed in order in double,
+ * then each times (float)(1 / sum). The SIMD backends' softmax give the same bits. */
 void cpu_scalar_softmax(float *x, int64_t n);
+/* e^x for fp32, evaluated as glibc's expf is (2^(k/32) from a 32-entry table times a cubic in the remainder r, in
+ * double; the table below, the constants here): its results equal glibc 2.36's expf on x86-64 for every non-NaN
+ * float (checked exhaustively), and they do not depend on the C library. Special cases:
+ * -inf -> 0, NaN / +inf -> x + x, x > 88.72 -> inf, x < -103.97 -> 0. The SIMD softmax kernels evaluate the same
+ * operations lane by lane (cpu_scalar.c is built without FP contraction, and the FMAs are explicit). */
+float cpu_expf(float x);
+/* cpu_scalar_softmax with its bits, SIMD (cpu_softmax.c; x86-64, the caller checks the CPU's features) */
+void cpu_avx512_softmax(float *x, int64_t n);
+void cpu_avx2_softmax(float *x, int64_t n);
+extern const uint64_t cpu_exp2_tab[32];
+#define CPU_EXPF_BIG 0x42b                           /* top 12 bits of 88.0f: at or above, the special cases */
+#define CPU_EXPF_INVLN2N (0x1.71547652b82fep+0 * 32) /* 32 / ln 2 */
+#define CPU_EXPF_SHIFT 0x1.8p+52                     /* adding it rounds to an integer in the low mantissa bits */
+#define CPU_EXPF_C0 (0x1.c6af84b912394p-5 / 32 / 32 / 32)
+#define CPU_EXPF_C1 (0x1.ebfce50fac4f3p-3 / 32 / 32)
+#define CPU_EXPF_C2 (0x1.62e42ff0c52d6p-1 / 32)
 /* decode elements [c0, c1) of a row (used for SIMD tails; c0, c1 multiples of the block where one applies) */
 void cpu_scalar_decode_range(const df_weight *w, int64_t row, int64_t c0, int64_t c1, float *out);
 

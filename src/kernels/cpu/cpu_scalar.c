@@ -8,6 +8,7 @@
 #include "kernels/dtype.h"
 
 #include <math.h>
+#include <string.h>
 
 void cpu_scalar_decode_range(const df_weight *w, int64_t r, int64_t c0, int64_t c1, float *out) {
     const int64_t cols = w->cols;
@@ -89,11 +90,49 @@ void cpu_scalar_silu_mul(float *out, const float *g, const float *u, int64_t n) 
     for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* 2^(i/32) as a double, minus i << 47 (so that adding k << 47 for k = 32 q + i multiplies it by 2^q). */
+const uint64_t cpu_exp2_tab[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
+};
+
+float cpu_expf(float x) {
+    uint32_t ux;
+    memcpy(&ux, &x, 4);
+    if (((ux >> 20) & 0x7ff) >= CPU_EXPF_BIG) { /* |x| >= 88, inf, NaN */
+        if (ux == 0xff800000u) return 0.0f;
+        if (((ux >> 20) & 0x7ff) >= 0x7f8) return x + x;
+        if (x > 0x1.62e42ep6f) return INFINITY;
+        if (x < -0x1.9fe368p6f) return 0.0f;
+    }
+    /* k = round(x * 32 / ln 2) and r = x * 32 / ln 2 - k, each product fused into its addition (as glibc's build
+     * has them) */
+    const double xd = x;
+    double kd = fma(CPU_EXPF_INVLN2N, xd, CPU_EXPF_SHIFT);
+    uint64_t ki, t;
+    memcpy(&ki, &kd, 8);
+    kd -= CPU_EXPF_SHIFT;
+    const double r = fma(CPU_EXPF_INVLN2N, xd, -kd);
+    t = cpu_exp2_tab[ki % 32] + (ki << 47);
+    double sc;
+    memcpy(&sc, &t, 8);
+    const double zz = fma(CPU_EXPF_C0, r, CPU_EXPF_C1), r2 = r * r;
+    double y = fma(CPU_EXPF_C2, r, 1.0);
+    y = fma(zz, r2, y);
+    return (float)(y * sc);
+}
+
 void cpu_scalar_softmax(float *x, int64_t n) {
     float m = -INFINITY;
     for (int64_t i = 0; i < n; i++) if (x[i] > m) m = x[i];
     double s = 0.0;
-    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - m); s += x[i]; }
+    for (int64_t i = 0; i < n; i++) { x[i] = cpu_expf(x[i] - m); s += x[i]; }
     float inv = (float)(1.0 / s);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
