@@ -1148,8 +1148,9 @@ int srv_serve(const srv_config *cfg) {
     if (port_written && stat(cfg->port_file, &now_st) == 0 && now_st.st_dev == port_st.st_dev && now_st.st_ino == port_st.st_ino &&
         now_st.st_ctim.tv_sec == port_st.st_ctim.tv_sec && now_st.st_ctim.tv_nsec == port_st.st_ctim.tv_nsec)
         unlink(cfg->port_file);
-    fprintf(stderr, "deltafin serve: stopped after %lu request%s (%lu rejected as busy)\n", S.n_served,
-            S.n_served == 1 ? "" : "s", S.n_rejected);
+    fprintf(stderr, "deltafin serve: stopped after serving %lu generation request%s (%lu rejected as busy; requests refused "
+                    "as invalid are not counted)\n",
+            S.n_served, S.n_served == 1 ? "" : "s", S.n_rejected);
     S.be->close(S.be);
     pthread_mutex_destroy(&S.mu);
     pthread_cond_destroy(&S.cv);
