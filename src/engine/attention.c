@@ -37,6 +37,7 @@ typedef struct {
     const float *const *c, *const *kpe; /* per row: its sequence's cache of this layer */
     const int *npos;     /* per row: the positions it attends to (causal: its own and the ones before) */
     int max_npos;
+    int hb;              /* heads per work item of scores_task (1..ATTN_HEADS) */
 } attn_job;
 
 /* q_lat[t,h,:] = sum_d q_nope[t,h,d] * kv_b[h*(dn+dv)+d, :] */
@@ -59,24 +60,24 @@ static void absorb_q_task(void *ctx, int64_t h0, int64_t h1, int tid) {
     free(row);
 }
 
-/* Heads per work item of the scores: a cached row loaded once serves this many heads (the backend's attn_scores /
- * attn_values), and a one-token step still has H / ATTN_HEADS items for the pool's threads. */
+/* Most heads per work item of the scores: a cached row loaded once serves this many heads (the backend's
+ * attn_scores / attn_values); fewer when the call would otherwise have fewer items than the pool has threads. */
 enum { ATTN_HEADS = 4 };
 
-/* scores, softmax and o_lat for items (t, block of up to ATTN_HEADS heads): item i is token i / nhb, heads from
- * (i % nhb) * ATTN_HEADS. Each (t, h) gets the same values whatever the blocking (the backend ops have the bits of
- * the dot / axpy expressions that the generic loops below evaluate). */
+/* scores, softmax and o_lat for items (t, block of up to hb heads): item i is token i / nhb, heads from
+ * (i % nhb) * hb. Each (t, h) gets the same values whatever the blocking (the backend ops have the bits of the
+ * dot / axpy expressions that the generic loops below evaluate). */
 static void scores_task(void *ctx, int64_t i0, int64_t i1, int tid) {
     attn_job *j = ctx;
     const df_backend *be = j->e->be;
-    const int qd = j->dn + j->dr, nhb = (j->H + ATTN_HEADS - 1) / ATTN_HEADS;
+    const int qd = j->dn + j->dr, hb = j->hb, nhb = (j->H + hb - 1) / hb;
     const int64_t ldp = j->max_npos;
-    float *p = malloc(sizeof(float) * (size_t)ldp * ATTN_HEADS);
+    float *p = malloc(sizeof(float) * (size_t)ldp * hb);
     if (!p) abort();
     const float scale = (float)j->e->rope.softmax_scale;
     for (int64_t i = i0; i < i1; i++) {
-        const int t = (int)(i / nhb), h0 = (int)(i % nhb) * ATTN_HEADS;
-        const int hn = j->H - h0 < ATTN_HEADS ? j->H - h0 : ATTN_HEADS;
+        const int t = (int)(i / nhb), h0 = (int)(i % nhb) * hb;
+        const int hn = j->H - h0 < hb ? j->H - h0 : hb;
         const int npos = j->npos[t];
         const float *c = j->c[t], *kpe = j->kpe[t];
         const float *ql = j->q_lat + ((int64_t)t * j->H + h0) * j->kvl;
@@ -217,11 +218,13 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
                                           seq_key + t, o_v + (int64_t)t * H * dv) == 0;
     }
     if (!on_device) {
-        attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, rcache, rcache + T, npos, max_npos};
+        int hb = ATTN_HEADS;
+        while (hb > 1 && (int64_t)T * ((H + hb - 1) / hb) < df_pool_threads(e->pool)) hb /= 2;
+        attn_job j = {e, &lw->kv_b, T, H, dn, dr, dv, kvl, q, q_lat, o_lat, o_v, rcache, rcache + T, npos, max_npos, hb};
         /* small problems run on the calling thread (waking the pool costs more than the work) */
         const int64_t head_work = (int64_t)(dn + dv) * kvl * T;
         const int64_t hgrain = head_work * H < 131072 ? H : 1;
-        const int64_t s_items = (int64_t)T * ((H + ATTN_HEADS - 1) / ATTN_HEADS);
+        const int64_t s_items = (int64_t)T * ((H + hb - 1) / hb);
         const int64_t sgrain = score_work * (kvl + dr) * H < 131072 ? s_items : 1;
         df_pool_run(e->pool, H, hgrain, absorb_q_task, &j);
         df_pool_run(e->pool, s_items, sgrain, scores_task, &j);
