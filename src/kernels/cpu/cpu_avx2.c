@@ -20,9 +20,9 @@ __attribute__((constructor)) static void fp8_table_init(void) {
     for (int i = 0; i < 256; i++) avx2_fp8_table[i] = df_fp8e4m3_to_f32((uint8_t)i);
 }
 
-/* The backend's dot product: four 8-lane chains over 32-column groups, 8-column chunks into the first, one
- * horizontal sum, a scalar tail. Inlined into avx2_attn_scores, so the scores there have the bits of this function. */
-AVX2_INLINE float dot_impl(const float *a, const float *b, int64_t n) {
+/* The backend's dot product: four 8-lane chains over 32-column groups, 8-column chunks into the first (dot_acc: the
+ * chains' sum before the reduction), one horizontal sum (avx2_hsum256), a scalar tail. */
+AVX2_INLINE __m256 dot_acc(const float *a, const float *b, int64_t n, int64_t *i_end) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -32,9 +32,26 @@ AVX2_INLINE float dot_impl(const float *a, const float *b, int64_t n) {
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = avx2_hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    *i_end = i;
+    return _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+}
+AVX2_INLINE float dot_impl(const float *a, const float *b, int64_t n) {
+    int64_t i;
+    float s = avx2_hsum256(dot_acc(a, b, n, &i));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+/* avx2_hsum256 of 8 vectors at once: lane m of the result is avx2_hsum256(v[2 * (m % 4) + m / 4]) (the same
+ * additions: lo + hi, then lanes 0 + 2 and 1 + 3, then those two). */
+AVX2_INLINE __m256 hsum256x8(const __m256 *v) {
+    __m256 a[4], b[2];
+    for (int i = 0; i < 4; i++) /* 128-bit lane 0: lo + hi of v[2i]; lane 1: of v[2i+1] */
+        a[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20), _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++) /* lane L: (x0 + x2, x1 + x3) of a[2i] then of a[2i + 1] */
+        b[i] = _mm256_add_ps(_mm256_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane L: the sums of v[L], v[2 + L], v[4 + L], v[6 + L] */
+    return _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 AVX2 static float avx2_dot(const float *a, const float *b, int64_t n) { return dot_impl(a, b, n); }
 
@@ -58,10 +75,33 @@ AVX2 static void avx2_axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* df_backend.attn_scores: position-major (each cached row loaded once for the H heads), every value dot_impl's. */
+/* Scores of one head at 8 positions [s, s + 8) (n1 % 8 == n2 % 8 == 0: no scalar tail): their dot_acc sums reduced
+ * together by hsum256x8 (for each, avx2_hsum256's additions). Inlined with constant widths for the common shapes. */
+AVX2_INLINE void scores8(const float *ql, const float *qp, const float *c, int64_t n1, const float *kpe, int64_t n2,
+                         int64_t s, __m256 vs, float *out) {
+    __m256 v1[8], v2[8];
+    int64_t e;
+    for (int m = 0; m < 8; m++) {
+        const int64_t q = s + 4 * (m % 2) + m / 2;
+        v1[m] = dot_acc(ql, c + q * n1, n1, &e);
+        v2[m] = dot_acc(qp, kpe + q * n2, n2, &e);
+    }
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_add_ps(hsum256x8(v1), hsum256x8(v2)), vs));
+}
+#define SCORES8_BLOCKS(N1, N2)                                                                                        \
+    for (; s + 8 <= npos; s += 8)                                                                                     \
+        for (int h = 0; h < H; h++) scores8(ql + h * ldql, qp + h * ldqp, c, N1, kpe, N2, s, vs, p + h * ldp + s)
+
+/* df_backend.attn_scores: 8 positions at a time per head when the widths are multiples of 8 (scores8), the rest by
+ * dot_impl (each cached row loaded once for the H heads). */
 AVX2 static int avx2_attn_scores(const float *ql, int64_t ldql, const float *qp, int64_t ldqp, int H, const float *c,
                                  int64_t n1, const float *kpe, int64_t n2, int64_t npos, float scale, float *p, int64_t ldp) {
-    for (int64_t s = 0; s < npos; s++) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    int64_t s = 0;
+    if (n1 == 512 && n2 == 64) SCORES8_BLOCKS(512, 64); /* DeepSeek-V3 / Kimi K2 MLA */
+    else if (n1 == 64 && n2 == 16) SCORES8_BLOCKS(64, 16); /* kimi-mini */
+    else if (n1 % 8 == 0 && n2 % 8 == 0) SCORES8_BLOCKS(n1, n2);
+    for (; s < npos; s++) {
         const float *cs = c + s * n1, *ks = kpe + s * n2;
         for (int h = 0; h < H; h++)
             p[h * ldp + s] = (dot_impl(ql + h * ldql, cs, n1) + dot_impl(qp + h * ldqp, ks, n2)) * scale;
