@@ -21,8 +21,9 @@ __attribute__((constructor)) static void fp8_table_init(void) {
 }
 
 /* The backend's dot product: four 8-lane chains over 32-column groups, 8-column chunks into the first (dot_acc: the
- * chains' sum before the reduction), one horizontal sum (avx2_hsum256), a scalar tail. */
-AVX2_INLINE __m256 dot_acc(const float *a, const float *b, int64_t n, int64_t *i_end) {
+ * chains' sum before the reduction, over the first n / 8 * 8 columns), one horizontal sum (avx2_hsum256), a scalar
+ * tail. */
+AVX2_INLINE __m256 dot_acc(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -32,13 +33,11 @@ AVX2_INLINE __m256 dot_acc(const float *a, const float *b, int64_t n, int64_t *i
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    *i_end = i;
     return _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
 }
 AVX2_INLINE float dot_impl(const float *a, const float *b, int64_t n) {
-    int64_t i;
-    float s = avx2_hsum256(dot_acc(a, b, n, &i));
-    for (; i < n; i++) s += a[i] * b[i];
+    float s = avx2_hsum256(dot_acc(a, b, n));
+    for (int64_t i = n / 8 * 8; i < n; i++) s += a[i] * b[i];
     return s;
 }
 /* avx2_hsum256 of 8 vectors at once: lane m of the result is avx2_hsum256(v[2 * (m % 4) + m / 4]) (the same
@@ -80,11 +79,10 @@ AVX2 static void avx2_axpy(float *y, float a, const float *x, int64_t n) {
 AVX2_INLINE void scores8(const float *ql, const float *qp, const float *c, int64_t n1, const float *kpe, int64_t n2,
                          int64_t s, __m256 vs, float *out) {
     __m256 v1[8], v2[8];
-    int64_t e;
     for (int m = 0; m < 8; m++) {
         const int64_t q = s + 4 * (m % 2) + m / 2;
-        v1[m] = dot_acc(ql, c + q * n1, n1, &e);
-        v2[m] = dot_acc(qp, kpe + q * n2, n2, &e);
+        v1[m] = dot_acc(ql, c + q * n1, n1);
+        v2[m] = dot_acc(qp, kpe + q * n2, n2);
     }
     _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_add_ps(hsum256x8(v1), hsum256x8(v2)), vs));
 }

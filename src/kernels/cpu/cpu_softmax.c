@@ -102,12 +102,12 @@ SM2 void cpu_avx2_softmax(float *x, int64_t n) {
     for (int k = 0; k < 8; k++) if (lanes[k] > m) m = lanes[k];
     for (; i < n; i++) if (x[i] > m) m = x[i];
     const __m256 vms = _mm256_set1_ps(m);
-    const __m256i big = _mm256_set1_epi32(CPU_EXPF_BIG), m11 = _mm256_set1_epi32(0x7ff);
+    const __m256i below_big = _mm256_set1_epi32(CPU_EXPF_BIG - 1), m11 = _mm256_set1_epi32(0x7ff);
     for (i = 0; i + 8 <= n; i += 8) {
         const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), vms);
         const __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(d), 20), m11);
         /* top >= CPU_EXPF_BIG in any lane (both are below 2^11, so a signed compare is enough) */
-        if (_mm256_movemask_epi8(_mm256_cmpgt_epi32(top, _mm256_sub_epi32(big, _mm256_set1_epi32(1))))) {
+        if (_mm256_movemask_epi8(_mm256_cmpgt_epi32(top, below_big))) {
             for (int k = 0; k < 8; k++) x[i + k] = cpu_expf(x[i + k] - m);
             continue;
         }
