@@ -43,10 +43,15 @@ void *cpu_scratch(int slot, size_t bytes);
  * costs more than the work. */
 #define CPU_SERIAL_WORK 131072
 
+/* Work (weights x min(T, 8) tokens) per pool chunk of a matmul: a chunk's first pass reads bytes its kernel could not
+ * prefetch (the kernels prefetch only within their own rows), so a chunk must be long enough for that wait to be a
+ * small share of it. Measured on the Zen 5 dev VM at 2 threads (bench/RESULTS.md, "Pool chunks of 4M weights x tokens"): 4M against the
+ * earlier 128K (T > 1) / 512K (T = 1) made MXFP4 T = 2..8 calls 1.3-1.5x faster, T = 1 and the tiles (T > 8) 2-10%. */
+#define CPU_CHUNK_WORK ((int64_t)4 << 20)
+
 /* Rows per pool chunk of a matmul whose kernel runs passes of rb rows (cpu_avx512.c, cpu_avx2.c): all rows below
- * CPU_SERIAL_WORK or with one thread; else ~128K weights x tokens per chunk (T = 1: 512K weights, so that a
- * chunk's first pass, whose bytes the kernel cannot prefetch, is a small share of it), >= 4 chunks per thread when
- * possible, rounded up to whole passes. */
+ * CPU_SERIAL_WORK or with one thread; else ~CPU_CHUNK_WORK weights x tokens per chunk, but >= 4 chunks per thread
+ * when the rows allow (balance), rounded up to whole passes. */
 int64_t cpu_chunk_rows(df_pool *pool, const df_weight *w, int T, int rb);
 
 /* AVX2 fused kernels for 1 <= T <= 8 tokens (cpu_avx2_q4.c, cpu_avx2_fp8.c, cpu_avx2_dense.c), chosen per call by

@@ -135,8 +135,8 @@ void cpu_matmul_driver(df_pool *pool, const df_weight *w, const float *x, int T,
 int64_t cpu_chunk_rows(df_pool *pool, const df_weight *w, int T, int rb) {
     const int nt = df_pool_threads(pool);
     if (w->rows * w->cols * (int64_t)T < CPU_SERIAL_WORK || nt <= 1) return w->rows;
-    const int64_t per_row = w->cols * (T < 8 ? T : 8), target = T == 1 ? 524288 : 131072;
-    int64_t grain = (target + per_row - 1) / per_row;
+    const int64_t per_row = w->cols * (T < 8 ? T : 8);
+    int64_t grain = (CPU_CHUNK_WORK + per_row - 1) / per_row;
     const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
     if (grain > fair) grain = fair;
     return (grain + rb - 1) / rb * rb;
