@@ -821,7 +821,7 @@ PY
     # the host CPU's kernels and decode, this binary against a carried deltafin.base (A/B, alternating): bench kernels
     # at 1 and 16 threads, the streamed model in RAM (--preload, 16 threads, 48 tokens), then a 16-thread CPU decode
     # under --ram-budget 3G (issue 10's 90% of the bound); before them the GPU tests, if carried. Knobs: NO_TESTS=1,
-    # KROUNDS="" (no kernel tables), CAPPED_ROUNDS (1), CAPPED_FIRST=base (the carried base runs first in each pair), NO_RAM=1.
+    # KROUNDS="" (no kernel tables), KT (the kernels' token counts, default 1,8), CAPPED_ROUNDS (1), CAPPED_FIRST=base (the carried base runs first in each pair), NO_RAM=1.
     B0=$D/deltafin.base
     [ -x "$B0" ] || B0=$BIN
     if [ -x "$D/test_cuda_kernels" ] && [ -z "${NO_TESTS:-}" ]; then
@@ -836,7 +836,7 @@ PY
     for r in ${KROUNDS-1}; do
         for b in "$B0" "$BIN"; do
             log "bench kernels --threads 1,16, $(basename "$b") (round $r)"
-            timeout 120 "$b" bench kernels --threads 1,16 --types bf16,fp8_b128,mxfp4 --T 1,8 \
+            timeout 120 "$b" bench kernels --threads 1,16 --types bf16,fp8_b128,mxfp4 --T "${KT:-1,8}" \
                 --shapes 2048x7168,7168x2048 2>&1 | grep -E "^ *(threads|[0-9]+ )|^(bf16|fp8|mxfp4)" >>"$S"
         done
     done
