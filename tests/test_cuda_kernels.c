@@ -18,6 +18,8 @@
  *     sequences and unkeyed rows in one call, each bitwise equal to the unmirrored call; seq_forget.
  *   - the whole MLA block (df_cuda_mla_block) bitwise equal to its steps as separate calls, alone or batched,
  *     mirrored or not.
+ *   - the KDA recurrence (df_cuda_kda_recur) bitwise equal to the CPU's with a lower-bound gate, and between one
+ *     call of T rows and T calls of one row.
  * Without a CUDA device (or in a build without the backend) it prints why,
  * "skipped" and its closing line, and exits 77 (CTest: skipped). */
 #include "engine/engine.h"
@@ -1252,6 +1254,71 @@ static void test_route(void) {
     CHECK(n_bad == 0, "device routing: %d of %d cases differ from moe_route", n_bad, n);
 }
 
+/* The KDA recurrence (df_cuda_kda_recur) against the CPU's kda_recur_head: state and output bitwise equal with a
+ * lower-bound gate (K3), within 1e-5 relative with softplus (log1pf's last bit is each side's); T rows in one call
+ * bitwise equal to T one-row calls on the GPU (either gate); K up to 128, heads 1-4, a K the device declines. */
+static void test_kda(void) {
+    static const struct { int H, K, T, has_lb, silu; } cs[] = {
+        {4, 16, 9, 1, 0}, {2, 32, 17, 1, 1}, {3, 128, 5, 1, 0}, {1, 64, 33, 0, 0}, {4, 16, 7, 0, 1}, {2, 100, 3, 1, 0},
+    };
+    int n_bad = 0, n_inv_bad = 0, n = 0;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const int H = cs[ci].H, K = cs[ci].K, T = cs[ci].T, D = H * K;
+        const size_t rows = (size_t)T * D, sn = (size_t)H * K * K;
+        float *q = malloc(4 * rows), *k = malloc(4 * rows), *v = malloc(4 * rows), *graw = malloc(4 * rows),
+              *gate = malloc(4 * rows), *bl = malloc(4 * (size_t)T * H), *A_log = malloc(4 * (size_t)H),
+              *dt = malloc(4 * (size_t)D), *on = malloc(4 * (size_t)K), *S0 = malloc(4 * sn);
+        float *qc = malloc(4 * rows), *kc = malloc(4 * rows), *oc = malloc(4 * rows), *Sc = malloc(4 * sn);
+        float *qg = malloc(4 * rows), *kg = malloc(4 * rows), *og = malloc(4 * rows), *Sg = malloc(4 * sn);
+        float *o1 = malloc(4 * rows), *S1 = malloc(4 * sn);
+        for (size_t i = 0; i < rows; i++) {
+            q[i] = rndf(); k[i] = rndf(); v[i] = rndf(); graw[i] = 3.0f * rndf(); gate[i] = 2.0f * rndf();
+        }
+        for (int i = 0; i < T * H; i++) bl[i] = 2.0f * rndf();
+        for (int i = 0; i < H; i++) A_log[i] = rndf();
+        for (int i = 0; i < D; i++) dt[i] = 0.5f * rndf();
+        for (int i = 0; i < K; i++) on[i] = 1.0f + 0.2f * rndf();
+        for (size_t i = 0; i < sn; i++) S0[i] = 0.1f * rndf();
+        df_kda_args a = {H, K, T, qc, kc, v, graw, bl, gate, A_log, dt, on, cs[ci].has_lb, cs[ci].silu, -5.0f, 1e-5f,
+                         Sc, oc};
+        memcpy(qc, q, 4 * rows); memcpy(kc, k, 4 * rows); memcpy(Sc, S0, 4 * sn);
+        for (int h = 0; h < H; h++) kda_recur_head(&a, h);
+        a.q = qg; a.k = kg; a.S = Sg; a.o = og;
+        memcpy(qg, q, 4 * rows); memcpy(kg, k, 4 * rows); memcpy(Sg, S0, 4 * sn);
+        const int rc = df_cuda_kda_recur(&a);
+        n++;
+        int bad = rc != 0;
+        if (!bad && cs[ci].has_lb) bad = memcmp(Sc, Sg, 4 * sn) || memcmp(oc, og, 4 * rows);
+        if (!bad && !cs[ci].has_lb) {
+            for (size_t i = 0; i < sn && !bad; i++) bad = fabsf(Sc[i] - Sg[i]) > 1e-5f * (1.0f + fabsf(Sc[i]));
+            for (size_t i = 0; i < rows && !bad; i++) bad = fabsf(oc[i] - og[i]) > 1e-5f * (1.0f + fabsf(oc[i]));
+        }
+        if (bad && n_bad++ < 3) printf("FAIL kda H=%d K=%d T=%d lb=%d: rc %d, S[0] %a / %a, o[0] %a / %a\n", H, K, T,
+                                       cs[ci].has_lb, rc, Sc[0], Sg[0], oc[0], og[0]);
+        /* the same rows one at a time on the GPU */
+        memcpy(qg, q, 4 * rows); memcpy(kg, k, 4 * rows); memcpy(S1, S0, 4 * sn);
+        int rc1 = 0;
+        for (int t = 0; t < T && !rc1; t++) {
+            df_kda_args b = a;
+            b.T = 1; b.q = qg + (size_t)t * D; b.k = kg + (size_t)t * D; b.v = v + (size_t)t * D;
+            b.graw = graw + (size_t)t * D; b.bl = bl + (size_t)t * H; b.gate = gate + (size_t)t * D;
+            b.S = S1; b.o = o1 + (size_t)t * D;
+            rc1 = df_cuda_kda_recur(&b);
+        }
+        if (rc1 || rc || memcmp(S1, Sg, 4 * sn) || memcmp(o1, og, 4 * rows)) {
+            if (n_inv_bad++ < 3) printf("FAIL kda H=%d K=%d T=%d: one row per call differs from one call\n", H, K, T);
+        }
+        free(q); free(k); free(v); free(graw); free(gate); free(bl); free(A_log); free(dt); free(on); free(S0);
+        free(qc); free(kc); free(oc); free(Sc); free(qg); free(kg); free(og); free(Sg); free(o1); free(S1);
+    }
+    CHECK(n_bad == 0, "KDA recurrence: %d of %d cases differ from the CPU's", n_bad, n);
+    CHECK(n_inv_bad == 0, "KDA recurrence: %d of %d cases differ between one call and one row per call", n_inv_bad, n);
+    /* a head size whose state does not fit a block's shared memory: declined, the state untouched */
+    float one = 1.0f;
+    df_kda_args big = {1, 256, 1, &one, &one, &one, &one, &one, &one, &one, &one, &one, 1, 0, -5.0f, 1e-5f, &one, &one};
+    CHECK(df_cuda_kda_recur(&big) == -1 && one == 1.0f, "KDA recurrence: K = 256 declined, nothing written");
+}
+
 /* The MoE routed on the device by the block (df_mla_block.moe): every one of BE MXFP4 experts resident (dev_load), a
  * bf16 shared expert started by the block; the call returns without waiting (its x_out / h2 / logits unwritten) and
  * the next block given x NULL then continues bitwise as the host path does (the block's logits routed by moe_route,
@@ -1427,6 +1494,7 @@ int main(void) {
     test_mla_block();
     test_moe_resid();
     test_route();
+    test_kda();
     test_moe_route_block();
     test_dense_final();
     return t_done();

@@ -248,6 +248,10 @@ int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, 
  * its sequence alone. */
 int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
                       size_t errlen);
+/* The CPU's KDA recurrence of head h of one sequence (df_kda_args, kernels/backend.h; the math in kernels/kda_math.h):
+ * its T rows in order, the state a->S + h*K*K updated, q / k of the head normalized in place, o of the head written.
+ * The reference the GPU's df_cuda_kda_recur is tested against (test_cuda_kernels). */
+void kda_recur_head(const df_kda_args *a, int h);
 
 /* The MLP activation of cfg->act applied in place: g[i] = act(g[i], u[i]) for n values
  * (SwiGLU: silu(g)*u; SiTU: beta*tanh(g/beta)*sigmoid(g) * (lb*tanh(u/lb) or u)). */

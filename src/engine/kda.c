@@ -18,93 +18,58 @@
  */
 #include "engine.h"
 #include "deltafin.h"
+#include "kernels/kda_math.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* items: (sequence, head) pairs, i = sequence * H + head; each runs its sequence's rows in order */
 typedef struct {
-    const df_config *cfg;
-    const df_layer_weights *lw;
-    int H, K;
-    float *q, *k, *v;        /* [rows, H*K] after conv + SiLU */
-    const float *graw;       /* [rows, H*K] f_b(f_a(x)) */
-    const float *bl;         /* [rows, H] beta logits */
-    const float *gate;       /* [rows, H*K] output gate logits */
-    float *o;                /* [rows, H*K] */
-    const df_seq_rows *seqs; /* the sequences: seqs[s].T consecutive rows from row0[s], state S of seqs[s].kv */
-    const int *row0;
-    int layer;
+    const df_kda_args *a; /* per sequence */
+    int H;
 } kda_job;
 
-static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-static void l2norm(float *x, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += x[i] * x[i];
-    const float r = 1.0f / sqrtf(s + 1e-6f);
-    for (int i = 0; i < n; i++) x[i] *= r;
-}
-
-/* items: (sequence, head) pairs, i = sequence * H + head; each runs its sequence's rows in order */
-static void head_task(void *ctx, int64_t i0, int64_t i1, int tid) {
-    (void)tid;
-    kda_job *j = ctx;
-    const int K = j->K, D = j->H * j->K;
-    const df_config *cfg = j->cfg;
+void kda_recur_head(const df_kda_args *a, int h) {
+    const int K = a->K, D = a->H * a->K;
     float kv_mem[K > 0 ? K : 1], decay[K > 0 ? K : 1];
-    const float qscale = 1.0f / sqrtf((float)K);
-    for (int64_t i = i0; i < i1; i++) {
-        const int sq = (int)(i / j->H), h = (int)(i % j->H);
-        float *S = j->seqs[sq].kv->kda_S[j->layer] + h * (int64_t)K * K;
-        const float a = expf(j->lw->A_log[h]);
-        for (int t = j->row0[sq]; t < j->row0[sq] + j->seqs[sq].T; t++) {
-            float *q = j->q + (int64_t)t * D + h * K, *k = j->k + (int64_t)t * D + h * K;
-            const float *v = j->v + (int64_t)t * D + h * K;
-            const float *raw = j->graw + (int64_t)t * D + h * K;
-            l2norm(q, K);
-            l2norm(k, K);
-            for (int i = 0; i < K; i++) q[i] *= qscale;
-            for (int i = 0; i < K; i++) {
-                float r = raw[i] + j->lw->dt_bias[h * K + i];
-                float g = cfg->kda_has_lower_bound ? cfg->kda_lower_bound * sigmoidf_(a * r) : -a * softplusf_(r);
-                decay[i] = expf(g);
-            }
-            const float beta = sigmoidf_(j->bl[(int64_t)t * j->H + h]);
-            /* decay rows, then kv_mem = k^T S (k ascending) */
-            for (int i = 0; i < K; i++) kv_mem[i] = 0.0f;
-            for (int r = 0; r < K; r++) {
-                float *row = S + (int64_t)r * K;
-                const float d = decay[r], kr = k[r];
-                for (int c = 0; c < K; c++) {
-                    row[c] *= d;
-                    kv_mem[c] += row[c] * kr;
-                }
-            }
-            for (int c = 0; c < K; c++) kv_mem[c] = beta * (v[c] - kv_mem[c]);
-            float *o = j->o + (int64_t)t * D + h * K;
-            for (int c = 0; c < K; c++) o[c] = 0.0f;
-            for (int r = 0; r < K; r++) {
-                float *row = S + (int64_t)r * K;
-                const float kr = k[r], qr = q[r];
-                for (int c = 0; c < K; c++) {
-                    row[c] += kr * kv_mem[c];
-                    o[c] += qr * row[c];
-                }
-            }
-            /* gated RMSNorm over the head's K values */
-            float ss = 0.0f;
-            for (int c = 0; c < K; c++) ss += o[c] * o[c];
-            const float rn = 1.0f / sqrtf(ss / (float)K + cfg->rms_norm_eps);
-            const float *gl = j->gate + (int64_t)t * D + h * K;
+    const float qscale = 1.0f / sqrtf((float)K), ea = df_kda_expf(a->A_log[h]);
+    float *S = a->S + h * (int64_t)K * K;
+    for (int t = 0; t < a->T; t++) {
+        float *q = a->q + (int64_t)t * D + h * K, *k = a->k + (int64_t)t * D + h * K;
+        const float *v = a->v + (int64_t)t * D + h * K;
+        const float beta = df_kda_prep(q, k, a->graw + (int64_t)t * D + h * K, a->dt_bias + h * K, ea, a->has_lb, a->lb,
+                                       a->bl[(int64_t)t * a->H + h], qscale, K, decay);
+        /* decay rows, then kv_mem = k^T S (rows ascending) */
+        for (int i = 0; i < K; i++) kv_mem[i] = 0.0f;
+        for (int r = 0; r < K; r++) {
+            float *row = S + (int64_t)r * K;
+            const float d = decay[r], kr = k[r];
             for (int c = 0; c < K; c++) {
-                float gv = cfg->kda_out_gate_act == DF_ACT_SILU ? gl[c] * sigmoidf_(gl[c]) : sigmoidf_(gl[c]);
-                o[c] = o[c] * rn * j->lw->o_norm[c] * gv;
+                row[c] *= d;
+                kv_mem[c] += row[c] * kr;
             }
         }
+        for (int c = 0; c < K; c++) kv_mem[c] = beta * (v[c] - kv_mem[c]);
+        float *o = a->o + (int64_t)t * D + h * K;
+        for (int c = 0; c < K; c++) o[c] = 0.0f;
+        for (int r = 0; r < K; r++) {
+            float *row = S + (int64_t)r * K;
+            const float kr = k[r], qr = q[r];
+            for (int c = 0; c < K; c++) {
+                row[c] += kr * kv_mem[c];
+                o[c] += qr * row[c];
+            }
+        }
+        df_kda_out(o, a->gate + (int64_t)t * D + h * K, a->o_norm, a->eps, a->silu_gate, K);
     }
+}
+
+static void head_task(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    const kda_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) kda_recur_head(&j->a[i / j->H], (int)(i % j->H));
 }
 
 /* out[t, c] = silu(sum_j w[c, j] * x[t - (W-1) + j, c]) over [state (W-1 rows); x (T rows)]; the state
@@ -136,6 +101,7 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int H = cfg->kda_heads, K = cfg->kda_head_dim, D = H * K, W = cfg->kda_conv;
     int rc = DF_OK, T = 0;
+    df_kda_args *args = NULL;
     int *row0 = malloc(sizeof(int) * (size_t)(n_seq > 0 ? n_seq : 1));
     if (!row0) {
         if (err) snprintf(err, errlen, "KDA layer %d: out of memory", layer);
@@ -171,12 +137,31 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         eng_matmul(e, &lw->g_a, h, T, fa);
         eng_matmul(e, &lw->g_b, fa, T, gate);
     }
-    kda_job j = {cfg, lw, H, K, q, k, v, graw, bl, gate, o, seqs, row0, layer};
-    const int64_t items = (int64_t)n_seq * H;
-    const int64_t grain = (int64_t)T * K * K * H < 65536 ? items : 1;
-    df_pool_run(e->pool, items, grain, head_task, &j);
+    args = malloc(sizeof(df_kda_args) * (size_t)n_seq);
+    if (!args) {
+        rc = DF_ENOMEM;
+        if (err) snprintf(err, errlen, "KDA layer %d: out of memory", layer);
+        goto done;
+    }
+    for (int s = 0; s < n_seq; s++) {
+        const int64_t r0 = (int64_t)row0[s];
+        args[s] = (df_kda_args){H, K, seqs[s].T, q + r0 * D, k + r0 * D, v + r0 * D, graw + r0 * D, bl + r0 * H,
+                                gate + r0 * D, lw->A_log, lw->dt_bias, lw->o_norm, cfg->kda_has_lower_bound,
+                                cfg->kda_out_gate_act == DF_ACT_SILU, cfg->kda_lower_bound, cfg->rms_norm_eps,
+                                seqs[s].kv->kda_S[layer], o + r0 * D};
+    }
+    /* on a backend with its own recurrence (the GPU), sequence by sequence (the same bits with a lower-bound gate);
+     * from a sequence it declines (nothing written) on, the pool runs them */
+    int n_be = 0;
+    while (e->be->kda_recur && n_be < n_seq && e->be->kda_recur(&args[n_be]) == 0) n_be++;
+    if (n_be < n_seq) {
+        kda_job j = {args + n_be, H};
+        const int64_t items = (int64_t)(n_seq - n_be) * H;
+        const int64_t grain = (int64_t)T * K * K * H < 65536 ? items : 1;
+        df_pool_run(e->pool, items, grain, head_task, &j);
+    }
     eng_matmul(e, &lw->o, o, T, out);
 done:
-    free(q); free(k); free(v); free(fa); free(graw); free(bl); free(gate); free(o); free(row0);
+    free(q); free(k); free(v); free(fa); free(graw); free(bl); free(gate); free(o); free(row0); free(args);
     return rc;
 }

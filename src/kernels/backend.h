@@ -82,6 +82,22 @@ typedef struct df_mla_block {
     df_moe_dev *moe;
 } df_mla_block;
 
+/* One sequence's KDA recurrence (engine/kda.c; the math in kernels/kda_math.h): T rows of H heads of K values,
+ * rows [T, H*K] row-major (bl [T, H]); S [H][K][K] the sequence's state (row r = key channel), updated in place.
+ * q and k are the conv'd, SiLU'd projections (q and k may be overwritten: their l2-normalized values); graw =
+ * f_b(f_a(x)) before dt_bias; bl the beta logits; gate the output gate logits; o [T, H*K] the gated-RMSNorm'd output
+ * (before o_proj). has_lb: the log-decay is lb * sigmoid(e^A_log[h] * raw), else -e^A_log[h] * softplus(raw);
+ * silu_gate: the output gate is SiLU, else sigmoid; eps: the RMSNorm's. */
+typedef struct {
+    int H, K, T;
+    float *q, *k;
+    const float *v, *graw, *bl, *gate;
+    const float *A_log, *dt_bias, *o_norm; /* [H], [H*K], [K] */
+    int has_lb, silu_gate;
+    float lb, eps;
+    float *S, *o;
+} df_kda_args;
+
 typedef struct df_backend {
     const char *name;   /* "cpu-avx512", "cpu-avx2", "cpu-scalar" */
     /* y[t*rows + r] = sum_c W[r,c] * x[t*cols + c] for t < T (x: [T, cols], y: [T, rows]).
@@ -225,6 +241,10 @@ typedef struct df_backend {
     /* Optional (NULL on the CPU): the sequence with this uid (df_kvcache.uid) is gone: drop every device copy of its
      * caches (the mla_attend keys k with k >> 8 == uid); uid 0 = every sequence's. */
     void (*seq_forget)(uint64_t uid);
+    /* Optional (NULL on the CPU: engine/kda.c runs kda_math.h's recurrence on the pool): a sequence's KDA recurrence
+     * (df_kda_args) with the bits of the CPU's when has_lb is set (the same operations in the same order; softplus's
+     * log1pf may differ in its last bit otherwise). 0, or -1 (then nothing is written: the caller runs it itself). */
+    int (*kda_recur)(const df_kda_args *a);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

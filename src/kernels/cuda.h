@@ -108,6 +108,11 @@ int df_cuda_embed_dev(uint64_t resid_key, const df_weight *embed);
 int df_cuda_route_test(const float *logits, const float *bias, int E, int K, int n_group, int topk_group, int renorm,
                        float scale, int *ids, float *weights);
 
+/* df_backend.kda_recur on the GPU (cuda_kda.cu): one sequence's KDA recurrence, rows and state copied in and out;
+ * the bits of engine/kda.c's kda_recur_head with a lower-bound gate. 0, or -1 (no device, K > 224, a CUDA error; the
+ * caller's state untouched). */
+int df_cuda_kda_recur(const df_kda_args *a);
+
 typedef struct {
     uint64_t spine_bytes, expert_bytes;   /* cached now */
     uint64_t expert_hits, expert_misses;  /* routed-expert cache lookups */

@@ -57,6 +57,16 @@ static int cuda_be_mla_block(const df_mla_block *b, int T, const float *x, const
     return -1;
 }
 
+/* The KDA recurrence on the GPU; on failure -1 (the engine runs it on the CPU: the same bits with a lower-bound
+ * gate, softplus's log1pf otherwise): reported once. */
+static int g_kda_warned;
+static int cuda_be_kda_recur(const df_kda_args *a) {
+    if (df_cuda_kda_recur(a) == 0) return 0;
+    if (!__atomic_exchange_n(&g_kda_warned, 1, __ATOMIC_SEQ_CST))
+        fprintf(stderr, "deltafin: KDA recurrence not on the GPU (%s); computed on the CPU\n", df_cuda_last_error());
+    return -1;
+}
+
 static int g_attn_on;
 
 static void init_table(void) {
@@ -104,6 +114,8 @@ static void init_table(void) {
     g_cuda_be.final_argmax = greedy ? df_cuda_final_argmax : NULL;
     g_cuda_be.token_wait = greedy ? df_cuda_token_wait : NULL;
     g_cuda_be.embed_dev = greedy ? df_cuda_embed_dev : NULL;
+    /* Kimi Linear / K3's KDA recurrence (cuda_kda.cu); DF_CUDA_KDA=0 runs it on the CPU (a developer comparison) */
+    g_cuda_be.kda_recur = df_cuda_env_switch("DF_CUDA_KDA", NULL, 0) != 0 ? cuda_be_kda_recur : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */

@@ -170,6 +170,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_switch("DF_CUDA_COPY_KERNEL", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_MOE_ROUTE", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_GREEDY", why, whylen) < 0) return -1;
+    if (df_cuda_env_switch("DF_CUDA_KDA", why, whylen) < 0) return -1;
     if (df_cuda_env_trace(why, whylen) < 0) return -1;
     unsigned long long mirror;
     if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;
