@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { KDA_BE_MIN_T = 16 }; /* rows of a sequence from which a lower-bound-gate recurrence runs on the backend's */
+
 /* items: (sequence, head) pairs, i = sequence * H + head; each runs its sequence's rows in order */
 typedef struct {
     const df_kda_args *a; /* per sequence */
@@ -150,13 +152,18 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
                                 cfg->kda_out_gate_act == DF_ACT_SILU, cfg->kda_lower_bound, cfg->rms_norm_eps,
                                 seqs[s].kv->kda_S[layer], o + r0 * D};
     }
-    /* on a backend with its own recurrence (the GPU), sequence by sequence (the same bits with a lower-bound gate);
-     * from a sequence it declines (nothing written) on, the pool runs them */
-    int n_be = 0;
-    while (e->be->kda_recur && n_be < n_seq && e->be->kda_recur(&args[n_be]) == 0) n_be++;
-    if (n_be < n_seq) {
-        kda_job j = {args + n_be, H};
-        const int64_t items = (int64_t)(n_seq - n_be) * H;
+    /* On a backend with its own recurrence (the GPU), sequence by sequence: with a lower-bound gate (the CPU's bits
+     * there) a prompt-sized sequence only (a one-row step costs more in copying the state than it computes); without
+     * one (softplus's log1pf is each side's) every sequence, so that a row's bits do not depend on the call. The rest,
+     * and any sequence the backend declines (nothing written), run on the pool. */
+    int n_cpu = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const int be = e->be->kda_recur && (!cfg->kda_has_lower_bound || seqs[s].T >= KDA_BE_MIN_T);
+        if (!be || e->be->kda_recur(&args[s])) args[n_cpu++] = args[s];
+    }
+    if (n_cpu > 0) {
+        kda_job j = {args, H};
+        const int64_t items = (int64_t)n_cpu * H;
         const int64_t grain = (int64_t)T * K * K * H < 65536 ? items : 1;
         df_pool_run(e->pool, items, grain, head_task, &j);
     }
