@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# kda_check.sh OUT — the GPU's KDA recurrence on the accelerator machine: the GPU tests of the carried binaries
+# (tools/device/pack.sh with EXTRA_BINS="test_cuda_kernels test_golden test_batch"), then a K3-shaped synth (4 layers:
+# dense, 2 KDA, MLA; 32 experts top-8, 12 GB) prompted with PROMPT (512) tokens on the GPU, the recurrence on the GPU
+# (DF_CUDA_KDA=1) and on the CPU (0) alternated ROUNDS (2) times: TTFT, decode and the ids (the same bits expected).
+set -u
+OUT=${1:?usage: kda_check.sh OUTDIR}
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
+D=$(mktemp -d)
+tar xJf "$HERE/.devcarry.tar.xz" -C "$D"
+export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p "$OUT"
+S=$OUT/kda.txt
+log() { echo "== $(date -u +%T) $*" | tee -a "$S"; }
+{ date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1; } >>"$S"
+log "DF_BACKEND=cuda test_cuda_kernels"
+(cd "$HERE" && DF_BACKEND=cuda timeout 200 "$D/test_cuda_kernels" 2>&1 | grep -E "FAIL|passed" | tail -8) >>"$S"
+for t in test_golden test_batch; do
+    [ -x "$D/$t" ] || continue
+    log "DF_BACKEND=cuda $t"
+    (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed|diff" | tail -6) >>"$S"
+done
+W=/tmp/df-kda
+log "synth kimi_k3 4 layers, 32 experts top-8"
+"$D/deltafin" synth "$W" --arch kimi_k3 --layers 4 --experts 32 --top-k 8 --quiet --force 2>&1 | tail -1 >>"$S"
+N=${PROMPT:-512}
+for r in $(seq "${ROUNDS:-2}"); do
+    for v in 1 0; do
+        log "run --backend cuda, $N-token prompt, 32 new, DF_CUDA_KDA=$v (round $r)"
+        DF_CUDA_KDA=$v timeout 150 "$D/deltafin" run --model "$W" --backend cuda --gpu-budget 40G --preload \
+            --prompt-ids "$(seq -s, 1 "$N")" --max-new 32 --stats --print-ids 2>"$OUT/run-$v-$r.err" >"$OUT/run-$v-$r.out"
+        grep -E "TTFT|decode" "$OUT/run-$v-$r.err" | cut -c1-220 >>"$S"
+        echo "ids md5 $(md5sum <"$OUT/run-$v-$r.out" | cut -c1-8)" >>"$S"
+    done
+done
+rm -rf "$W"
