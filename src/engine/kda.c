@@ -75,21 +75,40 @@ static void head_task(void *ctx, int64_t i0, int64_t i1, int tid) {
 }
 
 /* out[t, c] = silu(sum_j w[c, j] * x[t - (W-1) + j, c]) over [state (W-1 rows); x (T rows)]; the state
- * becomes the last W-1 rows. x is replaced by the output. */
-static void short_conv(float *x, float *state, const float *w, int T, int D, int W) {
+ * becomes the last W-1 rows. x is replaced by the output. Channels in parallel on the pool (each output is the same
+ * expression whatever the split). */
+typedef struct {
+    float *x;
+    const float *buf, *w;
+    int T, D, W;
+} conv_job;
+
+static void conv_task(void *ctx, int64_t c0, int64_t c1, int tid) {
+    (void)tid;
+    const conv_job *j = ctx;
+    const int64_t D = j->D;
+    for (int t = 0; t < j->T; t++)
+        for (int64_t c = c0; c < c1; c++) {
+            float s = 0.0f;
+            for (int jj = 0; jj < j->W; jj++) s += j->w[c * j->W + jj] * j->buf[(int64_t)(t + jj) * D + c];
+            j->x[(int64_t)t * D + c] = s / (1.0f + expf(-s));
+        }
+}
+
+static int short_conv(df_pool *pool, float *x, float *state, const float *w, int T, int D, int W) {
     const int P = W - 1;
     float *buf = malloc(sizeof(float) * (size_t)(P + T) * D);
-    if (!buf) abort();
+    if (!buf) return DF_ENOMEM;
     memcpy(buf, state, sizeof(float) * (size_t)P * D);
     memcpy(buf + (int64_t)P * D, x, sizeof(float) * (size_t)T * D);
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < D; c++) {
-            float s = 0.0f;
-            for (int jj = 0; jj < W; jj++) s += w[(int64_t)c * W + jj] * buf[(int64_t)(t + jj) * D + c];
-            x[(int64_t)t * D + c] = s / (1.0f + expf(-s));
-        }
+    conv_job j = {x, buf, w, T, D, W};
+    const int nt = df_pool_threads(pool);
+    int64_t grain = (int64_t)T * D * W < 65536 ? D : (D + 4 * nt - 1) / (4 * nt);
+    if (grain < 16) grain = 16;
+    df_pool_run(pool, D, grain, conv_task, &j);
     memcpy(state, buf + (int64_t)T * D, sizeof(float) * (size_t)P * D);
     free(buf);
+    return DF_OK;
 }
 
 int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, float *out, char *err, size_t errlen) {
@@ -126,9 +145,13 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         float *cs = seqs[s].kv->kda_conv[layer];
         const size_t P = (size_t)(W - 1) * D;
         const int64_t o = (int64_t)row0[s] * D;
-        short_conv(q + o, cs, lw->conv_q, seqs[s].T, D, W);
-        short_conv(k + o, cs + P, lw->conv_k, seqs[s].T, D, W);
-        short_conv(v + o, cs + 2 * P, lw->conv_v, seqs[s].T, D, W);
+        if (short_conv(e->pool, q + o, cs, lw->conv_q, seqs[s].T, D, W) ||
+            short_conv(e->pool, k + o, cs + P, lw->conv_k, seqs[s].T, D, W) ||
+            short_conv(e->pool, v + o, cs + 2 * P, lw->conv_v, seqs[s].T, D, W)) {
+            rc = DF_ENOMEM;
+            if (err) snprintf(err, errlen, "KDA layer %d: out of memory for the short convolution of %d tokens", layer, T);
+            goto done;
+        }
     }
     eng_matmul(e, &lw->f_a, h, T, fa);
     eng_matmul(e, &lw->f_b, fa, T, graw);
