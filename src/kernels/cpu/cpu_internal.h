@@ -45,12 +45,14 @@ void *cpu_scratch(int slot, size_t bytes);
 
 /* Work (weights x min(T, 8) tokens) per pool chunk of a matmul: a chunk's first pass reads bytes its kernel could not
  * prefetch (the kernels prefetch only within their own rows), so a chunk must be long enough for that wait to be a
- * small share of it. Measured on the Zen 5 dev VM at 2 threads (bench/RESULTS.md, "Pool chunks of 4M weights x tokens"): 4M against the
- * earlier 128K (T > 1) / 512K (T = 1) made MXFP4 T = 2..8 calls 1.3-1.5x faster, T = 1 and the tiles (T > 8) 2-10%. */
+ * small share of it; but a thread that the machine delays holds a larger share of a call the fewer chunks there are.
+ * Measured (bench/RESULTS.md, "Pool chunks of ~4M weights x tokens"): on the Zen 5 dev VM at 2 threads, 4M against the
+ * earlier 128K (T > 1) / 512K (T = 1) made MXFP4 T = 2..8 calls 1.15-1.5x faster; on the H100 host's 16 cores, at
+ * least 8 chunks per thread was faster than 4 for most kernels and shapes. */
 #define CPU_CHUNK_WORK ((int64_t)4 << 20)
 
 /* Rows per pool chunk of a matmul whose kernel runs passes of rb rows (cpu_avx512.c, cpu_avx2.c): all rows below
- * CPU_SERIAL_WORK or with one thread; else ~CPU_CHUNK_WORK weights x tokens per chunk, but >= 4 chunks per thread
+ * CPU_SERIAL_WORK or with one thread; else ~CPU_CHUNK_WORK weights x tokens per chunk, but >= 8 chunks per thread
  * when the rows allow (balance), rounded up to whole passes. */
 int64_t cpu_chunk_rows(df_pool *pool, const df_weight *w, int T, int rb);
 

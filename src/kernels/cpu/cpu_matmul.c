@@ -137,7 +137,7 @@ int64_t cpu_chunk_rows(df_pool *pool, const df_weight *w, int T, int rb) {
     if (w->rows * w->cols * (int64_t)T < CPU_SERIAL_WORK || nt <= 1) return w->rows;
     const int64_t per_row = w->cols * (T < 8 ? T : 8);
     int64_t grain = (CPU_CHUNK_WORK + per_row - 1) / per_row;
-    const int64_t fair = (w->rows + 4 * nt - 1) / (4 * nt);
+    const int64_t fair = (w->rows + 8 * nt - 1) / (8 * nt);
     if (grain > fair) grain = fair;
     return (grain + rb - 1) / rb * rb;
 }
