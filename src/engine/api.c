@@ -605,6 +605,7 @@ void df_model_close(df_model *m) {
     rope_free(&m->eng.rope);
     free(m->eng.touched);
     free(m->eng.gs_votes);
+    free(m->eng.kda_buf);
     if (m->pool) df_pool_free(m->pool);
     if (m->store) store_close(m->store);
     if (m->stream) sst_close(m->stream);

@@ -163,6 +163,10 @@ typedef struct {
     /* routed picks (rows x top-k) and the distinct experts they name, summed over MoE layer calls since the last
      * reset: picks / union = how many rows each expert read serves */
     uint64_t routed_picks, routed_union;
+    /* kda.c's rows of a call (projections, gates, output), kept and grown as needed: fresh pages for every KDA layer
+     * would be faulted in and zeroed each time */
+    float *kda_buf;
+    size_t kda_cap; /* floats */
 } df_engine;
 
 /* Progress from inside a layer of the current forward call: its callback with ("layers", the layers finished, all

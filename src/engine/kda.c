@@ -129,15 +129,20 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         return DF_ENOMEM;
     }
     for (int s = 0; s < n_seq; s++) { row0[s] = T; T += seqs[s].T; }
-    float *q = malloc(sizeof(float) * (size_t)T * D), *k = malloc(sizeof(float) * (size_t)T * D),
-          *v = malloc(sizeof(float) * (size_t)T * D), *fa = malloc(sizeof(float) * (size_t)T * K),
-          *graw = malloc(sizeof(float) * (size_t)T * D), *bl = malloc(sizeof(float) * (size_t)T * H),
-          *gate = malloc(sizeof(float) * (size_t)T * D), *o = malloc(sizeof(float) * (size_t)T * D);
-    if (!q || !k || !v || !fa || !graw || !bl || !gate || !o) {
-        rc = DF_ENOMEM;
-        if (err) snprintf(err, errlen, "KDA layer %d: out of memory for %d tokens", layer, T);
-        goto done;
+    /* q, k, v, graw, gate, o [T, D]; fa [T, K]; bl [T, H]: in the engine's buffer, reused call after call */
+    const size_t need = (size_t)T * (6 * (size_t)D + (size_t)K + (size_t)H);
+    if (e->kda_cap < need) {
+        float *nb = realloc(e->kda_buf, sizeof(float) * need);
+        if (!nb) {
+            rc = DF_ENOMEM;
+            if (err) snprintf(err, errlen, "KDA layer %d: out of memory for %d tokens", layer, T);
+            goto done;
+        }
+        e->kda_buf = nb;
+        e->kda_cap = need;
     }
+    float *q = e->kda_buf, *k = q + (size_t)T * D, *v = k + (size_t)T * D, *graw = v + (size_t)T * D,
+          *gate = graw + (size_t)T * D, *o = gate + (size_t)T * D, *fa = o + (size_t)T * D, *bl = fa + (size_t)T * K;
     eng_matmul(e, &lw->kda_q, h, T, q);
     eng_matmul(e, &lw->kda_k, h, T, k);
     eng_matmul(e, &lw->kda_v, h, T, v);
@@ -192,6 +197,6 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     }
     eng_matmul(e, &lw->o, o, T, out);
 done:
-    free(q); free(k); free(v); free(fa); free(graw); free(bl); free(gate); free(o); free(row0); free(args);
+    free(row0); free(args);
     return rc;
 }
