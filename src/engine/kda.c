@@ -36,7 +36,7 @@ typedef struct {
 void kda_recur_head(const df_kda_args *a, int h) {
     const int K = a->K, D = a->H * a->K;
     float kv_mem[K > 0 ? K : 1], decay[K > 0 ? K : 1];
-    const float qscale = 1.0f / sqrtf((float)K), ea = df_kda_expf(a->A_log[h]);
+    const float qscale = 1.0f / sqrtf((float)K), ea = df_expf(a->A_log[h]);
     float *S = a->S + h * (int64_t)K * K;
     for (int t = 0; t < a->T; t++) {
         float *q = a->q + (int64_t)t * D + h * K, *k = a->k + (int64_t)t * D + h * K;

@@ -6,6 +6,7 @@
  */
 #include "cpu_internal.h"
 #include "kernels/dtype.h"
+#include "kernels/expf_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -102,31 +103,7 @@ const uint64_t cpu_exp2_tab[32] = {
     0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
 };
 
-float cpu_expf(float x) {
-    uint32_t ux;
-    memcpy(&ux, &x, 4);
-    if (((ux >> 20) & 0x7ff) >= CPU_EXPF_BIG) { /* |x| >= 88, inf, NaN */
-        if (ux == 0xff800000u) return 0.0f;
-        if (((ux >> 20) & 0x7ff) >= 0x7f8) return x + x;
-        if (x > 0x1.62e42ep6f) return INFINITY;
-        if (x < -0x1.9fe368p6f) return 0.0f;
-    }
-    /* k = round(x * 32 / ln 2) and r = x * 32 / ln 2 - k, each product fused into its addition (as glibc's build
-     * has them) */
-    const double xd = x;
-    double kd = fma(CPU_EXPF_INVLN2N, xd, CPU_EXPF_SHIFT);
-    uint64_t ki, t;
-    memcpy(&ki, &kd, 8);
-    kd -= CPU_EXPF_SHIFT;
-    const double r = fma(CPU_EXPF_INVLN2N, xd, -kd);
-    t = cpu_exp2_tab[ki % 32] + (ki << 47);
-    double sc;
-    memcpy(&sc, &t, 8);
-    const double zz = fma(CPU_EXPF_C0, r, CPU_EXPF_C1), r2 = r * r;
-    double y = fma(CPU_EXPF_C2, r, 1.0);
-    y = fma(zz, r2, y);
-    return (float)(y * sc);
-}
+float cpu_expf(float x) { return df_expf(x); }
 
 void cpu_scalar_softmax(float *x, int64_t n) {
     float m = -INFINITY;

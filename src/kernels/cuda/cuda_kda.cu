@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-__device__ uint64_t df_kda_exp2_tab_dev[32]; /* kda_math.h's DF_KM_EXP2_TAB: cpu_exp2_tab, copied at first use */
+__device__ uint64_t df_expf_tab_dev[32]; /* expf_math.h's table: cpu_exp2_tab, copied at first use */
 
 #include "kernels/kda_math.h"
 
@@ -36,7 +36,7 @@ __global__ void kda_prep_kernel(int T, int H, int K, float *q, float *k, const f
     if (i >= (int64_t)T * H) return;
     const int h = (int)(i % H);
     const int64_t o = (i / H) * H * K + (int64_t)h * K;
-    beta[i] = df_kda_prep(q + o, k + o, graw + o, dt_bias + (int64_t)h * K, df_kda_expf(A_log[h]), has_lb, lb, bl[i],
+    beta[i] = df_kda_prep(q + o, k + o, graw + o, dt_bias + (int64_t)h * K, df_expf(A_log[h]), has_lb, lb, bl[i],
                           qscale, K, decay + o);
 }
 
@@ -59,16 +59,16 @@ __global__ void kda_recur_kernel(int T, int H, int K, const float *q, const floa
         __syncthreads();
         float m = 0.0f;
         for (int r = 0; r < K; r++) {
-            const float s = DF_KM_MUL(st[(size_t)r * K + c], dt[r]);
+            const float s = DF_HM_MUL(st[(size_t)r * K + c], dt[r]);
             st[(size_t)r * K + c] = s;
-            m = DF_KM_ADD(m, DF_KM_MUL(s, kt[r]));
+            m = DF_HM_ADD(m, DF_HM_MUL(s, kt[r]));
         }
-        const float u = DF_KM_MUL(beta[(int64_t)t * H + h], DF_KM_SUB(v[row + c], m));
+        const float u = DF_HM_MUL(beta[(int64_t)t * H + h], DF_HM_SUB(v[row + c], m));
         float acc = 0.0f;
         for (int r = 0; r < K; r++) {
-            const float s = DF_KM_ADD(st[(size_t)r * K + c], DF_KM_MUL(kt[r], u));
+            const float s = DF_HM_ADD(st[(size_t)r * K + c], DF_HM_MUL(kt[r], u));
             st[(size_t)r * K + c] = s;
-            acc = DF_KM_ADD(acc, DF_KM_MUL(qt[r], s));
+            acc = DF_HM_ADD(acc, DF_HM_MUL(qt[r], s));
         }
         o[row + c] = acc;
     }
@@ -109,7 +109,7 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
     float *s_host = nullptr;
     do {
         if (!g_tab_ready) {
-            if (cudaMemcpyToSymbol(df_kda_exp2_tab_dev, cpu_exp2_tab, sizeof(uint64_t) * 32) != cudaSuccess) break;
+            if (cudaMemcpyToSymbol(df_expf_tab_dev, cpu_exp2_tab, sizeof(uint64_t) * 32) != cudaSuccess) break;
             g_tab_ready = 1;
         }
         if ((size_t)g_smem_set < smem) {
