@@ -18,6 +18,7 @@
 #include "cuda_launch.cuh"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,7 +96,13 @@ int g_smem_set;       /* the recur kernel's dynamic shared memory limit raised t
 static const int KDA_MAX_K = 224;
 
 extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
-    if (!a || a->H < 1 || a->K < 1 || a->K > KDA_MAX_K || a->T < 0) return -1;
+    if (!a || a->H < 1 || a->K < 1 || a->T < 0) return cu_rt_error("KDA recurrence: no heads, rows or head size");
+    if (a->K > KDA_MAX_K) {
+        char m[160];
+        snprintf(m, sizeof m, "KDA recurrence: head size %d above %d (a head's state must fit a block's shared memory)",
+                 a->K, KDA_MAX_K);
+        return cu_rt_error(m);
+    }
     if (a->T == 0) return 0;
     if (cu_rt_lock()) return -1;
     cudaStream_t st = cu_rt_stream();
