@@ -74,12 +74,12 @@ static void head_task(void *ctx, int64_t i0, int64_t i1, int tid) {
     for (int64_t i = i0; i < i1; i++) kda_recur_head(&j->a[i / j->H], (int)(i % j->H));
 }
 
-/* out[t, c] = silu(sum_j w[c, j] * x[t - (W-1) + j, c]) over [state (W-1 rows); x (T rows)]; the state
- * becomes the last W-1 rows. x is replaced by the output. Channels in parallel on the pool (each output is the same
- * expression whatever the split). */
+/* out[t, c] = silu(sum_j w[c, j] * x[t - (W-1) + j, c]) over [state (W-1 rows); x (T rows)], in place: rows from
+ * the last to the first, so a row's inputs before it are still the original x. Channels in parallel on the pool
+ * (each output is the same expression whatever the split). */
 typedef struct {
     float *x;
-    const float *buf, *w;
+    const float *state, *w;
     int T, D, W;
 } conv_job;
 
@@ -87,28 +87,43 @@ static void conv_task(void *ctx, int64_t c0, int64_t c1, int tid) {
     (void)tid;
     const conv_job *j = ctx;
     const int64_t D = j->D;
-    for (int t = 0; t < j->T; t++)
-        for (int64_t c = c0; c < c1; c++) {
-            float s = 0.0f;
-            for (int jj = 0; jj < j->W; jj++) s += j->w[c * j->W + jj] * j->buf[(int64_t)(t + jj) * D + c];
-            j->x[(int64_t)t * D + c] = s / (1.0f + expf(-s));
+    const int P = j->W - 1;
+    for (int t = j->T - 1; t >= 0; t--) {
+        float *xo = j->x + (int64_t)t * D;
+        if (t >= P) { /* every input a row of x */
+            const float *xi = j->x + (int64_t)(t - P) * D;
+            for (int64_t c = c0; c < c1; c++) {
+                float s = 0.0f;
+                for (int jj = 0; jj < j->W; jj++) s += j->w[c * j->W + jj] * xi[(int64_t)jj * D + c];
+                xo[c] = s / (1.0f + expf(-s));
+            }
+        } else {
+            for (int64_t c = c0; c < c1; c++) {
+                float s = 0.0f;
+                for (int jj = 0; jj < j->W; jj++) { /* row i of x; below 0, row P + i of the state */
+                    const int i = t - P + jj;
+                    s += j->w[c * j->W + jj] * (i >= 0 ? j->x[(int64_t)i * D + c] : j->state[(int64_t)(P + i) * D + c]);
+                }
+                xo[c] = s / (1.0f + expf(-s));
+            }
         }
+    }
 }
 
-static int short_conv(df_pool *pool, float *x, float *state, const float *w, int T, int D, int W) {
+/* The short convolution of T rows x [T, D] (replaced by its output), continuing state [W-1, D] (replaced by the
+ * last W-1 rows of [state; x]); tmp holds (W-1) x D floats. */
+static void short_conv(df_pool *pool, float *x, float *state, const float *w, int T, int D, int W, float *tmp) {
     const int P = W - 1;
-    float *buf = malloc(sizeof(float) * (size_t)(P + T) * D);
-    if (!buf) return DF_ENOMEM;
-    memcpy(buf, state, sizeof(float) * (size_t)P * D);
-    memcpy(buf + (int64_t)P * D, x, sizeof(float) * (size_t)T * D);
-    conv_job j = {x, buf, w, T, D, W};
+    for (int r = 0; r < P; r++) { /* the new state: row T + r of [state; x] */
+        const int i = T + r - P;
+        memcpy(tmp + (int64_t)r * D, i >= 0 ? x + (int64_t)i * D : state + (int64_t)(P + i) * D, sizeof(float) * D);
+    }
+    conv_job j = {x, state, w, T, D, W};
     const int nt = df_pool_threads(pool);
     int64_t grain = (int64_t)T * D * W < 65536 ? D : (D + 4 * nt - 1) / (4 * nt);
     if (grain < 16) grain = 16;
     df_pool_run(pool, D, grain, conv_task, &j);
-    memcpy(state, buf + (int64_t)T * D, sizeof(float) * (size_t)P * D);
-    free(buf);
-    return DF_OK;
+    memcpy(state, tmp, sizeof(float) * (size_t)P * D);
 }
 
 int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, float *out, char *err, size_t errlen) {
@@ -129,8 +144,9 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         return DF_ENOMEM;
     }
     for (int s = 0; s < n_seq; s++) { row0[s] = T; T += seqs[s].T; }
-    /* q, k, v, graw, gate, o [T, D]; fa [T, K]; bl [T, H]: in the engine's buffer, reused call after call */
-    const size_t need = (size_t)T * (6 * (size_t)D + (size_t)K + (size_t)H);
+    /* q, k, v, graw, gate, o [T, D]; fa [T, K]; bl [T, H]; the convolution's next state [W-1, D]: in the engine's
+     * buffer, reused call after call */
+    const size_t need = (size_t)T * (6 * (size_t)D + (size_t)K + (size_t)H) + (size_t)(W - 1) * D;
     if (e->kda_cap < need) {
         float *nb = realloc(e->kda_buf, sizeof(float) * need);
         if (!nb) {
@@ -142,7 +158,7 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         e->kda_cap = need;
     }
     float *q = e->kda_buf, *k = q + (size_t)T * D, *v = k + (size_t)T * D, *graw = v + (size_t)T * D,
-          *gate = graw + (size_t)T * D, *o = gate + (size_t)T * D, *fa = o + (size_t)T * D, *bl = fa + (size_t)T * K;
+          *gate = graw + (size_t)T * D, *o = gate + (size_t)T * D, *fa = o + (size_t)T * D, *bl = fa + (size_t)T * K, *ctmp = bl + (size_t)T * H;
     eng_matmul(e, &lw->kda_q, h, T, q);
     eng_matmul(e, &lw->kda_k, h, T, k);
     eng_matmul(e, &lw->kda_v, h, T, v);
@@ -150,13 +166,9 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         float *cs = seqs[s].kv->kda_conv[layer];
         const size_t P = (size_t)(W - 1) * D;
         const int64_t o = (int64_t)row0[s] * D;
-        if (short_conv(e->pool, q + o, cs, lw->conv_q, seqs[s].T, D, W) ||
-            short_conv(e->pool, k + o, cs + P, lw->conv_k, seqs[s].T, D, W) ||
-            short_conv(e->pool, v + o, cs + 2 * P, lw->conv_v, seqs[s].T, D, W)) {
-            rc = DF_ENOMEM;
-            if (err) snprintf(err, errlen, "KDA layer %d: out of memory for the short convolution of %d tokens", layer, T);
-            goto done;
-        }
+        short_conv(e->pool, q + o, cs, lw->conv_q, seqs[s].T, D, W, ctmp);
+        short_conv(e->pool, k + o, cs + P, lw->conv_k, seqs[s].T, D, W, ctmp);
+        short_conv(e->pool, v + o, cs + 2 * P, lw->conv_v, seqs[s].T, D, W, ctmp);
     }
     eng_matmul(e, &lw->f_a, h, T, fa);
     eng_matmul(e, &lw->f_b, fa, T, graw);

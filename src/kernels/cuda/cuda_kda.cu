@@ -86,6 +86,8 @@ __global__ void kda_out_kernel(int T, int H, int K, float *o, const float *gate,
 }
 
 char *g_buf;          /* device scratch for a call's rows and state */
+float *g_s_host;      /* host copy of the state on its way back */
+size_t g_s_host_bytes;
 size_t g_buf_bytes;
 int g_tab_ready;
 int g_smem_set;       /* the recur kernel's dynamic shared memory limit raised to this many bytes */
@@ -159,7 +161,13 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
                       a->silu_gate) != cudaSuccess)
             break;
         /* the state through a host copy: a failed call leaves the caller's state as it was */
-        if (!(s_host = (float *)malloc(sb))) break;
+        if (g_s_host_bytes < sb) {
+            free(g_s_host);
+            g_s_host_bytes = 0;
+            if (!(g_s_host = (float *)malloc(sb))) break;
+            g_s_host_bytes = sb;
+        }
+        s_host = g_s_host;
         if (cudaMemcpyAsync(s_host, S, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
         if (cudaMemcpyAsync(a->o, o, rows, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
         if (cu_rt_sync("kda") != cudaSuccess) break;
@@ -168,7 +176,6 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
     } while (0);
     if (rc) cu_rt_error("KDA recurrence: a CUDA call failed");
     cudaStreamSynchronize(st);
-    free(s_host);
     cu_rt_unlock();
     return rc;
 }
