@@ -100,6 +100,48 @@ void eng_matmul(df_engine *e, const df_weight *w, const float *x, int T, float *
     e->weight_bytes += df_weight_bytes(w);
 }
 
+/* Row-wise steps of T rows over the pool: each row's result depends on that row only, so any split gives the same
+ * bits; small calls (a decode step) run on this thread. */
+enum { ROWS_PAR_MIN = 1 << 16 }; /* floats of work below which a step stays on this thread */
+typedef struct {
+    const df_engine *e;
+    float *out;
+    const float *in, *w, *blocks, *proj_w;
+    int D, nb, nbmax;
+    float eps;
+} rows_job;
+
+static int64_t rows_grain(const df_engine *e, int T) {
+    const int nt = df_pool_threads(e->pool);
+    const int64_t g = (T + 4 * (int64_t)nt - 1) / (4 * (int64_t)nt);
+    return g < 1 ? 1 : g;
+}
+
+static void norm_task(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const rows_job *j = ctx;
+    for (int64_t t = t0; t < t1; t++) j->e->be->rmsnorm(j->out + t * j->D, j->in + t * j->D, j->w, j->D, j->eps);
+}
+
+/* out[t] = RMSNorm(in[t]) * w for T rows of D (the backend's rmsnorm) */
+static void norm_rows(const df_engine *e, float *out, const float *in, const float *w, int T, int D, float eps) {
+    rows_job j = {e, out, in, w, NULL, NULL, D, 0, 0, eps};
+    df_pool_run(e->pool, T, (int64_t)T * D < ROWS_PAR_MIN ? T : rows_grain(e, T), norm_task, &j);
+}
+
+static void add_task(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    const rows_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) j->out[i] += j->in[i];
+}
+
+/* x += a over n floats */
+static void add_rows(const df_engine *e, float *x, const float *a, int64_t n) {
+    rows_job j = {e, x, a, NULL, NULL, NULL, 0, 0, 0, 0.0f};
+    const int nt = df_pool_threads(e->pool);
+    df_pool_run(e->pool, n, n < ROWS_PAR_MIN ? n : (n + 4 * nt - 1) / (4 * nt), add_task, &j);
+}
+
 /* AttnRes mix for T tokens: out[t] = softmax-weighted sum of blocks[t][0..nb) and p[t] (see above). */
 static void attn_res_mix(float *out, const float *blocks, int nb, int nbmax, const float *p, const float *norm_w,
                          const float *proj_w, int T, int D, float eps) {
@@ -126,6 +168,20 @@ static void attn_res_mix(float *out, const float *blocks, int nb, int nbmax, con
             for (int d = 0; d < D; d++) o[d] += w * v[d];
         }
     }
+}
+
+static void mix_task(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const rows_job *j = ctx;
+    attn_res_mix(j->out + t0 * j->D, j->blocks + t0 * j->nbmax * j->D, j->nb, j->nbmax, j->in + t0 * j->D, j->w,
+                 j->proj_w, (int)(t1 - t0), j->D, j->eps);
+}
+
+/* attn_res_mix over the pool, rows split */
+static void attn_res_mix_rows(const df_engine *e, float *out, const float *blocks, int nb, int nbmax, const float *p,
+                              const float *norm_w, const float *proj_w, int T, int D, float eps) {
+    rows_job j = {e, out, p, norm_w, blocks, proj_w, D, nb, nbmax, eps};
+    df_pool_run(e->pool, T, (int64_t)T * D * (nb + 1) < ROWS_PAR_MIN ? T : rows_grain(e, T), mix_task, &j);
 }
 
 int eng_greedy_dev(const df_engine *e) {
@@ -248,7 +304,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         int restart = 0;
         if (B > 0) {
             if (nb > 0) {
-                attn_res_mix(mx, blocks, nb, nbmax, x, lw->attn_res_norm, lw->attn_res_proj, T, D, cfg->rms_norm_eps);
+                attn_res_mix_rows(e, mx, blocks, nb, nbmax, x, lw->attn_res_norm, lw->attn_res_proj, T, D, cfg->rms_norm_eps);
                 ain = mx;
             }
             if (l % B == 0) { /* the prefix becomes a block; the next prefix starts at the mixer output */
@@ -259,8 +315,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
             }
         }
         if (!block) {
-            for (int t = 0; t < T; t++)
-                e->be->rmsnorm(h + (int64_t)t * D, ain + (int64_t)t * D, lw->attn_norm, D, cfg->rms_norm_eps);
+            norm_rows(e, h, ain, lw->attn_norm, T, D, cfg->rms_norm_eps);
             LAP(DF_PHASE_NORM);
             /* projections over all rows at once; each row attends to its own sequence's KV cache (MLA) or
              * continues its own sequence's recurrent state (KDA) */
@@ -269,7 +324,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
             LAP(cfg->mixer[l] == DF_MIXER_KDA ? DF_PHASE_KDA : DF_PHASE_MLA);
             if (rc) goto done;
             if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);
-            else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
+            else add_rows(e, x, a, (int64_t)T * D);
         }
         /* lookahead prefetch of layer l+1, decode-sized calls (one sequence or a decode batch): the guesses
          * go out now, before layer l's FFN */
@@ -306,11 +361,10 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         if (!block) {
             const float *fin = x;
             if (B > 0) {
-                attn_res_mix(mx, blocks, nb, nbmax, x, lw->mlp_res_norm, lw->mlp_res_proj, T, D, cfg->rms_norm_eps);
+                attn_res_mix_rows(e, mx, blocks, nb, nbmax, x, lw->mlp_res_norm, lw->mlp_res_proj, T, D, cfg->rms_norm_eps);
                 fin = mx;
             }
-            for (int t = 0; t < T; t++)
-                e->be->rmsnorm(h + (int64_t)t * D, fin + (int64_t)t * D, lw->ffn_norm, D, cfg->rms_norm_eps);
+            norm_rows(e, h, fin, lw->ffn_norm, T, D, cfg->rms_norm_eps);
             LAP(DF_PHASE_NORM);
         }
         {
@@ -329,7 +383,7 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
         }
         if (rc) goto done;
         if (e->ffn_deferred) e->x_dev = 1; /* x += a happened on the device; the next block reads it there */
-        else for (int64_t i = 0; i < (int64_t)T * D; i++) x[i] += a[i];
+        else add_rows(e, x, a, (int64_t)T * D);
         e->progress_layers = l + 1;
         if (progress && progress(user, "layers", (uint64_t)l + 1, (uint64_t)L)) {
             rc = DF_ECANCELLED;
