@@ -1319,6 +1319,77 @@ static void test_kda(void) {
     CHECK(df_cuda_kda_recur(&big) == -1 && one == 1.0f, "KDA recurrence: K = 256 declined, nothing written");
 }
 
+/* The whole KDA mixer in one call (df_cuda_kda_block) against its steps: the GPU's matmuls (the cuda backend's), the
+ * CPU's short convolution (kda_short_conv) and recurrence (kda_recur_head): output, state and conv state bitwise
+ * equal with a lower-bound gate, full-rank and low-rank output gates; T rows in one call bitwise T one-row calls. */
+static void test_kda_block(void) {
+    static const struct { int H, K, T, W, full; } cs[] = {{2, 16, 19, 4, 1}, {3, 32, 5, 4, 0}, {1, 64, 2, 4, 1}, {2, 16, 7, 1, 0}};
+    const df_backend *cu = df_backend_get("cuda");
+    if (!cu) { CHECK(0, "KDA block: no cuda backend"); return; }
+    enum { DM = 96 };
+    int n_bad = 0, n_inv = 0, n = 0;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const int H = cs[ci].H, K = cs[ci].K, T = cs[ci].T, W = cs[ci].W, D = H * K, P = W - 1;
+        df_weight wq = make_weight(DF_W_BF16, D, DM), wk = make_weight(DF_W_BF16, D, DM), wv = make_weight(DF_W_BF16, D, DM);
+        df_weight fa = make_weight(DF_W_BF16, K, DM), fb = make_weight(DF_W_BF16, D, K), wb = make_weight(DF_W_BF16, H, DM);
+        df_weight g = make_weight(DF_W_BF16, D, DM), ga = make_weight(DF_W_BF16, K, DM), gb = make_weight(DF_W_BF16, D, K);
+        df_weight wo = make_weight(DF_W_BF16, DM, D);
+        const size_t sn = (size_t)H * K * K, cn = (size_t)3 * P * D, rows = (size_t)T * D;
+        float *h = malloc(4 * (size_t)T * DM), *cw = malloc(4 * 3 * (size_t)D * W), *A_log = malloc(4 * (size_t)H),
+              *dt = malloc(4 * (size_t)D), *on = malloc(4 * (size_t)K), *S0 = malloc(4 * sn), *C0 = malloc(4 * cn + 4);
+        for (int i = 0; i < T * DM; i++) h[i] = rndf();
+        for (int i = 0; i < 3 * D * W; i++) cw[i] = 0.5f * rndf();
+        for (int i = 0; i < H; i++) A_log[i] = rndf();
+        for (int i = 0; i < D; i++) dt[i] = 0.5f * rndf();
+        for (int i = 0; i < K; i++) on[i] = 1.0f + 0.2f * rndf();
+        for (size_t i = 0; i < sn; i++) S0[i] = 0.1f * rndf();
+        for (size_t i = 0; i < cn; i++) C0[i] = rndf();
+        const df_kda_block b = {&wq, &wk, &wv, &fa, &fb, &wb, cs[ci].full ? &g : NULL, cs[ci].full ? NULL : &ga,
+                                cs[ci].full ? NULL : &gb, &wo, cw, cw + (size_t)D * W, cw + 2 * (size_t)D * W, A_log, dt,
+                                on, H, K, W, 1, 1, -5.0f, 1e-5f};
+        /* the steps */
+        float *q = malloc(4 * rows), *k = malloc(4 * rows), *v = malloc(4 * rows), *graw = malloc(4 * rows),
+              *gate = malloc(4 * rows), *o = malloc(4 * rows), *f = malloc(4 * (size_t)T * K), *bl = malloc(4 * (size_t)T * H),
+              *tmp = malloc(4 * (size_t)(P + 1) * D), *Sr = malloc(4 * sn), *Cr = malloc(4 * cn + 4),
+              *outr = malloc(4 * (size_t)T * DM);
+        memcpy(Sr, S0, 4 * sn); memcpy(Cr, C0, 4 * cn);
+        cu->matmul(NULL, &wq, h, T, q); cu->matmul(NULL, &wk, h, T, k); cu->matmul(NULL, &wv, h, T, v);
+        kda_short_conv(NULL, q, Cr, b.conv_q, T, D, W, tmp);
+        kda_short_conv(NULL, k, Cr + (size_t)P * D, b.conv_k, T, D, W, tmp);
+        kda_short_conv(NULL, v, Cr + 2 * (size_t)P * D, b.conv_v, T, D, W, tmp);
+        cu->matmul(NULL, &fa, h, T, f); cu->matmul(NULL, &fb, f, T, graw); cu->matmul(NULL, &wb, h, T, bl);
+        if (cs[ci].full) cu->matmul(NULL, &g, h, T, gate);
+        else { cu->matmul(NULL, &ga, h, T, f); cu->matmul(NULL, &gb, f, T, gate); }
+        df_kda_args a = {H, K, T, q, k, v, graw, bl, gate, A_log, dt, on, 1, 1, -5.0f, 1e-5f, Sr, o};
+        for (int hh = 0; hh < H; hh++) kda_recur_head(&a, hh);
+        cu->matmul(NULL, &wo, o, T, outr);
+        /* one call */
+        float *Sg = malloc(4 * sn), *Cg = malloc(4 * cn + 4), *outg = malloc(4 * (size_t)T * DM);
+        memcpy(Sg, S0, 4 * sn); memcpy(Cg, C0, 4 * cn);
+        const int rc = df_cuda_kda_block(&b, T, h, Cg, Sg, outg);
+        n++;
+        if (rc || memcmp(Sg, Sr, 4 * sn) || memcmp(Cg, Cr, 4 * cn) || memcmp(outg, outr, 4 * (size_t)T * DM)) {
+            if (n_bad++ < 3)
+                printf("FAIL kda block H=%d K=%d T=%d W=%d full=%d: rc %d, out[0] %a / %a, S[0] %a / %a\n", H, K, T, W,
+                       cs[ci].full, rc, outg[0], outr[0], Sg[0], Sr[0]);
+        }
+        /* one row per call */
+        float *S1 = malloc(4 * sn), *C1 = malloc(4 * cn + 4), *out1 = malloc(4 * (size_t)T * DM);
+        memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
+        int rc1 = 0;
+        for (int t = 0; t < T && !rc1; t++) rc1 = df_cuda_kda_block(&b, 1, h + (size_t)t * DM, C1, S1, out1 + (size_t)t * DM);
+        if (rc1 || memcmp(S1, Sg, 4 * sn) || memcmp(C1, Cg, 4 * cn) || memcmp(out1, outg, 4 * (size_t)T * DM))
+            if (n_inv++ < 3) printf("FAIL kda block H=%d K=%d T=%d: one row per call differs from one call\n", H, K, T);
+        df_weight *ws[] = {&wq, &wk, &wv, &fa, &fb, &wb, &g, &ga, &gb, &wo};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) free((void *)ws[i]->data);
+        free(h); free(cw); free(A_log); free(dt); free(on); free(S0); free(C0); free(q); free(k); free(v); free(graw);
+        free(gate); free(o); free(f); free(bl); free(tmp); free(Sr); free(Cr); free(outr); free(Sg); free(Cg); free(outg);
+        free(S1); free(C1); free(out1);
+    }
+    CHECK(n_bad == 0, "KDA block: %d of %d cases differ from its steps", n_bad, n);
+    CHECK(n_inv == 0, "KDA block: %d of %d cases differ between one call and one row per call", n_inv, n);
+}
+
 /* The MoE routed on the device by the block (df_mla_block.moe): every one of BE MXFP4 experts resident (dev_load), a
  * bf16 shared expert started by the block; the call returns without waiting (its x_out / h2 / logits unwritten) and
  * the next block given x NULL then continues bitwise as the host path does (the block's logits routed by moe_route,
@@ -1495,6 +1566,7 @@ int main(void) {
     test_moe_resid();
     test_route();
     test_kda();
+    test_kda_block();
     test_moe_route_block();
     test_dense_final();
     return t_done();

@@ -32,7 +32,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "projections in one round trip, a layer's whole MLA block in one round trip, a decode step's MoE added into the device's"
   echo "residual stream without a round trip, pinned host buffers, matrices of at most 2048 rows split over K (changes their"
   echo "bits), the MLA block starting the next MoE's shared expert, kernels launched with programmatic dependent launch, that shared expert on a second stream beside the routed experts, small host <-> GPU copies as kernels, the MLA block routing and running the next MoE (or dense MLP) on the GPU"
-  echo "without waiting, greedy tokens chosen on the GPU with the next step queued before they are read back, the KDA recurrence (Kimi Linear, K3) on the GPU; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8;"
+  echo "without waiting, greedy tokens chosen on the GPU with the next step queued before they are read back, the KDA convolution and recurrence (Kimi Linear, K3) on the GPU; \`DF_CUDA_KDA_BLOCK\`: 0 or off (default) / 1 or on, a KDA layer's whole mixer in one GPU call (not yet measured on a GPU); \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8;"
   echo "\`DF_CUDA_MMA_KS\`: the tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits);"
   echo "\`DF_CUDA_KV_MIRROR\`: 1|on (the default: up to 1/8 of the GPU's memory) / 0|off / a size with a unit such as 512M or 4G, the GPU memory of the attention core's"
   echo "KV-cache mirrors; \`DF_CUDA_TRACE\`: 1|on / 2 (host clocks only) / 0|off (default), each GPU call's wall, queue, wait"

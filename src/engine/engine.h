@@ -256,6 +256,10 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
  * its T rows in order, the state a->S + h*K*K updated, q / k of the head normalized in place, o of the head written.
  * The reference the GPU's df_cuda_kda_recur is tested against (test_cuda_kernels). */
 void kda_recur_head(const df_kda_args *a, int h);
+/* KDA's short convolution of T rows (engine/kda.c): x [T, D] replaced by silu(sum_j w[c, j] x[t - (W-1) + j, c])
+ * over [state (W-1 rows); x] (w [D, W]), state [W-1, D] replaced by the last W-1 rows of [state; x]; tmp holds
+ * (W-1) x D floats; channels split over pool (NULL: this thread). */
+void kda_short_conv(df_pool *pool, float *x, float *state, const float *w, int T, int D, int W, float *tmp);
 
 /* The MLP activation of cfg->act applied in place: g[i] = act(g[i], u[i]) for n values
  * (SwiGLU: silu(g)*u; SiTU: beta*tanh(g/beta)*sigmoid(g) * (lb*tanh(u/lb) or u)). */

@@ -94,25 +94,24 @@ static void conv_task(void *ctx, int64_t c0, int64_t c1, int tid) {
             const float *xi = j->x + (int64_t)(t - P) * D;
             for (int64_t c = c0; c < c1; c++) {
                 float s = 0.0f;
-                for (int jj = 0; jj < j->W; jj++) s += j->w[c * j->W + jj] * xi[(int64_t)jj * D + c];
-                xo[c] = s / (1.0f + expf(-s));
+                for (int jj = 0; jj < j->W; jj++) s = DF_HM_ADD(s, DF_HM_MUL(j->w[c * j->W + jj], xi[(int64_t)jj * D + c]));
+                xo[c] = df_kda_silu(s);
             }
         } else {
             for (int64_t c = c0; c < c1; c++) {
                 float s = 0.0f;
                 for (int jj = 0; jj < j->W; jj++) { /* row i of x; below 0, row P + i of the state */
                     const int i = t - P + jj;
-                    s += j->w[c * j->W + jj] * (i >= 0 ? j->x[(int64_t)i * D + c] : j->state[(int64_t)(P + i) * D + c]);
+                    s = DF_HM_ADD(s, DF_HM_MUL(j->w[c * j->W + jj],
+                                               i >= 0 ? j->x[(int64_t)i * D + c] : j->state[(int64_t)(P + i) * D + c]));
                 }
-                xo[c] = s / (1.0f + expf(-s));
+                xo[c] = df_kda_silu(s);
             }
         }
     }
 }
 
-/* The short convolution of T rows x [T, D] (replaced by its output), continuing state [W-1, D] (replaced by the
- * last W-1 rows of [state; x]); tmp holds (W-1) x D floats. */
-static void short_conv(df_pool *pool, float *x, float *state, const float *w, int T, int D, int W, float *tmp) {
+void kda_short_conv(df_pool *pool, float *x, float *state, const float *w, int T, int D, int W, float *tmp) {
     const int P = W - 1;
     for (int r = 0; r < P; r++) { /* the new state: row T + r of [state; x] */
         const int i = T + r - P;
@@ -131,8 +130,10 @@ int kda_forward(df_engine *e, int layer, df_kvcache *kv, const float *h, int T, 
     return kda_forward_batch(e, layer, &one, 1, h, out, err, errlen);
 }
 
-int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
-                      size_t errlen) {
+/* The mixer step by step: projections, convolutions and o_proj with the backend's matmuls over all rows at once; the
+ * recurrence on the backend (kda_recur) or the pool. */
+static int kda_steps(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
+                     size_t errlen) {
     const df_config *cfg = e->cfg;
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int H = cfg->kda_heads, K = cfg->kda_head_dim, D = H * K, W = cfg->kda_conv;
@@ -166,9 +167,9 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         float *cs = seqs[s].kv->kda_conv[layer];
         const size_t P = (size_t)(W - 1) * D;
         const int64_t o = (int64_t)row0[s] * D;
-        short_conv(e->pool, q + o, cs, lw->conv_q, seqs[s].T, D, W, ctmp);
-        short_conv(e->pool, k + o, cs + P, lw->conv_k, seqs[s].T, D, W, ctmp);
-        short_conv(e->pool, v + o, cs + 2 * P, lw->conv_v, seqs[s].T, D, W, ctmp);
+        kda_short_conv(e->pool, q + o, cs, lw->conv_q, seqs[s].T, D, W, ctmp);
+        kda_short_conv(e->pool, k + o, cs + P, lw->conv_k, seqs[s].T, D, W, ctmp);
+        kda_short_conv(e->pool, v + o, cs + 2 * P, lw->conv_v, seqs[s].T, D, W, ctmp);
     }
     eng_matmul(e, &lw->f_a, h, T, fa);
     eng_matmul(e, &lw->f_b, fa, T, graw);
@@ -211,4 +212,39 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
 done:
     free(row0); free(args);
     return rc;
+}
+
+/* On a backend with its own whole mixer (the GPU's kda_block), each sequence in one call when the backend would run
+ * every sequence's recurrence (kda_steps' rule above: with a lower-bound gate only sequences of KDA_BE_MIN_T rows or
+ * more): the same expressions as kda_steps, so the same bits. A sequence whose call fails runs kda_steps alone. */
+int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
+                      size_t errlen) {
+    const df_config *cfg = e->cfg;
+    int whole = e->be->kda_block != NULL;
+    for (int s = 0; s < n_seq && whole; s++) whole = !cfg->kda_has_lower_bound || seqs[s].T >= KDA_BE_MIN_T;
+    if (!whole) return kda_steps(e, layer, seqs, n_seq, h, out, err, errlen);
+    const df_layer_weights *lw = &e->spine->layers[layer];
+    const int full = cfg->kda_full_rank_gate;
+    const df_kda_block b = {&lw->kda_q, &lw->kda_k, &lw->kda_v, &lw->f_a, &lw->f_b, &lw->beta, full ? &lw->g : NULL,
+                            full ? NULL : &lw->g_a, full ? NULL : &lw->g_b, &lw->o, lw->conv_q, lw->conv_k, lw->conv_v,
+                            lw->A_log, lw->dt_bias, lw->o_norm, cfg->kda_heads, cfg->kda_head_dim, cfg->kda_conv,
+                            cfg->kda_has_lower_bound, cfg->kda_out_gate_act == DF_ACT_SILU, cfg->kda_lower_bound,
+                            cfg->rms_norm_eps};
+    const df_weight *ws[] = {b.q, b.k, b.v, b.f_a, b.f_b, b.beta, b.g, b.g_a, b.g_b, b.o};
+    const int64_t Dm = lw->kda_q.cols, Do = lw->o.rows;
+    int64_t r0 = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const float *hs = h + r0 * Dm;
+        float *os = out + r0 * Do;
+        df_kvcache *kv = seqs[s].kv;
+        if (e->be->kda_block(&b, seqs[s].T, hs, kv->kda_conv[layer], kv->kda_S[layer], os) == 0) {
+            for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
+                if (ws[i]) e->weight_bytes += df_weight_bytes(ws[i]);
+        } else {
+            const int rc = kda_steps(e, layer, &seqs[s], 1, hs, os, err, errlen);
+            if (rc) return rc;
+        }
+        r0 += seqs[s].T;
+    }
+    return DF_OK;
 }

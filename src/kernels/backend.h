@@ -98,6 +98,17 @@ typedef struct {
     float *S, *o;
 } df_kda_args;
 
+/* One KDA layer's mixer (engine/kda.c, the math in its header comment) for the rows of one sequence, on a backend
+ * with its own: the projections q, k, v, f_a -> f_b, beta, g (or g_a -> g_b when g is NULL) of h, the short
+ * convolutions (conv_q / conv_k / conv_v [H*K, W], SiLU), the recurrence and gated RMSNorm as df_kda_args, and o. */
+typedef struct {
+    const df_weight *q, *k, *v, *f_a, *f_b, *beta, *g, *g_a, *g_b, *o;
+    const float *conv_q, *conv_k, *conv_v;   /* [H*K, W] */
+    const float *A_log, *dt_bias, *o_norm;   /* [H], [H*K], [K] */
+    int H, K, W, has_lb, silu_gate;
+    float lb, eps;
+} df_kda_block;
+
 typedef struct df_backend {
     const char *name;   /* "cpu-avx512", "cpu-avx2", "cpu-scalar" */
     /* y[t*rows + r] = sum_c W[r,c] * x[t*cols + c] for t < T (x: [T, cols], y: [T, rows]).
@@ -245,6 +256,13 @@ typedef struct df_backend {
      * (df_kda_args) with the bits of the CPU's when has_lb is set (the same operations in the same order; softplus's
      * log1pf may differ in its last bit otherwise). 0, or -1 (then nothing is written: the caller runs it itself). */
     int (*kda_recur)(const df_kda_args *a);
+    /* Optional (NULL on the CPU): one sequence's whole KDA mixer in one call: out [T, o.rows] = the mixer of h
+     * [T, q.cols] (fp32, row-major), continuing conv [3][W-1][H*K] (the q, k, v convolutions' last W-1 inputs) and S
+     * [H][K][K], both updated. The projections with the backend's matmuls, everything after them with the bits of
+     * engine/kda.c's CPU loops when has_lb is set (softplus's log1pf may differ in its last bit otherwise); each row's
+     * output depends only on its row and the state before it (one call of T rows = T calls of one row). 0, or -1:
+     * conv and S untouched, out not to be trusted (the caller computes the mixer itself). */
+    int (*kda_block)(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

@@ -112,6 +112,9 @@ int df_cuda_route_test(const float *logits, const float *bias, int E, int K, int
  * the bits of engine/kda.c's kda_recur_head with a lower-bound gate. 0, or -1 (no device, K > 224, a CUDA error; the
  * caller's state untouched). */
 int df_cuda_kda_recur(const df_kda_args *a);
+/* df_backend.kda_block on the GPU (cuda_kda.cu): one sequence's KDA mixer in one call (h, state in; out, state back).
+ * 0, or -1 (no device, K > 224, shapes that do not chain, a CUDA error; conv and S untouched). */
+int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out);
 
 typedef struct {
     uint64_t spine_bytes, expert_bytes;   /* cached now */

@@ -67,6 +67,15 @@ static int cuda_be_kda_recur(const df_kda_args *a) {
     return -1;
 }
 
+static int g_kda_block_warned;
+static int cuda_be_kda_block(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out) {
+    if (df_cuda_kda_block(b, T, h, conv, S, out) == 0) return 0;
+    if (!__atomic_exchange_n(&g_kda_block_warned, 1, __ATOMIC_SEQ_CST))
+        fprintf(stderr, "deltafin: KDA mixer not in one GPU call (%s); its steps run as separate calls\n",
+                df_cuda_last_error());
+    return -1;
+}
+
 static int g_attn_on;
 
 static void init_table(void) {
@@ -116,6 +125,10 @@ static void init_table(void) {
     g_cuda_be.embed_dev = greedy ? df_cuda_embed_dev : NULL;
     /* Kimi Linear / K3's KDA recurrence (cuda_kda.cu); DF_CUDA_KDA=0 runs it on the CPU (a developer comparison) */
     g_cuda_be.kda_recur = df_cuda_env_switch("DF_CUDA_KDA", NULL, 0) != 0 ? cuda_be_kda_recur : NULL;
+    /* a KDA layer's whole mixer in one call (cuda_kda.cu df_cuda_kda_block): DF_CUDA_KDA_BLOCK=1; off by default until
+     * it is measured on a GPU (its test is test_cuda_kernels' test_kda_block) */
+    g_cuda_be.kda_block = g_cuda_be.kda_recur && df_cuda_env_switch_def("DF_CUDA_KDA_BLOCK", 0, NULL, 0) == 1
+                              ? cuda_be_kda_block : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */

@@ -21,6 +21,9 @@
 
 DF_HM_FN float df_kda_sigmoid(float x) { return DF_HM_DIV(1.0f, DF_HM_ADD(1.0f, df_expf(-x))); }
 
+/* SiLU of the short convolution's sum: s / (1 + e^-s) */
+DF_HM_FN float df_kda_silu(float s) { return DF_HM_DIV(s, DF_HM_ADD(1.0f, df_expf(-s))); }
+
 DF_HM_FN float df_kda_softplus(float x) { return x > 20.0f ? x : log1pf(df_expf(x)); }
 
 /* x[0..n) /= sqrt(sum x^2 + 1e-6), the sum in index order */

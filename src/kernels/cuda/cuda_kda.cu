@@ -85,12 +85,80 @@ __global__ void kda_out_kernel(int T, int H, int K, float *o, const float *gate,
     df_kda_out(o + off, gate + off, o_norm, eps, silu_gate, K);
 }
 
+/* The short convolution of T rows: y[t, c] = silu(sum_j w[c, j] * in(t - P + j, c)), P = W - 1, in(i) = x[i, c] for
+ * i >= 0, else st[P + i, c] (the state's rows); engine/kda.c conv_task's expression. */
+__global__ void kda_conv_kernel(int T, int64_t D, int W, const float *x, const float *st, const float *w, float *y) {
+    pdl_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)T * D) return;
+    const int t = (int)(i / D), P = W - 1;
+    const int64_t c = i % D;
+    float s = 0.0f;
+    for (int j = 0; j < W; j++) {
+        const int r = t - P + j;
+        s = DF_HM_ADD(s, DF_HM_MUL(w[c * W + j], r >= 0 ? x[(int64_t)r * D + c] : st[(int64_t)(P + r) * D + c]));
+    }
+    y[i] = df_kda_silu(s);
+}
+
+/* The convolution's next state: its row r = row T + r of [st (P rows); x (T rows)] */
+__global__ void kda_conv_state_kernel(int T, int64_t D, int P, const float *x, const float *st, float *nst) {
+    pdl_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)P * D) return;
+    const int src = T + (int)(i / D) - P;
+    const int64_t c = i % D;
+    nst[i] = src >= 0 ? x[(int64_t)src * D + c] : st[(int64_t)(P + src) * D + c];
+}
+
 char *g_buf;          /* device scratch for a call's rows and state */
-float *g_s_host;      /* host copy of the state on its way back */
-size_t g_s_host_bytes;
 size_t g_buf_bytes;
+float *g_s_host;      /* host copy of the state (and, for a block, the conv state after it) on its way back */
+size_t g_s_host_bytes;
 int g_tab_ready;
 int g_smem_set;       /* the recur kernel's dynamic shared memory limit raised to this many bytes */
+
+/* g_buf at least need bytes (the stream synchronised first when it moves): 0, or -1 */
+int grow_buf(size_t need, cudaStream_t st) {
+    if (g_buf_bytes >= need) return 0;
+    if (g_buf) cudaStreamSynchronize(st), cudaFree(g_buf);
+    g_buf = nullptr;
+    g_buf_bytes = 0;
+    if (cudaMalloc(&g_buf, need) != cudaSuccess) { g_buf = nullptr; return -1; }
+    g_buf_bytes = need;
+    return 0;
+}
+
+/* g_s_host at least need bytes: 0, or -1 */
+int grow_s_host(size_t need) {
+    if (g_s_host_bytes >= need) return 0;
+    free(g_s_host);
+    g_s_host_bytes = 0;
+    if (!(g_s_host = (float *)malloc(need))) return -1;
+    g_s_host_bytes = need;
+    return 0;
+}
+
+/* The expf table on the device (once) and the recur kernel's shared memory limit at least smem bytes: 0, or -1 */
+int kda_setup(size_t smem) {
+    if (!g_tab_ready) {
+        if (cudaMemcpyToSymbol(df_expf_tab_dev, cpu_exp2_tab, sizeof(uint64_t) * 32) != cudaSuccess) return -1;
+        g_tab_ready = 1;
+    }
+    if ((size_t)g_smem_set < smem) {
+        if (cudaFuncSetAttribute(kda_recur_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+            return -1;
+        g_smem_set = (int)smem;
+    }
+    return 0;
+}
+
+/* 256-byte aligned carving of g_buf */
+struct Carve {
+    char *p;
+    float *take(size_t bytes) { char *r = p; p += (bytes + 255) / 256 * 256; return (float *)r; }
+};
+size_t up256(size_t n) { return (n + 255) / 256 * 256; }
 
 } // namespace
 
@@ -117,23 +185,7 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
     int rc = -1;
     float *s_host = nullptr;
     do {
-        if (!g_tab_ready) {
-            if (cudaMemcpyToSymbol(df_expf_tab_dev, cpu_exp2_tab, sizeof(uint64_t) * 32) != cudaSuccess) break;
-            g_tab_ready = 1;
-        }
-        if ((size_t)g_smem_set < smem) {
-            if (cudaFuncSetAttribute(kda_recur_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-                cudaSuccess)
-                break;
-            g_smem_set = (int)smem;
-        }
-        if (g_buf_bytes < need) {
-            if (g_buf) cudaStreamSynchronize(st), cudaFree(g_buf);
-            g_buf = nullptr;
-            g_buf_bytes = 0;
-            if (cudaMalloc(&g_buf, need) != cudaSuccess) { g_buf = nullptr; break; }
-            g_buf_bytes = need;
-        }
+        if (kda_setup(smem) || grow_buf(need, st)) break;
         char *p = g_buf;
         auto take = [&](size_t n) { char *r = p; p += (n + al - 1) / al * al; return (float *)r; };
         float *q = take(rows), *k = take(rows), *v = take(rows), *graw = take(rows), *gate = take(rows),
@@ -161,12 +213,7 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
                       a->silu_gate) != cudaSuccess)
             break;
         /* the state through a host copy: a failed call leaves the caller's state as it was */
-        if (g_s_host_bytes < sb) {
-            free(g_s_host);
-            g_s_host_bytes = 0;
-            if (!(g_s_host = (float *)malloc(sb))) break;
-            g_s_host_bytes = sb;
-        }
+        if (grow_s_host(sb)) break;
         s_host = g_s_host;
         if (cudaMemcpyAsync(s_host, S, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
         if (cudaMemcpyAsync(a->o, o, rows, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
@@ -175,6 +222,126 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
         rc = 0;
     } while (0);
     if (rc) cu_rt_error("KDA recurrence: a CUDA call failed");
+    cudaStreamSynchronize(st);
+    cu_rt_unlock();
+    return rc;
+}
+
+namespace {
+
+/* y [T, w.rows] = x [T, w.cols] W^T on the device, queued on st (the weight looked up just before its launch) */
+int mm_dev(const df_weight *w, const float *x, int T, float *y, cudaStream_t st) {
+    const void *d = nullptr, *s = nullptr;
+    if (cu_rt_weight(w, &d, &s)) return -1;
+    return cu_matmul_launch(w->type, d, s, w->rows, w->cols, x, T, y, st) == cudaSuccess ? 0 : -1;
+}
+
+/* why the block's weights do not chain, or NULL */
+const char *block_shapes(const df_kda_block *b, int64_t D) {
+    if (!b->q || !b->k || !b->v || !b->f_a || !b->f_b || !b->beta || !b->o || (!b->g && (!b->g_a || !b->g_b)))
+        return "a projection is missing";
+    const int64_t Dm = b->q->cols;
+    if (b->q->rows != D || b->k->rows != D || b->v->rows != D || b->k->cols != Dm || b->v->cols != Dm)
+        return "q / k / v are not [heads x head size, hidden]";
+    if (b->f_a->cols != Dm || b->f_b->cols != b->f_a->rows || b->f_b->rows != D) return "f_a / f_b do not chain";
+    if (b->beta->rows != b->H || b->beta->cols != Dm) return "beta is not [heads, hidden]";
+    if (b->g ? (b->g->rows != D || b->g->cols != Dm)
+             : (b->g_a->cols != Dm || b->g_b->cols != b->g_a->rows || b->g_b->rows != D))
+        return "the output gate's projection does not chain";
+    if (b->o->cols != D) return "o_proj's width is not heads x head size";
+    if (b->W < 1 || b->W > 64) return "the convolution's width is not 1..64";
+    return nullptr;
+}
+
+} // namespace
+
+extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out) {
+    if (!b || b->H < 1 || b->K < 1 || T < 0 || !h || !conv || !S || !out)
+        return cu_rt_error("KDA block: no heads, rows, state or output");
+    if (b->K > KDA_MAX_K) {
+        char m[160];
+        snprintf(m, sizeof m, "KDA block: head size %d above %d (a head's state must fit a block's shared memory)",
+                 b->K, KDA_MAX_K);
+        return cu_rt_error(m);
+    }
+    const int H = b->H, K = b->K, P = b->W - 1;
+    const int64_t D = (int64_t)H * K;
+    if (const char *why = block_shapes(b, D)) {
+        char m[200];
+        snprintf(m, sizeof m, "KDA block: %s", why);
+        return cu_rt_error(m);
+    }
+    if (T == 0) return 0;
+    const int64_t Dm = b->q->cols, Do = b->o->rows;
+    int64_t Ra = b->f_a->rows; /* fa holds f_a's rows, then g_a's */
+    if (!b->g && b->g_a->rows > Ra) Ra = b->g_a->rows;
+    const size_t f = sizeof(float), rows = f * (size_t)T * D, sb = f * (size_t)H * K * K, cb = f * (size_t)3 * P * D,
+                 smem = f * ((size_t)K * K + 3 * (size_t)K);
+    /* h [T, Dm]; raw, q, k, v, graw, gate, decay, o [T, D]; fa [T, Ra]; bl, beta [T, H]; S; conv state in and out
+     * [3, P, D]; conv weights [3, D, W]; A_log [H], dt_bias [D], o_norm [K]; out [T, Do] */
+    const size_t need = up256(f * (size_t)T * Dm) + 8 * up256(rows) + up256(f * (size_t)T * Ra) +
+                        2 * up256(f * (size_t)T * H) + up256(sb) + 2 * up256(cb) + 3 * up256(f * (size_t)D * b->W) +
+                        up256(f * H) + up256(f * D) + up256(f * K) + up256(f * (size_t)T * Do);
+    if (cu_rt_lock()) return -1;
+    cudaStream_t st = cu_rt_stream();
+    int rc = -1;
+    do {
+        if (kda_setup(smem) || grow_buf(need, st) || grow_s_host(sb + cb)) break;
+        Carve cv{g_buf};
+        float *dh = cv.take(f * (size_t)T * Dm), *raw = cv.take(rows), *q = cv.take(rows), *k = cv.take(rows),
+              *v = cv.take(rows), *graw = cv.take(rows), *gate = cv.take(rows), *decay = cv.take(rows),
+              *o = cv.take(rows), *fa = cv.take(f * (size_t)T * Ra), *bl = cv.take(f * (size_t)T * H),
+              *beta = cv.take(f * (size_t)T * H), *dS = cv.take(sb), *cst = cv.take(cb), *ncst = cv.take(cb),
+              *cw[3] = {cv.take(f * (size_t)D * b->W), cv.take(f * (size_t)D * b->W), cv.take(f * (size_t)D * b->W)},
+              *A_log = cv.take(f * H), *dt_bias = cv.take(f * D), *o_norm = cv.take(f * K),
+              *dout = cv.take(f * (size_t)T * Do);
+        const struct { void *d; const void *hp; size_t n; } in[] = {
+            {dh, h, f * (size_t)T * Dm}, {dS, S, sb}, {cst, conv, cb}, {cw[0], b->conv_q, f * (size_t)D * b->W},
+            {cw[1], b->conv_k, f * (size_t)D * b->W}, {cw[2], b->conv_v, f * (size_t)D * b->W},
+            {A_log, b->A_log, f * H}, {dt_bias, b->dt_bias, f * D}, {o_norm, b->o_norm, f * K}};
+        int ok = 1;
+        for (const auto &c : in)
+            if (cudaMemcpyAsync(c.d, c.hp, c.n, cudaMemcpyHostToDevice, st) != cudaSuccess) { ok = 0; break; }
+        if (!ok) break;
+        /* q, k, v: projection into raw, the next conv state from raw, the convolution into q / k / v */
+        const df_weight *pw[3] = {b->q, b->k, b->v};
+        float *po[3] = {q, k, v};
+        const int nbc = (int)(((int64_t)T * D + 255) / 256), nbs = (int)(((int64_t)P * D + 255) / 256);
+        for (int i = 0; i < 3 && ok; i++) {
+            ok = mm_dev(pw[i], dh, T, raw, st) == 0 &&
+                 (P == 0 || cu_launch(kda_conv_state_kernel, nbs, 256, 0, st, T, D, P, (const float *)raw,
+                                      (const float *)(cst + (size_t)i * P * D), ncst + (size_t)i * P * D) == cudaSuccess) &&
+                 cu_launch(kda_conv_kernel, nbc, 256, 0, st, T, D, b->W, (const float *)raw,
+                           (const float *)(cst + (size_t)i * P * D), (const float *)cw[i], po[i]) == cudaSuccess;
+        }
+        if (!ok) break;
+        if (mm_dev(b->f_a, dh, T, fa, st) || mm_dev(b->f_b, fa, T, graw, st) || mm_dev(b->beta, dh, T, bl, st)) break;
+        if (b->g ? mm_dev(b->g, dh, T, gate, st) : (mm_dev(b->g_a, dh, T, fa, st) || mm_dev(b->g_b, fa, T, gate, st)))
+            break;
+        const int64_t items = (int64_t)T * H;
+        const int nb = (int)((items + 127) / 128);
+        const float qscale = 1.0f / sqrtf((float)K);
+        if (cu_launch(kda_prep_kernel, nb, 128, 0, st, T, H, K, q, k, (const float *)graw, (const float *)bl,
+                      (const float *)A_log, (const float *)dt_bias, b->has_lb, b->lb, qscale, decay, beta) != cudaSuccess)
+            break;
+        if (cu_launch(kda_recur_kernel, H, K, smem, st, T, H, K, (const float *)q, (const float *)k, (const float *)v,
+                      (const float *)decay, (const float *)beta, dS, o) != cudaSuccess)
+            break;
+        if (cu_launch(kda_out_kernel, nb, 128, 0, st, T, H, K, o, (const float *)gate, (const float *)o_norm, b->eps,
+                      b->silu_gate) != cudaSuccess)
+            break;
+        if (mm_dev(b->o, o, T, dout, st)) break;
+        /* state and conv state through a host copy: a failed call leaves the caller's as they were */
+        if (cudaMemcpyAsync(g_s_host, dS, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+            cudaMemcpyAsync((char *)g_s_host + sb, ncst, cb, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+            cudaMemcpyAsync(out, dout, f * (size_t)T * Do, cudaMemcpyDeviceToHost, st) != cudaSuccess)
+            break;
+        if (cu_rt_sync("kda block") != cudaSuccess) break;
+        memcpy(S, g_s_host, sb);
+        memcpy(conv, (char *)g_s_host + sb, cb);
+        rc = 0;
+    } while (0);
+    if (rc) cu_rt_error("KDA block: a CUDA call failed");
     cudaStreamSynchronize(st);
     cu_rt_unlock();
     return rc;
