@@ -1323,11 +1323,13 @@ static void test_kda(void) {
  * CPU's short convolution (kda_short_conv) and recurrence (kda_recur_head): output, state and conv state bitwise
  * equal with a lower-bound gate, full-rank and low-rank output gates; T rows in one call bitwise T one-row calls. */
 static void test_kda_block(void) {
-    static const struct { int H, K, T, W, full; } cs[] = {{2, 16, 19, 4, 1}, {3, 32, 5, 4, 0}, {1, 64, 2, 4, 1}, {2, 16, 7, 1, 0}};
+    static const struct { int H, K, T, W, full; } cs[] = {
+        {2, 16, 19, 4, 1}, {3, 32, 5, 4, 0}, {1, 64, 2, 4, 1}, {2, 16, 7, 1, 0}, {2, 16, 3, 4, 1}};
     const df_backend *cu = df_backend_get("cuda");
     if (!cu) { CHECK(0, "KDA block: no cuda backend"); return; }
     enum { DM = 96 };
     int n_bad = 0, n_inv = 0, n = 0;
+    df_cuda_set_cache_by_address(0); /* each case's weights, not a freed earlier case's at the same address */
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
         const int H = cs[ci].H, K = cs[ci].K, T = cs[ci].T, W = cs[ci].W, D = H * K, P = W - 1;
         df_weight wq = make_weight(DF_W_BF16, D, DM), wk = make_weight(DF_W_BF16, D, DM), wv = make_weight(DF_W_BF16, D, DM);
@@ -1386,8 +1388,17 @@ static void test_kda_block(void) {
         free(gate); free(o); free(f); free(bl); free(tmp); free(Sr); free(Cr); free(outr); free(Sg); free(Cg); free(outg);
         free(S1); free(C1); free(out1);
     }
+    df_cuda_set_cache_by_address(1);
     CHECK(n_bad == 0, "KDA block: %d of %d cases differ from its steps", n_bad, n);
     CHECK(n_inv == 0, "KDA block: %d of %d cases differ between one call and one row per call", n_inv, n);
+    /* a head size whose state does not fit a block's shared memory: declined, state and conv state untouched */
+    df_weight one_w = make_weight(DF_W_BF16, 1, 1);
+    float one = 1.0f, conv1 = 2.0f, outv = 3.0f;
+    const df_kda_block big = {&one_w, &one_w, &one_w, &one_w, &one_w, &one_w, &one_w, NULL, NULL, &one_w, &one, &one,
+                              &one, &one, &one, &one, 1, 256, 2, 1, 1, -5.0f, 1e-5f};
+    CHECK(df_cuda_kda_block(&big, 1, &one, &conv1, &one, &outv) == -1 && one == 1.0f && conv1 == 2.0f,
+          "KDA block: K = 256 declined, state and conv state untouched");
+    free((void *)one_w.data);
 }
 
 /* The MoE routed on the device by the block (df_mla_block.moe): every one of BE MXFP4 experts resident (dev_load), a

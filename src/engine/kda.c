@@ -214,14 +214,18 @@ done:
     return rc;
 }
 
-/* On a backend with its own whole mixer (the GPU's kda_block), each sequence in one call when the backend would run
- * every sequence's recurrence (kda_steps' rule above: with a lower-bound gate only sequences of KDA_BE_MIN_T rows or
- * more): the same expressions as kda_steps, so the same bits. A sequence whose call fails runs kda_steps alone. */
+/* On a backend with its own whole mixer (the GPU's kda_block), each sequence in one call: the same expressions as
+ * kda_steps, so the same bits. A sequence whose call fails runs kda_steps alone. Weight bytes are counted per call
+ * (a batch of n prompts through the block reads each projection n times). */
 int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
                       size_t errlen) {
     const df_config *cfg = e->cfg;
-    int whole = e->be->kda_block != NULL;
-    for (int s = 0; s < n_seq && whole; s++) whole = !cfg->kda_has_lower_bound || seqs[s].T >= KDA_BE_MIN_T;
+    /* with a lower-bound gate the sequences whose recurrence kda_steps runs on the backend; without one (kda_steps runs
+     * every sequence's there, with the same convolution and SiLU: the same bits either way) one sequence, or
+     * prompt-sized ones: a decode batch's projections stay one matmul over all its rows */
+    int whole = e->be->kda_block && e->be->kda_recur;
+    for (int s = 0; s < n_seq && whole; s++)
+        whole = seqs[s].T >= KDA_BE_MIN_T || (n_seq == 1 && !cfg->kda_has_lower_bound);
     if (!whole) return kda_steps(e, layer, seqs, n_seq, h, out, err, errlen);
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int full = cfg->kda_full_rank_gate;

@@ -124,7 +124,11 @@ int grow_buf(size_t need, cudaStream_t st) {
     if (g_buf) cudaStreamSynchronize(st), cudaFree(g_buf);
     g_buf = nullptr;
     g_buf_bytes = 0;
-    if (cudaMalloc(&g_buf, need) != cudaSuccess) { g_buf = nullptr; return -1; }
+    if (cudaMalloc(&g_buf, need) != cudaSuccess) {
+        g_buf = nullptr;
+        cudaGetLastError(); /* not sticky: clear it, or the next matmul launch's check would report it */
+        return -1;
+    }
     g_buf_bytes = need;
     return 0;
 }
@@ -223,6 +227,7 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
     } while (0);
     if (rc) cu_rt_error("KDA recurrence: a CUDA call failed");
     cudaStreamSynchronize(st);
+    if (rc) cudaGetLastError(); /* a non-sticky error must not fail the caller's next launch (its steps) */
     cu_rt_unlock();
     return rc;
 }
@@ -343,6 +348,7 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, f
     } while (0);
     if (rc) cu_rt_error("KDA block: a CUDA call failed");
     cudaStreamSynchronize(st);
+    if (rc) cudaGetLastError(); /* a non-sticky error must not fail the caller's next launch (its steps) */
     cu_rt_unlock();
     return rc;
 }

@@ -241,7 +241,12 @@ int grow(void **p, size_t *cap, size_t need) {
     *p = NULL;
     *cap = 0;
     size_t n = round_up(need, 1 << 20);
-    CK(cudaMalloc(p, n));
+    const cudaError_t e = cudaMalloc(p, n);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        cudaGetLastError(); /* not sticky: clear it, or the next launch's check would report it */
+        return fail("cudaMalloc(p, n)", e);
+    }
     *cap = n;
     return 0;
 }
