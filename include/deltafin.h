@@ -321,13 +321,14 @@ enum {
     DF_PHASE_EMBED = 0,      /* token embedding lookup */
     DF_PHASE_NORM,           /* RMSNorms, residual adds, AttnRes mixes */
     DF_PHASE_MLA,            /* MLA attention (projections, scores, latent cache) */
-    DF_PHASE_KDA,            /* Kimi Delta Attention (projections, conv, recurrence) */
+    DF_PHASE_KDA,            /* Kimi Delta Attention: conv, recurrence, gated norm (a layer in one GPU call: all) */
     DF_PHASE_ROUTER,         /* router matmul + top-k */
     DF_PHASE_EXPERTS,        /* routed + shared expert compute (latent projections included), I/O wait excluded */
     DF_PHASE_DENSE,          /* dense MLP layers */
     DF_PHASE_IO_WAIT,        /* waiting for expert reads or streamed spine layers */
     DF_PHASE_PREFETCH,       /* router lookahead for the next layer's prefetch */
     DF_PHASE_LM_HEAD,        /* final norm + lm_head */
+    DF_PHASE_KDA_PROJ,       /* Kimi Delta Attention's projections and o_proj, when not in one GPU call */
     DF_PHASES
 };
 /* "embed", "norm+residual", "mla", "kda", "router", "experts", "dense-mlp", "io-wait", "prefetch", "lm-head". */

@@ -1218,7 +1218,7 @@ int df_checkpoint_describe(const char *path, char *buf, size_t cap, char *err, s
 
 const char *df_phase_name(int phase) {
     static const char *const names[DF_PHASES] = {"embed", "norm+residual", "mla", "kda", "router", "experts",
-                                                  "dense-mlp", "io-wait", "prefetch", "lm-head"};
+                                                  "dense-mlp", "io-wait", "prefetch", "lm-head", "kda-proj"};
     return phase >= 0 && phase < DF_PHASES ? names[phase] : "?";
 }
 

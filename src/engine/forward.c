@@ -319,8 +319,10 @@ int forward_batch(df_engine *e, const df_seq_rows *seqs, int n_seq, const int32_
             LAP(DF_PHASE_NORM);
             /* projections over all rows at once; each row attends to its own sequence's KV cache (MLA) or
              * continues its own sequence's recurrent state (KDA) */
+            const double kp0 = e->phase_s[DF_PHASE_KDA_PROJ]; /* kda_steps times its projections there */
             if (cfg->mixer[l] == DF_MIXER_KDA) rc = kda_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
             else rc = attn_forward_batch(e, l, seqs, n_seq, h, a, err, errlen);
+            lap += e->phase_s[DF_PHASE_KDA_PROJ] - kp0;
             LAP(cfg->mixer[l] == DF_MIXER_KDA ? DF_PHASE_KDA : DF_PHASE_MLA);
             if (rc) goto done;
             if (restart) memcpy(x, a, sizeof(float) * (size_t)T * D);

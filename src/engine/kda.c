@@ -19,6 +19,7 @@
 #include "engine.h"
 #include "deltafin.h"
 #include "kernels/kda_math.h"
+#include "util/util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -160,9 +161,11 @@ static int kda_steps(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq
     }
     float *q = e->kda_buf, *k = q + (size_t)T * D, *v = k + (size_t)T * D, *graw = v + (size_t)T * D,
           *gate = graw + (size_t)T * D, *o = gate + (size_t)T * D, *fa = o + (size_t)T * D, *bl = fa + (size_t)T * K, *ctmp = bl + (size_t)T * H;
+    double t0 = df_now();
     eng_matmul(e, &lw->kda_q, h, T, q);
     eng_matmul(e, &lw->kda_k, h, T, k);
     eng_matmul(e, &lw->kda_v, h, T, v);
+    e->phase_s[DF_PHASE_KDA_PROJ] += df_now() - t0;
     for (int s = 0; s < n_seq; s++) { /* each sequence's rows continue its own conv state */
         float *cs = seqs[s].kv->kda_conv[layer];
         const size_t P = (size_t)(W - 1) * D;
@@ -171,6 +174,7 @@ static int kda_steps(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq
         kda_short_conv(e->pool, k + o, cs + P, lw->conv_k, seqs[s].T, D, W, ctmp);
         kda_short_conv(e->pool, v + o, cs + 2 * P, lw->conv_v, seqs[s].T, D, W, ctmp);
     }
+    t0 = df_now();
     eng_matmul(e, &lw->f_a, h, T, fa);
     eng_matmul(e, &lw->f_b, fa, T, graw);
     eng_matmul(e, &lw->beta, h, T, bl);
@@ -180,6 +184,7 @@ static int kda_steps(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq
         eng_matmul(e, &lw->g_a, h, T, fa);
         eng_matmul(e, &lw->g_b, fa, T, gate);
     }
+    e->phase_s[DF_PHASE_KDA_PROJ] += df_now() - t0;
     args = malloc(sizeof(df_kda_args) * (size_t)n_seq);
     if (!args) {
         rc = DF_ENOMEM;
@@ -208,7 +213,9 @@ static int kda_steps(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq
         const int64_t grain = (int64_t)T * K * K * H < 65536 ? items : 1;
         df_pool_run(e->pool, items, grain, head_task, &j);
     }
+    t0 = df_now();
     eng_matmul(e, &lw->o, o, T, out);
+    e->phase_s[DF_PHASE_KDA_PROJ] += df_now() - t0;
 done:
     free(row0); free(args);
     return rc;
