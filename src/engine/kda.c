@@ -34,7 +34,10 @@ typedef struct {
     int H;
 } kda_job;
 
-void kda_recur_head(const df_kda_args *a, int h) {
+/* One head's recurrence over the call's rows. Built for AVX-512, AVX2 and the baseline, chosen at load time: the
+ * loops over columns vectorize, and every lane does the same IEEE operations in the same order as the baseline
+ * (no contraction, kda.c is built with -ffp-contract=off; no reassociation), so each clone gives the same bits. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) void kda_recur_head(const df_kda_args *a, int h) {
     const int K = a->K, D = a->H * a->K;
     float kv_mem[K > 0 ? K : 1], decay[K > 0 ? K : 1];
     const float qscale = 1.0f / sqrtf((float)K), ea = df_expf(a->A_log[h]);
