@@ -87,7 +87,10 @@ typedef struct {
     int T, D, W;
 } conv_job;
 
-static void conv_task(void *ctx, int64_t c0, int64_t c1, int tid) {
+/* built per target like kda_recur_head (the same bits: a harness of kda_short_conv, default against the clones,
+ * T x D x W = 1024 x 12288 x 4, 3 x 1000 x 4, 1 x 333 x 4, 17 x 256 x 1, 9 x 4096 x 6: identical output and state) */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void conv_task(void *ctx, int64_t c0, int64_t c1,
+                                                                                   int tid) {
     (void)tid;
     const conv_job *j = ctx;
     const int64_t D = j->D;
