@@ -2,10 +2,12 @@
  * weights) against an independent, plainly written reference in double
  * (non-absorbed MLA: k_nope and v expanded through kv_b for every position, as
  * transformers does), plus: T=1 decode == batched eval, grouped MoE requests
- * (each expert once per layer per call), routing details, sampler, logprob. */
+ * (each expert once per layer per call), routing details, sampler, logprob, and KDA's per-target builds against
+ * plain loops. */
 #include "engine/engine.h"
 #include "deltafin.h"
 #include "test_util.h"
+#include "kernels/kda_math.h"
 
 #include <string.h>
 
@@ -455,7 +457,84 @@ static void test_sampler(void) {
     CHECK_NEAR(tl[0], 3 - lse, 1e-5, "top logprob value");
 }
 
+/* KDA's recurrence and short convolution (engine/kda.c, built for AVX-512, AVX2 and the baseline and chosen at load
+ * time) against plain loops of the same operations (this file is built without contraction, as kda.c): bitwise
+ * equal, whichever build this machine runs. */
+static void ref_recur_head(const df_kda_args *a, int h) {
+    const int K = a->K, D = a->H * a->K;
+    float kv_mem[256], decay[256];
+    const float qscale = 1.0f / sqrtf((float)K), ea = df_expf(a->A_log[h]);
+    float *S = a->S + h * (int64_t)K * K;
+    for (int t = 0; t < a->T; t++) {
+        float *q = a->q + (int64_t)t * D + h * K, *k = a->k + (int64_t)t * D + h * K;
+        const float *v = a->v + (int64_t)t * D + h * K;
+        const float beta = df_kda_prep(q, k, a->graw + (int64_t)t * D + h * K, a->dt_bias + h * K, ea, a->has_lb, a->lb,
+                                       a->bl[(int64_t)t * a->H + h], qscale, K, decay);
+        for (int c = 0; c < K; c++) kv_mem[c] = 0.0f;
+        for (int r = 0; r < K; r++)
+            for (int c = 0; c < K; c++) {
+                S[r * K + c] = S[r * K + c] * decay[r];
+                kv_mem[c] = kv_mem[c] + S[r * K + c] * k[r];
+            }
+        for (int c = 0; c < K; c++) kv_mem[c] = beta * (v[c] - kv_mem[c]);
+        float *o = a->o + (int64_t)t * D + h * K;
+        for (int c = 0; c < K; c++) o[c] = 0.0f;
+        for (int r = 0; r < K; r++)
+            for (int c = 0; c < K; c++) {
+                S[r * K + c] = S[r * K + c] + k[r] * kv_mem[c];
+                o[c] = o[c] + q[r] * S[r * K + c];
+            }
+        df_kda_out(o, a->gate + (int64_t)t * D + h * K, a->o_norm, a->eps, a->silu_gate, K);
+    }
+}
+
+static void test_kda_builds(void) {
+    static const struct { int H, K, T, lb; } rc[] = {{3, 128, 9, 1}, {2, 100, 5, 0}, {4, 16, 17, 1}};
+    int bad = 0;
+    for (size_t ci = 0; ci < sizeof rc / sizeof *rc; ci++) {
+        const int H = rc[ci].H, K = rc[ci].K, T = rc[ci].T, D = H * K;
+        const size_t rows = (size_t)T * D, sn = (size_t)H * K * K;
+        float *in[6], *S0 = vec((int)sn, 0, 0.1f), *S1 = malloc(4 * sn), *S2 = malloc(4 * sn), *o1 = malloc(4 * rows),
+              *o2 = malloc(4 * rows), *bl = vec(T * H, 0, 2), *A = vec(H, 0, 1), *dt = vec(D, 0, 0.5f), *on = vec(K, 1, 0.2f);
+        for (int i = 0; i < 6; i++) in[i] = vec((int)rows, 0, i == 3 ? 3.0f : 1.0f); /* q, k, v, graw, gate; q, k copy */
+        memcpy(in[5], in[1], 4 * rows);
+        float *q2 = malloc(4 * rows);
+        memcpy(q2, in[0], 4 * rows);
+        memcpy(S1, S0, 4 * sn); memcpy(S2, S0, 4 * sn);
+        df_kda_args a = {H, K, T, in[0], in[1], in[2], in[3], bl, in[4], A, dt, on, rc[ci].lb, 1, -5.0f, 1e-5f, S1, o1};
+        for (int h = 0; h < H; h++) kda_recur_head(&a, h);
+        df_kda_args b = a;
+        b.q = q2; b.k = in[5]; b.S = S2; b.o = o2;
+        for (int h = 0; h < H; h++) ref_recur_head(&b, h);
+        bad += memcmp(S1, S2, 4 * sn) != 0 || memcmp(o1, o2, 4 * rows) != 0;
+        for (int i = 0; i < 6; i++) free(in[i]);
+        free(S0); free(S1); free(S2); free(o1); free(o2); free(bl); free(A); free(dt); free(on); free(q2);
+    }
+    CHECK(bad == 0, "KDA recurrence: %d of 3 cases differ from the plain loops", bad);
+    /* the short convolution: out[t, c] = silu(sum_j w[c, j] x[t-P+j, c]) over [state; x], state = last P rows */
+    static const struct { int T, D, W; } cc[] = {{1, 40, 4}, {3, 40, 4}, {9, 72, 4}, {5, 33, 1}, {7, 64, 6}};
+    bad = 0;
+    for (size_t ci = 0; ci < sizeof cc / sizeof *cc; ci++) {
+        const int T = cc[ci].T, D = cc[ci].D, W = cc[ci].W, P = W - 1;
+        float *x = vec(T * D, 0, 4), *st = vec(P * D + 1, 0, 4), *w = vec(D * W, 0, 1), *tmp = malloc(4 * (size_t)(P + 1) * D);
+        float *cat = malloc(4 * (size_t)(P + T) * D), *ref = malloc(4 * (size_t)T * D);
+        memcpy(cat, st, 4 * (size_t)P * D);
+        memcpy(cat + (size_t)P * D, x, 4 * (size_t)T * D);
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < D; c++) {
+                float s = 0.0f;
+                for (int j = 0; j < W; j++) s = s + w[c * W + j] * cat[(size_t)(t + j) * D + c];
+                ref[(size_t)t * D + c] = df_kda_silu(s);
+            }
+        kda_short_conv(NULL, x, st, w, T, D, W, tmp);
+        bad += memcmp(x, ref, 4 * (size_t)T * D) != 0 || memcmp(st, cat + (size_t)T * D, 4 * (size_t)P * D) != 0;
+        free(x); free(st); free(w); free(tmp); free(cat); free(ref);
+    }
+    CHECK(bad == 0, "KDA short convolution: %d of 5 cases differ from the plain loops", bad);
+}
+
 int main(void) {
+    test_kda_builds();
     test_rope_values();
     test_route();
     test_sampler();
