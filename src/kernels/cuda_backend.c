@@ -125,9 +125,8 @@ static void init_table(void) {
     g_cuda_be.embed_dev = greedy ? df_cuda_embed_dev : NULL;
     /* Kimi Linear / K3's KDA recurrence (cuda_kda.cu); DF_CUDA_KDA=0 runs it on the CPU (a developer comparison) */
     g_cuda_be.kda_recur = df_cuda_env_switch("DF_CUDA_KDA", NULL, 0) != 0 ? cuda_be_kda_recur : NULL;
-    /* a KDA layer's whole mixer in one call (cuda_kda.cu df_cuda_kda_block): DF_CUDA_KDA_BLOCK=1; off by default until
-     * it is measured on a GPU (its test is test_cuda_kernels' test_kda_block) */
-    g_cuda_be.kda_block = g_cuda_be.kda_recur && df_cuda_env_switch_def("DF_CUDA_KDA_BLOCK", 0, NULL, 0) == 1
+    /* a KDA layer's whole mixer in one call (cuda_kda.cu df_cuda_kda_block); DF_CUDA_KDA_BLOCK=0 runs it step by step */
+    g_cuda_be.kda_block = g_cuda_be.kda_recur && df_cuda_env_switch("DF_CUDA_KDA_BLOCK", NULL, 0) != 0
                               ? cuda_be_kda_block : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
