@@ -111,9 +111,10 @@ typedef struct {
     float eps;
 } rows_job;
 
-static int64_t rows_grain(const df_engine *e, int T) {
+/* items per pool chunk of n items: ~4 chunks per thread */
+static int64_t rows_grain(const df_engine *e, int64_t n) {
     const int nt = df_pool_threads(e->pool);
-    const int64_t g = (T + 4 * (int64_t)nt - 1) / (4 * (int64_t)nt);
+    const int64_t g = (n + 4 * (int64_t)nt - 1) / (4 * (int64_t)nt);
     return g < 1 ? 1 : g;
 }
 
@@ -138,8 +139,7 @@ static void add_task(void *ctx, int64_t i0, int64_t i1, int tid) {
 /* x += a over n floats */
 static void add_rows(const df_engine *e, float *x, const float *a, int64_t n) {
     rows_job j = {e, x, a, NULL, NULL, NULL, 0, 0, 0, 0.0f};
-    const int nt = df_pool_threads(e->pool);
-    df_pool_run(e->pool, n, n < ROWS_PAR_MIN ? n : (n + 4 * nt - 1) / (4 * nt), add_task, &j);
+    df_pool_run(e->pool, n, n < ROWS_PAR_MIN ? n : rows_grain(e, n), add_task, &j);
 }
 
 /* AttnRes mix for T tokens: out[t] = softmax-weighted sum of blocks[t][0..nb) and p[t] (see above). */

@@ -164,72 +164,98 @@ struct Carve {
 };
 size_t up256(size_t n) { return (n + 255) / 256 * 256; }
 
-} // namespace
-
 /* The largest K whose state and staging fit a block's shared memory (227 KB on compute capability 9.0). */
-static const int KDA_MAX_K = 224;
+constexpr int KDA_MAX_K = 224;
+
+/* The recur kernel's dynamic shared memory: the [K][K] state and the token's k, q, decay */
+size_t recur_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 * (size_t)K); }
+
+/* -1 (recorded, naming op) when K is above KDA_MAX_K, else 0 */
+int head_refusal(const char *op, int K) {
+    if (K <= KDA_MAX_K) return 0;
+    char m[160];
+    snprintf(m, sizeof m, "%s: head size %d above %d (a head's state must fit a block's shared memory)", op, K,
+             KDA_MAX_K);
+    return cu_rt_error(m);
+}
+
+struct HostCopy {
+    void *d;
+    const void *h;
+    size_t n;
+};
+
+/* n host arrays into device memory, queued on st: 0, or -1 */
+int copy_in(const HostCopy *in, size_t n, cudaStream_t st) {
+    for (size_t i = 0; i < n; i++)
+        if (cudaMemcpyAsync(in[i].d, in[i].h, in[i].n, cudaMemcpyHostToDevice, st) != cudaSuccess) return -1;
+    return 0;
+}
+
+/* prep, recurrence and gated RMSNorm of T rows of device arrays (df_kda_args' meaning; q, k normalized in place,
+ * decay [T, H*K] and beta [T, H] scratch, S updated, o written), queued on st after kda_setup(recur_smem(K)) */
+cudaError_t launch_recurrence(cudaStream_t st, int T, int H, int K, float *q, float *k, const float *v,
+                              const float *graw, const float *bl, const float *gate, const float *A_log,
+                              const float *dt_bias, const float *o_norm, int has_lb, float lb, float eps, int silu_gate,
+                              float *decay, float *beta, float *S, float *o) {
+    const int nb = (int)(((int64_t)T * H + 127) / 128);
+    const float qscale = 1.0f / sqrtf((float)K);
+    cudaError_t e = cu_launch(kda_prep_kernel, nb, 128, 0, st, T, H, K, q, k, graw, bl, A_log, dt_bias, has_lb, lb,
+                              qscale, decay, beta);
+    if (e == cudaSuccess)
+        e = cu_launch(kda_recur_kernel, H, K, recur_smem(K), st, T, H, K, (const float *)q, (const float *)k, v,
+                      (const float *)decay, (const float *)beta, S, o);
+    if (e == cudaSuccess) e = cu_launch(kda_out_kernel, nb, 128, 0, st, T, H, K, o, gate, o_norm, eps, silu_gate);
+    return e;
+}
+
+/* An entry point's end, the mutex held: a failure recorded as msg and CUDA's error cleared (it is not sticky: the
+ * caller's next launch, its steps, would report it), the stream drained, the mutex released; returns rc. */
+int finish(int rc, const char *msg, cudaStream_t st) {
+    if (rc) cu_rt_error(msg);
+    cudaStreamSynchronize(st);
+    if (rc) cudaGetLastError();
+    cu_rt_unlock();
+    return rc;
+}
+
+} // namespace
 
 extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
     if (!a || a->H < 1 || a->K < 1 || a->T < 0) return cu_rt_error("KDA recurrence: no heads, rows or head size");
-    if (a->K > KDA_MAX_K) {
-        char m[160];
-        snprintf(m, sizeof m, "KDA recurrence: head size %d above %d (a head's state must fit a block's shared memory)",
-                 a->K, KDA_MAX_K);
-        return cu_rt_error(m);
-    }
+    if (head_refusal("KDA recurrence", a->K)) return -1;
     if (a->T == 0) return 0;
     if (cu_rt_lock()) return -1;
     cudaStream_t st = cu_rt_stream();
     const int H = a->H, K = a->K, T = a->T;
-    const size_t D = (size_t)H * K, rows = sizeof(float) * (size_t)T * D, sb = sizeof(float) * (size_t)H * K * K,
-                 smem = sizeof(float) * ((size_t)K * K + 3 * (size_t)K);
-    /* q, k, v, graw, gate, decay, o [T, D]; bl, beta [T, H]; S; A_log [H], dt_bias [D], o_norm [K] (256-byte aligned) */
-    const size_t al = 256, fb = (rows + al - 1) / al * al, hb = (sizeof(float) * (size_t)T * H + al - 1) / al * al,
-                 need = 7 * fb + 2 * hb + (sb + al - 1) / al * al + 3 * ((sizeof(float) * D + al - 1) / al * al);
+    const size_t f = sizeof(float), D = (size_t)H * K, rows = f * (size_t)T * D, sb = f * (size_t)H * K * K;
+    /* q, k, v, graw, gate, decay, o [T, D]; bl, beta [T, H]; S; A_log [H], dt_bias [D], o_norm [K] */
+    const size_t need = 7 * up256(rows) + 2 * up256(f * (size_t)T * H) + up256(sb) + up256(f * H) + up256(f * D) +
+                        up256(f * K);
     int rc = -1;
-    float *s_host = nullptr;
     do {
-        if (kda_setup(smem) || grow_buf(need, st)) break;
-        char *p = g_buf;
-        auto take = [&](size_t n) { char *r = p; p += (n + al - 1) / al * al; return (float *)r; };
-        float *q = take(rows), *k = take(rows), *v = take(rows), *graw = take(rows), *gate = take(rows),
-              *decay = take(rows), *o = take(rows), *bl = take(sizeof(float) * (size_t)T * H),
-              *beta = take(sizeof(float) * (size_t)T * H), *S = take(sb), *A_log = take(sizeof(float) * H),
-              *dt_bias = take(sizeof(float) * D), *o_norm = take(sizeof(float) * K);
-        const struct { void *d; const void *h; size_t n; } in[] = {
-            {q, a->q, rows}, {k, a->k, rows}, {v, a->v, rows}, {graw, a->graw, rows}, {gate, a->gate, rows},
-            {bl, a->bl, sizeof(float) * (size_t)T * H}, {S, a->S, sb}, {A_log, a->A_log, sizeof(float) * H},
-            {dt_bias, a->dt_bias, sizeof(float) * D}, {o_norm, a->o_norm, sizeof(float) * K}};
-        int ok = 1;
-        for (const auto &c : in)
-            if (cudaMemcpyAsync(c.d, c.h, c.n, cudaMemcpyHostToDevice, st) != cudaSuccess) { ok = 0; break; }
-        if (!ok) break;
-        const int64_t items = (int64_t)T * H;
-        const int nb = (int)((items + 127) / 128);
-        const float qscale = 1.0f / sqrtf((float)K);
-        if (cu_launch(kda_prep_kernel, nb, 128, 0, st, T, H, K, q, k, (const float *)graw, (const float *)bl,
-                      (const float *)A_log, (const float *)dt_bias, a->has_lb, a->lb, qscale, decay, beta) != cudaSuccess)
-            break;
-        if (cu_launch(kda_recur_kernel, H, K, smem, st, T, H, K, (const float *)q, (const float *)k, (const float *)v,
-                      (const float *)decay, (const float *)beta, S, o) != cudaSuccess)
-            break;
-        if (cu_launch(kda_out_kernel, nb, 128, 0, st, T, H, K, o, (const float *)gate, (const float *)o_norm, a->eps,
-                      a->silu_gate) != cudaSuccess)
+        if (kda_setup(recur_smem(K)) || grow_buf(need, st) || grow_s_host(sb)) break;
+        Carve cv{g_buf};
+        float *q = cv.take(rows), *k = cv.take(rows), *v = cv.take(rows), *graw = cv.take(rows), *gate = cv.take(rows),
+              *decay = cv.take(rows), *o = cv.take(rows), *bl = cv.take(f * (size_t)T * H),
+              *beta = cv.take(f * (size_t)T * H), *S = cv.take(sb), *A_log = cv.take(f * H), *dt_bias = cv.take(f * D),
+              *o_norm = cv.take(f * K);
+        const HostCopy in[] = {{q, a->q, rows},         {k, a->k, rows},         {v, a->v, rows},
+                               {graw, a->graw, rows},   {gate, a->gate, rows},   {bl, a->bl, f * (size_t)T * H},
+                               {S, a->S, sb},           {A_log, a->A_log, f * H}, {dt_bias, a->dt_bias, f * D},
+                               {o_norm, a->o_norm, f * K}};
+        if (copy_in(in, sizeof in / sizeof *in, st)) break;
+        if (launch_recurrence(st, T, H, K, q, k, v, graw, bl, gate, A_log, dt_bias, o_norm, a->has_lb, a->lb, a->eps,
+                              a->silu_gate, decay, beta, S, o) != cudaSuccess)
             break;
         /* the state through a host copy: a failed call leaves the caller's state as it was */
-        if (grow_s_host(sb)) break;
-        s_host = g_s_host;
-        if (cudaMemcpyAsync(s_host, S, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
+        if (cudaMemcpyAsync(g_s_host, S, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
         if (cudaMemcpyAsync(a->o, o, rows, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
         if (cu_rt_sync("kda") != cudaSuccess) break;
-        memcpy(a->S, s_host, sb);
+        memcpy(a->S, g_s_host, sb);
         rc = 0;
     } while (0);
-    if (rc) cu_rt_error("KDA recurrence: a CUDA call failed");
-    cudaStreamSynchronize(st);
-    if (rc) cudaGetLastError(); /* a non-sticky error must not fail the caller's next launch (its steps) */
-    cu_rt_unlock();
-    return rc;
+    return finish(rc, "KDA recurrence: a CUDA call failed", st);
 }
 
 namespace {
@@ -263,12 +289,7 @@ const char *block_shapes(const df_kda_block *b, int64_t D) {
 extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out) {
     if (!b || b->H < 1 || b->K < 1 || T < 0 || !h || !conv || !S || !out)
         return cu_rt_error("KDA block: no heads, rows, state or output");
-    if (b->K > KDA_MAX_K) {
-        char m[160];
-        snprintf(m, sizeof m, "KDA block: head size %d above %d (a head's state must fit a block's shared memory)",
-                 b->K, KDA_MAX_K);
-        return cu_rt_error(m);
-    }
+    if (head_refusal("KDA block", b->K)) return -1;
     const int H = b->H, K = b->K, P = b->W - 1;
     const int64_t D = (int64_t)H * K;
     if (const char *why = block_shapes(b, D)) {
@@ -280,8 +301,7 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, f
     const int64_t Dm = b->q->cols, Do = b->o->rows;
     int64_t Ra = b->f_a->rows; /* fa holds f_a's rows, then g_a's */
     if (!b->g && b->g_a->rows > Ra) Ra = b->g_a->rows;
-    const size_t f = sizeof(float), rows = f * (size_t)T * D, sb = f * (size_t)H * K * K, cb = f * (size_t)3 * P * D,
-                 smem = f * ((size_t)K * K + 3 * (size_t)K);
+    const size_t f = sizeof(float), rows = f * (size_t)T * D, sb = f * (size_t)H * K * K, cb = f * (size_t)3 * P * D;
     /* h [T, Dm]; raw, q, k, v, graw, gate, decay, o [T, D]; fa [T, Ra]; bl, beta [T, H]; S; conv state in and out
      * [3, P, D]; conv weights [3, D, W]; A_log [H], dt_bias [D], o_norm [K]; out [T, Do] */
     const size_t need = up256(f * (size_t)T * Dm) + 8 * up256(rows) + up256(f * (size_t)T * Ra) +
@@ -291,7 +311,7 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, f
     cudaStream_t st = cu_rt_stream();
     int rc = -1;
     do {
-        if (kda_setup(smem) || grow_buf(need, st) || grow_s_host(sb + cb)) break;
+        if (kda_setup(recur_smem(K)) || grow_buf(need, st) || grow_s_host(sb + cb)) break;
         Carve cv{g_buf};
         float *dh = cv.take(f * (size_t)T * Dm), *raw = cv.take(rows), *q = cv.take(rows), *k = cv.take(rows),
               *v = cv.take(rows), *graw = cv.take(rows), *gate = cv.take(rows), *decay = cv.take(rows),
@@ -300,18 +320,16 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, f
               *cw[3] = {cv.take(f * (size_t)D * b->W), cv.take(f * (size_t)D * b->W), cv.take(f * (size_t)D * b->W)},
               *A_log = cv.take(f * H), *dt_bias = cv.take(f * D), *o_norm = cv.take(f * K),
               *dout = cv.take(f * (size_t)T * Do);
-        const struct { void *d; const void *hp; size_t n; } in[] = {
+        const HostCopy in[] = {
             {dh, h, f * (size_t)T * Dm}, {dS, S, sb}, {cst, conv, cb}, {cw[0], b->conv_q, f * (size_t)D * b->W},
             {cw[1], b->conv_k, f * (size_t)D * b->W}, {cw[2], b->conv_v, f * (size_t)D * b->W},
             {A_log, b->A_log, f * H}, {dt_bias, b->dt_bias, f * D}, {o_norm, b->o_norm, f * K}};
-        int ok = 1;
-        for (const auto &c : in)
-            if (cudaMemcpyAsync(c.d, c.hp, c.n, cudaMemcpyHostToDevice, st) != cudaSuccess) { ok = 0; break; }
-        if (!ok) break;
+        if (copy_in(in, sizeof in / sizeof *in, st)) break;
         /* q, k, v: projection into raw, the next conv state from raw, the convolution into q / k / v */
         const df_weight *pw[3] = {b->q, b->k, b->v};
         float *po[3] = {q, k, v};
         const int nbc = (int)(((int64_t)T * D + 255) / 256), nbs = (int)(((int64_t)P * D + 255) / 256);
+        int ok = 1;
         for (int i = 0; i < 3 && ok; i++) {
             ok = mm_dev(pw[i], dh, T, raw, st) == 0 &&
                  (P == 0 || cu_launch(kda_conv_state_kernel, nbs, 256, 0, st, T, D, P, (const float *)raw,
@@ -323,17 +341,8 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, f
         if (mm_dev(b->f_a, dh, T, fa, st) || mm_dev(b->f_b, fa, T, graw, st) || mm_dev(b->beta, dh, T, bl, st)) break;
         if (b->g ? mm_dev(b->g, dh, T, gate, st) : (mm_dev(b->g_a, dh, T, fa, st) || mm_dev(b->g_b, fa, T, gate, st)))
             break;
-        const int64_t items = (int64_t)T * H;
-        const int nb = (int)((items + 127) / 128);
-        const float qscale = 1.0f / sqrtf((float)K);
-        if (cu_launch(kda_prep_kernel, nb, 128, 0, st, T, H, K, q, k, (const float *)graw, (const float *)bl,
-                      (const float *)A_log, (const float *)dt_bias, b->has_lb, b->lb, qscale, decay, beta) != cudaSuccess)
-            break;
-        if (cu_launch(kda_recur_kernel, H, K, smem, st, T, H, K, (const float *)q, (const float *)k, (const float *)v,
-                      (const float *)decay, (const float *)beta, dS, o) != cudaSuccess)
-            break;
-        if (cu_launch(kda_out_kernel, nb, 128, 0, st, T, H, K, o, (const float *)gate, (const float *)o_norm, b->eps,
-                      b->silu_gate) != cudaSuccess)
+        if (launch_recurrence(st, T, H, K, q, k, v, graw, bl, gate, A_log, dt_bias, o_norm, b->has_lb, b->lb, b->eps,
+                              b->silu_gate, decay, beta, dS, o) != cudaSuccess)
             break;
         if (mm_dev(b->o, o, T, dout, st)) break;
         /* state and conv state through a host copy: a failed call leaves the caller's as they were */
@@ -346,9 +355,5 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, f
         memcpy(conv, (char *)g_s_host + sb, cb);
         rc = 0;
     } while (0);
-    if (rc) cu_rt_error("KDA block: a CUDA call failed");
-    cudaStreamSynchronize(st);
-    if (rc) cudaGetLastError(); /* a non-sticky error must not fail the caller's next launch (its steps) */
-    cu_rt_unlock();
-    return rc;
+    return finish(rc, "KDA block: a CUDA call failed", st);
 }
