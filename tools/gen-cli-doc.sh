@@ -35,7 +35,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "without waiting, greedy tokens chosen on the GPU with the next step queued before they are read back, the KDA convolution and recurrence (Kimi Linear, K3) on the GPU, a KDA layer's whole mixer in one GPU call; \`DF_CUDA_TILE\`, \`DF_CUDA_MV_ROWS\`: kernel variant 0 (automatic) | 1 | 2 | 4 | 8;"
   echo "\`DF_CUDA_MMA_KS\`: the tensor-core kernel's most K slices 1 | 2 (default) | 4 | 8 (changes its bits);"
   echo "\`DF_CUDA_KV_MIRROR\`: 1|on (the default: up to 1/8 of the GPU's memory) / 0|off / a size with a unit such as 512M or 4G, the GPU memory of the attention core's"
-  echo "KV-cache mirrors; \`DF_CUDA_TRACE\`: 1|on / 2 (host clocks only) / 0|off (default), each GPU call's wall, queue, wait"
+  echo "KV-cache mirrors (and, a budget of the same size of their own, of the KDA states kept on the GPU); \`DF_CUDA_TRACE\`: 1|on / 2 (host clocks only) / 0|off (default), each GPU call's wall, queue, wait"
   echo "and device time per stage on stderr at exit; each an error for \`--backend cuda\` / \`auto\` when invalid):"
   echo "[docs/cuda.md](cuda.md)."
   for c in run convert tokenize serve bench synth doctor setup list warm; do

@@ -842,7 +842,9 @@ static int eval_mark(df_session *s, int pend, char *err, size_t errlen) {
     }
     if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
     if (!s->snap) return set_err(err, errlen, DF_ENOMEM, "out of memory for the recurrent-state snapshot");
-    kv_recurrent_save(&s->kv, s->snap);
+    s->snap_pos = -1;
+    const int rs = kv_recurrent_save(&s->kv, s->snap, err, errlen);
+    if (rs) return rs;
     s->snap_pos = s->n_eval;
     return DF_OK;
 }
@@ -912,10 +914,8 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         s->n_eval = s->n_past;
         if (s->recurrent && pend + n > 1 && !mark) { /* snapshot at the end of a prompt: where a later turn returns to */
             if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
-            if (s->snap) {
-                kv_recurrent_save(&s->kv, s->snap);
-                s->snap_pos = s->n_eval;
-            }
+            if (s->snap) /* without it (out of memory, a failed fetch from the GPU) a later turn recomputes */
+                s->snap_pos = kv_recurrent_save(&s->kv, s->snap, NULL, 0) == DF_OK ? s->n_eval : -1;
         }
         if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
         /* the prompt's eval is the prefill even when the prompt is one token */
@@ -1302,10 +1302,7 @@ int df_eval_batch(df_session *const *ss, const int32_t *const *ids, const int *n
             s->n_eval = s->n_past;
             if (s->recurrent && seq[i].T > 1) { /* snapshot at the end of a prompt, as df_eval */
                 if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
-                if (s->snap) {
-                    kv_recurrent_save(&s->kv, s->snap);
-                    s->snap_pos = s->n_eval;
-                }
+                if (s->snap) s->snap_pos = kv_recurrent_save(&s->kv, s->snap, NULL, 0) == DF_OK ? s->n_eval : -1;
             }
             if (n[i] > 1 || s->n_past == n[i]) n_prefill += (uint64_t)n[i];
             else n_decode++;

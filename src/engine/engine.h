@@ -61,7 +61,13 @@ typedef struct {
     int kda_H, kda_K, kda_W; /* heads, head_dim, conv kernel */
     float **kda_S;           /* [n_layers][H*K*K]; NULL for MLA layers */
     float **kda_conv;        /* [n_layers][3*(W-1)*H*K]; NULL for MLA layers */
+    /* a backend's device copies of the KDA states (df_backend.kda_block's key uid << 8 | layer): kda_be the backend
+     * that may hold some (NULL: none); kda_dev[l] bit 0 (KV_KDA_COPY): it may hold layer l's, bit 1 (KV_KDA_NEWER):
+     * that copy may be newer than kda_S / kda_conv, which are then stale until kv_kda_host */
+    const df_backend *kda_be;
+    unsigned char kda_dev[DF_MAX_LAYERS];
 } df_kvcache;
+enum { KV_KDA_COPY = 1, KV_KDA_NEWER = 2 };
 
 /* An empty cache for cfg's layers with a fresh uid. Only attn_chunk (attention.c) writes the MLA rows c / kpe, at
  * the positions it then attends from (the seq_key contract of df_backend.mla_attend); code that writes them
@@ -76,9 +82,14 @@ void kv_free(df_kvcache *kv);
 uint64_t kv_bytes(const df_kvcache *kv);
 /* Bytes of the recurrent (KDA) state of all layers: what a snapshot holds (0 without KDA layers). */
 uint64_t kv_recurrent_bytes(const df_kvcache *kv);
+/* Layer l's KDA state current in kda_S / kda_conv: fetched from kda_be's device copy when that may be newer; drop: the
+ * copy forgotten too (the host's state is about to change). DF_OK, or DF_EUNSUPPORTED when the fetch failed (err
+ * names the layer and the backend's reason; the copy kept). */
+int kv_kda_host(df_kvcache *kv, int l, int drop, char *err, size_t errlen);
 /* Copy the recurrent state out to / in from buf (kv_recurrent_bytes bytes); reset sets it to zero
- * (the state before position 0). */
-void kv_recurrent_save(const df_kvcache *kv, float *buf);
+ * (the state before position 0). save fetches device copies first (kv_kda_host: DF_OK or its error); load and reset
+ * forget them. */
+int kv_recurrent_save(df_kvcache *kv, float *buf, char *err, size_t errlen);
 void kv_recurrent_load(df_kvcache *kv, const float *buf);
 void kv_recurrent_reset(df_kvcache *kv);
 

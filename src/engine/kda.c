@@ -152,6 +152,9 @@ static int kda_steps(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq
         return DF_ENOMEM;
     }
     for (int s = 0; s < n_seq; s++) { row0[s] = T; T += seqs[s].T; }
+    for (int s = 0; s < n_seq && rc == DF_OK; s++) /* the host's state current, and changed below */
+        rc = kv_kda_host(seqs[s].kv, layer, 1, err, errlen);
+    if (rc) goto done;
     /* q, k, v, graw, gate, o [T, D]; fa [T, K]; bl [T, H]; the convolution's next state [W-1, D]: in the engine's
      * buffer, reused call after call */
     const size_t need = (size_t)T * (6 * (size_t)D + (size_t)K + (size_t)H) + (size_t)(W - 1) * D;
@@ -228,17 +231,16 @@ done:
 }
 
 /* On a backend with its own whole mixer (the GPU's kda_block), each sequence in one call: the same expressions as
- * kda_steps, so the same bits. A sequence whose call fails runs kda_steps alone. Weight bytes are counted per call
- * (a batch of n prompts through the block reads each projection n times). */
+ * kda_steps, so the same bits; its state may stay in the backend's device copy (df_kvcache.kda_dev), which every
+ * reader of the host's state fetches first (kv_kda_host). A sequence whose call fails runs kda_steps alone. Weight
+ * bytes are counted per call (a batch of n prompts through the block reads each projection n times). */
 int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
                       size_t errlen) {
     const df_config *cfg = e->cfg;
-    /* with a lower-bound gate the sequences whose recurrence kda_steps runs on the backend; without one (kda_steps runs
-     * every sequence's there, with the same convolution and SiLU: the same bits either way) one sequence, or
-     * prompt-sized ones: a decode batch's projections stay one matmul over all its rows */
-    int whole = e->be->kda_block && e->be->kda_recur;
-    for (int s = 0; s < n_seq && whole; s++)
-        whole = seqs[s].T >= KDA_BE_MIN_T || (n_seq == 1 && !cfg->kda_has_lower_bound);
+    /* one sequence, or prompt-sized ones: a decode batch's projections stay one matmul over all its rows (its
+     * recurrence on the backend's kda_recur or the pool) */
+    int whole = e->be->kda_block && e->be->kda_recur && e->be->kda_state;
+    for (int s = 0; s < n_seq && whole; s++) whole = seqs[s].T >= KDA_BE_MIN_T || n_seq == 1;
     if (!whole) return kda_steps(e, layer, seqs, n_seq, h, out, err, errlen);
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int full = cfg->kda_full_rank_gate;
@@ -254,7 +256,17 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
         const float *hs = h + r0 * Dm;
         float *os = out + r0 * Do;
         df_kvcache *kv = seqs[s].kv;
-        if (e->be->kda_block(&b, seqs[s].T, hs, kv->kda_conv[layer], kv->kda_S[layer], os) == 0) {
+        if (kv->kda_be && kv->kda_be != e->be) { /* another backend's copy (not expected: one engine per cache) */
+            const int rc = kv_kda_host(kv, layer, 1, err, errlen);
+            if (rc) return rc;
+        }
+        const int rb = e->be->kda_block(&b, seqs[s].T, hs, kv->uid << 8 | (uint64_t)layer, kv->kda_conv[layer],
+                                        kv->kda_S[layer], os);
+        if (rb >= 0) {
+            if (rb == 1) {
+                kv->kda_be = e->be;
+                kv->kda_dev[layer] = KV_KDA_COPY | KV_KDA_NEWER;
+            }
             for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
                 if (ws[i]) e->weight_bytes += df_weight_bytes(ws[i]);
         } else {

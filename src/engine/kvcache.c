@@ -5,11 +5,14 @@
  * so a session with a large context limit only pays for the positions it uses.
  * Each cache has a process-unique uid, the identity of its device mirrors (engine.h).
  * KDA layers: a fixed-size recurrent state S [heads, K, K] and the short-conv
- * state (the last W-1 pre-conv projections of q, k, v), fp32, for position n_past.
+ * state (the last W-1 pre-conv projections of q, k, v), fp32, for position n_past; on a GPU backend the
+ * current state may be its device copy (kda_be, kda_dev), fetched by kv_kda_host before the host's is read.
  */
 #include "engine.h"
 #include "deltafin.h"
+#include "kernels/cuda.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,17 +92,47 @@ uint64_t kv_recurrent_bytes(const df_kvcache *kv) {
     return n;
 }
 
-void kv_recurrent_save(const df_kvcache *kv, float *buf) {
+int kv_kda_host(df_kvcache *kv, int l, int drop, char *err, size_t errlen) {
+    if (!kv->kda_be || !(kv->kda_dev[l] & KV_KDA_COPY)) return DF_OK;
+    const uint64_t key = kv->uid << 8 | (uint64_t)l;
+    if ((kv->kda_dev[l] & KV_KDA_NEWER) && kv->kda_be->kda_state(key, kv->kda_conv[l], kv->kda_S[l], DF_KDA_FETCH)) {
+        if (err)
+            snprintf(err, errlen, "KDA layer %d: the state could not be copied back from the GPU (%s)", l,
+                     df_cuda_last_error());
+        return DF_EUNSUPPORTED;
+    }
+    kv->kda_dev[l] &= (unsigned char)~KV_KDA_NEWER;
+    if (drop) {
+        kv->kda_be->kda_state(key, NULL, NULL, DF_KDA_DROP);
+        kv->kda_dev[l] = 0;
+    }
+    return DF_OK;
+}
+
+/* every device copy forgotten (the host's state is about to be overwritten) */
+static void kda_forget_copies(df_kvcache *kv) {
+    if (!kv->kda_be) return;
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->kda_dev[l] & KV_KDA_COPY) kv->kda_be->kda_state(kv->uid << 8 | (uint64_t)l, NULL, NULL, DF_KDA_DROP);
+    memset(kv->kda_dev, 0, sizeof kv->kda_dev);
+    kv->kda_be = NULL;
+}
+
+int kv_recurrent_save(df_kvcache *kv, float *buf, char *err, size_t errlen) {
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->mixer[l] != DF_MIXER_KDA) continue;
+        const int rc = kv_kda_host(kv, l, 0, err, errlen);
+        if (rc) return rc;
         memcpy(buf, kv->kda_S[l], kda_S_floats(kv) * sizeof(float));
         buf += kda_S_floats(kv);
         memcpy(buf, kv->kda_conv[l], kda_conv_floats(kv) * sizeof(float));
         buf += kda_conv_floats(kv);
     }
+    return DF_OK;
 }
 
 void kv_recurrent_load(df_kvcache *kv, const float *buf) {
+    kda_forget_copies(kv);
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->mixer[l] != DF_MIXER_KDA) continue;
         memcpy(kv->kda_S[l], buf, kda_S_floats(kv) * sizeof(float));
@@ -110,6 +143,7 @@ void kv_recurrent_load(df_kvcache *kv, const float *buf) {
 }
 
 void kv_recurrent_reset(df_kvcache *kv) {
+    kda_forget_copies(kv);
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->mixer[l] != DF_MIXER_KDA) continue;
         memset(kv->kda_S[l], 0, kda_S_floats(kv) * sizeof(float));

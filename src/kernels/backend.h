@@ -109,6 +109,8 @@ typedef struct {
     float lb, eps;
 } df_kda_block;
 
+enum { DF_KDA_DROP = 0, DF_KDA_FETCH = 1 }; /* df_backend.kda_state's op */
+
 typedef struct df_backend {
     const char *name;   /* "cpu-avx512", "cpu-avx2", "cpu-scalar" */
     /* y[t*rows + r] = sum_c W[r,c] * x[t*cols + c] for t < T (x: [T, cols], y: [T, rows]).
@@ -257,12 +259,22 @@ typedef struct df_backend {
      * log1pf may differ in its last bit otherwise). 0, or -1 (then nothing is written: the caller runs it itself). */
     int (*kda_recur)(const df_kda_args *a);
     /* Optional (NULL on the CPU): one sequence's whole KDA mixer in one call: out [T, o.rows] = the mixer of h
-     * [T, q.cols] (fp32, row-major), continuing conv [3][W-1][H*K] (the q, k, v convolutions' last W-1 inputs) and S
-     * [H][K][K], both updated. The projections with the backend's matmuls, everything after them with the bits of
+     * [T, q.cols] (fp32, row-major), continuing the sequence's conv state [3][W-1][H*K] (the q, k, v convolutions' last
+     * W-1 inputs) and S [H][K][K]. The projections with the backend's matmuls, everything after them with the bits of
      * engine/kda.c's CPU loops when has_lb is set (softplus's log1pf may differ in its last bit otherwise); each row's
-     * output depends only on its row and the state before it (one call of T rows = T calls of one row). 0, or -1:
-     * conv and S untouched, out not to be trusted (the caller computes the mixer itself). */
-    int (*kda_block)(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out);
+     * output depends only on its row and the state before it (one call of T rows = T calls of one row).
+     * key (df_kvcache.uid << 8 | layer; 0: none) names the state's device copy: a call starts from that copy when the
+     * device holds one (then conv and S are not read), else from conv and S; the state after the call stays there
+     * (kda_state fetches it) when the backend has room for a copy under key.
+     * Returns 0: the state after the call written into conv and S (no device copy kept); 1: kept only in the device's
+     * copy under key (conv and S unchanged, stale until kda_state fetches it); -1: the state as it was before the call,
+     * wherever it was (out not to be trusted: the caller computes the mixer itself, after fetching the state). */
+    int (*kda_block)(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S, float *out);
+    /* Optional (NULL on the CPU; set with kda_block): the device's copy of a KDA state (kda_block's key). op
+     * DF_KDA_FETCH: when the copy is newer than the host's, written into conv and S (kda_block's shapes); the copy
+     * stays, equal to the host's. DF_KDA_DROP: the copy forgotten (the host's state is about to change, or is the
+     * current one). 0 (also when the device holds no copy), or -1: the fetch failed (the copy kept, error recorded). */
+    int (*kda_state)(uint64_t key, float *conv, float *S, int op);
 } df_backend;
 
 /* "cpu" (or NULL/"") = best available SIMD; "cpu-scalar"; "cpu-avx2"; "cpu-avx512";

@@ -112,9 +112,15 @@ int df_cuda_route_test(const float *logits, const float *bias, int E, int K, int
  * the bits of engine/kda.c's kda_recur_head with a lower-bound gate. 0, or -1 (no device, K > 224, a CUDA error; the
  * caller's state untouched). */
 int df_cuda_kda_recur(const df_kda_args *a);
-/* df_backend.kda_block on the GPU (cuda_kda.cu): one sequence's KDA mixer in one call (h, state in; out, state back).
- * 0, or -1 (no device, K > 224, shapes that do not chain, a CUDA error; conv and S untouched). */
-int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out);
+/* df_backend.kda_block on the GPU (cuda_kda.cu): one sequence's KDA mixer in one call (h in, out back), the state from
+ * and into the device's copy under key when there is one or room for one (returns 1), else copied in from and back
+ * into conv and S (returns 0). -1: no device, K > 224, shapes that do not chain, a CUDA error (the state as before). */
+int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S, float *out);
+/* df_backend.kda_state on the GPU (cuda_kda.cu): fetch (DF_KDA_FETCH) or forget (DF_KDA_DROP) the device's copy of
+ * the KDA state under key. 0, or -1 (a failed copy; error recorded). */
+int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op);
+/* The KDA states' device copies: how many, and their bytes (tests). */
+void df_cuda_kda_copies(int *n, uint64_t *bytes);
 
 typedef struct {
     uint64_t spine_bytes, expert_bytes;   /* cached now */
@@ -160,8 +166,9 @@ int df_cuda_mla_project(const df_weight *q_a, const float *q_a_norm, float eps, 
 int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int dv, int kvl, float scale, const float *q,
                        const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
                        float *o_v);
-/* Drop the device mirrors of the sequence uid (the df_cuda_mla_attend keys k with k >> 8 == uid; df_backend.seq_forget);
- * uid 0: every mirror (a model was closed). Nothing to do without a device. */
+/* Drop the device mirrors of the sequence uid (the df_cuda_mla_attend and df_cuda_kda_block keys k with k >> 8 == uid;
+ * df_backend.seq_forget; a KDA state's copy is forgotten, not fetched); uid 0: every mirror (a model was closed).
+ * Nothing to do without a device. */
 void df_cuda_seq_forget(uint64_t uid);
 /* df_cuda_mla_attend followed by the output projection on the device (df_backend.mla_attend_o): out [T, o->rows] =
  * o(o_v) by the matmul kernels' own launch (the bits of df_cuda_matmul on that o_v), one copy out of out instead of

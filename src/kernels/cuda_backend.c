@@ -67,9 +67,12 @@ static int cuda_be_kda_recur(const df_kda_args *a) {
     return -1;
 }
 
+/* The KDA mixer in one GPU call; on failure -1 (the engine runs its steps as separate calls): reported once. */
 static int g_kda_block_warned;
-static int cuda_be_kda_block(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out) {
-    if (df_cuda_kda_block(b, T, h, conv, S, out) == 0) return 0;
+static int cuda_be_kda_block(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S,
+                             float *out) {
+    const int rc = df_cuda_kda_block(b, T, h, key, conv, S, out);
+    if (rc >= 0) return rc;
     if (!__atomic_exchange_n(&g_kda_block_warned, 1, __ATOMIC_SEQ_CST))
         fprintf(stderr, "deltafin: KDA mixer not in one GPU call (%s); its steps run as separate calls\n",
                 df_cuda_last_error());
@@ -128,8 +131,9 @@ static void init_table(void) {
     /* a KDA layer's whole mixer in one call (cuda_kda.cu df_cuda_kda_block); DF_CUDA_KDA_BLOCK=0 runs it step by step */
     g_cuda_be.kda_block = g_cuda_be.kda_recur && df_cuda_env_switch("DF_CUDA_KDA_BLOCK", NULL, 0) != 0
                               ? cuda_be_kda_block : NULL;
-    /* a freed session's latent-cache mirrors (cuda_attn.cu) leave GPU memory with it */
-    g_cuda_be.seq_forget = g_attn_on ? df_cuda_seq_forget : NULL;
+    g_cuda_be.kda_state = g_cuda_be.kda_block ? df_cuda_kda_state : NULL;
+    /* a freed session's latent-cache mirrors (cuda_attn.cu) and KDA states (cuda_kda.cu) leave GPU memory with it */
+    g_cuda_be.seq_forget = g_attn_on || g_cuda_be.kda_block ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */
     if (df_cuda_env_trace(NULL, 0) > 0) df_cuda_trace_wrap(&g_cuda_be);
 }

@@ -35,10 +35,12 @@ void df_cuda_host_unpin(void *p) { (void)p; }
 void df_cuda_get_stats(df_cuda_stats *out) { memset(out, 0, sizeof *out); }
 const char *df_cuda_last_error(void) { return why_none; }
 int df_cuda_kda_recur(const df_kda_args *a) { (void)a; return -1; }
-int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out) {
-    (void)b; (void)T; (void)h; (void)conv; (void)S; (void)out;
+int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S, float *out) {
+    (void)b; (void)T; (void)h; (void)key; (void)conv; (void)S; (void)out;
     return -1;
 }
+int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) { (void)key; (void)conv; (void)S; (void)op; return -1; }
+void df_cuda_kda_copies(int *n, uint64_t *bytes) { *n = 0; *bytes = 0; }
 int df_cuda_matmul(const df_weight *w, const float *x, int T, float *y) { return -1; }
 int df_cuda_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb) { return -1; }
 int df_cuda_mlp(const df_weight *gate, const df_weight *up, const df_weight *down, int act, float beta, float lb,

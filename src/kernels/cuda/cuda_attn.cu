@@ -847,15 +847,6 @@ int matmul_dev(const df_weight *w, const float *x, int T, float *y, cudaStream_t
     return 0;
 }
 
-/* The device copy of an fp32 vector of n values (a norm's weight), cached like a spine weight (cu_rt_weight). */
-int vec_dev(const float *v, int64_t n, const float **dv) {
-    const df_weight w = {DF_W_F32, 1, n, v, NULL, 0};
-    const void *d = NULL, *s = NULL;
-    if (cu_rt_weight(&w, &d, &s)) return -1;
-    *dv = (const float *)d;
-    return 0;
-}
-
 /* The call with the runtime's mutex held. Staging layout (256-byte aligned regions), the uploaded part first:
  * [x | cs] (block) or q | cptr | pptr | npos | [dst_c | dst_p] (block) | segs | the copied cache rows (per unit: c rows
  * [lo, need) then k_pe rows; copied from the host: [lo, need), or [lo, first) in block mode, where the device writes
@@ -1018,20 +1009,20 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         const float *dx = bk->x ? (const float *)(db + o_x) : resid, *nw = NULL;
         float *dh = (float *)(db + o_h), *dqa = (float *)(db + o_qa), *dqr = (float *)(db + o_qraw);
         float *dkva = (float *)(db + o_kva);
-        if (vec_dev(b->attn_norm, D, &nw)) return -1;
+        if (cu_rt_vec(b->attn_norm, D, &nw)) return -1;
         CKA(cu_rmsnorm_launch(dh, dx, nw, T, D, b->eps, st));
         cu_rt_mark("block: input norm");
         /* one token: q_a and kv_a (both on h) in one launch when both are cached (the same bits) */
         const int two = R && T == 1 ? cu_rt_matmul2(b->q_a, b->kv_a, dh, dqa, dkva, st) : 0;
         if (two < 0) return -1;
         if (R) {
-            if ((!two && matmul_dev(b->q_a, dh, T, dqa, st)) || vec_dev(b->q_a_norm, R, &nw)) return -1;
+            if ((!two && matmul_dev(b->q_a, dh, T, dqa, st)) || cu_rt_vec(b->q_a_norm, R, &nw)) return -1;
             CKA(cu_rmsnorm_launch(dqa, dqa, nw, T, R, b->lora_eps, st));
             if (matmul_dev(b->q_b, dqa, T, dqr, st)) return -1;
         } else if (matmul_dev(b->q_proj, dh, T, dqr, st)) {
             return -1;
         }
-        if ((!two && matmul_dev(b->kv_a, dh, T, dkva, st)) || vec_dev(b->kv_a_norm, kvl, &nw)) return -1;
+        if ((!two && matmul_dev(b->kv_a, dh, T, dkva, st)) || cu_rt_vec(b->kv_a_norm, kvl, &nw)) return -1;
         cu_rt_mark("block: projections");
         if (row1) {
             cu_cs1 cs1;
@@ -1062,7 +1053,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
     if (bk) { /* the residual, the FFN's input norm and the router */
         const float *nw = NULL;
         float *dxo = (float *)(db + o_ret + r_x), *dh2 = (float *)(db + o_ret + r_h);
-        if (vec_dev(bk->b->ffn_norm, D, &nw)) return -1;
+        if (cu_rt_vec(bk->b->ffn_norm, D, &nw)) return -1;
         /* one token whose MoE the device may run: h2's split too (g_h2xs) */
         if (resid && T == 1 && E && bk->b->moe && bk->b->moe->E == E && D % 32 == 0) {
             if (g_ch2xs < (size_t)D * 6) {
@@ -1115,7 +1106,7 @@ int attend_locked(const df_weight *kv_b, const Shape &sh, const float *q, const 
         (started || !bk->b->moe->shared)) {
         df_moe_dev *m = bk->b->moe;
         const float *bd = NULL;
-        if (m->bias && vec_dev(m->bias, E, &bd)) return -1;
+        if (m->bias && cu_rt_vec(m->bias, E, &bd)) return -1;
         if (cu_rt_moe_route(bk->b->resid_key, m, bd, (const float *)(db + o_ret + r_l), (const float *)(db + o_ret + r_h),
                             xs) < 0)
             return -1;
@@ -1281,7 +1272,8 @@ extern "C" int df_cuda_mla_block(const df_mla_block *b, int T, const float *x, c
 }
 
 extern "C" void df_cuda_seq_forget(uint64_t uid) {
-    if (!__atomic_load_n(&g_mlive, __ATOMIC_RELAXED) || cu_rt_lock()) return;
+    if ((!__atomic_load_n(&g_mlive, __ATOMIC_RELAXED) && !cu_kda_live()) || cu_rt_lock()) return;
+    cu_kda_forget(uid);
     for (int i = 0; i < g_nmir; i++)
         if (g_mir[i].used && (uid == 0 || g_mir[i].key >> 8 == uid)) mir_drop(i);
     for (int i = 0; i < 2; i++) /* the sequence's host caches may be gone: its pending row is not written */

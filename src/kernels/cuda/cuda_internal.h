@@ -215,6 +215,13 @@ const float *cu_attn_h2(const float *host);
 size_t cu_attn_mirror_room(void);
 void cu_rt_mark(const char *name);
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale);
+/* With the mutex held: the device copy of an fp32 vector of n values (a norm's weight, a KDA layer's constants), found
+ * and kept like a spine weight by cu_rt_weight (the same rule: use it, its kernels queued, before the next lookup). */
+int cu_rt_vec(const float *v, int64_t n, const float **dv);
+/* cuda_kda.cu, with the mutex held: forget the device copies of the KDA states of sequence uid (keys k with
+ * k >> 8 == uid; 0: all); cu_kda_live: whether any exists (read without the mutex). */
+void cu_kda_forget(uint64_t uid);
+int cu_kda_live(void);
 /* With the mutex held: one token's ya = A x and yb = B x (x, ya, yb device arrays) in one launch (cu_matmul2_launch,
  * the bits of each matmul alone) when A and B share encoding and width and both are in the weight cache already
  * (looking both up then uploads and evicts nothing): 1 = queued on st; 0 = not (nothing queued: launch them one by

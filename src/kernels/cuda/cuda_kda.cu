@@ -1,6 +1,9 @@
 /*
- * cuda_kda.cu — the KDA recurrence of one sequence on the GPU (df_backend.kda_recur; engine/kda.c computes the
- * projections, the short convolution and o_proj around it). The arithmetic is kernels/kda_math.h's, shared with the
+ * cuda_kda.cu — Kimi Delta Attention on the GPU: the recurrence of one sequence (df_backend.kda_recur; engine/kda.c
+ * computes the projections, the short convolution and o_proj around it), and a KDA layer's whole mixer in one call
+ * (df_backend.kda_block: projections, convolutions with their state, recurrence, gated RMSNorm and o_proj; h in, out
+ * back), whose state stays in a device copy between calls (df_backend.kda_state fetches or forgets it), so a decode
+ * step moves only its rows. The arithmetic is kernels/kda_math.h's, shared with the
  * CPU's kda_recur_head (engine/kda.c): the same IEEE operations in the same order, so state and output have the CPU's
  * bits whenever the gate has a lower bound (Kimi K3); without one, softplus's log1pf is CUDA's (its last bit may
  * differ from glibc's).
@@ -16,11 +19,14 @@
  */
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
+#include "kernels/cuda_env.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <iterator>
+#include <unordered_map>
 
 __device__ uint64_t df_expf_tab_dev[32]; /* expf_math.h's table: cpu_exp2_tab, copied at first use */
 
@@ -41,15 +47,16 @@ __global__ void kda_prep_kernel(int T, int H, int K, float *q, float *k, const f
                           qscale, K, decay + o);
 }
 
-/* block h, K threads: the head's state [K][K] in shared memory for all T tokens, then back to S */
+/* block h, K threads: the head's state [K][K] from Sin in shared memory for all T tokens, then into S (Sin may be S) */
 __global__ void kda_recur_kernel(int T, int H, int K, const float *q, const float *k, const float *v,
-                                 const float *decay, const float *beta, float *S, float *o) {
+                                 const float *decay, const float *beta, const float *Sin, float *S, float *o) {
     pdl_enter();
     extern __shared__ float kda_sm[]; /* [K][K] state, then k, q, decay of the token [3][K] */
     float *st = kda_sm, *kt = kda_sm + (size_t)K * K, *qt = kt + K, *dt = qt + K;
     const int h = blockIdx.x, c = threadIdx.x;
+    const float *Si = Sin + (size_t)h * K * K;
     float *Sh = S + (size_t)h * K * K;
-    for (int r = 0; r < K; r++) st[(size_t)r * K + c] = Sh[(size_t)r * K + c];
+    for (int r = 0; r < K; r++) st[(size_t)r * K + c] = Si[(size_t)r * K + c];
     const int64_t D = (int64_t)H * K;
     for (int t = 0; t < T; t++) {
         const int64_t row = t * D + (int64_t)h * K;
@@ -193,20 +200,27 @@ int copy_in(const HostCopy *in, size_t n, cudaStream_t st) {
 }
 
 /* prep, recurrence and gated RMSNorm of T rows of device arrays (df_kda_args' meaning; q, k normalized in place,
- * decay [T, H*K] and beta [T, H] scratch, S updated, o written), queued on st after kda_setup(recur_smem(K)) */
+ * decay [T, H*K] and beta [T, H] scratch, the state read from Sin and written into S (they may be one array), o
+ * written), queued on st after kda_setup(recur_smem(K)). vec(0) and vec(1) give dt_bias and o_norm on the device (NULL:
+ * failed), each looked up just before the launch that reads it. */
+template <class Vec>
 cudaError_t launch_recurrence(cudaStream_t st, int T, int H, int K, float *q, float *k, const float *v,
-                              const float *graw, const float *bl, const float *gate, const float *A_log,
-                              const float *dt_bias, const float *o_norm, int has_lb, float lb, float eps, int silu_gate,
-                              float *decay, float *beta, float *S, float *o) {
+                              const float *graw, const float *bl, const float *gate, const float *A_log, Vec vec,
+                              int has_lb, float lb, float eps, int silu_gate, float *decay, float *beta,
+                              const float *Sin, float *S, float *o) {
     const int nb = (int)(((int64_t)T * H + 127) / 128);
     const float qscale = 1.0f / sqrtf((float)K);
+    const float *dt_bias = vec(0);
+    if (!dt_bias) return cudaErrorInvalidValue;
     cudaError_t e = cu_launch(kda_prep_kernel, nb, 128, 0, st, T, H, K, q, k, graw, bl, A_log, dt_bias, has_lb, lb,
                               qscale, decay, beta);
     if (e == cudaSuccess)
         e = cu_launch(kda_recur_kernel, H, K, recur_smem(K), st, T, H, K, (const float *)q, (const float *)k, v,
-                      (const float *)decay, (const float *)beta, S, o);
-    if (e == cudaSuccess) e = cu_launch(kda_out_kernel, nb, 128, 0, st, T, H, K, o, gate, o_norm, eps, silu_gate);
-    return e;
+                      (const float *)decay, (const float *)beta, Sin, S, o);
+    if (e != cudaSuccess) return e;
+    const float *o_norm = vec(1);
+    if (!o_norm) return cudaErrorInvalidValue;
+    return cu_launch(kda_out_kernel, nb, 128, 0, st, T, H, K, o, gate, o_norm, eps, silu_gate);
 }
 
 /* An entry point's end, the mutex held: a failure recorded as msg and CUDA's error cleared (it is not sticky: the
@@ -245,8 +259,9 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
                                {S, a->S, sb},           {A_log, a->A_log, f * H}, {dt_bias, a->dt_bias, f * D},
                                {o_norm, a->o_norm, f * K}};
         if (copy_in(in, sizeof in / sizeof *in, st)) break;
-        if (launch_recurrence(st, T, H, K, q, k, v, graw, bl, gate, A_log, dt_bias, o_norm, a->has_lb, a->lb, a->eps,
-                              a->silu_gate, decay, beta, S, o) != cudaSuccess)
+        auto vec = [&](int i) -> const float * { return i == 0 ? dt_bias : o_norm; };
+        if (launch_recurrence(st, T, H, K, q, k, v, graw, bl, gate, A_log, vec, a->has_lb, a->lb, a->eps, a->silu_gate,
+                              decay, beta, S, S, o) != cudaSuccess)
             break;
         /* the state through a host copy: a failed call leaves the caller's state as it was */
         if (cudaMemcpyAsync(g_s_host, S, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
@@ -284,9 +299,120 @@ const char *block_shapes(const df_kda_block *b, int64_t D) {
     return nullptr;
 }
 
+/* ---- Device copies of KDA states (df_kda_block's key), under the runtime's mutex.
+ * A copy holds two slots of [S | conv state] (256-byte aligned): slot cur is the state; a block writes the state after
+ * it into the other slot and flips cur once the call has succeeded, so a failed call leaves the state as it was.
+ * dirty: newer than the host's (kda_state fetches it). All copies together hold at most DF_CUDA_KV_MIRROR's cap (a
+ * budget of that size of their own, as the latent caches' mirrors have; off: no copies, every call copies the state
+ * in and back); a state with no room is copied in and back for that call. Nothing is evicted: a dirty copy is the only
+ * current state of its sequence until fetched. */
+struct KCopy {
+    char *mem;      /* 2 slots */
+    size_t sb, cb;  /* S and conv state bytes */
+    size_t slot;    /* bytes of a slot: up256(sb) + up256(cb) */
+    int cur, dirty;
+};
+std::unordered_map<uint64_t, KCopy> g_kc;
+size_t g_kc_bytes, g_kc_cap;
+int g_kc_init, g_kc_on, g_kc_live;
+constexpr size_t KC_RESERVE = (size_t)1 << 30; /* device memory a new copy leaves free (scratch, context) */
+
+float *kc_S(const KCopy &c, int slot) { return (float *)(c.mem + (size_t)slot * c.slot); }
+float *kc_conv(const KCopy &c, int slot) { return (float *)(c.mem + (size_t)slot * c.slot + up256(c.sb)); }
+
+/* DF_CUDA_KV_MIRROR (cuda_env.h) on the first call: the cap, default 1/8 of the device's memory; invalid: off (the
+ * attention core's first call reports it) */
+void kc_setup() {
+    if (g_kc_init) return;
+    g_kc_init = 1;
+    unsigned long long b = 0;
+    const int r = df_cuda_env_kv_mirror(&b, NULL, 0);
+    if (r > 0 && !b) {
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) b = tot / 8;
+        else cudaGetLastError();
+    }
+    g_kc_cap = (size_t)b;
+    g_kc_on = r > 0 && g_kc_cap > 0;
+}
+
+void kc_drop(std::unordered_map<uint64_t, KCopy>::iterator it) {
+    cudaFreeAsync(it->second.mem, cu_rt_stream());
+    g_kc_bytes -= 2 * it->second.slot;
+    g_kc.erase(it);
+    __atomic_store_n(&g_kc_live, (int)g_kc.size(), __ATOMIC_RELAXED);
+}
+
+/* A new copy for key of sb + cb bytes, its slot 0 the host's S and conv (queued on st), or NULL: no room, or the
+ * allocation or copy failed (nothing kept) */
+KCopy *kc_add(uint64_t key, size_t sb, size_t cb, const float *S, const float *conv, cudaStream_t st) {
+    kc_setup();
+    const size_t slot = up256(sb) + up256(cb);
+    if (!g_kc_on || g_kc_bytes + 2 * slot > g_kc_cap) return nullptr;
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) { cudaGetLastError(); return nullptr; }
+    if (fr < 2 * slot + KC_RESERVE) return nullptr;
+    char *mem = nullptr;
+    if (cudaMallocAsync((void **)&mem, 2 * slot, st) != cudaSuccess) { cudaGetLastError(); return nullptr; }
+    KCopy c = {mem, sb, cb, slot, 0, 0};
+    if (cudaMemcpyAsync(kc_S(c, 0), S, sb, cudaMemcpyHostToDevice, st) != cudaSuccess ||
+        (cb && cudaMemcpyAsync(kc_conv(c, 0), conv, cb, cudaMemcpyHostToDevice, st) != cudaSuccess)) {
+        cudaGetLastError();
+        cudaFreeAsync(mem, st);
+        return nullptr;
+    }
+    g_kc_bytes += 2 * slot;
+    KCopy &r = g_kc[key] = c;
+    __atomic_store_n(&g_kc_live, (int)g_kc.size(), __ATOMIC_RELAXED);
+    return &r;
+}
+
 } // namespace
 
-extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, float *conv, float *S, float *out) {
+void cu_kda_forget(uint64_t uid) {
+    for (auto it = g_kc.begin(); it != g_kc.end();) {
+        auto nx = std::next(it);
+        if (uid == 0 || it->first >> 8 == uid) kc_drop(it);
+        it = nx;
+    }
+}
+
+int cu_kda_live(void) { return __atomic_load_n(&g_kc_live, __ATOMIC_RELAXED) > 0; }
+
+extern "C" void df_cuda_kda_copies(int *n, uint64_t *bytes) {
+    *n = 0;
+    *bytes = 0;
+    if (cu_rt_lock()) return;
+    *n = (int)g_kc.size();
+    *bytes = g_kc_bytes;
+    cu_rt_unlock();
+}
+
+extern "C" int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) {
+    if (!cu_kda_live()) return 0;
+    if (cu_rt_lock()) return -1;
+    cudaStream_t st = cu_rt_stream();
+    auto it = g_kc.find(key);
+    int rc = 0;
+    if (it != g_kc.end()) {
+        KCopy &c = it->second;
+        if (op == DF_KDA_FETCH && c.dirty) {
+            rc = -1;
+            if (S && (!c.cb || conv) && cudaMemcpyAsync(S, kc_S(c, c.cur), c.sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+                (!c.cb || cudaMemcpyAsync(conv, kc_conv(c, c.cur), c.cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
+                cu_rt_sync("kda state") == cudaSuccess) {
+                c.dirty = 0;
+                rc = 0;
+            }
+        } else if (op == DF_KDA_DROP) {
+            kc_drop(it);
+        }
+    }
+    return finish(rc, "KDA state: copying the device's state back failed", st);
+}
+
+extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S,
+                                 float *out) {
     if (!b || b->H < 1 || b->K < 1 || T < 0 || !h || !conv || !S || !out)
         return cu_rt_error("KDA block: no heads, rows, state or output");
     if (head_refusal("KDA block", b->K)) return -1;
@@ -303,57 +429,91 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, f
     if (!b->g && b->g_a->rows > Ra) Ra = b->g_a->rows;
     const size_t f = sizeof(float), rows = f * (size_t)T * D, sb = f * (size_t)H * K * K, cb = f * (size_t)3 * P * D;
     /* h [T, Dm]; raw, q, k, v, graw, gate, decay, o [T, D]; fa [T, Ra]; bl, beta [T, H]; S; conv state in and out
-     * [3, P, D]; conv weights [3, D, W]; A_log [H], dt_bias [D], o_norm [K]; out [T, Do] */
+     * [3, P, D]; A_log [H]; out [T, Do] (the state's arrays unused with a device copy) */
     const size_t need = up256(f * (size_t)T * Dm) + 8 * up256(rows) + up256(f * (size_t)T * Ra) +
-                        2 * up256(f * (size_t)T * H) + up256(sb) + 2 * up256(cb) + 3 * up256(f * (size_t)D * b->W) +
-                        up256(f * H) + up256(f * D) + up256(f * K) + up256(f * (size_t)T * Do);
+                        2 * up256(f * (size_t)T * H) + up256(sb) + 2 * up256(cb) + up256(f * H) +
+                        up256(f * (size_t)T * Do);
     if (cu_rt_lock()) return -1;
     cudaStream_t st = cu_rt_stream();
-    int rc = -1;
+    int rc = -1, fresh = 0;
+    const char *msg = "KDA block: a CUDA call failed";
+    KCopy *kc = nullptr;
     do {
-        if (kda_setup(recur_smem(K)) || grow_buf(need, st) || grow_s_host(sb + cb)) break;
+        if (kda_setup(recur_smem(K)) || grow_buf(need, st)) break;
+        if (key) {
+            auto it = g_kc.find(key);
+            if (it != g_kc.end()) {
+                kc = &it->second;
+                if (kc->sb != sb || kc->cb != cb) {
+                    kc = nullptr;
+                    msg = "KDA block: the device's copy of this state has other shapes";
+                    break;
+                }
+            } else if ((kc = kc_add(key, sb, cb, S, conv, st))) {
+                fresh = 1;
+            }
+        }
+        if (!kc && grow_s_host(sb + cb)) break;
         Carve cv{g_buf};
         float *dh = cv.take(f * (size_t)T * Dm), *raw = cv.take(rows), *q = cv.take(rows), *k = cv.take(rows),
               *v = cv.take(rows), *graw = cv.take(rows), *gate = cv.take(rows), *decay = cv.take(rows),
               *o = cv.take(rows), *fa = cv.take(f * (size_t)T * Ra), *bl = cv.take(f * (size_t)T * H),
               *beta = cv.take(f * (size_t)T * H), *dS = cv.take(sb), *cst = cv.take(cb), *ncst = cv.take(cb),
-              *cw[3] = {cv.take(f * (size_t)D * b->W), cv.take(f * (size_t)D * b->W), cv.take(f * (size_t)D * b->W)},
-              *A_log = cv.take(f * H), *dt_bias = cv.take(f * D), *o_norm = cv.take(f * K),
-              *dout = cv.take(f * (size_t)T * Do);
-        const HostCopy in[] = {
-            {dh, h, f * (size_t)T * Dm}, {dS, S, sb}, {cst, conv, cb}, {cw[0], b->conv_q, f * (size_t)D * b->W},
-            {cw[1], b->conv_k, f * (size_t)D * b->W}, {cw[2], b->conv_v, f * (size_t)D * b->W},
-            {A_log, b->A_log, f * H}, {dt_bias, b->dt_bias, f * D}, {o_norm, b->o_norm, f * K}};
-        if (copy_in(in, sizeof in / sizeof *in, st)) break;
+              *A_log = cv.take(f * H), *dout = cv.take(f * (size_t)T * Do);
+        /* the state: from and into the device copy's slots, or copied in here and back at the end */
+        const float *Sin = kc ? kc_S(*kc, kc->cur) : dS, *cin = kc ? kc_conv(*kc, kc->cur) : cst;
+        float *Sout = kc ? kc_S(*kc, kc->cur ^ 1) : dS, *cout = kc ? kc_conv(*kc, kc->cur ^ 1) : ncst;
+        if (cudaMemcpyAsync(dh, h, f * (size_t)T * Dm, cudaMemcpyHostToDevice, st) != cudaSuccess) break;
+        if (!kc && (cudaMemcpyAsync(dS, S, sb, cudaMemcpyHostToDevice, st) != cudaSuccess ||
+                    cudaMemcpyAsync(cst, conv, cb, cudaMemcpyHostToDevice, st) != cudaSuccess))
+            break;
+        /* the layer's constants from the weight cache (each used before the next lookup: an uncached one is uploaded
+         * into a scratch buffer the next reuses); A_log copied aside, as the prep launch reads it with dt_bias */
+        const float *dv = nullptr;
+        if (cu_rt_vec(b->A_log, H, &dv) || cu_copy_launch(A_log, dv, f * H, cudaMemcpyDeviceToDevice, st) != cudaSuccess)
+            break;
         /* q, k, v: projection into raw, the next conv state from raw, the convolution into q / k / v */
         const df_weight *pw[3] = {b->q, b->k, b->v};
+        const float *cw[3] = {b->conv_q, b->conv_k, b->conv_v};
         float *po[3] = {q, k, v};
         const int nbc = (int)(((int64_t)T * D + 255) / 256), nbs = (int)(((int64_t)P * D + 255) / 256);
         int ok = 1;
         for (int i = 0; i < 3 && ok; i++) {
+            const float *ci = cin + (size_t)i * P * D;
             ok = mm_dev(pw[i], dh, T, raw, st) == 0 &&
-                 (P == 0 || cu_launch(kda_conv_state_kernel, nbs, 256, 0, st, T, D, P, (const float *)raw,
-                                      (const float *)(cst + (size_t)i * P * D), ncst + (size_t)i * P * D) == cudaSuccess) &&
-                 cu_launch(kda_conv_kernel, nbc, 256, 0, st, T, D, b->W, (const float *)raw,
-                           (const float *)(cst + (size_t)i * P * D), (const float *)cw[i], po[i]) == cudaSuccess;
+                 (P == 0 || cu_launch(kda_conv_state_kernel, nbs, 256, 0, st, T, D, P, (const float *)raw, ci,
+                                      cout + (size_t)i * P * D) == cudaSuccess) &&
+                 cu_rt_vec(cw[i], D * b->W, &dv) == 0 &&
+                 cu_launch(kda_conv_kernel, nbc, 256, 0, st, T, D, b->W, (const float *)raw, ci, dv, po[i]) == cudaSuccess;
         }
         if (!ok) break;
         if (mm_dev(b->f_a, dh, T, fa, st) || mm_dev(b->f_b, fa, T, graw, st) || mm_dev(b->beta, dh, T, bl, st)) break;
         if (b->g ? mm_dev(b->g, dh, T, gate, st) : (mm_dev(b->g_a, dh, T, fa, st) || mm_dev(b->g_b, fa, T, gate, st)))
             break;
-        if (launch_recurrence(st, T, H, K, q, k, v, graw, bl, gate, A_log, dt_bias, o_norm, b->has_lb, b->lb, b->eps,
-                              b->silu_gate, decay, beta, dS, o) != cudaSuccess)
+        auto vec = [&](int i) -> const float * {
+            const float *p = nullptr;
+            return cu_rt_vec(i == 0 ? b->dt_bias : b->o_norm, i == 0 ? D : K, &p) ? nullptr : p;
+        };
+        if (launch_recurrence(st, T, H, K, q, k, v, graw, bl, gate, A_log, vec, b->has_lb, b->lb, b->eps, b->silu_gate,
+                              decay, beta, Sin, Sout, o) != cudaSuccess)
             break;
         if (mm_dev(b->o, o, T, dout, st)) break;
-        /* state and conv state through a host copy: a failed call leaves the caller's as they were */
-        if (cudaMemcpyAsync(g_s_host, dS, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
-            cudaMemcpyAsync((char *)g_s_host + sb, ncst, cb, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
-            cudaMemcpyAsync(out, dout, f * (size_t)T * Do, cudaMemcpyDeviceToHost, st) != cudaSuccess)
+        /* without a device copy the state through a host copy: a failed call leaves the caller's as it was */
+        if (!kc && (cudaMemcpyAsync(g_s_host, dS, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+                    cudaMemcpyAsync((char *)g_s_host + sb, ncst, cb, cudaMemcpyDeviceToHost, st) != cudaSuccess))
             break;
+        if (cudaMemcpyAsync(out, dout, f * (size_t)T * Do, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
         if (cu_rt_sync("kda block") != cudaSuccess) break;
-        memcpy(S, g_s_host, sb);
-        memcpy(conv, (char *)g_s_host + sb, cb);
-        rc = 0;
+        if (kc) {
+            kc->cur ^= 1;
+            kc->dirty = 1;
+            rc = 1;
+        } else {
+            memcpy(S, g_s_host, sb);
+            memcpy(conv, (char *)g_s_host + sb, cb);
+            rc = 0;
+        }
     } while (0);
-    return finish(rc, "KDA block: a CUDA call failed", st);
+    if (rc < 0 && fresh) kc_drop(g_kc.find(key)); /* its slot may not hold the host's state, the current one */
+    return finish(rc < 0 ? -1 : 0, msg, st) ? -1 : rc;
 }

@@ -1200,6 +1200,13 @@ extern "C" void df_cuda_trace_stages(void) {
                 g_tst[k].s * 1e6 / (double)(g_tst[k].n ? g_tst[k].n : 1));
 }
 int cu_rt_weight(const df_weight *w, const void **data, const void **scale) { return group_weight(w, data, scale); }
+int cu_rt_vec(const float *v, int64_t n, const float **dv) {
+    const df_weight w = {DF_W_F32, 1, n, v, NULL, 0};
+    const void *d = NULL, *s = NULL;
+    if (group_weight(&w, &d, &s)) return -1;
+    *dv = (const float *)d;
+    return 0;
+}
 int cu_rt_matmul2(const df_weight *a, const df_weight *b, const float *x, float *ya, float *yb, cudaStream_t st) {
     if (a->type != b->type || a->cols != b->cols || !cached_entry(a) || !cached_entry(b)) return 0;
     const void *ad, *as, *bd, *bs;
