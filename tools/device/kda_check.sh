@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kda_check.sh OUT — the GPU's KDA recurrence on the accelerator machine: the GPU tests of the carried binaries
-# (tools/device/pack.sh with EXTRA_BINS="test_cuda_kernels test_golden test_batch"), then a K3-shaped synth (4 layers:
+# (tools/device/pack.sh with EXTRA_BINS="test_cuda_kernels test_golden test_batch test_speculative"), then a K3-shaped synth (4 layers:
 # dense, 2 KDA, MLA; 32 experts top-8, 12 GB) prompted with PROMPT (512) tokens on the GPU, the KDA mixer in one GPU
 # call (DF_CUDA_KDA=1 DF_CUDA_KDA_BLOCK=1), step by step with the recurrence on the GPU (1 0) and on the CPU (0 0),
 # alternated ROUNDS (2) times: TTFT, decode, the profile's phases and the ids (the same bits expected).
@@ -16,7 +16,7 @@ log() { echo "== $(date -u +%T) $*" | tee -a "$S"; }
 { date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1; } >>"$S"
 log "DF_BACKEND=cuda test_cuda_kernels"
 (cd "$HERE" && DF_BACKEND=cuda timeout 200 "$D/test_cuda_kernels" 2>&1 | grep -E "FAIL|passed" | tail -8) >>"$S"
-for t in test_golden test_batch; do
+for t in test_golden test_batch test_speculative; do
     [ -x "$D/$t" ] || continue
     log "DF_BACKEND=cuda $t"
     (cd "$HERE" && DF_SRC="$HERE" DF_BACKEND=cuda timeout 150 "$D/$t" 2>&1 | grep -E "FAIL|passed|diff" | tail -6) >>"$S"
