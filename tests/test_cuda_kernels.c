@@ -1319,17 +1319,25 @@ static void test_kda(void) {
     CHECK(df_cuda_kda_recur(&big) == -1 && one == 1.0f, "KDA recurrence: K = 256 declined, nothing written");
 }
 
+/* one sequence through df_cuda_kda_block: -1 failed, 0 the state written back, 1 kept on the device */
+static int kda_block1(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S, float *out) {
+    unsigned char kept = 0;
+    if (df_cuda_kda_block(b, 1, &T, h, &key, &conv, &S, out, &kept)) return -1;
+    return kept;
+}
+
 /* The whole KDA mixer in one call (df_cuda_kda_block) against its steps: the GPU's matmuls (the cuda backend's), the
  * CPU's short convolution (kda_short_conv) and recurrence (kda_recur_head): output, state and conv state bitwise
  * equal with a lower-bound gate, full-rank and low-rank output gates; T rows in one call bitwise T one-row calls; the
- * same with the state kept in a device copy (df_cuda_kda_state). */
+ * same with the state kept in a device copy (df_cuda_kda_state); three sequences in one call as each alone. */
+
 static void test_kda_block(void) {
     static const struct { int H, K, T, W, full; } cs[] = {
         {2, 16, 19, 4, 1}, {3, 32, 5, 4, 0}, {1, 64, 2, 4, 1}, {2, 16, 7, 1, 0}, {2, 16, 3, 4, 1}};
     const df_backend *cu = df_backend_get("cuda");
     if (!cu) { CHECK(0, "KDA block: no cuda backend"); return; }
     enum { DM = 96 };
-    int n_bad = 0, n_inv = 0, n_res = 0, n = 0;
+    int n_bad = 0, n_inv = 0, n_res = 0, n_multi = 0, n = 0;
     df_cuda_set_cache_by_address(0); /* each case's weights, not a freed earlier case's at the same address */
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
         const int H = cs[ci].H, K = cs[ci].K, T = cs[ci].T, W = cs[ci].W, D = H * K, P = W - 1;
@@ -1369,7 +1377,7 @@ static void test_kda_block(void) {
         /* one call */
         float *Sg = malloc(4 * sn), *Cg = malloc(4 * cn + 4), *outg = malloc(4 * (size_t)T * DM);
         memcpy(Sg, S0, 4 * sn); memcpy(Cg, C0, 4 * cn);
-        const int rc = df_cuda_kda_block(&b, T, h, 0, Cg, Sg, outg);
+        const int rc = kda_block1(&b, T, h, 0, Cg, Sg, outg);
         n++;
         if (rc || memcmp(Sg, Sr, 4 * sn) || memcmp(Cg, Cr, 4 * cn) || memcmp(outg, outr, 4 * (size_t)T * DM)) {
             if (n_bad++ < 3)
@@ -1381,19 +1389,19 @@ static void test_kda_block(void) {
         memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
         int rc1 = 0;
         for (int t = 0; t < T && !rc1; t++)
-            rc1 = df_cuda_kda_block(&b, 1, h + (size_t)t * DM, 0, C1, S1, out1 + (size_t)t * DM);
+            rc1 = kda_block1(&b, 1, h + (size_t)t * DM, 0, C1, S1, out1 + (size_t)t * DM);
         if (rc1 || memcmp(S1, Sg, 4 * sn) || memcmp(C1, Cg, 4 * cn) || memcmp(out1, outg, 4 * (size_t)T * DM))
             if (n_inv++ < 3) printf("FAIL kda block H=%d K=%d T=%d: one row per call differs from one call\n", H, K, T);
         /* the state kept on the device under a key: the host's untouched, the same output and (fetched) state, in one
          * call and row by row; a call that fails leaves it as it was; dropped and forgotten */
         const uint64_t uid = 1000 + ci, key1 = uid << 8 | 3, key2 = uid << 8 | 4;
         memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
-        int rk = df_cuda_kda_block(&b, T, h, key1, C1, S1, out1);
+        int rk = kda_block1(&b, T, h, key1, C1, S1, out1);
         int ok = rk == 1 && !memcmp(S1, S0, 4 * sn) && !memcmp(C1, C0, 4 * cn) && !memcmp(out1, outg, 4 * (size_t)T * DM);
         ok = ok && df_cuda_kda_state(key1, C1, S1, DF_KDA_FETCH) == 0 && !memcmp(S1, Sg, 4 * sn) && !memcmp(C1, Cg, 4 * cn);
         memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
         for (int t = 0; t < T && ok; t++)
-            ok = df_cuda_kda_block(&b, 1, h + (size_t)t * DM, key2, C1, S1, out1 + (size_t)t * DM) == 1 &&
+            ok = kda_block1(&b, 1, h + (size_t)t * DM, key2, C1, S1, out1 + (size_t)t * DM) == 1 &&
                  !memcmp(S1, S0, 4 * sn);
         ok = ok && !memcmp(out1, outg, 4 * (size_t)T * DM);
         int nc = 0;
@@ -1402,7 +1410,7 @@ static void test_kda_block(void) {
         ok = ok && nc == 2 && cbytes >= 4 * 4 * (sn + cn);
         df_kda_block bw = b; /* another convolution width: the copy's shapes differ, the call declined */
         bw.W = W + 1;
-        ok = ok && df_cuda_kda_block(&bw, 1, h, key2, C1, S1, out1) == -1;
+        ok = ok && kda_block1(&bw, 1, h, key2, C1, S1, out1) == -1;
         ok = ok && df_cuda_kda_state(key2, C1, S1, DF_KDA_FETCH) == 0 && !memcmp(S1, Sg, 4 * sn) && !memcmp(C1, Cg, 4 * cn);
         ok = ok && df_cuda_kda_state(key2, NULL, NULL, DF_KDA_DROP) == 0;
         df_cuda_kda_copies(&nc, &cbytes);
@@ -1411,6 +1419,36 @@ static void test_kda_block(void) {
         df_cuda_kda_copies(&nc, &cbytes);
         ok = ok && nc == 0 && cbytes == 0;
         if (!ok && n_res++ < 3) printf("FAIL kda block H=%d K=%d T=%d: with the state on the device (rc %d)\n", H, K, T, rk);
+        /* three sequences in one call (rows T, 1 and T - 1 of h, other starting states; the first and third with device
+         * copies, the second through the host) against each alone: the same output rows and states */
+        if (T >= 2) {
+            const int Tm[3] = {T, 1, T - 1};
+            float *Sm[3], *Cm[3], *Sa[3], *Ca[3], *outm = malloc(4 * (size_t)(2 * T) * DM), *outa = malloc(4 * (size_t)(2 * T) * DM);
+            float *hm = malloc(4 * (size_t)(2 * T) * DM);
+            for (int i = 0; i < 2 * T * DM; i++) hm[i] = rndf();
+            for (int j = 0; j < 3; j++) {
+                Sm[j] = malloc(4 * sn); Cm[j] = malloc(4 * cn + 4); Sa[j] = malloc(4 * sn); Ca[j] = malloc(4 * cn + 4);
+                for (size_t i = 0; i < sn; i++) Sm[j][i] = Sa[j][i] = 0.1f * rndf();
+                for (size_t i = 0; i < cn; i++) Cm[j][i] = Ca[j][i] = rndf();
+            }
+            const uint64_t km[3] = {uid << 8 | 5, 0, uid << 8 | 6};
+            unsigned char kept[3] = {9, 9, 9};
+            int okm = df_cuda_kda_block(&b, 3, Tm, hm, km, Cm, Sm, outm, kept) == 0 && kept[0] == 1 && kept[1] == 0 &&
+                      kept[2] == 1;
+            size_t r = 0;
+            for (int j = 0; j < 3 && okm; j++) {
+                okm = kda_block1(&b, Tm[j], hm + r * DM, 0, Ca[j], Sa[j], outa + r * DM) == 0;
+                r += (size_t)Tm[j];
+            }
+            okm = okm && !memcmp(outm, outa, 4 * (size_t)(2 * T) * DM);
+            okm = okm && df_cuda_kda_state(km[0], Cm[0], Sm[0], DF_KDA_FETCH) == 0 &&
+                  df_cuda_kda_state(km[2], Cm[2], Sm[2], DF_KDA_FETCH) == 0;
+            for (int j = 0; j < 3 && okm; j++) okm = !memcmp(Sm[j], Sa[j], 4 * sn) && !memcmp(Cm[j], Ca[j], 4 * cn);
+            df_cuda_seq_forget(uid);
+            if (!okm && n_multi++ < 3) printf("FAIL kda block H=%d K=%d T=%d: three sequences in one call\n", H, K, T);
+            for (int j = 0; j < 3; j++) { free(Sm[j]); free(Cm[j]); free(Sa[j]); free(Ca[j]); }
+            free(outm); free(outa); free(hm);
+        }
         df_weight *ws[] = {&wq, &wk, &wv, &fa, &fb, &wb, &g, &ga, &gb, &wo};
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) free((void *)ws[i]->data);
         free(h); free(cw); free(A_log); free(dt); free(on); free(S0); free(C0); free(q); free(k); free(v); free(graw);
@@ -1421,12 +1459,13 @@ static void test_kda_block(void) {
     CHECK(n_bad == 0, "KDA block: %d of %d cases differ from its steps", n_bad, n);
     CHECK(n_inv == 0, "KDA block: %d of %d cases differ between one call and one row per call", n_inv, n);
     CHECK(n_res == 0, "KDA block: %d of %d cases wrong with the state kept on the device", n_res, n);
+    CHECK(n_multi == 0, "KDA block: %d of %d cases differ between three sequences in one call and each alone", n_multi, n);
     /* a head size whose state does not fit a block's shared memory: declined, state and conv state untouched */
     df_weight one_w = make_weight(DF_W_BF16, 1, 1);
     float one = 1.0f, conv1 = 2.0f, outv = 3.0f;
     const df_kda_block big = {&one_w, &one_w, &one_w, &one_w, &one_w, &one_w, &one_w, NULL, NULL, &one_w, &one, &one,
                               &one, &one, &one, &one, 1, 256, 2, 1, 1, -5.0f, 1e-5f};
-    CHECK(df_cuda_kda_block(&big, 1, &one, 0, &conv1, &one, &outv) == -1 && one == 1.0f && conv1 == 2.0f,
+    CHECK(kda_block1(&big, 1, &one, 0, &conv1, &one, &outv) == -1 && one == 1.0f && conv1 == 2.0f,
           "KDA block: K = 256 declined, state and conv state untouched");
     free((void *)one_w.data);
 }

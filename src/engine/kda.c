@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KDA_BE_MIN_T = 16 }; /* rows of a sequence from which a lower-bound-gate recurrence runs on the backend's */
+enum { KDA_BE_MIN_T = 16 }; /* steps: rows of a sequence from which a lower-bound-gate recurrence runs on the backend's */
 
 /* items: (sequence, head) pairs, i = sequence * H + head; each runs its sequence's rows in order */
 typedef struct {
@@ -230,18 +230,15 @@ done:
     return rc;
 }
 
-/* On a backend with its own whole mixer (the GPU's kda_block), each sequence in one call: the same expressions as
- * kda_steps, so the same bits; its state may stay in the backend's device copy (df_kvcache.kda_dev), which every
- * reader of the host's state fetches first (kv_kda_host). A sequence whose call fails runs kda_steps alone. Weight
- * bytes are counted per call (a batch of n prompts through the block reads each projection n times). */
+/* On a backend with its own whole mixer (the GPU's kda_block), the sequences in calls of up to DF_KDA_BLOCK_SEQS (the
+ * projections over all their rows): the same expressions as kda_steps, so the same bits; each state may stay in the
+ * backend's device copy (df_kvcache.kda_dev), which every reader of the host's state fetches first (kv_kda_host). A
+ * call that fails runs kda_steps for its sequences (their states as before the call). */
 int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
                       size_t errlen) {
     const df_config *cfg = e->cfg;
-    /* one sequence, or prompt-sized ones: a decode batch's projections stay one matmul over all its rows (its
-     * recurrence on the backend's kda_recur or the pool) */
-    int whole = e->be->kda_block && e->be->kda_recur && e->be->kda_state;
-    for (int s = 0; s < n_seq && whole; s++) whole = seqs[s].T >= KDA_BE_MIN_T || n_seq == 1;
-    if (!whole) return kda_steps(e, layer, seqs, n_seq, h, out, err, errlen);
+    if (!e->be->kda_block || !e->be->kda_recur || !e->be->kda_state)
+        return kda_steps(e, layer, seqs, n_seq, h, out, err, errlen);
     const df_layer_weights *lw = &e->spine->layers[layer];
     const int full = cfg->kda_full_rank_gate;
     const df_kda_block b = {&lw->kda_q, &lw->kda_k, &lw->kda_v, &lw->f_a, &lw->f_b, &lw->beta, full ? &lw->g : NULL,
@@ -252,28 +249,40 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     const df_weight *ws[] = {b.q, b.k, b.v, b.f_a, b.f_b, b.beta, b.g, b.g_a, b.g_b, b.o};
     const int64_t Dm = lw->kda_q.cols, Do = lw->o.rows;
     int64_t r0 = 0;
-    for (int s = 0; s < n_seq; s++) {
+    for (int s0 = 0; s0 < n_seq; s0 += DF_KDA_BLOCK_SEQS) {
+        const int n = n_seq - s0 < DF_KDA_BLOCK_SEQS ? n_seq - s0 : DF_KDA_BLOCK_SEQS;
+        int Ts[DF_KDA_BLOCK_SEQS], T = 0;
+        uint64_t key[DF_KDA_BLOCK_SEQS];
+        float *conv[DF_KDA_BLOCK_SEQS], *S[DF_KDA_BLOCK_SEQS];
+        unsigned char kept[DF_KDA_BLOCK_SEQS];
+        for (int i = 0; i < n; i++) {
+            df_kvcache *kv = seqs[s0 + i].kv;
+            if (kv->kda_be && kv->kda_be != e->be) { /* another backend's copy (not expected: one engine per cache) */
+                const int rc = kv_kda_host(kv, layer, 1, err, errlen);
+                if (rc) return rc;
+            }
+            Ts[i] = seqs[s0 + i].T;
+            T += Ts[i];
+            key[i] = kv->uid << 8 | (uint64_t)layer;
+            conv[i] = kv->kda_conv[layer];
+            S[i] = kv->kda_S[layer];
+        }
         const float *hs = h + r0 * Dm;
         float *os = out + r0 * Do;
-        df_kvcache *kv = seqs[s].kv;
-        if (kv->kda_be && kv->kda_be != e->be) { /* another backend's copy (not expected: one engine per cache) */
-            const int rc = kv_kda_host(kv, layer, 1, err, errlen);
-            if (rc) return rc;
-        }
-        const int rb = e->be->kda_block(&b, seqs[s].T, hs, kv->uid << 8 | (uint64_t)layer, kv->kda_conv[layer],
-                                        kv->kda_S[layer], os);
-        if (rb >= 0) {
-            if (rb == 1) {
-                kv->kda_be = e->be;
-                kv->kda_dev[layer] = KV_KDA_COPY | KV_KDA_NEWER;
-            }
+        if (e->be->kda_block(&b, n, Ts, hs, key, conv, S, os, kept) == 0) {
+            for (int i = 0; i < n; i++)
+                if (kept[i]) {
+                    df_kvcache *kv = seqs[s0 + i].kv;
+                    kv->kda_be = e->be;
+                    kv->kda_dev[layer] = KV_KDA_COPY | KV_KDA_NEWER;
+                }
             for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
                 if (ws[i]) e->weight_bytes += df_weight_bytes(ws[i]);
         } else {
-            const int rc = kda_steps(e, layer, &seqs[s], 1, hs, os, err, errlen);
+            const int rc = kda_steps(e, layer, seqs + s0, n, hs, os, err, errlen);
             if (rc) return rc;
         }
-        r0 += seqs[s].T;
+        r0 += T;
     }
     return DF_OK;
 }

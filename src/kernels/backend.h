@@ -110,6 +110,7 @@ typedef struct {
 } df_kda_block;
 
 enum { DF_KDA_DROP = 0, DF_KDA_FETCH = 1 }; /* df_backend.kda_state's op */
+enum { DF_KDA_BLOCK_SEQS = 32 };              /* the most sequences of one df_backend.kda_block call */
 
 typedef struct df_backend {
     const char *name;   /* "cpu-avx512", "cpu-avx2", "cpu-scalar" */
@@ -258,18 +259,22 @@ typedef struct df_backend {
      * (df_kda_args) with the bits of the CPU's when has_lb is set (the same operations in the same order; softplus's
      * log1pf may differ in its last bit otherwise). 0, or -1 (then nothing is written: the caller runs it itself). */
     int (*kda_recur)(const df_kda_args *a);
-    /* Optional (NULL on the CPU): one sequence's whole KDA mixer in one call: out [T, o.rows] = the mixer of h
-     * [T, q.cols] (fp32, row-major), continuing the sequence's conv state [3][W-1][H*K] (the q, k, v convolutions' last
-     * W-1 inputs) and S [H][K][K]. The projections with the backend's matmuls, everything after them with the bits of
-     * engine/kda.c's CPU loops when has_lb is set (softplus's log1pf may differ in its last bit otherwise); each row's
-     * output depends only on its row and the state before it (one call of T rows = T calls of one row).
-     * key (df_kvcache.uid << 8 | layer; 0: none) names the state's device copy: a call starts from that copy when the
-     * device holds one (then conv and S are not read), else from conv and S; the state after the call stays there
-     * (kda_state fetches it) when the backend has room for a copy under key.
-     * Returns 0: the state after the call written into conv and S (no device copy kept); 1: kept only in the device's
-     * copy under key (conv and S unchanged, stale until kda_state fetches it); -1: the state as it was before the call,
-     * wherever it was (out not to be trusted: the caller computes the mixer itself, after fetching the state). */
-    int (*kda_block)(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S, float *out);
+    /* Optional (NULL on the CPU): a KDA layer's whole mixer for the rows of n_seq sequences (1..DF_KDA_BLOCK_SEQS) in
+     * one call: out [T, o.rows] = the mixer of h [T, q.cols] (fp32, row-major; T = the sum of Ts, sequence s's Ts[s]
+     * rows after sequence s - 1's), each sequence continuing its own conv state conv[s] [3][W-1][H*K] (the q, k, v
+     * convolutions' last W-1 inputs) and S[s] [H][K][K]. The projections with the backend's matmuls over all rows
+     * (each weight read once), everything after them with the bits of engine/kda.c's CPU loops when has_lb is set
+     * (softplus's log1pf may differ in its last bit otherwise); each row's output depends only on its row and its
+     * sequence's state before it (one call of T rows = T calls of one row, alone or beside other sequences).
+     * key[s] (df_kvcache.uid << 8 | layer; 0: none; distinct) names sequence s's device copy of its state: a call
+     * starts from that copy when the device holds one (then conv[s] and S[s] are not read), else from conv[s] and
+     * S[s]; the state after the call stays there (kda_state fetches it) when the backend has room for a copy.
+     * Returns 0 with kept[s] = 1 where the state after the call is kept only in the device's copy (conv[s] and S[s]
+     * unchanged, stale until kda_state fetches it), 0 where it was written into conv[s] and S[s]; or -1: every state
+     * as it was before the call, wherever it was (out not to be trusted: the caller computes the mixer itself, after
+     * fetching the states). */
+    int (*kda_block)(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
+                     float *const *conv, float *const *S, float *out, unsigned char *kept);
     /* Optional (NULL on the CPU; set with kda_block): the device's copy of a KDA state (kda_block's key). op
      * DF_KDA_FETCH: when the copy is newer than the host's, written into conv and S (kda_block's shapes); the copy
      * stays, equal to the host's. DF_KDA_DROP: the copy forgotten (the host's state is about to change, or is the

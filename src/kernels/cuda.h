@@ -112,10 +112,12 @@ int df_cuda_route_test(const float *logits, const float *bias, int E, int K, int
  * the bits of engine/kda.c's kda_recur_head with a lower-bound gate. 0, or -1 (no device, K > 224, a CUDA error; the
  * caller's state untouched). */
 int df_cuda_kda_recur(const df_kda_args *a);
-/* df_backend.kda_block on the GPU (cuda_kda.cu): one sequence's KDA mixer in one call (h in, out back), the state from
- * and into the device's copy under key when there is one or room for one (returns 1), else copied in from and back
- * into conv and S (returns 0). -1: no device, K > 224, shapes that do not chain, a CUDA error (the state as before). */
-int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S, float *out);
+/* df_backend.kda_block on the GPU (cuda_kda.cu): the KDA mixer of n_seq sequences' rows in one call (h in, out back),
+ * each state from and into the device's copy under its key when there is one or room for one (kept[s] = 1), else
+ * copied in from and back into conv[s] and S[s]. -1: no device, K > 224, shapes that do not chain, a CUDA error (every
+ * state as before). */
+int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
+                      float *const *conv, float *const *S, float *out, unsigned char *kept);
 /* df_backend.kda_state on the GPU (cuda_kda.cu): fetch (DF_KDA_FETCH) or forget (DF_KDA_DROP) the device's copy of
  * the KDA state under key. 0, or -1 (a failed copy; error recorded). */
 int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op);

@@ -69,10 +69,9 @@ static int cuda_be_kda_recur(const df_kda_args *a) {
 
 /* The KDA mixer in one GPU call; on failure -1 (the engine runs its steps as separate calls): reported once. */
 static int g_kda_block_warned;
-static int cuda_be_kda_block(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S,
-                             float *out) {
-    const int rc = df_cuda_kda_block(b, T, h, key, conv, S, out);
-    if (rc >= 0) return rc;
+static int cuda_be_kda_block(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
+                             float *const *conv, float *const *S, float *out, unsigned char *kept) {
+    if (df_cuda_kda_block(b, n_seq, Ts, h, key, conv, S, out, kept) == 0) return 0;
     if (!__atomic_exchange_n(&g_kda_block_warned, 1, __ATOMIC_SEQ_CST))
         fprintf(stderr, "deltafin: KDA mixer not in one GPU call (%s); its steps run as separate calls\n",
                 df_cuda_last_error());

@@ -35,8 +35,9 @@ void df_cuda_host_unpin(void *p) { (void)p; }
 void df_cuda_get_stats(df_cuda_stats *out) { memset(out, 0, sizeof *out); }
 const char *df_cuda_last_error(void) { return why_none; }
 int df_cuda_kda_recur(const df_kda_args *a) { (void)a; return -1; }
-int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S, float *out) {
-    (void)b; (void)T; (void)h; (void)key; (void)conv; (void)S; (void)out;
+int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
+                      float *const *conv, float *const *S, float *out, unsigned char *kept) {
+    (void)b; (void)n_seq; (void)Ts; (void)h; (void)key; (void)conv; (void)S; (void)out; (void)kept;
     return -1;
 }
 int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) { (void)key; (void)conv; (void)S; (void)op; return -1; }

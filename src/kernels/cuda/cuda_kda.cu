@@ -47,18 +47,38 @@ __global__ void kda_prep_kernel(int T, int H, int K, float *q, float *k, const f
                           qscale, K, decay + o);
 }
 
-/* block h, K threads: the head's state [K][K] from Sin in shared memory for all T tokens, then into S (Sin may be S) */
-__global__ void kda_recur_kernel(int T, int H, int K, const float *q, const float *k, const float *v,
-                                 const float *decay, const float *beta, const float *Sin, float *S, float *o) {
+/* The sequences of a call: sequence s has rows [row0[s], row0[s + 1]) of the call's arrays; its state is read from
+ * Sin[s] and written into S[s] (they may be one array), its conv state [3][W-1][H*K] read from cin[s] and the next
+ * one written into cout[s]. By value (kernel parameters). */
+struct KSeqs {
+    int n;
+    int row0[DF_KDA_BLOCK_SEQS + 1];
+    const float *Sin[DF_KDA_BLOCK_SEQS];
+    float *S[DF_KDA_BLOCK_SEQS];
+    const float *cin[DF_KDA_BLOCK_SEQS];
+    float *cout[DF_KDA_BLOCK_SEQS];
+};
+
+/* the sequence of row t */
+__device__ __forceinline__ int seq_of(const KSeqs &q, int t) {
+    int s = 0;
+    while (s + 1 < q.n && t >= q.row0[s + 1]) s++;
+    return s;
+}
+
+/* block (h, s), K threads: head h of sequence s, its state [K][K] from Sin[s] in shared memory for all the sequence's
+ * tokens, then into S[s] */
+__global__ void kda_recur_kernel(KSeqs sq, int H, int K, const float *q, const float *k, const float *v,
+                                 const float *decay, const float *beta, float *o) {
     pdl_enter();
     extern __shared__ float kda_sm[]; /* [K][K] state, then k, q, decay of the token [3][K] */
     float *st = kda_sm, *kt = kda_sm + (size_t)K * K, *qt = kt + K, *dt = qt + K;
-    const int h = blockIdx.x, c = threadIdx.x;
-    const float *Si = Sin + (size_t)h * K * K;
-    float *Sh = S + (size_t)h * K * K;
+    const int h = blockIdx.x, sid = blockIdx.y, c = threadIdx.x;
+    const float *Si = sq.Sin[sid] + (size_t)h * K * K;
+    float *Sh = sq.S[sid] + (size_t)h * K * K;
     for (int r = 0; r < K; r++) st[(size_t)r * K + c] = Si[(size_t)r * K + c];
     const int64_t D = (int64_t)H * K;
-    for (int t = 0; t < T; t++) {
+    for (int t = sq.row0[sid]; t < sq.row0[sid + 1]; t++) {
         const int64_t row = t * D + (int64_t)h * K;
         __syncthreads(); /* the last token's reads of kt / qt / dt are done */
         kt[c] = k[row + c];
@@ -92,30 +112,35 @@ __global__ void kda_out_kernel(int T, int H, int K, float *o, const float *gate,
     df_kda_out(o + off, gate + off, o_norm, eps, silu_gate, K);
 }
 
-/* The short convolution of T rows: y[t, c] = silu(sum_j w[c, j] * in(t - P + j, c)), P = W - 1, in(i) = x[i, c] for
- * i >= 0, else st[P + i, c] (the state's rows); engine/kda.c conv_task's expression. */
-__global__ void kda_conv_kernel(int T, int64_t D, int W, const float *x, const float *st, const float *w, float *y) {
+/* The short convolution of projection `which` (0 q, 1 k, 2 v) over the call's T rows: y[t, c] = silu(sum_j w[c, j] *
+ * in(t - P + j, c)), P = W - 1, where in(i) is row i of the row's sequence in x for i >= 0, else row P + i of that
+ * sequence's conv state cin (projection `which`); engine/kda.c conv_task's expression. */
+__global__ void kda_conv_kernel(KSeqs sq, int T, int64_t D, int W, int which, const float *x, const float *w, float *y) {
     pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)T * D) return;
-    const int t = (int)(i / D), P = W - 1;
+    const int t = (int)(i / D), P = W - 1, s = seq_of(sq, t), r0 = sq.row0[s];
     const int64_t c = i % D;
-    float s = 0.0f;
+    const float *st = sq.cin[s] + (size_t)which * P * D;
+    float acc = 0.0f;
     for (int j = 0; j < W; j++) {
-        const int r = t - P + j;
-        s = DF_HM_ADD(s, DF_HM_MUL(w[c * W + j], r >= 0 ? x[(int64_t)r * D + c] : st[(int64_t)(P + r) * D + c]));
+        const int r = t - r0 - P + j;
+        acc = DF_HM_ADD(acc, DF_HM_MUL(w[c * W + j], r >= 0 ? x[(int64_t)(r0 + r) * D + c] : st[(int64_t)(P + r) * D + c]));
     }
-    y[i] = df_kda_silu(s);
+    y[i] = df_kda_silu(acc);
 }
 
-/* The convolution's next state: its row r = row T + r of [st (P rows); x (T rows)] */
-__global__ void kda_conv_state_kernel(int T, int64_t D, int P, const float *x, const float *st, float *nst) {
+/* The convolutions' next states, projection `which`: row r of sequence s's = row T_s + r of [its state cin (P rows);
+ * its rows of x (T_s rows)], into cout[s] */
+__global__ void kda_conv_state_kernel(KSeqs sq, int64_t D, int P, int which, const float *x) {
     pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)P * D) return;
-    const int src = T + (int)(i / D) - P;
-    const int64_t c = i % D;
-    nst[i] = src >= 0 ? x[(int64_t)src * D + c] : st[(int64_t)(P + src) * D + c];
+    if (i >= (int64_t)sq.n * P * D) return;
+    const int s = (int)(i / ((int64_t)P * D));
+    const int64_t j = i % ((int64_t)P * D);
+    const int Ts = sq.row0[s + 1] - sq.row0[s], src = Ts + (int)(j / D) - P;
+    const int64_t c = j % D, off = (int64_t)which * P * D;
+    sq.cout[s][off + j] = src >= 0 ? x[(int64_t)(sq.row0[s] + src) * D + c] : sq.cin[s][off + (int64_t)(P + src) * D + c];
 }
 
 char *g_buf;          /* device scratch for a call's rows and state */
@@ -199,15 +224,14 @@ int copy_in(const HostCopy *in, size_t n, cudaStream_t st) {
     return 0;
 }
 
-/* prep, recurrence and gated RMSNorm of T rows of device arrays (df_kda_args' meaning; q, k normalized in place,
- * decay [T, H*K] and beta [T, H] scratch, the state read from Sin and written into S (they may be one array), o
- * written), queued on st after kda_setup(recur_smem(K)). vec(0) and vec(1) give dt_bias and o_norm on the device (NULL:
+/* prep, recurrence and gated RMSNorm of the T rows of the sequences sq (df_kda_args' meaning; q, k normalized in place,
+ * decay [T, H*K] and beta [T, H] scratch, each sequence's state read from sq.Sin and written into sq.S, o written),
+ * queued on st after kda_setup(recur_smem(K)). vec(0) and vec(1) give dt_bias and o_norm on the device (NULL:
  * failed), each looked up just before the launch that reads it. */
 template <class Vec>
-cudaError_t launch_recurrence(cudaStream_t st, int T, int H, int K, float *q, float *k, const float *v,
+cudaError_t launch_recurrence(cudaStream_t st, const KSeqs &sq, int T, int H, int K, float *q, float *k, const float *v,
                               const float *graw, const float *bl, const float *gate, const float *A_log, Vec vec,
-                              int has_lb, float lb, float eps, int silu_gate, float *decay, float *beta,
-                              const float *Sin, float *S, float *o) {
+                              int has_lb, float lb, float eps, int silu_gate, float *decay, float *beta, float *o) {
     const int nb = (int)(((int64_t)T * H + 127) / 128);
     const float qscale = 1.0f / sqrtf((float)K);
     const float *dt_bias = vec(0);
@@ -215,8 +239,8 @@ cudaError_t launch_recurrence(cudaStream_t st, int T, int H, int K, float *q, fl
     cudaError_t e = cu_launch(kda_prep_kernel, nb, 128, 0, st, T, H, K, q, k, graw, bl, A_log, dt_bias, has_lb, lb,
                               qscale, decay, beta);
     if (e == cudaSuccess)
-        e = cu_launch(kda_recur_kernel, H, K, recur_smem(K), st, T, H, K, (const float *)q, (const float *)k, v,
-                      (const float *)decay, (const float *)beta, Sin, S, o);
+        e = cu_launch(kda_recur_kernel, dim3((unsigned)H, (unsigned)sq.n), K, recur_smem(K), st, sq, H, K,
+                      (const float *)q, (const float *)k, v, (const float *)decay, (const float *)beta, o);
     if (e != cudaSuccess) return e;
     const float *o_norm = vec(1);
     if (!o_norm) return cudaErrorInvalidValue;
@@ -260,8 +284,12 @@ extern "C" int df_cuda_kda_recur(const df_kda_args *a) {
                                {o_norm, a->o_norm, f * K}};
         if (copy_in(in, sizeof in / sizeof *in, st)) break;
         auto vec = [&](int i) -> const float * { return i == 0 ? dt_bias : o_norm; };
-        if (launch_recurrence(st, T, H, K, q, k, v, graw, bl, gate, A_log, vec, a->has_lb, a->lb, a->eps, a->silu_gate,
-                              decay, beta, S, S, o) != cudaSuccess)
+        KSeqs sq = {};
+        sq.n = 1;
+        sq.row0[1] = T;
+        sq.Sin[0] = sq.S[0] = S;
+        if (launch_recurrence(st, sq, T, H, K, q, k, v, graw, bl, gate, A_log, vec, a->has_lb, a->lb, a->eps,
+                              a->silu_gate, decay, beta, o) != cudaSuccess)
             break;
         /* the state through a host copy: a failed call leaves the caller's state as it was */
         if (cudaMemcpyAsync(g_s_host, S, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
@@ -411,10 +439,11 @@ extern "C" int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) {
     return finish(rc, "KDA state: copying the device's state back failed", st);
 }
 
-extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, uint64_t key, float *conv, float *S,
-                                 float *out) {
-    if (!b || b->H < 1 || b->K < 1 || T < 0 || !h || !conv || !S || !out)
-        return cu_rt_error("KDA block: no heads, rows, state or output");
+extern "C" int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
+                                 float *const *conv, float *const *S, float *out, unsigned char *kept) {
+    if (!b || b->H < 1 || b->K < 1 || n_seq < 1 || n_seq > DF_KDA_BLOCK_SEQS || !Ts || !h || !key || !conv || !S ||
+        !out || !kept)
+        return cu_rt_error("KDA block: no heads, sequences (1..32), rows, state or output");
     if (head_refusal("KDA block", b->K)) return -1;
     const int H = b->H, K = b->K, P = b->W - 1;
     const int64_t D = (int64_t)H * K;
@@ -423,69 +452,97 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, u
         snprintf(m, sizeof m, "KDA block: %s", why);
         return cu_rt_error(m);
     }
+    int64_t T64 = 0;
+    for (int s = 0; s < n_seq; s++) {
+        if (Ts[s] < 0 || !conv[s] || !S[s]) return cu_rt_error("KDA block: a sequence without rows or state");
+        T64 += Ts[s];
+    }
+    if (T64 > 0x7fffffff / (D > 0 ? D : 1)) return cu_rt_error("KDA block: too many rows");
+    const int T = (int)T64;
+    for (int s = 0; s < n_seq; s++) kept[s] = 0;
     if (T == 0) return 0;
     const int64_t Dm = b->q->cols, Do = b->o->rows;
     int64_t Ra = b->f_a->rows; /* fa holds f_a's rows, then g_a's */
     if (!b->g && b->g_a->rows > Ra) Ra = b->g_a->rows;
     const size_t f = sizeof(float), rows = f * (size_t)T * D, sb = f * (size_t)H * K * K, cb = f * (size_t)3 * P * D;
-    /* h [T, Dm]; raw, q, k, v, graw, gate, decay, o [T, D]; fa [T, Ra]; bl, beta [T, H]; S; conv state in and out
-     * [3, P, D]; A_log [H]; out [T, Do] (the state's arrays unused with a device copy) */
+    /* h [T, Dm]; raw, q, k, v, graw, gate, decay, o [T, D]; fa [T, Ra]; bl, beta [T, H]; A_log [H]; out [T, Do]; per
+     * sequence without a device copy: S, conv state in and out */
     const size_t need = up256(f * (size_t)T * Dm) + 8 * up256(rows) + up256(f * (size_t)T * Ra) +
-                        2 * up256(f * (size_t)T * H) + up256(sb) + 2 * up256(cb) + up256(f * H) +
-                        up256(f * (size_t)T * Do);
+                        2 * up256(f * (size_t)T * H) + up256(f * H) + up256(f * (size_t)T * Do) +
+                        (size_t)n_seq * (up256(sb) + 2 * up256(cb));
     if (cu_rt_lock()) return -1;
     cudaStream_t st = cu_rt_stream();
-    int rc = -1, fresh = 0;
+    int rc = -1;
     const char *msg = "KDA block: a CUDA call failed";
-    KCopy *kc = nullptr;
+    KCopy *kc[DF_KDA_BLOCK_SEQS] = {};
+    unsigned char fresh[DF_KDA_BLOCK_SEQS] = {};
     do {
         if (kda_setup(recur_smem(K)) || grow_buf(need, st)) break;
-        if (key) {
-            auto it = g_kc.find(key);
+        int nhost = 0, bad = 0; /* sequences whose state comes from and goes back to the host */
+        for (int s = 0; s < n_seq && !bad; s++) {
+            for (int s2 = 0; s2 < s && key[s]; s2++) bad |= key[s2] == key[s];
+            if (bad) { msg = "KDA block: two sequences of the call share a key"; break; }
+            if (!key[s]) { nhost++; continue; }
+            auto it = g_kc.find(key[s]);
             if (it != g_kc.end()) {
-                kc = &it->second;
-                if (kc->sb != sb || kc->cb != cb) {
-                    kc = nullptr;
-                    msg = "KDA block: the device's copy of this state has other shapes";
-                    break;
+                kc[s] = &it->second;
+                if (kc[s]->sb != sb || kc[s]->cb != cb) {
+                    msg = "KDA block: the device's copy of a state has other shapes";
+                    bad = 1;
                 }
-            } else if ((kc = kc_add(key, sb, cb, S, conv, st))) {
-                fresh = 1;
+            } else if ((kc[s] = kc_add(key[s], sb, cb, S[s], conv[s], st))) {
+                fresh[s] = 1;
+            } else {
+                nhost++;
             }
         }
-        if (!kc && grow_s_host(sb + cb)) break;
+        if (bad || (nhost && grow_s_host((size_t)nhost * (sb + cb)))) break;
         Carve cv{g_buf};
         float *dh = cv.take(f * (size_t)T * Dm), *raw = cv.take(rows), *q = cv.take(rows), *k = cv.take(rows),
               *v = cv.take(rows), *graw = cv.take(rows), *gate = cv.take(rows), *decay = cv.take(rows),
               *o = cv.take(rows), *fa = cv.take(f * (size_t)T * Ra), *bl = cv.take(f * (size_t)T * H),
-              *beta = cv.take(f * (size_t)T * H), *dS = cv.take(sb), *cst = cv.take(cb), *ncst = cv.take(cb),
-              *A_log = cv.take(f * H), *dout = cv.take(f * (size_t)T * Do);
-        /* the state: from and into the device copy's slots, or copied in here and back at the end */
-        const float *Sin = kc ? kc_S(*kc, kc->cur) : dS, *cin = kc ? kc_conv(*kc, kc->cur) : cst;
-        float *Sout = kc ? kc_S(*kc, kc->cur ^ 1) : dS, *cout = kc ? kc_conv(*kc, kc->cur ^ 1) : ncst;
-        if (cudaMemcpyAsync(dh, h, f * (size_t)T * Dm, cudaMemcpyHostToDevice, st) != cudaSuccess) break;
-        if (!kc && (cudaMemcpyAsync(dS, S, sb, cudaMemcpyHostToDevice, st) != cudaSuccess ||
-                    cudaMemcpyAsync(cst, conv, cb, cudaMemcpyHostToDevice, st) != cudaSuccess))
-            break;
+              *beta = cv.take(f * (size_t)T * H), *A_log = cv.take(f * H), *dout = cv.take(f * (size_t)T * Do);
+        /* each sequence's state: from and into its device copy's slots, or copied in here and back at the end */
+        KSeqs sq = {};
+        sq.n = n_seq;
+        float *hS[DF_KDA_BLOCK_SEQS] = {}, *hC[DF_KDA_BLOCK_SEQS] = {};
+        int ok = cudaMemcpyAsync(dh, h, f * (size_t)T * Dm, cudaMemcpyHostToDevice, st) == cudaSuccess;
+        for (int s = 0; s < n_seq && ok; s++) {
+            sq.row0[s + 1] = sq.row0[s] + Ts[s];
+            if (kc[s]) {
+                sq.Sin[s] = kc_S(*kc[s], kc[s]->cur);
+                sq.S[s] = kc_S(*kc[s], kc[s]->cur ^ 1);
+                sq.cin[s] = kc_conv(*kc[s], kc[s]->cur);
+                sq.cout[s] = kc_conv(*kc[s], kc[s]->cur ^ 1);
+            } else {
+                hS[s] = cv.take(sb);
+                float *ci = cv.take(cb);
+                hC[s] = cv.take(cb);
+                sq.Sin[s] = sq.S[s] = hS[s];
+                sq.cin[s] = ci;
+                sq.cout[s] = hC[s];
+                ok = cudaMemcpyAsync(hS[s], S[s], sb, cudaMemcpyHostToDevice, st) == cudaSuccess &&
+                     (!cb || cudaMemcpyAsync(ci, conv[s], cb, cudaMemcpyHostToDevice, st) == cudaSuccess);
+            }
+        }
+        if (!ok) break;
         /* the layer's constants from the weight cache (each used before the next lookup: an uncached one is uploaded
          * into a scratch buffer the next reuses); A_log copied aside, as the prep launch reads it with dt_bias */
         const float *dv = nullptr;
         if (cu_rt_vec(b->A_log, H, &dv) || cu_copy_launch(A_log, dv, f * H, cudaMemcpyDeviceToDevice, st) != cudaSuccess)
             break;
-        /* q, k, v: projection into raw, the next conv state from raw, the convolution into q / k / v */
+        /* q, k, v: projection into raw, the next conv states from raw, the convolution into q / k / v */
         const df_weight *pw[3] = {b->q, b->k, b->v};
         const float *cw[3] = {b->conv_q, b->conv_k, b->conv_v};
         float *po[3] = {q, k, v};
-        const int nbc = (int)(((int64_t)T * D + 255) / 256), nbs = (int)(((int64_t)P * D + 255) / 256);
-        int ok = 1;
-        for (int i = 0; i < 3 && ok; i++) {
-            const float *ci = cin + (size_t)i * P * D;
+        const int nbc = (int)(((int64_t)T * D + 255) / 256), nbs = (int)(((int64_t)n_seq * P * D + 255) / 256);
+        for (int i = 0; i < 3 && ok; i++)
             ok = mm_dev(pw[i], dh, T, raw, st) == 0 &&
-                 (P == 0 || cu_launch(kda_conv_state_kernel, nbs, 256, 0, st, T, D, P, (const float *)raw, ci,
-                                      cout + (size_t)i * P * D) == cudaSuccess) &&
+                 (P == 0 ||
+                  cu_launch(kda_conv_state_kernel, nbs, 256, 0, st, sq, D, P, i, (const float *)raw) == cudaSuccess) &&
                  cu_rt_vec(cw[i], D * b->W, &dv) == 0 &&
-                 cu_launch(kda_conv_kernel, nbc, 256, 0, st, T, D, b->W, (const float *)raw, ci, dv, po[i]) == cudaSuccess;
-        }
+                 cu_launch(kda_conv_kernel, nbc, 256, 0, st, sq, T, D, b->W, i, (const float *)raw, dv, po[i]) ==
+                     cudaSuccess;
         if (!ok) break;
         if (mm_dev(b->f_a, dh, T, fa, st) || mm_dev(b->f_b, fa, T, graw, st) || mm_dev(b->beta, dh, T, bl, st)) break;
         if (b->g ? mm_dev(b->g, dh, T, gate, st) : (mm_dev(b->g_a, dh, T, fa, st) || mm_dev(b->g_b, fa, T, gate, st)))
@@ -494,26 +551,36 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int T, const float *h, u
             const float *p = nullptr;
             return cu_rt_vec(i == 0 ? b->dt_bias : b->o_norm, i == 0 ? D : K, &p) ? nullptr : p;
         };
-        if (launch_recurrence(st, T, H, K, q, k, v, graw, bl, gate, A_log, vec, b->has_lb, b->lb, b->eps, b->silu_gate,
-                              decay, beta, Sin, Sout, o) != cudaSuccess)
+        if (launch_recurrence(st, sq, T, H, K, q, k, v, graw, bl, gate, A_log, vec, b->has_lb, b->lb, b->eps,
+                              b->silu_gate, decay, beta, o) != cudaSuccess)
             break;
         if (mm_dev(b->o, o, T, dout, st)) break;
-        /* without a device copy the state through a host copy: a failed call leaves the caller's as it was */
-        if (!kc && (cudaMemcpyAsync(g_s_host, dS, sb, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
-                    cudaMemcpyAsync((char *)g_s_host + sb, ncst, cb, cudaMemcpyDeviceToHost, st) != cudaSuccess))
-            break;
-        if (cudaMemcpyAsync(out, dout, f * (size_t)T * Do, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
-        if (cu_rt_sync("kda block") != cudaSuccess) break;
-        if (kc) {
-            kc->cur ^= 1;
-            kc->dirty = 1;
-            rc = 1;
-        } else {
-            memcpy(S, g_s_host, sb);
-            memcpy(conv, (char *)g_s_host + sb, cb);
-            rc = 0;
+        /* the states without a device copy through a host buffer: a failed call leaves the caller's as they were */
+        size_t ho = 0;
+        for (int s = 0; s < n_seq && ok; s++) {
+            if (kc[s]) continue;
+            ok = cudaMemcpyAsync((char *)g_s_host + ho, hS[s], sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+                 (!cb || cudaMemcpyAsync((char *)g_s_host + ho + sb, hC[s], cb, cudaMemcpyDeviceToHost, st) == cudaSuccess);
+            ho += sb + cb;
         }
+        if (!ok || cudaMemcpyAsync(out, dout, f * (size_t)T * Do, cudaMemcpyDeviceToHost, st) != cudaSuccess) break;
+        if (cu_rt_sync("kda block") != cudaSuccess) break;
+        ho = 0;
+        for (int s = 0; s < n_seq; s++) {
+            if (kc[s]) {
+                kc[s]->cur ^= 1;
+                kc[s]->dirty = 1;
+                kept[s] = 1;
+            } else {
+                memcpy(S[s], (char *)g_s_host + ho, sb);
+                memcpy(conv[s], (char *)g_s_host + ho + sb, cb);
+                ho += sb + cb;
+            }
+        }
+        rc = 0;
     } while (0);
-    if (rc < 0 && fresh) kc_drop(g_kc.find(key)); /* its slot may not hold the host's state, the current one */
-    return finish(rc < 0 ? -1 : 0, msg, st) ? -1 : rc;
+    if (rc < 0) /* a new copy's slot may not hold the host's state, the current one */
+        for (int s = 0; s < n_seq; s++)
+            if (fresh[s]) kc_drop(g_kc.find(key[s]));
+    return finish(rc, msg, st);
 }
