@@ -1,7 +1,7 @@
 /*
  * cuda_trace.c — DF_CUDA_TRACE=1 or 2 (a developer knob, docs/cuda.md): the wall time of every GPU call the engine
  * makes through the cuda backend table (matmul, mlp, mlp_group, mla_project, mla_attend, mla_attend_o, mla_block,
- * moe_resid), from the call to its return (each but moe_resid ends with a synchronisation, so this is the device
+ * moe_resid, kda_recur, kda_block), from the call to its return (each but moe_resid ends with a synchronisation, so this is the device
  * work plus the launches, copies and the synchronisation itself); its host time split into queueing (from taking the runtime's mutex to
  * calling the closing synchronisation: staging, launches) and waiting inside that synchronisation
  * (df_cuda_last_host_split); and with DF_CUDA_TRACE=1 its device time (df_cuda_last_gpu_s: events from the start of
@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_BLOCK, TR_RESID, TR_N };
-static const char *const tr_name[TR_N] = {"matmul", "mlp", "mlp_group", "mla_project", "mla_attend", "mla_attend_o",
-                                          "mla_block", "moe_resid"};
+enum { TR_MATMUL, TR_MLP, TR_GROUP, TR_PROJECT, TR_ATTEND, TR_ATTEND_O, TR_BLOCK, TR_RESID, TR_KDA, TR_KDA_BLOCK, TR_N };
+static const char *const tr_name[TR_N] = {"matmul",   "mlp",       "mlp_group", "mla_project", "mla_attend",
+                                          "mla_attend_o", "mla_block", "moe_resid", "kda_recur", "kda_block"};
 static struct {
     unsigned long long calls, rows, items, gpu_calls, host_calls;
     double s, gpu_s, queue_s, wait_s;
@@ -131,6 +131,23 @@ static int tr_resid(int n, const df_weight *const *gate, const df_weight *const 
     return rc;
 }
 
+static int tr_kda(const df_kda_args *a) {
+    const double t0 = tr_now();
+    const int rc = g_orig.kda_recur(a);
+    tr_add(TR_KDA, t0, a->T, 1);
+    return rc;
+}
+
+static int tr_kda_block(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
+                        float *const *conv, float *const *S, float *out, unsigned char *kept) {
+    const double t0 = tr_now();
+    const int rc = g_orig.kda_block(b, n_seq, Ts, h, key, conv, S, out, kept);
+    long rows = 0;
+    for (int i = 0; i < n_seq; i++) rows += Ts[i];
+    tr_add(TR_KDA_BLOCK, t0, rows, n_seq);
+    return rc;
+}
+
 void df_cuda_trace_wrap(df_backend *be) {
     g_orig = *be;
     be->matmul = tr_matmul;
@@ -141,6 +158,8 @@ void df_cuda_trace_wrap(df_backend *be) {
     if (be->mla_attend_o) be->mla_attend_o = tr_attend_o;
     if (be->mla_block) be->mla_block = tr_block;
     if (be->moe_resid) be->moe_resid = tr_resid;
+    if (be->kda_recur) be->kda_recur = tr_kda;
+    if (be->kda_block) be->kda_block = tr_kda_block;
     atexit(tr_print);
 }
 #endif
