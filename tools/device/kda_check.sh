@@ -3,7 +3,8 @@
 # (tools/device/pack.sh with EXTRA_BINS="test_cuda_kernels test_golden test_batch test_speculative"), then a K3-shaped synth (4 layers:
 # dense, 2 KDA, MLA; 32 experts top-8, 12 GB) prompted with PROMPT (512) tokens on the GPU, the KDA mixer in one GPU
 # call (DF_CUDA_KDA=1 DF_CUDA_KDA_BLOCK=1), step by step with the recurrence on the GPU (1 0) and on the CPU (0 0),
-# alternated ROUNDS (2) times: TTFT, decode, the profile's phases and the ids (the same bits expected).
+# alternated ROUNDS (2) times (VARIANTS: which, default "11 10 00"; NEW generated tokens, default 32): TTFT, decode,
+# the profile's phases and the ids (the same bits expected).
 set -u
 OUT=${1:?usage: kda_check.sh OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,10 +27,10 @@ log "synth kimi_k3 4 layers, 32 experts top-8"
 "$D/deltafin" synth "$W" --arch kimi_k3 --layers 4 --experts 32 --top-k 8 --quiet --force 2>&1 | tail -1 >>"$S"
 N=${PROMPT:-512}
 for r in $(seq "${ROUNDS:-2}"); do
-    for v in 11 10 00; do # DF_CUDA_KDA, DF_CUDA_KDA_BLOCK
-        log "run --backend cuda, $N-token prompt, 32 new, DF_CUDA_KDA=${v%?} DF_CUDA_KDA_BLOCK=${v#?} (round $r)"
+    for v in ${VARIANTS:-11 10 00}; do # DF_CUDA_KDA, DF_CUDA_KDA_BLOCK
+        log "run --backend cuda, $N-token prompt, ${NEW:-32} new, DF_CUDA_KDA=${v%?} DF_CUDA_KDA_BLOCK=${v#?} (round $r)"
         DF_CUDA_KDA=${v%?} DF_CUDA_KDA_BLOCK=${v#?} timeout 150 "$D/deltafin" run --model "$W" --backend cuda \
-            --gpu-budget 40G --preload --prompt-ids "$(seq -s, 1 "$N")" --max-new 32 --stats --profile --print-ids \
+            --gpu-budget 40G --preload --prompt-ids "$(seq -s, 1 "$N")" --max-new "${NEW:-32}" --stats --profile --print-ids \
             2>"$OUT/run-$v-$r.err" >"$OUT/run-$v-$r.out"
         grep -E "TTFT|decode|profile: (kda|mla|norm|experts|dense|total)" "$OUT/run-$v-$r.err" | cut -c1-220 >>"$S"
         echo "ids md5 $(md5sum <"$OUT/run-$v-$r.out" | cut -c1-8)" >>"$S"
