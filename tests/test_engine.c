@@ -533,7 +533,69 @@ static void test_kda_builds(void) {
     CHECK(bad == 0, "KDA short convolution: %d of 5 cases differ from the plain loops", bad);
 }
 
+/* The KDA state's device-copy protocol of kvcache.c against a backend that only records: a newer copy is fetched
+ * before the host's state is read (kv_recurrent_save, kv_kda_host), once; load and reset forget every copy; a failed
+ * fetch is an error that keeps the copy's marks. */
+static int g_fetch, g_drop, g_fail;
+static uint64_t g_last_key;
+static int fake_kda_state(uint64_t key, float *conv, float *S, int op) {
+    g_last_key = key;
+    if (op == DF_KDA_DROP) { g_drop++; return 0; }
+    if (g_fail) return -1;
+    g_fetch++;
+    S[0] = 7.0f;
+    conv[0] = 8.0f;
+    return 0;
+}
+
+static void test_kda_copies(void) {
+    df_config c;
+    memset(&c, 0, sizeof c);
+    c.num_hidden_layers = 2;
+    c.mixer[0] = DF_MIXER_MLA;
+    c.mixer[1] = DF_MIXER_KDA;
+    c.kv_lora_rank = 8; c.qk_rope_head_dim = 4;
+    c.kda_heads = 2; c.kda_head_dim = 4; c.kda_conv = 3;
+    df_kvcache kv;
+    CHECK(kv_init(&kv, &c, 16) == DF_OK, "kv_init");
+    df_backend fake;
+    memset(&fake, 0, sizeof fake);
+    fake.name = "fake";
+    fake.kda_state = fake_kda_state;
+    kv.kda_be = &fake;
+    kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
+    const size_t nb = (size_t)kv_recurrent_bytes(&kv);
+    float *buf = malloc(nb);
+    char err[200] = "";
+    int rc = kv_recurrent_save(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_OK && g_fetch == 1 && g_last_key == (kv.uid << 8 | 1) && buf[0] == 7.0f &&
+              buf[2 * 4 * 4] == 8.0f && kv.kda_dev[1] == KV_KDA_COPY,
+          "save fetches the newer copy once (rc %d, fetches %d, S[0] %g)", rc, g_fetch, buf[0]);
+    rc = kv_recurrent_save(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_OK && g_fetch == 1, "a second save fetches nothing (the host is current)");
+    kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
+    g_fail = 1;
+    rc = kv_kda_host(&kv, 1, 1, err, sizeof err);
+    CHECK(rc == DF_EUNSUPPORTED && kv.kda_dev[1] == (KV_KDA_COPY | KV_KDA_NEWER) && g_drop == 0 &&
+              strstr(err, "KDA layer 1") != NULL,
+          "a failed fetch is an error naming the layer, the copy kept (rc %d, '%s')", rc, err);
+    g_fail = 0;
+    rc = kv_kda_host(&kv, 1, 1, err, sizeof err);
+    CHECK(rc == DF_OK && g_fetch == 2 && g_drop == 1 && kv.kda_dev[1] == 0, "fetch and drop (the steps path)");
+    kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
+    kv_recurrent_load(&kv, buf);
+    CHECK(g_drop == 2 && g_fetch == 2 && kv.kda_dev[1] == 0 && kv.kda_be == NULL && kv.kda_S[1][0] == 7.0f,
+          "load forgets the copy without fetching it and takes the snapshot");
+    kv.kda_be = &fake;
+    kv.kda_dev[1] = KV_KDA_COPY;
+    kv_recurrent_reset(&kv);
+    CHECK(g_drop == 3 && kv.kda_dev[1] == 0 && kv.kda_be == NULL && kv.kda_S[1][0] == 0.0f, "reset forgets the copy");
+    free(buf);
+    kv_free(&kv);
+}
+
 int main(void) {
+    test_kda_copies();
     test_kda_builds();
     test_rope_values();
     test_route();
