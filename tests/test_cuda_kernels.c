@@ -1329,7 +1329,7 @@ static int kda_block1(const df_kda_block *b, int T, const float *h, uint64_t key
 /* The whole KDA mixer in one call (df_cuda_kda_block) against its steps: the GPU's matmuls (the cuda backend's), the
  * CPU's short convolution (kda_short_conv) and recurrence (kda_recur_head): output, state and conv state bitwise
  * equal with a lower-bound gate, full-rank and low-rank output gates; T rows in one call bitwise T one-row calls; the
- * same with the state kept in a device copy (df_cuda_kda_state); three sequences in one call as each alone. */
+ * same with the state kept in a device copy (df_cuda_kda_state); four sequences in one call as each alone. */
 
 static void test_kda_block(void) {
     static const struct { int H, K, T, W, full; } cs[] = {
@@ -1338,6 +1338,10 @@ static void test_kda_block(void) {
     if (!cu) { CHECK(0, "KDA block: no cuda backend"); return; }
     enum { DM = 96 };
     int n_bad = 0, n_inv = 0, n_res = 0, n_multi = 0, n = 0;
+    /* the checks of copies kept on the device: DF_CUDA_KV_MIRROR on with the default cap or one of 64 MiB and more
+     * (off: every state through the host, the bitwise checks still hold) */
+    unsigned long long kcap = 0;
+    const int kon = df_cuda_env_kv_mirror(&kcap, NULL, 0) > 0 && (kcap == 0 || kcap >= (64ull << 20));
     df_cuda_set_cache_by_address(0); /* each case's weights, not a freed earlier case's at the same address */
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
         const int H = cs[ci].H, K = cs[ci].K, T = cs[ci].T, W = cs[ci].W, D = H * K, P = W - 1;
@@ -1393,60 +1397,80 @@ static void test_kda_block(void) {
         if (rc1 || memcmp(S1, Sg, 4 * sn) || memcmp(C1, Cg, 4 * cn) || memcmp(out1, outg, 4 * (size_t)T * DM))
             if (n_inv++ < 3) printf("FAIL kda block H=%d K=%d T=%d: one row per call differs from one call\n", H, K, T);
         /* the state kept on the device under a key: the host's untouched, the same output and (fetched) state, in one
-         * call and row by row; a call that fails leaves it as it was; dropped and forgotten */
-        const uint64_t uid = 1000 + ci, key1 = uid << 8 | 3, key2 = uid << 8 | 4;
-        memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
-        int rk = kda_block1(&b, T, h, key1, C1, S1, out1);
-        int ok = rk == 1 && !memcmp(S1, S0, 4 * sn) && !memcmp(C1, C0, 4 * cn) && !memcmp(out1, outg, 4 * (size_t)T * DM);
-        ok = ok && df_cuda_kda_state(key1, C1, S1, DF_KDA_FETCH) == 0 && !memcmp(S1, Sg, 4 * sn) && !memcmp(C1, Cg, 4 * cn);
-        memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
-        for (int t = 0; t < T && ok; t++)
-            ok = kda_block1(&b, 1, h + (size_t)t * DM, key2, C1, S1, out1 + (size_t)t * DM) == 1 &&
-                 !memcmp(S1, S0, 4 * sn);
-        ok = ok && !memcmp(out1, outg, 4 * (size_t)T * DM);
-        int nc = 0;
-        uint64_t cbytes = 0;
-        df_cuda_kda_copies(&nc, &cbytes);
-        ok = ok && nc == 2 && cbytes >= 4 * 4 * (sn + cn);
-        df_kda_block bw = b; /* another convolution width: the copy's shapes differ, the call declined */
-        bw.W = W + 1;
-        ok = ok && kda_block1(&bw, 1, h, key2, C1, S1, out1) == -1;
-        ok = ok && df_cuda_kda_state(key2, C1, S1, DF_KDA_FETCH) == 0 && !memcmp(S1, Sg, 4 * sn) && !memcmp(C1, Cg, 4 * cn);
-        ok = ok && df_cuda_kda_state(key2, NULL, NULL, DF_KDA_DROP) == 0;
-        df_cuda_kda_copies(&nc, &cbytes);
-        ok = ok && nc == 1;
-        df_cuda_seq_forget(uid);
-        df_cuda_kda_copies(&nc, &cbytes);
-        ok = ok && nc == 0 && cbytes == 0;
-        if (!ok && n_res++ < 3) printf("FAIL kda block H=%d K=%d T=%d: with the state on the device (rc %d)\n", H, K, T, rk);
-        /* three sequences in one call (rows T, 1 and T - 1 of h, other starting states; the first and third with device
-         * copies, the second through the host) against each alone: the same output rows and states */
+         * call and row by row; a call that fails (declined at the start, or at o_proj after the state's kernels ran)
+         * leaves it as it was and keeps no new copy; dropped and forgotten */
+        const uint64_t uid = 1000 + ci, key1 = uid << 8 | 3, key2 = uid << 8 | 4, key3 = uid << 8 | 7;
+        int rk = -2;
+        if (kon) {
+            memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
+            rk = kda_block1(&b, T, h, key1, C1, S1, out1);
+            int ok = rk == 1 && !memcmp(S1, S0, 4 * sn) && !memcmp(C1, C0, 4 * cn) && !memcmp(out1, outg, 4 * (size_t)T * DM);
+            ok = ok && df_cuda_kda_state(key1, C1, S1, DF_KDA_FETCH) == 0 && !memcmp(S1, Sg, 4 * sn) && !memcmp(C1, Cg, 4 * cn);
+            memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
+            for (int t = 0; t < T && ok; t++)
+                ok = kda_block1(&b, 1, h + (size_t)t * DM, key2, C1, S1, out1 + (size_t)t * DM) == 1 &&
+                     !memcmp(S1, S0, 4 * sn);
+            ok = ok && !memcmp(out1, outg, 4 * (size_t)T * DM);
+            int nc = 0;
+            uint64_t cbytes = 0;
+            df_cuda_kda_copies(&nc, &cbytes);
+            ok = ok && nc == 2 && cbytes >= 4 * 4 * (sn + cn);
+            df_weight bad_o = wo; /* in neither memory: the call fails at o_proj, after the state's kernels */
+            bad_o.data = NULL;
+            bad_o.dev_key = 0x7e57dead00000000ull | (uint64_t)ci;
+            df_kda_block bf = b, bw = b; /* bw: another convolution width, declined before any kernel */
+            bf.o = &bad_o;
+            bw.W = W + 1;
+            ok = ok && kda_block1(&bf, 1, h, key2, C1, S1, out1) == -1 && kda_block1(&bw, 1, h, key2, C1, S1, out1) == -1;
+            ok = ok && kda_block1(&bf, 1, h, key3, C1, S1, out1) == -1 && !memcmp(S1, S0, 4 * sn);
+            df_cuda_kda_copies(&nc, &cbytes);
+            ok = ok && nc == 2;
+            ok = ok && df_cuda_kda_state(key2, C1, S1, DF_KDA_FETCH) == 0 && !memcmp(S1, Sg, 4 * sn) && !memcmp(C1, Cg, 4 * cn);
+            ok = ok && df_cuda_kda_state(key3, C1, S1, DF_KDA_FETCH) == -1; /* no copy under key3: an error */
+            ok = ok && df_cuda_kda_state(key2, NULL, NULL, DF_KDA_DROP) == 0;
+            df_cuda_kda_copies(&nc, &cbytes);
+            ok = ok && nc == 1;
+            df_cuda_seq_forget(0); /* every latent mirror, no KDA copy */
+            df_cuda_kda_copies(&nc, &cbytes);
+            ok = ok && nc == 1;
+            df_cuda_seq_forget(uid);
+            df_cuda_kda_copies(&nc, &cbytes);
+            ok = ok && nc == 0 && cbytes == 0;
+            if (!ok && n_res++ < 3) printf("FAIL kda block H=%d K=%d T=%d: with the state on the device (rc %d)\n", H, K, T, rk);
+        }
+        /* four sequences in one call (rows T, 1, 0 and T - 1 of another h, other starting states; with copies on the
+         * first, third and fourth kept on the device, the second through the host) against each alone: the same output
+         * rows and states, the kept ones' host states untouched until fetched */
         if (T >= 2) {
-            const int Tm[3] = {T, 1, T - 1};
-            float *Sm[3], *Cm[3], *Sa[3], *Ca[3], *outm = malloc(4 * (size_t)(2 * T) * DM), *outa = malloc(4 * (size_t)(2 * T) * DM);
+            enum { NS = 4 };
+            const int Tm[NS] = {T, 1, 0, T - 1};
+            float *Sm[NS], *Cm[NS], *Sa[NS], *Ca[NS], *Sz[NS];
+            float *outm = malloc(4 * (size_t)(2 * T) * DM), *outa = malloc(4 * (size_t)(2 * T) * DM);
             float *hm = malloc(4 * (size_t)(2 * T) * DM);
             for (int i = 0; i < 2 * T * DM; i++) hm[i] = rndf();
-            for (int j = 0; j < 3; j++) {
+            for (int j = 0; j < NS; j++) {
                 Sm[j] = malloc(4 * sn); Cm[j] = malloc(4 * cn + 4); Sa[j] = malloc(4 * sn); Ca[j] = malloc(4 * cn + 4);
-                for (size_t i = 0; i < sn; i++) Sm[j][i] = Sa[j][i] = 0.1f * rndf();
+                Sz[j] = malloc(4 * sn);
+                for (size_t i = 0; i < sn; i++) Sm[j][i] = Sa[j][i] = Sz[j][i] = 0.1f * rndf();
                 for (size_t i = 0; i < cn; i++) Cm[j][i] = Ca[j][i] = rndf();
             }
-            const uint64_t km[3] = {uid << 8 | 5, 0, uid << 8 | 6};
-            unsigned char kept[3] = {9, 9, 9};
-            int okm = df_cuda_kda_block(&b, 3, Tm, hm, km, Cm, Sm, outm, kept) == 0 && kept[0] == 1 && kept[1] == 0 &&
-                      kept[2] == 1;
+            const uint64_t km[NS] = {uid << 8 | 5, 0, uid << 8 | 8, uid << 8 | 6};
+            unsigned char kept[NS] = {9, 9, 9, 9};
+            int okm = df_cuda_kda_block(&b, NS, Tm, hm, km, Cm, Sm, outm, kept) == 0;
+            for (int j = 0; j < NS && okm; j++) okm = kept[j] == (kon && km[j] != 0);
             size_t r = 0;
-            for (int j = 0; j < 3 && okm; j++) {
-                okm = kda_block1(&b, Tm[j], hm + r * DM, 0, Ca[j], Sa[j], outa + r * DM) == 0;
+            for (int j = 0; j < NS && okm; j++) {
+                okm = Tm[j] == 0 || kda_block1(&b, Tm[j], hm + r * DM, 0, Ca[j], Sa[j], outa + r * DM) == 0;
                 r += (size_t)Tm[j];
             }
             okm = okm && !memcmp(outm, outa, 4 * (size_t)(2 * T) * DM);
-            okm = okm && df_cuda_kda_state(km[0], Cm[0], Sm[0], DF_KDA_FETCH) == 0 &&
-                  df_cuda_kda_state(km[2], Cm[2], Sm[2], DF_KDA_FETCH) == 0;
-            for (int j = 0; j < 3 && okm; j++) okm = !memcmp(Sm[j], Sa[j], 4 * sn) && !memcmp(Cm[j], Ca[j], 4 * cn);
+            for (int j = 0; j < NS && okm; j++)
+                if (kept[j])
+                    okm = !memcmp(Sm[j], Sz[j], 4 * sn) && df_cuda_kda_state(km[j], Cm[j], Sm[j], DF_KDA_FETCH) == 0;
+            for (int j = 0; j < NS && okm; j++) okm = !memcmp(Sm[j], Sa[j], 4 * sn) && !memcmp(Cm[j], Ca[j], 4 * cn);
             df_cuda_seq_forget(uid);
-            if (!okm && n_multi++ < 3) printf("FAIL kda block H=%d K=%d T=%d: three sequences in one call\n", H, K, T);
-            for (int j = 0; j < 3; j++) { free(Sm[j]); free(Cm[j]); free(Sa[j]); free(Ca[j]); }
+            if (!okm && n_multi++ < 3) printf("FAIL kda block H=%d K=%d T=%d: four sequences in one call\n", H, K, T);
+            for (int j = 0; j < NS; j++) { free(Sm[j]); free(Cm[j]); free(Sa[j]); free(Ca[j]); free(Sz[j]); }
             free(outm); free(outa); free(hm);
         }
         df_weight *ws[] = {&wq, &wk, &wv, &fa, &fb, &wb, &g, &ga, &gb, &wo};
@@ -1459,7 +1483,7 @@ static void test_kda_block(void) {
     CHECK(n_bad == 0, "KDA block: %d of %d cases differ from its steps", n_bad, n);
     CHECK(n_inv == 0, "KDA block: %d of %d cases differ between one call and one row per call", n_inv, n);
     CHECK(n_res == 0, "KDA block: %d of %d cases wrong with the state kept on the device", n_res, n);
-    CHECK(n_multi == 0, "KDA block: %d of %d cases differ between three sequences in one call and each alone", n_multi, n);
+    CHECK(n_multi == 0, "KDA block: %d of %d cases differ between four sequences in one call and each alone", n_multi, n);
     /* a head size whose state does not fit a block's shared memory: declined, state and conv state untouched */
     df_weight one_w = make_weight(DF_W_BF16, 1, 1);
     float one = 1.0f, conv1 = 2.0f, outv = 3.0f;

@@ -27,6 +27,7 @@
 #include <string.h>
 
 enum { KDA_BE_MIN_T = 16 }; /* steps: rows of a sequence from which a lower-bound-gate recurrence runs on the backend's */
+enum { KDA_BLOCK_ROWS = 1024 }; /* the most rows of one kda_block call (its device scratch grows with them) */
 
 /* items: (sequence, head) pairs, i = sequence * H + head; each runs its sequence's rows in order */
 typedef struct {
@@ -230,8 +231,8 @@ done:
     return rc;
 }
 
-/* On a backend with its own whole mixer (the GPU's kda_block), the sequences in calls of up to DF_KDA_BLOCK_SEQS (the
- * projections over all their rows): the same expressions as kda_steps, so the same bits; each state may stay in the
+/* On a backend with its own whole mixer (the GPU's kda_block), the sequences in calls of up to DF_KDA_BLOCK_SEQS and
+ * KDA_BLOCK_ROWS rows (the projections over all their rows): the same expressions as kda_steps, so the same bits; each state may stay in the
  * backend's device copy (df_kvcache.kda_dev), which every reader of the host's state fetches first (kv_kda_host). A
  * call that fails runs kda_steps for its sequences (their states as before the call). */
 int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_seq, const float *h, float *out, char *err,
@@ -249,37 +250,47 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
     const df_weight *ws[] = {b.q, b.k, b.v, b.f_a, b.f_b, b.beta, b.g, b.g_a, b.g_b, b.o};
     const int64_t Dm = lw->kda_q.cols, Do = lw->o.rows;
     int64_t r0 = 0;
-    for (int s0 = 0; s0 < n_seq; s0 += DF_KDA_BLOCK_SEQS) {
-        const int n = n_seq - s0 < DF_KDA_BLOCK_SEQS ? n_seq - s0 : DF_KDA_BLOCK_SEQS;
-        int Ts[DF_KDA_BLOCK_SEQS], T = 0;
+    for (int s = 0, off = 0; s < n_seq;) {
+        /* the next call: whole sequences (up to DF_KDA_BLOCK_SEQS) while their rows fit KDA_BLOCK_ROWS, or the next
+         * KDA_BLOCK_ROWS rows of one longer sequence (its later rows in the calls after: the state carries over) */
+        df_seq_rows part[DF_KDA_BLOCK_SEQS];
+        int Ts[DF_KDA_BLOCK_SEQS], n = 0, T = 0;
         uint64_t key[DF_KDA_BLOCK_SEQS];
         float *conv[DF_KDA_BLOCK_SEQS], *S[DF_KDA_BLOCK_SEQS];
         unsigned char kept[DF_KDA_BLOCK_SEQS];
-        for (int i = 0; i < n; i++) {
-            df_kvcache *kv = seqs[s0 + i].kv;
+        while (s < n_seq && n < DF_KDA_BLOCK_SEQS) {
+            const int left = seqs[s].T - off;
+            if (n > 0 && T + left > KDA_BLOCK_ROWS) break;
+            const int take = left < KDA_BLOCK_ROWS ? left : KDA_BLOCK_ROWS;
+            df_kvcache *kv = seqs[s].kv;
             if (kv->kda_be && kv->kda_be != e->be) { /* another backend's copy (not expected: one engine per cache) */
                 const int rc = kv_kda_host(kv, layer, 1, err, errlen);
                 if (rc) return rc;
             }
-            Ts[i] = seqs[s0 + i].T;
-            T += Ts[i];
-            key[i] = kv->uid << 8 | (uint64_t)layer;
-            conv[i] = kv->kda_conv[layer];
-            S[i] = kv->kda_S[layer];
+            part[n] = (df_seq_rows){kv, seqs[s].n_past + off, take};
+            Ts[n] = take;
+            key[n] = kv->uid << 8 | (uint64_t)layer;
+            conv[n] = kv->kda_conv[layer];
+            S[n] = kv->kda_S[layer];
+            n++;
+            T += take;
+            off += take;
+            if (off < seqs[s].T) break;
+            s++;
+            off = 0;
         }
         const float *hs = h + r0 * Dm;
         float *os = out + r0 * Do;
         if (e->be->kda_block(&b, n, Ts, hs, key, conv, S, os, kept) == 0) {
             for (int i = 0; i < n; i++)
                 if (kept[i]) {
-                    df_kvcache *kv = seqs[s0 + i].kv;
-                    kv->kda_be = e->be;
-                    kv->kda_dev[layer] = KV_KDA_COPY | KV_KDA_NEWER;
+                    part[i].kv->kda_be = e->be;
+                    part[i].kv->kda_dev[layer] = KV_KDA_COPY | KV_KDA_NEWER;
                 }
             for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
                 if (ws[i]) e->weight_bytes += df_weight_bytes(ws[i]);
         } else {
-            const int rc = kda_steps(e, layer, seqs + s0, n, hs, os, err, errlen);
+            const int rc = kda_steps(e, layer, part, n, hs, os, err, errlen);
             if (rc) return rc;
         }
         r0 += T;

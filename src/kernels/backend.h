@@ -278,7 +278,8 @@ typedef struct df_backend {
     /* Optional (NULL on the CPU; set with kda_block): the device's copy of a KDA state (kda_block's key). op
      * DF_KDA_FETCH: when the copy is newer than the host's, written into conv and S (kda_block's shapes); the copy
      * stays, equal to the host's. DF_KDA_DROP: the copy forgotten (the host's state is about to change, or is the
-     * current one). 0 (also when the device holds no copy), or -1: the fetch failed (the copy kept, error recorded). */
+     * current one; nothing to do when the device holds none). 0, or -1: the fetch failed, or the device holds no copy
+     * to fetch (the state is lost: the caller only fetches a copy kda_block kept; error recorded). */
     int (*kda_state)(uint64_t key, float *conv, float *S, int op);
 } df_backend;
 

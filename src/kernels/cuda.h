@@ -169,8 +169,9 @@ int df_cuda_mla_attend(const df_weight *kv_b, int T, int H, int dn, int dr, int 
                        const float *const *c, const float *const *kpe, const int *npos, const uint64_t *seq_key,
                        float *o_v);
 /* Drop the device mirrors of the sequence uid (the df_cuda_mla_attend and df_cuda_kda_block keys k with k >> 8 == uid;
- * df_backend.seq_forget; a KDA state's copy is forgotten, not fetched); uid 0: every mirror (a model was closed).
- * Nothing to do without a device. */
+ * df_backend.seq_forget; a KDA state's copy is forgotten, not fetched); uid 0: every latent-cache mirror (a model was
+ * opened or closed) but no KDA state's copy (the current state of a session, perhaps of another model, which drops it
+ * by its uid when freed). Nothing to do without a device. */
 void df_cuda_seq_forget(uint64_t uid);
 /* df_cuda_mla_attend followed by the output projection on the device (df_backend.mla_attend_o): out [T, o->rows] =
  * o(o_v) by the matmul kernels' own launch (the bits of df_cuda_matmul on that o_v), one copy out of out instead of

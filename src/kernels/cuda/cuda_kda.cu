@@ -365,7 +365,7 @@ void kc_setup() {
 }
 
 void kc_drop(std::unordered_map<uint64_t, KCopy>::iterator it) {
-    cudaFreeAsync(it->second.mem, cu_rt_stream());
+    if (cudaFreeAsync(it->second.mem, cu_rt_stream()) != cudaSuccess) cudaGetLastError();
     g_kc_bytes -= 2 * it->second.slot;
     g_kc.erase(it);
     __atomic_store_n(&g_kc_live, (int)g_kc.size(), __ATOMIC_RELAXED);
@@ -386,7 +386,7 @@ KCopy *kc_add(uint64_t key, size_t sb, size_t cb, const float *S, const float *c
     if (cudaMemcpyAsync(kc_S(c, 0), S, sb, cudaMemcpyHostToDevice, st) != cudaSuccess ||
         (cb && cudaMemcpyAsync(kc_conv(c, 0), conv, cb, cudaMemcpyHostToDevice, st) != cudaSuccess)) {
         cudaGetLastError();
-        cudaFreeAsync(mem, st);
+        if (cudaFreeAsync(mem, st) != cudaSuccess) cudaGetLastError();
         return nullptr;
     }
     g_kc_bytes += 2 * slot;
@@ -397,10 +397,13 @@ KCopy *kc_add(uint64_t key, size_t sb, size_t cb, const float *S, const float *c
 
 } // namespace
 
+/* uid 0 (every mirror: a model opened or closed) keeps them: a copy is its sequence's current state, and its session
+ * (of another model, perhaps) forgets it by its own uid when freed */
 void cu_kda_forget(uint64_t uid) {
+    if (uid == 0) return;
     for (auto it = g_kc.begin(); it != g_kc.end();) {
         auto nx = std::next(it);
-        if (uid == 0 || it->first >> 8 == uid) kc_drop(it);
+        if (it->first >> 8 == uid) kc_drop(it);
         it = nx;
     }
 }
@@ -417,12 +420,16 @@ extern "C" void df_cuda_kda_copies(int *n, uint64_t *bytes) {
 }
 
 extern "C" int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) {
-    if (!cu_kda_live()) return 0;
+    if (op == DF_KDA_DROP && !cu_kda_live()) return 0;
     if (cu_rt_lock()) return -1;
     cudaStream_t st = cu_rt_stream();
     auto it = g_kc.find(key);
     int rc = 0;
-    if (it != g_kc.end()) {
+    const char *msg = "KDA state: copying the device's state back failed";
+    if (it == g_kc.end() && op == DF_KDA_FETCH) { /* asked for as newer than the host's: it was lost */
+        rc = -1;
+        msg = "KDA state: the device holds no copy of this state";
+    } else if (it != g_kc.end()) {
         KCopy &c = it->second;
         if (op == DF_KDA_FETCH && c.dirty) {
             rc = -1;
@@ -436,7 +443,7 @@ extern "C" int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) {
             kc_drop(it);
         }
     }
-    return finish(rc, "KDA state: copying the device's state back failed", st);
+    return finish(rc, msg, st);
 }
 
 extern "C" int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
@@ -465,11 +472,6 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts
     int64_t Ra = b->f_a->rows; /* fa holds f_a's rows, then g_a's */
     if (!b->g && b->g_a->rows > Ra) Ra = b->g_a->rows;
     const size_t f = sizeof(float), rows = f * (size_t)T * D, sb = f * (size_t)H * K * K, cb = f * (size_t)3 * P * D;
-    /* h [T, Dm]; raw, q, k, v, graw, gate, decay, o [T, D]; fa [T, Ra]; bl, beta [T, H]; A_log [H]; out [T, Do]; per
-     * sequence without a device copy: S, conv state in and out */
-    const size_t need = up256(f * (size_t)T * Dm) + 8 * up256(rows) + up256(f * (size_t)T * Ra) +
-                        2 * up256(f * (size_t)T * H) + up256(f * H) + up256(f * (size_t)T * Do) +
-                        (size_t)n_seq * (up256(sb) + 2 * up256(cb));
     if (cu_rt_lock()) return -1;
     cudaStream_t st = cu_rt_stream();
     int rc = -1;
@@ -477,7 +479,7 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts
     KCopy *kc[DF_KDA_BLOCK_SEQS] = {};
     unsigned char fresh[DF_KDA_BLOCK_SEQS] = {};
     do {
-        if (kda_setup(recur_smem(K)) || grow_buf(need, st)) break;
+        if (kda_setup(recur_smem(K))) break;
         int nhost = 0, bad = 0; /* sequences whose state comes from and goes back to the host */
         for (int s = 0; s < n_seq && !bad; s++) {
             for (int s2 = 0; s2 < s && key[s]; s2++) bad |= key[s2] == key[s];
@@ -496,7 +498,12 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts
                 nhost++;
             }
         }
-        if (bad || (nhost && grow_s_host((size_t)nhost * (sb + cb)))) break;
+        /* h [T, Dm]; raw, q, k, v, graw, gate, decay, o [T, D]; fa [T, Ra]; bl, beta [T, H]; A_log [H]; out [T, Do];
+         * per sequence without a device copy: S, conv state in and out */
+        const size_t need = up256(f * (size_t)T * Dm) + 8 * up256(rows) + up256(f * (size_t)T * Ra) +
+                            2 * up256(f * (size_t)T * H) + up256(f * H) + up256(f * (size_t)T * Do) +
+                            (size_t)nhost * (up256(sb) + 2 * up256(cb));
+        if (bad || grow_buf(need, st) || (nhost && grow_s_host((size_t)nhost * (sb + cb)))) break;
         Carve cv{g_buf};
         float *dh = cv.take(f * (size_t)T * Dm), *raw = cv.take(rows), *q = cv.take(rows), *k = cv.take(rows),
               *v = cv.take(rows), *graw = cv.take(rows), *gate = cv.take(rows), *decay = cv.take(rows),
