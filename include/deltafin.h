@@ -472,6 +472,8 @@ typedef struct {
     double plain_tok_s;        /* last measured generated tok/s without drafting; 0 = none */
     int k;                     /* the current draft length */
     int drafting;              /* 1 when drafting is currently on */
+    int probing;               /* 1 while drafting pauses for a plain window that measures the rate without it (the
+                                * gate's baseline, taken at the start and now and then); 0 otherwise */
 } df_spec_stats;
 
 typedef struct df_spec df_spec;

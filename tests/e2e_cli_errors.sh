@@ -592,7 +592,7 @@ expect 2 "bench io --dir <a file>" "^deltafin bench io: --dir $TMP/afile: not a 
 mkdir -p "$TMP/emptydir0" "$TMP/subonly/x"
 expect 2 "bench io --dir <empty>" "^deltafin bench io: --dir $TMP/emptydir0: the directory is empty, nothing to read$SUGG \(write one with .deltafin synth $TMP/emptydir0 \.\.\..\)$" -- \
     "$BIN" bench io --dir "$TMP/emptydir0" --no-drop
-expect 2 "bench io --dir <subdirectories only>" "^deltafin bench io: --dir $TMP/subonly: the directory holds no file to read \(only directories or other entries\)$SUGG" -- \
+expect 2 "bench io --dir <subdirectories only>" "^deltafin bench io: --dir $TMP/subonly: the directory holds no file to read \(only directories or other entries\)$SUGG \(write one with .deltafin synth $TMP/subonly/synth \.\.\.. and give --dir that directory\)$" -- \
     "$BIN" bench io --dir "$TMP/subonly" --no-drop
 # an empty item in a comma-separated list is refused everywhere, as run --prompt-ids 1,,2 is
 expect 2 "bench kernels --types f32,,bf16" '^deltafin bench kernels: --types "f32,,bf16": an empty item in the list' -- \
@@ -601,7 +601,7 @@ expect 2 "bench kernels --shapes 64x64," '^deltafin bench kernels: --shapes "64x
     "$BIN" bench kernels --shapes 64x64,
 expect 2 "bench kernels --threads ,,1" '^deltafin bench kernels: --threads ",,1"' -- "$BIN" bench kernels --threads ,,1
 mkdir -p "$TMP/smalldir" && echo small >"$TMP/smalldir/a.pack"
-expect 2 "bench io --dir <no file large enough>" "^deltafin bench io: $TMP/smalldir has no file of at least 1052672 bytes of written data to read \(write one with .deltafin synth $TMP/smalldir \.\.\..\)$" -- \
+expect 2 "bench io --dir <no file large enough>" "^deltafin bench io: $TMP/smalldir has no file of at least 1052672 bytes of written data to read \(write one with .deltafin synth $TMP/smalldir/synth \.\.\.., a new directory: synth writes into no other, and give --dir that directory\)$" -- \
     "$BIN" bench io --dir "$TMP/smalldir" --seconds 0.1 --no-drop
 mkdir -p "$TMP/sparsedir" && truncate -s 64M "$TMP/sparsedir/holes.bin"
 expect 2 "bench io --dir <a sparse file only>" "has no file of at least .* bytes of written data to read; 1 skipped: sparse or preallocated" -- \

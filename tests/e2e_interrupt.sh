@@ -167,8 +167,8 @@ EOF
             || bad "run while another converts: $(head -2 "$TMP/w.out")"
         kill -KILL "$w" 2>/dev/null; wait "$w" 2>/dev/null
         kill -INT "$bg"; wait "$bg"; rc=$?
-        [ $rc -eq 130 ] && grep -q "^deltafin: interrupted by SIGINT: the conversion into $TMP/cache/hf-.* stopped and removed every file it had written" "$TMP/bg.err" \
-            && [ -z "$(ls -A "$TMP/cache")" ] && ok || bad "run's conversion SIGINT: rc $rc, left: $(ls -A "$TMP/cache"), $(tr '\r' '\n' <"$TMP/bg.err" | tail -1)"
+        [ $rc -eq 130 ] && grep -q "^deltafin: interrupted by SIGINT: the conversion into $TMP/cache/hf-.* stopped and removed every file it had written (and the cache directory, which it had created)" "$TMP/bg.err" \
+            && [ ! -e "$TMP/cache" ] && ok || bad "run's conversion SIGINT: rc $rc, left: $(ls -A "$TMP/cache" 2>/dev/null), $(tr '\r' '\n' <"$TMP/bg.err" | tail -1)"
     else
         wait "$bg"; bad "run's conversion ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
     fi
@@ -182,8 +182,8 @@ EOF
             [ $rc -eq "$want" ] \
                 && grep -q "^deltafin: interrupted by SIG$sig: the conversion into $TMP/scache/hf-.* stopped and removed every file it had written" "$TMP/bg.err" \
                 && grep -q "^deltafin serve: cannot open model $TMP/hf: interrupted by SIG$sig" "$TMP/bg.err" \
-                && [ -z "$(ls -A "$TMP/scache")" ] && [ ! -e "$TMP/s.port" ] && [ ! -e "$TMP/s.port.tmp" ] && ok \
-                || bad "serve's conversion SIG$sig: rc $rc (want $want), left: $(ls -A "$TMP/scache") $(ls "$TMP" | grep s.port), $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
+                && [ ! -e "$TMP/scache" ] && [ ! -e "$TMP/s.port" ] && [ ! -e "$TMP/s.port.tmp" ] && ok \
+                || bad "serve's conversion SIG$sig: rc $rc (want $want), left: $(ls -A "$TMP/scache" 2>/dev/null) $(ls "$TMP" | grep s.port), $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
         else
             wait "$bg"; bad "serve's conversion ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
         fi
@@ -194,7 +194,7 @@ EOF
         kill -INT "$bg"; wait "$bg"; rc=$?
         [ $rc -eq 130 ] \
             && grep -q "^deltafin: interrupted by SIGINT: the conversion into $TMP/bcache/hf-.* stopped and removed every file it had written" "$TMP/bg.err" \
-            && [ -z "$(ls -A "$TMP/bcache")" ] && ok || bad "bench decode's conversion SIGINT: rc $rc, left: $(ls -A "$TMP/bcache"), $(tr '\r' '\n' <"$TMP/bg.err" | tail -1)"
+            && [ ! -e "$TMP/bcache" ] && ok || bad "bench decode's conversion SIGINT: rc $rc, left: $(ls -A "$TMP/bcache" 2>/dev/null), $(tr '\r' '\n' <"$TMP/bg.err" | tail -1)"
     else
         wait "$bg"; bad "bench decode's conversion ended before it was mid-write: $(tr '\r' '\n' <"$TMP/bg.err" | tail -2)"
     fi
@@ -237,7 +237,7 @@ if command -v strace >/dev/null && strace -o /dev/null -e inject=flock:delay_ent
     kill -INT "$(pgrep -P "$st" -x deltafin)"; wait "$st"; rc=$?
     [ $rc -eq 130 ] && [ "$(grep -c . "$TMP/l.err")" -eq 1 ] \
         && grep -q "^deltafin: interrupted by SIGINT before the conversion into $TMP/lcache/bf16_kimi-.* started: nothing was written$" "$TMP/l.err" \
-        && [ -z "$(ls -A "$TMP/lcache")" ] && ok || bad "run's conversion, SIGINT at its lock file: rc $rc, left: $(ls -A "$TMP/lcache"), $(cat "$TMP/l.err")"
+        && [ ! -e "$TMP/lcache" ] && ok || bad "run's conversion, SIGINT at its lock file: rc $rc, left: $(ls -A "$TMP/lcache" 2>/dev/null), $(cat "$TMP/l.err")"
 else
     echo "strace cannot delay a system call here: the SIGINT-at-the-lock-file case is skipped"
 fi

@@ -190,7 +190,11 @@ void cli_draft_print_stats(FILE *f, const df_spec_stats *st, const df_drafter *d
             df_drafter_kind(d), (unsigned long long)st->drafted, (unsigned long long)st->accepted,
             st->drafted ? 100.0 * st->accepted / st->drafted : 0.0, (unsigned long long)st->verify_calls,
             (st->accepted + st->verify_calls) / calls, (unsigned long long)st->plain_steps, st->draft_s, st->verify_s,
-            st->plain_s, st->k, st->drafting ? "on" : "off", (unsigned long long)st->gate_off);
+            st->plain_s, st->k,
+            st->drafting  ? "on"
+            : st->probing ? "paused (a plain window measuring the rate without it)"
+                          : "off (the gate: slower than plain decoding)",
+            (unsigned long long)st->gate_off);
     if (st->spec_tok_s > 0 && st->plain_tok_s > 0)
         fprintf(f, "; live tok/s with drafting %.2f, without %.2f: speedup %.2fx", st->spec_tok_s, st->plain_tok_s,
                 st->spec_tok_s / st->plain_tok_s);

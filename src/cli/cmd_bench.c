@@ -356,6 +356,7 @@ static int bench_io(int argc, char **argv) {
             const int missing = stat(d, &sb) != 0;
             const char *why = missing ? (errno == ENOENT ? "no such directory" : strerror(errno))
                               : !S_ISDIR(sb.st_mode) ? "not a directory" : NULL;
+            int nonempty = 0; /* synth writes only into a new or empty directory */
             if (!why) {
                 DIR *dp = opendir(d);
                 int entries = 0, files = 0;
@@ -371,11 +372,18 @@ static int bench_io(int argc, char **argv) {
                 if (dp) closedir(dp);
                 if (dp && !files) why = entries ? "the directory holds no file to read (only directories or other entries)"
                                                 : "the directory is empty, nothing to read";
+                nonempty = entries > 0;
             }
             if (why) {
                 char qd[8300], synth[8400] = ""; /* the suggested command is pasted into a shell: the directory quoted */
-                if (missing || S_ISDIR(sb.st_mode))
+                if ((missing || S_ISDIR(sb.st_mode)) && !nonempty)
                     snprintf(synth, sizeof synth, " (write one with `deltafin synth %s ...`)", df_shell_quote(d, qd, sizeof qd));
+                else if (nonempty) { /* synth refuses a non-empty directory: a new one inside it */
+                    char sub[4200];
+                    snprintf(sub, sizeof sub, "%s/synth", d);
+                    snprintf(synth, sizeof synth, " (write one with `deltafin synth %s ...` and give --dir that directory)",
+                             df_shell_quote(sub, qd, sizeof qd));
+                }
                 fprintf(stderr, "deltafin bench io: --dir %s: %s; give --dir a directory of files to read, such as a model "
                                 "directory written by `deltafin convert` or `deltafin synth`%s\n", d, why, synth);
                 return 2;
@@ -649,6 +657,7 @@ static int bench_decode(int argc, char **argv) {
         fflush(stdout);
     }
     printf("\n");
+    fflush(stdout); /* the line ends before any later message on stderr */
     if (rc) fprintf(stderr, "deltafin bench decode: %s\n", err);
     df_stats st;
     df_model_stats(m, &st);

@@ -740,13 +740,14 @@ int cmd_run(int argc, char **argv) {
     else if (ctx_limited && !stopped)
         fprintf(stderr, "deltafin run: stopped: context full (%d positions); generated %d of --max-new %d tokens\n", n_ctx, n_out,
                 max_new);
+    df_stats st;
+    memset(&st, 0, sizeof st);
+    if (stats) df_model_stats(m, &st);
+    /* decode: the tokens after the first (which comes from the prompt's logits) and their time. Plain decoding:
+     * the one-token evals. Speculative: the engine counts every verified position, rejected drafts included,
+     * and not the drafter's time; the real rate is the generated tokens over the generation's wall time. */
+    const uint64_t dec_tokens = drafter ? (uint64_t)(n_out > 1 ? n_out - 1 : 0) : st.decode_tokens;
     if (stats) {
-        df_stats st;
-        df_model_stats(m, &st);
-        /* decode: the tokens after the first (which comes from the prompt's logits) and their time. Plain decoding:
-         * the one-token evals. Speculative: the engine counts every verified position, rejected drafts included,
-         * and not the drafter's time; the real rate is the generated tokens over the generation's wall time. */
-        const uint64_t dec_tokens = drafter ? (uint64_t)(n_out > 1 ? n_out - 1 : 0) : st.decode_tokens;
         const double dec_s = drafter ? gen_s : st.decode_s;
         char dec_note[160] = "";
         if (drafter)
@@ -766,7 +767,7 @@ int cmd_run(int argc, char **argv) {
         else snprintf(ttft, sizeof ttft, "TTFT n/a (no token generated)");
         fprintf(stderr,
                 "stats: prompt %d tokens, generated %d; %s; prefill %.2f tok/s; %s; "
-                "weight bytes read %.1f MB/token; experts read %.1f MB (demand) + %.1f MB (prefetch), hits %llu, misses %llu, "
+                "weight bytes touched %.1f MB/token; experts read %.1f MB (demand) + %.1f MB (prefetch), hits %llu, misses %llu, "
                 "I/O stall %.3f s; total %.3f s%s\n",
                 n_ids, n_out, ttft, st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0,
                 dec, per_tok / 1e6,
@@ -790,19 +791,6 @@ int cmd_run(int argc, char **argv) {
                         st.drive_busy_s[d] > 0 ? st.drive_bytes[d] / st.drive_busy_s[d] / 1e9 : 0.0);
             fputc('\n', stderr);
         }
-        if (profile) {
-            /* prefill phases from the snapshot after the prompt; decode phases per generated token */
-            double pre = 0, dec = 0;
-            for (int p = 0; p < DF_PHASES; p++) { pre += after_prefill.phase_s[p]; dec += st.phase_s[p] - after_prefill.phase_s[p]; }
-            const double nd = dec_tokens ? (double)dec_tokens : 1; /* per generated token, as the stats line */
-            fprintf(stderr, "profile: phase            prefill s   share   decode ms/token   share\n");
-            for (int p = 0; p < DF_PHASES; p++) {
-                const double a = after_prefill.phase_s[p], d = st.phase_s[p] - after_prefill.phase_s[p];
-                fprintf(stderr, "profile: %-16s %10.3f  %5.1f%%  %16.3f  %5.1f%%\n", df_phase_name(p), a, pre > 0 ? 100 * a / pre : 0,
-                        1e3 * d / nd, dec > 0 ? 100 * d / dec : 0);
-            }
-            fprintf(stderr, "profile: %-16s %10.3f          %16.3f\n", "total", pre, 1e3 * dec / nd);
-        }
     }
     if (stats && n_out < 2) /* the first token comes from the prompt's logits: no generation step to time */
         fprintf(stderr, "stats: generation %d token%s, no decode steps (draft %s)\n", n_out, n_out == 1 ? "" : "s",
@@ -816,6 +804,19 @@ int cmd_run(int argc, char **argv) {
         cli_draft_print_stats(stderr, &sst, drafter);
     }
     if (stats && remote) stream_print_stats(remote, stderr);
+    if (stats && profile) { /* after every --stats line */
+        /* prefill phases from the snapshot after the prompt; decode phases per generated token */
+        double pre = 0, dec = 0;
+        for (int p = 0; p < DF_PHASES; p++) { pre += after_prefill.phase_s[p]; dec += st.phase_s[p] - after_prefill.phase_s[p]; }
+        const double nd = dec_tokens ? (double)dec_tokens : 1; /* per generated token, as the stats line */
+        fprintf(stderr, "profile: phase            prefill s   share   decode ms/token   share\n");
+        for (int p = 0; p < DF_PHASES; p++) {
+            const double a = after_prefill.phase_s[p], d = st.phase_s[p] - after_prefill.phase_s[p];
+            fprintf(stderr, "profile: %-16s %10.3f  %5.1f%%  %16.3f  %5.1f%%\n", df_phase_name(p), a, pre > 0 ? 100 * a / pre : 0,
+                    1e3 * d / nd, dec > 0 ? 100 * d / dec : 0);
+        }
+        fprintf(stderr, "profile: %-16s %10.3f          %16.3f\n", "total", pre, 1e3 * dec / nd);
+    }
     status = gen_sig ? 128 + gen_sig : 0;
 done:
     df_spec_free(spec);

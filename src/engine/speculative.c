@@ -150,6 +150,7 @@ void df_spec_get_stats(const df_spec *g, df_spec_stats *o) {
     *o = g->st;
     o->k = g->k;
     o->drafting = g->mode == G_SPEC;
+    o->probing = g->mode == G_PROBE && g->d != NULL;
 }
 
 /* Account a step of `n` tokens taking dt seconds and move the gate. */

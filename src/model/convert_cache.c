@@ -390,6 +390,7 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     df_interrupt_install(); /* first: one pending while blocked is then taken by this handler at the unblock */
     pthread_sigmask(SIG_UNBLOCK, &ss, &old_mask);
     int started = 0;
+    const int root_existed = df_path_exists(root);
     int rc = convert_locked(abs, root, name, base, path, spine, progress, user, key, &started, err, errlen);
     for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
@@ -398,9 +399,12 @@ int convert_cached(const char *hf_dir, const char *cache_root, df_spine_mode spi
     if (!sig) return rc;
     /* stopped (its files removed), stopped before it began (nothing written), or too late to stop: the conversion is
      * complete and kept */
+    /* a cache root this run created goes too when nothing else is in it (rmdir refuses a non-empty one) */
+    const int root_gone = rc == DF_ECANCELLED && !root_existed && rmdir(root) == 0;
     if (rc == DF_ECANCELLED && started)
         rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s: the conversion into %s stopped and removed "
-                         "every file it had written", df_signal_name(sig), path);
+                         "every file it had written%s", df_signal_name(sig), path,
+                         root_gone ? " (and the cache directory, which it had created)" : "");
     else if (rc == DF_ECANCELLED)
         rc = df_set_errc(err, errlen, DF_ECANCELLED, "interrupted by %s before the conversion into %s started: nothing "
                          "was written", df_signal_name(sig), path);

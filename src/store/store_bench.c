@@ -194,15 +194,16 @@ static int open_dir(bdir *d, uint64_t run, char *err, size_t errlen) {
     closedir(dp);
     if (d->n_files) qsort(d->files, d->n_files, sizeof *d->files, cmp_bfile);
     if (!d->n_files) {
-        char qdir[4200]; /* the suggested command is pasted into a shell: the directory quoted as one word */
+        char qdir[4200], sub[4200]; /* the suggested command is pasted into a shell: the directory quoted as one word */
         char skipped[200] = "";
         if (d->n_sparse)
             snprintf(skipped, sizeof skipped, "; %d skipped: sparse or preallocated (holes or unwritten extents read as "
                      "zeros without the drive)", d->n_sparse);
         snprintf(err, errlen,
-                 "%s has no file%s%s of at least %llu bytes of written data to read%s (write one with `deltafin synth %s ...`)",
+                 "%s has no file%s%s of at least %llu bytes of written data to read%s (write one with `deltafin synth %s ...`, "
+                 "a new directory: synth writes into no other, and give --dir that directory)",
                  d->dir, d->o->match ? " named " : "", d->o->match ? d->o->match : "", (unsigned long long)(run + 4096),
-                 skipped, df_shell_quote(d->dir, qdir, sizeof qdir));
+                 skipped, df_shell_quote((snprintf(sub, sizeof sub, "%s/synth", d->dir), sub), qdir, sizeof qdir));
         return DF_EINVAL;
     }
     return 0;
