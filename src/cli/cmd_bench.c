@@ -1081,15 +1081,20 @@ static int bench_store(int argc, char **argv) {
     store_bench_result br;
     int rc = store_bench_io(&bo, &br, err, sizeof err);
     if (rc) { fprintf(stderr, "deltafin bench store: I/O benchmark: %s\n", err); trace_free(&tt); native_close(nat); return 1; }
-    printf("bench store: %s, trace %s (%d acquisitions), cache %.2f GiB of %.2f GiB experts, page cache %s\n  ", model,
-           test, tt.n_acq, cache / 1073741824.0, experts / 1073741824.0, dropped ? "evicted (the model's files)" : "not evicted");
+    const int gib = experts >= (1ull << 30); /* sizes in GiB, or MiB for a small model */
+    printf("bench store: %s, trace %s (%d acquisitions), cache %.2f %s of %.2f %s experts, page cache %s\n  ", model,
+           test, tt.n_acq, cache / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB",
+           experts / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB",
+           dropped ? "evicted (the model's files)" : "not evicted");
     print_io(&bo, &br);
-    /* and with the reads landing in a pool the size of the cache (at most 4 GiB), as the store's reads do */
+    /* and with the reads landing in a pool the size of the cache (at most 4 GiB), as the store's reads do; not when
+     * that pool is no larger than the qd reused buffers (the same measurement again) */
     store_bench_opts bp = bo;
     bp.buffer_bytes = cache < ((uint64_t)4 << 30) ? cache : ((uint64_t)4 << 30);
+    const int pool = bp.buffer_bytes > (uint64_t)bo.qd * bo.io_bytes;
     store_bench_result bpr = {0};
-    if (!nodrop) bench_drop_caches(model, dirs);
-    if (store_bench_io(&bp, &bpr, err, sizeof err) == 0) {
+    if (!nodrop && pool) bench_drop_caches(model, dirs);
+    if (pool && store_bench_io(&bp, &bpr, err, sizeof err) == 0) {
         printf("  ");
         print_io(&bp, &bpr);
     }
@@ -1128,7 +1133,7 @@ static int bench_store(int argc, char **argv) {
         print_io(&bo, &br2);
         br.gbps = (br.gbps + br2.gbps) / 2;
     }
-    if (!rc && store_bench_io(&bp, &br2, err, sizeof err) == 0) {
+    if (!rc && pool && store_bench_io(&bp, &br2, err, sizeof err) == 0) {
         printf("  after: ");
         print_io(&bp, &br2);
         bpr.gbps = (bpr.gbps + br2.gbps) / 2;
