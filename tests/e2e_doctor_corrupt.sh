@@ -86,7 +86,7 @@ out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
 [ $rc -eq 1 ] && ok || bad "three damaged packs: rc $rc (want 1): $out"
 echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 1 expert 4 in .*/experts-L001.pack at offset $((4 * S)) ($S bytes).*convert again" \
     && ok || bad "flipped byte in L001 not named: $out"
-echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/experts-L002.pack (layer 2) is $((3 * S + 100)) bytes, needs $((8 * S)) (truncated; convert again); none of its 8 experts checked" \
+echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/experts-L002.pack (layer 2) is $((3 * S + 100)) bytes, needs $((8 * S)) (truncated; convert again: \`deltafin convert [^\`]* --force\`); none of its 8 experts checked" \
     && ok || bad "truncated L002 not named: $out"
 echo "$out" | grep -q "^deltafin doctor: layer 3 UNREADABLE: cannot open expert pack .*/experts-L003.pack (layer 3): No such file or directory; none of its 8 experts checked" \
     && ok || bad "missing L003 not named: $out"
@@ -98,13 +98,13 @@ echo "$out" | grep -q "^deltafin doctor: layer 3 UNREADABLE: cannot open expert 
     && ok || bad "the truncated pack named on more than one line: $out"
 echo "$out" | grep -q "^spine: OK (.*/f/spine.bin, [0-9]* bytes)" && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 7 OK, 1 corrupt, 16 unreadable$" \
     && ok || bad "states with three damaged packs: $out"
-echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 17 of 24 routed experts corrupt or unreadable (layer 1 expert 4, layer 2, layer 3): the model files are damaged; re-run \`deltafin convert\`" \
+echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 17 of 24 routed experts corrupt or unreadable (layer 1 expert 4, layer 2, layer 3): the model files are damaged; convert again: \`deltafin convert [^\`]* --force\`" \
     && ok || bad "FAILED line with three damaged packs: $out"
 [ -z "$(ls -A "$TMP/tv")" ] && ok || bad "doctor left files in TMPDIR: $(ls -A "$TMP/tv")"
 SB=$(stat -c %s "$F/spine.bin")
 truncate -s 1000 "$F/spine.bin"
 out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: spine CORRUPT: .*/f/spine.bin is 1000 bytes but the manifest says $SB (truncated or replaced; convert again)" \
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: spine CORRUPT: .*/f/spine.bin is 1000 bytes but the manifest says $SB (truncated or replaced; convert again: \`deltafin convert [^\`]* --force\`)" \
     && echo "$out" | grep -q "^deltafin doctor: corrupt expert: .*layer 1 expert 4 in .*/experts-L001.pack" \
     && echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/experts-L002.pack (layer 2) is $((3 * S + 100)) bytes" \
     && echo "$out" | grep -q "^deltafin doctor: layer 3 UNREADABLE: cannot open expert pack .*/experts-L003.pack" \
@@ -125,7 +125,7 @@ GA=$(realpath "$G")
 cp "$SRC/models/kimi-mini/tokenizer_config.json" "$F/"
 out=$(TMPDIR="$TMP/tv" "$BIN" doctor --model "$F" 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: tokenizer FAILED: .*/f has tokenizer_config.json but neither tokenizer.json nor tiktoken.model: the checkpoint it was converted from ($GA) has no tokenizer.json or tiktoken.model either, so converting again does not help: put the model's tokenizer.json (from its repository) into .*/f$" \
-    && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin CORRUPT, 17 of 24 routed experts corrupt or unreadable (spine.bin, layer 1 expert 4, layer 2, ...), tokenizer.json is missing: the model files are damaged; re-run \`deltafin convert\`$" \
+    && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin CORRUPT, 17 of 24 routed experts corrupt or unreadable (spine.bin, layer 1 expert 4, layer 2, ...), tokenizer.json is missing: the model files are damaged; convert again: \`deltafin convert [^\`]* --force\`$" \
     && [ "$(echo "$out" | grep -c 'tokenizer')" -eq 2 ] && ok || bad "damaged packs + tokenizer.json missing: rc $rc $out"
 # only the tokenizer lost: every checksum OK, and the summary names the missing tokenizer.json (exit 1)
 T="$TMP/tok"
@@ -180,7 +180,7 @@ O="$TMP/o"
 "$BIN" convert "$G" "$O" --quiet || bad "convert $O"
 truncate -s $((8 * S + 4096)) "$O/experts-L002.pack"
 out=$("$BIN" doctor --model "$O" 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/o/experts-L002.pack (layer 2) is $((8 * S + 4096)) bytes, needs $((8 * S)) (too large: not the pack this manifest describes; convert again); none of its 8 experts checked$" \
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin doctor: layer 2 UNREADABLE: expert pack .*/o/experts-L002.pack (layer 2) is $((8 * S + 4096)) bytes, needs $((8 * S)) (too large: not the pack this manifest describes; convert again: \`deltafin convert [^\`]* --force\`); none of its 8 experts checked$" \
     && echo "$out" | grep -q "^experts: 24 routed experts in 3 MoE layers: 16 OK, 0 corrupt, 8 unreadable$" \
     && echo "$out" | grep -q "^deltafin doctor: verification FAILED: spine.bin OK, 8 of 24 routed experts corrupt or unreadable (layer 2)" \
     && ok || bad "oversized pack: rc $rc $out"

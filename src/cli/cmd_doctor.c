@@ -61,8 +61,46 @@ static void line_end(void) {
  * again (df_advice_setup_repair); "" for a model the user converted. */
 static char setup_fix[40000];
 
+/* A model the user converted with `deltafin convert` whose source checkpoint is still there (manifest.json's
+ * source.dir, a directory with config.json): the command that converts it again, said instead of the bare advice;
+ * "" otherwise (a setup install, a conversion in the cache, a synthetic model, a moved or deleted checkpoint). */
+static char convert_fix[9000];
+
+/* "deltafin convert SRC DIR --force [--spine MODE]" from DIR/manifest.json into convert_fix, when SRC still exists;
+ * a model striped over other directories (expert files outside DIR) needs its --expert-dirs too: then nothing */
+static void find_convert_fix(const char *dir) {
+    convert_fix[0] = 0;
+    char path[4200], *buf = NULL, e[256];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    if (df_read_file(path, &buf, &len, e, sizeof e)) return;
+    cJSON *m = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    const cJSON *src = m ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "source"), "dir") : NULL;
+    const cJSON *sm = m ? cJSON_GetObjectItemCaseSensitive(m, "spine_mode") : NULL;
+    const cJSON *layers = m ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "experts"), "layers") : NULL;
+    int outside = 0; /* a pack file not directly in DIR (striped over --expert-dirs) */
+    const cJSON *L;
+    cJSON_ArrayForEach(L, layers) {
+        const cJSON *f;
+        cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(L, "files")) outside |= !cJSON_IsString(f) || strchr(f->valuestring, '/');
+    }
+    char cfg[4200];
+    struct stat st;
+    if (cJSON_IsString(src) && src->valuestring[0] == '/' && !outside &&
+        snprintf(cfg, sizeof cfg, "%s/config.json", src->valuestring) < (int)sizeof cfg && stat(cfg, &st) == 0) {
+        char qs[4200], qd[4200];
+        const char *mode = cJSON_IsString(sm) ? sm->valuestring : "source";
+        snprintf(convert_fix, sizeof convert_fix, "deltafin convert %s %s --force%s%s",
+                 df_shell_quote(src->valuestring, qs, sizeof qs), df_shell_quote(dir, qd, sizeof qd),
+                 strcmp(mode, "source") ? " --spine " : "", strcmp(mode, "source") ? mode : "");
+    }
+    cJSON_Delete(m);
+}
+
 static void advice(char *msg, size_t cap) {
     if (setup_fix[0]) df_advice_setup_repair(msg, cap, setup_fix);
+    else if (convert_fix[0]) df_advice_convert_repair(msg, cap, convert_fix);
 }
 
 /* One line per damaged file. When damage stops the model from opening, df_model_open's error names one damaged file;
@@ -670,6 +708,7 @@ int cmd_doctor(int argc, char **argv) {
     char setup_ck[4200] = "";
     setup_fix[0] = 0;
     cli_setup_install(model, setup_fix, sizeof setup_fix, setup_ck, sizeof setup_ck);
+    if (!setup_fix[0]) find_convert_fix(model);
     {   /* a native model whose manifest.json is missing or damaged: its files cannot be read without it */
         char mf[4200], what[200], files[200];
         const int nf = manifest_damaged(model, mf, sizeof mf, what, sizeof what, files, sizeof files);

@@ -54,6 +54,20 @@ void df_advice_setup_repair(char *msg, size_t cap, const char *fix) {
     }
 }
 
+void df_advice_convert_repair(char *msg, size_t cap, const char *fix) {
+    static const char *const advice[] = {"re-run `deltafin convert`", "convert again"};
+    char tmp[8192];
+    for (size_t i = 0; i < sizeof advice / sizeof advice[0]; i++) {
+        char *p = strstr(msg, advice[i]);
+        if (!p) continue;
+        snprintf(tmp, sizeof tmp, "%s", p + strlen(advice[i]));
+        *p = 0;
+        const size_t l = strlen(msg);
+        snprintf(msg + l, cap - l, "convert again: `%s`%s", fix, tmp);
+        return;
+    }
+}
+
 void df_advice_strip(char *msg) {
     /* "(truncated; convert again)" -> "(truncated)", "...: the pack is corrupt; convert again" -> "...: the pack is
      * corrupt", "(convert again)" -> "", "...; re-run `deltafin convert`" -> "..." */

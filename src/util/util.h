@@ -123,6 +123,8 @@ const char *df_shell_quote(const char *s, char *out, size_t cap);
  * (fix: the setup command, already shell-quoted). msg is rewritten in place within cap bytes; unchanged when it has
  * no such advice. */
 void df_advice_setup_repair(char *msg, size_t cap, const char *fix);
+/* The same for a model the user converted: the advice becomes "convert again: `FIX`" (FIX the convert command). */
+void df_advice_convert_repair(char *msg, size_t cap, const char *fix);
 /* msg without the engine's advice to convert again ("; convert again", "; re-run `deltafin convert`"), for a message
  * that names its own repair (`deltafin list`: the setup command; `deltafin setup`: what it does); in place. */
 void df_advice_strip(char *msg);
