@@ -757,8 +757,16 @@ int cmd_doctor(int argc, char **argv) {
         open_err_pending = 1;
         status = others = 1;
     } else {
-        const char *desc = df_model_describe(m); /* "model NAME (...), ...": the line's key says "model" once */
-        if (!strncmp(desc, "model ", 6)) desc += 6;
+        char desc[8192]; /* "model NAME (...), ...": the line's key says "model" once */
+        const char *d0 = df_model_describe(m);
+        snprintf(desc, sizeof desc, "%s", strncmp(d0, "model ", 6) ? d0 : d0 + 6);
+        /* without the run settings (", N threads, backend ..., heat ..."): a verification uses none of them */
+        char *th = strstr(desc, " threads, backend "), *tk = th ? strstr(th, ", tokenizer ") : NULL;
+        if (tk) {
+            char *st = th;
+            while (st > desc && !(st[0] == ',' && st[1] == ' ')) st--;
+            if (st > desc) memmove(st, tk, strlen(tk) + 1);
+        }
         printf("model: %s%s%s%s%s\n", desc, dflt_how[0] ? "; model (no --model): " : "",
                dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
         df_model_close(m); /* the check below reads the files itself */
