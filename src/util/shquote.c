@@ -40,7 +40,8 @@ cut:
     return out;
 }
 
-void df_advice_setup_repair(char *msg, size_t cap, const char *fix) {
+/* msg's first "re-run `deltafin convert`" or "convert again" becomes LEAD`FIX` (in place, within cap) */
+static void advice_replace(char *msg, size_t cap, const char *lead, const char *fix) {
     static const char *const advice[] = {"re-run `deltafin convert`", "convert again"};
     char tmp[8192];
     for (size_t i = 0; i < sizeof advice / sizeof advice[0]; i++) {
@@ -49,24 +50,16 @@ void df_advice_setup_repair(char *msg, size_t cap, const char *fix) {
         snprintf(tmp, sizeof tmp, "%s", p + strlen(advice[i]));
         *p = 0;
         const size_t l = strlen(msg);
-        snprintf(msg + l, cap - l, "repair the install with `%s`%s", fix, tmp);
+        snprintf(msg + l, cap - l, "%s`%s`%s", lead, fix, tmp);
         return;
     }
 }
 
-void df_advice_convert_repair(char *msg, size_t cap, const char *fix) {
-    static const char *const advice[] = {"re-run `deltafin convert`", "convert again"};
-    char tmp[8192];
-    for (size_t i = 0; i < sizeof advice / sizeof advice[0]; i++) {
-        char *p = strstr(msg, advice[i]);
-        if (!p) continue;
-        snprintf(tmp, sizeof tmp, "%s", p + strlen(advice[i]));
-        *p = 0;
-        const size_t l = strlen(msg);
-        snprintf(msg + l, cap - l, "convert again: `%s`%s", fix, tmp);
-        return;
-    }
+void df_advice_setup_repair(char *msg, size_t cap, const char *fix) {
+    advice_replace(msg, cap, "repair the install with ", fix);
 }
+
+void df_advice_convert_repair(char *msg, size_t cap, const char *fix) { advice_replace(msg, cap, "convert again: ", fix); }
 
 void df_advice_strip(char *msg) {
     /* "(truncated; convert again)" -> "(truncated)", "...: the pack is corrupt; convert again" -> "...: the pack is

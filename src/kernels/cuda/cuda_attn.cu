@@ -651,15 +651,8 @@ void mir_setup() {
     if (g_minit) return;
     g_minit = 1;
     for (int i = 0; i < MBUCKET; i++) g_mbucket[i] = -1;
-    unsigned long long b = 0;
-    const int r = df_cuda_env_kv_mirror(&b, g_mwhy, sizeof g_mwhy);
+    const int r = cu_kv_mirror_cap(&g_mcap, g_mwhy, sizeof g_mwhy);
     if (r < 0) { g_mbad = 1; return; }
-    if (r > 0 && !b) {
-        size_t fr = 0, tot = 0;
-        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) b = tot / 8;
-        else cudaGetLastError();
-    }
-    g_mcap = (size_t)b;
     g_mon = r > 0 && g_mcap > 0;
 }
 
@@ -1154,6 +1147,18 @@ int refuse(int T, const uint64_t *seq_key, const char *msg) {
 }
 
 } // namespace
+
+int cu_kv_mirror_cap(size_t *cap, char *why, size_t whylen) {
+    unsigned long long b = 0;
+    const int r = df_cuda_env_kv_mirror(&b, why, whylen);
+    if (r > 0 && !b) {
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) b = tot / 8;
+        else cudaGetLastError();
+    }
+    *cap = r > 0 ? (size_t)b : 0;
+    return r;
+}
 
 /* Device memory the attention core's KV mirrors may still take (their cap less what they hold; 0 when mirrors are
  * off or the knob is invalid). With the runtime's mutex held. */

@@ -211,6 +211,10 @@ void cu_attn_settle(void);
  * block returned it in (and no attention call came since), else NULL. The same values: moe_resid takes it instead of
  * copying the host's h2 in. */
 const float *cu_attn_h2(const float *host);
+/* cuda_attn.cu: DF_CUDA_KV_MIRROR (cuda_env.h) as a byte cap, for the latent caches' mirrors and the KDA states'
+ * copies alike: df_cuda_env_kv_mirror's return (1 on, 0 off, -1 invalid with the reason in why), *cap the size given,
+ * for on without one 1/8 of the device's memory (0 when off, invalid or that cannot be read). */
+int cu_kv_mirror_cap(size_t *cap, char *why, size_t whylen);
 /* cuda_attn.cu: the device memory the KV mirrors may still take (DF_CUDA_KV_MIRROR's cap less their bytes); mutex held. */
 size_t cu_attn_mirror_room(void);
 void cu_rt_mark(const char *name);

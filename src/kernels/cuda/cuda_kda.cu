@@ -19,7 +19,6 @@
  */
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
-#include "kernels/cuda_env.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -353,15 +352,7 @@ float *kc_conv(const KCopy &c, int slot) { return (float *)(c.mem + (size_t)slot
 void kc_setup() {
     if (g_kc_init) return;
     g_kc_init = 1;
-    unsigned long long b = 0;
-    const int r = df_cuda_env_kv_mirror(&b, NULL, 0);
-    if (r > 0 && !b) {
-        size_t fr = 0, tot = 0;
-        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) b = tot / 8;
-        else cudaGetLastError();
-    }
-    g_kc_cap = (size_t)b;
-    g_kc_on = r > 0 && g_kc_cap > 0;
+    g_kc_on = cu_kv_mirror_cap(&g_kc_cap, NULL, 0) > 0 && g_kc_cap > 0;
 }
 
 void kc_drop(std::unordered_map<uint64_t, KCopy>::iterator it) {
@@ -422,25 +413,26 @@ extern "C" void df_cuda_kda_copies(int *n, uint64_t *bytes) {
 extern "C" int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) {
     if (op == DF_KDA_DROP && !cu_kda_live()) return 0;
     if (cu_rt_lock()) return -1;
-    cudaStream_t st = cu_rt_stream();
     auto it = g_kc.find(key);
+    if (op == DF_KDA_DROP) { /* stream-ordered free: nothing to wait for */
+        if (it != g_kc.end()) kc_drop(it);
+        cu_rt_unlock();
+        return 0;
+    }
+    cudaStream_t st = cu_rt_stream();
     int rc = 0;
     const char *msg = "KDA state: copying the device's state back failed";
-    if (it == g_kc.end() && op == DF_KDA_FETCH) { /* asked for as newer than the host's: it was lost */
+    if (it == g_kc.end()) { /* asked for as newer than the host's: it was lost */
         rc = -1;
         msg = "KDA state: the device holds no copy of this state";
-    } else if (it != g_kc.end()) {
+    } else if (it->second.dirty) {
         KCopy &c = it->second;
-        if (op == DF_KDA_FETCH && c.dirty) {
-            rc = -1;
-            if (S && (!c.cb || conv) && cudaMemcpyAsync(S, kc_S(c, c.cur), c.sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
-                (!c.cb || cudaMemcpyAsync(conv, kc_conv(c, c.cur), c.cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
-                cu_rt_sync("kda state") == cudaSuccess) {
-                c.dirty = 0;
-                rc = 0;
-            }
-        } else if (op == DF_KDA_DROP) {
-            kc_drop(it);
+        rc = -1;
+        if (S && (!c.cb || conv) && cudaMemcpyAsync(S, kc_S(c, c.cur), c.sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+            (!c.cb || cudaMemcpyAsync(conv, kc_conv(c, c.cur), c.cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
+            cu_rt_sync("kda state") == cudaSuccess) {
+            c.dirty = 0;
+            rc = 0;
         }
     }
     return finish(rc, msg, st);
