@@ -1438,6 +1438,48 @@ static void test_kda_block(void) {
             ok = ok && nc == 0 && cbytes == 0;
             if (!ok && n_res++ < 3) printf("FAIL kda block H=%d K=%d T=%d: with the state on the device (rc %d)\n", H, K, T, rk);
         }
+        /* a snapshot on the device (the rollback of a draft's verification): the first t0 rows, DF_KDA_SNAP, the rest
+         * (the same output and state as one call); DF_KDA_RESTORE, the rest again: the same bits again (twice); the
+         * snapshot fetched is the state after t0 rows; a failing call leaves both; dropped: nothing to restore */
+        if (kon && T >= 2) {
+            const uint64_t key4 = uid << 8 | 9;
+            const int t0 = T / 2;
+            float *Sh = malloc(4 * sn), *Ch = malloc(4 * cn + 4), *outh = malloc(4 * (size_t)T * DM);
+            memcpy(Sh, S0, 4 * sn); memcpy(Ch, C0, 4 * cn);
+            int ok = kda_block1(&b, t0, h, 0, Ch, Sh, outh) == 0; /* the state after t0 rows, on the host */
+            memcpy(S1, S0, 4 * sn); memcpy(C1, C0, 4 * cn);
+            ok = ok && kda_block1(&b, t0, h, key4, C1, S1, out1) == 1 && df_cuda_kda_state(key4, NULL, NULL, DF_KDA_SNAP) == 0;
+            int nc = 0;
+            uint64_t cbytes = 0;
+            df_cuda_kda_copies(&nc, &cbytes);
+            ok = ok && nc == 1 && cbytes >= 3 * 4 * (sn + cn);
+            for (int round = 0; round < 3 && ok; round++) {
+                if (round) ok = df_cuda_kda_state(key4, NULL, NULL, DF_KDA_RESTORE) == 0;
+                memset(out1, 0, 4 * (size_t)T * DM);
+                ok = ok && kda_block1(&b, T - t0, h + (size_t)t0 * DM, key4, C1, S1, out1) == 1 &&
+                     !memcmp(out1, outg + (size_t)t0 * DM, 4 * (size_t)(T - t0) * DM) &&
+                     df_cuda_kda_state(key4, C1, S1, DF_KDA_FETCH) == 0 && !memcmp(S1, Sg, 4 * sn) &&
+                     !memcmp(C1, Cg, 4 * cn);
+            }
+            df_weight bad_o = wo;
+            bad_o.data = NULL;
+            bad_o.dev_key = 0x7e57beef00000000ull | (uint64_t)ci;
+            df_kda_block bf = b;
+            bf.o = &bad_o;
+            ok = ok && kda_block1(&bf, 1, h, key4, C1, S1, out1) == -1;
+            ok = ok && df_cuda_kda_state(key4, C1, S1, DF_KDA_FETCH_SNAP) == 0 && !memcmp(S1, Sh, 4 * sn) &&
+                 !memcmp(C1, Ch, 4 * cn);
+            memset(S1, 0, 4 * sn);
+            ok = ok && df_cuda_kda_state(key4, NULL, NULL, DF_KDA_RESTORE) == 0 &&
+                 df_cuda_kda_state(key4, C1, S1, DF_KDA_FETCH) == 0 && !memcmp(S1, Sh, 4 * sn) && !memcmp(C1, Ch, 4 * cn);
+            ok = ok && df_cuda_kda_state(key4, NULL, NULL, DF_KDA_DROP) == 0 &&
+                 df_cuda_kda_state(key4, NULL, NULL, DF_KDA_RESTORE) == -1 &&
+                 df_cuda_kda_state(key4, NULL, NULL, DF_KDA_SNAP) == -1;
+            df_cuda_kda_copies(&nc, &cbytes);
+            ok = ok && nc == 0 && cbytes == 0;
+            if (!ok && n_res++ < 3) printf("FAIL kda block H=%d K=%d T=%d: the device's snapshot\n", H, K, T);
+            free(Sh); free(Ch); free(outh);
+        }
         /* four sequences in one call (rows T, 1, 0 and T - 1 of another h, other starting states; with copies on the
          * first, third and fourth kept on the device, the second through the host) against each alone: the same output
          * rows and states, the kept ones' host states untouched until fetched */

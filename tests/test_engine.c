@@ -533,27 +533,42 @@ static void test_kda_builds(void) {
     CHECK(bad == 0, "KDA short convolution: %d of 5 cases differ from the plain loops", bad);
 }
 
-/* The KDA state's device-copy protocol of kvcache.c against a backend that only records: a newer copy is fetched
- * before the host's state is read (kv_recurrent_save, kv_kda_host), once; load and reset forget every copy; a failed
- * fetch is an error that keeps the copy's marks. */
-static int g_fetch, g_drop, g_fail;
+/* The KDA state's device-copy protocol of kvcache.c against a backend that records and keeps one fake state
+ * (S[0], conv[0]) per copy: a newer copy is fetched before the host's state is read (kv_kda_host), once; a save
+ * keeps the snapshot on the device when the backend can (else fetches), a load of that buffer restores it there and
+ * forgets other layers' copies; a copy dropped while holding the snapshot writes it into the saved buffer first;
+ * reset forgets every copy; a failed fetch is an error that keeps the copy's marks; a lost snapshot resets. */
+static int g_fetch, g_drop, g_fail, g_snap, g_restore, g_fetch_snap, g_no_snap;
 static uint64_t g_last_key;
+static float g_cur = 7.0f, g_snapv = -1.0f; /* the fake device copy's current state and snapshot (S[0]; conv[0] + 1) */
 static int fake_kda_state(uint64_t key, float *conv, float *S, int op) {
     g_last_key = key;
-    if (op == DF_KDA_DROP) { g_drop++; return 0; }
-    if (g_fail) return -1;
-    g_fetch++;
-    S[0] = 7.0f;
-    conv[0] = 8.0f;
-    return 0;
+    switch (op) {
+    case DF_KDA_DROP: g_drop++; g_snapv = -1.0f; return 0;
+    case DF_KDA_SNAP: if (g_no_snap) return -1; g_snap++; g_snapv = g_cur; return 0;
+    case DF_KDA_RESTORE: if (g_snapv < 0) return -1; g_restore++; g_cur = g_snapv; return 0;
+    case DF_KDA_FETCH_SNAP:
+        if (g_fail || g_snapv < 0) return -1;
+        g_fetch_snap++;
+        S[0] = g_snapv;
+        conv[0] = g_snapv + 1.0f;
+        return 0;
+    default:
+        if (g_fail) return -1;
+        g_fetch++;
+        S[0] = g_cur;
+        conv[0] = g_cur + 1.0f;
+        return 0;
+    }
 }
 
 static void test_kda_copies(void) {
     df_config c;
     memset(&c, 0, sizeof c);
-    c.num_hidden_layers = 2;
+    c.num_hidden_layers = 3;
     c.mixer[0] = DF_MIXER_MLA;
     c.mixer[1] = DF_MIXER_KDA;
+    c.mixer[2] = DF_MIXER_KDA;
     c.kv_lora_rank = 8; c.qk_rope_head_dim = 4;
     c.kda_heads = 2; c.kda_head_dim = 4; c.kda_conv = 3;
     df_kvcache kv;
@@ -564,13 +579,16 @@ static void test_kda_copies(void) {
     fake.kda_state = fake_kda_state;
     kv.kda_be = &fake;
     kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
-    const size_t nb = (size_t)kv_recurrent_bytes(&kv);
+    const size_t nb = (size_t)kv_recurrent_bytes(&kv), part = 2 * 4 * 4 + 3 * 2 * 2 * 4; /* floats per layer */
     float *buf = malloc(nb);
+    for (size_t i = 0; i < nb / 4; i++) buf[i] = -5.0f;
+    kv.kda_S[2][0] = 3.0f;
     char err[200] = "";
+    g_no_snap = 1; /* a backend without room for snapshots: the save fetches */
     int rc = kv_recurrent_save(&kv, buf, err, sizeof err);
-    CHECK(rc == DF_OK && g_fetch == 1 && g_last_key == (kv.uid << 8 | 1) && buf[0] == 7.0f &&
-              buf[2 * 4 * 4] == 8.0f && kv.kda_dev[1] == KV_KDA_COPY,
-          "save fetches the newer copy once (rc %d, fetches %d, S[0] %g)", rc, g_fetch, buf[0]);
+    CHECK(rc == DF_OK && g_fetch == 1 && g_last_key == (kv.uid << 8 | 1) && buf[0] == 7.0f && buf[2 * 4 * 4] == 8.0f &&
+              buf[part] == 3.0f && kv.kda_dev[1] == KV_KDA_COPY,
+          "save without snapshot room fetches the newer copy once (rc %d, fetches %d, S[0] %g)", rc, g_fetch, buf[0]);
     rc = kv_recurrent_save(&kv, buf, err, sizeof err);
     CHECK(rc == DF_OK && g_fetch == 1, "a second save fetches nothing (the host is current)");
     kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
@@ -582,14 +600,58 @@ static void test_kda_copies(void) {
     g_fail = 0;
     rc = kv_kda_host(&kv, 1, 1, err, sizeof err);
     CHECK(rc == DF_OK && g_fetch == 2 && g_drop == 1 && kv.kda_dev[1] == 0, "fetch and drop (the steps path)");
+    kv.kda_be = &fake;
     kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
-    kv_recurrent_load(&kv, buf);
-    CHECK(g_drop == 2 && g_fetch == 2 && kv.kda_dev[1] == 0 && kv.kda_be == NULL && kv.kda_S[1][0] == 7.0f,
+    rc = kv_recurrent_load(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_OK && g_drop == 2 && g_fetch == 2 && kv.kda_dev[1] == 0 && kv.kda_be == NULL &&
+              kv.kda_S[1][0] == 7.0f && kv.kda_S[2][0] == 3.0f,
           "load forgets the copy without fetching it and takes the snapshot");
+    /* snapshots kept on the device */
+    g_no_snap = 0;
+    g_cur = 11.0f;
+    kv.kda_be = &fake;
+    kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
+    kv.kda_S[2][0] = 4.0f;
+    buf[0] = -5.0f;
+    rc = kv_recurrent_save(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_OK && g_snap == 1 && g_fetch == 2 && buf[0] == -5.0f && buf[part] == 4.0f &&
+              kv.kda_dev[1] == (KV_KDA_COPY | KV_KDA_NEWER | KV_KDA_SNAP) && kv.kda_snap == buf,
+          "save keeps layer 1's snapshot on the device, fetches nothing, copies layer 2 (dev %d, buf %g %g)",
+          kv.kda_dev[1], buf[0], buf[part]);
+    g_cur = 12.0f; /* a verification moves the device's state */
+    kv.kda_S[2][0] = 5.0f;
+    rc = kv_recurrent_load(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_OK && g_restore == 1 && g_cur == 11.0f && g_fetch == 2 && g_drop == 2 &&
+              kv.kda_dev[1] == (KV_KDA_COPY | KV_KDA_NEWER | KV_KDA_SNAP) && kv.kda_be == &fake &&
+              kv.kda_S[2][0] == 4.0f,
+          "load restores the device's snapshot and copies layer 2 (restores %d, cur %g)", g_restore, g_cur);
+    g_cur = 13.0f;
+    rc = kv_recurrent_load(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_OK && g_restore == 2 && g_cur == 11.0f, "the snapshot stays for a second rollback");
+    g_cur = 14.0f;
+    rc = kv_kda_host(&kv, 1, 1, err, sizeof err); /* the steps path: fetch, the snapshot into buf, drop */
+    CHECK(rc == DF_OK && g_fetch == 3 && g_fetch_snap == 1 && g_drop == 3 && kv.kda_S[1][0] == 14.0f &&
+              buf[0] == 11.0f && buf[2 * 4 * 4] == 12.0f && kv.kda_dev[1] == 0,
+          "dropping a copy writes its snapshot into the saved buffer first (buf %g)", buf[0]);
+    rc = kv_recurrent_load(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_OK && g_restore == 2 && kv.kda_S[1][0] == 11.0f, "then a load takes it from the host");
+    /* a snapshot lost in a failed copy back: the load resets and says so */
+    kv.kda_be = &fake;
+    kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
+    rc = kv_recurrent_save(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_OK && g_snap == 2, "snapshot again");
+    g_fail = 1;
+    kv_recurrent_reset(&kv);
+    g_fail = 0;
+    CHECK(kv.kda_snap_lost == 1 && kv.kda_dev[1] == 0 && kv.kda_be == NULL && kv.kda_S[1][0] == 0.0f,
+          "reset forgets the copy; its snapshot's failed copy back is marked");
+    rc = kv_recurrent_load(&kv, buf, err, sizeof err);
+    CHECK(rc == DF_EUNSUPPORTED && strstr(err, "snapshot") && kv.kda_S[1][0] == 0.0f && kv.kda_S[2][0] == 0.0f,
+          "a lost snapshot: load fails and leaves the zero state (rc %d, '%s')", rc, err);
     kv.kda_be = &fake;
     kv.kda_dev[1] = KV_KDA_COPY;
     kv_recurrent_reset(&kv);
-    CHECK(g_drop == 3 && kv.kda_dev[1] == 0 && kv.kda_be == NULL && kv.kda_S[1][0] == 0.0f, "reset forgets the copy");
+    CHECK(kv.kda_dev[1] == 0 && kv.kda_be == NULL && kv.kda_S[1][0] == 0.0f, "reset forgets the copy");
     free(buf);
     kv_free(&kv);
 }

@@ -810,11 +810,15 @@ df_model *df_session_model(const df_session *s) { return s ? s->m : NULL; }
 const int32_t *df_session_tokens(const df_session *s) { return s ? s->tokens : NULL; }
 
 /* Roll the recurrent state back to at most position `pos`: the snapshot when it is not past
- * pos, else the zero state; the tokens after it become pending. */
+ * pos, else the zero state (also when the snapshot was lost); the tokens after it become pending. */
 static void session_rewind(df_session *s, int pos) {
     if (s->snap && s->snap_pos >= 0 && s->snap_pos <= pos) {
-        kv_recurrent_load(&s->kv, s->snap);
-        s->n_eval = s->snap_pos;
+        if (kv_recurrent_load(&s->kv, s->snap, NULL, 0) == DF_OK) {
+            s->n_eval = s->snap_pos;
+        } else { /* the state is reset: recomputed from the first token */
+            s->snap_pos = -1;
+            s->n_eval = 0;
+        }
     } else {
         kv_recurrent_reset(&s->kv);
         s->n_eval = 0;

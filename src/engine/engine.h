@@ -63,11 +63,15 @@ typedef struct {
     float **kda_conv;        /* [n_layers][3*(W-1)*H*K]; NULL for MLA layers */
     /* a backend's device copies of the KDA states (df_backend.kda_block's key uid << 8 | layer): kda_be the backend
      * that may hold some (NULL: none); kda_dev[l] bit 0 (KV_KDA_COPY): it may hold layer l's, bit 1 (KV_KDA_NEWER):
-     * that copy may be newer than kda_S / kda_conv, which are then stale until kv_kda_host */
+     * that copy may be newer than kda_S / kda_conv, which are then stale until kv_kda_host; bit 2 (KV_KDA_SNAP): the
+     * copy's snapshot (df_backend.kda_state DF_KDA_SNAP) stands for layer l's part of the last kv_recurrent_save's
+     * buffer kda_snap, written there only when the copy is dropped (kda_snap_lost: such a write failed) */
     const df_backend *kda_be;
     unsigned char kda_dev[DF_MAX_LAYERS];
+    float *kda_snap;
+    int kda_snap_lost;
 } df_kvcache;
-enum { KV_KDA_COPY = 1, KV_KDA_NEWER = 2 };
+enum { KV_KDA_COPY = 1, KV_KDA_NEWER = 2, KV_KDA_SNAP = 4 };
 
 /* An empty cache for cfg's layers with a fresh uid. Only attn_chunk (attention.c) writes the MLA rows c / kpe, at
  * the positions it then attends from (the seq_key contract of df_backend.mla_attend); code that writes them
@@ -86,11 +90,17 @@ uint64_t kv_recurrent_bytes(const df_kvcache *kv);
  * copy forgotten too (the host's state is about to change). DF_OK, or DF_EUNSUPPORTED when the fetch failed (err
  * names the layer and the backend's reason; the copy kept). */
 int kv_kda_host(df_kvcache *kv, int l, int drop, char *err, size_t errlen);
-/* Copy the recurrent state out to / in from buf (kv_recurrent_bytes bytes); reset sets it to zero
- * (the state before position 0). save fetches device copies first (kv_kda_host: DF_OK or its error); load and reset
- * forget them. */
+/* Copy the recurrent state out to / in from buf (kv_recurrent_bytes bytes: per KDA layer S then the conv state);
+ * reset sets it to zero (the state before position 0).
+ * save: a layer with a device copy keeps its snapshot on the device when the backend can (DF_KDA_SNAP; buf's part
+ * written only if that copy is dropped before the next save), else the copy is fetched first (kv_kda_host); buf must
+ * stay allocated while the cache lives or until the next save. DF_OK or kv_kda_host's error.
+ * load: from buf; where buf is the last save's, the device's snapshots become the current copies (DF_KDA_RESTORE),
+ * other layers' copies are forgotten. DF_OK, or DF_EUNSUPPORTED (err says why) when that snapshot was lost: then the
+ * state is reset (the caller recomputes from position 0).
+ * reset: forgets every copy (snapshots written into the last save's buffer first). */
 int kv_recurrent_save(df_kvcache *kv, float *buf, char *err, size_t errlen);
-void kv_recurrent_load(df_kvcache *kv, const float *buf);
+int kv_recurrent_load(df_kvcache *kv, const float *buf, char *err, size_t errlen);
 void kv_recurrent_reset(df_kvcache *kv);
 
 

@@ -92,6 +92,27 @@ uint64_t kv_recurrent_bytes(const df_kvcache *kv) {
     return n;
 }
 
+/* Layer l's part of a snapshot buffer: S then the conv state, after the KDA layers before it */
+static float *snap_part(const df_kvcache *kv, float *buf, int l) {
+    size_t off = 0;
+    for (int i = 0; i < l; i++)
+        if (kv->mixer[i] == DF_MIXER_KDA) off += kda_S_floats(kv) + kda_conv_floats(kv);
+    return buf + off;
+}
+
+/* Layer l's device copy forgotten; a snapshot it holds (KV_KDA_SNAP) first written into its part of kda_snap (lost,
+ * kda_snap_lost, when that copy fails). */
+static void kda_drop(df_kvcache *kv, int l) {
+    if (!(kv->kda_dev[l] & KV_KDA_COPY)) { kv->kda_dev[l] = 0; return; }
+    const uint64_t key = kv->uid << 8 | (uint64_t)l;
+    if (kv->kda_dev[l] & KV_KDA_SNAP) {
+        float *p = snap_part(kv, kv->kda_snap, l);
+        if (kv->kda_be->kda_state(key, p + kda_S_floats(kv), p, DF_KDA_FETCH_SNAP)) kv->kda_snap_lost = 1;
+    }
+    kv->kda_be->kda_state(key, NULL, NULL, DF_KDA_DROP);
+    kv->kda_dev[l] = 0;
+}
+
 int kv_kda_host(df_kvcache *kv, int l, int drop, char *err, size_t errlen) {
     if (!kv->kda_be || !(kv->kda_dev[l] & KV_KDA_COPY)) return DF_OK;
     const uint64_t key = kv->uid << 8 | (uint64_t)l;
@@ -102,44 +123,70 @@ int kv_kda_host(df_kvcache *kv, int l, int drop, char *err, size_t errlen) {
         return DF_EUNSUPPORTED;
     }
     kv->kda_dev[l] &= (unsigned char)~KV_KDA_NEWER;
-    if (drop) {
-        kv->kda_be->kda_state(key, NULL, NULL, DF_KDA_DROP);
-        kv->kda_dev[l] = 0;
-    }
+    if (drop) kda_drop(kv, l);
     return DF_OK;
 }
 
 /* every device copy forgotten (the host's state is about to be overwritten) */
 static void kda_forget_copies(df_kvcache *kv) {
     if (!kv->kda_be) return;
-    for (int l = 0; l < kv->n_layers; l++)
-        if (kv->kda_dev[l] & KV_KDA_COPY) kv->kda_be->kda_state(kv->uid << 8 | (uint64_t)l, NULL, NULL, DF_KDA_DROP);
-    memset(kv->kda_dev, 0, sizeof kv->kda_dev);
+    for (int l = 0; l < kv->n_layers; l++) kda_drop(kv, l);
     kv->kda_be = NULL;
 }
 
 int kv_recurrent_save(df_kvcache *kv, float *buf, char *err, size_t errlen) {
+    /* an earlier snapshot's device parts are no longer wanted: the new one replaces it */
+    for (int l = 0; l < kv->n_layers; l++) kv->kda_dev[l] &= (unsigned char)~KV_KDA_SNAP;
+    kv->kda_snap = buf;
+    kv->kda_snap_lost = 0;
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->mixer[l] != DF_MIXER_KDA) continue;
+        float *p = snap_part(kv, buf, l);
+        if ((kv->kda_dev[l] & KV_KDA_COPY) &&
+            kv->kda_be->kda_state(kv->uid << 8 | (uint64_t)l, NULL, NULL, DF_KDA_SNAP) == 0) {
+            kv->kda_dev[l] |= KV_KDA_SNAP; /* kept on the device: p is written only if the copy is dropped */
+            continue;
+        }
         const int rc = kv_kda_host(kv, l, 0, err, errlen);
-        if (rc) return rc;
-        memcpy(buf, kv->kda_S[l], kda_S_floats(kv) * sizeof(float));
-        buf += kda_S_floats(kv);
-        memcpy(buf, kv->kda_conv[l], kda_conv_floats(kv) * sizeof(float));
-        buf += kda_conv_floats(kv);
+        if (rc) {
+            kv->kda_snap_lost = 1;
+            return rc;
+        }
+        memcpy(p, kv->kda_S[l], kda_S_floats(kv) * sizeof(float));
+        memcpy(p + kda_S_floats(kv), kv->kda_conv[l], kda_conv_floats(kv) * sizeof(float));
     }
     return DF_OK;
 }
 
-void kv_recurrent_load(df_kvcache *kv, const float *buf) {
-    kda_forget_copies(kv);
+int kv_recurrent_load(df_kvcache *kv, const float *buf, char *err, size_t errlen) {
+    const int own = buf == kv->kda_snap;
+    if (own && kv->kda_snap_lost) {
+        kv_recurrent_reset(kv);
+        if (err) snprintf(err, errlen, "the recurrent-state snapshot was lost (a copy back from the GPU failed)");
+        return DF_EUNSUPPORTED;
+    }
+    int keep = 0;
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->mixer[l] != DF_MIXER_KDA) continue;
-        memcpy(kv->kda_S[l], buf, kda_S_floats(kv) * sizeof(float));
-        buf += kda_S_floats(kv);
-        memcpy(kv->kda_conv[l], buf, kda_conv_floats(kv) * sizeof(float));
-        buf += kda_conv_floats(kv);
+        if (own && (kv->kda_dev[l] & KV_KDA_SNAP)) { /* the device's snapshot becomes its current state */
+            if (kv->kda_be->kda_state(kv->uid << 8 | (uint64_t)l, NULL, NULL, DF_KDA_RESTORE) == 0) {
+                kv->kda_dev[l] = KV_KDA_COPY | KV_KDA_NEWER | KV_KDA_SNAP;
+                keep = 1;
+                continue;
+            }
+            kv->kda_dev[l] &= (unsigned char)~KV_KDA_SNAP; /* not expected: restore never fails on a held snapshot */
+            kv_recurrent_reset(kv);
+            if (err) snprintf(err, errlen, "KDA layer %d: the GPU's snapshot of the state could not be restored (%s)", l,
+                              df_cuda_last_error());
+            return DF_EUNSUPPORTED;
+        }
+        kda_drop(kv, l);
+        const float *p = snap_part(kv, (float *)buf, l);
+        memcpy(kv->kda_S[l], p, kda_S_floats(kv) * sizeof(float));
+        memcpy(kv->kda_conv[l], p + kda_S_floats(kv), kda_conv_floats(kv) * sizeof(float));
     }
+    if (!keep) kv->kda_be = NULL;
+    return DF_OK;
 }
 
 void kv_recurrent_reset(df_kvcache *kv) {

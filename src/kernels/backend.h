@@ -109,7 +109,7 @@ typedef struct {
     float lb, eps;
 } df_kda_block;
 
-enum { DF_KDA_DROP = 0, DF_KDA_FETCH = 1 }; /* df_backend.kda_state's op */
+enum { DF_KDA_DROP = 0, DF_KDA_FETCH = 1, DF_KDA_SNAP = 2, DF_KDA_RESTORE = 3, DF_KDA_FETCH_SNAP = 4 }; /* kda_state's op */
 enum { DF_KDA_BLOCK_SEQS = 32 };              /* the most sequences of one df_backend.kda_block call */
 
 typedef struct df_backend {
@@ -277,9 +277,13 @@ typedef struct df_backend {
                      float *const *conv, float *const *S, float *out, unsigned char *kept);
     /* Optional (NULL on the CPU; set with kda_block): the device's copy of a KDA state (kda_block's key). op
      * DF_KDA_FETCH: when the copy is newer than the host's, written into conv and S (kda_block's shapes); the copy
-     * stays, equal to the host's. DF_KDA_DROP: the copy forgotten (the host's state is about to change, or is the
-     * current one; nothing to do when the device holds none). 0, or -1: the fetch failed, or the device holds no copy
-     * to fetch (the state is lost: the caller only fetches a copy kda_block kept; error recorded). */
+     * stays, equal to the host's. DF_KDA_DROP: the copy and its snapshot forgotten (the host's state is about to
+     * change, or is the current one; nothing to do when the device holds none). DF_KDA_SNAP: the copy's current state
+     * also kept as its snapshot (replacing an earlier one; later kda_block calls leave it; conv and S unused).
+     * DF_KDA_RESTORE: the snapshot becomes the copy's current state (newer than the host's; the snapshot stays).
+     * DF_KDA_FETCH_SNAP: the snapshot written into conv and S. 0, or -1: the copy failed, or the device holds no copy
+     * (or snapshot) to fetch or restore (the state is lost: the caller only asks for one kda_block or DF_KDA_SNAP
+     * kept), or no room for a snapshot (nothing changed: the caller keeps the state on the host); error recorded. */
     int (*kda_state)(uint64_t key, float *conv, float *S, int op);
 } df_backend;
 

@@ -327,25 +327,35 @@ const char *block_shapes(const df_kda_block *b, int64_t D) {
 }
 
 /* ---- Device copies of KDA states (df_kda_block's key), under the runtime's mutex.
- * A copy holds two slots of [S | conv state] (256-byte aligned): slot cur is the state; a block writes the state after
- * it into the other slot and flips cur once the call has succeeded, so a failed call leaves the state as it was.
- * dirty: newer than the host's (kda_state fetches it). All copies together hold at most DF_CUDA_KV_MIRROR's cap (a
- * budget of that size of their own, as the latent caches' mirrors have; off: no copies, every call copies the state
- * in and back); a state with no room is copied in and back for that call. Nothing is evicted: a dirty copy is the only
- * current state of its sequence until fetched. */
+ * A copy holds two slots of [S | conv state] (256-byte aligned), three once it has a snapshot: slot cur is the state;
+ * a block writes the state after it into a slot that is neither cur nor snap and makes it cur once the call has
+ * succeeded, so a failed call leaves the state (and the snapshot) as they were. snap (-1: none) is the slot of the
+ * snapshot (kda_state DF_KDA_SNAP: snap = cur, no copying; DF_KDA_RESTORE: cur = snap). dirty: cur is newer than
+ * the host's (kda_state fetches it). All copies together hold at most DF_CUDA_KV_MIRROR's cap (a budget of that size
+ * of their own, as the latent caches' mirrors have; off: no copies, every call copies the state in and back); a
+ * state with no room is copied in and back for that call, a snapshot with no room stays on the host. Nothing is
+ * evicted: a dirty copy is the only current state of its sequence until fetched. */
 struct KCopy {
-    char *mem;      /* 2 slots */
+    char *mem;      /* slots 0 and 1 */
+    char *mem2;     /* slot 2 (NULL until a snapshot needs it) */
     size_t sb, cb;  /* S and conv state bytes */
     size_t slot;    /* bytes of a slot: up256(sb) + up256(cb) */
-    int cur, dirty;
+    int cur, snap, dirty;
 };
 std::unordered_map<uint64_t, KCopy> g_kc;
 size_t g_kc_bytes, g_kc_cap;
 int g_kc_init, g_kc_on, g_kc_live;
 constexpr size_t KC_RESERVE = (size_t)1 << 30; /* device memory a new copy leaves free (scratch, context) */
 
-float *kc_S(const KCopy &c, int slot) { return (float *)(c.mem + (size_t)slot * c.slot); }
-float *kc_conv(const KCopy &c, int slot) { return (float *)(c.mem + (size_t)slot * c.slot + up256(c.sb)); }
+char *kc_slot(const KCopy &c, int slot) { return slot < 2 ? c.mem + (size_t)slot * c.slot : c.mem2; }
+float *kc_S(const KCopy &c, int slot) { return (float *)kc_slot(c, slot); }
+float *kc_conv(const KCopy &c, int slot) { return (float *)(kc_slot(c, slot) + up256(c.sb)); }
+/* the slot a block writes: neither the state's nor the snapshot's (slot 2 exists whenever a snapshot does) */
+int kc_next(const KCopy &c) {
+    for (int i = 0;; i++)
+        if (i != c.cur && i != c.snap) return i;
+}
+size_t kc_bytes(const KCopy &c) { return (2 + (c.mem2 != nullptr)) * c.slot; }
 
 /* DF_CUDA_KV_MIRROR (cuda_env.h) on the first call: the cap, default 1/8 of the device's memory; invalid: off (the
  * attention core's first call reports it) */
@@ -357,7 +367,8 @@ void kc_setup() {
 
 void kc_drop(std::unordered_map<uint64_t, KCopy>::iterator it) {
     if (cudaFreeAsync(it->second.mem, cu_rt_stream()) != cudaSuccess) cudaGetLastError();
-    g_kc_bytes -= 2 * it->second.slot;
+    if (it->second.mem2 && cudaFreeAsync(it->second.mem2, cu_rt_stream()) != cudaSuccess) cudaGetLastError();
+    g_kc_bytes -= kc_bytes(it->second);
     g_kc.erase(it);
     __atomic_store_n(&g_kc_live, (int)g_kc.size(), __ATOMIC_RELAXED);
 }
@@ -373,7 +384,7 @@ KCopy *kc_add(uint64_t key, size_t sb, size_t cb, const float *S, const float *c
     if (fr < 2 * slot + KC_RESERVE) return nullptr;
     char *mem = nullptr;
     if (cudaMallocAsync((void **)&mem, 2 * slot, st) != cudaSuccess) { cudaGetLastError(); return nullptr; }
-    KCopy c = {mem, sb, cb, slot, 0, 0};
+    KCopy c = {mem, nullptr, sb, cb, slot, 0, -1, 0};
     if (cudaMemcpyAsync(kc_S(c, 0), S, sb, cudaMemcpyHostToDevice, st) != cudaSuccess ||
         (cb && cudaMemcpyAsync(kc_conv(c, 0), conv, cb, cudaMemcpyHostToDevice, st) != cudaSuccess)) {
         cudaGetLastError();
@@ -384,6 +395,22 @@ KCopy *kc_add(uint64_t key, size_t sb, size_t cb, const float *S, const float *c
     KCopy &r = g_kc[key] = c;
     __atomic_store_n(&g_kc_live, (int)g_kc.size(), __ATOMIC_RELAXED);
     return &r;
+}
+
+/* c's third slot (for a snapshot), or -1: no room (nothing changed) */
+int kc_grow(KCopy &c, cudaStream_t st) {
+    if (c.mem2) return 0;
+    if (g_kc_bytes + c.slot > g_kc_cap) return -1;
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) { cudaGetLastError(); return -1; }
+    if (fr < c.slot + KC_RESERVE) return -1;
+    if (cudaMallocAsync((void **)&c.mem2, c.slot, st) != cudaSuccess) {
+        cudaGetLastError();
+        c.mem2 = nullptr;
+        return -1;
+    }
+    g_kc_bytes += c.slot;
+    return 0;
 }
 
 } // namespace
@@ -420,20 +447,41 @@ extern "C" int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) {
         return 0;
     }
     cudaStream_t st = cu_rt_stream();
-    int rc = 0;
+    int rc = -1;
     const char *msg = "KDA state: copying the device's state back failed";
-    if (it == g_kc.end()) { /* asked for as newer than the host's: it was lost */
-        rc = -1;
+    KCopy *c = it == g_kc.end() ? nullptr : &it->second;
+    if (!c) { /* asked for as newer than the host's, or to snapshot: it was lost */
         msg = "KDA state: the device holds no copy of this state";
-    } else if (it->second.dirty) {
-        KCopy &c = it->second;
-        rc = -1;
-        if (S && (!c.cb || conv) && cudaMemcpyAsync(S, kc_S(c, c.cur), c.sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
-            (!c.cb || cudaMemcpyAsync(conv, kc_conv(c, c.cur), c.cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
-            cu_rt_sync("kda state") == cudaSuccess) {
-            c.dirty = 0;
+    } else if (op == DF_KDA_SNAP) {
+        msg = "KDA state: no room on the device for a snapshot";
+        if (kc_grow(*c, st) == 0) {
+            c->snap = c->cur;
             rc = 0;
         }
+    } else if (op == DF_KDA_RESTORE || op == DF_KDA_FETCH_SNAP) {
+        msg = "KDA state: the device holds no snapshot of this state";
+        if (c->snap >= 0 && op == DF_KDA_RESTORE) {
+            c->cur = c->snap;
+            c->dirty = 1;
+            rc = 0;
+        } else if (c->snap >= 0) {
+            msg = "KDA state: copying the device's snapshot back failed";
+            if (S && (!c->cb || conv) &&
+                cudaMemcpyAsync(S, kc_S(*c, c->snap), c->sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+                (!c->cb || cudaMemcpyAsync(conv, kc_conv(*c, c->snap), c->cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
+                cu_rt_sync("kda snapshot") == cudaSuccess)
+                rc = 0;
+        }
+    } else if (op != DF_KDA_FETCH) {
+        msg = "KDA state: unknown operation";
+    } else if (!c->dirty) {
+        rc = 0;
+    } else if (S && (!c->cb || conv) &&
+               cudaMemcpyAsync(S, kc_S(*c, c->cur), c->sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+               (!c->cb || cudaMemcpyAsync(conv, kc_conv(*c, c->cur), c->cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
+               cu_rt_sync("kda state") == cudaSuccess) {
+        c->dirty = 0;
+        rc = 0;
     }
     return finish(rc, msg, st);
 }
@@ -509,10 +557,11 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts
         for (int s = 0; s < n_seq && ok; s++) {
             sq.row0[s + 1] = sq.row0[s] + Ts[s];
             if (kc[s]) {
+                const int nx = kc_next(*kc[s]);
                 sq.Sin[s] = kc_S(*kc[s], kc[s]->cur);
-                sq.S[s] = kc_S(*kc[s], kc[s]->cur ^ 1);
+                sq.S[s] = kc_S(*kc[s], nx);
                 sq.cin[s] = kc_conv(*kc[s], kc[s]->cur);
-                sq.cout[s] = kc_conv(*kc[s], kc[s]->cur ^ 1);
+                sq.cout[s] = kc_conv(*kc[s], nx);
             } else {
                 hS[s] = cv.take(sb);
                 float *ci = cv.take(cb);
@@ -567,7 +616,7 @@ extern "C" int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts
         ho = 0;
         for (int s = 0; s < n_seq; s++) {
             if (kc[s]) {
-                kc[s]->cur ^= 1;
+                kc[s]->cur = kc_next(*kc[s]);
                 kc[s]->dirty = 1;
                 kept[s] = 1;
             } else {
