@@ -67,6 +67,14 @@ static int cuda_be_kda_recur(const df_kda_args *a) {
     return -1;
 }
 
+/* A KDA state's device copy (cuda_kda.cu df_cuda_kda_state); with DF_CUDA_KDA_SNAP=0 no snapshot is kept there (the
+ * engine then fetches the state to the host for it) */
+static int g_kda_snap = 1;
+static int cuda_be_kda_state(uint64_t key, float *conv, float *S, int op) {
+    if (op == DF_KDA_SNAP && !g_kda_snap) return -1;
+    return df_cuda_kda_state(key, conv, S, op);
+}
+
 /* The KDA mixer in one GPU call; on failure -1 (the engine runs its steps as separate calls): reported once. */
 static int g_kda_block_warned;
 static int cuda_be_kda_block(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
@@ -130,7 +138,9 @@ static void init_table(void) {
     /* a KDA layer's whole mixer in one call (cuda_kda.cu df_cuda_kda_block); DF_CUDA_KDA_BLOCK=0 runs it step by step */
     g_cuda_be.kda_block = g_cuda_be.kda_recur && df_cuda_env_switch("DF_CUDA_KDA_BLOCK", NULL, 0) != 0
                               ? cuda_be_kda_block : NULL;
-    g_cuda_be.kda_state = g_cuda_be.kda_block ? df_cuda_kda_state : NULL;
+    /* DF_CUDA_KDA_SNAP=0: a rollback snapshot of a KDA state fetched to the host (a developer comparison) */
+    g_kda_snap = df_cuda_env_switch("DF_CUDA_KDA_SNAP", NULL, 0) != 0;
+    g_cuda_be.kda_state = g_cuda_be.kda_block ? cuda_be_kda_state : NULL;
     /* a freed session's latent-cache mirrors (cuda_attn.cu) and KDA states (cuda_kda.cu) leave GPU memory with it */
     g_cuda_be.seq_forget = g_attn_on || g_cuda_be.kda_block ? df_cuda_seq_forget : NULL;
     /* DF_CUDA_TRACE=1 or 2: every GPU call's wall time, a table on stderr at exit (cuda_trace.c); off when unset */

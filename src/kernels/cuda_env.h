@@ -1,7 +1,7 @@
 /*
  * cuda_env.h — the CUDA backend's environment knobs (docs/cuda.md): DF_CUDA_MMA, the encodings whose matmuls run
  * on the tensor-core kernel, the on/off switches DF_CUDA_MLP_GROUP, DF_CUDA_ATTN, DF_CUDA_MLA_PROJECT,
- * DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID, DF_CUDA_HOST_PIN, DF_CUDA_SPLIT, DF_CUDA_SHARED_EARLY, DF_CUDA_PDL, DF_CUDA_SIDE_STREAM, DF_CUDA_COPY_KERNEL, DF_CUDA_MOE_ROUTE, DF_CUDA_GREEDY, DF_CUDA_KDA and DF_CUDA_KDA_BLOCK, the
+ * DF_CUDA_MLA_BLOCK, DF_CUDA_MOE_RESID, DF_CUDA_HOST_PIN, DF_CUDA_SPLIT, DF_CUDA_SHARED_EARLY, DF_CUDA_PDL, DF_CUDA_SIDE_STREAM, DF_CUDA_COPY_KERNEL, DF_CUDA_MOE_ROUTE, DF_CUDA_GREEDY, DF_CUDA_KDA, DF_CUDA_KDA_BLOCK and DF_CUDA_KDA_SNAP, the
  * kernel variants DF_CUDA_MV_ROWS and DF_CUDA_TILE, and DF_CUDA_KV_MIRROR, the GPU memory of the attention core's
  * latent-cache mirrors. Read the same way by the backend's choice (backend.c: --backend cuda / auto refuse an
  * invalid value, on any machine), by the CUDA runtime's probe (cuda_runtime.cu: DF_CUDA_MMA, the variants,
@@ -172,6 +172,7 @@ static inline int df_cuda_env_check(char *why, size_t whylen) {
     if (df_cuda_env_switch("DF_CUDA_GREEDY", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_KDA", why, whylen) < 0) return -1;
     if (df_cuda_env_switch("DF_CUDA_KDA_BLOCK", why, whylen) < 0) return -1;
+    if (df_cuda_env_switch("DF_CUDA_KDA_SNAP", why, whylen) < 0) return -1;
     if (df_cuda_env_trace(why, whylen) < 0) return -1;
     unsigned long long mirror;
     if (df_cuda_env_kv_mirror(&mirror, why, whylen) < 0) return -1;
