@@ -285,7 +285,7 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
             for (int i = 0; i < n; i++)
                 if (kept[i]) {
                     part[i].kv->kda_be = e->be;
-                    part[i].kv->kda_dev[layer] = KV_KDA_COPY | KV_KDA_NEWER;
+                    part[i].kv->kda_dev[layer] |= KV_KDA_COPY | KV_KDA_NEWER; /* a snapshot mark stays */
                 }
             for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
                 if (ws[i]) e->weight_bytes += df_weight_bytes(ws[i]);

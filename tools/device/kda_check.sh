@@ -5,7 +5,7 @@
 # call (DF_CUDA_KDA=1 DF_CUDA_KDA_BLOCK=1), step by step with the recurrence on the GPU (1 0) and on the CPU (0 0),
 # alternated ROUNDS (2) times (VARIANTS: which, default "11 10 00"; NEW generated tokens, default 32): TTFT, decode,
 # the profile's phases and the ids (the same bits expected). SKIP_TESTS=1 / SKIP_RUNS=1: only the runs / the tests.
-# SPEC=1: then n-gram drafting with the KDA snapshots on the GPU and on the host, against plain decode.
+# SPEC=ngram|model: then drafting with the KDA snapshots on the GPU and on the host, against plain decode.
 set -u
 OUT=${1:?usage: kda_check.sh OUTDIR}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,20 +40,29 @@ for r in $(seq "${ROUNDS:-2}"); do
         echo "ids md5 $(md5sum <"$OUT/run-$v-$r.out" | cut -c1-8)" >>"$S"
     done
 done
-# drafting (n-gram) on the same model: each verification's rollback snapshot of the KDA states kept on the GPU
-# (DF_CUDA_KDA_SNAP=1) or fetched to the host (0), against plain decode (the same ids expected)
+# drafting on the same model: each verification's rollback snapshot of the KDA states kept on the GPU
+# (DF_CUDA_KDA_SNAP=1) or fetched to the host (0), against plain decode (the same ids expected). SPEC=ngram: n-gram
+# drafts on a repeating prompt; SPEC=model: a 26 MB kimi_k3 synth (same vocabulary) drafts 4 tokens per
+# verification, the gate off (its drafts are mostly rejected: a rollback per verification)
 if [ -n "${SPEC:-}" ]; then
     P=$(for i in $(seq 16); do printf '5,6,7,8,9,10,11,12,'; done)13
+    DA="--draft ngram"
+    if [ "$SPEC" = model ]; then
+        "$D/deltafin" synth /tmp/df-kda-draft --arch kimi_k3 --layers 4 --experts 8 --top-k 4 --hidden 512 \
+            --latent 256 --moe-inter 256 --inter 512 --heads 4 --quiet --force 2>&1 | tail -1 >>"$S"
+        DA="--draft /tmp/df-kda-draft --draft-gate off --draft-adaptive off --draft-max 4"
+    fi
     for r in $(seq "${ROUNDS:-2}"); do
         for v in off 1 0; do
-            d=ngram; [ "$v" = off ] && d=off
-            log "run --backend cuda, --draft $d, DF_CUDA_KDA_SNAP=${v#off} (round $r)"
+            a=$DA; [ "$v" = off ] && a="--draft off"
+            log "run --backend cuda, $a, DF_CUDA_KDA_SNAP=${v#off} (round $r)"
             DF_CUDA_KDA_SNAP=${v#off} timeout 150 "$D/deltafin" run --model "$W" --backend cuda --gpu-budget 40G \
-                --preload --prompt-ids "$P" --max-new "${NEW:-32}" --draft $d --stats --print-ids \
+                --preload --prompt-ids "$P" --max-new "${NEW:-32}" $a --stats --print-ids \
                 2>"$OUT/spec-$v-$r.err" >"$OUT/spec-$v-$r.out"
-            grep -E "decode|draft" "$OUT/spec-$v-$r.err" | cut -c1-220 >>"$S"
+            grep -E "decode|draft" "$OUT/spec-$v-$r.err" | cut -c1-260 >>"$S"
             echo "ids md5 $(md5sum <"$OUT/spec-$v-$r.out" | cut -c1-8)" >>"$S"
         done
     done
+    rm -rf /tmp/df-kda-draft
 fi
 rm -rf "$W"
