@@ -585,11 +585,11 @@ static void test_kda_copies(void) {
     kv.kda_S[2][0] = 3.0f;
     char err[200] = "";
     g_no_snap = 1; /* a backend without room for snapshots: the save fetches */
-    int rc = kv_recurrent_save(&kv, buf, err, sizeof err);
+    int rc = kv_recurrent_save(&kv, buf, 1, err, sizeof err);
     CHECK(rc == DF_OK && g_fetch == 1 && g_last_key == (kv.uid << 8 | 1) && buf[0] == 7.0f && buf[2 * 4 * 4] == 8.0f &&
               buf[part] == 3.0f && kv.kda_dev[1] == KV_KDA_COPY,
           "save without snapshot room fetches the newer copy once (rc %d, fetches %d, S[0] %g)", rc, g_fetch, buf[0]);
-    rc = kv_recurrent_save(&kv, buf, err, sizeof err);
+    rc = kv_recurrent_save(&kv, buf, 1, err, sizeof err);
     CHECK(rc == DF_OK && g_fetch == 1, "a second save fetches nothing (the host is current)");
     kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
     g_fail = 1;
@@ -613,7 +613,7 @@ static void test_kda_copies(void) {
     kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
     kv.kda_S[2][0] = 4.0f;
     buf[0] = -5.0f;
-    rc = kv_recurrent_save(&kv, buf, err, sizeof err);
+    rc = kv_recurrent_save(&kv, buf, 1, err, sizeof err);
     CHECK(rc == DF_OK && g_snap == 1 && g_fetch == 2 && buf[0] == -5.0f && buf[part] == 4.0f &&
               kv.kda_dev[1] == (KV_KDA_COPY | KV_KDA_NEWER | KV_KDA_SNAP) && kv.kda_snap == buf,
           "save keeps layer 1's snapshot on the device, fetches nothing, copies layer 2 (dev %d, buf %g %g)",
@@ -638,7 +638,7 @@ static void test_kda_copies(void) {
     /* a snapshot lost in a failed copy back: the load resets and says so */
     kv.kda_be = &fake;
     kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
-    rc = kv_recurrent_save(&kv, buf, err, sizeof err);
+    rc = kv_recurrent_save(&kv, buf, 1, err, sizeof err);
     CHECK(rc == DF_OK && g_snap == 2, "snapshot again");
     g_fail = 1;
     kv_recurrent_reset(&kv);
@@ -652,6 +652,23 @@ static void test_kda_copies(void) {
     kv.kda_dev[1] = KV_KDA_COPY;
     kv_recurrent_reset(&kv);
     CHECK(kv.kda_dev[1] == 0 && kv.kda_be == NULL && kv.kda_S[1][0] == 0.0f, "reset forgets the copy");
+    /* a save without dev (the end of a prompt) fetches and keeps no device snapshot */
+    kv.kda_be = &fake;
+    kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
+    g_cur = 21.0f;
+    const int snaps = g_snap, fetches = g_fetch;
+    rc = kv_recurrent_save(&kv, buf, 0, err, sizeof err);
+    CHECK(rc == DF_OK && g_snap == snaps && g_fetch == fetches + 1 && buf[0] == 21.0f && kv.kda_dev[1] == KV_KDA_COPY,
+          "a save without dev fetches (snapshots %d, fetches %d, buf %g)", g_snap - snaps, g_fetch - fetches, buf[0]);
+    /* an abandoned snapshot is never fetched, and its buffer no longer loads */
+    kv.kda_dev[1] = KV_KDA_COPY | KV_KDA_NEWER;
+    rc = kv_recurrent_save(&kv, buf, 1, err, sizeof err);
+    const int fsnaps = g_fetch_snap;
+    kv_recurrent_drop_snapshot(&kv);
+    kv_recurrent_reset(&kv);
+    rc = kv_recurrent_load(&kv, buf, err, sizeof err);
+    CHECK(g_fetch_snap == fsnaps && rc == DF_EUNSUPPORTED && kv.kda_dev[1] == 0,
+          "a dropped snapshot: nothing fetched at the reset, the load fails (rc %d)", rc);
     free(buf);
     kv_free(&kv);
 }

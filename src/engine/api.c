@@ -813,13 +813,19 @@ const int32_t *df_session_tokens(const df_session *s) { return s ? s->tokens : N
  * pos, else the zero state (also when the snapshot was lost); the tokens after it become pending. */
 static void session_rewind(df_session *s, int pos) {
     if (s->snap && s->snap_pos >= 0 && s->snap_pos <= pos) {
-        if (kv_recurrent_load(&s->kv, s->snap, NULL, 0) == DF_OK) {
+        char why[200] = "";
+        if (kv_recurrent_load(&s->kv, s->snap, why, sizeof why) == DF_OK) {
             s->n_eval = s->snap_pos;
-        } else { /* the state is reset: recomputed from the first token */
+        } else { /* the state is reset: recomputed from the first token (the same tokens, later) */
+            static int warned;
+            if (!__atomic_exchange_n(&warned, 1, __ATOMIC_SEQ_CST))
+                fprintf(stderr, "deltafin: %s; the session's state is recomputed from its first token\n", why);
             s->snap_pos = -1;
             s->n_eval = 0;
         }
     } else {
+        if (s->snap_pos >= 0) kv_recurrent_drop_snapshot(&s->kv); /* past pos: never loaded now */
+        s->snap_pos = -1;
         kv_recurrent_reset(&s->kv);
         s->n_eval = 0;
     }
@@ -829,7 +835,10 @@ int df_session_truncate(df_session *s, int n_keep) {
     if (!s || n_keep < 0) return DF_EINVAL;
     if (n_keep >= s->n_past) return DF_OK;
     s->n_past = n_keep;
-    if (s->snap_pos > n_keep) s->snap_pos = -1; /* it describes tokens that are gone */
+    if (s->snap_pos > n_keep) { /* it describes tokens that are gone */
+        s->snap_pos = -1;
+        kv_recurrent_drop_snapshot(&s->kv);
+    }
     if (!s->recurrent) s->n_eval = n_keep;
     else if (s->n_eval > n_keep) session_rewind(s, n_keep);
     return DF_OK;
@@ -847,7 +856,7 @@ static int eval_mark(df_session *s, int pend, char *err, size_t errlen) {
     if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
     if (!s->snap) return set_err(err, errlen, DF_ENOMEM, "out of memory for the recurrent-state snapshot");
     s->snap_pos = -1;
-    const int rs = kv_recurrent_save(&s->kv, s->snap, err, errlen);
+    const int rs = kv_recurrent_save(&s->kv, s->snap, 1, err, errlen);
     if (rs) return rs;
     s->snap_pos = s->n_eval;
     return DF_OK;
@@ -919,7 +928,7 @@ int df_eval(df_session *s, const int32_t *ids, int n, float *logits, int flags, 
         if (s->recurrent && pend + n > 1 && !mark) { /* snapshot at the end of a prompt: where a later turn returns to */
             if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
             if (s->snap) /* without it (out of memory, a failed fetch from the GPU) a later turn recomputes */
-                s->snap_pos = kv_recurrent_save(&s->kv, s->snap, NULL, 0) == DF_OK ? s->n_eval : -1;
+                s->snap_pos = kv_recurrent_save(&s->kv, s->snap, 0, NULL, 0) == DF_OK ? s->n_eval : -1;
         }
         if (!m->stats_first_done) { m->ttft_s = dt; m->stats_first_done = 1; }
         /* the prompt's eval is the prefill even when the prompt is one token */
@@ -1306,7 +1315,7 @@ int df_eval_batch(df_session *const *ss, const int32_t *const *ids, const int *n
             s->n_eval = s->n_past;
             if (s->recurrent && seq[i].T > 1) { /* snapshot at the end of a prompt, as df_eval */
                 if (!s->snap) s->snap = malloc((size_t)kv_recurrent_bytes(&s->kv));
-                if (s->snap) s->snap_pos = kv_recurrent_save(&s->kv, s->snap, NULL, 0) == DF_OK ? s->n_eval : -1;
+                if (s->snap) s->snap_pos = kv_recurrent_save(&s->kv, s->snap, 0, NULL, 0) == DF_OK ? s->n_eval : -1;
             }
             if (n[i] > 1 || s->n_past == n[i]) n_prefill += (uint64_t)n[i];
             else n_decode++;

@@ -92,14 +92,19 @@ uint64_t kv_recurrent_bytes(const df_kvcache *kv);
 int kv_kda_host(df_kvcache *kv, int l, int drop, char *err, size_t errlen);
 /* Copy the recurrent state out to / in from buf (kv_recurrent_bytes bytes: per KDA layer S then the conv state);
  * reset sets it to zero (the state before position 0).
- * save: a layer with a device copy keeps its snapshot on the device when the backend can (DF_KDA_SNAP; buf's part
- * written only if that copy is dropped before the next save), else the copy is fetched first (kv_kda_host); buf must
- * stay allocated while the cache lives or until the next save. DF_OK or kv_kda_host's error.
+ * save: with dev, a layer with a device copy keeps its snapshot on the device when the backend can (DF_KDA_SNAP, a
+ * third slot of device memory per layer for the session's life; buf's part written only if that copy is dropped
+ * before the next save: for the frequent rollbacks of draft verification); otherwise, and without dev, the copy is
+ * fetched first (kv_kda_host); buf must stay allocated while the cache lives or until the next save. DF_OK or
+ * kv_kda_host's error.
  * load: from buf; where buf is the last save's, the device's snapshots become the current copies (DF_KDA_RESTORE),
  * other layers' copies are forgotten. DF_OK, or DF_EUNSUPPORTED (err says why) when that snapshot was lost: then the
  * state is reset (the caller recomputes from position 0).
  * reset: forgets every copy (snapshots written into the last save's buffer first). */
-int kv_recurrent_save(df_kvcache *kv, float *buf, char *err, size_t errlen);
+int kv_recurrent_save(df_kvcache *kv, float *buf, int dev, char *err, size_t errlen);
+/* The last save's snapshot is not wanted any more (its position gone): its device parts are never fetched, a load
+ * of its buffer fails (DF_EUNSUPPORTED) until the next save. */
+void kv_recurrent_drop_snapshot(df_kvcache *kv);
 int kv_recurrent_load(df_kvcache *kv, const float *buf, char *err, size_t errlen);
 void kv_recurrent_reset(df_kvcache *kv);
 

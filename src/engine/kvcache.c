@@ -134,15 +134,19 @@ static void kda_forget_copies(df_kvcache *kv) {
     kv->kda_be = NULL;
 }
 
-int kv_recurrent_save(df_kvcache *kv, float *buf, char *err, size_t errlen) {
-    /* an earlier snapshot's device parts are no longer wanted: the new one replaces it */
+void kv_recurrent_drop_snapshot(df_kvcache *kv) {
     for (int l = 0; l < kv->n_layers; l++) kv->kda_dev[l] &= (unsigned char)~KV_KDA_SNAP;
+    kv->kda_snap_lost = 1;
+}
+
+int kv_recurrent_save(df_kvcache *kv, float *buf, int dev, char *err, size_t errlen) {
+    kv_recurrent_drop_snapshot(kv); /* an earlier snapshot's device parts: the new one replaces it */
     kv->kda_snap = buf;
     kv->kda_snap_lost = 0;
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->mixer[l] != DF_MIXER_KDA) continue;
         float *p = snap_part(kv, buf, l);
-        if ((kv->kda_dev[l] & KV_KDA_COPY) &&
+        if (dev && (kv->kda_dev[l] & KV_KDA_COPY) &&
             kv->kda_be->kda_state(kv->uid << 8 | (uint64_t)l, NULL, NULL, DF_KDA_SNAP) == 0) {
             kv->kda_dev[l] |= KV_KDA_SNAP; /* kept on the device: p is written only if the copy is dropped */
             continue;
@@ -161,6 +165,7 @@ int kv_recurrent_save(df_kvcache *kv, float *buf, char *err, size_t errlen) {
 int kv_recurrent_load(df_kvcache *kv, const float *buf, char *err, size_t errlen) {
     const int own = buf == kv->kda_snap;
     if (own && kv->kda_snap_lost) {
+        kv_recurrent_drop_snapshot(kv); /* nothing of it to fetch as the copies go */
         kv_recurrent_reset(kv);
         if (err) snprintf(err, errlen, "the recurrent-state snapshot was lost (a copy back from the GPU failed)");
         return DF_EUNSUPPORTED;
@@ -174,7 +179,7 @@ int kv_recurrent_load(df_kvcache *kv, const float *buf, char *err, size_t errlen
                 keep = 1;
                 continue;
             }
-            kv->kda_dev[l] &= (unsigned char)~KV_KDA_SNAP; /* not expected: restore never fails on a held snapshot */
+            kv_recurrent_drop_snapshot(kv); /* not expected: restore never fails on a held snapshot */
             kv_recurrent_reset(kv);
             if (err) snprintf(err, errlen, "KDA layer %d: the GPU's snapshot of the state could not be restored (%s)", l,
                               df_cuda_last_error());

@@ -131,7 +131,7 @@ static inline float exp_le0(float x) {
     p = 1.0f + r * (1.0f / 3.0f) * p;
     p = 1.0f + r * (1.0f / 2.0f) * p;
     p = 1.0f + r * p;
-    const int32_t e = (k + 127) << 23;
+    const int32_t e = (int32_t)((uint32_t)(k + 127) << 23); /* unsigned: a NaN x gives any k */
     float sc, y = 0.0f;
     memcpy(&sc, &e, sizeof sc);
     const float v = p * sc;

@@ -119,7 +119,9 @@ int df_cuda_kda_recur(const df_kda_args *a);
 int df_cuda_kda_block(const df_kda_block *b, int n_seq, const int *Ts, const float *h, const uint64_t *key,
                       float *const *conv, float *const *S, float *out, unsigned char *kept);
 /* df_backend.kda_state on the GPU (cuda_kda.cu): fetch (DF_KDA_FETCH) or forget (DF_KDA_DROP) the device's copy of
- * the KDA state under key. 0, or -1 (a failed copy; error recorded). */
+ * the KDA state under key, keep its snapshot (DF_KDA_SNAP), make that current (DF_KDA_RESTORE) or fetch it
+ * (DF_KDA_FETCH_SNAP); backend.h gives the contract. 0, or -1 (a failed copy, no copy or snapshot, no room for a
+ * snapshot; error recorded). */
 int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op);
 /* The KDA states' device copies: how many, and their bytes (tests). */
 void df_cuda_kda_copies(int *n, uint64_t *bytes);

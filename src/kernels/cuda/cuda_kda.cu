@@ -446,10 +446,20 @@ extern "C" int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) {
         cu_rt_unlock();
         return 0;
     }
+    KCopy *c = it == g_kc.end() ? nullptr : &it->second;
+    if (c && (op == DF_KDA_RESTORE ? c->snap >= 0 : op == DF_KDA_SNAP && c->mem2)) { /* no bytes move: no sync */
+        if (op == DF_KDA_RESTORE) {
+            c->cur = c->snap;
+            c->dirty = 1;
+        } else {
+            c->snap = c->cur;
+        }
+        cu_rt_unlock();
+        return 0;
+    }
     cudaStream_t st = cu_rt_stream();
     int rc = -1;
     const char *msg = "KDA state: copying the device's state back failed";
-    KCopy *c = it == g_kc.end() ? nullptr : &it->second;
     if (!c) { /* asked for as newer than the host's, or to snapshot: it was lost */
         msg = "KDA state: the device holds no copy of this state";
     } else if (op == DF_KDA_SNAP) {
