@@ -7,6 +7,9 @@
  *     cache and of the KDA state) == plain decode; the logits of one more token after the
  *     generation are bitwise equal (the rolled-back state is exact); seeded sampling
  *     (temperature 0.9, top-p 0.95) == plain seeded sampling, and again on a second run;
+ *   - the KDA cases again on "cpu-kdacopy" (kda_copy_backend.h: the GPU's device copies of the KDA states and their
+ *     rollback snapshots emulated on the host), with copies, with every 3rd call failing, with room for two copies,
+ *     and with no room for snapshots: the same checks, and the emulated device's counters show each path taken;
  *   - models/kimi-mini with models/kimi-mini-draft: 20 text prompts, 32 greedy tokens with the
  *     draft model == plain decode; seeded sampling on 4 of them; the re-tokenizing drafter
  *     (the draft through its own tokenizer) on 4; the n-gram drafter on a repetitive prompt
@@ -17,6 +20,7 @@
 #define _GNU_SOURCE
 #include "deltafin.h"
 #include "engine/draft.h"
+#include "kda_copy_backend.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -186,7 +190,7 @@ static int read_golden(const char *path, int32_t **prompt, int *np, int32_t **gr
     return 0;
 }
 
-static void golden_case(const char *dir, const char *name) {
+static void golden_case(const char *dir, const char *name, const char *backend) {
     enum { NG = 24 };
     char path[8600], err[1024] = "";
     int32_t *prompt = NULL, *greedy = NULL;
@@ -199,6 +203,7 @@ static void golden_case(const char *dir, const char *name) {
     df_model_opts_default(&mo);
     mo.cache_dir = tmp;
     mo.threads = 2;
+    mo.backend = backend;
     df_model *m = NULL;
     int rc = df_model_open(&m, dir, &mo, err, sizeof err);
     CHECK(rc == 0, "%s: open: %s", name, err);
@@ -490,9 +495,43 @@ int main(void) {
     for (int i = 0; i < n; i++) {
         char p[8400];
         snprintf(p, sizeof p, "%s/%s", gdir, names[i]);
-        golden_case(p, names[i]);
-        free(names[i]);
+        golden_case(p, names[i], NULL);
     }
+    /* the KDA models again on the CPU backend with the GPU's device copies of the KDA states emulated
+     * (kda_copy_backend.h): copies kept, snapshots kept with them; every 3rd call failing (the steps path: fetches,
+     * a snapshot fetched as its copy is dropped); room for two copies only; no room for snapshots */
+    kcb_register();
+    static const struct { int fail_every, max_copies, no_snap; const char *what; } kv[] = {
+        {0, KCB_MAX, 0, "copies"}, {3, KCB_MAX, 0, "every 3rd call failing"}, {0, 2, 0, "2 copies"},
+        {0, KCB_MAX, 1, "no snapshots"}};
+    for (size_t c = 0; c < sizeof kv / sizeof kv[0]; c++) {
+        kcb_fail_every = kv[c].fail_every;
+        kcb_max_copies = kv[c].max_copies;
+        kcb_no_snap = kv[c].no_snap;
+        kcb_calls = 0;
+        kcb_n_snap = kcb_n_restore = kcb_n_fetch = kcb_n_fetch_snap = kcb_n_kept = kcb_n_failed = 0;
+        int nk = 0;
+        for (int i = 0; i < n; i++) {
+            if (strncmp(names[i], "k3_", 3) && strncmp(names[i], "kl_", 3)) continue;
+            char p[8400], label[300];
+            snprintf(p, sizeof p, "%s/%s", gdir, names[i]);
+            snprintf(label, sizeof label, "%s (cpu-kdacopy, %s)", names[i], kv[c].what);
+            golden_case(p, label, "cpu-kdacopy");
+            nk++;
+        }
+        printf("  cpu-kdacopy, %s: %d models; kept %llu, snapshots %llu, restores %llu, fetches %llu, snapshots fetched "
+               "%llu, failed calls %llu, copies left %d\n", kv[c].what, nk, kcb_n_kept, kcb_n_snap, kcb_n_restore,
+               kcb_n_fetch, kcb_n_fetch_snap, kcb_n_failed, kcb_live());
+        CHECK(nk > 0 && kcb_n_kept > 0 && kcb_live() == 0, "cpu-kdacopy, %s: states kept on the emulated device, all "
+              "forgotten with their sessions (%d models, %llu kept, %d left)", kv[c].what, nk, kcb_n_kept, kcb_live());
+        CHECK(kv[c].no_snap ? kcb_n_snap == 0 : kcb_n_snap > 0 && kcb_n_restore > 0,
+              "cpu-kdacopy, %s: the verifications' snapshots on the device (%llu) and rollbacks to them (%llu)",
+              kv[c].what, kcb_n_snap, kcb_n_restore);
+        if (kv[c].fail_every) CHECK(kcb_n_failed > 0 && kcb_n_fetch_snap > 0, "cpu-kdacopy, %s: failed calls (%llu) "
+              "fetch snapshots as their copies go (%llu)", kv[c].what, kcb_n_failed, kcb_n_fetch_snap);
+    }
+    df_backend_register(NULL);
+    for (int i = 0; i < n; i++) free(names[i]);
     kimi_cases(root);
     return t_done();
 }

@@ -39,7 +39,11 @@ static int have_avx512(void) {
 #endif
 }
 
+static const df_backend *g_extra_be;
+void df_backend_register(const df_backend *b) { g_extra_be = b; }
+
 const df_backend *df_backend_get(const char *name) {
+    if (g_extra_be && name && !strcmp(name, g_extra_be->name)) return g_extra_be;
     if (!name || !*name || !strcmp(name, "cpu")) {
         if (have_avx512()) return &df_backend_cpu_avx512;
         if (have_avx2()) return &df_backend_cpu_avx2;

@@ -291,6 +291,9 @@ typedef struct df_backend {
  * "cuda" (GPU matmuls, kernels/cuda.h); "auto" = cuda when a CUDA device is present, else cpu.
  * NULL if the name is unknown, the CPU lacks the instructions or there is no CUDA device. */
 const df_backend *df_backend_get(const char *name);
+/* Tests: one more backend that df_backend_get(b->name) returns (b stays owned by the caller, alive while in use;
+ * NULL: none), e.g. the CPU's with the GPU's optional entry points emulated on the host. Not thread-safe. */
+void df_backend_register(const df_backend *b);
 /* Why df_backend_get(name) returned NULL, into buf (e.g. "no CUDA device (cudaGetDeviceCount: ...)"). */
 const char *df_backend_why(const char *name, char *buf, size_t len);
 /* Every backend this machine can run (scalar first); returns the count. */
