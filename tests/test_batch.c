@@ -3,9 +3,12 @@
  * kind (tests/golden: Kimi K2-style MLA + MoE, Kimi Linear and K3 with KDA layers), for 1, 4 and 8
  * sequences of different prompt and output lengths, greedy and seeded sampling, sequences joining
  * between steps (their prompt as its own batch, or in the same batch as the others' decode rows),
- * a truncated session (pending rows of a recurrent state) and the golden's own greedy ids. */
+ * a truncated session (pending rows of a recurrent state) and the golden's own greedy ids; the KDA models again on
+ * "cpu-kdacopy" (kda_copy_backend.h: the GPU's device copies of the KDA states emulated), with and without failing
+ * calls. */
 #define _GNU_SOURCE
 #include "deltafin.h"
+#include "kda_copy_backend.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -201,7 +204,7 @@ static void cancel_in_layer(df_model *m, const seqdef *d, const char *name) {
     df_session_free(s);
 }
 
-static void run_case(const char *dir, const char *name) {
+static void run_case(const char *dir, const char *name, const char *backend) {
     char tmp[] = "/tmp/df_batch_XXXXXX";
     CHECK(mkdtemp(tmp) != NULL, "mkdtemp");
     char err[1024] = "";
@@ -209,6 +212,7 @@ static void run_case(const char *dir, const char *name) {
     df_model_opts_default(&o);
     o.cache_dir = tmp;
     o.threads = 2;
+    o.backend = backend;
     df_model *m = NULL;
     int rc = df_model_open(&m, dir, &o, err, sizeof err);
     CHECK(rc == 0, "%s: open: %s", name, err);
@@ -275,7 +279,25 @@ int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char dir[256];
         snprintf(dir, sizeof dir, "tests/golden/%s", cases[i]);
-        run_case(dir, cases[i]);
+        run_case(dir, cases[i], NULL);
     }
+    /* the KDA models on the CPU with the GPU's device copies of their states emulated (kda_copy_backend.h: the
+     * sequences of a batch in one kda_block call, each state kept under its key), with and without failing calls */
+    kcb_register();
+    for (int f = 0; f < 2; f++) {
+        kcb_fail_every = f ? 3 : 0;
+        kcb_calls = 0;
+        kcb_n_kept = kcb_n_failed = 0;
+        for (size_t i = 1; i < sizeof cases / sizeof *cases; i++) {
+            char dir[256], name[160];
+            snprintf(dir, sizeof dir, "tests/golden/%s", cases[i]);
+            snprintf(name, sizeof name, "%s (cpu-kdacopy%s)", cases[i], f ? ", every 3rd call failing" : "");
+            run_case(dir, name, "cpu-kdacopy");
+        }
+        CHECK(kcb_n_kept > 0 && (!f || kcb_n_failed > 0) && kcb_live() == 0,
+              "cpu-kdacopy%s: states kept on the emulated device (%llu), failed calls (%llu), none left (%d)",
+              f ? ", failing" : "", kcb_n_kept, kcb_n_failed, kcb_live());
+    }
+    df_backend_register(NULL);
     return t_done();
 }
