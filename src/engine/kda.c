@@ -263,9 +263,13 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
             if (n > 0 && T + left > KDA_BLOCK_ROWS) break;
             const int take = left < KDA_BLOCK_ROWS ? left : KDA_BLOCK_ROWS;
             df_kvcache *kv = seqs[s].kv;
-            if (kv->kda_be && kv->kda_be != e->be) { /* another backend's copy (not expected: one engine per cache) */
-                const int rc = kv_kda_host(kv, layer, 1, err, errlen);
-                if (rc) return rc;
+            if (kv->kda_be && kv->kda_be != e->be) { /* another backend's copies (not expected: one engine per
+                                                        * cache): every layer's back to the host, then forgotten */
+                for (int l = 0; l < kv->n_layers; l++) {
+                    const int rc = kv_kda_host(kv, l, 1, err, errlen);
+                    if (rc) return rc;
+                }
+                kv->kda_be = NULL;
             }
             part[n] = (df_seq_rows){kv, seqs[s].n_past + off, take};
             Ts[n] = take;
