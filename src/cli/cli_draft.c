@@ -83,6 +83,7 @@ int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts
     }
     const char *v = argv[++*i];
     if (which > 0) o->tuned = cli_draft_flags[which];
+    o->given |= 1u << which;
     switch (which) {
     case 0:
         if (!*v) { fprintf(stderr, "deltafin %s: --draft needs a draft model directory, ngram or off\n", cmd); return -1; }
@@ -105,7 +106,11 @@ int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts
     }
     case 7:
         if (!strcmp(v, "auto")) o->retok = -1;
-        else if (onoff_arg(cmd, a, v, &o->retok)) return -1;
+        else if (!strcmp(v, "on") || !strcmp(v, "off")) o->retok = !strcmp(v, "on");
+        else {
+            fprintf(stderr, "deltafin %s: %s \"%s\": expected auto, on or off\n", cmd, a, v);
+            return -1;
+        }
         return 1;
     case 8: return onoff_arg(cmd, a, v, &o->sample) ? -1 : 1;
     }
@@ -115,9 +120,17 @@ int cli_draft_arg(const char *cmd, int argc, char **argv, int *i, cli_draft_opts
 int cli_draft_enabled(const cli_draft_opts *o) { return o->draft && strcmp(o->draft, "off"); }
 
 void cli_draft_note_unused(const char *cmd, const cli_draft_opts *o) {
-    if (o->tuned && !cli_draft_enabled(o))
+    if (o->tuned && !cli_draft_enabled(o)) {
         fprintf(stderr, "deltafin %s: note: %s has no effect without --draft DIR|ngram (speculative decoding is off)\n", cmd,
                 o->tuned);
+        return;
+    }
+    if (!cli_draft_enabled(o)) return;
+    const int ngram = !strcmp(o->draft, "ngram");
+    for (int k = 6; k <= 8; k++) /* --draft-ngram; --draft-retok, --draft-sample */
+        if ((o->given >> k & 1) && (k == 6) != ngram)
+            fprintf(stderr, "deltafin %s: note: %s has no effect with --draft %s (it applies to %s)\n", cmd,
+                    cli_draft_flags[k], ngram ? "ngram" : "DIR", k == 6 ? "--draft ngram" : "a draft model");
 }
 
 int cli_draft_check_path(const char *cmd, const cli_draft_opts *o) {
@@ -186,7 +199,7 @@ void cli_draft_describe(const cli_draft_opts *o, const df_drafter *d, char *buf,
 void cli_draft_print_stats(FILE *f, const df_spec_stats *st, const df_drafter *d) {
     const double calls = st->verify_calls ? (double)st->verify_calls : 1;
     fprintf(f, "stats: draft %s: drafted %llu, accepted %llu (acceptance %.1f%%), %llu verifications (%.2f tokens each), "
-               "%llu plain steps; draft %.3f s, verify %.3f s, plain %.3f s; k now %d, drafting %s, gate stopped it %llu times",
+               "%llu plain steps; draft %.3f s, verify %.3f s, plain %.3f s; k now %d, drafting %s, gate stopped it %llu time%s",
             df_drafter_kind(d), (unsigned long long)st->drafted, (unsigned long long)st->accepted,
             st->drafted ? 100.0 * st->accepted / st->drafted : 0.0, (unsigned long long)st->verify_calls,
             (st->accepted + st->verify_calls) / calls, (unsigned long long)st->plain_steps, st->draft_s, st->verify_s,
@@ -194,8 +207,9 @@ void cli_draft_print_stats(FILE *f, const df_spec_stats *st, const df_drafter *d
             st->drafting  ? "on"
             : st->probing ? "paused (a plain window measuring the rate without it)"
                           : "off (the gate: slower than plain decoding)",
-            (unsigned long long)st->gate_off);
-    if (st->spec_tok_s > 0 && st->plain_tok_s > 0)
+            (unsigned long long)st->gate_off, st->gate_off == 1 ? "" : "s");
+    if (st->drafted == 0) fputs("; the drafter proposed nothing", f);
+    else if (st->spec_tok_s > 0 && st->plain_tok_s > 0)
         fprintf(f, "; live tok/s with drafting %.2f, without %.2f: speedup %.2fx", st->spec_tok_s, st->plain_tok_s,
                 st->spec_tok_s / st->plain_tok_s);
     fputc('\n', f);

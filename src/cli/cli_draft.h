@@ -13,6 +13,7 @@ typedef struct {
     int retok;                  /* -1 auto, 0 off, 1 on */
     int sample;                 /* --draft-sample: the draft model samples its drafts (min(1, p/q) rule) */
     const char *tuned;          /* the last --draft-* flag given other than --draft itself (NULL: none) */
+    unsigned given;             /* bit k: cli_draft_flags[k] was given */
 } cli_draft_opts;
 
 void cli_draft_defaults(cli_draft_opts *o);
@@ -25,7 +26,8 @@ int cli_draft_enabled(const cli_draft_opts *o);
 /* The flags cli_draft_arg parses, NULL-terminated. */
 extern const char *const cli_draft_flags[];
 /* A --draft-* tuning flag given while drafting is off: a one-line note on stderr ("deltafin CMD: note: --draft-max
- * has no effect without --draft ..."), not an error. */
+ * has no effect without --draft ..."), not an error; likewise --draft-ngram with a draft model, and --draft-retok or
+ * --draft-sample with --draft ngram. */
 void cli_draft_note_unused(const char *cmd, const cli_draft_opts *o);
 /* A --draft DIR that is no directory: "deltafin CMD: --draft DIR: no such directory (...)" and 1, so that a
  * mistyped path is reported before the target model is opened; 0 for a directory, ngram or off. */

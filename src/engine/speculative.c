@@ -22,7 +22,7 @@
  * (wall time of drafting + verification + sampling) with drafting and without it
  * (WARMUP plain tokens, then a plain probe of PROBE_WINDOW tokens, then again after 1, 2, 4 and then every
  * PROBE_EVERY windows: the first rates include the warm-up of caches);
- * when drafting is slower over at least MIN_WINDOW tokens, or clearly slower (under
+ * when drafting is slower over at least MIN_WINDOW tokens with at least one verification, or clearly slower (under
  * EARLY_RATIO of the plain rate) after EARLY_CALLS verifications, it is switched off
  * for `retry` tokens (x2 each time it fails again, up to 16x) and then tried again, so
  * a drafter that never pays costs a few verifications per retry period. k adapts: it doubles
@@ -179,7 +179,9 @@ static void gate_update(df_spec *g, int n, double dt, int verified) {
             break;
         }
         const double plain = g->st.plain_tok_s;
-        if (plain > 0 && ((g->win_tokens >= MIN_WINDOW && rate < plain) || (g->win_calls >= EARLY_CALLS && rate < EARLY_RATIO * plain))) {
+        /* a window without one verification (the drafter proposed nothing: plain steps) says nothing about drafting */
+        if (plain > 0 && g->win_calls > 0 &&
+            ((g->win_tokens >= MIN_WINDOW && rate < plain) || (g->win_calls >= EARLY_CALLS && rate < EARLY_RATIO * plain))) {
             /* drafting does not pay: off for a while */
             g->st.spec_tok_s = rate;
             g->st.gate_off++;

@@ -422,6 +422,10 @@ static void stream_chunk(gen_ctx *g, const srv_buf *reason, const srv_buf *conte
         cJSON_AddItemToObject(c, "logprobs", lp);
     } else cJSON_AddNullToObject(c, "logprobs");
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish); else cJSON_AddNullToObject(c, "finish_reason");
+    if (finish && (g->r->return_token_ids || !g->be->has_tokenizer)) { /* non-standard: the generated ids */
+        cJSON *a = cJSON_AddArrayToObject(c, "token_ids");
+        for (int i = 0; i < g->n_gen; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(g->gen_ids[i]));
+    }
     if (g->r->include_usage) cJSON_AddNullToObject(o, "usage");
     send_json_event(g, o);
     cJSON_Delete(o);
@@ -627,20 +631,7 @@ static void finish_nonstream(gen_ctx *g, int fin, const srv_buf *echo) {
 }
 
 static void finish_stream(gen_ctx *g, int fin) {
-    stream_chunk(g, NULL, NULL, 0, fin_name(g, fin));
-    if (g->r->return_token_ids || !g->be->has_tokenizer) {
-        /* non-standard: the generated ids, as one extra chunk before usage */
-        cJSON *o = envelope(g, 1), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-        cJSON_AddItemToArray(ch, c);
-        cJSON_AddNumberToObject(c, "index", 0);
-        if (g->r->kind == SRV_CHAT) cJSON_AddObjectToObject(c, "delta");
-        else cJSON_AddStringToObject(c, "text", "");
-        cJSON *a = cJSON_AddArrayToObject(c, "token_ids");
-        for (int i = 0; i < g->n_gen; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(g->gen_ids[i]));
-        cJSON_AddStringToObject(c, "finish_reason", fin_name(g, fin));
-        send_json_event(g, o);
-        cJSON_Delete(o);
-    }
+    stream_chunk(g, NULL, NULL, 0, fin_name(g, fin)); /* with token_ids when asked for (or no tokenizer) */
     if (g->r->include_usage) {
         cJSON *o = envelope(g, 1);
         cJSON_AddArrayToObject(o, "choices");

@@ -265,9 +265,11 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&S.mu);
         char extra[320] = "";
         if (st.prefill_tokens || st.decode_tokens) {
-            char pre[64], dec[64];
+            char pre[64], dec[96];
             rate_text(pre, sizeof pre, "prefill", st.prefill_tokens, st.prefill_s);
-            rate_text(dec, sizeof dec, "decode", st.decode_tokens, st.decode_s);
+            /* with a drafter the engine counts every verified position (drafts included), not generated tokens */
+            rate_text(dec, sizeof dec, S.be->draft_describe ? "decode (verified positions)" : "decode", st.decode_tokens,
+                      st.decode_s);
             snprintf(extra, sizeof extra, "; %s%s, %s, experts %llu hits / %llu misses",
                      overlapped ? "engine (shared with overlapping requests since the last one that ran alone): " : "",
                      pre, dec, (unsigned long long)st.expert_hits, (unsigned long long)st.expert_misses);
