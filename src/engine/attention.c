@@ -190,7 +190,7 @@ static int attn_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
             npos[t] = (int)pos + 1; /* causal: positions 0..pos */
             /* the cache's identity for the device's mirror (mla_attend); rows [0, n_past) are unchanged since the
              * calls that read them: only this function writes them, each row at the position it is then read from */
-            seq_key[t] = kv->uid << 8 | (uint64_t)layer;
+            seq_key[t] = kv_layer_key(kv, layer);
             if (npos[t] > max_npos) max_npos = npos[t];
             score_work += npos[t];
             if (cfg->mla_use_nope) continue; /* Kimi Linear / K3: the shared key part stays unrotated */
@@ -317,7 +317,7 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
             cache[t] = seqs[s].kv->c[layer];
             cache[T + t] = seqs[s].kv->kpe[layer];
             npos[t] = (int)pos + 1;
-            seq_key[t] = seqs[s].kv->uid << 8 | (uint64_t)layer; /* as attn_chunk keys the caches */
+            seq_key[t] = kv_layer_key(seqs[s].kv, layer); /* as attn_chunk keys the caches */
             if (rope) rope_cs(&e->rope, pos, cs + (int64_t)t * dr);
         }
     df_mla_block b = {lw->attn_norm, lw->ffn_norm, cfg->rms_norm_eps, lora ? &lw->q_a : NULL, lora ? &lw->q_b : NULL,

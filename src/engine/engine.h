@@ -72,6 +72,9 @@ typedef struct {
     int kda_snap_lost;
 } df_kvcache;
 enum { KV_KDA_COPY = 1, KV_KDA_NEWER = 2, KV_KDA_SNAP = 4 };
+/* The key of a cache's layer on a backend's device (df_backend.mla_attend's seq_key, kda_block's key): uid << 8 |
+ * layer, so that seq_forget(uid) finds every layer's. */
+static inline uint64_t kv_layer_key(const df_kvcache *kv, int layer) { return kv->uid << 8 | (uint64_t)layer; }
 
 /* An empty cache for cfg's layers with a fresh uid. Only attn_chunk (attention.c) writes the MLA rows c / kpe, at
  * the positions it then attends from (the seq_key contract of df_backend.mla_attend); code that writes them

@@ -273,7 +273,7 @@ int kda_forward_batch(df_engine *e, int layer, const df_seq_rows *seqs, int n_se
             }
             part[n] = (df_seq_rows){kv, seqs[s].n_past + off, take};
             Ts[n] = take;
-            key[n] = kv->uid << 8 | (uint64_t)layer;
+            key[n] = kv_layer_key(kv, layer);
             conv[n] = kv->kda_conv[layer];
             S[n] = kv->kda_S[layer];
             n++;

@@ -104,7 +104,7 @@ static float *snap_part(const df_kvcache *kv, float *buf, int l) {
  * kda_snap_lost, when that copy fails). */
 static void kda_drop(df_kvcache *kv, int l) {
     if (!(kv->kda_dev[l] & KV_KDA_COPY)) { kv->kda_dev[l] = 0; return; }
-    const uint64_t key = kv->uid << 8 | (uint64_t)l;
+    const uint64_t key = kv_layer_key(kv, l);
     if (kv->kda_dev[l] & KV_KDA_SNAP) {
         float *p = snap_part(kv, kv->kda_snap, l);
         if (kv->kda_be->kda_state(key, p + kda_S_floats(kv), p, DF_KDA_FETCH_SNAP)) kv->kda_snap_lost = 1;
@@ -115,7 +115,7 @@ static void kda_drop(df_kvcache *kv, int l) {
 
 int kv_kda_host(df_kvcache *kv, int l, int drop, char *err, size_t errlen) {
     if (!kv->kda_be || !(kv->kda_dev[l] & KV_KDA_COPY)) return DF_OK;
-    const uint64_t key = kv->uid << 8 | (uint64_t)l;
+    const uint64_t key = kv_layer_key(kv, l);
     if ((kv->kda_dev[l] & KV_KDA_NEWER) && kv->kda_be->kda_state(key, kv->kda_conv[l], kv->kda_S[l], DF_KDA_FETCH)) {
         if (err)
             snprintf(err, errlen, "KDA layer %d: the state could not be copied back from the GPU (%s)", l,
@@ -147,7 +147,7 @@ int kv_recurrent_save(df_kvcache *kv, float *buf, int dev, char *err, size_t err
         if (kv->mixer[l] != DF_MIXER_KDA) continue;
         float *p = snap_part(kv, buf, l);
         if (dev && (kv->kda_dev[l] & KV_KDA_COPY) &&
-            kv->kda_be->kda_state(kv->uid << 8 | (uint64_t)l, NULL, NULL, DF_KDA_SNAP) == 0) {
+            kv->kda_be->kda_state(kv_layer_key(kv, l), NULL, NULL, DF_KDA_SNAP) == 0) {
             kv->kda_dev[l] |= KV_KDA_SNAP; /* kept on the device: p is written only if the copy is dropped */
             continue;
         }
@@ -174,7 +174,7 @@ int kv_recurrent_load(df_kvcache *kv, const float *buf, char *err, size_t errlen
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->mixer[l] != DF_MIXER_KDA) continue;
         if (own && (kv->kda_dev[l] & KV_KDA_SNAP)) { /* the device's snapshot becomes its current state */
-            if (kv->kda_be->kda_state(kv->uid << 8 | (uint64_t)l, NULL, NULL, DF_KDA_RESTORE) == 0) {
+            if (kv->kda_be->kda_state(kv_layer_key(kv, l), NULL, NULL, DF_KDA_RESTORE) == 0) {
                 kv->kda_dev[l] = KV_KDA_COPY | KV_KDA_NEWER | KV_KDA_SNAP;
                 keep = 1;
                 continue;

@@ -397,6 +397,13 @@ KCopy *kc_add(uint64_t key, size_t sb, size_t cb, const float *S, const float *c
     return &r;
 }
 
+/* slot's S and conv state copied into the host's S and conv, waited for; false when that failed */
+bool kc_copy_back(const KCopy &c, int slot, float *conv, float *S, cudaStream_t st, const char *what) {
+    return S && (!c.cb || conv) && cudaMemcpyAsync(S, kc_S(c, slot), c.sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+           (!c.cb || cudaMemcpyAsync(conv, kc_conv(c, slot), c.cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
+           cu_rt_sync(what) == cudaSuccess;
+}
+
 /* c's third slot (for a snapshot), or -1: no room (nothing changed) */
 int kc_grow(KCopy &c, cudaStream_t st) {
     if (c.mem2) return 0;
@@ -468,28 +475,17 @@ extern "C" int df_cuda_kda_state(uint64_t key, float *conv, float *S, int op) {
             c->snap = c->cur;
             rc = 0;
         }
-    } else if (op == DF_KDA_RESTORE || op == DF_KDA_FETCH_SNAP) {
+    } else if (op == DF_KDA_RESTORE || op == DF_KDA_FETCH_SNAP) { /* a RESTORE here: no snapshot */
         msg = "KDA state: the device holds no snapshot of this state";
-        if (c->snap >= 0 && op == DF_KDA_RESTORE) {
-            c->cur = c->snap;
-            c->dirty = 1;
-            rc = 0;
-        } else if (c->snap >= 0) {
+        if (c->snap >= 0 && op == DF_KDA_FETCH_SNAP) {
             msg = "KDA state: copying the device's snapshot back failed";
-            if (S && (!c->cb || conv) &&
-                cudaMemcpyAsync(S, kc_S(*c, c->snap), c->sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
-                (!c->cb || cudaMemcpyAsync(conv, kc_conv(*c, c->snap), c->cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
-                cu_rt_sync("kda snapshot") == cudaSuccess)
-                rc = 0;
+            if (kc_copy_back(*c, c->snap, conv, S, st, "kda snapshot")) rc = 0;
         }
     } else if (op != DF_KDA_FETCH) {
         msg = "KDA state: unknown operation";
     } else if (!c->dirty) {
         rc = 0;
-    } else if (S && (!c->cb || conv) &&
-               cudaMemcpyAsync(S, kc_S(*c, c->cur), c->sb, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
-               (!c->cb || cudaMemcpyAsync(conv, kc_conv(*c, c->cur), c->cb, cudaMemcpyDeviceToHost, st) == cudaSuccess) &&
-               cu_rt_sync("kda state") == cudaSuccess) {
+    } else if (kc_copy_back(*c, c->cur, conv, S, st, "kda state")) {
         c->dirty = 0;
         rc = 0;
     }
