@@ -22,12 +22,12 @@ enum { KCB_MAX = 256 };
 typedef struct {
     uint64_t key;
     float *S[3], *C[3]; /* slots: S [H*K*K], conv state [3*(W-1)*H*K] */
+    size_t sn, cn;      /* floats of S and of the conv state (this copy's layer shapes) */
     int cur, snap, dirty, used;
 } kcb_copy;
 static kcb_copy kcb_tab[KCB_MAX];
 static df_backend kcb_be;
 static int kcb_fail_every, kcb_max_copies = KCB_MAX, kcb_no_snap, kcb_calls;
-static size_t kcb_sn, kcb_cn; /* floats of S and of the conv state (one model at a time) */
 static unsigned long long kcb_n_snap, kcb_n_restore, kcb_n_fetch, kcb_n_fetch_snap, kcb_n_kept, kcb_n_failed;
 
 static kcb_copy *kcb_find(uint64_t key) {
@@ -45,8 +45,8 @@ static int kcb_live(void) {
     return n;
 }
 static int kcb_slot(kcb_copy *c, int i) { /* allocate slot i; 0 or -1 */
-    if (!c->S[i]) c->S[i] = malloc(sizeof(float) * kcb_sn);
-    if (!c->C[i]) c->C[i] = malloc(sizeof(float) * (kcb_cn + 1));
+    if (!c->S[i]) c->S[i] = malloc(sizeof(float) * c->sn);
+    if (!c->C[i]) c->C[i] = malloc(sizeof(float) * (c->cn + 1));
     return c->S[i] && c->C[i] ? 0 : -1;
 }
 static int kcb_next(const kcb_copy *c) {
@@ -89,19 +89,21 @@ static int kcb_block(const df_kda_block *b, int n_seq, const int *Ts, const floa
                      float *const *conv, float *const *S, float *out, unsigned char *kept) {
     if (kcb_fail_every > 0 && ++kcb_calls % kcb_fail_every == 0) { kcb_n_failed++; return -1; }
     const int D = b->H * b->K, P = b->W - 1;
-    kcb_sn = (size_t)b->H * b->K * b->K;
-    kcb_cn = (size_t)3 * P * D;
+    const size_t kcb_sn = (size_t)b->H * b->K * b->K, kcb_cn = (size_t)3 * P * D;
     float *Sw = malloc(sizeof(float) * kcb_sn), *Cw = malloc(sizeof(float) * (kcb_cn + 1));
     int64_t r = 0;
     for (int s = 0; s < n_seq; s++) {
         kept[s] = 0;
         kcb_copy *c = key[s] ? kcb_find(key[s]) : NULL;
+        if (c && (c->sn != kcb_sn || c->cn != kcb_cn)) abort(); /* a key's copy of other shapes (CUDA: an error) */
         if (!c && key[s] && kcb_live() < kcb_max_copies) { /* a new copy of the host's state */
             for (int i = 0; i < KCB_MAX && !c; i++)
                 if (!kcb_tab[i].used) c = &kcb_tab[i];
             c->used = 1;
             c->key = key[s];
             c->snap = -1;
+            c->sn = kcb_sn;
+            c->cn = kcb_cn;
             if (kcb_slot(c, 0) || kcb_slot(c, 1)) abort();
             memcpy(c->S[0], S[s], sizeof(float) * kcb_sn);
             memcpy(c->C[0], conv[s], sizeof(float) * kcb_cn);
@@ -144,8 +146,8 @@ static int kcb_state(uint64_t key, float *conv, float *S, int op) {
     switch (op) {
     case DF_KDA_FETCH:
         if (c->dirty) {
-            memcpy(S, c->S[c->cur], sizeof(float) * kcb_sn);
-            memcpy(conv, c->C[c->cur], sizeof(float) * kcb_cn);
+            memcpy(S, c->S[c->cur], sizeof(float) * c->sn);
+            memcpy(conv, c->C[c->cur], sizeof(float) * c->cn);
             c->dirty = 0;
             kcb_n_fetch++;
         }
@@ -163,8 +165,8 @@ static int kcb_state(uint64_t key, float *conv, float *S, int op) {
         return 0;
     case DF_KDA_FETCH_SNAP:
         if (c->snap < 0) return -1;
-        memcpy(S, c->S[c->snap], sizeof(float) * kcb_sn);
-        memcpy(conv, c->C[c->snap], sizeof(float) * kcb_cn);
+        memcpy(S, c->S[c->snap], sizeof(float) * c->sn);
+        memcpy(conv, c->C[c->snap], sizeof(float) * c->cn);
         kcb_n_fetch_snap++;
         return 0;
     default: return -1;

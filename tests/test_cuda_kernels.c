@@ -258,8 +258,8 @@ static void test_cache(void) {
     CHECK(y2[3] == 2.0f * y0[3], "cache: after clearing, the new data is used (%g vs 2 x %g)", y2[3], y0[3]);
     /* explicit keys: the same host buffer under two keys holds two different experts */
     df_weight a = w, b = w;
-    a.dev_key = DF_DEVKEY(1, 5, 0);
-    b.dev_key = DF_DEVKEY(1, 6, 0);
+    a.dev_key = DF_DEVKEY(0, 1, 5, 0);
+    b.dev_key = DF_DEVKEY(0, 1, 6, 0);
     float ya[8], yb[8], ya2[8];
     CHECK(df_cuda_matmul(&a, x, 1, ya) == 0, "cache: %s", df_cuda_last_error());
     for (int i = 0; i < 8 * 64; i++) d[i] = -d[i];
@@ -274,7 +274,7 @@ static void test_cache(void) {
     /* df_cuda_has: resident or not, without counting a use */
     {
         df_cuda_stats s1;
-        const int h5 = df_cuda_has(DF_DEVKEY(1, 5, 0)), h6 = df_cuda_has(DF_DEVKEY(1, 6, 0)), h7 = df_cuda_has(DF_DEVKEY(1, 7, 0));
+        const int h5 = df_cuda_has(DF_DEVKEY(0, 1, 5, 0)), h6 = df_cuda_has(DF_DEVKEY(0, 1, 6, 0)), h7 = df_cuda_has(DF_DEVKEY(0, 1, 7, 0));
         df_cuda_get_stats(&s1);
         CHECK(h5 == 1 && h6 == 1 && h7 == 0 && s1.expert_hits == st.expert_hits && s1.expert_misses == st.expert_misses,
               "df_cuda_has: %d %d %d, hits %llu -> %llu", h5, h6, h7, (unsigned long long)st.expert_hits,
@@ -323,7 +323,7 @@ static void test_mlp(void) {
     const df_backend *sc = df_backend_get("cpu-scalar");
     const int64_t D = 256, I = 96;
     df_weight gate = make_weight(DF_W_MXFP4, I, D), up = make_weight(DF_W_MXFP4, I, D), down = make_weight(DF_W_BF16, D, I);
-    gate.dev_key = DF_DEVKEY(0, 1, 0); /* one expert-keyed, two address-keyed */
+    gate.dev_key = DF_DEVKEY(0, 0, 1, 0); /* one expert-keyed, two address-keyed */
     for (int act = 0; act < 2; act++)
         for (int T = 1; T <= 9; T += 8) {
             float *x = malloc(sizeof(float) * T * D), *o = malloc(sizeof(float) * T * D), *r = malloc(sizeof(float) * T * D);
@@ -436,7 +436,7 @@ static void test_mlp_group_mma(void) {
         for (int i = 0; i < N; i++)
             for (int p = 0; p < 3; p++) {
                 w[i][p] = host[i][p];
-                w[i][p].dev_key = DF_DEVKEY(9, i, p);
+                w[i][p].dev_key = DF_DEVKEY(0, 9, i, p);
                 if (mode == 1) {
                     df_weight v = w[i][p];
                     ok &= df_cuda_preload(&w[i][p]) == 0 && df_cuda_pin(w[i][p].dev_key, &v) == 1;
@@ -468,7 +468,7 @@ static void test_mlp_group_mma(void) {
         }
         if (mode == 1)
             for (int i = 0; i < N; i++)
-                for (int p = 0; p < 3; p++) df_cuda_unpin(DF_DEVKEY(9, i, p));
+                for (int p = 0; p < 3; p++) df_cuda_unpin(DF_DEVKEY(0, 9, i, p));
     }
     df_cuda_cache_clear();
     for (int i = 0; i < N; i++) {
@@ -520,7 +520,7 @@ static void test_mlp_group(void) {
         for (int i = 0; i < N; i++)
             for (int p = 0; p < 3; p++) {
                 w[i][p] = host[i][p];
-                w[i][p].dev_key = mode == 2 ? 0 : DF_DEVKEY(7, i, p);
+                w[i][p].dev_key = mode == 2 ? 0 : DF_DEVKEY(0, 7, i, p);
                 if (mode == 1) { /* resident: uploaded now, then only the pinned view (no host data) is used */
                     df_weight v = w[i][p];
                     pinned &= df_cuda_preload(&w[i][p]) == 0 && df_cuda_pin(w[i][p].dev_key, &v) == 1 && !v.data;
@@ -571,7 +571,7 @@ static void test_mlp_group(void) {
         }
         if (mode == 1)
             for (int i = 0; i < N; i++)
-                for (int p = 0; p < 3; p++) df_cuda_unpin(DF_DEVKEY(7, i, p));
+                for (int p = 0; p < 3; p++) df_cuda_unpin(DF_DEVKEY(0, 7, i, p));
         df_cuda_set_cache_by_address(1);
         df_cuda_set_expert_budget(0);
     }
@@ -1124,7 +1124,7 @@ static void test_moe_resid_mode(int early) {
         g[i] = make_weight(t, BI, BD);
         u[i] = make_weight(t, BI, BD);
         d[i] = make_weight(t, BD, BI);
-        if (i < NX) { g[i].dev_key = DF_DEVKEY(1, i, 0); u[i].dev_key = DF_DEVKEY(1, i, 1); d[i].dev_key = DF_DEVKEY(1, i, 2); }
+        if (i < NX) { g[i].dev_key = DF_DEVKEY(0, 1, i, 0); u[i].dev_key = DF_DEVKEY(0, 1, i, 1); d[i].dev_key = DF_DEVKEY(0, 1, i, 2); }
     }
     /* early: the block also starts the shared expert (item NX), which moe_resid then takes */
     df_mla_block b = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, &rw, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL, 0.125f,
@@ -1562,7 +1562,7 @@ static void test_moe_route_block(void) {
         u[i] = make_weight(t, BI, BD);
         d[i] = make_weight(t, BD, BI);
         if (i < BE) {
-            g[i].dev_key = DF_DEVKEY(LAYER, i, 0); u[i].dev_key = DF_DEVKEY(LAYER, i, 1); d[i].dev_key = DF_DEVKEY(LAYER, i, 2);
+            g[i].dev_key = DF_DEVKEY(0, LAYER, i, 0); u[i].dev_key = DF_DEVKEY(0, LAYER, i, 1); d[i].dev_key = DF_DEVKEY(0, LAYER, i, 2);
             loaded += !df_cuda_dev_load(&g[i]) + !df_cuda_dev_load(&u[i]) + !df_cuda_dev_load(&d[i]);
         }
     }
@@ -1576,7 +1576,7 @@ static void test_moe_route_block(void) {
     cfg.norm_topk_prob = 1;
     cfg.arch = DF_ARCH_DEEPSEEK;
     cfg.routed_scaling_factor = 2.5f;
-    df_moe_dev md = {LAYER, BE, K, 4, 2, 1, 2.5f, bias, 0, 0.0f, 0.0f, 1, 0, 0};
+    df_moe_dev md = {0, LAYER, BE, K, 4, 2, 1, 2.5f, bias, 0, 0.0f, 0.0f, 1, 0, 0};
     df_mla_block b = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, &rw, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL, 0.125f,
                       key, &g[BE], &u[BE], &d[BE], 0, 0.0f, 0.0f, NULL};
     const df_mla_block b0 = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, &rw, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL,
@@ -1649,7 +1649,7 @@ static void test_dense_final(void) {
     for (int i = 0; i < BR; i++) qan[i] = 0.5f + rndf();
     for (int i = 0; i < BKVL; i++) kvn[i] = 0.5f + rndf();
     const uint64_t key = 0xde45e;
-    df_moe_dev md = {5, 0, 0, 0, 0, 0, 0.0f, NULL, 0, 0.0f, 0.0f, 1, 0, 0};
+    df_moe_dev md = {0, 5, 0, 0, 0, 0, 0, 0.0f, NULL, 0, 0.0f, 0.0f, 1, 0, 0};
     df_mla_block b = {an, fn, eps, &qa, &qb, NULL, &kva, &kvb, &ow, NULL, qan, kvn, leps, BH, BDN, BDR, BDV, BKVL, 0.125f,
                       key, &g, &u, &d, 0, 0.0f, 0.0f, &md};
     df_mla_block b0 = b;

@@ -264,6 +264,90 @@ done:
     rm_rf(tmp);
 }
 
+
+/* A KDA model drafting for a KDA model (two models' recurrent states, each session marking and rolling back its own):
+ * target and draft goldens of one vocabulary, greedy and seeded, plain vs drafted on `backend`. */
+static void kda_draft_model_case(const char *gdir, const char *target, const char *draft, const char *backend) {
+    char tp[4400], dp[4400], tmp[] = "/tmp/df_spec_XXXXXX", err[1024] = "", label[300];
+    snprintf(tp, sizeof tp, "%s/%s", gdir, target);
+    snprintf(dp, sizeof dp, "%s/%s", gdir, draft);
+    int32_t *prompt = NULL, *greedy = NULL;
+    int np = 0, ng = 0;
+    char gj[4500];
+    snprintf(gj, sizeof gj, "%s/golden.json", tp);
+    if (read_golden(gj, &prompt, &np, &greedy, &ng)) { CHECK(0, "%s: cannot read golden.json", target); return; }
+    CHECK(mkdtemp(tmp) != NULL, "mkdtemp");
+    df_model_opts mo;
+    df_model_opts_default(&mo);
+    mo.cache_dir = tmp;
+    mo.threads = 2;
+    mo.backend = backend;
+    df_model *m = NULL, *dm = NULL;
+    df_drafter *dd = NULL;
+    /* the draft model's own greedy continuation and next logits, opened alone: the same bits are expected after it
+     * drafted for the target on the same backend (the two models' weights never mixed in a device cache) */
+    enum { NA = 12 };
+    int32_t alone[NA], after[NA];
+    float *fa = NULL, *fb = NULL;
+    df_sampler_opts g0;
+    df_sampler_opts_default(&g0);
+    int rc = df_model_open(&dm, dp, &mo, err, sizeof err);
+    CHECK(rc == 0, "%s: open: %s", draft, err);
+    if (!rc) {
+        fa = malloc(sizeof(float) * df_model_n_vocab(dm));
+        fb = malloc(sizeof(float) * df_model_n_vocab(dm));
+        rc = plain_gen(dm, prompt, np, NA, &g0, alone, fa);
+        CHECK(rc == 0, "%s alone: plain decode failed", draft);
+        df_model_close(dm);
+        dm = NULL;
+    }
+    if (!rc) rc = df_model_open(&m, tp, &mo, err, sizeof err);
+    CHECK(rc == 0, "%s: open: %s", target, err);
+    if (!rc) rc = df_model_open(&dm, dp, &mo, err, sizeof err);
+    CHECK(rc == 0, "%s: open: %s", draft, err);
+    if (!rc) rc = df_drafter_model_new(&dd, dm, 0, err, sizeof err);
+    CHECK(rc == 0, "%s drafting for %s: %s", draft, target, err);
+    if (!rc) {
+        df_spec_opts fixed, adapt;
+        df_spec_opts_default(&fixed);
+        fixed.gate = 0;
+        fixed.adaptive = 0;
+        fixed.k_max = 4;
+        adapt = fixed;
+        adapt.adaptive = 1;
+        adapt.k_max = 6;
+        drafter_case dc[] = {{"draft-model", dd, fixed, 0, 0}, {"draft-adk", dd, adapt, 0, 0}};
+        df_sampler_opts go, so;
+        df_sampler_opts_default(&go);
+        df_sampler_opts_default(&so);
+        so.temperature = 0.9f;
+        so.seed = 77;
+        snprintf(label, sizeof label, "%s+%s%s%s greedy", target, draft, backend ? " " : "", backend ? backend : "");
+        compare(m, label, prompt, np, 24, &go, dc, 2);
+        snprintf(label, sizeof label, "%s+%s%s%s seed 77", target, draft, backend ? " " : "", backend ? backend : "");
+        compare(m, label, prompt, np, 24, &so, dc, 1);
+        /* both models still compute what they compute alone */
+        rc = plain_gen(dm, prompt, np, NA, &g0, after, fb);
+        CHECK(rc == 0 && !memcmp(alone, after, sizeof alone) && same_logits(fa, fb, df_model_n_vocab(dm)),
+              "%s, after drafting for %s: its greedy tokens or logits differ from the model opened alone", draft, target);
+        int32_t *tg = malloc(sizeof(int32_t) * (ng > 0 ? ng : 1));
+        float *ft = malloc(sizeof(float) * df_model_n_vocab(m));
+        rc = plain_gen(m, prompt, np, ng, &g0, tg, ft);
+        CHECK(rc == 0 && !memcmp(tg, greedy, sizeof(int32_t) * ng), "%s, with %s open beside it: greedy differs from the "
+              "golden", target, draft);
+        free(tg);
+        free(ft);
+    }
+    free(fa);
+    free(fb);
+    df_drafter_free(dd);
+    df_model_close(dm);
+    df_model_close(m);
+    free(prompt);
+    free(greedy);
+    rm_rf(tmp);
+}
+
 /* ------------------------------------------------------- kimi-mini + draft */
 
 static const char *const kimi_prompts[20] = {
@@ -497,6 +581,8 @@ int main(void) {
         snprintf(p, sizeof p, "%s/%s", gdir, names[i]);
         golden_case(p, names[i], NULL);
     }
+    kda_draft_model_case(gdir, "k3_a", "k3_b", NULL);
+    kda_draft_model_case(gdir, "kl_mxfp4", "kl_bf16", NULL);
     /* the KDA models again on the CPU backend with the GPU's device copies of the KDA states emulated
      * (kda_copy_backend.h): copies kept, snapshots kept with them; every 3rd call failing (the steps path: fetches,
      * a snapshot fetched as its copy is dropped); room for two copies only; no room for snapshots */
@@ -518,6 +604,10 @@ int main(void) {
             snprintf(label, sizeof label, "%s (cpu-kdacopy, %s)", names[i], kv[c].what);
             golden_case(p, label, "cpu-kdacopy");
             nk++;
+        }
+        if (c == 0 || c == 1) {
+            kda_draft_model_case(gdir, "k3_a", "k3_b", "cpu-kdacopy");
+            kda_draft_model_case(gdir, "kl_mxfp4", "kl_bf16", "cpu-kdacopy");
         }
         printf("  cpu-kdacopy, %s: %d models; kept %llu, snapshots %llu, restores %llu, fetches %llu, snapshots fetched "
                "%llu, failed calls %llu, copies left %d\n", kv[c].what, nk, kcb_n_kept, kcb_n_snap, kcb_n_restore,

@@ -340,6 +340,51 @@ static int check_heat_path(const char *path, char *err, size_t errlen) {
 static void stats_publish(df_model *m);
 static void model_unlock(df_model *m);
 
+/* Models open on the GPU in this process. Each holds a device tag while open (its routed experts' DF_DEVKEY tag:
+ * a target and its draft model never share an expert's cache entry), and the device's process-wide settings follow
+ * all of them: weights are cached by host address only while no open model streams its spine (a streamed layer's
+ * staging buffer holds other layers' weights at the same address over time), and the expert budget is the first
+ * model's unless a later one names its own (a draft model opened with no budget keeps its target's). */
+static pthread_mutex_t g_gpu_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned g_gpu_tags;   /* bit t: tag t held by an open model */
+static int g_gpu_streamed;    /* open models whose spine is streamed */
+
+/* m onto the GPU: a free tag, the device's settings for the models now open (the first one clears the cache of
+ * whatever an earlier process state left). DF_EUNSUPPORTED when DF_DEV_TAGS models are open already. */
+static int gpu_attach(df_model *m, uint64_t gpu_budget, char *err, size_t errlen) {
+    pthread_mutex_lock(&g_gpu_mu);
+    int tag = 0;
+    while (tag < DF_DEV_TAGS && (g_gpu_tags >> tag & 1u)) tag++;
+    if (tag == DF_DEV_TAGS) {
+        pthread_mutex_unlock(&g_gpu_mu);
+        return set_err(err, errlen, DF_EUNSUPPORTED, "%d models are open on the GPU already (the most at once): close one, "
+                       "or open this one with --backend cpu", DF_DEV_TAGS);
+    }
+    const int first = g_gpu_tags == 0;
+    if (first) df_cuda_cache_clear();
+    g_gpu_tags |= 1u << tag;
+    if (m->stream) g_gpu_streamed++;
+    df_cuda_set_cache_by_address(g_gpu_streamed == 0);
+    if (first || gpu_budget) df_cuda_set_expert_budget(gpu_budget);
+    m->eng.dev_tag = (unsigned)tag;
+    m->on_gpu = 1;
+    pthread_mutex_unlock(&g_gpu_mu);
+    return DF_OK;
+}
+
+/* m off the GPU (before its host memory is freed): its experts and every address-keyed weight dropped (the whole
+ * cache when it was the last model), its tag free again. */
+static void gpu_detach(df_model *m) {
+    pthread_mutex_lock(&g_gpu_mu);
+    g_gpu_tags &= ~(1u << m->eng.dev_tag);
+    if (m->stream) g_gpu_streamed--;
+    if (!g_gpu_tags) df_cuda_cache_clear();
+    else df_cuda_cache_drop_model((int)m->eng.dev_tag);
+    df_cuda_set_cache_by_address(g_gpu_streamed == 0);
+    m->on_gpu = 0;
+    pthread_mutex_unlock(&g_gpu_mu);
+}
+
 int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in, char *err, size_t errlen) {
     *out = NULL;
     df_model_opts opts;
@@ -371,7 +416,6 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
                        from_env ? " (from the environment variable DF_BACKEND)" : "", why, fix);
     }
     const int on_gpu = !strcmp(be->name, "cuda");
-    if (on_gpu) df_cuda_cache_clear(); /* a closed model's host addresses may be reused */
     /* settings that have no effect, or a bad one, are said once per process (nothing silently ignored) */
     static int warned_gpu_budget, warned_threads;
     if (opts.gpu_budget && !on_gpu && !warned_gpu_budget) {
@@ -501,10 +545,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     m->eng.stream = m->stream;
     m->eng.be = be;
     if (on_gpu) {
-        /* spine weights are cached on the GPU by host address, except streamed layers' staging buffers */
-        df_cuda_set_cache_by_address(m->stream == NULL);
-        df_cuda_set_expert_budget(opts.gpu_budget);
-        m->on_gpu = 1;
+        if ((rc = gpu_attach(m, opts.gpu_budget, err, errlen))) goto fail;
         if (!m->stream) m->gpu_spine = df_cuda_preload_spine(&m->spine, cfg->num_hidden_layers, &m->gpu_spine_all);
     }
     m->eng.pool = m->pool;
@@ -601,7 +642,7 @@ fail:
 
 void df_model_close(df_model *m) {
     if (!m) return;
-    if (m->on_gpu) df_cuda_cache_clear();
+    if (m->on_gpu) gpu_detach(m);
     rope_free(&m->eng.rope);
     free(m->eng.touched);
     free(m->eng.gs_votes);

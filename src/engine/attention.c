@@ -337,13 +337,13 @@ static int block_chunk(df_engine *e, int layer, const df_seq_rows *seqs, int n_s
     df_moe_dev md; /* the FFN's MoE routed on the device by the block (moe.c moe_route's routing, its activation) */
     if (e->moe_dev && T == 1 && b.resid_key && lw->is_moe && logits) {
         const int K = cfg->num_experts_per_tok;
-        md = (df_moe_dev){layer, cfg->n_routed_experts, K, cfg->n_group, cfg->topk_group,
+        md = (df_moe_dev){(int)e->dev_tag, layer, cfg->n_routed_experts, K, cfg->n_group, cfg->topk_group,
                           cfg->norm_topk_prob && (cfg->arch == DF_ARCH_DEEPSEEK || K > 1), cfg->routed_scaling_factor,
                           lw->router_bias, cfg->act == DF_ACT_SITU, cfg->situ_beta, cfg->situ_linear_beta, lw->has_shared,
                           0, 0};
         b.moe = &md;
     } else if (e->moe_dev && T == 1 && b.resid_key && !lw->is_moe && b.sh_gate) { /* a dense MLP (started above) */
-        md = (df_moe_dev){layer, 0, 0, 0, 0, 0, 0.0f, NULL, cfg->act == DF_ACT_SITU, cfg->situ_beta,
+        md = (df_moe_dev){(int)e->dev_tag, layer, 0, 0, 0, 0, 0, 0.0f, NULL, cfg->act == DF_ACT_SITU, cfg->situ_beta,
                           cfg->situ_linear_beta, 1, 0, 0};
         b.moe = &md;
     }

@@ -127,6 +127,7 @@ typedef struct {
     const df_config *cfg;
     const df_spine *spine;
     const df_backend *be;
+    unsigned dev_tag;                /* the model's tag in the device's expert keys (DF_DEVKEY; api.c, 0 off the GPU) */
     df_pool *pool;
     df_expert_src experts;
     df_rope rope;

@@ -107,28 +107,28 @@ void eng_act(const df_engine *e, float *g, const float *u, int64_t n) {
  * pin its three matrices and describe them in *v (no host data), 1; else 0 (nothing pinned). */
 static int dev_pin_expert(const df_engine *e, int layer, int x, df_expert *v) {
     if (!e->be->dev_pin) return 0;
-    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 0), &v->gate)) return 0;
-    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 1), &v->up)) {
-        e->be->dev_unpin(DF_DEVKEY(layer, x, 0));
+    if (!e->be->dev_pin(DF_DEVKEY(e->dev_tag, layer, x, 0), &v->gate)) return 0;
+    if (!e->be->dev_pin(DF_DEVKEY(e->dev_tag, layer, x, 1), &v->up)) {
+        e->be->dev_unpin(DF_DEVKEY(e->dev_tag, layer, x, 0));
         return 0;
     }
-    if (!e->be->dev_pin(DF_DEVKEY(layer, x, 2), &v->down)) {
-        e->be->dev_unpin(DF_DEVKEY(layer, x, 0));
-        e->be->dev_unpin(DF_DEVKEY(layer, x, 1));
+    if (!e->be->dev_pin(DF_DEVKEY(e->dev_tag, layer, x, 2), &v->down)) {
+        e->be->dev_unpin(DF_DEVKEY(e->dev_tag, layer, x, 0));
+        e->be->dev_unpin(DF_DEVKEY(e->dev_tag, layer, x, 1));
         return 0;
     }
     return 1;
 }
 
 static void dev_unpin_expert(const df_engine *e, int layer, int x) {
-    for (int p = 0; p < 3; p++) e->be->dev_unpin(DF_DEVKEY(layer, x, p));
+    for (int p = 0; p < 3; p++) e->be->dev_unpin(DF_DEVKEY(e->dev_tag, layer, x, p));
 }
 
 /* 1 when expert x of the layer is resident in device memory now (an I/O hint: it may be evicted later); asked
  * without pinning it or counting a use (dev_has). */
 int eng_dev_resident(const df_engine *e, int layer, int x) {
-    return e->be->dev_has && e->be->dev_has(DF_DEVKEY(layer, x, 0)) && e->be->dev_has(DF_DEVKEY(layer, x, 1)) &&
-           e->be->dev_has(DF_DEVKEY(layer, x, 2));
+    return e->be->dev_has && e->be->dev_has(DF_DEVKEY(e->dev_tag, layer, x, 0)) && e->be->dev_has(DF_DEVKEY(e->dev_tag, layer, x, 1)) &&
+           e->be->dev_has(DF_DEVKEY(e->dev_tag, layer, x, 2));
 }
 
 /* out = down(act(gate x, up x)) for T rows (act: SwiGLU or SiTU, eng_act). pool NULL = on the calling thread (inside a pool task);
@@ -499,9 +499,9 @@ int ffn_forward(df_engine *e, int layer, const float *h, int T, float *out, char
                 if (pinned[i]) continue;
                 views[i] = aviews[a++];
                 /* identities for device caches (the views' buffers are reused) */
-                views[i].gate.dev_key = DF_DEVKEY(layer, xo[u0 + i], 0);
-                views[i].up.dev_key = DF_DEVKEY(layer, xo[u0 + i], 1);
-                views[i].down.dev_key = DF_DEVKEY(layer, xo[u0 + i], 2);
+                views[i].gate.dev_key = DF_DEVKEY(e->dev_tag, layer, xo[u0 + i], 0);
+                views[i].up.dev_key = DF_DEVKEY(e->dev_tag, layer, xo[u0 + i], 1);
+                views[i].down.dev_key = DF_DEVKEY(e->dev_tag, layer, xo[u0 + i], 2);
             }
         }
         int64_t biggest = 0;

@@ -63,7 +63,7 @@ int eng_preload(df_engine *e, int host_slots, df_progress_fn progress, void *use
             for (int i = 0; i < n && rc == DF_OK; i++) {
                 df_weight *w[3] = {&views[i].gate, &views[i].up, &views[i].down};
                 for (int p = 0; p < 3 && dev; p++) {
-                    w[p]->dev_key = DF_DEVKEY(l, ids[i], p);
+                    w[p]->dev_key = DF_DEVKEY(e->dev_tag, l, ids[i], p);
                     const int r = e->be->dev_load(w[p]);
                     if (r < 0) {
                         rc = DF_EIO;

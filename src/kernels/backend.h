@@ -35,7 +35,7 @@ void df_pool_run(df_pool *p, int64_t n, int64_t grain, df_task_fn fn, void *ctx)
  * logits (df_mla_block.moe): in, the layer's routing (engine/moe.c moe_route: the same selection and weights, with
  * route_math.h's sigmoid) and activation; out, set by the backend. */
 typedef struct df_moe_dev {
-    int layer;                          /* the experts' DF_DEVKEY layer */
+    int tag, layer;                     /* the experts' DF_DEVKEY tag and layer */
     int E, K, n_group, topk_group;      /* routed experts, top-k, groups and groups kept (n_group <= 1: no groups);
                                          * E = K = 0: a dense MLP, the block's started sh_gate / sh_up / sh_down, whose
                                          * output is added into the residual as forward's x += out */

@@ -48,6 +48,10 @@ void df_cuda_set_tile(int n);
 void df_cuda_set_split(int on);
 /* Drop every cached weight (a model was closed: its host addresses may be reused). */
 void df_cuda_cache_clear(void);
+/* Drop the routed experts of the model with this device tag (DF_DEVKEY) and every weight cached by host address (the
+ * closed model's may be reused); the other open models' experts stay (their spine weights are uploaded again when
+ * next used). */
+void df_cuda_cache_drop_model(int tag);
 
 /* Upload w into the weight cache now (its key as df_cuda_matmul would use): 0 = cached, 1 = no room
  * (it will be copied per call), -1 = no device / CUDA error. */

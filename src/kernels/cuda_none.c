@@ -19,6 +19,7 @@ void df_cuda_describe(char *buf, size_t len) { if (len) buf[0] = 0; }
 void df_cuda_set_expert_budget(uint64_t bytes) { (void)bytes; }
 void df_cuda_set_cache_by_address(int on) { (void)on; }
 void df_cuda_cache_clear(void) {}
+void df_cuda_cache_drop_model(int tag) { (void)tag; }
 int df_cuda_preload(const df_weight *w) { return -1; }
 int df_cuda_dev_load(const df_weight *w) { (void)w; return -1; }
 double df_cuda_last_gpu_s(void) { return -1; }

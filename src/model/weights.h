@@ -40,9 +40,14 @@ typedef struct {
      * (valid while the model is open); else DF_DEVKEY(...) set by whoever hands out the view. */
     uint64_t dev_key;
 } df_weight;
-/* A routed expert's device-cache key: part 0 = gate, 1 = up, 2 = down (bit 63 marks explicit keys). */
-#define DF_DEVKEY(layer, expert, part) \
-    ((1ull << 63) | ((uint64_t)(layer) << 40) | ((uint64_t)(expert) << 8) | (uint64_t)(part))
+/* A routed expert's device-cache key: tag = the model's device tag (engine.h df_engine.dev_tag: models open on one
+ * device at once never share a key), layer < 256, expert < 2^32, part 0 = gate, 1 = up, 2 = down; bit 63 marks
+ * explicit keys (0: the host address is the key). */
+#define DF_DEV_TAGS 16
+#define DF_DEVKEY(tag, layer, expert, part)                                                                            \
+    ((1ull << 63) | ((uint64_t)(tag) << 48) | ((uint64_t)(layer) << 40) | ((uint64_t)(expert) << 8) | (uint64_t)(part))
+#define DF_DEVKEY_TAG(key) ((int)(((key) >> 48) & 0x7FFFu))
+#define DF_DEVKEY_LAYER(key) ((int)(((key) >> 40) & 0xFFu))
 
 /* Bytes of data / scale arrays of a weight of this type and shape. */
 size_t df_weight_data_bytes(df_wtype t, int64_t rows, int64_t cols);

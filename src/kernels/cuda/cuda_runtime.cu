@@ -65,7 +65,7 @@ size_t g_csx, g_csy, g_csw, g_chx, g_chy, g_csg, g_csu;
  * queued that copy (qcall: 0 = none pending) and whether they arrived and are not yet reported (ready). */
 struct RouteIds {
     int ids[CU_ROUTE_MAXK];
-    int k, ready;
+    int k, ready, tag; /* tag: the experts' DF_DEVKEY tag */
     uint64_t qcall;
 };
 int g_npend; /* routings queued whose ids have not arrived */
@@ -97,7 +97,7 @@ cudaEvent_t g_sh_done;
 int g_sh_pend;
 uint64_t g_call;    /* the entry points' calls, numbered (trace_begin) */
 
-/* Per layer (DF_DEVKEY's layer): how many of its routed experts' matrices are cached now, a generation bumped on every
+/* Per model tag and layer (DF_DEVKEY's): how many of its routed experts' matrices are cached now, a generation bumped on every
  * insert or drop of one, and the device table of their arrays [E][6] (cu_rt_moe_route) built for generation tgen. */
 struct LayerTab {
     int n;
@@ -106,13 +106,13 @@ struct LayerTab {
     int E, ok, tgu, tdn;
     int64_t I, D;
 };
-LayerTab g_lt[DF_MAX_LAYERS];
+LayerTab g_lt[DF_DEV_TAGS][DF_MAX_LAYERS];
 void layer_count(uint64_t key, int d) {
     if (!(key >> 63)) return;
-    const uint64_t l = (key >> 40) & 0x7FFFFFu;
-    if (l < DF_MAX_LAYERS) {
-        g_lt[l].n += d;
-        g_lt[l].gen++;
+    const int tag = DF_DEVKEY_TAG(key), l = DF_DEVKEY_LAYER(key);
+    if (tag < DF_DEV_TAGS) {
+        g_lt[tag][l].n += d;
+        g_lt[tag][l].gen++;
     }
 }
 /* The key's residual entry, or NULL. */
@@ -374,7 +374,7 @@ void route_settle(uint64_t upto) {
             g_npend--;
             for (int k = 0; k < q->k; k++)
                 for (int p = 0; p < 3; p++) {
-                    Entry *e = find(DF_DEVKEY(l, q->ids[k], p));
+                    Entry *e = find(DF_DEVKEY(q->tag, l, q->ids[k], p));
                     if (!e) continue;
                     e->tick = ++g_tick;
                     g_stats.expert_hits++;
@@ -814,6 +814,14 @@ extern "C" void df_cuda_cache_clear(void) {
     for (int i = 0; i < g_nent; i++)
         if (g_ent[i].used) drop(i);
     if (g_ndev) cudaStreamSynchronize(g_st); /* the stream-ordered frees count as free memory from here */
+    pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void df_cuda_cache_drop_model(int tag) {
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_nent; i++)
+        if (g_ent[i].used && (!(g_ent[i].key >> 63) || DF_DEVKEY_TAG(g_ent[i].key) == tag)) drop(i);
+    if (g_ndev) cudaStreamSynchronize(g_st);
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -1284,11 +1292,11 @@ int cu_rt_shared_start(uint64_t key, const df_weight *g, const df_weight *u, con
 /* The layer's device table of its routed experts' arrays, rebuilt when its entries changed: t->ok when every expert
  * < E has its three matrices cached, gate / up [I, D] of one encoding and down [D, I] of one, both on the tensor-core
  * kernel, D and I multiples of 32. */
-static int layer_table(int layer, int E) {
-    LayerTab *t = &g_lt[layer];
+static int layer_table(int tag, int layer, int E) {
+    LayerTab *t = &g_lt[tag][layer];
     if (t->tgen == t->gen && t->E == E && t->dev) return t->ok;
     t->ok = 0;
-    const Entry *e0 = find(DF_DEVKEY(layer, 0, 0)), *e2 = find(DF_DEVKEY(layer, 0, 2));
+    const Entry *e0 = find(DF_DEVKEY(tag, layer, 0, 0)), *e2 = find(DF_DEVKEY(tag, layer, 0, 2));
     const unsigned mma = cu_get_mma();
     if (!e0 || !e2 || !((mma >> e0->type) & 1) || !((mma >> e2->type) & 1) || e0->cols % 32 || e0->rows % 32 ||
         e2->rows != e0->cols || e2->cols != e0->rows)
@@ -1302,7 +1310,7 @@ static int layer_table(int layer, int E) {
     int ok = 1;
     for (int x = 0; x < E && ok; x++)
         for (int p = 0; p < 3 && ok; p++) {
-            const Entry *e = find(DF_DEVKEY(layer, x, p));
+            const Entry *e = find(DF_DEVKEY(tag, layer, x, p));
             const int want = p < 2 ? t->tgu : t->tdn;
             const int64_t rows = p < 2 ? t->I : t->D, cols = p < 2 ? t->D : t->I;
             ok = e && e->type == want && e->rows == rows && e->cols == cols;
@@ -1344,10 +1352,10 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
     }
     const int E = m->E, K = m->K, G = m->n_group > 1 ? m->n_group : 1;
     if (!r || !r->valid || (m->shared && !r->sh_valid) || E < 1 || E > CU_ROUTE_MAXE || K < 2 || K > CU_ROUTE_MAXK ||
-        K > E || G > CU_ROUTE_MAXG || m->layer < 0 || m->layer >= DF_MAX_LAYERS)
+        K > E || G > CU_ROUTE_MAXG || m->layer < 0 || m->layer >= DF_MAX_LAYERS || m->tag < 0 || m->tag >= DF_DEV_TAGS)
         return 0;
-    LayerTab *t = &g_lt[m->layer];
-    if (t->n != 3 * E || !layer_table(m->layer, E) || r->cap < sizeof(float) * (size_t)t->D) return 0;
+    LayerTab *t = &g_lt[m->tag][m->layer];
+    if (t->n != 3 * E || !layer_table(m->tag, m->layer, E) || r->cap < sizeof(float) * (size_t)t->D) return 0;
     const int64_t I = t->I, D = t->D;
     if (grow(&g_rg, &g_crg, sizeof(float) * (size_t)K * I) || grow(&g_ru, &g_cru, sizeof(float) * (size_t)K * I) ||
         grow(&g_ry, &g_cry, sizeof(float) * (size_t)K * D) || grow(&g_ro, &g_cro, sizeof(cu_moe_route_out)))
@@ -1367,6 +1375,7 @@ int cu_rt_moe_route(uint64_t key, df_moe_dev *m, const float *bias_dev, const fl
     if (!g_cu_copy_kernel) CK(cudaMemcpyAsync(q->ids, o->ids, sizeof(int) * (size_t)K, cudaMemcpyDeviceToHost, g_st));
     if (!q->qcall) g_npend++;
     q->qcall = g_call;
+    q->tag = m->tag;
     q->k = K;
     q->ready = 0;
     if (m->shared) {
