@@ -10,7 +10,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
 {
   echo "# deltafin command-line reference"; echo
   echo "Generated from each command's \`--help\` (\`tools/gen-cli-doc.sh\`). Sizes accept K, M, G, T suffixes (powers of 1024)."
-  echo "\`run\`, \`serve\`, \`bench decode\` and \`bench prefill\` echo the resolved configuration (backend, budget, I/O, prefetch, prefault,"
+  echo "\`run\`, \`chat\`, \`serve\`, \`bench decode\` and \`bench prefill\` echo the resolved configuration (backend, budget, I/O, prefetch, prefault,"
   echo "heat, ...) on one line to stderr at start (\`run --quiet\` hides it); the results of \`bench\` go to stdout."
   echo "On that line \`prefetch\` is \`on\` (router lookahead for prompts and decode steps, decode measured on vs off),"
   echo "\`ungated\` (always on), \`off\`, or \`prompts\`: the lookahead for prompts (prefill) only, the \`--prefetch auto\` default"
@@ -18,7 +18,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "Environment aliases: \`DF_PREFETCH=1|on|0|off|ungated\` (= \`--prefetch on|off|ungated\`), \`DF_PREFAULT=1|on|0|off\` (= \`--prefault on|off\`; the flag"
   echo "wins; any other value is a usage error, exit 2, as a bad flag), \`DF_BACKEND\` (the default \`--backend\`; likewise), \`XDG_CACHE_HOME\` (default cache root when absolute; a relative one is ignored, with a one-line note on stderr naming it; see the README on the conversion cache; a \`--cache-dir\` or cache root that does not exist is created),"
   echo "\`HF_ENDPOINT\` (= \`setup --mirror\`), \`HF_TOKEN\` (the mirror's token), \`DELTAFIN_REGISTRY\` (= \`--registry\`: the installed-models"
-  echo "registry that \`run\`, \`serve\`, \`tokenize\`, \`bench decode\` / \`prefill\` / \`batch\` and \`doctor\` read without \`--model\`; default"
+  echo "registry that \`run\`, \`chat\`, \`serve\`, \`tokenize\`, \`bench decode\` / \`prefill\` / \`batch\` and \`doctor\` read without \`--model\`; default"
   echo "\`\$XDG_DATA_HOME/deltafin/models.json\`)."
   echo "An option's value may follow it (\`--max-new 64\`) or be joined to it with \`=\` (\`--max-new=64\`), in every command; an"
   echo "unknown option is one line naming it (with the closest option when one is near) and exit status 2, and so is an option"
@@ -38,7 +38,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "KV-cache mirrors (and, a budget of the same size of their own, of the KDA states kept on the GPU); \`DF_CUDA_TRACE\`: 1|on / 2 (host clocks only) / 0|off (default), each GPU call's wall, queue, wait"
   echo "and device time per stage on stderr at exit; each an error for \`--backend cuda\` / \`auto\` when invalid):"
   echo "[docs/cuda.md](cuda.md)."
-  for c in run convert tokenize serve bench synth doctor setup list warm; do
+  for c in run chat convert tokenize serve bench synth doctor setup list warm; do
     echo; echo "## deltafin $c"; echo; echo '```'; "$B" $c --help 2>&1 || true; echo '```'
     if [ $c = bench ]; then
       for b in io decode prefill batch project machine kernels cache store; do

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
@@ -70,7 +71,7 @@ int cli_parse_seed(const char *cmd, const char *flag, const char *v, uint64_t *o
  * "deltafin CMD: WHAT is not valid UTF-8: invalid byte 0xNN at byte offset K" on stderr and -1. */
 int cli_check_utf8(const char *cmd, const char *what, const char *s, size_t n);
 /* Every "--name=value" of argv (name: letters, digits and dashes) as the two arguments "--name" "value", so each
- * command's parser accepts both forms; the value after --prompt or --api-key (free text) is kept whole. *out gets
+ * command's parser accepts both forms; the value after --prompt, --api-key or --system (free text) is kept whole. *out gets
  * the new argv (NULL-terminated; argv itself when out of memory); returns its count. */
 int cli_split_option_values(int argc, char **argv, char ***out);
 /* An unknown option `a` of `cmd` ("run", "bench io"): one line on stderr, "deltafin CMD: unknown option 'A' (see

@@ -182,8 +182,9 @@ int cli_split_option_values(int argc, char **argv, char ***out) {
     int n = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *eq = strchr(a, '=');
-        /* the value of --prompt / --api-key is free text: "--prompt --x=1" keeps "--x=1" whole */
-        const int is_value = i > 0 && (!strcmp(argv[i - 1], "--prompt") || !strcmp(argv[i - 1], "--api-key"));
+        /* the value of --prompt / --api-key / --system (chat) is free text: "--prompt --x=1" keeps "--x=1" whole */
+        const int is_value = i > 0 && (!strcmp(argv[i - 1], "--prompt") || !strcmp(argv[i - 1], "--api-key") ||
+                                       !strcmp(argv[i - 1], "--system"));
         size_t k = 2;
         if (eq && !is_value && a[0] == '-' && a[1] == '-')
             while (k < (size_t)(eq - a) && (a[k] == '-' || (a[k] >= 'a' && a[k] <= 'z') || (a[k] >= 'A' && a[k] <= 'Z') ||

@@ -10,16 +10,14 @@
  */
 #include "cli.h"
 #include "cli_draft.h"
+#include "cli_model.h"
 #include "hub/stream.h"
 #include "deltafin.h"
-
-#include <cjson/cJSON.h>
 
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <unistd.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,32 +102,6 @@ static const cli_option run_options[] = {
     {"--backend", 1}, {"--gpu-budget", 1}, {"--spine", 1}, {"--io-depth", 1}, {"--io-size", 1}, {NULL, 0}};
 CLI_OPTIONS_FIT(run_options);
 
-/* a whole decimal integer in [lo, hi]; else a usage message naming the flag, -1 */
-static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "deltafin run: %s \"%s\": expected an integer in [%lld, %lld]\n", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* a finite number in [lo, hi] (in (lo, hi] when lo_open); else a usage message, -1 */
-static int parse_num(const char *flag, const char *s, double lo, double hi, int lo_open, float *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(v) || v < lo || (lo_open && v == lo) || v > hi) {
-        fprintf(stderr, "deltafin run: %s \"%s\": expected a number in %c%g, %g]\n", flag, s, lo_open ? '(' : '[', lo, hi);
-        return -1;
-    }
-    *out = (float)v;
-    return 0;
-}
-
 static int progress_open; /* a progress line without its newline is on stderr */
 
 /* end an unfinished progress line (the conversion's or the prefill's) before an error message */
@@ -178,70 +150,6 @@ static char *read_prompt(const char *path, size_t *len_out, int *status) {
     }
     *len_out = n;
     return b;
-}
-
-static cJSON *read_json(const char *dir, const char *name) {
-    char p[8192];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n > 0 && n < (64L << 20) ? malloc((size_t)n + 1) : NULL;
-    cJSON *j = NULL;
-    if (b && fread(b, 1, (size_t)n, f) == (size_t)n) { b[n] = 0; j = cJSON_Parse(b); }
-    free(b);
-    fclose(f);
-    return j;
-}
-
-/* The positions the model was trained on, or 0 when unknown; `src` says where the
- * figure came from. The model card (DIR/README.md, a Hugging Face model card) wins
- * when its YAML front matter names `trained_positions: N` (a model trained on short
- * windows whose config allows far more positions, as kimi-mini: trained on 512,
- * max_position_embeddings 131072 through YaRN); else the config's
- * max_position_embeddings (config.json, or manifest.json's copy in a native dir). */
-static long trained_positions(const char *model, char *src, size_t cap) {
-    char p[8192];
-    snprintf(p, sizeof p, "%s/README.md", model);
-    FILE *f = fopen(p, "r");
-    if (f) {
-        char line[1024];
-        int in_front = 0;
-        long v = 0;
-        for (int ln = 0; fgets(line, sizeof line, f); ln++) {
-            if (!strncmp(line, "---", 3) && (line[3] == '\n' || line[3] == '\r' || !line[3])) {
-                if (ln == 0) { in_front = 1; continue; }
-                break;
-            }
-            if (!in_front) break;
-            char *q = line;
-            while (*q == ' ') q++;
-            if (!strncmp(q, "trained_positions:", 18)) {
-                char *end;
-                v = strtol(q + 18, &end, 10);
-                while (*end == ' ' || *end == '\r' || *end == '\n') end++;
-                if (*end || v <= 0) v = 0;
-                break;
-            }
-        }
-        fclose(f);
-        if (v > 0) { snprintf(src, cap, "model card %s/README.md: trained_positions", model); return v; }
-    }
-    cJSON *root = read_json(model, "config.json"), *cfg = root;
-    const char *from = "config.json";
-    if (!root && (root = read_json(model, "manifest.json"))) { cfg = cJSON_GetObjectItemCaseSensitive(root, "config"); from = "manifest.json config"; }
-    long v = 0;
-    if (cfg) {
-        cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
-        cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(tc) ? tc : cfg, "max_position_embeddings");
-        if (!m && cJSON_IsObject(tc)) m = cJSON_GetObjectItemCaseSensitive(cfg, "max_position_embeddings");
-        if (cJSON_IsNumber(m) && m->valuedouble >= 1 && m->valuedouble < 1e12) v = (long)m->valuedouble;
-    }
-    cJSON_Delete(root);
-    if (v > 0) snprintf(src, cap, "%s max_position_embeddings", from);
-    return v;
 }
 
 /* 1 when the generated text should end its line: stdout is a terminal, or the same open file as stderr (one log
@@ -362,22 +270,17 @@ int cmd_run(int argc, char **argv) {
     char *prompt_buf = NULL;
     size_t prompt_len = 0;
     int max_new = 32, chat = 0, stats = 0, profile = 0, print_ids = 0, quiet = 0, spine_given = 0, preload = 0;
-    char sampling_flags[64] = ""; /* those of --top-p, --top-k and --seed given, ", "-separated */
-    int n_sampling_flags = 0;
-#define SAMPLING_FLAG(f) do { if (!strstr(sampling_flags, f)) { \
-        size_t l_ = strlen(sampling_flags); \
-        snprintf(sampling_flags + l_, sizeof sampling_flags - l_, "%s%s", l_ ? ", " : "", f); n_sampling_flags++; } } while (0)
     long long iv;
     df_model_opts mo;
     df_model_opts_default(&mo);
     mo.backend = cli_default_backend();
-    df_sampler_opts so;
-    df_sampler_opts_default(&so);
+    cli_sampling smpl;
+    cli_sampling_defaults(&smpl);
     cli_draft_opts dopt;
     cli_draft_defaults(&dopt);
     if (cli_check_repeated_in("run", argc, argv, run_options, cli_draft_flags)) return 2;
     for (int i = 1; i < argc; i++) {
-        int dr;
+        int dr, sr;
         const char *a = argv[i];
 #define NEXT() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "deltafin run: %s needs a value\n", a), (char *)NULL))
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { run_usage(stdout); return 0; }
@@ -387,7 +290,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-file")) { if (!(prompt_file = NEXT())) return 2; }
         else if (!strcmp(a, "--max-new")) {
             const char *v = NEXT();
-            if (!v || parse_int(a, v, 0, INT_MAX, &iv)) return 2;
+            if (!v || cli_parse_int("run", a, v, 0, INT_MAX, &iv)) return 2;
             max_new = (int)iv;
         }
         else if (!strcmp(a, "--chat")) chat = 1;
@@ -396,68 +299,15 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--preload")) preload = 1;
-        else if (!strcmp(a, "--threads")) {
-            const char *v = NEXT();
-            if (!v || parse_int(a, v, 0, 4096, &iv)) return 2;
-            mo.threads = (int)iv;
-        }
-        else if (!strcmp(a, "--temperature")) { const char *v = NEXT(); if (!v || parse_num(a, v, 0, 2, 0, &so.temperature)) return 2; }
-        else if (!strcmp(a, "--top-p")) {
-            const char *v = NEXT();
-            if (!v || parse_num(a, v, 0, 1, 1, &so.top_p)) return 2;
-            SAMPLING_FLAG("--top-p");
-        }
-        else if (!strcmp(a, "--top-k")) {
-            const char *v = NEXT();
-            if (!v || parse_int(a, v, -1, INT_MAX, &iv)) return 2;
-            so.top_k = iv < 0 ? 0 : (int)iv; /* -1 = off, as the server's top_k */
-            SAMPLING_FLAG("--top-k");
-        }
-        else if (!strcmp(a, "--seed")) {
-            const char *v = NEXT();
-            if (!v) return 2;
-            SAMPLING_FLAG("--seed");
-            if (cli_parse_seed("run", a, v, &so.seed)) return 2;
-        }
-        else if (!strcmp(a, "--ram-budget")) {
-            const char *v = NEXT(); /* 0 = no budget, as leaving the flag out */
-            if (!v || cli_parse_budget("run", a, v, &mo.ram_budget)) return 2;
-        }
-        else if (!strcmp(a, "--expert-dirs")) { if (!(mo.expert_dirs = NEXT())) return 2; }
-        else if (!strcmp(a, "--cache-dir")) { if (!(mo.cache_dir = NEXT()) || cli_check_cache_dir("run", mo.cache_dir)) return 2; }
-        else if (!strcmp(a, "--events")) { if (!(mo.events_path = NEXT())) return 2; }
-        else if (!strcmp(a, "--heat")) { if (!(mo.heat_path = NEXT())) return 2; }
-        else if (!strcmp(a, "--prefetch")) {
-            const char *v = NEXT();
-            if (!v || cli_parse_mode("run", a, v, &mo.prefetch)) return 2;
-        }
-        else if (!strcmp(a, "--prefault")) { const char *v = NEXT(); if (!v || cli_parse_mode("run", a, v, &mo.prefault)) return 2; }
-        else if (!strcmp(a, "--io-depth") || !strcmp(a, "--io-size")) {
-            const char *v = NEXT();
-            if (!v || cli_parse_io("run", a, v, &mo.io_depth, &mo.io_size)) return 2;
-        }
-        else if (!strcmp(a, "--backend")) { if (!(mo.backend = NEXT()) || cli_check_backend("run", mo.backend)) return 2; }
-        else if (!strcmp(a, "--gpu-budget")) {
-            const char *v = NEXT();
-            if (!v || cli_parse_budget("run", a, v, &mo.gpu_budget)) return 2;
-        }
-        else if (!strcmp(a, "--spine")) {
-            const char *v = NEXT(); if (!v) return 2;
-            if (!strcmp(v, "source")) mo.spine = DF_SPINE_SOURCE;
-            else if (!strcmp(v, "bf16")) mo.spine = DF_SPINE_BF16;
-            else if (!strcmp(v, "int8")) mo.spine = DF_SPINE_INT8;
-            else { fprintf(stderr, "deltafin run: --spine must be source, bf16 or int8 (got \"%s\")\n", v); return 2; }
-            spine_given = 1;
-        }
+        else if ((sr = cli_sampling_arg("run", argc, argv, &i, &smpl)) != 0) { if (sr < 0) return 2; }
+        else if ((sr = cli_model_arg("run", argc, argv, &i, &mo, &spine_given)) != 0) { if (sr < 0) return 2; }
         else if ((dr = cli_draft_arg("run", argc, argv, &i, &dopt)) != 0) { if (dr < 0) return 2; }
         else return cli_unknown_option_in("run", a, run_options, cli_draft_flags);
 #undef NEXT
     }
+    df_sampler_opts so = smpl.so;
     /* flags that change nothing in this run: said once, not an error */
-#undef SAMPLING_FLAG
-    if (n_sampling_flags && so.temperature == 0)
-        fprintf(stderr, "deltafin run: note: %s %s no effect at --temperature 0 (greedy decoding takes the most likely "
-                        "token); give --temperature > 0 to sample\n", sampling_flags, n_sampling_flags > 1 ? "have" : "has");
+    cli_sampling_note("run", &smpl);
     cli_draft_note_unused("run", &dopt);
     if (dopt.sample && so.temperature == 0 && cli_draft_enabled(&dopt)) {
         fprintf(stderr, "deltafin run: note: --draft-sample on has no effect at --temperature 0 (greedy decoding: the drafts "
@@ -475,18 +325,10 @@ int cmd_run(int argc, char **argv) {
         return 2;
     }
     if (chat && prompt_ids) { fprintf(stderr, "deltafin run: --chat needs --prompt TEXT (ids are used as given)\n"); return 2; }
-    /* a mistyped path is "no such directory", before anything looks inside it */
-    if (cli_check_model_dir("run", model) || cli_draft_check_path("run", &dopt)) return 1;
-    /* a directory that is no model: the real cause, before a text prompt looks for its tokenizer */
-    if (!cli_is_file(model, "manifest.json") && !cli_is_file(model, "config.json")) {
-        fprintf(stderr, "deltafin run: %s: neither manifest.json (native model) nor config.json (Hugging Face checkpoint) "
-                        "found\n", model);
-        return 1;
-    }
-    if (spine_given && cli_is_file(model, "manifest.json")) {
-        fprintf(stderr, "deltafin run: --spine applies only when converting a Hugging Face checkpoint; %s is a native model "
-                        "(its spine encoding was chosen by `deltafin convert --spine`): drop --spine\n", model);
-        return 2;
+    /* the model directory (no such directory, no model in it, --spine with a native model), then a mistyped --draft */
+    {
+        const int ck = cli_model_check("run", model, spine_given);
+        if (ck || cli_draft_check_path("run", &dopt)) return ck ? ck : 1;
     }
     if (!quiet) { mo.progress = cli_convert_progress; mo.progress_user = NULL; }
     if (prompt_file || (prompt && !strcmp(prompt, "-"))) {
@@ -537,21 +379,7 @@ int cmd_run(int argc, char **argv) {
         n_ids = (int)n; /* a command line holds far fewer than INT_MAX ids */
     } else {
         /* tokenize first: the KV reserve inside --ram-budget is then the prompt's real token count */
-        if (!cli_is_file(model, "tokenizer.json") && !cli_is_file(model, "tiktoken.model")) {
-            char fix[4096];
-            if (cli_setup_install(model, fix, sizeof fix, NULL, 0)) /* an install of setup lost its tokenizer: damage */
-                fprintf(stderr, "deltafin run: model %s is an install of `deltafin setup` and its tokenizer (tokenizer.json / "
-                        "tiktoken.model) is missing: the install is damaged; `%s` repairs it\n", model, fix);
-            else if (cli_is_file(model, "tokenizer_config.json")) { /* the configuration without its tokenizer */
-                char tfix[8192];
-                cli_tokenizer_fix(model, tfix, sizeof tfix);
-                fprintf(stderr, "deltafin run: model %s has tokenizer_config.json but its tokenizer (tokenizer.json / "
-                        "tiktoken.model) is missing: %s; or pass token ids with --prompt-ids 1,2,3\n", model, tfix);
-            } else
-                fprintf(stderr, "deltafin run: model %s has no tokenizer (tokenizer.json / tiktoken.model); pass token ids with --prompt-ids 1,2,3\n", model);
-            free(prompt_buf);
-            return 1;
-        }
+        if (cli_model_need_tokenizer("run", model, "pass token ids with --prompt-ids 1,2,3")) { free(prompt_buf); return 1; }
         rc = df_tokenizer_open(&own_tok, model, NULL, err, sizeof err);
         if (rc) { fprintf(stderr, "deltafin run: tokenizer of %s: %s\n", model, err); free(prompt_buf); return 1; }
         size_t n = 0;
@@ -575,11 +403,7 @@ int cmd_run(int argc, char **argv) {
     mo.kv_positions = kvp > INT_MAX ? INT_MAX : (int)kvp;
 
     /* a streamed install (`deltafin setup --stream`): routed experts not yet local are fetched on first use */
-    if (stream_is_streamed(model)) {
-        if ((rc = stream_open(&remote, model, 0, err, sizeof err))) { fprintf(stderr, "deltafin run: %s\n", err); goto done; }
-        mo.remote_source = stream_remote(remote);
-    }
-    rc = df_model_open(&m, model, &mo, err, sizeof err);
+    rc = cli_model_open(&m, &remote, model, &mo, err, sizeof err);
     if (rc == DF_EBUDGET && strstr(err, "KV cache")) { /* say where the KV cache figure comes from (as serve does) */
         size_t l = strlen(err);
         if (l < sizeof err)
@@ -591,8 +415,7 @@ int cmd_run(int argc, char **argv) {
         cli_model_open_error("run", model, dflt_how, err, rc); /* a setup install: the setup command that repairs it */
         goto done;
     }
-    if (!quiet) fprintf(stderr, "%s%s%s%s%s\n", df_model_describe(m), dflt_how[0] ? "; model (no --model): " : "",
-                        dflt_how[0] ? model : "", dflt_how[0] ? ", " : "", dflt_how);
+    if (!quiet) cli_model_echo(m, model, dflt_how, NULL);
     if (preload && cli_preload("run", m, quiet)) { status = 1; goto done; }
     if ((rc = cli_draft_open("run", &dopt, m, &mo, &draft_model, &drafter))) { status = rc; goto done; }
     if (!quiet && drafter) {
@@ -613,7 +436,7 @@ int cmd_run(int argc, char **argv) {
     }
     {
         char src[8400];
-        long trained = trained_positions(model, src, sizeof src);
+        long trained = cli_trained_positions(model, src, sizeof src);
         if (trained > 0 && n_ids > trained)
             fprintf(stderr, "deltafin run: warning: the prompt has %d tokens but %s was trained on %ld positions (%s); "
                             "past that its output is unreliable\n", n_ids, df_model_name(m), trained, src);

@@ -12,6 +12,7 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"run", cmd_run, "generate text from a prompt"},
+    {"chat", cmd_chat, "an interactive conversation with a model in its chat format"},
     {"convert", cmd_convert, "convert a Hugging Face checkpoint to the native layout"},
     {"tokenize", cmd_tokenize, "encode text to token ids (or --decode ids to text)"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
