@@ -5,9 +5,13 @@
 # rendered conversation (turn 1: `run --chat --prompt`; turn 2: `run --prompt-ids` of `tokenize --chat`'s ids of the
 # conversation with turn 1's reply); --stats showing turn 2 evaluating fewer tokens than the conversation holds (the
 # KV cache's common prefix kept) and a new conversation after /clear evaluating all; /exit; --system; the context
-# filling (a note, the message dropped, the chat going on); a message that is not UTF-8; //TEXT; Ctrl-C stopping a
-# reply (the chat goes on) and ending the chat at the prompt (exit 130); the banner and prompt on a terminal only;
-# bad flags (exit 2 with a message naming them); --help and the top-level help listing chat.
+# filling (a note, the message dropped, the chat going on); a first message too long for --ctx (a larger --ctx up to
+# the model's maximum, also under --ram-budget, or a shorter message; not /clear); --ctx past the model's maximum
+# lowered before a --ram-budget reserves its KV cache; stdin or stdout closed; lines of only blanks ignored; a message
+# that is not UTF-8; //TEXT; Ctrl-C stopping a reply (the chat goes on), dropping a message during its prefill (the
+# trained-positions note kept for the conversation that passes them) and ending the chat at the prompt (exit 130);
+# the banner and prompt on a terminal only; bad flags (exit 2 with a message naming them); --help and the top-level
+# help listing chat.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -131,6 +135,37 @@ printf '%s\n%s\n/clear\n%s\n' "$P1" "$P2" "$P1" | "$BIN" chat --ctx $ctx --max-n
     && [ "$(wc -l <"$TMP/f.out")" -ge 2 ] && ok "--ctx $ctx: context full and a message that does not fit are said; the chat goes on" \
     || bad "context full: rc $rc, stdout $(od -c "$TMP/f.out" | head -3), stderr: $(cat "$TMP/f.err")"
 
+# ---- a message that does not fit a new conversation: no /clear advice (it would not help); under --ram-budget the
+# largest --ctx named is the model's maximum (131072, config.json), not the budget's KV reserve (--ctx itself)
+printf 'hi\n' | "$BIN" chat --ctx 20 --ram-budget 1G --max-new $N --quiet >"$TMP/g.out" 2>"$TMP/g.err"; rc=$?
+[ $rc -eq 0 ] && [ ! -s "$TMP/g.out" ] && grep -q "^deltafin chat: the message in the chat format is [0-9]* tokens and the context holds 20 positions: the message is dropped; a larger --ctx (more than [0-9]*, at most 131072) holds it$" "$TMP/g.err" \
+    && ! grep -q "/clear" "$TMP/g.err" && ok "first message too long for --ctx 20 --ram-budget 1G: a larger --ctx (at most the model's 131072)" \
+    || bad "first message too long: rc $rc, stderr: $(cat "$TMP/g.err")"
+printf 'hi\nhi\n' | "$BIN" chat --ctx $ctx --ram-budget 1G --max-new $N --quiet >"$TMP/g.out" 2>"$TMP/g.err"; rc=$?
+[ $rc -eq 0 ] && grep -q "^deltafin chat: the conversation with this message is [0-9]* tokens and the context holds $ctx positions: the message is dropped; /clear starts a new conversation (or a larger --ctx, at most 131072, holds more)$" "$TMP/g.err" \
+    && ok "--ram-budget: a later message that does not fit names the model's maximum" || bad "later message, --ram-budget: rc $rc, stderr: $(cat "$TMP/g.err")"
+printf 'word %.0s' $(seq 200000) | "$BIN" chat --max-new $N --quiet >"$TMP/g.out" 2>"$TMP/g.err"; rc=$?
+[ $rc -eq 0 ] && grep -q "^deltafin chat: the message in the chat format is [0-9]* tokens and the context holds 4096 positions: the message is dropped; the model takes at most 131072 positions: send a shorter message$" "$TMP/g.err" \
+    && ok "a message longer than the model's maximum: send a shorter one" || bad "message past the model's maximum: rc $rc, stderr: $(cat "$TMP/g.err")"
+# --ctx past the model's maximum is lowered before the model opens: a --ram-budget reserves (and names) that KV cache
+out=$("$BIN" chat --ctx 1000000 --ram-budget 200M --quiet 2>&1 </dev/null); rc=$?
+[ $rc -eq 1 ] && [ "$(echo "$out" | head -1)" = "deltafin chat: note: --ctx 1000000 is more than the model's maximum of 131072 positions; using 131072" ] \
+    && echo "$out" | grep -q "KV cache 240.00 MiB.*the KV cache is for --ctx 131072 positions" \
+    && ok "--ctx 1000000 --ram-budget 200M: the note, then the budget error for 131072 positions" || bad "--ctx past the maximum with a budget: rc $rc: $out"
+expect 1 "--ram-budget too small without --ctx: the KV cache of the default --ctx" \
+    "the KV cache is for 4096 positions \(the default --ctx\)" -- "$BIN" chat --ram-budget 15M --quiet
+
+# ---- stdin or stdout closed: said at the start (not "cannot read stdin: Is a directory" from a model file that took
+# descriptor 0); a line of only spaces and tabs is ignored as an empty one
+out=$("$BIN" chat --quiet 2>&1 <&-); rc=$?
+[ $rc -eq 1 ] && [ "$out" = "deltafin chat: stdin is closed: the chat reads its messages from stdin, one per line (a terminal, a pipe or a file)" ] \
+    && ok "stdin closed: one line, status 1" || bad "stdin closed: rc $rc: $out"
+out=$(echo hi | "$BIN" chat --quiet 2>&1 >&-); rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^deltafin chat: stdout is closed" && ok "stdout closed: one line, status 1" || bad "stdout closed: rc $rc: $out"
+printf '   \t \n\t\n' | "${C[@]}" --quiet --stats >"$TMP/w.out" 2>"$TMP/w.err"; rc=$?
+[ $rc -eq 0 ] && [ ! -s "$TMP/w.out" ] && [ ! -s "$TMP/w.err" ] && ok "lines of only spaces and tabs are ignored" \
+    || bad "blank lines: rc $rc, stdout $(od -c "$TMP/w.out" | head -2), stderr $(cat "$TMP/w.err")"
+
 # ---- a message that is not UTF-8 is refused (the chat goes on); //TEXT is a message, not a command
 printf '\xff\n//usr/bin\n' | "${C[@]}" --quiet >"$TMP/u.out" 2>"$TMP/u.err"; rc=$?
 [ $rc -eq 0 ] && grep -q "^deltafin chat: the message is not valid UTF-8: invalid byte 0xff at byte offset 0" "$TMP/u.err" \
@@ -165,6 +200,30 @@ else
     kill $pid 2>/dev/null; wait $pid
 fi
 exec 3>&-
+
+# ---- Ctrl-C while a long message is evaluated drops it; the note past the trained positions (512) is not spent on it
+# but given when the conversation does pass them (a 600-token reply)
+rm -f "$TMP/in"; mkfifo "$TMP/in"
+"$BIN" chat --quiet --max-new 600 --ctx 32768 --stats <"$TMP/in" >"$TMP/k.out" 2>"$TMP/k.err" &
+pid=$!
+exec 3>"$TMP/in"
+printf 'word %.0s' $(seq 20000) >&3; echo >&3
+sleep 0.5
+kill -INT $pid 2>/dev/null
+for _ in $(seq 100); do grep -q "interrupted before the reply began\|^stats: turn 1" "$TMP/k.err" && break; sleep 0.1; done
+if grep -q "^deltafin chat: interrupted before the reply began; the message is dropped$" "$TMP/k.err"; then
+    grep -q "past the 512 positions" "$TMP/k.err" && bad "the trained-positions note was given for a dropped message: $(cat "$TMP/k.err")" \
+        || ok "Ctrl-C during a message's prefill: the message is dropped, no note for it"
+    echo "In the beginning" >&3
+    exec 3>&-
+    wait $pid; rc=$?
+    [ $rc -eq 0 ] && grep -q "note: the conversation has reached [0-9]* tokens, past the 512 positions" "$TMP/k.err" \
+        && grep -q "^stats: turn 1: conversation [0-9]* tokens, 0 reused" "$TMP/k.err" \
+        && ok "the next message's turn passing 512 positions gives the note" || bad "after a dropped message: rc $rc: $(cat "$TMP/k.err")"
+else
+    echo "note: the prefill ended before Ctrl-C: not checked"; ok "(skipped)"
+    exec 3>&-; kill $pid 2>/dev/null; wait $pid
+fi
 
 # ---- on a terminal: the banner (model name, how to end) and the "> " prompt on stderr
 if command -v script >/dev/null; then

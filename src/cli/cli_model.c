@@ -193,6 +193,28 @@ static cJSON *read_json(const char *dir, const char *name) {
     return j;
 }
 
+/* the config's max_position_embeddings (config.json, else manifest.json's copy; text_config's in a multimodal
+ * config), or 0; *from names the file it came from */
+static long config_max_positions(const char *model, const char **from) {
+    cJSON *root = read_json(model, "config.json"), *cfg = root;
+    *from = "config.json";
+    if (!root && (root = read_json(model, "manifest.json"))) { cfg = cJSON_GetObjectItemCaseSensitive(root, "config"); *from = "manifest.json config"; }
+    long v = 0;
+    if (cfg) {
+        cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
+        cJSON *mp = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(tc) ? tc : cfg, "max_position_embeddings");
+        if (!mp && cJSON_IsObject(tc)) mp = cJSON_GetObjectItemCaseSensitive(cfg, "max_position_embeddings");
+        if (cJSON_IsNumber(mp) && mp->valuedouble >= 1 && mp->valuedouble < 1e12) v = (long)mp->valuedouble;
+    }
+    cJSON_Delete(root);
+    return v;
+}
+
+long cli_max_positions(const char *model) {
+    const char *from;
+    return config_max_positions(model, &from);
+}
+
 long cli_trained_positions(const char *model, char *src, size_t cap) {
     char p[8192];
     snprintf(p, sizeof p, "%s/README.md", model);
@@ -220,17 +242,8 @@ long cli_trained_positions(const char *model, char *src, size_t cap) {
         fclose(f);
         if (v > 0) { snprintf(src, cap, "model card %s/README.md: trained_positions", model); return v; }
     }
-    cJSON *root = read_json(model, "config.json"), *cfg = root;
-    const char *from = "config.json";
-    if (!root && (root = read_json(model, "manifest.json"))) { cfg = cJSON_GetObjectItemCaseSensitive(root, "config"); from = "manifest.json config"; }
-    long v = 0;
-    if (cfg) {
-        cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
-        cJSON *mp = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(tc) ? tc : cfg, "max_position_embeddings");
-        if (!mp && cJSON_IsObject(tc)) mp = cJSON_GetObjectItemCaseSensitive(cfg, "max_position_embeddings");
-        if (cJSON_IsNumber(mp) && mp->valuedouble >= 1 && mp->valuedouble < 1e12) v = (long)mp->valuedouble;
-    }
-    cJSON_Delete(root);
+    const char *from = NULL;
+    long v = config_max_positions(model, &from);
     if (v > 0) snprintf(src, cap, "%s max_position_embeddings", from);
     return v;
 }

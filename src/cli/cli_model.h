@@ -1,6 +1,7 @@
 /* cli_model.h — what the commands that open a model and generate (`run`, `chat`) share (cli_model.c): strict
  * numbers, the sampling flags, the model-opening flags, the model directory's checks, opening it (a streamed install
- * included), the configuration line and the positions the model was trained on. Each message names the command. */
+ * included), the configuration line, the most positions the model takes and those it was trained on. Each message
+ * names the command. */
 #ifndef DF_CLI_MODEL_H
 #define DF_CLI_MODEL_H
 #include "cli.h"
@@ -52,6 +53,10 @@ int cli_model_open(df_model **m, struct stream_src **remote, const char *model, 
 /* The configuration line on stderr: df_model_describe, then for a model found without --model (how non-empty)
  * "; model (no --model): DIR, HOW"; `extra` (may be NULL) is appended as is. */
 void cli_model_echo(df_model *m, const char *model, const char *how, const char *extra);
+/* The most positions the model takes: its config's max_position_embeddings (config.json, else manifest.json's copy),
+ * read before the model is opened; 0 when unknown. (df_model_n_ctx_max says the same once the model is open, except
+ * under a --ram-budget, where it is the KV cache's reserve.) */
+long cli_max_positions(const char *model);
 /* The positions the model was trained on, or 0 when unknown; `src` says where the figure came from. The model card
  * (DIR/README.md, a Hugging Face model card) wins when its YAML front matter names `trained_positions: N` (a model
  * trained on short windows whose config allows far more positions, as kimi-mini: trained on 512,

@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdint.h>
@@ -72,11 +73,12 @@ static void chat_usage(FILE *f) {
             "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
             "Commands, at the start of a line: /help lists them, /clear starts a new conversation (the history and the\n"
             "KV cache are dropped), /exit or /quit (or the end of input, Ctrl-D) ends the chat with status 0; another\n"
-            "/word is an error (no model call); //TEXT sends /TEXT as a message. An empty line is ignored.\n"
-            "Ctrl-C while a reply is generated stops it (what it said stays in the conversation); Ctrl-C at the\n"
-            "prompt, or a second one, ends the chat with status 130. A message or reply that would overflow --ctx is\n"
-            "said on stderr and the chat goes on. Messages must be valid UTF-8. Errors after the start (a message that\n"
-            "does not fit, a bad command) are said on stderr and do not end the chat.\n",
+            "/word is an error (no model call); //TEXT sends /TEXT as a message. An empty line (or one of only spaces\n"
+            "and tabs) is ignored. Ctrl-C while a reply is generated stops it (what it said stays in the conversation;\n"
+            "before its first token, while the message is evaluated, the message is dropped); Ctrl-C at the prompt,\n"
+            "or a second one, ends the chat with status 130. A message or reply that would overflow --ctx is said on\n"
+            "stderr and the chat goes on. Messages must be valid UTF-8. Errors after the start (a message that does\n"
+            "not fit, a bad command) are said on stderr and do not end the chat.\n",
             CHAT_MAX_NEW);
 }
 
@@ -132,6 +134,7 @@ typedef struct {
     const char *system;     /* --system, or NULL */
     int cflags;             /* df_chat_render flags */
     int max_new, n_ctx, vocab, stats, tty;
+    long model_max;         /* the most positions the model takes (0: unknown): how far --ctx may grow */
     int32_t stop[16];       /* end-of-turn ids */
     int n_stop;
     float *logits;
@@ -274,14 +277,23 @@ static int chat_turn(chat_state *c, const char *message) {
     if (conversation_tokens(c, &ids, &n_sz)) { conversation_pop(c); return 0; }
     const int n = n_sz > INT_MAX ? INT_MAX : (int)n_sz;
     if (n >= c->n_ctx) { /* no room for even one reply token */
-        fprintf(stderr, "deltafin chat: the conversation with this message is %d tokens and the context holds %d "
-                        "positions: the message is dropped; /clear starts a new conversation (or a larger --ctx, at "
-                        "most %d, holds more)\n", n, c->n_ctx, df_model_n_ctx_max(c->m));
+        if (c->turn == 0) { /* a new conversation: /clear would not help; a larger --ctx, or a shorter message */
+            char fix[160];
+            if (c->model_max > n) snprintf(fix, sizeof fix, "a larger --ctx (more than %d, at most %ld) holds it", n, c->model_max);
+            else if (c->model_max > 0) snprintf(fix, sizeof fix, "the model takes at most %ld positions: send a shorter message", c->model_max);
+            else snprintf(fix, sizeof fix, "send a shorter message");
+            fprintf(stderr, "deltafin chat: the message in the chat format%s is %d tokens and the context holds %d positions: "
+                            "the message is dropped; %s\n", c->system ? " (with the --system message)" : "", n, c->n_ctx, fix);
+        } else {
+            char more[96] = "";
+            if (c->model_max > c->n_ctx) snprintf(more, sizeof more, " (or a larger --ctx, at most %ld, holds more)", c->model_max);
+            fprintf(stderr, "deltafin chat: the conversation with this message is %d tokens and the context holds %d "
+                            "positions: the message is dropped; /clear starts a new conversation%s\n", n, c->n_ctx, more);
+        }
         free(ids);
         conversation_pop(c);
         return 0;
     }
-    note_trained(c, n);
     /* keep the KV cache's common prefix with the new rendering; at least one token is evaluated, for its logits */
     const int np = df_session_n_past(c->s);
     const int32_t *have = df_session_tokens(c->s);
@@ -312,6 +324,7 @@ static int chat_turn(chat_state *c, const char *message) {
         conversation_pop(c);
         return 0;
     }
+    note_trained(c, n); /* the message is in the conversation now */
     /* the reply: until an end-of-turn token, --max-new tokens, or the context's end */
     int gen_max = c->max_new, ctx_limited = 0;
     if (gen_max > c->n_ctx - n) { gen_max = c->n_ctx - n; ctx_limited = 1; }
@@ -466,10 +479,30 @@ int cmd_chat(int argc, char **argv) {
         if (cli_default_model("chat", dflt_dir, sizeof dflt_dir, dflt_how, sizeof dflt_how)) return 1;
         model = dflt_dir;
     }
+    /* the messages come from stdin and the replies go to stdout: a closed one is said now (before opening the model,
+     * whose files would otherwise take its descriptor: a read of stdin would read one of them) */
+    if (fcntl(STDIN_FILENO, F_GETFD) < 0) {
+        fprintf(stderr, "deltafin chat: stdin is closed: the chat reads its messages from stdin, one per line (a terminal, "
+                        "a pipe or a file)\n");
+        return 1;
+    }
+    if (fcntl(STDOUT_FILENO, F_GETFD) < 0) {
+        fprintf(stderr, "deltafin chat: stdout is closed: the chat writes its replies to stdout (redirect it to /dev/null "
+                        "to discard them)\n");
+        return 1;
+    }
     int rc = cli_model_check("chat", model, spine_given);
     if (rc) return rc;
     if (cli_model_need_tokenizer("chat", model, NULL)) return 1;
     if (!quiet) { mo.progress = cli_convert_progress; mo.progress_user = NULL; }
+    /* --ctx past the model's maximum is lowered now, so that a --ram-budget reserves (and its error names) the KV cache
+     * of the positions the chat will use */
+    const long cfg_max = cli_max_positions(model);
+    if (ctx && cfg_max > 0 && ctx > cfg_max) {
+        fprintf(stderr, "deltafin chat: note: --ctx %d is more than the model's maximum of %ld positions; using %ld\n",
+                ctx, cfg_max, cfg_max);
+        ctx = (int)cfg_max;
+    }
     mo.kv_positions = ctx ? ctx : 4096; /* inside --ram-budget: the conversation's KV cache */
 
     char err[1024] = "";
@@ -488,8 +521,9 @@ int cmd_chat(int argc, char **argv) {
     if (rc == DF_EBUDGET && strstr(err, "KV cache")) { /* say where the KV cache figure comes from */
         size_t l = strlen(err);
         if (l < sizeof err)
-            snprintf(err + l, sizeof err - l, "; the KV cache is for --ctx %d positions: lower --ctx (a smaller KV cache), "
-                     "or raise --ram-budget", mo.kv_positions);
+            snprintf(err + l, sizeof err - l, "; the KV cache is for %s%d positions%s: lower --ctx (a smaller KV cache), "
+                     "or raise --ram-budget", ctx ? "--ctx " : "", cfg_max > 0 && mo.kv_positions > cfg_max ? (int)cfg_max :
+                     mo.kv_positions, ctx ? "" : " (the default --ctx)");
     }
     if (rc) {
         cli_convert_progress_end();
@@ -520,6 +554,9 @@ int cmd_chat(int argc, char **argv) {
     if (preload && cli_preload("chat", c.m, quiet)) goto done;
     if ((rc = df_session_new(&c.s, c.m, n_ctx, err, sizeof err))) { fprintf(stderr, "deltafin chat: %s\n", err); goto done; }
     c.n_ctx = df_session_n_ctx(c.s);
+    /* how far --ctx may grow: the open model's maximum, except under a --ram-budget (there df_model_n_ctx_max is the
+     * KV cache's reserve, --ctx itself): the config's */
+    c.model_max = mo.ram_budget ? cfg_max : ctx_max;
     c.vocab = df_model_n_vocab(c.m);
     c.n_stop = df_tokenizer_stop_ids(c.tok, c.stop, 16);
     c.smp = df_sampler_new(&c.so);
