@@ -10,8 +10,8 @@
 # lowered before a --ram-budget reserves its KV cache; stdin or stdout closed; lines of only blanks ignored; a message
 # that is not UTF-8; //TEXT; Ctrl-C stopping a reply (the chat goes on), dropping a message during its prefill (the
 # trained-positions note kept for the conversation that passes them) and ending the chat at the prompt (exit 130);
-# the banner and prompt on a terminal only; bad flags (exit 2 with a message naming them); --help and the top-level
-# help listing chat.
+# the banner and prompt on a terminal only, where a line cut at the terminal's 4095 bytes is dropped; bad flags (exit
+# 2 with a message naming them); --help and the top-level help listing chat.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -231,6 +231,12 @@ if command -v script >/dev/null; then
     script -qec "$(printf '%q ' "${C[@]}")" /dev/null <"$TMP/tty.in" >"$TMP/tty.out" 2>&1
     grep -q "deltafin chat with kimi-mini (context 4096 positions).*/exit or Ctrl-D ends the chat" "$TMP/tty.out" && grep -q "^> " "$TMP/tty.out" \
         && ok "terminal: banner and prompt" || bad "terminal: $(cat -A "$TMP/tty.out" | head -5)"
+    # a line the terminal cut at its 4095-byte limit is dropped with a note, not answered in part
+    { head -c 6000 /dev/zero | tr '\0' a; echo; } >"$TMP/long.in"
+    script -qec "$(printf '%q ' "${C[@]}") --quiet --stats" /dev/null <"$TMP/long.in" >"$TMP/long.out" 2>&1
+    grep -q "deltafin chat: the line reached the terminal's limit of 4095 bytes, so the terminal most likely cut it there: the message is dropped" "$TMP/long.out" \
+        && ! grep -q "^stats: turn" "$TMP/long.out" && ok "terminal: a line cut at 4095 bytes is dropped with a note" \
+        || bad "terminal, long line: $(tail -c 600 "$TMP/long.out")"
 else
     echo "no script(1): the terminal case is skipped"
 fi

@@ -27,6 +27,9 @@
 #include <unistd.h>
 
 #define CHAT_MAX_NEW 512 /* the default --max-new: a reply, not run's 32-token continuation */
+/* the longest line a Linux terminal hands over in its line-editing (canonical) mode, the newline included: the
+ * characters typed or pasted past 4095 are discarded by the terminal, so a line this long was most likely cut */
+#define TTY_LINE_MAX 4096
 
 static void chat_usage(FILE *f) {
     fprintf(f,
@@ -78,7 +81,9 @@ static void chat_usage(FILE *f) {
             "before its first token, while the message is evaluated, the message is dropped); Ctrl-C at the prompt,\n"
             "or a second one, ends the chat with status 130. A message or reply that would overflow --ctx is said on\n"
             "stderr and the chat goes on. Messages must be valid UTF-8. Errors after the start (a message that does\n"
-            "not fit, a bad command) are said on stderr and do not end the chat.\n",
+            "not fit, a bad command) are said on stderr and do not end the chat. A terminal passes lines of at most\n"
+            "4095 bytes and discards what is typed or pasted past that: a line that long is dropped, with a note\n"
+            "(send longer messages from a pipe or a file).\n",
             CHAT_MAX_NEW);
 }
 
@@ -595,6 +600,12 @@ int cmd_chat(int argc, char **argv) {
             if (ferror(stdin) && e != EINTR) { fprintf(stderr, "deltafin chat: cannot read stdin: %s\n", strerror(e)); status = 1; }
             else if (c.tty) fputc('\n', stderr); /* Ctrl-D: the shell's prompt on a line of its own */
             break;
+        }
+        if (c.tty && len >= TTY_LINE_MAX) { /* the terminal cut it: a reply to part of a message would mislead */
+            fprintf(stderr, "deltafin chat: the line reached the terminal's limit of %d bytes, so the terminal most likely "
+                            "cut it there: the message is dropped; send a longer message from a pipe or a file "
+                            "(deltafin chat < FILE, one message per line)\n", TTY_LINE_MAX - 1);
+            continue;
         }
         if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
         if (len > 0 && line[len - 1] == '\r') line[--len] = 0;
