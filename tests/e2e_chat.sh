@@ -8,10 +8,10 @@
 # filling (a note, the message dropped, the chat going on); a first message too long for --ctx (a larger --ctx up to
 # the model's maximum, also under --ram-budget, or a shorter message; not /clear); --ctx past the model's maximum
 # lowered before a --ram-budget reserves its KV cache; stdin or stdout closed; lines of only blanks ignored; a message
-# that is not UTF-8; //TEXT; Ctrl-C stopping a reply (the chat goes on), dropping a message during its prefill (the
-# trained-positions note kept for the conversation that passes them) and ending the chat at the prompt (exit 130);
-# the banner and prompt on a terminal only, where a line cut at the terminal's 4095 bytes is dropped; bad flags (exit
-# 2 with a message naming them); --help and the top-level help listing chat.
+# that is not UTF-8; //TEXT; Ctrl-C stopping a reply (the chat goes on), dropping a message while it is tokenized and
+# during its prefill (the trained-positions note kept for the conversation that passes them) and ending the chat at
+# the prompt (exit 130); the banner and prompt on a terminal only, where a line cut at the terminal's 4095 bytes is
+# dropped; bad flags (exit 2 with a message naming them); --help and the top-level help listing chat.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -222,6 +222,31 @@ if grep -q "^deltafin chat: interrupted before the reply began; the message is d
         && ok "the next message's turn passing 512 positions gives the note" || bad "after a dropped message: rc $rc: $(cat "$TMP/k.err")"
 else
     echo "note: the prefill ended before Ctrl-C: not checked"; ok "(skipped)"
+    exec 3>&-; kill $pid 2>/dev/null; wait $pid
+fi
+
+# ---- Ctrl-C while a very long message is rendered and tokenized (before its prefill) drops it and the chat goes on;
+# it is not taken for a Ctrl-C at the prompt that ends the chat once the turn is over
+yes word | head -n 2000000 | tr '\n' ' ' >"$TMP/big.in"; echo >>"$TMP/big.in"
+rm -f "$TMP/in"; mkfifo "$TMP/in"
+"$BIN" chat --quiet --max-new 3 <"$TMP/in" >"$TMP/t.out" 2>"$TMP/t.err" &
+pid=$!
+exec 3>"$TMP/in"
+cat "$TMP/big.in" >&3   # returns once the chat has read all but the pipe's last buffer
+sleep 0.2
+early=0; [ -s "$TMP/t.err" ] && early=1   # the turn was over before Ctrl-C (a fast machine)
+kill -INT $pid 2>/dev/null
+for _ in $(seq 100); do [ -s "$TMP/t.err" ] && break; sleep 0.1; done
+if [ $early = 0 ] && grep -q "the message is dropped; the model takes at most" "$TMP/t.err"; then
+    bad "Ctrl-C during a turn (tokenizing) was not taken for the turn: $(cat "$TMP/t.err")"
+    exec 3>&-; kill $pid 2>/dev/null; wait $pid
+elif grep -q "^deltafin chat: interrupted before the reply began; the message is dropped$" "$TMP/t.err"; then
+    echo hi >&3; exec 3>&-
+    wait $pid; rc=$?
+    [ $rc -eq 0 ] && [ -s "$TMP/t.out" ] && ok "Ctrl-C while a long message is tokenized: dropped, the chat goes on" \
+        || bad "Ctrl-C during tokenizing: rc $rc, stdout $(od -c "$TMP/t.out" | head -2), stderr $(cat "$TMP/t.err")"
+else
+    echo "note: the message was tokenized before Ctrl-C: not checked ($(head -c 200 "$TMP/t.err"))"; ok "(skipped)"
     exec 3>&-; kill $pid 2>/dev/null; wait $pid
 fi
 

@@ -278,10 +278,22 @@ static int chat_turn(chat_state *c, const char *message) {
     char err[1024];
     int32_t *ids = NULL;
     size_t n_sz = 0;
-    if (conversation_add(c, "user", message)) { fprintf(stderr, "deltafin chat: out of memory\n"); return -1; }
-    if (conversation_tokens(c, &ids, &n_sz)) { conversation_pop(c); return 0; }
+    /* Ctrl-C from here on belongs to this turn (rendering and tokenizing a long message take a while too) */
+    g_stop = 0;
+    g_busy = 1;
+    if (conversation_add(c, "user", message)) { g_busy = 0; fprintf(stderr, "deltafin chat: out of memory\n"); return -1; }
+    if (conversation_tokens(c, &ids, &n_sz)) { g_busy = 0; g_stop = 0; conversation_pop(c); return 0; }
     const int n = n_sz > INT_MAX ? INT_MAX : (int)n_sz;
+    if (g_stop) {
+        g_busy = 0;
+        g_stop = 0;
+        fprintf(stderr, "deltafin chat: interrupted before the reply began; the message is dropped\n");
+        free(ids);
+        conversation_pop(c);
+        return 0;
+    }
     if (n >= c->n_ctx) { /* no room for even one reply token */
+        g_busy = 0;
         if (c->turn == 0) { /* a new conversation: /clear would not help; a larger --ctx, or a shorter message */
             char fix[160];
             if (c->model_max > n) snprintf(fix, sizeof fix, "a larger --ctx (more than %d, at most %ld) holds it", n, c->model_max);
@@ -308,14 +320,13 @@ static int chat_turn(chat_state *c, const char *message) {
     if (keep < np && df_session_truncate(c->s, keep)) {
         keep = 0;
         if (df_session_truncate(c->s, 0)) {
+            g_busy = 0;
             fprintf(stderr, "deltafin chat: cannot reset the KV cache\n");
             free(ids);
             return -1;
         }
     }
     df_model_stats_reset(c->m);
-    g_stop = 0;
-    g_busy = 1;
     const double tp = now_s();
     int rc = df_eval(c->s, ids + keep, n - keep, c->logits, 0, prefill_cancel, NULL, err, sizeof err);
     const double prefill_s = now_s() - tp;
