@@ -64,7 +64,7 @@ printf '%s\n/help\n/bogus\n\n%s\n/clear\n%s\n' "$P1" "$P2" "$P1" | "${C[@]}" --s
 [ $rc -eq 0 ] && ok "EOF ends the chat with status 0" || bad "piped conversation: rc $rc: $(cat "$TMP/conv.err")"
 grep -q "^model kimi-mini .*; model (no --model): .*models/kimi-mini, embedded kimi-mini.*; chat: context 4096 positions, --max-new $N$" "$TMP/conv.err" \
     && ok "configuration line (the embedded default model, context, --max-new)" || bad "configuration line: $(head -3 "$TMP/conv.err")"
-grep -q "^  /clear " "$TMP/conv.err" && grep -q "^  /exit, /quit " "$TMP/conv.err" && ok "/help lists the commands (on stderr)" \
+grep -q "^  /clear " "$TMP/conv.err" && grep -q "^  /exit, /quit, /bye " "$TMP/conv.err" && ok "/help lists the commands (on stderr)" \
     || bad "/help: $(cat "$TMP/conv.err")"
 [ "$(grep -c "^deltafin chat: unknown command '/bogus'" "$TMP/conv.err")" = 1 ] && ok "unknown command: one line" \
     || bad "unknown command: $(cat "$TMP/conv.err")"
@@ -125,6 +125,9 @@ printf '%s\n/exit\n%s\n' "$P1" "$P2" | "${C[@]}" --quiet >"$TMP/x.out" 2>"$TMP/x
     || bad "/exit: rc $rc, $(od -c "$TMP/x.out" | head -3), stderr: $(cat "$TMP/x.err")"
 printf '/quit\n' | "${C[@]}" --quiet >"$TMP/q.out" 2>&1; rc=$?
 [ $rc -eq 0 ] && [ ! -s "$TMP/q.out" ] && ok "/quit: status 0, no output" || bad "/quit: rc $rc: $(cat "$TMP/q.out")"
+printf '/?\n/bye\nnot sent\n' | "${C[@]}" --quiet >"$TMP/b.out" 2>"$TMP/b.err"; rc=$?
+[ $rc -eq 0 ] && [ ! -s "$TMP/b.out" ] && grep -q "^  /clear " "$TMP/b.err" && ok "/? lists the commands, /bye ends the chat" \
+    || bad "/? and /bye: rc $rc: $(cat "$TMP/b.out" "$TMP/b.err")"
 
 # ---- the context fills: the reply stops with a note; the next message does not fit (said, dropped); /clear; on
 n1=$(sed -n 's/^stats: turn 1: conversation \([0-9]*\) tokens.*/\1/p' "$TMP/conv.err" | head -1)

@@ -11,7 +11,7 @@ B=${DF_BIN:-build/deltafin}   # e.g. DF_BIN=build-cli/deltafin for another build
   echo "# deltafin command-line reference"; echo
   echo "Generated from each command's \`--help\` (\`tools/gen-cli-doc.sh\`). Sizes accept K, M, G, T suffixes (powers of 1024)."
   echo "\`run\`, \`chat\`, \`serve\`, \`bench decode\` and \`bench prefill\` echo the resolved configuration (backend, budget, I/O, prefetch, prefault,"
-  echo "heat, ...) on one line to stderr at start (\`run --quiet\` hides it); the results of \`bench\` go to stdout."
+  echo "heat, ...) on one line to stderr at start (\`--quiet\` hides it); the results of \`bench\` go to stdout."
   echo "On that line \`prefetch\` is \`on\` (router lookahead for prompts and decode steps, decode measured on vs off),"
   echo "\`ungated\` (always on), \`off\`, or \`prompts\`: the lookahead for prompts (prefill) only, the \`--prefetch auto\` default"
   echo "without \`--ram-budget\` (with one, \`auto\` is \`on\`)."

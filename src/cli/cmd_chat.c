@@ -3,7 +3,7 @@
  * of stdin, each reply streamed to stdout as it is generated. The conversation is kept as an OpenAI-style message list
  * (cJSON) and rendered whole each turn (df_chat_render); the session's KV cache keeps the tokens the new rendering
  * shares with what it holds, so a turn evaluates only its new tokens. Greedy replies are the tokens `deltafin run`
- * generates for the same rendered conversation. Lines that start with / are commands (/help, /clear, /exit, /quit).
+ * generates for the same rendered conversation. Lines that start with / are commands (/help or /?, /clear, /exit, /quit or /bye).
  * On a terminal a banner and a "> " prompt go to stderr; piped, stdout carries only the replies, one per line.
  * Ctrl-C stops the reply being generated (a second one, or one at the prompt, ends the chat: exit status 130).
  * Uses include/deltafin.h for the model, cli_model.h for what it shares with `run`.
@@ -74,13 +74,13 @@ static void chat_usage(FILE *f) {
             "  --preload            read every routed expert into memory before the first message\n"
             "  --backend NAME       auto (default) | cpu | cpu-scalar | cpu-avx2 | cpu-avx512 | cuda; default env DF_BACKEND\n"
             "  --gpu-budget SIZE    backend cuda: GPU memory for the routed-expert cache (default all free less 1G)\n"
-            "Commands, at the start of a line: /help lists them, /clear starts a new conversation (the history and the\n"
-            "KV cache are dropped), /exit or /quit (or the end of input, Ctrl-D) ends the chat with status 0; another\n"
-            "/word is an error (no model call); //TEXT sends /TEXT as a message. An empty line (or one of only spaces\n"
-            "and tabs) is ignored. Ctrl-C while a reply is generated stops it (what it said stays in the conversation;\n"
-            "before its first token, while the message is evaluated, the message is dropped); Ctrl-C at the prompt,\n"
-            "or a second one, ends the chat with status 130. A message or reply that would overflow --ctx is said on\n"
-            "stderr and the chat goes on. Messages must be valid UTF-8. Errors after the start (a message that does\n"
+            "Commands, at the start of a line: /help (or /?) lists them, /clear starts a new conversation (the history\n"
+            "and the KV cache are dropped), /exit, /quit or /bye (or the end of input, Ctrl-D) ends the chat with status\n"
+            "0; another /word is an error (no model call); //TEXT sends /TEXT as a message. An empty line (or one of\n"
+            "only spaces and tabs) is ignored. Ctrl-C while a reply is generated stops it (what it said stays in the\n"
+            "conversation; before its first token, while the message is evaluated, the message is dropped); Ctrl-C at\n"
+            "the prompt, or a second one, ends the chat with status 130. A message or reply that would overflow --ctx\n"
+            "is said on stderr and the chat goes on. Messages must be valid UTF-8. Errors after the start (a message that does\n"
             "not fit, a bad command) are said on stderr and do not end the chat. A terminal passes lines of at most\n"
             "4095 bytes and discards what is typed or pasted past that: a line that long is dropped, with a note\n"
             "(send longer messages from a pipe or a file).\n",
@@ -403,9 +403,9 @@ static int chat_turn(chat_state *c, const char *message) {
 /* /help's text, on stderr */
 static void chat_help(void) {
     fprintf(stderr, "commands (at the start of a line):\n"
-                    "  /help          this list\n"
+                    "  /help, /?      this list\n"
                     "  /clear         start a new conversation (the history and the KV cache are dropped)\n"
-                    "  /exit, /quit   end the chat (as the end of input, Ctrl-D)\n"
+                    "  /exit, /quit, /bye  end the chat (as the end of input, Ctrl-D)\n"
                     "  //TEXT         send /TEXT as a message\n"
                     "Ctrl-C stops a reply being generated (what it said stays in the conversation); at the prompt it ends "
                     "the chat.\n");
@@ -417,10 +417,11 @@ static int chat_command(chat_state *c, char *line) {
     char *rest = end + strspn(end, " \t");
     const char saved = *end;
     *end = 0;
-    static const char *const names[] = {"/help", "/clear", "/exit", "/quit", NULL};
+    static const char *const names[] = {"/help", "/clear", "/exit", "/quit", "/bye", "/?", NULL};
     int which = -1;
     for (int k = 0; names[k]; k++)
         if (!strcmp(line, names[k])) which = k;
+    if (which == 5) which = 0; /* /? is /help (as ollama's) */
     if (which < 0) {
         const char *near = cli_closest(line, names);
         fprintf(stderr, "deltafin chat: unknown command '%s'%s%s%s; /help lists the commands (//TEXT sends /TEXT as a "
