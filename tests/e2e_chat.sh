@@ -11,7 +11,9 @@
 # that is not UTF-8; //TEXT; Ctrl-C stopping a reply (the chat goes on), dropping a message while it is tokenized and
 # during its prefill (the trained-positions note kept for the conversation that passes them) and ending the chat at
 # the prompt (exit 130); the banner and prompt on a terminal only, where a line cut at the terminal's 4095 bytes is
-# dropped; bad flags (exit 2 with a message naming them); --help and the top-level help listing chat.
+# dropped; bad flags (exit 2 with a message naming them); --help and the top-level help listing chat; --draft DIR and
+# ngram (speculative decoding) giving the same replies as without it, greedy and seeded, with --stats' drafting line
+# per turn, and a bad --draft path named.
 set -u
 BIN=${DF_BIN:-build/deltafin}
 SRC=${DF_SRC:-.}
@@ -252,6 +254,76 @@ else
     echo "note: the message was tokenized before Ctrl-C: not checked ($(head -c 200 "$TMP/t.err"))"; ok "(skipped)"
     exec 3>&-; kill $pid 2>/dev/null; wait $pid
 fi
+
+# ---- speculative decoding (--draft): the piped conversation above (two turns, /clear, the first message again) with
+# a draft model and with ngram, byte-identical to it on stdout; the drafter is told the new history at /clear and
+# after the KV cache's common prefix is kept. --draft-gate off drafts from the first token (the gate would mostly keep
+# kimi-mini's drafting off), so that verification really runs.
+DKM="$SRC/models/kimi-mini-draft"
+printf '%s\n/help\n/bogus\n\n%s\n/clear\n%s\n' "$P1" "$P2" "$P1" >"$TMP/conv.in"
+for d in "$DKM" ngram "$DKM --draft-gate off" "ngram --draft-gate off --draft-max 4"; do
+    # shellcheck disable=SC2086 # $d: --draft's value and more flags
+    "${C[@]}" --stats --draft $d <"$TMP/conv.in" >"$TMP/sd.out" 2>"$TMP/sd.err"; rc=$?
+    [ $rc -eq 0 ] && cmp -s "$TMP/sd.out" "$TMP/conv.out" && ok "--draft $d: greedy replies byte-identical to the chat without it" \
+        || bad "--draft $d: rc $rc, $(cmp "$TMP/sd.out" "$TMP/conv.out" 2>&1), stderr: $(tail -5 "$TMP/sd.err")"
+done
+# --stats (the last run: ngram, gate off): the drafting line after each turn, as run's
+[ "$(grep -cE '^stats: draft ngram: drafted [0-9]+, accepted [0-9]+ \(acceptance [0-9.]+%\), [0-9]+ verifications' "$TMP/sd.err")" = 3 ] \
+    && ok "--draft ngram --stats: a drafting line (drafted, accepted, acceptance) after each of the 3 turns" \
+    || bad "--draft ngram --stats: $(grep '^stats' "$TMP/sd.err")"
+grep -q "^draft: ngram (n 2..4), k max 4 adaptive, gate off" "$TMP/sd.err" && ok "--draft ngram: the draft configuration line" \
+    || bad "--draft ngram: no draft line: $(head -3 "$TMP/sd.err")"
+"${C[@]}" --stats --draft "$DKM" --draft-gate off <"$TMP/conv.in" >/dev/null 2>"$TMP/sm.err"
+drafted=$(sed -n 's/^stats: draft model: drafted \([0-9]*\), accepted \([0-9]*\) (acceptance .*/\1/p' "$TMP/sm.err" | tr '\n' ' ')
+accepted=$(sed -n 's/^stats: draft model: drafted \([0-9]*\), accepted \([0-9]*\) (acceptance .*/\2/p' "$TMP/sm.err" | awk '{ s += $1 } END { print s + 0 }')
+[ "$(echo "$drafted" | wc -w)" = 3 ] && ! echo " $drafted" | grep -q " 0 " && [ "${accepted:-0}" -gt 0 ] \
+    && ok "--draft DIR --draft-gate off --stats: each turn drafts (drafted $drafted; $accepted accepted in all)" \
+    || bad "--draft DIR --stats: $(grep '^stats: draft' "$TMP/sm.err")"
+grep -q "^stats: turn 2: .*decode [0-9.]* tok/s ([0-9]* tokens in [0-9.]* s, drafting included; the target verified [0-9]* positions" "$TMP/sm.err" \
+    && ok "--draft --stats: the decode rate counts the reply's tokens, drafting included" \
+    || bad "--draft --stats turn line: $(grep '^stats: turn 2' "$TMP/sm.err")"
+# sampled: with a seed, the same sample with the draft model as without it (the sampler's stream runs on across turns)
+for t in "--temperature 0.8 --seed 5" "--temperature 1.2 --top-k 40 --seed 3"; do
+    # shellcheck disable=SC2086
+    "${C[@]}" --quiet $t <"$TMP/conv.in" >"$TMP/ss0.out" 2>/dev/null
+    # shellcheck disable=SC2086
+    "${C[@]}" --quiet $t --draft "$DKM" --draft-gate off <"$TMP/conv.in" >"$TMP/ss1.out" 2>"$TMP/ss1.err"; rc=$?
+    [ $rc -eq 0 ] && [ -s "$TMP/ss0.out" ] && cmp -s "$TMP/ss0.out" "$TMP/ss1.out" \
+        && ok "$t: the same replies with --draft DIR as without it" \
+        || bad "$t --draft: rc $rc, $(cmp "$TMP/ss0.out" "$TMP/ss1.out" 2>&1) $(cat "$TMP/ss1.err")"
+done
+cmp -s "$TMP/ss0.out" "$TMP/conv.out" && bad "sampled replies equal the greedy ones (sampling not exercised)" \
+    || ok "sampled replies differ from the greedy ones"
+# Ctrl-C during a drafted reply stops it (checked between tokens) and the chat goes on to the next message
+mkfifo "$TMP/din"
+"$BIN" chat --quiet --max-new 1000000 --ctx 32768 --stats --draft ngram --draft-gate off <"$TMP/din" >"$TMP/di.out" 2>"$TMP/di.err" &
+pid=$!
+exec 4>"$TMP/din"
+echo "In the beginning" >&4
+for _ in $(seq 100); do [ -s "$TMP/di.out" ] && break; sleep 0.1; done
+sleep 0.2
+kill -INT $pid 2>/dev/null
+for _ in $(seq 100); do grep -q "^stats: draft ngram" "$TMP/di.err" && break; sleep 0.1; done
+if grep -q "reply interrupted (Ctrl-C) after [0-9]* tokens; it stays in the conversation" "$TMP/di.err"; then
+    ok "--draft: Ctrl-C during a reply stops it, with a note"
+else
+    grep -q "^stats: turn 1: .*+ end of turn" "$TMP/di.err" && { echo "note: the reply ended before Ctrl-C: not checked"; ok "(skipped)"; } \
+        || bad "--draft: Ctrl-C during a reply: $(cat "$TMP/di.err")"
+fi
+printf '/exit\n' >&4
+exec 4>&-
+for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+kill -0 $pid 2>/dev/null && { kill $pid; bad "--draft: /exit after an interrupted reply did not end the chat"; }
+wait $pid; rc=$?
+[ $rc -eq 0 ] && ok "--draft: the chat goes on after an interrupted reply (/exit: status 0)" || bad "--draft after Ctrl-C: rc $rc: $(cat "$TMP/di.err")"
+# bad --draft values: said before the target model is opened
+expect 1 "chat --draft <missing>" "^deltafin chat: --draft $TMP/nodraft: no such directory \(expected a draft model directory, ngram or off\)$" -- \
+    "$BIN" chat --draft "$TMP/nodraft"
+expect 2 "chat --draft-max 0" '^deltafin chat: --draft-max "0": expected an integer in \[1, 64\]' -- "$BIN" chat --draft-max 0
+expect 2 "chat --draft twice" '^deltafin chat: --draft is given more than once' -- "$BIN" chat --draft ngram --draft off
+expect 2 "chat --draft-gat on" "did you mean '--draft-gate'" -- "$BIN" chat --draft-gat on
+expect 0 "chat --draft-max without --draft: a note" "deltafin chat: note: --draft-max has no effect without --draft" -- \
+    "$BIN" chat --draft-max 4 --quiet
 
 # ---- on a terminal: the banner (model name, how to end) and the "> " prompt on stderr
 if command -v script >/dev/null; then

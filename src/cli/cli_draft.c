@@ -1,5 +1,5 @@
 /*
- * cli_draft.c — the speculative-decoding flags shared by `run` and `serve`
+ * cli_draft.c — the speculative-decoding flags shared by `run`, `chat` and `serve`
  * (--draft DIR|ngram|off, --draft-max, --draft-adaptive, --draft-gate,
  * --draft-window, --draft-retry, --draft-ngram, --draft-retok), opening the
  * drafter they name (a draft model is opened resident, beside the target), the
@@ -131,6 +131,13 @@ void cli_draft_note_unused(const char *cmd, const cli_draft_opts *o) {
         if ((o->given >> k & 1) && (k == 6) != ngram)
             fprintf(stderr, "deltafin %s: note: %s has no effect with --draft %s (it applies to %s)\n", cmd,
                     cli_draft_flags[k], ngram ? "ngram" : "DIR", k == 6 ? "--draft ngram" : "a draft model");
+}
+
+void cli_draft_note_sample(const char *cmd, cli_draft_opts *o, float temperature) {
+    if (!o->sample || temperature != 0 || !cli_draft_enabled(o)) return;
+    fprintf(stderr, "deltafin %s: note: --draft-sample on has no effect at --temperature 0 (greedy decoding: the drafts "
+                    "are greedy); give --temperature > 0 to sample\n", cmd);
+    o->sample = 0; /* as the drafter runs: greedy drafts (the draft line says so) */
 }
 
 int cli_draft_check_path(const char *cmd, const cli_draft_opts *o) {

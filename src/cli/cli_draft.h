@@ -1,4 +1,4 @@
-/* cli_draft.h — speculative-decoding flags shared by `run` and `serve` (cli_draft.c). */
+/* cli_draft.h — speculative-decoding flags shared by `run`, `chat` and `serve` (cli_draft.c). */
 #ifndef DF_CLI_DRAFT_H
 #define DF_CLI_DRAFT_H
 #include "cli.h"
@@ -17,7 +17,7 @@ typedef struct {
 } cli_draft_opts;
 
 void cli_draft_defaults(cli_draft_opts *o);
-/* The usage lines of the flags; with_sample: also --draft-sample (run; serve drafts greedily and refuses it). */
+/* The usage lines of the flags; with_sample: also --draft-sample (run, chat; serve drafts greedily and refuses it). */
 const char *cli_draft_usage(int with_sample);
 /* argv[*i] is a --draft* flag: parse it and its value (advancing *i) and return 1; -1 after a usage
  * message naming the flag (`cmd` is the subcommand); 0 when argv[*i] is not one of them. */
@@ -29,6 +29,9 @@ extern const char *const cli_draft_flags[];
  * has no effect without --draft ..."), not an error; likewise --draft-ngram with a draft model, and --draft-retok or
  * --draft-sample with --draft ngram. */
 void cli_draft_note_unused(const char *cmd, const cli_draft_opts *o);
+/* --draft-sample on with drafting at --temperature 0: the note "deltafin CMD: note: --draft-sample on has no effect at
+ * --temperature 0 ..." on stderr and o->sample cleared (greedy drafts, as the drafter runs); nothing otherwise. */
+void cli_draft_note_sample(const char *cmd, cli_draft_opts *o, float temperature);
 /* A --draft DIR that is no directory: "deltafin CMD: --draft DIR: no such directory (...)" and 1, so that a
  * mistyped path is reported before the target model is opened; 0 for a directory, ngram or off. */
 int cli_draft_check_path(const char *cmd, const cli_draft_opts *o);
