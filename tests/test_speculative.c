@@ -10,6 +10,10 @@
  *   - the KDA cases again on "cpu-kdacopy" (kda_copy_backend.h: the GPU's device copies of the KDA states and their
  *     rollback snapshots emulated on the host), with copies, with every 3rd call failing, with room for two copies,
  *     and with no room for snapshots: the same checks, and the emulated device's counters show each path taken;
+ *   - a KDA model drafting for a KDA model (k3_a + k3_b, kl_mxfp4 + kl_bf16) on the default backend, on cpu-kdacopy
+ *     and on "cpu-devcache" (dev_cache_backend.h: the GPU's routed-expert tier emulated on the host): == plain
+ *     decode, and the draft model's tokens and logits bitwise those of the model opened alone (two models' experts
+ *     never mixed in a device cache), the target's greedy its golden's;
  *   - models/kimi-mini with models/kimi-mini-draft: 20 text prompts, 32 greedy tokens with the
  *     draft model == plain decode; seeded sampling on 4 of them; the re-tokenizing drafter
  *     (the draft through its own tokenizer) on 4; the n-gram drafter on a repetitive prompt
@@ -21,6 +25,7 @@
 #include "deltafin.h"
 #include "engine/draft.h"
 #include "kda_copy_backend.h"
+#include "dev_cache_backend.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -620,6 +625,16 @@ int main(void) {
         if (kv[c].fail_every) CHECK(kcb_n_failed > 0 && kcb_n_fetch_snap > 0, "cpu-kdacopy, %s: failed calls (%llu) "
               "fetch snapshots as their copies go (%llu)", kv[c].what, kcb_n_failed, kcb_n_fetch_snap);
     }
+    df_backend_register(NULL);
+    /* a target and its draft model on a device tier of routed experts, emulated (dev_cache_backend.h): each model's
+     * experts under its own tag, so each computes what it computes alone; all forgotten once both are closed */
+    dcb_register();
+    kda_draft_model_case(gdir, "k3_a", "k3_b", "cpu-devcache");
+    kda_draft_model_case(gdir, "kl_mxfp4", "kl_bf16", "cpu-devcache");
+    printf("  cpu-devcache: %llu expert matrices cached, %llu pinned from the tier, %d left\n", dcb_n_cached, dcb_n_pinned,
+           dcb_live());
+    CHECK(dcb_n_cached > 0 && dcb_n_pinned > 0 && dcb_live() == 0, "cpu-devcache: the tier was used (%llu cached, %llu "
+          "pinned) and emptied with its models (%d left)", dcb_n_cached, dcb_n_pinned, dcb_live());
     df_backend_register(NULL);
     for (int i = 0; i < n; i++) free(names[i]);
     kimi_cases(root);

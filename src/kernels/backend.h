@@ -150,6 +150,9 @@ typedef struct df_backend {
     /* Optional (NULL on the CPU): upload a routed-expert weight (host data, dev_key set) into device memory now,
      * without evicting anything: 0 = resident, 1 = no room for it (nothing evicted), -1 = error. (--preload) */
     int (*dev_load)(const df_weight *w);
+    /* Optional (a device tier other than the CUDA backend's, whose cache api.c manages itself): forget every routed
+     * expert whose DF_DEVKEY tag is tag (the model holding that tag was closed; the tag may be given to the next). */
+    void (*dev_drop_tag)(int tag);
     /* Optional: a whole MLP in one call, out [T, down.rows] = down(act(gate x, up x)) for x [T, gate.cols];
      * act 0 = SwiGLU silu(g)*u, 1 = SiTU (beta, lb as eng_act). Returns 0, or -1 when it cannot (the caller then
      * runs the three matmuls and the activation itself). */
