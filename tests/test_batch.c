@@ -5,10 +5,12 @@
  * between steps (their prompt as its own batch, or in the same batch as the others' decode rows),
  * a truncated session (pending rows of a recurrent state) and the golden's own greedy ids; the KDA models again on
  * "cpu-kdacopy" (kda_copy_backend.h: the GPU's device copies of the KDA states emulated), with and without failing
- * calls. */
+ * calls; every case again on "cpu-devcache" (dev_cache_backend.h: the GPU's routed-expert tier emulated, experts
+ * pinned from it beside others acquired from the store). */
 #define _GNU_SOURCE
 #include "deltafin.h"
 #include "kda_copy_backend.h"
+#include "dev_cache_backend.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -298,6 +300,17 @@ int main(void) {
               "cpu-kdacopy%s: states kept on the emulated device (%llu), failed calls (%llu), none left (%d)",
               f ? ", failing" : "", kcb_n_kept, kcb_n_failed, kcb_live());
     }
+    /* every case on the CPU with the GPU's routed-expert tier emulated (dev_cache_backend.h): experts computed once
+     * are pinned from the tier afterwards, the rest acquired from the store, in one batch */
+    dcb_register();
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char dir[256], name[160];
+        snprintf(dir, sizeof dir, "tests/golden/%s", cases[i]);
+        snprintf(name, sizeof name, "%s (cpu-devcache)", cases[i]);
+        run_case(dir, name, "cpu-devcache");
+    }
+    CHECK(dcb_n_pinned > 0 && dcb_live() == 0, "cpu-devcache: experts pinned from the emulated tier (%llu), none left "
+          "once the models closed (%d)", dcb_n_pinned, dcb_live());
     df_backend_register(NULL);
     return t_done();
 }
