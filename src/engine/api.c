@@ -349,6 +349,8 @@ static void model_unlock(df_model *m);
 static pthread_mutex_t g_gpu_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_gpu_tags;   /* bit t: tag t held by an open model */
 static int g_gpu_cuda;        /* open models on the CUDA backend */
+/* df_decode_greedy's device chains, one at a time in the process (the device's token slots are shared) */
+static pthread_mutex_t g_greedy_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_gpu_streamed;    /* open models whose spine is streamed */
 
 /* m onto the backend's device tier: a free tag; on the CUDA backend (cuda), the device's settings for the models now
@@ -1079,8 +1081,11 @@ int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, voi
      * device; step j + 1 is queued before token j is read back, so the device goes from one step to the next without
      * waiting for the host. A step queued for a token the caller then stops at is waited for and dropped: the
      * session ends as the host loop leaves it (the last token chosen, not evaluated; the row that step wrote lies
-     * past n_past, where the next evaluation writes again). Not for recurrent state (no rollback of it here). */
+     * past n_past, where the next evaluation writes again). Not for recurrent state (no rollback of it here).
+     * The device has one token slot and one pair of read-back slots (cuda_greedy.cu), so chains of models open on it
+     * at once (a target and its draft model, used from two threads) take turns: g_greedy_mu, after m->mu. */
     pthread_mutex_lock(&m->mu);
+    pthread_mutex_lock(&g_greedy_mu);
     const df_backend *be = m->eng.be;
     const int64_t base = s->n_past;
     const double t0 = now_s();
@@ -1118,6 +1123,7 @@ int df_decode_greedy(df_session *s, int32_t id, int n, df_token_fn on_token, voi
     }
     if (rc != DF_OK && done == 0 && s->n_past > base) (void)greedy_drop(s, 0); /* step 0's token never came back */
     greedy_account(s, base, (int)(s->n_past - base), now_s() - t0);
+    pthread_mutex_unlock(&g_greedy_mu);
     model_unlock(m);
     free(logits);
     if (n_out) *n_out = got;
