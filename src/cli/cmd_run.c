@@ -309,11 +309,7 @@ int cmd_run(int argc, char **argv) {
     /* flags that change nothing in this run: said once, not an error */
     cli_sampling_note("run", &smpl);
     cli_draft_note_unused("run", &dopt);
-    if (dopt.sample && so.temperature == 0 && cli_draft_enabled(&dopt)) {
-        fprintf(stderr, "deltafin run: note: --draft-sample on has no effect at --temperature 0 (greedy decoding: the drafts "
-                        "are greedy); give --temperature > 0 to sample\n");
-        dopt.sample = 0; /* as the drafter runs: greedy drafts (the draft line says so) */
-    }
+    cli_draft_note_sample("run", &dopt, so.temperature);
     if (cli_check_env_aliases("run", mo.backend, mo.prefetch, mo.prefault)) return 2;
     char dflt_dir[4096], dflt_how[4600] = "";
     if (!model) {
