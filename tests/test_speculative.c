@@ -140,6 +140,17 @@ typedef struct {
     int want_reject;        /* assert accepted < drafted */
 } drafter_case;
 
+/* The drafting options of the golden cases: k fixed at 4 (fixed) and adaptive up to 6 (adapt), the gate off. */
+static void spec_opts_fixed_adapt(df_spec_opts *fixed, df_spec_opts *adapt) {
+    df_spec_opts_default(fixed);
+    fixed->gate = 0;
+    fixed->adaptive = 0;
+    fixed->k_max = 4;
+    *adapt = *fixed;
+    adapt->adaptive = 1;
+    adapt->k_max = 6;
+}
+
 static void compare(df_model *m, const char *label, const int32_t *prompt, int np, int n_gen, const df_sampler_opts *so,
                     drafter_case *dc, int ndc) {
     const int V = df_model_n_vocab(m);
@@ -230,13 +241,7 @@ static void golden_case(const char *dir, const char *name, const char *backend) 
     CHECK(df_drafter_ngram_new(&ng1_d, 3, 1, err, sizeof err) == 0, "ngram 3..1: %s", err);
     oracle_drafter od = {{"oracle", 0, 0, oracle_draft, oracle_destroy, 0}, ref, np + NG, V};
     df_spec_opts fixed, adapt, gated;
-    df_spec_opts_default(&fixed);
-    fixed.gate = 0;
-    fixed.adaptive = 0;
-    fixed.k_max = 4;
-    adapt = fixed;
-    adapt.adaptive = 1;
-    adapt.k_max = 6;
+    spec_opts_fixed_adapt(&fixed, &adapt);
     gated = adapt;
     gated.gate = 1;
     drafter_case dc[] = {
@@ -268,7 +273,6 @@ done:
     free(greedy);
     rm_rf(tmp);
 }
-
 
 /* A KDA model drafting for a KDA model (two models' recurrent states, each session marking and rolling back its own):
  * target and draft goldens of one vocabulary, greedy and seeded, plain vs drafted on `backend`. */
@@ -314,21 +318,14 @@ static void kda_draft_model_case(const char *gdir, const char *target, const cha
     CHECK(rc == 0, "%s drafting for %s: %s", draft, target, err);
     if (!rc) {
         df_spec_opts fixed, adapt;
-        df_spec_opts_default(&fixed);
-        fixed.gate = 0;
-        fixed.adaptive = 0;
-        fixed.k_max = 4;
-        adapt = fixed;
-        adapt.adaptive = 1;
-        adapt.k_max = 6;
+        spec_opts_fixed_adapt(&fixed, &adapt);
         drafter_case dc[] = {{"draft-model", dd, fixed, 0, 0}, {"draft-adk", dd, adapt, 0, 0}};
-        df_sampler_opts go, so;
-        df_sampler_opts_default(&go);
+        df_sampler_opts so;
         df_sampler_opts_default(&so);
         so.temperature = 0.9f;
         so.seed = 77;
         snprintf(label, sizeof label, "%s+%s%s%s greedy", target, draft, backend ? " " : "", backend ? backend : "");
-        compare(m, label, prompt, np, 24, &go, dc, 2);
+        compare(m, label, prompt, np, 24, &g0, dc, 2);
         snprintf(label, sizeof label, "%s+%s%s%s seed 77", target, draft, backend ? " " : "", backend ? backend : "");
         compare(m, label, prompt, np, 24, &so, dc, 1);
         /* both models still compute what they compute alone */

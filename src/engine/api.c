@@ -64,7 +64,7 @@ struct df_model {
     uint64_t spine_stream_base;
     uint64_t kv_bytes;           /* sum over live sessions (approx., updated on eval) */
     int on_gpu;                  /* backend cuda: weights cached in GPU memory (kernels/cuda.h) */
-    int dev_tier;                /* the backend has a device tier (dev_pin): the model holds a device tag (gpu_attach) */
+    int dev_tier;                /* the backend has a device tier (dev_pin): the model holds a device tag (dev_attach) */
     uint64_t gpu_spine;          /* spine matmul bytes uploaded to the GPU at open */
     int gpu_spine_all;           /* 1: all of them (else the rest are copied per call) */
     int streamed;                /* routed experts come from a remote source (a `setup --stream` install) */
@@ -343,29 +343,30 @@ static void model_unlock(df_model *m);
 
 /* Models open on a backend with a device tier (df_backend.dev_pin) in this process. Each holds a device tag while
  * open (its routed experts' DF_DEVKEY tag: a target and its draft model never share an expert's cache entry), and on
- * the GPU the device's process-wide settings follow all of them: weights are cached by host address only while no open model streams its spine (a streamed layer's
- * staging buffer holds other layers' weights at the same address over time), and the expert budget is the first
- * model's unless a later one names its own (a draft model opened with no budget keeps its target's). */
-static pthread_mutex_t g_gpu_mu = PTHREAD_MUTEX_INITIALIZER;
-static unsigned g_gpu_tags;   /* bit t: tag t held by an open model */
+ * the GPU the device's process-wide settings follow all of them: weights are cached by host address only while no
+ * open model streams its spine (a streamed layer's staging buffer holds other layers' weights at the same address
+ * over time), and the expert budget is the first model's unless a later one names its own (a draft model opened with
+ * no budget keeps its target's). */
+static pthread_mutex_t g_dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned g_dev_tags;   /* bit t: tag t held by an open model */
 static int g_gpu_cuda;        /* open models on the CUDA backend */
+static int g_gpu_streamed;    /* of those, models whose spine is streamed */
 /* df_decode_greedy's device chains, one at a time in the process (the device's token slots are shared) */
 static pthread_mutex_t g_greedy_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_gpu_streamed;    /* open models whose spine is streamed */
 
 /* m onto the backend's device tier: a free tag; on the CUDA backend (cuda), the device's settings for the models now
  * open (the first one clears the cache of whatever an earlier process state left). DF_EUNSUPPORTED when DF_DEV_TAGS
  * models are open already. */
-static int gpu_attach(df_model *m, int cuda, uint64_t gpu_budget, char *err, size_t errlen) {
-    pthread_mutex_lock(&g_gpu_mu);
+static int dev_attach(df_model *m, int cuda, uint64_t gpu_budget, char *err, size_t errlen) {
+    pthread_mutex_lock(&g_dev_mu);
     int tag = 0;
-    while (tag < DF_DEV_TAGS && (g_gpu_tags >> tag & 1u)) tag++;
+    while (tag < DF_DEV_TAGS && (g_dev_tags >> tag & 1u)) tag++;
     if (tag == DF_DEV_TAGS) {
-        pthread_mutex_unlock(&g_gpu_mu);
+        pthread_mutex_unlock(&g_dev_mu);
         return set_err(err, errlen, DF_EUNSUPPORTED, "%d models are open on the GPU already (the most at once): close one, "
                        "or open this one with --backend cpu", DF_DEV_TAGS);
     }
-    g_gpu_tags |= 1u << tag;
+    g_dev_tags |= 1u << tag;
     m->eng.dev_tag = (unsigned)tag;
     m->dev_tier = 1;
     if (cuda) {
@@ -377,16 +378,16 @@ static int gpu_attach(df_model *m, int cuda, uint64_t gpu_budget, char *err, siz
         if (first || gpu_budget) df_cuda_set_expert_budget(gpu_budget);
         m->on_gpu = 1;
     }
-    pthread_mutex_unlock(&g_gpu_mu);
+    pthread_mutex_unlock(&g_dev_mu);
     return DF_OK;
 }
 
 /* m off the device tier (before its host memory is freed), its tag free again: on the GPU its experts and every
  * address-keyed weight dropped (the whole cache when it was the last model there); another device tier forgets the
  * tag's experts (dev_drop_tag). */
-static void gpu_detach(df_model *m) {
-    pthread_mutex_lock(&g_gpu_mu);
-    g_gpu_tags &= ~(1u << m->eng.dev_tag);
+static void dev_detach(df_model *m) {
+    pthread_mutex_lock(&g_dev_mu);
+    g_dev_tags &= ~(1u << m->eng.dev_tag);
     if (m->on_gpu) {
         g_gpu_cuda--;
         if (m->stream) g_gpu_streamed--;
@@ -398,7 +399,7 @@ static void gpu_detach(df_model *m) {
         m->eng.be->dev_drop_tag((int)m->eng.dev_tag);
     }
     m->dev_tier = 0;
-    pthread_mutex_unlock(&g_gpu_mu);
+    pthread_mutex_unlock(&g_dev_mu);
 }
 
 int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in, char *err, size_t errlen) {
@@ -561,7 +562,7 @@ int df_model_open(df_model **out, const char *path, const df_model_opts *opts_in
     m->eng.stream = m->stream;
     m->eng.be = be;
     if (be->dev_pin) {
-        if ((rc = gpu_attach(m, on_gpu, opts.gpu_budget, err, errlen))) goto fail;
+        if ((rc = dev_attach(m, on_gpu, opts.gpu_budget, err, errlen))) goto fail;
     }
     if (on_gpu) {
         if (!m->stream) m->gpu_spine = df_cuda_preload_spine(&m->spine, cfg->num_hidden_layers, &m->gpu_spine_all);
@@ -660,7 +661,7 @@ fail:
 
 void df_model_close(df_model *m) {
     if (!m) return;
-    if (m->dev_tier) gpu_detach(m);
+    if (m->dev_tier) dev_detach(m);
     rope_free(&m->eng.rope);
     free(m->eng.touched);
     free(m->eng.gs_votes);
